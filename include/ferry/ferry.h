@@ -1,0 +1,131 @@
+/* ferry: copy-engine (DMA) collectives for multi-GPU machine learning.
+ *
+ * The C API. Every function returns a ferry_result_t; on failure,
+ * ferry_last_error() returns a message for the calling thread that names the
+ * argument, the rank or the CUDA call that failed.
+ *
+ * Threading: a communicator may be used from one thread at a time. Collective
+ * calls are collective: every rank makes the same calls in the same order.
+ * Memory order: a collective is ordered in the caller's stream; work enqueued on
+ * that stream after it sees all of the collective's writes on this rank.
+ */
+#ifndef FERRY_FERRY_H_
+#define FERRY_FERRY_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define FERRY_API __attribute__((visibility("default")))
+#else
+#define FERRY_API
+#endif
+
+typedef enum {
+  FERRY_SUCCESS = 0,
+  FERRY_ERROR_INVALID_ARGUMENT = 1, /* an argument is wrong; the message names it */
+  FERRY_ERROR_NO_GPU = 2,           /* no driver or no device: the message says what is missing */
+  FERRY_ERROR_CUDA = 3,             /* a CUDA call failed */
+  FERRY_ERROR_SYSTEM = 4,           /* an OS call failed (sockets, memfd, ...) */
+  FERRY_ERROR_TIMEOUT = 5,          /* a peer did not arrive in time; the message names it */
+  FERRY_ERROR_NOT_REGISTERED = 6,   /* a buffer that must be peer-visible is not registered */
+  FERRY_ERROR_CLOSED = 7,           /* the communicator is closed */
+  FERRY_ERROR_UNSUPPORTED = 8,      /* the driver or device lacks a needed feature */
+  FERRY_ERROR_BROKEN = 9,           /* an earlier collective failed; close the communicator */
+  FERRY_ERROR_INTERNAL = 10
+} ferry_result_t;
+
+/* Message for the last failure on this thread ("" if none). */
+FERRY_API const char* ferry_last_error(void);
+FERRY_API const char* ferry_result_name(ferry_result_t result);
+
+/* A cudaStream_t, passed opaquely so this header needs no CUDA headers. NULL is
+ * the legacy default stream. */
+typedef void* ferry_stream_t;
+
+typedef struct ferry_comm* ferry_comm_t;
+
+/* Out-of-band all-gather the caller provides (MPI_Allgather, a store, ...):
+ * gathers `nbytes` from every rank into `all` (world * nbytes, rank order).
+ * Returns 0 on success; must itself be bounded in time. */
+typedef int (*ferry_allgather_fn)(void* ctx, const void* mine, size_t nbytes, void* all);
+
+typedef struct {
+  int rank;                   /* this process's rank, 0 <= rank < world */
+  int world;                  /* number of ranks (one GPU each) */
+  int device;                 /* CUDA device ordinal this rank drives */
+  ferry_allgather_fn allgather;
+  void* allgather_ctx;
+  double timeout_s;           /* bound on every wait; <= 0 takes FERRY_TIMEOUT_S */
+} ferry_comm_config_t;
+
+/* One process per GPU. Collective over all ranks. */
+FERRY_API ferry_result_t ferry_comm_init(const ferry_comm_config_t* config, ferry_comm_t* comm);
+/* One process driving `n` GPUs: rank i is devices[i]. */
+FERRY_API ferry_result_t ferry_comm_init_local(const int* devices, int n, double timeout_s,
+                                               ferry_comm_t* comm);
+/* Marks the communicator closed and releases every mapping and buffer it owns.
+ * A second close returns FERRY_ERROR_CLOSED. The handle stays valid until destroy. */
+FERRY_API ferry_result_t ferry_comm_close(ferry_comm_t comm);
+FERRY_API void ferry_comm_destroy(ferry_comm_t comm);
+
+FERRY_API int ferry_comm_rank(ferry_comm_t comm, int local_index);
+FERRY_API int ferry_comm_world(ferry_comm_t comm);
+FERRY_API int ferry_comm_local_count(ferry_comm_t comm); /* 1, or n for init_local */
+
+/* Buffers. Arrays below have one entry per local rank (ferry_comm_local_count). */
+
+/* Allocates `bytes` of peer-visible device memory per local rank (CUDA VMM,
+ * shared with peer processes as POSIX file descriptors). Collective. */
+FERRY_API ferry_result_t ferry_comm_alloc(ferry_comm_t comm, size_t bytes, void** ptrs);
+FERRY_API ferry_result_t ferry_comm_free(ferry_comm_t comm, void* const* ptrs);
+/* Registers existing device allocations (cudaMalloc memory, through CUDA IPC;
+ * or memory from ferry_comm_alloc). Collective. Collectives then accept any
+ * range inside a registered buffer, at the same offset on every rank. */
+FERRY_API ferry_result_t ferry_comm_register(ferry_comm_t comm, void* const* ptrs, const size_t* sizes);
+FERRY_API ferry_result_t ferry_comm_deregister(ferry_comm_t comm, void* const* ptrs);
+
+typedef enum {
+  FERRY_ALGO_AUTO = 0, /* the selector picks from size and world */
+  FERRY_ALGO_PCPY = 1, /* one copy engine stream per peer, in parallel */
+  FERRY_ALGO_B2B = 2   /* all copies in one batched submission on one stream */
+} ferry_algo_t;
+
+typedef enum {
+  FERRY_LOCAL_COPY_AUTO = 0, /* SM kernel: the copy engine is slow for a copy within one GPU */
+  FERRY_LOCAL_COPY_CE = 1,   /* copy engine: no SM used, slower */
+  FERRY_LOCAL_COPY_SM = 2    /* a small copy kernel */
+} ferry_local_copy_t;
+
+typedef struct {
+  ferry_algo_t algo;
+  ferry_local_copy_t local_copy;
+} ferry_coll_options_t;
+
+/* all_gather: out (world * bytes_per_rank, registered) receives every rank's
+ * `in` (bytes_per_rank) in rank order. Out-of-place; `in` may alias this rank's
+ * slot of `out`, which skips the local copy. `options` may be NULL. */
+FERRY_API ferry_result_t ferry_all_gather(ferry_comm_t comm, void* const* outs, const void* const* ins,
+                                          size_t bytes_per_rank, const ferry_stream_t* streams,
+                                          const ferry_coll_options_t* options);
+/* all_to_all: in and out hold world blocks of bytes_per_rank; block j of rank
+ * i's in lands in block i of rank j's out. out registered; out and in must not overlap. */
+FERRY_API ferry_result_t ferry_all_to_all(ferry_comm_t comm, void* const* outs, const void* const* ins,
+                                          size_t bytes_per_rank, const ferry_stream_t* streams,
+                                          const ferry_coll_options_t* options);
+
+/* Returns the first asynchronous error (a peer that timed out), or FERRY_SUCCESS. */
+FERRY_API ferry_result_t ferry_comm_check(ferry_comm_t comm);
+/* Waits, bounded by the communicator's timeout, until every collective enqueued
+ * so far has finished; returns its asynchronous error if any. */
+FERRY_API ferry_result_t ferry_comm_synchronize(ferry_comm_t comm);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FERRY_FERRY_H_ */

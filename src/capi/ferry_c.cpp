@@ -1,0 +1,174 @@
+// The C API: a thin shim that turns ferry::Error into result codes and a
+// thread-local message.
+#include <cstring>
+#include <string>
+
+#include "coll/communicator.hpp"
+#include "core/error.hpp"
+#include "ferry/ferry.h"
+
+struct ferry_comm {
+  std::unique_ptr<ferry::Communicator> impl;
+};
+
+namespace {
+
+thread_local std::string g_last_error;
+
+template <typename Fn>
+ferry_result_t guarded(Fn&& fn) {
+  try {
+    g_last_error.clear();
+    fn();
+    return FERRY_SUCCESS;
+  } catch (const ferry::Error& e) {
+    g_last_error = e.what();
+    return e.code();
+  } catch (const std::exception& e) {
+    g_last_error = e.what();
+    return FERRY_ERROR_INTERNAL;
+  }
+}
+
+ferry::Communicator& get(ferry_comm_t comm) {
+  if (!comm || !comm->impl) ferry::throw_error(FERRY_ERROR_INVALID_ARGUMENT, "comm is NULL or destroyed");
+  return *comm->impl;
+}
+
+ferry::CollectiveArgs make_args(ferry::Communicator& c, void* const* outs, const void* const* ins, size_t bytes,
+                                const ferry_stream_t* streams, const ferry_coll_options_t* options) {
+  FERRY_ARG_CHECK(outs && ins, "outs and ins must not be NULL");
+  ferry::CollectiveArgs a;
+  int n = c.local_count();
+  a.outs.assign(outs, outs + n);
+  a.ins.assign(ins, ins + n);
+  a.bytes_per_rank = bytes;
+  for (int i = 0; i < n; ++i) a.streams.push_back(streams ? static_cast<cudaStream_t>(streams[i]) : nullptr);
+  if (options) {
+    FERRY_ARG_CHECK(options->algo >= FERRY_ALGO_AUTO && options->algo <= FERRY_ALGO_B2B, "options->algo is not a ferry_algo_t");
+    FERRY_ARG_CHECK(options->local_copy >= FERRY_LOCAL_COPY_AUTO && options->local_copy <= FERRY_LOCAL_COPY_SM,
+                    "options->local_copy is not a ferry_local_copy_t");
+    a.algo = static_cast<ferry::Algo>(options->algo);
+    a.local_copy = static_cast<ferry::LocalCopy>(options->local_copy);
+  }
+  return a;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* ferry_last_error(void) { return g_last_error.c_str(); }
+
+const char* ferry_result_name(ferry_result_t r) {
+  switch (r) {
+    case FERRY_SUCCESS: return "FERRY_SUCCESS";
+    case FERRY_ERROR_INVALID_ARGUMENT: return "FERRY_ERROR_INVALID_ARGUMENT";
+    case FERRY_ERROR_NO_GPU: return "FERRY_ERROR_NO_GPU";
+    case FERRY_ERROR_CUDA: return "FERRY_ERROR_CUDA";
+    case FERRY_ERROR_SYSTEM: return "FERRY_ERROR_SYSTEM";
+    case FERRY_ERROR_TIMEOUT: return "FERRY_ERROR_TIMEOUT";
+    case FERRY_ERROR_NOT_REGISTERED: return "FERRY_ERROR_NOT_REGISTERED";
+    case FERRY_ERROR_CLOSED: return "FERRY_ERROR_CLOSED";
+    case FERRY_ERROR_UNSUPPORTED: return "FERRY_ERROR_UNSUPPORTED";
+    case FERRY_ERROR_BROKEN: return "FERRY_ERROR_BROKEN";
+    case FERRY_ERROR_INTERNAL: return "FERRY_ERROR_INTERNAL";
+  }
+  return "FERRY_ERROR_UNKNOWN";
+}
+
+ferry_result_t ferry_comm_init(const ferry_comm_config_t* config, ferry_comm_t* comm) {
+  return guarded([&] {
+    FERRY_ARG_CHECK(config && comm, "config and comm must not be NULL");
+    FERRY_ARG_CHECK(config->allgather, "config->allgather must not be NULL");
+    ferry_allgather_fn fn = config->allgather;
+    void* ctx = config->allgather_ctx;
+    int world = config->world;
+    // Variable-size blobs over a fixed-size all-gather: sizes first, then padded blobs.
+    ferry::AllGatherFn ag = [fn, ctx, world](const std::string& mine) {
+      uint64_t len = mine.size();
+      std::vector<uint64_t> lens(world);
+      if (fn(ctx, &len, sizeof(len), lens.data()) != 0)
+        ferry::throw_error(FERRY_ERROR_SYSTEM, "the caller's allgather function failed");
+      uint64_t width = 0;
+      for (auto l : lens) width = std::max(width, l);
+      std::string padded = mine;
+      padded.resize(width);
+      std::string all(width * world, '\0');
+      if (width && fn(ctx, padded.data(), width, all.data()) != 0)
+        ferry::throw_error(FERRY_ERROR_SYSTEM, "the caller's allgather function failed");
+      std::vector<std::string> out;
+      for (int p = 0; p < world; ++p) out.push_back(all.substr(p * width, lens[p]));
+      return out;
+    };
+    auto c = std::make_unique<ferry_comm>();
+    c->impl = ferry::Communicator::create(config->rank, world, config->device, ag, config->timeout_s);
+    *comm = c.release();
+  });
+}
+
+ferry_result_t ferry_comm_init_local(const int* devices, int n, double timeout_s, ferry_comm_t* comm) {
+  return guarded([&] {
+    FERRY_ARG_CHECK(devices && comm && n > 0, "devices and comm must not be NULL and n positive");
+    auto c = std::make_unique<ferry_comm>();
+    c->impl = ferry::Communicator::create_local(std::vector<int>(devices, devices + n), timeout_s);
+    *comm = c.release();
+  });
+}
+
+ferry_result_t ferry_comm_close(ferry_comm_t comm) { return guarded([&] { get(comm).close(); }); }
+
+void ferry_comm_destroy(ferry_comm_t comm) {
+  if (!comm) return;
+  delete comm;
+}
+
+int ferry_comm_rank(ferry_comm_t comm, int local_index) { return comm->impl->rank(local_index); }
+int ferry_comm_world(ferry_comm_t comm) { return comm->impl->world(); }
+int ferry_comm_local_count(ferry_comm_t comm) { return comm->impl->local_count(); }
+
+ferry_result_t ferry_comm_alloc(ferry_comm_t comm, size_t bytes, void** ptrs) {
+  return guarded([&] {
+    FERRY_ARG_CHECK(ptrs, "ptrs must not be NULL");
+    auto v = get(comm).alloc(bytes);
+    std::memcpy(ptrs, v.data(), v.size() * sizeof(void*));
+  });
+}
+
+ferry_result_t ferry_comm_free(ferry_comm_t comm, void* const* ptrs) {
+  return guarded([&] {
+    FERRY_ARG_CHECK(ptrs, "ptrs must not be NULL");
+    get(comm).free(std::vector<void*>(ptrs, ptrs + get(comm).local_count()));
+  });
+}
+
+ferry_result_t ferry_comm_register(ferry_comm_t comm, void* const* ptrs, const size_t* sizes) {
+  return guarded([&] {
+    FERRY_ARG_CHECK(ptrs && sizes, "ptrs and sizes must not be NULL");
+    int n = get(comm).local_count();
+    get(comm).register_buffers(std::vector<void*>(ptrs, ptrs + n), std::vector<size_t>(sizes, sizes + n));
+  });
+}
+
+ferry_result_t ferry_comm_deregister(ferry_comm_t comm, void* const* ptrs) {
+  return guarded([&] {
+    FERRY_ARG_CHECK(ptrs, "ptrs must not be NULL");
+    get(comm).deregister(std::vector<void*>(ptrs, ptrs + get(comm).local_count()));
+  });
+}
+
+ferry_result_t ferry_all_gather(ferry_comm_t comm, void* const* outs, const void* const* ins, size_t bytes_per_rank,
+                                const ferry_stream_t* streams, const ferry_coll_options_t* options) {
+  return guarded([&] { get(comm).all_gather(make_args(get(comm), outs, ins, bytes_per_rank, streams, options)); });
+}
+
+ferry_result_t ferry_all_to_all(ferry_comm_t comm, void* const* outs, const void* const* ins, size_t bytes_per_rank,
+                                const ferry_stream_t* streams, const ferry_coll_options_t* options) {
+  return guarded([&] { get(comm).all_to_all(make_args(get(comm), outs, ins, bytes_per_rank, streams, options)); });
+}
+
+ferry_result_t ferry_comm_check(ferry_comm_t comm) { return guarded([&] { get(comm).check(); }); }
+
+ferry_result_t ferry_comm_synchronize(ferry_comm_t comm) { return guarded([&] { get(comm).synchronize(); }); }
+
+}  // extern "C"

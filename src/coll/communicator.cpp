@@ -1,0 +1,494 @@
+#include "coll/communicator.hpp"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <sstream>
+
+#include "coll/signature.hpp"
+#include "core/env.hpp"
+#include "core/error.hpp"
+
+namespace ferry {
+namespace {
+
+// Collectives a rank may have in flight before the next one waits for the
+// oldest (DESIGN.md: work queued behind a blocked stream is finite).
+constexpr size_t kInFlightSlots = 1024;
+
+std::vector<std::string> split_lines(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  std::string line;
+  while (std::getline(in, line)) out.push_back(line);
+  return out;
+}
+
+std::string hostname() {
+  char buf[256] = {0};
+  gethostname(buf, sizeof(buf) - 1);
+  return buf;
+}
+
+std::string pci_bus_id(int device) {
+  char bus[32] = {0};
+  FERRY_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof(bus), device));
+  return bus;
+}
+
+void check_device_ordinal(int device, const char* what) {
+  int count = 0;
+  FERRY_CUDA_CHECK(cudaGetDeviceCount(&count));
+  FERRY_ARG_CHECK(device >= 0 && device < count, std::string(what) + " is " + std::to_string(device) + "; expected 0.." +
+                                                     std::to_string(count - 1) + " (" + std::to_string(count) +
+                                                     " GPUs visible)");
+}
+
+bool process_exited(int pid) { return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH; }
+
+}  // namespace
+
+LocalCopy parse_local_copy(const std::string& name, const char* what) {
+  if (name == "auto" || name.empty()) return LocalCopy::kAuto;
+  if (name == "ce") return LocalCopy::kCopyEngine;
+  if (name == "sm") return LocalCopy::kKernel;
+  throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(what) + " is '" + name + "'; expected 'auto', 'ce' or 'sm'");
+}
+
+void Communicator::init_common(double timeout_s) {
+  timeout_s_ = timeout_s > 0 ? timeout_s : knob_float("FERRY_TIMEOUT_S");
+  table_ = default_selector_table();
+  forced_algo_ = parse_algo(knob_string("FERRY_ALGO"), "FERRY_ALGO");
+}
+
+std::unique_ptr<Communicator> Communicator::create(int rank, int world, int device, const AllGatherFn& allgather,
+                                                   double timeout_s) {
+  FERRY_ARG_CHECK(world >= 1 && world <= kMaxRanks,
+                  "world is " + std::to_string(world) + "; expected 1.." + std::to_string(kMaxRanks));
+  FERRY_ARG_CHECK(rank >= 0 && rank < world,
+                  "rank is " + std::to_string(rank) + "; expected 0.." + std::to_string(world - 1));
+  FERRY_ARG_CHECK(static_cast<bool>(allgather), "allgather: a bootstrap all-gather function is required");
+  check_device_ordinal(device, "device");
+  std::unique_ptr<Communicator> c(new Communicator());
+  c->world_ = world;
+  c->multi_process_ = true;
+  c->allgather_ = allgather;
+  c->init_common(timeout_s);
+  FERRY_CUDA_CHECK(cudaSetDevice(device));
+  auto local = std::make_unique<Local>();
+  local->rank = rank;
+  local->device = device;
+  local->engines = std::make_unique<EngineSet>(device, world - 1);
+  local->in_flight = std::make_unique<InFlight>(device, kInFlightSlots);
+  c->locals_.push_back(std::move(local));
+  c->fds_ = std::make_unique<FdExchange>(rank, knob_string("FERRY_SOCKET_DIR"));
+  c->flag_mem_.resize(world);
+  c->flag_mem_[rank] = SharedHostMemory::create(sizeof(FlagBlock));
+
+  std::string mine = hostname() + "\n" + std::to_string(getpid()) + "\n" + pci_bus_id(device) + "\n" +
+                     c->fds_->socket_path() + "\n";
+  auto all = c->allgather(mine, "communicator setup");
+  c->pids_.resize(world);
+  c->socket_paths_.resize(world);
+  std::vector<std::string> bus(world), host(world);
+  for (int p = 0; p < world; ++p) {
+    auto f = split_lines(all[p]);
+    if (f.size() != 4) throw_error(FERRY_ERROR_INTERNAL, "malformed setup record from rank " + std::to_string(p));
+    host[p] = f[0];
+    c->pids_[p] = std::stoi(f[1]);
+    bus[p] = f[2];
+    c->socket_paths_[p] = f[3];
+  }
+  for (int p = 0; p < world; ++p) {
+    if (host[p] != host[rank])
+      throw_error(FERRY_ERROR_UNSUPPORTED, "rank " + std::to_string(p) + " runs on host '" + host[p] + "' and rank " +
+                                               std::to_string(rank) + " on '" + host[rank] +
+                                               "'; ferry's communicators span the GPUs of one host");
+    for (int q = 0; q < p; ++q)
+      if (bus[p] == bus[q])
+        throw_error(FERRY_ERROR_INVALID_ARGUMENT, "ranks " + std::to_string(q) + " and " + std::to_string(p) +
+                                                      " both drive GPU " + bus[p] + "; expected one GPU per rank");
+  }
+  // Share the flag blocks: each rank sends its memfd to every peer.
+  for (int p = 0; p < world; ++p)
+    if (p != rank)
+      c->fds_->send(c->socket_paths_[p], p, 1, {c->flag_mem_[rank].fd()}, "", c->timeout_s_);
+  std::vector<int> peers;
+  for (int p = 0; p < world; ++p)
+    if (p != rank) peers.push_back(p);
+  auto got = c->fds_->receive(peers, 1, c->timeout_s_, "their flag memory");
+  for (auto& [p, msg] : got) {
+    if (msg.fds.size() != 1) throw_error(FERRY_ERROR_INTERNAL, "rank " + std::to_string(p) + " sent no flag memory");
+    c->flag_mem_[p] = SharedHostMemory::import(msg.fds[0], sizeof(FlagBlock));
+  }
+  c->allgather("ready", "communicator setup (mapping peers)");
+  c->start_watchdog();
+  return c;
+}
+
+std::unique_ptr<Communicator> Communicator::create_local(const std::vector<int>& devices, double timeout_s) {
+  int n = static_cast<int>(devices.size());
+  FERRY_ARG_CHECK(n >= 1 && n <= kMaxRanks, "devices: expected 1.." + std::to_string(kMaxRanks) + " GPUs, got " +
+                                                std::to_string(n));
+  for (int i = 0; i < n; ++i) {
+    check_device_ordinal(devices[i], "devices[i]");
+    for (int j = 0; j < i; ++j)
+      FERRY_ARG_CHECK(devices[i] != devices[j], "devices lists GPU " + std::to_string(devices[i]) +
+                                                    " twice; expected distinct GPUs");
+  }
+  std::unique_ptr<Communicator> c(new Communicator());
+  c->world_ = n;
+  c->init_common(timeout_s);
+  for (int i = 0; i < n; ++i) {
+    FERRY_CUDA_CHECK(cudaSetDevice(devices[i]));
+    for (int j = 0; j < n; ++j) {
+      if (i == j) continue;
+      int can = 0;
+      FERRY_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, devices[i], devices[j]));
+      if (!can)
+        throw_error(FERRY_ERROR_UNSUPPORTED, "GPU " + std::to_string(devices[i]) + " cannot access GPU " +
+                                                 std::to_string(devices[j]) +
+                                                 " peer-to-peer; ferry needs P2P (NVLink or PCIe) between all GPUs");
+      cudaError_t err = cudaDeviceEnablePeerAccess(devices[j], 0);
+      if (err == cudaErrorPeerAccessAlreadyEnabled)
+        cudaGetLastError();
+      else
+        FERRY_CUDA_CHECK(err);
+    }
+    auto local = std::make_unique<Local>();
+    local->rank = i;
+    local->device = devices[i];
+    local->engines = std::make_unique<EngineSet>(devices[i], n - 1);
+    local->in_flight = std::make_unique<InFlight>(devices[i], kInFlightSlots);
+    c->locals_.push_back(std::move(local));
+    c->flag_mem_.push_back(SharedHostMemory::create(sizeof(FlagBlock)));
+    c->pids_.push_back(getpid());
+  }
+  c->start_watchdog();
+  return c;
+}
+
+Communicator::~Communicator() {
+  if (!closed_) {
+    try {
+      close();
+    } catch (...) {
+    }
+  }
+}
+
+std::vector<std::string> Communicator::allgather(const std::string& mine, const char* what) {
+  auto all = allgather_(mine);
+  if (static_cast<int>(all.size()) != world_)
+    throw_error(FERRY_ERROR_INTERNAL, std::string(what) + ": the bootstrap all-gather returned " +
+                                          std::to_string(all.size()) + " records for " + std::to_string(world_) +
+                                          " ranks");
+  return all;
+}
+
+void Communicator::ensure_open(const char* what) {
+  if (closed_) throw_error(FERRY_ERROR_CLOSED, std::string(what) + ": the communicator is closed");
+  if (broken_) check();
+}
+
+// ---------------------------------------------------------------- buffers
+
+const Communicator::Registration* Communicator::find_registration(int local, const void* ptr, size_t bytes) const {
+  int r = rank(local);
+  auto p = static_cast<const char*>(ptr);
+  for (const auto& reg : registrations_)
+    if (p >= reg.base[r] && p + bytes <= reg.base[r] + reg.size[r]) return &reg;
+  return nullptr;
+}
+
+std::vector<void*> Communicator::alloc(size_t bytes) {
+  ensure_open("alloc");
+  FERRY_ARG_CHECK(bytes > 0, "alloc: bytes must be positive");
+  Registration reg;
+  reg.id = next_registration_++;
+  reg.owned = true;
+  reg.base.assign(world_, nullptr);
+  reg.size.assign(world_, bytes);
+  std::vector<void*> out;
+  try {
+    if (multi_process_) {
+      Local& L = *locals_[0];
+      FERRY_CUDA_CHECK(cudaSetDevice(L.device));
+      reg.vmm.push_back(vmm_allocate(L.device, bytes, true, {L.device}));
+      reg.base[L.rank] = reinterpret_cast<char*>(reg.vmm.back().ptr);
+      int fd = vmm_export_fd(reg.vmm.back());
+      int tag = next_fd_tag_++;
+      std::vector<int> peers;
+      try {
+        for (int p = 0; p < world_; ++p)
+          if (p != L.rank) {
+            fds_->send(socket_paths_[p], p, tag, {fd}, std::to_string(reg.vmm.back().size), timeout_s_);
+            peers.push_back(p);
+          }
+      } catch (...) {
+        ::close(fd);
+        throw;
+      }
+      ::close(fd);
+      auto got = fds_->receive(peers, tag, timeout_s_, "their buffer handles for alloc()");
+      for (auto& [p, msg] : got) {
+        if (msg.fds.size() != 1) throw_error(FERRY_ERROR_INTERNAL, "rank " + std::to_string(p) + " sent no buffer");
+        size_t mapped = std::stoull(msg.payload);
+        try {
+          reg.vmm.push_back(vmm_import(msg.fds[0], mapped, L.device));
+        } catch (...) {
+          ::close(msg.fds[0]);
+          throw;
+        }
+        ::close(msg.fds[0]);
+        reg.base[p] = reinterpret_cast<char*>(reg.vmm.back().ptr);
+      }
+      out.push_back(reg.base[L.rank]);
+    } else {
+      std::vector<int> all_devices;
+      for (auto& L : locals_) all_devices.push_back(L->device);
+      for (auto& L : locals_) {
+        FERRY_CUDA_CHECK(cudaSetDevice(L->device));
+        reg.vmm.push_back(vmm_allocate(L->device, bytes, false, all_devices));
+        reg.base[L->rank] = reinterpret_cast<char*>(reg.vmm.back().ptr);
+        out.push_back(reg.base[L->rank]);
+      }
+    }
+  } catch (...) {
+    release(reg);
+    throw;
+  }
+  registrations_.push_back(std::move(reg));
+  return out;
+}
+
+void Communicator::register_buffers(const std::vector<void*>& ptrs, const std::vector<size_t>& sizes) {
+  ensure_open("register");
+  FERRY_ARG_CHECK(static_cast<int>(ptrs.size()) == local_count() && sizes.size() == ptrs.size(),
+                  "register: expected one buffer and size per local rank (" + std::to_string(local_count()) + ")");
+  for (int i = 0; i < local_count(); ++i) {
+    check_device_pointer(ptrs[i], device(i), "register: buffer");
+    FERRY_ARG_CHECK(sizes[i] > 0, "register: size must be positive");
+    for (const auto& reg : registrations_)
+      FERRY_ARG_CHECK(!ranges_overlap(ptrs[i], sizes[i], reg.base[rank(i)], reg.size[rank(i)]),
+                      "register: the buffer overlaps one already registered (buffers from alloc() are registered "
+                      "already); deregister that one first");
+  }
+  Registration reg;
+  reg.id = next_registration_++;
+  reg.base.assign(world_, nullptr);
+  reg.size.assign(world_, 0);
+  try {
+    if (multi_process_) {
+      Local& L = *locals_[0];
+      FERRY_CUDA_CHECK(cudaSetDevice(L.device));
+      IpcExport e = ipc_export(ptrs[0]);
+      unsigned long long size = sizes[0];
+      std::string mine(reinterpret_cast<const char*>(&e), sizeof(e));
+      mine.append(reinterpret_cast<const char*>(&size), sizeof(size));
+      auto all = allgather(mine, "register");
+      for (int p = 0; p < world_; ++p) {
+        if (all[p].size() != mine.size())
+          throw_error(FERRY_ERROR_INTERNAL, "register: malformed record from rank " + std::to_string(p));
+        IpcExport pe;
+        std::memcpy(&pe, all[p].data(), sizeof(pe));
+        std::memcpy(&size, all[p].data() + sizeof(pe), sizeof(size));
+        reg.size[p] = size;
+        if (p == L.rank) {
+          reg.base[p] = static_cast<char*>(ptrs[0]);
+          continue;
+        }
+        void* base = ipc_open(pe.handle);
+        reg.ipc.push_back(base);
+        reg.base[p] = static_cast<char*>(base) + pe.offset;
+      }
+    } else {
+      for (int i = 0; i < local_count(); ++i) {
+        reg.base[rank(i)] = static_cast<char*>(ptrs[i]);
+        reg.size[rank(i)] = sizes[i];
+      }
+    }
+  } catch (...) {
+    release(reg);
+    throw;
+  }
+  registrations_.push_back(std::move(reg));
+}
+
+void Communicator::release(Registration& reg) {
+  if (!locals_.empty()) cudaSetDevice(locals_[0]->device);
+  for (auto& m : reg.vmm) vmm_release(m);
+  for (void* base : reg.ipc) ipc_close(base);
+  reg.vmm.clear();
+  reg.ipc.clear();
+}
+
+void Communicator::deregister(const std::vector<void*>& ptrs) {
+  ensure_open("deregister");
+  FERRY_ARG_CHECK(static_cast<int>(ptrs.size()) == local_count(), "deregister: expected one pointer per local rank");
+  for (auto it = registrations_.begin(); it != registrations_.end(); ++it) {
+    if (it->base[rank(0)] != ptrs[0]) continue;
+    FERRY_ARG_CHECK(!it->owned, "deregister: this buffer came from alloc(); release it with free()");
+    synchronize();
+    release(*it);
+    registrations_.erase(it);
+    return;
+  }
+  throw_error(FERRY_ERROR_NOT_REGISTERED, "deregister: the pointer is not the start of a registered buffer");
+}
+
+void Communicator::free(const std::vector<void*>& ptrs) {
+  ensure_open("free");
+  FERRY_ARG_CHECK(static_cast<int>(ptrs.size()) == local_count(), "free: expected one pointer per local rank");
+  for (auto it = registrations_.begin(); it != registrations_.end(); ++it) {
+    if (it->base[rank(0)] != ptrs[0]) continue;
+    FERRY_ARG_CHECK(it->owned, "free: this buffer was registered, not allocated by ferry; use deregister()");
+    synchronize();
+    release(*it);
+    registrations_.erase(it);
+    return;
+  }
+  throw_error(FERRY_ERROR_NOT_REGISTERED, "free: the pointer did not come from this communicator's alloc()");
+}
+
+// ---------------------------------------------------------------- errors and lifetime
+
+void Communicator::fail(const std::string& message) {
+  std::lock_guard<std::mutex> lock(error_mu_);
+  if (error_.empty()) error_ = message;
+  broken_ = true;
+}
+
+void Communicator::check() {
+  if (!broken_) return;
+  std::lock_guard<std::mutex> lock(error_mu_);
+  if (!error_reported_) {
+    error_reported_ = true;
+    throw_error(FERRY_ERROR_TIMEOUT, error_);
+  }
+  throw_error(FERRY_ERROR_BROKEN, "the communicator is broken by an earlier error (" + error_ +
+                                      "); close it and create a new one");
+}
+
+void Communicator::synchronize() {
+  if (closed_) throw_error(FERRY_ERROR_CLOSED, "synchronize: the communicator is closed");
+  double interval = static_cast<double>(knob_int("FERRY_WATCHDOG_MS")) / 1000.0;
+  auto deadline = std::chrono::steady_clock::now() +
+                  std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                      std::chrono::duration<double>(timeout_s_ + 10 * interval + 1.0));
+  for (auto& L : locals_) {
+    while (!L->in_flight->idle()) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        check();
+        throw_error(FERRY_ERROR_TIMEOUT, "synchronize: collectives on rank " + std::to_string(L->rank) +
+                                             " did not finish within " + std::to_string(timeout_s_) +
+                                             " s, and every peer did its part: the stream is held by other work");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+  check();
+}
+
+void Communicator::close() {
+  if (closed_) throw_error(FERRY_ERROR_CLOSED, "close: the communicator is already closed");
+  try {
+    if (!broken_) synchronize();
+  } catch (...) {
+    // Closing after a failure still releases everything; the error was reported or stays in check().
+  }
+  {
+    std::lock_guard<std::mutex> lock(watchdog_mu_);
+    stop_watchdog_ = true;
+  }
+  watchdog_cv_.notify_all();
+  if (watchdog_.joinable()) watchdog_.join();
+  for (auto& reg : registrations_) release(reg);
+  registrations_.clear();
+  for (auto& L : locals_) cudaSetDevice(L->device), cudaDeviceSynchronize();
+  locals_.clear();
+  flag_mem_.clear();
+  fds_.reset();
+  closed_ = true;
+}
+
+// ---------------------------------------------------------------- watchdog
+
+void Communicator::start_watchdog() {
+  watchdog_ = std::thread([this] { watchdog_loop(); });
+}
+
+void Communicator::watchdog_loop() {
+  auto interval = std::chrono::milliseconds(std::max<long long>(1, knob_int("FERRY_WATCHDOG_MS")));
+  std::unique_lock<std::mutex> lock(watchdog_mu_);
+  while (!stop_watchdog_) {
+    watchdog_cv_.wait_for(lock, interval);
+    if (stop_watchdog_) break;
+    lock.unlock();
+    for (int i = 0; i < local_count(); ++i) {
+      auto pending = locals_[i]->in_flight->oldest_unfinished();
+      if (pending) diagnose_and_unblock(i, *pending);
+    }
+    lock.lock();
+  }
+}
+
+// Looks at the flags of a collective that has not finished. When it is past the
+// timeout (or a peer process has exited, or the communicator already failed),
+// names each peer that did not do its part, records the error, and releases the
+// stream's waits by writing the expected tags itself, so nothing hangs.
+bool Communicator::diagnose_and_unblock(int local, const InFlight::Pending& p) {
+  Local& L = *locals_[local];
+  int r = L.rank;
+  const SourceSlot* src = L.in_flight->source_host(p.slot);
+  uint64_t tag = __atomic_load_n(&src->ready.tag, __ATOMIC_ACQUIRE);
+  FlagBlock* mine = flags_host(r);
+  bool late = p.age_s > timeout_s_;
+  bool any_dead = false;
+  std::vector<std::string> problems;
+  std::vector<int> stuck;
+  for (int q = 0; q < world_; ++q) {
+    if (q == r) continue;
+    uint64_t ready = __atomic_load_n(&mine->ready[q].tag, __ATOMIC_ACQUIRE);
+    uint64_t done = __atomic_load_n(&mine->done[q].tag, __ATOMIC_ACQUIRE);
+    if (ready == tag && done == tag) continue;
+    bool dead = process_exited(pids_[q]);
+    any_dead |= dead;
+    std::string who = "rank " + std::to_string(q);
+    if (dead) {
+      problems.push_back(who + " (pid " + std::to_string(pids_[q]) + ") has exited");
+    } else if (ready != tag && tag_seq(ready) < tag_seq(tag)) {
+      problems.push_back(who + " never arrived (its last collective was #" + std::to_string(tag_seq(ready)) + ")");
+    } else if (ready != tag) {
+      const ReadyRecord& rr = mine->ready[q];
+      const ReadyRecord& me = src->ready;
+      auto describe = [](const ReadyRecord& x) {
+        return std::string(coll_op_name(static_cast<CollOp>(x.op))) + "(bytes_per_rank=" +
+               std::to_string(x.bytes_per_rank) + ", buffer #" + std::to_string(x.registration) + ", offset " +
+               std::to_string(x.offset) + ")";
+      };
+      problems.push_back(who + " called " + describe(rr) + " where rank " + std::to_string(r) + " called " +
+                         describe(me) + ": the arguments must match on every rank");
+    } else {
+      problems.push_back(who + " did not finish sending its data");
+    }
+    stuck.push_back(q);
+  }
+  if (stuck.empty()) return false;  // peers are fine: the stream is busy with the caller's own work
+  if (!late && !any_dead && !broken_) return false;
+  std::string msg = std::string(coll_op_name(p.op)) + " #" + std::to_string(p.seq) + " on rank " + std::to_string(r) +
+                    " failed after " + std::to_string(p.age_s) + " s: ";
+  for (size_t i = 0; i < problems.size(); ++i) msg += (i ? "; " : "") + problems[i];
+  msg += ". The registered buffers it touched hold undefined data; close this communicator";
+  fail(msg);
+  for (int q : stuck) {
+    __atomic_store_n(&mine->ready[q].tag, tag, __ATOMIC_RELEASE);
+    __atomic_store_n(&mine->done[q].tag, tag, __ATOMIC_RELEASE);
+  }
+  return true;
+}
+
+}  // namespace ferry

@@ -1,0 +1,49 @@
+#include <cstdint>
+
+#include "coll/local_copy.hpp"
+#include "core/error.hpp"
+
+namespace ferry {
+namespace {
+
+constexpr int kThreads = 512;
+// Few blocks: the copy is bandwidth-bound and should leave most SMs to the
+// user's compute.
+constexpr int kMaxBlocks = 32;
+
+__global__ void copy_vec16(uint4* __restrict__ dst, const uint4* __restrict__ src, size_t n16) {
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n16; i += size_t(gridDim.x) * blockDim.x) dst[i] = src[i];
+}
+
+__global__ void copy_bytes(unsigned char* __restrict__ dst, const unsigned char* __restrict__ src, size_t n) {
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) dst[i] = src[i];
+}
+
+int blocks_for(size_t items) {
+  size_t b = (items + kThreads - 1) / kThreads;
+  return static_cast<int>(b < kMaxBlocks ? (b == 0 ? 1 : b) : kMaxBlocks);
+}
+
+}  // namespace
+
+void launch_local_copy(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+  if (bytes == 0) return;
+  auto d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
+  size_t head = 0;
+  if ((d % 16) == (s % 16)) head = (16 - d % 16) % 16;  // bytes until both are 16-aligned
+  if ((d % 16) != (s % 16) || bytes < head + 16) {
+    copy_bytes<<<blocks_for(bytes), kThreads, 0, stream>>>(static_cast<unsigned char*>(dst),
+                                                           static_cast<const unsigned char*>(src), bytes);
+  } else {
+    size_t n16 = (bytes - head) / 16, tail = bytes - head - n16 * 16;
+    auto* d8 = static_cast<unsigned char*>(dst);
+    auto* s8 = static_cast<const unsigned char*>(src);
+    if (head) copy_bytes<<<1, kThreads, 0, stream>>>(d8, s8, head);
+    copy_vec16<<<blocks_for(n16), kThreads, 0, stream>>>(reinterpret_cast<uint4*>(d8 + head),
+                                                         reinterpret_cast<const uint4*>(s8 + head), n16);
+    if (tail) copy_bytes<<<1, kThreads, 0, stream>>>(d8 + head + n16 * 16, s8 + head + n16 * 16, tail);
+  }
+  FERRY_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace ferry

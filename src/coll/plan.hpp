@@ -1,0 +1,38 @@
+// Which copies a rank issues for a collective: pure functions of the ranks'
+// buffer addresses, tested on the CPU.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "dma/batch_plan.hpp"
+
+namespace ferry {
+
+enum class CollOp : uint32_t { kAllGather = 1, kAllToAll = 2 };
+
+const char* coll_op_name(CollOp op);
+
+struct PeerCopy {
+  int peer;
+  Copy copy;
+};
+
+// The pushes `rank` makes into its peers' outputs, in cyclic-shift order
+// (step k sends to rank (rank + k) % world), which keeps every GPU sending to
+// a different peer at each step (DESIGN.md: the order decides large-size
+// bandwidth). `out_by_rank[p]` is rank p's output as mapped in this process.
+//   all_gather: in (bytes) -> out_p[rank * bytes]
+//   all_to_all: in[p * bytes] (bytes) -> out_p[rank * bytes]
+std::vector<PeerCopy> plan_pushes(CollOp op, int rank, int world, const std::vector<char*>& out_by_rank,
+                                  const char* in, size_t bytes);
+
+// The copy of this rank's own block; bytes == 0 when `in` already is that
+// block (in-place all-gather).
+Copy plan_local(CollOp op, int rank, char* out, const char* in, size_t bytes);
+
+// True when [a, a + na) and [b, b + nb) share a byte.
+bool ranges_overlap(const void* a, size_t na, const void* b, size_t nb);
+
+}  // namespace ferry

@@ -1,0 +1,53 @@
+#include "core/env.hpp"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.hpp"
+
+namespace ferry {
+
+const std::vector<Knob>& knobs() {
+  static const std::vector<Knob> table = {
+      {"FERRY_TIMEOUT_S", "float", "300",
+       "bound, in seconds, on every wait for a peer (bootstrap and collectives); the error names the peer"},
+      {"FERRY_BATCH_MAX", "int", "128",
+       "most copies in one cudaMemcpyBatchAsync call; larger lists are split (drivers have crashed on huge batches)"},
+      {"FERRY_DISABLE_BATCH", "int", "0", "1: issue one cudaMemcpyAsync per copy instead of batched copies"},
+      {"FERRY_SOCKET_DIR", "string", "", "parent folder of the private (0700) folder holding ferry's Unix sockets; "
+                                         "empty: $TMPDIR or /tmp"},
+      {"FERRY_ALGO", "string", "", "force a variant for every collective (pcpy or b2b); empty: the selector decides"},
+      {"FERRY_WATCHDOG_MS", "int", "10", "how often the watchdog looks at unfinished collectives"},
+  };
+  return table;
+}
+
+static const Knob& find_knob(const char* name) {
+  for (const auto& k : knobs())
+    if (std::strcmp(k.name, name) == 0) return k;
+  throw_error(FERRY_ERROR_INTERNAL, std::string("undeclared environment knob ") + name);
+}
+
+std::string knob_string(const char* name) {
+  const Knob& k = find_knob(name);
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string(k.default_value);
+}
+
+long long knob_int(const char* name) {
+  std::string v = knob_string(name);
+  char* end = nullptr;
+  long long x = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0') throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(name) + "=" + v + " is not an integer");
+  return x;
+}
+
+double knob_float(const char* name) {
+  std::string v = knob_string(name);
+  char* end = nullptr;
+  double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0') throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(name) + "=" + v + " is not a number");
+  return x;
+}
+
+}  // namespace ferry

@@ -1,0 +1,142 @@
+#include "dma/engine.hpp"
+
+#include <atomic>
+
+#include "core/driver.hpp"
+#include "core/env.hpp"
+#include "core/error.hpp"
+
+namespace ferry {
+namespace dma {
+namespace {
+
+// Set once a driver refuses cudaMemcpyBatchAsync, so later calls skip it.
+std::atomic<bool> g_batch_unsupported{false};
+
+constexpr unsigned kMaxMemOpsPerBatch = 255;
+
+}  // namespace
+
+bool is_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  FERRY_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+bool is_legacy_default(cudaStream_t stream) { return stream == nullptr || stream == cudaStreamLegacy; }
+
+void copy(cudaStream_t stream, const Copy& c) {
+  if (c.bytes == 0) return;
+  FERRY_CUDA_CHECK(cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDefault, stream));
+}
+
+void copy_batch(cudaStream_t stream, const std::vector<Copy>& copies) {
+  if (copies.empty()) return;
+  static const bool disabled = knob_int("FERRY_DISABLE_BATCH") != 0;
+  static const size_t batch_max = static_cast<size_t>(std::max<long long>(1, knob_int("FERRY_BATCH_MAX")));
+  Submission how = choose_submission(disabled || copies.size() == 1, is_capturing(stream), is_legacy_default(stream),
+                                     !g_batch_unsupported.load());
+  if (how == Submission::kBatched) {
+    std::vector<void*> dsts;
+    std::vector<const void*> srcs;
+    std::vector<size_t> sizes;
+    for (const auto& c : copies) {
+      if (c.bytes == 0) continue;
+      dsts.push_back(c.dst);
+      srcs.push_back(c.src);
+      sizes.push_back(c.bytes);
+    }
+    cudaMemcpyAttributes attr{};
+    // The source is stable for the whole call (stream order), and the hint asks
+    // the driver for copy engines rather than SM copies.
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+    size_t attr_idx = 0;
+    for (auto [b, e] : split_batches(dsts.size(), batch_max)) {
+      cudaError_t err = cudaMemcpyBatchAsync(dsts.data() + b, srcs.data() + b, sizes.data() + b, e - b, &attr,
+                                             &attr_idx, 1, stream);
+      if (err == cudaErrorNotSupported || err == cudaErrorCallRequiresNewerDriver) {
+        cudaGetLastError();
+        g_batch_unsupported = true;
+        for (size_t i = b; i < dsts.size(); ++i) copy(stream, Copy{dsts[i], srcs[i], sizes[i]});
+        return;
+      }
+      FERRY_CUDA_CHECK(err);
+    }
+    return;
+  }
+  for (const auto& c : copies) copy(stream, c);
+}
+
+void wait_values(cudaStream_t stream, const std::vector<ValueWait>& waits) {
+  if (waits.empty()) return;
+  const DriverApi& cu = driver();
+  if (waits.size() == 1) {
+    FERRY_CU_CHECK(cu.StreamWaitValue64(reinterpret_cast<CUstream>(stream),
+                                        reinterpret_cast<CUdeviceptr>(waits[0].addr), waits[0].value,
+                                        CU_STREAM_WAIT_VALUE_EQ));
+    return;
+  }
+  std::vector<CUstreamBatchMemOpParams> ops(waits.size());
+  for (size_t i = 0; i < waits.size(); ++i) {
+    ops[i] = CUstreamBatchMemOpParams{};
+    ops[i].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_64;
+    ops[i].waitValue.address = reinterpret_cast<CUdeviceptr>(waits[i].addr);
+    ops[i].waitValue.value64 = waits[i].value;
+    ops[i].waitValue.flags = CU_STREAM_WAIT_VALUE_EQ;
+  }
+  for (size_t b = 0; b < ops.size(); b += kMaxMemOpsPerBatch) {
+    unsigned n = static_cast<unsigned>(std::min<size_t>(kMaxMemOpsPerBatch, ops.size() - b));
+    FERRY_CU_CHECK(cu.StreamBatchMemOp(reinterpret_cast<CUstream>(stream), n, ops.data() + b, 0));
+  }
+}
+
+}  // namespace dma
+
+namespace {
+constexpr size_t kOrderEvents = 256;  // more than one fork + join of the largest world
+}
+
+EngineSet::EngineSet(int device, int peer_engines) : device_(device) {
+  FERRY_CUDA_CHECK(cudaSetDevice(device));
+  FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&main_, cudaStreamNonBlocking));
+  for (int i = 0; i < peer_engines; ++i) {
+    cudaStream_t s = nullptr;
+    FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    peers_.push_back(s);
+  }
+  for (size_t i = 0; i < kOrderEvents; ++i) {
+    cudaEvent_t e = nullptr;
+    FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    events_.push_back(e);
+  }
+}
+
+EngineSet::~EngineSet() {
+  cudaSetDevice(device_);
+  for (auto e : events_) cudaEventDestroy(e);
+  for (auto s : peers_) cudaStreamDestroy(s);
+  if (main_) cudaStreamDestroy(main_);
+}
+
+// Re-recording an event is safe once the waits on its earlier record are
+// enqueued: cudaStreamWaitEvent captures the event's state at call time.
+cudaEvent_t EngineSet::next_event() { return events_[next_event_++ % events_.size()]; }
+
+void EngineSet::order(cudaStream_t from, cudaStream_t to) {
+  cudaEvent_t e = next_event();
+  FERRY_CUDA_CHECK(cudaEventRecord(e, from));
+  FERRY_CUDA_CHECK(cudaStreamWaitEvent(to, e, 0));
+}
+
+void EngineSet::fork(cudaStream_t from, int n) {
+  cudaEvent_t e = next_event();
+  FERRY_CUDA_CHECK(cudaEventRecord(e, from));
+  for (int i = 0; i < n; ++i) FERRY_CUDA_CHECK(cudaStreamWaitEvent(peers_[i], e, 0));
+}
+
+void EngineSet::join(cudaStream_t to, int n) {
+  for (int i = 0; i < n; ++i) order(peers_[i], to);
+}
+
+}  // namespace ferry

@@ -1,0 +1,67 @@
+// The copy-engine command layer. A CUDA stream stands for a copy engine's queue
+// (the driver maps streams onto the GPU's engines). Commands: a copy, a bounded
+// batch of copies, a wait on a 64-bit value in memory, and a flag write to a
+// peer, which is a small copy (writing another GPU's memory with
+// cuStreamWriteValue hung on our machines; see docs/architecture.md).
+// Nothing here launches a kernel.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "dma/batch_plan.hpp"
+
+namespace ferry {
+
+// One wait: until the 64-bit word at `addr` (device-visible) equals `value`.
+struct ValueWait {
+  const void* addr;
+  uint64_t value;
+};
+
+namespace dma {
+
+void copy(cudaStream_t stream, const Copy& c);
+// Submits `copies` (no order among them) on `stream` in batches of at most
+// FERRY_BATCH_MAX, or one by one where batching is not possible.
+void copy_batch(cudaStream_t stream, const std::vector<Copy>& copies);
+// Blocks `stream` until every wait is satisfied (one cuStreamBatchMemOp per 255).
+void wait_values(cudaStream_t stream, const std::vector<ValueWait>& waits);
+
+bool is_capturing(cudaStream_t stream);
+bool is_legacy_default(cudaStream_t stream);
+
+}  // namespace dma
+
+// The streams ferry issues copy-engine work on, for one GPU: `main` for batched
+// (b2b) work and one per peer for parallel (pcpy) work.
+class EngineSet {
+ public:
+  EngineSet(int device, int peer_engines);
+  ~EngineSet();
+  EngineSet(const EngineSet&) = delete;
+  EngineSet& operator=(const EngineSet&) = delete;
+
+  cudaStream_t main() const { return main_; }
+  cudaStream_t peer(int i) const { return peers_[i]; }
+  int peer_count() const { return static_cast<int>(peers_.size()); }
+
+  // Makes `to` wait for everything enqueued so far on `from` (no host wait).
+  void order(cudaStream_t from, cudaStream_t to);
+  // Makes the first `n` peer engines wait for `from`.
+  void fork(cudaStream_t from, int n);
+  // Makes `to` wait for the first `n` peer engines.
+  void join(cudaStream_t to, int n);
+
+ private:
+  int device_;
+  cudaStream_t main_ = nullptr;
+  std::vector<cudaStream_t> peers_;
+  std::vector<cudaEvent_t> events_;  // ring used by order(), fork() and join()
+  cudaEvent_t next_event();
+  size_t next_event_ = 0;
+};
+
+}  // namespace ferry

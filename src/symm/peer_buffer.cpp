@@ -1,0 +1,126 @@
+#include "symm/peer_buffer.hpp"
+
+#include <string>
+
+#include "core/driver.hpp"
+#include "core/error.hpp"
+
+namespace ferry {
+
+static CUmemAllocationProp device_prop(int device, bool exportable) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  prop.requestedHandleTypes = exportable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
+  return prop;
+}
+
+static void map_with_access(VmmMapping& m, const std::vector<int>& devices) {
+  const DriverApi& cu = driver();
+  FERRY_CU_CHECK(cu.MemAddressReserve(&m.ptr, m.size, 0, 0, 0));
+  FERRY_CU_CHECK(cu.MemMap(m.ptr, m.size, 0, m.handle, 0));
+  std::vector<CUmemAccessDesc> access(devices.size());
+  for (size_t i = 0; i < devices.size(); ++i) {
+    access[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access[i].location.id = devices[i];
+    access[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
+  FERRY_CU_CHECK(cu.MemSetAccess(m.ptr, m.size, access.data(), access.size()));
+}
+
+VmmMapping vmm_allocate(int device, size_t bytes, bool exportable, const std::vector<int>& access_devices) {
+  const DriverApi& cu = driver();
+  CUmemAllocationProp prop = device_prop(device, exportable);
+  size_t gran = 0;
+  FERRY_CU_CHECK(cu.MemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+  VmmMapping m;
+  m.size = (std::max<size_t>(bytes, 1) + gran - 1) / gran * gran;
+  FERRY_CU_CHECK(cu.MemCreate(&m.handle, m.size, &prop, 0));
+  try {
+    map_with_access(m, access_devices);
+  } catch (...) {
+    vmm_release(m);
+    throw;
+  }
+  return m;
+}
+
+int vmm_export_fd(const VmmMapping& m) {
+  int fd = -1;
+  FERRY_CU_CHECK(driver().MemExportToShareableHandle(&fd, m.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  return fd;
+}
+
+VmmMapping vmm_import(int fd, size_t size, int local_device) {
+  const DriverApi& cu = driver();
+  VmmMapping m;
+  m.size = size;
+  FERRY_CU_CHECK(cu.MemImportFromShareableHandle(&m.handle, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
+                                                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+  try {
+    map_with_access(m, {local_device});
+  } catch (...) {
+    vmm_release(m);
+    throw;
+  }
+  return m;
+}
+
+void vmm_release(VmmMapping& m) {
+  const DriverApi& cu = driver();
+  if (m.ptr) {
+    cu.MemUnmap(m.ptr, m.size);
+    cu.MemAddressFree(m.ptr, m.size);
+  }
+  if (m.handle) cu.MemRelease(m.handle);
+  m = VmmMapping{};
+}
+
+IpcExport ipc_export(const void* ptr) {
+  IpcExport e{};
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  FERRY_CU_CHECK(driver().MemGetAddressRange(&base, &size, reinterpret_cast<CUdeviceptr>(ptr)));
+  cudaError_t err = cudaIpcGetMemHandle(&e.handle, reinterpret_cast<void*>(base));
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                std::string("register: the memory at this pointer cannot be shared with CUDA IPC (") +
+                    cudaGetErrorString(err) +
+                    "); it is not plain cudaMalloc memory (PyTorch's expandable_segments allocator, for one, "
+                    "is not). Allocate it with comm.alloc() instead");
+  }
+  e.offset = reinterpret_cast<CUdeviceptr>(ptr) - base;
+  e.base_size = size;
+  return e;
+}
+
+void* ipc_open(const cudaIpcMemHandle_t& handle) {
+  void* base = nullptr;
+  FERRY_CUDA_CHECK(cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess));
+  return base;
+}
+
+void ipc_close(void* base) { cudaIpcCloseMemHandle(base); }
+
+void check_device_pointer(const void* ptr, int expected_device, const char* what) {
+  FERRY_ARG_CHECK(ptr != nullptr, std::string(what) + " is a null pointer");
+  cudaPointerAttributes attr{};
+  cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(what) + " is not a pointer CUDA knows (" +
+                                                  cudaGetErrorString(err) + "); expected device memory");
+  }
+  if (attr.type != cudaMemoryTypeDevice)
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                std::string(what) + " points to " + (attr.type == cudaMemoryTypeHost ? "pinned host" :
+                                                     attr.type == cudaMemoryTypeManaged ? "managed" : "pageable host") +
+                    " memory; expected device memory on GPU " + std::to_string(expected_device));
+  if (attr.device != expected_device)
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(what) + " is on GPU " + std::to_string(attr.device) +
+                                                  "; expected GPU " + std::to_string(expected_device));
+}
+
+}  // namespace ferry

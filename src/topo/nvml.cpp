@@ -1,0 +1,74 @@
+// NVML, opened with dlopen so that it stays optional: NUMA placement comes
+// from sysfs, NVLink state from here. Only the few declarations we use.
+#include <dlfcn.h>
+
+#include <cstring>
+
+#include "topo/topology.hpp"
+
+namespace ferry {
+namespace {
+
+typedef struct nvmlDevice_st* nvmlDevice_t;
+struct nvmlPciInfo_t {  // layout of NVML's nvmlPciInfo_st (v3)
+  char busIdLegacy[16];
+  unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+  char busId[32];
+};
+constexpr unsigned kMaxLinks = 18;  // NVML_NVLINK_MAX_LINKS
+constexpr int kRemoteSwitch = 2;    // NVML_NVLINK_DEVICE_TYPE_SWITCH
+
+struct Nvml {
+  void* lib = nullptr;
+  int (*Init)() = nullptr;
+  int (*Shutdown)() = nullptr;
+  int (*HandleByPciBusId)(const char*, nvmlDevice_t*) = nullptr;
+  int (*NvLinkState)(nvmlDevice_t, unsigned, int*) = nullptr;
+  int (*NvLinkRemotePci)(nvmlDevice_t, unsigned, nvmlPciInfo_t*) = nullptr;
+  int (*NvLinkRemoteType)(nvmlDevice_t, unsigned, int*) = nullptr;
+
+  bool open() {
+    lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return false;
+    Init = reinterpret_cast<int (*)()>(dlsym(lib, "nvmlInit_v2"));
+    Shutdown = reinterpret_cast<int (*)()>(dlsym(lib, "nvmlShutdown"));
+    HandleByPciBusId = reinterpret_cast<decltype(HandleByPciBusId)>(dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2"));
+    NvLinkState = reinterpret_cast<decltype(NvLinkState)>(dlsym(lib, "nvmlDeviceGetNvLinkState"));
+    NvLinkRemotePci = reinterpret_cast<decltype(NvLinkRemotePci)>(dlsym(lib, "nvmlDeviceGetNvLinkRemotePciInfo_v2"));
+    NvLinkRemoteType = reinterpret_cast<decltype(NvLinkRemoteType)>(dlsym(lib, "nvmlDeviceGetNvLinkRemoteDeviceType"));
+    return Init && Shutdown && HandleByPciBusId && NvLinkState && NvLinkRemotePci && Init() == 0;
+  }
+  ~Nvml() {
+    if (lib) {
+      if (Shutdown) Shutdown();
+      dlclose(lib);
+    }
+  }
+};
+
+}  // namespace
+
+void fill_from_nvml(Topology& topo) {
+  Nvml nvml;
+  if (!nvml.open()) return;
+  for (auto& g : topo.gpus) {
+    nvmlDevice_t dev = nullptr;
+    if (nvml.HandleByPciBusId(g.pci_bus_id.c_str(), &dev) != 0) continue;
+    for (unsigned link = 0; link < kMaxLinks; ++link) {
+      int active = 0;
+      if (nvml.NvLinkState(dev, link, &active) != 0 || !active) continue;
+      int type = -1;
+      if (nvml.NvLinkRemoteType && nvml.NvLinkRemoteType(dev, link, &type) == 0 && type == kRemoteSwitch) {
+        ++g.nvswitch_links;
+        continue;
+      }
+      nvmlPciInfo_t remote;
+      std::memset(&remote, 0, sizeof(remote));
+      if (nvml.NvLinkRemotePci(dev, link, &remote) != 0) continue;
+      for (auto& peer : topo.gpus)
+        if (same_pci_bus_id(peer.pci_bus_id, remote.busId)) ++topo.nvlink[g.index][peer.index];
+    }
+  }
+}
+
+}  // namespace ferry
