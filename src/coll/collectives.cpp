@@ -14,14 +14,6 @@
 
 namespace ferry {
 
-void Communicator::issue_local_copy(const Copy& c, LocalCopy how, cudaStream_t stream) {
-  if (c.bytes == 0) return;
-  if (how == LocalCopy::kCopyEngine)
-    dma::copy(stream, c);
-  else
-    launch_local_copy(c.dst, c.src, c.bytes, stream);
-}
-
 void Communicator::run(CollOp op, const CollectiveArgs& a) {
   const std::string name = coll_op_name(op);
   ensure_open(name.c_str());
@@ -103,7 +95,7 @@ void Communicator::enqueue_b2b(int local, CollOp op, const std::vector<char*>& o
   const bool own_stream = dma::is_legacy_default(stream);
   cudaStream_t s = own_stream ? L.engines->main() : stream;
   if (own_stream) L.engines->order(stream, s);
-  issue_local_copy(local_copy, how, s);
+  copy_local(local_copy, how, s);
   const SourceSlot* src = L.in_flight->source_device(slot);
   std::vector<Copy> ready, done;
   std::vector<ValueWait> ready_waits, done_waits;
@@ -142,7 +134,7 @@ void Communicator::enqueue_pcpy(int local, CollOp op, const std::vector<char*>& 
     dma::copy(e, Copy{&flags_device(p)->done[r].tag, &src->done.tag, sizeof(uint64_t)});
     dma::wait_values(e, {ValueWait{&flags_device(r)->done[p].tag, tag}});
   }
-  issue_local_copy(local_copy, how, stream);
+  copy_local(local_copy, how, stream);
   L.engines->join(stream, peers);
 }
 

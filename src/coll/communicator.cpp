@@ -51,13 +51,6 @@ bool process_exited(int pid) { return pid > 0 && kill(pid, 0) != 0 && errno == E
 
 }  // namespace
 
-LocalCopy parse_local_copy(const std::string& name, const char* what) {
-  if (name == "auto" || name.empty()) return LocalCopy::kAuto;
-  if (name == "ce") return LocalCopy::kCopyEngine;
-  if (name == "sm") return LocalCopy::kKernel;
-  throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(what) + " is '" + name + "'; expected 'auto', 'ce' or 'sm'");
-}
-
 void Communicator::init_common(double timeout_s) {
   timeout_s_ = timeout_s > 0 ? timeout_s : knob_float("FERRY_TIMEOUT_S");
   table_ = default_selector_table();

@@ -18,6 +18,7 @@
 #include "bootstrap/unix_socket.hpp"
 #include "coll/flags.hpp"
 #include "coll/in_flight.hpp"
+#include "coll/local_copy.hpp"
 #include "coll/selector.hpp"
 #include "dma/engine.hpp"
 #include "symm/peer_buffer.hpp"
@@ -29,8 +30,6 @@ namespace ferry {
 // time and name missing ranks when it gives up.
 using AllGatherFn = std::function<std::vector<std::string>(const std::string& mine)>;
 
-enum class LocalCopy { kAuto = 0, kCopyEngine = 1, kKernel = 2 };
-LocalCopy parse_local_copy(const std::string& name, const char* what);
 
 struct CollectiveArgs {
   std::vector<void*> outs;
@@ -100,7 +99,6 @@ class Communicator {
                    cudaStream_t stream, size_t slot, uint64_t tag, const Copy& local_copy, LocalCopy how);
   void enqueue_pcpy(int local, CollOp op, const std::vector<char*>& out_by_rank, const char* in, size_t bytes,
                     cudaStream_t stream, size_t slot, uint64_t tag, const Copy& local_copy, LocalCopy how);
-  void issue_local_copy(const Copy& c, LocalCopy how, cudaStream_t stream);
 
   FlagBlock* flags_host(int rank) const { return static_cast<FlagBlock*>(flag_mem_[rank].host()); }
   FlagBlock* flags_device(int rank) const { return static_cast<FlagBlock*>(flag_mem_[rank].device()); }

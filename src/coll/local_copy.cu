@@ -2,6 +2,7 @@
 
 #include "coll/local_copy.hpp"
 #include "core/error.hpp"
+#include "dma/engine.hpp"
 
 namespace ferry {
 namespace {
@@ -44,6 +45,28 @@ void launch_local_copy(void* dst, const void* src, size_t bytes, cudaStream_t st
     if (tail) copy_bytes<<<1, kThreads, 0, stream>>>(d8 + head + n16 * 16, s8 + head + n16 * 16, tail);
   }
   FERRY_CUDA_CHECK(cudaGetLastError());
+}
+
+void copy_local(const Copy& c, LocalCopy how, cudaStream_t stream) {
+  if (c.bytes == 0) return;
+  switch (how) {
+    case LocalCopy::kCopyEngine:
+      dma::copy(stream, c);
+      break;
+    case LocalCopy::kMemcpy:
+      dma::copy_one(stream, c);
+      break;
+    default:
+      launch_local_copy(c.dst, c.src, c.bytes, stream);
+  }
+}
+
+LocalCopy parse_local_copy(const std::string& name, const char* what) {
+  if (name == "auto" || name.empty()) return LocalCopy::kAuto;
+  if (name == "ce") return LocalCopy::kCopyEngine;
+  if (name == "sm") return LocalCopy::kKernel;
+  if (name == "memcpy") return LocalCopy::kMemcpy;
+  throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(what) + " is '" + name + "'; expected 'auto', 'ce' or 'sm'");
 }
 
 }  // namespace ferry

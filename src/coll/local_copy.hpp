@@ -8,9 +8,18 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <string>
+
+#include "dma/batch_plan.hpp"
 
 namespace ferry {
 
+enum class LocalCopy { kAuto = 0, kCopyEngine = 1, kKernel = 2, kMemcpy = 3 };
+// "auto", "ce", "sm" ("memcpy", a plain cudaMemcpyAsync, for measurements only).
+LocalCopy parse_local_copy(const std::string& name, const char* what);
+
 void launch_local_copy(void* dst, const void* src, size_t bytes, cudaStream_t stream);
+// Copies a block within one GPU the way `how` says (kAuto: the kernel).
+void copy_local(const Copy& c, LocalCopy how, cudaStream_t stream);
 
 }  // namespace ferry

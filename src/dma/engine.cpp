@@ -25,16 +25,21 @@ bool is_capturing(cudaStream_t stream) {
 
 bool is_legacy_default(cudaStream_t stream) { return stream == nullptr || stream == cudaStreamLegacy; }
 
-void copy(cudaStream_t stream, const Copy& c) {
+void copy_one(cudaStream_t stream, const Copy& c) {
   if (c.bytes == 0) return;
   FERRY_CUDA_CHECK(cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDefault, stream));
 }
+
+// Even a single copy goes through the batched call where possible: it carries
+// the hint that keeps the copy on a copy engine (a plain cudaMemcpyAsync within
+// one GPU may run as an SM kernel), and costs less host time (DESIGN.md).
+void copy(cudaStream_t stream, const Copy& c) { copy_batch(stream, {c}); }
 
 void copy_batch(cudaStream_t stream, const std::vector<Copy>& copies) {
   if (copies.empty()) return;
   static const bool disabled = knob_int("FERRY_DISABLE_BATCH") != 0;
   static const size_t batch_max = static_cast<size_t>(std::max<long long>(1, knob_int("FERRY_BATCH_MAX")));
-  Submission how = choose_submission(disabled || copies.size() == 1, is_capturing(stream), is_legacy_default(stream),
+  Submission how = choose_submission(disabled, is_capturing(stream), is_legacy_default(stream),
                                      !g_batch_unsupported.load());
   if (how == Submission::kBatched) {
     std::vector<void*> dsts;
@@ -58,14 +63,14 @@ void copy_batch(cudaStream_t stream, const std::vector<Copy>& copies) {
       if (err == cudaErrorNotSupported || err == cudaErrorCallRequiresNewerDriver) {
         cudaGetLastError();
         g_batch_unsupported = true;
-        for (size_t i = b; i < dsts.size(); ++i) copy(stream, Copy{dsts[i], srcs[i], sizes[i]});
+        for (size_t i = b; i < dsts.size(); ++i) copy_one(stream, Copy{dsts[i], srcs[i], sizes[i]});
         return;
       }
       FERRY_CUDA_CHECK(err);
     }
     return;
   }
-  for (const auto& c : copies) copy(stream, c);
+  for (const auto& c : copies) copy_one(stream, c);
 }
 
 void wait_values(cudaStream_t stream, const std::vector<ValueWait>& waits) {

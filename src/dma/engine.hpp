@@ -23,7 +23,10 @@ struct ValueWait {
 
 namespace dma {
 
+// One copy on a copy engine (batched call with the copy-engine hint where possible).
 void copy(cudaStream_t stream, const Copy& c);
+// One plain cudaMemcpyAsync (the driver picks how to run it).
+void copy_one(cudaStream_t stream, const Copy& c);
 // Submits `copies` (no order among them) on `stream` in batches of at most
 // FERRY_BATCH_MAX, or one by one where batching is not possible.
 void copy_batch(cudaStream_t stream, const std::vector<Copy>& copies);

@@ -1,0 +1,63 @@
+"""ferry: copy-engine (DMA) collectives for multi-GPU machine learning.
+
+    import ferry
+    comm = ferry.init()                      # one process per GPU (torchrun / mpirun)
+    out = comm.alloc((world * n,), torch.bfloat16)
+    comm.all_gather(out, inp)                # ordered in the current torch stream
+
+`import ferry` works without a GPU or driver; GPU calls then raise NoGpuError
+with an explanation. See docs/api.md.
+"""
+
+from ._native import IMPORT_ERROR, native
+from .bootstrap import LaunchInfo, TcpStore, read_launch_env
+from .comm import Communicator, init, init_local
+from .errors import (
+    BrokenError,
+    ClosedError,
+    CudaError,
+    FerryError,
+    InvalidArgumentError,
+    NoGpuError,
+    NotRegisteredError,
+    PeerTimeoutError,
+    SystemCallError,
+    UnsupportedError,
+)
+
+__version__ = "0.1.0"
+
+
+def gpu_available() -> bool:
+    """True when a CUDA driver loads (no GPU call is made otherwise)."""
+    return native is not None and native.driver_available()
+
+
+def select_algo(op: str, world: int, bytes_per_rank: int, algo: str = "auto") -> str:
+    """The variant ferry runs for a call: 'pcpy' or 'b2b' (pure; no GPU needed)."""
+    from ._native import require
+
+    return require().select_algo(op, world, bytes_per_rank, algo)
+
+
+__all__ = [
+    "BrokenError",
+    "ClosedError",
+    "Communicator",
+    "CudaError",
+    "FerryError",
+    "IMPORT_ERROR",
+    "InvalidArgumentError",
+    "LaunchInfo",
+    "NoGpuError",
+    "NotRegisteredError",
+    "PeerTimeoutError",
+    "SystemCallError",
+    "TcpStore",
+    "UnsupportedError",
+    "gpu_available",
+    "init",
+    "init_local",
+    "read_launch_env",
+    "select_algo",
+]

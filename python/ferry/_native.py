@@ -1,0 +1,20 @@
+"""The compiled layer, imported so that `import ferry` never fails because of it."""
+
+from __future__ import annotations
+
+try:
+    from . import _ferry as native  # noqa: F401
+    IMPORT_ERROR: Exception | None = None
+except ImportError as exc:  # pragma: no cover - exercised only on broken installs
+    native = None
+    IMPORT_ERROR = exc
+
+
+def require():
+    """The native module, or an ImportError that says how to get it."""
+    if native is None:
+        raise ImportError(
+            f"ferry's compiled extension is not importable ({IMPORT_ERROR}); "
+            "reinstall with `pip install .` from a ferry checkout"
+        )
+    return native

@@ -1,0 +1,1 @@
+"""Benchmarks: ferry's collectives against NCCL (through torch.distributed) in one run."""

@@ -1,0 +1,234 @@
+"""How ranks find each other before any GPU work: the launcher's environment,
+and an out-of-band all-gather over a TCP store, a torch.distributed store, or a
+torch process group. Every wait is bounded; a timeout names the missing ranks."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional, Sequence
+
+from .errors import InvalidArgumentError, PeerTimeoutError
+
+AllGather = Callable[[bytes], Sequence[bytes]]
+
+
+@dataclass(frozen=True)
+class LaunchInfo:
+    rank: int
+    world: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    launcher: str
+
+
+def _int(env: Mapping[str, str], name: str) -> int:
+    value = env[name]
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidArgumentError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+# (launcher, rank, world, local rank) variables, first match wins.
+_LAUNCHERS = (
+    ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"),
+    ("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+    ("mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
+    ("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+)
+
+
+def read_launch_env(env: Optional[Mapping[str, str]] = None) -> Optional[LaunchInfo]:
+    """Rank, world and rendezvous address from torchrun, mpirun or srun; None if
+    the process was not started by one of them."""
+    env = os.environ if env is None else env
+    for launcher, rank_var, world_var, local_var in _LAUNCHERS:
+        if rank_var in env and world_var in env:
+            rank, world = _int(env, rank_var), _int(env, world_var)
+            local = _int(env, local_var) if local_var in env else rank
+            if world < 1 or not 0 <= rank < world:
+                raise InvalidArgumentError(
+                    f"{launcher}: {rank_var}={rank} and {world_var}={world} are inconsistent; "
+                    "expected 0 <= rank < world"
+                )
+            addr = env.get("MASTER_ADDR", "127.0.0.1")
+            port = _int(env, "MASTER_PORT") if "MASTER_PORT" in env else 29500
+            return LaunchInfo(rank, world, local, addr, port, launcher)
+    return None
+
+
+# ---------------------------------------------------------------- TCP store
+
+
+def _send(sock: socket.socket, obj) -> None:
+    data = pickle.dumps(obj)
+    sock.sendall(struct.pack("!I", len(data)) + data)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("store connection closed")
+        buf += chunk
+    return buf
+
+
+def _recv(sock: socket.socket):
+    (n,) = struct.unpack("!I", _recv_exact(sock, 4))
+    return pickle.loads(_recv_exact(sock, n))
+
+
+class _StoreServer:
+    """Key-value server run by rank 0: SET key value, GET keys timeout."""
+
+    def __init__(self, host: str, port: int):
+        self._data: dict = {}
+        self._cv = threading.Condition()
+        self._sock = socket.create_server((host, port), reuse_port=False)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.port = self._sock.getsockname()[1]
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True, name="ferry-store").start()
+
+    def _accept(self):
+        while not self._closed:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket):
+        with conn:
+            try:
+                while True:
+                    op, *args = _recv(conn)
+                    if op == "set":
+                        key, value = args
+                        with self._cv:
+                            self._data[key] = value
+                            self._cv.notify_all()
+                        _send(conn, ("ok",))
+                    elif op == "get":
+                        keys, timeout = args
+                        deadline = time.monotonic() + timeout
+                        with self._cv:
+                            while not all(k in self._data for k in keys):
+                                left = deadline - time.monotonic()
+                                if left <= 0:
+                                    break
+                                self._cv.wait(left)
+                            found = {k: self._data[k] for k in keys if k in self._data}
+                        _send(conn, ("ok", found))
+            except (ConnectionError, OSError, EOFError):
+                return
+
+    def close(self):
+        self._closed = True
+        self._sock.close()
+
+
+class TcpStore:
+    """A small key-value store over TCP: rank 0 serves, everyone (rank 0 too)
+    is a client. Used by ferry.init() when no torch store is given."""
+
+    def __init__(self, host: str, port: int, is_server: bool, timeout: float = 300.0):
+        self.timeout = timeout
+        self._server = _StoreServer(host if host else "0.0.0.0", port) if is_server else None
+        if self._server is not None:
+            port = self._server.port
+        self.host, self.port = host, port
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._sock = socket.create_connection((host, port), timeout=min(5.0, timeout))
+                break
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    raise PeerTimeoutError(
+                        f"could not reach the bootstrap store of rank 0 at {host}:{port} within "
+                        f"{timeout:g} s ({exc}); is rank 0 running?"
+                    ) from None
+                time.sleep(0.05)
+        self._sock.settimeout(None)
+        self._lock = threading.Lock()
+
+    def set(self, key: str, value: bytes) -> None:
+        with self._lock:
+            _send(self._sock, ("set", key, bytes(value)))
+            _recv(self._sock)
+
+    def get_many(self, keys: Sequence[str], timeout: float) -> dict:
+        """Whatever of `keys` is set within `timeout` seconds."""
+        with self._lock:
+            _send(self._sock, ("get", list(keys), timeout))
+            return _recv(self._sock)[1]
+
+    def close(self) -> None:
+        try:
+            self._sock.close()
+        finally:
+            if self._server is not None:
+                self._server.close()
+
+
+class TorchStore:
+    """Adapts a torch.distributed Store (TCPStore, FileStore, ...) to get_many."""
+
+    def __init__(self, store):
+        self._store = store
+
+    def set(self, key: str, value: bytes) -> None:
+        self._store.set(key, bytes(value))
+
+    def get_many(self, keys: Sequence[str], timeout: float) -> dict:
+        from datetime import timedelta
+
+        try:
+            self._store.wait(list(keys), timedelta(seconds=timeout))
+        except Exception:  # torch raises on timeout; report what did arrive
+            pass
+        return {k: bytes(self._store.get(k)) for k in keys if self._store.check([k])}
+
+
+def store_allgather(store, rank: int, world: int, timeout: float, prefix: str = "ferry") -> AllGather:
+    """An all-gather over a store with set/get_many; each call is one round."""
+    counter = [0]
+
+    def allgather(mine: bytes) -> list:
+        counter[0] += 1
+        base = f"{prefix}/{counter[0]}"
+        store.set(f"{base}/{rank}", mine)
+        keys = [f"{base}/{r}" for r in range(world)]
+        found = store.get_many(keys, timeout)
+        missing = [r for r, k in enumerate(keys) if k not in found]
+        if missing:
+            raise PeerTimeoutError(
+                f"rank {rank}: bootstrap round {counter[0]}: rank(s) {', '.join(map(str, missing))} "
+                f"never arrived within {timeout:g} s"
+            )
+        return [found[k] for k in keys]
+
+    return allgather
+
+
+def group_allgather(group=None) -> AllGather:
+    """An all-gather over a torch.distributed process group (bounded by the
+    group's own timeout)."""
+    import torch.distributed as dist
+
+    def allgather(mine: bytes) -> list:
+        out = [None] * dist.get_world_size(group)
+        dist.all_gather_object(out, bytes(mine), group=group)
+        return out
+
+    return allgather

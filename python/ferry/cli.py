@@ -1,0 +1,131 @@
+"""`ferry topo`, `ferry doctor`, `ferry bench`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+
+
+def _topology(args):
+    from . import topo
+
+    return topo.load(args.file) if args.file else topo.probe()
+
+
+def cmd_topo(args) -> int:
+    from . import topo
+
+    d = _topology(args)
+    print(json.dumps(d, indent=1) if args.json else topo.format_text(d))
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    from . import topo
+    from ._native import IMPORT_ERROR, native
+
+    print(f"ferry {__import__('ferry').__version__}, python {sys.version.split()[0]}")
+    if native is None:
+        print(f"[fail] native extension not importable: {IMPORT_ERROR}")
+        return 1
+    failed = False
+    if args.file:
+        d = topo.load(args.file)
+    elif not native.driver_available():
+        print(f"[fail] no CUDA driver: {native.driver_missing_hint()}")
+        d = None
+        failed = True
+    else:
+        d = topo.probe()
+    if d is not None:
+        for status, msg in topo.doctor_checks(d):
+            print(f"[{status}] {msg}")
+            failed |= status == "fail"
+    for var, want in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
+        if os.environ.get(var) != want:
+            print(f"[note] {var} is not {want}: on shared hosts where NVLink multicast must stay off, set it")
+    print("\nenvironment knobs:")
+    for name, typ, default, doc in native.knobs():
+        value = os.environ.get(name)
+        shown = f"{value} (set)" if value is not None else f"{default or '(empty)'} (default)"
+        print(f"  {name:<20} {typ:<6} {shown:<16} {doc}")
+    return 1 if failed else 0
+
+
+def cmd_bench(args) -> int:
+    from .bench import collectives
+    from .bench.report import format_table, parse_size, ratio_table, size_range
+
+    import torch
+
+    world = args.gpus or torch.cuda.device_count()
+    if world < 2:
+        print(f"ferry bench needs at least 2 GPUs; {world} visible", file=sys.stderr)
+        return 2
+    impls = args.impls.split(",")
+    bad = [i for i in impls if i not in collectives.IMPLS]
+    if bad:
+        print(f"--impls: unknown {bad}; expected some of {','.join(collectives.IMPLS)}", file=sys.stderr)
+        return 2
+    opts = dict(
+        sizes=size_range(parse_size(args.min), parse_size(args.max), args.factor),
+        ops=args.ops.split(","),
+        impls=impls,
+        warmup=args.warmup,
+        runs=args.runs,
+        timeout=args.timeout,
+        local_copy=args.local_copy,
+        overlap=args.overlap,
+        overlap_bytes=parse_size(args.overlap_size),
+        overlap_gemms=args.overlap_gemms,
+        local_copy_probe=args.local_copy_probe,
+    )
+    print(f"ferry bench: {world} GPUs, {len(opts['sizes'])} sizes, {opts['ops']}, {impls}", file=sys.stderr)
+    result = collectives.run(world, opts)
+    print(format_table(result["records"]))
+    print()
+    print(ratio_table(result["records"]))
+    if args.out:
+        command = "ferry " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        stem = collectives.save(result, world, args.out, command, plot=not args.no_plot)
+        print(f"\nwrote {stem}.json, .txt" + ("" if args.no_plot else ", .png"))
+    return 0 if all(r["wrong"] == 0 for r in result["records"]) else 1
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="ferry", description="copy-engine collectives for multi-GPU ML")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("topo", help="show the GPUs, their links and copy engines")
+    t.add_argument("--json", action="store_true", help="print JSON (loadable with ferry.topo.load)")
+    t.add_argument("--file", help="read a topology JSON instead of probing")
+    t.set_defaults(fn=cmd_topo)
+    d = sub.add_parser("doctor", help="check that ferry can run here, and list its environment knobs")
+    d.add_argument("--file", help="judge a topology JSON instead of this machine")
+    d.set_defaults(fn=cmd_doctor)
+    b = sub.add_parser("bench", help="ferry against NCCL on the local GPUs")
+    b.add_argument("--gpus", type=int, default=0, help="number of GPUs (default: all)")
+    b.add_argument("--ops", default="all_gather,all_to_all")
+    b.add_argument("--impls", default=",".join(("ferry-b2b", "ferry-pcpy", "nccl", "nccl-graph")))
+    b.add_argument("--min", default="1K", help="smallest bytes per rank")
+    b.add_argument("--max", default="1G", help="largest bytes per rank")
+    b.add_argument("--factor", type=int, default=4, help="size step")
+    b.add_argument("--warmup", type=int, default=5)
+    b.add_argument("--runs", type=int, default=7, help="timed runs per point; the median counts")
+    b.add_argument("--timeout", type=float, default=120.0)
+    b.add_argument("--local-copy", default="auto", choices=("auto", "ce", "sm"))
+    b.add_argument("--overlap", action="store_true", help="also measure a bf16 GEMM loop beside all-gathers")
+    b.add_argument("--overlap-size", default="64M", help="all-gather bytes per rank beside the GEMMs")
+    b.add_argument("--overlap-gemms", type=int, default=30)
+    b.add_argument("--local-copy-probe", action="store_true", help="also time copies within one GPU")
+    b.add_argument("--out", default="", help="folder for JSON, text table and PNG plot")
+    b.add_argument("--no-plot", action="store_true")
+    b.set_defaults(fn=cmd_bench)
+    args = p.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+// Python bindings: thin. Pointers and streams cross as integers; ferry/comm.py
+// turns tensors into them. ferry::Error becomes one of the exception types
+// declared here, by result code.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/function.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/vector.h>
+
+#include "coll/communicator.hpp"
+#include "coll/local_copy.hpp"
+#include "coll/selector.hpp"
+#include "core/driver.hpp"
+#include "core/env.hpp"
+#include "core/error.hpp"
+#include "dma/batch_plan.hpp"
+#include "topo/topology.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+using ferry::Communicator;
+
+namespace {
+
+struct Exceptions {
+  PyObject* base = nullptr;
+  PyObject* by_code[16] = {nullptr};
+};
+Exceptions g_exc;
+
+PyObject* make_exception(nb::module_& m, const char* name, PyObject* bases, const char* doc) {
+  std::string qual = std::string("ferry._ferry.") + name;
+  PyObject* t = PyErr_NewExceptionWithDoc(qual.c_str(), doc, bases, nullptr);
+  m.attr(name) = nb::handle(t);
+  return t;
+}
+
+void declare_exceptions(nb::module_& m) {
+  g_exc.base = make_exception(m, "FerryError", PyExc_RuntimeError, "Base of every ferry error.");
+  auto sub = [&](const char* name, PyObject* extra, const char* doc) {
+    PyObject* bases = extra ? PyTuple_Pack(2, g_exc.base, extra) : PyTuple_Pack(1, g_exc.base);
+    PyObject* t = make_exception(m, name, bases, doc);
+    Py_DECREF(bases);
+    return t;
+  };
+  g_exc.by_code[FERRY_ERROR_INVALID_ARGUMENT] = sub("InvalidArgumentError", PyExc_ValueError, "An argument is wrong.");
+  g_exc.by_code[FERRY_ERROR_NO_GPU] = sub("NoGpuError", nullptr, "No CUDA driver or GPU.");
+  g_exc.by_code[FERRY_ERROR_CUDA] = sub("CudaError", nullptr, "A CUDA call failed.");
+  g_exc.by_code[FERRY_ERROR_SYSTEM] = sub("SystemCallError", PyExc_OSError, "An OS call failed.");
+  g_exc.by_code[FERRY_ERROR_TIMEOUT] = sub("PeerTimeoutError", PyExc_TimeoutError, "A peer did not arrive in time.");
+  g_exc.by_code[FERRY_ERROR_NOT_REGISTERED] = sub("NotRegisteredError", PyExc_ValueError, "Buffer not registered.");
+  g_exc.by_code[FERRY_ERROR_CLOSED] = sub("ClosedError", nullptr, "The communicator is closed.");
+  g_exc.by_code[FERRY_ERROR_UNSUPPORTED] = sub("UnsupportedError", nullptr, "The machine lacks a needed feature.");
+  g_exc.by_code[FERRY_ERROR_BROKEN] = sub("BrokenError", nullptr, "An earlier collective failed.");
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const ferry::Error& e) {
+      PyObject* t = g_exc.by_code[e.code()] ? g_exc.by_code[e.code()] : g_exc.base;
+      PyErr_SetString(t, e.what());
+    }
+  });
+}
+
+template <typename T>
+std::vector<T> as_pointers(const std::vector<uintptr_t>& v) {
+  std::vector<T> out;
+  for (auto x : v) out.push_back(reinterpret_cast<T>(x));
+  return out;
+}
+
+ferry::CollectiveArgs make_args(const std::vector<uintptr_t>& outs, const std::vector<uintptr_t>& ins, size_t bytes,
+                                const std::vector<uintptr_t>& streams, const std::string& algo,
+                                const std::string& local_copy) {
+  ferry::CollectiveArgs a;
+  a.outs = as_pointers<void*>(outs);
+  a.ins = as_pointers<const void*>(ins);
+  a.bytes_per_rank = bytes;
+  a.streams = as_pointers<cudaStream_t>(streams);
+  a.algo = ferry::parse_algo(algo, "algo");
+  a.local_copy = ferry::parse_local_copy(local_copy, "local_copy");
+  return a;
+}
+
+ferry::CollOp parse_op(const std::string& op) {
+  if (op == "all_gather") return ferry::CollOp::kAllGather;
+  if (op == "all_to_all") return ferry::CollOp::kAllToAll;
+  ferry::throw_error(FERRY_ERROR_INVALID_ARGUMENT, "op is '" + op + "'; expected 'all_gather' or 'all_to_all'");
+}
+
+}  // namespace
+
+NB_MODULE(_ferry, m) {
+  m.doc() = "ferry native layer (use the ferry package, not this module)";
+  declare_exceptions(m);
+
+  m.def("driver_available", &ferry::driver_available);
+  m.def("driver_missing_hint", &ferry::driver_missing_hint);
+  m.def("knobs", [] {
+    std::vector<std::vector<std::string>> out;
+    for (const auto& k : ferry::knobs()) out.push_back({k.name, k.type, k.default_value, k.doc});
+    return out;
+  });
+  m.def("knob_string", [](const std::string& name) { return ferry::knob_string(name.c_str()); });
+
+  nb::class_<ferry::GpuInfo>(m, "GpuInfo")
+      .def(nb::init<>())
+      .def_rw("index", &ferry::GpuInfo::index)
+      .def_rw("name", &ferry::GpuInfo::name)
+      .def_rw("pci_bus_id", &ferry::GpuInfo::pci_bus_id)
+      .def_rw("numa_node", &ferry::GpuInfo::numa_node)
+      .def_rw("copy_engines", &ferry::GpuInfo::copy_engines)
+      .def_rw("sm_count", &ferry::GpuInfo::sm_count)
+      .def_rw("memory_bytes", &ferry::GpuInfo::memory_bytes)
+      .def_rw("stream_memops", &ferry::GpuInfo::stream_memops)
+      .def_rw("memops_64bit", &ferry::GpuInfo::memops_64bit)
+      .def_rw("vmm_posix_fd", &ferry::GpuInfo::vmm_posix_fd)
+      .def_rw("nvswitch_links", &ferry::GpuInfo::nvswitch_links);
+  nb::class_<ferry::Topology>(m, "Topology")
+      .def(nb::init<>())
+      .def_rw("gpus", &ferry::Topology::gpus)
+      .def_rw("p2p", &ferry::Topology::p2p)
+      .def_rw("nvlink", &ferry::Topology::nvlink)
+      .def_rw("driver_version", &ferry::Topology::driver_version)
+      .def_rw("runtime_version", &ferry::Topology::runtime_version)
+      .def_rw("source", &ferry::Topology::source)
+      .def("fully_connected", &ferry::Topology::fully_connected)
+      .def("nvswitch", &ferry::Topology::nvswitch);
+  m.def("probe_topology", &ferry::probe_topology);
+
+  m.def(
+      "select_algo",
+      [](const std::string& op, int world, size_t bytes, const std::string& forced) {
+        return std::string(ferry::algo_name(ferry::select_algo(parse_op(op), world, bytes,
+                                                               ferry::parse_algo(forced, "algo"),
+                                                               ferry::default_selector_table())));
+      },
+      "op"_a, "world"_a, "bytes_per_rank"_a, "algo"_a = "auto");
+  m.def("split_batches", &ferry::split_batches, "count"_a, "batch_max"_a);
+  // For measurements (ferry bench --local-copy): one copy within a GPU, by `how`.
+  m.def(
+      "copy_local",
+      [](uintptr_t dst, uintptr_t src, size_t bytes, const std::string& how, uintptr_t stream) {
+        ferry::copy_local(ferry::Copy{reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes},
+                          ferry::parse_local_copy(how, "how"), reinterpret_cast<cudaStream_t>(stream));
+      },
+      "dst"_a, "src"_a, "bytes"_a, "how"_a, "stream"_a);
+
+  nb::class_<Communicator>(m, "Communicator")
+      .def_static(
+          "create",
+          [](int rank, int world, int device, nb::callable allgather, double timeout_s) {
+            ferry::AllGatherFn fn = [allgather](const std::string& mine) {
+              nb::gil_scoped_acquire gil;
+              nb::object res = allgather(nb::bytes(mine.data(), mine.size()));
+              std::vector<std::string> out;
+              for (nb::handle item : res) {
+                nb::bytes b = nb::cast<nb::bytes>(item);
+                out.emplace_back(b.c_str(), b.size());
+              }
+              return out;
+            };
+            return Communicator::create(rank, world, device, fn, timeout_s);
+          },
+          "rank"_a, "world"_a, "device"_a, "allgather"_a, "timeout_s"_a)
+      .def_static("create_local", &Communicator::create_local, "devices"_a, "timeout_s"_a)
+      .def("close", &Communicator::close, nb::call_guard<nb::gil_scoped_release>())
+      .def_prop_ro("closed", &Communicator::closed)
+      .def_prop_ro("world", &Communicator::world)
+      .def_prop_ro("local_count", &Communicator::local_count)
+      .def_prop_ro("timeout_s", &Communicator::timeout_s)
+      .def("rank", &Communicator::rank)
+      .def("device", &Communicator::device)
+      .def("alloc",
+           [](Communicator& c, size_t bytes) {
+             std::vector<uintptr_t> out;
+             for (void* p : c.alloc(bytes)) out.push_back(reinterpret_cast<uintptr_t>(p));
+             return out;
+           })
+      .def("free", [](Communicator& c, const std::vector<uintptr_t>& p) { c.free(as_pointers<void*>(p)); })
+      .def("register_buffers",
+           [](Communicator& c, const std::vector<uintptr_t>& p, const std::vector<size_t>& sizes) {
+             c.register_buffers(as_pointers<void*>(p), sizes);
+           })
+      .def("deregister", [](Communicator& c, const std::vector<uintptr_t>& p) { c.deregister(as_pointers<void*>(p)); })
+      .def(
+          "all_gather",
+          [](Communicator& c, const std::vector<uintptr_t>& outs, const std::vector<uintptr_t>& ins, size_t bytes,
+             const std::vector<uintptr_t>& streams, const std::string& algo, const std::string& local_copy) {
+            auto a = make_args(outs, ins, bytes, streams, algo, local_copy);
+            nb::gil_scoped_release release;
+            c.all_gather(a);
+          },
+          "outs"_a, "ins"_a, "bytes_per_rank"_a, "streams"_a, "algo"_a, "local_copy"_a)
+      .def(
+          "all_to_all",
+          [](Communicator& c, const std::vector<uintptr_t>& outs, const std::vector<uintptr_t>& ins, size_t bytes,
+             const std::vector<uintptr_t>& streams, const std::string& algo, const std::string& local_copy) {
+            auto a = make_args(outs, ins, bytes, streams, algo, local_copy);
+            nb::gil_scoped_release release;
+            c.all_to_all(a);
+          },
+          "outs"_a, "ins"_a, "bytes_per_rank"_a, "streams"_a, "algo"_a, "local_copy"_a)
+      .def("check", &Communicator::check)
+      .def("synchronize", &Communicator::synchronize, nb::call_guard<nb::gil_scoped_release>());
+}

@@ -1,0 +1,51 @@
+// On a machine with no driver (CI), the library loads and every GPU entry
+// point fails with a message that says what is missing. Skipped where a GPU is.
+#include <gtest/gtest.h>
+
+#include "coll/communicator.hpp"
+#include "core/driver.hpp"
+#include "core/error.hpp"
+#include "ferry/ferry.h"
+#include "topo/topology.hpp"
+
+using namespace ferry;
+
+class NoGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (driver_available()) GTEST_SKIP() << "a CUDA driver is present";
+  }
+};
+
+TEST_F(NoGpu, DriverLookupExplainsItself) {
+  try {
+    driver();
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), FERRY_ERROR_NO_GPU);
+    EXPECT_NE(std::string(e.what()).find("NVIDIA driver"), std::string::npos);
+  }
+}
+
+TEST_F(NoGpu, TopologyProbeExplainsItself) {
+  try {
+    probe_topology();
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), FERRY_ERROR_NO_GPU);
+  }
+}
+
+TEST_F(NoGpu, CApiReturnsCodeAndMessage) {
+  int devices[2] = {0, 1};
+  ferry_comm_t comm = nullptr;
+  EXPECT_EQ(ferry_comm_init_local(devices, 2, 1.0, &comm), FERRY_ERROR_NO_GPU);
+  EXPECT_NE(std::string(ferry_last_error()).find("driver"), std::string::npos);
+  EXPECT_EQ(comm, nullptr);
+}
+
+TEST(CApi, NullArgumentsAreNamed) {
+  EXPECT_EQ(ferry_comm_init(nullptr, nullptr), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("config"), std::string::npos);
+  EXPECT_STREQ(ferry_result_name(FERRY_ERROR_TIMEOUT), "FERRY_ERROR_TIMEOUT");
+}

@@ -1,0 +1,42 @@
+#include <gtest/gtest.h>
+
+#include "coll/selector.hpp"
+#include "core/error.hpp"
+
+using namespace ferry;
+
+TEST(Selector, SmallSizesBatchLargeSizesParallel) {
+  auto table = default_selector_table();
+  for (CollOp op : {CollOp::kAllGather, CollOp::kAllToAll}) {
+    for (int world : {2, 4, 8}) {
+      EXPECT_EQ(select_algo(op, world, 1024, Algo::kAuto, table), Algo::kB2b);
+      EXPECT_EQ(select_algo(op, world, size_t(1) << 30, Algo::kAuto, table), Algo::kPcpy);
+    }
+  }
+}
+
+TEST(Selector, ForcedVariantWins) {
+  auto table = default_selector_table();
+  EXPECT_EQ(select_algo(CollOp::kAllGather, 4, 1024, Algo::kPcpy, table), Algo::kPcpy);
+  EXPECT_EQ(select_algo(CollOp::kAllGather, 4, size_t(1) << 30, Algo::kB2b, table), Algo::kB2b);
+}
+
+TEST(Selector, WorldSpecificRulesComeFirst) {
+  std::vector<SelectorRule> table = {{CollOp::kAllGather, 8, 1 << 20, Algo::kPcpy},
+                                     {CollOp::kAllGather, 0, 1 << 20, Algo::kB2b}};
+  EXPECT_EQ(select_algo(CollOp::kAllGather, 8, 4096, Algo::kAuto, table), Algo::kPcpy);
+  EXPECT_EQ(select_algo(CollOp::kAllGather, 4, 4096, Algo::kAuto, table), Algo::kB2b);
+  EXPECT_EQ(select_algo(CollOp::kAllGather, 4, 8 << 20, Algo::kAuto, table), Algo::kPcpy);  // no rule: pcpy
+}
+
+TEST(Selector, ParseNamesTheArgument) {
+  EXPECT_EQ(parse_algo("b2b", "algo"), Algo::kB2b);
+  EXPECT_EQ(parse_algo("", "algo"), Algo::kAuto);
+  try {
+    parse_algo("ring", "algo");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), FERRY_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(e.what()).find("algo is 'ring'"), std::string::npos);
+  }
+}
