@@ -65,6 +65,7 @@ void Communicator::run(CollOp op, const CollectiveArgs& a) {
     Local& L = *locals_[i];
     int r = L.rank;
     FERRY_CUDA_CHECK(cudaSetDevice(L.device));
+    L.in_flight->order_after_previous(a.streams[i]);
     size_t slot = L.in_flight->begin(seq, op, timeout_s_);
     uint64_t tag = make_tag(seq, call_signature(op, bytes, calls[i].reg->id, calls[i].offset));
     SourceSlot* s = L.in_flight->source_host(slot);

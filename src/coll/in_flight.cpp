@@ -56,9 +56,17 @@ void InFlight::end(size_t slot, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mu_);
   Entry& e = entries_[slot];
   FERRY_CUDA_CHECK(cudaEventRecord(e.event, stream));
+  e.stream = stream;
   e.enqueued = Clock::now();
   e.pending = true;
   ++next_;
+}
+
+void InFlight::order_after_previous(cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (next_ == 0) return;
+  Entry& prev = entries_[(next_ - 1) % entries_.size()];
+  if (prev.pending && prev.stream != stream) FERRY_CUDA_CHECK(cudaStreamWaitEvent(stream, prev.event, 0));
 }
 
 std::optional<InFlight::Pending> InFlight::oldest_unfinished() {

@@ -30,6 +30,10 @@ class InFlight {
   size_t begin(uint64_t seq, CollOp op, double timeout_s);
   // Marks the end of slot's collective in `stream`.
   void end(size_t slot, cudaStream_t stream);
+  // Makes `stream` wait for the previous collective when that one was issued on
+  // another stream: a rank's collectives run in call order whatever streams
+  // carry them (peers' flags hold one collective at a time).
+  void order_after_previous(cudaStream_t stream);
 
   SourceSlot* source_host(size_t slot) const { return &source_host_[slot]; }
   const SourceSlot* source_device(size_t slot) const { return &source_device_[slot]; }
@@ -52,6 +56,7 @@ class InFlight {
     CollOp op = CollOp::kAllGather;
     Clock::time_point enqueued;
     bool pending = false;
+    cudaStream_t stream = nullptr;
   };
   bool finished(Entry& e);  // with mu_ held
 

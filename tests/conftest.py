@@ -1,0 +1,37 @@
+"""Shared test setup: GPU tests are marked and skipped where no GPU is, and the
+number of skipped GPU tests is printed at the end so CI shows it."""
+
+import os
+
+import pytest
+
+for var, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
+    os.environ[var] = value
+
+
+def _gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        return 0
+
+
+GPU_COUNT = _gpu_count()
+_gpu_skips = []
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "tests/gpu" in str(item.fspath).replace(os.sep, "/"):
+            item.add_marker(pytest.mark.gpu)
+        need = 2 if item.get_closest_marker("multigpu") else 1 if item.get_closest_marker("gpu") else 0
+        if need and GPU_COUNT < need:
+            why = "torch with CUDA is not installed" if GPU_COUNT == 0 else f"needs {need} GPUs, {GPU_COUNT} visible"
+            item.add_marker(pytest.mark.skip(reason=f"GPU test: {why}"))
+            _gpu_skips.append(item.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter):
+    terminalreporter.write_line(f"GPU tests skipped (no GPU here): {len(_gpu_skips)}")

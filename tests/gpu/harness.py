@@ -1,0 +1,38 @@
+"""Runs a worker in one process per GPU and collects their failures (bounded)."""
+
+import multiprocessing as mp
+import socket
+import time
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(target, world: int, timeout: float = 600.0) -> dict:
+    import _workers
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_workers.run, args=(target, r, world, port, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results, deadline = {}, time.monotonic() + timeout
+    while len(results) < world and time.monotonic() < deadline:
+        try:
+            rank, fails = queue.get(timeout=1)
+            results[rank] = fails
+        except Exception:  # noqa: BLE001
+            dead = [p for p in procs if p.exitcode is not None]
+            if target.__name__ == "peer_dies" and len(dead) == 1 and len(results) == 0:
+                continue
+            if len(dead) == world:
+                break
+    for p in procs:
+        p.join(5)
+        if p.is_alive():
+            p.kill()
+    return results

@@ -1,0 +1,36 @@
+"""One process per GPU: byte-exact collectives, bad input, missing and dying peers."""
+
+import pytest
+from conftest import GPU_COUNT
+
+import _workers
+from harness import spawn
+
+pytestmark = pytest.mark.multigpu
+
+WORLDS = [w for w in (2, 4) if w <= GPU_COUNT] or [2]
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_collectives_byte_exact(world):
+    results = spawn(_workers.correctness, world)
+    assert len(results) == world, f"only ranks {sorted(results)} reported"
+    fails = [f for r in results.values() for f in r]
+    assert not fails, "\n".join(fails[:20])
+
+
+def test_bad_inputs_are_named():
+    results = spawn(_workers.bad_inputs, 2, timeout=180)
+    assert len(results) == 2
+    fails = [f"rank {r}: {f}" for r, fs in results.items() for f in fs]
+    assert not fails, "\n".join(fails)
+
+
+def test_peer_that_never_joins_is_named():
+    results = spawn(_workers.never_joins, 2, timeout=60)
+    assert results.get(0) == [], results
+
+
+def test_peer_that_dies_yields_a_bounded_error():
+    results = spawn(_workers.peer_dies, 2, timeout=90)
+    assert results.get(0) == [], results

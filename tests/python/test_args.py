@@ -1,0 +1,78 @@
+"""Argument checks of the Python layer, against a stand-in native communicator:
+no GPU needed."""
+
+import pytest
+
+from ferry import ClosedError, InvalidArgumentError
+from ferry.comm import Communicator, _describe
+
+
+class FakeNative:
+    def __init__(self, world=4, local_count=1):
+        self.world, self.local_count, self.closed, self.calls = world, local_count, False, []
+
+    def device(self, i):
+        return i
+
+    def rank(self, i):
+        return i
+
+    def all_gather(self, *args):
+        self.calls.append(("all_gather",) + args)
+
+    def all_to_all(self, *args):
+        self.calls.append(("all_to_all",) + args)
+
+    def close(self):
+        self.closed = True
+
+
+class Cai:
+    def __init__(self, n, typestr="<u1", strides=None, shape=None):
+        self.__cuda_array_interface__ = dict(shape=shape or (n,), typestr=typestr, data=(0x7000, False),
+                                             version=3, strides=strides)
+
+
+def test_describe_rejects_non_arrays_and_strided():
+    with pytest.raises(InvalidArgumentError, match="out is a list"):
+        _describe([1, 2], "out")
+    with pytest.raises(InvalidArgumentError, match="in is not contiguous"):
+        _describe(Cai(0, shape=(4, 4), strides=(1, 4)), "in")
+    assert _describe(Cai(16, "<f4"), "in").nbytes == 64
+
+
+def test_sizes_and_dtypes_are_checked():
+    c = Communicator(FakeNative(world=4), local=False)
+    with pytest.raises(InvalidArgumentError, match="out has 100 bytes; expected 64"):
+        c.all_gather(Cai(100), Cai(16))
+    with pytest.raises(InvalidArgumentError, match="out is <f4 and in is <u1"):
+        c.all_gather(Cai(16, "<f4"), Cai(16))
+    with pytest.raises(InvalidArgumentError, match="not a multiple of the world size 4"):
+        c.all_to_all(Cai(10), Cai(10))
+    c.all_to_all(Cai(16), Cai(16), stream=5)
+    assert c._c.calls[-1][1:] == ([0x7000], [0x7000], 4, [5], "auto", "auto")
+
+
+def test_options_are_checked():
+    c = Communicator(FakeNative(), local=False)
+    with pytest.raises(InvalidArgumentError, match="algo is 'ring'"):
+        c.all_gather(Cai(64), Cai(16), algo="ring")
+    with pytest.raises(InvalidArgumentError, match="local_copy is 'dma'"):
+        c.all_gather(Cai(64), Cai(16), local_copy="dma")
+    with pytest.raises(InvalidArgumentError, match="stream is a str"):
+        c.all_gather(Cai(64), Cai(16), stream="s")
+
+
+def test_local_communicator_wants_lists():
+    c = Communicator(FakeNative(world=2, local_count=2), local=True)
+    with pytest.raises(InvalidArgumentError, match="drives 2 GPUs; pass a list"):
+        c.all_gather(Cai(32), Cai(16))
+    with pytest.raises(InvalidArgumentError, match="differ in size"):
+        c.all_gather([Cai(32), Cai(64)], [Cai(16), Cai(32)], stream=[1, 2])
+
+
+def test_closed_communicator():
+    c = Communicator(FakeNative(), local=False)
+    c.close()
+    with pytest.raises(ClosedError, match="all_gather: the communicator is closed"):
+        c.all_gather(Cai(64), Cai(16))

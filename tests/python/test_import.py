@@ -1,0 +1,49 @@
+"""`import ferry` works with no GPU and explains itself when a GPU call is made."""
+
+import pytest
+
+import ferry
+
+
+def test_import_and_version():
+    assert ferry.__version__
+    assert ferry.IMPORT_ERROR is None, "the native extension should be built and importable"
+
+
+@pytest.mark.skipif(ferry.gpu_available(), reason="a CUDA driver is present")
+def test_gpu_calls_explain_missing_driver():
+    from ferry import topo
+
+    with pytest.raises(ferry.NoGpuError, match="NVIDIA driver"):
+        topo.probe()
+    with pytest.raises(ferry.NoGpuError, match="driver"):
+        ferry.init_local([0, 1])
+
+
+def test_exception_hierarchy():
+    assert issubclass(ferry.InvalidArgumentError, ValueError)
+    assert issubclass(ferry.PeerTimeoutError, TimeoutError)
+    assert issubclass(ferry.NotRegisteredError, ferry.FerryError)
+    assert issubclass(ferry.FerryError, RuntimeError)
+
+
+def test_selector_from_python():
+    assert ferry.select_algo("all_gather", 4, 1024) == "b2b"
+    assert ferry.select_algo("all_to_all", 8, 1 << 30) == "pcpy"
+    assert ferry.select_algo("all_gather", 4, 1 << 30, "b2b") == "b2b"
+    with pytest.raises(ferry.InvalidArgumentError, match="algo is 'ring'"):
+        ferry.select_algo("all_gather", 4, 1024, "ring")
+    with pytest.raises(ferry.InvalidArgumentError, match="op is 'reduce'"):
+        ferry.select_algo("reduce", 4, 1024)
+
+
+def test_cli_doctor_and_topo_from_file(capsys):
+    from ferry import cli, topo
+
+    path = str(topo.FIXTURES / "h200x4_nvswitch.json")
+    assert cli.main(["topo", "--file", path]) == 0
+    assert "NVIDIA H200" in capsys.readouterr().out
+    assert cli.main(["doctor", "--file", path]) == 0
+    out = capsys.readouterr().out
+    assert "[ok] every GPU pair reachable" in out and "FERRY_TIMEOUT_S" in out
+    assert cli.main(["doctor", "--file", str(topo.FIXTURES / "pcie_x4.json")]) == 1
