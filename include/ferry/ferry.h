@@ -92,7 +92,8 @@ FERRY_API ferry_result_t ferry_comm_deregister(ferry_comm_t comm, void* const* p
 typedef enum {
   FERRY_ALGO_AUTO = 0, /* the selector picks from size and world */
   FERRY_ALGO_PCPY = 1, /* one copy engine stream per peer, in parallel */
-  FERRY_ALGO_B2B = 2   /* all copies in one batched submission on one stream */
+  FERRY_ALGO_B2B = 2,  /* all copies in one batched submission on one stream */
+  FERRY_ALGO_SEQ = 3   /* copies one after another on one stream, in cyclic-shift order */
 } ferry_algo_t;
 
 typedef enum {

@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     b = sub.add_parser("bench", help="ferry against NCCL on the local GPUs")
     b.add_argument("--gpus", type=int, default=0, help="number of GPUs (default: all)")
     b.add_argument("--ops", default="all_gather,all_to_all")
-    b.add_argument("--impls", default=",".join(("ferry-b2b", "ferry-pcpy", "nccl", "nccl-graph")))
+    b.add_argument("--impls", default=",".join(("ferry-b2b", "ferry-pcpy", "ferry-seq", "nccl", "nccl-graph")))
     b.add_argument("--min", default="1K", help="smallest bytes per rank")
     b.add_argument("--max", default="1G", help="largest bytes per rank")
     b.add_argument("--factor", type=int, default=4, help="size step")

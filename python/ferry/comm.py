@@ -11,7 +11,7 @@ from ._native import require
 from .bootstrap import AllGather, TcpStore, TorchStore, group_allgather, read_launch_env, store_allgather
 from .errors import ClosedError, InvalidArgumentError
 
-_ALGOS = ("auto", "pcpy", "b2b")
+_ALGOS = ("auto", "pcpy", "b2b", "seq")
 _LOCAL_COPIES = ("auto", "ce", "sm")
 
 
@@ -226,7 +226,7 @@ class Communicator:
         """out (world x inp.nbytes, registered) receives every rank's `inp` in
         rank order, ordered in `stream` (default: the current torch stream).
         `inp` may be this rank's own slice of `out` (in-place: no local copy).
-        algo: 'auto' | 'pcpy' | 'b2b'. local_copy: how this rank's own block is
+        algo: 'auto' | 'pcpy' | 'b2b' | 'seq'. local_copy: how this rank's own block is
         copied: 'auto'/'sm' (a small SM kernel; the copy engine is slow within
         one GPU) or 'ce' (copy engine: no SM used)."""
         self._collective("all_gather", out, inp, stream, algo, local_copy, lambda w: w, lambda w: 1)

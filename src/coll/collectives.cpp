@@ -79,17 +79,18 @@ void Communicator::run(CollOp op, const CollectiveArgs& a) {
     for (int p = 0; p < world_; ++p) out_by_rank[p] = calls[i].reg->base[p] + calls[i].offset;
     const char* in = static_cast<const char*>(a.ins[i]);
     Copy local = plan_local(op, r, out_by_rank[r], in, bytes);
-    if (algo == Algo::kB2b)
-      enqueue_b2b(i, op, out_by_rank, in, bytes, a.streams[i], slot, tag, local, a.local_copy);
+    if (algo == Algo::kB2b || algo == Algo::kSeq)
+      enqueue_one_stream(i, op, out_by_rank, in, bytes, a.streams[i], slot, tag, local, a.local_copy,
+                         algo == Algo::kB2b);
     else
       enqueue_pcpy(i, op, out_by_rank, in, bytes, a.streams[i], slot, tag, local, a.local_copy);
     L.in_flight->end(slot, a.streams[i]);
   }
 }
 
-void Communicator::enqueue_b2b(int local, CollOp op, const std::vector<char*>& out_by_rank, const char* in,
-                               size_t bytes, cudaStream_t stream, size_t slot, uint64_t tag, const Copy& local_copy,
-                               LocalCopy how) {
+void Communicator::enqueue_one_stream(int local, CollOp op, const std::vector<char*>& out_by_rank, const char* in,
+                                      size_t bytes, cudaStream_t stream, size_t slot, uint64_t tag,
+                                      const Copy& local_copy, LocalCopy how, bool batched) {
   Local& L = *locals_[local];
   const int r = L.rank;
   // Batched copies are not allowed on the legacy default stream: run on our own.
@@ -111,7 +112,14 @@ void Communicator::enqueue_b2b(int local, CollOp op, const std::vector<char*>& o
   for (const auto& pc : plan_pushes(op, r, world_, out_by_rank, in, bytes)) data.push_back(pc.copy);
   dma::copy_batch(s, ready);
   dma::wait_values(s, ready_waits);
-  dma::copy_batch(s, data);
+  if (batched) {
+    dma::copy_batch(s, data);
+  } else {
+    // Stream order makes the steps of the cyclic shift happen one at a time:
+    // at each step every GPU sends to a different peer (DESIGN.md: 374 GB/s
+    // busbw at 256 MB this way, against about 200 with all peers at once).
+    for (const auto& c : data) dma::copy(s, c);
+  }
   dma::copy_batch(s, done);
   dma::wait_values(s, done_waits);
   if (own_stream) L.engines->order(s, stream);

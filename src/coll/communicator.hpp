@@ -95,8 +95,11 @@ class Communicator {
   void release(Registration& reg);
 
   void run(CollOp op, const CollectiveArgs& args);
-  void enqueue_b2b(int local, CollOp op, const std::vector<char*>& out_by_rank, const char* in, size_t bytes,
-                   cudaStream_t stream, size_t slot, uint64_t tag, const Copy& local_copy, LocalCopy how);
+  // b2b and seq: everything on one stream; b2b submits the pushes as one
+  // batch (no order among them), seq one after another in cyclic-shift order.
+  void enqueue_one_stream(int local, CollOp op, const std::vector<char*>& out_by_rank, const char* in, size_t bytes,
+                          cudaStream_t stream, size_t slot, uint64_t tag, const Copy& local_copy, LocalCopy how,
+                          bool batched);
   void enqueue_pcpy(int local, CollOp op, const std::vector<char*>& out_by_rank, const char* in, size_t bytes,
                     cudaStream_t stream, size_t slot, uint64_t tag, const Copy& local_copy, LocalCopy how);
 

@@ -14,6 +14,8 @@ const char* algo_name(Algo a) {
       return "pcpy";
     case Algo::kB2b:
       return "b2b";
+    case Algo::kSeq:
+      return "seq";
   }
   return "unknown";
 }
@@ -22,8 +24,9 @@ Algo parse_algo(const std::string& name, const char* what) {
   if (name == "auto" || name.empty()) return Algo::kAuto;
   if (name == "pcpy") return Algo::kPcpy;
   if (name == "b2b") return Algo::kB2b;
+  if (name == "seq") return Algo::kSeq;
   throw_error(FERRY_ERROR_INVALID_ARGUMENT,
-              std::string(what) + " is '" + name + "'; expected one of 'auto', 'pcpy', 'b2b'");
+              std::string(what) + " is '" + name + "'; expected one of 'auto', 'pcpy', 'b2b', 'seq'");
 }
 
 std::vector<SelectorRule> default_selector_table() {

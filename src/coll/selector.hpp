@@ -11,10 +11,10 @@
 
 namespace ferry {
 
-enum class Algo { kAuto = 0, kPcpy = 1, kB2b = 2 };
+enum class Algo { kAuto = 0, kPcpy = 1, kB2b = 2, kSeq = 3 };
 
 const char* algo_name(Algo a);
-// "auto", "pcpy", "b2b"; anything else is an error that names `what`.
+// "auto", "pcpy", "b2b", "seq"; anything else is an error that names `what`.
 Algo parse_algo(const std::string& name, const char* what);
 
 // A rule: for `op` on `world` ranks (0: any), calls of at most `max_bytes`

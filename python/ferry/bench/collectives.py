@@ -21,7 +21,7 @@ import time
 
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
-IMPLS = ("ferry-b2b", "ferry-pcpy", "nccl", "nccl-graph")
+IMPLS = ("ferry-b2b", "ferry-pcpy", "ferry-seq", "nccl", "nccl-graph")
 
 
 def _iters_for(total_bytes: int) -> int:
@@ -102,6 +102,7 @@ def _worker(rank: int, world: int, port: int, opts: dict, queue) -> None:
                     dist.all_to_all_single(out, inp)
 
             for impl in opts["impls"]:
+                t_point = time.time()
                 out.fill_(0xA5)
                 barrier()
                 graph = None
@@ -142,7 +143,8 @@ def _worker(rank: int, world: int, port: int, opts: dict, queue) -> None:
                            warmup=opts["warmup"], iters=iters, runs=opts["runs"], stat="median of runs, max over ranks",
                            local_copy=opts["local_copy"] if impl.startswith("ferry") else None)
                 records.append(rec)
-                _log(rank, f"  {op:<10} {format_size(n):>6} {impl:<11} {t_us:>10.1f} us {busbw:>7.1f} GB/s  wrong={wrong}")
+                _log(rank, f"  {op:<10} {format_size(n):>6} {impl:<11} {t_us:>10.1f} us {busbw:>7.1f} GB/s  wrong={wrong}"
+                          f"  [{time.time() - t_point:.1f} s]")
 
     overlap = _overlap(comm, out_all, inp_all, world, rank, opts, barrier, slowest) if opts["overlap"] else []
     local = _local_copy_probe(dev, opts) if (opts["local_copy_probe"] and rank == 0) else []
