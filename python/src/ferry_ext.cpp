@@ -7,6 +7,8 @@
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
+#include <memory>
+
 #include "coll/communicator.hpp"
 #include "coll/local_copy.hpp"
 #include "coll/selector.hpp"
@@ -150,9 +152,16 @@ NB_MODULE(_ferry, m) {
       .def_static(
           "create",
           [](int rank, int world, int device, nb::callable allgather, double timeout_s) {
-            ferry::AllGatherFn fn = [allgather](const std::string& mine) {
+            // The communicator copies and destroys its bootstrap function without
+            // the GIL; only the shared_ptr moves then, and the Python object is
+            // released under the GIL.
+            std::shared_ptr<nb::object> holder(new nb::object(allgather), [](nb::object* o) {
               nb::gil_scoped_acquire gil;
-              nb::object res = allgather(nb::bytes(mine.data(), mine.size()));
+              delete o;
+            });
+            ferry::AllGatherFn fn = [holder](const std::string& mine) {
+              nb::gil_scoped_acquire gil;
+              nb::object res = (*holder)(nb::bytes(mine.data(), mine.size()));
               std::vector<std::string> out;
               for (nb::handle item : res) {
                 nb::bytes b = nb::cast<nb::bytes>(item);
@@ -160,10 +169,14 @@ NB_MODULE(_ferry, m) {
               }
               return out;
             };
+            // The bootstrap may be served by Python threads of this very process
+            // (rank 0's TCP store): never hold the GIL while waiting for peers.
+            nb::gil_scoped_release release;
             return Communicator::create(rank, world, device, fn, timeout_s);
           },
           "rank"_a, "world"_a, "device"_a, "allgather"_a, "timeout_s"_a)
-      .def_static("create_local", &Communicator::create_local, "devices"_a, "timeout_s"_a)
+      .def_static("create_local", &Communicator::create_local, "devices"_a, "timeout_s"_a,
+                  nb::call_guard<nb::gil_scoped_release>())
       .def("close", &Communicator::close, nb::call_guard<nb::gil_scoped_release>())
       .def_prop_ro("closed", &Communicator::closed)
       .def_prop_ro("world", &Communicator::world)
@@ -173,16 +186,24 @@ NB_MODULE(_ferry, m) {
       .def("device", &Communicator::device)
       .def("alloc",
            [](Communicator& c, size_t bytes) {
+             std::vector<void*> ptrs;
+             {
+               nb::gil_scoped_release release;
+               ptrs = c.alloc(bytes);
+             }
              std::vector<uintptr_t> out;
-             for (void* p : c.alloc(bytes)) out.push_back(reinterpret_cast<uintptr_t>(p));
+             for (void* p : ptrs) out.push_back(reinterpret_cast<uintptr_t>(p));
              return out;
            })
-      .def("free", [](Communicator& c, const std::vector<uintptr_t>& p) { c.free(as_pointers<void*>(p)); })
+      .def("free", [](Communicator& c, const std::vector<uintptr_t>& p) { c.free(as_pointers<void*>(p)); },
+           nb::call_guard<nb::gil_scoped_release>())
       .def("register_buffers",
            [](Communicator& c, const std::vector<uintptr_t>& p, const std::vector<size_t>& sizes) {
              c.register_buffers(as_pointers<void*>(p), sizes);
-           })
-      .def("deregister", [](Communicator& c, const std::vector<uintptr_t>& p) { c.deregister(as_pointers<void*>(p)); })
+           },
+           nb::call_guard<nb::gil_scoped_release>())
+      .def("deregister", [](Communicator& c, const std::vector<uintptr_t>& p) { c.deregister(as_pointers<void*>(p)); },
+           nb::call_guard<nb::gil_scoped_release>())
       .def(
           "all_gather",
           [](Communicator& c, const std::vector<uintptr_t>& outs, const std::vector<uintptr_t>& ins, size_t bytes,

@@ -20,6 +20,13 @@ __global__ void copy_bytes(unsigned char* __restrict__ dst, const unsigned char*
   for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) dst[i] = src[i];
 }
 
+// dst[i] = the 4 bytes at (src_aligned + shift/8 + 4i), from two aligned words.
+__global__ void copy_skewed(uint32_t* __restrict__ dst, const uint32_t* __restrict__ src_aligned, unsigned shift,
+                            size_t n4) {
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += size_t(gridDim.x) * blockDim.x)
+    dst[i] = __funnelshift_r(src_aligned[i], src_aligned[i + 1], shift);
+}
+
 int blocks_for(size_t items) {
   size_t b = (items + kThreads - 1) / kThreads;
   return static_cast<int>(b < kMaxBlocks ? (b == 0 ? 1 : b) : kMaxBlocks);
@@ -30,19 +37,30 @@ int blocks_for(size_t items) {
 void launch_local_copy(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
   if (bytes == 0) return;
   auto d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
-  size_t head = 0;
-  if ((d % 16) == (s % 16)) head = (16 - d % 16) % 16;  // bytes until both are 16-aligned
-  if ((d % 16) != (s % 16) || bytes < head + 16) {
-    copy_bytes<<<blocks_for(bytes), kThreads, 0, stream>>>(static_cast<unsigned char*>(dst),
-                                                           static_cast<const unsigned char*>(src), bytes);
-  } else {
+  auto* d8 = static_cast<unsigned char*>(dst);
+  auto* s8 = static_cast<const unsigned char*>(src);
+  if (bytes < 64) {
+    copy_bytes<<<1, kThreads, 0, stream>>>(d8, s8, bytes);
+  } else if (d % 16 == s % 16) {
+    // Co-aligned: bytes up to a 16-byte boundary, 16-byte words, a byte tail.
+    size_t head = (16 - d % 16) % 16;
     size_t n16 = (bytes - head) / 16, tail = bytes - head - n16 * 16;
-    auto* d8 = static_cast<unsigned char*>(dst);
-    auto* s8 = static_cast<const unsigned char*>(src);
     if (head) copy_bytes<<<1, kThreads, 0, stream>>>(d8, s8, head);
     copy_vec16<<<blocks_for(n16), kThreads, 0, stream>>>(reinterpret_cast<uint4*>(d8 + head),
                                                          reinterpret_cast<const uint4*>(s8 + head), n16);
     if (tail) copy_bytes<<<1, kThreads, 0, stream>>>(d8 + head + n16 * 16, s8 + head + n16 * 16, tail);
+  } else {
+    // Skewed: align the destination to 4 bytes and build each word from two
+    // aligned source words, so no thread moves single bytes in the bulk.
+    size_t head = (4 - d % 4) % 4;
+    size_t n4 = (bytes - head) / 4 - 1;  // the last word's neighbour would lie past the source
+    size_t done = head + n4 * 4;
+    if (head) copy_bytes<<<1, kThreads, 0, stream>>>(d8, s8, head);
+    const unsigned char* s_body = s8 + head;
+    auto shift = static_cast<unsigned>(reinterpret_cast<uintptr_t>(s_body) % 4) * 8;
+    copy_skewed<<<blocks_for(n4), kThreads, 0, stream>>>(
+        reinterpret_cast<uint32_t*>(d8 + head), reinterpret_cast<const uint32_t*>(s_body - shift / 8), shift, n4);
+    copy_bytes<<<1, kThreads, 0, stream>>>(d8 + done, s8 + done, bytes - done);
   }
   FERRY_CUDA_CHECK(cudaGetLastError());
 }

@@ -92,6 +92,7 @@ def _worker(rank: int, world: int, port: int, opts: dict, queue) -> None:
                 blk = n // world
                 expected = torch.cat([rand_bytes(seed(r), n)[rank * blk:(rank + 1) * blk] for r in range(world)])
             iters = _iters_for(out_n)
+            _log(rank, f"{op} {format_size(n)}: {iters} iterations x {opts['runs']} runs")
 
             def issue(impl):
                 if impl.startswith("ferry"):
