@@ -202,7 +202,7 @@ class Communicator:
             for b, what in ((ob, "out"), (ib, "in")):
                 if b.device not in (dev, -1):
                     raise InvalidArgumentError(f"{name}: {what} is on GPU {b.device}; expected GPU {dev}")
-            if ob.dtype != ib.dtype:
+            if ob.dtype != ib.dtype and ob.dtype.startswith("torch.") == ib.dtype.startswith("torch."):
                 raise InvalidArgumentError(f"{name}: out is {ob.dtype} and in is {ib.dtype}; expected the same dtype")
             if ib.nbytes % in_factor(world):
                 raise InvalidArgumentError(

@@ -103,6 +103,10 @@ def _worker(rank: int, world: int, port: int, opts: dict, queue) -> None:
                     dist.all_to_all_single(out, inp)
 
             for impl in opts["impls"]:
+                if impl == "nccl-graph" and op == "all_to_all" and n > (1 << 20):
+                    # all_to_all_single x50 captured in one graph hung at 4 MB on the H200 x4 machine
+                    # (NCCL 2.28.9, 2026-11-22, twice); not investigated. NCCL eager stays in the table.
+                    continue
                 t_point = time.time()
                 out.fill_(0xA5)
                 barrier()
