@@ -81,6 +81,7 @@ def cmd_bench(args) -> int:
         overlap=args.overlap,
         overlap_bytes=parse_size(args.overlap_size),
         overlap_gemms=args.overlap_gemms,
+        overlap_reps=args.overlap_reps,
         local_copy_probe=args.local_copy_probe,
     )
     print(f"ferry bench: {world} GPUs, {len(opts['sizes'])} sizes, {opts['ops']}, {impls}", file=sys.stderr)
@@ -119,6 +120,7 @@ def main(argv=None) -> int:
     b.add_argument("--overlap", action="store_true", help="also measure a bf16 GEMM loop beside all-gathers")
     b.add_argument("--overlap-size", default="64M", help="all-gather bytes per rank beside the GEMMs")
     b.add_argument("--overlap-gemms", type=int, default=30)
+    b.add_argument("--overlap-reps", type=int, default=7, help="alternating alone/beside measurements")
     b.add_argument("--local-copy-probe", action="store_true", help="also time copies within one GPU")
     b.add_argument("--out", default="", help="folder for JSON, text table and PNG plot")
     b.add_argument("--no-plot", action="store_true")

@@ -97,7 +97,13 @@ void Communicator::enqueue_one_stream(int local, CollOp op, const std::vector<ch
   const bool own_stream = dma::is_legacy_default(stream);
   cudaStream_t s = own_stream ? L.engines->main() : stream;
   if (own_stream) L.engines->order(stream, s);
-  copy_local(local_copy, how, s);
+  const bool side = local_copy.bytes > 0 && local_copy_on_side_stream(local_copy.bytes);
+  if (side) {
+    L.engines->order(s, L.engines->side());
+    copy_local(local_copy, how, L.engines->side());
+  } else {
+    copy_local(local_copy, how, s);
+  }
   const SourceSlot* src = L.in_flight->source_device(slot);
   std::vector<Copy> ready, done;
   std::vector<ValueWait> ready_waits, done_waits;
@@ -122,6 +128,7 @@ void Communicator::enqueue_one_stream(int local, CollOp op, const std::vector<ch
   }
   dma::copy_batch(s, done);
   dma::wait_values(s, done_waits);
+  if (side) L.engines->order(L.engines->side(), s);
   if (own_stream) L.engines->order(s, stream);
 }
 

@@ -31,6 +31,8 @@ Copy plan_local(CollOp op, int rank, char* out, const char* in, size_t bytes) {
   return Copy{dst, src, bytes};
 }
 
+bool local_copy_on_side_stream(size_t bytes) { return bytes >= (size_t(1) << 20); }
+
 bool ranges_overlap(const void* a, size_t na, const void* b, size_t nb) {
   if (na == 0 || nb == 0) return false;
   auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);

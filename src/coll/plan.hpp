@@ -32,6 +32,12 @@ std::vector<PeerCopy> plan_pushes(CollOp op, int rank, int world, const std::vec
 // block (in-place all-gather).
 Copy plan_local(CollOp op, int rank, char* out, const char* in, size_t bytes);
 
+// Whether a rank's own block is copied on a side stream, concurrently with the
+// pushes, instead of ahead of them on the collective's stream. Worth its two
+// extra event operations only for large blocks (the copy then overlaps the
+// much longer pushes; 256 MB: about 0.5 ms of a 2.6 ms all-gather on 4 H200s).
+bool local_copy_on_side_stream(size_t bytes);
+
 // True when [a, a + na) and [b, b + nb) share a byte.
 bool ranges_overlap(const void* a, size_t na, const void* b, size_t nb);
 

@@ -30,15 +30,16 @@ Algo parse_algo(const std::string& name, const char* what) {
 }
 
 std::vector<SelectorRule> default_selector_table() {
-  // One batched submission wins while per-command overheads dominate; parallel
-  // engines win once the copies are long (DESIGN.md probe: 1 MB b2b 62 us vs
-  // pcpy 68 us; 4 MB b2b 86 us vs pcpy 71 us on 4 H200s).
+  // From `ferry bench` on 4 H200s (bench/results/, 2026-11-22): one batched
+  // submission (b2b) is fastest up to 2 MB per rank and ties the sequential
+  // cyclic shift (seq) from 16 MB up; parallel engines (pcpy) win only around
+  // 4 MB all-gathers and lose 30-40% of the bandwidth from 64 MB up.
   constexpr size_t kAny = std::numeric_limits<size_t>::max();
   return {
       {CollOp::kAllGather, 0, size_t(2) << 20, Algo::kB2b},
-      {CollOp::kAllGather, 0, kAny, Algo::kPcpy},
-      {CollOp::kAllToAll, 0, size_t(2) << 20, Algo::kB2b},
-      {CollOp::kAllToAll, 0, kAny, Algo::kPcpy},
+      {CollOp::kAllGather, 0, size_t(8) << 20, Algo::kPcpy},
+      {CollOp::kAllGather, 0, kAny, Algo::kB2b},
+      {CollOp::kAllToAll, 0, kAny, Algo::kB2b},
   };
 }
 

@@ -105,6 +105,7 @@ constexpr size_t kOrderEvents = 256;  // more than one fork + join of the larges
 EngineSet::EngineSet(int device, int peer_engines) : device_(device) {
   FERRY_CUDA_CHECK(cudaSetDevice(device));
   FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&main_, cudaStreamNonBlocking));
+  FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
   for (int i = 0; i < peer_engines; ++i) {
     cudaStream_t s = nullptr;
     FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -122,6 +123,7 @@ EngineSet::~EngineSet() {
   for (auto e : events_) cudaEventDestroy(e);
   for (auto s : peers_) cudaStreamDestroy(s);
   if (main_) cudaStreamDestroy(main_);
+  if (side_) cudaStreamDestroy(side_);
 }
 
 // Re-recording an event is safe once the waits on its earlier record are

@@ -48,6 +48,8 @@ class EngineSet {
   EngineSet& operator=(const EngineSet&) = delete;
 
   cudaStream_t main() const { return main_; }
+  // Where a rank's own block is copied when that runs beside the pushes.
+  cudaStream_t side() const { return side_; }
   cudaStream_t peer(int i) const { return peers_[i]; }
   int peer_count() const { return static_cast<int>(peers_.size()); }
 
@@ -61,6 +63,7 @@ class EngineSet {
  private:
   int device_;
   cudaStream_t main_ = nullptr;
+  cudaStream_t side_ = nullptr;
   std::vector<cudaStream_t> peers_;
   std::vector<cudaEvent_t> events_;  // ring used by order(), fork() and join()
   cudaEvent_t next_event();

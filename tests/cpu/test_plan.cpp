@@ -79,3 +79,9 @@ TEST(RangesOverlap, Edges) {
   EXPECT_FALSE(ranges_overlap(b, 0, b, 10));
   EXPECT_TRUE(ranges_overlap(b + 5, 1, b, 100));
 }
+
+TEST(LocalCopyPlacement, SideStreamOnlyForLargeBlocks) {
+  EXPECT_FALSE(local_copy_on_side_stream(4096));
+  EXPECT_FALSE(local_copy_on_side_stream((size_t(1) << 20) - 1));
+  EXPECT_TRUE(local_copy_on_side_stream(size_t(1) << 20));
+}

@@ -10,15 +10,22 @@ TEST(Selector, SmallSizesBatchLargeSizesParallel) {
   for (CollOp op : {CollOp::kAllGather, CollOp::kAllToAll}) {
     for (int world : {2, 4, 8}) {
       EXPECT_EQ(select_algo(op, world, 1024, Algo::kAuto, table), Algo::kB2b);
-      EXPECT_EQ(select_algo(op, world, size_t(1) << 30, Algo::kAuto, table), Algo::kPcpy);
+      EXPECT_EQ(select_algo(op, world, size_t(1) << 30, Algo::kAuto, table), Algo::kB2b);
     }
   }
+}
+
+TEST(Selector, ParallelEnginesOnlyForMidSizeAllGathers) {
+  auto table = default_selector_table();
+  EXPECT_EQ(select_algo(CollOp::kAllGather, 4, size_t(4) << 20, Algo::kAuto, table), Algo::kPcpy);
+  EXPECT_EQ(select_algo(CollOp::kAllToAll, 4, size_t(4) << 20, Algo::kAuto, table), Algo::kB2b);
+  EXPECT_EQ(select_algo(CollOp::kAllGather, 4, size_t(64) << 20, Algo::kAuto, table), Algo::kB2b);
 }
 
 TEST(Selector, ForcedVariantWins) {
   auto table = default_selector_table();
   EXPECT_EQ(select_algo(CollOp::kAllGather, 4, 1024, Algo::kPcpy, table), Algo::kPcpy);
-  EXPECT_EQ(select_algo(CollOp::kAllGather, 4, size_t(1) << 30, Algo::kB2b, table), Algo::kB2b);
+  EXPECT_EQ(select_algo(CollOp::kAllGather, 4, size_t(1) << 30, Algo::kSeq, table), Algo::kSeq);
 }
 
 TEST(Selector, WorldSpecificRulesComeFirst) {
