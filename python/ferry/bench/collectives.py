@@ -223,7 +223,9 @@ def _overlap(comm, out_all, inp_all, world, rank, opts, barrier, slowest) -> lis
     reps = opts["overlap_reps"]
     for impl in ("ferry:sm", "ferry:ce", "nccl"):
         t_coll = slowest(timed_collectives(impl, 5))
-        count = int(gemm_alone() / max(t_coll, 1e-3)) + 2
+        # Every rank must issue the same number of collectives: derive it from
+        # the slowest rank's times, not this rank's own.
+        count = int(slowest(gemm_alone()) / max(t_coll, 1e-3)) + 2
         alone, beside = [], []
         for _ in range(reps):
             alone.append(gemm_alone())
