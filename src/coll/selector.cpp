@@ -30,16 +30,18 @@ Algo parse_algo(const std::string& name, const char* what) {
 }
 
 std::vector<SelectorRule> default_selector_table() {
-  // From `ferry bench` on 4 H200s (bench/results/, 2026-11-22): one batched
-  // submission (b2b) is fastest up to 2 MB per rank and ties the sequential
-  // cyclic shift (seq) from 16 MB up; parallel engines (pcpy) win only around
-  // 4 MB all-gathers and lose 30-40% of the bandwidth from 64 MB up.
+  // From `ferry bench` on H200 x2 and x4 (bench/results/2026-11-22-*): one
+  // batched submission (b2b) is fastest up to about 2 MB per rank; above, the
+  // pushes issued one after another in cyclic-shift order (seq) are as fast or
+  // faster (x4 all-gather: 85 us at 4 MB against 92 for b2b; 372 GB/s busbw at
+  // 256 MB). Parallel engines (pcpy) lose 30-40% of the bandwidth from 64 MB up
+  // on x4 and are never chosen automatically.
   constexpr size_t kAny = std::numeric_limits<size_t>::max();
   return {
       {CollOp::kAllGather, 0, size_t(2) << 20, Algo::kB2b},
-      {CollOp::kAllGather, 0, size_t(8) << 20, Algo::kPcpy},
-      {CollOp::kAllGather, 0, kAny, Algo::kB2b},
-      {CollOp::kAllToAll, 0, kAny, Algo::kB2b},
+      {CollOp::kAllGather, 0, kAny, Algo::kSeq},
+      {CollOp::kAllToAll, 0, size_t(2) << 20, Algo::kB2b},
+      {CollOp::kAllToAll, 0, kAny, Algo::kSeq},
   };
 }
 

@@ -16,7 +16,7 @@ const std::vector<Knob>& knobs() {
       {"FERRY_DISABLE_BATCH", "int", "0", "1: issue one cudaMemcpyAsync per copy instead of batched copies"},
       {"FERRY_SOCKET_DIR", "string", "", "parent folder of the private (0700) folder holding ferry's Unix sockets; "
                                          "empty: $TMPDIR or /tmp"},
-      {"FERRY_ALGO", "string", "", "force a variant for every collective (pcpy or b2b); empty: the selector decides"},
+      {"FERRY_ALGO", "string", "", "force a variant for every collective (b2b, seq or pcpy); empty: the selector decides"},
       {"FERRY_PORT", "int", "0", "TCP port of ferry's bootstrap store for ferry.init(); 0: MASTER_PORT + 1"},
       {"FERRY_WATCHDOG_MS", "int", "10", "how often the watchdog looks at unfinished collectives"},
   };

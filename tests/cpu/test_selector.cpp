@@ -5,21 +5,23 @@
 
 using namespace ferry;
 
-TEST(Selector, SmallSizesBatchLargeSizesParallel) {
+TEST(Selector, SmallSizesBatchLargeSizesSequential) {
   auto table = default_selector_table();
   for (CollOp op : {CollOp::kAllGather, CollOp::kAllToAll}) {
     for (int world : {2, 4, 8}) {
       EXPECT_EQ(select_algo(op, world, 1024, Algo::kAuto, table), Algo::kB2b);
-      EXPECT_EQ(select_algo(op, world, size_t(1) << 30, Algo::kAuto, table), Algo::kB2b);
+      EXPECT_EQ(select_algo(op, world, size_t(2) << 20, Algo::kAuto, table), Algo::kB2b);
+      EXPECT_EQ(select_algo(op, world, (size_t(2) << 20) + 1, Algo::kAuto, table), Algo::kSeq);
+      EXPECT_EQ(select_algo(op, world, size_t(1) << 30, Algo::kAuto, table), Algo::kSeq);
     }
   }
 }
 
-TEST(Selector, ParallelEnginesOnlyForMidSizeAllGathers) {
+TEST(Selector, ParallelEnginesNeverChosenAutomatically) {
   auto table = default_selector_table();
-  EXPECT_EQ(select_algo(CollOp::kAllGather, 4, size_t(4) << 20, Algo::kAuto, table), Algo::kPcpy);
-  EXPECT_EQ(select_algo(CollOp::kAllToAll, 4, size_t(4) << 20, Algo::kAuto, table), Algo::kB2b);
-  EXPECT_EQ(select_algo(CollOp::kAllGather, 4, size_t(64) << 20, Algo::kAuto, table), Algo::kB2b);
+  for (size_t bytes = 1; bytes <= (size_t(1) << 32); bytes *= 2)
+    for (CollOp op : {CollOp::kAllGather, CollOp::kAllToAll})
+      EXPECT_NE(select_algo(op, 4, bytes, Algo::kAuto, table), Algo::kPcpy);
 }
 
 TEST(Selector, ForcedVariantWins) {
