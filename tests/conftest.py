@@ -5,7 +5,11 @@ import os
 
 import pytest
 
-for var, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
+for var, value in (
+    ("NCCL_NVLS_ENABLE", "0"),
+    ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+    ("NVSHMEM_DISABLE_NVLS", "1"),
+):
     os.environ[var] = value
 
 
@@ -28,7 +32,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.gpu)
         need = 2 if item.get_closest_marker("multigpu") else 1 if item.get_closest_marker("gpu") else 0
         if need and GPU_COUNT < need:
-            why = "torch with CUDA is not installed" if GPU_COUNT == 0 else f"needs {need} GPUs, {GPU_COUNT} visible"
+            why = (
+                "torch with CUDA is not installed"
+                if GPU_COUNT == 0
+                else f"needs {need} GPUs, {GPU_COUNT} visible"
+            )
             item.add_marker(pytest.mark.skip(reason=f"GPU test: {why}"))
             _gpu_skips.append(item.nodeid)
 

@@ -55,19 +55,18 @@ typedef struct ferry_comm* ferry_comm_t;
 typedef int (*ferry_allgather_fn)(void* ctx, const void* mine, size_t nbytes, void* all);
 
 typedef struct {
-  int rank;                   /* this process's rank, 0 <= rank < world */
-  int world;                  /* number of ranks (one GPU each) */
-  int device;                 /* CUDA device ordinal this rank drives */
+  int rank;   /* this process's rank, 0 <= rank < world */
+  int world;  /* number of ranks (one GPU each) */
+  int device; /* CUDA device ordinal this rank drives */
   ferry_allgather_fn allgather;
   void* allgather_ctx;
-  double timeout_s;           /* bound on every wait; <= 0 takes FERRY_TIMEOUT_S */
+  double timeout_s; /* bound on every wait; <= 0 takes FERRY_TIMEOUT_S */
 } ferry_comm_config_t;
 
 /* One process per GPU. Collective over all ranks. */
 FERRY_API ferry_result_t ferry_comm_init(const ferry_comm_config_t* config, ferry_comm_t* comm);
 /* One process driving `n` GPUs: rank i is devices[i]. */
-FERRY_API ferry_result_t ferry_comm_init_local(const int* devices, int n, double timeout_s,
-                                               ferry_comm_t* comm);
+FERRY_API ferry_result_t ferry_comm_init_local(const int* devices, int n, double timeout_s, ferry_comm_t* comm);
 /* Marks the communicator closed and releases every mapping and buffer it owns.
  * A second close returns FERRY_ERROR_CLOSED. The handle stays valid until destroy. */
 FERRY_API ferry_result_t ferry_comm_close(ferry_comm_t comm);

@@ -41,12 +41,12 @@ def select_algo(op: str, world: int, bytes_per_rank: int, algo: str = "auto") ->
 
 
 __all__ = [
+    "IMPORT_ERROR",
     "BrokenError",
     "ClosedError",
     "Communicator",
     "CudaError",
     "FerryError",
-    "IMPORT_ERROR",
     "InvalidArgumentError",
     "LaunchInfo",
     "NoGpuError",

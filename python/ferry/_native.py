@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 try:
-    from . import _ferry as native  # noqa: F401
+    from . import _ferry as native
+
     IMPORT_ERROR: Exception | None = None
 except ImportError as exc:  # pragma: no cover - exercised only on broken installs
     native = None

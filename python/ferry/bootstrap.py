@@ -10,8 +10,9 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Optional
 
 from .errors import InvalidArgumentError, PeerTimeoutError
 

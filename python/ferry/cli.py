@@ -44,7 +44,11 @@ def cmd_doctor(args) -> int:
         for status, msg in topo.doctor_checks(d):
             print(f"[{status}] {msg}")
             failed |= status == "fail"
-    for var, want in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
+    for var, want in (
+        ("NCCL_NVLS_ENABLE", "0"),
+        ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+        ("NVSHMEM_DISABLE_NVLS", "1"),
+    ):
         if os.environ.get(var) != want:
             print(f"[note] {var} is not {want}: on shared hosts where NVLink multicast must stay off, set it")
     print("\nenvironment knobs:")
@@ -56,10 +60,10 @@ def cmd_doctor(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    import torch
+
     from .bench import collectives
     from .bench.report import format_table, parse_size, ratio_table, size_range
-
-    import torch
 
     world = args.gpus or torch.cuda.device_count()
     if world < 2:
@@ -109,7 +113,9 @@ def main(argv=None) -> int:
     b = sub.add_parser("bench", help="ferry against NCCL on the local GPUs")
     b.add_argument("--gpus", type=int, default=0, help="number of GPUs (default: all)")
     b.add_argument("--ops", default="all_gather,all_to_all")
-    b.add_argument("--impls", default=",".join(("ferry-b2b", "ferry-pcpy", "ferry-seq", "nccl", "nccl-graph")))
+    b.add_argument(
+        "--impls", default=",".join(("ferry-b2b", "ferry-pcpy", "ferry-seq", "nccl", "nccl-graph"))
+    )
     b.add_argument("--min", default="1K", help="smallest bytes per rank")
     b.add_argument("--max", default="1G", help="largest bytes per rank")
     b.add_argument("--factor", type=int, default=4, help="size step")

@@ -4,8 +4,9 @@ __cuda_array_interface__) in, collectives ordered in the caller's stream."""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional
 
 from ._native import require
 from .bootstrap import AllGather, TcpStore, TorchStore, group_allgather, read_launch_env, store_allgather
@@ -67,7 +68,9 @@ def _stream_handle(stream: Any, device: int) -> int:
         return stream
     handle = getattr(stream, "cuda_stream", None)
     if handle is None:
-        raise InvalidArgumentError(f"stream is a {type(stream).__name__}; expected a torch.cuda.Stream or an int handle")
+        raise InvalidArgumentError(
+            f"stream is a {type(stream).__name__}; expected a torch.cuda.Stream or an int handle"
+        )
     return handle
 
 
@@ -190,7 +193,9 @@ class Communicator:
         if algo not in _ALGOS:
             raise InvalidArgumentError(f"algo is {algo!r}; expected one of {', '.join(_ALGOS)}")
         if local_copy not in _LOCAL_COPIES:
-            raise InvalidArgumentError(f"local_copy is {local_copy!r}; expected one of {', '.join(_LOCAL_COPIES)}")
+            raise InvalidArgumentError(
+                f"local_copy is {local_copy!r}; expected one of {', '.join(_LOCAL_COPIES)}"
+            )
         outs, ins = self._per_rank(outs, f"{name}: out"), self._per_rank(ins, f"{name}: in")
         streams = self._per_rank(stream, f"{name}: stream") if (self._local and stream is not None) else None
         world = self._c.world
@@ -203,7 +208,9 @@ class Communicator:
                 if b.device not in (dev, -1):
                     raise InvalidArgumentError(f"{name}: {what} is on GPU {b.device}; expected GPU {dev}")
             if ob.dtype != ib.dtype and ob.dtype.startswith("torch.") == ib.dtype.startswith("torch."):
-                raise InvalidArgumentError(f"{name}: out is {ob.dtype} and in is {ib.dtype}; expected the same dtype")
+                raise InvalidArgumentError(
+                    f"{name}: out is {ob.dtype} and in is {ib.dtype}; expected the same dtype"
+                )
             if ib.nbytes % in_factor(world):
                 raise InvalidArgumentError(
                     f"{name}: in has {ib.nbytes} bytes, not a multiple of the world size {world}"
@@ -215,11 +222,15 @@ class Communicator:
                     f"({out_factor(world)} x {per_rank} bytes per rank)"
                 )
             if bytes_per_rank not in (None, per_rank):
-                raise InvalidArgumentError(f"{name}: the GPUs' tensors differ in size; expected the same on every GPU")
+                raise InvalidArgumentError(
+                    f"{name}: the GPUs' tensors differ in size; expected the same on every GPU"
+                )
             bytes_per_rank = per_rank
             out_ptrs.append(ob.ptr)
             in_ptrs.append(ib.ptr)
-            handles.append(_stream_handle(streams[i] if streams else stream if not self._local else None, dev))
+            handles.append(
+                _stream_handle(streams[i] if streams else stream if not self._local else None, dev)
+            )
         getattr(self._c, name)(out_ptrs, in_ptrs, bytes_per_rank, handles, algo, local_copy)
 
     def all_gather(self, out, inp, stream=None, algo: str = "auto", local_copy: str = "auto") -> None:

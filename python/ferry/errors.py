@@ -48,14 +48,14 @@ else:  # pragma: no cover - only without the extension
 
 
 __all__ = [
+    "BrokenError",
+    "ClosedError",
+    "CudaError",
     "FerryError",
     "InvalidArgumentError",
     "NoGpuError",
-    "CudaError",
-    "SystemCallError",
-    "PeerTimeoutError",
     "NotRegisteredError",
-    "ClosedError",
+    "PeerTimeoutError",
+    "SystemCallError",
     "UnsupportedError",
-    "BrokenError",
 ]

@@ -143,7 +143,12 @@ def doctor_checks(d: dict) -> List[Tuple[str, str]]:
     if drv and drv < 12000:
         out.append(("fail", f"driver {_version(drv)} is older than CUDA 12.0; ferry needs 12.0 or newer"))
     elif drv and drv < 12080:
-        out.append(("warn", f"driver {_version(drv)} lacks cudaMemcpyBatchAsync (12.8+): b2b falls back to one copy per call"))
+        out.append(
+            (
+                "warn",
+                f"driver {_version(drv)} lacks cudaMemcpyBatchAsync (12.8+): b2b falls back to one copy per call",
+            )
+        )
     else:
         out.append(("ok", f"driver {_version(drv)}: batched copies available"))
     no_memops = [g["index"] for g in gpus if not (g["stream_memops"] and g["memops_64bit"])]
@@ -153,11 +158,21 @@ def doctor_checks(d: dict) -> List[Tuple[str, str]]:
         out.append(("ok", "64-bit stream wait operations on every GPU"))
     no_fd = [g["index"] for g in gpus if not g["vmm_posix_fd"]]
     if no_fd:
-        out.append(("warn", f"GPU(s) {no_fd} cannot export VMM memory as file descriptors: use comm.register() (CUDA IPC)"))
+        out.append(
+            (
+                "warn",
+                f"GPU(s) {no_fd} cannot export VMM memory as file descriptors: use comm.register() (CUDA IPC)",
+            )
+        )
     missing = [(i, j) for i in range(len(gpus)) for j in range(len(gpus)) if i != j and not d["p2p"][i][j]]
     if missing:
-        out.append(("fail", f"no peer-to-peer access between GPU pairs {missing[:8]}{'...' if len(missing) > 8 else ''}: "
-                            "copy-engine collectives need every pair reachable"))
+        out.append(
+            (
+                "fail",
+                f"no peer-to-peer access between GPU pairs {missing[:8]}{'...' if len(missing) > 8 else ''}: "
+                "copy-engine collectives need every pair reachable",
+            )
+        )
     elif len(gpus) > 1:
         via = "NVSwitch" if all(g["nvswitch_links"] for g in gpus) else "NVLink/PCIe"
         out.append(("ok", f"every GPU pair reachable peer-to-peer ({via})"))

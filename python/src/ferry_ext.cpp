@@ -133,9 +133,8 @@ NB_MODULE(_ferry, m) {
   m.def(
       "select_algo",
       [](const std::string& op, int world, size_t bytes, const std::string& forced) {
-        return std::string(ferry::algo_name(ferry::select_algo(parse_op(op), world, bytes,
-                                                               ferry::parse_algo(forced, "algo"),
-                                                               ferry::default_selector_table())));
+        return std::string(ferry::algo_name(ferry::select_algo(
+            parse_op(op), world, bytes, ferry::parse_algo(forced, "algo"), ferry::default_selector_table())));
       },
       "op"_a, "world"_a, "bytes_per_rank"_a, "algo"_a = "auto");
   m.def("split_batches", &ferry::split_batches, "count"_a, "batch_max"_a);
@@ -195,15 +194,18 @@ NB_MODULE(_ferry, m) {
              for (void* p : ptrs) out.push_back(reinterpret_cast<uintptr_t>(p));
              return out;
            })
-      .def("free", [](Communicator& c, const std::vector<uintptr_t>& p) { c.free(as_pointers<void*>(p)); },
-           nb::call_guard<nb::gil_scoped_release>())
-      .def("register_buffers",
-           [](Communicator& c, const std::vector<uintptr_t>& p, const std::vector<size_t>& sizes) {
-             c.register_buffers(as_pointers<void*>(p), sizes);
-           },
-           nb::call_guard<nb::gil_scoped_release>())
-      .def("deregister", [](Communicator& c, const std::vector<uintptr_t>& p) { c.deregister(as_pointers<void*>(p)); },
-           nb::call_guard<nb::gil_scoped_release>())
+      .def(
+          "free", [](Communicator& c, const std::vector<uintptr_t>& p) { c.free(as_pointers<void*>(p)); },
+          nb::call_guard<nb::gil_scoped_release>())
+      .def(
+          "register_buffers",
+          [](Communicator& c, const std::vector<uintptr_t>& p, const std::vector<size_t>& sizes) {
+            c.register_buffers(as_pointers<void*>(p), sizes);
+          },
+          nb::call_guard<nb::gil_scoped_release>())
+      .def(
+          "deregister", [](Communicator& c, const std::vector<uintptr_t>& p) { c.deregister(as_pointers<void*>(p)); },
+          nb::call_guard<nb::gil_scoped_release>())
       .def(
           "all_gather",
           [](Communicator& c, const std::vector<uintptr_t>& outs, const std::vector<uintptr_t>& ins, size_t bytes,

@@ -13,8 +13,8 @@ namespace ferry {
 struct FdMessage {
   int sender = -1;
   int tag = 0;
-  std::vector<int> fds;   // owned by the receiver after receive()
-  std::string payload;    // small, optional
+  std::vector<int> fds;  // owned by the receiver after receive()
+  std::string payload;   // small, optional
 };
 
 class FdExchange {
@@ -35,8 +35,7 @@ class FdExchange {
 
   // Receives one message with `tag` from each rank in `senders`. Messages for
   // other tags that arrive early are kept for their own receive.
-  std::map<int, FdMessage> receive(const std::vector<int>& senders, int tag, double timeout_s,
-                                   const std::string& what);
+  std::map<int, FdMessage> receive(const std::vector<int>& senders, int tag, double timeout_s, const std::string& what);
 
  private:
   int rank_;

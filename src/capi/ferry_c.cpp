@@ -45,7 +45,8 @@ ferry::CollectiveArgs make_args(ferry::Communicator& c, void* const* outs, const
   a.bytes_per_rank = bytes;
   for (int i = 0; i < n; ++i) a.streams.push_back(streams ? static_cast<cudaStream_t>(streams[i]) : nullptr);
   if (options) {
-    FERRY_ARG_CHECK(options->algo >= FERRY_ALGO_AUTO && options->algo <= FERRY_ALGO_SEQ, "options->algo is not a ferry_algo_t");
+    FERRY_ARG_CHECK(options->algo >= FERRY_ALGO_AUTO && options->algo <= FERRY_ALGO_SEQ,
+                    "options->algo is not a ferry_algo_t");
     FERRY_ARG_CHECK(options->local_copy >= FERRY_LOCAL_COPY_AUTO && options->local_copy <= FERRY_LOCAL_COPY_SM,
                     "options->local_copy is not a ferry_local_copy_t");
     a.algo = static_cast<ferry::Algo>(options->algo);
@@ -62,17 +63,28 @@ const char* ferry_last_error(void) { return g_last_error.c_str(); }
 
 const char* ferry_result_name(ferry_result_t r) {
   switch (r) {
-    case FERRY_SUCCESS: return "FERRY_SUCCESS";
-    case FERRY_ERROR_INVALID_ARGUMENT: return "FERRY_ERROR_INVALID_ARGUMENT";
-    case FERRY_ERROR_NO_GPU: return "FERRY_ERROR_NO_GPU";
-    case FERRY_ERROR_CUDA: return "FERRY_ERROR_CUDA";
-    case FERRY_ERROR_SYSTEM: return "FERRY_ERROR_SYSTEM";
-    case FERRY_ERROR_TIMEOUT: return "FERRY_ERROR_TIMEOUT";
-    case FERRY_ERROR_NOT_REGISTERED: return "FERRY_ERROR_NOT_REGISTERED";
-    case FERRY_ERROR_CLOSED: return "FERRY_ERROR_CLOSED";
-    case FERRY_ERROR_UNSUPPORTED: return "FERRY_ERROR_UNSUPPORTED";
-    case FERRY_ERROR_BROKEN: return "FERRY_ERROR_BROKEN";
-    case FERRY_ERROR_INTERNAL: return "FERRY_ERROR_INTERNAL";
+    case FERRY_SUCCESS:
+      return "FERRY_SUCCESS";
+    case FERRY_ERROR_INVALID_ARGUMENT:
+      return "FERRY_ERROR_INVALID_ARGUMENT";
+    case FERRY_ERROR_NO_GPU:
+      return "FERRY_ERROR_NO_GPU";
+    case FERRY_ERROR_CUDA:
+      return "FERRY_ERROR_CUDA";
+    case FERRY_ERROR_SYSTEM:
+      return "FERRY_ERROR_SYSTEM";
+    case FERRY_ERROR_TIMEOUT:
+      return "FERRY_ERROR_TIMEOUT";
+    case FERRY_ERROR_NOT_REGISTERED:
+      return "FERRY_ERROR_NOT_REGISTERED";
+    case FERRY_ERROR_CLOSED:
+      return "FERRY_ERROR_CLOSED";
+    case FERRY_ERROR_UNSUPPORTED:
+      return "FERRY_ERROR_UNSUPPORTED";
+    case FERRY_ERROR_BROKEN:
+      return "FERRY_ERROR_BROKEN";
+    case FERRY_ERROR_INTERNAL:
+      return "FERRY_ERROR_INTERNAL";
   }
   return "FERRY_ERROR_UNKNOWN";
 }
@@ -116,7 +128,9 @@ ferry_result_t ferry_comm_init_local(const int* devices, int n, double timeout_s
   });
 }
 
-ferry_result_t ferry_comm_close(ferry_comm_t comm) { return guarded([&] { get(comm).close(); }); }
+ferry_result_t ferry_comm_close(ferry_comm_t comm) {
+  return guarded([&] { get(comm).close(); });
+}
 
 void ferry_comm_destroy(ferry_comm_t comm) {
   if (!comm) return;
@@ -167,8 +181,12 @@ ferry_result_t ferry_all_to_all(ferry_comm_t comm, void* const* outs, const void
   return guarded([&] { get(comm).all_to_all(make_args(get(comm), outs, ins, bytes_per_rank, streams, options)); });
 }
 
-ferry_result_t ferry_comm_check(ferry_comm_t comm) { return guarded([&] { get(comm).check(); }); }
+ferry_result_t ferry_comm_check(ferry_comm_t comm) {
+  return guarded([&] { get(comm).check(); });
+}
 
-ferry_result_t ferry_comm_synchronize(ferry_comm_t comm) { return guarded([&] { get(comm).synchronize(); }); }
+ferry_result_t ferry_comm_synchronize(ferry_comm_t comm) {
+  return guarded([&] { get(comm).synchronize(); });
+}
 
 }  // extern "C"

@@ -42,9 +42,9 @@ std::string pci_bus_id(int device) {
 void check_device_ordinal(int device, const char* what) {
   int count = 0;
   FERRY_CUDA_CHECK(cudaGetDeviceCount(&count));
-  FERRY_ARG_CHECK(device >= 0 && device < count, std::string(what) + " is " + std::to_string(device) + "; expected 0.." +
-                                                     std::to_string(count - 1) + " (" + std::to_string(count) +
-                                                     " GPUs visible)");
+  FERRY_ARG_CHECK(device >= 0 && device < count, std::string(what) + " is " + std::to_string(device) +
+                                                     "; expected 0.." + std::to_string(count - 1) + " (" +
+                                                     std::to_string(count) + " GPUs visible)");
 }
 
 bool process_exited(int pid) { return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH; }
@@ -81,8 +81,8 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int world, int devi
   c->flag_mem_.resize(world);
   c->flag_mem_[rank] = SharedHostMemory::create(sizeof(FlagBlock));
 
-  std::string mine = hostname() + "\n" + std::to_string(getpid()) + "\n" + pci_bus_id(device) + "\n" +
-                     c->fds_->socket_path() + "\n";
+  std::string mine =
+      hostname() + "\n" + std::to_string(getpid()) + "\n" + pci_bus_id(device) + "\n" + c->fds_->socket_path() + "\n";
   auto all = c->allgather(mine, "communicator setup");
   c->pids_.resize(world);
   c->socket_paths_.resize(world);
@@ -107,8 +107,7 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int world, int devi
   }
   // Share the flag blocks: each rank sends its memfd to every peer.
   for (int p = 0; p < world; ++p)
-    if (p != rank)
-      c->fds_->send(c->socket_paths_[p], p, 1, {c->flag_mem_[rank].fd()}, "", c->timeout_s_);
+    if (p != rank) c->fds_->send(c->socket_paths_[p], p, 1, {c->flag_mem_[rank].fd()}, "", c->timeout_s_);
   std::vector<int> peers;
   for (int p = 0; p < world; ++p)
     if (p != rank) peers.push_back(p);
@@ -124,13 +123,13 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int world, int devi
 
 std::unique_ptr<Communicator> Communicator::create_local(const std::vector<int>& devices, double timeout_s) {
   int n = static_cast<int>(devices.size());
-  FERRY_ARG_CHECK(n >= 1 && n <= kMaxRanks, "devices: expected 1.." + std::to_string(kMaxRanks) + " GPUs, got " +
-                                                std::to_string(n));
+  FERRY_ARG_CHECK(n >= 1 && n <= kMaxRanks,
+                  "devices: expected 1.." + std::to_string(kMaxRanks) + " GPUs, got " + std::to_string(n));
   for (int i = 0; i < n; ++i) {
     check_device_ordinal(devices[i], "devices[i]");
     for (int j = 0; j < i; ++j)
-      FERRY_ARG_CHECK(devices[i] != devices[j], "devices lists GPU " + std::to_string(devices[i]) +
-                                                    " twice; expected distinct GPUs");
+      FERRY_ARG_CHECK(devices[i] != devices[j],
+                      "devices lists GPU " + std::to_string(devices[i]) + " twice; expected distinct GPUs");
   }
   std::unique_ptr<Communicator> c(new Communicator());
   c->world_ = n;
@@ -362,16 +361,16 @@ void Communicator::check() {
     error_reported_ = true;
     throw_error(FERRY_ERROR_TIMEOUT, error_);
   }
-  throw_error(FERRY_ERROR_BROKEN, "the communicator is broken by an earlier error (" + error_ +
-                                      "); close it and create a new one");
+  throw_error(FERRY_ERROR_BROKEN,
+              "the communicator is broken by an earlier error (" + error_ + "); close it and create a new one");
 }
 
 void Communicator::synchronize() {
   if (closed_) throw_error(FERRY_ERROR_CLOSED, "synchronize: the communicator is closed");
   double interval = static_cast<double>(knob_int("FERRY_WATCHDOG_MS")) / 1000.0;
-  auto deadline = std::chrono::steady_clock::now() +
-                  std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                      std::chrono::duration<double>(timeout_s_ + 10 * interval + 1.0));
+  auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                             std::chrono::duration<double>(timeout_s_ + 10 * interval + 1.0));
   for (auto& L : locals_) {
     while (!L->in_flight->idle()) {
       if (std::chrono::steady_clock::now() > deadline) {
@@ -459,9 +458,9 @@ bool Communicator::diagnose_and_unblock(int local, const InFlight::Pending& p) {
       const ReadyRecord& rr = mine->ready[q];
       const ReadyRecord& me = src->ready;
       auto describe = [](const ReadyRecord& x) {
-        return std::string(coll_op_name(static_cast<CollOp>(x.op))) + "(bytes_per_rank=" +
-               std::to_string(x.bytes_per_rank) + ", buffer #" + std::to_string(x.registration) + ", offset " +
-               std::to_string(x.offset) + ")";
+        return std::string(coll_op_name(static_cast<CollOp>(x.op))) +
+               "(bytes_per_rank=" + std::to_string(x.bytes_per_rank) + ", buffer #" + std::to_string(x.registration) +
+               ", offset " + std::to_string(x.offset) + ")";
       };
       problems.push_back(who + " called " + describe(rr) + " where rank " + std::to_string(r) + " called " +
                          describe(me) + ": the arguments must match on every rank");

@@ -30,7 +30,6 @@ namespace ferry {
 // time and name missing ranks when it gives up.
 using AllGatherFn = std::function<std::vector<std::string>(const std::string& mine)>;
 
-
 struct CollectiveArgs {
   std::vector<void*> outs;
   std::vector<const void*> ins;
@@ -79,11 +78,11 @@ class Communicator {
   };
   struct Registration {
     uint32_t id = 0;
-    bool owned = false;              // from alloc(): ferry frees it
-    std::vector<char*> base;         // by rank, as mapped in this process
-    std::vector<size_t> size;        // by rank
-    std::vector<VmmMapping> vmm;     // to unmap/release on close
-    std::vector<void*> ipc;          // to close on close
+    bool owned = false;           // from alloc(): ferry frees it
+    std::vector<char*> base;      // by rank, as mapped in this process
+    std::vector<size_t> size;     // by rank
+    std::vector<VmmMapping> vmm;  // to unmap/release on close
+    std::vector<void*> ipc;       // to close on close
   };
 
   Communicator() = default;

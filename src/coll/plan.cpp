@@ -12,8 +12,8 @@ const char* coll_op_name(CollOp op) {
   return "unknown";
 }
 
-std::vector<PeerCopy> plan_pushes(CollOp op, int rank, int world, const std::vector<char*>& out_by_rank,
-                                  const char* in, size_t bytes) {
+std::vector<PeerCopy> plan_pushes(CollOp op, int rank, int world, const std::vector<char*>& out_by_rank, const char* in,
+                                  size_t bytes) {
   std::vector<PeerCopy> out;
   if (bytes == 0) return out;
   for (int k = 1; k < world; ++k) {

@@ -25,8 +25,8 @@ struct PeerCopy {
 // bandwidth). `out_by_rank[p]` is rank p's output as mapped in this process.
 //   all_gather: in (bytes) -> out_p[rank * bytes]
 //   all_to_all: in[p * bytes] (bytes) -> out_p[rank * bytes]
-std::vector<PeerCopy> plan_pushes(CollOp op, int rank, int world, const std::vector<char*>& out_by_rank,
-                                  const char* in, size_t bytes);
+std::vector<PeerCopy> plan_pushes(CollOp op, int rank, int world, const std::vector<char*>& out_by_rank, const char* in,
+                                  size_t bytes);
 
 // The copy of this rank's own block; bytes == 0 when `in` already is that
 // block (in-place all-gather).

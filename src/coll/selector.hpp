@@ -29,7 +29,6 @@ struct SelectorRule {
 std::vector<SelectorRule> default_selector_table();
 
 // `forced` (from the call or FERRY_ALGO) wins unless it is kAuto.
-Algo select_algo(CollOp op, int world, size_t bytes_per_rank, Algo forced,
-                 const std::vector<SelectorRule>& table);
+Algo select_algo(CollOp op, int world, size_t bytes_per_rank, Algo forced, const std::vector<SelectorRule>& table);
 
 }  // namespace ferry

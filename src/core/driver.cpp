@@ -19,8 +19,8 @@ void resolve(const char* name, Fn* fn) {
   cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
   cudaError_t err = cudaGetDriverEntryPointByVersion(name, &ptr, kDriverAbiVersion, cudaEnableDefault, &status);
   if (err == cudaErrorInsufficientDriver || err == cudaErrorNoDevice || err == cudaErrorInitializationError) {
-    throw_error(FERRY_ERROR_NO_GPU, std::string("cannot load the CUDA driver (") + cudaGetErrorString(err) +
-                                        "). " + driver_missing_hint());
+    throw_error(FERRY_ERROR_NO_GPU,
+                std::string("cannot load the CUDA driver (") + cudaGetErrorString(err) + "). " + driver_missing_hint());
   }
   if (err != cudaSuccess || status != cudaDriverEntryPointSuccess || ptr == nullptr) {
     throw_error(FERRY_ERROR_UNSUPPORTED, std::string("the installed CUDA driver has no entry point ") + name +

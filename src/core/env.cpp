@@ -14,9 +14,11 @@ const std::vector<Knob>& knobs() {
       {"FERRY_BATCH_MAX", "int", "128",
        "most copies in one cudaMemcpyBatchAsync call; larger lists are split (drivers have crashed on huge batches)"},
       {"FERRY_DISABLE_BATCH", "int", "0", "1: issue one cudaMemcpyAsync per copy instead of batched copies"},
-      {"FERRY_SOCKET_DIR", "string", "", "parent folder of the private (0700) folder holding ferry's Unix sockets; "
-                                         "empty: $TMPDIR or /tmp"},
-      {"FERRY_ALGO", "string", "", "force a variant for every collective (b2b, seq or pcpy); empty: the selector decides"},
+      {"FERRY_SOCKET_DIR", "string", "",
+       "parent folder of the private (0700) folder holding ferry's Unix sockets; "
+       "empty: $TMPDIR or /tmp"},
+      {"FERRY_ALGO", "string", "",
+       "force a variant for every collective (b2b, seq or pcpy); empty: the selector decides"},
       {"FERRY_PORT", "int", "0", "TCP port of ferry's bootstrap store for ferry.init(); 0: MASTER_PORT + 1"},
       {"FERRY_WATCHDOG_MS", "int", "10", "how often the watchdog looks at unfinished collectives"},
   };
@@ -39,7 +41,8 @@ long long knob_int(const char* name) {
   std::string v = knob_string(name);
   char* end = nullptr;
   long long x = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0') throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(name) + "=" + v + " is not an integer");
+  if (v.empty() || *end != '\0')
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(name) + "=" + v + " is not an integer");
   return x;
 }
 
@@ -47,7 +50,8 @@ double knob_float(const char* name) {
   std::string v = knob_string(name);
   char* end = nullptr;
   double x = std::strtod(v.c_str(), &end);
-  if (v.empty() || *end != '\0') throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(name) + "=" + v + " is not a number");
+  if (v.empty() || *end != '\0')
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(name) + "=" + v + " is not a number");
   return x;
 }
 

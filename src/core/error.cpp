@@ -14,8 +14,8 @@ void throw_cuda_error(int err, const char* expr, const char* file, int line) {
   auto e = static_cast<cudaError_t>(err);
   ferry_result_t code = FERRY_ERROR_CUDA;
   if (e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice) code = FERRY_ERROR_NO_GPU;
-  std::string msg = std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ") in " + expr +
-                    " at " + file + ":" + std::to_string(line);
+  std::string msg = std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ") in " + expr + " at " + file +
+                    ":" + std::to_string(line);
   if (code == FERRY_ERROR_NO_GPU) msg += ". " + driver_missing_hint();
   throw Error(code, msg);
 }
@@ -26,8 +26,7 @@ void throw_cu_error(int err, const char* expr, const char* file, int line) {
 }
 
 void throw_errno(const std::string& what, int err, const char* file, int line) {
-  throw Error(FERRY_ERROR_SYSTEM,
-              what + ": " + std::strerror(err) + " at " + file + ":" + std::to_string(line));
+  throw Error(FERRY_ERROR_SYSTEM, what + ": " + std::strerror(err) + " at " + file + ":" + std::to_string(line));
 }
 
 }  // namespace ferry

@@ -27,24 +27,24 @@ class Error : public std::runtime_error {
 }  // namespace ferry
 
 // An argument the caller got wrong: the message names the argument and what was expected.
-#define FERRY_ARG_CHECK(cond, msg)                                                                \
-  do {                                                                                            \
-    if (!(cond)) ::ferry::throw_error(FERRY_ERROR_INVALID_ARGUMENT, msg);                         \
+#define FERRY_ARG_CHECK(cond, msg)                                        \
+  do {                                                                    \
+    if (!(cond)) ::ferry::throw_error(FERRY_ERROR_INVALID_ARGUMENT, msg); \
   } while (0)
 
-#define FERRY_CUDA_CHECK(expr)                                                                    \
-  do {                                                                                            \
-    int ferry_err_ = static_cast<int>(expr);                                                      \
-    if (ferry_err_ != 0) ::ferry::throw_cuda_error(ferry_err_, #expr, __FILE__, __LINE__);        \
+#define FERRY_CUDA_CHECK(expr)                                                             \
+  do {                                                                                     \
+    int ferry_err_ = static_cast<int>(expr);                                               \
+    if (ferry_err_ != 0) ::ferry::throw_cuda_error(ferry_err_, #expr, __FILE__, __LINE__); \
   } while (0)
 
-#define FERRY_CU_CHECK(expr)                                                                      \
-  do {                                                                                            \
-    int ferry_err_ = static_cast<int>(expr);                                                      \
-    if (ferry_err_ != 0) ::ferry::throw_cu_error(ferry_err_, #expr, __FILE__, __LINE__);          \
+#define FERRY_CU_CHECK(expr)                                                             \
+  do {                                                                                   \
+    int ferry_err_ = static_cast<int>(expr);                                             \
+    if (ferry_err_ != 0) ::ferry::throw_cu_error(ferry_err_, #expr, __FILE__, __LINE__); \
   } while (0)
 
-#define FERRY_SYS_CHECK(expr, what)                                                               \
-  do {                                                                                            \
-    if ((expr) < 0) ::ferry::throw_errno(what, errno, __FILE__, __LINE__);                        \
+#define FERRY_SYS_CHECK(expr, what)                                        \
+  do {                                                                     \
+    if ((expr) < 0) ::ferry::throw_errno(what, errno, __FILE__, __LINE__); \
   } while (0)

@@ -39,8 +39,8 @@ void copy_batch(cudaStream_t stream, const std::vector<Copy>& copies) {
   if (copies.empty()) return;
   static const bool disabled = knob_int("FERRY_DISABLE_BATCH") != 0;
   static const size_t batch_max = static_cast<size_t>(std::max<long long>(1, knob_int("FERRY_BATCH_MAX")));
-  Submission how = choose_submission(disabled, is_capturing(stream), is_legacy_default(stream),
-                                     !g_batch_unsupported.load());
+  Submission how =
+      choose_submission(disabled, is_capturing(stream), is_legacy_default(stream), !g_batch_unsupported.load());
   if (how == Submission::kBatched) {
     std::vector<void*> dsts;
     std::vector<const void*> srcs;
@@ -58,8 +58,8 @@ void copy_batch(cudaStream_t stream, const std::vector<Copy>& copies) {
     attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
     size_t attr_idx = 0;
     for (auto [b, e] : split_batches(dsts.size(), batch_max)) {
-      cudaError_t err = cudaMemcpyBatchAsync(dsts.data() + b, srcs.data() + b, sizes.data() + b, e - b, &attr,
-                                             &attr_idx, 1, stream);
+      cudaError_t err =
+          cudaMemcpyBatchAsync(dsts.data() + b, srcs.data() + b, sizes.data() + b, e - b, &attr, &attr_idx, 1, stream);
       if (err == cudaErrorNotSupported || err == cudaErrorCallRequiresNewerDriver) {
         cudaGetLastError();
         g_batch_unsupported = true;

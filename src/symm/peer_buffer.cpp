@@ -114,10 +114,12 @@ void check_device_pointer(const void* ptr, int expected_device, const char* what
                                                   cudaGetErrorString(err) + "); expected device memory");
   }
   if (attr.type != cudaMemoryTypeDevice)
-    throw_error(FERRY_ERROR_INVALID_ARGUMENT,
-                std::string(what) + " points to " + (attr.type == cudaMemoryTypeHost ? "pinned host" :
-                                                     attr.type == cudaMemoryTypeManaged ? "managed" : "pageable host") +
-                    " memory; expected device memory on GPU " + std::to_string(expected_device));
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(what) + " points to " +
+                                                  (attr.type == cudaMemoryTypeHost      ? "pinned host"
+                                                   : attr.type == cudaMemoryTypeManaged ? "managed"
+                                                                                        : "pageable host") +
+                                                  " memory; expected device memory on GPU " +
+                                                  std::to_string(expected_device));
   if (attr.device != expected_device)
     throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(what) + " is on GPU " + std::to_string(attr.device) +
                                                   "; expected GPU " + std::to_string(expected_device));

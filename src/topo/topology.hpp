@@ -12,15 +12,15 @@ namespace ferry {
 struct GpuInfo {
   int index = 0;
   std::string name;
-  std::string pci_bus_id;       // "0000:18:00.0"
-  int numa_node = -1;           // -1: unknown
-  int copy_engines = 0;         // cudaDevAttrAsyncEngineCount
+  std::string pci_bus_id;  // "0000:18:00.0"
+  int numa_node = -1;      // -1: unknown
+  int copy_engines = 0;    // cudaDevAttrAsyncEngineCount
   int sm_count = 0;
   unsigned long long memory_bytes = 0;
-  bool stream_memops = false;   // cuStreamWaitValue / cuStreamBatchMemOp usable
+  bool stream_memops = false;  // cuStreamWaitValue / cuStreamBatchMemOp usable
   bool memops_64bit = false;
-  bool vmm_posix_fd = false;    // VMM with POSIX file descriptor export
-  int nvswitch_links = 0;       // active NVLinks that end at an NVSwitch
+  bool vmm_posix_fd = false;  // VMM with POSIX file descriptor export
+  int nvswitch_links = 0;     // active NVLinks that end at an NVSwitch
 };
 
 struct Topology {
@@ -29,7 +29,7 @@ struct Topology {
   std::vector<std::vector<int>> nvlink;  // direct NVLinks between i and j (through switch: see nvswitch_links)
   int driver_version = 0;                // e.g. 13000
   int runtime_version = 0;
-  std::string source;                    // "probe" or the file it was loaded from
+  std::string source;  // "probe" or the file it was loaded from
 
   int size() const { return static_cast<int>(gpus.size()); }
   // True when every pair of GPUs can reach each other peer-to-peer.

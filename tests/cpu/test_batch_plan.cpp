@@ -34,7 +34,7 @@ TEST(SplitBatches, RejectsZeroBound) {
 TEST(ChooseSubmission, FallsBackWhereBatchingCannotRun) {
   EXPECT_EQ(choose_submission(false, false, false, true), Submission::kBatched);
   EXPECT_EQ(choose_submission(true, false, false, true), Submission::kPerCopy);
-  EXPECT_EQ(choose_submission(false, true, false, true), Submission::kPerCopy);   // graph capture
-  EXPECT_EQ(choose_submission(false, false, true, true), Submission::kPerCopy);   // legacy stream
-  EXPECT_EQ(choose_submission(false, false, false, false), Submission::kPerCopy); // old driver
+  EXPECT_EQ(choose_submission(false, true, false, true), Submission::kPerCopy);    // graph capture
+  EXPECT_EQ(choose_submission(false, false, true, true), Submission::kPerCopy);    // legacy stream
+  EXPECT_EQ(choose_submission(false, false, false, false), Submission::kPerCopy);  // old driver
 }

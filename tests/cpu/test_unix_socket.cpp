@@ -13,7 +13,7 @@ using namespace ferry;
 TEST(FdExchange, FolderIsPrivate) {
   FdExchange ex(0, "");
   std::string dir = ex.socket_path().substr(0, ex.socket_path().rfind('/'));
-  struct stat st{};
+  struct stat st {};
   ASSERT_EQ(stat(dir.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0700u);
 }

@@ -24,16 +24,25 @@ def _rand(torch, seed: int, n: int, dev):
 def _init(rank: int, world: int, port: int, timeout: float):
     os.environ.update(SAFE_ENV)
     os.environ["FERRY_PORT"] = str(port)
-    import torch
-
     import ferry
+    import torch
 
     torch.cuda.set_device(rank)
     return ferry.init(rank=rank, world=world, device=rank, timeout=timeout)
 
 
-def check_collectives(torch, comm, ranks, devs, world, buf, dtypes=("uint8", "bfloat16"), sizes=SIZES,
-                      a2a_sizes=A2A_SIZES, algos=("b2b", "pcpy", "seq")):
+def check_collectives(
+    torch,
+    comm,
+    ranks,
+    devs,
+    world,
+    buf,
+    dtypes=("uint8", "bfloat16"),
+    sizes=SIZES,
+    a2a_sizes=A2A_SIZES,
+    algos=("b2b", "pcpy", "seq"),
+):
     """Runs the correctness matrix for the local ranks `ranks` (one per device
     in `devs`; `buf` is one registered uint8 buffer per local rank) and returns
     failures. Works for one process per GPU (one local rank) and for
@@ -68,22 +77,24 @@ def check_collectives(torch, comm, ranks, devs, world, buf, dtypes=("uint8", "bf
             total = world * nbytes
             outs, ins, expected = [], [], []
             for r, d, b in zip(ranks, devs, buf):
-                out = b[off:off + total]
-                seed = lambda q: zlib.crc32(f"{op}/{algo}/{n}/{dtype_name}/{q}".encode())  # noqa: E731
+                out = b[off : off + total]
+                seed = lambda q: zlib.crc32(f"{op}/{algo}/{n}/{dtype_name}/{q}".encode())
                 if op == "all_gather":
                     src = _rand(torch, seed(r), nbytes, d)
                     exp = torch.cat([_rand(torch, seed(q), nbytes, d) for q in range(world)])
                     out.copy_(_rand(torch, 7 + r, total, d))  # poison
                     if in_place:
-                        out[r * nbytes:(r + 1) * nbytes].copy_(src)
-                        inp = out[r * nbytes:(r + 1) * nbytes]
+                        out[r * nbytes : (r + 1) * nbytes].copy_(src)
+                        inp = out[r * nbytes : (r + 1) * nbytes]
                     else:
                         skew = 3 if elem == 1 else elem  # unaligned bytes; element-aligned for bf16
                         inp = torch.empty(nbytes + skew, dtype=torch.uint8, device=d)[skew:]
                         inp.copy_(src)
                 else:
                     src = _rand(torch, seed(r), total, d)
-                    exp = torch.cat([_rand(torch, seed(q), total, d)[r * nbytes:(r + 1) * nbytes] for q in range(world)])
+                    exp = torch.cat(
+                        [_rand(torch, seed(q), total, d)[r * nbytes : (r + 1) * nbytes] for q in range(world)]
+                    )
                     out.copy_(_rand(torch, 7 + r, total, d))
                     skew = 3 if elem == 1 else elem
                     inp = torch.empty(total + skew, dtype=torch.uint8, device=d)[skew:]
@@ -101,8 +112,11 @@ def check_collectives(torch, comm, ranks, devs, world, buf, dtypes=("uint8", "bf
             except Exception as exc:  # noqa: BLE001
                 fails.append(f"{op} {algo} n={n} {dtype_name}: raised {exc!r}")
                 continue
-            verify(f"{op} {algo} n={n} {dtype_name} local_copy={lc} offset={off} in_place={in_place}",
-                   [o.view(torch.uint8) for o in outs], expected)
+            verify(
+                f"{op} {algo} n={n} {dtype_name} local_copy={lc} offset={off} in_place={in_place}",
+                [o.view(torch.uint8) for o in outs],
+                expected,
+            )
     return fails
 
 
@@ -112,17 +126,19 @@ def check_repeats(torch, comm, ranks, devs, world, buf, reps=1000, n=4096, strea
     local = len(ranks) > 1
     fails = []
     for op in ("all_gather", "all_to_all"):
-        inputs, outs = [], []
+        inputs = []
         for r, d, b in zip(ranks, devs, buf):
-            src = _rand(torch, 99 + r + (op == "all_to_all"), reps * (n if op == "all_gather" else world * n), d)
+            src = _rand(
+                torch, 99 + r + (op == "all_to_all"), reps * (n if op == "all_gather" else world * n), d
+            )
             inputs.append(src)
             b[: reps * world * n].fill_(0x5A)
         for i in range(reps):
             o_list, i_list, s_list = [], [], []
             for k, (r, b) in enumerate(zip(ranks, buf)):
-                o_list.append(b[i * world * n:(i + 1) * world * n])
+                o_list.append(b[i * world * n : (i + 1) * world * n])
                 w = n if op == "all_gather" else world * n
-                i_list.append(inputs[k][i * w:(i + 1) * w])
+                i_list.append(inputs[k][i * w : (i + 1) * w])
                 if streams:
                     s_list.append(streams[k][i % len(streams[k])])
             kw = {"stream": (s_list if local else s_list[0])} if streams else {}
@@ -131,13 +147,22 @@ def check_repeats(torch, comm, ranks, devs, world, buf, reps=1000, n=4096, strea
         for k, (r, d, b) in enumerate(zip(ranks, devs, buf)):
             got = b[: reps * world * n].view(reps, world, n)
             if op == "all_gather":
-                exp = torch.stack([_rand(torch, 99 + q, reps * n, d).view(reps, n) for q in range(world)], dim=1)
+                exp = torch.stack(
+                    [_rand(torch, 99 + q, reps * n, d).view(reps, n) for q in range(world)], dim=1
+                )
             else:
-                exp = torch.stack([_rand(torch, 100 + q, reps * world * n, d).view(reps, world, n)[:, r]
-                                   for q in range(world)], dim=1)
+                exp = torch.stack(
+                    [
+                        _rand(torch, 100 + q, reps * world * n, d).view(reps, world, n)[:, r]
+                        for q in range(world)
+                    ],
+                    dim=1,
+                )
             bad = int((got != exp).sum().item())
             if bad:
-                fails.append(f"rank {r}: {op} x{reps}{' on alternating streams' if streams else ''}: {bad} wrong bytes")
+                fails.append(
+                    f"rank {r}: {op} x{reps}{' on alternating streams' if streams else ''}: {bad} wrong bytes"
+                )
     return fails
 
 
@@ -155,9 +180,21 @@ def correctness(rank: int, world: int, port: int) -> list:
         # A tensor from PyTorch's allocator, registered through CUDA IPC.
         t = torch.empty(world * 1000003 + 64, dtype=torch.uint8, device=dev)
         comm.register(t)
-        fails += [f"registered tensor: {f}" for f in
-                  check_collectives(torch, comm, [rank], [dev], world, [t], dtypes=("uint8",), sizes=(3, 1000003),
-                                    a2a_sizes=(3, 1000003), algos=("b2b", "pcpy"))]
+        fails += [
+            f"registered tensor: {f}"
+            for f in check_collectives(
+                torch,
+                comm,
+                [rank],
+                [dev],
+                world,
+                [t],
+                dtypes=("uint8",),
+                sizes=(3, 1000003),
+                a2a_sizes=(3, 1000003),
+                algos=("b2b", "pcpy"),
+            )
+        ]
         comm.deregister(t)
         comm.free(buf)
     finally:
@@ -166,9 +203,8 @@ def correctness(rank: int, world: int, port: int) -> list:
 
 
 def bad_inputs(rank: int, world: int, port: int) -> list:
-    import torch
-
     import ferry
+    import torch
 
     comm = _init(rank, world, port, timeout=3)
     dev = torch.device("cuda", rank)
@@ -191,27 +227,47 @@ def bad_inputs(rank: int, world: int, port: int) -> list:
     out = comm.alloc((world * 4096,), torch.uint8)
     inp = torch.zeros(4096, dtype=torch.uint8, device=dev)
     plain = torch.empty(world * 4096, dtype=torch.uint8, device=dev)
-    other = torch.empty(4096, dtype=torch.uint8, device=torch.device("cuda", (rank + 1) % torch.cuda.device_count()))
+    other = torch.empty(
+        4096, dtype=torch.uint8, device=torch.device("cuda", (rank + 1) % torch.cuda.device_count())
+    )
     expect(ferry.NotRegisteredError, "not inside a buffer registered", lambda: comm.all_gather(plain, inp))
     expect(ferry.InvalidArgumentError, "in is on GPU", lambda: comm.all_gather(out, other))
     expect(ferry.InvalidArgumentError, "in is on cpu", lambda: comm.all_gather(out, inp.cpu()))
-    expect(ferry.InvalidArgumentError, "not contiguous",
-           lambda: comm.all_gather(out, torch.zeros(8192, dtype=torch.uint8, device=dev)[::2]))
-    expect(ferry.InvalidArgumentError, "out has 4096 bytes; expected", lambda: comm.all_gather(out[:4096], inp))
+    expect(
+        ferry.InvalidArgumentError,
+        "not contiguous",
+        lambda: comm.all_gather(out, torch.zeros(8192, dtype=torch.uint8, device=dev)[::2]),
+    )
+    expect(
+        ferry.InvalidArgumentError, "out has 4096 bytes; expected", lambda: comm.all_gather(out[:4096], inp)
+    )
     expect(ferry.InvalidArgumentError, "overlap", lambda: comm.all_to_all(out, out))
     expect(ferry.InvalidArgumentError, "overlap", lambda: comm.all_gather(out, out[1:4097]))
+
     # Native checks for raw pointers (through __cuda_array_interface__).
     class Raw:
         def __init__(self, ptr, n):
-            self.__cuda_array_interface__ = dict(shape=(n,), typestr="|u1", data=(ptr, False), version=3, strides=None)
+            self.__cuda_array_interface__ = dict(
+                shape=(n,), typestr="|u1", data=(ptr, False), version=3, strides=None
+            )
+
     host = torch.zeros(4096, dtype=torch.uint8).pin_memory()
-    expect(ferry.InvalidArgumentError, "pinned host memory", lambda: comm.all_gather(out, Raw(host.data_ptr(), 4096)))
-    expect(ferry.InvalidArgumentError, "expected GPU", lambda: comm.all_gather(out, Raw(other.data_ptr(), 4096)))
+    expect(
+        ferry.InvalidArgumentError,
+        "pinned host memory",
+        lambda: comm.all_gather(out, Raw(host.data_ptr(), 4096)),
+    )
+    expect(
+        ferry.InvalidArgumentError, "expected GPU", lambda: comm.all_gather(out, Raw(other.data_ptr(), 4096))
+    )
     # Sizes that differ across ranks: every rank gets a timeout error naming the mismatch.
     n = 1024 if rank == 0 else 2048
     t0 = time.monotonic()
-    expect(ferry.PeerTimeoutError, r"called all_gather\(bytes_per_rank=\d+.*must match",
-           lambda: (comm.all_gather(out[: world * n], inp[:n]), comm.synchronize()))
+    expect(
+        ferry.PeerTimeoutError,
+        r"called all_gather\(bytes_per_rank=\d+.*must match",
+        lambda: (comm.all_gather(out[: world * n], inp[:n]), comm.synchronize()),
+    )
     if time.monotonic() - t0 > 30:
         fails.append(f"mismatch took {time.monotonic() - t0:.1f} s to report")
     expect(ferry.BrokenError, "broken by an earlier error", lambda: comm.all_gather(out, inp))
@@ -238,9 +294,8 @@ def never_joins(rank: int, world: int, port: int) -> list:
 
 
 def peer_dies(rank: int, world: int, port: int) -> list:
-    import torch
-
     import ferry
+    import torch
 
     comm = _init(rank, world, port, timeout=20)
     out = comm.alloc((world * 4096,), torch.uint8)
@@ -257,8 +312,11 @@ def peer_dies(rank: int, world: int, port: int) -> list:
     except ferry.PeerTimeoutError as exc:
         took = time.monotonic() - t0
         comm.close()
-        return [] if ("rank 1" in str(exc) and "exited" in str(exc) and took < 10) else [
-            f"bad error after {took:.1f} s: {exc}"]
+        return (
+            []
+            if ("rank 1" in str(exc) and "exited" in str(exc) and took < 10)
+            else [f"bad error after {took:.1f} s: {exc}"]
+        )
     return ["the collective finished although rank 1 had exited"]
 
 

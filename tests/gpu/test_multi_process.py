@@ -1,9 +1,8 @@
 """One process per GPU: byte-exact collectives, bad input, missing and dying peers."""
 
+import _workers
 import pytest
 from conftest import GPU_COUNT
-
-import _workers
 from harness import spawn
 
 pytestmark = pytest.mark.multigpu

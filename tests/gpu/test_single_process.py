@@ -1,9 +1,8 @@
 """One process driving several GPUs (ferry.init_local)."""
 
+import _workers
 import pytest
 from conftest import GPU_COUNT
-
-import _workers
 
 pytestmark = pytest.mark.multigpu
 
@@ -12,9 +11,8 @@ WORLDS = sorted({w for w in (2, GPU_COUNT) if 2 <= w}) or [2]
 
 @pytest.fixture(params=WORLDS, ids=lambda w: f"{w}gpus")
 def local_comm(request):
-    import torch
-
     import ferry
+    import torch
 
     world = request.param
     comm = ferry.init_local(list(range(world)), timeout=60)
@@ -41,9 +39,8 @@ def test_repeated_and_multi_stream(local_comm):
 
 
 def test_local_errors():
-    import torch
-
     import ferry
+    import torch
 
     with pytest.raises(ferry.InvalidArgumentError, match="twice"):
         ferry.init_local([0, 0])

@@ -2,7 +2,6 @@
 no GPU needed."""
 
 import pytest
-
 from ferry import ClosedError, InvalidArgumentError
 from ferry.comm import Communicator, _describe
 
@@ -29,8 +28,9 @@ class FakeNative:
 
 class Cai:
     def __init__(self, n, typestr="<u1", strides=None, shape=None):
-        self.__cuda_array_interface__ = dict(shape=shape or (n,), typestr=typestr, data=(0x7000, False),
-                                             version=3, strides=strides)
+        self.__cuda_array_interface__ = dict(
+            shape=shape or (n,), typestr=typestr, data=(0x7000, False), version=3, strides=strides
+        )
 
 
 def test_describe_rejects_non_arrays_and_strided():

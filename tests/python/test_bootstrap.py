@@ -3,15 +3,22 @@ import threading
 import time
 
 import pytest
-
 from ferry import InvalidArgumentError, PeerTimeoutError
 from ferry.bootstrap import TcpStore, read_launch_env, store_allgather
 
 
 def test_torchrun_env():
-    info = read_launch_env({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "123"})
+    info = read_launch_env(
+        {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "123"}
+    )
     assert (info.rank, info.world, info.local_rank, info.master_addr, info.master_port, info.launcher) == (
-        3, 4, 1, "h", 123, "torchrun")
+        3,
+        4,
+        1,
+        "h",
+        123,
+        "torchrun",
+    )
 
 
 def test_mpirun_env_and_defaults():

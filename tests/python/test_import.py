@@ -1,8 +1,7 @@
 """`import ferry` works with no GPU and explains itself when a GPU call is made."""
 
-import pytest
-
 import ferry
+import pytest
 
 
 def test_import_and_version():

@@ -1,5 +1,4 @@
 import pytest
-
 from ferry.bench.report import bandwidths, format_size, format_table, parse_size, ratio_table, size_range
 
 
@@ -21,7 +20,13 @@ def test_bandwidth_conventions():
 
 
 def test_tables():
-    recs = [dict(op="all_gather", bytes_per_rank=1024, impl=i, impl_label=l, time_us=t, busbw_gbps=1.0, wrong=0)
-            for i, l, t in (("ferry-b2b", "ferry-b2b", 20.0), ("nccl", "nccl", 30.0), ("nccl", "nccl-graph", 10.0))]
+    recs = [
+        dict(op="all_gather", bytes_per_rank=1024, impl=i, impl_label=l, time_us=t, busbw_gbps=1.0, wrong=0)
+        for i, l, t in (
+            ("ferry-b2b", "ferry-b2b", 20.0),
+            ("nccl", "nccl", 30.0),
+            ("nccl", "nccl-graph", 10.0),
+        )
+    ]
     assert "ferry-b2b" in format_table(recs)
     assert "2.00" in ratio_table(recs)  # 20 us against the best NCCL (graph, 10 us)

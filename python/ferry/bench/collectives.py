@@ -47,7 +47,9 @@ def _worker(rank: int, world: int, port: int, opts: dict, queue) -> None:
 
     torch.cuda.set_device(rank)
     dev = torch.device("cuda", rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, device_id=dev)
+    dist.init_process_group(
+        "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, device_id=dev
+    )
     comm = ferry.Communicator.from_torch(timeout=opts["timeout"])
     sizes, ops = opts["sizes"], opts["ops"]
     max_bytes = max(sizes)
@@ -84,13 +86,15 @@ def _worker(rank: int, world: int, port: int, opts: dict, queue) -> None:
                 continue
             out_n = world * n if op == "all_gather" else n
             out, inp = out_all[:out_n], inp_all[:n]
-            seed = lambda r: 1000003 * r + n  # noqa: E731
+            seed = lambda r: 1000003 * r + n
             inp.copy_(rand_bytes(seed(rank), n))
             if op == "all_gather":
                 expected = torch.cat([rand_bytes(seed(r), n) for r in range(world)])
             else:
                 blk = n // world
-                expected = torch.cat([rand_bytes(seed(r), n)[rank * blk:(rank + 1) * blk] for r in range(world)])
+                expected = torch.cat(
+                    [rand_bytes(seed(r), n)[rank * blk : (rank + 1) * blk] for r in range(world)]
+                )
             iters = _iters_for(out_n)
             _log(rank, f"{op} {format_size(n)}: {iters} iterations x {opts['runs']} runs")
 
@@ -142,14 +146,31 @@ def _worker(rank: int, world: int, port: int, opts: dict, queue) -> None:
                 del graph
                 t_us = slowest(statistics.median(times))
                 algbw, busbw = bandwidths(op, world, n, t_us)
-                rec = dict(op=op, impl="nccl" if impl.startswith("nccl") else impl, impl_label=impl, world=world,
-                           bytes_per_rank=n, time_us=round(t_us, 2), algbw_gbps=round(algbw, 2),
-                           busbw_gbps=round(busbw, 2), graph=impl == "nccl-graph", gpu=gpu, date=today, wrong=wrong,
-                           warmup=opts["warmup"], iters=iters, runs=opts["runs"], stat="median of runs, max over ranks",
-                           local_copy=opts["local_copy"] if impl.startswith("ferry") else None)
+                rec = dict(
+                    op=op,
+                    impl="nccl" if impl.startswith("nccl") else impl,
+                    impl_label=impl,
+                    world=world,
+                    bytes_per_rank=n,
+                    time_us=round(t_us, 2),
+                    algbw_gbps=round(algbw, 2),
+                    busbw_gbps=round(busbw, 2),
+                    graph=impl == "nccl-graph",
+                    gpu=gpu,
+                    date=today,
+                    wrong=wrong,
+                    warmup=opts["warmup"],
+                    iters=iters,
+                    runs=opts["runs"],
+                    stat="median of runs, max over ranks",
+                    local_copy=opts["local_copy"] if impl.startswith("ferry") else None,
+                )
                 records.append(rec)
-                _log(rank, f"  {op:<10} {format_size(n):>6} {impl:<11} {t_us:>10.1f} us {busbw:>7.1f} GB/s  wrong={wrong}"
-                          f"  [{time.time() - t_point:.1f} s]")
+                _log(
+                    rank,
+                    f"  {op:<10} {format_size(n):>6} {impl:<11} {t_us:>10.1f} us {busbw:>7.1f} GB/s  wrong={wrong}"
+                    f"  [{time.time() - t_point:.1f} s]",
+                )
 
     overlap = _overlap(comm, out_all, inp_all, world, rank, opts, barrier, slowest) if opts["overlap"] else []
     local = _local_copy_probe(dev, opts) if (opts["local_copy_probe"] and rank == 0) else []
@@ -233,17 +254,35 @@ def _overlap(comm, out_all, inp_all, world, rank, opts, barrier, slowest) -> lis
         if impl.startswith("ferry"):
             comm.synchronize()
         t_alone, t_beside = slowest(statistics.median(alone)), slowest(statistics.median(beside))
-        label = {"ferry:ce": "ferry (local copy by cudaMemcpy hint ce)", "ferry:sm": "ferry (default: 32-block local copy)",
-                 "nccl": "nccl"}[impl]
-        results.append(dict(impl=label, world=world, bytes_per_rank=n, gemms=gemms, gemm_shape="8192x8192x8192 bf16",
-                            gemm_alone_ms=round(t_alone, 3), gemm_beside_ms=round(t_beside, 3),
-                            slowdown_pct=round(100 * (t_beside / t_alone - 1), 2), reps=reps,
-                            stat="median of reps (alone and beside alternate), max over ranks",
-                            collective_alone_ms=round(t_coll, 3), collectives_beside=count))
+        label = {
+            "ferry:ce": "ferry (local copy by cudaMemcpy hint ce)",
+            "ferry:sm": "ferry (default: 32-block local copy)",
+            "nccl": "nccl",
+        }[impl]
+        results.append(
+            dict(
+                impl=label,
+                world=world,
+                bytes_per_rank=n,
+                gemms=gemms,
+                gemm_shape="8192x8192x8192 bf16",
+                gemm_alone_ms=round(t_alone, 3),
+                gemm_beside_ms=round(t_beside, 3),
+                slowdown_pct=round(100 * (t_beside / t_alone - 1), 2),
+                reps=reps,
+                stat="median of reps (alone and beside alternate), max over ranks",
+                collective_alone_ms=round(t_coll, 3),
+                collectives_beside=count,
+            )
+        )
         if rank == 0:
             r = results[-1]
-            print(f"  overlap {label:<40} gemm {t_alone:8.2f} -> {t_beside:8.2f} ms ({r['slowdown_pct']:+.1f}%), "
-                  f"all_gather alone {t_coll:.3f} ms", file=sys.stderr, flush=True)
+            print(
+                f"  overlap {label:<40} gemm {t_alone:8.2f} -> {t_beside:8.2f} ms ({r['slowdown_pct']:+.1f}%), "
+                f"all_gather alone {t_coll:.3f} ms",
+                file=sys.stderr,
+                flush=True,
+            )
     return results
 
 
@@ -271,12 +310,24 @@ def _local_copy_probe(dev, opts) -> list:
                     e.record(stream)
                     e.synchronize()
                     times.append(s.elapsed_time(e) * 100.0)  # us per copy
-                ok = bool(torch.equal(dst[off:off + n], src))
+                ok = bool(torch.equal(dst[off : off + n], src))
                 t = statistics.median(times)
-                out.append(dict(bytes=n, method=how, dst_offset=off, time_us=round(t, 2),
-                                gbps=round(n / (t * 1e-6) / 1e9, 1), correct=ok))
-                print(f"  local copy {n:>10} B {how:<7} offset {off}: {t:9.1f} us {n / (t * 1e-6) / 1e9:8.1f} GB/s"
-                      f" {'ok' if ok else 'WRONG'}", file=sys.stderr, flush=True)
+                out.append(
+                    dict(
+                        bytes=n,
+                        method=how,
+                        dst_offset=off,
+                        time_us=round(t, 2),
+                        gbps=round(n / (t * 1e-6) / 1e9, 1),
+                        correct=ok,
+                    )
+                )
+                print(
+                    f"  local copy {n:>10} B {how:<7} offset {off}: {t:9.1f} us {n / (t * 1e-6) / 1e9:8.1f} GB/s"
+                    f" {'ok' if ok else 'WRONG'}",
+                    file=sys.stderr,
+                    flush=True,
+                )
     return out
 
 
@@ -312,18 +363,33 @@ def run(world: int, opts: dict) -> dict:
 
 
 def save(result: dict, world: int, out_dir: str, command: str, plot: bool) -> str:
-    from ferry.bench.report import format_table, plot as plot_png, ratio_table
+    from ferry.bench.report import format_table, ratio_table
+    from ferry.bench.report import plot as plot_png
 
     os.makedirs(out_dir, exist_ok=True)
     today = datetime.date.today().isoformat()
     gpu = result["gpu"].replace(" ", "-")
     stem = os.path.join(out_dir, f"{today}-{gpu}-x{world}")
-    payload = dict(command=command, date=today, gpu=result["gpu"], world=world, method=__doc__.strip(),
-                   records=result["records"], overlap=result["overlap"], local_copy=result["local_copy"])
+    payload = dict(
+        command=command,
+        date=today,
+        gpu=result["gpu"],
+        world=world,
+        method=__doc__.strip(),
+        records=result["records"],
+        overlap=result["overlap"],
+        local_copy=result["local_copy"],
+    )
     with open(stem + ".json", "w") as f:
         json.dump(payload, f, indent=1)
-    text = [f"# {command}", f"# {result['gpu']} x{world}, {today}", "", format_table(result["records"]), "",
-            ratio_table(result["records"])]
+    text = [
+        f"# {command}",
+        f"# {result['gpu']} x{world}, {today}",
+        "",
+        format_table(result["records"]),
+        "",
+        ratio_table(result["records"]),
+    ]
     with open(stem + ".txt", "w") as f:
         f.write("\n".join(text) + "\n")
     if plot:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Dict, List, Sequence
+from collections.abc import Sequence
+from typing import Dict, List
 
 _UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "M": 2**20, "MB": 2**20, "G": 2**30, "GB": 2**30}
 
@@ -63,7 +64,7 @@ def format_table(records: Sequence[dict]) -> str:
         line = f"{op:<11}{format_size(size):>11}"
         for impl in impls:
             r = by_impl.get(impl)
-            line += (f" | {r['time_us']:>9.1f}{r['busbw_gbps']:>8.1f}{r['wrong']:>9d}" if r else f" | {'':>26}")
+            line += f" | {r['time_us']:>9.1f}{r['busbw_gbps']:>8.1f}{r['wrong']:>9d}" if r else f" | {'':>26}"
         lines.append(line)
     return "\n".join(lines)
 
@@ -81,8 +82,10 @@ def ratio_table(records: Sequence[dict], baseline: str = "nccl") -> str:
             continue
         key = (r["op"], r["bytes_per_rank"])
         if key in best:
-            lines.append(f"{r['op']:<11}{format_size(r['bytes_per_rank']):>11}  {r['impl_label']:<13} "
-                         f"{r['time_us'] / best[key]:>6.2f}")
+            lines.append(
+                f"{r['op']:<11}{format_size(r['bytes_per_rank']):>11}  {r['impl_label']:<13} "
+                f"{r['time_us'] / best[key]:>6.2f}"
+            )
     return "\n".join(lines)
 
 
@@ -99,7 +102,11 @@ def plot(records: Sequence[dict], path: str, title: str) -> bool:
     fig, axes = plt.subplots(1, len(ops), figsize=(6.5 * len(ops), 4.5), squeeze=False)
     for ax, op in zip(axes[0], ops):
         for impl in sorted({r["impl_label"] for r in records if r["op"] == op}):
-            pts = sorted((r["bytes_per_rank"], r["time_us"]) for r in records if r["op"] == op and r["impl_label"] == impl)
+            pts = sorted(
+                (r["bytes_per_rank"], r["time_us"])
+                for r in records
+                if r["op"] == op and r["impl_label"] == impl
+            )
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
