@@ -138,6 +138,9 @@ NB_MODULE(_ferry, m) {
       },
       "op"_a, "world"_a, "bytes_per_rank"_a, "algo"_a = "auto");
   m.def("split_batches", &ferry::split_batches, "count"_a, "batch_max"_a);
+  m.def(
+      "pcpy_supported",
+      [](int world) { return ferry::pcpy_fits_hardware_queues(world, ferry::cuda_max_connections()); }, "world"_a);
   // For measurements (ferry bench --local-copy): one copy within a GPU, by `how`.
   m.def(
       "copy_local",

@@ -60,6 +60,12 @@ void Communicator::run(CollOp op, const CollectiveArgs& a) {
   }
 
   Algo algo = select_algo(op, world_, bytes, a.algo != Algo::kAuto ? a.algo : forced_algo_, table_);
+  if (algo == Algo::kPcpy && !pcpy_fits_hardware_queues(world_, cuda_max_connections()))
+    throw_error(FERRY_ERROR_UNSUPPORTED,
+                name + ": algo 'pcpy' needs " + std::to_string(world_ + 2) + " streams per GPU but CUDA has " +
+                    std::to_string(cuda_max_connections()) +
+                    " hardware queues (CUDA_DEVICE_MAX_CONNECTIONS); streams sharing a queue can deadlock in stream "
+                    "waits. Use 'b2b' or 'seq', or raise CUDA_DEVICE_MAX_CONNECTIONS before CUDA starts");
   uint64_t seq = ++seq_;
   for (int i = 0; i < n; ++i) {
     Local& L = *locals_[i];

@@ -446,6 +446,8 @@ bool Communicator::diagnose_and_unblock(int local, const InFlight::Pending& p) {
     if (q == r) continue;
     uint64_t ready = __atomic_load_n(&mine->ready[q].tag, __ATOMIC_ACQUIRE);
     uint64_t done = __atomic_load_n(&mine->done[q].tag, __ATOMIC_ACQUIRE);
+    // A ready for a later collective means this one's was already consumed.
+    if (tag_seq(ready) > tag_seq(tag)) ready = tag;
     if (ready == tag && done == tag) continue;
     bool dead = process_exited(pids_[q]);
     any_dead |= dead;

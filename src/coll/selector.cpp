@@ -1,5 +1,6 @@
 #include "coll/selector.hpp"
 
+#include <cstdlib>
 #include <limits>
 
 #include "core/error.hpp"
@@ -43,6 +44,18 @@ std::vector<SelectorRule> default_selector_table() {
       {CollOp::kAllToAll, 0, size_t(2) << 20, Algo::kB2b},
       {CollOp::kAllToAll, 0, kAny, Algo::kSeq},
   };
+}
+
+bool pcpy_fits_hardware_queues(int world, int max_connections) {
+  const int streams = (world - 1) + 3;  // peer engines + caller's + main + side
+  return streams <= max_connections;
+}
+
+int cuda_max_connections() {
+  const char* v = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  if (!v) return 8;
+  int n = std::atoi(v);
+  return n >= 1 && n <= 32 ? n : 8;
 }
 
 Algo select_algo(CollOp op, int world, size_t bytes_per_rank, Algo forced, const std::vector<SelectorRule>& table) {

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "coll/selector.hpp"
 #include "core/error.hpp"
 
@@ -48,4 +50,22 @@ TEST(Selector, ParseNamesTheArgument) {
     EXPECT_EQ(e.code(), FERRY_ERROR_INVALID_ARGUMENT);
     EXPECT_NE(std::string(e.what()).find("algo is 'ring'"), std::string::npos);
   }
+}
+
+TEST(Selector, PcpyOnlyWhereItsStreamsHaveTheirOwnQueues) {
+  EXPECT_TRUE(pcpy_fits_hardware_queues(2, 8));
+  EXPECT_TRUE(pcpy_fits_hardware_queues(4, 8));
+  EXPECT_TRUE(pcpy_fits_hardware_queues(6, 8));
+  EXPECT_FALSE(pcpy_fits_hardware_queues(8, 8));  // the deadlock seen on 8 H200s
+  EXPECT_TRUE(pcpy_fits_hardware_queues(8, 16));
+}
+
+TEST(Selector, MaxConnectionsFollowsCuda) {
+  unsetenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  EXPECT_EQ(cuda_max_connections(), 8);
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "16", 1);
+  EXPECT_EQ(cuda_max_connections(), 16);
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "junk", 1);
+  EXPECT_EQ(cuda_max_connections(), 8);
+  unsetenv("CUDA_DEVICE_MAX_CONNECTIONS");
 }

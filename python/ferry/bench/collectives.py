@@ -43,6 +43,7 @@ def _worker(rank: int, world: int, port: int, opts: dict, queue) -> None:
     import torch.distributed as dist
 
     import ferry
+    from ferry._native import require
     from ferry.bench.report import bandwidths, format_size
 
     torch.cuda.set_device(rank)
@@ -107,6 +108,8 @@ def _worker(rank: int, world: int, port: int, opts: dict, queue) -> None:
                     dist.all_to_all_single(out, inp)
 
             for impl in opts["impls"]:
+                if impl == "ferry-pcpy" and not require().pcpy_supported(world):
+                    continue  # more streams than CUDA's hardware queues: refused (docs/architecture.md)
                 if impl == "nccl-graph" and op == "all_to_all" and n > (1 << 20):
                     # all_to_all_single x50 captured in one graph hung at 4 MB on the H200 x4 machine
                     # (NCCL 2.28.9, 2026-11-22, twice); not investigated. NCCL eager stays in the table.
