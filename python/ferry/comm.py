@@ -197,7 +197,10 @@ class Communicator:
                 f"local_copy is {local_copy!r}; expected one of {', '.join(_LOCAL_COPIES)}"
             )
         outs, ins = self._per_rank(outs, f"{name}: out"), self._per_rank(ins, f"{name}: in")
-        streams = self._per_rank(stream, f"{name}: stream") if (self._local and stream is not None) else None
+        if self._local and stream is None:
+            streams = [None] * self._c.local_count  # each GPU's current torch stream
+        else:
+            streams = self._per_rank(stream, f"{name}: stream")
         world = self._c.world
         out_ptrs, in_ptrs, handles = [], [], []
         bytes_per_rank = None
@@ -228,9 +231,7 @@ class Communicator:
             bytes_per_rank = per_rank
             out_ptrs.append(ob.ptr)
             in_ptrs.append(ib.ptr)
-            handles.append(
-                _stream_handle(streams[i] if streams else stream if not self._local else None, dev)
-            )
+            handles.append(_stream_handle(streams[i], dev))
         getattr(self._c, name)(out_ptrs, in_ptrs, bytes_per_rank, handles, algo, local_copy)
 
     def all_gather(self, out, inp, stream=None, algo: str = "auto", local_copy: str = "auto") -> None:

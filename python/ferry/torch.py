@@ -10,8 +10,3 @@ from .comm import Communicator
 def communicator(group=None, timeout: float = 0.0) -> Communicator:
     """A ferry communicator over a torch.distributed group, on the current CUDA device."""
     return Communicator.from_torch(group, device=torch.cuda.current_device(), timeout=timeout)
-
-
-def empty_registered(comm: Communicator, shape, dtype=torch.float32) -> torch.Tensor:
-    """A tensor in ferry's peer-visible memory, usable as a collective's output."""
-    return comm.alloc(shape, dtype)

@@ -84,6 +84,21 @@ ferry::CollectiveArgs make_args(const std::vector<uintptr_t>& outs, const std::v
   return a;
 }
 
+// all_gather and all_to_all take the same arguments: pointers and stream
+// handles as integers, the variant and local copy by name.
+template <void (Communicator::*Run)(const ferry::CollectiveArgs&)>
+void bind_collective(nb::class_<Communicator>& cls, const char* name) {
+  cls.def(
+      name,
+      [](Communicator& c, const std::vector<uintptr_t>& outs, const std::vector<uintptr_t>& ins, size_t bytes,
+         const std::vector<uintptr_t>& streams, const std::string& algo, const std::string& local_copy) {
+        auto a = make_args(outs, ins, bytes, streams, algo, local_copy);
+        nb::gil_scoped_release release;
+        (c.*Run)(a);
+      },
+      "outs"_a, "ins"_a, "bytes_per_rank"_a, "streams"_a, "algo"_a, "local_copy"_a);
+}
+
 ferry::CollOp parse_op(const std::string& op) {
   if (op == "all_gather") return ferry::CollOp::kAllGather;
   if (op == "all_to_all") return ferry::CollOp::kAllToAll;
@@ -150,8 +165,8 @@ NB_MODULE(_ferry, m) {
       },
       "dst"_a, "src"_a, "bytes"_a, "how"_a, "stream"_a);
 
-  nb::class_<Communicator>(m, "Communicator")
-      .def_static(
+  nb::class_<Communicator> comm(m, "Communicator");
+  comm.def_static(
           "create",
           [](int rank, int world, int device, nb::callable allgather, double timeout_s) {
             // The communicator copies and destroys its bootstrap function without
@@ -209,24 +224,8 @@ NB_MODULE(_ferry, m) {
       .def(
           "deregister", [](Communicator& c, const std::vector<uintptr_t>& p) { c.deregister(as_pointers<void*>(p)); },
           nb::call_guard<nb::gil_scoped_release>())
-      .def(
-          "all_gather",
-          [](Communicator& c, const std::vector<uintptr_t>& outs, const std::vector<uintptr_t>& ins, size_t bytes,
-             const std::vector<uintptr_t>& streams, const std::string& algo, const std::string& local_copy) {
-            auto a = make_args(outs, ins, bytes, streams, algo, local_copy);
-            nb::gil_scoped_release release;
-            c.all_gather(a);
-          },
-          "outs"_a, "ins"_a, "bytes_per_rank"_a, "streams"_a, "algo"_a, "local_copy"_a)
-      .def(
-          "all_to_all",
-          [](Communicator& c, const std::vector<uintptr_t>& outs, const std::vector<uintptr_t>& ins, size_t bytes,
-             const std::vector<uintptr_t>& streams, const std::string& algo, const std::string& local_copy) {
-            auto a = make_args(outs, ins, bytes, streams, algo, local_copy);
-            nb::gil_scoped_release release;
-            c.all_to_all(a);
-          },
-          "outs"_a, "ins"_a, "bytes_per_rank"_a, "streams"_a, "algo"_a, "local_copy"_a)
       .def("check", &Communicator::check)
       .def("synchronize", &Communicator::synchronize, nb::call_guard<nb::gil_scoped_release>());
+  bind_collective<&Communicator::all_gather>(comm, "all_gather");
+  bind_collective<&Communicator::all_to_all>(comm, "all_to_all");
 }

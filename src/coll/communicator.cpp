@@ -388,7 +388,9 @@ void Communicator::synchronize() {
 void Communicator::close() {
   if (closed_) throw_error(FERRY_ERROR_CLOSED, "close: the communicator is already closed");
   try {
-    if (!broken_) synchronize();
+    // Also after a failure: the watchdog releases the broken collectives' waits
+    // while this waits, so no stream is left blocked on a flag about to be freed.
+    synchronize();
   } catch (...) {
     // Closing after a failure still releases everything; the error was reported or stays in check().
   }
@@ -400,7 +402,7 @@ void Communicator::close() {
   if (watchdog_.joinable()) watchdog_.join();
   for (auto& reg : registrations_) release(reg);
   registrations_.clear();
-  for (auto& L : locals_) cudaSetDevice(L->device), cudaDeviceSynchronize();
+  for (auto& L : locals_) L->engines->synchronize();  // ferry's own streams only, not the whole device
   locals_.clear();
   flag_mem_.clear();
   fds_.reset();

@@ -126,6 +126,13 @@ EngineSet::~EngineSet() {
   if (side_) cudaStreamDestroy(side_);
 }
 
+void EngineSet::synchronize() {
+  cudaSetDevice(device_);
+  cudaStreamSynchronize(main_);
+  cudaStreamSynchronize(side_);
+  for (auto s : peers_) cudaStreamSynchronize(s);
+}
+
 // Re-recording an event is safe once the waits on its earlier record are
 // enqueued: cudaStreamWaitEvent captures the event's state at call time.
 cudaEvent_t EngineSet::next_event() { return events_[next_event_++ % events_.size()]; }

@@ -53,6 +53,9 @@ class EngineSet {
   cudaStream_t peer(int i) const { return peers_[i]; }
   int peer_count() const { return static_cast<int>(peers_.size()); }
 
+  // Host wait for everything enqueued on these streams (errors ignored: used on close).
+  void synchronize();
+
   // Makes `to` wait for everything enqueued so far on `from` (no host wait).
   void order(cudaStream_t from, cudaStream_t to);
   // Makes the first `n` peer engines wait for `from`.

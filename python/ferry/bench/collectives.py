@@ -396,7 +396,5 @@ def save(result: dict, world: int, out_dir: str, command: str, plot: bool) -> st
     with open(stem + ".txt", "w") as f:
         f.write("\n".join(text) + "\n")
     if plot:
-        from ferry.bench.report import plot as _plot  # noqa: F401
-
         plot_png(result["records"], stem + ".png", f"{result['gpu']} x{world}")
     return stem
