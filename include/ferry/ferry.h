@@ -118,6 +118,66 @@ FERRY_API ferry_result_t ferry_all_to_all(ferry_comm_t comm, void* const* outs, 
                                           size_t bytes_per_rank, const ferry_stream_t* streams,
                                           const ferry_coll_options_t* options);
 
+typedef enum {
+  FERRY_OP_ALL_GATHER = 1,
+  FERRY_OP_ALL_TO_ALL = 2,     /* in == out: in place, through bounded scratch */
+  FERRY_OP_ALL_TO_ALLV = 3,    /* counts: world * world bytes, [src * world + dst]; in packed by
+                                  destination, out packed by source; the same counts on every rank */
+  FERRY_OP_BROADCAST = 4,      /* root's in (bytes) into every out; ins of other ranks ignored */
+  FERRY_OP_REDUCE_SCATTER = 5, /* in: world * count elements, out: count; data on copy engines, the
+                                  reduction in a small SM kernel */
+  FERRY_OP_ALL_REDUCE = 6      /* count elements; out registered; in == out allowed; copy engines +
+                                  a small SM reduction kernel */
+} ferry_op_t;
+
+typedef enum {
+  FERRY_FLOAT32 = 1,
+  FERRY_FLOAT16 = 2,
+  FERRY_BFLOAT16 = 3,
+  FERRY_INT32 = 4,
+  FERRY_FLOAT64 = 5,
+  FERRY_INT64 = 6
+} ferry_dtype_t;
+
+typedef enum { FERRY_RED_SUM = 1, FERRY_RED_MAX = 2, FERRY_RED_MIN = 3 } ferry_red_op_t;
+
+/* Any collective. Arrays have one entry per local rank. */
+typedef struct {
+  ferry_op_t op;
+  void* const* outs;
+  const void* const* ins;
+  size_t bytes;         /* all_gather/all_to_all: per rank's block; broadcast: in all */
+  const size_t* counts; /* all_to_allv */
+  int root;             /* broadcast */
+  size_t count;         /* reduce_scatter: elements per output; all_reduce: elements in all */
+  ferry_dtype_t dtype;  /* reductions */
+  ferry_red_op_t red_op;
+  const ferry_stream_t* streams; /* NULL: the legacy default streams */
+  ferry_coll_options_t options;
+} ferry_call_t;
+
+/* Enqueues `call` in its streams; captured into a CUDA graph when they capture. */
+FERRY_API ferry_result_t ferry_run(ferry_comm_t comm, const ferry_call_t* call);
+
+/* Prelaunch. ferry_prepare validates and plans once; ferry_arm enqueues the
+ * commands on ferry's armed stream (after the work so far on `after`, one
+ * stream per local rank or NULL) behind a wait on a trigger word, with the
+ * ready handshake done ahead; a trigger releases them: from the host, from a
+ * stream (ferry_trigger_on: a stream memory write, no kernel), or from a
+ * kernel (ferry_device_trigger + ferry/device.cuh). Re-arm after each trigger. */
+typedef struct {
+  unsigned long long* word; /* device-visible */
+  unsigned long long value;
+} ferry_trigger_t;
+FERRY_API ferry_result_t ferry_prepare(ferry_comm_t comm, const ferry_call_t* call, int* handle);
+FERRY_API ferry_result_t ferry_arm(ferry_comm_t comm, int handle, const ferry_stream_t* after);
+FERRY_API ferry_result_t ferry_trigger(ferry_comm_t comm, int handle);
+FERRY_API ferry_result_t ferry_trigger_on(ferry_comm_t comm, int handle, const ferry_stream_t* streams);
+FERRY_API ferry_result_t ferry_device_trigger(ferry_comm_t comm, int handle, int local_index, ferry_trigger_t* trigger);
+/* Makes each stream wait for the handle's last armed run. */
+FERRY_API ferry_result_t ferry_wait(ferry_comm_t comm, int handle, const ferry_stream_t* streams);
+FERRY_API ferry_result_t ferry_release(ferry_comm_t comm, int handle);
+
 /* Returns the first asynchronous error (a peer that timed out), or FERRY_SUCCESS. */
 FERRY_API ferry_result_t ferry_comm_check(ferry_comm_t comm);
 /* Waits, bounded by the communicator's timeout, until every collective enqueued

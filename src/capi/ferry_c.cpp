@@ -35,10 +35,11 @@ ferry::Communicator& get(ferry_comm_t comm) {
   return *comm->impl;
 }
 
-ferry::CollectiveArgs make_args(ferry::Communicator& c, void* const* outs, const void* const* ins, size_t bytes,
-                                const ferry_stream_t* streams, const ferry_coll_options_t* options) {
+ferry::CollectiveArgs make_args(ferry::Communicator& c, ferry::CollOp op, void* const* outs, const void* const* ins,
+                                size_t bytes, const ferry_stream_t* streams, const ferry_coll_options_t* options) {
   FERRY_ARG_CHECK(outs && ins, "outs and ins must not be NULL");
   ferry::CollectiveArgs a;
+  a.op = op;
   int n = c.local_count();
   a.outs.assign(outs, outs + n);
   a.ins.assign(ins, ins + n);
@@ -53,6 +54,33 @@ ferry::CollectiveArgs make_args(ferry::Communicator& c, void* const* outs, const
     a.local_copy = static_cast<ferry::LocalCopy>(options->local_copy);
   }
   return a;
+}
+
+ferry::CollectiveArgs call_args(ferry::Communicator& c, const ferry_call_t* call) {
+  FERRY_ARG_CHECK(call, "call must not be NULL");
+  FERRY_ARG_CHECK(call->op >= FERRY_OP_ALL_GATHER && call->op <= FERRY_OP_ALL_REDUCE, "call->op is not a ferry_op_t");
+  auto a = make_args(c, static_cast<ferry::CollOp>(call->op), call->outs, call->ins, call->bytes, call->streams,
+                     &call->options);
+  int w = c.world();
+  if (call->op == FERRY_OP_ALL_TO_ALLV) {
+    FERRY_ARG_CHECK(call->counts, "call->counts must not be NULL for all_to_allv (world * world byte counts)");
+    a.counts.assign(call->counts, call->counts + static_cast<size_t>(w) * w);
+  }
+  a.root = call->root;
+  a.count = call->count;
+  a.dtype = static_cast<ferry::DType>(call->dtype);
+  a.red_op = static_cast<ferry::RedOp>(call->red_op);
+  if (call->op == FERRY_OP_REDUCE_SCATTER || call->op == FERRY_OP_ALL_REDUCE) {
+    FERRY_ARG_CHECK(ferry::dtype_bytes(a.dtype) > 0, "call->dtype is not a ferry_dtype_t");
+    FERRY_ARG_CHECK(call->red_op >= FERRY_RED_SUM && call->red_op <= FERRY_RED_MIN, "call->red_op is not a ferry_red_op_t");
+  }
+  return a;
+}
+
+std::vector<cudaStream_t> stream_list(ferry::Communicator& c, const ferry_stream_t* streams) {
+  std::vector<cudaStream_t> out;
+  for (int i = 0; i < c.local_count(); ++i) out.push_back(streams ? static_cast<cudaStream_t>(streams[i]) : nullptr);
+  return out;
 }
 
 }  // namespace
@@ -173,12 +201,57 @@ ferry_result_t ferry_comm_deregister(ferry_comm_t comm, void* const* ptrs) {
 
 ferry_result_t ferry_all_gather(ferry_comm_t comm, void* const* outs, const void* const* ins, size_t bytes_per_rank,
                                 const ferry_stream_t* streams, const ferry_coll_options_t* options) {
-  return guarded([&] { get(comm).all_gather(make_args(get(comm), outs, ins, bytes_per_rank, streams, options)); });
+  return guarded(
+      [&] { get(comm).run(make_args(get(comm), ferry::CollOp::kAllGather, outs, ins, bytes_per_rank, streams, options)); });
 }
 
 ferry_result_t ferry_all_to_all(ferry_comm_t comm, void* const* outs, const void* const* ins, size_t bytes_per_rank,
                                 const ferry_stream_t* streams, const ferry_coll_options_t* options) {
-  return guarded([&] { get(comm).all_to_all(make_args(get(comm), outs, ins, bytes_per_rank, streams, options)); });
+  return guarded(
+      [&] { get(comm).run(make_args(get(comm), ferry::CollOp::kAllToAll, outs, ins, bytes_per_rank, streams, options)); });
+}
+
+ferry_result_t ferry_run(ferry_comm_t comm, const ferry_call_t* call) {
+  return guarded([&] { get(comm).run(call_args(get(comm), call)); });
+}
+
+ferry_result_t ferry_prepare(ferry_comm_t comm, const ferry_call_t* call, int* handle) {
+  return guarded([&] {
+    FERRY_ARG_CHECK(handle, "handle must not be NULL");
+    *handle = get(comm).prepare(call_args(get(comm), call));
+  });
+}
+
+ferry_result_t ferry_arm(ferry_comm_t comm, int handle, const ferry_stream_t* after) {
+  return guarded([&] { get(comm).arm(handle, stream_list(get(comm), after)); });
+}
+
+ferry_result_t ferry_trigger(ferry_comm_t comm, int handle) {
+  return guarded([&] { get(comm).trigger(handle); });
+}
+
+ferry_result_t ferry_trigger_on(ferry_comm_t comm, int handle, const ferry_stream_t* streams) {
+  return guarded([&] {
+    FERRY_ARG_CHECK(streams, "streams must not be NULL");
+    get(comm).trigger_on(handle, stream_list(get(comm), streams));
+  });
+}
+
+ferry_result_t ferry_device_trigger(ferry_comm_t comm, int handle, int local_index, ferry_trigger_t* trigger) {
+  return guarded([&] {
+    FERRY_ARG_CHECK(trigger, "trigger must not be NULL");
+    auto [word, value] = get(comm).device_trigger(handle, local_index);
+    trigger->word = reinterpret_cast<unsigned long long*>(word);
+    trigger->value = value;
+  });
+}
+
+ferry_result_t ferry_wait(ferry_comm_t comm, int handle, const ferry_stream_t* streams) {
+  return guarded([&] { get(comm).wait(handle, stream_list(get(comm), streams)); });
+}
+
+ferry_result_t ferry_release(ferry_comm_t comm, int handle) {
+  return guarded([&] { get(comm).release(handle); });
 }
 
 ferry_result_t ferry_comm_check(ferry_comm_t comm) {

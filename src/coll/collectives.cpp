@@ -1,163 +1,306 @@
-// All-gather and all-to-all on copy engines. Both are pushes: every rank copies
-// its blocks straight into its peers' registered outputs. Per peer, one
-// collective is a handshake in three small copy-engine messages:
-//   ready: "you may write into my output" (a 32-byte record into the peer's flags)
-//   data:  the pushes themselves
-//   done:  "my data for you has landed" (an 8-byte tag into the peer's flags)
-// and the stream waits (cuStreamWaitValue64 on local, host-pinned flags) for
-// every peer's ready before pushing and every peer's done before moving on.
-// No kernel runs unless the local block is copied with the SM kernel.
+// Validating and planning collective calls. Every call is checked on every
+// local rank before anything is enqueued (no half-issued collective), then
+// turned into a Program of exchanges, reductions and local copies (plan.hpp).
 #include "coll/communicator.hpp"
-#include "coll/local_copy.hpp"
 #include "coll/signature.hpp"
+#include "core/env.hpp"
 #include "core/error.hpp"
+#include "dma/engine.hpp"
 
 namespace ferry {
+namespace {
 
-void Communicator::run(CollOp op, const CollectiveArgs& a) {
-  const std::string name = coll_op_name(op);
+size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
+
+std::string bytes_str(size_t b) { return std::to_string(b) + " bytes"; }
+
+}  // namespace
+
+size_t Communicator::selection_bytes(const CollectiveArgs& a) const {
+  switch (a.op) {
+    case CollOp::kAllToAllv: {
+      size_t total = 0;
+      for (size_t c : a.counts) total += c;
+      return total / (static_cast<size_t>(world_) * world_);
+    }
+    case CollOp::kReduceScatter:
+      return a.count * dtype_bytes(a.dtype);
+    case CollOp::kAllReduce:
+      return a.count * dtype_bytes(a.dtype) / world_;
+    default:
+      return a.bytes_per_rank;
+  }
+}
+
+Algo Communicator::choose_algo(CollOp op, size_t bytes_per_rank) const {
+  return select_algo(op, world_, bytes_per_rank, forced_algo_, table_);
+}
+
+Algo Communicator::resolve_algo(const CollectiveArgs& a) const {
+  Algo forced = a.algo != Algo::kAuto ? a.algo : forced_algo_;
+  return select_algo(a.op, world_, selection_bytes(a), forced, table_);
+}
+
+void Communicator::set_selector_table(const std::vector<SelectorRule>& rules) {
+  table_ = rules.empty() ? default_selector_table() : rules;
+}
+
+Expectation Communicator::expectation(uint64_t seq, const CollectiveArgs& a, const Built& b) const {
+  Expectation x;
+  x.seq = seq;
+  x.op = a.op;
+  x.value = b.value;
+  x.record = b.record.host;
+  x.targets_mask = b.program.targets_mask;
+  x.sources_mask = b.program.sources_mask;
+  return x;
+}
+
+std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, std::vector<uint32_t>* regs_used) {
+  const std::string name = coll_op_name(a.op);
   ensure_open(name.c_str());
-  int n = local_count();
+  const int n = local_count();
   FERRY_ARG_CHECK(static_cast<int>(a.outs.size()) == n && static_cast<int>(a.ins.size()) == n &&
                       static_cast<int>(a.streams.size()) == n,
                   name + ": expected one out, in and stream per local rank (" + std::to_string(n) + ")");
-  const size_t bytes = a.bytes_per_rank;
-  const size_t out_bytes = bytes * world_;
-  const size_t in_bytes = op == CollOp::kAllGather ? bytes : bytes * world_;
-  if (bytes == 0) return;
+  const size_t W = static_cast<size_t>(world_);
+  const bool reduction = a.op == CollOp::kReduceScatter || a.op == CollOp::kAllReduce;
+  const size_t esize = reduction ? dtype_bytes(a.dtype) : 1;
+  if (reduction) FERRY_ARG_CHECK(esize > 0, name + ": dtype is not one ferry reduces");
 
-  // Validate every local rank before enqueueing anything: no half-issued collective.
-  struct Call {
-    const Registration* reg;
-    uint64_t offset;
-  };
-  std::vector<Call> calls(n);
-  for (int i = 0; i < n; ++i) {
-    int r = rank(i);
-    check_device_pointer(a.outs[i], device(i), "out");
-    check_device_pointer(a.ins[i], device(i), "in");
-    const Registration* reg = find_registration(i, a.outs[i], out_bytes);
-    if (!reg)
-      throw_error(FERRY_ERROR_NOT_REGISTERED,
-                  name + ": out (" + std::to_string(out_bytes) + " bytes on rank " + std::to_string(r) +
-                      ") is not inside a buffer registered with this communicator; allocate it with comm.alloc() "
-                      "or register it with comm.register()");
-    uint64_t offset = static_cast<const char*>(a.outs[i]) - reg->base[r];
-    for (int p = 0; p < world_; ++p)
-      if (offset + out_bytes > reg->size[p])
-        throw_error(FERRY_ERROR_INVALID_ARGUMENT,
-                    name + ": out needs " + std::to_string(out_bytes) + " bytes at offset " + std::to_string(offset) +
-                        " of buffer #" + std::to_string(reg->id) + ", but rank " + std::to_string(p) +
-                        " registered only " + std::to_string(reg->size[p]) + " bytes for it");
-    const char* own_block = static_cast<const char*>(a.outs[i]) + static_cast<size_t>(r) * bytes;
-    bool in_place = op == CollOp::kAllGather && a.ins[i] == own_block;
-    if (!in_place && ranges_overlap(a.outs[i], out_bytes, a.ins[i], in_bytes))
-      throw_error(FERRY_ERROR_INVALID_ARGUMENT,
-                  name + ": in and out overlap; " +
-                      (op == CollOp::kAllGather ? "in may only be this rank's own block of out (in-place)"
-                                                : "all_to_all is out-of-place"));
-    calls[i] = Call{reg, offset};
+  // Sizes: what `out` and `in` hold on each rank, and the shape that must match.
+  size_t out_bytes = 0, in_bytes = 0, shape = 0;
+  uint64_t extra = 0;
+  switch (a.op) {
+    case CollOp::kAllGather:
+      shape = a.bytes_per_rank, out_bytes = shape * W, in_bytes = shape;
+      break;
+    case CollOp::kAllToAll:
+      shape = a.bytes_per_rank, out_bytes = in_bytes = shape * W;
+      break;
+    case CollOp::kAllToAllv: {
+      FERRY_ARG_CHECK(a.counts.size() == W * W, name + ": counts must hold world * world = " + std::to_string(W * W) +
+                                                    " entries (bytes from rank s to rank d at [s * world + d]), got " +
+                                                    std::to_string(a.counts.size()));
+      std::vector<uint64_t> c(a.counts.begin(), a.counts.end());
+      extra = hash_values(c.data(), c.size());
+      for (size_t x : a.counts) shape += x;
+      break;
+    }
+    case CollOp::kBroadcast:
+      FERRY_ARG_CHECK(a.root >= 0 && a.root < world_, name + ": root is " + std::to_string(a.root) +
+                                                         "; expected 0.." + std::to_string(world_ - 1));
+      shape = out_bytes = in_bytes = a.bytes_per_rank;
+      extra = static_cast<uint64_t>(a.root);
+      break;
+    case CollOp::kReduceScatter:
+      shape = a.count * esize, out_bytes = shape, in_bytes = shape * W;
+      extra = uint64_t(a.dtype) << 8 | uint64_t(a.red_op);
+      break;
+    case CollOp::kAllReduce:
+      shape = out_bytes = in_bytes = a.count * esize;
+      extra = uint64_t(a.dtype) << 8 | uint64_t(a.red_op);
+      break;
+  }
+  if (shape == 0) return {};
+
+  const size_t scratch_cap = static_cast<size_t>(std::max<long long>(4096, knob_int("FERRY_SCRATCH_BYTES")));
+  // Scratch, when the call needs it; sized the same on every rank (the call is collective).
+  size_t slot_stride = 0, chunk = 0;
+  const bool in_place_a2a = a.op == CollOp::kAllToAll && a.ins[0] == a.outs[0];
+  if (in_place_a2a) {
+    chunk = std::max<size_t>(1, std::min(shape, scratch_cap / W));
+    slot_stride = round_up(chunk, 256);
+  } else if (a.op == CollOp::kReduceScatter) {
+    slot_stride = round_up(shape, 256);
+  } else if (a.op == CollOp::kAllReduce) {
+    size_t most = 0;
+    for (const auto& b : split_blocks(a.count, esize, world_)) most = std::max(most, b.bytes);
+    slot_stride = round_up(std::max<size_t>(most, 1), 256);
   }
 
-  Algo algo = select_algo(op, world_, bytes, a.algo != Algo::kAuto ? a.algo : forced_algo_, table_);
-  if (algo == Algo::kPcpy && !pcpy_fits_hardware_queues(world_, cuda_max_connections()))
-    throw_error(FERRY_ERROR_UNSUPPORTED,
-                name + ": algo 'pcpy' needs " + std::to_string(world_ + 2) + " streams per GPU but CUDA has " +
-                    std::to_string(cuda_max_connections()) +
-                    " hardware queues (CUDA_DEVICE_MAX_CONNECTIONS); streams sharing a queue can deadlock in stream "
-                    "waits. Use 'b2b' or 'seq', or raise CUDA_DEVICE_MAX_CONNECTIONS before CUDA starts");
-  uint64_t seq = ++seq_;
+  // Before any per-rank check that could fail on one rank only: growing the
+  // scratch is itself collective.
+  const Registration* scr = slot_stride ? &scratch(slot_stride * W) : nullptr;
+  std::vector<char*> scratch_by_rank(world_, nullptr);
+  if (scr)
+    for (int p = 0; p < world_; ++p) scratch_by_rank[p] = scr->base[p];
+
+  std::vector<Built> out(n);
   for (int i = 0; i < n; ++i) {
-    Local& L = *locals_[i];
-    int r = L.rank;
-    FERRY_CUDA_CHECK(cudaSetDevice(L.device));
-    L.in_flight->order_after_previous(a.streams[i]);
-    size_t slot = L.in_flight->begin(seq, op, timeout_s_);
-    uint64_t tag = make_tag(seq, call_signature(op, bytes, calls[i].reg->id, calls[i].offset));
-    SourceSlot* s = L.in_flight->source_host(slot);
-    s->ready.tag = tag;
-    s->ready.bytes_per_rank = bytes;
-    s->ready.offset = calls[i].offset;
-    s->ready.op = static_cast<uint32_t>(op);
-    s->ready.registration = calls[i].reg->id;
-    s->done.tag = tag;
-    std::vector<char*> out_by_rank(world_);
-    for (int p = 0; p < world_; ++p) out_by_rank[p] = calls[i].reg->base[p] + calls[i].offset;
+    const int r = rank(i);
+    char* o = static_cast<char*>(a.outs[i]);
     const char* in = static_cast<const char*>(a.ins[i]);
-    Copy local = plan_local(op, r, out_by_rank[r], in, bytes);
-    if (algo == Algo::kB2b || algo == Algo::kSeq)
-      enqueue_one_stream(i, op, out_by_rank, in, bytes, a.streams[i], slot, tag, local, a.local_copy,
-                         algo == Algo::kB2b);
-    else
-      enqueue_pcpy(i, op, out_by_rank, in, bytes, a.streams[i], slot, tag, local, a.local_copy);
+    const bool root_or_all = a.op != CollOp::kBroadcast || r == a.root;
+    check_device_pointer(o, device(i), "out");
+    if (root_or_all) check_device_pointer(in, device(i), "in");
+
+    // Where peers write: `out` (registered) or ferry's scratch.
+    const bool writes_out = a.op != CollOp::kReduceScatter && !in_place_a2a;
+    const Registration* reg = nullptr;
+    uint64_t offset = 0;
+    std::vector<char*> out_by_rank(world_, nullptr);
+    if (writes_out) {
+      size_t mine = a.op == CollOp::kAllToAllv ? all_to_allv_recv_total(world_, a.counts, r) : out_bytes;
+      reg = find_registration(i, o, mine);
+      if (!reg)
+        throw_error(FERRY_ERROR_NOT_REGISTERED,
+                    name + ": out (" + bytes_str(mine) + " on rank " + std::to_string(r) +
+                        ") is not inside a buffer registered with this communicator; allocate it with comm.alloc() "
+                        "or register it with comm.register()");
+      offset = o - reg->base[r];
+      for (int p = 0; p < world_; ++p) {
+        size_t need = a.op == CollOp::kAllToAllv ? all_to_allv_recv_total(world_, a.counts, p) : out_bytes;
+        if (offset + need > reg->size[p])
+          throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                      name + ": out needs " + bytes_str(need) + " at offset " + std::to_string(offset) +
+                          " of buffer #" + std::to_string(reg->id) + " on rank " + std::to_string(p) +
+                          ", but that rank registered only " + bytes_str(reg->size[p]) + " for it");
+        out_by_rank[p] = reg->base[p] + offset;
+      }
+      if (regs_used) regs_used->push_back(reg->id);
+    }
+
+    // Overlap between in and out: only the documented in-place forms.
+    if (root_or_all) {
+      size_t ib = a.op == CollOp::kAllToAllv ? all_to_allv_send_total(world_, a.counts, r) : in_bytes;
+      size_t ob = a.op == CollOp::kAllToAllv ? all_to_allv_recv_total(world_, a.counts, r) : out_bytes;
+      bool allowed = false;
+      std::string rule;
+      switch (a.op) {
+        case CollOp::kAllGather:
+          allowed = in == o + static_cast<size_t>(r) * shape;
+          rule = "in may only be this rank's own block of out (in-place)";
+          break;
+        case CollOp::kAllToAll:
+          allowed = in == o;
+          rule = "in may only be out itself (in-place)";
+          break;
+        case CollOp::kReduceScatter:
+          allowed = in + static_cast<size_t>(r) * shape == o;
+          rule = "out may only be this rank's own block of in";
+          break;
+        case CollOp::kBroadcast:
+        case CollOp::kAllReduce:
+          allowed = in == o;
+          rule = "in may only be out itself (in-place)";
+          break;
+        case CollOp::kAllToAllv:
+          rule = "all_to_allv is out-of-place";
+          break;
+      }
+      if (!allowed && ranges_overlap(o, ob, in, ib))
+        throw_error(FERRY_ERROR_INVALID_ARGUMENT, name + ": in and out overlap on rank " + std::to_string(r) + "; " + rule);
+    }
+    if (in_place_a2a && a.ins[i] != a.outs[i])
+      throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                  name + ": in-place on some local ranks and not on others; pass in == out on all or none");
+
+    Built& b = out[i];
+    switch (a.op) {
+      case CollOp::kAllGather:
+        b.program.add_exchange(plan_all_gather(r, world_, out_by_rank, in, shape));
+        break;
+      case CollOp::kAllToAll:
+        if (!in_place_a2a) {
+          b.program.add_exchange(plan_all_to_all(r, world_, out_by_rank, in, shape));
+          break;
+        }
+        for (const auto& round : plan_in_place_rounds(shape, chunk)) {
+          b.program.add_exchange(plan_in_place_round(r, world_, scratch_by_rank, o, shape, round, slot_stride));
+          b.program.add_unpack(plan_in_place_unpack(r, world_, o, scratch_by_rank[r], shape, round, slot_stride));
+        }
+        break;
+      case CollOp::kAllToAllv:
+        b.program.add_exchange(plan_all_to_allv(r, world_, out_by_rank, in, a.counts));
+        break;
+      case CollOp::kBroadcast:
+        b.program.add_exchange(plan_broadcast(r, world_, a.root, out_by_rank, in, shape));
+        break;
+      case CollOp::kReduceScatter: {
+        std::vector<Block> blocks;
+        for (int p = 0; p < world_; ++p) blocks.push_back(Block{static_cast<size_t>(p) * shape, shape});
+        b.program.add_exchange(plan_scatter_to_scratch(r, world_, scratch_by_rank, in, blocks, slot_stride));
+        b.program.add_reduce(ReduceStep{o, in + blocks[r].offset, scratch_by_rank[r], slot_stride, r, world_,
+                                        a.count, a.dtype, a.red_op});
+        break;
+      }
+      case CollOp::kAllReduce: {
+        auto blocks = split_blocks(a.count, esize, world_);
+        b.program.add_exchange(plan_scatter_to_scratch(r, world_, scratch_by_rank, in, blocks, slot_stride));
+        b.program.add_reduce(ReduceStep{o + blocks[r].offset, in + blocks[r].offset, scratch_by_rank[r], slot_stride,
+                                        r, world_, blocks[r].bytes / esize, a.dtype, a.red_op});
+        b.program.add_exchange(plan_gather_blocks(r, world_, out_by_rank, blocks));
+        break;
+      }
+    }
+    const uint32_t reg_id = reg ? reg->id : 0;
+    const uint32_t sig = call_signature(a.op, shape, reg_id, offset, extra);
+    b.value = flag_value(sig);
+    SourceSlot s{};
+    s.ready.value = b.value;
+    s.ready.bytes_per_rank = shape;
+    s.ready.offset = offset;
+    s.ready.op = static_cast<uint32_t>(a.op);
+    s.ready.registration = reg_id;
+    s.done.value = b.value;
+    b.record = locals_[i]->records->intern(s);
+  }
+  return out;
+}
+
+const Communicator::Registration& Communicator::scratch(size_t bytes) {
+  for (const auto& reg : registrations_)
+    if (reg.id == scratch_registration_ && reg.size[rank(0)] >= bytes) return reg;
+  // Grow (collective: every rank makes the same call). The old scratch stays
+  // mapped until close: graphs and prepared collectives may still point at it.
+  // Allocation is not stream work, so it is allowed while a stream captures.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  FERRY_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  try {
+    Registration& reg = allocate_registration(round_up(bytes, size_t(2) << 20));
+    reg.scratch = true;
+    scratch_registration_ = reg.id;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    return reg;
+  } catch (...) {
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    throw;
+  }
+}
+
+void Communicator::run(const CollectiveArgs& a) {
+  auto built = build(a);
+  if (built.empty()) return;
+  const Algo algo = resolve_algo(a);
+  const bool capturing = dma::is_capturing(a.streams[0]);
+  const uint64_t seq = capturing ? 0 : ++seq_;
+  for (int i = 0; i < local_count(); ++i) {
+    Local& L = *locals_[i];
+    FERRY_CUDA_CHECK(cudaSetDevice(L.device));
+    Emission e;
+    e.stream = a.streams[i];
+    e.algo = algo;
+    e.local_copy = a.local_copy;
+    if (capturing) {
+      FERRY_ARG_CHECK(dma::is_capturing(a.streams[i]),
+                      std::string(coll_op_name(a.op)) + ": some streams are capturing a CUDA graph and others not");
+      auto c = std::make_unique<Captured>();
+      c->local = i;
+      c->expect = expectation(0, a, built[i]);
+      c->state = L.records->word();
+      e.state_word = c->state.device;
+      emit(i, built[i], e);
+      std::lock_guard<std::mutex> lock(captured_mu_);
+      captured_.push_back(std::move(c));
+      continue;
+    }
+    L.in_flight->order_after_previous(a.streams[i]);
+    size_t slot = L.in_flight->begin(expectation(seq, a, built[i]), timeout_s_);
+    emit(i, built[i], e);
     L.in_flight->end(slot, a.streams[i]);
+    __atomic_store_n(&flags_host(L.rank)->progress.enqueued, seq, __ATOMIC_RELEASE);
   }
-}
-
-void Communicator::enqueue_one_stream(int local, CollOp op, const std::vector<char*>& out_by_rank, const char* in,
-                                      size_t bytes, cudaStream_t stream, size_t slot, uint64_t tag,
-                                      const Copy& local_copy, LocalCopy how, bool batched) {
-  Local& L = *locals_[local];
-  const int r = L.rank;
-  // Batched copies are not allowed on the legacy default stream: run on our own.
-  const bool own_stream = dma::is_legacy_default(stream);
-  cudaStream_t s = own_stream ? L.engines->main() : stream;
-  if (own_stream) L.engines->order(stream, s);
-  const bool side = local_copy.bytes > 0 && local_copy_on_side_stream(local_copy.bytes);
-  if (side) {
-    L.engines->order(s, L.engines->side());
-    copy_local(local_copy, how, L.engines->side());
-  } else {
-    copy_local(local_copy, how, s);
-  }
-  const SourceSlot* src = L.in_flight->source_device(slot);
-  std::vector<Copy> ready, done;
-  std::vector<ValueWait> ready_waits, done_waits;
-  for (int k = 1; k < world_; ++k) {
-    int p = (r + k) % world_;
-    ready.push_back(Copy{&flags_device(p)->ready[r], &src->ready, kReadyCopyBytes});
-    done.push_back(Copy{&flags_device(p)->done[r].tag, &src->done.tag, sizeof(uint64_t)});
-    ready_waits.push_back(ValueWait{&flags_device(r)->ready[p].tag, tag});
-    done_waits.push_back(ValueWait{&flags_device(r)->done[p].tag, tag});
-  }
-  std::vector<Copy> data;
-  for (const auto& pc : plan_pushes(op, r, world_, out_by_rank, in, bytes)) data.push_back(pc.copy);
-  dma::copy_batch(s, ready);
-  dma::wait_values(s, ready_waits);
-  if (batched) {
-    dma::copy_batch(s, data);
-  } else {
-    // Stream order makes the steps of the cyclic shift happen one at a time:
-    // at each step every GPU sends to a different peer (DESIGN.md: 374 GB/s
-    // busbw at 256 MB this way, against about 200 with all peers at once).
-    for (const auto& c : data) dma::copy(s, c);
-  }
-  dma::copy_batch(s, done);
-  dma::wait_values(s, done_waits);
-  if (side) L.engines->order(L.engines->side(), s);
-  if (own_stream) L.engines->order(s, stream);
-}
-
-void Communicator::enqueue_pcpy(int local, CollOp op, const std::vector<char*>& out_by_rank, const char* in,
-                                size_t bytes, cudaStream_t stream, size_t slot, uint64_t tag, const Copy& local_copy,
-                                LocalCopy how) {
-  Local& L = *locals_[local];
-  const int r = L.rank;
-  const int peers = world_ - 1;
-  const SourceSlot* src = L.in_flight->source_device(slot);
-  L.engines->fork(stream, peers);
-  auto pushes = plan_pushes(op, r, world_, out_by_rank, in, bytes);
-  for (int k = 0; k < peers; ++k) {
-    cudaStream_t e = L.engines->peer(k);
-    int p = pushes[k].peer;
-    dma::copy(e, Copy{&flags_device(p)->ready[r], &src->ready, kReadyCopyBytes});
-    dma::wait_values(e, {ValueWait{&flags_device(r)->ready[p].tag, tag}});
-    dma::copy(e, pushes[k].copy);
-    dma::copy(e, Copy{&flags_device(p)->done[r].tag, &src->done.tag, sizeof(uint64_t)});
-    dma::wait_values(e, {ValueWait{&flags_device(r)->done[p].tag, tag}});
-  }
-  copy_local(local_copy, how, stream);
-  L.engines->join(stream, peers);
 }
 
 }  // namespace ferry

@@ -76,6 +76,7 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int world, int devi
   local->device = device;
   local->engines = std::make_unique<EngineSet>(device, world - 1);
   local->in_flight = std::make_unique<InFlight>(device, kInFlightSlots);
+  local->records = std::make_unique<RecordPool>(device);
   c->locals_.push_back(std::move(local));
   c->fds_ = std::make_unique<FdExchange>(rank, knob_string("FERRY_SOCKET_DIR"));
   c->flag_mem_.resize(world);
@@ -155,6 +156,7 @@ std::unique_ptr<Communicator> Communicator::create_local(const std::vector<int>&
     local->device = devices[i];
     local->engines = std::make_unique<EngineSet>(devices[i], n - 1);
     local->in_flight = std::make_unique<InFlight>(devices[i], kInFlightSlots);
+    local->records = std::make_unique<RecordPool>(devices[i]);
     c->locals_.push_back(std::move(local));
     c->flag_mem_.push_back(SharedHostMemory::create(sizeof(FlagBlock)));
     c->pids_.push_back(getpid());
@@ -192,19 +194,25 @@ const Communicator::Registration* Communicator::find_registration(int local, con
   int r = rank(local);
   auto p = static_cast<const char*>(ptr);
   for (const auto& reg : registrations_)
-    if (p >= reg.base[r] && p + bytes <= reg.base[r] + reg.size[r]) return &reg;
+    if (!reg.scratch && p >= reg.base[r] && p + bytes <= reg.base[r] + reg.size[r]) return &reg;
   return nullptr;
 }
 
 std::vector<void*> Communicator::alloc(size_t bytes) {
   ensure_open("alloc");
   FERRY_ARG_CHECK(bytes > 0, "alloc: bytes must be positive");
+  Registration& reg = allocate_registration(bytes);
+  std::vector<void*> out;
+  for (auto& L : locals_) out.push_back(reg.base[L->rank]);
+  return out;
+}
+
+Communicator::Registration& Communicator::allocate_registration(size_t bytes) {
   Registration reg;
   reg.id = next_registration_++;
   reg.owned = true;
   reg.base.assign(world_, nullptr);
   reg.size.assign(world_, bytes);
-  std::vector<void*> out;
   try {
     if (multi_process_) {
       Local& L = *locals_[0];
@@ -238,7 +246,6 @@ std::vector<void*> Communicator::alloc(size_t bytes) {
         ::close(msg.fds[0]);
         reg.base[p] = reinterpret_cast<char*>(reg.vmm.back().ptr);
       }
-      out.push_back(reg.base[L.rank]);
     } else {
       std::vector<int> all_devices;
       for (auto& L : locals_) all_devices.push_back(L->device);
@@ -246,7 +253,6 @@ std::vector<void*> Communicator::alloc(size_t bytes) {
         FERRY_CUDA_CHECK(cudaSetDevice(L->device));
         reg.vmm.push_back(vmm_allocate(L->device, bytes, false, all_devices));
         reg.base[L->rank] = reinterpret_cast<char*>(reg.vmm.back().ptr);
-        out.push_back(reg.base[L->rank]);
       }
     }
   } catch (...) {
@@ -254,7 +260,7 @@ std::vector<void*> Communicator::alloc(size_t bytes) {
     throw;
   }
   registrations_.push_back(std::move(reg));
-  return out;
+  return registrations_.back();
 }
 
 void Communicator::register_buffers(const std::vector<void*>& ptrs, const std::vector<size_t>& sizes) {
@@ -322,8 +328,9 @@ void Communicator::deregister(const std::vector<void*>& ptrs) {
   ensure_open("deregister");
   FERRY_ARG_CHECK(static_cast<int>(ptrs.size()) == local_count(), "deregister: expected one pointer per local rank");
   for (auto it = registrations_.begin(); it != registrations_.end(); ++it) {
-    if (it->base[rank(0)] != ptrs[0]) continue;
+    if (it->scratch || it->base[rank(0)] != ptrs[0]) continue;
     FERRY_ARG_CHECK(!it->owned, "deregister: this buffer came from alloc(); release it with free()");
+    check_not_prepared(it->id, "deregister");
     synchronize();
     release(*it);
     registrations_.erase(it);
@@ -336,8 +343,9 @@ void Communicator::free(const std::vector<void*>& ptrs) {
   ensure_open("free");
   FERRY_ARG_CHECK(static_cast<int>(ptrs.size()) == local_count(), "free: expected one pointer per local rank");
   for (auto it = registrations_.begin(); it != registrations_.end(); ++it) {
-    if (it->base[rank(0)] != ptrs[0]) continue;
+    if (it->scratch || it->base[rank(0)] != ptrs[0]) continue;
     FERRY_ARG_CHECK(it->owned, "free: this buffer was registered, not allocated by ferry; use deregister()");
+    check_not_prepared(it->id, "free");
     synchronize();
     release(*it);
     registrations_.erase(it);
@@ -387,6 +395,11 @@ void Communicator::synchronize() {
 
 void Communicator::close() {
   if (closed_) throw_error(FERRY_ERROR_CLOSED, "close: the communicator is already closed");
+  // A handle left armed holds ferry's armed stream in a wait: open its gate so
+  // the stream drains (its collective runs, as on every rank that does the same).
+  for (auto& [id, p] : prepared_)
+    if (p.armed)
+      for (auto& g : p.gate) __atomic_store_n(g.host, p.generation, __ATOMIC_RELEASE);
   try {
     // Also after a failure: the watchdog releases the broken collectives' waits
     // while this waits, so no stream is left blocked on a flag about to be freed.
@@ -400,9 +413,15 @@ void Communicator::close() {
   }
   watchdog_cv_.notify_all();
   if (watchdog_.joinable()) watchdog_.join();
+  for (auto& L : locals_) L->engines->synchronize();  // ferry's own streams only, not the whole device
+  for (auto& [id, p] : prepared_)
+    for (int i = 0; i < local_count() && i < static_cast<int>(p.finished.size()); ++i) {
+      cudaSetDevice(device(i));
+      cudaEventDestroy(p.finished[i]);
+    }
+  prepared_.clear();
   for (auto& reg : registrations_) release(reg);
   registrations_.clear();
-  for (auto& L : locals_) L->engines->synchronize();  // ferry's own streams only, not the whole device
   locals_.clear();
   flag_mem_.clear();
   fds_.reset();
@@ -422,69 +441,114 @@ void Communicator::watchdog_loop() {
     watchdog_cv_.wait_for(lock, interval);
     if (stop_watchdog_) break;
     lock.unlock();
+    publish_progress();
     for (int i = 0; i < local_count(); ++i) {
       auto pending = locals_[i]->in_flight->oldest_unfinished();
-      if (pending) diagnose_and_unblock(i, *pending);
+      if (pending) diagnose_and_unblock(i, pending->expect, pending->age_s);
+    }
+    {
+      std::lock_guard<std::mutex> cl(captured_mu_);
+      for (auto& c : captured_) watch_captured(*c);
     }
     lock.lock();
   }
 }
 
+void Communicator::publish_progress() {
+  for (auto& L : locals_)
+    __atomic_store_n(&flags_host(L->rank)->progress.completed, L->in_flight->completed(), __ATOMIC_RELEASE);
+}
+
+namespace {
+std::string describe(const ReadyRecord& x) {
+  return std::string(coll_op_name(static_cast<CollOp>(x.op))) + "(bytes=" + std::to_string(x.bytes_per_rank) +
+         ", buffer #" + std::to_string(x.registration) + ", offset " + std::to_string(x.offset) + ")";
+}
+bool has(uint64_t mask, int q) { return (mask >> q) & 1; }
+}  // namespace
+
 // Looks at the flags of a collective that has not finished. When it is past the
-// timeout (or a peer process has exited, or the communicator already failed),
-// names each peer that did not do its part, records the error, and releases the
-// stream's waits by writing the expected tags itself, so nothing hangs.
-bool Communicator::diagnose_and_unblock(int local, const InFlight::Pending& p) {
+// timeout (or a peer process has exited, called with other arguments, or the
+// communicator already failed), names each peer that did not do its part,
+// records the error, and releases the stream's waits by writing the expected
+// values itself, so nothing hangs. `x.seq` is 0 for runs of a captured graph,
+// whose progress the host cannot count.
+bool Communicator::diagnose_and_unblock(int local, const Expectation& x, double age_s) {
   Local& L = *locals_[local];
-  int r = L.rank;
-  const SourceSlot* src = L.in_flight->source_host(p.slot);
-  uint64_t tag = __atomic_load_n(&src->ready.tag, __ATOMIC_ACQUIRE);
+  const int r = L.rank;
   FlagBlock* mine = flags_host(r);
-  bool late = p.age_s > timeout_s_;
-  bool any_dead = false;
+  const bool late = age_s > timeout_s_;
+  bool definite = false;  // a dead peer or a mismatch: no need to wait for the timeout
   std::vector<std::string> problems;
   std::vector<int> stuck;
   for (int q = 0; q < world_; ++q) {
-    if (q == r) continue;
-    uint64_t ready = __atomic_load_n(&mine->ready[q].tag, __ATOMIC_ACQUIRE);
-    uint64_t done = __atomic_load_n(&mine->done[q].tag, __ATOMIC_ACQUIRE);
-    // A ready for a later collective means this one's was already consumed.
-    if (tag_seq(ready) > tag_seq(tag)) ready = tag;
-    if (ready == tag && done == tag) continue;
-    bool dead = process_exited(pids_[q]);
-    any_dead |= dead;
+    if (q == r || !(has(x.targets_mask, q) || has(x.sources_mask, q))) continue;
+    uint64_t ready = has(x.targets_mask, q) ? __atomic_load_n(&mine->ready[q].value, __ATOMIC_ACQUIRE) : 0;
     std::string who = "rank " + std::to_string(q);
-    if (dead) {
+    if (ready != 0 && ready != x.value) {
+      problems.push_back(who + " called " + describe(mine->ready[q]) + " where rank " + std::to_string(r) +
+                         " called " + describe(x.record->ready) + ": the arguments must match on every rank");
+      definite = true;
+      stuck.push_back(q);
+      continue;
+    }
+    if (process_exited(pids_[q])) {
       problems.push_back(who + " (pid " + std::to_string(pids_[q]) + ") has exited");
-    } else if (ready != tag && tag_seq(ready) < tag_seq(tag)) {
-      problems.push_back(who + " never arrived (its last collective was #" + std::to_string(tag_seq(ready)) + ")");
-    } else if (ready != tag) {
-      const ReadyRecord& rr = mine->ready[q];
-      const ReadyRecord& me = src->ready;
-      auto describe = [](const ReadyRecord& x) {
-        return std::string(coll_op_name(static_cast<CollOp>(x.op))) +
-               "(bytes_per_rank=" + std::to_string(x.bytes_per_rank) + ", buffer #" + std::to_string(x.registration) +
-               ", offset " + std::to_string(x.offset) + ")";
-      };
-      problems.push_back(who + " called " + describe(rr) + " where rank " + std::to_string(r) + " called " +
-                         describe(me) + ": the arguments must match on every rank");
+      definite = true;
+      stuck.push_back(q);
+      continue;
+    }
+    if (x.seq > 0) {
+      const Progress& pq = flags_host(q)->progress;
+      uint64_t enq = __atomic_load_n(&pq.enqueued, __ATOMIC_ACQUIRE);
+      uint64_t comp = __atomic_load_n(&pq.completed, __ATOMIC_ACQUIRE);
+      if (comp >= x.seq) continue;  // q finished its part of this collective
+      if (enq < x.seq)
+        problems.push_back(who + " has not called collective #" + std::to_string(x.seq) + " (its last was #" +
+                           std::to_string(enq) + ")");
+      else
+        problems.push_back(who + " called it but has not finished (it waits for another rank, or its stream is "
+                                 "held by other work)");
     } else {
-      problems.push_back(who + " did not finish sending its data");
+      problems.push_back(who + " did not complete its part");
     }
     stuck.push_back(q);
   }
   if (stuck.empty()) return false;  // peers are fine: the stream is busy with the caller's own work
-  if (!late && !any_dead && !broken_) return false;
-  std::string msg = std::string(coll_op_name(p.op)) + " #" + std::to_string(p.seq) + " on rank " + std::to_string(r) +
-                    " failed after " + std::to_string(p.age_s) + " s: ";
+  if (!late && !definite && !broken_) return false;
+  std::string msg = std::string(coll_op_name(x.op)) +
+                    (x.seq ? " #" + std::to_string(x.seq) : std::string(" (in a CUDA graph)")) + " on rank " +
+                    std::to_string(r) + " failed after " + std::to_string(age_s) + " s: ";
   for (size_t i = 0; i < problems.size(); ++i) msg += (i ? "; " : "") + problems[i];
   msg += ". The registered buffers it touched hold undefined data; close this communicator";
   fail(msg);
   for (int q : stuck) {
-    __atomic_store_n(&mine->ready[q].tag, tag, __ATOMIC_RELEASE);
-    __atomic_store_n(&mine->done[q].tag, tag, __ATOMIC_RELEASE);
+    if (has(x.targets_mask, q)) __atomic_store_n(&mine->ready[q].value, x.value, __ATOMIC_RELEASE);
+    if (has(x.sources_mask, q)) __atomic_store_n(&mine->done[q].value, x.value, __ATOMIC_RELEASE);
   }
   return true;
+}
+
+// A captured collective is stuck when its state word says it runs and its
+// flags have not changed for the whole timeout (runs that follow each other
+// keep changing them).
+void Communicator::watch_captured(Captured& c) {
+  if (__atomic_load_n(c.state.host, __ATOMIC_ACQUIRE) == 0) {
+    c.unchanged_since = -1;
+    return;
+  }
+  FlagBlock* mine = flags_host(rank(c.local));
+  std::vector<uint64_t> now;
+  for (int q = 0; q < world_; ++q) {
+    now.push_back(__atomic_load_n(&mine->ready[q].value, __ATOMIC_ACQUIRE));
+    now.push_back(__atomic_load_n(&mine->done[q].value, __ATOMIC_ACQUIRE));
+  }
+  double t = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  if (c.unchanged_since < 0 || now != c.last_flags) {
+    c.last_flags = now;
+    c.unchanged_since = t;
+  }
+  diagnose_and_unblock(c.local, c.expect, t - c.unchanged_since);
 }
 
 }  // namespace ferry

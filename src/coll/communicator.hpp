@@ -9,6 +9,8 @@
 #include <atomic>
 #include <condition_variable>
 #include <functional>
+#include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -19,6 +21,8 @@
 #include "coll/flags.hpp"
 #include "coll/in_flight.hpp"
 #include "coll/local_copy.hpp"
+#include "coll/program.hpp"
+#include "coll/record_pool.hpp"
 #include "coll/selector.hpp"
 #include "dma/engine.hpp"
 #include "symm/peer_buffer.hpp"
@@ -30,11 +34,21 @@ namespace ferry {
 // time and name missing ranks when it gives up.
 using AllGatherFn = std::function<std::vector<std::string>(const std::string& mine)>;
 
+// One collective call: what it is, and one out, in and stream per local rank.
 struct CollectiveArgs {
+  CollOp op = CollOp::kAllGather;
   std::vector<void*> outs;
   std::vector<const void*> ins;
-  size_t bytes_per_rank = 0;
   std::vector<cudaStream_t> streams;
+  // all_gather, all_to_all: bytes of one rank's block; broadcast: bytes in all.
+  size_t bytes_per_rank = 0;
+  // all_to_allv: bytes from rank s to rank d at [s * world + d], the same on every rank.
+  std::vector<size_t> counts;
+  int root = 0;  // broadcast
+  // reduce_scatter: elements per rank's output block; all_reduce: elements in all.
+  size_t count = 0;
+  DType dtype = DType::kFloat32;
+  RedOp red_op = RedOp::kSum;
   Algo algo = Algo::kAuto;
   LocalCopy local_copy = LocalCopy::kAuto;
 };
@@ -61,8 +75,33 @@ class Communicator {
   void register_buffers(const std::vector<void*>& ptrs, const std::vector<size_t>& sizes);
   void deregister(const std::vector<void*>& ptrs);
 
-  void all_gather(const CollectiveArgs& args) { run(CollOp::kAllGather, args); }
-  void all_to_all(const CollectiveArgs& args) { run(CollOp::kAllToAll, args); }
+  // Enqueues the collective in the callers' streams (or captures it into the
+  // CUDA graph those streams are capturing).
+  void run(const CollectiveArgs& args);
+
+  // Prepared collectives (prelaunch): validated and planned once, then armed
+  // (enqueued behind a wait on a trigger word) and triggered, as often as
+  // needed. Handles are ids; release() forgets one.
+  int prepare(const CollectiveArgs& args);
+  // Enqueues the handle's commands on ferry's armed stream, after the work
+  // enqueued so far on `after` (one stream per local rank; null entries: none).
+  void arm(int handle, const std::vector<cudaStream_t>& after);
+  // Opens the gate from the host (a store to pinned memory).
+  void trigger(int handle);
+  // Opens the gate from each local rank's stream, in stream order (no kernel, no host round trip).
+  void trigger_on(int handle, const std::vector<cudaStream_t>& streams);
+  // The word and value a kernel stores (then __threadfence_system) to open the
+  // gate of local rank `local` (see include/ferry/device.cuh). Counts as triggering.
+  std::pair<uint64_t*, uint64_t> device_trigger(int handle, int local);
+  // Makes each stream wait for the handle's last armed run.
+  void wait(int handle, const std::vector<cudaStream_t>& streams);
+  bool armed(int handle) const;
+  void release(int handle);
+
+  // Sets the selector's table (rules tried in order); empty: the built-in default.
+  void set_selector_table(const std::vector<SelectorRule>& rules);
+  // The variant a call of this shape would use.
+  Algo choose_algo(CollOp op, size_t bytes_per_rank) const;
 
   // Throws the first asynchronous error (FERRY_ERROR_BROKEN after it was seen once).
   void check();
@@ -75,10 +114,44 @@ class Communicator {
     int device = 0;
     std::unique_ptr<EngineSet> engines;
     std::unique_ptr<InFlight> in_flight;
+    std::unique_ptr<RecordPool> records;
+  };
+  // A validated, planned call as one local rank runs it.
+  struct Built {
+    Program program;
+    Pinned<SourceSlot> record;
+    uint64_t value = 0;
+  };
+  struct Prepared {
+    CollectiveArgs args;
+    std::vector<Built> built;  // by local rank
+    Algo algo = Algo::kAuto;
+    std::vector<Pinned<uint64_t>> gate;    // by local rank
+    std::vector<cudaEvent_t> finished;     // by local rank: the last armed run's end
+    std::vector<uint32_t> registrations;   // buffers it refers to
+    uint64_t generation = 0;
+    bool armed = false;
+  };
+  // A call captured into a CUDA graph: the watchdog cannot see its runs end, so
+  // the captured commands write a state word (1 while running, 0 after).
+  struct Captured {
+    int local;
+    Expectation expect;
+    Pinned<uint64_t> state;
+    std::vector<uint64_t> last_flags;
+    double unchanged_since = -1;
+  };
+  struct Emission {
+    cudaStream_t stream = nullptr;
+    Algo algo = Algo::kB2b;
+    LocalCopy local_copy = LocalCopy::kAuto;
+    const ValueWait* gate = nullptr;         // waited on after the first exchange's ready handshake
+    const uint64_t* state_word = nullptr;    // device address, for captured calls
   };
   struct Registration {
     uint32_t id = 0;
     bool owned = false;           // from alloc(): ferry frees it
+    bool scratch = false;         // ferry's own (reduce-scatter, in-place all-to-all)
     std::vector<char*> base;      // by rank, as mapped in this process
     std::vector<size_t> size;     // by rank
     std::vector<VmmMapping> vmm;  // to unmap/release on close
@@ -93,20 +166,32 @@ class Communicator {
   const Registration* find_registration(int local, const void* ptr, size_t bytes) const;
   void release(Registration& reg);
 
-  void run(CollOp op, const CollectiveArgs& args);
-  // b2b and seq: everything on one stream; b2b submits the pushes as one
-  // batch (no order among them), seq one after another in cyclic-shift order.
-  void enqueue_one_stream(int local, CollOp op, const std::vector<char*>& out_by_rank, const char* in, size_t bytes,
-                          cudaStream_t stream, size_t slot, uint64_t tag, const Copy& local_copy, LocalCopy how,
-                          bool batched);
-  void enqueue_pcpy(int local, CollOp op, const std::vector<char*>& out_by_rank, const char* in, size_t bytes,
-                    cudaStream_t stream, size_t slot, uint64_t tag, const Copy& local_copy, LocalCopy how);
+  // Validates the call on every local rank (nothing is enqueued when any is
+  // wrong) and plans it. May allocate scratch (collective, like the call).
+  std::vector<Built> build(const CollectiveArgs& args, std::vector<uint32_t>* registrations = nullptr);
+  size_t selection_bytes(const CollectiveArgs& args) const;
+  Algo resolve_algo(const CollectiveArgs& args) const;
+  Expectation expectation(uint64_t seq, const CollectiveArgs& args, const Built& b) const;
+  const Registration& scratch(size_t bytes);
+  Registration& allocate_registration(size_t bytes);
+  void check_not_prepared(uint32_t registration, const char* what) const;
+  Prepared& prepared(int handle, const char* what);
+
+  // Enqueues a built program on one local rank's stream.
+  void emit(int local, const Built& b, const Emission& e);
+  // One exchange: b2b and seq put everything on one stream (b2b submits the
+  // pushes as one batch, seq one after another in cyclic-shift order); pcpy
+  // spreads the pushes over one stream per peer and keeps the waits on one.
+  void emit_exchange(int local, const Exchange& x, const Built& b, cudaStream_t s, const Emission& e, bool first,
+                     bool last);
 
   FlagBlock* flags_host(int rank) const { return static_cast<FlagBlock*>(flag_mem_[rank].host()); }
   FlagBlock* flags_device(int rank) const { return static_cast<FlagBlock*>(flag_mem_[rank].device()); }
 
   void watchdog_loop();
-  bool diagnose_and_unblock(int local, const InFlight::Pending& p);
+  bool diagnose_and_unblock(int local, const Expectation& x, double age_s);
+  void watch_captured(Captured& c);
+  void publish_progress();
   void fail(const std::string& message);
 
   int world_ = 0;
@@ -118,11 +203,16 @@ class Communicator {
   std::vector<int> pids_;                   // by rank
   std::unique_ptr<FdExchange> fds_;
   std::vector<std::string> socket_paths_;
-  std::vector<Registration> registrations_;
+  std::list<Registration> registrations_;  // a list: references stay valid
   uint32_t next_registration_ = 1;
   int next_fd_tag_ = 100;
   uint64_t seq_ = 0;
   std::vector<SelectorRule> table_;
+  uint32_t scratch_registration_ = 0;  // 0: none yet
+  std::map<int, Prepared> prepared_;
+  int next_handle_ = 1;
+  std::mutex captured_mu_;
+  std::vector<std::unique_ptr<Captured>> captured_;
   Algo forced_algo_ = Algo::kAuto;
 
   bool closed_ = false;

@@ -2,6 +2,14 @@
 // pinned host memory; peers write into it with small copy-engine copies, the
 // rank's streams wait on it with cuStreamWaitValue64, and the host reads it
 // to diagnose a stuck collective. One 64-byte line per slot.
+//
+// Flags are reset after use: a stream that passed its wait for a peer's value
+// writes 0 back in the same batch of memory operations. A flag therefore holds
+// a value only between a peer's write and the wait that consumes it, the value
+// of a call never changes from one run to the next, and the same commands can
+// be replayed (CUDA graphs, prepared collectives). Why a reset is safe: a peer
+// writes its next value into a flag only after a message this rank sends after
+// the reset (see docs/architecture.md, "Flag protocol").
 #pragma once
 
 #include <cstdint>
@@ -10,32 +18,40 @@ namespace ferry {
 
 constexpr int kMaxRanks = 64;
 
-// Written by rank p into rank r's block: "p has reached collective `tag` and
-// r may now write into p's output". The fields after `tag` only serve error
-// messages: what p was called with.
+// Written by rank p into rank r's block: "r may now write into p's output (or
+// scratch)". The fields after `value` only serve error messages: what p was
+// called with.
 struct alignas(64) ReadyRecord {
-  uint64_t tag;
+  uint64_t value;
   uint64_t bytes_per_rank;
   uint64_t offset;
   uint32_t op;
   uint32_t registration;
   uint64_t pad[4];
 };
-constexpr size_t kReadyCopyBytes = 32;  // tag .. registration
+constexpr size_t kReadyCopyBytes = 32;  // value .. registration
 
 // Written by rank p into rank r's block once p's data for r has landed.
 struct alignas(64) DoneRecord {
-  uint64_t tag;
+  uint64_t value;
   uint64_t pad[7];
+};
+
+// Written by the owning rank's host: how many collectives it has enqueued and
+// seen finish. Peers' watchdogs read it to say who is behind.
+struct alignas(64) Progress {
+  uint64_t enqueued;
+  uint64_t completed;
+  uint64_t pad[6];
 };
 
 struct FlagBlock {
   ReadyRecord ready[kMaxRanks];  // indexed by the writing rank
   DoneRecord done[kMaxRanks];
+  Progress progress;
 };
 
-// What a rank copies into its peers' blocks for one collective; one per
-// in-flight slot, in the rank's private pinned memory.
+// What a rank copies into its peers' blocks for one kind of call.
 struct SourceSlot {
   ReadyRecord ready;
   DoneRecord done;

@@ -9,18 +9,11 @@ namespace ferry {
 InFlight::InFlight(int device, size_t capacity) : device_(device), entries_(capacity) {
   FERRY_CUDA_CHECK(cudaSetDevice(device));
   for (auto& e : entries_) FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&e.event, cudaEventDisableTiming));
-  void* host = nullptr;
-  FERRY_CUDA_CHECK(cudaHostAlloc(&host, capacity * sizeof(SourceSlot), cudaHostAllocPortable | cudaHostAllocMapped));
-  source_host_ = static_cast<SourceSlot*>(host);
-  void* dev = nullptr;
-  FERRY_CUDA_CHECK(cudaHostGetDevicePointer(&dev, host, 0));
-  source_device_ = static_cast<SourceSlot*>(dev);
 }
 
 InFlight::~InFlight() {
   cudaSetDevice(device_);
   for (auto& e : entries_) cudaEventDestroy(e.event);
-  if (source_host_) cudaFreeHost(source_host_);
 }
 
 bool InFlight::finished(Entry& e) {
@@ -32,13 +25,20 @@ bool InFlight::finished(Entry& e) {
   return true;
 }
 
-size_t InFlight::begin(uint64_t seq, CollOp op, double timeout_s) {
+void InFlight::drop_finished() {
+  while (oldest_ < next_ && finished(entries_[oldest_ % entries_.size()])) {
+    ++oldest_;
+    ++completed_;
+  }
+}
+
+size_t InFlight::begin(const Expectation& x, double timeout_s) {
   auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   std::unique_lock<std::mutex> lock(mu_);
   size_t slot = next_ % entries_.size();
   while (!finished(entries_[slot])) {
     if (Clock::now() > deadline)
-      throw_error(FERRY_ERROR_TIMEOUT, std::string(coll_op_name(op)) + " #" + std::to_string(seq) + ": " +
+      throw_error(FERRY_ERROR_TIMEOUT, std::string(coll_op_name(x.op)) + " #" + std::to_string(x.seq) + ": " +
                                            std::to_string(entries_.size()) +
                                            " collectives are still unfinished after " + std::to_string(timeout_s) +
                                            " s; ferry bounds how many may be in flight");
@@ -46,18 +46,18 @@ size_t InFlight::begin(uint64_t seq, CollOp op, double timeout_s) {
     std::this_thread::sleep_for(std::chrono::microseconds(50));
     lock.lock();
   }
-  Entry& e = entries_[slot];
-  e.seq = seq;
-  e.op = op;
+  entries_[slot].expect = x;
   return slot;
 }
 
-void InFlight::end(size_t slot, cudaStream_t stream) {
+void InFlight::end(size_t slot, cudaStream_t stream, const volatile uint64_t* gate, uint64_t gate_value) {
   std::lock_guard<std::mutex> lock(mu_);
   Entry& e = entries_[slot];
   FERRY_CUDA_CHECK(cudaEventRecord(e.event, stream));
   e.stream = stream;
-  e.enqueued = Clock::now();
+  e.started = Clock::now();
+  e.gate = gate;
+  e.gate_value = gate_value;
   e.pending = true;
   ++next_;
 }
@@ -71,17 +71,39 @@ void InFlight::order_after_previous(cudaStream_t stream) {
 
 std::optional<InFlight::Pending> InFlight::oldest_unfinished() {
   std::lock_guard<std::mutex> lock(mu_);
-  while (oldest_ < next_) {
-    Entry& e = entries_[oldest_ % entries_.size()];
-    if (!finished(e)) {
-      double age = std::chrono::duration<double>(Clock::now() - e.enqueued).count();
-      return Pending{oldest_ % entries_.size(), e.seq, e.op, age};
-    }
-    ++oldest_;
+  drop_finished();
+  if (oldest_ == next_) return std::nullopt;
+  Entry& e = entries_[oldest_ % entries_.size()];
+  if (e.gate) {
+    // Armed and waiting for its trigger is not a failure; the clock starts at the trigger.
+    if (*e.gate != e.gate_value) return std::nullopt;
+    e.gate = nullptr;
+    e.started = Clock::now();
   }
-  return std::nullopt;
+  double age = std::chrono::duration<double>(Clock::now() - e.started).count();
+  return Pending{e.expect, age};
 }
 
-bool InFlight::idle() { return !oldest_unfinished().has_value(); }
+bool InFlight::idle() {
+  std::lock_guard<std::mutex> lock(mu_);
+  drop_finished();
+  return oldest_ == next_;
+}
+
+uint64_t InFlight::completed() {
+  std::lock_guard<std::mutex> lock(mu_);
+  drop_finished();
+  return completed_;
+}
+
+bool InFlight::gated_pending() {
+  std::lock_guard<std::mutex> lock(mu_);
+  drop_finished();
+  for (size_t i = oldest_; i < next_; ++i) {
+    const Entry& e = entries_[i % entries_.size()];
+    if (e.pending && e.gate && *e.gate != e.gate_value) return true;
+  }
+  return false;
+}
 
 }  // namespace ferry

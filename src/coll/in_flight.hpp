@@ -1,6 +1,7 @@
 // Tracks the collectives a rank has enqueued and not yet seen finish: a ring of
-// slots, each with a completion event and the pinned source of its flags.
-// The watchdog asks it for the oldest unfinished one.
+// slots, each with a completion event and what the watchdog needs to explain a
+// stuck one. A prepared collective's slot carries a gate (its trigger word):
+// its clock starts when the trigger is seen, not when it was armed.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -16,6 +17,16 @@
 
 namespace ferry {
 
+// What a rank expects from its peers for one collective.
+struct Expectation {
+  uint64_t seq = 0;
+  CollOp op = CollOp::kAllGather;
+  uint64_t value = 0;
+  const SourceSlot* record = nullptr;  // host view: what this rank was called with
+  uint64_t targets_mask = 0;
+  uint64_t sources_mask = 0;
+};
+
 class InFlight {
  public:
   using Clock = std::chrono::steady_clock;
@@ -25,46 +36,49 @@ class InFlight {
   InFlight(const InFlight&) = delete;
   InFlight& operator=(const InFlight&) = delete;
 
-  // Takes the slot for collective `seq`, first waiting (at most `timeout_s`)
-  // for the collective that held it to finish. Its SourceSlot is free to fill.
-  size_t begin(uint64_t seq, CollOp op, double timeout_s);
-  // Marks the end of slot's collective in `stream`.
-  void end(size_t slot, cudaStream_t stream);
+  // Takes a slot, first waiting (at most `timeout_s`) for the collective that
+  // held it to finish.
+  size_t begin(const Expectation& e, double timeout_s);
+  // Marks the end of slot's collective in `stream`. With a gate, the slot's
+  // clock starts once *gate == gate_value.
+  void end(size_t slot, cudaStream_t stream, const volatile uint64_t* gate = nullptr, uint64_t gate_value = 0);
   // Makes `stream` wait for the previous collective when that one was issued on
   // another stream: a rank's collectives run in call order whatever streams
   // carry them (peers' flags hold one collective at a time).
   void order_after_previous(cudaStream_t stream);
-
-  SourceSlot* source_host(size_t slot) const { return &source_host_[slot]; }
-  const SourceSlot* source_device(size_t slot) const { return &source_device_[slot]; }
+  // The event of slot's collective (valid until the slot is reused).
+  cudaEvent_t event(size_t slot) const { return entries_[slot].event; }
 
   struct Pending {
-    size_t slot;
-    uint64_t seq;
-    CollOp op;
+    Expectation expect;
     double age_s;
   };
-  // The oldest collective not yet finished, if any (drops finished ones).
+  // The oldest collective not yet finished whose clock runs, if any (drops finished ones).
   std::optional<Pending> oldest_unfinished();
   // True when everything enqueued has finished.
   bool idle();
+  // How many collectives have finished, in order (for the shared progress record).
+  uint64_t completed();
+  // Whether an unfinished collective still waits for its trigger.
+  bool gated_pending();
 
  private:
   struct Entry {
     cudaEvent_t event = nullptr;
-    uint64_t seq = 0;
-    CollOp op = CollOp::kAllGather;
-    Clock::time_point enqueued;
+    Expectation expect;
+    Clock::time_point started;
     bool pending = false;
     cudaStream_t stream = nullptr;
+    const volatile uint64_t* gate = nullptr;
+    uint64_t gate_value = 0;
   };
   bool finished(Entry& e);  // with mu_ held
+  void drop_finished();     // with mu_ held
 
   int device_;
   std::vector<Entry> entries_;
-  SourceSlot* source_host_ = nullptr;
-  SourceSlot* source_device_ = nullptr;
   size_t oldest_ = 0, next_ = 0;  // ring positions (monotonic counters)
+  uint64_t completed_ = 0;
   std::mutex mu_;
 };
 

@@ -1,6 +1,19 @@
 #include "coll/plan.hpp"
 
+#include <algorithm>
+
 namespace ferry {
+namespace {
+
+std::vector<int> all_peers_but(int rank, int world) { return cyclic_peers(rank, world); }
+
+void add_push(Exchange& x, int peer, char* dst, const char* src, size_t bytes) {
+  if (bytes > 0) x.pushes.push_back(PeerCopy{peer, Copy{dst, src, bytes}});
+}
+
+Copy local_copy(char* dst, const char* src, size_t bytes) { return Copy{dst, src, dst == src ? 0 : bytes}; }
+
+}  // namespace
 
 const char* coll_op_name(CollOp op) {
   switch (op) {
@@ -8,27 +21,145 @@ const char* coll_op_name(CollOp op) {
       return "all_gather";
     case CollOp::kAllToAll:
       return "all_to_all";
+    case CollOp::kAllToAllv:
+      return "all_to_allv";
+    case CollOp::kBroadcast:
+      return "broadcast";
+    case CollOp::kReduceScatter:
+      return "reduce_scatter";
+    case CollOp::kAllReduce:
+      return "all_reduce";
   }
   return "unknown";
 }
 
-std::vector<PeerCopy> plan_pushes(CollOp op, int rank, int world, const std::vector<char*>& out_by_rank, const char* in,
-                                  size_t bytes) {
-  std::vector<PeerCopy> out;
-  if (bytes == 0) return out;
-  for (int k = 1; k < world; ++k) {
-    int p = (rank + k) % world;
-    const char* src = op == CollOp::kAllGather ? in : in + static_cast<size_t>(p) * bytes;
-    out.push_back(PeerCopy{p, Copy{out_by_rank[p] + static_cast<size_t>(rank) * bytes, src, bytes}});
+std::vector<int> cyclic_peers(int rank, int world) {
+  std::vector<int> out;
+  for (int k = 1; k < world; ++k) out.push_back((rank + k) % world);
+  return out;
+}
+
+Exchange plan_all_gather(int rank, int world, const std::vector<char*>& out_by_rank, const char* in, size_t bytes) {
+  Exchange x;
+  x.targets = x.sources = all_peers_but(rank, world);
+  const size_t at = static_cast<size_t>(rank) * bytes;
+  for (int p : x.targets) add_push(x, p, out_by_rank[p] + at, in, bytes);
+  x.local = local_copy(out_by_rank[rank] + at, in, bytes);
+  return x;
+}
+
+Exchange plan_all_to_all(int rank, int world, const std::vector<char*>& out_by_rank, const char* in, size_t bytes) {
+  Exchange x;
+  x.targets = x.sources = all_peers_but(rank, world);
+  const size_t at = static_cast<size_t>(rank) * bytes;
+  for (int p : x.targets) add_push(x, p, out_by_rank[p] + at, in + static_cast<size_t>(p) * bytes, bytes);
+  x.local = local_copy(out_by_rank[rank] + at, in + at, bytes);
+  return x;
+}
+
+size_t all_to_allv_send_offset(int world, const std::vector<size_t>& counts, int src, int dst) {
+  size_t off = 0;
+  for (int q = 0; q < dst; ++q) off += counts[static_cast<size_t>(src) * world + q];
+  return off;
+}
+
+size_t all_to_allv_recv_offset(int world, const std::vector<size_t>& counts, int src, int dst) {
+  size_t off = 0;
+  for (int q = 0; q < src; ++q) off += counts[static_cast<size_t>(q) * world + dst];
+  return off;
+}
+
+size_t all_to_allv_send_total(int world, const std::vector<size_t>& counts, int src) {
+  return all_to_allv_send_offset(world, counts, src, world);
+}
+
+size_t all_to_allv_recv_total(int world, const std::vector<size_t>& counts, int dst) {
+  return all_to_allv_recv_offset(world, counts, world, dst);
+}
+
+Exchange plan_all_to_allv(int rank, int world, const std::vector<char*>& out_by_rank, const char* in,
+                          const std::vector<size_t>& counts) {
+  Exchange x;
+  // Every pair handshakes even when it moves no bytes: the protocol stays one
+  // shape, and a peer that called with other counts is caught by its signature.
+  x.targets = x.sources = all_peers_but(rank, world);
+  for (int p : x.targets)
+    add_push(x, p, out_by_rank[p] + all_to_allv_recv_offset(world, counts, rank, p),
+             in + all_to_allv_send_offset(world, counts, rank, p), counts[static_cast<size_t>(rank) * world + p]);
+  x.local = local_copy(out_by_rank[rank] + all_to_allv_recv_offset(world, counts, rank, rank),
+                       in + all_to_allv_send_offset(world, counts, rank, rank),
+                       counts[static_cast<size_t>(rank) * world + rank]);
+  return x;
+}
+
+Exchange plan_broadcast(int rank, int world, int root, const std::vector<char*>& out_by_rank, const char* in,
+                        size_t bytes) {
+  Exchange x;
+  if (rank == root) {
+    x.targets = all_peers_but(rank, world);
+    for (int p : x.targets) add_push(x, p, out_by_rank[p], in, bytes);
+    x.local = local_copy(out_by_rank[rank], in, bytes);
+  } else if (world > 1) {
+    x.sources = {root};
+  }
+  return x;
+}
+
+Exchange plan_gather_blocks(int rank, int world, const std::vector<char*>& out_by_rank,
+                            const std::vector<Block>& blocks) {
+  Exchange x;
+  x.targets = x.sources = all_peers_but(rank, world);
+  const Block& mine = blocks[rank];
+  for (int p : x.targets) add_push(x, p, out_by_rank[p] + mine.offset, out_by_rank[rank] + mine.offset, mine.bytes);
+  return x;
+}
+
+Exchange plan_scatter_to_scratch(int rank, int world, const std::vector<char*>& scratch_by_rank, const char* in,
+                                 const std::vector<Block>& blocks, size_t slot_stride) {
+  Exchange x;
+  x.targets = x.sources = all_peers_but(rank, world);
+  for (int p : x.targets)
+    add_push(x, p, scratch_by_rank[p] + static_cast<size_t>(rank) * slot_stride, in + blocks[p].offset,
+             blocks[p].bytes);
+  return x;
+}
+
+std::vector<Block> split_blocks(size_t count, size_t element_bytes, int world) {
+  std::vector<Block> out;
+  size_t base = count / world, extra = count % world, at = 0;
+  for (int r = 0; r < world; ++r) {
+    size_t n = base + (static_cast<size_t>(r) < extra ? 1 : 0);
+    out.push_back(Block{at * element_bytes, n * element_bytes});
+    at += n;
   }
   return out;
 }
 
-Copy plan_local(CollOp op, int rank, char* out, const char* in, size_t bytes) {
-  char* dst = out + static_cast<size_t>(rank) * bytes;
-  const char* src = op == CollOp::kAllGather ? in : in + static_cast<size_t>(rank) * bytes;
-  if (dst == src) return Copy{dst, src, 0};
-  return Copy{dst, src, bytes};
+std::vector<InPlaceRound> plan_in_place_rounds(size_t bytes_per_rank, size_t chunk_bytes) {
+  std::vector<InPlaceRound> out;
+  if (chunk_bytes == 0) chunk_bytes = bytes_per_rank;
+  for (size_t b = 0; b < bytes_per_rank; b += chunk_bytes)
+    out.push_back(InPlaceRound{b, std::min(chunk_bytes, bytes_per_rank - b)});
+  return out;
+}
+
+Exchange plan_in_place_round(int rank, int world, const std::vector<char*>& scratch_by_rank, const char* buf,
+                             size_t bytes_per_rank, const InPlaceRound& round, size_t slot_stride) {
+  Exchange x;
+  x.targets = x.sources = all_peers_but(rank, world);
+  for (int p : x.targets)
+    add_push(x, p, scratch_by_rank[p] + static_cast<size_t>(rank) * slot_stride,
+             buf + static_cast<size_t>(p) * bytes_per_rank + round.begin, round.len);
+  return x;
+}
+
+std::vector<Copy> plan_in_place_unpack(int rank, int world, char* buf, const char* scratch, size_t bytes_per_rank,
+                                       const InPlaceRound& round, size_t slot_stride) {
+  std::vector<Copy> out;
+  for (int q : cyclic_peers(rank, world))
+    out.push_back(Copy{buf + static_cast<size_t>(q) * bytes_per_rank + round.begin,
+                       scratch + static_cast<size_t>(q) * slot_stride, round.len});
+  return out;
 }
 
 bool local_copy_on_side_stream(size_t bytes) { return bytes >= (size_t(1) << 20); }

@@ -1,5 +1,11 @@
 // Which copies a rank issues for a collective: pure functions of the ranks'
 // buffer addresses, tested on the CPU.
+//
+// Every collective here is built from exchanges. An exchange is one round of
+// ferry's push protocol seen from one rank: it tells the ranks that will write
+// into it ("sources") that they may ("ready"), waits until the ranks it writes
+// into ("targets") said the same, pushes its copies, tells each target its
+// data landed ("done") and waits for the same from its sources.
 #pragma once
 
 #include <cstddef>
@@ -10,7 +16,14 @@
 
 namespace ferry {
 
-enum class CollOp : uint32_t { kAllGather = 1, kAllToAll = 2 };
+enum class CollOp : uint32_t {
+  kAllGather = 1,
+  kAllToAll = 2,
+  kAllToAllv = 3,
+  kBroadcast = 4,
+  kReduceScatter = 5,
+  kAllReduce = 6,
+};
 
 const char* coll_op_name(CollOp op);
 
@@ -19,18 +32,66 @@ struct PeerCopy {
   Copy copy;
 };
 
-// The pushes `rank` makes into its peers' outputs, in cyclic-shift order
-// (step k sends to rank (rank + k) % world), which keeps every GPU sending to
-// a different peer at each step (DESIGN.md: the order decides large-size
-// bandwidth). `out_by_rank[p]` is rank p's output as mapped in this process.
-//   all_gather: in (bytes) -> out_p[rank * bytes]
-//   all_to_all: in[p * bytes] (bytes) -> out_p[rank * bytes]
-std::vector<PeerCopy> plan_pushes(CollOp op, int rank, int world, const std::vector<char*>& out_by_rank, const char* in,
-                                  size_t bytes);
+struct Exchange {
+  std::vector<int> targets;      // ranks this one writes into
+  std::vector<int> sources;      // ranks that write into this one
+  std::vector<PeerCopy> pushes;  // in cyclic-shift order; zero-byte copies omitted
+  Copy local{nullptr, nullptr, 0};  // this rank's own block (bytes == 0: nothing to copy)
+};
 
-// The copy of this rank's own block; bytes == 0 when `in` already is that
-// block (in-place all-gather).
-Copy plan_local(CollOp op, int rank, char* out, const char* in, size_t bytes);
+// A contiguous piece of a rank's buffer: [offset, offset + bytes).
+struct Block {
+  size_t offset;
+  size_t bytes;
+};
+
+// Peers in cyclic-shift order from `rank`: rank+1, rank+2, ... (mod world).
+// At each step every rank sends to a different peer, which keeps one receiver
+// from taking all senders at once (DESIGN.md: the order decides large-size
+// bandwidth: 374 GB/s busbw at 256 MB against about 200 with all peers at once).
+std::vector<int> cyclic_peers(int rank, int world);
+
+// `out_by_rank[p]` is rank p's output as mapped in this process.
+//   all_gather: in (bytes) -> out_p[rank * bytes]; in-place when in is out_rank[rank * bytes].
+Exchange plan_all_gather(int rank, int world, const std::vector<char*>& out_by_rank, const char* in, size_t bytes);
+//   all_to_all: in[p * bytes] (bytes) -> out_p[rank * bytes]
+Exchange plan_all_to_all(int rank, int world, const std::vector<char*>& out_by_rank, const char* in, size_t bytes);
+//   all_to_allv: counts[src * world + dst] bytes; `in` is packed by destination
+//   (rank order), every output is packed by source (rank order).
+Exchange plan_all_to_allv(int rank, int world, const std::vector<char*>& out_by_rank, const char* in,
+                          const std::vector<size_t>& counts);
+// Offsets (bytes) into src's input and dst's output that all_to_allv uses.
+size_t all_to_allv_send_offset(int world, const std::vector<size_t>& counts, int src, int dst);
+size_t all_to_allv_recv_offset(int world, const std::vector<size_t>& counts, int src, int dst);
+size_t all_to_allv_send_total(int world, const std::vector<size_t>& counts, int src);
+size_t all_to_allv_recv_total(int world, const std::vector<size_t>& counts, int dst);
+//   broadcast: root's in (bytes) -> every out_p; the root copies locally unless in == out.
+Exchange plan_broadcast(int rank, int world, int root, const std::vector<char*>& out_by_rank, const char* in,
+                        size_t bytes);
+//   gather blocks in place: out_rank[blocks[rank]] -> out_p[blocks[rank]] (the
+//   second half of an all-reduce, blocks of uneven size).
+Exchange plan_gather_blocks(int rank, int world, const std::vector<char*>& out_by_rank, const std::vector<Block>& blocks);
+//   scatter to scratch: in[blocks[p]] -> scratch_p[rank * slot_stride] (the data
+//   movement of a reduce-scatter; the reduction then reads the slots).
+Exchange plan_scatter_to_scratch(int rank, int world, const std::vector<char*>& scratch_by_rank, const char* in,
+                                 const std::vector<Block>& blocks, size_t slot_stride);
+
+// Reduce-scatter and all-reduce cut `count` elements into one block per rank,
+// in element units, as even as possible (earlier ranks take the remainder).
+std::vector<Block> split_blocks(size_t count, size_t element_bytes, int world);
+
+// In-place all-to-all in rounds through a bounded scratch: in round j every rank
+// pushes chunk [begin, begin + len) of its block for p into slot `rank` of p's
+// scratch; after the round each rank unpacks its slots into its own buffer.
+struct InPlaceRound {
+  size_t begin;
+  size_t len;
+};
+std::vector<InPlaceRound> plan_in_place_rounds(size_t bytes_per_rank, size_t chunk_bytes);
+Exchange plan_in_place_round(int rank, int world, const std::vector<char*>& scratch_by_rank, const char* buf,
+                             size_t bytes_per_rank, const InPlaceRound& round, size_t slot_stride);
+std::vector<Copy> plan_in_place_unpack(int rank, int world, char* buf, const char* scratch, size_t bytes_per_rank,
+                                       const InPlaceRound& round, size_t slot_stride);
 
 // Whether a rank's own block is copied on a side stream, concurrently with the
 // pushes, instead of ahead of them on the collective's stream. Worth its two

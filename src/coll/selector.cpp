@@ -1,6 +1,5 @@
 #include "coll/selector.hpp"
 
-#include <cstdlib>
 #include <limits>
 
 #include "core/error.hpp"
@@ -36,33 +35,23 @@ std::vector<SelectorRule> default_selector_table() {
   // pushes issued one after another in cyclic-shift order (seq) are as fast or
   // faster (x4 all-gather: 85 us at 4 MB against 92 for b2b; 372 GB/s busbw at
   // 256 MB). Parallel engines (pcpy) lose 30-40% of the bandwidth from 64 MB up
-  // on x4 and are never chosen automatically.
+  // on x4 and are never chosen here. `ferry tune` measures a table per machine;
+  // python/ferry/tuning/ ships the measured H200 tables, which Python loads.
   constexpr size_t kAny = std::numeric_limits<size_t>::max();
-  return {
-      {CollOp::kAllGather, 0, size_t(2) << 20, Algo::kB2b},
-      {CollOp::kAllGather, 0, kAny, Algo::kSeq},
-      {CollOp::kAllToAll, 0, size_t(2) << 20, Algo::kB2b},
-      {CollOp::kAllToAll, 0, kAny, Algo::kSeq},
-  };
-}
-
-bool pcpy_fits_hardware_queues(int world, int max_connections) {
-  const int streams = (world - 1) + 3;  // peer engines + caller's + main + side
-  return streams <= max_connections;
-}
-
-int cuda_max_connections() {
-  const char* v = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
-  if (!v) return 8;
-  int n = std::atoi(v);
-  return n >= 1 && n <= 32 ? n : 8;
+  std::vector<SelectorRule> t;
+  for (CollOp op : {CollOp::kAllGather, CollOp::kAllToAll, CollOp::kAllToAllv, CollOp::kBroadcast,
+                    CollOp::kReduceScatter, CollOp::kAllReduce}) {
+    t.push_back({op, 0, size_t(2) << 20, Algo::kB2b});
+    t.push_back({op, 0, kAny, Algo::kSeq});
+  }
+  return t;
 }
 
 Algo select_algo(CollOp op, int world, size_t bytes_per_rank, Algo forced, const std::vector<SelectorRule>& table) {
   if (forced != Algo::kAuto) return forced;
   for (const auto& r : table)
     if (r.op == op && (r.world == 0 || r.world == world) && bytes_per_rank <= r.max_bytes) return r.algo;
-  return Algo::kPcpy;
+  return Algo::kSeq;
 }
 
 }  // namespace ferry

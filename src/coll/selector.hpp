@@ -28,17 +28,8 @@ struct SelectorRule {
 
 std::vector<SelectorRule> default_selector_table();
 
-// pcpy keeps one stream per peer blocked in stream waits, beside the caller's
-// stream and ferry's main and side streams. CUDA multiplexes streams onto
-// CUDA_DEVICE_MAX_CONNECTIONS hardware queues (default 8); once streams share a
-// queue, a ready message can sit behind another stream's wait and the ranks
-// deadlock (seen on 8 H200s, 2026-11-22: the first pcpy collective never
-// finished). pcpy is therefore refused when its streams exceed the queues.
-bool pcpy_fits_hardware_queues(int world, int max_connections);
-// CUDA_DEVICE_MAX_CONNECTIONS as CUDA reads it (8 when unset or invalid).
-int cuda_max_connections();
-
-// `forced` (from the call or FERRY_ALGO) wins unless it is kAuto.
+// `forced` (from the call or FERRY_ALGO) wins unless it is kAuto; with no
+// matching rule, seq (the safe choice at any size).
 Algo select_algo(CollOp op, int world, size_t bytes_per_rank, Algo forced, const std::vector<SelectorRule>& table);
 
 }  // namespace ferry

@@ -74,25 +74,41 @@ void copy_batch(cudaStream_t stream, const std::vector<Copy>& copies) {
 }
 
 void wait_values(cudaStream_t stream, const std::vector<ValueWait>& waits) {
-  if (waits.empty()) return;
+  std::vector<MemOp> ops;
+  for (const auto& w : waits) ops.push_back(MemOp{MemOp::Kind::kWait, w.addr, w.value});
+  mem_ops(stream, ops);
+}
+
+void mem_ops(cudaStream_t stream, const std::vector<MemOp>& ops) {
+  if (ops.empty()) return;
   const DriverApi& cu = driver();
-  if (waits.size() == 1) {
-    FERRY_CU_CHECK(cu.StreamWaitValue64(reinterpret_cast<CUstream>(stream),
-                                        reinterpret_cast<CUdeviceptr>(waits[0].addr), waits[0].value,
-                                        CU_STREAM_WAIT_VALUE_EQ));
+  auto cs = reinterpret_cast<CUstream>(stream);
+  if (ops.size() == 1) {
+    auto addr = reinterpret_cast<CUdeviceptr>(ops[0].addr);
+    if (ops[0].kind == MemOp::Kind::kWait)
+      FERRY_CU_CHECK(cu.StreamWaitValue64(cs, addr, ops[0].value, CU_STREAM_WAIT_VALUE_EQ));
+    else
+      FERRY_CU_CHECK(cu.StreamWriteValue64(cs, addr, ops[0].value, CU_STREAM_WRITE_VALUE_DEFAULT));
     return;
   }
-  std::vector<CUstreamBatchMemOpParams> ops(waits.size());
-  for (size_t i = 0; i < waits.size(); ++i) {
-    ops[i] = CUstreamBatchMemOpParams{};
-    ops[i].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_64;
-    ops[i].waitValue.address = reinterpret_cast<CUdeviceptr>(waits[i].addr);
-    ops[i].waitValue.value64 = waits[i].value;
-    ops[i].waitValue.flags = CU_STREAM_WAIT_VALUE_EQ;
+  std::vector<CUstreamBatchMemOpParams> params(ops.size());
+  for (size_t i = 0; i < ops.size(); ++i) {
+    params[i] = CUstreamBatchMemOpParams{};
+    if (ops[i].kind == MemOp::Kind::kWait) {
+      params[i].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_64;
+      params[i].waitValue.address = reinterpret_cast<CUdeviceptr>(ops[i].addr);
+      params[i].waitValue.value64 = ops[i].value;
+      params[i].waitValue.flags = CU_STREAM_WAIT_VALUE_EQ;
+    } else {
+      params[i].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
+      params[i].writeValue.address = reinterpret_cast<CUdeviceptr>(ops[i].addr);
+      params[i].writeValue.value64 = ops[i].value;
+      params[i].writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+    }
   }
-  for (size_t b = 0; b < ops.size(); b += kMaxMemOpsPerBatch) {
-    unsigned n = static_cast<unsigned>(std::min<size_t>(kMaxMemOpsPerBatch, ops.size() - b));
-    FERRY_CU_CHECK(cu.StreamBatchMemOp(reinterpret_cast<CUstream>(stream), n, ops.data() + b, 0));
+  for (size_t b = 0; b < params.size(); b += kMaxMemOpsPerBatch) {
+    unsigned n = static_cast<unsigned>(std::min<size_t>(kMaxMemOpsPerBatch, params.size() - b));
+    FERRY_CU_CHECK(cu.StreamBatchMemOp(cs, n, params.data() + b, 0));
   }
 }
 
@@ -106,6 +122,7 @@ EngineSet::EngineSet(int device, int peer_engines) : device_(device) {
   FERRY_CUDA_CHECK(cudaSetDevice(device));
   FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&main_, cudaStreamNonBlocking));
   FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+  FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&armed_, cudaStreamNonBlocking));
   for (int i = 0; i < peer_engines; ++i) {
     cudaStream_t s = nullptr;
     FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -124,12 +141,14 @@ EngineSet::~EngineSet() {
   for (auto s : peers_) cudaStreamDestroy(s);
   if (main_) cudaStreamDestroy(main_);
   if (side_) cudaStreamDestroy(side_);
+  if (armed_) cudaStreamDestroy(armed_);
 }
 
 void EngineSet::synchronize() {
   cudaSetDevice(device_);
   cudaStreamSynchronize(main_);
   cudaStreamSynchronize(side_);
+  cudaStreamSynchronize(armed_);
   for (auto s : peers_) cudaStreamSynchronize(s);
 }
 

@@ -21,6 +21,16 @@ struct ValueWait {
   uint64_t value;
 };
 
+// A stream memory operation: wait until the 64-bit word at `addr` equals
+// `value`, or write `value` there. Only local GPU memory or pinned host memory:
+// writing another GPU's memory this way hung on our machines.
+struct MemOp {
+  enum class Kind { kWait, kWrite };
+  Kind kind;
+  const void* addr;
+  uint64_t value;
+};
+
 namespace dma {
 
 // One copy on a copy engine (batched call with the copy-engine hint where possible).
@@ -32,6 +42,9 @@ void copy_one(cudaStream_t stream, const Copy& c);
 void copy_batch(cudaStream_t stream, const std::vector<Copy>& copies);
 // Blocks `stream` until every wait is satisfied (one cuStreamBatchMemOp per 255).
 void wait_values(cudaStream_t stream, const std::vector<ValueWait>& waits);
+// Enqueues `ops` in array order, which CUDA keeps inside one batch: a write
+// after a wait happens only once the wait is satisfied.
+void mem_ops(cudaStream_t stream, const std::vector<MemOp>& ops);
 
 bool is_capturing(cudaStream_t stream);
 bool is_legacy_default(cudaStream_t stream);
@@ -50,6 +63,8 @@ class EngineSet {
   cudaStream_t main() const { return main_; }
   // Where a rank's own block is copied when that runs beside the pushes.
   cudaStream_t side() const { return side_; }
+  // Where prepared collectives wait for their trigger.
+  cudaStream_t armed() const { return armed_; }
   cudaStream_t peer(int i) const { return peers_[i]; }
   int peer_count() const { return static_cast<int>(peers_.size()); }
 
@@ -67,6 +82,7 @@ class EngineSet {
   int device_;
   cudaStream_t main_ = nullptr;
   cudaStream_t side_ = nullptr;
+  cudaStream_t armed_ = nullptr;
   std::vector<cudaStream_t> peers_;
   std::vector<cudaEvent_t> events_;  // ring used by order(), fork() and join()
   cudaEvent_t next_event();

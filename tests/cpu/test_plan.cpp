@@ -1,75 +1,195 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
+#include <map>
 #include <set>
 
 #include "coll/plan.hpp"
+#include "coll/program.hpp"
 
 using namespace ferry;
 
 namespace {
-std::vector<char*> fake_outputs(int world) {
+// Fake, far-apart addresses: each rank's buffer at a distinct high base.
+std::vector<char*> fake_buffers(int world, uintptr_t tag = 1) {
   std::vector<char*> out;
-  for (int p = 0; p < world; ++p) out.push_back(reinterpret_cast<char*>(uintptr_t(1) << 40 | uintptr_t(p) << 32));
+  for (int p = 0; p < world; ++p) out.push_back(reinterpret_cast<char*>(tag << 44 | uintptr_t(p) << 36));
   return out;
 }
+
+// Runs the plans of every rank on byte arrays standing for the GPUs' buffers:
+// the whole protocol's data movement, checked without a GPU.
+struct Sim {
+  std::map<char*, std::vector<unsigned char>*> bases;
+  void add(char* base, std::vector<unsigned char>* mem) { bases[base] = mem; }
+  unsigned char* at(const void* p) {
+    auto c = static_cast<const char*>(p);
+    auto it = bases.upper_bound(const_cast<char*>(c));
+    --it;
+    return it->second->data() + (c - it->first);
+  }
+  void run(const Copy& c) {
+    if (c.bytes) std::memmove(at(c.dst), at(c.src), c.bytes);
+  }
+};
 }  // namespace
 
-TEST(PlanPushes, AllGatherCyclicShift) {
-  for (int world : {1, 2, 4, 8}) {
-    auto outs = fake_outputs(world);
-    const char* in = reinterpret_cast<const char*>(0x1000);
-    for (int rank = 0; rank < world; ++rank) {
-      auto pushes = plan_pushes(CollOp::kAllGather, rank, world, outs, in, 100);
-      ASSERT_EQ(static_cast<int>(pushes.size()), world - 1);
-      for (int k = 0; k < world - 1; ++k) {
-        int p = (rank + k + 1) % world;
-        EXPECT_EQ(pushes[k].peer, p);
-        EXPECT_EQ(pushes[k].copy.dst, outs[p] + rank * 100);
-        EXPECT_EQ(pushes[k].copy.src, in);
-        EXPECT_EQ(pushes[k].copy.bytes, 100u);
-      }
+TEST(Plan, CyclicShiftStepsFormPermutations) {
+  // At every step each rank targets a different peer: no receiver takes two pushes at once.
+  for (int world : {2, 3, 4, 8}) {
+    for (int k = 0; k < world - 1; ++k) {
+      std::set<int> targets;
+      for (int r = 0; r < world; ++r) targets.insert(cyclic_peers(r, world)[k]);
+      EXPECT_EQ(static_cast<int>(targets.size()), world);
     }
   }
 }
 
-TEST(PlanPushes, StepsFormPermutations) {
-  // At every step, each rank targets a different peer: no receiver gets two pushes at once.
-  int world = 8;
-  auto outs = fake_outputs(world);
-  for (int k = 0; k < world - 1; ++k) {
-    std::set<int> targets;
-    for (int rank = 0; rank < world; ++rank)
-      targets.insert(plan_pushes(CollOp::kAllGather, rank, world, outs, nullptr, 1)[k].peer);
-    EXPECT_EQ(static_cast<int>(targets.size()), world);
+TEST(Plan, AllGatherPushesOwnBlockEverywhere) {
+  auto outs = fake_buffers(4);
+  const char* in = reinterpret_cast<const char*>(0x1000);
+  auto x = plan_all_gather(1, 4, outs, in, 100);
+  ASSERT_EQ(x.pushes.size(), 3u);
+  EXPECT_EQ(x.targets, (std::vector<int>{2, 3, 0}));
+  EXPECT_EQ(x.sources, x.targets);
+  for (const auto& pc : x.pushes) {
+    EXPECT_EQ(pc.copy.dst, outs[pc.peer] + 100);
+    EXPECT_EQ(pc.copy.src, in);
+  }
+  EXPECT_EQ(x.local.dst, outs[1] + 100);
+  EXPECT_EQ(plan_all_gather(1, 4, outs, outs[1] + 100, 100).local.bytes, 0u);  // in-place
+}
+
+TEST(Plan, AllToAllvMovesEveryByteOnceToItsPackedPlace) {
+  const int world = 3;
+  std::vector<size_t> counts = {1, 0, 5, 7, 2, 0, 3, 4, 9};  // [src * world + dst]
+  std::vector<std::vector<unsigned char>> in(world), out(world);
+  Sim sim;
+  auto ins = fake_buffers(world, 2), outs = fake_buffers(world, 3);
+  for (int r = 0; r < world; ++r) {
+    in[r].resize(all_to_allv_send_total(world, counts, r));
+    for (size_t i = 0; i < in[r].size(); ++i) in[r][i] = static_cast<unsigned char>(r * 50 + i);
+    out[r].assign(all_to_allv_recv_total(world, counts, r), 0xee);
+    sim.add(ins[r], &in[r]);
+    sim.add(outs[r], &out[r]);
+  }
+  for (int r = 0; r < world; ++r) {
+    auto x = plan_all_to_allv(r, world, outs, ins[r], counts);
+    for (const auto& pc : x.pushes) sim.run(pc.copy);
+    sim.run(x.local);
+  }
+  for (int d = 0; d < world; ++d) {
+    size_t at = 0;
+    for (int s = 0; s < world; ++s) {
+      size_t from = all_to_allv_send_offset(world, counts, s, d);
+      for (size_t i = 0; i < counts[s * world + d]; ++i) EXPECT_EQ(out[d][at + i], in[s][from + i]);
+      at += counts[s * world + d];
+    }
+    EXPECT_EQ(at, out[d].size());
   }
 }
 
-TEST(PlanPushes, AllToAllSendsEachPeerItsBlock) {
-  int world = 4;
-  auto outs = fake_outputs(world);
-  const char* in = reinterpret_cast<const char*>(0x10000);
-  auto pushes = plan_pushes(CollOp::kAllToAll, 1, world, outs, in, 64);
-  ASSERT_EQ(pushes.size(), 3u);
-  for (const auto& pc : pushes) {
-    EXPECT_EQ(pc.copy.src, in + pc.peer * 64);
-    EXPECT_EQ(pc.copy.dst, outs[pc.peer] + 1 * 64);
+TEST(Plan, BroadcastRootPushesOthersOnlyReceive) {
+  auto outs = fake_buffers(4);
+  const char* in = reinterpret_cast<const char*>(0x1000);
+  auto root = plan_broadcast(2, 4, 2, outs, in, 64);
+  EXPECT_EQ(root.targets.size(), 3u);
+  EXPECT_TRUE(root.sources.empty());
+  EXPECT_EQ(root.pushes.size(), 3u);
+  EXPECT_EQ(root.local.bytes, 64u);
+  auto leaf = plan_broadcast(0, 4, 2, outs, nullptr, 64);
+  EXPECT_TRUE(leaf.targets.empty());
+  EXPECT_EQ(leaf.sources, (std::vector<int>{2}));
+  EXPECT_TRUE(leaf.pushes.empty());
+  EXPECT_EQ(plan_broadcast(2, 4, 2, outs, outs[2], 64).local.bytes, 0u);
+}
+
+TEST(Plan, SplitBlocksCoverTheCountEvenly) {
+  for (size_t count : {0ul, 1ul, 7ul, 8ul, 1000003ul}) {
+    auto b = split_blocks(count, 2, 4);
+    size_t at = 0, most = 0, least = SIZE_MAX;
+    for (const auto& x : b) {
+      EXPECT_EQ(x.offset, at);
+      at += x.bytes;
+      most = std::max(most, x.bytes);
+      least = std::min(least, x.bytes);
+    }
+    EXPECT_EQ(at, count * 2);
+    EXPECT_LE(most - least, 2u);
   }
 }
 
-TEST(PlanPushes, ZeroBytesIsNoWork) {
-  EXPECT_TRUE(plan_pushes(CollOp::kAllGather, 0, 4, fake_outputs(4), nullptr, 0).empty());
+TEST(Plan, AllReduceDataMovementReachesEveryRank) {
+  // Scatter to scratch, "reduce" by hand, gather: every rank ends with every block.
+  const int world = 4;
+  const size_t count = 10, es = 4;
+  auto blocks = split_blocks(count, es, world);
+  size_t stride = 256;
+  std::vector<std::vector<unsigned char>> in(world), out(world), scr(world);
+  auto ins = fake_buffers(world, 2), outs = fake_buffers(world, 3), scrs = fake_buffers(world, 4);
+  Sim sim;
+  for (int r = 0; r < world; ++r) {
+    in[r].assign(count * es, static_cast<unsigned char>(r + 1));
+    out[r].assign(count * es, 0);
+    scr[r].assign(stride * world, 0);
+    sim.add(ins[r], &in[r]);
+    sim.add(outs[r], &out[r]);
+    sim.add(scrs[r], &scr[r]);
+  }
+  for (int r = 0; r < world; ++r)
+    for (const auto& pc : plan_scatter_to_scratch(r, world, scrs, ins[r], blocks, stride).pushes) sim.run(pc.copy);
+  for (int r = 0; r < world; ++r)
+    for (size_t i = 0; i < blocks[r].bytes; ++i) {
+      unsigned sum = in[r][blocks[r].offset + i];
+      for (int p = 0; p < world; ++p)
+        if (p != r) sum += scr[r][p * stride + i];
+      out[r][blocks[r].offset + i] = static_cast<unsigned char>(sum);
+    }
+  for (int r = 0; r < world; ++r)
+    for (const auto& pc : plan_gather_blocks(r, world, outs, blocks).pushes) sim.run(pc.copy);
+  for (int r = 0; r < world; ++r)
+    for (unsigned char v : out[r]) EXPECT_EQ(v, 1 + 2 + 3 + 4);
 }
 
-TEST(PlanLocal, InPlaceAllGatherSkipsTheCopy) {
-  char buf[400];
-  EXPECT_EQ(plan_local(CollOp::kAllGather, 2, buf, buf + 200, 100).bytes, 0u);
-  Copy c = plan_local(CollOp::kAllGather, 2, buf, buf + 100, 100);
-  EXPECT_EQ(c.bytes, 100u);
-  EXPECT_EQ(c.dst, buf + 200);
-  char in[400];
-  Copy a = plan_local(CollOp::kAllToAll, 3, buf, in, 100);
-  EXPECT_EQ(a.dst, buf + 300);
-  EXPECT_EQ(a.src, in + 300);
+TEST(Plan, InPlaceAllToAllInRoundsThroughBoundedScratch) {
+  const int world = 3;
+  const size_t bytes = 1000, chunk = 300, stride = 320;
+  std::vector<std::vector<unsigned char>> buf(world), scr(world), want(world);
+  auto bufs = fake_buffers(world, 2), scrs = fake_buffers(world, 4);
+  Sim sim;
+  for (int r = 0; r < world; ++r) {
+    buf[r].resize(bytes * world);
+    for (size_t i = 0; i < buf[r].size(); ++i) buf[r][i] = static_cast<unsigned char>(r * 7 + i * 13);
+    scr[r].assign(stride * world, 0);
+    sim.add(bufs[r], &buf[r]);
+    sim.add(scrs[r], &scr[r]);
+  }
+  for (int d = 0; d < world; ++d) {
+    want[d].resize(bytes * world);
+    for (int s = 0; s < world; ++s)
+      std::copy(buf[s].begin() + d * bytes, buf[s].begin() + (d + 1) * bytes, want[d].begin() + s * bytes);
+  }
+  auto rounds = plan_in_place_rounds(bytes, chunk);
+  ASSERT_EQ(rounds.size(), 4u);
+  for (const auto& round : rounds) {
+    // Every rank pushes (the done handshake), then every rank unpacks.
+    for (int r = 0; r < world; ++r)
+      for (const auto& pc : plan_in_place_round(r, world, scrs, bufs[r], bytes, round, stride).pushes) sim.run(pc.copy);
+    for (int r = 0; r < world; ++r)
+      for (const auto& c : plan_in_place_unpack(r, world, bufs[r], scrs[r], bytes, round, stride)) sim.run(c);
+  }
+  for (int r = 0; r < world; ++r) EXPECT_EQ(buf[r], want[r]);
+}
+
+TEST(Program, MasksNameEveryPeerOfEveryExchange) {
+  Program p;
+  p.add_exchange(plan_broadcast(0, 4, 2, fake_buffers(4), nullptr, 8));
+  EXPECT_EQ(p.targets_mask, 0u);
+  EXPECT_EQ(p.sources_mask, 1u << 2);
+  p.add_exchange(plan_all_gather(0, 4, fake_buffers(4), nullptr, 8));
+  EXPECT_EQ(p.targets_mask, 0b1110u);
+  EXPECT_FALSE(p.uses_kernel);
 }
 
 TEST(RangesOverlap, Edges) {
@@ -78,10 +198,4 @@ TEST(RangesOverlap, Edges) {
   EXPECT_FALSE(ranges_overlap(b, 10, b + 10, 10));
   EXPECT_FALSE(ranges_overlap(b, 0, b, 10));
   EXPECT_TRUE(ranges_overlap(b + 5, 1, b, 100));
-}
-
-TEST(LocalCopyPlacement, SideStreamOnlyForLargeBlocks) {
-  EXPECT_FALSE(local_copy_on_side_stream(4096));
-  EXPECT_FALSE(local_copy_on_side_stream((size_t(1) << 20) - 1));
-  EXPECT_TRUE(local_copy_on_side_stream(size_t(1) << 20));
 }

@@ -9,7 +9,8 @@ using namespace ferry;
 
 TEST(Selector, SmallSizesBatchLargeSizesSequential) {
   auto table = default_selector_table();
-  for (CollOp op : {CollOp::kAllGather, CollOp::kAllToAll}) {
+  for (CollOp op : {CollOp::kAllGather, CollOp::kAllToAll, CollOp::kAllToAllv, CollOp::kBroadcast,
+                    CollOp::kReduceScatter, CollOp::kAllReduce}) {
     for (int world : {2, 4, 8}) {
       EXPECT_EQ(select_algo(op, world, 1024, Algo::kAuto, table), Algo::kB2b);
       EXPECT_EQ(select_algo(op, world, size_t(2) << 20, Algo::kAuto, table), Algo::kB2b);
@@ -37,7 +38,7 @@ TEST(Selector, WorldSpecificRulesComeFirst) {
                                      {CollOp::kAllGather, 0, 1 << 20, Algo::kB2b}};
   EXPECT_EQ(select_algo(CollOp::kAllGather, 8, 4096, Algo::kAuto, table), Algo::kPcpy);
   EXPECT_EQ(select_algo(CollOp::kAllGather, 4, 4096, Algo::kAuto, table), Algo::kB2b);
-  EXPECT_EQ(select_algo(CollOp::kAllGather, 4, 8 << 20, Algo::kAuto, table), Algo::kPcpy);  // no rule: pcpy
+  EXPECT_EQ(select_algo(CollOp::kAllGather, 4, 8 << 20, Algo::kAuto, table), Algo::kSeq);  // no rule: seq
 }
 
 TEST(Selector, ParseNamesTheArgument) {
@@ -52,20 +53,3 @@ TEST(Selector, ParseNamesTheArgument) {
   }
 }
 
-TEST(Selector, PcpyOnlyWhereItsStreamsHaveTheirOwnQueues) {
-  EXPECT_TRUE(pcpy_fits_hardware_queues(2, 8));
-  EXPECT_TRUE(pcpy_fits_hardware_queues(4, 8));
-  EXPECT_TRUE(pcpy_fits_hardware_queues(6, 8));
-  EXPECT_FALSE(pcpy_fits_hardware_queues(8, 8));  // the deadlock seen on 8 H200s
-  EXPECT_TRUE(pcpy_fits_hardware_queues(8, 16));
-}
-
-TEST(Selector, MaxConnectionsFollowsCuda) {
-  unsetenv("CUDA_DEVICE_MAX_CONNECTIONS");
-  EXPECT_EQ(cuda_max_connections(), 8);
-  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "16", 1);
-  EXPECT_EQ(cuda_max_connections(), 16);
-  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "junk", 1);
-  EXPECT_EQ(cuda_max_connections(), 8);
-  unsetenv("CUDA_DEVICE_MAX_CONNECTIONS");
-}

@@ -1,0 +1,106 @@
+// Turning a planned collective into stream commands. Per exchange:
+//   1. ready: one small copy into each source's flags ("you may write into me")
+//   2. one batch of memory operations: wait for every target's ready, reset
+//      those flags to 0, and (prepared collectives) wait for the trigger
+//   3. the pushes (and this rank's own block, locally)
+//   4. done: one small copy into each target's flags after its data
+//   5. one batch: wait for every source's done, reset those flags to 0
+// No kernel runs here unless the program has a reduction or the local block
+// is copied with the SM kernel.
+#include "coll/communicator.hpp"
+#include "core/error.hpp"
+
+namespace ferry {
+
+void Communicator::emit(int local, const Built& b, const Emission& e) {
+  Local& L = *locals_[local];
+  // Batched copies are not allowed on the legacy default stream: run on our own.
+  const bool own_stream = dma::is_legacy_default(e.stream);
+  cudaStream_t s = own_stream ? L.engines->main() : e.stream;
+  if (own_stream) L.engines->order(e.stream, s);
+  size_t exchanges = 0;
+  for (const auto& step : b.program.steps) exchanges += step.kind == Step::Kind::kExchange;
+  size_t k = 0;
+  for (const auto& step : b.program.steps) {
+    switch (step.kind) {
+      case Step::Kind::kExchange:
+        emit_exchange(local, step.exchange, b, s, e, k == 0, k + 1 == exchanges);
+        ++k;
+        break;
+      case Step::Kind::kReduce:
+        launch_reduce(step.reduce, s);
+        break;
+      case Step::Kind::kUnpack:
+        dma::copy_batch(s, step.unpack);
+        break;
+    }
+  }
+  if (own_stream) L.engines->order(s, e.stream);
+}
+
+void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, cudaStream_t s, const Emission& e,
+                                 bool first, bool last) {
+  using K = MemOp::Kind;
+  Local& L = *locals_[local];
+  const int r = L.rank;
+  FlagBlock* mine = flags_device(r);
+  const SourceSlot* rec = b.record.device;
+
+  std::vector<Copy> ready;
+  for (int q : x.sources) ready.push_back(Copy{&flags_device(q)->ready[r], &rec->ready, kReadyCopyBytes});
+  dma::copy_batch(s, ready);
+
+  std::vector<MemOp> before;
+  if (first && e.state_word) before.push_back(MemOp{K::kWrite, e.state_word, 1});
+  for (int t : x.targets) before.push_back(MemOp{K::kWait, &mine->ready[t].value, b.value});
+  for (int t : x.targets) before.push_back(MemOp{K::kWrite, &mine->ready[t].value, 0});
+  if (first && e.gate) before.push_back(MemOp{K::kWait, e.gate->addr, e.gate->value});
+  dma::mem_ops(s, before);
+
+  std::vector<Copy> done;
+  for (int t : x.targets) done.push_back(Copy{&flags_device(t)->done[r].value, &rec->done.value, sizeof(uint64_t)});
+
+  bool side = false;
+  if (e.algo == Algo::kPcpy && !x.targets.empty()) {
+    // One stream per target: its push, then its done. These streams never wait
+    // on flags (the waits stay on `s`), so sharing a hardware queue with another
+    // stream cannot hold a message that a peer waits for.
+    const int n = static_cast<int>(x.targets.size());
+    FERRY_ARG_CHECK(n <= L.engines->peer_count(), "pcpy: more targets than peer engines");
+    L.engines->fork(s, n);
+    for (int k = 0; k < n; ++k) {
+      cudaStream_t pk = L.engines->peer(k);
+      for (const auto& pc : x.pushes)
+        if (pc.peer == x.targets[k]) dma::copy(pk, pc.copy);
+      dma::copy(pk, done[k]);
+    }
+    copy_local(x.local, e.local_copy, s);
+    L.engines->join(s, n);
+  } else {
+    side = x.local.bytes > 0 && local_copy_on_side_stream(x.local.bytes);
+    if (side) {
+      L.engines->order(s, L.engines->side());
+      copy_local(x.local, e.local_copy, L.engines->side());
+    } else {
+      copy_local(x.local, e.local_copy, s);
+    }
+    std::vector<Copy> data;
+    for (const auto& pc : x.pushes) data.push_back(pc.copy);
+    if (e.algo == Algo::kSeq) {
+      // Stream order makes the steps of the cyclic shift happen one at a time.
+      for (const auto& c : data) dma::copy(s, c);
+    } else {
+      dma::copy_batch(s, data);
+    }
+    dma::copy_batch(s, done);
+  }
+
+  std::vector<MemOp> after;
+  for (int q : x.sources) after.push_back(MemOp{K::kWait, &mine->done[q].value, b.value});
+  for (int q : x.sources) after.push_back(MemOp{K::kWrite, &mine->done[q].value, 0});
+  if (last && e.state_word) after.push_back(MemOp{K::kWrite, e.state_word, 0});
+  dma::mem_ops(s, after);
+  if (side) L.engines->order(L.engines->side(), s);
+}
+
+}  // namespace ferry

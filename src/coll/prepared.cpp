@@ -1,0 +1,152 @@
+// Prepared collectives: prelaunch. A prepared call is validated and planned
+// once; arming enqueues its commands on ferry's armed stream behind a wait on a
+// trigger word; triggering writes the word (from the host, from a stream, or
+// from a kernel). Everything before the trigger wait, the ready handshake
+// included, runs while the caller still computes, so after the trigger only
+// the pushes and the done messages remain.
+#include "coll/communicator.hpp"
+#include "core/error.hpp"
+
+namespace ferry {
+
+Communicator::Prepared& Communicator::prepared(int handle, const char* what) {
+  auto it = prepared_.find(handle);
+  if (it == prepared_.end())
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                std::string(what) + ": handle " + std::to_string(handle) + " is not a prepared collective of this "
+                                                                           "communicator (released already?)");
+  return it->second;
+}
+
+int Communicator::prepare(const CollectiveArgs& args) {
+  Prepared p;
+  p.args = args;
+  p.built = build(args, &p.registrations);
+  p.algo = resolve_algo(args);
+  for (int i = 0; i < local_count(); ++i) {
+    Local& L = *locals_[i];
+    FERRY_CUDA_CHECK(cudaSetDevice(L.device));
+    p.gate.push_back(L.records->word());
+    cudaEvent_t ev = nullptr;
+    FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    p.finished.push_back(ev);
+  }
+  int id = next_handle_++;
+  prepared_.emplace(id, std::move(p));
+  return id;
+}
+
+void Communicator::arm(int handle, const std::vector<cudaStream_t>& after) {
+  ensure_open("arm");
+  Prepared& p = prepared(handle, "arm");
+  if (p.armed)
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                "arm: handle " + std::to_string(handle) + " is armed already; trigger it before arming it again");
+  FERRY_ARG_CHECK(static_cast<int>(after.size()) == local_count(),
+                  "arm: expected one stream per local rank (" + std::to_string(local_count()) + ")");
+  for (auto s : after)
+    if (s && dma::is_capturing(s))
+      throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                  "arm: the stream is capturing a CUDA graph; capture the collective call itself instead of arming");
+  if (p.built.empty()) {
+    p.armed = true;  // zero bytes: nothing to enqueue, but arm/trigger keep their rules
+    return;
+  }
+  const uint64_t gen = ++p.generation;
+  const uint64_t seq = ++seq_;
+  for (int i = 0; i < local_count(); ++i) {
+    Local& L = *locals_[i];
+    FERRY_CUDA_CHECK(cudaSetDevice(L.device));
+    cudaStream_t s = L.engines->armed();
+    if (after[i]) L.engines->order(after[i], s);
+    L.in_flight->order_after_previous(s);
+    size_t slot = L.in_flight->begin(expectation(seq, p.args, p.built[i]), timeout_s_);
+    ValueWait gate{p.gate[i].device, gen};
+    Emission e;
+    e.stream = s;
+    e.algo = p.algo;
+    e.local_copy = p.args.local_copy;
+    e.gate = &gate;
+    emit(i, p.built[i], e);
+    L.in_flight->end(slot, s, p.gate[i].host, gen);
+    FERRY_CUDA_CHECK(cudaEventRecord(p.finished[i], s));
+    __atomic_store_n(&flags_host(L.rank)->progress.enqueued, seq, __ATOMIC_RELEASE);
+  }
+  p.armed = true;
+}
+
+void Communicator::trigger(int handle) {
+  Prepared& p = prepared(handle, "trigger");
+  if (!p.armed)
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                "trigger: handle " + std::to_string(handle) + " is not armed; call arm() first");
+  for (auto& g : p.gate) __atomic_store_n(g.host, p.generation, __ATOMIC_RELEASE);
+  p.armed = false;
+}
+
+void Communicator::trigger_on(int handle, const std::vector<cudaStream_t>& streams) {
+  Prepared& p = prepared(handle, "trigger_on");
+  if (!p.armed)
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                "trigger_on: handle " + std::to_string(handle) + " is not armed; call arm() first");
+  FERRY_ARG_CHECK(static_cast<int>(streams.size()) == local_count(),
+                  "trigger_on: expected one stream per local rank (" + std::to_string(local_count()) + ")");
+  for (int i = 0; i < local_count(); ++i) {
+    FERRY_CUDA_CHECK(cudaSetDevice(device(i)));
+    if (!p.built.empty())
+      dma::mem_ops(streams[i], {MemOp{MemOp::Kind::kWrite, p.gate[i].device, p.generation}});
+  }
+  p.armed = false;
+}
+
+std::pair<uint64_t*, uint64_t> Communicator::device_trigger(int handle, int local) {
+  Prepared& p = prepared(handle, "device_trigger");
+  if (!p.armed)
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                "device_trigger: handle " + std::to_string(handle) + " is not armed; call arm() first");
+  FERRY_ARG_CHECK(local >= 0 && local < local_count(), "device_trigger: local rank out of range");
+  auto out = std::make_pair(p.gate[local].device, p.generation);
+  if (local == local_count() - 1) p.armed = false;  // handed to the kernels
+  return out;
+}
+
+void Communicator::wait(int handle, const std::vector<cudaStream_t>& streams) {
+  Prepared& p = prepared(handle, "wait");
+  FERRY_ARG_CHECK(static_cast<int>(streams.size()) == local_count(),
+                  "wait: expected one stream per local rank (" + std::to_string(local_count()) + ")");
+  if (p.generation == 0) return;
+  for (int i = 0; i < local_count(); ++i) {
+    FERRY_CUDA_CHECK(cudaSetDevice(device(i)));
+    FERRY_CUDA_CHECK(cudaStreamWaitEvent(streams[i], p.finished[i], 0));
+  }
+}
+
+bool Communicator::armed(int handle) const {
+  auto it = prepared_.find(handle);
+  return it != prepared_.end() && it->second.armed;
+}
+
+void Communicator::release(int handle) {
+  Prepared& p = prepared(handle, "release");
+  if (p.armed)
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                "release: handle " + std::to_string(handle) +
+                    " is armed; trigger it first (its commands already wait in the stream)");
+  for (int i = 0; i < local_count(); ++i) {
+    cudaSetDevice(device(i));
+    // The event may still be pending; destroying it is fine, CUDA keeps the record.
+    cudaEventDestroy(p.finished[i]);
+  }
+  prepared_.erase(handle);
+}
+
+void Communicator::check_not_prepared(uint32_t registration, const char* what) const {
+  for (const auto& [id, p] : prepared_)
+    for (uint32_t r : p.registrations)
+      if (r == registration)
+        throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                    std::string(what) + ": buffer #" + std::to_string(registration) +
+                        " is used by prepared collective " + std::to_string(id) + "; release that handle first");
+}
+
+}  // namespace ferry

@@ -1,0 +1,29 @@
+#include "coll/program.hpp"
+
+namespace ferry {
+
+void Program::add_exchange(Exchange x) {
+  for (int p : x.targets) targets_mask |= uint64_t(1) << p;
+  for (int p : x.sources) sources_mask |= uint64_t(1) << p;
+  Step s;
+  s.kind = Step::Kind::kExchange;
+  s.exchange = std::move(x);
+  steps.push_back(std::move(s));
+}
+
+void Program::add_reduce(const ReduceStep& r) {
+  Step s;
+  s.kind = Step::Kind::kReduce;
+  s.reduce = r;
+  steps.push_back(std::move(s));
+  uses_kernel = true;
+}
+
+void Program::add_unpack(std::vector<Copy> copies) {
+  Step s;
+  s.kind = Step::Kind::kUnpack;
+  s.unpack = std::move(copies);
+  steps.push_back(std::move(s));
+}
+
+}  // namespace ferry

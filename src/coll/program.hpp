@@ -1,0 +1,35 @@
+// A collective as one rank runs it: a short list of steps, built once from the
+// call (addresses only, no CUDA) and then emitted onto a stream, either right
+// away (a plain call, or a call being captured into a CUDA graph) or behind a
+// trigger (a prepared, prelaunched collective).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "coll/plan.hpp"
+#include "coll/reduce.hpp"
+
+namespace ferry {
+
+struct Step {
+  enum class Kind { kExchange, kReduce, kUnpack };
+  Kind kind = Kind::kExchange;
+  Exchange exchange;          // kExchange
+  ReduceStep reduce{};        // kReduce: an SM kernel
+  std::vector<Copy> unpack;   // kUnpack: local copy-engine copies (in-place all-to-all)
+};
+
+struct Program {
+  std::vector<Step> steps;
+  // Bit p set: some exchange writes into rank p / rank p writes into this one.
+  uint64_t targets_mask = 0;
+  uint64_t sources_mask = 0;
+  bool uses_kernel = false;  // a reduction (the local block copy is decided when emitted)
+
+  void add_exchange(Exchange x);
+  void add_reduce(const ReduceStep& r);
+  void add_unpack(std::vector<Copy> copies);
+};
+
+}  // namespace ferry
