@@ -11,7 +11,7 @@ with an explanation. See docs/api.md.
 
 from ._native import IMPORT_ERROR, native
 from .bootstrap import LaunchInfo, TcpStore, read_launch_env
-from .comm import Communicator, init, init_local
+from .comm import Communicator, PreparedCollective, init, init_local
 from .errors import (
     BrokenError,
     ClosedError,
@@ -45,6 +45,7 @@ __all__ = [
     "BrokenError",
     "ClosedError",
     "Communicator",
+    "PreparedCollective",
     "CudaError",
     "FerryError",
     "InvalidArgumentError",

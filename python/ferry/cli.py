@@ -69,7 +69,7 @@ def cmd_bench(args) -> int:
     if world < 2:
         print(f"ferry bench needs at least 2 GPUs; {world} visible", file=sys.stderr)
         return 2
-    impls = args.impls.split(",")
+    impls = [i for i in args.impls.split(",") if i]
     bad = [i for i in impls if i not in collectives.IMPLS]
     if bad:
         print(f"--impls: unknown {bad}; expected some of {','.join(collectives.IMPLS)}", file=sys.stderr)
@@ -86,18 +86,67 @@ def cmd_bench(args) -> int:
         overlap_bytes=parse_size(args.overlap_size),
         overlap_gemms=args.overlap_gemms,
         overlap_reps=args.overlap_reps,
+        overlap_sizes=[parse_size(x) for x in args.overlap_sizes.split(",") if x],
         local_copy_probe=args.local_copy_probe,
+        prelaunch=args.prelaunch,
+        prelaunch_ops=["all_gather", "all_to_all"],
+        prelaunch_sizes=size_range(parse_size(args.min), min(parse_size(args.max), 1 << 20), args.factor),
+        prelaunch_runs=args.prelaunch_runs,
+        phases=args.phases,
+        phase_algos=["b2b", "seq", "pcpy"],
+        phase_sizes=[1 << 10, 16 << 10, 256 << 10, 4 << 20, 64 << 20],
+        energy=args.energy,
+        energy_sizes=[parse_size(x) for x in args.energy_sizes.split(",")],
+        energy_seconds=args.energy_seconds,
+        tuning=None,
     )
+    unknown = [o for o in opts["ops"] if o not in collectives.OPS]
+    if unknown:
+        print(f"--ops: unknown {unknown}; expected some of {','.join(collectives.OPS)}", file=sys.stderr)
+        return 2
     print(f"ferry bench: {world} GPUs, {len(opts['sizes'])} sizes, {opts['ops']}, {impls}", file=sys.stderr)
     result = collectives.run(world, opts)
-    print(format_table(result["records"]))
-    print()
-    print(ratio_table(result["records"]))
+    from .bench.report import format_sections
+
+    if result["records"]:
+        print(format_table(result["records"]))
+        print()
+        print(ratio_table(result["records"]))
+    print("\n".join(format_sections(result)))
     if args.out:
         command = "ferry " + " ".join(shlex.quote(a) for a in sys.argv[1:])
         stem = collectives.save(result, world, args.out, command, plot=not args.no_plot)
         print(f"\nwrote {stem}.json, .txt" + ("" if args.no_plot else ", .png"))
     return 0 if all(r["wrong"] == 0 for r in result["records"]) else 1
+
+
+def cmd_tune(args) -> int:
+    import json
+
+    import torch
+
+    from . import tune
+    from .bench.report import parse_size, size_range
+
+    world = args.gpus or torch.cuda.device_count()
+    if world < 2:
+        print(f"ferry tune needs at least 2 GPUs; {world} visible", file=sys.stderr)
+        return 2
+    sizes = size_range(parse_size(args.min), parse_size(args.max), args.factor)
+    print(f"ferry tune: {world} GPUs, {len(sizes)} sizes, variants {tune.VARIANTS}", file=sys.stderr)
+    table = tune.run(world, args.ops.split(","), sizes, args.runs, args.timeout)
+    table["command"] = "ferry " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    out = args.out or os.path.expanduser(
+        f"~/.cache/ferry/tuning-{table['gpu'].replace(' ', '-')}-x{world}.json"
+    )
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(table, f, indent=1)
+    for r in table["rules"]:
+        bound = "any size" if r["max_bytes"] is None else f"<= {r['max_bytes']} B"
+        print(f"  {r['op']:<15} world {r['world']}: {bound:<16} -> {r['algo']}")
+    print(f"wrote {out}; use it with FERRY_TUNING={out}")
+    return 0 if all(r["wrong"] == 0 for r in table["records"]) else 1
 
 
 def main(argv=None) -> int:
@@ -112,9 +161,15 @@ def main(argv=None) -> int:
     d.set_defaults(fn=cmd_doctor)
     b = sub.add_parser("bench", help="ferry against NCCL on the local GPUs")
     b.add_argument("--gpus", type=int, default=0, help="number of GPUs (default: all)")
-    b.add_argument("--ops", default="all_gather,all_to_all")
     b.add_argument(
-        "--impls", default=",".join(("ferry-b2b", "ferry-pcpy", "ferry-seq", "nccl", "nccl-graph"))
+        "--ops",
+        default="all_gather,all_to_all",
+        help="any of all_gather, all_to_all, broadcast, reduce_scatter, all_reduce",
+    )
+    b.add_argument(
+        "--impls",
+        default=",".join(("ferry-b2b", "ferry-pcpy", "ferry-seq", "ferry-graph", "nccl", "nccl-graph")),
+        help="what to time; empty: only the optional measurements below",
     )
     b.add_argument("--min", default="1K", help="smallest bytes per rank")
     b.add_argument("--max", default="1G", help="largest bytes per rank")
@@ -127,10 +182,33 @@ def main(argv=None) -> int:
     b.add_argument("--overlap-size", default="64M", help="all-gather bytes per rank beside the GEMMs")
     b.add_argument("--overlap-gemms", type=int, default=30)
     b.add_argument("--overlap-reps", type=int, default=7, help="alternating alone/beside measurements")
+    b.add_argument(
+        "--overlap-sizes", default="", help="all-gather sizes for the overlap (default: --overlap-size)"
+    )
     b.add_argument("--local-copy-probe", action="store_true", help="also time copies within one GPU")
+    b.add_argument("--prelaunch", action="store_true", help="also time prepared collectives trigger -> done")
+    b.add_argument("--prelaunch-runs", type=int, default=15)
+    b.add_argument(
+        "--phases", action="store_true", help="also break all_gather into control/schedule/copy/sync"
+    )
+    b.add_argument("--energy", action="store_true", help="also measure NVML energy per GB, ferry vs NCCL")
+    b.add_argument("--energy-sizes", default="1M,64M")
+    b.add_argument("--energy-seconds", type=float, default=2.0)
     b.add_argument("--out", default="", help="folder for JSON, text table and PNG plot")
     b.add_argument("--no-plot", action="store_true")
     b.set_defaults(fn=cmd_bench)
+    tu = sub.add_parser("tune", help="measure which variant is fastest per size here; write a tuning JSON")
+    tu.add_argument("--gpus", type=int, default=0, help="number of GPUs (default: all)")
+    tu.add_argument("--ops", default="all_gather,all_to_all")
+    tu.add_argument("--min", default="1K")
+    tu.add_argument("--max", default="256M")
+    tu.add_argument("--factor", type=int, default=4)
+    tu.add_argument("--runs", type=int, default=5)
+    tu.add_argument("--timeout", type=float, default=120.0)
+    tu.add_argument(
+        "--out", default="", help="where to write (default ~/.cache/ferry/tuning-<gpu>-x<n>.json)"
+    )
+    tu.set_defaults(fn=cmd_tune)
     args = p.parse_args(argv)
     return args.fn(args)
 

@@ -22,6 +22,51 @@ class _Buffer:
     nbytes: int
     device: int
     dtype: str
+    itemsize: int = 1
+
+
+# Reductions by element type: torch names and __cuda_array_interface__ typestrs.
+_REDUCTION_DTYPES = {
+    "torch.float32": "float32",
+    "torch.float16": "float16",
+    "torch.bfloat16": "bfloat16",
+    "torch.int32": "int32",
+    "torch.float64": "float64",
+    "torch.int64": "int64",
+    "<f4": "float32",
+    "<f2": "float16",
+    "<i4": "int32",
+    "<f8": "float64",
+    "<i8": "int64",
+}
+
+
+def _reduction_dtype(b: "_Buffer", op: str) -> str:
+    name = _REDUCTION_DTYPES.get(b.dtype)
+    if name is None:
+        raise InvalidArgumentError(
+            f"{op}: dtype {b.dtype} cannot be reduced; expected float32, float16, bfloat16, int32, float64 or int64"
+        )
+    return name
+
+
+def _counts_matrix(counts, world: int) -> List[int]:
+    """counts as a flat list of world * world non-negative ints, [src * world + dst]."""
+    if hasattr(counts, "tolist"):
+        counts = counts.tolist()
+    flat = []
+    for row in counts:
+        if isinstance(row, (list, tuple)):
+            flat.extend(row)
+        else:
+            flat.append(row)
+    if len(flat) != world * world:
+        raise InvalidArgumentError(
+            f"all_to_allv: counts has {len(flat)} entries; expected a {world} x {world} matrix (counts[src][dst])"
+        )
+    if any((not isinstance(c, int)) or c < 0 for c in flat):
+        raise InvalidArgumentError("all_to_allv: counts must be non-negative integers")
+    return flat
 
 
 def _describe(obj: Any, what: str) -> _Buffer:
@@ -32,7 +77,13 @@ def _describe(obj: Any, what: str) -> _Buffer:
             raise InvalidArgumentError(f"{what} is on {obj.device}; expected a CUDA tensor")
         if not obj.is_contiguous():
             raise InvalidArgumentError(f"{what} is not contiguous; pass {what}.contiguous()")
-        return _Buffer(obj.data_ptr(), obj.numel() * obj.element_size(), obj.device.index, str(obj.dtype))
+        return _Buffer(
+            obj.data_ptr(),
+            obj.numel() * obj.element_size(),
+            obj.device.index,
+            str(obj.dtype),
+            obj.element_size(),
+        )
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is None:
         raise InvalidArgumentError(
@@ -53,7 +104,7 @@ def _describe(obj: Any, what: str) -> _Buffer:
         if tuple(reversed(expected)) != tuple(strides) and n > 1:
             raise InvalidArgumentError(f"{what} is not contiguous (strides {strides})")
     # The native layer checks where the pointer lives (host, which GPU).
-    return _Buffer(cai["data"][0], n * itemsize, -1, typestr)
+    return _Buffer(cai["data"][0], n * itemsize, -1, typestr, itemsize)
 
 
 def _stream_handle(stream: Any, device: int) -> int:
@@ -88,6 +139,24 @@ class Communicator:
         self._local = local
         self._allocs: dict = {}
         self._store = None  # ferry's own TCP store, kept for later collective calls
+        self._apply_shipped_tuning()
+
+    def _apply_shipped_tuning(self) -> None:
+        """The selector's table for this GPU model (ferry/tuning/, or FERRY_TUNING)."""
+        from . import tune
+
+        try:
+            import torch
+
+            name = torch.cuda.get_device_name(self._c.device(0))
+        except Exception:  # noqa: BLE001 - torch is optional
+            try:
+                name = require().probe_topology().gpus[self._c.device(0)].name
+            except Exception:  # noqa: BLE001 - no GPU: nothing will be selected
+                return
+        rules = tune.default_rules(name, self._c.world)
+        if rules:
+            self._c.set_selector_table(rules)
 
     # ------------------------------------------------------------ creation
 
@@ -188,51 +257,97 @@ class Communicator:
 
     # ------------------------------------------------------------ collectives
 
-    def _collective(self, name, outs, ins, stream, algo, local_copy, out_factor, in_factor):
-        self._check_open(name)
+    def _streams(self, stream, what: str) -> List[int]:
+        if self._local and stream is None:
+            streams = [None] * self._c.local_count  # each GPU's current torch stream
+        else:
+            streams = self._per_rank(stream, f"{what}: stream")
+        return [_stream_handle(s, self._c.device(i)) for i, s in enumerate(streams)]
+
+    def _native_args(
+        self, op, outs, ins, stream, algo, local_copy, root=0, counts=None, red_op="sum"
+    ) -> dict:
+        """Checks the Python-visible parts of a call (sizes, dtypes, devices) and
+        turns it into the native call's arguments."""
+        self._check_open(op)
         if algo not in _ALGOS:
             raise InvalidArgumentError(f"algo is {algo!r}; expected one of {', '.join(_ALGOS)}")
         if local_copy not in _LOCAL_COPIES:
             raise InvalidArgumentError(
                 f"local_copy is {local_copy!r}; expected one of {', '.join(_LOCAL_COPIES)}"
             )
-        outs, ins = self._per_rank(outs, f"{name}: out"), self._per_rank(ins, f"{name}: in")
-        if self._local and stream is None:
-            streams = [None] * self._c.local_count  # each GPU's current torch stream
-        else:
-            streams = self._per_rank(stream, f"{name}: stream")
         world = self._c.world
-        out_ptrs, in_ptrs, handles = [], [], []
-        bytes_per_rank = None
+        outs = self._per_rank(outs, f"{op}: out")
+        ins = [None] * len(outs) if ins is None else self._per_rank(ins, f"{op}: in")
+        args = dict(op=op, algo=algo, local_copy=local_copy, root=root, red_op=red_op)
+        out_ptrs, in_ptrs, shapes = [], [], []
         for i, (o, x) in enumerate(zip(outs, ins)):
-            ob, ib = _describe(o, "out"), _describe(x, "in")
-            dev = self._c.device(i)
+            dev, r = self._c.device(i), self._c.rank(i)
+            ob = _describe(o, f"{op}: out")
+            # A broadcast's non-root ranks send nothing: their `in` is ignored.
+            ib = ob if (x is None or (op == "broadcast" and r != root)) else _describe(x, f"{op}: in")
             for b, what in ((ob, "out"), (ib, "in")):
                 if b.device not in (dev, -1):
-                    raise InvalidArgumentError(f"{name}: {what} is on GPU {b.device}; expected GPU {dev}")
-            if ob.dtype != ib.dtype and ob.dtype.startswith("torch.") == ib.dtype.startswith("torch."):
+                    raise InvalidArgumentError(f"{op}: {what} is on GPU {b.device}; expected GPU {dev}")
+            if ob.dtype != ib.dtype:
                 raise InvalidArgumentError(
-                    f"{name}: out is {ob.dtype} and in is {ib.dtype}; expected the same dtype"
+                    f"{op}: out is {ob.dtype} and in is {ib.dtype}; expected the same dtype"
                 )
-            if ib.nbytes % in_factor(world):
-                raise InvalidArgumentError(
-                    f"{name}: in has {ib.nbytes} bytes, not a multiple of the world size {world}"
-                )
-            per_rank = ib.nbytes // in_factor(world)
-            if ob.nbytes != per_rank * out_factor(world):
-                raise InvalidArgumentError(
-                    f"{name}: out has {ob.nbytes} bytes; expected {per_rank * out_factor(world)} "
-                    f"({out_factor(world)} x {per_rank} bytes per rank)"
-                )
-            if bytes_per_rank not in (None, per_rank):
-                raise InvalidArgumentError(
-                    f"{name}: the GPUs' tensors differ in size; expected the same on every GPU"
-                )
-            bytes_per_rank = per_rank
+            shapes.append(self._shape(op, ob, ib, world, r, counts, root))
             out_ptrs.append(ob.ptr)
             in_ptrs.append(ib.ptr)
-            handles.append(_stream_handle(streams[i], dev))
-        getattr(self._c, name)(out_ptrs, in_ptrs, bytes_per_rank, handles, algo, local_copy)
+        if any(sh != shapes[0] for sh in shapes):
+            raise InvalidArgumentError(
+                f"{op}: the GPUs' tensors differ in size; expected the same on every GPU"
+            )
+        args.update(shapes[0])
+        args.update(outs=out_ptrs, ins=in_ptrs, streams=self._streams(stream, op))
+        return args
+
+    @staticmethod
+    def _shape(op, ob: _Buffer, ib: _Buffer, world: int, rank: int, counts, root) -> dict:
+        def need(cond, msg):
+            if not cond:
+                raise InvalidArgumentError(f"{op}: {msg}")
+
+        if op == "all_gather":
+            need(
+                ob.nbytes == ib.nbytes * world,
+                f"out has {ob.nbytes} bytes; expected world x in = {world} x {ib.nbytes}",
+            )
+            return dict(bytes=ib.nbytes)
+        if op == "all_to_all":
+            need(
+                ib.nbytes % world == 0, f"in has {ib.nbytes} bytes, not a multiple of the world size {world}"
+            )
+            need(ob.nbytes == ib.nbytes, f"out has {ob.nbytes} bytes; expected {ib.nbytes} like in")
+            return dict(bytes=ib.nbytes // world)
+        if op == "all_to_allv":
+            flat = _counts_matrix(counts, world)
+            sent = sum(flat[rank * world + d] for d in range(world)) * ib.itemsize
+            got = sum(flat[s * world + rank] for s in range(world)) * ob.itemsize
+            need(ib.nbytes >= sent, f"in has {ib.nbytes} bytes; counts send {sent} from rank {rank}")
+            need(ob.nbytes >= got, f"out has {ob.nbytes} bytes; counts send {got} to rank {rank}")
+            return dict(counts=[c * ib.itemsize for c in flat])
+        if op == "broadcast":
+            need(0 <= root < world, f"root is {root}; expected 0..{world - 1}")
+            need(ib.nbytes == ob.nbytes, f"in has {ib.nbytes} bytes; expected {ob.nbytes} like out")
+            return dict(bytes=ob.nbytes)
+        dtype = _reduction_dtype(ob, op)
+        if op == "reduce_scatter":
+            need(
+                ib.nbytes == ob.nbytes * world,
+                f"in has {ib.nbytes} bytes; expected world x out = {world} x {ob.nbytes}",
+            )
+            return dict(count=ob.nbytes // ob.itemsize, dtype=dtype)
+        need(ib.nbytes == ob.nbytes, f"in has {ib.nbytes} bytes; expected {ob.nbytes} like out")
+        return dict(count=ob.nbytes // ob.itemsize, dtype=dtype)  # all_reduce
+
+    def _run(self, prepare: bool, **kw):
+        args = self._native_args(**kw)
+        if prepare:
+            return PreparedCollective(self, self._c.prepare(**args), kw["op"])
+        self._c.run(**args)
 
     def all_gather(self, out, inp, stream=None, algo: str = "auto", local_copy: str = "auto") -> None:
         """out (world x inp.nbytes, registered) receives every rank's `inp` in
@@ -241,12 +356,107 @@ class Communicator:
         algo: 'auto' | 'pcpy' | 'b2b' | 'seq'. local_copy: how this rank's own block is
         copied: 'auto'/'sm' (a small SM kernel; the copy engine is slow within
         one GPU) or 'ce' (copy engine: no SM used)."""
-        self._collective("all_gather", out, inp, stream, algo, local_copy, lambda w: w, lambda w: 1)
+        self._run(False, op="all_gather", outs=out, ins=inp, stream=stream, algo=algo, local_copy=local_copy)
 
     def all_to_all(self, out, inp, stream=None, algo: str = "auto", local_copy: str = "auto") -> None:
         """Block j of rank i's `inp` lands in block i of rank j's `out` (blocks
-        of inp.nbytes / world). out registered; out and inp must not overlap."""
-        self._collective("all_to_all", out, inp, stream, algo, local_copy, lambda w: w, lambda w: w)
+        of inp.nbytes / world). `out` registered. In-place when `inp` is `out`:
+        then the exchange runs in rounds through a bounded scratch buffer
+        (FERRY_SCRATCH_BYTES) instead of a full-size temporary; other overlaps are errors."""
+        self._run(False, op="all_to_all", outs=out, ins=inp, stream=stream, algo=algo, local_copy=local_copy)
+
+    def all_to_allv(
+        self, out, inp, counts, stream=None, algo: str = "auto", local_copy: str = "auto"
+    ) -> None:
+        """MoE dispatch/combine: counts[s][d] elements go from rank s to rank d.
+        `inp` is packed by destination rank, `out` (registered) by source rank.
+        `counts` is the whole world x world matrix (a nested list, or a CPU
+        tensor), the same on every rank; a rank that passes other counts is
+        named in the error."""
+        self._run(
+            False,
+            op="all_to_allv",
+            outs=out,
+            ins=inp,
+            stream=stream,
+            algo=algo,
+            local_copy=local_copy,
+            counts=counts,
+        )
+
+    def broadcast(
+        self, out, inp=None, root: int = 0, stream=None, algo: str = "auto", local_copy: str = "auto"
+    ) -> None:
+        """Root's `inp` (default: root's `out`) into every rank's `out` (registered)."""
+        self._run(
+            False,
+            op="broadcast",
+            outs=out,
+            ins=inp,
+            stream=stream,
+            algo=algo,
+            local_copy=local_copy,
+            root=root,
+        )
+
+    def reduce_scatter(self, out, inp, op: str = "sum", stream=None, algo: str = "auto") -> None:
+        """out = the reduction (sum/max/min) over ranks of block `rank` of `inp`
+        (world x out). The data moves on copy engines into ferry's scratch on
+        each rank; the reduction runs in a small SM kernel (32 blocks), the only
+        SM work. Neither tensor needs registering."""
+        self._run(
+            False,
+            op="reduce_scatter",
+            outs=out,
+            ins=inp,
+            stream=stream,
+            algo=algo,
+            local_copy="auto",
+            red_op=op,
+        )
+
+    def all_reduce(self, out, inp=None, op: str = "sum", stream=None, algo: str = "auto") -> None:
+        """out = the reduction over ranks of `inp` (default: in place on `out`,
+        which must be registered). Reduce-scatter then all-gather: copy engines
+        move the data, a small SM kernel adds (the only SM work)."""
+        self._run(
+            False, op="all_reduce", outs=out, ins=inp, stream=stream, algo=algo, local_copy="auto", red_op=op
+        )
+
+    def prepare(self, op: str, out, inp=None, **kw) -> "PreparedCollective":
+        """A collective validated and planned once, to arm ahead of time and
+        trigger later (prelaunch); see :class:`PreparedCollective`. Same
+        arguments as the method named `op` ('all_gather', 'all_to_all',
+        'all_to_allv', 'broadcast', 'reduce_scatter', 'all_reduce');
+        `stream` is not used (arm() takes it)."""
+        ops = ("all_gather", "all_to_all", "all_to_allv", "broadcast", "reduce_scatter", "all_reduce")
+        if op not in ops:
+            raise InvalidArgumentError(f"prepare: op is {op!r}; expected one of {', '.join(ops)}")
+        if op in ("reduce_scatter", "all_reduce"):
+            kw["red_op"] = kw.pop("op", "sum")
+            kw.setdefault("local_copy", "auto")
+        if op == "all_reduce" and inp is None:
+            inp = out
+        return self._run(
+            True,
+            op=op,
+            outs=out,
+            ins=inp,
+            stream=kw.pop("stream", None),
+            algo=kw.pop("algo", "auto"),
+            local_copy=kw.pop("local_copy", "auto"),
+            **kw,
+        )
+
+    def set_tuning(self, rules) -> None:
+        """Replaces the variant selector's table: a list of
+        (op, world, max_bytes_per_rank, algo) rules, tried in order (world 0:
+        any). See `ferry tune`; an empty list restores the built-in default."""
+        self._c.set_selector_table([(str(o), int(w), int(b), str(a)) for o, w, b, a in rules])
+
+    def choose_algo(self, op: str, bytes_per_rank: int) -> str:
+        """The variant 'auto' picks for `op` at this size on this communicator."""
+        return self._c.choose_algo(op, bytes_per_rank)
 
     # ------------------------------------------------------------ completion
 
@@ -272,6 +482,70 @@ class Communicator:
     def __exit__(self, *exc):
         if not self._c.closed:
             self.close()
+
+
+class PreparedCollective:
+    """A collective planned once and run many times with little on the critical
+    path (prelaunch). Each step:
+
+        h = comm.prepare("all_gather", out, inp)   # once
+        h.arm()              # ahead: enqueue behind a trigger; ready handshake runs now
+        ...compute inp...
+        h.trigger()          # host; or h.trigger(stream): a stream memory write after
+                             # the work on `stream` (no kernel, no host round trip);
+                             # or word, value = h.device_trigger(): a kernel stores it
+        h.wait()             # the current stream waits for the collective
+
+    Handles run in the order they (and plain collectives) were armed or called.
+    The buffers are fixed at prepare(); their contents may change until the
+    trigger. free()/deregister() refuse buffers of unreleased handles."""
+
+    def __init__(self, comm: "Communicator", handle: int, op: str):
+        self._comm, self._h, self.op = comm, handle, op
+
+    def _streams(self, stream, what):
+        return self._comm._streams(stream, what)
+
+    @property
+    def armed(self) -> bool:
+        return self._comm._c.armed(self._h)
+
+    def arm(self, stream=None) -> "PreparedCollective":
+        """Enqueues the collective on ferry's armed stream, after the work enqueued
+        so far on `stream` (default: the current torch stream). Arming twice
+        without a trigger in between is an error."""
+        self._comm._check_open("arm")
+        self._comm._c.arm(self._h, self._streams(stream, "arm"))
+        return self
+
+    def trigger(self, stream=None) -> None:
+        """Releases the armed collective: now (stream=None), or once `stream`
+        reaches this point (a stream memory write; no kernel)."""
+        if stream is None:
+            self._comm._c.trigger(self._h)
+        else:
+            self._comm._c.trigger_on(self._h, self._streams(stream, "trigger"))
+
+    def device_trigger(self):
+        """(word, value): a kernel releases the collective by storing `value` at
+        `word` after a __threadfence_system() (include/ferry/device.cuh). One pair
+        per GPU for a single-process communicator. Counts as triggering."""
+        pairs = [self._comm._c.device_trigger(self._h, i) for i in range(self._comm._c.local_count)]
+        return pairs if self._comm._local else pairs[0]
+
+    def wait(self, stream=None) -> None:
+        """Makes `stream` (default: current) wait for the last armed run."""
+        self._comm._c.wait(self._h, self._streams(stream, "wait"))
+
+    def release(self) -> None:
+        self._comm._c.release(self._h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if not self._comm.closed:
+            self.release()
 
 
 class _DeviceMemory:

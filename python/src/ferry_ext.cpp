@@ -5,13 +5,19 @@
 #include <nanobind/stl/function.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
+
+#include <time.h>
 
 #include <memory>
 
 #include "coll/communicator.hpp"
 #include "coll/local_copy.hpp"
+#include "coll/reduce.hpp"
 #include "coll/selector.hpp"
+#include "coll/trigger_kernel.hpp"
 #include "core/driver.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
@@ -71,39 +77,44 @@ std::vector<T> as_pointers(const std::vector<uintptr_t>& v) {
   return out;
 }
 
-ferry::CollectiveArgs make_args(const std::vector<uintptr_t>& outs, const std::vector<uintptr_t>& ins, size_t bytes,
-                                const std::vector<uintptr_t>& streams, const std::string& algo,
+ferry::CollOp parse_op(const std::string& op) {
+  using ferry::CollOp;
+  for (CollOp o : {CollOp::kAllGather, CollOp::kAllToAll, CollOp::kAllToAllv, CollOp::kBroadcast,
+                   CollOp::kReduceScatter, CollOp::kAllReduce})
+    if (op == ferry::coll_op_name(o)) return o;
+  ferry::throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                     "op is '" + op +
+                         "'; expected all_gather, all_to_all, all_to_allv, broadcast, reduce_scatter or all_reduce");
+}
+
+// Every collective crosses as one call: pointers and stream handles as
+// integers, names for the enums, and the op-specific fields with defaults.
+ferry::CollectiveArgs make_args(const std::string& op, const std::vector<uintptr_t>& outs,
+                                const std::vector<uintptr_t>& ins, const std::vector<uintptr_t>& streams,
+                                size_t bytes, const std::vector<size_t>& counts, int root, size_t count,
+                                const std::string& dtype, const std::string& red_op, const std::string& algo,
                                 const std::string& local_copy) {
   ferry::CollectiveArgs a;
+  a.op = parse_op(op);
   a.outs = as_pointers<void*>(outs);
   a.ins = as_pointers<const void*>(ins);
-  a.bytes_per_rank = bytes;
   a.streams = as_pointers<cudaStream_t>(streams);
+  a.bytes_per_rank = bytes;
+  a.counts = counts;
+  a.root = root;
+  a.count = count;
+  if (a.op == ferry::CollOp::kReduceScatter || a.op == ferry::CollOp::kAllReduce) {
+    a.dtype = ferry::parse_dtype(dtype, "dtype");
+    a.red_op = ferry::parse_red_op(red_op, "op");
+  }
   a.algo = ferry::parse_algo(algo, "algo");
   a.local_copy = ferry::parse_local_copy(local_copy, "local_copy");
   return a;
 }
 
-// all_gather and all_to_all take the same arguments: pointers and stream
-// handles as integers, the variant and local copy by name.
-template <void (Communicator::*Run)(const ferry::CollectiveArgs&)>
-void bind_collective(nb::class_<Communicator>& cls, const char* name) {
-  cls.def(
-      name,
-      [](Communicator& c, const std::vector<uintptr_t>& outs, const std::vector<uintptr_t>& ins, size_t bytes,
-         const std::vector<uintptr_t>& streams, const std::string& algo, const std::string& local_copy) {
-        auto a = make_args(outs, ins, bytes, streams, algo, local_copy);
-        nb::gil_scoped_release release;
-        (c.*Run)(a);
-      },
-      "outs"_a, "ins"_a, "bytes_per_rank"_a, "streams"_a, "algo"_a, "local_copy"_a);
-}
-
-ferry::CollOp parse_op(const std::string& op) {
-  if (op == "all_gather") return ferry::CollOp::kAllGather;
-  if (op == "all_to_all") return ferry::CollOp::kAllToAll;
-  ferry::throw_error(FERRY_ERROR_INVALID_ARGUMENT, "op is '" + op + "'; expected 'all_gather' or 'all_to_all'");
-}
+#define FERRY_CALL_ARGS                                                                                         \
+  "op"_a, "outs"_a, "ins"_a, "streams"_a, "bytes"_a = 0, "counts"_a = std::vector<size_t>{}, "root"_a = 0,     \
+      "count"_a = 0, "dtype"_a = "float32", "red_op"_a = "sum", "algo"_a = "auto", "local_copy"_a = "auto"
 
 }  // namespace
 
@@ -147,15 +158,26 @@ NB_MODULE(_ferry, m) {
 
   m.def(
       "select_algo",
-      [](const std::string& op, int world, size_t bytes, const std::string& forced) {
-        return std::string(ferry::algo_name(ferry::select_algo(
-            parse_op(op), world, bytes, ferry::parse_algo(forced, "algo"), ferry::default_selector_table())));
+      [](const std::string& op, int world, size_t bytes, const std::string& forced,
+         const std::vector<std::tuple<std::string, int, size_t, std::string>>& rules) {
+        std::vector<ferry::SelectorRule> t;
+        for (const auto& [o, w, b, a] : rules) t.push_back({parse_op(o), w, b, ferry::parse_algo(a, "algo")});
+        if (t.empty()) t = ferry::default_selector_table();
+        return std::string(ferry::algo_name(ferry::select_algo(parse_op(op), world, bytes,
+                                                                ferry::parse_algo(forced, "algo"), t)));
       },
-      "op"_a, "world"_a, "bytes_per_rank"_a, "algo"_a = "auto");
+      "op"_a, "world"_a, "bytes_per_rank"_a, "algo"_a = "auto",
+      "rules"_a = std::vector<std::tuple<std::string, int, size_t, std::string>>{});
   m.def("split_batches", &ferry::split_batches, "count"_a, "batch_max"_a);
+  m.def("total_energy_mj", &ferry::total_energy_mj, "pci_bus_id"_a);
+  // Tests and `ferry bench --prelaunch`: a kernel that spins, then fires a device trigger.
   m.def(
-      "pcpy_supported",
-      [](int world) { return ferry::pcpy_fits_hardware_queues(world, ferry::cuda_max_connections()); }, "world"_a);
+      "launch_trigger_kernel",
+      [](uintptr_t word, uint64_t value, long long spin_ns, uintptr_t stream) {
+        ferry::launch_trigger_kernel(reinterpret_cast<uint64_t*>(word), value, spin_ns,
+                                     reinterpret_cast<cudaStream_t>(stream));
+      },
+      "word"_a, "value"_a, "spin_ns"_a, "stream"_a);
   // For measurements (ferry bench --local-copy): one copy within a GPU, by `how`.
   m.def(
       "copy_local",
@@ -225,7 +247,96 @@ NB_MODULE(_ferry, m) {
           "deregister", [](Communicator& c, const std::vector<uintptr_t>& p) { c.deregister(as_pointers<void*>(p)); },
           nb::call_guard<nb::gil_scoped_release>())
       .def("check", &Communicator::check)
-      .def("synchronize", &Communicator::synchronize, nb::call_guard<nb::gil_scoped_release>());
-  bind_collective<&Communicator::all_gather>(comm, "all_gather");
-  bind_collective<&Communicator::all_to_all>(comm, "all_to_all");
+      .def("synchronize", &Communicator::synchronize, nb::call_guard<nb::gil_scoped_release>())
+      .def(
+          "run",
+          [](Communicator& c, const std::string& op, const std::vector<uintptr_t>& outs,
+             const std::vector<uintptr_t>& ins, const std::vector<uintptr_t>& streams, size_t bytes,
+             const std::vector<size_t>& counts, int root, size_t count, const std::string& dtype,
+             const std::string& red_op, const std::string& algo, const std::string& local_copy) {
+            auto a = make_args(op, outs, ins, streams, bytes, counts, root, count, dtype, red_op, algo, local_copy);
+            nb::gil_scoped_release release;
+            c.run(a);
+          },
+          FERRY_CALL_ARGS)
+      .def(
+          "prepare",
+          [](Communicator& c, const std::string& op, const std::vector<uintptr_t>& outs,
+             const std::vector<uintptr_t>& ins, const std::vector<uintptr_t>& streams, size_t bytes,
+             const std::vector<size_t>& counts, int root, size_t count, const std::string& dtype,
+             const std::string& red_op, const std::string& algo, const std::string& local_copy) {
+            auto a = make_args(op, outs, ins, streams, bytes, counts, root, count, dtype, red_op, algo, local_copy);
+            nb::gil_scoped_release release;
+            return c.prepare(a);
+          },
+          FERRY_CALL_ARGS)
+      .def(
+          "arm",
+          [](Communicator& c, int h, const std::vector<uintptr_t>& after) {
+            c.arm(h, as_pointers<cudaStream_t>(after));
+          },
+          "handle"_a, "after"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def("trigger", &Communicator::trigger, "handle"_a)
+      .def(
+          "trigger_on",
+          [](Communicator& c, int h, const std::vector<uintptr_t>& streams) {
+            c.trigger_on(h, as_pointers<cudaStream_t>(streams));
+          },
+          "handle"_a, "streams"_a)
+      .def(
+          "device_trigger",
+          [](Communicator& c, int h, int local) {
+            auto [word, value] = c.device_trigger(h, local);
+            return std::make_pair(reinterpret_cast<uintptr_t>(word), value);
+          },
+          "handle"_a, "local"_a)
+      .def(
+          "wait",
+          [](Communicator& c, int h, const std::vector<uintptr_t>& streams) {
+            c.wait(h, as_pointers<cudaStream_t>(streams));
+          },
+          "handle"_a, "streams"_a)
+      .def("armed", &Communicator::armed, "handle"_a)
+      .def(
+          "timed_trigger",
+          // Measurement (ferry bench --prelaunch): spins until CLOCK_MONOTONIC
+          // reaches start_ns (the same instant in every process of the host),
+          // triggers from the host, spins until the run's end event completes,
+          // and returns (trigger_ns, done_ns).
+          [](Communicator& c, int h, long long start_ns) {
+            auto now = [] {
+              timespec ts;
+              clock_gettime(CLOCK_MONOTONIC, &ts);
+              return static_cast<long long>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+            };
+            nb::gil_scoped_release release;
+            cudaEvent_t ev = c.finished_event(h, 0);
+            while (now() < start_ns) {
+            }
+            long long t0 = now();
+            c.trigger(h);
+            cudaError_t err;
+            while ((err = cudaEventQuery(ev)) == cudaErrorNotReady) {
+            }
+            long long t1 = now();
+            if (err != cudaSuccess) ferry::throw_error(FERRY_ERROR_CUDA, "timed_trigger: the collective failed");
+            return std::make_pair(t0, t1);
+          },
+          "handle"_a, "start_ns"_a)
+      .def("release", &Communicator::release_prepared, "handle"_a)
+      .def(
+          "set_selector_table",
+          [](Communicator& c, const std::vector<std::tuple<std::string, int, size_t, std::string>>& rules) {
+            std::vector<ferry::SelectorRule> t;
+            for (const auto& [op, world, max_bytes, algo] : rules)
+              t.push_back({parse_op(op), world, max_bytes, ferry::parse_algo(algo, "algo")});
+            c.set_selector_table(t);
+          },
+          "rules"_a)
+      .def(
+          "choose_algo",
+          [](const Communicator& c, const std::string& op, size_t bytes) {
+            return std::string(ferry::algo_name(c.choose_algo(parse_op(op), bytes)));
+          },
+          "op"_a, "bytes_per_rank"_a);
 }

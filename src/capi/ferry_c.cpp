@@ -251,7 +251,7 @@ ferry_result_t ferry_wait(ferry_comm_t comm, int handle, const ferry_stream_t* s
 }
 
 ferry_result_t ferry_release(ferry_comm_t comm, int handle) {
-  return guarded([&] { get(comm).release(handle); });
+  return guarded([&] { get(comm).release_prepared(handle); });
 }
 
 ferry_result_t ferry_comm_check(ferry_comm_t comm) {

@@ -96,7 +96,9 @@ class Communicator {
   // Makes each stream wait for the handle's last armed run.
   void wait(int handle, const std::vector<cudaStream_t>& streams);
   bool armed(int handle) const;
-  void release(int handle);
+  // The event recorded after the handle's last armed run on local rank `local`.
+  cudaEvent_t finished_event(int handle, int local);
+  void release_prepared(int handle);
 
   // Sets the selector's table (rules tried in order); empty: the built-in default.
   void set_selector_table(const std::vector<SelectorRule>& rules);

@@ -121,12 +121,18 @@ void Communicator::wait(int handle, const std::vector<cudaStream_t>& streams) {
   }
 }
 
+cudaEvent_t Communicator::finished_event(int handle, int local) {
+  Prepared& p = prepared(handle, "finished_event");
+  FERRY_ARG_CHECK(local >= 0 && local < local_count(), "finished_event: local rank out of range");
+  return p.finished[local];
+}
+
 bool Communicator::armed(int handle) const {
   auto it = prepared_.find(handle);
   return it != prepared_.end() && it->second.armed;
 }
 
-void Communicator::release(int handle) {
+void Communicator::release_prepared(int handle) {
   Prepared& p = prepared(handle, "release");
   if (p.armed)
     throw_error(FERRY_ERROR_INVALID_ARGUMENT,

@@ -21,6 +21,9 @@ const std::vector<Knob>& knobs() {
        "force a variant for every collective (b2b, seq or pcpy); empty: the selector decides"},
       {"FERRY_PORT", "int", "0", "TCP port of ferry's bootstrap store for ferry.init(); 0: MASTER_PORT + 1"},
       {"FERRY_WATCHDOG_MS", "int", "10", "how often the watchdog looks at unfinished collectives"},
+      {"FERRY_TUNING", "string", "", "a `ferry tune` JSON to use instead of the table shipped for this GPU"},
+      {"FERRY_SCRATCH_BYTES", "int", "67108864",
+       "bound on the scratch an in-place all_to_all uses per rank (it runs in rounds of scratch / world bytes)"},
   };
   return table;
 }

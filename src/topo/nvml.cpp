@@ -26,6 +26,7 @@ struct Nvml {
   int (*NvLinkState)(nvmlDevice_t, unsigned, int*) = nullptr;
   int (*NvLinkRemotePci)(nvmlDevice_t, unsigned, nvmlPciInfo_t*) = nullptr;
   int (*NvLinkRemoteType)(nvmlDevice_t, unsigned, int*) = nullptr;
+  int (*TotalEnergy)(nvmlDevice_t, unsigned long long*) = nullptr;
 
   bool open() {
     lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -36,6 +37,7 @@ struct Nvml {
     NvLinkState = reinterpret_cast<decltype(NvLinkState)>(dlsym(lib, "nvmlDeviceGetNvLinkState"));
     NvLinkRemotePci = reinterpret_cast<decltype(NvLinkRemotePci)>(dlsym(lib, "nvmlDeviceGetNvLinkRemotePciInfo_v2"));
     NvLinkRemoteType = reinterpret_cast<decltype(NvLinkRemoteType)>(dlsym(lib, "nvmlDeviceGetNvLinkRemoteDeviceType"));
+    TotalEnergy = reinterpret_cast<decltype(TotalEnergy)>(dlsym(lib, "nvmlDeviceGetTotalEnergyConsumption"));
     return Init && Shutdown && HandleByPciBusId && NvLinkState && NvLinkRemotePci && Init() == 0;
   }
   ~Nvml() {
@@ -47,6 +49,16 @@ struct Nvml {
 };
 
 }  // namespace
+
+long long total_energy_mj(const std::string& pci_bus_id) {
+  Nvml nvml;
+  if (!nvml.open() || !nvml.TotalEnergy) return -1;
+  nvmlDevice_t dev = nullptr;
+  if (nvml.HandleByPciBusId(pci_bus_id.c_str(), &dev) != 0) return -1;
+  unsigned long long mj = 0;
+  if (nvml.TotalEnergy(dev, &mj) != 0) return -1;
+  return static_cast<long long>(mj);
+}
 
 void fill_from_nvml(Topology& topo) {
   Nvml nvml;

@@ -48,4 +48,8 @@ void fill_from_nvml(Topology& topo);
 // "00000000:18:00.0" and "0000:18:00.0" name the same device.
 bool same_pci_bus_id(const std::string& a, const std::string& b);
 
+// NVML's total energy counter of one GPU since the driver loaded, in
+// millijoules; -1 when NVML or the counter is not available.
+long long total_energy_mj(const std::string& pci_bus_id);
+
 }  // namespace ferry

@@ -33,3 +33,19 @@ def test_peer_that_never_joins_is_named():
 def test_peer_that_dies_yields_a_bounded_error():
     results = spawn(_workers.peer_dies, 2, timeout=90)
     assert results.get(0) == [], results
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_more_collectives_byte_exact(world):
+    results = spawn(_workers.more_collectives, world, timeout=300)
+    assert len(results) == world, f"only ranks {sorted(results)} reported"
+    fails = [f for r in results.values() for f in r]
+    assert not fails, "\n".join(fails[:20])
+
+
+@pytest.mark.parametrize("world", sorted({2, GPU_COUNT}) if GPU_COUNT >= 2 else [2])
+def test_prelaunch_and_graphs(world):
+    results = spawn(_workers.prelaunch_and_graphs, world, timeout=300)
+    assert len(results) == world, f"only ranks {sorted(results)} reported"
+    fails = [f for r in results.values() for f in r]
+    assert not fails, "\n".join(fails[:20])

@@ -16,11 +16,11 @@ class FakeNative:
     def rank(self, i):
         return i
 
-    def all_gather(self, *args):
-        self.calls.append(("all_gather",) + args)
+    def run(self, **kw):
+        self.calls.append(kw)
 
-    def all_to_all(self, *args):
-        self.calls.append(("all_to_all",) + args)
+    def set_selector_table(self, rules):
+        self.rules = rules
 
     def close(self):
         self.closed = True
@@ -43,14 +43,39 @@ def test_describe_rejects_non_arrays_and_strided():
 
 def test_sizes_and_dtypes_are_checked():
     c = Communicator(FakeNative(world=4), local=False)
-    with pytest.raises(InvalidArgumentError, match="out has 100 bytes; expected 64"):
+    with pytest.raises(InvalidArgumentError, match="out has 100 bytes; expected world x in = 4 x 16"):
         c.all_gather(Cai(100), Cai(16))
     with pytest.raises(InvalidArgumentError, match="out is <f4 and in is <u1"):
         c.all_gather(Cai(16, "<f4"), Cai(16))
     with pytest.raises(InvalidArgumentError, match="not a multiple of the world size 4"):
         c.all_to_all(Cai(10), Cai(10))
     c.all_to_all(Cai(16), Cai(16), stream=5)
-    assert c._c.calls[-1][1:] == ([0x7000], [0x7000], 4, [5], "auto", "auto")
+    call = c._c.calls[-1]
+    assert (call["op"], call["outs"], call["ins"], call["bytes"], call["streams"]) == (
+        "all_to_all", [0x7000], [0x7000], 4, [5])
+
+
+def test_new_collectives_are_checked():
+    c = Communicator(FakeNative(world=2), local=False)
+    with pytest.raises(InvalidArgumentError, match="expected a 2 x 2 matrix"):
+        c.all_to_allv(Cai(16), Cai(16), [1, 2, 3])
+    with pytest.raises(InvalidArgumentError, match="counts send 20 from rank 0"):
+        c.all_to_allv(Cai(16), Cai(16), [[10, 10], [1, 1]])
+    c.all_to_allv(Cai(16, "<f4"), Cai(16, "<f4"), [[1, 2], [3, 4]])
+    assert c._c.calls[-1]["counts"] == [4, 8, 12, 16]  # bytes
+    with pytest.raises(InvalidArgumentError, match="root is 5"):
+        c.broadcast(Cai(16), root=5)
+    with pytest.raises(InvalidArgumentError, match="cannot be reduced"):
+        c.all_reduce(Cai(16))
+    with pytest.raises(InvalidArgumentError, match="expected world x out"):
+        c.reduce_scatter(Cai(4, "<f4"), Cai(4, "<f4"))
+    c.reduce_scatter(Cai(4, "<f4"), Cai(8, "<f4"), op="max")
+    call = c._c.calls[-1]
+    assert (call["count"], call["dtype"], call["red_op"]) == (4, "float32", "max")
+    c.all_reduce(Cai(8, "<f2"))
+    assert c._c.calls[-1]["ins"] == c._c.calls[-1]["outs"]  # in place
+    with pytest.raises(InvalidArgumentError, match="prepare: op is 'gather'"):
+        c.prepare("gather", Cai(16))
 
 
 def test_options_are_checked():

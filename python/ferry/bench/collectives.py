@@ -21,7 +21,8 @@ import time
 
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
-IMPLS = ("ferry-b2b", "ferry-pcpy", "ferry-seq", "nccl", "nccl-graph")
+
+IMPLS = ("ferry-b2b", "ferry-pcpy", "ferry-seq", "ferry-graph", "nccl", "nccl-graph")
 
 
 def _iters_for(total_bytes: int) -> int:
@@ -37,14 +38,47 @@ def _log(rank: int, msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
 
+class Ctx:
+    """What every measurement of one rank shares."""
+
+    def __init__(self, torch, dist, comm, rank, world, opts):
+        self.torch, self.dist, self.comm, self.rank, self.world, self.opts = (
+            torch,
+            dist,
+            comm,
+            rank,
+            world,
+            opts,
+        )
+        self.dev = torch.device("cuda", rank)
+        self.stream = torch.cuda.Stream(device=self.dev)
+
+    def barrier(self):
+        self.torch.cuda.synchronize()
+        self.dist.barrier()
+        self.torch.cuda.synchronize()
+
+    def slowest(self, x: float) -> float:
+        t = self.torch.tensor([x], dtype=self.torch.float64, device=self.dev)
+        self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX)
+        return float(t.item())
+
+    def total(self, x: float) -> float:
+        t = self.torch.tensor([x], dtype=self.torch.float64, device=self.dev)
+        self.dist.all_reduce(t)
+        return float(t.item())
+
+    def log(self, msg: str) -> None:
+        _log(self.rank, msg)
+
+
 def _worker(rank: int, world: int, port: int, opts: dict, queue) -> None:
     os.environ.update(SAFE_ENV)
     import torch
     import torch.distributed as dist
 
     import ferry
-    from ferry._native import require
-    from ferry.bench.report import bandwidths, format_size
+    from ferry.bench import energy, overlap, prelaunch
 
     torch.cuda.set_device(rank)
     dev = torch.device("cuda", rank)
@@ -52,241 +86,136 @@ def _worker(rank: int, world: int, port: int, opts: dict, queue) -> None:
         "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, device_id=dev
     )
     comm = ferry.Communicator.from_torch(timeout=opts["timeout"])
-    sizes, ops = opts["sizes"], opts["ops"]
-    max_bytes = max(sizes)
+    if opts.get("tuning") is not None:
+        comm.set_tuning(opts["tuning"])
+    ctx = Ctx(torch, dist, comm, rank, world, opts)
+    max_bytes = max(opts["sizes"] + [opts["overlap_bytes"]] + list(opts.get("overlap_sizes") or []))
     out_all = comm.alloc((world * max_bytes,), torch.uint8)
     inp_all = torch.empty(max_bytes, dtype=torch.uint8, device=dev)
-    stream = torch.cuda.Stream(device=dev)
     gpu = torch.cuda.get_device_name(dev)
+    result = {"gpu": gpu}
+    result["records"] = _sweep(ctx, out_all, inp_all, gpu) if opts["impls"] else []
+    if opts.get("prelaunch"):
+        result["prelaunch"] = prelaunch.trigger_to_done(ctx, out_all, inp_all)
+    if opts.get("phases"):
+        result["phases"] = prelaunch.phases(ctx, out_all, inp_all)
+    if opts["overlap"]:
+        result["overlap"] = overlap.run(ctx, out_all, inp_all)
+    if opts.get("energy"):
+        result["energy"] = energy.run(ctx, out_all, inp_all)
+    if opts["local_copy_probe"] and rank == 0:
+        result["local_copy"] = _local_copy_probe(dev, opts)
+    comm.close()
+    dist.destroy_process_group()
+    if rank == 0:
+        queue.put(result)
+
+
+def _sweep(ctx: Ctx, out_all, inp_all, gpu: str) -> list:
+    from ferry.bench.cases import Case, fits
+    from ferry.bench.report import bandwidths, format_size
+
+    torch, opts, world = ctx.torch, ctx.opts, ctx.world
     today = datetime.date.today().isoformat()
     records = []
-
-    def rand_bytes(seed: int, n: int):
-        g = torch.Generator(device=dev)
-        g.manual_seed(seed)
-        return torch.randint(0, 256, (n,), dtype=torch.uint8, device=dev, generator=g)
-
-    def barrier():
-        torch.cuda.synchronize()
-        dist.barrier()
-        torch.cuda.synchronize()
-
-    def slowest(x: float) -> float:
-        t = torch.tensor([x], dtype=torch.float64, device=dev)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return float(t.item())
-
-    def total(x: int) -> int:
-        t = torch.tensor([x], dtype=torch.int64, device=dev)
-        dist.all_reduce(t)
-        return int(t.item())
-
-    for op in ops:
-        for n in sizes:
-            if op == "all_to_all" and n % world:
+    for op in opts["ops"]:
+        for n in opts["sizes"]:
+            if not fits(op, n, world):
                 continue
-            out_n = world * n if op == "all_gather" else n
-            out, inp = out_all[:out_n], inp_all[:n]
-            seed = lambda r: 1000003 * r + n
-            inp.copy_(rand_bytes(seed(rank), n))
-            if op == "all_gather":
-                expected = torch.cat([rand_bytes(seed(r), n) for r in range(world)])
-            else:
-                blk = n // world
-                expected = torch.cat(
-                    [rand_bytes(seed(r), n)[rank * blk : (rank + 1) * blk] for r in range(world)]
-                )
-            iters = _iters_for(out_n)
-            _log(rank, f"{op} {format_size(n)}: {iters} iterations x {opts['runs']} runs")
-
-            def issue(impl):
-                if impl.startswith("ferry"):
-                    getattr(comm, op)(out, inp, algo=impl.split("-")[1], local_copy=opts["local_copy"])
-                elif op == "all_gather":
-                    dist.all_gather_into_tensor(out, inp)
-                else:
-                    dist.all_to_all_single(out, inp)
-
+            case = Case(torch, ctx.dist, ctx.comm, op, n, world, ctx.rank, out_all, inp_all)
+            iters = _iters_for(case.out.numel() * case.out.element_size())
+            ctx.log(f"{op} {format_size(n)}: {iters} iterations x {opts['runs']} runs")
             for impl in opts["impls"]:
-                if impl == "ferry-pcpy" and not require().pcpy_supported(world):
-                    continue  # more streams than CUDA's hardware queues: refused (docs/architecture.md)
                 if impl == "nccl-graph" and op == "all_to_all" and n > (1 << 20):
                     # all_to_all_single x50 captured in one graph hung at 4 MB on the H200 x4 machine
                     # (NCCL 2.28.9, 2026-11-22, twice); not investigated. NCCL eager stays in the table.
                     continue
                 t_point = time.time()
-                out.fill_(0xA5)
-                barrier()
+                case.reset()
+                ctx.barrier()
                 graph = None
-                with torch.cuda.stream(stream):
+                with torch.cuda.stream(ctx.stream):
                     for _ in range(opts["warmup"]):
-                        issue(impl)
-                    if impl == "nccl-graph":
+                        case.issue(impl, opts["local_copy"])
+                    if impl.endswith("-graph"):
                         graph = torch.cuda.CUDAGraph()
-                        with torch.cuda.graph(graph, stream=stream):
+                        with torch.cuda.graph(graph, stream=ctx.stream):
                             for _ in range(iters):
-                                issue(impl)
+                                case.issue(impl, opts["local_copy"])
                         graph.replay()
-                barrier()
+                ctx.barrier()
                 times = []
                 for _ in range(opts["runs"]):
-                    barrier()
+                    ctx.barrier()
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    with torch.cuda.stream(stream):
-                        start.record(stream)
+                    with torch.cuda.stream(ctx.stream):
+                        start.record(ctx.stream)
                         if graph is not None:
                             graph.replay()
                         else:
                             for _ in range(iters):
-                                issue(impl)
-                        end.record(stream)
+                                case.issue(impl, opts["local_copy"])
+                        end.record(ctx.stream)
                     end.synchronize()
                     times.append(start.elapsed_time(end) * 1000.0 / iters)
-                if impl.startswith("ferry"):
-                    comm.synchronize()
-                barrier()
-                wrong = total(int((out != expected).sum().item()))
+                ctx.comm.synchronize()
+                ctx.barrier()
+                if impl == "ferry-graph":
+                    case.reset()
+                    ctx.barrier()
+                    with torch.cuda.stream(ctx.stream):
+                        graph.replay()
+                    torch.cuda.synchronize()
+                    got, exp = case.out.view(torch.uint8), case.expected.view(torch.uint8)
+                    wrong = int(ctx.total(int((got != exp).sum().item())))
+                else:
+                    with torch.cuda.stream(ctx.stream):
+                        wrong = int(ctx.total(case.check(impl)))
+                ctx.comm.synchronize()
                 del graph
-                t_us = slowest(statistics.median(times))
+                t_us = ctx.slowest(statistics.median(times))
                 algbw, busbw = bandwidths(op, world, n, t_us)
-                rec = dict(
-                    op=op,
-                    impl="nccl" if impl.startswith("nccl") else impl,
-                    impl_label=impl,
-                    world=world,
-                    bytes_per_rank=n,
-                    time_us=round(t_us, 2),
-                    algbw_gbps=round(algbw, 2),
-                    busbw_gbps=round(busbw, 2),
-                    graph=impl == "nccl-graph",
-                    gpu=gpu,
-                    date=today,
-                    wrong=wrong,
-                    warmup=opts["warmup"],
-                    iters=iters,
-                    runs=opts["runs"],
-                    stat="median of runs, max over ranks",
-                    local_copy=opts["local_copy"] if impl.startswith("ferry") else None,
+                algo = impl.split("-")[1] if impl.startswith("ferry") else None
+                records.append(
+                    dict(
+                        op=op,
+                        impl="nccl" if impl.startswith("nccl") else impl,
+                        impl_label=impl,
+                        algo=ctx.comm.choose_algo(op, _selection_bytes(op, n, world))
+                        if algo == "graph"
+                        else algo,
+                        world=world,
+                        bytes_per_rank=n,
+                        time_us=round(t_us, 2),
+                        algbw_gbps=round(algbw, 2),
+                        busbw_gbps=round(busbw, 2),
+                        graph=impl.endswith("-graph"),
+                        gpu=gpu,
+                        date=today,
+                        wrong=wrong,
+                        warmup=opts["warmup"],
+                        iters=iters,
+                        runs=opts["runs"],
+                        stat="median of runs, max over ranks",
+                        local_copy=opts["local_copy"] if impl.startswith("ferry") else None,
+                    )
                 )
-                records.append(rec)
-                _log(
-                    rank,
-                    f"  {op:<10} {format_size(n):>6} {impl:<11} {t_us:>10.1f} us {busbw:>7.1f} GB/s  wrong={wrong}"
-                    f"  [{time.time() - t_point:.1f} s]",
+                ctx.log(
+                    f"  {op:<14} {format_size(n):>6} {impl:<11} {t_us:>10.1f} us {busbw:>7.1f} GB/s  wrong={wrong}"
+                    f"  [{time.time() - t_point:.1f} s]"
                 )
-
-    overlap = _overlap(comm, out_all, inp_all, world, rank, opts, barrier, slowest) if opts["overlap"] else []
-    local = _local_copy_probe(dev, opts) if (opts["local_copy_probe"] and rank == 0) else []
-    comm.close()
-    dist.destroy_process_group()
-    if rank == 0:
-        queue.put({"records": records, "overlap": overlap, "local_copy": local, "gpu": gpu})
+    return records
 
 
-def _overlap(comm, out_all, inp_all, world, rank, opts, barrier, slowest) -> list:
-    """A bf16 GEMM loop alone, then with all-gathers running beside it on
-    another stream: ferry, then NCCL. Reports the GEMM loop's time."""
-    import torch
-    import torch.distributed as dist
-
-    dev = out_all.device
-    n = opts["overlap_bytes"]
-    out, inp = out_all[: world * n], inp_all[:n]
-    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device=dev)
-    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device=dev)
-    gemms = opts["overlap_gemms"]
-    compute, side = torch.cuda.Stream(device=dev), torch.cuda.Stream(device=dev)
-
-    def gemm_loop():
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        with torch.cuda.stream(compute):
-            start.record(compute)
-            for _ in range(gemms):
-                torch.mm(a, b)
-            end.record(compute)
-        return start, end
-
-    def coll(impl):
-        if impl == "nccl":
-            dist.all_gather_into_tensor(out, inp)
-        else:
-            comm.all_gather(out, inp, algo="auto", local_copy=impl.split(":")[1])
-
-    def timed_collectives(impl, count):
-        barrier()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        with torch.cuda.stream(side):
-            start.record(side)
-            for _ in range(count):
-                coll(impl)
-            end.record(side)
-        end.synchronize()
-        return start.elapsed_time(end) / count
-
-    for _ in range(3):
-        torch.mm(a, b)
-    results = []
-
-    def gemm_alone():
-        barrier()
-        s, e = gemm_loop()
-        e.synchronize()
-        return s.elapsed_time(e)
-
-    def gemm_beside(impl, count):
-        barrier()
-        with torch.cuda.stream(side):
-            for _ in range(count):
-                coll(impl)
-        s, e = gemm_loop()
-        e.synchronize()
-        torch.cuda.synchronize()
-        return s.elapsed_time(e)
-
-    # Alone and beside alternate, so clock and thermal drift hits both alike.
-    reps = opts["overlap_reps"]
-    for impl in ("ferry:sm", "ferry:ce", "nccl"):
-        t_coll = slowest(timed_collectives(impl, 5))
-        # Every rank must issue the same number of collectives: derive it from
-        # the slowest rank's times, not this rank's own.
-        count = int(slowest(gemm_alone()) / max(t_coll, 1e-3)) + 2
-        alone, beside = [], []
-        for _ in range(reps):
-            alone.append(gemm_alone())
-            beside.append(gemm_beside(impl, count))
-        if impl.startswith("ferry"):
-            comm.synchronize()
-        t_alone, t_beside = slowest(statistics.median(alone)), slowest(statistics.median(beside))
-        label = {
-            "ferry:ce": "ferry (local copy by cudaMemcpy hint ce)",
-            "ferry:sm": "ferry (default: 32-block local copy)",
-            "nccl": "nccl",
-        }[impl]
-        results.append(
-            dict(
-                impl=label,
-                world=world,
-                bytes_per_rank=n,
-                gemms=gemms,
-                gemm_shape="8192x8192x8192 bf16",
-                gemm_alone_ms=round(t_alone, 3),
-                gemm_beside_ms=round(t_beside, 3),
-                slowdown_pct=round(100 * (t_beside / t_alone - 1), 2),
-                reps=reps,
-                stat="median of reps (alone and beside alternate), max over ranks",
-                collective_alone_ms=round(t_coll, 3),
-                collectives_beside=count,
-            )
-        )
-        if rank == 0:
-            r = results[-1]
-            print(
-                f"  overlap {label:<40} gemm {t_alone:8.2f} -> {t_beside:8.2f} ms ({r['slowdown_pct']:+.1f}%), "
-                f"all_gather alone {t_coll:.3f} ms",
-                file=sys.stderr,
-                flush=True,
-            )
-    return results
+def _selection_bytes(op: str, n: int, world: int) -> int:
+    """The size the selector sees for a benchmark size `n` (see Communicator.choose_algo)."""
+    if op == "all_to_all":
+        return n // world
+    if op == "reduce_scatter":
+        return n // world
+    if op == "all_reduce":
+        return n // world
+    return n
 
 
 def _local_copy_probe(dev, opts) -> list:
@@ -380,8 +309,7 @@ def save(result: dict, world: int, out_dir: str, command: str, plot: bool) -> st
         world=world,
         method=__doc__.strip(),
         records=result["records"],
-        overlap=result["overlap"],
-        local_copy=result["local_copy"],
+        **{k: result[k] for k in ("prelaunch", "phases", "overlap", "energy", "local_copy") if k in result},
     )
     with open(stem + ".json", "w") as f:
         json.dump(payload, f, indent=1)
@@ -393,8 +321,18 @@ def save(result: dict, world: int, out_dir: str, command: str, plot: bool) -> st
         "",
         ratio_table(result["records"]),
     ]
+    from ferry.bench.report import format_sections
+
+    text += format_sections(result)
     with open(stem + ".txt", "w") as f:
         f.write("\n".join(text) + "\n")
     if plot:
-        plot_png(result["records"], stem + ".png", f"{result['gpu']} x{world}")
+        from ferry.bench.report import plot_overlap, plot_phases
+
+        if result["records"]:
+            plot_png(result["records"], stem + ".png", f"{result['gpu']} x{world}")
+        if result.get("phases"):
+            plot_phases(result["phases"], stem + "-phases.png", f"{result['gpu']} x{world}")
+        if result.get("overlap"):
+            plot_overlap(result["overlap"], stem + "-overlap.png", f"{result['gpu']} x{world}")
     return stem

@@ -37,13 +37,15 @@ def format_size(n: int) -> str:
 
 def bandwidths(op: str, world: int, bytes_per_rank: int, time_us: float):
     """(algbw, busbw) in GB/s, nccl-tests conventions. all_gather: size is the
-    output (world x bytes_per_rank); all_to_all: size is one rank's input
-    (bytes_per_rank, world blocks). busbw = algbw x (world - 1) / world."""
+    output (world x bytes_per_rank); the others: one rank's buffer
+    (bytes_per_rank). busbw = algbw x (world - 1) / world, except broadcast
+    (x 1) and all_reduce (x 2 (world - 1) / world)."""
     size = bytes_per_rank * world if op == "all_gather" else bytes_per_rank
     if time_us <= 0:
         return 0.0, 0.0
     algbw = size / (time_us * 1e-6) / 1e9
-    return algbw, algbw * (world - 1) / world
+    factor = {"broadcast": 1.0, "all_reduce": 2 * (world - 1) / world}.get(op, (world - 1) / world)
+    return algbw, algbw * factor
 
 
 def format_table(records: Sequence[dict]) -> str:
@@ -115,6 +117,124 @@ def plot(records: Sequence[dict], path: str, title: str) -> bool:
         ax.set_title(f"{op} - {title}")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def format_sections(result: dict) -> List[str]:
+    """Text tables for the optional measurements (prelaunch, phases, overlap, energy)."""
+    out: List[str] = []
+    if result.get("prelaunch"):
+        out += ["", "# prelaunch: trigger -> done (us), host trigger at one instant on every rank"]
+        out += [f"{'op':<15}{'bytes/rank':>11}  {'algo':<5}{'us':>9}"]
+        for r in result["prelaunch"]:
+            out.append(
+                f"{r['op']:<15}{format_size(r['bytes_per_rank']):>11}  {r['algo']:<5}{r['trigger_to_done_us']:>9.1f}"
+            )
+    if result.get("phases"):
+        out += [
+            "",
+            "# phases (us): control = host enqueue; schedule = in-stream - trigger->done; "
+            "sync = trigger->done at 1 byte; copy = the rest",
+        ]
+        out += [
+            f"{'algo':<6}{'bytes/rank':>11}{'control':>9}{'schedule':>10}{'copy':>9}{'sync':>8}{'in-stream':>11}"
+        ]
+        for r in result["phases"]:
+            out.append(
+                f"{r['algo']:<6}{format_size(r['bytes_per_rank']):>11}{r['control_us']:>9.1f}{r['schedule_us']:>10.1f}"
+                f"{r['copy_us']:>9.1f}{r['sync_us']:>8.1f}{r['in_stream_us']:>11.1f}"
+            )
+    if result.get("overlap"):
+        out += ["", "# overlap: bf16 GEMM loop beside all_gathers (ms)"]
+        out += [
+            f"{'bytes/rank':>10}  {'impl':<40}{'gemm':>8}{'beside':>8}{'slow%':>7}{'coll':>8}{'e2e':>8}{'serial':>8}"
+        ]
+        for r in result["overlap"]:
+            out.append(
+                f"{format_size(r['bytes_per_rank']):>10}  {r['impl']:<40}{r['gemm_alone_ms']:>8.2f}"
+                f"{r['gemm_beside_ms']:>8.2f}{r['slowdown_pct']:>7.1f}{r['collectives_alone_ms']:>8.2f}"
+                f"{r['end_to_end_ms']:>8.2f}{r['serial_ms']:>8.2f}"
+            )
+    if result.get("energy"):
+        out += ["", "# energy: NVML, all GPUs, J per GB moved"]
+        out += [f"{'op':<11}{'bytes/rank':>11}  {'impl':<6}{'J/GB':>8}{'above idle':>12}{'W':>7}"]
+        for r in result["energy"]:
+            out.append(
+                f"{r['op']:<11}{format_size(r['bytes_per_rank']):>11}  {r['impl']:<6}{r['j_per_gb']:>8.3f}"
+                f"{r['j_per_gb_above_idle']:>12.3f}{r['joules'] / max(r['seconds'], 1e-9):>7.0f}"
+            )
+    return out
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        return plt
+    except ImportError:
+        return None
+
+
+def plot_phases(phases: Sequence[dict], path: str, title: str) -> bool:
+    """Stacked bars per variant and size: control, schedule, copy, sync."""
+    plt = _pyplot()
+    if plt is None:
+        return False
+    algos = sorted({r["algo"] for r in phases})
+    fig, axes = plt.subplots(1, len(algos), figsize=(5.5 * len(algos), 4.2), squeeze=False, sharey=True)
+    for ax, algo in zip(axes[0], algos):
+        rows = [r for r in phases if r["algo"] == algo]
+        x = range(len(rows))
+        bottom = [0.0] * len(rows)
+        for key, label in (
+            ("control_us", "control (host)"),
+            ("schedule_us", "schedule"),
+            ("copy_us", "copy"),
+            ("sync_us", "sync"),
+        ):
+            vals = [r[key] for r in rows]
+            ax.bar(x, vals, bottom=bottom, label=label)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        ax.set_xticks(list(x))
+        ax.set_xticklabels([format_size(r["bytes_per_rank"]) for r in rows])
+        ax.set_yscale("log")
+        ax.set_title(f"all_gather {algo} - {title}")
+        ax.set_xlabel("bytes per rank")
+        ax.set_ylabel("us")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_overlap(overlap: Sequence[dict], path: str, title: str) -> bool:
+    """GEMM slowdown and end-to-end time against size, per implementation."""
+    plt = _pyplot()
+    if plt is None:
+        return False
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    for impl in sorted({r["impl"] for r in overlap}):
+        pts = sorted(
+            (r["bytes_per_rank"], r["slowdown_pct"], r["end_to_end_ms"] / r["serial_ms"])
+            for r in overlap
+            if r["impl"] == impl
+        )
+        a1.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+        a2.plot([p[0] for p in pts], [p[2] for p in pts], marker="o", label=impl)
+    for ax, yl in ((a1, "GEMM slowdown beside all_gathers (%)"), (a2, "end-to-end / serial")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("all_gather bytes per rank")
+        ax.set_ylabel(yl)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        ax.set_title(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

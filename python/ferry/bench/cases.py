@@ -1,0 +1,102 @@
+"""What each benchmarked collective needs: its buffers, the expected result,
+and how ferry and NCCL issue it. One Case per (op, size) on one rank."""
+
+from __future__ import annotations
+
+OPS = ("all_gather", "all_to_all", "broadcast", "reduce_scatter", "all_reduce")
+
+
+def fits(op: str, n: int, world: int) -> bool:
+    """Whether `n` bytes per rank is a valid size for `op` at this world size."""
+    if op in ("all_to_all",):
+        return n % world == 0
+    if op in ("reduce_scatter", "all_reduce"):
+        return n % (4 * world) == 0  # float32 blocks
+    return True
+
+
+class Case:
+    """Buffers are views of `out_all` (registered, world x max bytes) and
+    `inp_all` (max bytes); data is seeded per rank so every rank can build the
+    expected output."""
+
+    def __init__(self, torch, dist, comm, op, n, world, rank, out_all, inp_all):
+        self.torch, self.dist, self.comm, self.op, self.n = torch, dist, comm, op, n
+        self.world, self.rank = world, rank
+        dev = out_all.device
+        self.dev = dev
+        out_n = {"all_gather": world * n, "reduce_scatter": n // world}.get(op, n)
+        self.out = out_all[:out_n]
+        self.inp = inp_all[:n]
+        if op in ("reduce_scatter", "all_reduce"):
+            self.out, self.inp = self.out.view(torch.float32), self.inp.view(torch.float32)
+        self.expected = self._expected()
+
+    def _seeded(self, r: int):
+        torch = self.torch
+        g = torch.Generator(device=self.dev)
+        g.manual_seed(1000003 * r + self.n)
+        if self.op in ("reduce_scatter", "all_reduce"):
+            return torch.randint(-8, 9, (self.n // 4,), device=self.dev, generator=g).float()
+        return torch.randint(0, 256, (self.n,), dtype=torch.uint8, device=self.dev, generator=g)
+
+    def _expected(self):
+        torch, w, r, n = self.torch, self.world, self.rank, self.n
+        if self.op == "all_gather":
+            return torch.cat([self._seeded(q) for q in range(w)])
+        if self.op == "all_to_all":
+            b = n // w
+            return torch.cat([self._seeded(q)[r * b : (r + 1) * b] for q in range(w)])
+        if self.op == "broadcast":
+            return self._seeded(0)
+        total = sum(self._seeded(q) for q in range(w))
+        if self.op == "reduce_scatter":
+            b = n // 4 // w
+            return total[r * b : (r + 1) * b]
+        return total
+
+    def reset(self) -> None:
+        """Fresh input, poisoned output."""
+        self.inp.copy_(self._seeded(self.rank))
+        self.out.view(self.torch.uint8).fill_(0xA5)
+        if self.op == "broadcast" and self.rank == 0:
+            self.out.copy_(self.inp)
+
+    def issue(self, impl: str, local_copy: str = "auto") -> None:
+        dist, op, out, inp = self.dist, self.op, self.out, self.inp
+        if impl.startswith("ferry"):
+            algo = (
+                impl.split("-")[1]
+                if impl.count("-") and impl.split("-")[1] in ("b2b", "pcpy", "seq")
+                else "auto"
+            )
+            if op in ("all_gather", "all_to_all"):
+                getattr(self.comm, op)(out, inp, algo=algo, local_copy=local_copy)
+            elif op == "broadcast":
+                self.comm.broadcast(out, root=0, algo=algo)  # in place, like NCCL's
+            elif op == "reduce_scatter":
+                self.comm.reduce_scatter(out, inp, algo=algo)
+            else:
+                self.comm.all_reduce(out, inp, algo=algo)
+        elif op == "all_gather":
+            dist.all_gather_into_tensor(out, inp)
+        elif op == "all_to_all":
+            dist.all_to_all_single(out, inp)
+        elif op == "broadcast":
+            dist.broadcast(out, src=0)
+        elif op == "reduce_scatter":
+            dist.reduce_scatter_tensor(out, inp)
+        else:
+            # NCCL reduces in place; timing runs on garbage that grows, the
+            # checked run below starts from the input.
+            dist.all_reduce(out)
+
+    def check(self, impl: str) -> int:
+        """Wrong bytes after one fresh call of `impl`."""
+        self.reset()
+        if self.op == "all_reduce" and not impl.startswith("ferry"):
+            self.out.copy_(self.inp)
+        self.issue(impl)
+        self.torch.cuda.synchronize()
+        got, exp = self.out.view(self.torch.uint8), self.expected.view(self.torch.uint8)
+        return int((got != exp).sum().item())

@@ -1,0 +1,119 @@
+"""Compute beside communication. For each size: a loop of bf16 GEMMs alone;
+the collective alone; then both started together on two streams, timing the
+GEMM loop (its slowdown) and the end-to-end time until both are done. The
+collective count is chosen so that the collectives alone take about as long
+as the GEMM loop (the same count on every rank). Alone and beside alternate,
+so clock and thermal drift hit both alike; medians of reps, max over ranks."""
+
+from __future__ import annotations
+
+import statistics
+
+IMPLS = {
+    "ferry": "ferry (default: 32-block local copy)",
+    "ferry-ce": "ferry (local copy by copy engine hint)",
+    "nccl": "nccl",
+}
+
+
+def run(ctx, out_all, inp_all) -> list:
+    from ferry.bench.cases import Case
+    from ferry.bench.report import format_size
+
+    torch, opts, world = ctx.torch, ctx.opts, ctx.world
+    dev = ctx.dev
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device=dev)
+    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device=dev)
+    gemms = opts["overlap_gemms"]
+    compute, side = torch.cuda.Stream(device=dev), torch.cuda.Stream(device=dev)
+    for _ in range(3):
+        torch.mm(a, b)
+
+    def ev():
+        return torch.cuda.Event(enable_timing=True)
+
+    def gemm_alone():
+        ctx.barrier()
+        s, e = ev(), ev()
+        with torch.cuda.stream(compute):
+            s.record(compute)
+            for _ in range(gemms):
+                torch.mm(a, b)
+            e.record(compute)
+        e.synchronize()
+        return s.elapsed_time(e)
+
+    def coll_alone(case, impl, count):
+        ctx.barrier()
+        s, e = ev(), ev()
+        with torch.cuda.stream(side):
+            s.record(side)
+            for _ in range(count):
+                case.issue(impl, "ce" if impl == "ferry-ce" else "auto")
+            e.record(side)
+        e.synchronize()
+        ctx.comm.synchronize()
+        return s.elapsed_time(e)
+
+    def together(case, impl, count):
+        ctx.barrier()
+        start = ev()
+        start.record(torch.cuda.current_stream(dev))
+        compute.wait_event(start)
+        side.wait_event(start)
+        gs, ge, ce = ev(), ev(), ev()
+        with torch.cuda.stream(side):
+            for _ in range(count):
+                case.issue(impl, "ce" if impl == "ferry-ce" else "auto")
+            ce.record(side)
+        with torch.cuda.stream(compute):
+            gs.record(compute)
+            for _ in range(gemms):
+                torch.mm(a, b)
+            ge.record(compute)
+        ge.synchronize()
+        ce.synchronize()
+        ctx.comm.synchronize()
+        return gs.elapsed_time(ge), max(start.elapsed_time(ge), start.elapsed_time(ce))
+
+    results = []
+    sizes = opts["overlap_sizes"] or [opts["overlap_bytes"]]
+    for n in sizes:
+        case = Case(torch, ctx.dist, ctx.comm, "all_gather", n, world, ctx.rank, out_all, inp_all)
+        case.reset()
+        for impl in IMPLS:
+            one = ctx.slowest(coll_alone(case, impl, 5) / 5)
+            count = int(ctx.slowest(gemm_alone()) / max(one, 1e-3)) + 1
+            alone, c_alone, beside, e2e = [], [], [], []
+            for _ in range(opts["overlap_reps"]):
+                alone.append(gemm_alone())
+                c_alone.append(coll_alone(case, impl, count))
+                g, t = together(case, impl, count)
+                beside.append(g)
+                e2e.append(t)
+            t_alone, t_coll = ctx.slowest(statistics.median(alone)), ctx.slowest(statistics.median(c_alone))
+            t_beside, t_e2e = ctx.slowest(statistics.median(beside)), ctx.slowest(statistics.median(e2e))
+            rec = dict(
+                impl=IMPLS[impl],
+                impl_key=impl,
+                world=world,
+                bytes_per_rank=n,
+                gemms=gemms,
+                gemm_shape="8192x8192x8192 bf16",
+                collectives=count,
+                gemm_alone_ms=round(t_alone, 3),
+                collectives_alone_ms=round(t_coll, 3),
+                gemm_beside_ms=round(t_beside, 3),
+                end_to_end_ms=round(t_e2e, 3),
+                serial_ms=round(t_alone + t_coll, 3),
+                slowdown_pct=round(100 * (t_beside / t_alone - 1), 2),
+                reps=opts["overlap_reps"],
+                stat="median of reps (alone and together alternate), max over ranks",
+            )
+            results.append(rec)
+            ctx.log(
+                f"  overlap {format_size(n):>6} {impl:<9} gemm {t_alone:7.2f} -> {t_beside:7.2f} ms "
+                f"({rec['slowdown_pct']:+.1f}%), {count} all_gathers alone {t_coll:7.2f} ms, "
+                f"end-to-end {t_e2e:7.2f} ms (serial {t_alone + t_coll:7.2f})"
+            )
+    return results

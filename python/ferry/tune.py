@@ -1,0 +1,159 @@
+"""The variant selector's table: derived from measurements (`ferry tune`),
+shipped per GPU model (ferry/tuning/*.json), loaded into each communicator.
+
+A table is a list of rules (op, world, max_bytes, algo), tried in order; the
+first whose op and world (0: any) match and whose max_bytes is at least the
+call's bytes per rank (the size the selector sees: an all_to_all's block, a
+reduce_scatter's output) wins. Everything here is pure and CPU-tested except
+`run`, which measures."""
+
+from __future__ import annotations
+
+import datetime
+import glob
+import json
+import os
+from typing import Dict, Iterable, List, Optional, Tuple
+
+Rule = Tuple[str, int, int, str]
+ANY = (1 << 63) - 1  # "no upper bound" (JSON: null)
+VARIANTS = ("b2b", "seq", "pcpy")
+OPS = ("all_gather", "all_to_all", "all_to_allv", "broadcast", "reduce_scatter", "all_reduce")
+
+
+def selection_bytes(op: str, n: int, world: int) -> int:
+    """The selector's size for a benchmark size `n` (see ferry bench)."""
+    return n // world if op in ("all_to_all", "reduce_scatter", "all_reduce") else n
+
+
+def rules_from_measurements(records: Iterable[dict], world: int, tolerance: float = 0.05) -> List[Rule]:
+    """The fastest ferry variant per op and size, as threshold rules: sizes up
+    to and including the last size a variant won take that variant. A variant
+    within `tolerance` of the fastest counts as a tie, and a tie keeps the
+    previous size's choice (else the first of b2b, seq, pcpy), so run-to-run
+    noise does not flip the table. Ops that were not measured borrow
+    all_to_all's rules (all_to_allv, reduce_scatter, all_reduce: pushes of
+    one block per peer) or all_gather's (broadcast)."""
+    times: Dict[str, Dict[int, Dict[str, float]]] = {}
+    for r in records:
+        if not str(r.get("impl", "")).startswith("ferry-") or r.get("graph") or r.get("wrong", 0):
+            continue
+        algo = r["impl"].split("-", 1)[1]
+        if algo not in VARIANTS:
+            continue
+        size = selection_bytes(r["op"], r["bytes_per_rank"], world)
+        slot = times.setdefault(r["op"], {}).setdefault(size, {})
+        slot[algo] = min(slot.get(algo, float("inf")), r["time_us"])
+    best: Dict[str, Dict[int, str]] = {}
+    for op, by_size in times.items():
+        prev = None
+        for size in sorted(by_size):
+            t = by_size[size]
+            fastest = min(t.values())
+            ties = [a for a in VARIANTS if a in t and t[a] <= fastest * (1 + tolerance)]
+            prev = prev if prev in ties else ties[0]
+            best.setdefault(op, {})[size] = prev
+    rules: List[Rule] = []
+    for op, by_size in best.items():
+        sizes = sorted(by_size)
+        for i, s in enumerate(sizes):
+            algo = by_size[s]
+            last = i + 1 == len(sizes)
+            if last or by_size[sizes[i + 1]] != algo:
+                rules.append((op, world, ANY if last else s, algo))
+    for op, donor in (
+        ("all_to_allv", "all_to_all"),
+        ("broadcast", "all_gather"),
+        ("reduce_scatter", "all_to_all"),
+        ("all_reduce", "all_to_all"),
+    ):
+        if op not in best and donor in best:
+            rules += [(op, w, b, a) for (o, w, b, a) in rules if o == donor]
+    return rules
+
+
+def validate(rules) -> List[Rule]:
+    out = []
+    for i, r in enumerate(rules):
+        if isinstance(r, dict):
+            r = (r.get("op"), r.get("world", 0), r.get("max_bytes"), r.get("algo"))
+        op, world, max_bytes, algo = r
+        if op not in OPS:
+            raise ValueError(f"rule {i}: op is {op!r}; expected one of {', '.join(OPS)}")
+        if algo not in VARIANTS:
+            raise ValueError(f"rule {i}: algo is {algo!r}; expected one of {', '.join(VARIANTS)}")
+        if not isinstance(world, int) or world < 0:
+            raise ValueError(f"rule {i}: world is {world!r}; expected 0 (any) or a rank count")
+        max_bytes = ANY if max_bytes is None else max_bytes
+        if not isinstance(max_bytes, int) or max_bytes < 0:
+            raise ValueError(f"rule {i}: max_bytes is {max_bytes!r}; expected bytes or null (no bound)")
+        out.append((op, world, max_bytes, algo))
+    return out
+
+
+def to_json_rules(rules: Iterable[Rule]) -> List[dict]:
+    return [dict(op=o, world=w, max_bytes=None if b >= ANY else b, algo=a) for o, w, b, a in rules]
+
+
+def select(rules: Iterable[Rule], op: str, world: int, nbytes: int) -> Optional[str]:
+    """The rule table's choice (the native selector does the same)."""
+    for o, w, b, a in rules:
+        if o == op and w in (0, world) and nbytes <= b:
+            return a
+    return None
+
+
+def shipped_tables() -> List[dict]:
+    here = os.path.join(os.path.dirname(__file__), "tuning")
+    out = []
+    for path in sorted(glob.glob(os.path.join(here, "*.json"))):
+        with open(path) as f:
+            out.append(json.load(f))
+    return out
+
+
+def default_rules(gpu_name: str, world: int) -> Optional[List[Rule]]:
+    """Rules for this GPU model: FERRY_TUNING (a `ferry tune` file) if set, else
+    the shipped table whose gpu matches, for this world size or the nearest
+    smaller one measured. None: the native built-in default applies."""
+    path = os.environ.get("FERRY_TUNING")
+    if path:
+        with open(path) as f:
+            return validate(json.load(f)["rules"])
+    for table in shipped_tables():
+        if table.get("gpu") and table["gpu"] in gpu_name:
+            worlds = sorted(int(w) for w in table["tables"])
+            fit = [w for w in worlds if w <= world] or worlds
+            rules = validate(table["tables"][str(fit[-1])])
+            # Rules are measured for one world size; they apply to this one.
+            return [(o, 0, b, a) for o, w, b, a in rules]
+    return None
+
+
+def run(world: int, ops: List[str], sizes: List[int], runs: int, timeout: float) -> dict:
+    """Measures every variant on the local GPUs (ferry bench, ferry impls only)."""
+    from ferry.bench import collectives
+
+    opts = dict(
+        sizes=sizes,
+        ops=ops,
+        impls=["ferry-b2b", "ferry-seq", "ferry-pcpy"],
+        warmup=3,
+        runs=runs,
+        timeout=timeout,
+        local_copy="auto",
+        overlap=False,
+        overlap_bytes=1,
+        overlap_sizes=[],
+        local_copy_probe=False,
+        tuning=None,
+    )
+    result = collectives.run(world, opts)
+    rules = rules_from_measurements(result["records"], world)
+    return dict(
+        gpu=result["gpu"],
+        world=world,
+        date=datetime.date.today().isoformat(),
+        rules=to_json_rules(rules),
+        records=result["records"],
+    )

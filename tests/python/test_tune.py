@@ -1,0 +1,79 @@
+"""The tuner's pure parts: rules from measurements, the shipped tables, and
+the native selector reading the same rules."""
+
+import pytest
+
+from ferry import tune
+from ferry._native import require
+
+
+def rec(op, n, algo, t, **kw):
+    return {"op": op, "bytes_per_rank": n, "impl": f"ferry-{algo}", "time_us": t, "wrong": 0, **kw}
+
+
+def test_fastest_variant_per_size_becomes_threshold_rules():
+    records = []
+    for n, times in ((1024, (10, 20, 30)), (4096, (11, 25, 30)), (1 << 20, (90, 60, 70)), (1 << 26, (900, 500, 400))):
+        for algo, t in zip(("b2b", "seq", "pcpy"), times):
+            records.append(rec("all_gather", n, algo, t))
+    rules = tune.rules_from_measurements(records, 4)
+    ag = [r for r in rules if r[0] == "all_gather"]
+    assert ag == [("all_gather", 4, 4096, "b2b"), ("all_gather", 4, 1 << 20, "seq"), ("all_gather", 4, tune.ANY, "pcpy")]
+    # Ops not measured borrow their data-movement twin's rules.
+    assert [r[3] for r in rules if r[0] == "broadcast"] == ["b2b", "seq", "pcpy"]
+
+
+def test_ties_keep_the_previous_choice():
+    records = [rec("all_gather", 1024, "b2b", 10), rec("all_gather", 1024, "seq", 12)]
+    records += [rec("all_gather", 4096, "b2b", 10.3), rec("all_gather", 4096, "seq", 10.0)]  # 3%: a tie
+    rules = tune.rules_from_measurements(records, 2)
+    assert [r for r in rules if r[0] == "all_gather"] == [("all_gather", 2, tune.ANY, "b2b")]
+
+
+def test_wrong_results_and_graph_runs_are_ignored():
+    records = [rec("all_gather", 1024, "b2b", 10), rec("all_gather", 1024, "seq", 1, wrong=5)]
+    records.append(dict(rec("all_gather", 1024, "pcpy", 1), graph=True))
+    assert tune.rules_from_measurements(records, 2)[0][3] == "b2b"
+
+
+def test_selection_sizes_match_the_native_selector():
+    assert tune.selection_bytes("all_to_all", 4096, 4) == 1024
+    assert tune.selection_bytes("all_gather", 4096, 4) == 4096
+
+
+def test_validate_names_the_bad_rule():
+    with pytest.raises(ValueError, match="rule 1: algo is 'ring'"):
+        tune.validate([("all_gather", 0, 10, "b2b"), ("all_gather", 0, 10, "ring")])
+    assert tune.validate([dict(op="all_reduce", world=0, max_bytes=None, algo="seq")]) == [
+        ("all_reduce", 0, tune.ANY, "seq")
+    ]
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_shipped_h200_table_covers_every_op_and_size(world):
+    rules = tune.default_rules("NVIDIA H200", world)
+    assert rules is not None
+    for op in tune.OPS:
+        for n in (1, 1 << 10, 1 << 20, 1 << 30, 1 << 40):
+            assert tune.select(rules, op, world, n) in tune.VARIANTS, (op, n)
+
+
+def test_native_selector_agrees_with_the_table():
+    rules = tune.default_rules("NVIDIA H200", 4)
+    native = require()
+    for op in tune.OPS:
+        for n in (1, 4096, 1 << 20, 1 << 28):
+            assert native.select_algo(op, 4, n, "auto", rules) == tune.select(rules, op, 4, n)
+    assert native.select_algo("all_gather", 4, 1, "pcpy", rules) == "pcpy"  # forcing wins
+
+
+def test_tuning_file_overrides(tmp_path, monkeypatch):
+    p = tmp_path / "t.json"
+    p.write_text('{"rules": [{"op": "all_gather", "world": 0, "max_bytes": null, "algo": "pcpy"}]}')
+    monkeypatch.setenv("FERRY_TUNING", str(p))
+    assert tune.default_rules("anything", 4) == [("all_gather", 0, tune.ANY, "pcpy")]
+
+
+def test_unknown_gpu_has_no_shipped_table(monkeypatch):
+    monkeypatch.delenv("FERRY_TUNING", raising=False)
+    assert tune.default_rules("Some Other GPU", 4) is None
