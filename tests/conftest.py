@@ -23,6 +23,15 @@ def _gpu_count() -> int:
 
 
 GPU_COUNT = _gpu_count()
+
+
+def worlds_to_test(*candidates: int) -> list:
+    """World sizes to test: `candidates` that fit the GPUs here, or the list in
+    FERRY_TEST_WORLDS (e.g. "8" on a machine where every minute counts)."""
+    env = os.environ.get("FERRY_TEST_WORLDS")
+    if env:
+        return [int(w) for w in env.split(",") if 2 <= int(w) <= max(GPU_COUNT, 2)]
+    return sorted({w for w in candidates if 2 <= w <= GPU_COUNT}) or [2]
 _gpu_skips = []
 
 

@@ -2,12 +2,12 @@
 
 import _workers
 import pytest
-from conftest import GPU_COUNT
+from conftest import GPU_COUNT, worlds_to_test
 from harness import spawn
 
 pytestmark = pytest.mark.multigpu
 
-WORLDS = sorted({w for w in (2, 4, GPU_COUNT) if 2 <= w <= GPU_COUNT}) or [2]
+WORLDS = worlds_to_test(2, 4, GPU_COUNT)
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -43,7 +43,7 @@ def test_more_collectives_byte_exact(world):
     assert not fails, "\n".join(fails[:20])
 
 
-@pytest.mark.parametrize("world", sorted({2, GPU_COUNT}) if GPU_COUNT >= 2 else [2])
+@pytest.mark.parametrize("world", worlds_to_test(2, GPU_COUNT))
 def test_prelaunch_and_graphs(world):
     results = spawn(_workers.prelaunch_and_graphs, world, timeout=300)
     assert len(results) == world, f"only ranks {sorted(results)} reported"

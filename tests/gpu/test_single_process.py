@@ -2,11 +2,11 @@
 
 import _workers
 import pytest
-from conftest import GPU_COUNT
+from conftest import GPU_COUNT, worlds_to_test
 
 pytestmark = pytest.mark.multigpu
 
-WORLDS = sorted({w for w in (2, GPU_COUNT) if 2 <= w}) or [2]
+WORLDS = worlds_to_test(2, GPU_COUNT)
 
 
 @pytest.fixture(params=WORLDS, ids=lambda w: f"{w}gpus")
@@ -53,3 +53,40 @@ def test_local_errors():
     comm.close()
     with pytest.raises(ferry.ClosedError):
         comm.close()
+
+
+def test_prelaunch_and_reductions_single_process(local_comm):
+    """One process, all GPUs: a prepared all_gather triggered from the host and
+    from each GPU's stream, and an all_reduce, checked byte for byte."""
+    torch, comm, world, bufs = local_comm
+    devs = [torch.device("cuda", i) for i in range(world)]
+    n = 4099
+    outs = [b[: world * n] for b in bufs]
+    ins = [torch.empty(n, dtype=torch.uint8, device=d) for d in devs]
+    h = comm.prepare("all_gather", outs, ins)
+    streams = [torch.cuda.Stream(device=d) for d in devs]
+    for step in range(6):
+        for r, d in enumerate(devs):
+            ins[r].fill_((step * 16 + r) % 256)
+            outs[r].fill_(0xEE)
+        for d in devs:
+            torch.cuda.synchronize(d)
+        h.arm()
+        if step % 2:
+            h.trigger(streams)
+        else:
+            h.trigger()
+        h.wait()
+        for r, d in enumerate(devs):
+            torch.cuda.synchronize(d)
+            exp = torch.cat(
+                [torch.full((n,), (step * 16 + q) % 256, dtype=torch.uint8, device=d) for q in range(world)]
+            )
+            assert torch.equal(outs[r], exp), f"step {step} rank {r}"
+    h.release()
+    xs = [torch.full((world * 3 + 1,), float(r + 1), device=d) for r, d in enumerate(devs)]
+    ar = [b[: xs[0].numel() * 4].view(torch.float32) for b in bufs]
+    comm.all_reduce(ar, xs)
+    comm.synchronize()
+    for r, d in enumerate(devs):
+        assert torch.equal(ar[r], torch.full_like(xs[r], world * (world + 1) / 2))

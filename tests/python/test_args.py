@@ -52,7 +52,12 @@ def test_sizes_and_dtypes_are_checked():
     c.all_to_all(Cai(16), Cai(16), stream=5)
     call = c._c.calls[-1]
     assert (call["op"], call["outs"], call["ins"], call["bytes"], call["streams"]) == (
-        "all_to_all", [0x7000], [0x7000], 4, [5])
+        "all_to_all",
+        [0x7000],
+        [0x7000],
+        4,
+        [5],
+    )
 
 
 def test_new_collectives_are_checked():

@@ -23,12 +23,40 @@ def test_sizes_that_fit_each_op():
 def test_sections_render_every_measurement():
     result = dict(
         prelaunch=[dict(op="all_gather", bytes_per_rank=1024, algo="b2b", trigger_to_done_us=12.3)],
-        phases=[dict(algo="b2b", bytes_per_rank=1024, control_us=20, schedule_us=30, copy_us=1, sync_us=11,
-                     in_stream_us=45)],
-        overlap=[dict(bytes_per_rank=1 << 20, impl="nccl", gemm_alone_ms=10, gemm_beside_ms=12, slowdown_pct=20,
-                      collectives_alone_ms=9, end_to_end_ms=12.5, serial_ms=19)],
-        energy=[dict(op="all_gather", bytes_per_rank=1 << 20, impl="ferry", j_per_gb=0.1, j_per_gb_above_idle=0.05,
-                     joules=100, seconds=2)],
+        phases=[
+            dict(
+                algo="b2b",
+                bytes_per_rank=1024,
+                control_us=20,
+                schedule_us=30,
+                copy_us=1,
+                sync_us=11,
+                in_stream_us=45,
+            )
+        ],
+        overlap=[
+            dict(
+                bytes_per_rank=1 << 20,
+                impl="nccl",
+                gemm_alone_ms=10,
+                gemm_beside_ms=12,
+                slowdown_pct=20,
+                collectives_alone_ms=9,
+                end_to_end_ms=12.5,
+                serial_ms=19,
+            )
+        ],
+        energy=[
+            dict(
+                op="all_gather",
+                bytes_per_rank=1 << 20,
+                impl="ferry",
+                j_per_gb=0.1,
+                j_per_gb_above_idle=0.05,
+                joules=100,
+                seconds=2,
+            )
+        ],
     )
     text = "\n".join(report.format_sections(result))
     for needle in ("trigger -> done", "12.3", "phases", "overlap", "energy", "0.050"):

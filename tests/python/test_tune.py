@@ -2,7 +2,6 @@
 the native selector reading the same rules."""
 
 import pytest
-
 from ferry import tune
 from ferry._native import require
 
@@ -13,12 +12,21 @@ def rec(op, n, algo, t, **kw):
 
 def test_fastest_variant_per_size_becomes_threshold_rules():
     records = []
-    for n, times in ((1024, (10, 20, 30)), (4096, (11, 25, 30)), (1 << 20, (90, 60, 70)), (1 << 26, (900, 500, 400))):
+    for n, times in (
+        (1024, (10, 20, 30)),
+        (4096, (11, 25, 30)),
+        (1 << 20, (90, 60, 70)),
+        (1 << 26, (900, 500, 400)),
+    ):
         for algo, t in zip(("b2b", "seq", "pcpy"), times):
             records.append(rec("all_gather", n, algo, t))
     rules = tune.rules_from_measurements(records, 4)
     ag = [r for r in rules if r[0] == "all_gather"]
-    assert ag == [("all_gather", 4, 4096, "b2b"), ("all_gather", 4, 1 << 20, "seq"), ("all_gather", 4, tune.ANY, "pcpy")]
+    assert ag == [
+        ("all_gather", 4, 4096, "b2b"),
+        ("all_gather", 4, 1 << 20, "seq"),
+        ("all_gather", 4, tune.ANY, "pcpy"),
+    ]
     # Ops not measured borrow their data-movement twin's rules.
     assert [r[3] for r in rules if r[0] == "broadcast"] == ["b2b", "seq", "pcpy"]
 
