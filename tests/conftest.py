@@ -32,6 +32,8 @@ def worlds_to_test(*candidates: int) -> list:
     if env:
         return [int(w) for w in env.split(",") if 2 <= int(w) <= max(GPU_COUNT, 2)]
     return sorted({w for w in candidates if 2 <= w <= GPU_COUNT}) or [2]
+
+
 _gpu_skips = []
 
 
@@ -48,6 +50,16 @@ def pytest_collection_modifyitems(config, items):
             )
             item.add_marker(pytest.mark.skip(reason=f"GPU test: {why}"))
             _gpu_skips.append(item.nodeid)
+
+
+def pytest_runtest_logreport(report):
+    """Prints a failure as soon as it happens: on the device machine a run may
+    be cut off by its time limit before pytest's summary."""
+    if report.failed:
+        import sys
+
+        sys.stderr.write(f"\nFAILED {report.nodeid} ({report.when})\n{report.longreprtext[-6000:]}\n")
+        sys.stderr.flush()
 
 
 def pytest_terminal_summary(terminalreporter):

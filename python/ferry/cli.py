@@ -100,9 +100,11 @@ def cmd_bench(args) -> int:
         energy_seconds=args.energy_seconds,
         tuning=None,
     )
-    unknown = [o for o in opts["ops"] if o not in collectives.OPS]
+    from .bench.cases import OPS
+
+    unknown = [o for o in opts["ops"] if o not in OPS]
     if unknown:
-        print(f"--ops: unknown {unknown}; expected some of {','.join(collectives.OPS)}", file=sys.stderr)
+        print(f"--ops: unknown {unknown}; expected some of {','.join(OPS)}", file=sys.stderr)
         return 2
     print(f"ferry bench: {world} GPUs, {len(opts['sizes'])} sizes, {opts['ops']}, {impls}", file=sys.stderr)
     result = collectives.run(world, opts)

@@ -285,14 +285,22 @@ void Communicator::run(const CollectiveArgs& a) {
     if (capturing) {
       FERRY_ARG_CHECK(dma::is_capturing(a.streams[i]),
                       std::string(coll_op_name(a.op)) + ": some streams are capturing a CUDA graph and others not");
-      auto c = std::make_unique<Captured>();
-      c->local = i;
-      c->expect = expectation(0, a, built[i]);
-      c->state = L.records->word();
-      e.state_word = c->state.device;
+      const uint64_t* state = nullptr;
+      {
+        std::lock_guard<std::mutex> lock(captured_mu_);
+        auto key = std::make_pair(i, static_cast<const SourceSlot*>(built[i].record.host));
+        auto it = captured_.find(key);
+        if (it == captured_.end()) {
+          Captured c;
+          c.local = i;
+          c.expect = expectation(0, a, built[i]);
+          c.state = L.records->word();
+          it = captured_.emplace(key, std::move(c)).first;
+        }
+        state = it->second.state.device;
+      }
+      e.state_word = state;
       emit(i, built[i], e);
-      std::lock_guard<std::mutex> lock(captured_mu_);
-      captured_.push_back(std::move(c));
       continue;
     }
     L.in_flight->order_after_previous(a.streams[i]);

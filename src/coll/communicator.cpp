@@ -435,6 +435,10 @@ void Communicator::start_watchdog() {
 }
 
 void Communicator::watchdog_loop() {
+  // The watchdog queries events while the user's threads may capture CUDA
+  // graphs; in relaxed mode its calls never invalidate their capture.
+  cudaStreamCaptureMode relaxed = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&relaxed);
   auto interval = std::chrono::milliseconds(std::max<long long>(1, knob_int("FERRY_WATCHDOG_MS")));
   std::unique_lock<std::mutex> lock(watchdog_mu_);
   while (!stop_watchdog_) {
@@ -444,14 +448,32 @@ void Communicator::watchdog_loop() {
     publish_progress();
     for (int i = 0; i < local_count(); ++i) {
       auto pending = locals_[i]->in_flight->oldest_unfinished();
-      if (pending) diagnose_and_unblock(i, pending->expect, pending->age_s);
+      if (pending && pending->waiting_for_trigger) {
+        if (pending->age_s > timeout_s_) fail_untriggered(i, *pending);
+      } else if (pending) {
+        diagnose_and_unblock(i, pending->expect, pending->age_s);
+      }
     }
     {
       std::lock_guard<std::mutex> cl(captured_mu_);
-      for (auto& c : captured_) watch_captured(*c);
+      for (auto& [key, c] : captured_) watch_captured(c);
     }
     lock.lock();
   }
+}
+
+// A prepared collective armed for longer than the timeout without its trigger
+// being seen. Often a deadlock: the work meant to trigger it waits behind the
+// armed stream in a shared hardware queue. Report it and open the gate, so the
+// GPU drains (the collective then runs on whatever its input holds).
+void Communicator::fail_untriggered(int local, const InFlight::Pending& p) {
+  fail(std::string(coll_op_name(p.expect.op)) + " #" + std::to_string(p.expect.seq) + " on rank " +
+       std::to_string(rank(local)) + " was armed " + std::to_string(p.age_s) +
+       " s ago and never triggered. If its trigger comes from GPU work (a stream or a kernel), that work may be "
+       "queued behind the armed wait in a shared CUDA hardware queue: raise CUDA_DEVICE_MAX_CONNECTIONS (e.g. 32) "
+       "or trigger from the host; see docs/api.md, Prelaunch. The gate was opened to free the GPU; the output is "
+       "undefined");
+  locals_[local]->in_flight->open_gate_of_oldest();
 }
 
 void Communicator::publish_progress() {

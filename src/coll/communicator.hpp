@@ -193,6 +193,7 @@ class Communicator {
   void watchdog_loop();
   bool diagnose_and_unblock(int local, const Expectation& x, double age_s);
   void watch_captured(Captured& c);
+  void fail_untriggered(int local, const InFlight::Pending& p);
   void publish_progress();
   void fail(const std::string& message);
 
@@ -214,7 +215,9 @@ class Communicator {
   std::map<int, Prepared> prepared_;
   int next_handle_ = 1;
   std::mutex captured_mu_;
-  std::vector<std::unique_ptr<Captured>> captured_;
+  // One per local rank and distinct call (their records are interned), so
+  // capturing the same call again reuses its entry and state word.
+  std::map<std::pair<int, const SourceSlot*>, Captured> captured_;
   Algo forced_algo_ = Algo::kAuto;
 
   bool closed_ = false;

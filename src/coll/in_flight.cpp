@@ -75,13 +75,15 @@ std::optional<InFlight::Pending> InFlight::oldest_unfinished() {
   if (oldest_ == next_) return std::nullopt;
   Entry& e = entries_[oldest_ % entries_.size()];
   if (e.gate) {
-    // Armed and waiting for its trigger is not a failure; the clock starts at the trigger.
-    if (*e.gate != e.gate_value) return std::nullopt;
+    // Armed and waiting for its trigger is not a peer's failure; its clock
+    // restarts at the trigger.
+    if (*e.gate != e.gate_value)
+      return Pending{e.expect, std::chrono::duration<double>(Clock::now() - e.started).count(), true};
     e.gate = nullptr;
     e.started = Clock::now();
   }
   double age = std::chrono::duration<double>(Clock::now() - e.started).count();
-  return Pending{e.expect, age};
+  return Pending{e.expect, age, false};
 }
 
 bool InFlight::idle() {
@@ -94,6 +96,13 @@ uint64_t InFlight::completed() {
   std::lock_guard<std::mutex> lock(mu_);
   drop_finished();
   return completed_;
+}
+
+void InFlight::open_gate_of_oldest() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (oldest_ == next_) return;
+  Entry& e = entries_[oldest_ % entries_.size()];
+  if (e.gate) *const_cast<volatile uint64_t*>(e.gate) = e.gate_value;
 }
 
 bool InFlight::gated_pending() {

@@ -51,9 +51,10 @@ class InFlight {
 
   struct Pending {
     Expectation expect;
-    double age_s;
+    double age_s;                      // since the trigger was seen (or since enqueued without a gate)
+    bool waiting_for_trigger = false;  // then age_s counts from arming
   };
-  // The oldest collective not yet finished whose clock runs, if any (drops finished ones).
+  // The oldest collective not yet finished, if any (drops finished ones).
   std::optional<Pending> oldest_unfinished();
   // True when everything enqueued has finished.
   bool idle();
@@ -61,6 +62,8 @@ class InFlight {
   uint64_t completed();
   // Whether an unfinished collective still waits for its trigger.
   bool gated_pending();
+  // Writes the oldest collective's trigger value into its gate (watchdog only).
+  void open_gate_of_oldest();
 
  private:
   struct Entry {

@@ -20,13 +20,19 @@ RecordPool::~RecordPool() {
 Pinned<RecordPool::Line> RecordPool::lines(size_t n) {
   if (used_ + n > capacity_) {
     FERRY_CUDA_CHECK(cudaSetDevice(device_));
+    // Records are interned while a stream may be capturing a graph: an
+    // allocation is not stream work, so let it through.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    FERRY_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
     void* host = nullptr;
-    FERRY_CUDA_CHECK(
-        cudaHostAlloc(&host, kLinesPerChunk * sizeof(Line), cudaHostAllocPortable | cudaHostAllocMapped));
+    void* dev = nullptr;
+    cudaError_t err =
+        cudaHostAlloc(&host, kLinesPerChunk * sizeof(Line), cudaHostAllocPortable | cudaHostAllocMapped);
+    if (err == cudaSuccess) err = cudaHostGetDevicePointer(&dev, host, 0);
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    FERRY_CUDA_CHECK(err);
     std::memset(host, 0, kLinesPerChunk * sizeof(Line));
     chunks_.push_back(host);
-    void* dev = nullptr;
-    FERRY_CUDA_CHECK(cudaHostGetDevicePointer(&dev, host, 0));
     current_ = Pinned<Line>{static_cast<Line*>(host), static_cast<Line*>(dev)};
     used_ = 0;
     capacity_ = kLinesPerChunk;

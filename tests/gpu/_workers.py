@@ -241,7 +241,8 @@ def bad_inputs(rank: int, world: int, port: int) -> list:
     expect(
         ferry.InvalidArgumentError, "out has 4096 bytes; expected", lambda: comm.all_gather(out[:4096], inp)
     )
-    expect(ferry.InvalidArgumentError, "overlap", lambda: comm.all_to_all(out, out[1:]))
+    n4 = world * 1024
+    expect(ferry.InvalidArgumentError, "overlap", lambda: comm.all_to_all(out[:n4], out[1 : n4 + 1]))
     expect(ferry.InvalidArgumentError, "overlap", lambda: comm.all_gather(out, out[1:4097]))
 
     # Native checks for raw pointers (through __cuda_array_interface__).
