@@ -49,6 +49,10 @@ void check_device_ordinal(int device, const char* what) {
 
 bool process_exited(int pid) { return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH; }
 
+// How long another call's value may sit in a flag, with its writer not yet
+// past this collective, before it counts as an argument mismatch.
+constexpr std::chrono::milliseconds kMismatchGrace(200);
+
 }  // namespace
 
 void Communicator::init_common(double timeout_s) {
@@ -507,12 +511,25 @@ bool Communicator::diagnose_and_unblock(int local, const Expectation& x, double 
     if (q == r || !(has(x.targets_mask, q) || has(x.sources_mask, q))) continue;
     uint64_t ready = has(x.targets_mask, q) ? __atomic_load_n(&mine->ready[q].value, __ATOMIC_ACQUIRE) : 0;
     std::string who = "rank " + std::to_string(q);
+    const Progress& pq = flags_host(q)->progress;
+    uint64_t enq = __atomic_load_n(&pq.enqueued, __ATOMIC_ACQUIRE);
+    uint64_t comp = __atomic_load_n(&pq.completed, __ATOMIC_ACQUIRE);
     if (ready != 0 && ready != x.value) {
-      problems.push_back(who + " called " + describe(mine->ready[q]) + " where rank " + std::to_string(r) +
-                         " called " + describe(x.record->ready) + ": the arguments must match on every rank");
-      definite = true;
-      stuck.push_back(q);
-      continue;
+      // Another call's value. A peer one collective ahead leaves its next
+      // ready here legitimately, but then it has finished this one, which its
+      // watchdog publishes within an interval or two. Still unfinished after
+      // kMismatchGrace: the peer called this collective with other arguments.
+      bool ahead = x.seq > 0 && comp >= x.seq;
+      MismatchSeen& m = mismatch_seen_[local * kMaxRanks + q];
+      auto now = std::chrono::steady_clock::now();
+      if (!ahead && (m.seq != x.seq || m.value != ready)) m = MismatchSeen{x.seq, ready, now};
+      if (!ahead && (late || now - m.since > kMismatchGrace)) {
+        problems.push_back(who + " called " + describe(mine->ready[q]) + " where rank " + std::to_string(r) +
+                           " called " + describe(x.record->ready) + ": the arguments must match on every rank");
+        definite = true;
+        stuck.push_back(q);
+        continue;
+      }
     }
     if (process_exited(pids_[q])) {
       problems.push_back(who + " (pid " + std::to_string(pids_[q]) + ") has exited");
@@ -521,9 +538,6 @@ bool Communicator::diagnose_and_unblock(int local, const Expectation& x, double 
       continue;
     }
     if (x.seq > 0) {
-      const Progress& pq = flags_host(q)->progress;
-      uint64_t enq = __atomic_load_n(&pq.enqueued, __ATOMIC_ACQUIRE);
-      uint64_t comp = __atomic_load_n(&pq.completed, __ATOMIC_ACQUIRE);
       if (comp >= x.seq) continue;  // q finished its part of this collective
       if (enq < x.seq)
         problems.push_back(who + " has not called collective #" + std::to_string(x.seq) + " (its last was #" +

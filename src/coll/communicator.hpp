@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <list>
@@ -226,6 +227,12 @@ class Communicator {
   std::atomic<bool> broken_{false};
   bool error_reported_ = false;
 
+  struct MismatchSeen {
+    uint64_t seq = 0;
+    uint64_t value = 0;
+    std::chrono::steady_clock::time_point since;
+  };
+  std::vector<MismatchSeen> mismatch_seen_ = std::vector<MismatchSeen>(kMaxRanks * kMaxRanks);  // [local][peer]
   std::thread watchdog_;
   std::mutex watchdog_mu_;
   std::condition_variable watchdog_cv_;

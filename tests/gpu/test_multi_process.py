@@ -45,7 +45,7 @@ def test_more_collectives_byte_exact(world):
 
 @pytest.mark.parametrize("world", worlds_to_test(2, GPU_COUNT))
 def test_prelaunch_and_graphs(world):
-    results = spawn(_workers.prelaunch_and_graphs, world, timeout=300)
+    results = spawn(_workers.prelaunch_and_graphs, world, timeout=150)
     assert len(results) == world, f"only ranks {sorted(results)} reported"
     fails = [f for r in results.values() for f in r]
     assert not fails, "\n".join(fails[:20])
