@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <sstream>
 
@@ -47,7 +48,17 @@ void check_device_ordinal(int device, const char* what) {
                                                      std::to_string(count) + " GPUs visible)");
 }
 
-bool process_exited(int pid) { return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH; }
+// Gone, or a zombie its parent has not reaped yet.
+bool process_exited(int pid) {
+  if (pid <= 0) return false;
+  if (kill(pid, 0) != 0 && errno == ESRCH) return true;
+  FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (!f) return false;
+  char state = 0;
+  int got = std::fscanf(f, "%*d (%*[^)]) %c", &state);
+  std::fclose(f);
+  return got == 1 && (state == 'Z' || state == 'X');
+}
 
 // How long another call's value may sit in a flag, with its writer not yet
 // past this collective, before it counts as an argument mismatch.
@@ -417,7 +428,10 @@ void Communicator::close() {
   }
   watchdog_cv_.notify_all();
   if (watchdog_.joinable()) watchdog_.join();
-  for (auto& L : locals_) L->engines->synchronize();  // ferry's own streams only, not the whole device
+  // ferry's own streams only, not the whole device; bounded: a stream still
+  // blocked now stays blocked (its memory is then released under it, which
+  // CUDA reports on that stream, not here).
+  for (auto& L : locals_) L->engines->synchronize(timeout_s_);
   for (auto& [id, p] : prepared_)
     for (int i = 0; i < local_count() && i < static_cast<int>(p.finished.size()); ++i) {
       cudaSetDevice(device(i));
@@ -503,6 +517,16 @@ bool Communicator::diagnose_and_unblock(int local, const Expectation& x, double 
   Local& L = *locals_[local];
   const int r = L.rank;
   FlagBlock* mine = flags_host(r);
+  if (broken_) {
+    // Failed already: release every wait of this collective, whatever the
+    // peers did (a late message from a peer may have overwritten an earlier
+    // release), so that no stream stays blocked and close() can finish.
+    for (int q = 0; q < world_; ++q) {
+      if (has(x.targets_mask, q)) __atomic_store_n(&mine->ready[q].value, x.value, __ATOMIC_RELEASE);
+      if (has(x.sources_mask, q)) __atomic_store_n(&mine->done[q].value, x.value, __ATOMIC_RELEASE);
+    }
+    return true;
+  }
   const bool late = age_s > timeout_s_;
   bool definite = false;  // a dead peer or a mismatch: no need to wait for the timeout
   std::vector<std::string> problems;

@@ -1,6 +1,8 @@
 #include "dma/engine.hpp"
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 
 #include "core/driver.hpp"
 #include "core/env.hpp"
@@ -144,12 +146,20 @@ EngineSet::~EngineSet() {
   if (armed_) cudaStreamDestroy(armed_);
 }
 
-void EngineSet::synchronize() {
+bool EngineSet::synchronize(double timeout_s) {
   cudaSetDevice(device_);
-  cudaStreamSynchronize(main_);
-  cudaStreamSynchronize(side_);
-  cudaStreamSynchronize(armed_);
-  for (auto s : peers_) cudaStreamSynchronize(s);
+  std::vector<cudaStream_t> all = {main_, side_, armed_};
+  all.insert(all.end(), peers_.begin(), peers_.end());
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                          std::chrono::duration<double>(timeout_s));
+  for (auto s : all) {
+    while (cudaStreamQuery(s) == cudaErrorNotReady) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+  cudaGetLastError();
+  return true;
 }
 
 // Re-recording an event is safe once the waits on its earlier record are

@@ -68,8 +68,9 @@ class EngineSet {
   cudaStream_t peer(int i) const { return peers_[i]; }
   int peer_count() const { return static_cast<int>(peers_.size()); }
 
-  // Host wait for everything enqueued on these streams (errors ignored: used on close).
-  void synchronize();
+  // Host wait, at most `timeout_s`, for everything enqueued on these streams
+  // (errors ignored: used on close). False when something is still running.
+  bool synchronize(double timeout_s);
 
   // Makes `to` wait for everything enqueued so far on `from` (no host wait).
   void order(cudaStream_t from, cudaStream_t to);
