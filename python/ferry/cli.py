@@ -117,7 +117,7 @@ def cmd_bench(args) -> int:
     print("\n".join(format_sections(result)))
     if args.out:
         command = "ferry " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-        stem = collectives.save(result, world, args.out, command, plot=not args.no_plot)
+        stem = collectives.save(result, world, args.out, command, plot=not args.no_plot, tag=args.tag)
         print(f"\nwrote {stem}.json, .txt" + ("" if args.no_plot else ", .png"))
     return 0 if all(r["wrong"] == 0 for r in result["records"]) else 1
 
@@ -198,6 +198,7 @@ def main(argv=None) -> int:
     b.add_argument("--energy-seconds", type=float, default=2.0)
     b.add_argument("--out", default="", help="folder for JSON, text table and PNG plot")
     b.add_argument("--no-plot", action="store_true")
+    b.add_argument("--tag", default="", help="suffix of the result files' names")
     b.set_defaults(fn=cmd_bench)
     tu = sub.add_parser("tune", help="measure which variant is fastest per size here; write a tuning JSON")
     tu.add_argument("--gpus", type=int, default=0, help="number of GPUs (default: all)")

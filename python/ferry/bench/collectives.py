@@ -294,14 +294,14 @@ def run(world: int, opts: dict) -> dict:
     return result
 
 
-def save(result: dict, world: int, out_dir: str, command: str, plot: bool) -> str:
+def save(result: dict, world: int, out_dir: str, command: str, plot: bool, tag: str = "") -> str:
     from ferry.bench.report import format_table, ratio_table
     from ferry.bench.report import plot as plot_png
 
     os.makedirs(out_dir, exist_ok=True)
     today = datetime.date.today().isoformat()
     gpu = result["gpu"].replace(" ", "-")
-    stem = os.path.join(out_dir, f"{today}-{gpu}-x{world}")
+    stem = os.path.join(out_dir, f"{today}-{gpu}-x{world}" + (f"-{tag}" if tag else ""))
     payload = dict(
         command=command,
         date=today,
