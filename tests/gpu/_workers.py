@@ -550,6 +550,12 @@ def peer_dies(rank: int, world: int, port: int) -> list:
 
 
 def run(target, rank, world, port, queue):
+    import faulthandler
+    import sys
+
+    dump_s = float(os.environ.get("FERRY_TEST_DUMP_S", "0"))
+    if dump_s > 0:  # a hung worker prints where every thread is
+        faulthandler.dump_traceback_later(dump_s, exit=False, file=sys.stderr)
     try:
         queue.put((rank, target(rank, world, port)))
     except Exception:  # noqa: BLE001

@@ -19,7 +19,7 @@ def test_collectives_byte_exact(world):
 
 
 def test_bad_inputs_are_named():
-    results = spawn(_workers.bad_inputs, 2, timeout=180)
+    results = spawn(_workers.bad_inputs, 2, timeout=90)
     assert len(results) == 2
     fails = [f"rank {r}: {f}" for r, fs in results.items() for f in fs]
     assert not fails, "\n".join(fails)

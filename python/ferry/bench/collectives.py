@@ -52,6 +52,10 @@ class Ctx:
         )
         self.dev = torch.device("cuda", rank)
         self.stream = torch.cuda.Stream(device=self.dev)
+        # Host-only group: while a prepared collective is armed, no GPU work may
+        # be needed to trigger it (an NCCL barrier could queue behind the armed
+        # wait in a shared hardware queue; see docs/api.md, Prelaunch).
+        self.host_group = dist.new_group(backend="gloo")
 
     def barrier(self):
         self.torch.cuda.synchronize()

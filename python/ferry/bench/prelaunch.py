@@ -17,8 +17,8 @@ import time
 def _start_instant(ctx, lead_s: float = 0.003) -> int:
     """An instant `lead_s` from now on rank 0's monotonic clock, known to all ranks."""
     torch = ctx.torch
-    t = torch.tensor([time.monotonic_ns() + int(lead_s * 1e9)], dtype=torch.int64, device=ctx.dev)
-    ctx.dist.broadcast(t, src=0)
+    t = torch.tensor([time.monotonic_ns() + int(lead_s * 1e9)], dtype=torch.int64)
+    ctx.dist.broadcast(t, src=0, group=ctx.host_group)
     return int(t.item())
 
 
@@ -39,7 +39,7 @@ def measure(ctx, case, algo: str, runs: int) -> float:
             case.reset()
             torch.cuda.synchronize()
             h.arm(ctx.stream)
-            ctx.dist.barrier()  # every rank armed; the ready handshake runs meanwhile
+            ctx.dist.barrier(group=ctx.host_group)  # every rank armed; the ready handshake runs meanwhile
             start = _start_instant(ctx)
             t0, t1 = native.timed_trigger(h._h, start)
             if i >= 2:  # two warm-up runs
