@@ -92,6 +92,8 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int world, int devi
   local->engines = std::make_unique<EngineSet>(device, world - 1);
   local->in_flight = std::make_unique<InFlight>(device, kInFlightSlots);
   local->records = std::make_unique<RecordPool>(device);
+  load_local_copy_kernels();
+  load_reduce_kernels();
   c->locals_.push_back(std::move(local));
   c->fds_ = std::make_unique<FdExchange>(rank, knob_string("FERRY_SOCKET_DIR"));
   c->flag_mem_.resize(world);
@@ -172,6 +174,8 @@ std::unique_ptr<Communicator> Communicator::create_local(const std::vector<int>&
     local->engines = std::make_unique<EngineSet>(devices[i], n - 1);
     local->in_flight = std::make_unique<InFlight>(devices[i], kInFlightSlots);
     local->records = std::make_unique<RecordPool>(devices[i]);
+    load_local_copy_kernels();
+    load_reduce_kernels();
     c->locals_.push_back(std::move(local));
     c->flag_mem_.push_back(SharedHostMemory::create(sizeof(FlagBlock)));
     c->pids_.push_back(getpid());

@@ -34,6 +34,13 @@ int blocks_for(size_t items) {
 
 }  // namespace
 
+void load_local_copy_kernels() {
+  cudaFuncAttributes a;
+  FERRY_CUDA_CHECK(cudaFuncGetAttributes(&a, copy_vec16));
+  FERRY_CUDA_CHECK(cudaFuncGetAttributes(&a, copy_bytes));
+  FERRY_CUDA_CHECK(cudaFuncGetAttributes(&a, copy_skewed));
+}
+
 void launch_local_copy(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
   if (bytes == 0) return;
   auto d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);

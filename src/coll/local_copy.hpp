@@ -19,6 +19,11 @@ enum class LocalCopy { kAuto = 0, kCopyEngine = 1, kKernel = 2, kMemcpy = 3 };
 LocalCopy parse_local_copy(const std::string& name, const char* what);
 
 void launch_local_copy(void* dst, const void* src, size_t bytes, cudaStream_t stream);
+// Loads the kernels' module on the current device now. With CUDA's lazy
+// loading, the first launch loads it, and loading can wait for the device to
+// go idle: a first launch behind an armed (prelaunched) wait then never
+// returns. Communicators call this for each of their GPUs at creation.
+void load_local_copy_kernels();
 // Copies a block within one GPU the way `how` says (kAuto: the kernel).
 void copy_local(const Copy& c, LocalCopy how, cudaStream_t stream);
 

@@ -128,6 +128,16 @@ RedOp parse_red_op(const std::string& name, const char* what) {
   throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(what) + " is '" + name + "'; expected 'sum', 'max' or 'min'");
 }
 
+void load_reduce_kernels() {
+  cudaFuncAttributes a;
+  FERRY_CUDA_CHECK(cudaFuncGetAttributes(&a, reduce_kernel<float>));
+  FERRY_CUDA_CHECK(cudaFuncGetAttributes(&a, reduce_kernel<__half>));
+  FERRY_CUDA_CHECK(cudaFuncGetAttributes(&a, reduce_kernel<__nv_bfloat16>));
+  FERRY_CUDA_CHECK(cudaFuncGetAttributes(&a, reduce_kernel<int32_t>));
+  FERRY_CUDA_CHECK(cudaFuncGetAttributes(&a, reduce_kernel<double>));
+  FERRY_CUDA_CHECK(cudaFuncGetAttributes(&a, reduce_kernel<long long>));
+}
+
 void launch_reduce(const ReduceStep& s, cudaStream_t stream) {
   if (s.count == 0) return;
   switch (s.dtype) {

@@ -36,5 +36,7 @@ struct ReduceStep {
 };
 
 void launch_reduce(const ReduceStep& s, cudaStream_t stream);
+// Loads the reduction kernels now (see load_local_copy_kernels for why).
+void load_reduce_kernels();
 
 }  // namespace ferry

@@ -78,9 +78,10 @@ class Ctx:
 
 def _worker(rank: int, world: int, port: int, opts: dict, queue) -> None:
     os.environ.update(SAFE_ENV)
-    if os.environ.get("FERRY_BENCH_DUMP_S"):  # where a stuck run stands (device time is scarce)
-        import faulthandler
+    import faulthandler
 
+    faulthandler.enable()  # a crash in native code still says where
+    if os.environ.get("FERRY_BENCH_DUMP_S"):  # where a stuck run stands (device time is scarce)
         faulthandler.dump_traceback_later(float(os.environ["FERRY_BENCH_DUMP_S"]), exit=False)
     import torch
     import torch.distributed as dist
