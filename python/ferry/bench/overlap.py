@@ -2,7 +2,9 @@
 the collective alone; then both started together on two streams, timing the
 GEMM loop (its slowdown) and the end-to-end time until both are done. The
 collective count is chosen so that the collectives alone take about as long
-as the GEMM loop (the same count on every rank). Alone and beside alternate,
+as the GEMM loop for the slowest implementation, and every implementation
+moves the same number of collectives (the same count on every rank), so their
+end-to-end times compare the same work. Alone and beside alternate,
 so clock and thermal drift hit both alike; medians of reps, max over ranks."""
 
 from __future__ import annotations
@@ -81,9 +83,9 @@ def run(ctx, out_all, inp_all) -> list:
     for n in sizes:
         case = Case(torch, ctx.dist, ctx.comm, "all_gather", n, world, ctx.rank, out_all, inp_all)
         case.reset()
+        slowest_one = max(ctx.slowest(coll_alone(case, impl, 5) / 5) for impl in IMPLS)
+        count = int(ctx.slowest(gemm_alone()) / max(slowest_one, 1e-3)) + 1
         for impl in IMPLS:
-            one = ctx.slowest(coll_alone(case, impl, 5) / 5)
-            count = int(ctx.slowest(gemm_alone()) / max(one, 1e-3)) + 1
             alone, c_alone, beside, e2e = [], [], [], []
             for _ in range(opts["overlap_reps"]):
                 alone.append(gemm_alone())

@@ -182,32 +182,33 @@ def _pyplot():
 
 
 def plot_phases(phases: Sequence[dict], path: str, title: str) -> bool:
-    """Stacked bars per variant and size: control, schedule, copy, sync."""
+    """Per variant and size, the share of schedule, copy and sync in the
+    collective's in-stream time (as seed 000's figure 7), with that time and
+    the host's control time (which overlaps the GPU's work) written above."""
     plt = _pyplot()
     if plt is None:
         return False
     algos = sorted({r["algo"] for r in phases})
-    fig, axes = plt.subplots(1, len(algos), figsize=(5.5 * len(algos), 4.2), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, len(algos), figsize=(5.5 * len(algos), 4.4), squeeze=False, sharey=True)
     for ax, algo in zip(axes[0], algos):
         rows = [r for r in phases if r["algo"] == algo]
-        x = range(len(rows))
+        x = list(range(len(rows)))
         bottom = [0.0] * len(rows)
-        for key, label in (
-            ("control_us", "control (host)"),
-            ("schedule_us", "schedule"),
-            ("copy_us", "copy"),
-            ("sync_us", "sync"),
-        ):
-            vals = [r[key] for r in rows]
-            ax.bar(x, vals, bottom=bottom, label=label)
-            bottom = [b + v for b, v in zip(bottom, vals)]
-        ax.set_xticks(list(x))
+        for key, label in (("schedule_us", "schedule"), ("copy_us", "copy"), ("sync_us", "sync")):
+            share = [100 * r[key] / max(r["schedule_us"] + r["copy_us"] + r["sync_us"], 1e-9) for r in rows]
+            ax.bar(x, share, bottom=bottom, label=label)
+            bottom = [b + v for b, v in zip(bottom, share)]
+        for i, r in enumerate(rows):
+            ax.text(
+                i, 101, f"{r['in_stream_us']:.0f} us\nhost {r['control_us']:.0f}", ha="center", fontsize=7
+            )
+        ax.set_xticks(x)
         ax.set_xticklabels([format_size(r["bytes_per_rank"]) for r in rows])
-        ax.set_yscale("log")
+        ax.set_ylim(0, 118)
         ax.set_title(f"all_gather {algo} - {title}")
         ax.set_xlabel("bytes per rank")
-        ax.set_ylabel("us")
-        ax.legend(fontsize=8)
+        ax.set_ylabel("% of in-stream time")
+        ax.legend(fontsize=8, loc="lower left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
