@@ -3,12 +3,11 @@
 // declared here, by result code.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/function.h>
-#include <nanobind/stl/string.h>
-#include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
-
 #include <time.h>
 
 #include <memory>
@@ -82,18 +81,17 @@ ferry::CollOp parse_op(const std::string& op) {
   for (CollOp o : {CollOp::kAllGather, CollOp::kAllToAll, CollOp::kAllToAllv, CollOp::kBroadcast,
                    CollOp::kReduceScatter, CollOp::kAllReduce})
     if (op == ferry::coll_op_name(o)) return o;
-  ferry::throw_error(FERRY_ERROR_INVALID_ARGUMENT,
-                     "op is '" + op +
-                         "'; expected all_gather, all_to_all, all_to_allv, broadcast, reduce_scatter or all_reduce");
+  ferry::throw_error(
+      FERRY_ERROR_INVALID_ARGUMENT,
+      "op is '" + op + "'; expected all_gather, all_to_all, all_to_allv, broadcast, reduce_scatter or all_reduce");
 }
 
 // Every collective crosses as one call: pointers and stream handles as
 // integers, names for the enums, and the op-specific fields with defaults.
 ferry::CollectiveArgs make_args(const std::string& op, const std::vector<uintptr_t>& outs,
-                                const std::vector<uintptr_t>& ins, const std::vector<uintptr_t>& streams,
-                                size_t bytes, const std::vector<size_t>& counts, int root, size_t count,
-                                const std::string& dtype, const std::string& red_op, const std::string& algo,
-                                const std::string& local_copy) {
+                                const std::vector<uintptr_t>& ins, const std::vector<uintptr_t>& streams, size_t bytes,
+                                const std::vector<size_t>& counts, int root, size_t count, const std::string& dtype,
+                                const std::string& red_op, const std::string& algo, const std::string& local_copy) {
   ferry::CollectiveArgs a;
   a.op = parse_op(op);
   a.outs = as_pointers<void*>(outs);
@@ -112,9 +110,10 @@ ferry::CollectiveArgs make_args(const std::string& op, const std::vector<uintptr
   return a;
 }
 
-#define FERRY_CALL_ARGS                                                                                         \
-  "op"_a, "outs"_a, "ins"_a, "streams"_a, "bytes"_a = 0, "counts"_a = std::vector<size_t>{}, "root"_a = 0,     \
-      "count"_a = 0, "dtype"_a = "float32", "red_op"_a = "sum", "algo"_a = "auto", "local_copy"_a = "auto"
+#define FERRY_CALL_ARGS                                                                                                \
+  "op"_a, "outs"_a, "ins"_a, "streams"_a, "bytes"_a = 0, "counts"_a = std::vector<size_t>{}, "root"_a = 0,             \
+                                          "count"_a = 0, "dtype"_a = "float32", "red_op"_a = "sum", "algo"_a = "auto", \
+                                          "local_copy"_a = "auto"
 
 }  // namespace
 
@@ -163,8 +162,8 @@ NB_MODULE(_ferry, m) {
         std::vector<ferry::SelectorRule> t;
         for (const auto& [o, w, b, a] : rules) t.push_back({parse_op(o), w, b, ferry::parse_algo(a, "algo")});
         if (t.empty()) t = ferry::default_selector_table();
-        return std::string(ferry::algo_name(ferry::select_algo(parse_op(op), world, bytes,
-                                                                ferry::parse_algo(forced, "algo"), t)));
+        return std::string(
+            ferry::algo_name(ferry::select_algo(parse_op(op), world, bytes, ferry::parse_algo(forced, "algo"), t)));
       },
       "op"_a, "world"_a, "bytes_per_rank"_a, "algo"_a = "auto",
       "rules"_a = std::vector<std::tuple<std::string, int, size_t, std::string>>{});

@@ -72,7 +72,8 @@ ferry::CollectiveArgs call_args(ferry::Communicator& c, const ferry_call_t* call
   a.red_op = static_cast<ferry::RedOp>(call->red_op);
   if (call->op == FERRY_OP_REDUCE_SCATTER || call->op == FERRY_OP_ALL_REDUCE) {
     FERRY_ARG_CHECK(ferry::dtype_bytes(a.dtype) > 0, "call->dtype is not a ferry_dtype_t");
-    FERRY_ARG_CHECK(call->red_op >= FERRY_RED_SUM && call->red_op <= FERRY_RED_MIN, "call->red_op is not a ferry_red_op_t");
+    FERRY_ARG_CHECK(call->red_op >= FERRY_RED_SUM && call->red_op <= FERRY_RED_MIN,
+                    "call->red_op is not a ferry_red_op_t");
   }
   return a;
 }
@@ -201,14 +202,16 @@ ferry_result_t ferry_comm_deregister(ferry_comm_t comm, void* const* ptrs) {
 
 ferry_result_t ferry_all_gather(ferry_comm_t comm, void* const* outs, const void* const* ins, size_t bytes_per_rank,
                                 const ferry_stream_t* streams, const ferry_coll_options_t* options) {
-  return guarded(
-      [&] { get(comm).run(make_args(get(comm), ferry::CollOp::kAllGather, outs, ins, bytes_per_rank, streams, options)); });
+  return guarded([&] {
+    get(comm).run(make_args(get(comm), ferry::CollOp::kAllGather, outs, ins, bytes_per_rank, streams, options));
+  });
 }
 
 ferry_result_t ferry_all_to_all(ferry_comm_t comm, void* const* outs, const void* const* ins, size_t bytes_per_rank,
                                 const ferry_stream_t* streams, const ferry_coll_options_t* options) {
-  return guarded(
-      [&] { get(comm).run(make_args(get(comm), ferry::CollOp::kAllToAll, outs, ins, bytes_per_rank, streams, options)); });
+  return guarded([&] {
+    get(comm).run(make_args(get(comm), ferry::CollOp::kAllToAll, outs, ins, bytes_per_rank, streams, options));
+  });
 }
 
 ferry_result_t ferry_run(ferry_comm_t comm, const ferry_call_t* call) {

@@ -88,8 +88,8 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
       break;
     }
     case CollOp::kBroadcast:
-      FERRY_ARG_CHECK(a.root >= 0 && a.root < world_, name + ": root is " + std::to_string(a.root) +
-                                                         "; expected 0.." + std::to_string(world_ - 1));
+      FERRY_ARG_CHECK(a.root >= 0 && a.root < world_,
+                      name + ": root is " + std::to_string(a.root) + "; expected 0.." + std::to_string(world_ - 1));
       shape = out_bytes = in_bytes = a.bytes_per_rank;
       extra = static_cast<uint64_t>(a.root);
       break;
@@ -190,7 +190,8 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
           break;
       }
       if (!allowed && ranges_overlap(o, ob, in, ib))
-        throw_error(FERRY_ERROR_INVALID_ARGUMENT, name + ": in and out overlap on rank " + std::to_string(r) + "; " + rule);
+        throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                    name + ": in and out overlap on rank " + std::to_string(r) + "; " + rule);
     }
     if (in_place_a2a && a.ins[i] != a.outs[i])
       throw_error(FERRY_ERROR_INVALID_ARGUMENT,
@@ -221,15 +222,15 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
         std::vector<Block> blocks;
         for (int p = 0; p < world_; ++p) blocks.push_back(Block{static_cast<size_t>(p) * shape, shape});
         b.program.add_exchange(plan_scatter_to_scratch(r, world_, scratch_by_rank, in, blocks, slot_stride));
-        b.program.add_reduce(ReduceStep{o, in + blocks[r].offset, scratch_by_rank[r], slot_stride, r, world_,
-                                        a.count, a.dtype, a.red_op});
+        b.program.add_reduce(ReduceStep{o, in + blocks[r].offset, scratch_by_rank[r], slot_stride, r, world_, a.count,
+                                        a.dtype, a.red_op});
         break;
       }
       case CollOp::kAllReduce: {
         auto blocks = split_blocks(a.count, esize, world_);
         b.program.add_exchange(plan_scatter_to_scratch(r, world_, scratch_by_rank, in, blocks, slot_stride));
-        b.program.add_reduce(ReduceStep{o + blocks[r].offset, in + blocks[r].offset, scratch_by_rank[r], slot_stride,
-                                        r, world_, blocks[r].bytes / esize, a.dtype, a.red_op});
+        b.program.add_reduce(ReduceStep{o + blocks[r].offset, in + blocks[r].offset, scratch_by_rank[r], slot_stride, r,
+                                        world_, blocks[r].bytes / esize, a.dtype, a.red_op});
         b.program.add_exchange(plan_gather_blocks(r, world_, out_by_rank, blocks));
         break;
       }

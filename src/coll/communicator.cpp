@@ -571,8 +571,9 @@ bool Communicator::diagnose_and_unblock(int local, const Expectation& x, double 
         problems.push_back(who + " has not called collective #" + std::to_string(x.seq) + " (its last was #" +
                            std::to_string(enq) + ")");
       else
-        problems.push_back(who + " called it but has not finished (it waits for another rank, or its stream is "
-                                 "held by other work)");
+        problems.push_back(who +
+                           " called it but has not finished (it waits for another rank, or its stream is "
+                           "held by other work)");
     } else {
       problems.push_back(who + " did not complete its part");
     }

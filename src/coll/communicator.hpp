@@ -129,9 +129,9 @@ class Communicator {
     CollectiveArgs args;
     std::vector<Built> built;  // by local rank
     Algo algo = Algo::kAuto;
-    std::vector<Pinned<uint64_t>> gate;    // by local rank
-    std::vector<cudaEvent_t> finished;     // by local rank: the last armed run's end
-    std::vector<uint32_t> registrations;   // buffers it refers to
+    std::vector<Pinned<uint64_t>> gate;   // by local rank
+    std::vector<cudaEvent_t> finished;    // by local rank: the last armed run's end
+    std::vector<uint32_t> registrations;  // buffers it refers to
     uint64_t generation = 0;
     bool armed = false;
   };
@@ -148,8 +148,8 @@ class Communicator {
     cudaStream_t stream = nullptr;
     Algo algo = Algo::kB2b;
     LocalCopy local_copy = LocalCopy::kAuto;
-    const ValueWait* gate = nullptr;         // waited on after the first exchange's ready handshake
-    const uint64_t* state_word = nullptr;    // device address, for captured calls
+    const ValueWait* gate = nullptr;       // waited on after the first exchange's ready handshake
+    const uint64_t* state_word = nullptr;  // device address, for captured calls
   };
   struct Registration {
     uint32_t id = 0;

@@ -33,9 +33,9 @@ struct PeerCopy {
 };
 
 struct Exchange {
-  std::vector<int> targets;      // ranks this one writes into
-  std::vector<int> sources;      // ranks that write into this one
-  std::vector<PeerCopy> pushes;  // in cyclic-shift order; zero-byte copies omitted
+  std::vector<int> targets;         // ranks this one writes into
+  std::vector<int> sources;         // ranks that write into this one
+  std::vector<PeerCopy> pushes;     // in cyclic-shift order; zero-byte copies omitted
   Copy local{nullptr, nullptr, 0};  // this rank's own block (bytes == 0: nothing to copy)
 };
 
@@ -70,7 +70,8 @@ Exchange plan_broadcast(int rank, int world, int root, const std::vector<char*>&
                         size_t bytes);
 //   gather blocks in place: out_rank[blocks[rank]] -> out_p[blocks[rank]] (the
 //   second half of an all-reduce, blocks of uneven size).
-Exchange plan_gather_blocks(int rank, int world, const std::vector<char*>& out_by_rank, const std::vector<Block>& blocks);
+Exchange plan_gather_blocks(int rank, int world, const std::vector<char*>& out_by_rank,
+                            const std::vector<Block>& blocks);
 //   scatter to scratch: in[blocks[p]] -> scratch_p[rank * slot_stride] (the data
 //   movement of a reduce-scatter; the reduction then reads the slots).
 Exchange plan_scatter_to_scratch(int rank, int world, const std::vector<char*>& scratch_by_rank, const char* in,

@@ -12,9 +12,9 @@ namespace ferry {
 Communicator::Prepared& Communicator::prepared(int handle, const char* what) {
   auto it = prepared_.find(handle);
   if (it == prepared_.end())
-    throw_error(FERRY_ERROR_INVALID_ARGUMENT,
-                std::string(what) + ": handle " + std::to_string(handle) + " is not a prepared collective of this "
-                                                                           "communicator (released already?)");
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(what) + ": handle " + std::to_string(handle) +
+                                                  " is not a prepared collective of this "
+                                                  "communicator (released already?)");
   return it->second;
 }
 
@@ -93,8 +93,7 @@ void Communicator::trigger_on(int handle, const std::vector<cudaStream_t>& strea
                   "trigger_on: expected one stream per local rank (" + std::to_string(local_count()) + ")");
   for (int i = 0; i < local_count(); ++i) {
     FERRY_CUDA_CHECK(cudaSetDevice(device(i)));
-    if (!p.built.empty())
-      dma::mem_ops(streams[i], {MemOp{MemOp::Kind::kWrite, p.gate[i].device, p.generation}});
+    if (!p.built.empty()) dma::mem_ops(streams[i], {MemOp{MemOp::Kind::kWrite, p.gate[i].device, p.generation}});
   }
   p.armed = false;
 }
@@ -150,9 +149,9 @@ void Communicator::check_not_prepared(uint32_t registration, const char* what) c
   for (const auto& [id, p] : prepared_)
     for (uint32_t r : p.registrations)
       if (r == registration)
-        throw_error(FERRY_ERROR_INVALID_ARGUMENT,
-                    std::string(what) + ": buffer #" + std::to_string(registration) +
-                        " is used by prepared collective " + std::to_string(id) + "; release that handle first");
+        throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(what) + ": buffer #" + std::to_string(registration) +
+                                                      " is used by prepared collective " + std::to_string(id) +
+                                                      "; release that handle first");
 }
 
 }  // namespace ferry

@@ -15,9 +15,9 @@ namespace ferry {
 struct Step {
   enum class Kind { kExchange, kReduce, kUnpack };
   Kind kind = Kind::kExchange;
-  Exchange exchange;          // kExchange
-  ReduceStep reduce{};        // kReduce: an SM kernel
-  std::vector<Copy> unpack;   // kUnpack: local copy-engine copies (in-place all-to-all)
+  Exchange exchange;         // kExchange
+  ReduceStep reduce{};       // kReduce: an SM kernel
+  std::vector<Copy> unpack;  // kUnpack: local copy-engine copies (in-place all-to-all)
 };
 
 struct Program {

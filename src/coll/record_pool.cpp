@@ -26,8 +26,7 @@ Pinned<RecordPool::Line> RecordPool::lines(size_t n) {
     FERRY_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
     void* host = nullptr;
     void* dev = nullptr;
-    cudaError_t err =
-        cudaHostAlloc(&host, kLinesPerChunk * sizeof(Line), cudaHostAllocPortable | cudaHostAllocMapped);
+    cudaError_t err = cudaHostAlloc(&host, kLinesPerChunk * sizeof(Line), cudaHostAllocPortable | cudaHostAllocMapped);
     if (err == cudaSuccess) err = cudaHostGetDevicePointer(&dev, host, 0);
     cudaThreadExchangeStreamCaptureMode(&mode);
     FERRY_CUDA_CHECK(err);

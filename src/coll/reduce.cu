@@ -42,12 +42,12 @@ struct SlotTable {
 };
 
 template <typename T>
-__global__ void reduce_kernel(T* __restrict__ out, const T* own, SlotTable slots, int n_slots, size_t count,
-                              RedOp op) {
+__global__ void reduce_kernel(T* __restrict__ out, const T* own, SlotTable slots, int n_slots, size_t count, RedOp op) {
   using A = typename Acc<T>::type;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x) {
     A acc = static_cast<A>(own[i]);
-    for (int s = 0; s < n_slots; ++s) acc = combine(acc, static_cast<A>(reinterpret_cast<const T*>(slots.slot[s])[i]), op);
+    for (int s = 0; s < n_slots; ++s)
+      acc = combine(acc, static_cast<A>(reinterpret_cast<const T*>(slots.slot[s])[i]), op);
     out[i] = static_cast<T>(acc);
   }
 }
@@ -62,8 +62,8 @@ void launch_typed(const ReduceStep& s, cudaStream_t stream) {
     if (p != s.rank) t.slot[n++] = s.scratch + static_cast<size_t>(p) * s.slot_stride;
   size_t blocks = (s.count + kThreads - 1) / kThreads;
   int grid = static_cast<int>(blocks < kMaxBlocks ? (blocks ? blocks : 1) : kMaxBlocks);
-  reduce_kernel<T><<<grid, kThreads, 0, stream>>>(static_cast<T*>(s.out), static_cast<const T*>(s.own), t, n, s.count,
-                                                  s.op);
+  reduce_kernel<T>
+      <<<grid, kThreads, 0, stream>>>(static_cast<T*>(s.out), static_cast<const T*>(s.own), t, n, s.count, s.op);
   FERRY_CUDA_CHECK(cudaGetLastError());
 }
 

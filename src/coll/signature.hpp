@@ -13,8 +13,7 @@
 namespace ferry {
 
 // `extra` folds in what else must agree: root, counts, dtype, reduction op.
-uint32_t call_signature(CollOp op, uint64_t bytes_per_rank, uint32_t registration, uint64_t offset,
-                        uint64_t extra = 0);
+uint32_t call_signature(CollOp op, uint64_t bytes_per_rank, uint32_t registration, uint64_t offset, uint64_t extra = 0);
 // Never 0 (a reset flag holds 0).
 uint64_t flag_value(uint32_t signature);
 // A hash of a list of numbers (all_to_allv counts).

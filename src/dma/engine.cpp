@@ -151,7 +151,7 @@ bool EngineSet::synchronize(double timeout_s) {
   std::vector<cudaStream_t> all = {main_, side_, armed_};
   all.insert(all.end(), peers_.begin(), peers_.end());
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                                          std::chrono::duration<double>(timeout_s));
+                                                         std::chrono::duration<double>(timeout_s));
   for (auto s : all) {
     while (cudaStreamQuery(s) == cudaErrorNotReady) {
       if (std::chrono::steady_clock::now() > deadline) return false;

@@ -52,4 +52,3 @@ TEST(Selector, ParseNamesTheArgument) {
     EXPECT_NE(std::string(e.what()).find("algo is 'ring'"), std::string::npos);
   }
 }
-
