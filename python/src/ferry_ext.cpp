@@ -110,6 +110,20 @@ ferry::CollectiveArgs make_args(const std::string& op, const std::vector<uintptr
   return a;
 }
 
+// Binds `fn(comm, args)` to the Python signature of FERRY_CALL_ARGS, with the
+// GIL released while ferry enqueues (it may wait, bounded, for in-flight work).
+template <typename Fn>
+auto call_with_args(Fn fn) {
+  return [fn](Communicator& c, const std::string& op, const std::vector<uintptr_t>& outs,
+              const std::vector<uintptr_t>& ins, const std::vector<uintptr_t>& streams, size_t bytes,
+              const std::vector<size_t>& counts, int root, size_t count, const std::string& dtype,
+              const std::string& red_op, const std::string& algo, const std::string& local_copy) {
+    auto a = make_args(op, outs, ins, streams, bytes, counts, root, count, dtype, red_op, algo, local_copy);
+    nb::gil_scoped_release release;
+    return fn(c, a);
+  };
+}
+
 #define FERRY_CALL_ARGS                                                                                                \
   "op"_a, "outs"_a, "ins"_a, "streams"_a, "bytes"_a = 0, "counts"_a = std::vector<size_t>{}, "root"_a = 0,             \
                                           "count"_a = 0, "dtype"_a = "float32", "red_op"_a = "sum", "algo"_a = "auto", \
@@ -247,28 +261,9 @@ NB_MODULE(_ferry, m) {
           nb::call_guard<nb::gil_scoped_release>())
       .def("check", &Communicator::check)
       .def("synchronize", &Communicator::synchronize, nb::call_guard<nb::gil_scoped_release>())
-      .def(
-          "run",
-          [](Communicator& c, const std::string& op, const std::vector<uintptr_t>& outs,
-             const std::vector<uintptr_t>& ins, const std::vector<uintptr_t>& streams, size_t bytes,
-             const std::vector<size_t>& counts, int root, size_t count, const std::string& dtype,
-             const std::string& red_op, const std::string& algo, const std::string& local_copy) {
-            auto a = make_args(op, outs, ins, streams, bytes, counts, root, count, dtype, red_op, algo, local_copy);
-            nb::gil_scoped_release release;
-            c.run(a);
-          },
-          FERRY_CALL_ARGS)
-      .def(
-          "prepare",
-          [](Communicator& c, const std::string& op, const std::vector<uintptr_t>& outs,
-             const std::vector<uintptr_t>& ins, const std::vector<uintptr_t>& streams, size_t bytes,
-             const std::vector<size_t>& counts, int root, size_t count, const std::string& dtype,
-             const std::string& red_op, const std::string& algo, const std::string& local_copy) {
-            auto a = make_args(op, outs, ins, streams, bytes, counts, root, count, dtype, red_op, algo, local_copy);
-            nb::gil_scoped_release release;
-            return c.prepare(a);
-          },
-          FERRY_CALL_ARGS)
+      .def("run", call_with_args([](Communicator& c, const ferry::CollectiveArgs& a) { c.run(a); }), FERRY_CALL_ARGS)
+      .def("prepare", call_with_args([](Communicator& c, const ferry::CollectiveArgs& a) { return c.prepare(a); }),
+           FERRY_CALL_ARGS)
       .def(
           "arm",
           [](Communicator& c, int h, const std::vector<uintptr_t>& after) {

@@ -285,6 +285,18 @@ def _ints(torch, seed: int, n: int, dev, dtype, low=-8, high=9):
     return torch.randint(low, high, (n,), device=dev, generator=g).to(dtype)
 
 
+def _checker(torch, dev, rank: int, fails: list):
+    """check(label, got, exp): appends a failure when any byte differs."""
+
+    def check(label, got, exp):
+        torch.cuda.synchronize(dev)
+        bad = int((got.view(torch.uint8) != exp.view(torch.uint8)).sum().item())
+        if bad:
+            fails.append(f"rank {rank} {label}: {bad} wrong bytes of {exp.numel() * exp.element_size()}")
+
+    return check
+
+
 def more_collectives(rank: int, world: int, port: int) -> list:
     """all_to_allv, broadcast, reduce_scatter, all_reduce and in-place all_to_all,
     byte-exact against references built from every rank's seeded inputs."""
@@ -294,12 +306,7 @@ def more_collectives(rank: int, world: int, port: int) -> list:
     comm = _init(rank, world, port, timeout=60)
     dev = torch.device("cuda", rank)
     fails = []
-
-    def check(label, got, exp):
-        torch.cuda.synchronize(dev)
-        bad = int((got.view(torch.uint8) != exp.view(torch.uint8)).sum().item())
-        if bad:
-            fails.append(f"rank {rank} {label}: {bad} wrong bytes of {exp.numel() * exp.element_size()}")
+    check = _checker(torch, dev, rank, fails)
 
     buf = comm.alloc((world * (8 << 20) + 4096,), torch.uint8)
     try:
@@ -391,12 +398,7 @@ def prelaunch_and_graphs(rank: int, world: int, port: int) -> list:
     comm = _init(rank, world, port, timeout=30)
     dev = torch.device("cuda", rank)
     fails = []
-
-    def check(label, got, exp):
-        torch.cuda.synchronize(dev)
-        bad = int((got.view(torch.uint8) != exp.view(torch.uint8)).sum().item())
-        if bad:
-            fails.append(f"rank {rank} {label}: {bad} wrong bytes")
+    check = _checker(torch, dev, rank, fails)
 
     def expect(pattern, fn):
         try:
