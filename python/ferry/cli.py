@@ -41,7 +41,7 @@ def cmd_doctor(args) -> int:
     else:
         d = topo.probe()
     if d is not None:
-        for status, msg in topo.doctor_checks(d):
+        for status, msg in topo.doctor_checks(d) + topo.environment_checks(dict(os.environ)):
             print(f"[{status}] {msg}")
             failed |= status == "fail"
     for var, want in (

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import List, Tuple
+from typing import Dict, List, Tuple
 
 from ._native import require
 
@@ -129,6 +129,33 @@ def format_text(d: dict) -> str:
                     row.append("--")
             lines.append(f"{i:>5}" + "".join(f"{c:>5}" for c in row))
     return "\n".join(lines)
+
+
+def environment_checks(env: Dict[str, str]) -> List[Tuple[str, str]]:
+    """Settings that matter for prepared (prelaunched) collectives: an armed
+    collective parks a stream on a wait (docs/api.md, Prelaunch). Pure."""
+    out: List[Tuple[str, str]] = []
+    conn = env.get("CUDA_DEVICE_MAX_CONNECTIONS")
+    n = int(conn) if conn and conn.isdigit() else 8
+    if n < 16:
+        out.append(
+            (
+                "warn",
+                f"CUDA_DEVICE_MAX_CONNECTIONS is {n}{'' if conn else ' (default)'}: an armed prepared collective "
+                "can hold work of streams that share its hardware queue; 32 makes that rarer",
+            )
+        )
+    else:
+        out.append(("ok", f"CUDA_DEVICE_MAX_CONNECTIONS={n}"))
+    if env.get("CUDA_MODULE_LOADING", "LAZY").upper() == "LAZY":
+        out.append(
+            (
+                "warn",
+                "CUDA_MODULE_LOADING is lazy: a kernel's first launch while a prepared collective is armed can "
+                "wait for the device forever; run your kernels once before arming, or set it to EAGER",
+            )
+        )
+    return out
 
 
 def doctor_checks(d: dict) -> List[Tuple[str, str]]:

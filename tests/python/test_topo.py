@@ -51,3 +51,11 @@ def test_validate_names_the_bad_field():
     del d["gpus"][1]["copy_engines"]
     with pytest.raises(ValueError, match=r"gpus\[1\] lacks copy_engines"):
         topo.validate(d)
+
+
+def test_environment_checks_warn_about_prelaunch_hazards():
+    warns = [m for s, m in topo.environment_checks({}) if s == "warn"]
+    assert any("CUDA_DEVICE_MAX_CONNECTIONS is 8 (default)" in m for m in warns)
+    assert any("CUDA_MODULE_LOADING is lazy" in m for m in warns)
+    ok = topo.environment_checks({"CUDA_DEVICE_MAX_CONNECTIONS": "32", "CUDA_MODULE_LOADING": "EAGER"})
+    assert ok == [("ok", "CUDA_DEVICE_MAX_CONNECTIONS=32")]
