@@ -1,0 +1,39 @@
+"""Prelaunch: arm an all-gather ahead, let the producer's stream trigger it.
+
+    torchrun --nproc-per-node 4 examples/prelaunch.py
+
+The collective's commands (and its ready handshake with the peers) are
+enqueued before the producer runs; a stream memory write right after the
+producer releases them, with no kernel and no host round trip. Read
+docs/api.md, "Prelaunch", for what an armed collective holds meanwhile.
+"""
+
+import torch
+
+import ferry
+
+comm = ferry.init()
+torch.cuda.set_device(comm.device)
+n = 1 << 16
+out = comm.alloc((comm.world * n,), torch.bfloat16)
+shard = torch.empty(n, dtype=torch.bfloat16, device="cuda")
+w = torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda")
+producer = torch.cuda.Stream()
+
+# Kernels launched for the first time while a collective is armed can wait
+# for the device (CUDA's lazy loading): run the producer once first.
+with torch.cuda.stream(producer):
+    (w @ w)[0, :1].sum()
+torch.cuda.synchronize()
+
+h = comm.prepare("all_gather", out, shard)
+for step in range(10):
+    h.arm()  # enqueued now, behind a trigger
+    with torch.cuda.stream(producer):
+        x = torch.full((1024, 1024), float(step), dtype=torch.bfloat16, device="cuda") @ w
+        shard.copy_(x.flatten()[:n])
+        h.trigger(producer)  # released once the producer reaches this point
+    h.wait()  # the current stream waits for the all-gather
+    torch.cuda.current_stream().synchronize()
+h.release()
+comm.close()
