@@ -8,10 +8,9 @@ passes the whole matrix (all-gather the per-rank rows first, as MoE routers
 do). The input is packed by destination, the output by source.
 """
 
+import ferry
 import torch
 import torch.distributed as dist
-
-import ferry
 
 dist.init_process_group("nccl")
 comm = ferry.Communicator.from_torch()

@@ -8,9 +8,8 @@ producer releases them, with no kernel and no host round trip. Read
 docs/api.md, "Prelaunch", for what an armed collective holds meanwhile.
 """
 
-import torch
-
 import ferry
+import torch
 
 comm = ferry.init()
 torch.cuda.set_device(comm.device)
