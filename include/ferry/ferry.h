@@ -161,7 +161,7 @@ FERRY_API ferry_result_t ferry_run(ferry_comm_t comm, const ferry_call_t* call);
 
 /* Prelaunch. ferry_prepare validates and plans once; ferry_arm enqueues the
  * commands on ferry's armed stream (after the work so far on `after`, one
- * stream per local rank or NULL) behind a wait on a trigger word, with the
+ * stream per local rank; NULL: the legacy default streams) behind a wait on a trigger word, with the
  * ready handshake done ahead; a trigger releases them: from the host, from a
  * stream (ferry_trigger_on: a stream memory write, no kernel), or from a
  * kernel (ferry_device_trigger + ferry/device.cuh). Re-arm after each trigger. */

@@ -11,6 +11,7 @@
 
 #include "coll/signature.hpp"
 #include "core/env.hpp"
+#include "core/process.hpp"
 #include "core/error.hpp"
 
 namespace ferry {
@@ -46,18 +47,6 @@ void check_device_ordinal(int device, const char* what) {
   FERRY_ARG_CHECK(device >= 0 && device < count, std::string(what) + " is " + std::to_string(device) +
                                                      "; expected 0.." + std::to_string(count - 1) + " (" +
                                                      std::to_string(count) + " GPUs visible)");
-}
-
-// Gone, or a zombie its parent has not reaped yet.
-bool process_exited(int pid) {
-  if (pid <= 0) return false;
-  if (kill(pid, 0) != 0 && errno == ESRCH) return true;
-  FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
-  if (!f) return false;
-  char state = 0;
-  int got = std::fscanf(f, "%*d (%*[^)]) %c", &state);
-  std::fclose(f);
-  return got == 1 && (state == 'Z' || state == 'X');
 }
 
 // How long another call's value may sit in a flag, with its writer not yet

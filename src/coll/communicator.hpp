@@ -85,7 +85,8 @@ class Communicator {
   // needed. Handles are ids; release() forgets one.
   int prepare(const CollectiveArgs& args);
   // Enqueues the handle's commands on ferry's armed stream, after the work
-  // enqueued so far on `after` (one stream per local rank; null entries: none).
+  // enqueued so far on `after` (one stream per local rank; null: the legacy
+  // default stream).
   void arm(int handle, const std::vector<cudaStream_t>& after);
   // Opens the gate from the host (a store to pinned memory).
   void trigger(int handle);

@@ -58,7 +58,10 @@ void Communicator::arm(int handle, const std::vector<cudaStream_t>& after) {
     Local& L = *locals_[i];
     FERRY_CUDA_CHECK(cudaSetDevice(L.device));
     cudaStream_t s = L.engines->armed();
-    if (after[i]) L.engines->order(after[i], s);
+    // Also after the legacy default stream (handle 0, torch's default): the
+    // ready handshake tells peers this rank's output is free, which is only
+    // true once the work enqueued so far on `after` is done with it.
+    L.engines->order(after[i], s);
     L.in_flight->order_after_previous(s);
     size_t slot = L.in_flight->begin(expectation(seq, p.args, p.built[i]), timeout_s_);
     ValueWait gate{p.gate[i].device, gen};
