@@ -11,8 +11,8 @@
 
 #include "coll/signature.hpp"
 #include "core/env.hpp"
-#include "core/process.hpp"
 #include "core/error.hpp"
+#include "core/process.hpp"
 
 namespace ferry {
 namespace {

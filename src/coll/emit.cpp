@@ -8,6 +8,7 @@
 // No kernel runs here unless the program has a reduction or the local block
 // is copied with the SM kernel.
 #include "coll/communicator.hpp"
+#include "core/env.hpp"
 #include "core/error.hpp"
 
 namespace ferry {
@@ -77,11 +78,13 @@ void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, c
     copy_local(x.local, e.local_copy, s);
     L.engines->join(s, n);
   } else {
+    static const bool local_last = knob_int("FERRY_LOCAL_COPY_LAST") != 0;
     side = x.local.bytes > 0 && local_copy_on_side_stream(x.local.bytes);
+    const bool own_block_last = !side && local_last;
     if (side) {
       L.engines->order(s, L.engines->side());
       copy_local(x.local, e.local_copy, L.engines->side());
-    } else {
+    } else if (!own_block_last) {
       copy_local(x.local, e.local_copy, s);
     }
     std::vector<Copy> data;
@@ -93,6 +96,8 @@ void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, c
       dma::copy_batch(s, data);
     }
     dma::copy_batch(s, done);
+    // Experimental: the own block while the peers' data is still arriving.
+    if (own_block_last) copy_local(x.local, e.local_copy, s);
   }
 
   std::vector<MemOp> after;

@@ -28,7 +28,9 @@ class RecordPool {
   RecordPool(const RecordPool&) = delete;
   RecordPool& operator=(const RecordPool&) = delete;
 
-  // The pinned copy of `s` (the same one for equal records). Never moves or changes.
+  // The pinned copy of `s` (the same one for equal records). Never moves or
+  // changes. With FERRY_FLAG_SOURCE=device, `device` points at a copy in GPU
+  // memory instead of the mapped host copy (the host view stays for messages).
   Pinned<SourceSlot> intern(const SourceSlot& s);
   // A fresh zeroed 64-bit word on its own 64-byte line.
   Pinned<uint64_t> word();
@@ -38,6 +40,7 @@ class RecordPool {
     alignas(64) unsigned char bytes[64];
   };
   Pinned<Line> lines(size_t n);
+  SourceSlot* device_copy(const SourceSlot& s);
 
   int device_;
   std::mutex mu_;
@@ -45,6 +48,10 @@ class RecordPool {
   Pinned<Line> current_{};
   size_t used_ = 0, capacity_ = 0;
   std::map<std::string, Pinned<SourceSlot>> interned_;
+  bool device_records_ = false;
+  std::vector<void*> device_chunks_;
+  SourceSlot* device_next_ = nullptr;
+  size_t device_left_ = 0;
 };
 
 }  // namespace ferry
