@@ -28,6 +28,8 @@ struct Nvml {
   int (*NvLinkRemoteType)(nvmlDevice_t, unsigned, int*) = nullptr;
   int (*TotalEnergy)(nvmlDevice_t, unsigned long long*) = nullptr;
 
+  bool ok = false;
+
   bool open() {
     lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!lib) return false;
@@ -40,19 +42,25 @@ struct Nvml {
     TotalEnergy = reinterpret_cast<decltype(TotalEnergy)>(dlsym(lib, "nvmlDeviceGetTotalEnergyConsumption"));
     return Init && Shutdown && HandleByPciBusId && NvLinkState && NvLinkRemotePci && Init() == 0;
   }
-  ~Nvml() {
-    if (lib) {
-      if (Shutdown) Shutdown();
-      dlclose(lib);
-    }
-  }
 };
+
+// Opened once and never closed: NVML may keep threads of its own, and
+// unloading it under them crashed a benchmark process (2026-11-22, the energy
+// step, after several open/close cycles in one process).
+Nvml& nvml_once() {
+  static Nvml* n = [] {
+    auto* x = new Nvml();
+    x->ok = x->open();
+    return x;
+  }();
+  return *n;
+}
 
 }  // namespace
 
 long long total_energy_mj(const std::string& pci_bus_id) {
-  Nvml nvml;
-  if (!nvml.open() || !nvml.TotalEnergy) return -1;
+  Nvml& nvml = nvml_once();
+  if (!nvml.ok || !nvml.TotalEnergy) return -1;
   nvmlDevice_t dev = nullptr;
   if (nvml.HandleByPciBusId(pci_bus_id.c_str(), &dev) != 0) return -1;
   unsigned long long mj = 0;
@@ -61,8 +69,8 @@ long long total_energy_mj(const std::string& pci_bus_id) {
 }
 
 void fill_from_nvml(Topology& topo) {
-  Nvml nvml;
-  if (!nvml.open()) return;
+  Nvml& nvml = nvml_once();
+  if (!nvml.ok) return;
   for (auto& g : topo.gpus) {
     nvmlDevice_t dev = nullptr;
     if (nvml.HandleByPciBusId(g.pci_bus_id.c_str(), &dev) != 0) continue;
