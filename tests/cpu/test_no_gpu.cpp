@@ -48,4 +48,15 @@ TEST(CApi, NullArgumentsAreNamed) {
   EXPECT_EQ(ferry_comm_init(nullptr, nullptr), FERRY_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(ferry_last_error()).find("config"), std::string::npos);
   EXPECT_STREQ(ferry_result_name(FERRY_ERROR_TIMEOUT), "FERRY_ERROR_TIMEOUT");
+  // The collective and prelaunch entry points refuse a null communicator by name.
+  ferry_call_t call{};
+  int handle = 0;
+  ferry_trigger_t trig{};
+  EXPECT_EQ(ferry_run(nullptr, &call), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("comm"), std::string::npos);
+  EXPECT_EQ(ferry_prepare(nullptr, &call, &handle), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(ferry_arm(nullptr, 1, nullptr), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(ferry_trigger(nullptr, 1), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(ferry_device_trigger(nullptr, 1, 0, &trig), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(ferry_release(nullptr, 1), FERRY_ERROR_INVALID_ARGUMENT);
 }
