@@ -423,26 +423,29 @@ class Communicator:
             False, op="all_reduce", outs=out, ins=inp, stream=stream, algo=algo, local_copy="auto", red_op=op
         )
 
-    def prepare(self, op: str, out, inp=None, **kw) -> "PreparedCollective":
+    def prepare(self, collective: str, out, inp=None, **kw) -> "PreparedCollective":
         """A collective validated and planned once, to arm ahead of time and
-        trigger later (prelaunch); see :class:`PreparedCollective`. Same
-        arguments as the method named `op` ('all_gather', 'all_to_all',
-        'all_to_allv', 'broadcast', 'reduce_scatter', 'all_reduce');
+        trigger later (prelaunch); see :class:`PreparedCollective`.
+        `collective` names the method ('all_gather', 'all_to_all',
+        'all_to_allv', 'broadcast', 'reduce_scatter', 'all_reduce'); the other
+        arguments are that method's (`op="max"` is a reduction's operator);
         `stream` is not used (arm() takes it)."""
         ops = ("all_gather", "all_to_all", "all_to_allv", "broadcast", "reduce_scatter", "all_reduce")
-        if op not in ops:
-            raise InvalidArgumentError(f"prepare: op is {op!r}; expected one of {', '.join(ops)}")
-        if op in ("reduce_scatter", "all_reduce"):
+        if collective not in ops:
+            raise InvalidArgumentError(
+                f"prepare: collective is {collective!r}; expected one of {', '.join(ops)}"
+            )
+        if collective in ("reduce_scatter", "all_reduce"):
             kw["red_op"] = kw.pop("op", "sum")
-            kw.setdefault("local_copy", "auto")
-        if op == "all_reduce" and inp is None:
+        if collective == "all_reduce" and inp is None:
             inp = out
+        kw.pop("stream", None)
         return self._run(
             True,
-            op=op,
+            op=collective,
             outs=out,
             ins=inp,
-            stream=kw.pop("stream", None),
+            stream=None,
             algo=kw.pop("algo", "auto"),
             local_copy=kw.pop("local_copy", "auto"),
             **kw,

@@ -79,7 +79,7 @@ def test_new_collectives_are_checked():
     assert (call["count"], call["dtype"], call["red_op"]) == (4, "float32", "max")
     c.all_reduce(Cai(8, "<f2"))
     assert c._c.calls[-1]["ins"] == c._c.calls[-1]["outs"]  # in place
-    with pytest.raises(InvalidArgumentError, match="prepare: op is 'gather'"):
+    with pytest.raises(InvalidArgumentError, match="prepare: collective is 'gather'"):
         c.prepare("gather", Cai(16))
 
 
@@ -106,3 +106,65 @@ def test_closed_communicator():
     c.close()
     with pytest.raises(ClosedError, match="all_gather: the communicator is closed"):
         c.all_gather(Cai(64), Cai(16))
+
+
+class FakePreparing(FakeNative):
+    """Records the prelaunch calls the Python layer makes."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.armed_handles = set()
+
+    def prepare(self, **kw):
+        self.calls.append(("prepare", kw))
+        return 7
+
+    def arm(self, h, after):
+        self.calls.append(("arm", h, after))
+        self.armed_handles.add(h)
+
+    def trigger(self, h):
+        self.calls.append(("trigger", h))
+
+    def trigger_on(self, h, streams):
+        self.calls.append(("trigger_on", h, streams))
+
+    def device_trigger(self, h, local):
+        return (0x1000 + local, 3)
+
+    def wait(self, h, streams):
+        self.calls.append(("wait", h, streams))
+
+    def armed(self, h):
+        return h in self.armed_handles
+
+    def release(self, h):
+        self.calls.append(("release", h))
+
+
+def test_prepared_collective_maps_to_native_calls():
+    c = Communicator(FakePreparing(world=2), local=False)
+    h = c.prepare("all_reduce", Cai(8, "<f4"), op="max")
+    kind, kw = c._c.calls[-1]
+    assert kind == "prepare" and kw["op"] == "all_reduce" and kw["red_op"] == "max"
+    assert kw["ins"] == kw["outs"]  # in place by default
+    h.arm(stream=11)
+    assert c._c.calls[-1] == ("arm", 7, [11]) and h.armed
+    h.trigger()
+    assert c._c.calls[-1] == ("trigger", 7)
+    h.trigger(stream=12)
+    assert c._c.calls[-1] == ("trigger_on", 7, [12])
+    assert h.device_trigger() == (0x1000, 3)
+    h.wait(stream=13)
+    assert c._c.calls[-1] == ("wait", 7, [13])
+    with h:
+        pass
+    assert c._c.calls[-1] == ("release", 7)
+
+
+def test_prepare_checks_like_the_call():
+    c = Communicator(FakePreparing(world=4), local=False)
+    with pytest.raises(InvalidArgumentError, match="all_gather: out has 100 bytes"):
+        c.prepare("all_gather", Cai(100), Cai(16))
+    with pytest.raises(InvalidArgumentError, match="algo is 'ring'"):
+        c.prepare("all_to_all", Cai(16), Cai(16), algo="ring")
