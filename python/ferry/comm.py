@@ -251,6 +251,15 @@ class Communicator:
         bufs = [_describe(t, "register: tensor") for t in self._per_rank(tensors, "register")]
         self._c.register_buffers([b.ptr for b in bufs], [b.nbytes for b in bufs])
 
+    def reserve_scratch(self, nbytes: int) -> None:
+        """Makes ferry's scratch at least `nbytes` per rank (reduce_scatter and
+        all_reduce need world x their per-rank block, rounded up; in-place
+        all_to_all at most FERRY_SCRATCH_BYTES). Collective. Those calls grow
+        it themselves on first use, except during CUDA graph capture, where
+        they raise and name the size to reserve first."""
+        self._check_open("reserve_scratch")
+        self._c.reserve_scratch(int(nbytes))
+
     def deregister(self, tensors) -> None:
         bufs = [_describe(t, "deregister: tensor") for t in self._per_rank(tensors, "deregister")]
         self._c.deregister([b.ptr for b in bufs])

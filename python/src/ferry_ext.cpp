@@ -259,6 +259,7 @@ NB_MODULE(_ferry, m) {
       .def(
           "deregister", [](Communicator& c, const std::vector<uintptr_t>& p) { c.deregister(as_pointers<void*>(p)); },
           nb::call_guard<nb::gil_scoped_release>())
+      .def("reserve_scratch", &Communicator::reserve_scratch, "bytes"_a, nb::call_guard<nb::gil_scoped_release>())
       .def("check", &Communicator::check)
       .def("synchronize", &Communicator::synchronize, nb::call_guard<nb::gil_scoped_release>())
       .def("run", call_with_args([](Communicator& c, const ferry::CollectiveArgs& a) { c.run(a); }), FERRY_CALL_ARGS)

@@ -121,7 +121,17 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
 
   // Before any per-rank check that could fail on one rank only: growing the
   // scratch is itself collective.
-  const Registration* scr = slot_stride ? &scratch(slot_stride * W) : nullptr;
+  const Registration* scr = nullptr;
+  if (slot_stride) {
+    scr = find_scratch(slot_stride * W);
+    if (!scr && dma::is_capturing(a.streams[0]))
+      throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                  name + ": needs " + bytes_str(slot_stride * W) +
+                      " of scratch per rank, and allocating it is a collective step that must not happen while a "
+                      "CUDA graph is being captured; call comm.reserve_scratch(" +
+                      std::to_string(slot_stride * W) + ") on every rank before capturing");
+    if (!scr) scr = &scratch(slot_stride * W);
+  }
   std::vector<char*> scratch_by_rank(world_, nullptr);
   if (scr)
     for (int p = 0; p < world_; ++p) scratch_by_rank[p] = scr->base[p];
@@ -250,24 +260,27 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
   return out;
 }
 
-const Communicator::Registration& Communicator::scratch(size_t bytes) {
+const Communicator::Registration* Communicator::find_scratch(size_t bytes) const {
   for (const auto& reg : registrations_)
-    if (reg.id == scratch_registration_ && reg.size[rank(0)] >= bytes) return reg;
-  // Grow (collective: every rank makes the same call). The old scratch stays
-  // mapped until close: graphs and prepared collectives may still point at it.
-  // Allocation is not stream work, so it is allowed while a stream captures.
-  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  FERRY_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
-  try {
-    Registration& reg = allocate_registration(round_up(bytes, size_t(2) << 20));
-    reg.scratch = true;
-    scratch_registration_ = reg.id;
-    cudaThreadExchangeStreamCaptureMode(&mode);
-    return reg;
-  } catch (...) {
-    cudaThreadExchangeStreamCaptureMode(&mode);
-    throw;
-  }
+    if (reg.id == scratch_registration_ && reg.size[rank(0)] >= bytes) return &reg;
+  return nullptr;
+}
+
+const Communicator::Registration& Communicator::scratch(size_t bytes) {
+  if (const Registration* reg = find_scratch(bytes)) return *reg;
+  // Grow (collective: every rank makes the same call, the collective that
+  // needs it or reserve_scratch()). The old scratch stays mapped until close:
+  // graphs and prepared collectives may still point at it.
+  Registration& reg = allocate_registration(round_up(bytes, size_t(2) << 20));
+  reg.scratch = true;
+  scratch_registration_ = reg.id;
+  return reg;
+}
+
+void Communicator::reserve_scratch(size_t bytes) {
+  ensure_open("reserve_scratch");
+  FERRY_ARG_CHECK(bytes > 0, "reserve_scratch: bytes must be positive");
+  scratch(bytes);
 }
 
 void Communicator::run(const CollectiveArgs& a) {

@@ -75,6 +75,11 @@ class Communicator {
   void free(const std::vector<void*>& ptrs);
   void register_buffers(const std::vector<void*>& ptrs, const std::vector<size_t>& sizes);
   void deregister(const std::vector<void*>& ptrs);
+  // Makes ferry's scratch (reduce_scatter, all_reduce, in-place all_to_all)
+  // at least `bytes` per rank. Collective. Those calls grow it themselves
+  // (collectively) on first use, except while a CUDA graph is being captured,
+  // where they refuse and name the size to reserve first.
+  void reserve_scratch(size_t bytes);
 
   // Enqueues the collective in the callers' streams (or captures it into the
   // CUDA graph those streams are capturing).
@@ -176,6 +181,7 @@ class Communicator {
   size_t selection_bytes(const CollectiveArgs& args) const;
   Algo resolve_algo(const CollectiveArgs& args) const;
   Expectation expectation(uint64_t seq, const CollectiveArgs& args, const Built& b) const;
+  const Registration* find_scratch(size_t bytes) const;
   const Registration& scratch(size_t bytes);
   Registration& allocate_registration(size_t bytes);
   void check_not_prepared(uint32_t registration, const char* what) const;
