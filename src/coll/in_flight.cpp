@@ -105,14 +105,4 @@ void InFlight::open_gate_of_oldest() {
   if (e.gate) *const_cast<volatile uint64_t*>(e.gate) = e.gate_value;
 }
 
-bool InFlight::gated_pending() {
-  std::lock_guard<std::mutex> lock(mu_);
-  drop_finished();
-  for (size_t i = oldest_; i < next_; ++i) {
-    const Entry& e = entries_[i % entries_.size()];
-    if (e.pending && e.gate && *e.gate != e.gate_value) return true;
-  }
-  return false;
-}
-
 }  // namespace ferry

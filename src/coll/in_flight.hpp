@@ -46,8 +46,6 @@ class InFlight {
   // another stream: a rank's collectives run in call order whatever streams
   // carry them (peers' flags hold one collective at a time).
   void order_after_previous(cudaStream_t stream);
-  // The event of slot's collective (valid until the slot is reused).
-  cudaEvent_t event(size_t slot) const { return entries_[slot].event; }
 
   struct Pending {
     Expectation expect;
@@ -60,8 +58,6 @@ class InFlight {
   bool idle();
   // How many collectives have finished, in order (for the shared progress record).
   uint64_t completed();
-  // Whether an unfinished collective still waits for its trigger.
-  bool gated_pending();
   // Writes the oldest collective's trigger value into its gate (watchdog only).
   void open_gate_of_oldest();
 

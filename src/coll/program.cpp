@@ -16,7 +16,6 @@ void Program::add_reduce(const ReduceStep& r) {
   s.kind = Step::Kind::kReduce;
   s.reduce = r;
   steps.push_back(std::move(s));
-  uses_kernel = true;
 }
 
 void Program::add_unpack(std::vector<Copy> copies) {

@@ -25,7 +25,6 @@ struct Program {
   // Bit p set: some exchange writes into rank p / rank p writes into this one.
   uint64_t targets_mask = 0;
   uint64_t sources_mask = 0;
-  bool uses_kernel = false;  // a reduction (the local block copy is decided when emitted)
 
   void add_exchange(Exchange x);
   void add_reduce(const ReduceStep& r);

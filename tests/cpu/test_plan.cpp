@@ -189,7 +189,6 @@ TEST(Program, MasksNameEveryPeerOfEveryExchange) {
   EXPECT_EQ(p.sources_mask, 1u << 2);
   p.add_exchange(plan_all_gather(0, 4, fake_buffers(4), nullptr, 8));
   EXPECT_EQ(p.targets_mask, 0b1110u);
-  EXPECT_FALSE(p.uses_kernel);
 }
 
 TEST(RangesOverlap, Edges) {
