@@ -97,6 +97,10 @@ class Case:
         if self.op == "all_reduce" and not impl.startswith("ferry"):
             self.out.copy_(self.inp)
         self.issue(impl)
+        return self.wrong_bytes()
+
+    def wrong_bytes(self) -> int:
+        """Bytes of the output that differ from the expected result (after a device sync)."""
         self.torch.cuda.synchronize()
         got, exp = self.out.view(self.torch.uint8), self.expected.view(self.torch.uint8)
         return int((got != exp).sum().item())

@@ -123,6 +123,7 @@ def _worker(rank: int, world: int, port: int, opts: dict, queue) -> None:
 def _sweep(ctx: Ctx, out_all, inp_all, gpu: str) -> list:
     from ferry.bench.cases import Case, fits
     from ferry.bench.report import bandwidths, format_size
+    from ferry.tune import selection_bytes
 
     torch, opts, world = ctx.torch, ctx.opts, ctx.world
     today = datetime.date.today().isoformat()
@@ -174,9 +175,7 @@ def _sweep(ctx: Ctx, out_all, inp_all, gpu: str) -> list:
                     ctx.barrier()
                     with torch.cuda.stream(ctx.stream):
                         graph.replay()
-                    torch.cuda.synchronize()
-                    got, exp = case.out.view(torch.uint8), case.expected.view(torch.uint8)
-                    wrong = int(ctx.total(int((got != exp).sum().item())))
+                    wrong = int(ctx.total(case.wrong_bytes()))
                 else:
                     with torch.cuda.stream(ctx.stream):
                         wrong = int(ctx.total(case.check(impl)))
@@ -190,7 +189,7 @@ def _sweep(ctx: Ctx, out_all, inp_all, gpu: str) -> list:
                         op=op,
                         impl="nccl" if impl.startswith("nccl") else impl,
                         impl_label=impl,
-                        algo=ctx.comm.choose_algo(op, _selection_bytes(op, n, world))
+                        algo=ctx.comm.choose_algo(op, selection_bytes(op, n, world))
                         if algo == "graph"
                         else algo,
                         world=world,
@@ -214,17 +213,6 @@ def _sweep(ctx: Ctx, out_all, inp_all, gpu: str) -> list:
                     f"  [{time.time() - t_point:.1f} s]"
                 )
     return records
-
-
-def _selection_bytes(op: str, n: int, world: int) -> int:
-    """The size the selector sees for a benchmark size `n` (see Communicator.choose_algo)."""
-    if op == "all_to_all":
-        return n // world
-    if op == "reduce_scatter":
-        return n // world
-    if op == "all_reduce":
-        return n // world
-    return n
 
 
 def _local_copy_probe(dev, opts) -> list:

@@ -25,13 +25,10 @@ def _start_instant(ctx, lead_s: float = 0.003) -> int:
 def measure(ctx, case, algo: str, runs: int) -> float:
     """Median over runs of the slowest rank's trigger-to-done time (us)."""
     comm, torch = ctx.comm, ctx.torch
-    kw = dict(algo=algo)
-    if case.op in ("all_gather", "all_to_all"):
-        h = comm.prepare(case.op, case.out, case.inp, **kw)
-    elif case.op == "broadcast":
-        h = comm.prepare("broadcast", case.out, None, root=0, **kw)
+    if case.op == "broadcast":  # in place from rank 0, as Case issues it
+        h = comm.prepare("broadcast", case.out, None, root=0, algo=algo)
     else:
-        h = comm.prepare(case.op, case.out, case.inp, **kw)
+        h = comm.prepare(case.op, case.out, case.inp, algo=algo)
     native = comm._c
     lat = []
     try:
@@ -44,8 +41,7 @@ def measure(ctx, case, algo: str, runs: int) -> float:
             t0, t1 = native.timed_trigger(h._h, start)
             if i >= 2:  # two warm-up runs
                 lat.append((t1 - start) / 1000.0)
-        got, exp = case.out.view(torch.uint8), case.expected.view(torch.uint8)
-        wrong = int((got != exp).sum().item())
+        wrong = case.wrong_bytes()
     finally:
         comm.synchronize()
         h.release()
@@ -57,6 +53,7 @@ def measure(ctx, case, algo: str, runs: int) -> float:
 def trigger_to_done(ctx, out_all, inp_all) -> list:
     from ferry.bench.cases import Case, fits
     from ferry.bench.report import format_size
+    from ferry.tune import selection_bytes
 
     opts, out = ctx.opts, []
     for op in opts["prelaunch_ops"]:
@@ -64,7 +61,7 @@ def trigger_to_done(ctx, out_all, inp_all) -> list:
             if not fits(op, n, ctx.world):
                 continue
             case = Case(ctx.torch, ctx.dist, ctx.comm, op, n, ctx.world, ctx.rank, out_all, inp_all)
-            algo = ctx.comm.choose_algo(op, n // ctx.world if op != "all_gather" and op != "broadcast" else n)
+            algo = ctx.comm.choose_algo(op, selection_bytes(op, n, ctx.world))
             t = measure(ctx, case, algo, opts["prelaunch_runs"])
             out.append(
                 dict(
