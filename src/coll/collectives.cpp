@@ -109,14 +109,12 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
   size_t slot_stride = 0, chunk = 0;
   const bool in_place_a2a = a.op == CollOp::kAllToAll && a.ins[0] == a.outs[0];
   if (in_place_a2a) {
-    chunk = std::max<size_t>(1, std::min(shape, scratch_cap / W));
-    slot_stride = round_up(chunk, 256);
+    chunk = in_place_chunk(shape, world_, scratch_cap);
+    slot_stride = scratch_slot_stride(chunk);
   } else if (a.op == CollOp::kReduceScatter) {
-    slot_stride = round_up(shape, 256);
+    slot_stride = scratch_slot_stride(shape);
   } else if (a.op == CollOp::kAllReduce) {
-    size_t most = 0;
-    for (const auto& b : split_blocks(a.count, esize, world_)) most = std::max(most, b.bytes);
-    slot_stride = round_up(std::max<size_t>(most, 1), 256);
+    slot_stride = scratch_slot_stride(largest_block(split_blocks(a.count, esize, world_)));
   }
 
   // Before any per-rank check that could fail on one rank only: growing the

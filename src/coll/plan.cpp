@@ -143,6 +143,18 @@ std::vector<InPlaceRound> plan_in_place_rounds(size_t bytes_per_rank, size_t chu
   return out;
 }
 
+size_t in_place_chunk(size_t bytes_per_rank, int world, size_t scratch_cap) {
+  return std::max<size_t>(1, std::min(bytes_per_rank, scratch_cap / static_cast<size_t>(world)));
+}
+
+size_t scratch_slot_stride(size_t slot_bytes) { return (std::max<size_t>(slot_bytes, 1) + 255) / 256 * 256; }
+
+size_t largest_block(const std::vector<Block>& blocks) {
+  size_t most = 0;
+  for (const auto& b : blocks) most = std::max(most, b.bytes);
+  return most;
+}
+
 Exchange plan_in_place_round(int rank, int world, const std::vector<char*>& scratch_by_rank, const char* buf,
                              size_t bytes_per_rank, const InPlaceRound& round, size_t slot_stride) {
   Exchange x;

@@ -89,6 +89,13 @@ struct InPlaceRound {
   size_t len;
 };
 std::vector<InPlaceRound> plan_in_place_rounds(size_t bytes_per_rank, size_t chunk_bytes);
+// The chunk of each block an in-place round moves: as much as fits when every
+// peer's slot must fit in `scratch_cap` bytes, at least 1, at most the block.
+size_t in_place_chunk(size_t bytes_per_rank, int world, size_t scratch_cap);
+// Bytes between two peers' slots in a scratch buffer holding `slot_bytes` each
+// (256-byte aligned, never 0).
+size_t scratch_slot_stride(size_t slot_bytes);
+size_t largest_block(const std::vector<Block>& blocks);
 Exchange plan_in_place_round(int rank, int world, const std::vector<char*>& scratch_by_rank, const char* buf,
                              size_t bytes_per_rank, const InPlaceRound& round, size_t slot_stride);
 std::vector<Copy> plan_in_place_unpack(int rank, int world, char* buf, const char* scratch, size_t bytes_per_rank,

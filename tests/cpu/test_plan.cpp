@@ -182,6 +182,23 @@ TEST(Plan, InPlaceAllToAllInRoundsThroughBoundedScratch) {
   for (int r = 0; r < world; ++r) EXPECT_EQ(buf[r], want[r]);
 }
 
+TEST(Plan, ScratchSizingStaysWithinTheCap) {
+  EXPECT_EQ(in_place_chunk(1000, 4, 64 << 20), 1000u);                 // the whole block fits
+  EXPECT_EQ(in_place_chunk(size_t(1) << 30, 4, 64 << 20), 16u << 20);  // cap / world
+  EXPECT_EQ(in_place_chunk(5, 8, 4), 1u);                              // never 0
+  EXPECT_EQ(scratch_slot_stride(0), 256u);
+  EXPECT_EQ(scratch_slot_stride(256), 256u);
+  EXPECT_EQ(scratch_slot_stride(257), 512u);
+  for (size_t cap : {size_t(4096), size_t(64) << 20})
+    for (int world : {2, 4, 8})
+      for (size_t block : {size_t(1), size_t(100003), size_t(1) << 28}) {
+        size_t chunk = in_place_chunk(block, world, cap);
+        EXPECT_LE(chunk, block);
+        EXPECT_LE(scratch_slot_stride(chunk) * world, cap + 256 * world);
+      }
+  EXPECT_EQ(largest_block(split_blocks(10, 4, 4)), 12u);
+}
+
 TEST(Program, MasksNameEveryPeerOfEveryExchange) {
   Program p;
   p.add_exchange(plan_broadcast(0, 4, 2, fake_buffers(4), nullptr, 8));
