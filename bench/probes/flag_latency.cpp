@@ -1,0 +1,196 @@
+// Probe: what one prelaunched exchange costs after its trigger, piece by piece.
+// One process drives every visible GPU (or --gpus N). Per iteration each GPU's
+// stream has, enqueued ahead: wait for the host trigger, [pushes of --bytes to
+// every peer], [one 8-byte done copy into every peer's flag, then a batch of
+// waits on its own flags with resets], a write of "finished" into host memory.
+// The host stores the trigger and spins until every GPU reported finished:
+// trigger-to-done, the number ferry's prelaunch target is about.
+//
+// The variants differ only in where the done flags live and how they are copied:
+//   h2h: source record and flag in pinned host memory (ferry's default until now)
+//   d2h: source record in GPU memory, flag in pinned host memory
+//   d2d: source record in GPU memory, flag in the peer's GPU memory
+// and batched (cudaMemcpyBatchAsync) against one cudaMemcpyAsync per copy.
+//
+//   ferry_probe_flags [--gpus N] [--bytes B] [--iters N]
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "dma/engine.hpp"
+
+using ferry::Copy;
+using ferry::MemOp;
+
+namespace {
+
+enum class Where { kHost, kDevice };
+
+struct Variant {
+  const char* name;
+  bool data;
+  bool flags;
+  Where source;
+  Where flag;
+  bool batched;
+};
+
+struct Gpu {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  char* in = nullptr;                 // the block this GPU pushes
+  char* out = nullptr;                // one slot per peer
+  uint64_t* device_flags = nullptr;   // one 64-byte line per peer
+  uint64_t* device_values = nullptr;  // values 1..iters, one line each
+};
+
+constexpr size_t kLine = 8;  // uint64 words per 64-byte line
+
+double now_us() {
+  using namespace std::chrono;
+  return duration<double, std::micro>(steady_clock::now().time_since_epoch()).count();
+}
+
+template <typename T>
+T* device_alloc(size_t n) {
+  void* p = nullptr;
+  FERRY_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+  return static_cast<T*>(p);
+}
+
+uint64_t* host_words(size_t n) {
+  void* p = nullptr;
+  FERRY_CUDA_CHECK(cudaHostAlloc(&p, n * sizeof(uint64_t), cudaHostAllocPortable | cudaHostAllocMapped));
+  std::memset(p, 0, n * sizeof(uint64_t));
+  return static_cast<uint64_t*>(p);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int gpus = 0, iters = 300;
+  size_t bytes = 1024;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string a = argv[i];
+    if (a == "--gpus") gpus = std::atoi(argv[i + 1]);
+    if (a == "--bytes") bytes = std::strtoull(argv[i + 1], nullptr, 10);
+    if (a == "--iters") iters = std::atoi(argv[i + 1]);
+  }
+  int count = 0;
+  FERRY_CUDA_CHECK(cudaGetDeviceCount(&count));
+  if (gpus <= 0 || gpus > count) gpus = count;
+  const int warmup = 20, total = warmup + iters;
+
+  std::vector<Gpu> g(gpus);
+  for (int r = 0; r < gpus; ++r) {
+    g[r].device = r;
+    FERRY_CUDA_CHECK(cudaSetDevice(r));
+    for (int p = 0; p < gpus; ++p)
+      if (p != r && cudaDeviceEnablePeerAccess(p, 0) != cudaSuccess) cudaGetLastError();
+    FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&g[r].stream, cudaStreamNonBlocking));
+    g[r].in = device_alloc<char>(bytes);
+    g[r].out = device_alloc<char>(bytes * gpus);
+    g[r].device_flags = device_alloc<uint64_t>(gpus * kLine);
+    FERRY_CUDA_CHECK(cudaMemset(g[r].device_flags, 0, gpus * kLine * sizeof(uint64_t)));
+    std::vector<uint64_t> values(total * kLine, 0);
+    for (int i = 0; i < total; ++i) values[i * kLine] = i + 1;
+    g[r].device_values = device_alloc<uint64_t>(values.size());
+    FERRY_CUDA_CHECK(
+        cudaMemcpy(g[r].device_values, values.data(), values.size() * sizeof(uint64_t), cudaMemcpyHostToDevice));
+  }
+  uint64_t* trigger = host_words(kLine);
+  uint64_t* finished = host_words(gpus * kLine);
+  uint64_t* host_flags = host_words(size_t(gpus) * gpus * kLine);  // [owner][writer]
+  uint64_t* host_values = host_words(total * kLine);
+  for (int i = 0; i < total; ++i) host_values[i * kLine] = i + 1;
+
+  const Variant variants[] = {
+      {"floor (trigger, finished)", false, false, Where::kHost, Where::kHost, true},
+      {"pushes only", true, false, Where::kHost, Where::kHost, true},
+      {"flags h2h batched", false, true, Where::kHost, Where::kHost, true},
+      {"flags d2h batched", false, true, Where::kDevice, Where::kHost, true},
+      {"flags d2d batched", false, true, Where::kDevice, Where::kDevice, true},
+      {"flags d2h per-copy", false, true, Where::kDevice, Where::kHost, false},
+      {"flags d2d per-copy", false, true, Where::kDevice, Where::kDevice, false},
+      {"pushes + h2h batched", true, true, Where::kHost, Where::kHost, true},
+      {"pushes + d2h batched", true, true, Where::kDevice, Where::kHost, true},
+      {"pushes + d2d batched", true, true, Where::kDevice, Where::kDevice, true},
+      {"pushes + d2d per-copy", true, true, Where::kDevice, Where::kDevice, false},
+  };
+  uint64_t epoch = 0;  // trigger and finished values never repeat across variants
+  std::printf("gpus %d, bytes per peer %zu, %d iterations after %d warm-up; trigger-to-done in us\n", gpus, bytes,
+              iters, warmup);
+  std::printf("%-28s %9s %9s %9s %12s\n", "variant", "median", "p10", "p90", "enqueue(us)");
+  for (const auto& v : variants) {
+    std::vector<double> lat, enq;
+    for (int i = 0; i < total; ++i) {
+      const uint64_t tick = ++epoch;
+      double e0 = now_us();
+      for (int r = 0; r < gpus; ++r) {
+        FERRY_CUDA_CHECK(cudaSetDevice(r));
+        cudaStream_t s = g[r].stream;
+        ferry::dma::mem_ops(s, {MemOp{MemOp::Kind::kWait, trigger, tick}});
+        std::vector<Copy> pushes, flags;
+        std::vector<MemOp> waits;
+        for (int p = 0; p < gpus; ++p) {
+          if (p == r) continue;
+          if (v.data) pushes.push_back(Copy{g[p].out + r * bytes, g[r].in, bytes});
+          if (!v.flags) continue;
+          const void* src = v.source == Where::kDevice ? static_cast<void*>(g[r].device_values + i * kLine)
+                                                       : static_cast<void*>(host_values + i * kLine);
+          void* dst = v.flag == Where::kDevice ? static_cast<void*>(g[p].device_flags + r * kLine)
+                                               : static_cast<void*>(host_flags + (p * gpus + r) * kLine);
+          flags.push_back(Copy{dst, src, sizeof(uint64_t)});
+          const void* mine = v.flag == Where::kDevice ? static_cast<void*>(g[r].device_flags + p * kLine)
+                                                      : static_cast<void*>(host_flags + (r * gpus + p) * kLine);
+          waits.push_back(MemOp{MemOp::Kind::kWait, mine, uint64_t(i + 1)});
+          waits.push_back(MemOp{MemOp::Kind::kWrite, mine, 0});
+        }
+        if (!pushes.empty()) ferry::dma::copy_batch(s, pushes);
+        if (v.batched) {
+          ferry::dma::copy_batch(s, flags);
+        } else {
+          for (const auto& c : flags) ferry::dma::copy_one(s, c);
+        }
+        // Waits first, then resets: one batch keeps their order.
+        std::stable_partition(waits.begin(), waits.end(), [](const MemOp& m) { return m.kind == MemOp::Kind::kWait; });
+        ferry::dma::mem_ops(s, waits);
+        ferry::dma::mem_ops(s, {MemOp{MemOp::Kind::kWrite, finished + r * kLine, tick}});
+      }
+      double e1 = now_us();
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      double t0 = now_us();
+      reinterpret_cast<volatile uint64_t*>(trigger)[0] = tick;
+      for (int r = 0; r < gpus; ++r) {
+        const double limit = t0 + 5e6;
+        while (reinterpret_cast<volatile uint64_t*>(finished)[r * kLine] != tick) {
+          if (now_us() > limit) {
+            std::fprintf(stderr, "variant '%s': GPU %d did not finish within 5 s\n", v.name, r);
+            return 2;
+          }
+        }
+      }
+      double t1 = now_us();
+      if (i >= warmup) lat.push_back(t1 - t0), enq.push_back(e1 - e0);
+    }
+    std::sort(lat.begin(), lat.end());
+    std::sort(enq.begin(), enq.end());
+    auto at = [](const std::vector<double>& x, double q) { return x[size_t(q * (x.size() - 1))]; };
+    std::printf("%-28s %9.1f %9.1f %9.1f %12.1f\n", v.name, at(lat, 0.5), at(lat, 0.1), at(lat, 0.9), at(enq, 0.5));
+    std::fflush(stdout);
+  }
+  for (int r = 0; r < gpus; ++r) {
+    FERRY_CUDA_CHECK(cudaSetDevice(r));
+    FERRY_CUDA_CHECK(cudaStreamSynchronize(g[r].stream));
+  }
+  return 0;
+}
