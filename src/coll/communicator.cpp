@@ -61,6 +61,16 @@ void Communicator::init_common(double timeout_s) {
   forced_algo_ = parse_algo(knob_string("FERRY_ALGO"), "FERRY_ALGO");
 }
 
+namespace {
+// This rank's done flags: zeroed GPU memory that the GPUs in `access` can write.
+VmmMapping new_done_block(int device, bool exportable, const std::vector<int>& access, cudaStream_t stream) {
+  VmmMapping m = vmm_allocate(device, sizeof(DoneBlock), exportable, access);
+  FERRY_CUDA_CHECK(cudaMemsetAsync(reinterpret_cast<void*>(m.ptr), 0, m.size, stream));
+  FERRY_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return m;
+}
+}  // namespace
+
 std::unique_ptr<Communicator> Communicator::create(int rank, int world, int device, const AllGatherFn& allgather,
                                                    double timeout_s) {
   FERRY_ARG_CHECK(world >= 1 && world <= kMaxRanks,
@@ -87,6 +97,8 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int world, int devi
   c->fds_ = std::make_unique<FdExchange>(rank, knob_string("FERRY_SOCKET_DIR"));
   c->flag_mem_.resize(world);
   c->flag_mem_[rank] = SharedHostMemory::create(sizeof(FlagBlock));
+  c->done_mem_.resize(world);
+  c->done_mem_[rank] = new_done_block(device, true, {device}, c->locals_[0]->engines->main());
 
   std::string mine =
       hostname() + "\n" + std::to_string(getpid()) + "\n" + pci_bus_id(device) + "\n" + c->fds_->socket_path() + "\n";
@@ -112,16 +124,22 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int world, int devi
         throw_error(FERRY_ERROR_INVALID_ARGUMENT, "ranks " + std::to_string(q) + " and " + std::to_string(p) +
                                                       " both drive GPU " + bus[p] + "; expected one GPU per rank");
   }
-  // Share the flag blocks: each rank sends its memfd to every peer.
-  for (int p = 0; p < world; ++p)
-    if (p != rank) c->fds_->send(c->socket_paths_[p], p, 1, {c->flag_mem_[rank].fd()}, "", c->timeout_s_);
+  // Share the flag blocks: each rank sends its memfd and its done block's fd to every peer.
+  for (int p = 0; p < world; ++p) {
+    if (p == rank) continue;
+    int done_fd = vmm_export_fd(c->done_mem_[rank]);
+    c->fds_->send(c->socket_paths_[p], p, 1, {c->flag_mem_[rank].fd(), done_fd}, "", c->timeout_s_);
+    ::close(done_fd);
+  }
   std::vector<int> peers;
   for (int p = 0; p < world; ++p)
     if (p != rank) peers.push_back(p);
   auto got = c->fds_->receive(peers, 1, c->timeout_s_, "their flag memory");
   for (auto& [p, msg] : got) {
-    if (msg.fds.size() != 1) throw_error(FERRY_ERROR_INTERNAL, "rank " + std::to_string(p) + " sent no flag memory");
+    if (msg.fds.size() != 2) throw_error(FERRY_ERROR_INTERNAL, "rank " + std::to_string(p) + " sent no flag memory");
     c->flag_mem_[p] = SharedHostMemory::import(msg.fds[0], sizeof(FlagBlock));
+    c->done_mem_[p] = vmm_import(msg.fds[1], c->done_mem_[rank].size, device);
+    ::close(msg.fds[1]);
   }
   c->allgather("ready", "communicator setup (mapping peers)");
   c->start_watchdog();
@@ -167,6 +185,7 @@ std::unique_ptr<Communicator> Communicator::create_local(const std::vector<int>&
     load_reduce_kernels();
     c->locals_.push_back(std::move(local));
     c->flag_mem_.push_back(SharedHostMemory::create(sizeof(FlagBlock)));
+    c->done_mem_.push_back(new_done_block(devices[i], false, devices, c->locals_.back()->engines->main()));
     c->pids_.push_back(getpid());
   }
   c->start_watchdog();
@@ -435,6 +454,8 @@ void Communicator::close() {
   registrations_.clear();
   locals_.clear();
   flag_mem_.clear();
+  for (auto& m : done_mem_) vmm_release(m);
+  done_mem_.clear();
   fds_.reset();
   closed_ = true;
 }
@@ -514,10 +535,9 @@ bool Communicator::diagnose_and_unblock(int local, const Expectation& x, double 
     // Failed already: release every wait of this collective, whatever the
     // peers did (a late message from a peer may have overwritten an earlier
     // release), so that no stream stays blocked and close() can finish.
-    for (int q = 0; q < world_; ++q) {
+    for (int q = 0; q < world_; ++q)
       if (has(x.targets_mask, q)) __atomic_store_n(&mine->ready[q].value, x.value, __ATOMIC_RELEASE);
-      if (has(x.sources_mask, q)) __atomic_store_n(&mine->done[q].value, x.value, __ATOMIC_RELEASE);
-    }
+    release_done_waits(local, x.value, x.sources_mask);
     return true;
   }
   const bool late = age_s > timeout_s_;
@@ -576,11 +596,35 @@ bool Communicator::diagnose_and_unblock(int local, const Expectation& x, double 
   for (size_t i = 0; i < problems.size(); ++i) msg += (i ? "; " : "") + problems[i];
   msg += ". The registered buffers it touched hold undefined data; close this communicator";
   fail(msg);
+  uint64_t stuck_sources = 0;
   for (int q : stuck) {
     if (has(x.targets_mask, q)) __atomic_store_n(&mine->ready[q].value, x.value, __ATOMIC_RELEASE);
-    if (has(x.sources_mask, q)) __atomic_store_n(&mine->done[q].value, x.value, __ATOMIC_RELEASE);
+    if (has(x.sources_mask, q)) stuck_sources |= uint64_t{1} << q;
   }
+  release_done_waits(local, x.value, stuck_sources);
   return true;
+}
+
+// The done flags are in GPU memory, which the host cannot write directly: a
+// stream write on the rescue stream does it. The rescue stream may share a
+// hardware queue with a blocked stream; then the write waits too, and nothing
+// more is queued behind it (the host would block once the queue fills).
+void Communicator::release_done_waits(int local, uint64_t value, uint64_t peers_mask) {
+  if (peers_mask == 0) return;
+  Local& L = *locals_[local];
+  if (cudaSetDevice(L.device) != cudaSuccess || cudaStreamQuery(L.engines->rescue()) != cudaSuccess) {
+    cudaGetLastError();
+    return;
+  }
+  std::vector<MemOp> writes;
+  DoneBlock* mine = done_flags(L.rank);
+  for (int q = 0; q < world_; ++q)
+    if (has(peers_mask, q)) writes.push_back(MemOp{MemOp::Kind::kWrite, &mine->done[q].value, value});
+  try {
+    dma::mem_ops(L.engines->rescue(), writes);
+  } catch (const std::exception&) {
+    // The communicator has failed already; a release that cannot be queued leaves the stream blocked.
+  }
 }
 
 // A captured collective is stuck when its state word says it runs and its
@@ -593,10 +637,8 @@ void Communicator::watch_captured(Captured& c) {
   }
   FlagBlock* mine = flags_host(rank(c.local));
   std::vector<uint64_t> now;
-  for (int q = 0; q < world_; ++q) {
-    now.push_back(__atomic_load_n(&mine->ready[q].value, __ATOMIC_ACQUIRE));
-    now.push_back(__atomic_load_n(&mine->done[q].value, __ATOMIC_ACQUIRE));
-  }
+  // Only the ready flags: the done flags are in GPU memory.
+  for (int q = 0; q < world_; ++q) now.push_back(__atomic_load_n(&mine->ready[q].value, __ATOMIC_ACQUIRE));
   double t = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
   if (c.unchanged_since < 0 || now != c.last_flags) {
     c.last_flags = now;

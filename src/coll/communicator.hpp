@@ -128,7 +128,7 @@ class Communicator {
   // A validated, planned call as one local rank runs it.
   struct Built {
     Program program;
-    Pinned<SourceSlot> record;
+    Record record;
     uint64_t value = 0;
   };
   struct Prepared {
@@ -197,6 +197,11 @@ class Communicator {
 
   FlagBlock* flags_host(int rank) const { return static_cast<FlagBlock*>(flag_mem_[rank].host()); }
   FlagBlock* flags_device(int rank) const { return static_cast<FlagBlock*>(flag_mem_[rank].device()); }
+  // `rank`'s done flags, mapped in this process (GPU memory).
+  DoneBlock* done_flags(int rank) const { return reinterpret_cast<DoneBlock*>(done_mem_[rank].ptr); }
+  // Writes `value` into this rank's done flags from `peers` with a stream
+  // write on the rescue stream, unless an earlier rescue is still queued.
+  void release_done_waits(int local, uint64_t value, uint64_t peers_mask);
 
   void watchdog_loop();
   bool diagnose_and_unblock(int local, const Expectation& x, double age_s);
@@ -211,6 +216,7 @@ class Communicator {
   AllGatherFn allgather_;
   std::vector<std::unique_ptr<Local>> locals_;
   std::vector<SharedHostMemory> flag_mem_;  // by rank; peers' blocks imported
+  std::vector<VmmMapping> done_mem_;        // by rank; peers' blocks imported
   std::vector<int> pids_;                   // by rank
   std::unique_ptr<FdExchange> fds_;
   std::vector<std::string> socket_paths_;

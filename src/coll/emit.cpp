@@ -3,7 +3,7 @@
 //   2. one batch of memory operations: wait for every target's ready, reset
 //      those flags to 0, and (prepared collectives) wait for the trigger
 //   3. the pushes (and this rank's own block, locally)
-//   4. done: one small copy into each target's flags after its data
+//   4. done: one small copy into each target's done flags (GPU memory) after its data
 //   5. one batch: wait for every source's done, reset those flags to 0
 // No kernel runs here unless the program has a reduction or the local block
 // is copied with the SM kernel.
@@ -45,21 +45,23 @@ void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, c
   Local& L = *locals_[local];
   const int r = L.rank;
   FlagBlock* mine = flags_device(r);
-  const SourceSlot* rec = b.record.device;
+  DoneBlock* my_done = done_flags(r);
 
   std::vector<Copy> ready;
-  for (int q : x.sources) ready.push_back(Copy{&flags_device(q)->ready[r], &rec->ready, kReadyCopyBytes});
+  for (int q : x.sources) ready.push_back(Copy{&flags_device(q)->ready[r], &b.record.mapped->ready, kReadyCopyBytes});
   dma::copy_batch(s, ready);
 
   std::vector<MemOp> before;
   if (first && e.state_word) before.push_back(MemOp{K::kWrite, e.state_word, 1});
+  // The done copies read the value from GPU memory (see DoneBlock).
+  if (!x.targets.empty()) before.push_back(MemOp{K::kWrite, b.record.done_source, b.value});
   for (int t : x.targets) before.push_back(MemOp{K::kWait, &mine->ready[t].value, b.value});
   for (int t : x.targets) before.push_back(MemOp{K::kWrite, &mine->ready[t].value, 0});
   if (first && e.gate) before.push_back(MemOp{K::kWait, e.gate->addr, e.gate->value});
   dma::mem_ops(s, before);
 
   std::vector<Copy> done;
-  for (int t : x.targets) done.push_back(Copy{&flags_device(t)->done[r].value, &rec->done.value, sizeof(uint64_t)});
+  for (int t : x.targets) done.push_back(Copy{&done_flags(t)->done[r].value, b.record.done_source, sizeof(uint64_t)});
 
   bool side = false;
   if (e.algo == Algo::kPcpy && !x.targets.empty()) {
@@ -101,8 +103,8 @@ void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, c
   }
 
   std::vector<MemOp> after;
-  for (int q : x.sources) after.push_back(MemOp{K::kWait, &mine->done[q].value, b.value});
-  for (int q : x.sources) after.push_back(MemOp{K::kWrite, &mine->done[q].value, 0});
+  for (int q : x.sources) after.push_back(MemOp{K::kWait, &my_done->done[q].value, b.value});
+  for (int q : x.sources) after.push_back(MemOp{K::kWrite, &my_done->done[q].value, 0});
   if (last && e.state_word) after.push_back(MemOp{K::kWrite, e.state_word, 0});
   dma::mem_ops(s, after);
   if (side) L.engines->order(L.engines->side(), s);

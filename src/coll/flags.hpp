@@ -1,7 +1,9 @@
 // Layout of the synchronization flags. Each rank owns one FlagBlock in shared
-// pinned host memory; peers write into it with small copy-engine copies, the
-// rank's streams wait on it with cuStreamWaitValue64, and the host reads it
-// to diagnose a stuck collective. One 64-byte line per slot.
+// pinned host memory (ready flags and progress: peers write them with small
+// copy-engine copies, the rank's streams wait on them, and the host reads them
+// to diagnose a stuck collective) and one DoneBlock in its GPU's memory (done
+// flags: the message that follows the data, see DoneBlock). One 64-byte line
+// per slot.
 //
 // Flags are reset after use: a stream that passed its wait for a peer's value
 // writes 0 back in the same batch of memory operations. A flag therefore holds
@@ -31,7 +33,7 @@ struct alignas(64) ReadyRecord {
 };
 constexpr size_t kReadyCopyBytes = 32;  // value .. registration
 
-// Written by rank p into rank r's block once p's data for r has landed.
+// Written by rank p into rank r's DoneBlock once p's data for r has landed.
 struct alignas(64) DoneRecord {
   uint64_t value;
   uint64_t pad[7];
@@ -47,8 +49,17 @@ struct alignas(64) Progress {
 
 struct FlagBlock {
   ReadyRecord ready[kMaxRanks];  // indexed by the writing rank
-  DoneRecord done[kMaxRanks];
   Progress progress;
+};
+
+// In GPU memory. The done message is copied on the stream that just pushed
+// the data: GPU to GPU it stays on the same (NVLink) copy engine. Into host
+// memory it cost 9-12 us more per exchange after the pushes on H200 (4 GPUs:
+// 30 us against 39-42 us trigger-to-done; bench/probes/flag_latency.cpp,
+// docs/performance.md). The host cannot read it; the watchdog releases its
+// waits with a stream write (Communicator::release_done_waits).
+struct DoneBlock {
+  DoneRecord done[kMaxRanks];  // indexed by the writing rank
 };
 
 // What a rank copies into its peers' blocks for one kind of call.

@@ -4,7 +4,6 @@
 
 #include <cstring>
 
-#include "core/env.hpp"
 #include "core/error.hpp"
 
 namespace ferry {
@@ -25,36 +24,27 @@ static cudaError_t outside_capture(Fn fn) {
   return err;
 }
 
-RecordPool::RecordPool(int device) : device_(device), device_records_(knob_string("FERRY_FLAG_SOURCE") == "device") {}
+RecordPool::RecordPool(int device) : device_(device) {}
 
 RecordPool::~RecordPool() {
   for (void* c : chunks_) cudaFreeHost(c);
   for (void* c : device_chunks_) cudaFree(c);
 }
 
-SourceSlot* RecordPool::device_copy(const SourceSlot& s) {
-  constexpr size_t kPerChunk = 512;
+// One 64-byte line of GPU memory. Allocated, never filled from the host: no
+// stream is involved, so this cannot wait behind an armed stream that shares a
+// hardware queue with it.
+uint64_t* RecordPool::device_line() {
   if (device_left_ == 0) {
     void* dev = nullptr;
-    FERRY_CUDA_CHECK(outside_capture([&] { return cudaMalloc(&dev, kPerChunk * sizeof(SourceSlot)); }));
+    FERRY_CUDA_CHECK(cudaSetDevice(device_));
+    FERRY_CUDA_CHECK(outside_capture([&] { return cudaMalloc(&dev, kLinesPerChunk * sizeof(Line)); }));
     device_chunks_.push_back(dev);
-    device_next_ = static_cast<SourceSlot*>(dev);
-    device_left_ = kPerChunk;
+    device_next_ = static_cast<Line*>(dev);
+    device_left_ = kLinesPerChunk;
   }
-  SourceSlot* out = device_next_++;
   --device_left_;
-  // A synchronous copy on its own non-blocking stream: no implicit ordering
-  // with the caller's streams, and the record is in place before any command
-  // that reads it is enqueued.
-  FERRY_CUDA_CHECK(outside_capture([&] {
-    cudaStream_t st = nullptr;
-    cudaError_t err = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
-    if (err == cudaSuccess) err = cudaMemcpyAsync(out, &s, sizeof(s), cudaMemcpyHostToDevice, st);
-    if (err == cudaSuccess) err = cudaStreamSynchronize(st);
-    if (st) cudaStreamDestroy(st);
-    return err;
-  }));
-  return out;
+  return reinterpret_cast<uint64_t*>(device_next_++);
 }
 
 Pinned<RecordPool::Line> RecordPool::lines(size_t n) {
@@ -78,21 +68,17 @@ Pinned<RecordPool::Line> RecordPool::lines(size_t n) {
   return out;
 }
 
-Pinned<SourceSlot> RecordPool::intern(const SourceSlot& s) {
+Record RecordPool::intern(const SourceSlot& s) {
   std::lock_guard<std::mutex> lock(mu_);
   std::string key(reinterpret_cast<const char*>(&s), sizeof(s));
   auto it = interned_.find(key);
   if (it != interned_.end()) return it->second;
   static_assert(sizeof(SourceSlot) % sizeof(Line) == 0, "records are whole lines");
   auto l = lines(sizeof(SourceSlot) / sizeof(Line));
-  Pinned<SourceSlot> p{reinterpret_cast<SourceSlot*>(l.host), reinterpret_cast<SourceSlot*>(l.device)};
-  std::memcpy(p.host, &s, sizeof(s));
-  if (device_records_) {
-    FERRY_CUDA_CHECK(cudaSetDevice(device_));
-    p.device = device_copy(s);
-  }
-  interned_.emplace(std::move(key), p);
-  return p;
+  Record r{reinterpret_cast<SourceSlot*>(l.host), reinterpret_cast<SourceSlot*>(l.device), device_line()};
+  std::memcpy(r.host, &s, sizeof(s));
+  interned_.emplace(std::move(key), r);
+  return r;
 }
 
 Pinned<uint64_t> RecordPool::word() {

@@ -21,6 +21,15 @@ struct Pinned {
   T* device = nullptr;
 };
 
+// An interned record: its pinned copy (host and device-mapped views), and a
+// word in GPU memory that the call's streams set to the done value and copy
+// into targets' done flags (GPU to GPU, on the engine that moved the data).
+struct Record {
+  SourceSlot* host = nullptr;
+  SourceSlot* mapped = nullptr;
+  uint64_t* done_source = nullptr;
+};
+
 class RecordPool {
  public:
   explicit RecordPool(int device);
@@ -28,10 +37,10 @@ class RecordPool {
   RecordPool(const RecordPool&) = delete;
   RecordPool& operator=(const RecordPool&) = delete;
 
-  // The pinned copy of `s` (the same one for equal records). Never moves or
-  // changes. With FERRY_FLAG_SOURCE=device, `device` points at a copy in GPU
-  // memory instead of the mapped host copy (the host view stays for messages).
-  Pinned<SourceSlot> intern(const SourceSlot& s);
+  // The record for `s` (the same one for equal records). Never moves; the
+  // done source holds the done value once a stream has written it (every
+  // writer writes the same constant, so concurrent calls do not race).
+  Record intern(const SourceSlot& s);
   // A fresh zeroed 64-bit word on its own 64-byte line.
   Pinned<uint64_t> word();
 
@@ -40,17 +49,16 @@ class RecordPool {
     alignas(64) unsigned char bytes[64];
   };
   Pinned<Line> lines(size_t n);
-  SourceSlot* device_copy(const SourceSlot& s);
+  uint64_t* device_line();
 
   int device_;
   std::mutex mu_;
   std::vector<void*> chunks_;
   Pinned<Line> current_{};
   size_t used_ = 0, capacity_ = 0;
-  std::map<std::string, Pinned<SourceSlot>> interned_;
-  bool device_records_ = false;
+  std::map<std::string, Record> interned_;
   std::vector<void*> device_chunks_;
-  SourceSlot* device_next_ = nullptr;
+  Line* device_next_ = nullptr;
   size_t device_left_ = 0;
 };
 

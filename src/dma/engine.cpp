@@ -125,6 +125,9 @@ EngineSet::EngineSet(int device, int peer_engines) : device_(device) {
   FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&main_, cudaStreamNonBlocking));
   FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
   FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&armed_, cudaStreamNonBlocking));
+  int least = 0, greatest = 0;
+  FERRY_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  FERRY_CUDA_CHECK(cudaStreamCreateWithPriority(&rescue_, cudaStreamNonBlocking, greatest));
   for (int i = 0; i < peer_engines; ++i) {
     cudaStream_t s = nullptr;
     FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -144,11 +147,12 @@ EngineSet::~EngineSet() {
   if (main_) cudaStreamDestroy(main_);
   if (side_) cudaStreamDestroy(side_);
   if (armed_) cudaStreamDestroy(armed_);
+  if (rescue_) cudaStreamDestroy(rescue_);
 }
 
 bool EngineSet::synchronize(double timeout_s) {
   cudaSetDevice(device_);
-  std::vector<cudaStream_t> all = {main_, side_, armed_};
+  std::vector<cudaStream_t> all = {main_, side_, armed_, rescue_};
   all.insert(all.end(), peers_.begin(), peers_.end());
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                                          std::chrono::duration<double>(timeout_s));

@@ -65,6 +65,9 @@ class EngineSet {
   cudaStream_t side() const { return side_; }
   // Where prepared collectives wait for their trigger.
   cudaStream_t armed() const { return armed_; }
+  // Highest priority, used only by the watchdog to release a failed
+  // collective's waits on GPU memory.
+  cudaStream_t rescue() const { return rescue_; }
   cudaStream_t peer(int i) const { return peers_[i]; }
   int peer_count() const { return static_cast<int>(peers_.size()); }
 
@@ -84,6 +87,7 @@ class EngineSet {
   cudaStream_t main_ = nullptr;
   cudaStream_t side_ = nullptr;
   cudaStream_t armed_ = nullptr;
+  cudaStream_t rescue_ = nullptr;
   std::vector<cudaStream_t> peers_;
   std::vector<cudaEvent_t> events_;  // ring used by order(), fork() and join()
   cudaEvent_t next_event();
