@@ -69,6 +69,27 @@ def _counts_matrix(counts, world: int) -> List[int]:
     return flat
 
 
+# torch dtype names as __cuda_array_interface__ typestrs without the byte order,
+# so a torch.Tensor and a raw CUDA array of the same element type compare equal.
+_TORCH_TYPESTRS = {
+    "torch.uint8": "u1",
+    "torch.int8": "i1",
+    "torch.int16": "i2",
+    "torch.int32": "i4",
+    "torch.int64": "i8",
+    "torch.float16": "f2",
+    "torch.float32": "f4",
+    "torch.float64": "f8",
+    "torch.bool": "b1",
+}
+
+
+def _element_type(dtype: str) -> str:
+    if dtype.startswith("torch."):
+        return _TORCH_TYPESTRS.get(dtype, dtype)
+    return dtype[1:]  # typestr: drop the byte-order character
+
+
 def _describe(obj: Any, what: str) -> _Buffer:
     """Pointer, size, device and dtype of a tensor-like argument, with an error
     naming `what` for anything ferry cannot use."""
@@ -298,7 +319,7 @@ class Communicator:
             for b, what in ((ob, "out"), (ib, "in")):
                 if b.device not in (dev, -1):
                     raise InvalidArgumentError(f"{op}: {what} is on GPU {b.device}; expected GPU {dev}")
-            if ob.dtype != ib.dtype:
+            if _element_type(ob.dtype) != _element_type(ib.dtype):
                 raise InvalidArgumentError(
                     f"{op}: out is {ob.dtype} and in is {ib.dtype}; expected the same dtype"
                 )

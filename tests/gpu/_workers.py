@@ -392,6 +392,12 @@ def prelaunch_and_graphs(rank: int, world: int, port: int) -> list:
     step), bad uses of handles, and CUDA graphs replayed 10,000 times."""
     import re
 
+    # The documented rule for prelaunch (docs/api.md, "Prelaunch"): the input is
+    # produced on a side stream after arming, and with the default 8 hardware
+    # queues that stream can land behind the armed wait (seen on H200: every
+    # rank's first arm timed out untriggered). Set before CUDA starts.
+    os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "32"
+
     import ferry
     import torch
 

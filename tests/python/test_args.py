@@ -168,3 +168,14 @@ def test_prepare_checks_like_the_call():
         c.prepare("all_gather", Cai(100), Cai(16))
     with pytest.raises(InvalidArgumentError, match="algo is 'ring'"):
         c.prepare("all_to_all", Cai(16), Cai(16), algo="ring")
+
+
+def test_torch_and_raw_arrays_of_one_element_type_match():
+    from ferry.comm import _element_type
+
+    # Found on the GPU tier: a torch.uint8 output and a raw "|u1" input were
+    # refused as different dtypes, hiding the host-memory error behind them.
+    assert _element_type("torch.uint8") == _element_type("|u1") == _element_type("<u1")
+    assert _element_type("torch.float32") == _element_type("<f4")
+    assert _element_type("torch.float32") != _element_type("<f2")
+    assert _element_type("torch.bfloat16") != _element_type("<f2")
