@@ -5,6 +5,7 @@
 #include "coll/signature.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
+#include "core/host_trace.hpp"
 #include "dma/engine.hpp"
 
 namespace ferry {
@@ -282,7 +283,12 @@ void Communicator::reserve_scratch(size_t bytes) {
 }
 
 void Communicator::run(const CollectiveArgs& a) {
-  auto built = build(a);
+  HostTraceScope whole(HostStage::kRun);
+  std::vector<Built> built;
+  {
+    HostTraceScope t(HostStage::kBuild);
+    built = build(a);
+  }
   if (built.empty()) return;
   const Algo algo = resolve_algo(a);
   const bool capturing = dma::is_capturing(a.streams[0]);
@@ -315,9 +321,14 @@ void Communicator::run(const CollectiveArgs& a) {
       emit(i, built[i], e);
       continue;
     }
-    L.in_flight->order_after_previous(a.streams[i]);
-    size_t slot = L.in_flight->begin(expectation(seq, a, built[i]), timeout_s_);
+    size_t slot = 0;
+    {
+      HostTraceScope t(HostStage::kInFlight);
+      L.in_flight->order_after_previous(a.streams[i]);
+      slot = L.in_flight->begin(expectation(seq, a, built[i]), timeout_s_);
+    }
     emit(i, built[i], e);
+    HostTraceScope t(HostStage::kInFlight);
     L.in_flight->end(slot, a.streams[i]);
     __atomic_store_n(&flags_host(L.rank)->progress.enqueued, seq, __ATOMIC_RELEASE);
   }

@@ -12,6 +12,7 @@
 #include "coll/signature.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
+#include "core/host_trace.hpp"
 #include "core/process.hpp"
 
 namespace ferry {
@@ -422,6 +423,7 @@ void Communicator::synchronize() {
 
 void Communicator::close() {
   if (closed_) throw_error(FERRY_ERROR_CLOSED, "close: the communicator is already closed");
+  host_trace_report();
   // A handle left armed holds ferry's armed stream in a wait: open its gate so
   // the stream drains (its collective runs, as on every rank that does the same).
   for (auto& [id, p] : prepared_)
@@ -501,10 +503,11 @@ void Communicator::watchdog_loop() {
 void Communicator::fail_untriggered(int local, const InFlight::Pending& p) {
   fail(std::string(coll_op_name(p.expect.op)) + " #" + std::to_string(p.expect.seq) + " on rank " +
        std::to_string(rank(local)) + " was armed " + std::to_string(p.age_s) +
-       " s ago and never triggered. If its trigger comes from GPU work (a stream or a kernel), that work may be "
-       "queued behind the armed wait in a shared CUDA hardware queue: raise CUDA_DEVICE_MAX_CONNECTIONS (e.g. 32) "
-       "or trigger from the host; see docs/api.md, Prelaunch. The gate was opened to free the GPU; the output is "
-       "undefined");
+       " s ago and never triggered. Two known causes: a kernel launched for the first time after arm() (CUDA's "
+       "lazy loading can synchronize the context, which waits for the armed stream: run every such kernel once "
+       "before arming, or set CUDA_MODULE_LOADING=EAGER), or trigger work queued behind the armed wait in a shared "
+       "CUDA hardware queue (raise CUDA_DEVICE_MAX_CONNECTIONS, e.g. 32); see docs/api.md, Prelaunch. The gate "
+       "was opened to free the GPU; the output is undefined");
   locals_[local]->in_flight->open_gate_of_oldest();
 }
 

@@ -10,6 +10,7 @@
 #include "coll/communicator.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
+#include "core/host_trace.hpp"
 
 namespace ferry {
 
@@ -47,9 +48,12 @@ void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, c
   FlagBlock* mine = flags_device(r);
   DoneBlock* my_done = done_flags(r);
 
-  std::vector<Copy> ready;
-  for (int q : x.sources) ready.push_back(Copy{&flags_device(q)->ready[r], &b.record.mapped->ready, kReadyCopyBytes});
-  dma::copy_batch(s, ready);
+  {
+    HostTraceScope t(HostStage::kReady);
+    std::vector<Copy> ready;
+    for (int q : x.sources) ready.push_back(Copy{&flags_device(q)->ready[r], &b.record.mapped->ready, kReadyCopyBytes});
+    dma::copy_batch(s, ready);
+  }
 
   std::vector<MemOp> before;
   if (first && e.state_word) before.push_back(MemOp{K::kWrite, e.state_word, 1});
@@ -58,7 +62,10 @@ void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, c
   for (int t : x.targets) before.push_back(MemOp{K::kWait, &mine->ready[t].value, b.value});
   for (int t : x.targets) before.push_back(MemOp{K::kWrite, &mine->ready[t].value, 0});
   if (first && e.gate) before.push_back(MemOp{K::kWait, e.gate->addr, e.gate->value});
-  dma::mem_ops(s, before);
+  {
+    HostTraceScope t(HostStage::kBefore);
+    dma::mem_ops(s, before);
+  }
 
   std::vector<Copy> done;
   for (int t : x.targets) done.push_back(Copy{&done_flags(t)->done[r].value, b.record.done_source, sizeof(uint64_t)});
@@ -83,21 +90,30 @@ void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, c
     static const bool local_last = knob_int("FERRY_LOCAL_COPY_LAST") != 0;
     side = x.local.bytes > 0 && local_copy_on_side_stream(x.local.bytes);
     const bool own_block_last = !side && local_last;
-    if (side) {
-      L.engines->order(s, L.engines->side());
-      copy_local(x.local, e.local_copy, L.engines->side());
-    } else if (!own_block_last) {
-      copy_local(x.local, e.local_copy, s);
+    {
+      HostTraceScope t(HostStage::kLocal);
+      if (side) {
+        L.engines->order(s, L.engines->side());
+        copy_local(x.local, e.local_copy, L.engines->side());
+      } else if (!own_block_last) {
+        copy_local(x.local, e.local_copy, s);
+      }
     }
-    std::vector<Copy> data;
-    for (const auto& pc : x.pushes) data.push_back(pc.copy);
-    if (e.algo == Algo::kSeq) {
-      // Stream order makes the steps of the cyclic shift happen one at a time.
-      for (const auto& c : data) dma::copy(s, c);
-    } else {
-      dma::copy_batch(s, data);
+    {
+      HostTraceScope t(HostStage::kPushes);
+      std::vector<Copy> data;
+      for (const auto& pc : x.pushes) data.push_back(pc.copy);
+      if (e.algo == Algo::kSeq) {
+        // Stream order makes the steps of the cyclic shift happen one at a time.
+        for (const auto& c : data) dma::copy(s, c);
+      } else {
+        dma::copy_batch(s, data);
+      }
     }
-    dma::copy_batch(s, done);
+    {
+      HostTraceScope t(HostStage::kDone);
+      dma::copy_batch(s, done);
+    }
     // Experimental: the own block while the peers' data is still arriving.
     if (own_block_last) copy_local(x.local, e.local_copy, s);
   }
@@ -106,6 +122,7 @@ void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, c
   for (int q : x.sources) after.push_back(MemOp{K::kWait, &my_done->done[q].value, b.value});
   for (int q : x.sources) after.push_back(MemOp{K::kWrite, &my_done->done[q].value, 0});
   if (last && e.state_word) after.push_back(MemOp{K::kWrite, e.state_word, 0});
+  HostTraceScope t(HostStage::kAfter);
   dma::mem_ops(s, after);
   if (side) L.engines->order(L.engines->side(), s);
 }

@@ -22,6 +22,8 @@ const std::vector<Knob>& knobs() {
       {"FERRY_PORT", "int", "0", "TCP port of ferry's bootstrap store for ferry.init(); 0: MASTER_PORT + 1"},
       {"FERRY_WATCHDOG_MS", "int", "10", "how often the watchdog looks at unfinished collectives"},
       {"FERRY_TUNING", "string", "", "a `ferry tune` JSON to use instead of the table shipped for this GPU"},
+      {"FERRY_HOST_TRACE", "int", "0",
+       "1: time the host's stages of every collective call and print their means to stderr at exit"},
       {"FERRY_LOCAL_COPY_LAST", "int", "0",
        "experimental, not yet measured: 1 copies a small own block after the done messages, off the pushes' path"},
       {"FERRY_SCRATCH_BYTES", "int", "67108864",

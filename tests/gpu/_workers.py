@@ -420,6 +420,15 @@ def prelaunch_and_graphs(rank: int, world: int, port: int) -> list:
     inp = torch.empty(n, dtype=torch.uint8, device=dev)
     side = torch.cuda.Stream(device=dev)
     try:
+        # Every kernel that runs between arm() and its trigger must be loaded
+        # before arming (docs/api.md, "Prelaunch"): CUDA's lazy loading may
+        # synchronize the context, which waits for the armed stream. Seen on
+        # H200: the first arm timed out untriggered without this warm-up.
+        with torch.cuda.stream(side):
+            inp.copy_(_rand(torch, 0, n, dev))
+            word = torch.zeros(1, dtype=torch.int64, device=dev)
+            ferry.native.launch_trigger_kernel(word.data_ptr(), 1, 1, side.cuda_stream)
+        side.synchronize()
         h = comm.prepare("all_gather", out, inp)
         expect("not armed", h.trigger)
         for step in range(60):
