@@ -183,6 +183,15 @@ NB_MODULE(_ferry, m) {
       "rules"_a = std::vector<std::tuple<std::string, int, size_t, std::string>>{});
   m.def("split_batches", &ferry::split_batches, "count"_a, "batch_max"_a);
   m.def("total_energy_mj", &ferry::total_energy_mj, "pci_bus_id"_a);
+  // One GPU's PCI bus id from the CUDA runtime (no topology probe, no NVLink queries).
+  m.def(
+      "pci_bus_id",
+      [](int device) {
+        char bus[32] = {0};
+        FERRY_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof(bus), device));
+        return std::string(bus);
+      },
+      "device"_a);
   // Tests and `ferry bench --prelaunch`: a kernel that spins, then fires a device trigger.
   m.def(
       "launch_trigger_kernel",
