@@ -7,6 +7,8 @@
 //   5. one batch: wait for every source's done, reset those flags to 0
 // No kernel runs here unless the program has a reduction or the local block
 // is copied with the SM kernel.
+#include <algorithm>
+
 #include "coll/communicator.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
@@ -112,7 +114,13 @@ void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, c
     }
     {
       HostTraceScope t(HostStage::kDone);
-      dma::copy_batch(s, done);
+      size_t largest = 0;
+      for (const auto& pc : x.pushes) largest = std::max(largest, pc.copy.bytes);
+      if (done_copies_one_by_one(world_, largest)) {
+        for (const auto& c : done) dma::copy_one(s, c);
+      } else {
+        dma::copy_batch(s, done);
+      }
     }
     // Experimental: the own block while the peers' data is still arriving.
     if (own_block_last) copy_local(x.local, e.local_copy, s);

@@ -176,6 +176,8 @@ std::vector<Copy> plan_in_place_unpack(int rank, int world, char* buf, const cha
 
 bool local_copy_on_side_stream(size_t bytes) { return bytes >= (size_t(1) << 20); }
 
+bool done_copies_one_by_one(int world, size_t largest_push) { return world <= 2 || largest_push < (size_t(1) << 20); }
+
 bool ranges_overlap(const void* a, size_t na, const void* b, size_t nb) {
   if (na == 0 || nb == 0) return false;
   auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);

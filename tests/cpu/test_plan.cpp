@@ -215,3 +215,11 @@ TEST(RangesOverlap, Edges) {
   EXPECT_FALSE(ranges_overlap(b, 0, b, 10));
   EXPECT_TRUE(ranges_overlap(b + 5, 1, b, 100));
 }
+
+TEST(DoneCopies, OneByOneExceptLargePushesBeyondTwoRanks) {
+  EXPECT_TRUE(done_copies_one_by_one(2, 1 << 30));
+  EXPECT_TRUE(done_copies_one_by_one(4, 1024));
+  EXPECT_TRUE(done_copies_one_by_one(8, (1 << 20) - 1));
+  EXPECT_FALSE(done_copies_one_by_one(4, 1 << 20));
+  EXPECT_FALSE(done_copies_one_by_one(8, 256 << 20));
+}
