@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "coll/signature.hpp"
+#include "coll/watch_rules.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/host_trace.hpp"
@@ -554,16 +555,14 @@ bool Communicator::diagnose_and_unblock(int local, const Expectation& x, double 
     const Progress& pq = flags_host(q)->progress;
     uint64_t enq = __atomic_load_n(&pq.enqueued, __ATOMIC_ACQUIRE);
     uint64_t comp = __atomic_load_n(&pq.completed, __ATOMIC_ACQUIRE);
-    if (ready != 0 && ready != x.value) {
-      // Another call's value. A peer one collective ahead leaves its next
-      // ready here legitimately, but then it has finished this one, which its
-      // watchdog publishes within an interval or two. Still unfinished after
-      // kMismatchGrace: the peer called this collective with other arguments.
-      bool ahead = x.seq > 0 && comp >= x.seq;
+    if (ready != 0 && ready != x.value && x.seq > 0) {
+      // Another call's value (see foreign_ready_is_mismatch). A peer one
+      // collective ahead has finished this one, which its watchdog publishes
+      // within an interval or two; kMismatchGrace leaves time for that.
       MismatchSeen& m = mismatch_seen_[local * kMaxRanks + q];
       auto now = std::chrono::steady_clock::now();
-      if (!ahead && (m.seq != x.seq || m.value != ready)) m = MismatchSeen{x.seq, ready, now};
-      if (!ahead && (late || now - m.since > kMismatchGrace)) {
+      if (m.seq != x.seq || m.value != ready) m = MismatchSeen{x.seq, ready, now};
+      if (foreign_ready_is_mismatch(x.seq, comp, late, now - m.since > kMismatchGrace)) {
         problems.push_back(who + " called " + describe(mine->ready[q]) + " where rank " + std::to_string(r) +
                            " called " + describe(x.record->ready) + ": the arguments must match on every rank");
         definite = true;

@@ -1,0 +1,21 @@
+// The watchdog's judgements, as pure functions tested on the CPU.
+#pragma once
+
+#include <cstdint>
+
+namespace ferry {
+
+// A ready flag holds another call's value while this rank's collective number
+// `seq` waits on it. True when that means the peer called this collective with
+// other arguments (and the watchdog should say so), false when it is a peer
+// legitimately ahead or it is too early to tell:
+// - seq == 0 is a replay of a captured graph: a peer may be a whole replay
+//   ahead and publishes no count of replays, so a foreign value proves
+//   nothing there (a stuck replay is still caught by the timeout). Taking it
+//   as a mismatch broke back-to-back replays once peers ran ahead.
+// - peer_completed >= seq: the peer finished this collective; its value is
+//   its next call's.
+// - otherwise a mismatch once the grace period is over (or the timeout).
+bool foreign_ready_is_mismatch(uint64_t seq, uint64_t peer_completed, bool late, bool grace_over);
+
+}  // namespace ferry
