@@ -61,3 +61,23 @@ def test_sections_render_every_measurement():
     text = "\n".join(report.format_sections(result))
     for needle in ("trigger -> done", "12.3", "phases", "overlap", "energy", "0.050"):
         assert needle in text
+
+
+def test_impossible_energy_readings_are_marked():
+    from ferry.bench import energy
+
+    assert energy.invalid_reason(1000.0, 1.0, 4) == ""
+    assert "not physical" in energy.invalid_reason(6420.0, 1.0, 4)
+    assert "did not advance" in energy.invalid_reason(0.0, 1.0, 2)
+    row = dict(
+        op="all_to_all",
+        bytes_per_rank=1 << 20,
+        impl="nccl",
+        j_per_gb=408.1,
+        j_per_gb_above_idle=370.0,
+        joules=6420.0,
+        seconds=1.0,
+        invalid=energy.invalid_reason(6420.0, 1.0, 4),
+    )
+    text = "\n".join(report.format_sections(dict(energy=[row])))
+    assert "INVALID" in text

@@ -21,6 +21,24 @@ def _energy_j(ctx) -> float:
     return mj / 1000.0 if mj >= 0 else float("nan")
 
 
+# No GPU of this class draws more than this; a reading above it (or at or
+# below zero) means NVML's counter did not cover the loop (seen: 6,420 W on 4
+# H200s and 0 W on 2, both for NCCL's 1 MB all_to_all over a 1 s loop).
+MAX_WATTS_PER_GPU = 1000.0
+
+
+def invalid_reason(joules: float, seconds: float, world: int) -> str:
+    """Why an energy reading cannot be right, or "" when it is plausible."""
+    if seconds <= 0:
+        return "the loop took no measurable time"
+    watts = joules / seconds
+    if watts <= 0:
+        return f"{watts:.0f} W: the counter did not advance; use a longer --energy-seconds"
+    if watts > MAX_WATTS_PER_GPU * world:
+        return f"{watts:.0f} W for {world} GPUs is not physical; use a longer --energy-seconds"
+    return ""
+
+
 def run(ctx, out_all, inp_all) -> list:
     from ferry.bench.cases import Case
     from ferry.bench.report import format_size
@@ -68,6 +86,7 @@ def run(ctx, out_all, inp_all) -> list:
                     j_per_gb_above_idle=round((joules - idle_w * dt) / gb, 4),
                     idle_watts_all_gpus=round(idle_w, 1),
                     stat="one loop per point; NVML total energy summed over GPUs",
+                    invalid=invalid_reason(joules, dt, world),
                 )
                 results.append(rec)
                 ctx.log(

@@ -165,6 +165,7 @@ def format_sections(result: dict) -> List[str]:
             out.append(
                 f"{r['op']:<11}{format_size(r['bytes_per_rank']):>11}  {r['impl']:<6}{r['j_per_gb']:>8.3f}"
                 f"{r['j_per_gb_above_idle']:>12.3f}{r['joules'] / max(r['seconds'], 1e-9):>7.0f}"
+                + (f"  INVALID: {r['invalid']}" if r.get("invalid") else "")
             )
     return out
 
