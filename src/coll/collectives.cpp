@@ -247,13 +247,12 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
     const uint32_t reg_id = reg ? reg->id : 0;
     const uint32_t sig = call_signature(a.op, shape, reg_id, offset, extra);
     b.value = flag_value(sig);
-    SourceSlot s{};
-    s.ready.value = b.value;
-    s.ready.bytes_per_rank = shape;
-    s.ready.offset = offset;
-    s.ready.op = static_cast<uint32_t>(a.op);
-    s.ready.registration = reg_id;
-    s.done.value = b.value;
+    ReadyRecord s{};
+    s.value = b.value;
+    s.bytes_per_rank = shape;
+    s.offset = offset;
+    s.op = static_cast<uint32_t>(a.op);
+    s.registration = reg_id;
     b.record = locals_[i]->records->intern(s);
   }
   return out;
@@ -306,7 +305,7 @@ void Communicator::run(const CollectiveArgs& a) {
       const uint64_t* state = nullptr;
       {
         std::lock_guard<std::mutex> lock(captured_mu_);
-        auto key = std::make_pair(i, static_cast<const SourceSlot*>(built[i].record.host));
+        auto key = std::make_pair(i, static_cast<const ReadyRecord*>(built[i].record.host));
         auto it = captured_.find(key);
         if (it == captured_.end()) {
           Captured c;

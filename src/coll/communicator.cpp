@@ -564,7 +564,7 @@ bool Communicator::diagnose_and_unblock(int local, const Expectation& x, double 
       if (m.seq != x.seq || m.value != ready) m = MismatchSeen{x.seq, ready, now};
       if (foreign_ready_is_mismatch(x.seq, comp, late, now - m.since > kMismatchGrace)) {
         problems.push_back(who + " called " + describe(mine->ready[q]) + " where rank " + std::to_string(r) +
-                           " called " + describe(x.record->ready) + ": the arguments must match on every rank");
+                           " called " + describe(*x.record) + ": the arguments must match on every rank");
         definite = true;
         stuck.push_back(q);
         continue;

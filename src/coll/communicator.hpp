@@ -231,7 +231,7 @@ class Communicator {
   std::mutex captured_mu_;
   // One per local rank and distinct call (their records are interned), so
   // capturing the same call again reuses its entry and state word.
-  std::map<std::pair<int, const SourceSlot*>, Captured> captured_;
+  std::map<std::pair<int, const ReadyRecord*>, Captured> captured_;
   Algo forced_algo_ = Algo::kAuto;
 
   bool closed_ = false;

@@ -10,7 +10,6 @@
 #include <algorithm>
 
 #include "coll/communicator.hpp"
-#include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/host_trace.hpp"
 
@@ -53,7 +52,7 @@ void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, c
   {
     HostTraceScope t(HostStage::kReady);
     std::vector<Copy> ready;
-    for (int q : x.sources) ready.push_back(Copy{&flags_device(q)->ready[r], &b.record.mapped->ready, kReadyCopyBytes});
+    for (int q : x.sources) ready.push_back(Copy{&flags_device(q)->ready[r], b.record.mapped, kReadyCopyBytes});
     dma::copy_batch(s, ready);
   }
 
@@ -89,15 +88,13 @@ void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, c
     copy_local(x.local, e.local_copy, s);
     L.engines->join(s, n);
   } else {
-    static const bool local_last = knob_int("FERRY_LOCAL_COPY_LAST") != 0;
     side = x.local.bytes > 0 && local_copy_on_side_stream(x.local.bytes);
-    const bool own_block_last = !side && local_last;
     {
       HostTraceScope t(HostStage::kLocal);
       if (side) {
         L.engines->order(s, L.engines->side());
         copy_local(x.local, e.local_copy, L.engines->side());
-      } else if (!own_block_last) {
+      } else {
         copy_local(x.local, e.local_copy, s);
       }
     }
@@ -122,8 +119,6 @@ void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, c
         dma::copy_batch(s, done);
       }
     }
-    // Experimental: the own block while the peers' data is still arriving.
-    if (own_block_last) copy_local(x.local, e.local_copy, s);
   }
 
   std::vector<MemOp> after;

@@ -62,10 +62,4 @@ struct DoneBlock {
   DoneRecord done[kMaxRanks];  // indexed by the writing rank
 };
 
-// What a rank copies into its peers' blocks for one kind of call.
-struct SourceSlot {
-  ReadyRecord ready;
-  DoneRecord done;
-};
-
 }  // namespace ferry

@@ -22,7 +22,7 @@ struct Expectation {
   uint64_t seq = 0;
   CollOp op = CollOp::kAllGather;
   uint64_t value = 0;
-  const SourceSlot* record = nullptr;  // host view: what this rank was called with
+  const ReadyRecord* record = nullptr;  // host view: what this rank was called with
   uint64_t targets_mask = 0;
   uint64_t sources_mask = 0;
 };

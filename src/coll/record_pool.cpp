@@ -68,14 +68,14 @@ Pinned<RecordPool::Line> RecordPool::lines(size_t n) {
   return out;
 }
 
-Record RecordPool::intern(const SourceSlot& s) {
+Record RecordPool::intern(const ReadyRecord& s) {
   std::lock_guard<std::mutex> lock(mu_);
   std::string key(reinterpret_cast<const char*>(&s), sizeof(s));
   auto it = interned_.find(key);
   if (it != interned_.end()) return it->second;
-  static_assert(sizeof(SourceSlot) % sizeof(Line) == 0, "records are whole lines");
-  auto l = lines(sizeof(SourceSlot) / sizeof(Line));
-  Record r{reinterpret_cast<SourceSlot*>(l.host), reinterpret_cast<SourceSlot*>(l.device), device_line()};
+  static_assert(sizeof(ReadyRecord) == sizeof(Line), "a record is one line");
+  auto l = lines(1);
+  Record r{reinterpret_cast<ReadyRecord*>(l.host), reinterpret_cast<ReadyRecord*>(l.device), device_line()};
   std::memcpy(r.host, &s, sizeof(s));
   interned_.emplace(std::move(key), r);
   return r;

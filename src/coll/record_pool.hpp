@@ -25,8 +25,8 @@ struct Pinned {
 // word in GPU memory that the call's streams set to the done value and copy
 // into targets' done flags (GPU to GPU, on the engine that moved the data).
 struct Record {
-  SourceSlot* host = nullptr;
-  SourceSlot* mapped = nullptr;
+  ReadyRecord* host = nullptr;
+  ReadyRecord* mapped = nullptr;
   uint64_t* done_source = nullptr;
 };
 
@@ -40,7 +40,7 @@ class RecordPool {
   // The record for `s` (the same one for equal records). Never moves; the
   // done source holds the done value once a stream has written it (every
   // writer writes the same constant, so concurrent calls do not race).
-  Record intern(const SourceSlot& s);
+  Record intern(const ReadyRecord& s);
   // A fresh zeroed 64-bit word on its own 64-byte line.
   Pinned<uint64_t> word();
 

@@ -24,8 +24,6 @@ const std::vector<Knob>& knobs() {
       {"FERRY_TUNING", "string", "", "a `ferry tune` JSON to use instead of the table shipped for this GPU"},
       {"FERRY_HOST_TRACE", "int", "0",
        "1: time the host's stages of every collective call and print their means to stderr at exit"},
-      {"FERRY_LOCAL_COPY_LAST", "int", "0",
-       "experimental, not yet measured: 1 copies a small own block after the done messages, off the pushes' path"},
       {"FERRY_SCRATCH_BYTES", "int", "67108864",
        "bound on the scratch an in-place all_to_all uses per rank (it runs in rounds of scratch / world bytes)"},
   };
