@@ -34,28 +34,31 @@ def run(ctx, out_all, inp_all) -> list:
     def ev():
         return torch.cuda.Event(enable_timing=True)
 
-    def gemm_alone():
-        ctx.barrier()
-        s, e = ev(), ev()
-        with torch.cuda.stream(compute):
-            s.record(compute)
-            for _ in range(gemms):
-                torch.mm(a, b)
-            e.record(compute)
-        e.synchronize()
-        return s.elapsed_time(e)
+    def issue(case, impl, count):
+        for _ in range(count):
+            case.issue(impl, "ce" if impl == "ferry-ce" else "auto")
 
-    def coll_alone(case, impl, count):
+    def run_gemms():
+        for _ in range(gemms):
+            torch.mm(a, b)
+
+    def time_alone(stream, work):
+        """ms of `work` on `stream` with nothing beside it."""
         ctx.barrier()
         s, e = ev(), ev()
-        with torch.cuda.stream(side):
-            s.record(side)
-            for _ in range(count):
-                case.issue(impl, "ce" if impl == "ferry-ce" else "auto")
-            e.record(side)
+        with torch.cuda.stream(stream):
+            s.record(stream)
+            work()
+            e.record(stream)
         e.synchronize()
         ctx.comm.synchronize()
         return s.elapsed_time(e)
+
+    def gemm_alone():
+        return time_alone(compute, run_gemms)
+
+    def coll_alone(case, impl, count):
+        return time_alone(side, lambda: issue(case, impl, count))
 
     def together(case, impl, count):
         ctx.barrier()
@@ -65,13 +68,11 @@ def run(ctx, out_all, inp_all) -> list:
         side.wait_event(start)
         gs, ge, ce = ev(), ev(), ev()
         with torch.cuda.stream(side):
-            for _ in range(count):
-                case.issue(impl, "ce" if impl == "ferry-ce" else "auto")
+            issue(case, impl, count)
             ce.record(side)
         with torch.cuda.stream(compute):
             gs.record(compute)
-            for _ in range(gemms):
-                torch.mm(a, b)
+            run_gemms()
             ge.record(compute)
         ge.synchronize()
         ce.synchronize()
