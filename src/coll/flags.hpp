@@ -54,8 +54,8 @@ struct FlagBlock {
 
 // In GPU memory. The done message is copied on the stream that just pushed
 // the data: GPU to GPU it stays on the same (NVLink) copy engine. Into host
-// memory it cost 9-12 us more per exchange after the pushes on H200 (4 GPUs:
-// 30 us against 39-42 us trigger-to-done; bench/probes/flag_latency.cpp,
+// memory it cost 5-18 us more per exchange after the pushes on H200 (4 GPUs,
+// 1 KB: 22.9 us against 41.3 us trigger-to-done; bench/probes/flag_latency.cpp,
 // docs/performance.md). The host cannot read it; the watchdog releases its
 // waits with a stream write (Communicator::release_done_waits).
 struct DoneBlock {
