@@ -387,7 +387,12 @@ void Communicator::free(const std::vector<void*>& ptrs) {
 
 void Communicator::fail(const std::string& message) {
   std::lock_guard<std::mutex> lock(error_mu_);
-  if (error_.empty()) error_ = message;
+  if (error_.empty()) {
+    error_ = message;
+    // Also said at once: the next call that raises it may be far away (a
+    // graph being replayed makes no ferry call at all).
+    std::fprintf(stderr, "ferry: communicator failed: %s\n", message.c_str());
+  }
   broken_ = true;
 }
 

@@ -4,6 +4,7 @@ a list of failure strings; an empty list is a pass."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 import traceback
 import zlib
@@ -486,8 +487,16 @@ def prelaunch_and_graphs(rank: int, world: int, port: int) -> list:
             g_in.copy_(_rand(torch, seed(rank), 4096, dev))
             a2a_in.copy_(_rand(torch, seed(rank) + 1, world * 4096, dev))
             torch.cuda.synchronize()
+            t0 = time.monotonic()
             for _ in range(1000):
                 graph.replay()
+            torch.cuda.synchronize()
+            # Progress on stderr: a hang is then placed to a block of replays.
+            print(
+                f"rank {rank}: graph block {block} done in {time.monotonic() - t0:.3f} s",
+                file=sys.stderr,
+                flush=True,
+            )
             check(
                 f"graph all_gather after {(block + 1) * 1000} replays",
                 g_out,
