@@ -329,7 +329,7 @@ void Communicator::run(const CollectiveArgs& a) {
     emit(i, built[i], e);
     HostTraceScope t(HostStage::kInFlight);
     L.in_flight->end(slot, a.streams[i]);
-    __atomic_store_n(&flags_host(L.rank)->progress.enqueued, seq, __ATOMIC_RELEASE);
+    __atomic_store_n(&host_flags(L.rank)->progress.enqueued, seq, __ATOMIC_RELEASE);
   }
 }
 

@@ -54,6 +54,10 @@ void check_device_ordinal(int device, const char* what) {
 // How long another call's value may sit in a flag, with its writer not yet
 // past this collective, before it counts as an argument mismatch.
 constexpr std::chrono::milliseconds kMismatchGrace(200);
+// The watchdog reads an eager call's ready flags (a copy out of GPU memory)
+// only once the call is this old, and waits this long for the copy.
+constexpr double kSnapshotAfterS = 0.05;
+constexpr std::chrono::milliseconds kSnapshotWait(20);
 
 }  // namespace
 
@@ -64,9 +68,9 @@ void Communicator::init_common(double timeout_s) {
 }
 
 namespace {
-// This rank's done flags: zeroed GPU memory that the GPUs in `access` can write.
-VmmMapping new_done_block(int device, bool exportable, const std::vector<int>& access, cudaStream_t stream) {
-  VmmMapping m = vmm_allocate(device, sizeof(DoneBlock), exportable, access);
+// This rank's ready and done flags: zeroed GPU memory that the GPUs in `access` can write.
+VmmMapping new_device_flags(int device, bool exportable, const std::vector<int>& access, cudaStream_t stream) {
+  VmmMapping m = vmm_allocate(device, sizeof(DeviceFlags), exportable, access);
   FERRY_CUDA_CHECK(cudaMemsetAsync(reinterpret_cast<void*>(m.ptr), 0, m.size, stream));
   FERRY_CUDA_CHECK(cudaStreamSynchronize(stream));
   return m;
@@ -93,14 +97,15 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int world, int devi
   local->engines = std::make_unique<EngineSet>(device, world - 1);
   local->in_flight = std::make_unique<InFlight>(device, kInFlightSlots);
   local->records = std::make_unique<RecordPool>(device);
+  local->ready_snapshot = local->records->records(kMaxRanks);
   load_local_copy_kernels();
   load_reduce_kernels();
   c->locals_.push_back(std::move(local));
   c->fds_ = std::make_unique<FdExchange>(rank, knob_string("FERRY_SOCKET_DIR"));
   c->flag_mem_.resize(world);
-  c->flag_mem_[rank] = SharedHostMemory::create(sizeof(FlagBlock));
-  c->done_mem_.resize(world);
-  c->done_mem_[rank] = new_done_block(device, true, {device}, c->locals_[0]->engines->main());
+  c->flag_mem_[rank] = SharedHostMemory::create(sizeof(HostFlags));
+  c->device_flag_mem_.resize(world);
+  c->device_flag_mem_[rank] = new_device_flags(device, true, {device}, c->locals_[0]->engines->main());
 
   std::string mine =
       hostname() + "\n" + std::to_string(getpid()) + "\n" + pci_bus_id(device) + "\n" + c->fds_->socket_path() + "\n";
@@ -126,12 +131,12 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int world, int devi
         throw_error(FERRY_ERROR_INVALID_ARGUMENT, "ranks " + std::to_string(q) + " and " + std::to_string(p) +
                                                       " both drive GPU " + bus[p] + "; expected one GPU per rank");
   }
-  // Share the flag blocks: each rank sends its memfd and its done block's fd to every peer.
+  // Share the flag blocks: each rank sends its memfd and its device flags' fd to every peer.
   for (int p = 0; p < world; ++p) {
     if (p == rank) continue;
-    int done_fd = vmm_export_fd(c->done_mem_[rank]);
-    c->fds_->send(c->socket_paths_[p], p, 1, {c->flag_mem_[rank].fd(), done_fd}, "", c->timeout_s_);
-    ::close(done_fd);
+    int device_fd = vmm_export_fd(c->device_flag_mem_[rank]);
+    c->fds_->send(c->socket_paths_[p], p, 1, {c->flag_mem_[rank].fd(), device_fd}, "", c->timeout_s_);
+    ::close(device_fd);
   }
   std::vector<int> peers;
   for (int p = 0; p < world; ++p)
@@ -139,8 +144,8 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int world, int devi
   auto got = c->fds_->receive(peers, 1, c->timeout_s_, "their flag memory");
   for (auto& [p, msg] : got) {
     if (msg.fds.size() != 2) throw_error(FERRY_ERROR_INTERNAL, "rank " + std::to_string(p) + " sent no flag memory");
-    c->flag_mem_[p] = SharedHostMemory::import(msg.fds[0], sizeof(FlagBlock));
-    c->done_mem_[p] = vmm_import(msg.fds[1], c->done_mem_[rank].size, device);
+    c->flag_mem_[p] = SharedHostMemory::import(msg.fds[0], sizeof(HostFlags));
+    c->device_flag_mem_[p] = vmm_import(msg.fds[1], c->device_flag_mem_[rank].size, device);
     ::close(msg.fds[1]);
   }
   c->allgather("ready", "communicator setup (mapping peers)");
@@ -183,11 +188,12 @@ std::unique_ptr<Communicator> Communicator::create_local(const std::vector<int>&
     local->engines = std::make_unique<EngineSet>(devices[i], n - 1);
     local->in_flight = std::make_unique<InFlight>(devices[i], kInFlightSlots);
     local->records = std::make_unique<RecordPool>(devices[i]);
+    local->ready_snapshot = local->records->records(kMaxRanks);
     load_local_copy_kernels();
     load_reduce_kernels();
     c->locals_.push_back(std::move(local));
-    c->flag_mem_.push_back(SharedHostMemory::create(sizeof(FlagBlock)));
-    c->done_mem_.push_back(new_done_block(devices[i], false, devices, c->locals_.back()->engines->main()));
+    c->flag_mem_.push_back(SharedHostMemory::create(sizeof(HostFlags)));
+    c->device_flag_mem_.push_back(new_device_flags(devices[i], false, devices, c->locals_.back()->engines->main()));
     c->pids_.push_back(getpid());
   }
   c->start_watchdog();
@@ -462,8 +468,8 @@ void Communicator::close() {
   registrations_.clear();
   locals_.clear();
   flag_mem_.clear();
-  for (auto& m : done_mem_) vmm_release(m);
-  done_mem_.clear();
+  for (auto& m : device_flag_mem_) vmm_release(m);
+  device_flag_mem_.clear();
   fds_.reset();
   closed_ = true;
 }
@@ -519,7 +525,7 @@ void Communicator::fail_untriggered(int local, const InFlight::Pending& p) {
 
 void Communicator::publish_progress() {
   for (auto& L : locals_)
-    __atomic_store_n(&flags_host(L->rank)->progress.completed, L->in_flight->completed(), __ATOMIC_RELEASE);
+    __atomic_store_n(&host_flags(L->rank)->progress.completed, L->in_flight->completed(), __ATOMIC_RELEASE);
 }
 
 namespace {
@@ -539,25 +545,27 @@ bool has(uint64_t mask, int q) { return (mask >> q) & 1; }
 bool Communicator::diagnose_and_unblock(int local, const Expectation& x, double age_s) {
   Local& L = *locals_[local];
   const int r = L.rank;
-  FlagBlock* mine = flags_host(r);
   if (broken_) {
     // Failed already: release every wait of this collective, whatever the
     // peers did (a late message from a peer may have overwritten an earlier
     // release), so that no stream stays blocked and close() can finish.
-    for (int q = 0; q < world_; ++q)
-      if (has(x.targets_mask, q)) __atomic_store_n(&mine->ready[q].value, x.value, __ATOMIC_RELEASE);
-    release_done_waits(local, x.value, x.sources_mask);
+    release_waits(local, x.value, x.targets_mask, x.sources_mask);
     return true;
   }
   const bool late = age_s > timeout_s_;
   bool definite = false;  // a dead peer or a mismatch: no need to wait for the timeout
   std::vector<std::string> problems;
   std::vector<int> stuck;
+  // The ready flags are in GPU memory: copied out only for an eager call that
+  // has taken a while (healthy ones finish long before; a foreign value counts
+  // as a mismatch only after kMismatchGrace anyway).
+  const bool looked = x.seq > 0 && age_s >= kSnapshotAfterS && snapshot_ready(local);
+  const ReadyRecord* seen = L.ready_snapshot.host;
   for (int q = 0; q < world_; ++q) {
     if (q == r || !(has(x.targets_mask, q) || has(x.sources_mask, q))) continue;
-    uint64_t ready = has(x.targets_mask, q) ? __atomic_load_n(&mine->ready[q].value, __ATOMIC_ACQUIRE) : 0;
+    uint64_t ready = looked && has(x.targets_mask, q) ? seen[q].value : 0;
     std::string who = "rank " + std::to_string(q);
-    const Progress& pq = flags_host(q)->progress;
+    const Progress& pq = host_flags(q)->progress;
     uint64_t enq = __atomic_load_n(&pq.enqueued, __ATOMIC_ACQUIRE);
     uint64_t comp = __atomic_load_n(&pq.completed, __ATOMIC_ACQUIRE);
     if (ready != 0 && ready != x.value && x.seq > 0) {
@@ -568,8 +576,8 @@ bool Communicator::diagnose_and_unblock(int local, const Expectation& x, double 
       auto now = std::chrono::steady_clock::now();
       if (m.seq != x.seq || m.value != ready) m = MismatchSeen{x.seq, ready, now};
       if (foreign_ready_is_mismatch(x.seq, comp, late, now - m.since > kMismatchGrace)) {
-        problems.push_back(who + " called " + describe(mine->ready[q]) + " where rank " + std::to_string(r) +
-                           " called " + describe(*x.record) + ": the arguments must match on every rank");
+        problems.push_back(who + " called " + describe(seen[q]) + " where rank " + std::to_string(r) + " called " +
+                           describe(*x.record) + ": the arguments must match on every rank");
         definite = true;
         stuck.push_back(q);
         continue;
@@ -603,30 +611,52 @@ bool Communicator::diagnose_and_unblock(int local, const Expectation& x, double 
   for (size_t i = 0; i < problems.size(); ++i) msg += (i ? "; " : "") + problems[i];
   msg += ". The registered buffers it touched hold undefined data; close this communicator";
   fail(msg);
-  uint64_t stuck_sources = 0;
-  for (int q : stuck) {
-    if (has(x.targets_mask, q)) __atomic_store_n(&mine->ready[q].value, x.value, __ATOMIC_RELEASE);
-    if (has(x.sources_mask, q)) stuck_sources |= uint64_t{1} << q;
-  }
-  release_done_waits(local, x.value, stuck_sources);
+  uint64_t stuck_mask = 0;
+  for (int q : stuck) stuck_mask |= uint64_t{1} << q;
+  release_waits(local, x.value, x.targets_mask & stuck_mask, x.sources_mask & stuck_mask);
   return true;
 }
 
-// The done flags are in GPU memory, which the host cannot write directly: a
-// stream write on the rescue stream does it. The rescue stream may share a
-// hardware queue with a blocked stream; then the write waits too, and nothing
-// more is queued behind it (the host would block once the queue fills).
-void Communicator::release_done_waits(int local, uint64_t value, uint64_t peers_mask) {
-  if (peers_mask == 0) return;
+// The flags are in GPU memory, which the host cannot read or write directly:
+// stream operations on the rescue stream do it. The rescue stream may share a
+// hardware queue with a blocked stream; then they wait too, and nothing more
+// is queued behind them (the host would block once the queue fills).
+namespace {
+bool rescue_idle(int device, cudaStream_t rescue) {
+  if (cudaSetDevice(device) == cudaSuccess && cudaStreamQuery(rescue) == cudaSuccess) return true;
+  cudaGetLastError();
+  return false;
+}
+}  // namespace
+
+bool Communicator::snapshot_ready(int local) {
   Local& L = *locals_[local];
-  if (cudaSetDevice(L.device) != cudaSuccess || cudaStreamQuery(L.engines->rescue()) != cudaSuccess) {
+  cudaStream_t rescue = L.engines->rescue();
+  if (!rescue_idle(L.device, rescue)) return false;
+  if (cudaMemcpyAsync(L.ready_snapshot.host, device_flags(L.rank)->ready, world_ * sizeof(ReadyRecord),
+                      cudaMemcpyDeviceToHost, rescue) != cudaSuccess) {
     cudaGetLastError();
-    return;
+    return false;
   }
+  auto deadline = std::chrono::steady_clock::now() + kSnapshotWait;
+  while (cudaStreamQuery(rescue) == cudaErrorNotReady) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+  cudaGetLastError();
+  return true;
+}
+
+void Communicator::release_waits(int local, uint64_t value, uint64_t ready_peers, uint64_t done_peers) {
+  if ((ready_peers | done_peers) == 0) return;
+  Local& L = *locals_[local];
+  if (!rescue_idle(L.device, L.engines->rescue())) return;
   std::vector<MemOp> writes;
-  DoneBlock* mine = done_flags(L.rank);
-  for (int q = 0; q < world_; ++q)
-    if (has(peers_mask, q)) writes.push_back(MemOp{MemOp::Kind::kWrite, &mine->done[q].value, value});
+  DeviceFlags* mine = device_flags(L.rank);
+  for (int q = 0; q < world_; ++q) {
+    if (has(ready_peers, q)) writes.push_back(MemOp{MemOp::Kind::kWrite, &mine->ready[q].value, value});
+    if (has(done_peers, q)) writes.push_back(MemOp{MemOp::Kind::kWrite, &mine->done[q].value, value});
+  }
   try {
     dma::mem_ops(L.engines->rescue(), writes);
   } catch (const std::exception&) {
@@ -635,17 +665,17 @@ void Communicator::release_done_waits(int local, uint64_t value, uint64_t peers_
 }
 
 // A captured collective is stuck when its state word says it runs and its
-// flags have not changed for the whole timeout (runs that follow each other
-// keep changing them).
+// ready flags have not changed for the whole timeout (runs that follow each
+// other keep changing them).
 void Communicator::watch_captured(Captured& c) {
   if (__atomic_load_n(c.state.host, __ATOMIC_ACQUIRE) == 0) {
     c.unchanged_since = -1;
     return;
   }
-  FlagBlock* mine = flags_host(rank(c.local));
+  if (!snapshot_ready(c.local)) return;
+  const ReadyRecord* seen = locals_[c.local]->ready_snapshot.host;
   std::vector<uint64_t> now;
-  // Only the ready flags: the done flags are in GPU memory.
-  for (int q = 0; q < world_; ++q) now.push_back(__atomic_load_n(&mine->ready[q].value, __ATOMIC_ACQUIRE));
+  for (int q = 0; q < world_; ++q) now.push_back(seen[q].value);
   double t = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
   if (c.unchanged_since < 0 || now != c.last_flags) {
     c.last_flags = now;

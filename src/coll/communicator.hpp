@@ -124,6 +124,8 @@ class Communicator {
     std::unique_ptr<EngineSet> engines;
     std::unique_ptr<InFlight> in_flight;
     std::unique_ptr<RecordPool> records;
+    // Where the watchdog copies this rank's ready flags to read them.
+    Pinned<ReadyRecord> ready_snapshot;
   };
   // A validated, planned call as one local rank runs it.
   struct Built {
@@ -195,13 +197,16 @@ class Communicator {
   void emit_exchange(int local, const Exchange& x, const Built& b, cudaStream_t s, const Emission& e, bool first,
                      bool last);
 
-  FlagBlock* flags_host(int rank) const { return static_cast<FlagBlock*>(flag_mem_[rank].host()); }
-  FlagBlock* flags_device(int rank) const { return static_cast<FlagBlock*>(flag_mem_[rank].device()); }
-  // `rank`'s done flags, mapped in this process (GPU memory).
-  DoneBlock* done_flags(int rank) const { return reinterpret_cast<DoneBlock*>(done_mem_[rank].ptr); }
-  // Writes `value` into this rank's done flags from `peers` with a stream
-  // write on the rescue stream, unless an earlier rescue is still queued.
-  void release_done_waits(int local, uint64_t value, uint64_t peers_mask);
+  HostFlags* host_flags(int rank) const { return static_cast<HostFlags*>(flag_mem_[rank].host()); }
+  // `rank`'s ready and done flags, mapped in this process (GPU memory).
+  DeviceFlags* device_flags(int rank) const { return reinterpret_cast<DeviceFlags*>(device_flag_mem_[rank].ptr); }
+  // Copies this rank's ready flags into L.ready_snapshot on the rescue stream;
+  // false when that cannot be done now (an earlier rescue still queued).
+  bool snapshot_ready(int local);
+  // Writes `value` into this rank's ready flags from `ready_peers` and done
+  // flags from `done_peers` with stream writes on the rescue stream, unless an
+  // earlier rescue is still queued.
+  void release_waits(int local, uint64_t value, uint64_t ready_peers, uint64_t done_peers);
 
   void watchdog_loop();
   bool diagnose_and_unblock(int local, const Expectation& x, double age_s);
@@ -215,9 +220,9 @@ class Communicator {
   double timeout_s_ = 300;
   AllGatherFn allgather_;
   std::vector<std::unique_ptr<Local>> locals_;
-  std::vector<SharedHostMemory> flag_mem_;  // by rank; peers' blocks imported
-  std::vector<VmmMapping> done_mem_;        // by rank; peers' blocks imported
-  std::vector<int> pids_;                   // by rank
+  std::vector<SharedHostMemory> flag_mem_;   // by rank (HostFlags); peers' blocks imported
+  std::vector<VmmMapping> device_flag_mem_;  // by rank (DeviceFlags); peers' blocks imported
+  std::vector<int> pids_;                    // by rank
   std::unique_ptr<FdExchange> fds_;
   std::vector<std::string> socket_paths_;
   std::list<Registration> registrations_;  // a list: references stay valid

@@ -1,5 +1,6 @@
 // Turning a planned collective into stream commands. Per exchange:
-//   1. ready: one small copy into each source's flags ("you may write into me")
+//   1. ready: one small copy into each source's ready flags, in its GPU's
+//      memory ("you may write into me")
 //   2. one batch of memory operations: wait for every target's ready, reset
 //      those flags to 0, and (prepared collectives) wait for the trigger
 //   3. the pushes (and this rank's own block, locally)
@@ -46,19 +47,18 @@ void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, c
   using K = MemOp::Kind;
   Local& L = *locals_[local];
   const int r = L.rank;
-  FlagBlock* mine = flags_device(r);
-  DoneBlock* my_done = done_flags(r);
+  DeviceFlags* mine = device_flags(r);
 
   {
+    // One plain copy each from the pinned record: for messages this small the
+    // batched call cost more time on the GPU (as for the done copies below).
     HostTraceScope t(HostStage::kReady);
-    std::vector<Copy> ready;
-    for (int q : x.sources) ready.push_back(Copy{&flags_device(q)->ready[r], b.record.mapped, kReadyCopyBytes});
-    dma::copy_batch(s, ready);
+    for (int q : x.sources) dma::copy_one(s, Copy{&device_flags(q)->ready[r], b.record.mapped, kReadyCopyBytes});
   }
 
   std::vector<MemOp> before;
   if (first && e.state_word) before.push_back(MemOp{K::kWrite, e.state_word, 1});
-  // The done copies read the value from GPU memory (see DoneBlock).
+  // The done copies read the value from GPU memory (see DoneRecord).
   if (!x.targets.empty()) before.push_back(MemOp{K::kWrite, b.record.done_source, b.value});
   for (int t : x.targets) before.push_back(MemOp{K::kWait, &mine->ready[t].value, b.value});
   for (int t : x.targets) before.push_back(MemOp{K::kWrite, &mine->ready[t].value, 0});
@@ -69,7 +69,7 @@ void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, c
   }
 
   std::vector<Copy> done;
-  for (int t : x.targets) done.push_back(Copy{&done_flags(t)->done[r].value, b.record.done_source, sizeof(uint64_t)});
+  for (int t : x.targets) done.push_back(Copy{&device_flags(t)->done[r].value, b.record.done_source, sizeof(uint64_t)});
 
   bool side = false;
   if (e.algo == Algo::kPcpy && !x.targets.empty()) {
@@ -122,8 +122,8 @@ void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, c
   }
 
   std::vector<MemOp> after;
-  for (int q : x.sources) after.push_back(MemOp{K::kWait, &my_done->done[q].value, b.value});
-  for (int q : x.sources) after.push_back(MemOp{K::kWrite, &my_done->done[q].value, 0});
+  for (int q : x.sources) after.push_back(MemOp{K::kWait, &mine->done[q].value, b.value});
+  for (int q : x.sources) after.push_back(MemOp{K::kWrite, &mine->done[q].value, 0});
   if (last && e.state_word) after.push_back(MemOp{K::kWrite, e.state_word, 0});
   HostTraceScope t(HostStage::kAfter);
   dma::mem_ops(s, after);

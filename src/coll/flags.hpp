@@ -1,9 +1,16 @@
-// Layout of the synchronization flags. Each rank owns one FlagBlock in shared
-// pinned host memory (ready flags and progress: peers write them with small
-// copy-engine copies, the rank's streams wait on them, and the host reads them
-// to diagnose a stuck collective) and one DoneBlock in its GPU's memory (done
-// flags: the message that follows the data, see DoneBlock). One 64-byte line
-// per slot.
+// Layout of the synchronization flags. Each rank owns one DeviceFlags block in
+// its GPU's memory (ready and done flags: peers write them with small
+// copy-engine copies and the rank's streams wait on them) and one HostFlags
+// block in shared pinned host memory (progress counters its host publishes and
+// peers' watchdogs read). One 64-byte line per slot.
+//
+// Why GPU memory: a stream waiting on a flag in host memory polls it across
+// PCIe, and a copy into host memory after NVLink pushes waits for them to be
+// visible there; on 4 H200s a message into a peer's host memory cost 18 us
+// more than one into its GPU memory (bench/probes/flag_latency.cpp,
+// docs/performance.md). The host cannot read or write GPU memory directly: the
+// watchdog copies the ready flags out and writes releases with stream
+// operations on a rescue stream (Communicator::snapshot_ready, release_waits).
 //
 // Flags are reset after use: a stream that passed its wait for a peer's value
 // writes 0 back in the same batch of memory operations. A flag therefore holds
@@ -33,7 +40,9 @@ struct alignas(64) ReadyRecord {
 };
 constexpr size_t kReadyCopyBytes = 32;  // value .. registration
 
-// Written by rank p into rank r's DoneBlock once p's data for r has landed.
+// Written by rank p into rank r's done flags once p's data for r has landed.
+// Copied on the stream that just pushed the data, GPU to GPU: it stays on the
+// same (NVLink) copy engine.
 struct alignas(64) DoneRecord {
   uint64_t value;
   uint64_t pad[7];
@@ -47,19 +56,15 @@ struct alignas(64) Progress {
   uint64_t pad[6];
 };
 
-struct FlagBlock {
-  ReadyRecord ready[kMaxRanks];  // indexed by the writing rank
+// In shared pinned host memory.
+struct HostFlags {
   Progress progress;
 };
 
-// In GPU memory. The done message is copied on the stream that just pushed
-// the data: GPU to GPU it stays on the same (NVLink) copy engine. Into host
-// memory it cost 5-18 us more per exchange after the pushes on H200 (4 GPUs,
-// 1 KB: 22.9 us against 41.3 us trigger-to-done; bench/probes/flag_latency.cpp,
-// docs/performance.md). The host cannot read it; the watchdog releases its
-// waits with a stream write (Communicator::release_done_waits).
-struct DoneBlock {
-  DoneRecord done[kMaxRanks];  // indexed by the writing rank
+// In GPU memory, mapped by every peer.
+struct DeviceFlags {
+  ReadyRecord ready[kMaxRanks];  // indexed by the writing rank
+  DoneRecord done[kMaxRanks];    // indexed by the writing rank
 };
 
 }  // namespace ferry

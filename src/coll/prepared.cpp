@@ -73,7 +73,7 @@ void Communicator::arm(int handle, const std::vector<cudaStream_t>& after) {
     emit(i, p.built[i], e);
     L.in_flight->end(slot, s, p.gate[i].host, gen);
     FERRY_CUDA_CHECK(cudaEventRecord(p.finished[i], s));
-    __atomic_store_n(&flags_host(L.rank)->progress.enqueued, seq, __ATOMIC_RELEASE);
+    __atomic_store_n(&host_flags(L.rank)->progress.enqueued, seq, __ATOMIC_RELEASE);
   }
   p.armed = true;
 }

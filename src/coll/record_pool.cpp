@@ -81,6 +81,13 @@ Record RecordPool::intern(const ReadyRecord& s) {
   return r;
 }
 
+Pinned<ReadyRecord> RecordPool::records(size_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  FERRY_ARG_CHECK(n <= kLinesPerChunk, "records: at most one chunk");
+  auto l = lines(n);
+  return Pinned<ReadyRecord>{reinterpret_cast<ReadyRecord*>(l.host), reinterpret_cast<ReadyRecord*>(l.device)};
+}
+
 Pinned<uint64_t> RecordPool::word() {
   std::lock_guard<std::mutex> lock(mu_);
   auto l = lines(1);

@@ -43,6 +43,8 @@ class RecordPool {
   Record intern(const ReadyRecord& s);
   // A fresh zeroed 64-bit word on its own 64-byte line.
   Pinned<uint64_t> word();
+  // `n` fresh zeroed records (the watchdog copies flags into them).
+  Pinned<ReadyRecord> records(size_t n);
 
  private:
   struct Line {
