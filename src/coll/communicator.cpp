@@ -58,6 +58,8 @@ constexpr std::chrono::milliseconds kMismatchGrace(200);
 // only once the call is this old, and waits this long for the copy.
 constexpr double kSnapshotAfterS = 0.05;
 constexpr std::chrono::milliseconds kSnapshotWait(20);
+// Distinct repeated eager calls kept as graphs per local rank.
+constexpr size_t kReplayCapacity = 256;
 
 }  // namespace
 
@@ -77,6 +79,21 @@ VmmMapping new_device_flags(int device, bool exportable, const std::vector<int>&
 }
 }  // namespace
 
+std::unique_ptr<Communicator::Local> Communicator::make_local(int rank, int device, int world) {
+  FERRY_CUDA_CHECK(cudaSetDevice(device));
+  auto local = std::make_unique<Local>();
+  local->rank = rank;
+  local->device = device;
+  local->engines = std::make_unique<EngineSet>(device, world - 1);
+  local->in_flight = std::make_unique<InFlight>(device, kInFlightSlots);
+  local->records = std::make_unique<RecordPool>(device);
+  local->ready_snapshot = local->records->records(kMaxRanks);
+  if (knob_int("FERRY_REPLAY_CALLS") != 0) local->replays = std::make_unique<ReplayCache>(kReplayCapacity);
+  load_local_copy_kernels();
+  load_reduce_kernels();
+  return local;
+}
+
 std::unique_ptr<Communicator> Communicator::create(int rank, int world, int device, const AllGatherFn& allgather,
                                                    double timeout_s) {
   FERRY_ARG_CHECK(world >= 1 && world <= kMaxRanks,
@@ -90,17 +107,7 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int world, int devi
   c->multi_process_ = true;
   c->allgather_ = allgather;
   c->init_common(timeout_s);
-  FERRY_CUDA_CHECK(cudaSetDevice(device));
-  auto local = std::make_unique<Local>();
-  local->rank = rank;
-  local->device = device;
-  local->engines = std::make_unique<EngineSet>(device, world - 1);
-  local->in_flight = std::make_unique<InFlight>(device, kInFlightSlots);
-  local->records = std::make_unique<RecordPool>(device);
-  local->ready_snapshot = local->records->records(kMaxRanks);
-  load_local_copy_kernels();
-  load_reduce_kernels();
-  c->locals_.push_back(std::move(local));
+  c->locals_.push_back(make_local(rank, device, world));
   c->fds_ = std::make_unique<FdExchange>(rank, knob_string("FERRY_SOCKET_DIR"));
   c->flag_mem_.resize(world);
   c->flag_mem_[rank] = SharedHostMemory::create(sizeof(HostFlags));
@@ -182,16 +189,7 @@ std::unique_ptr<Communicator> Communicator::create_local(const std::vector<int>&
       else
         FERRY_CUDA_CHECK(err);
     }
-    auto local = std::make_unique<Local>();
-    local->rank = i;
-    local->device = devices[i];
-    local->engines = std::make_unique<EngineSet>(devices[i], n - 1);
-    local->in_flight = std::make_unique<InFlight>(devices[i], kInFlightSlots);
-    local->records = std::make_unique<RecordPool>(devices[i]);
-    local->ready_snapshot = local->records->records(kMaxRanks);
-    load_local_copy_kernels();
-    load_reduce_kernels();
-    c->locals_.push_back(std::move(local));
+    c->locals_.push_back(make_local(i, devices[i], n));
     c->flag_mem_.push_back(SharedHostMemory::create(sizeof(HostFlags)));
     c->device_flag_mem_.push_back(new_device_flags(devices[i], false, devices, c->locals_.back()->engines->main()));
     c->pids_.push_back(getpid());

@@ -24,6 +24,7 @@
 #include "coll/local_copy.hpp"
 #include "coll/program.hpp"
 #include "coll/record_pool.hpp"
+#include "coll/replay_cache.hpp"
 #include "coll/selector.hpp"
 #include "dma/engine.hpp"
 #include "symm/peer_buffer.hpp"
@@ -126,6 +127,8 @@ class Communicator {
     std::unique_ptr<RecordPool> records;
     // Where the watchdog copies this rank's ready flags to read them.
     Pinned<ReadyRecord> ready_snapshot;
+    // Graphs of repeated eager calls; null when FERRY_REPLAY_CALLS=0.
+    std::unique_ptr<ReplayCache> replays;
   };
   // A validated, planned call as one local rank runs it.
   struct Built {
@@ -171,6 +174,7 @@ class Communicator {
 
   Communicator() = default;
   void init_common(double timeout_s);
+  static std::unique_ptr<Local> make_local(int rank, int device, int world);
   void start_watchdog();
   void ensure_open(const char* what);
   std::vector<std::string> allgather(const std::string& mine, const char* what);
@@ -191,6 +195,10 @@ class Communicator {
 
   // Enqueues a built program on one local rank's stream.
   void emit(int local, const Built& b, const Emission& e);
+  // An eager call: emit(), or, when the same commands were enqueued before,
+  // one launch of the graph they were captured into (ReplayCache).
+  void emit_eager(int local, const Built& b, const Emission& e);
+  cudaGraphExec_t capture_call(int local, const Built& b, Emission e);
   // One exchange: b2b and seq put everything on one stream (b2b submits the
   // pushes as one batch, seq one after another in cyclic-shift order); pcpy
   // spreads the pushes over one stream per peer and keeps the waits on one.

@@ -42,6 +42,42 @@ void Communicator::emit(int local, const Built& b, const Emission& e) {
   if (own_stream) L.engines->order(s, e.stream);
 }
 
+void Communicator::emit_eager(int local, const Built& b, const Emission& e) {
+  Local& L = *locals_[local];
+  if (!L.replays) return emit(local, b, e);
+  ReplayCache::Entry* entry = nullptr;
+  {
+    HostTraceScope t(HostStage::kReplay);
+    entry = &L.replays->touch(emission_key(b.program, b.record.mapped, e.algo, e.local_copy));
+  }
+  if (!entry->exec && worth_capturing(entry->seen)) entry->exec = capture_call(local, b, e);
+  if (!entry->exec) return emit(local, b, e);
+  HostTraceScope t(HostStage::kReplay);
+  FERRY_CUDA_CHECK(cudaGraphLaunch(entry->exec, e.stream));
+}
+
+// Captures the call's commands on ferry's capture stream, in this thread's
+// own capture mode (other threads, and their captures, are not affected).
+cudaGraphExec_t Communicator::capture_call(int local, const Built& b, Emission e) {
+  cudaStream_t cs = locals_[local]->engines->capture();
+  FERRY_CUDA_CHECK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal));
+  e.stream = cs;
+  cudaGraph_t graph = nullptr;
+  try {
+    emit(local, b, e);
+  } catch (...) {
+    if (cudaStreamEndCapture(cs, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    throw;
+  }
+  FERRY_CUDA_CHECK(cudaStreamEndCapture(cs, &graph));
+  cudaGraphExec_t exec = nullptr;
+  cudaError_t err = cudaGraphInstantiateWithFlags(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  FERRY_CUDA_CHECK(err);
+  return exec;
+}
+
 void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, cudaStream_t s, const Emission& e,
                                  bool first, bool last) {
   using K = MemOp::Kind;

@@ -24,6 +24,9 @@ const std::vector<Knob>& knobs() {
       {"FERRY_TUNING", "string", "", "a `ferry tune` JSON to use instead of the table shipped for this GPU"},
       {"FERRY_HOST_TRACE", "int", "0",
        "1: time the host's stages of every collective call and print their means to stderr at exit"},
+      {"FERRY_REPLAY_CALLS", "int", "1",
+       "1: an eager call made a second time with the same buffers is captured once into a CUDA graph and then "
+       "launched from it (one host operation instead of about a dozen); 0: every call enqueues its commands"},
       {"FERRY_SCRATCH_BYTES", "int", "67108864",
        "bound on the scratch an in-place all_to_all uses per rank (it runs in rounds of scratch / world bytes)"},
   };

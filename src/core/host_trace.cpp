@@ -10,7 +10,7 @@ namespace {
 
 constexpr int kStages = static_cast<int>(HostStage::kCount);
 const char* const kNames[kStages] = {"build",  "in_flight",   "ready copies", "before memops", "local copy",
-                                     "pushes", "done copies", "after memops", "run (total)"};
+                                     "pushes", "done copies", "after memops", "replay",        "run (total)"};
 
 struct Totals {
   std::atomic<long long> calls[kStages] = {};

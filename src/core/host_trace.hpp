@@ -7,7 +7,7 @@
 
 namespace ferry {
 
-enum class HostStage { kBuild, kInFlight, kReady, kBefore, kLocal, kPushes, kDone, kAfter, kRun, kCount };
+enum class HostStage { kBuild, kInFlight, kReady, kBefore, kLocal, kPushes, kDone, kAfter, kReplay, kRun, kCount };
 
 bool host_trace_enabled();
 void host_trace_add(HostStage stage, double us);

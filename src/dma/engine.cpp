@@ -125,6 +125,7 @@ EngineSet::EngineSet(int device, int peer_engines) : device_(device) {
   FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&main_, cudaStreamNonBlocking));
   FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
   FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&armed_, cudaStreamNonBlocking));
+  FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&capture_, cudaStreamNonBlocking));
   int least = 0, greatest = 0;
   FERRY_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   FERRY_CUDA_CHECK(cudaStreamCreateWithPriority(&rescue_, cudaStreamNonBlocking, greatest));
@@ -148,6 +149,7 @@ EngineSet::~EngineSet() {
   if (side_) cudaStreamDestroy(side_);
   if (armed_) cudaStreamDestroy(armed_);
   if (rescue_) cudaStreamDestroy(rescue_);
+  if (capture_) cudaStreamDestroy(capture_);
 }
 
 bool EngineSet::synchronize(double timeout_s) {

@@ -65,9 +65,11 @@ class EngineSet {
   cudaStream_t side() const { return side_; }
   // Where prepared collectives wait for their trigger.
   cudaStream_t armed() const { return armed_; }
-  // Highest priority, used only by the watchdog to release a failed
-  // collective's waits on GPU memory.
+  // Highest priority, used only by the watchdog to read flags and release a
+  // failed collective's waits on GPU memory.
   cudaStream_t rescue() const { return rescue_; }
+  // Only captures repeated calls into graphs (ReplayCache); never runs work.
+  cudaStream_t capture() const { return capture_; }
   cudaStream_t peer(int i) const { return peers_[i]; }
   int peer_count() const { return static_cast<int>(peers_.size()); }
 
@@ -88,6 +90,7 @@ class EngineSet {
   cudaStream_t side_ = nullptr;
   cudaStream_t armed_ = nullptr;
   cudaStream_t rescue_ = nullptr;
+  cudaStream_t capture_ = nullptr;
   std::vector<cudaStream_t> peers_;
   std::vector<cudaEvent_t> events_;  // ring used by order(), fork() and join()
   cudaEvent_t next_event();

@@ -167,6 +167,64 @@ def check_repeats(torch, comm, ranks, devs, world, buf, reps=1000, n=4096, strea
     return fails
 
 
+def check_same_buffers(torch, comm, ranks, devs, world, buf, reps=30, streams=None):
+    """The training-loop pattern: the same call on the same buffers again and
+    again, new data every time. From the second run on, ferry replays such a
+    call from a CUDA graph (FERRY_REPLAY_CALLS): every run is checked byte for
+    byte, on alternating streams if given."""
+    local = len(ranks) > 1
+    fails = []
+    cases = [
+        ("all_gather", "b2b", 4099),
+        ("all_gather", "seq", 4099),
+        ("all_gather", "pcpy", 4099),
+        ("all_gather", "b2b", (2 << 20) + 3),  # own block on the side stream
+        ("all_to_all", "b2b", 4099),
+        ("all_to_all", "pcpy", 4099),
+        ("all_reduce", "auto", 4099),  # the reduction kernel inside the graph
+    ]
+    for op, algo, n in cases:
+        outs, ins = [], []
+        for r, d, b in zip(ranks, devs, buf):
+            if op == "all_reduce":
+                outs.append(b[: n * 4].view(torch.float32))
+                ins.append(torch.empty(n, dtype=torch.float32, device=d))
+            else:
+                outs.append(b[: world * n])
+                ins.append(torch.empty(n if op == "all_gather" else world * n, dtype=torch.uint8, device=d))
+        for i in range(reps):
+            seed = lambda q: zlib.crc32(f"same/{op}/{algo}/{n}/{i}/{q}".encode())
+            expected = []
+            for k, (r, d) in enumerate(zip(ranks, devs)):
+                outs[k].view(torch.uint8).fill_(0xA5)
+                if op == "all_reduce":
+                    ins[k].copy_(_ints(torch, seed(r), n, d, torch.float32))
+                    expected.append(sum(_ints(torch, seed(q), n, d, torch.float32) for q in range(world)))
+                elif op == "all_gather":
+                    ins[k].copy_(_rand(torch, seed(r), n, d))
+                    expected.append(torch.cat([_rand(torch, seed(q), n, d) for q in range(world)]))
+                else:
+                    ins[k].copy_(_rand(torch, seed(r), world * n, d))
+                    expected.append(
+                        torch.cat(
+                            [_rand(torch, seed(q), world * n, d)[r * n : (r + 1) * n] for q in range(world)]
+                        )
+                    )
+            kw = {"algo": algo}
+            if streams:
+                s = [streams[k][i % len(streams[k])] for k in range(len(ranks))]
+                kw["stream"] = s if local else s[0]
+            getattr(comm, op)(outs if local else outs[0], ins if local else ins[0], **kw)
+            comm.synchronize()
+            for r, o, e in zip(ranks, outs, expected):
+                bad = int((o.view(torch.uint8) != e.view(torch.uint8)).sum().item())
+                if bad:
+                    fails.append(
+                        f"rank {r}: {op} {algo} n={n}, run {i + 1} on the same buffers: {bad} wrong bytes"
+                    )
+    return fails
+
+
 def correctness(rank: int, world: int, port: int) -> list:
     import torch
 
@@ -178,6 +236,8 @@ def correctness(rank: int, world: int, port: int) -> list:
         fails += check_repeats(torch, comm, [rank], [dev], world, [buf])
         streams = [torch.cuda.Stream(device=dev) for _ in range(2)]
         fails += check_repeats(torch, comm, [rank], [dev], world, [buf], reps=200, streams=[streams])
+        fails += check_same_buffers(torch, comm, [rank], [dev], world, [buf])
+        fails += check_same_buffers(torch, comm, [rank], [dev], world, [buf], reps=10, streams=[streams])
         # A tensor from PyTorch's allocator, registered through CUDA IPC.
         t = torch.empty(world * 1000003 + 64, dtype=torch.uint8, device=dev)
         comm.register(t)

@@ -35,6 +35,8 @@ def test_repeated_and_multi_stream(local_comm):
     fails = _workers.check_repeats(torch, comm, ranks, devs, world, bufs)
     streams = [[torch.cuda.Stream(device=d) for _ in range(2)] for d in devs]
     fails += _workers.check_repeats(torch, comm, ranks, devs, world, bufs, reps=200, streams=streams)
+    fails += _workers.check_same_buffers(torch, comm, ranks, devs, world, bufs)
+    fails += _workers.check_same_buffers(torch, comm, ranks, devs, world, bufs, reps=10, streams=streams)
     assert not fails, "\n".join(fails[:20])
 
 
