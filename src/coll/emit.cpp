@@ -88,8 +88,19 @@ void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, c
   {
     // One plain copy each from the pinned record: for messages this small the
     // batched call cost more time on the GPU (as for the done copies below).
+    // In a graph (captured by the user or by ReplayCache) they are parallel
+    // branches, which cost nothing there; on a live stream the extra event
+    // operations would cost more than the copies' serial latency.
     HostTraceScope t(HostStage::kReady);
-    for (int q : x.sources) dma::copy_one(s, Copy{&device_flags(q)->ready[r], b.record.mapped, kReadyCopyBytes});
+    const int n = static_cast<int>(x.sources.size());
+    const bool branches = n > 1 && n <= L.engines->peer_count() && dma::is_capturing(s);
+    if (branches) L.engines->fork(s, n);
+    for (int k = 0; k < n; ++k) {
+      const int q = x.sources[k];
+      dma::copy_one(branches ? L.engines->peer(k) : s,
+                    Copy{&device_flags(q)->ready[r], b.record.mapped, kReadyCopyBytes});
+    }
+    if (branches) L.engines->join(s, n);
   }
 
   std::vector<MemOp> before;
