@@ -63,7 +63,7 @@ def cmd_bench(args) -> int:
     import torch
 
     from .bench import collectives
-    from .bench.report import format_table, parse_size, ratio_table, size_range
+    from .bench.report import format_table, parse_size, prelaunch_sizes, ratio_table, size_range
 
     world = args.gpus or torch.cuda.device_count()
     if world < 2:
@@ -90,7 +90,7 @@ def cmd_bench(args) -> int:
         local_copy_probe=args.local_copy_probe,
         prelaunch=args.prelaunch,
         prelaunch_ops=["all_gather", "all_to_all"],
-        prelaunch_sizes=size_range(parse_size(args.min), min(parse_size(args.max), 1 << 20), args.factor),
+        prelaunch_sizes=prelaunch_sizes(parse_size(args.min), parse_size(args.max), args.factor),
         prelaunch_runs=args.prelaunch_runs,
         phases=args.phases,
         phase_algos=["b2b", "seq", "pcpy"],

@@ -1,5 +1,13 @@
 import pytest
-from ferry.bench.report import bandwidths, format_size, format_table, parse_size, ratio_table, size_range
+from ferry.bench.report import (
+    bandwidths,
+    format_size,
+    format_table,
+    parse_size,
+    prelaunch_sizes,
+    ratio_table,
+    size_range,
+)
 
 
 def test_sizes():
@@ -30,3 +38,9 @@ def test_tables():
     ]
     assert "ferry-b2b" in format_table(recs)
     assert "2.00" in ratio_table(recs)  # 20 us against the best NCCL (graph, 10 us)
+
+
+def test_prelaunch_sizes_cover_small_sizes_and_never_fail():
+    assert prelaunch_sizes(1024, 1 << 30, 32) == [1024, 32 << 10, 1 << 20]
+    # A sweep that starts above 1 MB still gets one prelaunch size (it used to raise).
+    assert prelaunch_sizes(4 << 20, 256 << 20, 4) == [4 << 20]

@@ -18,6 +18,12 @@ def parse_size(text: str) -> int:
     return int(m.group(1)) * _UNITS[m.group(2)]
 
 
+def prelaunch_sizes(lo: int, hi: int, factor: int, cap: int = 1 << 20) -> List[int]:
+    """The sweep's sizes up to `cap` (prelaunch is about small-size latency),
+    or the smallest size alone when the sweep starts above `cap`."""
+    return [s for s in size_range(lo, hi, factor) if s <= cap] or [lo]
+
+
 def size_range(lo: int, hi: int, factor: int) -> List[int]:
     if lo <= 0 or hi < lo or factor < 2:
         raise ValueError("expected 0 < min <= max and factor >= 2")
