@@ -222,14 +222,20 @@ def store_allgather(store, rank: int, world: int, timeout: float, prefix: str = 
     return allgather
 
 
-def group_allgather(group=None) -> AllGather:
+def group_allgather(group=None, device: Optional[int] = None) -> AllGather:
     """An all-gather over a torch.distributed process group (bounded by the
-    group's own timeout)."""
+    group's own timeout). With `device`, it runs with that GPU current: an NCCL
+    group moves the objects through the current GPU, and ranks that all left
+    GPU 0 current fail there ("Duplicate GPU detected")."""
+    import contextlib
+
+    import torch
     import torch.distributed as dist
 
     def allgather(mine: bytes) -> list:
         out = [None] * dist.get_world_size(group)
-        dist.all_gather_object(out, bytes(mine), group=group)
+        with torch.cuda.device(device) if device is not None else contextlib.nullcontext():
+            dist.all_gather_object(out, bytes(mine), group=group)
         return out
 
     return allgather
