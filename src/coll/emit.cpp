@@ -50,7 +50,17 @@ void Communicator::emit_eager(int local, const Built& b, const Emission& e) {
     HostTraceScope t(HostStage::kReplay);
     entry = &L.replays->touch(emission_key(b.program, b.record.mapped, e.algo, e.local_copy));
   }
-  if (!entry->exec && worth_capturing(entry->seen)) entry->exec = capture_call(local, b, e);
+  if (!entry->exec && !entry->uncapturable && worth_capturing(entry->seen)) {
+    // A call that cannot be captured (e.g. this thread is inside a user's
+    // global-mode capture, which forbids instantiating graphs) runs as a
+    // plain call, now and later: the cache never makes a call fail.
+    try {
+      entry->exec = capture_call(local, b, e);
+    } catch (const std::exception&) {
+      cudaGetLastError();
+      entry->uncapturable = true;
+    }
+  }
   if (!entry->exec) return emit(local, b, e);
   HostTraceScope t(HostStage::kReplay);
   FERRY_CUDA_CHECK(cudaGraphLaunch(entry->exec, e.stream));

@@ -43,6 +43,7 @@ class ReplayCache {
     uint64_t seen = 0;
     uint64_t last_use = 0;
     cudaGraphExec_t exec = nullptr;
+    bool uncapturable = false;  // a capture failed: always enqueue this one
   };
   // The entry for `key`, counted as seen once more.
   Entry& touch(const std::string& key);

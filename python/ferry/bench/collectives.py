@@ -5,8 +5,11 @@ output is poisoned, `warmup` collectives run, then `runs` timed runs of
 `iters` back-to-back collectives each, bracketed by CUDA events on the
 issuing stream after a barrier; time per collective = run time / iters; the
 median run counts and the slowest rank's median is reported. Launch is
-included (ferry and NCCL eager enqueue on the critical path); 'nccl-graph'
-replays the `iters` collectives captured in one CUDA graph. After timing,
+included (ferry and NCCL eager enqueue on the critical path; ferry's eager
+calls repeat with the same buffers, so from the second one on ferry launches
+them from the graph it captured for the call, as it does for any user:
+FERRY_REPLAY_CALLS=0 times the plain path); 'nccl-graph' replays the `iters`
+collectives captured in one CUDA graph. After timing,
 every byte of the output is compared with the expected data (#wrong).
 """
 
