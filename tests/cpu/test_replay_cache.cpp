@@ -49,6 +49,18 @@ TEST(EmissionKey, AnyDifferenceInWhatIsEnqueuedChangesTheKey) {
             emission_key(reduced_max, buf, Algo::kB2b, LocalCopy::kAuto));
 }
 
+TEST(ReplayCache, CallsThatCopyWithinOneGpuOnTheCopyEngineAreNotReplayed) {
+  EXPECT_TRUE(replayable(all_gather_like(64), LocalCopy::kAuto));
+  EXPECT_TRUE(replayable(all_gather_like(64), LocalCopy::kKernel));
+  EXPECT_FALSE(replayable(all_gather_like(64), LocalCopy::kCopyEngine));
+  Program in_place = all_gather_like(64);
+  in_place.steps[0].exchange.local.bytes = 0;  // nothing copied locally: fine
+  EXPECT_TRUE(replayable(in_place, LocalCopy::kCopyEngine));
+  Program unpacked = all_gather_like(64);
+  unpacked.add_unpack({Copy{buf, buf + 64, 64}});
+  EXPECT_FALSE(replayable(unpacked, LocalCopy::kAuto));
+}
+
 TEST(ReplayCache, CapturesOnlyCallsThatRepeat) {
   EXPECT_FALSE(worth_capturing(1));
   EXPECT_TRUE(worth_capturing(2));
