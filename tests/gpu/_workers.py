@@ -167,60 +167,96 @@ def check_repeats(torch, comm, ranks, devs, world, buf, reps=1000, n=4096, strea
     return fails
 
 
+def _same_buffers_shape(op, r, world, n, counts):
+    """(elements in, elements out, float32?) of one rank for check_same_buffers."""
+    if op == "all_gather":
+        return n, world * n, False
+    if op == "all_to_all":
+        return world * n, world * n, False
+    if op == "all_to_allv":
+        return sum(counts[r]), sum(counts[q][r] for q in range(world)), False
+    if op == "broadcast":
+        return n, n, False
+    if op == "reduce_scatter":
+        return world * n, n, True
+    return n, n, True  # all_reduce
+
+
+def _same_buffers_expected(torch, op, r, world, n, counts, root, src):
+    """What rank r's output must hold when rank q's input is src(q, elements)."""
+    if op == "all_gather":
+        return torch.cat([src(q, n) for q in range(world)])
+    if op == "all_to_all":
+        return torch.cat([src(q, world * n)[r * n : (r + 1) * n] for q in range(world)])
+    if op == "all_to_allv":
+        pieces = []
+        for q in range(world):
+            off = sum(counts[q][:r])
+            pieces.append(src(q, sum(counts[q]))[off : off + counts[q][r]])
+        return torch.cat(pieces)
+    if op == "broadcast":
+        return src(root, n)
+    if op == "reduce_scatter":
+        return sum(src(q, world * n)[r * n : (r + 1) * n] for q in range(world))
+    return sum(src(q, n) for q in range(world))  # all_reduce
+
+
 def check_same_buffers(torch, comm, ranks, devs, world, buf, reps=30, streams=None):
     """The training-loop pattern: the same call on the same buffers again and
     again, new data every time. From the second run on, ferry replays such a
-    call from a CUDA graph (FERRY_REPLAY_CALLS): every run is checked byte for
-    byte, on alternating streams if given."""
+    call from a CUDA graph (FERRY_REPLAY_CALLS): every run of every collective
+    is checked byte for byte, on alternating streams if given."""
     local = len(ranks) > 1
     fails = []
+    n, root = 4099, world - 1
+    counts = [[((7 * q + 3 * t) % 11) * 100 + 1 for t in range(world)] for q in range(world)]  # q -> t
     cases = [
-        ("all_gather", "b2b", 4099),
-        ("all_gather", "seq", 4099),
-        ("all_gather", "pcpy", 4099),
+        ("all_gather", "b2b", n),
+        ("all_gather", "seq", n),
+        ("all_gather", "pcpy", n),
         ("all_gather", "b2b", (2 << 20) + 3),  # own block on the side stream
-        ("all_to_all", "b2b", 4099),
-        ("all_to_all", "pcpy", 4099),
-        ("all_reduce", "auto", 4099),  # the reduction kernel inside the graph
+        ("all_to_all", "b2b", n),
+        ("all_to_all", "pcpy", n),
+        ("all_to_allv", "auto", n),
+        ("broadcast", "auto", n),
+        ("reduce_scatter", "auto", n),  # the reduction kernel inside the graph
+        ("all_reduce", "auto", n),
     ]
-    for op, algo, n in cases:
-        outs, ins = [], []
+    for op, algo, size in cases:
+        outs, ins, floats = [], [], False
         for r, d, b in zip(ranks, devs, buf):
-            if op == "all_reduce":
-                outs.append(b[: n * 4].view(torch.float32))
-                ins.append(torch.empty(n, dtype=torch.float32, device=d))
-            else:
-                outs.append(b[: world * n])
-                ins.append(torch.empty(n if op == "all_gather" else world * n, dtype=torch.uint8, device=d))
+            n_in, n_out, floats = _same_buffers_shape(op, r, world, size, counts)
+            dtype = torch.float32 if floats else torch.uint8
+            outs.append(b[: n_out * (4 if floats else 1)].view(dtype))
+            ins.append(torch.empty(n_in, dtype=dtype, device=d))
+        kw = {"algo": algo}
+        if op == "all_to_allv":
+            kw["counts"] = counts
+        if op == "broadcast":
+            kw["root"] = root
         for i in range(reps):
-            seed = lambda q: zlib.crc32(f"same/{op}/{algo}/{n}/{i}/{q}".encode())
+            seed = lambda q: zlib.crc32(f"same/{op}/{algo}/{size}/{i}/{q}".encode())
             expected = []
             for k, (r, d) in enumerate(zip(ranks, devs)):
+                # Small integers as float32 where ferry reduces (exact sums), bytes elsewhere.
+                src = (
+                    (lambda q, m: _ints(torch, seed(q), m, d, torch.float32))
+                    if floats
+                    else (lambda q, m: _rand(torch, seed(q), m, d))
+                )
+                ins[k].copy_(src(r, ins[k].numel()))
                 outs[k].view(torch.uint8).fill_(0xA5)
-                if op == "all_reduce":
-                    ins[k].copy_(_ints(torch, seed(r), n, d, torch.float32))
-                    expected.append(sum(_ints(torch, seed(q), n, d, torch.float32) for q in range(world)))
-                elif op == "all_gather":
-                    ins[k].copy_(_rand(torch, seed(r), n, d))
-                    expected.append(torch.cat([_rand(torch, seed(q), n, d) for q in range(world)]))
-                else:
-                    ins[k].copy_(_rand(torch, seed(r), world * n, d))
-                    expected.append(
-                        torch.cat(
-                            [_rand(torch, seed(q), world * n, d)[r * n : (r + 1) * n] for q in range(world)]
-                        )
-                    )
-            kw = {"algo": algo}
+                expected.append(_same_buffers_expected(torch, op, r, world, size, counts, root, src))
             if streams:
-                s = [streams[k][i % len(streams[k])] for k in range(len(ranks))]
-                kw["stream"] = s if local else s[0]
+                st = [streams[k][i % len(streams[k])] for k in range(len(ranks))]
+                kw["stream"] = st if local else st[0]
             getattr(comm, op)(outs if local else outs[0], ins if local else ins[0], **kw)
             comm.synchronize()
             for r, o, e in zip(ranks, outs, expected):
                 bad = int((o.view(torch.uint8) != e.view(torch.uint8)).sum().item())
                 if bad:
                     fails.append(
-                        f"rank {r}: {op} {algo} n={n}, run {i + 1} on the same buffers: {bad} wrong bytes"
+                        f"rank {r}: {op} {algo} n={size}, run {i + 1} on the same buffers: {bad} wrong bytes"
                     )
     return fails
 
