@@ -1,0 +1,193 @@
+// Probe: does an operation need an SM? ferry claims that its collectives'
+// data movement and signalling run without SMs (copy engines and the stream
+// front end); this checks each submission path it uses, on the GPU.
+//
+// Method: every SM is filled with a spinning kernel (as many resident
+// 1024-thread blocks as fit, each reporting that it started), then the
+// operation is enqueued on another stream. If the operation completes while
+// the spinner still holds every SM, it ran without one; if it completes only
+// after the spinner is released, it needed one. A tiny kernel is the control
+// (it must be reported as needing an SM, or the method is void).
+//
+//   ferry_probe_sm_free [--bytes B]      (a second GPU adds the peer cases)
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.hpp"
+#include "dma/engine.hpp"
+
+using ferry::Copy;
+using ferry::MemOp;
+
+namespace {
+
+__global__ void spin(volatile const int* release, volatile int* started, long long max_cycles) {
+  if (threadIdx.x == 0) {
+    started[blockIdx.x] = 1;
+    __threadfence_system();
+  }
+  const long long t0 = clock64();
+  while (*release == 0 && clock64() - t0 < max_cycles) {
+  }
+}
+
+__global__ void tiny(char* p) {
+  if (threadIdx.x == 0) p[0] = 1;
+}
+
+struct Case {
+  std::string name;
+  std::function<void(cudaStream_t)> enqueue;
+};
+
+// A graph holding what `enqueue` puts on a stream, instantiated once.
+cudaGraphExec_t captured(const std::function<void(cudaStream_t)>& enqueue) {
+  cudaStream_t s = nullptr;
+  FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  FERRY_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  enqueue(s);
+  cudaGraph_t g = nullptr;
+  FERRY_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  cudaGraphExec_t exec = nullptr;
+  FERRY_CUDA_CHECK(cudaGraphInstantiateWithFlags(&exec, g, 0));
+  cudaGraphDestroy(g);
+  cudaStreamDestroy(s);
+  return exec;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  size_t bytes = 1 << 20;
+  for (int i = 1; i + 1 < argc; i += 2)
+    if (std::strcmp(argv[i], "--bytes") == 0) bytes = std::strtoull(argv[i + 1], nullptr, 10);
+  try {
+    int gpus = 0;
+    FERRY_CUDA_CHECK(cudaGetDeviceCount(&gpus));
+    FERRY_CUDA_CHECK(cudaSetDevice(0));
+    const bool peer = gpus > 1;
+    if (peer) {
+      cudaError_t err = cudaDeviceEnablePeerAccess(1, 0);
+      if (err != cudaSuccess && err != cudaErrorPeerAccessAlreadyEnabled) FERRY_CUDA_CHECK(err);
+      cudaGetLastError();
+    }
+    cudaDeviceProp prop{};
+    FERRY_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    int per_sm = 0;
+    FERRY_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, spin, 1024, 0));
+    const int blocks = prop.multiProcessorCount * per_sm;
+    std::printf("GPU 0: %s, %d SMs, %d spinning blocks of 1024 threads per SM (%d of %d threads)\n", prop.name,
+                prop.multiProcessorCount, per_sm, per_sm * 1024, prop.maxThreadsPerMultiProcessor);
+
+    char *a = nullptr, *b = nullptr, *remote = nullptr, *host = nullptr;
+    uint64_t* word = nullptr;
+    FERRY_CUDA_CHECK(cudaMalloc(&a, bytes));
+    FERRY_CUDA_CHECK(cudaMalloc(&b, bytes));
+    FERRY_CUDA_CHECK(cudaMalloc(&word, 64));
+    FERRY_CUDA_CHECK(cudaHostAlloc(&host, 64, cudaHostAllocMapped | cudaHostAllocPortable));
+    if (peer) {
+      FERRY_CUDA_CHECK(cudaSetDevice(1));
+      FERRY_CUDA_CHECK(cudaMalloc(&remote, bytes));
+      FERRY_CUDA_CHECK(cudaSetDevice(0));
+    }
+    int *release = nullptr, *started = nullptr;
+    FERRY_CUDA_CHECK(cudaHostAlloc(&release, sizeof(int), cudaHostAllocMapped));
+    FERRY_CUDA_CHECK(cudaHostAlloc(&started, blocks * sizeof(int), cudaHostAllocMapped));
+
+    std::vector<Case> cases = {
+        {"control: a 1-block kernel", [&](cudaStream_t s) { tiny<<<1, 32, 0, s>>>(a); }},
+        {"stream memory operations (write + wait, as ferry's flag batches)",
+         [&](cudaStream_t s) {
+           ferry::dma::mem_ops(s, {MemOp{MemOp::Kind::kWrite, word, 7}, MemOp{MemOp::Kind::kWait, word, 7}});
+         }},
+        {"copy within the GPU, cudaMemcpyAsync",
+         [&](cudaStream_t s) {
+           ferry::dma::copy_one(s, {b, a, bytes});
+         }},
+        {"copy within the GPU, cudaMemcpyBatchAsync with the copy-engine hint",
+         [&](cudaStream_t s) {
+           ferry::dma::copy_batch(s, {{b, a, bytes}});
+         }},
+        {"32 B pinned host -> GPU, cudaMemcpyAsync (a ready record)",
+         [&](cudaStream_t s) {
+           ferry::dma::copy_one(s, {word, host, 32});
+         }},
+    };
+    if (peer) {
+      cases.push_back({"copy to the peer GPU, cudaMemcpyAsync (a push)", [&](cudaStream_t s) {
+                         ferry::dma::copy_one(s, {remote, a, bytes});
+                       }});
+      cases.push_back({"copy to the peer GPU, cudaMemcpyBatchAsync", [&](cudaStream_t s) {
+                         ferry::dma::copy_batch(s, {{remote, a, bytes}});
+                       }});
+      cases.push_back({"8 B to the peer GPU, cudaMemcpyAsync (a done message)", [&](cudaStream_t s) {
+                         ferry::dma::copy_one(s, {remote, word, 8});
+                       }});
+    }
+    // The same submissions captured into graphs (what replayed eager calls and
+    // users' graphs run): the batched call is not captured, so only plain copies.
+    std::vector<Case> graph_cases;
+    for (const auto& c : cases) {
+      if (c.name.find("Batch") != std::string::npos) continue;
+      cudaGraphExec_t exec = captured(c.enqueue);
+      graph_cases.push_back(
+          {"in a CUDA graph: " + c.name, [exec](cudaStream_t s) { FERRY_CUDA_CHECK(cudaGraphLaunch(exec, s)); }});
+    }
+    cases.insert(cases.end(), graph_cases.begin(), graph_cases.end());
+
+    cudaStream_t spin_stream = nullptr, test = nullptr;
+    FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&spin_stream, cudaStreamNonBlocking));
+    FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&test, cudaStreamNonBlocking));
+    cudaEvent_t done = nullptr;
+    FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    int* release_dev = nullptr;
+    int* started_dev = nullptr;
+    FERRY_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&release_dev), release, 0));
+    FERRY_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&started_dev), started, 0));
+    const long long max_cycles = 4000000000LL;  // a bound on the spin: about 2 s at 2 GHz
+
+    bool control_ok = true;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      // Warm: the first use of a path may load code or set up state.
+      cases[i].enqueue(test);
+      FERRY_CUDA_CHECK(cudaStreamSynchronize(test));
+      *reinterpret_cast<volatile int*>(release) = 0;
+      std::memset(started, 0, blocks * sizeof(int));
+      spin<<<blocks, 1024, 0, spin_stream>>>(release_dev, started_dev, max_cycles);
+      FERRY_CUDA_CHECK(cudaGetLastError());
+      auto t0 = std::chrono::steady_clock::now();
+      int resident = 0;
+      while (resident < blocks && std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(500)) {
+        resident = 0;
+        for (int k = 0; k < blocks; ++k) resident += reinterpret_cast<volatile int*>(started)[k];
+      }
+      cases[i].enqueue(test);
+      FERRY_CUDA_CHECK(cudaEventRecord(done, test));
+      auto t1 = std::chrono::steady_clock::now();
+      bool finished = false;
+      while (std::chrono::steady_clock::now() - t1 < std::chrono::milliseconds(300))
+        if ((finished = cudaEventQuery(done) == cudaSuccess)) break;
+      *reinterpret_cast<volatile int*>(release) = 1;
+      FERRY_CUDA_CHECK(cudaDeviceSynchronize());
+      const char* verdict = resident < blocks ? "VOID (the spinner did not fill every SM)"
+                            : finished        ? "no SM (finished while every SM was busy)"
+                                              : "NEEDS AN SM (finished only after the SMs were released)";
+      if (i == 0 && (resident < blocks || finished)) control_ok = false;
+      std::printf("%-90s %s\n", cases[i].name.c_str(), verdict);
+    }
+    if (!control_ok) std::printf("the control kernel was not held back: this method does not work here\n");
+    return control_ok ? 0 : 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "probe failed: %s\n", e.what());
+    return 1;
+  }
+}
