@@ -83,7 +83,7 @@ Record RecordPool::intern(const ReadyRecord& s) {
 
 Pinned<ReadyRecord> RecordPool::records(size_t n) {
   std::lock_guard<std::mutex> lock(mu_);
-  FERRY_ARG_CHECK(n <= kLinesPerChunk, "records: at most one chunk");
+  if (n > kLinesPerChunk) throw_error(FERRY_ERROR_INTERNAL, "RecordPool::records: more than one chunk asked for");
   auto l = lines(n);
   return Pinned<ReadyRecord>{reinterpret_cast<ReadyRecord*>(l.host), reinterpret_cast<ReadyRecord*>(l.device)};
 }
