@@ -189,15 +189,15 @@ class Communicator:
     def from_torch(cls, group=None, device: Optional[int] = None, timeout: float = 0.0):
         """A communicator over the ranks of a torch.distributed process group
         (default: the world), bootstrapped through the group itself. `device`:
-        this rank's GPU; default: LOCAL_RANK (torchrun) if set, else the
-        current CUDA device."""
+        this rank's GPU; default: the launcher's local rank (torchrun, mpirun,
+        srun; as ferry.init), else the current CUDA device."""
         import torch
         import torch.distributed as dist
 
         rank, world = dist.get_rank(group), dist.get_world_size(group)
         if device is None:
-            local_rank = os.environ.get("LOCAL_RANK")
-            device = int(local_rank) if local_rank is not None else torch.cuda.current_device()
+            info = read_launch_env()
+            device = info.local_rank if info is not None else torch.cuda.current_device()
         return cls.create(rank, world, device, group_allgather(group, device), timeout)
 
     # ------------------------------------------------------------ properties
