@@ -2,12 +2,13 @@
 // data movement and signalling run without SMs (copy engines and the stream
 // front end); this checks each submission path it uses, on the GPU.
 //
-// Method: every SM is filled with a spinning kernel (as many resident
-// 1024-thread blocks as fit, each reporting that it started), then the
-// operation is enqueued on another stream. If the operation completes while
-// the spinner still holds every SM, it ran without one; if it completes only
-// after the spinner is released, it needed one. A tiny kernel is the control
-// (it must be reported as needing an SM, or the method is void).
+// Method: every SM of every GPU used (0, and 1 when there is a second) is
+// filled with a spinning kernel (as many resident 1024-thread blocks as fit,
+// each reporting that it started), then the operation is enqueued on another
+// stream. If the operation completes while the spinners still hold every SM,
+// it ran without one; if it completes only after they are released, it
+// needed one. A tiny kernel is the control (it must be reported as needing an
+// SM, or the method is void).
 //
 //   ferry_probe_sm_free [--bytes B]      (a second GPU adds the peer cases)
 #include <cuda_runtime_api.h>
@@ -100,9 +101,23 @@ int main(int argc, char** argv) {
       FERRY_CUDA_CHECK(cudaMalloc(&remote, bytes));
       FERRY_CUDA_CHECK(cudaSetDevice(0));
     }
+    const int spinning_gpus = peer ? 2 : 1;
     int *release = nullptr, *started = nullptr;
-    FERRY_CUDA_CHECK(cudaHostAlloc(&release, sizeof(int), cudaHostAllocMapped));
-    FERRY_CUDA_CHECK(cudaHostAlloc(&started, blocks * sizeof(int), cudaHostAllocMapped));
+    FERRY_CUDA_CHECK(cudaHostAlloc(&release, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
+    FERRY_CUDA_CHECK(
+        cudaHostAlloc(&started, spinning_gpus * blocks * sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
+    // GPU 1's stream for copies that GPU 1 issues; GPU 0's test stream waits on them.
+    cudaStream_t on_peer = nullptr;
+    cudaEvent_t peer_done = nullptr;
+    if (peer) {
+      FERRY_CUDA_CHECK(cudaSetDevice(1));
+      cudaError_t err = cudaDeviceEnablePeerAccess(0, 0);
+      if (err != cudaSuccess && err != cudaErrorPeerAccessAlreadyEnabled) FERRY_CUDA_CHECK(err);
+      cudaGetLastError();
+      FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&on_peer, cudaStreamNonBlocking));
+      FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&peer_done, cudaEventDisableTiming));
+      FERRY_CUDA_CHECK(cudaSetDevice(0));
+    }
 
     std::vector<Case> cases = {
         {"control: a 1-block kernel", [&](cudaStream_t s) { tiny<<<1, 32, 0, s>>>(a); }},
@@ -113,6 +128,10 @@ int main(int argc, char** argv) {
         {"copy within the GPU, cudaMemcpyAsync",
          [&](cudaStream_t s) {
            ferry::dma::copy_one(s, {b, a, bytes});
+         }},
+        {"copy within the GPU, cudaMemcpy2DAsync (64 rows)",
+         [&](cudaStream_t s) {
+           FERRY_CUDA_CHECK(cudaMemcpy2DAsync(b, bytes / 64, a, bytes / 64, bytes / 64, 64, cudaMemcpyDefault, s));
          }},
         {"copy within the GPU, cudaMemcpyBatchAsync with the copy-engine hint",
          [&](cudaStream_t s) {
@@ -133,6 +152,18 @@ int main(int argc, char** argv) {
                          ferry::dma::copy_batch(s, {{remote, a, bytes}});
                        },
                        false});
+      cases.push_back({"copy from the peer GPU, cudaMemcpyAsync (a pull)", [&](cudaStream_t s) {
+                         ferry::dma::copy_one(s, {b, remote, bytes});
+                       }});
+      // A copy within GPU 0 that GPU 1's copy engine makes over NVLink (out and
+      // back): a local block moved without GPU 0's SMs, if the driver agrees.
+      cases.push_back({"copy within GPU 0 issued on GPU 1's stream",
+                       [&](cudaStream_t s) {
+                         FERRY_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDefault, on_peer));
+                         FERRY_CUDA_CHECK(cudaEventRecord(peer_done, on_peer));
+                         FERRY_CUDA_CHECK(cudaStreamWaitEvent(s, peer_done, 0));
+                       },
+                       false});
       cases.push_back({"8 B to the peer GPU, cudaMemcpyAsync (a done message)", [&](cudaStream_t s) {
                          ferry::dma::copy_one(s, {remote, word, 8});
                        }});
@@ -148,8 +179,12 @@ int main(int argc, char** argv) {
     }
     cases.insert(cases.end(), graph_cases.begin(), graph_cases.end());
 
-    cudaStream_t spin_stream = nullptr, test = nullptr;
-    FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&spin_stream, cudaStreamNonBlocking));
+    cudaStream_t spin_stream[2] = {}, test = nullptr;
+    for (int g = 0; g < spinning_gpus; ++g) {
+      FERRY_CUDA_CHECK(cudaSetDevice(g));
+      FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&spin_stream[g], cudaStreamNonBlocking));
+    }
+    FERRY_CUDA_CHECK(cudaSetDevice(0));
     FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&test, cudaStreamNonBlocking));
     cudaEvent_t done = nullptr;
     FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
@@ -165,14 +200,19 @@ int main(int argc, char** argv) {
       cases[i].enqueue(test);
       FERRY_CUDA_CHECK(cudaStreamSynchronize(test));
       *reinterpret_cast<volatile int*>(release) = 0;
-      std::memset(started, 0, blocks * sizeof(int));
-      spin<<<blocks, 1024, 0, spin_stream>>>(release_dev, started_dev, max_cycles);
-      FERRY_CUDA_CHECK(cudaGetLastError());
+      std::memset(started, 0, spinning_gpus * blocks * sizeof(int));
+      for (int g = 0; g < spinning_gpus; ++g) {
+        FERRY_CUDA_CHECK(cudaSetDevice(g));
+        spin<<<blocks, 1024, 0, spin_stream[g]>>>(release_dev, started_dev + g * blocks, max_cycles);
+        FERRY_CUDA_CHECK(cudaGetLastError());
+      }
+      FERRY_CUDA_CHECK(cudaSetDevice(0));
       auto t0 = std::chrono::steady_clock::now();
       int resident = 0;
-      while (resident < blocks && std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(500)) {
+      const int all = spinning_gpus * blocks;
+      while (resident < all && std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(500)) {
         resident = 0;
-        for (int k = 0; k < blocks; ++k) resident += reinterpret_cast<volatile int*>(started)[k];
+        for (int k = 0; k < all; ++k) resident += reinterpret_cast<volatile int*>(started)[k];
       }
       cases[i].enqueue(test);
       FERRY_CUDA_CHECK(cudaEventRecord(done, test));
@@ -181,11 +221,12 @@ int main(int argc, char** argv) {
       while (std::chrono::steady_clock::now() - t1 < std::chrono::milliseconds(300))
         if ((finished = cudaEventQuery(done) == cudaSuccess)) break;
       *reinterpret_cast<volatile int*>(release) = 1;
-      FERRY_CUDA_CHECK(cudaDeviceSynchronize());
-      const char* verdict = resident < blocks ? "VOID (the spinner did not fill every SM)"
-                            : finished        ? "no SM (finished while every SM was busy)"
-                                              : "NEEDS AN SM (finished only after the SMs were released)";
-      if (i == 0 && (resident < blocks || finished)) control_ok = false;
+      for (int g = 0; g < spinning_gpus; ++g) FERRY_CUDA_CHECK(cudaStreamSynchronize(spin_stream[g]));
+      FERRY_CUDA_CHECK(cudaStreamSynchronize(test));
+      const char* verdict = resident < all ? "VOID (the spinner did not fill every SM)"
+                            : finished     ? "no SM (finished while every SM was busy)"
+                                           : "NEEDS AN SM (finished only after the SMs were released)";
+      if (i == 0 && (resident < all || finished)) control_ok = false;
       std::printf("%-90s %s\n", cases[i].name.c_str(), verdict);
     }
     if (!control_ok) std::printf("the control kernel was not held back: this method does not work here\n");
