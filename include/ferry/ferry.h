@@ -96,9 +96,10 @@ typedef enum {
 } ferry_algo_t;
 
 typedef enum {
-  FERRY_LOCAL_COPY_AUTO = 0, /* SM kernel: the copy engine is slow for a copy within one GPU */
-  FERRY_LOCAL_COPY_CE = 1,   /* copy engine: no SM used, slower */
-  FERRY_LOCAL_COPY_SM = 2    /* a small copy kernel */
+  /* A copy within one GPU runs on SMs whatever call makes it (docs/architecture.md). */
+  FERRY_LOCAL_COPY_AUTO = 0,   /* ferry's copy kernel, 32 blocks */
+  FERRY_LOCAL_COPY_DRIVER = 1, /* cudaMemcpyAsync: CUDA's copy kernel, every SM for a shorter time */
+  FERRY_LOCAL_COPY_SM = 2      /* ferry's copy kernel, 32 blocks */
 } ferry_local_copy_t;
 
 typedef struct {

@@ -13,7 +13,7 @@ from .bootstrap import AllGather, TcpStore, TorchStore, group_allgather, read_la
 from .errors import ClosedError, InvalidArgumentError
 
 _ALGOS = ("auto", "pcpy", "b2b", "seq")
-_LOCAL_COPIES = ("auto", "ce", "sm")
+_LOCAL_COPIES = ("auto", "sm", "driver")
 
 
 @dataclass
@@ -90,6 +90,11 @@ def _element_type(dtype: str) -> str:
     return dtype[1:]  # typestr: drop the byte-order character
 
 
+# str(torch dtype) by dtype object: str() of a dtype costs as much as the rest
+# of a tensor's description (every call describes two tensors).
+_DTYPE_NAMES: dict = {}
+
+
 def _describe(obj: Any, what: str) -> _Buffer:
     """Pointer, size, device and dtype of a tensor-like argument, with an error
     naming `what` for anything ferry cannot use."""
@@ -98,13 +103,11 @@ def _describe(obj: Any, what: str) -> _Buffer:
             raise InvalidArgumentError(f"{what} is on {obj.device}; expected a CUDA tensor")
         if not obj.is_contiguous():
             raise InvalidArgumentError(f"{what} is not contiguous; pass {what}.contiguous()")
-        return _Buffer(
-            obj.data_ptr(),
-            obj.numel() * obj.element_size(),
-            obj.device.index,
-            str(obj.dtype),
-            obj.element_size(),
-        )
+        dtype = obj.dtype
+        name = _DTYPE_NAMES.get(dtype)
+        if name is None:
+            name = _DTYPE_NAMES[dtype] = str(dtype)
+        return _Buffer(obj.data_ptr(), obj.nbytes, obj.get_device(), name, obj.itemsize)
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is None:
         raise InvalidArgumentError(
@@ -128,14 +131,30 @@ def _describe(obj: Any, what: str) -> _Buffer:
     return _Buffer(cai["data"][0], n * itemsize, -1, typestr, itemsize)
 
 
-def _stream_handle(stream: Any, device: int) -> int:
-    if stream is None:
-        try:
-            import torch
+def _current_stream_lookup():
+    """A function from a device index to the handle of torch's current stream
+    there (0 without torch): torch's raw-stream accessor where it has one (what
+    torch's own compiled code calls; no Stream object is built), else the
+    public API."""
+    try:
+        import torch
+    except ImportError:
+        return lambda device: 0
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw
+    return lambda device: torch.cuda.current_stream(device).cuda_stream
 
-            return torch.cuda.current_stream(device).cuda_stream
-        except ImportError:
-            return 0
+
+_current_stream = None
+
+
+def _stream_handle(stream: Any, device: int) -> int:
+    global _current_stream
+    if stream is None:
+        if _current_stream is None:
+            _current_stream = _current_stream_lookup()
+        return _current_stream(device)
     if isinstance(stream, int):
         return stream
     handle = getattr(stream, "cuda_stream", None)
@@ -306,9 +325,13 @@ class Communicator:
         if algo not in _ALGOS:
             raise InvalidArgumentError(f"algo is {algo!r}; expected one of {', '.join(_ALGOS)}")
         if local_copy not in _LOCAL_COPIES:
-            raise InvalidArgumentError(
-                f"local_copy is {local_copy!r}; expected one of {', '.join(_LOCAL_COPIES)}"
-            )
+            why = f"local_copy is {local_copy!r}; expected one of {', '.join(_LOCAL_COPIES)}"
+            if local_copy == "ce":
+                why += (
+                    " ('ce' was removed: a copy within one GPU runs on SMs whatever call makes it,"
+                    " see docs/architecture.md; 'driver' is the path it named)"
+                )
+            raise InvalidArgumentError(why)
         world = self._c.world
         outs = self._per_rank(outs, f"{op}: out")
         ins = [None] * len(outs) if ins is None else self._per_rank(ins, f"{op}: in")
@@ -386,9 +409,10 @@ class Communicator:
         """out (world x inp.nbytes, registered) receives every rank's `inp` in
         rank order, ordered in `stream` (default: the current torch stream).
         `inp` may be this rank's own slice of `out` (in-place: no local copy).
-        algo: 'auto' | 'pcpy' | 'b2b' | 'seq'. local_copy: how this rank's own block is
-        copied: 'auto'/'sm' (a small SM kernel; the copy engine is slow within
-        one GPU) or 'ce' (copy engine: no SM used)."""
+        algo: 'auto' | 'pcpy' | 'b2b' | 'seq'. local_copy: how this rank's own
+        block is copied, on SMs either way (CUDA has no SM-free copy within one
+        GPU): 'auto'/'sm' ferry's kernel on 32 SMs, 'driver' cudaMemcpyAsync
+        (CUDA's kernel on every SM, for a shorter time)."""
         self._run(False, op="all_gather", outs=out, ins=inp, stream=stream, algo=algo, local_copy=local_copy)
 
     def all_to_all(self, out, inp, stream=None, algo: str = "auto", local_copy: str = "auto") -> None:

@@ -1,8 +1,11 @@
-// The one kernel in ferry: copying a rank's own block within its GPU. A
-// copy-engine copy inside one GPU is far slower than an SM copy (see
-// docs/architecture.md), so the local block of an out-of-place collective uses
-// this kernel unless the caller asks for the copy engine (no SM at all) or the
-// call is in-place (nothing to copy).
+// The one kernel in ferry: copying a rank's own block within its GPU. CUDA
+// runs a copy within one GPU on SMs whichever call makes it (cudaMemcpyAsync,
+// the batched call with the copy-engine hint, a graph's memcpy node: measured
+// by bench/probes/sm_free.cu, docs/architecture.md), so the local block of an
+// out-of-place collective needs SMs either way. ferry's kernel takes a bounded
+// share of them (32 blocks); "driver" hands the copy to CUDA's own kernel,
+// which spreads it over every SM for a shorter time. In-place calls copy
+// nothing.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -14,8 +17,8 @@
 
 namespace ferry {
 
-enum class LocalCopy { kAuto = 0, kCopyEngine = 1, kKernel = 2, kMemcpy = 3 };
-// "auto", "ce", "sm" ("memcpy", a plain cudaMemcpyAsync, for measurements only).
+enum class LocalCopy { kAuto = 0, kDriver = 1, kKernel = 2 };
+// "auto", "driver", "sm".
 LocalCopy parse_local_copy(const std::string& name, const char* what);
 
 void launch_local_copy(void* dst, const void* src, size_t bytes, cudaStream_t stream);

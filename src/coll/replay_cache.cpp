@@ -59,15 +59,6 @@ std::string emission_key(const Program& program, const void* record, Algo algo, 
   return key;
 }
 
-bool replayable(const Program& program, LocalCopy local_copy) {
-  for (const Step& s : program.steps) {
-    if (s.kind == Step::Kind::kUnpack) return false;
-    if (s.kind == Step::Kind::kExchange && s.exchange.local.bytes > 0 && local_copy == LocalCopy::kCopyEngine)
-      return false;
-  }
-  return true;
-}
-
 bool worth_capturing(uint64_t times_seen) { return times_seen >= 2; }
 
 ReplayCache::~ReplayCache() {

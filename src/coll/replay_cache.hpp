@@ -25,13 +25,6 @@ namespace ferry {
 // enqueue equal commands.
 std::string emission_key(const Program& program, const void* record, Algo algo, LocalCopy local_copy);
 
-// Whether a call may be replayed from a graph without changing what runs it.
-// Not when it copies within one GPU on the copy engine (local_copy "ce", the
-// unpack of an in-place all_to_all): enqueued directly such a copy is a batched
-// call whose hint keeps it on a copy engine, but that call cannot be captured,
-// and a graph's plain memcpy node within one GPU may run on SMs.
-bool replayable(const Program& program, LocalCopy local_copy);
-
 // Whether a call seen `times_seen` times (this one included) is worth
 // capturing: capturing costs about as much as a few eager calls, so calls that
 // never repeat (all_to_allv with new counts every step) are not captured.

@@ -30,7 +30,7 @@ TEST(EmissionKey, AnyDifferenceInWhatIsEnqueuedChangesTheKey) {
   EXPECT_NE(base, emission_key(all_gather_like(65), buf, Algo::kB2b, LocalCopy::kAuto));       // size
   EXPECT_NE(base, emission_key(all_gather_like(64), buf + 64, Algo::kB2b, LocalCopy::kAuto));  // record
   EXPECT_NE(base, emission_key(all_gather_like(64), buf, Algo::kSeq, LocalCopy::kAuto));       // variant
-  EXPECT_NE(base, emission_key(all_gather_like(64), buf, Algo::kB2b, LocalCopy::kCopyEngine));
+  EXPECT_NE(base, emission_key(all_gather_like(64), buf, Algo::kB2b, LocalCopy::kDriver));
 
   Program moved = all_gather_like(64);
   moved.steps[0].exchange.pushes[1].copy.dst = buf + 2000;  // another peer address
@@ -47,18 +47,6 @@ TEST(EmissionKey, AnyDifferenceInWhatIsEnqueuedChangesTheKey) {
   EXPECT_NE(base, emission_key(reduced, buf, Algo::kB2b, LocalCopy::kAuto));
   EXPECT_NE(emission_key(reduced, buf, Algo::kB2b, LocalCopy::kAuto),
             emission_key(reduced_max, buf, Algo::kB2b, LocalCopy::kAuto));
-}
-
-TEST(ReplayCache, CallsThatCopyWithinOneGpuOnTheCopyEngineAreNotReplayed) {
-  EXPECT_TRUE(replayable(all_gather_like(64), LocalCopy::kAuto));
-  EXPECT_TRUE(replayable(all_gather_like(64), LocalCopy::kKernel));
-  EXPECT_FALSE(replayable(all_gather_like(64), LocalCopy::kCopyEngine));
-  Program in_place = all_gather_like(64);
-  in_place.steps[0].exchange.local.bytes = 0;  // nothing copied locally: fine
-  EXPECT_TRUE(replayable(in_place, LocalCopy::kCopyEngine));
-  Program unpacked = all_gather_like(64);
-  unpacked.add_unpack({Copy{buf, buf + 64, 64}});
-  EXPECT_FALSE(replayable(unpacked, LocalCopy::kAuto));
 }
 
 TEST(ReplayCache, CapturesOnlyCallsThatRepeat) {

@@ -65,7 +65,9 @@ def check_collectives(
     for algo in algos:
         for n in sizes:
             cases.append(("all_gather", algo, n, "sm", 0, False))
-        cases.append(("all_gather", algo, 1000003, "ce", 1, False))  # odd out offset, CE local copy
+        cases.append(
+            ("all_gather", algo, 1000003, "driver", 1, False)
+        )  # odd out offset, cudaMemcpy local copy
         cases.append(("all_gather", algo, 4096 * 3 + 5, "auto", 0, True))  # in-place
         for n in a2a_sizes:
             cases.append(("all_to_all", algo, n, "auto", 0, False))
@@ -201,11 +203,13 @@ def _same_buffers_expected(torch, op, r, world, n, counts, root, src):
     return sum(src(q, n) for q in range(world))  # all_reduce
 
 
-def check_same_buffers(torch, comm, ranks, devs, world, buf, reps=30, streams=None):
+def check_same_buffers(torch, comm, ranks, devs, world, buf, reps=30, streams=None, captured=False):
     """The training-loop pattern: the same call on the same buffers again and
     again, new data every time. From the second run on, ferry replays such a
     call from a CUDA graph (FERRY_REPLAY_CALLS): every run of every collective
-    is checked byte for byte, on alternating streams if given."""
+    is checked byte for byte, on alternating streams if given. captured=True
+    (one rank per process): each call is captured once into the user's own
+    torch CUDA graph, and every run is a replay of it."""
     local = len(ranks) > 1
     fails = []
     n, root = 4099, world - 1
@@ -221,19 +225,34 @@ def check_same_buffers(torch, comm, ranks, devs, world, buf, reps=30, streams=No
         ("broadcast", "auto", n),
         ("reduce_scatter", "auto", n),  # the reduction kernel inside the graph
         ("all_reduce", "auto", n),
+        ("all_to_all", "auto", n, "in-place"),  # rounds through the scratch, then unpacks
+        ("all_gather", "b2b", n, "driver"),  # own block by cudaMemcpyAsync
     ]
-    for op, algo, size in cases:
+    for op, algo, size, *variant in cases:
+        in_place, local_copy = variant == ["in-place"], ("driver" if variant == ["driver"] else "auto")
         outs, ins, floats = [], [], False
         for r, d, b in zip(ranks, devs, buf):
             n_in, n_out, floats = _same_buffers_shape(op, r, world, size, counts)
             dtype = torch.float32 if floats else torch.uint8
             outs.append(b[: n_out * (4 if floats else 1)].view(dtype))
-            ins.append(torch.empty(n_in, dtype=dtype, device=d))
-        kw = {"algo": algo}
+            ins.append(outs[-1] if in_place else torch.empty(n_in, dtype=dtype, device=d))
+        kw = (
+            {"algo": algo, "local_copy": local_copy} if op in ("all_gather", "all_to_all") else {"algo": algo}
+        )
         if op == "all_to_allv":
             kw["counts"] = counts
         if op == "broadcast":
             kw["root"] = root
+        call = lambda: getattr(comm, op)(outs if local else outs[0], ins if local else ins[0], **kw)  # noqa: E731
+        if captured:
+            graph = torch.cuda.CUDAGraph()
+            s = torch.cuda.Stream(device=devs[0])
+            torch.cuda.synchronize(devs[0])
+            with torch.cuda.stream(s):
+                with torch.cuda.graph(graph, stream=s):
+                    call()
+            call = graph.replay
+        label = f"{op} {algo} n={size}{' ' + variant[0] if variant else ''}"
         for i in range(reps):
             seed = lambda q: zlib.crc32(f"same/{op}/{algo}/{size}/{i}/{q}".encode())
             expected = []
@@ -244,19 +263,25 @@ def check_same_buffers(torch, comm, ranks, devs, world, buf, reps=30, streams=No
                     if floats
                     else (lambda q, m: _rand(torch, seed(q), m, d))
                 )
+                if not in_place:
+                    outs[k].view(torch.uint8).fill_(0xA5)
                 ins[k].copy_(src(r, ins[k].numel()))
-                outs[k].view(torch.uint8).fill_(0xA5)
                 expected.append(_same_buffers_expected(torch, op, r, world, size, counts, root, src))
-            if streams:
+            if streams and not captured:
                 st = [streams[k][i % len(streams[k])] for k in range(len(ranks))]
                 kw["stream"] = st if local else st[0]
-            getattr(comm, op)(outs if local else outs[0], ins if local else ins[0], **kw)
+            for d in devs:  # the inputs were written on the current streams
+                torch.cuda.synchronize(d)
+            call()
             comm.synchronize()
+            for d in devs:
+                torch.cuda.synchronize(d)
             for r, o, e in zip(ranks, outs, expected):
                 bad = int((o.view(torch.uint8) != e.view(torch.uint8)).sum().item())
                 if bad:
                     fails.append(
-                        f"rank {r}: {op} {algo} n={size}, run {i + 1} on the same buffers: {bad} wrong bytes"
+                        f"rank {r}: {label}, {'replay' if captured else 'run'} {i + 1} on the same buffers:"
+                        f" {bad} wrong bytes"
                     )
     return fails
 
@@ -274,6 +299,7 @@ def correctness(rank: int, world: int, port: int) -> list:
         fails += check_repeats(torch, comm, [rank], [dev], world, [buf], reps=200, streams=[streams])
         fails += check_same_buffers(torch, comm, [rank], [dev], world, [buf])
         fails += check_same_buffers(torch, comm, [rank], [dev], world, [buf], reps=10, streams=[streams])
+        fails += check_same_buffers(torch, comm, [rank], [dev], world, [buf], reps=10, captured=True)
         # A tensor from PyTorch's allocator, registered through CUDA IPC.
         t = torch.empty(world * 1000003 + 64, dtype=torch.uint8, device=dev)
         comm.register(t)

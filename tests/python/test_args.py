@@ -89,6 +89,8 @@ def test_options_are_checked():
         c.all_gather(Cai(64), Cai(16), algo="ring")
     with pytest.raises(InvalidArgumentError, match="local_copy is 'dma'"):
         c.all_gather(Cai(64), Cai(16), local_copy="dma")
+    with pytest.raises(InvalidArgumentError, match="'ce' was removed.*'driver'"):
+        c.all_gather(Cai(64), Cai(16), local_copy="ce")
     with pytest.raises(InvalidArgumentError, match="stream is a str"):
         c.all_gather(Cai(64), Cai(16), stream="s")
 

@@ -219,8 +219,8 @@ def _sweep(ctx: Ctx, out_all, inp_all, gpu: str) -> list:
 
 
 def _local_copy_probe(dev, opts) -> list:
-    """How fast one GPU copies a block within itself: copy engine (batched call
-    with the copy-engine hint), plain cudaMemcpyAsync, ferry's SM kernel."""
+    """How fast one GPU copies a block within itself: cudaMemcpyAsync (CUDA's
+    copy kernel) and ferry's SM kernel (32 blocks)."""
     import torch
 
     from ferry._native import require
@@ -231,7 +231,7 @@ def _local_copy_probe(dev, opts) -> list:
     for n in (4096, 1 << 20, 16 << 20, 256 << 20):
         src = torch.empty(n, dtype=torch.uint8, device=dev).random_()
         dst = torch.empty(n + 1, dtype=torch.uint8, device=dev)
-        for how in ("ce", "memcpy", "sm"):
+        for how in ("driver", "sm"):
             for off in (0, 1):
                 times = []
                 for _ in range(5):

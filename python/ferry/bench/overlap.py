@@ -13,7 +13,7 @@ import statistics
 
 IMPLS = {
     "ferry": "ferry (default: 32-block local copy)",
-    "ferry-ce": "ferry (local copy by copy engine hint)",
+    "ferry-driver": "ferry (local copy by cudaMemcpyAsync)",
     "nccl": "nccl",
 }
 
@@ -36,7 +36,7 @@ def run(ctx, out_all, inp_all) -> list:
 
     def issue(case, impl, count):
         for _ in range(count):
-            case.issue(impl, "ce" if impl == "ferry-ce" else "auto")
+            case.issue(impl, "driver" if impl == "ferry-driver" else "auto")
 
     def run_gemms():
         for _ in range(gemms):
