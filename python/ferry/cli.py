@@ -179,7 +179,7 @@ def main(argv=None) -> int:
     b.add_argument("--warmup", type=int, default=5)
     b.add_argument("--runs", type=int, default=7, help="timed runs per point; the median counts")
     b.add_argument("--timeout", type=float, default=120.0)
-    b.add_argument("--local-copy", default="auto", choices=("auto", "sm", "driver"))
+    b.add_argument("--local-copy", default="auto", choices=("auto", "peer", "sm", "driver"))
     b.add_argument("--overlap", action="store_true", help="also measure a bf16 GEMM loop beside all-gathers")
     b.add_argument("--overlap-size", default="64M", help="all-gather bytes per rank beside the GEMMs")
     b.add_argument("--overlap-gemms", type=int, default=30)

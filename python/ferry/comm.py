@@ -13,7 +13,7 @@ from .bootstrap import AllGather, TcpStore, TorchStore, group_allgather, read_la
 from .errors import ClosedError, InvalidArgumentError
 
 _ALGOS = ("auto", "pcpy", "b2b", "seq")
-_LOCAL_COPIES = ("auto", "sm", "driver")
+_LOCAL_COPIES = ("auto", "peer", "sm", "driver")
 
 
 @dataclass
@@ -410,9 +410,11 @@ class Communicator:
         rank order, ordered in `stream` (default: the current torch stream).
         `inp` may be this rank's own slice of `out` (in-place: no local copy).
         algo: 'auto' | 'pcpy' | 'b2b' | 'seq'. local_copy: how this rank's own
-        block is copied, on SMs either way (CUDA has no SM-free copy within one
-        GPU): 'auto'/'sm' ferry's kernel on 32 SMs, 'driver' cudaMemcpyAsync
-        (CUDA's kernel on every SM, for a shorter time)."""
+        block is copied: 'peer' read back from the first peer it was pushed to
+        (copy engines only, one more block over NVLink), 'sm' ferry's kernel on
+        32 SMs, 'driver' cudaMemcpyAsync (CUDA's kernel on every SM, for a
+        shorter time), 'auto' peer up to 4 MiB per rank, else sm. CUDA has no
+        SM-free copy within one GPU."""
         self._run(False, op="all_gather", outs=out, ins=inp, stream=stream, algo=algo, local_copy=local_copy)
 
     def all_to_all(self, out, inp, stream=None, algo: str = "auto", local_copy: str = "auto") -> None:

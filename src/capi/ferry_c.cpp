@@ -48,7 +48,7 @@ ferry::CollectiveArgs make_args(ferry::Communicator& c, ferry::CollOp op, void* 
   if (options) {
     FERRY_ARG_CHECK(options->algo >= FERRY_ALGO_AUTO && options->algo <= FERRY_ALGO_SEQ,
                     "options->algo is not a ferry_algo_t");
-    FERRY_ARG_CHECK(options->local_copy >= FERRY_LOCAL_COPY_AUTO && options->local_copy <= FERRY_LOCAL_COPY_SM,
+    FERRY_ARG_CHECK(options->local_copy >= FERRY_LOCAL_COPY_AUTO && options->local_copy <= FERRY_LOCAL_COPY_PEER,
                     "options->local_copy is not a ferry_local_copy_t");
     a.algo = static_cast<ferry::Algo>(options->algo);
     a.local_copy = static_cast<ferry::LocalCopy>(options->local_copy);

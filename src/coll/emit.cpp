@@ -128,6 +128,10 @@ void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, c
   std::vector<Copy> done;
   for (int t : x.targets) done.push_back(Copy{&device_flags(t)->done[r].value, b.record.done_source, sizeof(uint64_t)});
 
+  // The own block: read back from a peer after the push there (no SM), or
+  // copied within the GPU (an SM kernel: CUDA has no other way).
+  const LocalCopy how = resolve_local_copy(e.local_copy, x.local_pull.peer >= 0, x.local.bytes);
+  const bool pull_back = how == LocalCopy::kPeer && x.local.bytes > 0;
   bool side = false;
   if (e.algo == Algo::kPcpy && !x.targets.empty()) {
     // One stream per target: its push, then its done. These streams never wait
@@ -140,19 +144,20 @@ void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, c
       cudaStream_t pk = L.engines->peer(k);
       for (const auto& pc : x.pushes)
         if (pc.peer == x.targets[k]) dma::copy(pk, pc.copy);
+      if (pull_back && x.local_pull.peer == x.targets[k]) dma::copy_one(pk, x.local_pull.copy);
       dma::copy(pk, done[k]);
     }
-    copy_local(x.local, e.local_copy, s);
+    if (!pull_back) copy_local(x.local, how, s);
     L.engines->join(s, n);
   } else {
-    side = x.local.bytes > 0 && local_copy_on_side_stream(x.local.bytes);
-    {
+    side = !pull_back && x.local.bytes > 0 && local_copy_on_side_stream(x.local.bytes);
+    if (!pull_back) {
       HostTraceScope t(HostStage::kLocal);
       if (side) {
         L.engines->order(s, L.engines->side());
-        copy_local(x.local, e.local_copy, L.engines->side());
+        copy_local(x.local, how, L.engines->side());
       } else {
-        copy_local(x.local, e.local_copy, s);
+        copy_local(x.local, how, s);
       }
     }
     {
@@ -165,6 +170,9 @@ void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, c
       } else {
         dma::copy_batch(s, data);
       }
+      // After the pushes in stream order, before the done messages: the peer
+      // leaves its copy alone until it has them.
+      if (pull_back) dma::copy_one(s, x.local_pull.copy);
     }
     {
       HostTraceScope t(HostStage::kDone);

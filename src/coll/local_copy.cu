@@ -38,11 +38,23 @@ __global__ void copy_bytes(unsigned char* __restrict__ dst, const unsigned char*
   for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) dst[i] = src[i];
 }
 
-// dst[i] = the 4 bytes at (src_aligned + shift/8 + 4i), from two aligned words.
+// dst[i] = the 4 bytes at (src_aligned + shift/8 + 4i), from two aligned
+// words; kUnroll output words in flight per thread, as in copy_vec16.
 __global__ void copy_skewed(uint32_t* __restrict__ dst, const uint32_t* __restrict__ src_aligned, unsigned shift,
                             size_t n4) {
-  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += size_t(gridDim.x) * blockDim.x)
-    dst[i] = __funnelshift_r(src_aligned[i], src_aligned[i + 1], shift);
+  const size_t step = blockDim.x;
+  size_t i = size_t(blockIdx.x) * step * kUnroll + threadIdx.x;
+  for (; i + (kUnroll - 1) * step < n4; i += size_t(gridDim.x) * step * kUnroll) {
+    uint32_t lo[kUnroll], hi[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      lo[u] = __ldcs(src_aligned + i + u * step);
+      hi[u] = __ldcs(src_aligned + i + u * step + 1);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) __stcs(dst + i + u * step, __funnelshift_r(lo[u], hi[u], shift));
+  }
+  for (; i < n4; i += step) dst[i] = __funnelshift_r(src_aligned[i], src_aligned[i + 1], shift);
 }
 
 int blocks_for(size_t items) {
@@ -83,7 +95,7 @@ void launch_local_copy(void* dst, const void* src, size_t bytes, cudaStream_t st
     if (head) copy_bytes<<<1, kThreads, 0, stream>>>(d8, s8, head);
     const unsigned char* s_body = s8 + head;
     auto shift = static_cast<unsigned>(reinterpret_cast<uintptr_t>(s_body) % 4) * 8;
-    copy_skewed<<<blocks_for(n4), kThreads, 0, stream>>>(
+    copy_skewed<<<blocks_for((n4 + kUnroll - 1) / kUnroll), kThreads, 0, stream>>>(
         reinterpret_cast<uint32_t*>(d8 + head), reinterpret_cast<const uint32_t*>(s_body - shift / 8), shift, n4);
     copy_bytes<<<1, kThreads, 0, stream>>>(d8 + done, s8 + done, bytes - done);
   }
@@ -105,7 +117,8 @@ LocalCopy parse_local_copy(const std::string& name, const char* what) {
   if (name == "auto" || name.empty()) return LocalCopy::kAuto;
   if (name == "driver") return LocalCopy::kDriver;
   if (name == "sm") return LocalCopy::kKernel;
-  std::string why = std::string(what) + " is '" + name + "'; expected 'auto', 'sm' or 'driver'";
+  if (name == "peer") return LocalCopy::kPeer;
+  std::string why = std::string(what) + " is '" + name + "'; expected 'auto', 'peer', 'sm' or 'driver'";
   if (name == "ce")
     why +=
         " ('ce' was removed: a copy within one GPU runs on SMs whatever call makes it, see "

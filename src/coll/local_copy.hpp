@@ -17,8 +17,10 @@
 
 namespace ferry {
 
-enum class LocalCopy { kAuto = 0, kDriver = 1, kKernel = 2 };
-// "auto", "driver", "sm".
+// kPeer: no copy within the GPU at all; the block is read back from a peer
+// that the collective sent it to (Exchange::local_pull), on a copy engine.
+enum class LocalCopy { kAuto = 0, kDriver = 1, kKernel = 2, kPeer = 3 };
+// "auto", "driver", "sm", "peer".
 LocalCopy parse_local_copy(const std::string& name, const char* what);
 
 void launch_local_copy(void* dst, const void* src, size_t bytes, cudaStream_t stream);

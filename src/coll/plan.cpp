@@ -13,6 +13,14 @@ void add_push(Exchange& x, int peer, char* dst, const char* src, size_t bytes) {
 
 Copy local_copy(char* dst, const char* src, size_t bytes) { return Copy{dst, src, dst == src ? 0 : bytes}; }
 
+// For collectives that push the own block itself to every target at `at` of
+// its output: the first target's copy is read back.
+void set_local_pull(Exchange& x, const std::vector<char*>& out_by_rank, size_t at) {
+  if (x.local.bytes == 0 || x.pushes.empty()) return;
+  const int p = x.pushes.front().peer;
+  x.local_pull = PeerCopy{p, Copy{x.local.dst, out_by_rank[p] + at, x.local.bytes}};
+}
+
 }  // namespace
 
 const char* coll_op_name(CollOp op) {
@@ -45,6 +53,7 @@ Exchange plan_all_gather(int rank, int world, const std::vector<char*>& out_by_r
   const size_t at = static_cast<size_t>(rank) * bytes;
   for (int p : x.targets) add_push(x, p, out_by_rank[p] + at, in, bytes);
   x.local = local_copy(out_by_rank[rank] + at, in, bytes);
+  set_local_pull(x, out_by_rank, at);
   return x;
 }
 
@@ -99,6 +108,7 @@ Exchange plan_broadcast(int rank, int world, int root, const std::vector<char*>&
     x.targets = all_peers_but(rank, world);
     for (int p : x.targets) add_push(x, p, out_by_rank[p], in, bytes);
     x.local = local_copy(out_by_rank[rank], in, bytes);
+    set_local_pull(x, out_by_rank, 0);
   } else if (world > 1) {
     x.sources = {root};
   }
@@ -172,6 +182,12 @@ std::vector<Copy> plan_in_place_unpack(int rank, int world, char* buf, const cha
     out.push_back(Copy{buf + static_cast<size_t>(q) * bytes_per_rank + round.begin,
                        scratch + static_cast<size_t>(q) * slot_stride, round.len});
   return out;
+}
+
+LocalCopy resolve_local_copy(LocalCopy asked, bool has_pull, size_t bytes) {
+  if (asked == LocalCopy::kPeer) return has_pull ? LocalCopy::kPeer : LocalCopy::kKernel;
+  if (asked == LocalCopy::kAuto) return has_pull && bytes <= kPeerLocalMaxBytes ? LocalCopy::kPeer : LocalCopy::kKernel;
+  return asked;
 }
 
 bool local_copy_on_side_stream(size_t bytes) { return bytes >= (size_t(1) << 20); }

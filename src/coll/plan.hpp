@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "coll/local_copy.hpp"
 #include "dma/batch_plan.hpp"
 
 namespace ferry {
@@ -37,6 +38,11 @@ struct Exchange {
   std::vector<int> sources;         // ranks that write into this one
   std::vector<PeerCopy> pushes;     // in cyclic-shift order; zero-byte copies omitted
   Copy local{nullptr, nullptr, 0};  // this rank's own block (bytes == 0: nothing to copy)
+  // The same result as `local` without an SM (CUDA copies within one GPU on
+  // SMs; a copy from a peer runs on a copy engine): read back, after the push
+  // to `peer`, the bytes that push wrote there. peer < 0: none (the own block
+  // is sent nowhere else, as in all_to_all).
+  PeerCopy local_pull{-1, Copy{nullptr, nullptr, 0}};
 };
 
 // A contiguous piece of a rank's buffer: [offset, offset + bytes).
@@ -100,6 +106,13 @@ Exchange plan_in_place_round(int rank, int world, const std::vector<char*>& scra
                              size_t bytes_per_rank, const InPlaceRound& round, size_t slot_stride);
 std::vector<Copy> plan_in_place_unpack(int rank, int world, char* buf, const char* scratch, size_t bytes_per_rank,
                                        const InPlaceRound& round, size_t slot_stride);
+
+// How a rank's own block is copied when the caller asked for `asked`: kAuto
+// becomes kPeer (the SM-free pull back, see Exchange::local_pull) when the
+// exchange has one and the block is at most kPeerLocalMaxBytes, else kKernel.
+// An explicit kPeer without a pull falls back to kKernel.
+inline constexpr size_t kPeerLocalMaxBytes = size_t(4) << 20;
+LocalCopy resolve_local_copy(LocalCopy asked, bool has_pull, size_t bytes);
 
 // Whether a rank's own block is copied on a side stream, concurrently with the
 // pushes, instead of ahead of them on the collective's stream. Worth its two

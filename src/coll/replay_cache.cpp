@@ -36,6 +36,8 @@ std::string emission_key(const Program& program, const void* record, Algo algo, 
           put_copy(key, pc.copy);
         }
         put_copy(key, s.exchange.local);
+        put(key, s.exchange.local_pull.peer);
+        put_copy(key, s.exchange.local_pull.copy);
         break;
       case Step::Kind::kReduce: {
         const ReduceStep& r = s.reduce;

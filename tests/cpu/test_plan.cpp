@@ -61,6 +61,58 @@ TEST(Plan, AllGatherPushesOwnBlockEverywhere) {
   EXPECT_EQ(plan_all_gather(1, 4, outs, outs[1] + 100, 100).local.bytes, 0u);  // in-place
 }
 
+TEST(Plan, OwnBlockIsReadBackFromThePeerItsOwnPushWrote) {
+  // all_gather and a broadcast root: the pull's source is exactly the first
+  // push's destination, its destination the local copy's, so running pushes
+  // then pulls fills every output without a copy within a GPU.
+  const int world = 3;
+  const size_t n = 37;
+  std::vector<std::vector<unsigned char>> in(world), out(world);
+  Sim sim;
+  auto ins = fake_buffers(world, 2), outs = fake_buffers(world, 3);
+  for (int r = 0; r < world; ++r) {
+    in[r].resize(n);
+    for (size_t i = 0; i < n; ++i) in[r][i] = static_cast<unsigned char>(r * 60 + i);
+    out[r].assign(world * n, 0xee);
+    sim.add(ins[r], &in[r]);
+    sim.add(outs[r], &out[r]);
+  }
+  std::vector<Exchange> xs;
+  for (int r = 0; r < world; ++r) xs.push_back(plan_all_gather(r, world, outs, ins[r], n));
+  for (const auto& x : xs) {
+    ASSERT_GE(x.local_pull.peer, 0);
+    EXPECT_EQ(x.local_pull.peer, x.pushes.front().peer);
+    EXPECT_EQ(x.local_pull.copy.src, x.pushes.front().copy.dst);
+    EXPECT_EQ(x.local_pull.copy.dst, x.local.dst);
+    EXPECT_EQ(x.local_pull.copy.bytes, x.local.bytes);
+    for (const auto& pc : x.pushes) sim.run(pc.copy);
+  }
+  for (const auto& x : xs) sim.run(x.local_pull.copy);
+  for (int d = 0; d < world; ++d)
+    for (int s = 0; s < world; ++s)
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(out[d][s * n + i], in[s][i]) << d << " " << s << " " << i;
+
+  auto root = plan_broadcast(1, 4, 1, fake_buffers(4), ins[0], 64);
+  EXPECT_EQ(root.local_pull.peer, 2);
+  EXPECT_EQ(root.local_pull.copy.src, root.pushes.front().copy.dst);
+  // Nothing to read back: in-place calls, all_to_all (its own block goes nowhere else), one rank.
+  EXPECT_LT(plan_all_gather(1, 4, fake_buffers(4), fake_buffers(4)[1] + 64, 64).local_pull.peer, 0);
+  EXPECT_LT(plan_all_to_all(1, 4, fake_buffers(4), ins[0], 64).local_pull.peer, 0);
+  EXPECT_LT(plan_all_gather(0, 1, fake_buffers(1), ins[0], 64).local_pull.peer, 0);
+}
+
+TEST(Plan, LocalCopyChoice) {
+  const size_t cap = kPeerLocalMaxBytes;
+  EXPECT_EQ(resolve_local_copy(LocalCopy::kAuto, true, 1), LocalCopy::kPeer);
+  EXPECT_EQ(resolve_local_copy(LocalCopy::kAuto, true, cap), LocalCopy::kPeer);
+  EXPECT_EQ(resolve_local_copy(LocalCopy::kAuto, true, cap + 1), LocalCopy::kKernel);
+  EXPECT_EQ(resolve_local_copy(LocalCopy::kAuto, false, 1), LocalCopy::kKernel);
+  EXPECT_EQ(resolve_local_copy(LocalCopy::kPeer, true, cap * 64), LocalCopy::kPeer);
+  EXPECT_EQ(resolve_local_copy(LocalCopy::kPeer, false, 1), LocalCopy::kKernel);
+  EXPECT_EQ(resolve_local_copy(LocalCopy::kDriver, true, 1), LocalCopy::kDriver);
+  EXPECT_EQ(resolve_local_copy(LocalCopy::kKernel, true, 1), LocalCopy::kKernel);
+}
+
 TEST(Plan, AllToAllvMovesEveryByteOnceToItsPackedPlace) {
   const int world = 3;
   std::vector<size_t> counts = {1, 0, 5, 7, 2, 0, 3, 4, 9};  // [src * world + dst]

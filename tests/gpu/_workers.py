@@ -63,11 +63,12 @@ def check_collectives(
 
     cases = []
     for algo in algos:
-        for n in sizes:
-            cases.append(("all_gather", algo, n, "sm", 0, False))
-        cases.append(
-            ("all_gather", algo, 1000003, "driver", 1, False)
-        )  # odd out offset, cudaMemcpy local copy
+        for i, n in enumerate(sizes):
+            # auto: the own block read back from a peer up to 4 MiB, the kernel above.
+            cases.append(("all_gather", algo, n, ("auto", "sm")[i % 2], 0, False))
+        cases.append(("all_gather", algo, 1000003, "driver", 1, False))  # odd out offset, cudaMemcpy
+        cases.append(("all_gather", algo, 1000003, "peer", 1, False))  # odd out offset, read back
+        cases.append(("all_gather", algo, (5 << 20) + 1, "peer", 0, False))  # read back past auto's cap
         cases.append(("all_gather", algo, 4096 * 3 + 5, "auto", 0, True))  # in-place
         for n in a2a_sizes:
             cases.append(("all_to_all", algo, n, "auto", 0, False))
@@ -218,7 +219,8 @@ def check_same_buffers(torch, comm, ranks, devs, world, buf, reps=30, streams=No
         ("all_gather", "b2b", n),
         ("all_gather", "seq", n),
         ("all_gather", "pcpy", n),
-        ("all_gather", "b2b", (2 << 20) + 3),  # own block on the side stream
+        ("all_gather", "b2b", (2 << 20) + 3, "sm"),  # own block by the kernel, on the side stream
+        ("all_gather", "pcpy", n, "sm"),
         ("all_to_all", "b2b", n),
         ("all_to_all", "pcpy", n),
         ("all_to_allv", "auto", n),
@@ -229,7 +231,8 @@ def check_same_buffers(torch, comm, ranks, devs, world, buf, reps=30, streams=No
         ("all_gather", "b2b", n, "driver"),  # own block by cudaMemcpyAsync
     ]
     for op, algo, size, *variant in cases:
-        in_place, local_copy = variant == ["in-place"], ("driver" if variant == ["driver"] else "auto")
+        in_place = variant == ["in-place"]
+        local_copy = variant[0] if variant and not in_place else "auto"
         outs, ins, floats = [], [], False
         for r, d, b in zip(ranks, devs, buf):
             n_in, n_out, floats = _same_buffers_shape(op, r, world, size, counts)

@@ -12,7 +12,9 @@ from __future__ import annotations
 import statistics
 
 IMPLS = {
-    "ferry": "ferry (default: 32-block local copy)",
+    "ferry": "ferry (default local copy)",
+    "ferry-peer": "ferry (local block read back from a peer)",
+    "ferry-sm": "ferry (local copy by 32-block kernel)",
     "ferry-driver": "ferry (local copy by cudaMemcpyAsync)",
     "nccl": "nccl",
 }
@@ -36,7 +38,7 @@ def run(ctx, out_all, inp_all) -> list:
 
     def issue(case, impl, count):
         for _ in range(count):
-            case.issue(impl, "driver" if impl == "ferry-driver" else "auto")
+            case.issue(impl, impl.split("-")[1] if "-" in impl else "auto")
 
     def run_gemms():
         for _ in range(gemms):
