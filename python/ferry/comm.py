@@ -90,24 +90,26 @@ def _element_type(dtype: str) -> str:
     return dtype[1:]  # typestr: drop the byte-order character
 
 
-# str(torch dtype) by dtype object: str() of a dtype costs as much as the rest
-# of a tensor's description (every call describes two tensors).
-_DTYPE_NAMES: dict = {}
+# (str(dtype), itemsize) by torch dtype object. Each torch attribute read costs
+# a few hundred nanoseconds and every call describes two tensors, so the
+# description reads as few as it can: get_device() is -1 off the GPU.
+_DTYPE_INFO: dict = {}
 
 
 def _describe(obj: Any, what: str) -> _Buffer:
     """Pointer, size, device and dtype of a tensor-like argument, with an error
     naming `what` for anything ferry cannot use."""
     if hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous"):  # a torch.Tensor
-        if not obj.is_cuda:
+        device = obj.get_device()
+        if device < 0:
             raise InvalidArgumentError(f"{what} is on {obj.device}; expected a CUDA tensor")
         if not obj.is_contiguous():
             raise InvalidArgumentError(f"{what} is not contiguous; pass {what}.contiguous()")
         dtype = obj.dtype
-        name = _DTYPE_NAMES.get(dtype)
-        if name is None:
-            name = _DTYPE_NAMES[dtype] = str(dtype)
-        return _Buffer(obj.data_ptr(), obj.nbytes, obj.get_device(), name, obj.itemsize)
+        info = _DTYPE_INFO.get(dtype)
+        if info is None:
+            info = _DTYPE_INFO[dtype] = (str(dtype), obj.itemsize)
+        return _Buffer(obj.data_ptr(), obj.nbytes, device, info[0], info[1])
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is None:
         raise InvalidArgumentError(

@@ -41,6 +41,50 @@ def test_describe_rejects_non_arrays_and_strided():
     assert _describe(Cai(16, "<f4"), "in").nbytes == 64
 
 
+class TensorLike:
+    """The torch.Tensor surface _describe reads (torch is not needed here)."""
+
+    def __init__(self, n, device=0, contiguous=True, dtype="torch.float16", itemsize=2, ptr=0x9000):
+        self._n, self._dev, self._contig, self.dtype, self.itemsize, self._ptr = (
+            n,
+            device,
+            contiguous,
+            dtype,
+            itemsize,
+            ptr,
+        )
+        self.device = f"cuda:{device}" if device >= 0 else "cpu"
+
+    def get_device(self):
+        return self._dev
+
+    def is_contiguous(self):
+        return self._contig
+
+    def data_ptr(self):
+        return self._ptr
+
+    @property
+    def nbytes(self):
+        return self._n * self.itemsize
+
+
+def test_describe_torch_tensors():
+    b = _describe(TensorLike(10, device=1), "out")
+    assert (b.ptr, b.nbytes, b.device, b.dtype, b.itemsize) == (0x9000, 20, 1, "torch.float16", 2)
+    with pytest.raises(InvalidArgumentError, match="in is on cpu; expected a CUDA tensor"):
+        _describe(TensorLike(10, device=-1), "in")
+    with pytest.raises(InvalidArgumentError, match=r"out is not contiguous; pass out.contiguous\(\)"):
+        _describe(TensorLike(10, contiguous=False), "out")
+    # A torch tensor and a raw array of the same element type go together.
+    c = Communicator(FakeNative(world=2), local=False)
+    c.all_gather(TensorLike(8, device=0), Cai(4, "<f2"), stream=3)
+    with pytest.raises(InvalidArgumentError, match="out is torch.float16 and in is <f4"):
+        c.all_gather(TensorLike(8, device=0), Cai(4, "<f4"), stream=3)
+    with pytest.raises(InvalidArgumentError, match="in is on GPU 1; expected GPU 0"):
+        c.all_gather(Cai(16), TensorLike(4, device=1, dtype="torch.uint8", itemsize=1), stream=3)
+
+
 def test_sizes_and_dtypes_are_checked():
     c = Communicator(FakeNative(world=4), local=False)
     with pytest.raises(InvalidArgumentError, match="out has 100 bytes; expected world x in = 4 x 16"):
