@@ -415,7 +415,7 @@ class Communicator:
         block is copied: 'peer' read back from the first peer it was pushed to
         (copy engines only, one more block over NVLink), 'sm' ferry's kernel on
         32 SMs, 'driver' cudaMemcpyAsync (CUDA's kernel on every SM, for a
-        shorter time), 'auto' peer up to 256 KiB per rank, else sm. CUDA has no
+        shorter time), 'auto' peer up to 1 MiB per rank, else sm. CUDA has no
         SM-free copy within one GPU."""
         self._run(False, op="all_gather", outs=out, ins=inp, stream=stream, algo=algo, local_copy=local_copy)
 

@@ -1,7 +1,6 @@
 #include <cstdint>
 
 #include "coll/local_copy.hpp"
-#include "coll/urgent_launch.cuh"
 #include "core/error.hpp"
 #include "dma/engine.hpp"
 
@@ -78,28 +77,27 @@ void launch_local_copy(void* dst, const void* src, size_t bytes, cudaStream_t st
   auto* d8 = static_cast<unsigned char*>(dst);
   auto* s8 = static_cast<const unsigned char*>(src);
   if (bytes < 64) {
-    launch_urgent(copy_bytes, 1, kThreads, stream, d8, s8, bytes);
+    copy_bytes<<<1, kThreads, 0, stream>>>(d8, s8, bytes);
   } else if (d % 16 == s % 16) {
     // Co-aligned: bytes up to a 16-byte boundary, 16-byte words, a byte tail.
     size_t head = (16 - d % 16) % 16;
     size_t n16 = (bytes - head) / 16, tail = bytes - head - n16 * 16;
-    if (head) launch_urgent(copy_bytes, 1, kThreads, stream, d8, s8, head);
-    launch_urgent(copy_vec16, blocks_for((n16 + kUnroll - 1) / kUnroll), kThreads, stream,
-                  reinterpret_cast<uint4*>(d8 + head), reinterpret_cast<const uint4*>(s8 + head), n16);
-    if (tail) launch_urgent(copy_bytes, 1, kThreads, stream, d8 + head + n16 * 16, s8 + head + n16 * 16, tail);
+    if (head) copy_bytes<<<1, kThreads, 0, stream>>>(d8, s8, head);
+    copy_vec16<<<blocks_for((n16 + kUnroll - 1) / kUnroll), kThreads, 0, stream>>>(
+        reinterpret_cast<uint4*>(d8 + head), reinterpret_cast<const uint4*>(s8 + head), n16);
+    if (tail) copy_bytes<<<1, kThreads, 0, stream>>>(d8 + head + n16 * 16, s8 + head + n16 * 16, tail);
   } else {
     // Skewed: align the destination to 4 bytes and build each word from two
     // aligned source words, so no thread moves single bytes in the bulk.
     size_t head = (4 - d % 4) % 4;
     size_t n4 = (bytes - head) / 4 - 1;  // the last word's neighbour would lie past the source
     size_t done = head + n4 * 4;
-    if (head) launch_urgent(copy_bytes, 1, kThreads, stream, d8, s8, head);
+    if (head) copy_bytes<<<1, kThreads, 0, stream>>>(d8, s8, head);
     const unsigned char* s_body = s8 + head;
     auto shift = static_cast<unsigned>(reinterpret_cast<uintptr_t>(s_body) % 4) * 8;
-    launch_urgent(copy_skewed, blocks_for((n4 + kUnroll - 1) / kUnroll), kThreads, stream,
-                  reinterpret_cast<uint32_t*>(d8 + head), reinterpret_cast<const uint32_t*>(s_body - shift / 8), shift,
-                  n4);
-    launch_urgent(copy_bytes, 1, kThreads, stream, d8 + done, s8 + done, bytes - done);
+    copy_skewed<<<blocks_for((n4 + kUnroll - 1) / kUnroll), kThreads, 0, stream>>>(
+        reinterpret_cast<uint32_t*>(d8 + head), reinterpret_cast<const uint32_t*>(s_body - shift / 8), shift, n4);
+    copy_bytes<<<1, kThreads, 0, stream>>>(d8 + done, s8 + done, bytes - done);
   }
   FERRY_CUDA_CHECK(cudaGetLastError());
 }

@@ -110,12 +110,15 @@ std::vector<Copy> plan_in_place_unpack(int rank, int world, char* buf, const cha
 // How a rank's own block is copied when the caller asked for `asked`: kAuto
 // becomes kPeer (the SM-free pull back, see Exchange::local_pull) when the
 // exchange has one and the block is at most kPeerLocalMaxBytes, else kKernel.
-// An explicit kPeer without a pull falls back to kKernel. The bound is measured
-// (x2, 2026-11-22, bench/results/*-x2-local-{sm,auto}.*): up to 256 KB the pull
-// costs no time against the kernel (graph 27.6-28.6 us against 29.1-30.7); at
-// 1 MB it adds 7 us and at 4 MB 18 us, where the kernel runs beside the pushes.
-// Beside a GEMM the pull wins at every size (docs/performance.md): pass "peer".
-inline constexpr size_t kPeerLocalMaxBytes = size_t(256) << 10;
+// An explicit kPeer without a pull falls back to kKernel. The bound weighs two
+// measurements (x2, 2026-11-22, docs/performance.md, "SM-free own block").
+// Alone, the pull costs nothing up to 256 KB (graph 27.6-28.6 us against
+// 29.1-30.7 with the kernel), 1 (eager) to 7 us (graph) at 1 MB, 18 us at 4 MB,
+// and at 16 MB and more it halves 2-GPU bandwidth (one more block per peer).
+// Beside GEMMs the kernel waits for SMs and the collective with it: at 64 KB
+// and 1 MB the all-gathers then end 6-8 ms after the GEMMs, with the pull
+// they end with them. Up to 1 MiB ferry takes the pull.
+inline constexpr size_t kPeerLocalMaxBytes = size_t(1) << 20;
 LocalCopy resolve_local_copy(LocalCopy asked, bool has_pull, size_t bytes);
 
 // Whether a rank's own block is copied on a side stream, concurrently with the

@@ -2,7 +2,6 @@
 #include <cuda_fp16.h>
 
 #include "coll/reduce.hpp"
-#include "coll/urgent_launch.cuh"
 #include "core/error.hpp"
 
 namespace ferry {
@@ -63,8 +62,8 @@ void launch_typed(const ReduceStep& s, cudaStream_t stream) {
     if (p != s.rank) t.slot[n++] = s.scratch + static_cast<size_t>(p) * s.slot_stride;
   size_t blocks = (s.count + kThreads - 1) / kThreads;
   int grid = static_cast<int>(blocks < kMaxBlocks ? (blocks ? blocks : 1) : kMaxBlocks);
-  launch_urgent(reduce_kernel<T>, grid, kThreads, stream, static_cast<T*>(s.out), static_cast<const T*>(s.own), t, n,
-                s.count, s.op);
+  reduce_kernel<T>
+      <<<grid, kThreads, 0, stream>>>(static_cast<T*>(s.out), static_cast<const T*>(s.own), t, n, s.count, s.op);
   FERRY_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -27,9 +27,6 @@ const std::vector<Knob>& knobs() {
       {"FERRY_REPLAY_CALLS", "int", "1",
        "1: an eager call made a second time with the same buffers is captured once into a CUDA graph and then "
        "launched from it (one host operation instead of about a dozen); 0: every call enqueues its commands"},
-      {"FERRY_URGENT_KERNELS", "int", "1",
-       "1: ferry's kernels (local copy, reductions) launch at the highest priority, so they do not wait behind "
-       "the blocks of the user's long kernels; 0: normal priority"},
       {"FERRY_SCRATCH_BYTES", "int", "67108864",
        "bound on the scratch an in-place all_to_all uses per rank (it runs in rounds of scratch / world bytes)"},
   };
