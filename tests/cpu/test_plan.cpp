@@ -7,6 +7,7 @@
 
 #include "coll/plan.hpp"
 #include "coll/program.hpp"
+#include "core/error.hpp"
 
 using namespace ferry;
 
@@ -111,6 +112,24 @@ TEST(Plan, LocalCopyChoice) {
   EXPECT_EQ(resolve_local_copy(LocalCopy::kPeer, false, 1), LocalCopy::kKernel);
   EXPECT_EQ(resolve_local_copy(LocalCopy::kDriver, true, 1), LocalCopy::kDriver);
   EXPECT_EQ(resolve_local_copy(LocalCopy::kKernel, true, 1), LocalCopy::kKernel);
+}
+
+TEST(Plan, LocalCopyNames) {
+  EXPECT_EQ(parse_local_copy("auto", "local_copy"), LocalCopy::kAuto);
+  EXPECT_EQ(parse_local_copy("", "local_copy"), LocalCopy::kAuto);
+  EXPECT_EQ(parse_local_copy("peer", "local_copy"), LocalCopy::kPeer);
+  EXPECT_EQ(parse_local_copy("sm", "local_copy"), LocalCopy::kKernel);
+  EXPECT_EQ(parse_local_copy("driver", "local_copy"), LocalCopy::kDriver);
+  for (const char* bad : {"ce", "dma"}) {
+    try {
+      parse_local_copy(bad, "local_copy");
+      FAIL() << bad;
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(std::string("local_copy is '") + bad + "'"), std::string::npos) << m;
+      EXPECT_EQ(m.find("was removed") != std::string::npos, std::string(bad) == "ce") << m;
+    }
+  }
 }
 
 TEST(Plan, AllToAllvMovesEveryByteOnceToItsPackedPlace) {
