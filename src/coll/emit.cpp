@@ -66,9 +66,30 @@ void Communicator::emit_eager(int local, const Built& b, const Emission& e) {
   FERRY_CUDA_CHECK(cudaGraphLaunch(entry->exec, e.stream));
 }
 
+namespace {
+
+// This thread's capture mode set to relaxed while ferry captures and
+// instantiates its own graph. Under the default (global) mode, a capture
+// that the user runs meanwhile on another stream, in this thread or another,
+// forbids instantiating a graph, and the attempt invalidates the user's
+// capture; relaxed mode allows it and leaves other captures alone.
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() { FERRY_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&previous_)); }
+  ~RelaxedCaptureMode() { cudaThreadExchangeStreamCaptureMode(&previous_); }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  cudaStreamCaptureMode previous_ = cudaStreamCaptureModeRelaxed;
+};
+
+}  // namespace
+
 // Captures the call's commands on ferry's capture stream, in this thread's
 // own capture mode (other threads, and their captures, are not affected).
 cudaGraphExec_t Communicator::capture_call(int local, const Built& b, Emission e) {
+  RelaxedCaptureMode relaxed;
   cudaStream_t cs = locals_[local]->engines->capture();
   FERRY_CUDA_CHECK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal));
   e.stream = cs;

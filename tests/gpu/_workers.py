@@ -640,6 +640,39 @@ def prelaunch_and_graphs(rank: int, world: int, port: int) -> list:
             check("graph all_reduce", ar, torch.full_like(ar, world * (world + 1) / 2))
         del graph
         comm.synchronize()
+
+        # Eager calls made while the user captures another stream in global
+        # mode (torch's default): ferry captures the repeated call into its own
+        # graph meanwhile, which must neither fail the calls nor invalidate the
+        # user's capture.
+        g_in.copy_(_rand(torch, 4242 + rank, 4096, dev))
+        torch.cuda.synchronize()
+        user_graph = torch.cuda.CUDAGraph()
+        cap, other = torch.cuda.Stream(device=dev), torch.cuda.Stream(device=dev)
+        counter = torch.zeros(1, dtype=torch.float32, device=dev)
+        try:
+            with torch.cuda.stream(cap):
+                with torch.cuda.graph(user_graph, stream=cap):
+                    counter.add_(1)
+                    for _ in range(3):
+                        comm.all_gather(g_out, g_in, stream=other)
+            other.synchronize()
+            comm.synchronize()
+            check(
+                "eager all_gather during a user's global capture",
+                g_out,
+                torch.cat([_rand(torch, 4242 + q, 4096, dev) for q in range(world)]),
+            )
+            user_graph.replay()
+            torch.cuda.synchronize()
+            if counter.item() != 1.0:
+                fails.append(
+                    f"rank {rank}: the user's graph ran its kernel {counter.item()} times, expected once"
+                )
+        except Exception as exc:  # noqa: BLE001
+            fails.append(f"rank {rank}: eager calls during a user's global capture: {exc!r}")
+        del user_graph
+        comm.synchronize()
         # Counts that disagree between ranks: named at once, not after the timeout.
         counts = [[1] * world for _ in range(world)]
         if rank == 0:
