@@ -87,6 +87,7 @@ def cmd_bench(args) -> int:
         overlap_gemms=args.overlap_gemms,
         overlap_reps=args.overlap_reps,
         overlap_sizes=[parse_size(x) for x in args.overlap_sizes.split(",") if x],
+        overlap_op=args.overlap_op,
         local_copy_probe=args.local_copy_probe,
         prelaunch=args.prelaunch,
         prelaunch_ops=["all_gather", "all_to_all"],
@@ -183,6 +184,12 @@ def main(argv=None) -> int:
     b.add_argument("--overlap", action="store_true", help="also measure a bf16 GEMM loop beside all-gathers")
     b.add_argument("--overlap-size", default="64M", help="all-gather bytes per rank beside the GEMMs")
     b.add_argument("--overlap-gemms", type=int, default=30)
+    b.add_argument(
+        "--overlap-op",
+        default="all_gather",
+        choices=("all_gather", "all_to_all"),
+        help="the collective beside the GEMMs",
+    )
     b.add_argument("--overlap-reps", type=int, default=7, help="alternating alone/beside measurements")
     b.add_argument(
         "--overlap-sizes", default="", help="all-gather sizes for the overlap (default: --overlap-size)"

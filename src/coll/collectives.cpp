@@ -118,18 +118,34 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
     slot_stride = scratch_slot_stride(largest_block(split_blocks(a.count, esize, world_)));
   }
 
+  // all_to_all(v) out of place: the own block bounces through the first
+  // target's scratch where the local-copy choice says "peer" (add_bounce),
+  // decided from the largest own block so that every rank decides alike.
+  size_t bounce_bytes = 0;
+  if ((a.op == CollOp::kAllToAll && !in_place_a2a) || a.op == CollOp::kAllToAllv) {
+    const size_t own = a.op == CollOp::kAllToAll ? shape : all_to_allv_largest_own(world_, a.counts);
+    if (own > 0 && world_ > 1 && resolve_local_copy(a.local_copy, true, own) == LocalCopy::kPeer) bounce_bytes = own;
+  }
+  const size_t scratch_need = slot_stride ? slot_stride * W : bounce_bytes;
+
   // Before any per-rank check that could fail on one rank only: growing the
   // scratch is itself collective.
   const Registration* scr = nullptr;
-  if (slot_stride) {
-    scr = find_scratch(slot_stride * W);
-    if (!scr && dma::is_capturing(a.streams[0]))
-      throw_error(FERRY_ERROR_INVALID_ARGUMENT,
-                  name + ": needs " + bytes_str(slot_stride * W) +
-                      " of scratch per rank, and allocating it is a collective step that must not happen while a "
-                      "CUDA graph is being captured; call comm.reserve_scratch(" +
-                      std::to_string(slot_stride * W) + ") on every rank before capturing");
-    if (!scr) scr = &scratch(slot_stride * W);
+  if (scratch_need) {
+    scr = find_scratch(scratch_need);
+    if (!scr && dma::is_capturing(a.streams[0])) {
+      // Without the scratch an automatic bounce falls back to the copy kernel.
+      if (bounce_bytes && a.local_copy == LocalCopy::kAuto) {
+        bounce_bytes = 0;
+      } else {
+        throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                    name + ": needs " + bytes_str(scratch_need) +
+                        " of scratch per rank, and allocating it is a collective step that must not happen while a "
+                        "CUDA graph is being captured; call comm.reserve_scratch(" +
+                        std::to_string(scratch_need) + ") on every rank before capturing");
+      }
+    }
+    if (!scr && bounce_bytes + slot_stride) scr = &scratch(scratch_need);
   }
   std::vector<char*> scratch_by_rank(world_, nullptr);
   if (scr)
@@ -213,7 +229,8 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
         break;
       case CollOp::kAllToAll:
         if (!in_place_a2a) {
-          b.program.add_exchange(plan_all_to_all(r, world_, out_by_rank, in, shape));
+          b.program.add_exchange(
+              plan_all_to_all(r, world_, out_by_rank, in, shape, bounce_bytes ? &scratch_by_rank : nullptr));
           break;
         }
         for (const auto& round : plan_in_place_rounds(shape, chunk)) {
@@ -222,7 +239,8 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
         }
         break;
       case CollOp::kAllToAllv:
-        b.program.add_exchange(plan_all_to_allv(r, world_, out_by_rank, in, a.counts));
+        b.program.add_exchange(
+            plan_all_to_allv(r, world_, out_by_rank, in, a.counts, bounce_bytes ? &scratch_by_rank : nullptr));
         break;
       case CollOp::kBroadcast:
         b.program.add_exchange(plan_broadcast(r, world_, a.root, out_by_rank, in, shape));

@@ -57,13 +57,23 @@ Exchange plan_all_gather(int rank, int world, const std::vector<char*>& out_by_r
   return x;
 }
 
-Exchange plan_all_to_all(int rank, int world, const std::vector<char*>& out_by_rank, const char* in, size_t bytes) {
+Exchange plan_all_to_all(int rank, int world, const std::vector<char*>& out_by_rank, const char* in, size_t bytes,
+                         const std::vector<char*>* bounce) {
   Exchange x;
   x.targets = x.sources = all_peers_but(rank, world);
   const size_t at = static_cast<size_t>(rank) * bytes;
   for (int p : x.targets) add_push(x, p, out_by_rank[p] + at, in + static_cast<size_t>(p) * bytes, bytes);
   x.local = local_copy(out_by_rank[rank] + at, in + at, bytes);
+  if (bounce) add_bounce(x, *bounce);
   return x;
+}
+
+void add_bounce(Exchange& x, const std::vector<char*>& bounce) {
+  if (x.local.bytes == 0 || x.targets.empty()) return;
+  const int p = x.targets.front();
+  // Last among the pushes: in stream order (seq) the real data goes first.
+  add_push(x, p, bounce[p], static_cast<const char*>(x.local.src), x.local.bytes);
+  x.local_pull = PeerCopy{p, Copy{x.local.dst, bounce[p], x.local.bytes}};
 }
 
 size_t all_to_allv_send_offset(int world, const std::vector<size_t>& counts, int src, int dst) {
@@ -86,8 +96,14 @@ size_t all_to_allv_recv_total(int world, const std::vector<size_t>& counts, int 
   return all_to_allv_recv_offset(world, counts, world, dst);
 }
 
+size_t all_to_allv_largest_own(int world, const std::vector<size_t>& counts) {
+  size_t most = 0;
+  for (int r = 0; r < world; ++r) most = std::max(most, counts[static_cast<size_t>(r) * world + r]);
+  return most;
+}
+
 Exchange plan_all_to_allv(int rank, int world, const std::vector<char*>& out_by_rank, const char* in,
-                          const std::vector<size_t>& counts) {
+                          const std::vector<size_t>& counts, const std::vector<char*>* bounce) {
   Exchange x;
   // Every pair handshakes even when it moves no bytes: the protocol stays one
   // shape, and a peer that called with other counts is caught by its signature.
@@ -98,6 +114,7 @@ Exchange plan_all_to_allv(int rank, int world, const std::vector<char*>& out_by_
   x.local = local_copy(out_by_rank[rank] + all_to_allv_recv_offset(world, counts, rank, rank),
                        in + all_to_allv_send_offset(world, counts, rank, rank),
                        counts[static_cast<size_t>(rank) * world + rank]);
+  if (bounce) add_bounce(x, *bounce);
   return x;
 }
 

@@ -60,12 +60,18 @@ std::vector<int> cyclic_peers(int rank, int world);
 // `out_by_rank[p]` is rank p's output as mapped in this process.
 //   all_gather: in (bytes) -> out_p[rank * bytes]; in-place when in is out_rank[rank * bytes].
 Exchange plan_all_gather(int rank, int world, const std::vector<char*>& out_by_rank, const char* in, size_t bytes);
-//   all_to_all: in[p * bytes] (bytes) -> out_p[rank * bytes]
-Exchange plan_all_to_all(int rank, int world, const std::vector<char*>& out_by_rank, const char* in, size_t bytes);
+//   all_to_all: in[p * bytes] (bytes) -> out_p[rank * bytes]. With `bounce`
+//   (each rank's bounce area, as mapped here; see add_bounce) the own block
+//   goes out and back through the first target instead of a copy within the GPU.
+Exchange plan_all_to_all(int rank, int world, const std::vector<char*>& out_by_rank, const char* in, size_t bytes,
+                         const std::vector<char*>* bounce = nullptr);
 //   all_to_allv: counts[src * world + dst] bytes; `in` is packed by destination
 //   (rank order), every output is packed by source (rank order).
 Exchange plan_all_to_allv(int rank, int world, const std::vector<char*>& out_by_rank, const char* in,
-                          const std::vector<size_t>& counts);
+                          const std::vector<size_t>& counts, const std::vector<char*>* bounce = nullptr);
+// The largest own block (counts[r * world + r]) of any rank: the bounce area
+// every rank needs for all_to_allv.
+size_t all_to_allv_largest_own(int world, const std::vector<size_t>& counts);
 // Offsets (bytes) into src's input and dst's output that all_to_allv uses.
 size_t all_to_allv_send_offset(int world, const std::vector<size_t>& counts, int src, int dst);
 size_t all_to_allv_recv_offset(int world, const std::vector<size_t>& counts, int src, int dst);
@@ -106,6 +112,13 @@ Exchange plan_in_place_round(int rank, int world, const std::vector<char*>& scra
                              size_t bytes_per_rank, const InPlaceRound& round, size_t slot_stride);
 std::vector<Copy> plan_in_place_unpack(int rank, int world, char* buf, const char* scratch, size_t bytes_per_rank,
                                        const InPlaceRound& round, size_t slot_stride);
+
+// all_to_all(v) sends the own block nowhere, so there is nothing to read
+// back; with a bounce area on every rank (ferry's scratch) the own block is
+// pushed into the first target's area with the other pushes and read back from
+// there (Exchange::local_pull): two transfers instead of a copy within the GPU.
+// The area receives only from the rank before it in cyclic order.
+void add_bounce(Exchange& x, const std::vector<char*>& bounce);
 
 // How a rank's own block is copied when the caller asked for `asked`: kAuto
 // becomes kPeer (the SM-free pull back, see Exchange::local_pull) when the

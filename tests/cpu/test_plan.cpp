@@ -102,6 +102,57 @@ TEST(Plan, OwnBlockIsReadBackFromThePeerItsOwnPushWrote) {
   EXPECT_LT(plan_all_gather(0, 1, fake_buffers(1), ins[0], 64).local_pull.peer, 0);
 }
 
+TEST(Plan, AllToAllOwnBlockBouncesThroughTheNextRank) {
+  // Pushes (the bounce included) of every rank, then every pull: each output
+  // is complete, no rank copied within its GPU, and each bounce area took
+  // exactly one rank's block (the rank before it in cyclic order).
+  const int world = 3;
+  const size_t n = 11;
+  std::vector<size_t> counts = {4, 0, 5, 7, 9, 1, 3, 2, 6};  // all_to_allv [src * world + dst]
+  for (bool v : {false, true}) {
+    std::vector<std::vector<unsigned char>> in(world), out(world), area(world);
+    Sim sim;
+    auto ins = fake_buffers(world, 2), outs = fake_buffers(world, 3), bounce = fake_buffers(world, 4);
+    for (int r = 0; r < world; ++r) {
+      in[r].resize(v ? all_to_allv_send_total(world, counts, r) : world * n);
+      for (size_t i = 0; i < in[r].size(); ++i) in[r][i] = static_cast<unsigned char>(r * 70 + i);
+      out[r].assign(v ? all_to_allv_recv_total(world, counts, r) : world * n, 0xee);
+      area[r].assign(v ? all_to_allv_largest_own(world, counts) : n, 0xdd);
+      sim.add(ins[r], &in[r]);
+      sim.add(outs[r], &out[r]);
+      sim.add(bounce[r], &area[r]);
+    }
+    EXPECT_EQ(all_to_allv_largest_own(world, counts), 9u);
+    std::vector<Exchange> xs;
+    for (int r = 0; r < world; ++r) {
+      xs.push_back(v ? plan_all_to_allv(r, world, outs, ins[r], counts, &bounce)
+                     : plan_all_to_all(r, world, outs, ins[r], n, &bounce));
+      const Exchange& x = xs.back();
+      ASSERT_EQ(x.local_pull.peer, (r + 1) % world);
+      EXPECT_EQ(x.pushes.back().copy.dst, bounce[(r + 1) % world]);
+      EXPECT_EQ(x.local_pull.copy.src, bounce[(r + 1) % world]);
+      EXPECT_EQ(x.local_pull.copy.dst, x.local.dst);
+      for (const auto& pc : x.pushes) sim.run(pc.copy);
+    }
+    for (const auto& x : xs) sim.run(x.local_pull.copy);
+    for (int d = 0; d < world; ++d) {
+      size_t at = 0;
+      for (int src = 0; src < world; ++src) {
+        const size_t len = v ? counts[src * world + d] : n;
+        const size_t from = v ? all_to_allv_send_offset(world, counts, src, d) : d * n;
+        for (size_t i = 0; i < len; ++i) ASSERT_EQ(out[d][at + i], in[src][from + i]) << v << d << src << i;
+        at += len;
+      }
+    }
+  }
+  // Nothing to bounce: an empty own block, one rank.
+  std::vector<size_t> zero_own = {0, 1, 1, 0};
+  auto b2 = fake_buffers(2, 4);
+  EXPECT_LT(plan_all_to_allv(0, 2, fake_buffers(2), fake_buffers(2, 2)[0], zero_own, &b2).local_pull.peer, 0);
+  auto b1 = fake_buffers(1, 4);
+  EXPECT_LT(plan_all_to_all(0, 1, fake_buffers(1), fake_buffers(1, 2)[0], 8, &b1).local_pull.peer, 0);
+}
+
 TEST(Plan, LocalCopyChoice) {
   const size_t cap = kPeerLocalMaxBytes;
   EXPECT_EQ(resolve_local_copy(LocalCopy::kAuto, true, 1), LocalCopy::kPeer);

@@ -70,9 +70,11 @@ def check_collectives(
         cases.append(("all_gather", algo, 1000003, "peer", 1, False))  # odd out offset, read back
         cases.append(("all_gather", algo, max(sizes), "peer", 0, False))  # read back past auto's cap
         cases.append(("all_gather", algo, 4096 * 3 + 5, "auto", 0, True))  # in-place
-        for n in a2a_sizes:
-            cases.append(("all_to_all", algo, n, "auto", 0, False))
+        for i, n in enumerate(a2a_sizes):
+            # auto: the own block bounces through the next rank's scratch up to 1 MiB.
+            cases.append(("all_to_all", algo, n, ("auto", "sm")[i % 2], 0, False))
         cases.append(("all_to_all", algo, 1000003, "auto", 3, False))
+        cases.append(("all_to_all", algo, max(a2a_sizes), "peer", 0, False))  # bounce past auto's cap
     for op, algo, n, lc, off, in_place in cases:
         for dtype_name in dtypes:
             dtype = getattr(torch, dtype_name)
@@ -223,6 +225,7 @@ def check_same_buffers(torch, comm, ranks, devs, world, buf, reps=30, streams=No
         ("all_gather", "pcpy", n, "sm"),
         ("all_to_all", "b2b", n),
         ("all_to_all", "pcpy", n),
+        ("all_to_all", "seq", n, "sm"),
         ("all_to_allv", "auto", n),
         ("broadcast", "auto", n),
         ("reduce_scatter", "auto", n),  # the reduction kernel inside the graph

@@ -1,4 +1,5 @@
-"""Compute beside communication. For each size: a loop of bf16 GEMMs alone;
+"""Compute beside communication (all-gathers, or all-to-alls with
+--overlap-op). For each size: a loop of bf16 GEMMs alone;
 the collective alone; then both started together on two streams, timing the
 GEMM loop (its slowdown) and the end-to-end time until both are done. The
 collective count is chosen so that the collectives alone take about as long
@@ -13,7 +14,7 @@ import statistics
 
 IMPLS = {
     "ferry": "ferry (default local copy)",
-    "ferry-peer": "ferry (local block read back from a peer)",
+    "ferry-peer": "ferry (own block through a peer, no SM)",
     "ferry-sm": "ferry (local copy by 32-block kernel)",
     "ferry-driver": "ferry (local copy by cudaMemcpyAsync)",
     "nccl": "nccl",
@@ -86,9 +87,10 @@ def run(ctx, out_all, inp_all) -> list:
         return gs.elapsed_time(ge), max(start.elapsed_time(ge), start.elapsed_time(ce))
 
     results = []
+    op = opts.get("overlap_op", "all_gather")
     sizes = opts["overlap_sizes"] or [opts["overlap_bytes"]]
     for n in sizes:
-        case = Case(torch, ctx.dist, ctx.comm, "all_gather", n, world, ctx.rank, out_all, inp_all)
+        case = Case(torch, ctx.dist, ctx.comm, op, n, world, ctx.rank, out_all, inp_all)
         case.reset()
         # Warm first: ferry captures a repeated call into a graph on its second
         # run, and a cold estimate (capture included) made the count several
@@ -108,6 +110,7 @@ def run(ctx, out_all, inp_all) -> list:
             t_alone, t_coll = ctx.slowest(statistics.median(alone)), ctx.slowest(statistics.median(c_alone))
             t_beside, t_e2e = ctx.slowest(statistics.median(beside)), ctx.slowest(statistics.median(e2e))
             rec = dict(
+                op=op,
                 impl=IMPLS[impl],
                 impl_key=impl,
                 world=world,
@@ -127,7 +130,7 @@ def run(ctx, out_all, inp_all) -> list:
             results.append(rec)
             ctx.log(
                 f"  overlap {format_size(n):>6} {impl:<9} gemm {t_alone:7.2f} -> {t_beside:7.2f} ms "
-                f"({rec['slowdown_pct']:+.1f}%), {count} all_gathers alone {t_coll:7.2f} ms, "
+                f"({rec['slowdown_pct']:+.1f}%), {count} {op}s alone {t_coll:7.2f} ms, "
                 f"end-to-end {t_e2e:7.2f} ms (serial {t_alone + t_coll:7.2f})"
             )
     return results

@@ -154,7 +154,8 @@ def format_sections(result: dict) -> List[str]:
                 f"{r['copy_us']:>9.1f}{r['sync_us']:>8.1f}{r['in_stream_us']:>11.1f}"
             )
     if result.get("overlap"):
-        out += ["", "# overlap: bf16 GEMM loop beside all_gathers (ms)"]
+        op = result["overlap"][0].get("op", "all_gather")
+        out += ["", f"# overlap: bf16 GEMM loop beside {op}s (ms)"]
         out += [
             f"{'bytes/rank':>10}  {'impl':<40}{'gemm':>8}{'beside':>8}{'slow%':>7}{'coll':>8}{'e2e':>8}{'serial':>8}"
         ]
@@ -236,9 +237,10 @@ def plot_overlap(overlap: Sequence[dict], path: str, title: str) -> bool:
         )
         a1.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
         a2.plot([p[0] for p in pts], [p[2] for p in pts], marker="o", label=impl)
-    for ax, yl in ((a1, "GEMM slowdown beside all_gathers (%)"), (a2, "end-to-end / serial")):
+    op = overlap[0].get("op", "all_gather") if overlap else "all_gather"
+    for ax, yl in ((a1, f"GEMM slowdown beside {op}s (%)"), (a2, "end-to-end / serial")):
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("all_gather bytes per rank")
+        ax.set_xlabel(f"{op} bytes per rank")
         ax.set_ylabel(yl)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
