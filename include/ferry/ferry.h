@@ -100,7 +100,7 @@ typedef enum {
   FERRY_LOCAL_COPY_AUTO = 0,   /* PEER where the collective allows it and the block is at most 1 MiB, else SM */
   FERRY_LOCAL_COPY_DRIVER = 1, /* cudaMemcpyAsync: CUDA's copy kernel, every SM for a shorter time */
   FERRY_LOCAL_COPY_SM = 2,     /* ferry's copy kernel, 32 blocks */
-  FERRY_LOCAL_COPY_PEER = 3    /* no SM: read back from a peer the collective sent it to (all_gather, broadcast) */
+  FERRY_LOCAL_COPY_PEER = 3    /* no SM: through a peer on copy engines (all_to_all: via the next rank's scratch) */
 } ferry_local_copy_t;
 
 typedef struct {

@@ -412,8 +412,8 @@ class Communicator:
         rank order, ordered in `stream` (default: the current torch stream).
         `inp` may be this rank's own slice of `out` (in-place: no local copy).
         algo: 'auto' | 'pcpy' | 'b2b' | 'seq'. local_copy: how this rank's own
-        block is copied: 'peer' read back from the first peer it was pushed to
-        (copy engines only, one more block over NVLink), 'sm' ferry's kernel on
+        block is copied: 'peer' through a peer on copy engines (no SM; one more
+        block over NVLink; all_to_all bounces it via the next rank), 'sm' ferry's kernel on
         32 SMs, 'driver' cudaMemcpyAsync (CUDA's kernel on every SM, for a
         shorter time), 'auto' peer up to 1 MiB per rank, else sm. CUDA has no
         SM-free copy within one GPU."""
