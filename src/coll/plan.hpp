@@ -4,7 +4,8 @@
 // Every collective here is built from exchanges. An exchange is one round of
 // ferry's push protocol seen from one rank: it tells the ranks that will write
 // into it ("sources") that they may ("ready"), waits until the ranks it writes
-// into ("targets") said the same, pushes its copies, tells each target its
+// into ("targets") said the same, pushes its copies, reads its own block back
+// from a peer where it goes through one (local_pull), tells each target its
 // data landed ("done") and waits for the same from its sources.
 #pragma once
 
