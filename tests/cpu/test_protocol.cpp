@@ -118,9 +118,9 @@ std::string simulate(const std::vector<Call>& seq, int world, std::mt19937& rng)
     }
     if (runnable.empty()) {
       for (int r = 0; r < world; ++r)
-        if (pc[r] != prog[r].size()) return "deadlock: rank " + std::to_string(r) + " stuck at command " +
-                                           std::to_string(pc[r]) + " of call " +
-                                           std::to_string(prog[r][pc[r]].instance);
+        if (pc[r] != prog[r].size())
+          return "deadlock: rank " + std::to_string(r) + " stuck at command " + std::to_string(pc[r]) + " of call " +
+                 std::to_string(prog[r][pc[r]].instance);
       return "";
     }
     int r = runnable[std::uniform_int_distribution<size_t>(0, runnable.size() - 1)(rng)];
