@@ -118,13 +118,13 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
     slot_stride = scratch_slot_stride(largest_block(split_blocks(a.count, esize, world_)));
   }
 
-  // all_to_all(v) out of place: the own block bounces through the first
-  // target's scratch where the local-copy choice says "peer" (add_bounce),
-  // decided from the largest own block so that every rank decides alike.
+  // all_to_all(v) out of place: the own block may bounce through the next
+  // rank's scratch (own_block_bounce_bytes).
+  const bool capturing = dma::is_capturing(a.streams[0]);
   size_t bounce_bytes = 0;
   if ((a.op == CollOp::kAllToAll && !in_place_a2a) || a.op == CollOp::kAllToAllv) {
     const size_t own = a.op == CollOp::kAllToAll ? shape : all_to_allv_largest_own(world_, a.counts);
-    if (own > 0 && world_ > 1 && resolve_local_copy(a.local_copy, true, own) == LocalCopy::kPeer) bounce_bytes = own;
+    bounce_bytes = own_block_bounce_bytes(a.local_copy, own, world_, !capturing || find_scratch(own));
   }
   const size_t scratch_need = slot_stride ? slot_stride * W : bounce_bytes;
 
@@ -133,19 +133,13 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
   const Registration* scr = nullptr;
   if (scratch_need) {
     scr = find_scratch(scratch_need);
-    if (!scr && dma::is_capturing(a.streams[0])) {
-      // Without the scratch an automatic bounce falls back to the copy kernel.
-      if (bounce_bytes && a.local_copy == LocalCopy::kAuto) {
-        bounce_bytes = 0;
-      } else {
-        throw_error(FERRY_ERROR_INVALID_ARGUMENT,
-                    name + ": needs " + bytes_str(scratch_need) +
-                        " of scratch per rank, and allocating it is a collective step that must not happen while a "
-                        "CUDA graph is being captured; call comm.reserve_scratch(" +
-                        std::to_string(scratch_need) + ") on every rank before capturing");
-      }
-    }
-    if (!scr && bounce_bytes + slot_stride) scr = &scratch(scratch_need);
+    if (!scr && capturing)
+      throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                  name + ": needs " + bytes_str(scratch_need) +
+                      " of scratch per rank, and allocating it is a collective step that must not happen while a "
+                      "CUDA graph is being captured; call comm.reserve_scratch(" +
+                      std::to_string(scratch_need) + ") on every rank before capturing");
+    if (!scr) scr = &scratch(scratch_need);
   }
   std::vector<char*> scratch_by_rank(world_, nullptr);
   if (scr)

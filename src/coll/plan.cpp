@@ -13,12 +13,18 @@ void add_push(Exchange& x, int peer, char* dst, const char* src, size_t bytes) {
 
 Copy local_copy(char* dst, const char* src, size_t bytes) { return Copy{dst, src, dst == src ? 0 : bytes}; }
 
+// The own block read back from `src` on `peer` (where a push of this exchange
+// put it) instead of copied within the GPU.
+void pull_own_block(Exchange& x, int peer, const char* src) {
+  x.local_pull = PeerCopy{peer, Copy{x.local.dst, src, x.local.bytes}};
+}
+
 // For collectives that push the own block itself to every target at `at` of
 // its output: the first target's copy is read back.
 void set_local_pull(Exchange& x, const std::vector<char*>& out_by_rank, size_t at) {
   if (x.local.bytes == 0 || x.pushes.empty()) return;
   const int p = x.pushes.front().peer;
-  x.local_pull = PeerCopy{p, Copy{x.local.dst, out_by_rank[p] + at, x.local.bytes}};
+  pull_own_block(x, p, out_by_rank[p] + at);
 }
 
 }  // namespace
@@ -73,7 +79,7 @@ void add_bounce(Exchange& x, const std::vector<char*>& bounce) {
   const int p = x.targets.front();
   // Last among the pushes: in stream order (seq) the real data goes first.
   add_push(x, p, bounce[p], static_cast<const char*>(x.local.src), x.local.bytes);
-  x.local_pull = PeerCopy{p, Copy{x.local.dst, bounce[p], x.local.bytes}};
+  pull_own_block(x, p, bounce[p]);
 }
 
 size_t all_to_allv_send_offset(int world, const std::vector<size_t>& counts, int src, int dst) {
@@ -205,6 +211,12 @@ LocalCopy resolve_local_copy(LocalCopy asked, bool has_pull, size_t bytes) {
   if (asked == LocalCopy::kPeer) return has_pull ? LocalCopy::kPeer : LocalCopy::kKernel;
   if (asked == LocalCopy::kAuto) return has_pull && bytes <= kPeerLocalMaxBytes ? LocalCopy::kPeer : LocalCopy::kKernel;
   return asked;
+}
+
+size_t own_block_bounce_bytes(LocalCopy asked, size_t largest_own, int world, bool scratch_possible) {
+  if (largest_own == 0 || world < 2) return 0;
+  if (resolve_local_copy(asked, true, largest_own) != LocalCopy::kPeer) return 0;
+  return scratch_possible || asked == LocalCopy::kPeer ? largest_own : 0;
 }
 
 bool local_copy_on_side_stream(size_t bytes) { return bytes >= (size_t(1) << 20); }

@@ -136,6 +136,15 @@ void add_bounce(Exchange& x, const std::vector<char*>& bounce);
 inline constexpr size_t kPeerLocalMaxBytes = size_t(1) << 20;
 LocalCopy resolve_local_copy(LocalCopy asked, bool has_pull, size_t bytes);
 
+// Bytes of the bounce area every rank needs for all_to_all(v)'s own block
+// (see add_bounce), or 0 for no bounce. `largest_own`: the largest own block
+// of any rank, so every rank decides alike. `scratch_possible`: ferry's
+// scratch is large enough, or may be grown now (not while a graph is being
+// captured). Without it the automatic choice falls back to the kernel; an
+// explicit kPeer still asks for the area (and the caller reports that it
+// cannot have it).
+size_t own_block_bounce_bytes(LocalCopy asked, size_t largest_own, int world, bool scratch_possible);
+
 // Whether a rank's own block is copied on a side stream, concurrently with the
 // pushes, instead of ahead of them on the collective's stream. Worth its two
 // extra event operations only for large blocks (the copy then overlaps the

@@ -153,6 +153,21 @@ TEST(Plan, AllToAllOwnBlockBouncesThroughTheNextRank) {
   EXPECT_LT(plan_all_to_all(0, 1, fake_buffers(1), fake_buffers(1, 2)[0], 8, &b1).local_pull.peer, 0);
 }
 
+TEST(Plan, AllToAllBounceChoice) {
+  const size_t cap = kPeerLocalMaxBytes;
+  EXPECT_EQ(own_block_bounce_bytes(LocalCopy::kAuto, 4096, 4, true), 4096u);
+  EXPECT_EQ(own_block_bounce_bytes(LocalCopy::kAuto, cap + 1, 4, true), 0u);  // the kernel above the bound
+  EXPECT_EQ(own_block_bounce_bytes(LocalCopy::kPeer, cap * 8, 4, true), cap * 8);
+  EXPECT_EQ(own_block_bounce_bytes(LocalCopy::kKernel, 4096, 4, true), 0u);
+  EXPECT_EQ(own_block_bounce_bytes(LocalCopy::kDriver, 4096, 4, true), 0u);
+  EXPECT_EQ(own_block_bounce_bytes(LocalCopy::kAuto, 0, 4, true), 0u);     // nothing of its own anywhere
+  EXPECT_EQ(own_block_bounce_bytes(LocalCopy::kPeer, 4096, 1, true), 0u);  // no peer
+  // No scratch to be had (a capture): auto falls back; an explicit peer still
+  // asks, so the caller names the scratch to reserve.
+  EXPECT_EQ(own_block_bounce_bytes(LocalCopy::kAuto, 4096, 4, false), 0u);
+  EXPECT_EQ(own_block_bounce_bytes(LocalCopy::kPeer, 4096, 4, false), 4096u);
+}
+
 TEST(Plan, LocalCopyChoice) {
   const size_t cap = kPeerLocalMaxBytes;
   EXPECT_EQ(resolve_local_copy(LocalCopy::kAuto, true, 1), LocalCopy::kPeer);
