@@ -7,7 +7,7 @@
 // Why GPU memory: a stream waiting on a flag in host memory polls it across
 // PCIe, and a copy into host memory after NVLink pushes waits for them to be
 // visible there; on 4 H200s a message into a peer's host memory cost 18 us
-// more than one into its GPU memory (bench/probes/flag_latency.cpp,
+// more than one into its GPU memory (bench/probes/flag_latency.cu,
 // docs/performance.md). The host cannot read or write GPU memory directly: the
 // watchdog copies the ready flags out and writes releases with stream
 // operations on a rescue stream (Communicator::snapshot_ready, release_waits).

@@ -153,7 +153,7 @@ bool local_copy_on_side_stream(size_t bytes);
 
 // Whether the done messages (8-byte copies after the pushes) go one
 // cudaMemcpyAsync each instead of one batched call. Measured trigger-to-done
-// with bench/probes/flag_latency.cpp on H200 (2026-11-22): one by one 11.9 us
+// with bench/probes/flag_latency.cu on H200 (2026-11-22): one by one 11.9 us
 // against 19.8 batched (2 GPUs, 1 KB per peer), 14.2 vs 22.2 (2 GPUs, 1 MB),
 // 22.9 vs 30.4 (4 GPUs, 1 KB); only 4 GPUs at 1 MB went the other way (45.9
 // vs 40.8). `largest_push` is the largest push of the exchange in bytes.

@@ -81,6 +81,11 @@ class Ctx:
 
 def _worker(rank: int, world: int, port: int, opts: dict, queue) -> None:
     os.environ.update(SAFE_ENV)
+    if opts.get("prelaunch"):
+        # The chain measurement triggers armed collectives from a torch stream;
+        # with CUDA's default 8 hardware queues that stream can share one with
+        # ferry's armed stream and wait behind it (docs/api.md, Prelaunch).
+        os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
     import faulthandler
 
     faulthandler.enable()  # a crash in native code still says where
@@ -109,6 +114,7 @@ def _worker(rank: int, world: int, port: int, opts: dict, queue) -> None:
     result["records"] = _sweep(ctx, out_all, inp_all, gpu) if opts["impls"] else []
     if opts.get("prelaunch"):
         result["prelaunch"] = prelaunch.trigger_to_done(ctx, out_all, inp_all)
+        result["chain"] = prelaunch.chain(ctx, out_all, inp_all)
     if opts.get("phases"):
         result["phases"] = prelaunch.phases(ctx, out_all, inp_all)
     if opts["overlap"]:
@@ -309,7 +315,11 @@ def save(result: dict, world: int, out_dir: str, command: str, plot: bool, tag: 
         world=world,
         method=__doc__.strip(),
         records=result["records"],
-        **{k: result[k] for k in ("prelaunch", "phases", "overlap", "energy", "local_copy") if k in result},
+        **{
+            k: result[k]
+            for k in ("prelaunch", "chain", "phases", "overlap", "energy", "local_copy")
+            if k in result
+        },
     )
     with open(stem + ".json", "w") as f:
         json.dump(payload, f, indent=1)

@@ -138,3 +138,123 @@ def phases(ctx, out_all, inp_all) -> list:
                 f"copy {rec['copy_us']:8.1f} sync {floor:6.1f} (in-stream {in_stream:8.1f}) us"
             )
     return out
+
+
+CHAIN_SPIN_NS = 100_000  # the producer kernel: long enough that the host stays ahead
+CHAIN_ITERS = 30
+
+
+def _chain_time(ctx, step, runs: int) -> float:
+    """Median over runs of the GPU time per iteration of `step` (us), this rank."""
+    torch, times = ctx.torch, []
+    for _ in range(runs):
+        ctx.barrier()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(ctx.stream):
+            start.record(ctx.stream)
+            for _ in range(CHAIN_ITERS):
+                step()
+            end.record(ctx.stream)
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / CHAIN_ITERS)
+    return statistics.median(times)
+
+
+def chain(ctx, out_all, inp_all) -> list:
+    """What a collective adds to a chain producer kernel -> collective ->
+    next producer kernel, in steady state: GPU time per iteration minus that of
+    the producer kernel alone (a 100 us spin, then a store), on one stream.
+    Every rank's iterations wait for every other rank's, so the chain measures
+    the critical path without comparing clocks across GPUs. Prelaunched
+    variants arm before the producer (the ready handshake overlaps it) and are
+    released by a stream write after it (trigger(stream)) or by the producer
+    kernel itself (device trigger); NCCL runs eagerly or as a captured graph of
+    one call after the producer."""
+    from ferry.bench.cases import Case, fits
+    from ferry.bench.report import format_size
+
+    torch, opts, s = ctx.torch, ctx.opts, ctx.stream
+    from ferry._native import require
+
+    lib = require()
+    word = torch.zeros(1, dtype=torch.int64, device=ctx.dev)
+    runs = max(3, opts["runs"])
+
+    def produce(w=word.data_ptr(), value=1):
+        lib.launch_trigger_kernel(w, value, CHAIN_SPIN_NS, s.cuda_stream)
+
+    base = ctx.slowest(_chain_time(ctx, produce, runs))
+    ctx.log(f"  chain: producer kernel alone {base:.1f} us per iteration")
+    out = []
+    for op in opts["prelaunch_ops"]:
+        for n in opts["prelaunch_sizes"]:
+            if not fits(op, n, ctx.world):
+                continue
+            case = Case(torch, ctx.dist, ctx.comm, op, n, ctx.world, ctx.rank, out_all, inp_all)
+            h = ctx.comm.prepare(op, case.out, case.inp)
+
+            def stream_trigger():
+                h.arm(s)
+                produce()
+                h.trigger(s)
+                h.wait(s)
+
+            def device_trigger():
+                h.arm(s)
+                w, value = h.device_trigger()
+                produce(w, value)
+                h.wait(s)
+
+            def eager(impl):
+                def step():
+                    produce()
+                    case.issue(impl)
+
+                return step
+
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.stream(s):
+                case.issue("nccl")
+                with torch.cuda.graph(graph, stream=s):
+                    case.issue("nccl")
+
+            def nccl_graph():
+                produce()
+                graph.replay()
+
+            variants = [
+                ("ferry, prelaunched, stream trigger", stream_trigger, True),
+                ("ferry, prelaunched, device trigger", device_trigger, True),
+                ("ferry, eager", eager("ferry"), True),
+                ("nccl, eager", eager("nccl"), False),
+                ("nccl, graph", nccl_graph, False),
+            ]
+            try:
+                for name, step, check in variants:
+                    case.reset()
+                    t = ctx.slowest(_chain_time(ctx, step, runs))
+                    ctx.comm.synchronize()
+                    wrong = int(ctx.total(case.wrong_bytes())) if check else 0
+                    rec = dict(
+                        op=op,
+                        world=ctx.world,
+                        bytes_per_rank=n,
+                        variant=name,
+                        added_us=round(t - base, 2),
+                        iteration_us=round(t, 2),
+                        producer_us=round(base, 2),
+                        wrong=wrong,
+                        iters=CHAIN_ITERS,
+                        runs=runs,
+                        stat="median of runs, max over ranks; added = iteration - producer alone",
+                    )
+                    out.append(rec)
+                    ctx.log(
+                        f"  chain {op:<11} {format_size(n):>6} {name:<36} +{t - base:7.1f} us  wrong={wrong}"
+                    )
+                    if wrong:
+                        raise RuntimeError(f"chain {op} n={n} {name}: wrong output")
+            finally:
+                ctx.comm.synchronize()
+                h.release()
+    return out

@@ -129,6 +129,26 @@ def plot(records: Sequence[dict], path: str, title: str) -> bool:
     return True
 
 
+def chain_table(records: List[dict]) -> List[str]:
+    """One row per (op, size), one column per variant: us added to a
+    producer -> collective -> producer chain."""
+    variants = list(dict.fromkeys(r["variant"] for r in records))
+    rows = list(dict.fromkeys((r["op"], r["bytes_per_rank"]) for r in records))
+    added = {(r["op"], r["bytes_per_rank"], r["variant"]): r["added_us"] for r in records}
+    out = [
+        "",
+        "# chain: us a collective adds between a producer kernel and the next (steady state, max over ranks)",
+    ]
+    out += [f"{'op':<12}{'bytes/rank':>11}  " + "".join(f"{v:>38}" for v in variants)]
+    for op, n in rows:
+        cells = [added.get((op, n, v)) for v in variants]
+        out.append(
+            f"{op:<12}{format_size(n):>11}  "
+            + "".join(f"{'' if c is None else f'{c:.1f}':>38}" for c in cells)
+        )
+    return out
+
+
 def format_sections(result: dict) -> List[str]:
     """Text tables for the optional measurements (prelaunch, phases, overlap, energy)."""
     out: List[str] = []
@@ -139,6 +159,8 @@ def format_sections(result: dict) -> List[str]:
             out.append(
                 f"{r['op']:<15}{format_size(r['bytes_per_rank']):>11}  {r['algo']:<5}{r['trigger_to_done_us']:>9.1f}"
             )
+    if result.get("chain"):
+        out += chain_table(result["chain"])
     if result.get("phases"):
         out += [
             "",

@@ -11,6 +11,14 @@
 //   d2h: source record in GPU memory, flag in pinned host memory
 //   d2d: source record in GPU memory, flag in the peer's GPU memory
 // and batched (cudaMemcpyBatchAsync) against one cudaMemcpyAsync per copy.
+// One more cuts the memory operations after the done copies (d2d, one copy each):
+//   lanes: every source copies one byte into its own byte of ONE 64-bit word of
+//          the target, which waits for the whole word (1 wait + 1 reset
+//          instead of one wait and one reset per source)
+// and the waits themselves, a stream memory operation each, against a one-block
+// kernel that spins on the same words (an SM for the wait's duration):
+//   kernel done-wait: the waits for the peers' done flags (and their resets)
+//   kernel trigger: the wait for the host trigger as well
 //
 //   ferry_probe_flags [--gpus N] [--bytes B] [--iters N]
 #include <cuda_runtime_api.h>
@@ -42,7 +50,42 @@ struct Variant {
   Where source;
   Where flag;
   bool batched;
+  bool lanes = false;
+  bool kernel_wait = false;
+  bool kernel_trigger = false;
 };
+
+// Up to 8 words, one thread each: spin until every word holds its value, then
+// (reset) write 0 back.
+struct SpinSet {
+  const unsigned long long* addr[8];
+  unsigned long long value[8];
+  int n;
+  bool reset;
+};
+
+__global__ void spin_until(SpinSet s) {
+  const int i = threadIdx.x;
+  if (i < s.n) {
+    volatile const unsigned long long* a = s.addr[i];
+    while (*a != s.value[i]) {
+    }
+  }
+  __syncthreads();
+  if (i < s.n && s.reset) *const_cast<unsigned long long*>(s.addr[i]) = 0;
+}
+
+void spin(cudaStream_t stream, const std::vector<MemOp>& waits, bool reset) {
+  SpinSet set{};
+  for (const auto& w : waits) {
+    if (w.kind != MemOp::Kind::kWait) continue;
+    set.addr[set.n] = static_cast<const unsigned long long*>(w.addr);
+    set.value[set.n++] = w.value;
+  }
+  set.reset = reset;
+  spin_until<<<1, 32, 0, stream>>>(set);
+  FERRY_CUDA_CHECK(cudaGetLastError());
+}
 
 struct Gpu {
   int device = 0;
@@ -51,6 +94,8 @@ struct Gpu {
   char* out = nullptr;                // one slot per peer
   uint64_t* device_flags = nullptr;   // one 64-byte line per peer
   uint64_t* device_values = nullptr;  // values 1..iters, one line each
+  uint64_t* lane_word = nullptr;      // one byte per writing GPU
+  unsigned char* lane_values = nullptr;  // iteration i writes 1 + i % 255
 };
 
 constexpr size_t kLine = 8;  // uint64 words per 64-byte line
@@ -106,6 +151,16 @@ int main(int argc, char** argv) {
     g[r].device_values = device_alloc<uint64_t>(values.size());
     FERRY_CUDA_CHECK(
         cudaMemcpy(g[r].device_values, values.data(), values.size() * sizeof(uint64_t), cudaMemcpyHostToDevice));
+    g[r].lane_word = device_alloc<uint64_t>(kLine);
+    FERRY_CUDA_CHECK(cudaMemset(g[r].lane_word, 0, kLine * sizeof(uint64_t)));
+    std::vector<unsigned char> lane(total);
+    for (int i = 0; i < total; ++i) lane[i] = static_cast<unsigned char>(1 + i % 255);
+    g[r].lane_values = device_alloc<unsigned char>(total);
+    FERRY_CUDA_CHECK(cudaMemcpy(g[r].lane_values, lane.data(), total, cudaMemcpyHostToDevice));
+  }
+  if (gpus > 8) {
+    std::fprintf(stderr, "lanes variant: at most 8 GPUs\n");
+    return 2;
   }
   uint64_t* trigger = host_words(kLine);
   uint64_t* finished = host_words(gpus * kLine);
@@ -125,6 +180,11 @@ int main(int argc, char** argv) {
       {"pushes + d2h batched", true, true, Where::kDevice, Where::kHost, true},
       {"pushes + d2d batched", true, true, Where::kDevice, Where::kDevice, true},
       {"pushes + d2d per-copy", true, true, Where::kDevice, Where::kDevice, false},
+      {"flags d2d lanes", false, true, Where::kDevice, Where::kDevice, false, true},
+      {"pushes + d2d lanes", true, true, Where::kDevice, Where::kDevice, false, true},
+      {"floor, kernel trigger", false, false, Where::kHost, Where::kHost, true, false, false, true},
+      {"pushes + d2d, kernel done-wait", true, true, Where::kDevice, Where::kDevice, false, false, true},
+      {"pushes + d2d, kernel both", true, true, Where::kDevice, Where::kDevice, false, false, true, true},
   };
   uint64_t epoch = 0;  // trigger and finished values never repeat across variants
   std::printf("gpus %d, bytes per peer %zu, %d iterations after %d warm-up; trigger-to-done in us\n", gpus, bytes,
@@ -138,13 +198,24 @@ int main(int argc, char** argv) {
       for (int r = 0; r < gpus; ++r) {
         FERRY_CUDA_CHECK(cudaSetDevice(r));
         cudaStream_t s = g[r].stream;
-        ferry::dma::mem_ops(s, {MemOp{MemOp::Kind::kWait, trigger, tick}});
+        if (v.kernel_trigger) {
+          spin(s, {MemOp{MemOp::Kind::kWait, trigger, tick}}, false);
+        } else {
+          ferry::dma::mem_ops(s, {MemOp{MemOp::Kind::kWait, trigger, tick}});
+        }
         std::vector<Copy> pushes, flags;
         std::vector<MemOp> waits;
+        const unsigned char lane_value = static_cast<unsigned char>(1 + i % 255);
+        uint64_t lanes_expected = 0;
         for (int p = 0; p < gpus; ++p) {
           if (p == r) continue;
           if (v.data) pushes.push_back(Copy{g[p].out + r * bytes, g[r].in, bytes});
           if (!v.flags) continue;
+          if (v.lanes) {
+            flags.push_back(Copy{reinterpret_cast<char*>(g[p].lane_word) + r, g[r].lane_values + i, 1});
+            lanes_expected |= uint64_t{lane_value} << (8 * p);
+            continue;
+          }
           const void* src = v.source == Where::kDevice ? static_cast<void*>(g[r].device_values + i * kLine)
                                                        : static_cast<void*>(host_values + i * kLine);
           void* dst = v.flag == Where::kDevice ? static_cast<void*>(g[p].device_flags + r * kLine)
@@ -155,6 +226,10 @@ int main(int argc, char** argv) {
           waits.push_back(MemOp{MemOp::Kind::kWait, mine, uint64_t(i + 1)});
           waits.push_back(MemOp{MemOp::Kind::kWrite, mine, 0});
         }
+        if (v.lanes && v.flags) {
+          waits.push_back(MemOp{MemOp::Kind::kWait, g[r].lane_word, lanes_expected});
+          waits.push_back(MemOp{MemOp::Kind::kWrite, g[r].lane_word, 0});
+        }
         if (!pushes.empty()) ferry::dma::copy_batch(s, pushes);
         if (v.batched) {
           ferry::dma::copy_batch(s, flags);
@@ -163,7 +238,11 @@ int main(int argc, char** argv) {
         }
         // Waits first, then resets: one batch keeps their order.
         std::stable_partition(waits.begin(), waits.end(), [](const MemOp& m) { return m.kind == MemOp::Kind::kWait; });
-        ferry::dma::mem_ops(s, waits);
+        if (v.kernel_wait) {
+          spin(s, waits, true);
+        } else {
+          ferry::dma::mem_ops(s, waits);
+        }
         ferry::dma::mem_ops(s, {MemOp{MemOp::Kind::kWrite, finished + r * kLine, tick}});
       }
       double e1 = now_us();
