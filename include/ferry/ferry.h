@@ -166,13 +166,19 @@ FERRY_API ferry_result_t ferry_run(ferry_comm_t comm, const ferry_call_t* call);
  * stream per local rank; NULL: the legacy default streams) behind a wait on a trigger word, with the
  * ready handshake done ahead; a trigger releases them: from the host, from a
  * stream (ferry_trigger_on: a stream memory write, no kernel), or from a
- * kernel (ferry_device_trigger + ferry/device.cuh). Re-arm after each trigger. */
+ * kernel (ferry_device_trigger + ferry/device.cuh). Re-arm after each trigger.
+ * ferry_arm_gated with FERRY_GATE_DEVICE puts the trigger word in GPU memory:
+ * stream and kernel triggers release the collective sooner there, and
+ * ferry_trigger (the host) cannot release it. */
+typedef enum { FERRY_GATE_HOST = 0, FERRY_GATE_DEVICE = 1 } ferry_gate_t;
 typedef struct {
   unsigned long long* word; /* device-visible */
   unsigned long long value;
 } ferry_trigger_t;
 FERRY_API ferry_result_t ferry_prepare(ferry_comm_t comm, const ferry_call_t* call, int* handle);
 FERRY_API ferry_result_t ferry_arm(ferry_comm_t comm, int handle, const ferry_stream_t* after);
+FERRY_API ferry_result_t ferry_arm_gated(ferry_comm_t comm, int handle, const ferry_stream_t* after,
+                                         ferry_gate_t gate);
 FERRY_API ferry_result_t ferry_trigger(ferry_comm_t comm, int handle);
 FERRY_API ferry_result_t ferry_trigger_on(ferry_comm_t comm, int handle, const ferry_stream_t* streams);
 FERRY_API ferry_result_t ferry_device_trigger(ferry_comm_t comm, int handle, int local_index, ferry_trigger_t* trigger);

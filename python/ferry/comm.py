@@ -574,12 +574,19 @@ class PreparedCollective:
     def armed(self) -> bool:
         return self._comm._c.armed(self._h)
 
-    def arm(self, stream=None) -> "PreparedCollective":
+    def arm(self, stream=None, gate: str = "host") -> "PreparedCollective":
         """Enqueues the collective on ferry's armed stream, after the work enqueued
         so far on `stream` (default: the current torch stream). Arming twice
-        without a trigger in between is an error."""
+        without a trigger in between is an error.
+
+        `gate`: where the trigger word lives. "host" (pinned host memory): any
+        trigger works. "device" (GPU memory): a stream trigger or a kernel
+        trigger releases the collective sooner (no PCIe round trip), and the
+        host cannot trigger it (trigger() without a stream raises)."""
         self._comm._check_open("arm")
-        self._comm._c.arm(self._h, self._streams(stream, "arm"))
+        if gate not in ("host", "device"):
+            raise ValueError(f"arm: gate is {gate!r}; expected 'host' or 'device'")
+        self._comm._c.arm(self._h, self._streams(stream, "arm"), gate == "device")
         return self
 
     def trigger(self, stream=None) -> None:

@@ -276,10 +276,10 @@ NB_MODULE(_ferry, m) {
            FERRY_CALL_ARGS)
       .def(
           "arm",
-          [](Communicator& c, int h, const std::vector<uintptr_t>& after) {
-            c.arm(h, as_pointers<cudaStream_t>(after));
+          [](Communicator& c, int h, const std::vector<uintptr_t>& after, bool gate_on_device) {
+            c.arm(h, as_pointers<cudaStream_t>(after), gate_on_device);
           },
-          "handle"_a, "after"_a, nb::call_guard<nb::gil_scoped_release>())
+          "handle"_a, "after"_a, "gate_on_device"_a = false, nb::call_guard<nb::gil_scoped_release>())
       .def("trigger", &Communicator::trigger, "handle"_a)
       .def(
           "trigger_on",

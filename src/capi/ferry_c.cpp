@@ -226,7 +226,15 @@ ferry_result_t ferry_prepare(ferry_comm_t comm, const ferry_call_t* call, int* h
 }
 
 ferry_result_t ferry_arm(ferry_comm_t comm, int handle, const ferry_stream_t* after) {
-  return guarded([&] { get(comm).arm(handle, stream_list(get(comm), after)); });
+  return ferry_arm_gated(comm, handle, after, FERRY_GATE_HOST);
+}
+
+ferry_result_t ferry_arm_gated(ferry_comm_t comm, int handle, const ferry_stream_t* after, ferry_gate_t gate) {
+  return guarded([&] {
+    FERRY_ARG_CHECK(gate == FERRY_GATE_HOST || gate == FERRY_GATE_DEVICE,
+                    "gate must be FERRY_GATE_HOST or FERRY_GATE_DEVICE");
+    get(comm).arm(handle, stream_list(get(comm), after), gate == FERRY_GATE_DEVICE);
+  });
 }
 
 ferry_result_t ferry_trigger(ferry_comm_t comm, int handle) {

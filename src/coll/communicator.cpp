@@ -87,6 +87,7 @@ std::unique_ptr<Communicator::Local> Communicator::make_local(int rank, int devi
   local->engines = std::make_unique<EngineSet>(device, world - 1);
   local->in_flight = std::make_unique<InFlight>(device, kInFlightSlots);
   local->records = std::make_unique<RecordPool>(device);
+  for (int g = kMaxDeviceGates - 1; g >= 0; --g) local->free_gates.push_back(g);
   local->ready_snapshot = local->records->records(kMaxRanks);
   if (knob_int("FERRY_REPLAY_CALLS") != 0) local->replays = std::make_unique<ReplayCache>(kReplayCapacity);
   load_local_copy_kernels();
@@ -436,9 +437,14 @@ void Communicator::close() {
   host_trace_report();
   // A handle left armed holds ferry's armed stream in a wait: open its gate so
   // the stream drains (its collective runs, as on every rank that does the same).
-  for (auto& [id, p] : prepared_)
-    if (p.armed)
-      for (auto& g : p.gate) __atomic_store_n(g.host, p.generation, __ATOMIC_RELEASE);
+  for (auto& [id, p] : prepared_) {
+    if (!p.armed) continue;
+    for (int i = 0; i < local_count(); ++i) {
+      Gate g{p.host_gate[i].host, gate_address(p, i), p.generation};
+      *g.host = g.value;
+      if (p.gate_on_device) open_device_gate(i, g);
+    }
+  }
   try {
     // Also after a failure: the watchdog releases the broken collectives' waits
     // while this waits, so no stream is left blocked on a flag about to be freed.
@@ -462,6 +468,10 @@ void Communicator::close() {
       cudaEventDestroy(p.finished[i]);
     }
   prepared_.clear();
+  for (auto& L : locals_) {
+    cudaSetDevice(L->device);
+    for (auto& [slot, ev] : L->retiring_gates) cudaEventDestroy(ev);
+  }
   for (auto& reg : registrations_) release(reg);
   registrations_.clear();
   locals_.clear();
@@ -493,6 +503,9 @@ void Communicator::watchdog_loop() {
     for (int i = 0; i < local_count(); ++i) {
       auto pending = locals_[i]->in_flight->oldest_unfinished();
       if (pending && pending->waiting_for_trigger) {
+        // A gate in GPU memory is read through a copy, made only once the
+        // wait has lasted (the usual arm-to-trigger gap costs nothing).
+        if (pending->gate.device && pending->age_s >= kSnapshotAfterS) mirror_gate(i, pending->gate);
         if (pending->age_s > timeout_s_) fail_untriggered(i, *pending);
       } else if (pending) {
         diagnose_and_unblock(i, pending->expect, pending->age_s);
@@ -518,7 +531,8 @@ void Communicator::fail_untriggered(int local, const InFlight::Pending& p) {
        "before arming, or set CUDA_MODULE_LOADING=EAGER), or trigger work queued behind the armed wait in a shared "
        "CUDA hardware queue (raise CUDA_DEVICE_MAX_CONNECTIONS, e.g. 32); see docs/api.md, Prelaunch. The gate "
        "was opened to free the GPU; the output is undefined");
-  locals_[local]->in_flight->open_gate_of_oldest();
+  auto gate = locals_[local]->in_flight->open_gate_of_oldest();
+  if (gate && gate->device) open_device_gate(local, *gate);
 }
 
 void Communicator::publish_progress() {
@@ -643,6 +657,26 @@ bool Communicator::snapshot_ready(int local) {
   }
   cudaGetLastError();
   return true;
+}
+
+void Communicator::mirror_gate(int local, const Gate& gate) {
+  Local& L = *locals_[local];
+  cudaStream_t rescue = L.engines->rescue();
+  if (!rescue_idle(L.device, rescue)) return;
+  if (cudaMemcpyAsync(const_cast<uint64_t*>(gate.host), gate.device, sizeof(uint64_t), cudaMemcpyDeviceToHost,
+                      rescue) != cudaSuccess)
+    cudaGetLastError();
+  // Read on the next look; the copy is not waited for here.
+}
+
+void Communicator::open_device_gate(int local, const Gate& gate) {
+  Local& L = *locals_[local];
+  if (!rescue_idle(L.device, L.engines->rescue())) return;
+  try {
+    dma::mem_ops(L.engines->rescue(), {MemOp{MemOp::Kind::kWrite, gate.device, gate.value}});
+  } catch (const std::exception&) {
+    // Best effort, like release_waits: a rescue that cannot be queued leaves the stream blocked.
+  }
 }
 
 void Communicator::release_waits(int local, uint64_t value, uint64_t ready_peers, uint64_t done_peers) {

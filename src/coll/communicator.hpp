@@ -92,8 +92,10 @@ class Communicator {
   int prepare(const CollectiveArgs& args);
   // Enqueues the handle's commands on ferry's armed stream, after the work
   // enqueued so far on `after` (one stream per local rank; null: the legacy
-  // default stream).
-  void arm(int handle, const std::vector<cudaStream_t>& after);
+  // default stream), behind a wait on the handle's gate: in pinned host memory
+  // (any trigger), or with `gate_on_device` in GPU memory, which a stream or a
+  // kernel of this GPU opens sooner and the host cannot open.
+  void arm(int handle, const std::vector<cudaStream_t>& after, bool gate_on_device = false);
   // Opens the gate from the host (a store to pinned memory).
   void trigger(int handle);
   // Opens the gate from each local rank's stream, in stream order (no kernel, no host round trip).
@@ -129,6 +131,10 @@ class Communicator {
     Pinned<ReadyRecord> ready_snapshot;
     // Graphs of repeated eager calls; null when FERRY_REPLAY_CALLS=0.
     std::unique_ptr<ReplayCache> replays;
+    // Device gates (DeviceFlags::gates slots) free to hand out, and those of
+    // released handles whose last run (event) may not have finished yet.
+    std::vector<int> free_gates;
+    std::vector<std::pair<int, cudaEvent_t>> retiring_gates;
   };
   // A validated, planned call as one local rank runs it.
   struct Built {
@@ -140,7 +146,11 @@ class Communicator {
     CollectiveArgs args;
     std::vector<Built> built;  // by local rank
     Algo algo = Algo::kAuto;
-    std::vector<Pinned<uint64_t>> gate;   // by local rank
+    // By local rank: the host gate (for a device gate, the watchdog's copy of
+    // it) and the slot of the device gate in this rank's DeviceFlags::gates.
+    std::vector<Pinned<uint64_t>> host_gate;
+    std::vector<int> device_gate;
+    bool gate_on_device = false;          // where the last arming waits
     std::vector<cudaEvent_t> finished;    // by local rank: the last armed run's end
     std::vector<uint32_t> registrations;  // buffers it refers to
     uint64_t generation = 0;
@@ -205,6 +215,16 @@ class Communicator {
   void emit_exchange(int local, const Exchange& x, const Built& b, cudaStream_t s, const Emission& e, bool first,
                      bool last);
 
+  // The word a prepared collective's armed stream waits on (device address).
+  uint64_t* gate_address(const Prepared& p, int local) const;
+  // A device gate slot for a new handle on local rank `local`.
+  int take_device_gate(int local);
+  void reclaim_gates(int local);
+  // Refreshes a device gate's host copy from GPU memory (rescue stream, bounded).
+  void mirror_gate(int local, const Gate& gate);
+  // Opens a device gate with a stream write on the rescue stream (failures, close).
+  void open_device_gate(int local, const Gate& gate);
+
   HostFlags* host_flags(int rank) const { return static_cast<HostFlags*>(flag_mem_[rank].host()); }
   // `rank`'s ready and done flags, mapped in this process (GPU memory).
   DeviceFlags* device_flags(int rank) const { return reinterpret_cast<DeviceFlags*>(device_flag_mem_[rank].ptr); }
@@ -237,6 +257,7 @@ class Communicator {
   uint32_t next_registration_ = 1;
   int next_fd_tag_ = 100;
   uint64_t seq_ = 0;
+  uint64_t gate_generation_ = 0;  // the value of each arming, unique per communicator
   std::vector<SelectorRule> table_;
   uint32_t scratch_registration_ = 0;  // 0: none yet
   std::map<int, Prepared> prepared_;

@@ -61,10 +61,22 @@ struct HostFlags {
   Progress progress;
 };
 
+// The gate of a prepared collective armed with its gate in GPU memory: a
+// stream or a kernel of this GPU writes it, the armed stream waits on it. Only
+// this rank uses its gates. Values are never reused (one counter per
+// communicator), and a gate is handed to another handle only once the last run
+// it gated has finished, so a late write can never open the wrong run.
+struct alignas(64) GateLine {
+  uint64_t value;
+  uint64_t pad[7];
+};
+constexpr int kMaxDeviceGates = 256;
+
 // In GPU memory, mapped by every peer.
 struct DeviceFlags {
   ReadyRecord ready[kMaxRanks];  // indexed by the writing rank
   DoneRecord done[kMaxRanks];    // indexed by the writing rank
+  GateLine gates[kMaxDeviceGates];
 };
 
 }  // namespace ferry

@@ -50,14 +50,13 @@ size_t InFlight::begin(const Expectation& x, double timeout_s) {
   return slot;
 }
 
-void InFlight::end(size_t slot, cudaStream_t stream, const volatile uint64_t* gate, uint64_t gate_value) {
+void InFlight::end(size_t slot, cudaStream_t stream, const Gate& gate) {
   std::lock_guard<std::mutex> lock(mu_);
   Entry& e = entries_[slot];
   FERRY_CUDA_CHECK(cudaEventRecord(e.event, stream));
   e.stream = stream;
   e.started = Clock::now();
   e.gate = gate;
-  e.gate_value = gate_value;
   e.pending = true;
   ++next_;
 }
@@ -74,16 +73,16 @@ std::optional<InFlight::Pending> InFlight::oldest_unfinished() {
   drop_finished();
   if (oldest_ == next_) return std::nullopt;
   Entry& e = entries_[oldest_ % entries_.size()];
-  if (e.gate) {
+  if (e.gate.host) {
     // Armed and waiting for its trigger is not a peer's failure; its clock
     // restarts at the trigger.
-    if (*e.gate != e.gate_value)
-      return Pending{e.expect, std::chrono::duration<double>(Clock::now() - e.started).count(), true};
-    e.gate = nullptr;
+    if (*e.gate.host != e.gate.value)
+      return Pending{e.expect, std::chrono::duration<double>(Clock::now() - e.started).count(), true, e.gate};
+    e.gate = Gate{};
     e.started = Clock::now();
   }
   double age = std::chrono::duration<double>(Clock::now() - e.started).count();
-  return Pending{e.expect, age, false};
+  return Pending{e.expect, age, false, Gate{}};
 }
 
 bool InFlight::idle() {
@@ -98,11 +97,13 @@ uint64_t InFlight::completed() {
   return completed_;
 }
 
-void InFlight::open_gate_of_oldest() {
+std::optional<Gate> InFlight::open_gate_of_oldest() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (oldest_ == next_) return;
+  if (oldest_ == next_) return std::nullopt;
   Entry& e = entries_[oldest_ % entries_.size()];
-  if (e.gate) *const_cast<volatile uint64_t*>(e.gate) = e.gate_value;
+  if (!e.gate.host) return std::nullopt;
+  *e.gate.host = e.gate.value;
+  return e.gate;
 }
 
 }  // namespace ferry

@@ -1,7 +1,8 @@
 // Tracks the collectives a rank has enqueued and not yet seen finish: a ring of
 // slots, each with a completion event and what the watchdog needs to explain a
 // stuck one. A prepared collective's slot carries a gate (its trigger word):
-// its clock starts when the trigger is seen, not when it was armed.
+// its clock starts when the trigger is seen, not when it was armed. A gate in
+// GPU memory is seen through a host copy that the watchdog refreshes.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -27,6 +28,15 @@ struct Expectation {
   uint64_t sources_mask = 0;
 };
 
+// The trigger word a prepared collective waits on. `host` is what the host
+// reads: the gate itself (pinned host memory), or, for a gate in GPU memory
+// (`device` set), a host copy that the watchdog refreshes (Communicator::mirror_gate).
+struct Gate {
+  volatile uint64_t* host = nullptr;
+  const uint64_t* device = nullptr;
+  uint64_t value = 0;
+};
+
 class InFlight {
  public:
   using Clock = std::chrono::steady_clock;
@@ -40,8 +50,8 @@ class InFlight {
   // held it to finish.
   size_t begin(const Expectation& e, double timeout_s);
   // Marks the end of slot's collective in `stream`. With a gate, the slot's
-  // clock starts once *gate == gate_value.
-  void end(size_t slot, cudaStream_t stream, const volatile uint64_t* gate = nullptr, uint64_t gate_value = 0);
+  // clock starts once *gate.host == gate.value.
+  void end(size_t slot, cudaStream_t stream, const Gate& gate = Gate{});
   // Makes `stream` wait for the previous collective when that one was issued on
   // another stream: a rank's collectives run in call order whatever streams
   // carry them (peers' flags hold one collective at a time).
@@ -51,6 +61,7 @@ class InFlight {
     Expectation expect;
     double age_s;                      // since the trigger was seen (or since enqueued without a gate)
     bool waiting_for_trigger = false;  // then age_s counts from arming
+    Gate gate;                         // when waiting for the trigger
   };
   // The oldest collective not yet finished, if any (drops finished ones).
   std::optional<Pending> oldest_unfinished();
@@ -58,8 +69,10 @@ class InFlight {
   bool idle();
   // How many collectives have finished, in order (for the shared progress record).
   uint64_t completed();
-  // Writes the oldest collective's trigger value into its gate (watchdog only).
-  void open_gate_of_oldest();
+  // Writes the oldest collective's trigger value into its gate's host word
+  // (watchdog only) and returns the gate: one in GPU memory must then be
+  // written by a stream.
+  std::optional<Gate> open_gate_of_oldest();
 
  private:
   struct Entry {
@@ -68,8 +81,7 @@ class InFlight {
     Clock::time_point started;
     bool pending = false;
     cudaStream_t stream = nullptr;
-    const volatile uint64_t* gate = nullptr;
-    uint64_t gate_value = 0;
+    Gate gate;  // host == nullptr: none, or seen open
   };
   bool finished(Entry& e);  // with mu_ held
   void drop_finished();     // with mu_ held

@@ -4,6 +4,12 @@
 // from a kernel). Everything before the trigger wait, the ready handshake
 // included, runs while the caller still computes, so after the trigger only
 // the pushes and the done messages remain.
+//
+// Where the gate lives: pinned host memory by default (the host can store to
+// it; a stream polls it across PCIe), or GPU memory (arm with gate_on_device),
+// which a stream or kernel of the same GPU writes and the armed stream sees
+// sooner: bench/probes/flag_latency.cu measured a wait on host memory 4-10 us
+// behind the store, a kernel polling the same word 4.5-5.3 us.
 #include "coll/communicator.hpp"
 #include "core/error.hpp"
 
@@ -26,7 +32,8 @@ int Communicator::prepare(const CollectiveArgs& args) {
   for (int i = 0; i < local_count(); ++i) {
     Local& L = *locals_[i];
     FERRY_CUDA_CHECK(cudaSetDevice(L.device));
-    p.gate.push_back(L.records->word());
+    p.host_gate.push_back(L.records->word());
+    p.device_gate.push_back(take_device_gate(i));
     cudaEvent_t ev = nullptr;
     FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
     p.finished.push_back(ev);
@@ -36,7 +43,42 @@ int Communicator::prepare(const CollectiveArgs& args) {
   return id;
 }
 
-void Communicator::arm(int handle, const std::vector<cudaStream_t>& after) {
+// Gates of released handles come back once their last run has finished: only
+// then is their last trigger's write known to have landed.
+void Communicator::reclaim_gates(int local) {
+  Local& L = *locals_[local];
+  for (size_t k = 0; k < L.retiring_gates.size();) {
+    auto [slot, ev] = L.retiring_gates[k];
+    cudaError_t err = cudaEventQuery(ev);
+    if (err == cudaErrorNotReady) {
+      ++k;
+      continue;
+    }
+    cudaGetLastError();
+    cudaEventDestroy(ev);
+    L.free_gates.push_back(slot);
+    L.retiring_gates.erase(L.retiring_gates.begin() + static_cast<long>(k));
+  }
+}
+
+int Communicator::take_device_gate(int local) {
+  Local& L = *locals_[local];
+  reclaim_gates(local);
+  if (L.free_gates.empty())
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT, "prepare: " + std::to_string(kMaxDeviceGates) +
+                                                  " prepared collectives exist already on this communicator (or "
+                                                  "their last runs are unfinished); release() some first");
+  int slot = L.free_gates.back();
+  L.free_gates.pop_back();
+  return slot;
+}
+
+uint64_t* Communicator::gate_address(const Prepared& p, int local) const {
+  if (!p.gate_on_device) return p.host_gate[local].device;
+  return &device_flags(locals_[local]->rank)->gates[p.device_gate[local]].value;
+}
+
+void Communicator::arm(int handle, const std::vector<cudaStream_t>& after, bool gate_on_device) {
   ensure_open("arm");
   Prepared& p = prepared(handle, "arm");
   if (p.armed)
@@ -48,11 +90,12 @@ void Communicator::arm(int handle, const std::vector<cudaStream_t>& after) {
     if (s && dma::is_capturing(s))
       throw_error(FERRY_ERROR_INVALID_ARGUMENT,
                   "arm: the stream is capturing a CUDA graph; capture the collective call itself instead of arming");
+  p.gate_on_device = gate_on_device;
   if (p.built.empty()) {
     p.armed = true;  // zero bytes: nothing to enqueue, but arm/trigger keep their rules
     return;
   }
-  const uint64_t gen = ++p.generation;
+  const uint64_t gen = p.generation = ++gate_generation_;
   const uint64_t seq = ++seq_;
   for (int i = 0; i < local_count(); ++i) {
     Local& L = *locals_[i];
@@ -64,14 +107,15 @@ void Communicator::arm(int handle, const std::vector<cudaStream_t>& after) {
     L.engines->order(after[i], s);
     L.in_flight->order_after_previous(s);
     size_t slot = L.in_flight->begin(expectation(seq, p.args, p.built[i]), timeout_s_);
-    ValueWait gate{p.gate[i].device, gen};
+    uint64_t* gate_word = gate_address(p, i);
+    ValueWait gate{gate_word, gen};
     Emission e;
     e.stream = s;
     e.algo = p.algo;
     e.local_copy = p.args.local_copy;
     e.gate = &gate;
     emit(i, p.built[i], e);
-    L.in_flight->end(slot, s, p.gate[i].host, gen);
+    L.in_flight->end(slot, s, Gate{p.host_gate[i].host, p.gate_on_device ? gate_word : nullptr, gen});
     FERRY_CUDA_CHECK(cudaEventRecord(p.finished[i], s));
     __atomic_store_n(&host_flags(L.rank)->progress.enqueued, seq, __ATOMIC_RELEASE);
   }
@@ -83,7 +127,12 @@ void Communicator::trigger(int handle) {
   if (!p.armed)
     throw_error(FERRY_ERROR_INVALID_ARGUMENT,
                 "trigger: handle " + std::to_string(handle) + " is not armed; call arm() first");
-  for (auto& g : p.gate) __atomic_store_n(g.host, p.generation, __ATOMIC_RELEASE);
+  if (p.gate_on_device)
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                "trigger: handle " + std::to_string(handle) +
+                    " was armed with its gate in GPU memory, which the host cannot write; trigger it from a stream "
+                    "or a kernel, or arm it with the gate in host memory");
+  for (auto& g : p.host_gate) __atomic_store_n(g.host, p.generation, __ATOMIC_RELEASE);
   p.armed = false;
 }
 
@@ -96,7 +145,7 @@ void Communicator::trigger_on(int handle, const std::vector<cudaStream_t>& strea
                   "trigger_on: expected one stream per local rank (" + std::to_string(local_count()) + ")");
   for (int i = 0; i < local_count(); ++i) {
     FERRY_CUDA_CHECK(cudaSetDevice(device(i)));
-    if (!p.built.empty()) dma::mem_ops(streams[i], {MemOp{MemOp::Kind::kWrite, p.gate[i].device, p.generation}});
+    if (!p.built.empty()) dma::mem_ops(streams[i], {MemOp{MemOp::Kind::kWrite, gate_address(p, i), p.generation}});
   }
   p.armed = false;
 }
@@ -107,7 +156,7 @@ std::pair<uint64_t*, uint64_t> Communicator::device_trigger(int handle, int loca
     throw_error(FERRY_ERROR_INVALID_ARGUMENT,
                 "device_trigger: handle " + std::to_string(handle) + " is not armed; call arm() first");
   FERRY_ARG_CHECK(local >= 0 && local < local_count(), "device_trigger: local rank out of range");
-  auto out = std::make_pair(p.gate[local].device, p.generation);
+  auto out = std::make_pair(gate_address(p, local), p.generation);
   if (local == local_count() - 1) p.armed = false;  // handed to the kernels
   return out;
 }
@@ -142,8 +191,9 @@ void Communicator::release_prepared(int handle) {
                     " is armed; trigger it first (its commands already wait in the stream)");
   for (int i = 0; i < local_count(); ++i) {
     cudaSetDevice(device(i));
-    // The event may still be pending; destroying it is fine, CUDA keeps the record.
-    cudaEventDestroy(p.finished[i]);
+    // The gate comes back once this event (its last run's end) completes; see take_device_gate.
+    locals_[i]->retiring_gates.emplace_back(p.device_gate[i], p.finished[i]);
+    reclaim_gates(i);
   }
   prepared_.erase(handle);
 }

@@ -56,6 +56,7 @@ TEST(CApi, NullArgumentsAreNamed) {
   EXPECT_NE(std::string(ferry_last_error()).find("comm"), std::string::npos);
   EXPECT_EQ(ferry_prepare(nullptr, &call, &handle), FERRY_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(ferry_arm(nullptr, 1, nullptr), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(ferry_arm_gated(nullptr, 1, nullptr, FERRY_GATE_DEVICE), FERRY_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(ferry_trigger(nullptr, 1), FERRY_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(ferry_device_trigger(nullptr, 1, 0, &trig), FERRY_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(ferry_release(nullptr, 1), FERRY_ERROR_INVALID_ARGUMENT);

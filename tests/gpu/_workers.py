@@ -560,13 +560,24 @@ def prelaunch_and_graphs(rank: int, world: int, port: int) -> list:
         side.synchronize()
         h = comm.prepare("all_gather", out, inp)
         expect("not armed", h.trigger)
+        # Every trigger with the gate in host memory, the stream and kernel
+        # triggers with the gate in GPU memory too.
+        combos = [
+            ("host", "host"),
+            ("stream", "host"),
+            ("device", "host"),
+            ("stream", "device"),
+            ("device", "device"),
+        ]
         for step in range(60):
-            how = ("host", "stream", "device")[step % 3]
+            how, gate = combos[step % len(combos)]
             seed = lambda s: zlib.crc32(f"pre/{step}/{s}".encode())
             out.fill_(0xCC)
-            h.arm()
+            h.arm(gate=gate)
             if step == 0:
                 expect("armed already", h.arm)
+            if step == 3:
+                expect("gate in GPU memory, which the host cannot write", h.trigger)
             # The input is written after arming: the collective must see it.
             with torch.cuda.stream(side):
                 inp.copy_(_rand(torch, seed(rank), n, dev))
@@ -580,7 +591,7 @@ def prelaunch_and_graphs(rank: int, world: int, port: int) -> list:
                 h.trigger()
             h.wait()
             check(
-                f"prepared all_gather step {step} ({how} trigger)",
+                f"prepared all_gather step {step} ({how} trigger, gate in {gate} memory)",
                 out,
                 torch.cat([_rand(torch, seed(s), n, dev) for s in range(world)]),
             )

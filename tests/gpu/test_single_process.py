@@ -73,7 +73,7 @@ def test_prelaunch_and_reductions_single_process(local_comm):
             outs[r].fill_(0xEE)
         for d in devs:
             torch.cuda.synchronize(d)
-        h.arm()
+        h.arm(gate="device" if step in (3, 5) else "host")
         if step % 2:
             h.trigger(streams)
         else:
@@ -92,3 +92,34 @@ def test_prelaunch_and_reductions_single_process(local_comm):
     comm.synchronize()
     for r, d in enumerate(devs):
         assert torch.equal(ar[r], torch.full_like(xs[r], world * (world + 1) / 2))
+
+
+@pytest.mark.parametrize("gate", ["host", "device"])
+def test_untriggered_prepared_collective_is_reported(gate):
+    """Armed and never triggered: the watchdog reports it after the timeout
+    and opens the gate (in GPU memory: with a stream write), so close() and
+    the GPU do not wait forever."""
+    import time
+
+    import ferry
+    import torch
+
+    comm = ferry.init_local([0, 1], timeout=2)
+    n = 4096
+    bufs = comm.alloc((2 * n,), torch.uint8)
+    ins = [torch.empty(n, dtype=torch.uint8, device=f"cuda:{i}") for i in range(2)]
+    h = comm.prepare("all_gather", bufs, ins)
+    h.arm(gate=gate)
+    message = None
+    deadline = time.monotonic() + 20
+    while message is None and time.monotonic() < deadline:
+        try:
+            comm.check()
+        except ferry.FerryError as exc:
+            message = str(exc)
+        time.sleep(0.05)
+    assert message is not None, "no error 20 s after arming with a 2 s timeout"
+    assert "never triggered" in message, message
+    t0 = time.monotonic()
+    comm.close()
+    assert time.monotonic() - t0 < 10

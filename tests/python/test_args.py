@@ -165,8 +165,8 @@ class FakePreparing(FakeNative):
         self.calls.append(("prepare", kw))
         return 7
 
-    def arm(self, h, after):
-        self.calls.append(("arm", h, after))
+    def arm(self, h, after, gate_on_device=False):
+        self.calls.append(("arm", h, after) + (("device gate",) if gate_on_device else ()))
         self.armed_handles.add(h)
 
     def trigger(self, h):
@@ -203,6 +203,10 @@ def test_prepared_collective_maps_to_native_calls():
     assert h.device_trigger() == (0x1000, 3)
     h.wait(stream=13)
     assert c._c.calls[-1] == ("wait", 7, [13])
+    h.arm(stream=11, gate="device")
+    assert c._c.calls[-1] == ("arm", 7, [11], "device gate")
+    with pytest.raises(ValueError, match="gate is 'gpu'; expected 'host' or 'device'"):
+        h.arm(gate="gpu")
     with h:
         pass
     assert c._c.calls[-1] == ("release", 7)

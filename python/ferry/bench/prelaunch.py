@@ -168,8 +168,8 @@ def chain(ctx, out_all, inp_all) -> list:
     the critical path without comparing clocks across GPUs. Prelaunched
     variants arm before the producer (the ready handshake overlaps it) and are
     released by a stream write after it (trigger(stream)) or by the producer
-    kernel itself (device trigger); NCCL runs eagerly or as a captured graph of
-    one call after the producer."""
+    kernel itself (device trigger), with the gate in host or GPU memory; NCCL
+    runs eagerly or as a captured graph of one call after the producer."""
     from ferry.bench.cases import Case, fits
     from ferry.bench.report import format_size
 
@@ -193,17 +193,23 @@ def chain(ctx, out_all, inp_all) -> list:
             case = Case(torch, ctx.dist, ctx.comm, op, n, ctx.world, ctx.rank, out_all, inp_all)
             h = ctx.comm.prepare(op, case.out, case.inp)
 
-            def stream_trigger():
-                h.arm(s)
-                produce()
-                h.trigger(s)
-                h.wait(s)
+            def stream_trigger(gate):
+                def step():
+                    h.arm(s, gate=gate)
+                    produce()
+                    h.trigger(s)
+                    h.wait(s)
 
-            def device_trigger():
-                h.arm(s)
-                w, value = h.device_trigger()
-                produce(w, value)
-                h.wait(s)
+                return step
+
+            def device_trigger(gate):
+                def step():
+                    h.arm(s, gate=gate)
+                    w, value = h.device_trigger()
+                    produce(w, value)
+                    h.wait(s)
+
+                return step
 
             def eager(impl):
                 def step():
@@ -223,8 +229,10 @@ def chain(ctx, out_all, inp_all) -> list:
                 graph.replay()
 
             variants = [
-                ("ferry, prelaunched, stream trigger", stream_trigger, True),
-                ("ferry, prelaunched, device trigger", device_trigger, True),
+                ("ferry, stream trigger, host gate", stream_trigger("host"), True),
+                ("ferry, stream trigger, device gate", stream_trigger("device"), True),
+                ("ferry, kernel trigger, host gate", device_trigger("host"), True),
+                ("ferry, kernel trigger, device gate", device_trigger("device"), True),
                 ("ferry, eager", eager("ferry"), True),
                 ("nccl, eager", eager("nccl"), False),
                 ("nccl, graph", nccl_graph, False),
