@@ -70,7 +70,7 @@ struct alignas(64) GateLine {
   uint64_t value;
   uint64_t pad[7];
 };
-constexpr int kMaxDeviceGates = 256;
+constexpr int kMaxDeviceGates = 1024;
 
 // In GPU memory, mapped by every peer.
 struct DeviceFlags {

@@ -60,6 +60,8 @@ def test_local_errors():
 def test_prelaunch_and_reductions_single_process(local_comm):
     """One process, all GPUs: a prepared all_gather triggered from the host and
     from each GPU's stream, and an all_reduce, checked byte for byte."""
+    import ferry
+
     torch, comm, world, bufs = local_comm
     devs = [torch.device("cuda", i) for i in range(world)]
     n = 4099
@@ -86,6 +88,15 @@ def test_prelaunch_and_reductions_single_process(local_comm):
             )
             assert torch.equal(outs[r], exp), f"step {step} rank {r}"
     h.release()
+    # Each handle owns a gate word in GPU memory: 1024 at a time, and a
+    # released handle's comes back.
+    handles = [comm.prepare("all_gather", outs, ins) for _ in range(1024)]
+    with pytest.raises(ferry.InvalidArgumentError, match="1024 prepared collectives exist already"):
+        comm.prepare("all_gather", outs, ins)
+    handles.pop().release()
+    handles.append(comm.prepare("all_gather", outs, ins))
+    for x in handles:
+        x.release()
     xs = [torch.full((world * 3 + 1,), float(r + 1), device=d) for r, d in enumerate(devs)]
     ar = [b[: xs[0].numel() * 4].view(torch.float32) for b in bufs]
     comm.all_reduce(ar, xs)
