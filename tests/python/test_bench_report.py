@@ -81,3 +81,19 @@ def test_impossible_energy_readings_are_marked():
     )
     text = "\n".join(report.format_sections(dict(energy=[row])))
     assert "INVALID" in text
+
+
+def test_chain_table_pivots_variants_into_columns():
+    recs = [
+        dict(op="all_gather", bytes_per_rank=1024, variant="ferry, stream trigger, device gate", added_us=27.7),
+        dict(op="all_gather", bytes_per_rank=1024, variant="nccl, graph", added_us=9.2),
+        dict(op="all_to_all", bytes_per_rank=1 << 20, variant="nccl, graph", added_us=15.7),
+    ]
+    lines = report.chain_table(recs)
+    header = next(line for line in lines if line.startswith("op"))
+    assert "ferry, stream trigger, device gate" in header and "nccl, graph" in header
+    ag = next(line for line in lines if line.startswith("all_gather"))
+    a2a = next(line for line in lines if line.startswith("all_to_all"))
+    assert ag.split()[-2:] == ["27.7", "9.2"]
+    assert a2a.split()[-1] == "15.7" and len(a2a.split()) == 3  # the missing cell stays empty
+    assert lines == report.format_sections({"chain": recs})

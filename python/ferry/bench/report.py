@@ -139,12 +139,13 @@ def chain_table(records: List[dict]) -> List[str]:
         "",
         "# chain: us a collective adds between a producer kernel and the next (steady state, max over ranks)",
     ]
-    out += [f"{'op':<12}{'bytes/rank':>11}  " + "".join(f"{v:>38}" for v in variants)]
+    w = max(len(v) for v in variants) + 2
+    out += [f"{'op':<12}{'bytes/rank':>11}  " + "".join(f"{v:>{w}}" for v in variants)]
     for op, n in rows:
         cells = [added.get((op, n, v)) for v in variants]
         out.append(
             f"{op:<12}{format_size(n):>11}  "
-            + "".join(f"{'' if c is None else f'{c:.1f}':>38}" for c in cells)
+            + "".join(f"{'' if c is None else f'{c:.1f}':>{w}}" for c in cells)
         )
     return out
 
