@@ -440,9 +440,10 @@ void Communicator::close() {
   for (auto& [id, p] : prepared_) {
     if (!p.armed) continue;
     for (int i = 0; i < local_count(); ++i) {
-      Gate g{p.host_gate[i].host, gate_address(p, i), p.generation};
-      *g.host = g.value;
-      if (p.gate_on_device) open_device_gate(i, g);
+      if (p.gate_on_device)
+        open_device_gate(i, Gate{p.device_gate_copy[i].host, gate_address(p, i), p.generation});
+      else
+        *p.host_gate[i].host = p.generation;
     }
   }
   try {

@@ -146,10 +146,12 @@ class Communicator {
     CollectiveArgs args;
     std::vector<Built> built;  // by local rank
     Algo algo = Algo::kAuto;
-    // By local rank: the host gate (for a device gate, the watchdog's copy of
-    // it) and the slot of the device gate in this rank's DeviceFlags::gates.
+    // By local rank: the host gate, the slot of the device gate in this
+    // rank's DeviceFlags::gates, and the watchdog's host copy of the device
+    // gate (its own word: a late copy never lands in the host gate).
     std::vector<Pinned<uint64_t>> host_gate;
     std::vector<int> device_gate;
+    std::vector<Pinned<uint64_t>> device_gate_copy;
     bool gate_on_device = false;          // where the last arming waits
     std::vector<cudaEvent_t> finished;    // by local rank: the last armed run's end
     std::vector<uint32_t> registrations;  // buffers it refers to

@@ -34,6 +34,7 @@ int Communicator::prepare(const CollectiveArgs& args) {
     FERRY_CUDA_CHECK(cudaSetDevice(L.device));
     p.host_gate.push_back(L.records->word());
     p.device_gate.push_back(take_device_gate(i));
+    p.device_gate_copy.push_back(L.records->word());
     cudaEvent_t ev = nullptr;
     FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
     p.finished.push_back(ev);
@@ -115,7 +116,9 @@ void Communicator::arm(int handle, const std::vector<cudaStream_t>& after, bool 
     e.local_copy = p.args.local_copy;
     e.gate = &gate;
     emit(i, p.built[i], e);
-    L.in_flight->end(slot, s, Gate{p.host_gate[i].host, p.gate_on_device ? gate_word : nullptr, gen});
+    L.in_flight->end(
+        slot, s,
+        p.gate_on_device ? Gate{p.device_gate_copy[i].host, gate_word, gen} : Gate{p.host_gate[i].host, nullptr, gen});
     FERRY_CUDA_CHECK(cudaEventRecord(p.finished[i], s));
     __atomic_store_n(&host_flags(L.rank)->progress.enqueued, seq, __ATOMIC_RELEASE);
   }
