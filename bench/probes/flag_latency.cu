@@ -90,11 +90,11 @@ void spin(cudaStream_t stream, const std::vector<MemOp>& waits, bool reset) {
 struct Gpu {
   int device = 0;
   cudaStream_t stream = nullptr;
-  char* in = nullptr;                 // the block this GPU pushes
-  char* out = nullptr;                // one slot per peer
-  uint64_t* device_flags = nullptr;   // one 64-byte line per peer
-  uint64_t* device_values = nullptr;  // values 1..iters, one line each
-  uint64_t* lane_word = nullptr;      // one byte per writing GPU
+  char* in = nullptr;                    // the block this GPU pushes
+  char* out = nullptr;                   // one slot per peer
+  uint64_t* device_flags = nullptr;      // one 64-byte line per peer
+  uint64_t* device_values = nullptr;     // values 1..iters, one line each
+  uint64_t* lane_word = nullptr;         // one byte per writing GPU
   unsigned char* lane_values = nullptr;  // iteration i writes 1 + i % 255
 };
 

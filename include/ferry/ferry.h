@@ -177,8 +177,7 @@ typedef struct {
 } ferry_trigger_t;
 FERRY_API ferry_result_t ferry_prepare(ferry_comm_t comm, const ferry_call_t* call, int* handle);
 FERRY_API ferry_result_t ferry_arm(ferry_comm_t comm, int handle, const ferry_stream_t* after);
-FERRY_API ferry_result_t ferry_arm_gated(ferry_comm_t comm, int handle, const ferry_stream_t* after,
-                                         ferry_gate_t gate);
+FERRY_API ferry_result_t ferry_arm_gated(ferry_comm_t comm, int handle, const ferry_stream_t* after, ferry_gate_t gate);
 FERRY_API ferry_result_t ferry_trigger(ferry_comm_t comm, int handle);
 FERRY_API ferry_result_t ferry_trigger_on(ferry_comm_t comm, int handle, const ferry_stream_t* streams);
 FERRY_API ferry_result_t ferry_device_trigger(ferry_comm_t comm, int handle, int local_index, ferry_trigger_t* trigger);
