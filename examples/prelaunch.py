@@ -35,7 +35,10 @@ torch.cuda.synchronize()
 
 h = comm.prepare("all_gather", out, shard)
 for step in range(10):
-    h.arm()  # enqueued now, behind a trigger
+    # Enqueued now, behind a trigger word in this GPU's memory, which the
+    # producer's stream writes without crossing PCIe (gate="host", the
+    # default, would also accept h.trigger() from the host).
+    h.arm(gate="device")
     with torch.cuda.stream(producer):
         produce(step)
         h.trigger(producer)  # released once the producer reaches this point
