@@ -85,7 +85,9 @@ def test_impossible_energy_readings_are_marked():
 
 def test_chain_table_pivots_variants_into_columns():
     recs = [
-        dict(op="all_gather", bytes_per_rank=1024, variant="ferry, stream trigger, device gate", added_us=27.7),
+        dict(
+            op="all_gather", bytes_per_rank=1024, variant="ferry, stream trigger, device gate", added_us=27.7
+        ),
         dict(op="all_gather", bytes_per_rank=1024, variant="nccl, graph", added_us=9.2),
         dict(op="all_to_all", bytes_per_rank=1 << 20, variant="nccl, graph", added_us=15.7),
     ]
@@ -97,3 +99,13 @@ def test_chain_table_pivots_variants_into_columns():
     assert ag.split()[-2:] == ["27.7", "9.2"]
     assert a2a.split()[-1] == "15.7" and len(a2a.split()) == 3  # the missing cell stays empty
     assert lines == report.format_sections({"chain": recs})
+
+
+def test_saved_text_has_no_empty_sweep_table(tmp_path):
+    from ferry.bench.collectives import save
+
+    chain = [dict(op="all_gather", bytes_per_rank=1024, variant="nccl, graph", added_us=9.2)]
+    save({"gpu": "GPU", "records": [], "chain": chain}, 2, str(tmp_path), "ferry bench", plot=False)
+    (txt,) = tmp_path.glob("*.txt")
+    text = txt.read_text()
+    assert "# chain" in text and "ferry/NCCL" not in text and "#wrong" not in text

@@ -323,14 +323,9 @@ def save(result: dict, world: int, out_dir: str, command: str, plot: bool, tag: 
     )
     with open(stem + ".json", "w") as f:
         json.dump(payload, f, indent=1)
-    text = [
-        f"# {command}",
-        f"# {result['gpu']} x{world}, {today}",
-        "",
-        format_table(result["records"]),
-        "",
-        ratio_table(result["records"]),
-    ]
+    text = [f"# {command}", f"# {result['gpu']} x{world}, {today}"]
+    if result["records"]:  # none with --impls ""
+        text += ["", format_table(result["records"]), "", ratio_table(result["records"])]
     from ferry.bench.report import format_sections
 
     text += format_sections(result)
