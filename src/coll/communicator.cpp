@@ -437,15 +437,9 @@ void Communicator::close() {
   host_trace_report();
   // A handle left armed holds ferry's armed stream in a wait: open its gate so
   // the stream drains (its collective runs, as on every rank that does the same).
-  for (auto& [id, p] : prepared_) {
-    if (!p.armed) continue;
-    for (int i = 0; i < local_count(); ++i) {
-      if (p.gate_on_device)
-        open_device_gate(i, Gate{p.device_gate_copy[i].host, gate_address(p, i), p.generation});
-      else
-        *p.host_gate[i].host = p.generation;
-    }
-  }
+  for (auto& [id, p] : prepared_)
+    if (p.armed)
+      for (int i = 0; i < local_count(); ++i) open_gate(i, watched_gate(p, i));
   try {
     // Also after a failure: the watchdog releases the broken collectives' waits
     // while this waits, so no stream is left blocked on a flag about to be freed.
@@ -532,8 +526,7 @@ void Communicator::fail_untriggered(int local, const InFlight::Pending& p) {
        "before arming, or set CUDA_MODULE_LOADING=EAGER), or trigger work queued behind the armed wait in a shared "
        "CUDA hardware queue (raise CUDA_DEVICE_MAX_CONNECTIONS, e.g. 32); see docs/api.md, Prelaunch. The gate "
        "was opened to free the GPU; the output is undefined");
-  auto gate = locals_[local]->in_flight->open_gate_of_oldest();
-  if (gate && gate->device) open_device_gate(local, *gate);
+  if (auto gate = locals_[local]->in_flight->gate_of_oldest()) open_gate(local, *gate);
 }
 
 void Communicator::publish_progress() {
@@ -670,13 +663,15 @@ void Communicator::mirror_gate(int local, const Gate& gate) {
   // Read on the next look; the copy is not waited for here.
 }
 
-void Communicator::open_device_gate(int local, const Gate& gate) {
+void Communicator::open_gate(int local, const Gate& gate) {
+  *gate.host = gate.value;
+  if (!gate.device) return;
   Local& L = *locals_[local];
   if (!rescue_idle(L.device, L.engines->rescue())) return;
   try {
     dma::mem_ops(L.engines->rescue(), {MemOp{MemOp::Kind::kWrite, gate.device, gate.value}});
   } catch (const std::exception&) {
-    // Best effort, like release_waits: a rescue that cannot be queued leaves the stream blocked.
+    // A rescue that cannot be queued leaves the stream blocked.
   }
 }
 

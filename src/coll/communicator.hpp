@@ -222,10 +222,14 @@ class Communicator {
   // A device gate slot for a new handle on local rank `local`.
   int take_device_gate(int local);
   void reclaim_gates(int local);
-  // Refreshes a device gate's host copy from GPU memory (rescue stream, bounded).
+  // The gate local rank `local` of the handle's last arming waits on, as the host sees it.
+  Gate watched_gate(const Prepared& p, int local) const;
+  // Refreshes a device gate's host copy from GPU memory (rescue stream, not waited for).
   void mirror_gate(int local, const Gate& gate);
-  // Opens a device gate with a stream write on the rescue stream (failures, close).
-  void open_device_gate(int local, const Gate& gate);
+  // Opens a gate without its trigger (a failure, close): stores the value in
+  // the host word, and a gate in GPU memory also gets a stream write on the
+  // rescue stream (best effort, like release_waits).
+  void open_gate(int local, const Gate& gate);
 
   HostFlags* host_flags(int rank) const { return static_cast<HostFlags*>(flag_mem_[rank].host()); }
   // `rank`'s ready and done flags, mapped in this process (GPU memory).

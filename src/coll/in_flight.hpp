@@ -69,10 +69,8 @@ class InFlight {
   bool idle();
   // How many collectives have finished, in order (for the shared progress record).
   uint64_t completed();
-  // Writes the oldest collective's trigger value into its gate's host word
-  // (watchdog only) and returns the gate: one in GPU memory must then be
-  // written by a stream.
-  std::optional<Gate> open_gate_of_oldest();
+  // The gate of the oldest collective while it still waits for its trigger.
+  std::optional<Gate> gate_of_oldest();
 
  private:
   struct Entry {

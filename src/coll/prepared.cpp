@@ -79,6 +79,11 @@ uint64_t* Communicator::gate_address(const Prepared& p, int local) const {
   return &device_flags(locals_[local]->rank)->gates[p.device_gate[local]].value;
 }
 
+Gate Communicator::watched_gate(const Prepared& p, int local) const {
+  if (!p.gate_on_device) return Gate{p.host_gate[local].host, nullptr, p.generation};
+  return Gate{p.device_gate_copy[local].host, gate_address(p, local), p.generation};
+}
+
 void Communicator::arm(int handle, const std::vector<cudaStream_t>& after, bool gate_on_device) {
   ensure_open("arm");
   Prepared& p = prepared(handle, "arm");
@@ -108,17 +113,14 @@ void Communicator::arm(int handle, const std::vector<cudaStream_t>& after, bool 
     L.engines->order(after[i], s);
     L.in_flight->order_after_previous(s);
     size_t slot = L.in_flight->begin(expectation(seq, p.args, p.built[i]), timeout_s_);
-    uint64_t* gate_word = gate_address(p, i);
-    ValueWait gate{gate_word, gen};
+    ValueWait gate{gate_address(p, i), gen};
     Emission e;
     e.stream = s;
     e.algo = p.algo;
     e.local_copy = p.args.local_copy;
     e.gate = &gate;
     emit(i, p.built[i], e);
-    L.in_flight->end(
-        slot, s,
-        p.gate_on_device ? Gate{p.device_gate_copy[i].host, gate_word, gen} : Gate{p.host_gate[i].host, nullptr, gen});
+    L.in_flight->end(slot, s, watched_gate(p, i));
     FERRY_CUDA_CHECK(cudaEventRecord(p.finished[i], s));
     __atomic_store_n(&host_flags(L.rank)->progress.enqueued, seq, __ATOMIC_RELEASE);
   }
@@ -194,7 +196,7 @@ void Communicator::release_prepared(int handle) {
                     " is armed; trigger it first (its commands already wait in the stream)");
   for (int i = 0; i < local_count(); ++i) {
     cudaSetDevice(device(i));
-    // The gate comes back once this event (its last run's end) completes; see take_device_gate.
+    // The gate comes back once this event (its last run's end) completes; see reclaim_gates.
     locals_[i]->retiring_gates.emplace_back(p.device_gate[i], p.finished[i]);
     reclaim_gates(i);
   }
