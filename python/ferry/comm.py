@@ -585,7 +585,7 @@ class PreparedCollective:
         host cannot trigger it (trigger() without a stream raises)."""
         self._comm._check_open("arm")
         if gate not in ("host", "device"):
-            raise ValueError(f"arm: gate is {gate!r}; expected 'host' or 'device'")
+            raise InvalidArgumentError(f"arm: gate is {gate!r}; expected 'host' or 'device'")
         self._comm._c.arm(self._h, self._streams(stream, "arm"), gate == "device")
         return self
 

@@ -131,6 +131,19 @@ def test_untriggered_prepared_collective_is_reported(gate):
         time.sleep(0.05)
     assert message is not None, "no error 20 s after arming with a 2 s timeout"
     assert "never triggered" in message, message
+    # The watchdog opened the gate: the armed run ends on both GPUs (a gate
+    # left shut would keep these events pending, and close() would only give
+    # up on them after its own timeout).
+    streams = [torch.cuda.Stream(device=f"cuda:{i}") for i in range(2)]
+    h.wait(streams)
+    ends = []
+    for st in streams:
+        ends.append(torch.cuda.Event())
+        ends[-1].record(st)
+    deadline = time.monotonic() + 10
+    while not all(e.query() for e in ends) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(e.query() for e in ends), "the armed run did not end after the watchdog opened its gate"
     t0 = time.monotonic()
     comm.close()
     assert time.monotonic() - t0 < 10

@@ -196,21 +196,15 @@ def chain(ctx, out_all, inp_all) -> list:
             # peer up to 1 MiB): what that trip costs on the critical path.
             h_sm = ctx.comm.prepare(op, case.out, case.inp, local_copy="sm")
 
-            def stream_trigger(gate, handle=h):
+            def prepared(trigger, gate, handle=h):
                 def step():
                     handle.arm(s, gate=gate)
-                    produce()
-                    handle.trigger(s)
+                    if trigger == "stream":  # a stream write after the producer
+                        produce()
+                        handle.trigger(s)
+                    else:  # the producer kernel fires it
+                        produce(*handle.device_trigger())
                     handle.wait(s)
-
-                return step
-
-            def device_trigger(gate):
-                def step():
-                    h.arm(s, gate=gate)
-                    w, value = h.device_trigger()
-                    produce(w, value)
-                    h.wait(s)
 
                 return step
 
@@ -232,11 +226,11 @@ def chain(ctx, out_all, inp_all) -> list:
                 graph.replay()
 
             variants = [
-                ("ferry, stream trigger, host gate", stream_trigger("host"), True),
-                ("ferry, stream trigger, device gate", stream_trigger("device"), True),
-                ("ferry, kernel trigger, host gate", device_trigger("host"), True),
-                ("ferry, kernel trigger, device gate", device_trigger("device"), True),
-                ("ferry, stream trigger, own block by SMs", stream_trigger("host", h_sm), True),
+                ("ferry, stream trigger, host gate", prepared("stream", "host"), True),
+                ("ferry, stream trigger, device gate", prepared("stream", "device"), True),
+                ("ferry, kernel trigger, host gate", prepared("kernel", "host"), True),
+                ("ferry, kernel trigger, device gate", prepared("kernel", "device"), True),
+                ("ferry, stream trigger, own block by SMs", prepared("stream", "host", h_sm), True),
                 ("ferry, eager", eager("ferry"), True),
                 ("nccl, eager", eager("nccl"), False),
                 ("nccl, graph", nccl_graph, False),
