@@ -171,7 +171,9 @@ def main(argv=None) -> int:
     )
     b.add_argument(
         "--impls",
-        default=",".join(("ferry-b2b", "ferry-pcpy", "ferry-seq", "ferry-graph", "nccl", "nccl-graph")),
+        default=",".join(
+            ("ferry-b2b", "ferry-pcpy", "ferry-seq", "ferry-graph", "ferry-sm", "nccl", "nccl-graph")
+        ),
         help="what to time; empty: only the optional measurements below",
     )
     b.add_argument("--min", default="1K", help="smallest bytes per rank")

@@ -12,7 +12,7 @@ from ._native import require
 from .bootstrap import AllGather, TcpStore, TorchStore, group_allgather, read_launch_env, store_allgather
 from .errors import ClosedError, InvalidArgumentError
 
-_ALGOS = ("auto", "pcpy", "b2b", "seq")
+_ALGOS = ("auto", "pcpy", "b2b", "seq", "sm")
 _LOCAL_COPIES = ("auto", "peer", "sm", "driver")
 
 
@@ -411,7 +411,9 @@ class Communicator:
         """out (world x inp.nbytes, registered) receives every rank's `inp` in
         rank order, ordered in `stream` (default: the current torch stream).
         `inp` may be this rank's own slice of `out` (in-place: no local copy).
-        algo: 'auto' | 'pcpy' | 'b2b' | 'seq'. local_copy: how this rank's own
+        algo: 'auto' | 'pcpy' | 'b2b' | 'seq' (copy engines) | 'sm' (not copy
+        engines: one SM kernel of up to 32 blocks, the lowest latency for
+        blocks up to FERRY_SM_BYTES, 1 MiB). local_copy: how this rank's own
         block is copied: 'peer' through a peer on copy engines (no SM; one more
         block over NVLink; all_to_all bounces it via the next rank), 'sm' ferry's kernel on
         32 SMs, 'driver' cudaMemcpyAsync (CUDA's kernel on every SM, for a

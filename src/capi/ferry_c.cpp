@@ -46,7 +46,7 @@ ferry::CollectiveArgs make_args(ferry::Communicator& c, ferry::CollOp op, void* 
   a.bytes_per_rank = bytes;
   for (int i = 0; i < n; ++i) a.streams.push_back(streams ? static_cast<cudaStream_t>(streams[i]) : nullptr);
   if (options) {
-    FERRY_ARG_CHECK(options->algo >= FERRY_ALGO_AUTO && options->algo <= FERRY_ALGO_SEQ,
+    FERRY_ARG_CHECK(options->algo >= FERRY_ALGO_AUTO && options->algo <= FERRY_ALGO_SM,
                     "options->algo is not a ferry_algo_t");
     FERRY_ARG_CHECK(options->local_copy >= FERRY_LOCAL_COPY_AUTO && options->local_copy <= FERRY_LOCAL_COPY_PEER,
                     "options->local_copy is not a ferry_local_copy_t");

@@ -34,12 +34,18 @@ size_t Communicator::selection_bytes(const CollectiveArgs& a) const {
 }
 
 Algo Communicator::choose_algo(CollOp op, size_t bytes_per_rank) const {
-  return select_algo(op, world_, bytes_per_rank, forced_algo_, table_);
+  const bool sm_possible = one_shot_unsupported(op, world_, bytes_per_rank, one_shot_slot_bytes_).empty();
+  const Algo forced = forced_algo_ == Algo::kSm && !sm_possible ? Algo::kAuto : forced_algo_;
+  return select_algo(op, world_, bytes_per_rank, forced, table_, sm_possible);
 }
 
+// An explicit algo wins (build() explains an "sm" the call cannot take);
+// FERRY_ALGO=sm and table rules for "sm" apply only where the call can.
 Algo Communicator::resolve_algo(const CollectiveArgs& a) const {
-  Algo forced = a.algo != Algo::kAuto ? a.algo : forced_algo_;
-  return select_algo(a.op, world_, selection_bytes(a), forced, table_);
+  if (a.algo != Algo::kAuto) return a.algo;
+  const bool sm_possible = one_shot_unsupported(a.op, world_, a.bytes_per_rank, one_shot_slot_bytes_).empty();
+  const Algo forced = forced_algo_ == Algo::kSm && !sm_possible ? Algo::kAuto : forced_algo_;
+  return select_algo(a.op, world_, selection_bytes(a), forced, table_, sm_possible);
 }
 
 void Communicator::set_selector_table(const std::vector<SelectorRule>& rules) {
@@ -104,12 +110,17 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
       break;
   }
   if (shape == 0) return {};
+  const bool sm = resolve_algo(a) == Algo::kSm;
+  if (sm) {
+    const std::string why = one_shot_unsupported(a.op, world_, a.bytes_per_rank, one_shot_slot_bytes_);
+    FERRY_ARG_CHECK(why.empty(), name + ": " + why);
+  }
 
   const size_t scratch_cap = static_cast<size_t>(std::max<long long>(4096, knob_int("FERRY_SCRATCH_BYTES")));
   // Scratch, when the call needs it; sized the same on every rank (the call is collective).
   size_t slot_stride = 0, chunk = 0;
   const bool in_place_a2a = a.op == CollOp::kAllToAll && a.ins[0] == a.outs[0];
-  if (in_place_a2a) {
+  if (in_place_a2a && !sm) {
     chunk = in_place_chunk(shape, world_, scratch_cap);
     slot_stride = scratch_slot_stride(chunk);
   } else if (a.op == CollOp::kReduceScatter) {
@@ -122,7 +133,7 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
   // rank's scratch (own_block_bounce_bytes).
   const bool capturing = dma::is_capturing(a.streams[0]);
   size_t bounce_bytes = 0;
-  if ((a.op == CollOp::kAllToAll && !in_place_a2a) || a.op == CollOp::kAllToAllv) {
+  if (!sm && ((a.op == CollOp::kAllToAll && !in_place_a2a) || a.op == CollOp::kAllToAllv)) {
     const size_t own = a.op == CollOp::kAllToAll ? shape : all_to_allv_largest_own(world_, a.counts);
     bounce_bytes = own_block_bounce_bytes(a.local_copy, own, world_, !capturing || find_scratch(own));
   }
@@ -217,47 +228,48 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
                   name + ": in-place on some local ranks and not on others; pass in == out on all or none");
 
     Built& b = out[i];
-    switch (a.op) {
-      case CollOp::kAllGather:
-        b.program.add_exchange(plan_all_gather(r, world_, out_by_rank, in, shape));
-        break;
-      case CollOp::kAllToAll:
-        if (!in_place_a2a) {
-          b.program.add_exchange(
-              plan_all_to_all(r, world_, out_by_rank, in, shape, bounce_bytes ? &scratch_by_rank : nullptr));
-          break;
-        }
-        for (const auto& round : plan_in_place_rounds(shape, chunk)) {
-          b.program.add_exchange(plan_in_place_round(r, world_, scratch_by_rank, o, shape, round, slot_stride));
-          b.program.add_unpack(plan_in_place_unpack(r, world_, o, scratch_by_rank[r], shape, round, slot_stride));
-        }
-        break;
-      case CollOp::kAllToAllv:
-        b.program.add_exchange(
-            plan_all_to_allv(r, world_, out_by_rank, in, a.counts, bounce_bytes ? &scratch_by_rank : nullptr));
-        break;
-      case CollOp::kBroadcast:
-        b.program.add_exchange(plan_broadcast(r, world_, a.root, out_by_rank, in, shape));
-        break;
-      case CollOp::kReduceScatter: {
-        std::vector<Block> blocks;
-        for (int p = 0; p < world_; ++p) blocks.push_back(Block{static_cast<size_t>(p) * shape, shape});
-        b.program.add_exchange(plan_scatter_to_scratch(r, world_, scratch_by_rank, in, blocks, slot_stride));
-        b.program.add_reduce(ReduceStep{o, in + blocks[r].offset, scratch_by_rank[r], slot_stride, r, world_, a.count,
-                                        a.dtype, a.red_op});
-        break;
-      }
-      case CollOp::kAllReduce: {
-        auto blocks = split_blocks(a.count, esize, world_);
-        b.program.add_exchange(plan_scatter_to_scratch(r, world_, scratch_by_rank, in, blocks, slot_stride));
-        b.program.add_reduce(ReduceStep{o + blocks[r].offset, in + blocks[r].offset, scratch_by_rank[r], slot_stride, r,
-                                        world_, blocks[r].bytes / esize, a.dtype, a.red_op});
-        b.program.add_exchange(plan_gather_blocks(r, world_, out_by_rank, blocks));
-        break;
-      }
-    }
     const uint32_t reg_id = reg ? reg->id : 0;
     const uint32_t sig = call_signature(a.op, shape, reg_id, offset, extra);
+    if (sm) b.program.add_one_shot(plan_one_shot(a.op, r, world_, in, o, shape, a.root, sig));
+    if (!sm) switch (a.op) {
+        case CollOp::kAllGather:
+          b.program.add_exchange(plan_all_gather(r, world_, out_by_rank, in, shape));
+          break;
+        case CollOp::kAllToAll:
+          if (!in_place_a2a) {
+            b.program.add_exchange(
+                plan_all_to_all(r, world_, out_by_rank, in, shape, bounce_bytes ? &scratch_by_rank : nullptr));
+            break;
+          }
+          for (const auto& round : plan_in_place_rounds(shape, chunk)) {
+            b.program.add_exchange(plan_in_place_round(r, world_, scratch_by_rank, o, shape, round, slot_stride));
+            b.program.add_unpack(plan_in_place_unpack(r, world_, o, scratch_by_rank[r], shape, round, slot_stride));
+          }
+          break;
+        case CollOp::kAllToAllv:
+          b.program.add_exchange(
+              plan_all_to_allv(r, world_, out_by_rank, in, a.counts, bounce_bytes ? &scratch_by_rank : nullptr));
+          break;
+        case CollOp::kBroadcast:
+          b.program.add_exchange(plan_broadcast(r, world_, a.root, out_by_rank, in, shape));
+          break;
+        case CollOp::kReduceScatter: {
+          std::vector<Block> blocks;
+          for (int p = 0; p < world_; ++p) blocks.push_back(Block{static_cast<size_t>(p) * shape, shape});
+          b.program.add_exchange(plan_scatter_to_scratch(r, world_, scratch_by_rank, in, blocks, slot_stride));
+          b.program.add_reduce(ReduceStep{o, in + blocks[r].offset, scratch_by_rank[r], slot_stride, r, world_, a.count,
+                                          a.dtype, a.red_op});
+          break;
+        }
+        case CollOp::kAllReduce: {
+          auto blocks = split_blocks(a.count, esize, world_);
+          b.program.add_exchange(plan_scatter_to_scratch(r, world_, scratch_by_rank, in, blocks, slot_stride));
+          b.program.add_reduce(ReduceStep{o + blocks[r].offset, in + blocks[r].offset, scratch_by_rank[r], slot_stride,
+                                          r, world_, blocks[r].bytes / esize, a.dtype, a.red_op});
+          b.program.add_exchange(plan_gather_blocks(r, world_, out_by_rank, blocks));
+          break;
+        }
+      }
     b.value = flag_value(sig);
     ReadyRecord s{};
     s.value = b.value;

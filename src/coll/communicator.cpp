@@ -90,8 +90,11 @@ std::unique_ptr<Communicator::Local> Communicator::make_local(int rank, int devi
   for (int g = kMaxDeviceGates - 1; g >= 0; --g) local->free_gates.push_back(g);
   local->ready_snapshot = local->records->records(kMaxRanks);
   if (knob_int("FERRY_REPLAY_CALLS") != 0) local->replays = std::make_unique<ReplayCache>(kReplayCapacity);
+  local->one_shot_abort = local->records->word();
+  local->one_shot_fault = local->records->word();
   load_local_copy_kernels();
   load_reduce_kernels();
+  load_one_shot_kernels();
   return local;
 }
 
@@ -156,6 +159,7 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int world, int devi
     c->device_flag_mem_[p] = vmm_import(msg.fds[1], c->device_flag_mem_[rank].size, device);
     ::close(msg.fds[1]);
   }
+  c->create_one_shot_windows();
   c->allgather("ready", "communicator setup (mapping peers)");
   c->start_watchdog();
   return c;
@@ -195,6 +199,7 @@ std::unique_ptr<Communicator> Communicator::create_local(const std::vector<int>&
     c->device_flag_mem_.push_back(new_device_flags(devices[i], false, devices, c->locals_.back()->engines->main()));
     c->pids_.push_back(getpid());
   }
+  c->create_one_shot_windows();
   c->start_watchdog();
   return c;
 }
@@ -388,6 +393,23 @@ void Communicator::free(const std::vector<void*>& ptrs) {
   throw_error(FERRY_ERROR_NOT_REGISTERED, "free: the pointer did not come from this communicator's alloc()");
 }
 
+void Communicator::create_one_shot_windows() {
+  const long long slot = knob_int("FERRY_SM_BYTES");
+  if (slot <= 0 || world_ > kOneShotMaxRanks) return;
+  one_shot_slot_bytes_ = (static_cast<size_t>(slot) + 255) / 256 * 256;
+  Registration& reg = allocate_registration(one_shot_window_bytes(world_, one_shot_slot_bytes_));
+  reg.scratch = true;
+  window_registration_ = reg.id;
+  for (int p = 0; p < world_; ++p) one_shot_windows_.base[p] = reg.base[p];
+  // Zeroed before any peer can write a flag: in create(), peers start
+  // calling only after the setup's last all-gather, which comes after this.
+  for (auto& L : locals_) {
+    FERRY_CUDA_CHECK(cudaSetDevice(L->device));
+    FERRY_CUDA_CHECK(cudaMemsetAsync(reg.base[L->rank], 0, kOneShotHeaderBytes, L->engines->main()));
+    FERRY_CUDA_CHECK(cudaStreamSynchronize(L->engines->main()));
+  }
+}
+
 // ---------------------------------------------------------------- errors and lifetime
 
 void Communicator::fail(const std::string& message) {
@@ -399,6 +421,9 @@ void Communicator::fail(const std::string& message) {
     std::fprintf(stderr, "ferry: communicator failed: %s\n", message.c_str());
   }
   broken_ = true;
+  // Kernels of the SM path that wait for a peer give up now.
+  for (auto& L : locals_)
+    if (L->one_shot_abort.host) __atomic_store_n(L->one_shot_abort.host, uint64_t{1}, __ATOMIC_RELEASE);
 }
 
 void Communicator::check() {
@@ -496,6 +521,7 @@ void Communicator::watchdog_loop() {
     lock.unlock();
     publish_progress();
     for (int i = 0; i < local_count(); ++i) {
+      check_one_shot_fault(i);
       auto pending = locals_[i]->in_flight->oldest_unfinished();
       if (pending && pending->waiting_for_trigger) {
         // A gate in GPU memory is read through a copy, made only once the
@@ -527,6 +553,17 @@ void Communicator::fail_untriggered(int local, const InFlight::Pending& p) {
        "CUDA hardware queue (raise CUDA_DEVICE_MAX_CONNECTIONS, e.g. 32); see docs/api.md, Prelaunch. The gate "
        "was opened to free the GPU; the output is undefined");
   if (auto gate = locals_[local]->in_flight->gate_of_oldest()) open_gate(local, *gate);
+}
+
+void Communicator::check_one_shot_fault(int local) {
+  const uint64_t f = __atomic_load_n(locals_[local]->one_shot_fault.host, __ATOMIC_ACQUIRE);
+  if (!(f & kOneShotFaultBit) || broken_) return;
+  const int q = static_cast<int>((f >> 32) & 0x7fffffff);
+  fail("a collective on the SM path (algo 'sm', its call #" + std::to_string(f & 0xffffffffu) +
+       " on that path) on rank " + std::to_string(rank(local)) + " gave up after waiting " +
+       std::to_string(timeout_s_) + " s for rank " + std::to_string(q) + ": rank " + std::to_string(q) +
+       " has not made the same call, made it with other arguments, or its GPU is held by other work. The output is "
+       "undefined; close this communicator");
 }
 
 void Communicator::publish_progress() {

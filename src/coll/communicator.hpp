@@ -22,6 +22,7 @@
 #include "coll/flags.hpp"
 #include "coll/in_flight.hpp"
 #include "coll/local_copy.hpp"
+#include "coll/one_shot_kernel.hpp"
 #include "coll/program.hpp"
 #include "coll/record_pool.hpp"
 #include "coll/replay_cache.hpp"
@@ -135,6 +136,10 @@ class Communicator {
     // released handles whose last run (event) may not have finished yet.
     std::vector<int> free_gates;
     std::vector<std::pair<int, cudaEvent_t>> retiring_gates;
+    // The SM path's words in pinned host memory: set by the host to make its
+    // waiting kernels give up; set by a kernel that gave up (OneShotControl).
+    Pinned<uint64_t> one_shot_abort;
+    Pinned<uint64_t> one_shot_fault;
   };
   // A validated, planned call as one local rank runs it.
   struct Built {
@@ -177,7 +182,7 @@ class Communicator {
   struct Registration {
     uint32_t id = 0;
     bool owned = false;           // from alloc(): ferry frees it
-    bool scratch = false;         // ferry's own (reduce-scatter, in-place all-to-all)
+    bool scratch = false;         // ferry's own (scratch, the SM path's windows)
     std::vector<char*> base;      // by rank, as mapped in this process
     std::vector<size_t> size;     // by rank
     std::vector<VmmMapping> vmm;  // to unmap/release on close
@@ -203,6 +208,10 @@ class Communicator {
   const Registration& scratch(size_t bytes);
   Registration& allocate_registration(size_t bytes);
   void check_not_prepared(uint32_t registration, const char* what) const;
+  // The SM path's windows (collective, at creation; none with FERRY_SM_BYTES=0).
+  void create_one_shot_windows();
+  // Reports a kernel of the SM path that gave up waiting (the watchdog looks).
+  void check_one_shot_fault(int local);
   Prepared& prepared(int handle, const char* what);
 
   // Enqueues a built program on one local rank's stream.
@@ -266,6 +275,9 @@ class Communicator {
   uint64_t gate_generation_ = 0;  // the value of each arming, unique per communicator
   std::vector<SelectorRule> table_;
   uint32_t scratch_registration_ = 0;  // 0: none yet
+  uint32_t window_registration_ = 0;   // the SM path's windows; 0: none
+  size_t one_shot_slot_bytes_ = 0;     // bytes per source slot in a window (FERRY_SM_BYTES)
+  OneShotWindows one_shot_windows_{};  // by rank, as mapped in this process
   std::map<int, Prepared> prepared_;
   int next_handle_ = 1;
   std::mutex captured_mu_;

@@ -6,8 +6,9 @@
 //   3. the pushes (and this rank's own block, locally)
 //   4. done: one small copy into each target's done flags (GPU memory) after its data
 //   5. one batch: wait for every source's done, reset those flags to 0
-// No kernel runs here unless the program has a reduction or the local block
-// is copied with the SM kernel.
+// No kernel runs here unless the program has a reduction, the local block
+// is copied with the SM kernel, or the call runs on the SM path (algo "sm",
+// one kernel instead of all of the above: coll/one_shot.hpp).
 #include <algorithm>
 
 #include "coll/communicator.hpp"
@@ -37,6 +38,14 @@ void Communicator::emit(int local, const Built& b, const Emission& e) {
       case Step::Kind::kUnpack:
         dma::copy_batch(s, step.unpack);
         break;
+      case Step::Kind::kOneShot:
+        // No handshake to hide the trigger behind: the gate comes first.
+        if (e.gate) dma::mem_ops(s, {MemOp{MemOp::Kind::kWait, e.gate->addr, e.gate->value}});
+        launch_one_shot(
+            step.one_shot, one_shot_windows_, one_shot_slot_bytes_,
+            OneShotControl{L.one_shot_abort.device, L.one_shot_fault.device, static_cast<uint64_t>(timeout_s_ * 1e9)},
+            s);
+        break;
     }
   }
   if (own_stream) L.engines->order(s, e.stream);
@@ -44,7 +53,9 @@ void Communicator::emit(int local, const Built& b, const Emission& e) {
 
 void Communicator::emit_eager(int local, const Built& b, const Emission& e) {
   Local& L = *locals_[local];
-  if (!L.replays) return emit(local, b, e);
+  // A one-shot program is one kernel launch already: a graph would not make it cheaper.
+  const bool one_launch = b.program.steps.size() == 1 && b.program.steps[0].kind == Step::Kind::kOneShot;
+  if (!L.replays || one_launch) return emit(local, b, e);
   ReplayCache::Entry* entry = nullptr;
   {
     HostTraceScope t(HostStage::kReplay);

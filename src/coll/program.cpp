@@ -25,4 +25,13 @@ void Program::add_unpack(std::vector<Copy> copies) {
   steps.push_back(std::move(s));
 }
 
+void Program::add_one_shot(const OneShotStep& o) {
+  for (int p = 0; p < o.world; ++p)
+    if (p != o.rank) targets_mask |= uint64_t(1) << p, sources_mask |= uint64_t(1) << p;
+  Step s;
+  s.kind = Step::Kind::kOneShot;
+  s.one_shot = o;
+  steps.push_back(std::move(s));
+}
+
 }  // namespace ferry

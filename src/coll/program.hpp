@@ -7,17 +7,19 @@
 #include <cstdint>
 #include <vector>
 
+#include "coll/one_shot.hpp"
 #include "coll/plan.hpp"
 #include "coll/reduce.hpp"
 
 namespace ferry {
 
 struct Step {
-  enum class Kind { kExchange, kReduce, kUnpack };
+  enum class Kind { kExchange, kReduce, kUnpack, kOneShot };
   Kind kind = Kind::kExchange;
   Exchange exchange;         // kExchange
   ReduceStep reduce{};       // kReduce: an SM kernel
   std::vector<Copy> unpack;  // kUnpack: local copy-engine copies (in-place all-to-all)
+  OneShotStep one_shot;      // kOneShot: the whole collective as one SM kernel (algo "sm")
 };
 
 struct Program {
@@ -29,6 +31,8 @@ struct Program {
   void add_exchange(Exchange x);
   void add_reduce(const ReduceStep& r);
   void add_unpack(std::vector<Copy> copies);
+  // Every peer both writes into this rank's window and is written to.
+  void add_one_shot(const OneShotStep& o);
 };
 
 }  // namespace ferry

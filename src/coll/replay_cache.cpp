@@ -56,6 +56,12 @@ std::string emission_key(const Program& program, const void* record, Algo algo, 
         put(key, s.unpack.size());
         for (const auto& c : s.unpack) put_copy(key, c);
         break;
+      case Step::Kind::kOneShot:
+        put(key, s.one_shot.in);
+        put(key, s.one_shot.out);
+        put(key, s.one_shot.bytes);
+        put(key, s.one_shot.root);
+        break;
     }
   }
   return key;

@@ -16,6 +16,8 @@ const char* algo_name(Algo a) {
       return "b2b";
     case Algo::kSeq:
       return "seq";
+    case Algo::kSm:
+      return "sm";
   }
   return "unknown";
 }
@@ -25,8 +27,9 @@ Algo parse_algo(const std::string& name, const char* what) {
   if (name == "pcpy") return Algo::kPcpy;
   if (name == "b2b") return Algo::kB2b;
   if (name == "seq") return Algo::kSeq;
+  if (name == "sm") return Algo::kSm;
   throw_error(FERRY_ERROR_INVALID_ARGUMENT,
-              std::string(what) + " is '" + name + "'; expected one of 'auto', 'pcpy', 'b2b', 'seq'");
+              std::string(what) + " is '" + name + "'; expected one of 'auto', 'pcpy', 'b2b', 'seq', 'sm'");
 }
 
 std::vector<SelectorRule> default_selector_table() {
@@ -47,10 +50,13 @@ std::vector<SelectorRule> default_selector_table() {
   return t;
 }
 
-Algo select_algo(CollOp op, int world, size_t bytes_per_rank, Algo forced, const std::vector<SelectorRule>& table) {
+Algo select_algo(CollOp op, int world, size_t bytes_per_rank, Algo forced, const std::vector<SelectorRule>& table,
+                 bool sm_possible) {
   if (forced != Algo::kAuto) return forced;
   for (const auto& r : table)
-    if (r.op == op && (r.world == 0 || r.world == world) && bytes_per_rank <= r.max_bytes) return r.algo;
+    if (r.op == op && (r.world == 0 || r.world == world) && bytes_per_rank <= r.max_bytes &&
+        (r.algo != Algo::kSm || sm_possible))
+      return r.algo;
   return Algo::kSeq;
 }
 

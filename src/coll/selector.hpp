@@ -11,10 +11,11 @@
 
 namespace ferry {
 
-enum class Algo { kAuto = 0, kPcpy = 1, kB2b = 2, kSeq = 3 };
+// kSm: not a copy-engine variant: one SM kernel moves the data (coll/one_shot.hpp).
+enum class Algo { kAuto = 0, kPcpy = 1, kB2b = 2, kSeq = 3, kSm = 4 };
 
 const char* algo_name(Algo a);
-// "auto", "pcpy", "b2b", "seq"; anything else is an error that names `what`.
+// "auto", "pcpy", "b2b", "seq", "sm"; anything else is an error that names `what`.
 Algo parse_algo(const std::string& name, const char* what);
 
 // A rule: for `op` on `world` ranks (0: any), calls of at most `max_bytes`
@@ -29,7 +30,9 @@ struct SelectorRule {
 std::vector<SelectorRule> default_selector_table();
 
 // `forced` (from the call or FERRY_ALGO) wins unless it is kAuto; with no
-// matching rule, seq (the safe choice at any size).
-Algo select_algo(CollOp op, int world, size_t bytes_per_rank, Algo forced, const std::vector<SelectorRule>& table);
+// matching rule, seq (the safe choice at any size). Rules naming kSm are
+// skipped when `sm_possible` is false (the call cannot take the SM path).
+Algo select_algo(CollOp op, int world, size_t bytes_per_rank, Algo forced, const std::vector<SelectorRule>& table,
+                 bool sm_possible = true);
 
 }  // namespace ferry

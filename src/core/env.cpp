@@ -18,7 +18,8 @@ const std::vector<Knob>& knobs() {
        "parent folder of the private (0700) folder holding ferry's Unix sockets; "
        "empty: $TMPDIR or /tmp"},
       {"FERRY_ALGO", "string", "",
-       "force a variant for every collective (b2b, seq or pcpy); empty: the selector decides"},
+       "force a variant for every collective (b2b, seq, pcpy, or sm where a call can take it); empty: the selector "
+       "decides"},
       {"FERRY_PORT", "int", "0", "TCP port of ferry's bootstrap store for ferry.init(); 0: MASTER_PORT + 1"},
       {"FERRY_WATCHDOG_MS", "int", "10", "how often the watchdog looks at unfinished collectives"},
       {"FERRY_TUNING", "string", "", "a `ferry tune` JSON to use instead of the table shipped for this GPU"},
@@ -29,6 +30,9 @@ const std::vector<Knob>& knobs() {
        "launched from it (one host operation instead of about a dozen); 0: every call enqueues its commands"},
       {"FERRY_SCRATCH_BYTES", "int", "67108864",
        "bound on the scratch an in-place all_to_all uses per rank (it runs in rounds of scratch / world bytes)"},
+      {"FERRY_SM_BYTES", "int", "1048576",
+       "largest block per peer that algo 'sm' (the SM kernel for small collectives) moves; each rank's window "
+       "takes 2 x world x this much GPU memory, allocated at creation (up to 8 ranks); 0: no window, no 'sm'"},
   };
   return table;
 }

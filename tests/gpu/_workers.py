@@ -14,6 +14,8 @@ SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "N
 # Bytes per rank (all_gather) or per block (all_to_all), odd ones included.
 SIZES = (1, 3, 4096, 1000003, (64 << 20) + 1)
 A2A_SIZES = (1, 3, 4096, 1000003, (16 << 20) + 1)
+# The largest block per peer algo "sm" moves by default (FERRY_SM_BYTES).
+SM_BYTES = 1 << 20
 
 
 def _rand(torch, seed: int, n: int, dev):
@@ -80,6 +82,8 @@ def check_collectives(
             dtype = getattr(torch, dtype_name)
             elem = torch.empty((), dtype=dtype).element_size()
             nbytes = n * elem
+            if algo == "sm" and nbytes > SM_BYTES:
+                continue  # refused with a clear error (checked in sm_path)
             total = world * nbytes
             outs, ins, expected = [], [], []
             for r, d, b in zip(ranks, devs, buf):
@@ -126,7 +130,7 @@ def check_collectives(
     return fails
 
 
-def check_repeats(torch, comm, ranks, devs, world, buf, reps=1000, n=4096, streams=None):
+def check_repeats(torch, comm, ranks, devs, world, buf, reps=1000, n=4096, streams=None, algo="auto"):
     """`reps` back-to-back all-gathers and all-to-alls into distinct slices of the
     registered buffer (so every one is checked), alternating streams if given."""
     local = len(ranks) > 1
@@ -148,6 +152,7 @@ def check_repeats(torch, comm, ranks, devs, world, buf, reps=1000, n=4096, strea
                 if streams:
                     s_list.append(streams[k][i % len(streams[k])])
             kw = {"stream": (s_list if local else s_list[0])} if streams else {}
+            kw["algo"] = algo
             getattr(comm, op)(o_list if local else o_list[0], i_list if local else i_list[0], **kw)
         comm.synchronize()
         for k, (r, d, b) in enumerate(zip(ranks, devs, buf)):
@@ -167,7 +172,8 @@ def check_repeats(torch, comm, ranks, devs, world, buf, reps=1000, n=4096, strea
             bad = int((got != exp).sum().item())
             if bad:
                 fails.append(
-                    f"rank {r}: {op} x{reps}{' on alternating streams' if streams else ''}: {bad} wrong bytes"
+                    f"rank {r}: {op} {algo} x{reps}{' on alternating streams' if streams else ''}:"
+                    f" {bad} wrong bytes"
                 )
     return fails
 
@@ -232,6 +238,11 @@ def check_same_buffers(torch, comm, ranks, devs, world, buf, reps=30, streams=No
         ("all_reduce", "auto", n),
         ("all_to_all", "auto", n, "in-place"),  # rounds through the scratch, then unpacks
         ("all_gather", "b2b", n, "driver"),  # own block by cudaMemcpyAsync
+        # The SM path: one kernel, through the peers' windows (alternate slots per call).
+        ("all_gather", "sm", n),
+        ("all_to_all", "sm", n),
+        ("broadcast", "sm", n),
+        ("all_to_all", "sm", n, "in-place"),
     ]
     for op, algo, size, *variant in cases:
         in_place = variant == ["in-place"]
@@ -701,6 +712,168 @@ def prelaunch_and_graphs(rank: int, world: int, port: int) -> list:
             fails.append(f"all_to_allv count mismatch took {time.monotonic() - t0:.1f} s to report")
     finally:
         comm.close()
+    return fails
+
+
+def sm_path(rank: int, world: int, port: int) -> list:
+    """algo "sm" (one SM kernel per call, through the peers' windows): the
+    correctness matrix within its size limit, 1,000 back-to-back calls,
+    alternating streams, interleaved with copy-engine calls in a CUDA graph
+    replayed 2,000 times, prepared with every trigger, the errors it must give,
+    and a peer that calls with another size (bounded, named)."""
+    os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "32"  # prelaunch below (see prelaunch_and_graphs)
+    import re
+
+    import ferry
+    import torch
+
+    comm = _init(rank, world, port, timeout=60)
+    dev = torch.device("cuda", rank)
+    fails = []
+    check = _checker(torch, dev, rank, fails)
+
+    def expect(pattern, fn):
+        try:
+            fn()
+        except ferry.FerryError as exc:
+            if not re.search(pattern, str(exc)):
+                fails.append(f"rank {rank}: expected /{pattern}/, got {exc}")
+            return
+        fails.append(f"rank {rank}: expected /{pattern}/, nothing raised")
+
+    try:
+        buf = comm.alloc((world * (SM_BYTES + 64) * 2,), torch.uint8)
+        fails += check_collectives(torch, comm, [rank], [dev], world, [buf], algos=("sm",))
+        fails += check_repeats(torch, comm, [rank], [dev], world, [buf], algo="sm")
+        streams = [torch.cuda.Stream(device=dev) for _ in range(2)]
+        fails += check_repeats(
+            torch, comm, [rank], [dev], world, [buf], reps=200, streams=[streams], algo="sm"
+        )
+
+        # A graph mixing the SM path and copy engines, replayed 2,000 times.
+        n = 4096 + 5
+        ag_out, ag_in = buf[: world * n], torch.empty(n, dtype=torch.uint8, device=dev)
+        a2a_out = buf[world * n : 2 * world * n]
+        a2a_in = torch.empty(world * n, dtype=torch.uint8, device=dev)
+        ce_out = buf[2 * world * n : 3 * world * n]
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream(device=dev)
+        with torch.cuda.stream(s):
+            with torch.cuda.graph(graph, stream=s):
+                comm.all_gather(ag_out, ag_in, algo="sm")
+                comm.all_gather(ce_out, ag_in, algo="b2b")
+                comm.all_to_all(a2a_out, a2a_in, algo="sm")
+        for block in range(2):
+            seed = lambda q: zlib.crc32(f"smgraph/{block}/{q}".encode())
+            ag_in.copy_(_rand(torch, seed(rank), n, dev))
+            a2a_in.copy_(_rand(torch, seed(rank) + 1, world * n, dev))
+            torch.cuda.synchronize()
+            for _ in range(1000):
+                graph.replay()
+            torch.cuda.synchronize()
+            gathered = torch.cat([_rand(torch, seed(q), n, dev) for q in range(world)])
+            check(f"graph sm all_gather after {(block + 1) * 1000} replays", ag_out, gathered)
+            check(f"graph b2b all_gather after {(block + 1) * 1000} replays", ce_out, gathered)
+            check(
+                f"graph sm all_to_all after {(block + 1) * 1000} replays",
+                a2a_out,
+                torch.cat(
+                    [
+                        _rand(torch, seed(q) + 1, world * n, dev)[rank * n : (rank + 1) * n]
+                        for q in range(world)
+                    ]
+                ),
+            )
+        del graph
+        comm.synchronize()
+
+        # Prepared: every trigger, each gate.
+        side = torch.cuda.Stream(device=dev)
+        with torch.cuda.stream(side):
+            word = torch.zeros(1, dtype=torch.int64, device=dev)
+            ferry.native.launch_trigger_kernel(word.data_ptr(), 1, 1, side.cuda_stream)
+        side.synchronize()
+        h = comm.prepare("all_gather", ag_out, ag_in, algo="sm")
+        combos = [
+            ("host", "host"),
+            ("stream", "host"),
+            ("device", "host"),
+            ("stream", "device"),
+            ("device", "device"),
+        ]
+        for step in range(15):
+            how, gate = combos[step % len(combos)]
+            seed = lambda q: zlib.crc32(f"smpre/{step}/{q}".encode())
+            ag_out.fill_(0xCC)
+            h.arm(gate=gate)
+            with torch.cuda.stream(side):
+                ag_in.copy_(_rand(torch, seed(rank), n, dev))
+                if how == "stream":
+                    h.trigger(side)
+                elif how == "device":
+                    word, value = h.device_trigger()
+                    ferry.native.launch_trigger_kernel(word, value, 20000, side.cuda_stream)
+            if how == "host":
+                side.synchronize()
+                h.trigger()
+            h.wait()
+            check(
+                f"prepared sm all_gather step {step} ({how} trigger, {gate} gate)",
+                ag_out,
+                torch.cat([_rand(torch, seed(q), n, dev) for q in range(world)]),
+            )
+        h.release()
+        comm.synchronize()
+
+        # What it refuses, by name.
+        big = SM_BYTES + 1
+        expect(
+            r"all_gather: algo 'sm' moves at most FERRY_SM_BYTES = 1048576 bytes per peer; this call moves 1048577",
+            lambda: comm.all_gather(
+                buf[: world * big], torch.empty(big, dtype=torch.uint8, device=dev), algo="sm"
+            ),
+        )
+        counts = [[1] * world for _ in range(world)]
+        expect(
+            r"algo 'sm' runs all_gather, all_to_all and broadcast, not all_to_allv",
+            lambda: comm.all_to_allv(
+                buf[:world], torch.zeros(world, dtype=torch.uint8, device=dev), counts, algo="sm"
+            ),
+        )
+        expect(
+            r"not reduce_scatter",
+            lambda: comm.reduce_scatter(
+                torch.empty(4, device=dev), torch.empty(4 * world, device=dev), algo="sm"
+            ),
+        )
+        comm.synchronize()
+        comm.free(buf)
+    finally:
+        comm.close()
+
+    # A peer that calls with another size: bounded, named, and close() returns.
+    os.environ["FERRY_PORT"] = str(port + 1)
+    comm = ferry.init(rank=rank, world=world, device=rank, timeout=3)
+    try:
+        out = comm.alloc((world * 256,), torch.uint8)
+        m = 100 if rank == 0 else 200
+        t0 = time.monotonic()
+        expect(
+            r"rank \d",
+            lambda: (
+                comm.all_gather(out[: world * m], torch.zeros(m, dtype=torch.uint8, device=dev), algo="sm"),
+                comm.synchronize(),
+            ),
+        )
+        took = time.monotonic() - t0
+        if took > 20:
+            fails.append(f"rank {rank}: a mismatched sm call took {took:.1f} s to report (timeout 3 s)")
+    finally:
+        t0 = time.monotonic()
+        comm.close()
+        if time.monotonic() - t0 > 20:
+            fails.append(f"rank {rank}: close() after the mismatch took {time.monotonic() - t0:.1f} s")
     return fails
 
 

@@ -49,3 +49,11 @@ def test_prelaunch_and_graphs(world):
     assert len(results) == world, f"only ranks {sorted(results)} reported"
     fails = [f for r in results.values() for f in r]
     assert not fails, "\n".join(fails[:20])
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_sm_path(world):
+    results = spawn(_workers.sm_path, world, timeout=300)
+    assert len(results) == world, f"only ranks {sorted(results)} reported"
+    fails = [f for r in results.values() for f in r]
+    assert not fails, "\n".join(fails[:20])

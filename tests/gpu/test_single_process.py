@@ -40,6 +40,17 @@ def test_repeated_and_multi_stream(local_comm):
     assert not fails, "\n".join(fails[:20])
 
 
+def test_sm_path_single_process(local_comm):
+    """algo "sm" with one process driving every GPU: the correctness matrix
+    within its size limit and 1,000 back-to-back calls (alternating slots)."""
+    torch, comm, world, bufs = local_comm
+    devs = [torch.device("cuda", i) for i in range(world)]
+    ranks = list(range(world))
+    fails = _workers.check_collectives(torch, comm, ranks, devs, world, bufs, algos=("sm",))
+    fails += _workers.check_repeats(torch, comm, ranks, devs, world, bufs, algo="sm")
+    assert not fails, "\n".join(fails[:20])
+
+
 def test_local_errors():
     import ferry
     import torch

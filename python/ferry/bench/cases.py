@@ -67,7 +67,7 @@ class Case:
         if impl.startswith("ferry"):
             algo = (
                 impl.split("-")[1]
-                if impl.count("-") and impl.split("-")[1] in ("b2b", "pcpy", "seq")
+                if impl.count("-") and impl.split("-")[1] in ("b2b", "pcpy", "seq", "sm")
                 else "auto"
             )
             if op in ("all_gather", "all_to_all"):

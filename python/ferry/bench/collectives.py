@@ -25,7 +25,17 @@ import time
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
-IMPLS = ("ferry-b2b", "ferry-pcpy", "ferry-seq", "ferry-graph", "nccl", "nccl-graph")
+# ferry-sm*: not copy engines (algo "sm": one SM kernel), measured beside them.
+IMPLS = (
+    "ferry-b2b",
+    "ferry-pcpy",
+    "ferry-seq",
+    "ferry-graph",
+    "ferry-sm",
+    "ferry-sm-graph",
+    "nccl",
+    "nccl-graph",
+)
 
 
 def _iters_for(total_bytes: int) -> int:

@@ -1,0 +1,144 @@
+// The SM path's kernel: pushes by stores, one flag per peer, waits by
+// spinning, copy out of the window (coll/one_shot.hpp says why it is safe).
+#include "coll/one_shot_kernel.hpp"
+#include "core/error.hpp"
+
+namespace ferry {
+namespace {
+
+constexpr int kThreads = 512;
+// 16-byte words each thread has in flight (as in the local copy kernel).
+constexpr int kUnroll = 4;
+// Spins between looks at the clock and the abort word (host memory: a read
+// crosses PCIe, so not on every spin).
+constexpr unsigned kSpinsPerLook = 1024;
+
+__device__ uint64_t load_acquire(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ void store_release(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ uint64_t now_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// The whole block copies n bytes; 16-byte words when both ends allow it.
+__device__ void copy_span(char* __restrict__ dst, const char* __restrict__ src, size_t n) {
+  const size_t step = blockDim.x;
+  if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) == 0) {
+    auto* d = reinterpret_cast<uint4*>(dst);
+    auto* s = reinterpret_cast<const uint4*>(src);
+    const size_t n16 = n / 16;
+    size_t i = threadIdx.x;
+    for (; i + (kUnroll - 1) * step < n16; i += kUnroll * step) {
+      uint4 v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) v[u] = s[i + u * step];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) d[i + u * step] = v[u];
+    }
+    for (; i < n16; i += step) d[i] = s[i];
+    for (size_t j = n16 * 16 + threadIdx.x; j < n; j += step) dst[j] = src[j];
+  } else {
+    for (size_t j = threadIdx.x; j < n; j += step) dst[j] = src[j];
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    one_shot_kernel(OneShotStep s, OneShotWindows w, size_t slot_bytes, OneShotControl c) {
+  auto* mine = reinterpret_cast<OneShotHeader*>(w.base[s.rank]);
+  // Every block reads the count before any block can have raised it (the
+  // last block to finish does, below); the next call's kernel starts after
+  // this one ends.
+  const uint64_t call = *reinterpret_cast<volatile uint64_t*>(&mine->calls) + 1;
+  const int parity = static_cast<int>(call & 1);
+  const uint64_t value = call << 32 | s.tag;
+
+  // This block's share of every block of `bytes`: chunks of 16-byte
+  // multiples, so a chunk keeps the alignment of its block.
+  const size_t per = ((s.bytes + s.blocks - 1) / s.blocks + 15) / 16 * 16;
+  const size_t begin = min(s.bytes, per * blockIdx.x);
+  const size_t len = min(s.bytes, begin + per) - begin;
+
+  // 1. Pushes into the peers' windows, in cyclic-shift order.
+  if ((s.root < 0 || s.root == s.rank) && len > 0)
+    for (int k = 1; k < s.world; ++k) {
+      const int p = (s.rank + k) % s.world;
+      copy_span(w.base[p] + one_shot_slot_offset(s.world, slot_bytes, parity, s.rank) + begin,
+                s.in + p * s.in_stride + begin, len);
+    }
+  if (s.own_copy && len > 0) copy_span(s.out + s.rank * s.out_stride + begin, s.in + s.rank * s.in_stride + begin, len);
+  __syncthreads();
+
+  // 2. One flag per peer, after the block's stores (the fence makes them
+  // visible system-wide first). Every rank signals every peer, with or
+  // without data: it tells the peer that this rank's previous call is over.
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    for (int k = 1; k < s.world; ++k) {
+      const int p = (s.rank + k) % s.world;
+      store_release(&reinterpret_cast<OneShotHeader*>(w.base[p])->flags[s.rank][blockIdx.x], value);
+    }
+  }
+
+  // 3. Wait for each peer's flag for this chunk, bounded.
+  bool gave_up = false;
+  if (threadIdx.x < s.world && threadIdx.x != s.rank) {
+    const int q = threadIdx.x;
+    const uint64_t* flag = &mine->flags[q][blockIdx.x];
+    const uint64_t start = now_ns();
+    unsigned spins = 0;
+    while (load_acquire(flag) != value) {
+      if (++spins % kSpinsPerLook) continue;
+      const bool aborted = *c.abort != 0;
+      if (aborted || now_ns() - start > c.timeout_ns) {
+        if (!aborted)
+          *reinterpret_cast<volatile uint64_t*>(c.fault) = kOneShotFaultBit | uint64_t(q) << 32 | (call & 0xffffffffu);
+        gave_up = true;
+        break;
+      }
+    }
+  }
+  gave_up = __syncthreads_or(gave_up);
+
+  // 4. Out of the window into the output.
+  if (!gave_up && len > 0)
+    for (int q = 0; q < s.world; ++q) {
+      if (q == s.rank || (s.root >= 0 && q != s.root)) continue;
+      copy_span(s.out + q * s.out_stride + begin,
+                w.base[s.rank] + one_shot_slot_offset(s.world, slot_bytes, parity, q) + begin, len);
+    }
+
+  // 5. The last block to finish counts the call.
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(&mine->arrivals, 1u) == static_cast<unsigned>(s.blocks) - 1) {
+      mine->arrivals = 0;
+      *reinterpret_cast<volatile uint64_t*>(&mine->calls) = call;
+      __threadfence();
+    }
+  }
+}
+
+}  // namespace
+
+void load_one_shot_kernels() {
+  cudaFuncAttributes a;
+  FERRY_CUDA_CHECK(cudaFuncGetAttributes(&a, one_shot_kernel));
+}
+
+void launch_one_shot(const OneShotStep& s, const OneShotWindows& w, size_t slot_bytes, const OneShotControl& c,
+                     cudaStream_t stream) {
+  one_shot_kernel<<<s.blocks, kThreads, 0, stream>>>(s, w, slot_bytes, c);
+  FERRY_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace ferry
