@@ -15,6 +15,16 @@ def fits(op: str, n: int, world: int) -> bool:
     return True
 
 
+# The largest block per peer that algo "sm" moves (FERRY_SM_BYTES' default).
+SM_BYTES = 1 << 20
+
+
+def sm_fits(op: str, n: int, world: int) -> bool:
+    """Whether ferry's SM path takes `op` at `n` bytes per rank."""
+    per_peer = n // world if op == "all_to_all" else n
+    return op in ("all_gather", "all_to_all", "broadcast") and per_peer <= SM_BYTES
+
+
 class Case:
     """Buffers are views of `out_all` (registered, world x max bytes) and
     `inp_all` (max bytes); data is seeded per rank so every rank can build the

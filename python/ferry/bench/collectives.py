@@ -140,7 +140,7 @@ def _worker(rank: int, world: int, port: int, opts: dict, queue) -> None:
 
 
 def _sweep(ctx: Ctx, out_all, inp_all, gpu: str) -> list:
-    from ferry.bench.cases import Case, fits
+    from ferry.bench.cases import Case, fits, sm_fits
     from ferry.bench.report import bandwidths, format_size
     from ferry.tune import selection_bytes
 
@@ -159,6 +159,8 @@ def _sweep(ctx: Ctx, out_all, inp_all, gpu: str) -> list:
                     # all_to_all_single x50 captured in one graph hung at 4 MB on the H200 x4 machine
                     # (NCCL 2.28.9, 2026-11-22, twice); not investigated. NCCL eager stays in the table.
                     continue
+                if impl.startswith("ferry-sm") and not sm_fits(op, n, world):
+                    continue  # past the SM path's window (FERRY_SM_BYTES)
                 t_point = time.time()
                 case.reset()
                 ctx.barrier()

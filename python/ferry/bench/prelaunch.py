@@ -169,8 +169,10 @@ def chain(ctx, out_all, inp_all) -> list:
     variants arm before the producer (the ready handshake overlaps it) and are
     released by a stream write after it (trigger(stream)) or by the producer
     kernel itself (device trigger), with the gate in host or GPU memory; NCCL
-    runs eagerly or as a captured graph of one call after the producer."""
-    from ferry.bench.cases import Case, fits
+    runs eagerly or as a captured graph of one call after the producer. Where
+    the size allows it, ferry's SM path (algo "sm", not copy engines) runs the
+    same ways."""
+    from ferry.bench.cases import Case, fits, sm_fits
     from ferry.bench.report import format_size
 
     torch, opts, s = ctx.torch, ctx.opts, ctx.stream
@@ -195,6 +197,8 @@ def chain(ctx, out_all, inp_all) -> list:
             # The own block by the SM kernel instead of the default (through a
             # peer up to 1 MiB): what that trip costs on the critical path.
             h_sm = ctx.comm.prepare(op, case.out, case.inp, local_copy="sm")
+            sm_path = sm_fits(op, n, ctx.world)
+            h_kernel = ctx.comm.prepare(op, case.out, case.inp, algo="sm") if sm_path else None
 
             def prepared(trigger, gate, handle=h):
                 def step():
@@ -215,15 +219,21 @@ def chain(ctx, out_all, inp_all) -> list:
 
                 return step
 
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.stream(s):
-                case.issue("nccl")
-                with torch.cuda.graph(graph, stream=s):
-                    case.issue("nccl")
+            graphs = []
 
-            def nccl_graph():
-                produce()
-                graph.replay()
+            def graphed(impl):
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.stream(s):
+                    case.issue(impl)
+                    with torch.cuda.graph(graph, stream=s):
+                        case.issue(impl)
+                graphs.append(graph)
+
+                def step():
+                    produce()
+                    graph.replay()
+
+                return step
 
             variants = [
                 ("ferry, stream trigger, host gate", prepared("stream", "host"), True),
@@ -233,8 +243,14 @@ def chain(ctx, out_all, inp_all) -> list:
                 ("ferry, stream trigger, own block by SMs", prepared("stream", "host", h_sm), True),
                 ("ferry, eager", eager("ferry"), True),
                 ("nccl, eager", eager("nccl"), False),
-                ("nccl, graph", nccl_graph, False),
+                ("nccl, graph", graphed("nccl"), False),
             ]
+            if sm_path:
+                variants += [
+                    ("ferry sm, eager", eager("ferry-sm"), True),
+                    ("ferry sm, graph", graphed("ferry-sm"), True),
+                    ("ferry sm, kernel trigger, device gate", prepared("kernel", "device", h_kernel), True),
+                ]
             try:
                 for name, step, check in variants:
                     case.reset()
@@ -264,4 +280,7 @@ def chain(ctx, out_all, inp_all) -> list:
                 ctx.comm.synchronize()
                 h.release()
                 h_sm.release()
+                if h_kernel is not None:
+                    h_kernel.release()
+                graphs.clear()
     return out
