@@ -427,6 +427,9 @@ void Communicator::fail(const std::string& message) {
 }
 
 void Communicator::check() {
+  // A kernel of the SM path that gave up has finished: a caller that waited
+  // for it must hear why now, not at the watchdog's next look.
+  for (int i = 0; i < local_count(); ++i) check_one_shot_fault(i);
   if (!broken_) return;
   std::lock_guard<std::mutex> lock(error_mu_);
   if (!error_reported_) {

@@ -39,11 +39,16 @@ void Communicator::emit(int local, const Built& b, const Emission& e) {
         dma::copy_batch(s, step.unpack);
         break;
       case Step::Kind::kOneShot:
-        // No handshake to hide the trigger behind: the gate comes first.
-        if (e.gate) dma::mem_ops(s, {MemOp{MemOp::Kind::kWait, e.gate->addr, e.gate->value}});
+        // A prepared call's kernel waits for the gate itself (launched now, it
+        // is resident when the trigger comes).
+        // The kernel's own bound comes a second after the watchdog's, which
+        // names late peers from their progress; it is what bounds a kernel
+        // replayed from a graph, which the watchdog cannot follow.
         launch_one_shot(
             step.one_shot, one_shot_windows_, one_shot_slot_bytes_,
-            OneShotControl{L.one_shot_abort.device, L.one_shot_fault.device, static_cast<uint64_t>(timeout_s_ * 1e9)},
+            OneShotControl{L.one_shot_abort.device, L.one_shot_fault.device,
+                           static_cast<uint64_t>((timeout_s_ + 1.0) * 1e9),
+                           e.gate ? static_cast<const uint64_t*>(e.gate->addr) : nullptr, e.gate ? e.gate->value : 0},
             s);
         break;
     }

@@ -54,6 +54,13 @@ __device__ void copy_span(char* __restrict__ dst, const char* __restrict__ src, 
 __global__ void __launch_bounds__(kThreads)
     one_shot_kernel(OneShotStep s, OneShotWindows w, size_t slot_bytes, OneShotControl c) {
   auto* mine = reinterpret_cast<OneShotHeader*>(w.base[s.rank]);
+  if (c.gate) {
+    // Prepared: resident before the trigger, so nothing is launched after it.
+    if (threadIdx.x == 0)
+      for (unsigned spins = 1; load_acquire(c.gate) != c.gate_value; ++spins)
+        if (spins % kSpinsPerLook == 0 && *c.abort) break;
+    __syncthreads();
+  }
   // Every block reads the count before any block can have raised it (the
   // last block to finish does, below); the next call's kernel starts after
   // this one ends.

@@ -51,7 +51,8 @@ def measure(ctx, case, algo: str, runs: int) -> float:
 
 
 def trigger_to_done(ctx, out_all, inp_all) -> list:
-    from ferry.bench.cases import Case, fits
+    """The selector's variant, and ferry's SM path where the size allows it."""
+    from ferry.bench.cases import Case, fits, sm_fits
     from ferry.bench.report import format_size
     from ferry.tune import selection_bytes
 
@@ -61,21 +62,23 @@ def trigger_to_done(ctx, out_all, inp_all) -> list:
             if not fits(op, n, ctx.world):
                 continue
             case = Case(ctx.torch, ctx.dist, ctx.comm, op, n, ctx.world, ctx.rank, out_all, inp_all)
-            algo = ctx.comm.choose_algo(op, selection_bytes(op, n, ctx.world))
-            t = measure(ctx, case, algo, opts["prelaunch_runs"])
-            out.append(
-                dict(
-                    op=op,
-                    world=ctx.world,
-                    bytes_per_rank=n,
-                    algo=algo,
-                    trigger_to_done_us=round(t, 2),
-                    runs=opts["prelaunch_runs"],
-                    trigger="host store at one instant on every rank",
-                    stat="median of runs, max over ranks",
+            algos = [ctx.comm.choose_algo(op, selection_bytes(op, n, ctx.world))]
+            algos += ["sm"] if sm_fits(op, n, ctx.world) else []
+            for algo in algos:
+                t = measure(ctx, case, algo, opts["prelaunch_runs"])
+                out.append(
+                    dict(
+                        op=op,
+                        world=ctx.world,
+                        bytes_per_rank=n,
+                        algo=algo,
+                        trigger_to_done_us=round(t, 2),
+                        runs=opts["prelaunch_runs"],
+                        trigger="host store at one instant on every rank",
+                        stat="median of runs, max over ranks",
+                    )
                 )
-            )
-            ctx.log(f"  prelaunch {op:<14} {format_size(n):>6} {algo:<5} trigger->done {t:8.1f} us")
+                ctx.log(f"  prelaunch {op:<14} {format_size(n):>6} {algo:<5} trigger->done {t:8.1f} us")
     return out
 
 
