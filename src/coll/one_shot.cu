@@ -54,17 +54,23 @@ __device__ void copy_span(char* __restrict__ dst, const char* __restrict__ src, 
 __global__ void __launch_bounds__(kThreads)
     one_shot_kernel(OneShotStep s, OneShotWindows w, size_t slot_bytes, OneShotControl c) {
   auto* mine = reinterpret_cast<OneShotHeader*>(w.base[s.rank]);
-  if (c.gate) {
-    // Prepared: resident before the trigger, so nothing is launched after it.
-    if (threadIdx.x == 0)
-      for (unsigned spins = 1; load_acquire(c.gate) != c.gate_value; ++spins)
-        if (spins % kSpinsPerLook == 0 && *c.abort) break;
-    __syncthreads();
-  }
   // Every block reads the count before any block can have raised it (the
   // last block to finish does, below); the next call's kernel starts after
   // this one ends.
   const uint64_t call = *reinterpret_cast<volatile uint64_t*>(&mine->calls) + 1;
+  if (c.gate) {
+    // Prepared: resident before the trigger, so nothing is launched after
+    // it. One block polls the gate (host memory for a host gate: one reader
+    // across PCIe) and tells the others through this GPU's memory.
+    if (threadIdx.x == 0) {
+      const uint64_t* word = blockIdx.x == 0 ? c.gate : &mine->opened;
+      const uint64_t want = blockIdx.x == 0 ? c.gate_value : call;
+      for (unsigned spins = 1; load_acquire(word) != want; ++spins)
+        if (spins % kSpinsPerLook == 0 && *c.abort) break;
+      if (blockIdx.x == 0) store_release(&mine->opened, call);
+    }
+    __syncthreads();
+  }
   const int parity = static_cast<int>(call & 1);
   const uint64_t value = call << 32 | s.tag;
 

@@ -35,7 +35,8 @@ constexpr size_t kOneShotHeaderBytes = 4096;
 struct OneShotHeader {
   uint64_t flags[kOneShotMaxRanks][kOneShotMaxBlocks];  // [source][block]
   uint64_t calls;                                       // calls completed on this path
-  uint32_t arrivals;                                    // blocks of the running call that finished
+  uint64_t opened;    // a prepared call's number once its gate opened (block 0 tells the others)
+  uint32_t arrivals;  // blocks of the running call that finished
 };
 static_assert(sizeof(OneShotHeader) <= kOneShotHeaderBytes, "one-shot header too large");
 
