@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import statistics
 
+# key: (label, what Case.issue runs, local_copy). "ferry-sm-path" is not copy
+# engines (algo "sm", one SM kernel); it runs where its window takes the size.
 IMPLS = {
-    "ferry": "ferry (default local copy)",
-    "ferry-peer": "ferry (own block through a peer, no SM)",
-    "ferry-sm": "ferry (local copy by 32-block kernel)",
-    "ferry-driver": "ferry (local copy by cudaMemcpyAsync)",
-    "nccl": "nccl",
+    "ferry": ("ferry (default local copy)", "ferry", "auto"),
+    "ferry-peer": ("ferry (own block through a peer, no SM)", "ferry", "peer"),
+    "ferry-local-sm": ("ferry (local copy by 32-block kernel)", "ferry", "sm"),
+    "ferry-driver": ("ferry (local copy by cudaMemcpyAsync)", "ferry", "driver"),
+    "ferry-sm-path": ("ferry algo 'sm' (SM kernel, not copy engines)", "ferry-sm", "auto"),
+    "nccl": ("nccl", "nccl", "auto"),
 }
 
 
 def run(ctx, out_all, inp_all) -> list:
-    from ferry.bench.cases import Case
+    from ferry.bench.cases import Case, sm_fits
     from ferry.bench.report import format_size
 
     torch, opts, world = ctx.torch, ctx.opts, ctx.world
@@ -38,8 +41,9 @@ def run(ctx, out_all, inp_all) -> list:
         return torch.cuda.Event(enable_timing=True)
 
     def issue(case, impl, count):
+        _, runs, local_copy = IMPLS[impl]
         for _ in range(count):
-            case.issue(impl, impl.split("-")[1] if "-" in impl else "auto")
+            case.issue(runs, local_copy)
 
     def run_gemms():
         for _ in range(gemms):
@@ -92,14 +96,15 @@ def run(ctx, out_all, inp_all) -> list:
     for n in sizes:
         case = Case(torch, ctx.dist, ctx.comm, op, n, world, ctx.rank, out_all, inp_all)
         case.reset()
+        impls = [i for i in IMPLS if i != "ferry-sm-path" or sm_fits(op, n, world)]
         # Warm first: ferry captures a repeated call into a graph on its second
         # run, and a cold estimate (capture included) made the count several
         # times too small (64 KB on x2: 102 all-gathers, 3 ms beside 15 ms of GEMMs).
-        for impl in IMPLS:
+        for impl in impls:
             coll_alone(case, impl, 5)
-        slowest_one = max(ctx.slowest(coll_alone(case, impl, 20) / 20) for impl in IMPLS)
+        slowest_one = max(ctx.slowest(coll_alone(case, impl, 20) / 20) for impl in impls)
         count = int(ctx.slowest(gemm_alone()) / max(slowest_one, 1e-3)) + 1
-        for impl in IMPLS:
+        for impl in impls:
             alone, c_alone, beside, e2e = [], [], [], []
             for _ in range(opts["overlap_reps"]):
                 alone.append(gemm_alone())
@@ -111,7 +116,7 @@ def run(ctx, out_all, inp_all) -> list:
             t_beside, t_e2e = ctx.slowest(statistics.median(beside)), ctx.slowest(statistics.median(e2e))
             rec = dict(
                 op=op,
-                impl=IMPLS[impl],
+                impl=IMPLS[impl][0],
                 impl_key=impl,
                 world=world,
                 bytes_per_rank=n,
@@ -129,7 +134,7 @@ def run(ctx, out_all, inp_all) -> list:
             )
             results.append(rec)
             ctx.log(
-                f"  overlap {format_size(n):>6} {impl:<9} gemm {t_alone:7.2f} -> {t_beside:7.2f} ms "
+                f"  overlap {format_size(n):>6} {impl:<14} gemm {t_alone:7.2f} -> {t_beside:7.2f} ms "
                 f"({rec['slowdown_pct']:+.1f}%), {count} {op}s alone {t_coll:7.2f} ms, "
                 f"end-to-end {t_e2e:7.2f} ms (serial {t_alone + t_coll:7.2f})"
             )
