@@ -17,7 +17,10 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 Rule = Tuple[str, int, int, str]
 ANY = (1 << 63) - 1  # "no upper bound" (JSON: null)
-VARIANTS = ("b2b", "seq", "pcpy")
+VARIANTS = ("b2b", "seq", "pcpy")  # copy-engine variants: what `ferry tune` measures
+# What a rule may name: also "sm", ferry's SM path, which `ferry tune` does not
+# measure (it is not copy engines); a user opts in by writing such rules.
+RULE_ALGOS = VARIANTS + ("sm",)
 OPS = ("all_gather", "all_to_all", "all_to_allv", "broadcast", "reduce_scatter", "all_reduce")
 
 
@@ -80,8 +83,8 @@ def validate(rules) -> List[Rule]:
         op, world, max_bytes, algo = r
         if op not in OPS:
             raise ValueError(f"rule {i}: op is {op!r}; expected one of {', '.join(OPS)}")
-        if algo not in VARIANTS:
-            raise ValueError(f"rule {i}: algo is {algo!r}; expected one of {', '.join(VARIANTS)}")
+        if algo not in RULE_ALGOS:
+            raise ValueError(f"rule {i}: algo is {algo!r}; expected one of {', '.join(RULE_ALGOS)}")
         if not isinstance(world, int) or world < 0:
             raise ValueError(f"rule {i}: world is {world!r}; expected 0 (any) or a rank count")
         max_bytes = ANY if max_bytes is None else max_bytes

@@ -85,3 +85,14 @@ def test_tuning_file_overrides(tmp_path, monkeypatch):
 def test_unknown_gpu_has_no_shipped_table(monkeypatch):
     monkeypatch.delenv("FERRY_TUNING", raising=False)
     assert tune.default_rules("Some Other GPU", 4) is None
+
+
+def test_rules_may_name_the_sm_path_but_not_unknown_variants():
+    rules = tune.validate(
+        [("all_gather", 0, 1 << 20, "sm"), {"op": "all_gather", "max_bytes": None, "algo": "seq"}]
+    )
+    assert rules[0] == ("all_gather", 0, 1 << 20, "sm")
+    assert tune.select(rules, "all_gather", 2, 4096) == "sm"
+    assert tune.select(rules, "all_gather", 2, 2 << 20) == "seq"
+    with pytest.raises(ValueError, match="expected one of b2b, seq, pcpy, sm"):
+        tune.validate([("all_gather", 0, 1, "nvls")])
