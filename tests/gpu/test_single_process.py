@@ -116,11 +116,13 @@ def test_prelaunch_and_reductions_single_process(local_comm):
         assert torch.equal(ar[r], torch.full_like(xs[r], world * (world + 1) / 2))
 
 
+@pytest.mark.parametrize("algo", ["auto", "sm"])
 @pytest.mark.parametrize("gate", ["host", "device"])
-def test_untriggered_prepared_collective_is_reported(gate):
+def test_untriggered_prepared_collective_is_reported(gate, algo):
     """Armed and never triggered: the watchdog reports it after the timeout
     and opens the gate (in GPU memory: with a stream write), so close() and
-    the GPU do not wait forever."""
+    the GPU do not wait forever. algo "sm": the armed kernel spinning on the
+    gate lets go too."""
     import time
 
     import ferry
@@ -130,7 +132,7 @@ def test_untriggered_prepared_collective_is_reported(gate):
     n = 4096
     bufs = comm.alloc((2 * n,), torch.uint8)
     ins = [torch.empty(n, dtype=torch.uint8, device=f"cuda:{i}") for i in range(2)]
-    h = comm.prepare("all_gather", bufs, ins)
+    h = comm.prepare("all_gather", bufs, ins, algo=algo)
     h.arm(gate=gate)
     message = None
     deadline = time.monotonic() + 20
