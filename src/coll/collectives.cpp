@@ -230,46 +230,6 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
     Built& b = out[i];
     const uint32_t reg_id = reg ? reg->id : 0;
     const uint32_t sig = call_signature(a.op, shape, reg_id, offset, extra);
-    if (sm) b.program.add_one_shot(plan_one_shot(a.op, r, world_, in, o, shape, a.root, sig));
-    if (!sm) switch (a.op) {
-        case CollOp::kAllGather:
-          b.program.add_exchange(plan_all_gather(r, world_, out_by_rank, in, shape));
-          break;
-        case CollOp::kAllToAll:
-          if (!in_place_a2a) {
-            b.program.add_exchange(
-                plan_all_to_all(r, world_, out_by_rank, in, shape, bounce_bytes ? &scratch_by_rank : nullptr));
-            break;
-          }
-          for (const auto& round : plan_in_place_rounds(shape, chunk)) {
-            b.program.add_exchange(plan_in_place_round(r, world_, scratch_by_rank, o, shape, round, slot_stride));
-            b.program.add_unpack(plan_in_place_unpack(r, world_, o, scratch_by_rank[r], shape, round, slot_stride));
-          }
-          break;
-        case CollOp::kAllToAllv:
-          b.program.add_exchange(
-              plan_all_to_allv(r, world_, out_by_rank, in, a.counts, bounce_bytes ? &scratch_by_rank : nullptr));
-          break;
-        case CollOp::kBroadcast:
-          b.program.add_exchange(plan_broadcast(r, world_, a.root, out_by_rank, in, shape));
-          break;
-        case CollOp::kReduceScatter: {
-          std::vector<Block> blocks;
-          for (int p = 0; p < world_; ++p) blocks.push_back(Block{static_cast<size_t>(p) * shape, shape});
-          b.program.add_exchange(plan_scatter_to_scratch(r, world_, scratch_by_rank, in, blocks, slot_stride));
-          b.program.add_reduce(ReduceStep{o, in + blocks[r].offset, scratch_by_rank[r], slot_stride, r, world_, a.count,
-                                          a.dtype, a.red_op});
-          break;
-        }
-        case CollOp::kAllReduce: {
-          auto blocks = split_blocks(a.count, esize, world_);
-          b.program.add_exchange(plan_scatter_to_scratch(r, world_, scratch_by_rank, in, blocks, slot_stride));
-          b.program.add_reduce(ReduceStep{o + blocks[r].offset, in + blocks[r].offset, scratch_by_rank[r], slot_stride,
-                                          r, world_, blocks[r].bytes / esize, a.dtype, a.red_op});
-          b.program.add_exchange(plan_gather_blocks(r, world_, out_by_rank, blocks));
-          break;
-        }
-      }
     b.value = flag_value(sig);
     ReadyRecord s{};
     s.value = b.value;
@@ -278,6 +238,49 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
     s.op = static_cast<uint32_t>(a.op);
     s.registration = reg_id;
     b.record = locals_[i]->records->intern(s);
+    if (sm) {
+      b.program.add_one_shot(plan_one_shot(a.op, r, world_, in, o, shape, a.root, sig));
+      continue;
+    }
+    switch (a.op) {
+      case CollOp::kAllGather:
+        b.program.add_exchange(plan_all_gather(r, world_, out_by_rank, in, shape));
+        break;
+      case CollOp::kAllToAll:
+        if (!in_place_a2a) {
+          b.program.add_exchange(
+              plan_all_to_all(r, world_, out_by_rank, in, shape, bounce_bytes ? &scratch_by_rank : nullptr));
+          break;
+        }
+        for (const auto& round : plan_in_place_rounds(shape, chunk)) {
+          b.program.add_exchange(plan_in_place_round(r, world_, scratch_by_rank, o, shape, round, slot_stride));
+          b.program.add_unpack(plan_in_place_unpack(r, world_, o, scratch_by_rank[r], shape, round, slot_stride));
+        }
+        break;
+      case CollOp::kAllToAllv:
+        b.program.add_exchange(
+            plan_all_to_allv(r, world_, out_by_rank, in, a.counts, bounce_bytes ? &scratch_by_rank : nullptr));
+        break;
+      case CollOp::kBroadcast:
+        b.program.add_exchange(plan_broadcast(r, world_, a.root, out_by_rank, in, shape));
+        break;
+      case CollOp::kReduceScatter: {
+        std::vector<Block> blocks;
+        for (int p = 0; p < world_; ++p) blocks.push_back(Block{static_cast<size_t>(p) * shape, shape});
+        b.program.add_exchange(plan_scatter_to_scratch(r, world_, scratch_by_rank, in, blocks, slot_stride));
+        b.program.add_reduce(ReduceStep{o, in + blocks[r].offset, scratch_by_rank[r], slot_stride, r, world_, a.count,
+                                        a.dtype, a.red_op});
+        break;
+      }
+      case CollOp::kAllReduce: {
+        auto blocks = split_blocks(a.count, esize, world_);
+        b.program.add_exchange(plan_scatter_to_scratch(r, world_, scratch_by_rank, in, blocks, slot_stride));
+        b.program.add_reduce(ReduceStep{o + blocks[r].offset, in + blocks[r].offset, scratch_by_rank[r], slot_stride, r,
+                                        world_, blocks[r].bytes / esize, a.dtype, a.red_op});
+        b.program.add_exchange(plan_gather_blocks(r, world_, out_by_rank, blocks));
+        break;
+      }
+    }
   }
   return out;
 }

@@ -394,12 +394,20 @@ void Communicator::free(const std::vector<void*>& ptrs) {
 }
 
 void Communicator::create_one_shot_windows() {
-  const long long slot = knob_int("FERRY_SM_BYTES");
-  if (slot <= 0 || world_ > kOneShotMaxRanks) return;
+  const long long slot = std::max<long long>(0, knob_int("FERRY_SM_BYTES"));
+  if (multi_process_) {
+    // Every rank computes peers' slot addresses from its own setting: they must agree.
+    auto all = allgather(std::to_string(slot), "communicator setup (FERRY_SM_BYTES)");
+    for (int p = 0; p < world_; ++p)
+      if (all[p] != std::to_string(slot))
+        throw_error(FERRY_ERROR_INVALID_ARGUMENT, "FERRY_SM_BYTES is " + std::to_string(slot) + " on rank " +
+                                                      std::to_string(rank(0)) + " and " + all[p] + " on rank " +
+                                                      std::to_string(p) + "; set the same value on every rank");
+  }
+  if (slot == 0 || world_ > kOneShotMaxRanks) return;
   one_shot_slot_bytes_ = (static_cast<size_t>(slot) + 255) / 256 * 256;
   Registration& reg = allocate_registration(one_shot_window_bytes(world_, one_shot_slot_bytes_));
   reg.scratch = true;
-  window_registration_ = reg.id;
   for (int p = 0; p < world_; ++p) one_shot_windows_.base[p] = reg.base[p];
   // Zeroed before any peer can write a flag: in create(), peers start
   // calling only after the setup's last all-gather, which comes after this.

@@ -275,7 +275,6 @@ class Communicator {
   uint64_t gate_generation_ = 0;  // the value of each arming, unique per communicator
   std::vector<SelectorRule> table_;
   uint32_t scratch_registration_ = 0;  // 0: none yet
-  uint32_t window_registration_ = 0;   // the SM path's windows; 0: none
   size_t one_shot_slot_bytes_ = 0;     // bytes per source slot in a window (FERRY_SM_BYTES)
   OneShotWindows one_shot_windows_{};  // by rank, as mapped in this process
   std::map<int, Prepared> prepared_;
