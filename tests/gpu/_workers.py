@@ -437,6 +437,64 @@ def _checker(torch, dev, rank: int, fails: list):
     return check
 
 
+def _expecter(ferry, fails: list, prefix: str = ""):
+    """expect(pattern, fn): appends a failure unless fn raises a FerryError matching pattern."""
+    import re
+
+    def expect(pattern, fn):
+        try:
+            fn()
+        except ferry.FerryError as exc:
+            if not re.search(pattern, str(exc)):
+                fails.append(f"{prefix}expected /{pattern}/, got {exc}")
+            return
+        fails.append(f"{prefix}expected /{pattern}/, nothing raised")
+
+    return expect
+
+
+# Every trigger with the gate in host memory, the stream and kernel triggers
+# with the gate in GPU memory too.
+TRIGGERS_AND_GATES = [
+    ("host", "host"),
+    ("stream", "host"),
+    ("device", "host"),
+    ("stream", "device"),
+    ("device", "device"),
+]
+
+
+def _run_prepared_all_gather(torch, ferry, h, out, inp, side, rank, world, steps, tag, check, after_arm=None):
+    """Arms `h` (an all_gather of `inp` into `out`) `steps` times with each
+    trigger and gate in turn; the input is written after arming (the
+    collective must see it); every step is checked byte for byte.
+    `after_arm(step)` runs right after each arm()."""
+    n, dev = inp.numel(), inp.device
+    for step in range(steps):
+        how, gate = TRIGGERS_AND_GATES[step % len(TRIGGERS_AND_GATES)]
+        seed = lambda s: zlib.crc32(f"{tag}/{step}/{s}".encode())  # noqa: E731
+        out.fill_(0xCC)
+        h.arm(gate=gate)
+        if after_arm:
+            after_arm(step)
+        with torch.cuda.stream(side):
+            inp.copy_(_rand(torch, seed(rank), n, dev))
+            if how == "stream":
+                h.trigger(side)
+            elif how == "device":
+                word, value = h.device_trigger()
+                ferry.native.launch_trigger_kernel(word, value, 20000, side.cuda_stream)
+        if how == "host":
+            side.synchronize()
+            h.trigger()
+        h.wait()
+        check(
+            f"prepared {tag} all_gather step {step} ({how} trigger, gate in {gate} memory)",
+            out,
+            torch.cat([_rand(torch, seed(s), n, dev) for s in range(world)]),
+        )
+
+
 def more_collectives(rank: int, world: int, port: int) -> list:
     """all_to_allv, broadcast, reduce_scatter, all_reduce and in-place all_to_all,
     byte-exact against references built from every rank's seeded inputs."""
@@ -530,7 +588,6 @@ def more_collectives(rank: int, world: int, port: int) -> list:
 def prelaunch_and_graphs(rank: int, world: int, port: int) -> list:
     """Prepared collectives (host, stream and device triggers, reused step after
     step), bad uses of handles, and CUDA graphs replayed 10,000 times."""
-    import re
 
     # The documented rule for prelaunch (docs/api.md, "Prelaunch"): the input is
     # produced on a side stream after arming, and with the default 8 hardware
@@ -545,15 +602,7 @@ def prelaunch_and_graphs(rank: int, world: int, port: int) -> list:
     dev = torch.device("cuda", rank)
     fails = []
     check = _checker(torch, dev, rank, fails)
-
-    def expect(pattern, fn):
-        try:
-            fn()
-        except ferry.FerryError as exc:
-            if not re.search(pattern, str(exc)):
-                fails.append(f"expected /{pattern}/, got {exc}")
-            return
-        fails.append(f"expected /{pattern}/, nothing raised")
+    expect = _expecter(ferry, fails)
 
     n = 65536 + 3
     out = comm.alloc((world * n,), torch.uint8)
@@ -571,41 +620,14 @@ def prelaunch_and_graphs(rank: int, world: int, port: int) -> list:
         side.synchronize()
         h = comm.prepare("all_gather", out, inp)
         expect("not armed", h.trigger)
-        # Every trigger with the gate in host memory, the stream and kernel
-        # triggers with the gate in GPU memory too.
-        combos = [
-            ("host", "host"),
-            ("stream", "host"),
-            ("device", "host"),
-            ("stream", "device"),
-            ("device", "device"),
-        ]
-        for step in range(60):
-            how, gate = combos[step % len(combos)]
-            seed = lambda s: zlib.crc32(f"pre/{step}/{s}".encode())
-            out.fill_(0xCC)
-            h.arm(gate=gate)
+
+        def misuse(step):
             if step == 0:
                 expect("armed already", h.arm)
             if step == 3:
                 expect("gate in GPU memory, which the host cannot write", h.trigger)
-            # The input is written after arming: the collective must see it.
-            with torch.cuda.stream(side):
-                inp.copy_(_rand(torch, seed(rank), n, dev))
-                if how == "stream":
-                    h.trigger(side)
-                elif how == "device":
-                    word, value = h.device_trigger()
-                    ferry.native.launch_trigger_kernel(word, value, 20000, side.cuda_stream)
-            if how == "host":
-                side.synchronize()
-                h.trigger()
-            h.wait()
-            check(
-                f"prepared all_gather step {step} ({how} trigger, gate in {gate} memory)",
-                out,
-                torch.cat([_rand(torch, seed(s), n, dev) for s in range(world)]),
-            )
+
+        _run_prepared_all_gather(torch, ferry, h, out, inp, side, rank, world, 60, "pre", check, misuse)
         expect("used by prepared collective", lambda: comm.free(out))
         h.release()
         expect("not a prepared collective", h.trigger)
@@ -722,8 +744,6 @@ def sm_path(rank: int, world: int, port: int) -> list:
     replayed 2,000 times, prepared with every trigger, the errors it must give,
     and a peer that calls with another size (bounded, named)."""
     os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "32"  # prelaunch below (see prelaunch_and_graphs)
-    import re
-
     import ferry
     import torch
 
@@ -731,15 +751,7 @@ def sm_path(rank: int, world: int, port: int) -> list:
     dev = torch.device("cuda", rank)
     fails = []
     check = _checker(torch, dev, rank, fails)
-
-    def expect(pattern, fn):
-        try:
-            fn()
-        except ferry.FerryError as exc:
-            if not re.search(pattern, str(exc)):
-                fails.append(f"rank {rank}: expected /{pattern}/, got {exc}")
-            return
-        fails.append(f"rank {rank}: expected /{pattern}/, nothing raised")
+    expect = _expecter(ferry, fails, prefix=f"rank {rank}: ")
 
     try:
         buf = comm.alloc((world * 1000 * 4096 * 2,), torch.uint8)  # check_repeats: 1,000 calls of 4 KB blocks
@@ -795,34 +807,7 @@ def sm_path(rank: int, world: int, port: int) -> list:
             ferry.native.launch_trigger_kernel(word.data_ptr(), 1, 1, side.cuda_stream)
         side.synchronize()
         h = comm.prepare("all_gather", ag_out, ag_in, algo="sm")
-        combos = [
-            ("host", "host"),
-            ("stream", "host"),
-            ("device", "host"),
-            ("stream", "device"),
-            ("device", "device"),
-        ]
-        for step in range(15):
-            how, gate = combos[step % len(combos)]
-            seed = lambda q: zlib.crc32(f"smpre/{step}/{q}".encode())
-            ag_out.fill_(0xCC)
-            h.arm(gate=gate)
-            with torch.cuda.stream(side):
-                ag_in.copy_(_rand(torch, seed(rank), n, dev))
-                if how == "stream":
-                    h.trigger(side)
-                elif how == "device":
-                    word, value = h.device_trigger()
-                    ferry.native.launch_trigger_kernel(word, value, 20000, side.cuda_stream)
-            if how == "host":
-                side.synchronize()
-                h.trigger()
-            h.wait()
-            check(
-                f"prepared sm all_gather step {step} ({how} trigger, {gate} gate)",
-                ag_out,
-                torch.cat([_rand(torch, seed(q), n, dev) for q in range(world)]),
-            )
+        _run_prepared_all_gather(torch, ferry, h, ag_out, ag_in, side, rank, world, 15, "smpre", check)
         h.release()
         comm.synchronize()
 

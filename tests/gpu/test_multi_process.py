@@ -10,12 +10,17 @@ pytestmark = pytest.mark.multigpu
 WORLDS = worlds_to_test(2, 4, GPU_COUNT)
 
 
-@pytest.mark.parametrize("world", WORLDS)
-def test_collectives_byte_exact(world):
-    results = spawn(_workers.correctness, world)
+def run_on_every_rank(worker, world: int, timeout: float = 600.0) -> None:
+    """Spawns `worker` on `world` GPUs; every rank must report and pass."""
+    results = spawn(worker, world, timeout=timeout)
     assert len(results) == world, f"only ranks {sorted(results)} reported"
     fails = [f for r in results.values() for f in r]
     assert not fails, "\n".join(fails[:20])
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_collectives_byte_exact(world):
+    run_on_every_rank(_workers.correctness, world)
 
 
 def test_bad_inputs_are_named():
@@ -37,23 +42,14 @@ def test_peer_that_dies_yields_a_bounded_error():
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_more_collectives_byte_exact(world):
-    results = spawn(_workers.more_collectives, world, timeout=300)
-    assert len(results) == world, f"only ranks {sorted(results)} reported"
-    fails = [f for r in results.values() for f in r]
-    assert not fails, "\n".join(fails[:20])
+    run_on_every_rank(_workers.more_collectives, world, timeout=300)
 
 
 @pytest.mark.parametrize("world", worlds_to_test(2, GPU_COUNT))
 def test_prelaunch_and_graphs(world):
-    results = spawn(_workers.prelaunch_and_graphs, world, timeout=150)
-    assert len(results) == world, f"only ranks {sorted(results)} reported"
-    fails = [f for r in results.values() for f in r]
-    assert not fails, "\n".join(fails[:20])
+    run_on_every_rank(_workers.prelaunch_and_graphs, world, timeout=150)
 
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_sm_path(world):
-    results = spawn(_workers.sm_path, world, timeout=300)
-    assert len(results) == world, f"only ranks {sorted(results)} reported"
-    fails = [f for r in results.values() for f in r]
-    assert not fails, "\n".join(fails[:20])
+    run_on_every_rank(_workers.sm_path, world, timeout=300)
