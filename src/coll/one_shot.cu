@@ -90,11 +90,13 @@ __global__ void __launch_bounds__(kThreads)
   if (s.own_copy && len > 0) copy_span(s.out + s.rank * s.out_stride + begin, s.in + s.rank * s.in_stride + begin, len);
   __syncthreads();
 
-  // 2. One flag per peer, after the block's stores (the fence makes them
-  // visible system-wide first). Every rank signals every peer, with or
-  // without data: it tells the peer that this rank's previous call is over.
+  // 2. One flag per peer, after the block's stores: the barrier orders
+  // them before thread 0's release store, and a release at system scope
+  // covers what its thread has synchronized with (the pattern NCCL uses:
+  // barrier, fence, flag; st.release.sys is that fence and store). Every
+  // rank signals every peer, with or without data: it tells the peer that
+  // this rank's previous call is over.
   if (threadIdx.x == 0) {
-    __threadfence_system();
     for (int k = 1; k < s.world; ++k) {
       const int p = (s.rank + k) % s.world;
       store_release(&reinterpret_cast<OneShotHeader*>(w.base[p])->flags[s.rank][blockIdx.x], value);
