@@ -129,8 +129,10 @@ def test_new_collectives_are_checked():
 
 def test_options_are_checked():
     c = Communicator(FakeNative(), local=False)
-    with pytest.raises(InvalidArgumentError, match="algo is 'ring'"):
+    with pytest.raises(InvalidArgumentError, match="algo is 'ring'; expected one of .*seq, sm"):
         c.all_gather(Cai(64), Cai(16), algo="ring")
+    c.all_gather(Cai(64), Cai(16), algo="sm")  # the SM path: passed through to the native layer
+    assert c._c.calls[-1]["algo"] == "sm"
     with pytest.raises(InvalidArgumentError, match="local_copy is 'dma'"):
         c.all_gather(Cai(64), Cai(16), local_copy="dma")
     with pytest.raises(InvalidArgumentError, match="'ce' was removed.*'driver'"):
