@@ -43,7 +43,8 @@ Algo Communicator::choose_algo(CollOp op, size_t bytes_per_rank) const {
 // FERRY_ALGO=sm and table rules for "sm" apply only where the call can.
 Algo Communicator::resolve_algo(const CollectiveArgs& a) const {
   if (a.algo != Algo::kAuto) return a.algo;
-  const bool sm_possible = one_shot_unsupported(a.op, world_, a.bytes_per_rank, one_shot_slot_bytes_).empty();
+  const size_t largest = one_shot_largest_block(a.op, a.bytes_per_rank, a.counts);
+  const bool sm_possible = one_shot_unsupported(a.op, world_, largest, one_shot_slot_bytes_).empty();
   const Algo forced = forced_algo_ == Algo::kSm && !sm_possible ? Algo::kAuto : forced_algo_;
   return select_algo(a.op, world_, selection_bytes(a), forced, table_, sm_possible);
 }
@@ -112,7 +113,8 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
   if (shape == 0) return {};
   const bool sm = resolve_algo(a) == Algo::kSm;
   if (sm) {
-    const std::string why = one_shot_unsupported(a.op, world_, a.bytes_per_rank, one_shot_slot_bytes_);
+    const std::string why = one_shot_unsupported(a.op, world_, one_shot_largest_block(a.op, a.bytes_per_rank, a.counts),
+                                                 one_shot_slot_bytes_);
     FERRY_ARG_CHECK(why.empty(), name + ": " + why);
   }
 
@@ -239,7 +241,7 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
     s.registration = reg_id;
     b.record = locals_[i]->records->intern(s);
     if (sm) {
-      b.program.add_one_shot(plan_one_shot(a.op, r, world_, in, o, shape, a.root, sig));
+      b.program.add_one_shot(plan_one_shot(a.op, r, world_, in, o, shape, a.root, a.counts, sig));
       continue;
     }
     switch (a.op) {

@@ -51,6 +51,14 @@ __device__ void copy_span(char* __restrict__ dst, const char* __restrict__ src, 
   }
 }
 
+// This block's share of a span of `len` bytes split over `blocks` blocks:
+// chunks of 16-byte multiples, so a chunk keeps the alignment of its span.
+__device__ size_t share_of(size_t len, int blocks, size_t* begin) {
+  const size_t per = ((len + blocks - 1) / blocks + 15) / 16 * 16;
+  *begin = min(len, per * blockIdx.x);
+  return min(len, *begin + per) - *begin;
+}
+
 __global__ void __launch_bounds__(kThreads)
     one_shot_kernel(OneShotStep s, OneShotWindows w, size_t slot_bytes, OneShotControl c) {
   auto* mine = reinterpret_cast<OneShotHeader*>(w.base[s.rank]);
@@ -74,20 +82,16 @@ __global__ void __launch_bounds__(kThreads)
   const int parity = static_cast<int>(call & 1);
   const uint64_t value = call << 32 | s.tag;
 
-  // This block's share of every block of `bytes`: chunks of 16-byte
-  // multiples, so a chunk keeps the alignment of its block.
-  const size_t per = ((s.bytes + s.blocks - 1) / s.blocks + 15) / 16 * 16;
-  const size_t begin = min(s.bytes, per * blockIdx.x);
-  const size_t len = min(s.bytes, begin + per) - begin;
-
-  // 1. Pushes into the peers' windows, in cyclic-shift order.
-  if ((s.root < 0 || s.root == s.rank) && len > 0)
-    for (int k = 1; k < s.world; ++k) {
-      const int p = (s.rank + k) % s.world;
+  // 1. Pushes into the peers' windows, in cyclic-shift order, and the own block.
+  size_t begin = 0, len = 0;
+  for (int k = 1; k < s.world; ++k) {
+    const int p = (s.rank + k) % s.world;
+    if ((len = share_of(s.send_bytes[p], s.blocks, &begin)) > 0)
       copy_span(w.base[p] + one_shot_slot_offset(s.world, slot_bytes, parity, s.rank) + begin,
-                s.in + p * s.in_stride + begin, len);
-    }
-  if (s.own_copy && len > 0) copy_span(s.out + s.rank * s.out_stride + begin, s.in + s.rank * s.in_stride + begin, len);
+                s.in + s.send_offset[p] + begin, len);
+  }
+  if ((len = share_of(s.own_bytes, s.blocks, &begin)) > 0)
+    copy_span(s.out + s.recv_offset[s.rank] + begin, s.in + s.send_offset[s.rank] + begin, len);
   __syncthreads();
 
   // 2. One flag per peer, after the block's stores: the barrier orders
@@ -124,12 +128,11 @@ __global__ void __launch_bounds__(kThreads)
   gave_up = __syncthreads_or(gave_up);
 
   // 4. Out of the window into the output.
-  if (!gave_up && len > 0)
-    for (int q = 0; q < s.world; ++q) {
-      if (q == s.rank || (s.root >= 0 && q != s.root)) continue;
-      copy_span(s.out + q * s.out_stride + begin,
-                w.base[s.rank] + one_shot_slot_offset(s.world, slot_bytes, parity, q) + begin, len);
-    }
+  if (!gave_up)
+    for (int q = 0; q < s.world; ++q)
+      if (q != s.rank && (len = share_of(s.recv_bytes[q], s.blocks, &begin)) > 0)
+        copy_span(s.out + s.recv_offset[q] + begin,
+                  w.base[s.rank] + one_shot_slot_offset(s.world, slot_bytes, parity, q) + begin, len);
 
   // 5. The last block to finish counts the call.
   __syncthreads();

@@ -5,6 +5,7 @@
 // copy-engine path needs two rounds of small copies (ready, then done) at
 // several microseconds each (docs/performance.md, floor analysis).
 //
+// all_gather, all_to_all(v) and broadcast, as tables of spans (OneShotStep).
 // It uses SMs: up to kOneShotMaxBlocks blocks for the whole call, including
 // the time spent waiting for the slowest peer. It exists for collectives on
 // the critical path between kernels, where a few microseconds of one SM cost
@@ -22,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "coll/plan.hpp"
 
@@ -40,19 +42,22 @@ struct OneShotHeader {
 };
 static_assert(sizeof(OneShotHeader) <= kOneShotHeaderBytes, "one-shot header too large");
 
-// One rank's part of a call. What goes to peer p starts at in + p * in_stride;
-// what comes from source s lands at out + s * out_stride; `bytes` each.
+// One rank's part of a call, as spans: what goes to peer p is
+// send_bytes[p] at in + send_offset[p]; what comes from source q lands at
+// out + recv_offset[q] (recv_bytes[q]); this rank's own block, own_bytes from
+// in + send_offset[rank] to out + recv_offset[rank] (0: nothing to copy, e.g.
+// in place). Every collective the path runs is one such table.
 struct OneShotStep {
   const char* in = nullptr;
   char* out = nullptr;
-  size_t bytes = 0;
-  size_t in_stride = 0;
-  size_t out_stride = 0;
-  int root = -1;          // broadcast: only the root sends; -1: every rank
-  bool own_copy = false;  // copy this rank's own block from in to out
+  size_t send_offset[kOneShotMaxRanks] = {};
+  size_t send_bytes[kOneShotMaxRanks] = {};
+  size_t recv_offset[kOneShotMaxRanks] = {};
+  size_t recv_bytes[kOneShotMaxRanks] = {};
+  size_t own_bytes = 0;
   int rank = 0;
   int world = 1;
-  int blocks = 1;
+  int blocks = 1;    // the same on every rank: from the largest block of the call
   uint32_t tag = 0;  // the call's signature: peers must agree
 };
 
@@ -72,10 +77,15 @@ FERRY_HOST_DEVICE inline size_t one_shot_slot_offset(int world, size_t slot_byte
 }
 // Blocks for `bytes` per peer: about 32 KB each, at least 1, at most kOneShotMaxBlocks.
 int one_shot_blocks(size_t bytes);
+// The largest block one rank sends one peer: `bytes` (all_gather's input,
+// an all_to_all block, a broadcast), or the largest entry of all_to_allv's
+// counts (bytes from rank s to rank d at [s * world + d]).
+size_t one_shot_largest_block(CollOp op, size_t bytes, const std::vector<size_t>& counts);
 // Empty when the call can take the SM path; else why not (for the error of an explicit algo="sm").
-std::string one_shot_unsupported(CollOp op, int world, size_t bytes_per_peer, size_t slot_bytes);
-// all_gather, all_to_all (in place too: data goes through the window) and broadcast.
+std::string one_shot_unsupported(CollOp op, int world, size_t largest_block, size_t slot_bytes);
+// all_gather, all_to_all (in place too: data goes through the window),
+// all_to_allv (`counts` as above) and broadcast (from `root`).
 OneShotStep plan_one_shot(CollOp op, int rank, int world, const char* in, char* out, size_t bytes, int root,
-                          uint32_t tag);
+                          const std::vector<size_t>& counts, uint32_t tag);
 
 }  // namespace ferry

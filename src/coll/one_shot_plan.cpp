@@ -11,47 +11,74 @@ int one_shot_blocks(size_t bytes) {
   return static_cast<int>(b < size_t(kOneShotMaxBlocks) ? b : kOneShotMaxBlocks);
 }
 
-std::string one_shot_unsupported(CollOp op, int world, size_t bytes_per_peer, size_t slot_bytes) {
-  if (op != CollOp::kAllGather && op != CollOp::kAllToAll && op != CollOp::kBroadcast)
-    return std::string("algo 'sm' runs all_gather, all_to_all and broadcast, not ") + coll_op_name(op);
+size_t one_shot_largest_block(CollOp op, size_t bytes, const std::vector<size_t>& counts) {
+  if (op != CollOp::kAllToAllv) return bytes;
+  size_t largest = 0;
+  for (size_t c : counts) largest = c > largest ? c : largest;
+  return largest;
+}
+
+std::string one_shot_unsupported(CollOp op, int world, size_t largest_block, size_t slot_bytes) {
+  if (op != CollOp::kAllGather && op != CollOp::kAllToAll && op != CollOp::kAllToAllv && op != CollOp::kBroadcast)
+    return std::string("algo 'sm' runs all_gather, all_to_all, all_to_allv and broadcast, not ") + coll_op_name(op);
   if (world > kOneShotMaxRanks)
     return "algo 'sm' runs on at most " + std::to_string(kOneShotMaxRanks) + " ranks; this communicator has " +
            std::to_string(world);
   if (slot_bytes == 0) return "algo 'sm' is off (FERRY_SM_BYTES=0: no window was allocated)";
-  if (bytes_per_peer > slot_bytes)
+  if (largest_block > slot_bytes)
     return "algo 'sm' moves at most FERRY_SM_BYTES = " + std::to_string(slot_bytes) +
-           " bytes per peer; this call moves " + std::to_string(bytes_per_peer) +
+           " bytes per peer; this call moves " + std::to_string(largest_block) +
            " (use a copy-engine variant, or raise FERRY_SM_BYTES on every rank)";
   return {};
 }
 
 OneShotStep plan_one_shot(CollOp op, int rank, int world, const char* in, char* out, size_t bytes, int root,
-                          uint32_t tag) {
+                          const std::vector<size_t>& counts, uint32_t tag) {
   OneShotStep s;
   s.in = in;
   s.out = out;
-  s.bytes = bytes;
   s.rank = rank;
   s.world = world;
-  s.blocks = one_shot_blocks(bytes);
+  s.blocks = one_shot_blocks(one_shot_largest_block(op, bytes, counts));
   s.tag = tag;
-  switch (op) {
-    case CollOp::kAllGather:
-      s.out_stride = bytes;
-      // In place: the input is this rank's block of the output already.
-      s.own_copy = in != out + static_cast<size_t>(rank) * bytes;
-      break;
-    case CollOp::kAllToAll:
-      s.in_stride = s.out_stride = bytes;
-      s.own_copy = in != out;
-      break;
-    case CollOp::kBroadcast:
-      s.root = root;
-      s.own_copy = rank == root && in != out;
-      break;
-    default:
-      break;
+  const auto W = static_cast<size_t>(world);
+  const auto r = static_cast<size_t>(rank);
+  for (size_t p = 0; p < W; ++p) {
+    switch (op) {
+      case CollOp::kAllGather:
+        s.send_bytes[p] = s.recv_bytes[p] = bytes;
+        s.recv_offset[p] = p * bytes;
+        break;
+      case CollOp::kAllToAll:
+        s.send_bytes[p] = s.recv_bytes[p] = bytes;
+        s.send_offset[p] = s.recv_offset[p] = p * bytes;
+        break;
+      case CollOp::kAllToAllv:
+        // Packed by destination on the way in, by source on the way out.
+        s.send_bytes[p] = counts[r * W + p];
+        s.recv_bytes[p] = counts[p * W + r];
+        if (p > 0) {
+          s.send_offset[p] = s.send_offset[p - 1] + counts[r * W + p - 1];
+          s.recv_offset[p] = s.recv_offset[p - 1] + counts[(p - 1) * W + r];
+        }
+        break;
+      case CollOp::kBroadcast:
+        s.send_bytes[p] = r == static_cast<size_t>(root) ? bytes : 0;
+        s.recv_bytes[p] = p == static_cast<size_t>(root) ? bytes : 0;
+        break;
+      default:
+        break;
+    }
   }
+  // The own block, unless the call is in place (the input is already where it goes).
+  const char* own_src = in + s.send_offset[r];
+  const char* own_dst = out + s.recv_offset[r];
+  if (op == CollOp::kBroadcast)
+    s.own_bytes = rank == root && in != out ? bytes : 0;
+  else if (op == CollOp::kAllToAll)
+    s.own_bytes = in != out ? bytes : 0;
+  else
+    s.own_bytes = own_src != own_dst ? s.recv_bytes[r] : 0;
   return s;
 }
 

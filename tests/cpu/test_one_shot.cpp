@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <limits>
+#include <vector>
 
 #include "coll/one_shot.hpp"
 #include "coll/selector.hpp"
@@ -32,29 +34,114 @@ TEST(OneShot, SlotsFollowTheHeaderAndNeverOverlap) {
   }
 }
 
-TEST(OneShot, PlanStridesAndOwnCopy) {
-  char out[64], in[16];
-  auto ag = plan_one_shot(CollOp::kAllGather, 1, 4, in, out, 16, 0, 7);
-  EXPECT_EQ(ag.in_stride, 0u);
-  EXPECT_EQ(ag.out_stride, 16u);
-  EXPECT_EQ(ag.root, -1);
-  EXPECT_TRUE(ag.own_copy);
-  EXPECT_EQ(ag.tag, 7u);
-  EXPECT_FALSE(plan_one_shot(CollOp::kAllGather, 1, 4, out + 16, out, 16, 0, 7).own_copy);  // in place
+namespace {
 
-  auto a2a = plan_one_shot(CollOp::kAllToAll, 2, 4, in, out, 16, 0, 7);
-  EXPECT_EQ(a2a.in_stride, 16u);
-  EXPECT_EQ(a2a.out_stride, 16u);
-  EXPECT_TRUE(a2a.own_copy);
-  EXPECT_FALSE(plan_one_shot(CollOp::kAllToAll, 2, 4, out, out, 16, 0, 7).own_copy);  // in place
+// Runs one call of every rank on the CPU the way the kernel moves bytes
+// (pushes into the peers' slots, own block, copy out of the own window) and
+// returns each rank's output. `ins[r]` and `outs[r]` are rank r's buffers;
+// `in_place` makes each rank's input alias its output.
+std::vector<std::vector<char>> simulate(CollOp op, int world, size_t bytes, int root, const std::vector<size_t>& counts,
+                                        std::vector<std::vector<char>> ins, std::vector<std::vector<char>> outs,
+                                        bool in_place = false) {
+  std::vector<OneShotStep> steps;
+  std::vector<std::vector<std::vector<char>>> slots(world, std::vector<std::vector<char>>(world));
+  for (int r = 0; r < world; ++r) {
+    const char* in = in_place ? outs[r].data() + (op == CollOp::kAllGather ? r * bytes : 0) : ins[r].data();
+    steps.push_back(plan_one_shot(op, r, world, in, outs[r].data(), bytes, root, counts, 7));
+  }
+  for (int r = 0; r < world; ++r) {  // 1. pushes (into slots) and the own block
+    const OneShotStep& s = steps[r];
+    for (int p = 0; p < world; ++p)
+      if (p != r) slots[p][r].assign(s.in + s.send_offset[p], s.in + s.send_offset[p] + s.send_bytes[p]);
+  }
+  for (int r = 0; r < world; ++r) {
+    const OneShotStep& s = steps[r];
+    std::copy(s.in + s.send_offset[r], s.in + s.send_offset[r] + s.own_bytes, s.out + s.recv_offset[r]);
+  }
+  for (int r = 0; r < world; ++r) {  // 4. out of the window
+    const OneShotStep& s = steps[r];
+    for (int q = 0; q < world; ++q) {
+      if (q == r) continue;
+      EXPECT_EQ(s.recv_bytes[q], slots[r][q].size()) << "rank " << r << " from " << q;
+      std::copy(slots[r][q].begin(), slots[r][q].begin() + std::min(s.recv_bytes[q], slots[r][q].size()),
+                s.out + s.recv_offset[q]);
+    }
+  }
+  return outs;
+}
 
-  auto root = plan_one_shot(CollOp::kBroadcast, 3, 4, in, out, 16, 3, 7);
-  EXPECT_EQ(root.root, 3);
-  EXPECT_EQ(root.in_stride, 0u);
-  EXPECT_EQ(root.out_stride, 0u);
-  EXPECT_TRUE(root.own_copy);
-  EXPECT_FALSE(plan_one_shot(CollOp::kBroadcast, 3, 4, out, out, 16, 3, 7).own_copy);  // root in place
-  EXPECT_FALSE(plan_one_shot(CollOp::kBroadcast, 1, 4, in, out, 16, 3, 7).own_copy);   // not the root
+std::vector<char> pattern(size_t n, int seed) {
+  std::vector<char> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<char>((i * 31 + seed * 97 + 5) & 0xff);
+  return v;
+}
+
+}  // namespace
+
+TEST(OneShot, AllGatherAllToAllBroadcastMoveTheRightBytes) {
+  const int W = 4;
+  const size_t n = 37;
+  std::vector<std::vector<char>> ins, outs;
+  for (int r = 0; r < W; ++r) ins.push_back(pattern(W * n, r)), outs.push_back(std::vector<char>(W * n, 'x'));
+  auto ag = simulate(CollOp::kAllGather, W, n, 0, {}, ins, outs);
+  auto a2a = simulate(CollOp::kAllToAll, W, n, 0, {}, ins, outs);
+  auto bc = simulate(CollOp::kBroadcast, W, W * n, 2, {}, ins, outs);
+  for (int r = 0; r < W; ++r) {
+    for (int q = 0; q < W; ++q)
+      for (size_t i = 0; i < n; ++i) {
+        EXPECT_EQ(ag[r][q * n + i], ins[q][i]);
+        EXPECT_EQ(a2a[r][q * n + i], ins[q][r * n + i]);
+      }
+    EXPECT_EQ(bc[r], ins[2]);
+  }
+}
+
+TEST(OneShot, InPlaceCallsCopyNothingLocally) {
+  const int W = 3;
+  const size_t n = 16;
+  std::vector<std::vector<char>> outs;
+  for (int r = 0; r < W; ++r) outs.push_back(pattern(W * n, 10 + r));
+  auto ag = simulate(CollOp::kAllGather, W, n, 0, {}, {}, outs, true);
+  auto a2a = simulate(CollOp::kAllToAll, W, n, 0, {}, {}, outs, true);
+  for (int r = 0; r < W; ++r) {
+    EXPECT_EQ(plan_one_shot(CollOp::kAllGather, r, W, outs[r].data() + r * n, outs[r].data(), n, 0, {}, 7).own_bytes,
+              0u);
+    EXPECT_EQ(plan_one_shot(CollOp::kAllToAll, r, W, outs[r].data(), outs[r].data(), n, 0, {}, 7).own_bytes, 0u);
+    for (int q = 0; q < W; ++q)
+      for (size_t i = 0; i < n; ++i) {
+        EXPECT_EQ(ag[r][q * n + i], outs[q][q * n + i]);
+        EXPECT_EQ(a2a[r][q * n + i], outs[q][r * n + i]);
+      }
+  }
+  char buf[16];
+  EXPECT_EQ(plan_one_shot(CollOp::kBroadcast, 1, W, buf, buf, 16, 1, {}, 7).own_bytes, 0u);      // root in place
+  EXPECT_EQ(plan_one_shot(CollOp::kBroadcast, 0, W, nullptr, buf, 16, 1, {}, 7).own_bytes, 0u);  // not the root
+}
+
+TEST(OneShot, AllToAllvPacksBySourceAndDestination) {
+  const int W = 3;
+  // counts[s * W + d]: bytes from s to d, zeros included.
+  const std::vector<size_t> counts = {3, 0, 5, 7, 1, 0, 2, 4, 6};
+  std::vector<std::vector<char>> ins, outs;
+  for (int r = 0; r < W; ++r) {
+    size_t send = 0, recv = 0;
+    for (int p = 0; p < W; ++p) send += counts[r * W + p], recv += counts[p * W + r];
+    ins.push_back(pattern(send, 20 + r));
+    outs.push_back(std::vector<char>(recv, 'x'));
+  }
+  auto got = simulate(CollOp::kAllToAllv, W, 0, 0, counts, ins, outs);
+  for (int d = 0; d < W; ++d) {
+    size_t at = 0;
+    for (int s = 0; s < W; ++s) {
+      size_t from = 0;
+      for (int p = 0; p < d; ++p) from += counts[s * W + p];
+      for (size_t i = 0; i < counts[s * W + d]; ++i) EXPECT_EQ(got[d][at + i], ins[s][from + i]) << s << "->" << d;
+      at += counts[s * W + d];
+    }
+  }
+  EXPECT_EQ(one_shot_largest_block(CollOp::kAllToAllv, 0, counts), 7u);
+  EXPECT_EQ(plan_one_shot(CollOp::kAllToAllv, 0, W, ins[0].data(), outs[0].data(), 0, 0, counts, 7).blocks, 1);
+  EXPECT_EQ(one_shot_largest_block(CollOp::kAllGather, 99, counts), 99u);
 }
 
 TEST(OneShot, UnsupportedCallsSayWhy) {
@@ -62,7 +149,8 @@ TEST(OneShot, UnsupportedCallsSayWhy) {
   EXPECT_EQ(one_shot_unsupported(CollOp::kAllGather, 8, slot, slot), "");
   EXPECT_EQ(one_shot_unsupported(CollOp::kAllToAll, 2, 1, slot), "");
   EXPECT_EQ(one_shot_unsupported(CollOp::kBroadcast, 1, 0, slot), "");
-  EXPECT_NE(one_shot_unsupported(CollOp::kAllToAllv, 2, 1, slot).find("not all_to_allv"), std::string::npos);
+  EXPECT_EQ(one_shot_unsupported(CollOp::kAllToAllv, 2, 1, slot), "");
+  EXPECT_NE(one_shot_unsupported(CollOp::kReduceScatter, 2, 1, slot).find("not reduce_scatter"), std::string::npos);
   EXPECT_NE(one_shot_unsupported(CollOp::kAllReduce, 2, 1, slot).find("not all_reduce"), std::string::npos);
   EXPECT_NE(one_shot_unsupported(CollOp::kAllGather, 9, 1, slot).find("at most 8 ranks"), std::string::npos);
   EXPECT_NE(one_shot_unsupported(CollOp::kAllGather, 2, 1, 0).find("FERRY_SM_BYTES=0"), std::string::npos);

@@ -242,6 +242,7 @@ def check_same_buffers(torch, comm, ranks, devs, world, buf, reps=30, streams=No
         ("all_gather", "sm", n),
         ("all_to_all", "sm", n),
         ("broadcast", "sm", n),
+        ("all_to_allv", "sm", n),
         ("all_to_all", "sm", n, "in-place"),
     ]
     for op, algo, size, *variant in cases:
@@ -741,8 +742,9 @@ def sm_path(rank: int, world: int, port: int) -> list:
     """algo "sm" (one SM kernel per call, through the peers' windows): the
     correctness matrix within its size limit, 1,000 back-to-back calls,
     alternating streams, interleaved with copy-engine calls in a CUDA graph
-    replayed 2,000 times, prepared with every trigger, the errors it must give,
-    and a peer that calls with another size (bounded, named)."""
+    replayed 2,000 times, prepared with every trigger, all_to_allv with new
+    random counts every call, the errors it must give, and a peer that calls
+    with another size (bounded, named)."""
     os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "32"  # prelaunch below (see prelaunch_and_graphs)
     import ferry
     import torch
@@ -819,11 +821,36 @@ def sm_path(rank: int, world: int, port: int) -> list:
                 buf[: world * big], torch.empty(big, dtype=torch.uint8, device=dev), algo="sm"
             ),
         )
-        counts = [[1] * world for _ in range(world)]
+        # all_to_allv (MoE dispatch): new random counts, zeros included, every call.
+        for step in range(20):
+            counts = [
+                [
+                    zlib.crc32(f"v/{step}/{q}/{t}".encode()) % 5000 * (((q + t + step) % 4) != 0)
+                    for t in range(world)
+                ]
+                for q in range(world)
+            ]
+            send = sum(counts[rank])
+            recv = sum(counts[q][rank] for q in range(world))
+            seed = lambda q: zlib.crc32(f"v/{step}/{q}".encode())  # noqa: E731
+            src = _rand(torch, seed(rank), send + 1, dev)[1:]  # unaligned input
+            out = buf[1 : 1 + recv]  # unaligned output
+            out.fill_(0xA5)
+            comm.all_to_allv(out, src, counts, algo="sm")
+            parts = []
+            for q in range(world):
+                start = sum(counts[q][:rank])
+                parts.append(
+                    _rand(torch, seed(q), sum(counts[q]) + 1, dev)[1:][start : start + counts[q][rank]]
+                )
+            check(f"sm all_to_allv step {step}", out, torch.cat(parts))
         expect(
-            r"algo 'sm' runs all_gather, all_to_all and broadcast, not all_to_allv",
+            r"algo 'sm' moves at most FERRY_SM_BYTES = 1048576 bytes per peer; this call moves 1048577",
             lambda: comm.all_to_allv(
-                buf[:world], torch.zeros(world, dtype=torch.uint8, device=dev), counts, algo="sm"
+                buf[: world * (SM_BYTES + 1)],
+                torch.zeros(world * (SM_BYTES + 1), dtype=torch.uint8, device=dev),
+                [[SM_BYTES + 1] * world for _ in range(world)],
+                algo="sm",
             ),
         )
         expect(
