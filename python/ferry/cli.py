@@ -167,7 +167,8 @@ def main(argv=None) -> int:
     b.add_argument(
         "--ops",
         default="all_gather,all_to_all",
-        help="any of all_gather, all_to_all, broadcast, reduce_scatter, all_reduce",
+        help="any of all_gather, all_to_all, all_to_allv (uneven MoE-style counts), broadcast, reduce_scatter, "
+        "all_reduce",
     )
     b.add_argument(
         "--impls",

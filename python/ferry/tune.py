@@ -26,7 +26,7 @@ OPS = ("all_gather", "all_to_all", "all_to_allv", "broadcast", "reduce_scatter",
 
 def selection_bytes(op: str, n: int, world: int) -> int:
     """The selector's size for a benchmark size `n` (see ferry bench)."""
-    return n // world if op in ("all_to_all", "reduce_scatter", "all_reduce") else n
+    return n // world if op in ("all_to_all", "all_to_allv", "reduce_scatter", "all_reduce") else n
 
 
 def rules_from_measurements(records: Iterable[dict], world: int, tolerance: float = 0.05) -> List[Rule]:

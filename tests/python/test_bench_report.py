@@ -109,3 +109,18 @@ def test_saved_text_has_no_empty_sweep_table(tmp_path):
     (txt,) = tmp_path.glob("*.txt")
     text = txt.read_text()
     assert "# chain" in text and "ferry/NCCL" not in text and "#wrong" not in text
+
+
+def test_all_to_allv_counts_are_uneven_and_fit_the_buffers():
+    from ferry.bench.cases import fits, skewed_counts, sm_fits
+
+    for world in (2, 4, 8):
+        n = 4096 * world
+        c = skewed_counts(n, world)
+        assert {x for row in c for x in row} == {n // world, n // world // 2}
+        sent = [sum(row) for row in c]
+        received = [sum(c[s][d] for s in range(world)) for d in range(world)]
+        assert max(sent) <= n and max(received) <= n
+        assert len(set(sent)) > 1 or len(set(received)) > 1 or world == 2
+        assert fits("all_to_allv", n, world) and not fits("all_to_allv", n + 1, world)
+    assert sm_fits("all_to_allv", 4 << 20, 4) and not sm_fits("all_to_allv", 8 << 20, 4)

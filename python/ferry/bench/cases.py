@@ -3,13 +3,24 @@ and how ferry and NCCL issue it. One Case per (op, size) on one rank."""
 
 from __future__ import annotations
 
-OPS = ("all_gather", "all_to_all", "broadcast", "reduce_scatter", "all_reduce")
+OPS = ("all_gather", "all_to_all", "all_to_allv", "broadcast", "reduce_scatter", "all_reduce")
+
+
+def skewed_counts(n: int, world: int) -> list:
+    """all_to_allv's bytes from rank s to rank d for `n` bytes per rank, MoE
+    style (uneven routing): a third of the pairs get a full block (n / world),
+    the rest half one, so ranks send and receive different amounts, at most n
+    each."""
+    block = n // world
+    return [[block if (2 * s + d) % 3 == 0 else block // 2 for d in range(world)] for s in range(world)]
 
 
 def fits(op: str, n: int, world: int) -> bool:
     """Whether `n` bytes per rank is a valid size for `op` at this world size."""
-    if op in ("all_to_all",):
+    if op == "all_to_all":
         return n % world == 0
+    if op == "all_to_allv":
+        return n % (2 * world) == 0
     if op in ("reduce_scatter", "all_reduce"):
         return n % (4 * world) == 0  # float32 blocks
     return True
@@ -21,8 +32,8 @@ SM_BYTES = 1 << 20
 
 def sm_fits(op: str, n: int, world: int) -> bool:
     """Whether ferry's SM path takes `op` at `n` bytes per rank."""
-    per_peer = n // world if op == "all_to_all" else n
-    return op in ("all_gather", "all_to_all", "broadcast") and per_peer <= SM_BYTES
+    per_peer = n // world if op in ("all_to_all", "all_to_allv") else n
+    return op in ("all_gather", "all_to_all", "all_to_allv", "broadcast") and per_peer <= SM_BYTES
 
 
 class Case:
@@ -36,8 +47,13 @@ class Case:
         dev = out_all.device
         self.dev = dev
         out_n = {"all_gather": world * n, "reduce_scatter": n // world}.get(op, n)
+        in_n = n
+        if op == "all_to_allv":
+            self.counts = skewed_counts(n, world)
+            in_n = sum(self.counts[rank])
+            out_n = sum(self.counts[q][rank] for q in range(world))
         self.out = out_all[:out_n]
-        self.inp = inp_all[:n]
+        self.inp = inp_all[:in_n]
         if op in ("reduce_scatter", "all_reduce"):
             self.out, self.inp = self.out.view(torch.float32), self.inp.view(torch.float32)
         self.expected = self._expected()
@@ -57,6 +73,9 @@ class Case:
         if self.op == "all_to_all":
             b = n // w
             return torch.cat([self._seeded(q)[r * b : (r + 1) * b] for q in range(w)])
+        if self.op == "all_to_allv":  # packed by source: what q sends r, in q's input packed by destination
+            c = self.counts
+            return torch.cat([self._seeded(q)[sum(c[q][:r]) : sum(c[q][: r + 1])] for q in range(w)])
         if self.op == "broadcast":
             return self._seeded(0)
         total = sum(self._seeded(q) for q in range(w))
@@ -67,7 +86,7 @@ class Case:
 
     def reset(self) -> None:
         """Fresh input, poisoned output."""
-        self.inp.copy_(self._seeded(self.rank))
+        self.inp.copy_(self._seeded(self.rank)[: self.inp.numel()])
         self.out.view(self.torch.uint8).fill_(0xA5)
         if self.op == "broadcast" and self.rank == 0:
             self.out.copy_(self.inp)
@@ -82,6 +101,8 @@ class Case:
             )
             if op in ("all_gather", "all_to_all"):
                 getattr(self.comm, op)(out, inp, algo=algo, local_copy=local_copy)
+            elif op == "all_to_allv":
+                self.comm.all_to_allv(out, inp, self.counts, algo=algo, local_copy=local_copy)
             elif op == "broadcast":
                 self.comm.broadcast(out, root=0, algo=algo)  # in place, like NCCL's
             elif op == "reduce_scatter":
@@ -92,6 +113,10 @@ class Case:
             dist.all_gather_into_tensor(out, inp)
         elif op == "all_to_all":
             dist.all_to_all_single(out, inp)
+        elif op == "all_to_allv":
+            w, r = self.world, self.rank
+            recv = [self.counts[q][r] for q in range(w)]
+            dist.all_to_all_single(out, inp, output_split_sizes=recv, input_split_sizes=self.counts[r])
         elif op == "broadcast":
             dist.broadcast(out, src=0)
         elif op == "reduce_scatter":
