@@ -34,19 +34,18 @@ size_t Communicator::selection_bytes(const CollectiveArgs& a) const {
 }
 
 Algo Communicator::choose_algo(CollOp op, size_t bytes_per_rank) const {
-  const bool sm_possible = one_shot_unsupported(op, world_, bytes_per_rank, one_shot_slot_bytes_).empty();
-  const Algo forced = forced_algo_ == Algo::kSm && !sm_possible ? Algo::kAuto : forced_algo_;
-  return select_algo(op, world_, bytes_per_rank, forced, table_, sm_possible);
+  return select_algo_with_sm(op, world_, bytes_per_rank, bytes_per_rank, one_shot_slot_bytes_, forced_algo_, table_);
 }
 
-// An explicit algo wins (build() explains an "sm" the call cannot take);
-// FERRY_ALGO=sm and table rules for "sm" apply only where the call can.
+bool Communicator::sm_path_takes(CollOp op, size_t largest_block) const {
+  return one_shot_unsupported(op, world_, largest_block, one_shot_slot_bytes_).empty();
+}
+
+// An explicit algo wins (build() explains an "sm" the call cannot take).
 Algo Communicator::resolve_algo(const CollectiveArgs& a) const {
   if (a.algo != Algo::kAuto) return a.algo;
-  const size_t largest = one_shot_largest_block(a.op, a.bytes_per_rank, a.counts);
-  const bool sm_possible = one_shot_unsupported(a.op, world_, largest, one_shot_slot_bytes_).empty();
-  const Algo forced = forced_algo_ == Algo::kSm && !sm_possible ? Algo::kAuto : forced_algo_;
-  return select_algo(a.op, world_, selection_bytes(a), forced, table_, sm_possible);
+  return select_algo_with_sm(a.op, world_, selection_bytes(a), one_shot_largest_block(a.op, a.bytes_per_rank, a.counts),
+                             one_shot_slot_bytes_, forced_algo_, table_);
 }
 
 void Communicator::set_selector_table(const std::vector<SelectorRule>& rules) {

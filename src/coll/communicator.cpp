@@ -394,7 +394,7 @@ void Communicator::free(const std::vector<void*>& ptrs) {
 }
 
 void Communicator::create_one_shot_windows() {
-  const long long slot = std::max<long long>(0, knob_int("FERRY_SM_BYTES"));
+  const long long slot = knob_int("FERRY_SM_BYTES");
   if (multi_process_) {
     // Every rank computes peers' slot addresses from its own setting: they must agree.
     auto all = allgather(std::to_string(slot), "communicator setup (FERRY_SM_BYTES)");
@@ -404,6 +404,8 @@ void Communicator::create_one_shot_windows() {
                                                       std::to_string(rank(0)) + " and " + all[p] + " on rank " +
                                                       std::to_string(p) + "; set the same value on every rank");
   }
+  // After the agreement check, so that every rank raises it.
+  FERRY_ARG_CHECK(slot >= 0, "FERRY_SM_BYTES=" + std::to_string(slot) + ": expected 0 (off) or a byte count");
   if (slot == 0 || world_ > kOneShotMaxRanks) return;
   one_shot_slot_bytes_ = (static_cast<size_t>(slot) + 255) / 256 * 256;
   Registration& reg = allocate_registration(one_shot_window_bytes(world_, one_shot_slot_bytes_));

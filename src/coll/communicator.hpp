@@ -115,6 +115,9 @@ class Communicator {
   void set_selector_table(const std::vector<SelectorRule>& rules);
   // The variant a call of this shape would use.
   Algo choose_algo(CollOp op, size_t bytes_per_rank) const;
+  // Whether algo "sm" takes `op` when the largest block one rank sends one
+  // peer is `largest_block` bytes (this communicator's window and world).
+  bool sm_path_takes(CollOp op, size_t largest_block) const;
 
   // Throws the first asynchronous error (FERRY_ERROR_BROKEN after it was seen once).
   void check();

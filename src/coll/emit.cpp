@@ -58,9 +58,7 @@ void Communicator::emit(int local, const Built& b, const Emission& e) {
 
 void Communicator::emit_eager(int local, const Built& b, const Emission& e) {
   Local& L = *locals_[local];
-  // A one-shot program is one kernel launch already: a graph would not make it cheaper.
-  const bool one_launch = b.program.steps.size() == 1 && b.program.steps[0].kind == Step::Kind::kOneShot;
-  if (!L.replays || one_launch) return emit(local, b, e);
+  if (!L.replays || !replayable(b.program)) return emit(local, b, e);
   ReplayCache::Entry* entry = nullptr;
   {
     HostTraceScope t(HostStage::kReplay);

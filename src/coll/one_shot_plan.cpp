@@ -32,6 +32,13 @@ std::string one_shot_unsupported(CollOp op, int world, size_t largest_block, siz
   return {};
 }
 
+Algo select_algo_with_sm(CollOp op, int world, size_t selection_bytes, size_t largest_block, size_t slot_bytes,
+                         Algo forced, const std::vector<SelectorRule>& table) {
+  const bool sm_possible = one_shot_unsupported(op, world, largest_block, slot_bytes).empty();
+  if (forced == Algo::kSm && !sm_possible) forced = Algo::kAuto;
+  return select_algo(op, world, selection_bytes, forced, table, sm_possible);
+}
+
 OneShotStep plan_one_shot(CollOp op, int rank, int world, const char* in, char* out, size_t bytes, int root,
                           const std::vector<size_t>& counts, uint32_t tag) {
   OneShotStep s;
@@ -70,15 +77,10 @@ OneShotStep plan_one_shot(CollOp op, int rank, int world, const char* in, char* 
         break;
     }
   }
-  // The own block, unless the call is in place (the input is already where it goes).
-  const char* own_src = in + s.send_offset[r];
-  const char* own_dst = out + s.recv_offset[r];
-  if (op == CollOp::kBroadcast)
-    s.own_bytes = rank == root && in != out ? bytes : 0;
-  else if (op == CollOp::kAllToAll)
-    s.own_bytes = in != out ? bytes : 0;
-  else
-    s.own_bytes = own_src != own_dst ? s.recv_bytes[r] : 0;
+  // The own block (none for a broadcast's non-roots: they receive nothing
+  // from themselves), unless the call is in place: the input already lies
+  // where it goes.
+  s.own_bytes = in + s.send_offset[r] != out + s.recv_offset[r] ? s.recv_bytes[r] : 0;
   return s;
 }
 

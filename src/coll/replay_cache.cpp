@@ -70,6 +70,10 @@ std::string emission_key(const Program& program, const void* record, Algo algo, 
 
 bool worth_capturing(uint64_t times_seen) { return times_seen >= 2; }
 
+bool replayable(const Program& program) {
+  return !(program.steps.size() == 1 && program.steps[0].kind == Step::Kind::kOneShot);
+}
+
 ReplayCache::~ReplayCache() {
   // A graph still running is freed when it completes (cuGraphExecDestroy).
   for (auto& [key, e] : entries_)

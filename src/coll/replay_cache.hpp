@@ -30,6 +30,10 @@ std::string emission_key(const Program& program, const void* record, Algo algo, 
 // never repeat (all_to_allv with new counts every step) are not captured.
 bool worth_capturing(uint64_t times_seen);
 
+// Whether a program gains anything from being replayed as a graph: not one
+// that is a single kernel launch already (the SM path).
+bool replayable(const Program& program);
+
 // One per local rank: the captured graphs by key, least recently used evicted
 // beyond `capacity` (with the keys seen but not yet captured).
 class ReplayCache {

@@ -175,3 +175,19 @@ TEST(OneShot, DefaultTableNeverPicksTheSmPath) {
     for (CollOp op : {CollOp::kAllGather, CollOp::kAllToAll, CollOp::kBroadcast})
       EXPECT_NE(select_algo(op, 2, bytes, Algo::kAuto, table), Algo::kSm);
 }
+
+TEST(OneShot, SelectionHonoursTheWindowForForcedAndTabledSm) {
+  constexpr size_t kAny = std::numeric_limits<size_t>::max();
+  const size_t slot = 1 << 20;
+  std::vector<SelectorRule> table = {{CollOp::kAllToAllv, 0, 1 << 20, Algo::kSm},
+                                     {CollOp::kAllToAllv, 0, kAny, Algo::kB2b}};
+  // A table rule for "sm" applies where the largest block fits, not beyond.
+  EXPECT_EQ(select_algo_with_sm(CollOp::kAllToAllv, 4, 1000, 4000, slot, Algo::kAuto, table), Algo::kSm);
+  EXPECT_EQ(select_algo_with_sm(CollOp::kAllToAllv, 4, 1000, slot + 1, slot, Algo::kAuto, table), Algo::kB2b);
+  // FERRY_ALGO=sm falls back to the table where the path cannot run.
+  EXPECT_EQ(select_algo_with_sm(CollOp::kReduceScatter, 4, 64, 64, slot, Algo::kSm, {}), Algo::kSeq);
+  EXPECT_EQ(select_algo_with_sm(CollOp::kAllGather, 4, 64, 64, 0, Algo::kSm, table), Algo::kSeq);
+  EXPECT_EQ(select_algo_with_sm(CollOp::kAllGather, 4, 64, 64, slot, Algo::kSm, table), Algo::kSm);
+  // Other forced variants are untouched.
+  EXPECT_EQ(select_algo_with_sm(CollOp::kAllGather, 4, 64, 64, slot, Algo::kPcpy, table), Algo::kPcpy);
+}

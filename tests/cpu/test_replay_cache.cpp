@@ -49,6 +49,15 @@ TEST(EmissionKey, AnyDifferenceInWhatIsEnqueuedChangesTheKey) {
             emission_key(reduced_max, buf, Algo::kB2b, LocalCopy::kAuto));
 }
 
+TEST(ReplayCache, ASingleKernelLaunchIsNotReplayed) {
+  EXPECT_TRUE(replayable(all_gather_like(64)));
+  Program one_shot;
+  OneShotStep s;
+  s.world = 4;
+  one_shot.add_one_shot(s);
+  EXPECT_FALSE(replayable(one_shot));
+}
+
 TEST(ReplayCache, CapturesOnlyCallsThatRepeat) {
   EXPECT_FALSE(worth_capturing(1));
   EXPECT_TRUE(worth_capturing(2));
