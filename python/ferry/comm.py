@@ -520,6 +520,12 @@ class Communicator:
         any). See `ferry tune`; an empty list restores the built-in default."""
         self._c.set_selector_table([(str(o), int(w), int(b), str(a)) for o, w, b, a in rules])
 
+    def sm_path_takes(self, op: str, largest_block: int) -> bool:
+        """Whether algo 'sm' runs `op` here when the largest block one rank
+        sends one peer is `largest_block` bytes (FERRY_SM_BYTES, at most 8
+        ranks, the collectives it has)."""
+        return self._c.sm_path_takes(op, largest_block)
+
     def choose_algo(self, op: str, bytes_per_rank: int) -> str:
         """The variant 'auto' picks for `op` at this size on this communicator."""
         return self._c.choose_algo(op, bytes_per_rank)

@@ -342,5 +342,11 @@ NB_MODULE(_ferry, m) {
           [](const Communicator& c, const std::string& op, size_t bytes) {
             return std::string(ferry::algo_name(c.choose_algo(parse_op(op), bytes)));
           },
-          "op"_a, "bytes_per_rank"_a);
+          "op"_a, "bytes_per_rank"_a)
+      .def(
+          "sm_path_takes",
+          [](const Communicator& c, const std::string& op, size_t largest_block) {
+            return c.sm_path_takes(parse_op(op), largest_block);
+          },
+          "op"_a, "largest_block"_a);
 }

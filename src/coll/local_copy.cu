@@ -1,5 +1,6 @@
 #include <cstdint>
 
+#include "coll/copy_words.cuh"
 #include "coll/local_copy.hpp"
 #include "core/error.hpp"
 #include "dma/engine.hpp"
@@ -22,16 +23,8 @@ constexpr int kUnroll = 8;
 // once, and should not push the user's working set out of L2.
 __global__ void copy_vec16(uint4* __restrict__ dst, const uint4* __restrict__ src, size_t n16) {
   const size_t step = blockDim.x;
-  size_t i = size_t(blockIdx.x) * step * kUnroll + threadIdx.x;
-  for (; i + (kUnroll - 1) * step < n16; i += size_t(gridDim.x) * step * kUnroll) {
-    uint4 v[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) v[u] = __ldcs(src + i + u * step);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) __stcs(dst + i + u * step, v[u]);
-  }
-  // The one partial group left to this thread (later groups start past n16).
-  for (; i < n16; i += step) __stcs(dst + i, __ldcs(src + i));
+  copy_words<kUnroll, true>(dst, src, n16, size_t(blockIdx.x) * step * kUnroll + threadIdx.x, step,
+                            size_t(gridDim.x) * step * kUnroll);
 }
 
 __global__ void copy_bytes(unsigned char* __restrict__ dst, const unsigned char* __restrict__ src, size_t n) {

@@ -1,5 +1,6 @@
 // The SM path's kernel: pushes by stores, one flag per peer, waits by
 // spinning, copy out of the window (coll/one_shot.hpp says why it is safe).
+#include "coll/copy_words.cuh"
 #include "coll/one_shot_kernel.hpp"
 #include "core/error.hpp"
 
@@ -33,18 +34,9 @@ __device__ uint64_t now_ns() {
 __device__ void copy_span(char* __restrict__ dst, const char* __restrict__ src, size_t n) {
   const size_t step = blockDim.x;
   if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) == 0) {
-    auto* d = reinterpret_cast<uint4*>(dst);
-    auto* s = reinterpret_cast<const uint4*>(src);
     const size_t n16 = n / 16;
-    size_t i = threadIdx.x;
-    for (; i + (kUnroll - 1) * step < n16; i += kUnroll * step) {
-      uint4 v[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) v[u] = s[i + u * step];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) d[i + u * step] = v[u];
-    }
-    for (; i < n16; i += step) d[i] = s[i];
+    copy_words<kUnroll, false>(reinterpret_cast<uint4*>(dst), reinterpret_cast<const uint4*>(src), n16, threadIdx.x,
+                               step, kUnroll * step);
     for (size_t j = n16 * 16 + threadIdx.x; j < n; j += step) dst[j] = src[j];
   } else {
     for (size_t j = threadIdx.x; j < n; j += step) dst[j] = src[j];

@@ -114,6 +114,14 @@ def test_saved_text_has_no_empty_sweep_table(tmp_path):
 def test_all_to_allv_counts_are_uneven_and_fit_the_buffers():
     from ferry.bench.cases import fits, skewed_counts, sm_fits
 
+    class Comm:  # records what the benchmark asks the communicator
+        def __init__(self):
+            self.asked = []
+
+        def sm_path_takes(self, op, largest_block):
+            self.asked.append((op, largest_block))
+            return True
+
     for world in (2, 4, 8):
         n = 4096 * world
         c = skewed_counts(n, world)
@@ -123,4 +131,6 @@ def test_all_to_allv_counts_are_uneven_and_fit_the_buffers():
         assert max(sent) <= n and max(received) <= n
         assert len(set(sent)) > 1 or len(set(received)) > 1 or world == 2
         assert fits("all_to_allv", n, world) and not fits("all_to_allv", n + 1, world)
-    assert sm_fits("all_to_allv", 4 << 20, 4) and not sm_fits("all_to_allv", 8 << 20, 4)
+    comm = Comm()
+    assert sm_fits(comm, "all_to_allv", 4 << 20, 4) and sm_fits(comm, "all_gather", 4096, 4)
+    assert comm.asked == [("all_to_allv", 1 << 20), ("all_gather", 4096)]  # per-peer blocks

@@ -26,14 +26,10 @@ def fits(op: str, n: int, world: int) -> bool:
     return True
 
 
-# The largest block per peer that algo "sm" moves (FERRY_SM_BYTES' default).
-SM_BYTES = 1 << 20
-
-
-def sm_fits(op: str, n: int, world: int) -> bool:
-    """Whether ferry's SM path takes `op` at `n` bytes per rank."""
-    per_peer = n // world if op in ("all_to_all", "all_to_allv") else n
-    return op in ("all_gather", "all_to_all", "all_to_allv", "broadcast") and per_peer <= SM_BYTES
+def sm_fits(comm, op: str, n: int, world: int) -> bool:
+    """Whether the communicator's SM path takes `op` at `n` bytes per rank
+    (the benchmark's sizes: an all_to_all(v) sends at most n / world to a peer)."""
+    return comm.sm_path_takes(op, n // world if op in ("all_to_all", "all_to_allv") else n)
 
 
 class Case:

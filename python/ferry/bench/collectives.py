@@ -159,7 +159,7 @@ def _sweep(ctx: Ctx, out_all, inp_all, gpu: str) -> list:
                     # all_to_all_single x50 captured in one graph hung at 4 MB on the H200 x4 machine
                     # (NCCL 2.28.9, 2026-11-22, twice); not investigated. NCCL eager stays in the table.
                     continue
-                if impl.startswith("ferry-sm") and not sm_fits(op, n, world):
+                if impl.startswith("ferry-sm") and not sm_fits(ctx.comm, op, n, world):
                     continue  # past the SM path's window (FERRY_SM_BYTES)
                 t_point = time.time()
                 case.reset()

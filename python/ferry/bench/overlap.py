@@ -96,7 +96,7 @@ def run(ctx, out_all, inp_all) -> list:
     for n in sizes:
         case = Case(torch, ctx.dist, ctx.comm, op, n, world, ctx.rank, out_all, inp_all)
         case.reset()
-        impls = [i for i in IMPLS if i != "ferry-sm-path" or sm_fits(op, n, world)]
+        impls = [i for i in IMPLS if i != "ferry-sm-path" or sm_fits(ctx.comm, op, n, world)]
         # Warm first: ferry captures a repeated call into a graph on its second
         # run, and a cold estimate (capture included) made the count several
         # times too small (64 KB on x2: 102 all-gathers, 3 ms beside 15 ms of GEMMs).

@@ -63,7 +63,7 @@ def trigger_to_done(ctx, out_all, inp_all) -> list:
                 continue
             case = Case(ctx.torch, ctx.dist, ctx.comm, op, n, ctx.world, ctx.rank, out_all, inp_all)
             algos = [ctx.comm.choose_algo(op, selection_bytes(op, n, ctx.world))]
-            algos += ["sm"] if sm_fits(op, n, ctx.world) else []
+            algos += ["sm"] if sm_fits(ctx.comm, op, n, ctx.world) else []
             for algo in algos:
                 t = measure(ctx, case, algo, opts["prelaunch_runs"])
                 out.append(
@@ -200,7 +200,7 @@ def chain(ctx, out_all, inp_all) -> list:
             # The own block by the SM kernel instead of the default (through a
             # peer up to 1 MiB): what that trip costs on the critical path.
             h_sm = ctx.comm.prepare(op, case.out, case.inp, local_copy="sm")
-            sm_path = sm_fits(op, n, ctx.world)
+            sm_path = sm_fits(ctx.comm, op, n, ctx.world)
             h_kernel = ctx.comm.prepare(op, case.out, case.inp, algo="sm") if sm_path else None
 
             def prepared(trigger, gate, handle=h):
