@@ -136,8 +136,9 @@ def cmd_tune(args) -> int:
         print(f"ferry tune needs at least 2 GPUs; {world} visible", file=sys.stderr)
         return 2
     sizes = size_range(parse_size(args.min), parse_size(args.max), args.factor)
-    print(f"ferry tune: {world} GPUs, {len(sizes)} sizes, variants {tune.VARIANTS}", file=sys.stderr)
-    table = tune.run(world, args.ops.split(","), sizes, args.runs, args.timeout)
+    variants = tune.VARIANTS + (("sm",) if args.sm else ())
+    print(f"ferry tune: {world} GPUs, {len(sizes)} sizes, variants {variants}", file=sys.stderr)
+    table = tune.run(world, args.ops.split(","), sizes, args.runs, args.timeout, sm=args.sm)
     table["command"] = "ferry " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     out = args.out or os.path.expanduser(
         f"~/.cache/ferry/tuning-{table['gpu'].replace(' ', '-')}-x{world}.json"
@@ -220,6 +221,12 @@ def main(argv=None) -> int:
     tu.add_argument("--timeout", type=float, default=120.0)
     tu.add_argument(
         "--out", default="", help="where to write (default ~/.cache/ferry/tuning-<gpu>-x<n>.json)"
+    )
+    tu.add_argument(
+        "--sm",
+        action="store_true",
+        help="also measure ferry's SM path (algo 'sm': an SM kernel, not copy engines) and let it win "
+        "the small sizes where it is faster; load the file with FERRY_TUNING to use it",
     )
     tu.set_defaults(fn=cmd_tune)
     args = p.parse_args(argv)

@@ -18,8 +18,8 @@ from typing import Dict, Iterable, List, Optional, Tuple
 Rule = Tuple[str, int, int, str]
 ANY = (1 << 63) - 1  # "no upper bound" (JSON: null)
 VARIANTS = ("b2b", "seq", "pcpy")  # copy-engine variants: what `ferry tune` measures
-# What a rule may name: also "sm", ferry's SM path, which `ferry tune` does not
-# measure (it is not copy engines); a user opts in by writing such rules.
+# What a rule may name: also "sm", ferry's SM path (not copy engines), which
+# `ferry tune` measures only when asked (--sm), and the shipped tables never name.
 RULE_ALGOS = VARIANTS + ("sm",)
 OPS = ("all_gather", "all_to_all", "all_to_allv", "broadcast", "reduce_scatter", "all_reduce")
 
@@ -29,49 +29,69 @@ def selection_bytes(op: str, n: int, world: int) -> int:
     return n // world if op in ("all_to_all", "all_to_allv", "reduce_scatter", "all_reduce") else n
 
 
-def rules_from_measurements(records: Iterable[dict], world: int, tolerance: float = 0.05) -> List[Rule]:
+# Ops the SM path runs (coll/one_shot.hpp); the others never take an "sm" rule.
+SM_OPS = ("all_gather", "all_to_all", "all_to_allv", "broadcast")
+
+
+def rules_from_measurements(
+    records: Iterable[dict], world: int, tolerance: float = 0.05, allow_sm: bool = False
+) -> List[Rule]:
     """The fastest ferry variant per op and size, as threshold rules: sizes up
     to and including the last size a variant won take that variant. A variant
     within `tolerance` of the fastest counts as a tie, and a tie keeps the
-    previous size's choice (else the first of b2b, seq, pcpy), so run-to-run
+    previous size's choice (else the first of b2b, seq, pcpy, sm), so run-to-run
     noise does not flip the table. Ops that were not measured borrow
     all_to_all's rules (all_to_allv, reduce_scatter, all_reduce: pushes of
-    one block per peer) or all_gather's (broadcast)."""
+    one block per peer) or all_gather's (broadcast).
+
+    allow_sm: records of ferry's SM path ("ferry-sm", not copy engines) compete
+    too, where they exist (the path takes blocks up to FERRY_SM_BYTES); it
+    wins a size only by more than `tolerance` over every copy-engine variant
+    or where it won the size before. Ops the SM path does not run borrow the
+    copy-engine-only rules."""
+    candidates = VARIANTS + (("sm",) if allow_sm else ())
     times: Dict[str, Dict[int, Dict[str, float]]] = {}
     for r in records:
         if not str(r.get("impl", "")).startswith("ferry-") or r.get("graph") or r.get("wrong", 0):
             continue
         algo = r["impl"].split("-", 1)[1]
-        if algo not in VARIANTS:
+        if algo not in candidates:
             continue
         size = selection_bytes(r["op"], r["bytes_per_rank"], world)
         slot = times.setdefault(r["op"], {}).setdefault(size, {})
         slot[algo] = min(slot.get(algo, float("inf")), r["time_us"])
-    best: Dict[str, Dict[int, str]] = {}
-    for op, by_size in times.items():
-        prev = None
-        for size in sorted(by_size):
-            t = by_size[size]
-            fastest = min(t.values())
-            ties = [a for a in VARIANTS if a in t and t[a] <= fastest * (1 + tolerance)]
-            prev = prev if prev in ties else ties[0]
-            best.setdefault(op, {})[size] = prev
-    rules: List[Rule] = []
-    for op, by_size in best.items():
-        sizes = sorted(by_size)
-        for i, s in enumerate(sizes):
-            algo = by_size[s]
-            last = i + 1 == len(sizes)
-            if last or by_size[sizes[i + 1]] != algo:
-                rules.append((op, world, ANY if last else s, algo))
+
+    def table(allowed) -> Dict[str, List[Rule]]:
+        by_op: Dict[str, List[Rule]] = {}
+        for op, by_size in times.items():
+            prev, best = None, {}
+            for size in sorted(by_size):
+                t = {a: v for a, v in by_size[size].items() if a in allowed}
+                if not t:
+                    continue
+                fastest = min(t.values())
+                ties = [a for a in allowed if a in t and t[a] <= fastest * (1 + tolerance)]
+                prev = prev if prev in ties else ties[0]
+                best[size] = prev
+            sizes = sorted(best)
+            for i, s in enumerate(sizes):
+                last = i + 1 == len(sizes)
+                if last or best[sizes[i + 1]] != best[s]:
+                    by_op.setdefault(op, []).append((op, world, ANY if last else s, best[s]))
+        return by_op
+
+    chosen = table(candidates)
+    copy_engines_only = table(VARIANTS) if allow_sm else chosen
+    rules: List[Rule] = [r for op_rules in chosen.values() for r in op_rules]
     for op, donor in (
         ("all_to_allv", "all_to_all"),
         ("broadcast", "all_gather"),
         ("reduce_scatter", "all_to_all"),
         ("all_reduce", "all_to_all"),
     ):
-        if op not in best and donor in best:
-            rules += [(op, w, b, a) for (o, w, b, a) in rules if o == donor]
+        source = chosen if op in SM_OPS else copy_engines_only
+        if op not in chosen and donor in source:
+            rules += [(op, w, b, a) for (o, w, b, a) in source[donor]]
     return rules
 
 
@@ -133,14 +153,15 @@ def default_rules(gpu_name: str, world: int) -> Optional[List[Rule]]:
     return None
 
 
-def run(world: int, ops: List[str], sizes: List[int], runs: int, timeout: float) -> dict:
-    """Measures every variant on the local GPUs (ferry bench, ferry impls only)."""
+def run(world: int, ops: List[str], sizes: List[int], runs: int, timeout: float, sm: bool = False) -> dict:
+    """Measures every variant on the local GPUs (ferry bench, ferry impls only);
+    sm: ferry's SM path too, which then may win sizes it takes."""
     from ferry.bench import collectives
 
     opts = dict(
         sizes=sizes,
         ops=ops,
-        impls=["ferry-b2b", "ferry-seq", "ferry-pcpy"],
+        impls=["ferry-b2b", "ferry-seq", "ferry-pcpy"] + (["ferry-sm"] if sm else []),
         warmup=3,
         runs=runs,
         timeout=timeout,
@@ -152,7 +173,7 @@ def run(world: int, ops: List[str], sizes: List[int], runs: int, timeout: float)
         tuning=None,
     )
     result = collectives.run(world, opts)
-    rules = rules_from_measurements(result["records"], world)
+    rules = rules_from_measurements(result["records"], world, allow_sm=sm)
     return dict(
         gpu=result["gpu"],
         world=world,

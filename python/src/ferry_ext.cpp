@@ -21,6 +21,7 @@
 #include "core/env.hpp"
 #include "core/error.hpp"
 #include "dma/batch_plan.hpp"
+#include "topo/clock_sampler.hpp"
 #include "topo/topology.hpp"
 
 namespace nb = nanobind;
@@ -183,6 +184,25 @@ NB_MODULE(_ferry, m) {
       "rules"_a = std::vector<std::tuple<std::string, int, size_t, std::string>>{});
   m.def("split_batches", &ferry::split_batches, "count"_a, "batch_max"_a);
   m.def("total_energy_mj", &ferry::total_energy_mj, "pci_bus_id"_a);
+  // ferry bench --overlap: what the GPU's clocks did while something ran.
+  nb::class_<ferry::ClockSampler>(m, "ClockSampler")
+      .def(nb::init<std::string, int>(), "pci_bus_id"_a, "period_us"_a = 500)
+      .def("start", &ferry::ClockSampler::start, nb::call_guard<nb::gil_scoped_release>())
+      .def("stop", [](ferry::ClockSampler& s) {
+        ferry::ClockSummary c;
+        {
+          nb::gil_scoped_release release;
+          c = s.stop();
+        }
+        nb::dict d;
+        d["samples"] = c.samples;
+        d["mean_sm_mhz"] = c.mean_sm_mhz;
+        d["min_sm_mhz"] = c.min_sm_mhz;
+        d["mean_power_w"] = c.mean_power_w;
+        d["power_capped"] = c.power_capped;
+        d["thermal"] = c.thermal;
+        return d;
+      });
   // One GPU's PCI bus id from the CUDA runtime (no topology probe, no NVLink queries).
   m.def(
       "pci_bus_id",

@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "topo/clock_sampler.hpp"
 #include "topo/topology.hpp"
 
 namespace ferry {
@@ -15,8 +16,23 @@ struct nvmlPciInfo_t {  // layout of NVML's nvmlPciInfo_st (v3)
   unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
   char busId[32];
 };
-constexpr unsigned kMaxLinks = 18;  // NVML_NVLINK_MAX_LINKS
-constexpr int kRemoteSwitch = 2;    // NVML_NVLINK_DEVICE_TYPE_SWITCH
+constexpr unsigned kMaxLinks = 18;            // NVML_NVLINK_MAX_LINKS
+constexpr int kRemoteSwitch = 2;              // NVML_NVLINK_DEVICE_TYPE_SWITCH
+constexpr int kClockSm = 1;                   // NVML_CLOCK_SM
+constexpr unsigned kFieldPowerInstant = 186;  // NVML_FI_DEV_POWER_INSTANT, milliwatts
+struct nvmlFieldValue_t {                     // layout of NVML's nvmlFieldValue_st
+  unsigned int fieldId, scopeId;
+  long long timestamp, latencyUsec;
+  int valueType, nvmlReturn;
+  union {
+    double d;
+    unsigned int ui;
+    unsigned long ul;
+    unsigned long long ull;
+    long long sll;
+  } value;
+};
+constexpr int kValueUnsignedInt = 1, kValueUnsignedLong = 2, kValueUnsignedLongLong = 3;  // nvmlValueType_t
 
 struct Nvml {
   void* lib = nullptr;
@@ -27,6 +43,10 @@ struct Nvml {
   int (*NvLinkRemotePci)(nvmlDevice_t, unsigned, nvmlPciInfo_t*) = nullptr;
   int (*NvLinkRemoteType)(nvmlDevice_t, unsigned, int*) = nullptr;
   int (*TotalEnergy)(nvmlDevice_t, unsigned long long*) = nullptr;
+  int (*ClockInfo)(nvmlDevice_t, int, unsigned int*) = nullptr;
+  int (*FieldValues)(nvmlDevice_t, int, nvmlFieldValue_t*) = nullptr;
+  int (*PowerUsage)(nvmlDevice_t, unsigned int*) = nullptr;
+  int (*ClockReasons)(nvmlDevice_t, unsigned long long*) = nullptr;
 
   bool ok = false;
 
@@ -40,6 +60,13 @@ struct Nvml {
     NvLinkRemotePci = reinterpret_cast<decltype(NvLinkRemotePci)>(dlsym(lib, "nvmlDeviceGetNvLinkRemotePciInfo_v2"));
     NvLinkRemoteType = reinterpret_cast<decltype(NvLinkRemoteType)>(dlsym(lib, "nvmlDeviceGetNvLinkRemoteDeviceType"));
     TotalEnergy = reinterpret_cast<decltype(TotalEnergy)>(dlsym(lib, "nvmlDeviceGetTotalEnergyConsumption"));
+    ClockInfo = reinterpret_cast<decltype(ClockInfo)>(dlsym(lib, "nvmlDeviceGetClockInfo"));
+    FieldValues = reinterpret_cast<decltype(FieldValues)>(dlsym(lib, "nvmlDeviceGetFieldValues"));
+    PowerUsage = reinterpret_cast<decltype(PowerUsage)>(dlsym(lib, "nvmlDeviceGetPowerUsage"));
+    // Renamed in r535; older drivers only have the throttle spelling.
+    ClockReasons = reinterpret_cast<decltype(ClockReasons)>(dlsym(lib, "nvmlDeviceGetCurrentClocksEventReasons"));
+    if (!ClockReasons)
+      ClockReasons = reinterpret_cast<decltype(ClockReasons)>(dlsym(lib, "nvmlDeviceGetCurrentClocksThrottleReasons"));
     return Init && Shutdown && HandleByPciBusId && NvLinkState && NvLinkRemotePci && Init() == 0;
   }
 };
@@ -66,6 +93,32 @@ long long total_energy_mj(const std::string& pci_bus_id) {
   unsigned long long mj = 0;
   if (nvml.TotalEnergy(dev, &mj) != 0) return -1;
   return static_cast<long long>(mj);
+}
+
+bool read_clocks(const std::string& pci_bus_id, ClockReading* out) {
+  Nvml& nvml = nvml_once();
+  if (!nvml.ok) return false;
+  nvmlDevice_t dev = nullptr;
+  if (nvml.HandleByPciBusId(pci_bus_id.c_str(), &dev) != 0) return false;
+  ClockReading r;
+  unsigned int mhz = 0;
+  if (nvml.ClockInfo && nvml.ClockInfo(dev, kClockSm, &mhz) == 0) r.sm_mhz = static_cast<int>(mhz);
+  // Instantaneous power where the driver has it: the plain query averages
+  // over a second on Ampere and newer, longer than what we time.
+  nvmlFieldValue_t f;
+  std::memset(&f, 0, sizeof(f));
+  f.fieldId = kFieldPowerInstant;
+  if (nvml.FieldValues && nvml.FieldValues(dev, 1, &f) == 0 && f.nvmlReturn == 0) {
+    if (f.valueType == kValueUnsignedInt) r.power_mw = f.value.ui;
+    if (f.valueType == kValueUnsignedLong) r.power_mw = static_cast<long long>(f.value.ul);
+    if (f.valueType == kValueUnsignedLongLong) r.power_mw = static_cast<long long>(f.value.ull);
+  }
+  unsigned int mw = 0;
+  if (r.power_mw < 0 && nvml.PowerUsage && nvml.PowerUsage(dev, &mw) == 0) r.power_mw = mw;
+  unsigned long long reasons = 0;
+  if (nvml.ClockReasons && nvml.ClockReasons(dev, &reasons) == 0) r.reasons = reasons;
+  *out = r;
+  return true;
 }
 
 void fill_from_nvml(Topology& topo) {

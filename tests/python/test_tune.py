@@ -96,3 +96,35 @@ def test_rules_may_name_the_sm_path_but_not_unknown_variants():
     assert tune.select(rules, "all_gather", 2, 2 << 20) == "seq"
     with pytest.raises(ValueError, match="expected one of b2b, seq, pcpy, sm"):
         tune.validate([("all_gather", 0, 1, "nvls")])
+
+
+def test_sm_path_competes_only_when_asked():
+    records = []
+    for n, times in ((1024, (30, 32, 40, 8)), (1 << 20, (40, 38, 45, 12)), (4 << 20, (60, 55, 70, None))):
+        for algo, t in zip(("b2b", "seq", "pcpy", "sm"), times):
+            if t is not None:  # the SM path has no record past its window
+                records.append(rec("all_to_all", n * 2, algo, t))
+    ce = tune.rules_from_measurements(records, 2)
+    assert all(a != "sm" for _, _, _, a in ce)
+    rules = tune.rules_from_measurements(records, 2, allow_sm=True)
+    assert [r for r in rules if r[0] == "all_to_all"] == [
+        ("all_to_all", 2, 1 << 20, "sm"),
+        ("all_to_all", 2, tune.ANY, "seq"),
+    ]
+    # all_to_allv borrows the SM path's rules (it runs there); reductions do not.
+    assert [r[3] for r in rules if r[0] == "all_to_allv"] == ["sm", "seq"]
+    assert [r for r in rules if r[0] == "reduce_scatter"] == [r for r in ce if r[0] == "reduce_scatter"]
+    assert [r[3] for r in ce if r[0] == "reduce_scatter"] == ["b2b", "seq"]
+
+
+def test_sm_path_needs_a_clear_win():
+    # 4% faster than the best copy-engine variant: a tie, the copy engines keep the size.
+    records = [rec("all_gather", 1024, "b2b", 10.0), rec("all_gather", 1024, "sm", 9.6)]
+    assert tune.rules_from_measurements(records, 2, allow_sm=True)[0][3] == "b2b"
+    records.append(rec("all_gather", 4096, "b2b", 10.0))
+    records.append(rec("all_gather", 4096, "sm", 5.0))
+    rules = tune.rules_from_measurements(records, 2, allow_sm=True)
+    assert [r for r in rules if r[0] == "all_gather"] == [
+        ("all_gather", 2, 1024, "b2b"),
+        ("all_gather", 2, tune.ANY, "sm"),
+    ]

@@ -6,7 +6,12 @@ collective count is chosen so that the collectives alone take about as long
 as the GEMM loop for the slowest implementation, and every implementation
 moves the same number of collectives (the same count on every rank), so their
 end-to-end times compare the same work. Alone and beside alternate,
-so clock and thermal drift hit both alike; medians of reps, max over ranks."""
+so clock and thermal drift hit both alike; medians of reps, max over ranks.
+
+While the GEMMs run (alone and beside), NVML is read every 0.5 ms: the SM
+clock, the board power and whether the driver holds clocks down for power.
+A GEMM that slows beside an SM-free collective, at the same clock, lost
+memory bandwidth; at a lower clock under the power cap, it lost power."""
 
 from __future__ import annotations
 
@@ -24,7 +29,22 @@ IMPLS = {
 }
 
 
+def clock_fields(ctx, seen: list) -> dict:
+    """What NVML read during the GEMMs of each rep (dicts from ClockSampler.stop):
+    median over reps, mean over ranks."""
+    out = {}
+    for key, name in (
+        ("mean_sm_mhz", "sm_mhz"),
+        ("mean_power_w", "power_w"),
+        ("power_capped", "power_capped"),
+    ):
+        mine = statistics.median(s[key] for s in seen) if seen else 0.0
+        out[name] = round(ctx.total(mine) / ctx.world, 3 if name == "power_capped" else 1)
+    return out
+
+
 def run(ctx, out_all, inp_all) -> list:
+    from ferry._native import require
     from ferry.bench.cases import Case, sm_fits
     from ferry.bench.report import format_size
 
@@ -49,20 +69,26 @@ def run(ctx, out_all, inp_all) -> list:
         for _ in range(gemms):
             torch.mm(a, b)
 
-    def time_alone(stream, work):
-        """ms of `work` on `stream` with nothing beside it."""
+    native = require()
+    clocks = native.ClockSampler(native.pci_bus_id(dev.index), 500)
+
+    def time_alone(stream, work, sample=False):
+        """ms of `work` on `stream` with nothing beside it (and the clocks meanwhile)."""
         ctx.barrier()
         s, e = ev(), ev()
+        if sample:
+            clocks.start()
         with torch.cuda.stream(stream):
             s.record(stream)
             work()
             e.record(stream)
         e.synchronize()
+        seen = clocks.stop() if sample else None
         ctx.comm.synchronize()
-        return s.elapsed_time(e)
+        return (s.elapsed_time(e), seen) if sample else s.elapsed_time(e)
 
-    def gemm_alone():
-        return time_alone(compute, run_gemms)
+    def gemm_alone(sample=False):
+        return time_alone(compute, run_gemms, sample)
 
     def coll_alone(case, impl, count):
         return time_alone(side, lambda: issue(case, impl, count))
@@ -74,6 +100,7 @@ def run(ctx, out_all, inp_all) -> list:
         compute.wait_event(start)
         side.wait_event(start)
         gs, ge, ce = ev(), ev(), ev()
+        clocks.start()
         # The GEMMs first (30 launches take well under a millisecond of host
         # time), then the collectives: issued the other way round, the host's
         # time to enqueue hundreds of small collectives passed before the
@@ -86,9 +113,10 @@ def run(ctx, out_all, inp_all) -> list:
             issue(case, impl, count)
             ce.record(side)
         ge.synchronize()
+        seen = clocks.stop()
         ce.synchronize()
         ctx.comm.synchronize()
-        return gs.elapsed_time(ge), max(start.elapsed_time(ge), start.elapsed_time(ce))
+        return gs.elapsed_time(ge), max(start.elapsed_time(ge), start.elapsed_time(ce)), seen
 
     results = []
     op = opts.get("overlap_op", "all_gather")
@@ -105,15 +133,19 @@ def run(ctx, out_all, inp_all) -> list:
         slowest_one = max(ctx.slowest(coll_alone(case, impl, 20) / 20) for impl in impls)
         count = int(ctx.slowest(gemm_alone()) / max(slowest_one, 1e-3)) + 1
         for impl in impls:
-            alone, c_alone, beside, e2e = [], [], [], []
+            alone, c_alone, beside, e2e, seen_alone, seen_beside = [], [], [], [], [], []
             for _ in range(opts["overlap_reps"]):
-                alone.append(gemm_alone())
+                t, seen = gemm_alone(sample=True)
+                alone.append(t)
+                seen_alone.append(seen)
                 c_alone.append(coll_alone(case, impl, count))
-                g, t = together(case, impl, count)
+                g, t, seen = together(case, impl, count)
                 beside.append(g)
                 e2e.append(t)
+                seen_beside.append(seen)
             t_alone, t_coll = ctx.slowest(statistics.median(alone)), ctx.slowest(statistics.median(c_alone))
             t_beside, t_e2e = ctx.slowest(statistics.median(beside)), ctx.slowest(statistics.median(e2e))
+            c_alone_, c_beside = clock_fields(ctx, seen_alone), clock_fields(ctx, seen_beside)
             rec = dict(
                 op=op,
                 impl=IMPLS[impl][0],
@@ -129,13 +161,19 @@ def run(ctx, out_all, inp_all) -> list:
                 end_to_end_ms=round(t_e2e, 3),
                 serial_ms=round(t_alone + t_coll, 3),
                 slowdown_pct=round(100 * (t_beside / t_alone - 1), 2),
+                **{f"gemm_alone_{k}": v for k, v in c_alone_.items()},
+                **{f"gemm_beside_{k}": v for k, v in c_beside.items()},
                 reps=opts["overlap_reps"],
-                stat="median of reps (alone and together alternate), max over ranks",
+                stat="median of reps (alone and together alternate), max over ranks; clocks: "
+                "median of reps, mean over ranks",
             )
             results.append(rec)
             ctx.log(
                 f"  overlap {format_size(n):>6} {impl:<14} gemm {t_alone:7.2f} -> {t_beside:7.2f} ms "
                 f"({rec['slowdown_pct']:+.1f}%), {count} {op}s alone {t_coll:7.2f} ms, "
-                f"end-to-end {t_e2e:7.2f} ms (serial {t_alone + t_coll:7.2f})"
+                f"end-to-end {t_e2e:7.2f} ms (serial {t_alone + t_coll:7.2f}); "
+                f"SM clock {c_alone_['sm_mhz']:.0f} -> {c_beside['sm_mhz']:.0f} MHz, "
+                f"power {c_alone_['power_w']:.0f} -> {c_beside['power_w']:.0f} W, "
+                f"power-capped {c_alone_['power_capped']:.0%} -> {c_beside['power_capped']:.0%}"
             )
     return results
