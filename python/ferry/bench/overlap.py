@@ -90,8 +90,8 @@ def run(ctx, out_all, inp_all) -> list:
     def gemm_alone(sample=False):
         return time_alone(compute, run_gemms, sample)
 
-    def coll_alone(case, impl, count):
-        return time_alone(side, lambda: issue(case, impl, count))
+    def coll_alone(case, impl, count, sample=False):
+        return time_alone(side, lambda: issue(case, impl, count), sample)
 
     def together(case, impl, count):
         ctx.barrier()
@@ -133,19 +133,33 @@ def run(ctx, out_all, inp_all) -> list:
         slowest_one = max(ctx.slowest(coll_alone(case, impl, 20) / 20) for impl in impls)
         count = int(ctx.slowest(gemm_alone()) / max(slowest_one, 1e-3)) + 1
         for impl in impls:
-            alone, c_alone, beside, e2e, seen_alone, seen_beside = [], [], [], [], [], []
-            for _ in range(opts["overlap_reps"]):
+            alone, c_alone, beside, e2e = [], [], [], []
+            seen_alone, seen_coll, seen_beside = [], [], []
+
+            def measure_alone():
                 t, seen = gemm_alone(sample=True)
                 alone.append(t)
                 seen_alone.append(seen)
-                c_alone.append(coll_alone(case, impl, count))
+                t, seen = coll_alone(case, impl, count, sample=True)
+                c_alone.append(t)
+                seen_coll.append(seen)
+
+            def measure_together():
                 g, t, seen = together(case, impl, count)
                 beside.append(g)
                 e2e.append(t)
                 seen_beside.append(seen)
+
+            for rep in range(opts["overlap_reps"]):
+                # Alone first on even reps, beside first on odd ones: a drift of the
+                # clocks within a pair (the GEMMs run at the power cap) cancels.
+                for step in (measure_alone, measure_together)[:: 1 if rep % 2 == 0 else -1]:
+                    step()
             t_alone, t_coll = ctx.slowest(statistics.median(alone)), ctx.slowest(statistics.median(c_alone))
             t_beside, t_e2e = ctx.slowest(statistics.median(beside)), ctx.slowest(statistics.median(e2e))
+            paired = ctx.slowest(statistics.median(b / a for a, b in zip(alone, beside)))
             c_alone_, c_beside = clock_fields(ctx, seen_alone), clock_fields(ctx, seen_beside)
+            c_coll = clock_fields(ctx, seen_coll)
             rec = dict(
                 op=op,
                 impl=IMPLS[impl][0],
@@ -161,16 +175,21 @@ def run(ctx, out_all, inp_all) -> list:
                 end_to_end_ms=round(t_e2e, 3),
                 serial_ms=round(t_alone + t_coll, 3),
                 slowdown_pct=round(100 * (t_beside / t_alone - 1), 2),
+                # The median of each rep's own ratio (alone and beside measured
+                # back to back): less exposed to drift between reps.
+                slowdown_paired_pct=round(100 * (paired - 1), 2),
+                collectives_alone_power_w=c_coll["power_w"],
                 **{f"gemm_alone_{k}": v for k, v in c_alone_.items()},
                 **{f"gemm_beside_{k}": v for k, v in c_beside.items()},
                 reps=opts["overlap_reps"],
-                stat="median of reps (alone and together alternate), max over ranks; clocks: "
-                "median of reps, mean over ranks",
+                stat="median of reps (alone and together alternate, in turn first), max over ranks; "
+                "clocks and power: median of reps, mean over ranks",
             )
             results.append(rec)
             ctx.log(
                 f"  overlap {format_size(n):>6} {impl:<14} gemm {t_alone:7.2f} -> {t_beside:7.2f} ms "
-                f"({rec['slowdown_pct']:+.1f}%), {count} {op}s alone {t_coll:7.2f} ms, "
+                f"({rec['slowdown_pct']:+.1f}%, paired {rec['slowdown_paired_pct']:+.1f}%), "
+                f"{count} {op}s alone {t_coll:7.2f} ms ({c_coll['power_w']:.0f} W), "
                 f"end-to-end {t_e2e:7.2f} ms (serial {t_alone + t_coll:7.2f}); "
                 f"SM clock {c_alone_['sm_mhz']:.0f} -> {c_beside['sm_mhz']:.0f} MHz, "
                 f"power {c_alone_['power_w']:.0f} -> {c_beside['power_w']:.0f} W, "

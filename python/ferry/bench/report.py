@@ -180,8 +180,8 @@ def format_sections(result: dict) -> List[str]:
         op = result["overlap"][0].get("op", "all_gather")
         out += ["", f"# overlap: bf16 GEMM loop beside {op}s (ms)"]
         out += [
-            f"{'bytes/rank':>10}  {'impl':<40}{'gemm':>8}{'beside':>8}{'slow%':>7}{'coll':>8}{'e2e':>8}{'serial':>8}"
-            f"{'MHz':>12}{'W':>10}{'capped':>12}"
+            f"{'bytes/rank':>10}  {'impl':<40}{'gemm':>8}{'beside':>8}{'slow%':>7}{'paired':>7}{'coll':>8}{'e2e':>8}{'serial':>8}"
+            f"{'MHz':>12}{'W':>10}{'capped':>12}{'coll W':>8}"
         ]
         for r in result["overlap"]:
             # Clocks while the GEMMs ran, alone -> beside (older records lack them).
@@ -189,12 +189,14 @@ def format_sections(result: dict) -> List[str]:
                 f"{r['gemm_alone_sm_mhz']:>6.0f}{r['gemm_beside_sm_mhz']:>6.0f}"
                 f"{r['gemm_alone_power_w']:>5.0f}{r['gemm_beside_power_w']:>5.0f}"
                 f"{r['gemm_alone_power_capped']:>6.0%}{r['gemm_beside_power_capped']:>6.0%}"
+                f"{r.get('collectives_alone_power_w', float('nan')):>8.0f}"
                 if "gemm_alone_sm_mhz" in r
                 else ""
             )
             out.append(
                 f"{format_size(r['bytes_per_rank']):>10}  {r['impl']:<40}{r['gemm_alone_ms']:>8.2f}"
-                f"{r['gemm_beside_ms']:>8.2f}{r['slowdown_pct']:>7.1f}{r['collectives_alone_ms']:>8.2f}"
+                f"{r['gemm_beside_ms']:>8.2f}{r['slowdown_pct']:>7.1f}"
+                f"{r.get('slowdown_paired_pct', float('nan')):>7.1f}{r['collectives_alone_ms']:>8.2f}"
                 f"{r['end_to_end_ms']:>8.2f}{r['serial_ms']:>8.2f}{clocks}"
             )
     if result.get("energy"):
