@@ -65,7 +65,9 @@ void ClockSampler::start() {
 ClockSummary ClockSampler::stop() {
   halt();
   std::lock_guard<std::mutex> lock(mutex_);
-  return summarize_clocks(readings_);
+  ClockSummary s = summarize_clocks(readings_);
+  readings_.clear();
+  return s;
 }
 
 }  // namespace ferry

@@ -49,7 +49,8 @@ class ClockSampler {
 
   // Starts reading (discarding earlier readings); a running sampler restarts.
   void start();
-  // Stops and summarizes what was read since start().
+  // Stops and summarizes what was read since start(), once: a second stop()
+  // summarizes nothing.
   ClockSummary stop();
 
  private:
