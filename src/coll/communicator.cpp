@@ -411,11 +411,15 @@ void Communicator::create_one_shot_windows() {
   Registration& reg = allocate_registration(one_shot_window_bytes(world_, one_shot_slot_bytes_));
   reg.scratch = true;
   for (int p = 0; p < world_; ++p) one_shot_windows_.base[p] = reg.base[p];
-  // Zeroed before any peer can write a flag: in create(), peers start
-  // calling only after the setup's last all-gather, which comes after this.
+  // The header and the low-latency slots (whatever holds a flag) zeroed before
+  // any peer can write one: in create(), peers start calling only after the
+  // setup's last all-gather, which comes after this.
+  const size_t ll_begin = one_shot_ll_slot_offset(world_, one_shot_slot_bytes_, 0, 0);
   for (auto& L : locals_) {
     FERRY_CUDA_CHECK(cudaSetDevice(L->device));
     FERRY_CUDA_CHECK(cudaMemsetAsync(reg.base[L->rank], 0, kOneShotHeaderBytes, L->engines->main()));
+    FERRY_CUDA_CHECK(
+        cudaMemsetAsync(reg.base[L->rank] + ll_begin, 0, 2 * world_ * kOneShotLowLatencySlotBytes, L->engines->main()));
     FERRY_CUDA_CHECK(cudaStreamSynchronize(L->engines->main()));
   }
 }

@@ -51,27 +51,91 @@ __device__ size_t share_of(size_t len, int blocks, size_t* begin) {
   return min(len, *begin + per) - *begin;
 }
 
-__global__ void __launch_bounds__(kThreads)
-    one_shot_kernel(OneShotStep s, OneShotWindows w, size_t slot_bytes, OneShotControl c) {
-  auto* mine = reinterpret_cast<OneShotHeader*>(w.base[s.rank]);
-  // Every block reads the count before any block can have raised it (the
-  // last block to finish does, below); the next call's kernel starts after
-  // this one ends.
-  const uint64_t call = *reinterpret_cast<volatile uint64_t*>(&mine->calls) + 1;
-  if (c.gate) {
-    // Prepared: resident before the trigger, so nothing is launched after
-    // it. One block polls the gate (host memory for a host gate: one reader
-    // across PCIe) and tells the others through this GPU's memory.
-    if (threadIdx.x == 0) {
-      const uint64_t* word = blockIdx.x == 0 ? c.gate : &mine->opened;
-      const uint64_t want = blockIdx.x == 0 ? c.gate_value : call;
-      for (unsigned spins = 1; load_acquire(word) != want; ++spins)
-        if (spins % kSpinsPerLook == 0 && *c.abort) break;
-      if (blockIdx.x == 0) store_release(&mine->opened, call);
+// ---- the low-latency format (coll/one_shot.hpp)
+
+// The units [*begin, end) of n that this block handles.
+__device__ size_t units_of(size_t n, int blocks, size_t* begin) {
+  const size_t per = (n + blocks - 1) / blocks;
+  *begin = min(n, per * blockIdx.x);
+  return min(n, *begin + per);
+}
+
+// One unit: data word, flag, data word, flag, in one 16-byte store. Each
+// 8-byte half lands whole, so a half whose flag is current holds current data.
+__device__ void ll_store(char* unit, OneShotUnitData v, uint32_t flag) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(unit), "r"(v.lo), "r"(flag), "r"(v.hi),
+               "r"(flag)
+               : "memory");
+}
+
+__device__ bool ll_load(const char* unit, uint32_t flag, OneShotUnitData* v) {
+  uint32_t d0, f0, d1, f1;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
+               : "l"(unit)
+               : "memory");
+  v->lo = d0;
+  v->hi = d1;
+  return f0 == flag && f1 == flag;
+}
+
+// Spins until `ok()`, bounded like every wait of the kernel; false when it
+// gave up (abort, or the timeout: then the fault word names `source`).
+template <typename Ok>
+__device__ bool wait_for(Ok ok, const OneShotControl& c, int source, uint64_t call) {
+  uint64_t start = 0;  // read at the first look: most waits end before it
+  for (unsigned spins = 1; !ok(); ++spins) {
+    if (spins % kSpinsPerLook) continue;
+    const bool aborted = *c.abort != 0;
+    if (start == 0) start = now_ns();
+    if (aborted || now_ns() - start > c.timeout_ns) {
+      if (!aborted)
+        *reinterpret_cast<volatile uint64_t*>(c.fault) =
+            kOneShotFaultBit | uint64_t(source) << 32 | (call & 0xffffffffu);
+      return false;
     }
-    __syncthreads();
   }
-  const int parity = static_cast<int>(call & 1);
+  return true;
+}
+
+// The exchange in the low-latency format: every peer gets its units (at
+// least one), then this block waits for its share of every peer's units and
+// writes their data out. No barrier and no fence: each unit is its own flag.
+__device__ void exchange_low_latency(const OneShotStep& s, const OneShotWindows& w, size_t slot_bytes,
+                                     const OneShotControl& c, uint64_t call, int parity) {
+  const uint32_t flag = one_shot_ll_flag(call, s.tag);
+  size_t u0 = 0;
+  for (int k = 1; k < s.world; ++k) {
+    const int p = (s.rank + k) % s.world;
+    const char* src = s.in + s.send_offset[p];
+    char* slot = w.base[p] + one_shot_ll_slot_offset(s.world, slot_bytes, parity, s.rank);
+    const size_t n = s.send_bytes[p];
+    const size_t end = units_of(one_shot_ll_units(n), s.blocks, &u0);
+    for (size_t u = u0 + threadIdx.x; u < end; u += blockDim.x)
+      ll_store(slot + 16 * u, one_shot_ll_pack(src + 8 * u, n > 8 * u ? n - 8 * u : 0), flag);
+  }
+  size_t begin = 0, len = 0;
+  if ((len = share_of(s.own_bytes, s.blocks, &begin)) > 0)
+    copy_span(s.out + s.recv_offset[s.rank] + begin, s.in + s.send_offset[s.rank] + begin, len);
+  for (int k = 1; k < s.world; ++k) {
+    const int q = (s.rank - k + s.world) % s.world;  // the peer that wrote to us first
+    const char* slot = w.base[s.rank] + one_shot_ll_slot_offset(s.world, slot_bytes, parity, q);
+    char* dst = s.out + s.recv_offset[q];
+    const size_t n = s.recv_bytes[q];
+    const size_t end = units_of(one_shot_ll_units(n), s.blocks, &u0);
+    for (size_t u = u0 + threadIdx.x; u < end; u += blockDim.x) {
+      OneShotUnitData v;
+      if (!wait_for([&] { return ll_load(slot + 16 * u, flag, &v); }, c, q, call)) return;
+      one_shot_ll_unpack(dst + 8 * u, v, n > 8 * u ? n - 8 * u : 0);
+    }
+  }
+}
+
+// The exchange with one flag per peer and block (blocks above
+// kOneShotLowLatencyMaxBytes): pushes, a barrier, the flags, waits, copy out.
+__device__ void exchange_with_flags(const OneShotStep& s, const OneShotWindows& w, size_t slot_bytes,
+                                    const OneShotControl& c, uint64_t call, int parity) {
+  auto* mine = reinterpret_cast<OneShotHeader*>(w.base[s.rank]);
   const uint64_t value = call << 32 | s.tag;
 
   // 1. Pushes into the peers' windows, in cyclic-shift order, and the own block.
@@ -102,20 +166,8 @@ __global__ void __launch_bounds__(kThreads)
   // 3. Wait for each peer's flag for this chunk, bounded.
   bool gave_up = false;
   if (threadIdx.x < s.world && threadIdx.x != s.rank) {
-    const int q = threadIdx.x;
-    const uint64_t* flag = &mine->flags[q][blockIdx.x];
-    const uint64_t start = now_ns();
-    unsigned spins = 0;
-    while (load_acquire(flag) != value) {
-      if (++spins % kSpinsPerLook) continue;
-      const bool aborted = *c.abort != 0;
-      if (aborted || now_ns() - start > c.timeout_ns) {
-        if (!aborted)
-          *reinterpret_cast<volatile uint64_t*>(c.fault) = kOneShotFaultBit | uint64_t(q) << 32 | (call & 0xffffffffu);
-        gave_up = true;
-        break;
-      }
-    }
+    const uint64_t* flag = &mine->flags[threadIdx.x][blockIdx.x];
+    gave_up = !wait_for([&] { return load_acquire(flag) == value; }, c, threadIdx.x, call);
   }
   gave_up = __syncthreads_or(gave_up);
 
@@ -125,8 +177,37 @@ __global__ void __launch_bounds__(kThreads)
       if (q != s.rank && (len = share_of(s.recv_bytes[q], s.blocks, &begin)) > 0)
         copy_span(s.out + s.recv_offset[q] + begin,
                   w.base[s.rank] + one_shot_slot_offset(s.world, slot_bytes, parity, q) + begin, len);
+}
 
-  // 5. The last block to finish counts the call.
+__global__ void __launch_bounds__(kThreads)
+    one_shot_kernel(OneShotStep s, OneShotWindows w, size_t slot_bytes, OneShotControl c) {
+  auto* mine = reinterpret_cast<OneShotHeader*>(w.base[s.rank]);
+  // Every block reads the count before any block can have raised it (the
+  // last block to finish does, below); the next call's kernel starts after
+  // this one ends.
+  const uint64_t call = *reinterpret_cast<volatile uint64_t*>(&mine->calls) + 1;
+  if (c.gate) {
+    // Prepared: resident before the trigger, so nothing is launched after
+    // it. One block polls the gate (host memory for a host gate: one reader
+    // across PCIe) and tells the others through this GPU's memory.
+    if (threadIdx.x == 0) {
+      const uint64_t* word = blockIdx.x == 0 ? c.gate : &mine->opened;
+      const uint64_t want = blockIdx.x == 0 ? c.gate_value : call;
+      for (unsigned spins = 1; load_acquire(word) != want; ++spins)
+        if (spins % kSpinsPerLook == 0 && *c.abort) break;
+      if (blockIdx.x == 0) store_release(&mine->opened, call);
+    }
+    __syncthreads();
+  }
+  const int parity = static_cast<int>(call & 1);
+  // A block that gave up waiting still counts itself below; the fault word
+  // tells the host.
+  if (s.low_latency)
+    exchange_low_latency(s, w, slot_bytes, c, call, parity);
+  else
+    exchange_with_flags(s, w, slot_bytes, c, call, parity);
+
+  // The last block to finish counts the call.
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();

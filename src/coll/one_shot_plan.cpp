@@ -46,7 +46,9 @@ OneShotStep plan_one_shot(CollOp op, int rank, int world, const char* in, char* 
   s.out = out;
   s.rank = rank;
   s.world = world;
-  s.blocks = one_shot_blocks(one_shot_largest_block(op, bytes, counts));
+  const size_t largest = one_shot_largest_block(op, bytes, counts);
+  s.blocks = one_shot_blocks(largest);
+  s.low_latency = one_shot_low_latency(largest);
   s.tag = tag;
   const auto W = static_cast<size_t>(world);
   const auto r = static_cast<size_t>(rank);

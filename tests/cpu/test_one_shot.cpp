@@ -22,7 +22,7 @@ TEST(OneShot, SlotsFollowTheHeaderAndNeverOverlap) {
   const size_t slot = 1 << 20;
   for (int world : {1, 2, 4, 8}) {
     const size_t window = one_shot_window_bytes(world, slot);
-    EXPECT_EQ(window, kOneShotHeaderBytes + 2 * world * slot);
+    EXPECT_EQ(window, kOneShotHeaderBytes + 2 * world * (slot + kOneShotLowLatencySlotBytes));
     size_t expected = kOneShotHeaderBytes;
     for (int parity : {0, 1})
       for (int src = 0; src < world; ++src) {
@@ -30,8 +30,70 @@ TEST(OneShot, SlotsFollowTheHeaderAndNeverOverlap) {
         EXPECT_EQ(one_shot_slot_offset(world, slot, parity, src) % 16, 0u);  // the kernel's 16-byte words
         expected += slot;
       }
+    for (int parity : {0, 1})
+      for (int src = 0; src < world; ++src) {
+        EXPECT_EQ(one_shot_ll_slot_offset(world, slot, parity, src), expected);
+        EXPECT_EQ(one_shot_ll_slot_offset(world, slot, parity, src) % 16, 0u);  // one unit per store
+        expected += kOneShotLowLatencySlotBytes;
+      }
     EXPECT_EQ(expected, window);
   }
+}
+
+TEST(OneShot, LowLatencyUnitsCarryEveryByteAndFitTheirSlot) {
+  EXPECT_EQ(one_shot_ll_units(0), 1u);  // a peer with nothing to send still signals
+  EXPECT_EQ(one_shot_ll_units(1), 1u);
+  EXPECT_EQ(one_shot_ll_units(8), 1u);
+  EXPECT_EQ(one_shot_ll_units(9), 2u);
+  EXPECT_EQ(one_shot_ll_units(kOneShotLowLatencyMaxBytes) * 16, kOneShotLowLatencySlotBytes);
+  EXPECT_TRUE(one_shot_low_latency(0));
+  EXPECT_TRUE(one_shot_low_latency(kOneShotLowLatencyMaxBytes));
+  EXPECT_FALSE(one_shot_low_latency(kOneShotLowLatencyMaxBytes + 1));
+  // The plan picks the format from the call's largest block.
+  std::vector<char> in(64), out(64);
+  EXPECT_EQ(plan_one_shot(CollOp::kAllGather, 0, 2, in.data(), out.data(), 16, 0, {}, 7).low_latency, 1u);
+  EXPECT_EQ(plan_one_shot(CollOp::kAllGather, 0, 2, in.data(), out.data(), 64 << 10, 0, {}, 7).low_latency, 0u);
+  const std::vector<size_t> counts = {0, 20 << 10, 8, 0};  // one block too large for the format
+  EXPECT_EQ(plan_one_shot(CollOp::kAllToAllv, 0, 2, in.data(), out.data(), 0, 0, counts, 7).low_latency, 0u);
+}
+
+TEST(OneShot, LowLatencyUnitsPackAndUnpackEveryByteAtAnyAlignment) {
+  // A span of odd length at every offset, through units and back, as the
+  // kernel moves it (sender packs from the input, receiver unpacks to the
+  // output); bytes past the span stay untouched.
+  std::vector<char> src(96), dst(96);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<char>(i * 37 + 11);
+  for (size_t src_at : {0, 1, 3, 8, 13})
+    for (size_t dst_at : {0, 5, 8, 15})
+      for (size_t n : {0, 1, 7, 8, 9, 23, 64}) {
+        std::fill(dst.begin(), dst.end(), char(0x5a));
+        for (size_t u = 0; u < one_shot_ll_units(n); ++u) {
+          const size_t avail = n > 8 * u ? n - 8 * u : 0;
+          one_shot_ll_unpack(dst.data() + dst_at + 8 * u, one_shot_ll_pack(src.data() + src_at + 8 * u, avail), avail);
+        }
+        for (size_t i = 0; i < dst.size(); ++i) {
+          const bool inside = i >= dst_at && i < dst_at + n;
+          ASSERT_EQ(dst[i], inside ? src[src_at + i - dst_at] : char(0x5a))
+              << "src at " << src_at << ", dst at " << dst_at << ", " << n << " bytes, byte " << i;
+        }
+      }
+  // Bytes past the span read as 0 (the tail of the last unit).
+  const OneShotUnitData d = one_shot_ll_pack(src.data(), 3);
+  EXPECT_EQ(d.hi, 0u);
+  EXPECT_EQ(d.lo >> 24, 0u);
+}
+
+TEST(OneShot, LowLatencyFlagsAreNeverZeroAndChangeFromOneUseOfASlotToTheNext) {
+  for (uint32_t tag : {0u, 7u, 0xffffffffu, 2654435761u})
+    for (uint64_t call = 1; call < 5000; ++call) {
+      EXPECT_NE(one_shot_ll_flag(call, tag), 0u);
+      EXPECT_NE(one_shot_ll_flag(call, tag), one_shot_ll_flag(call + 2, tag));  // same slot, next use
+      EXPECT_NE(one_shot_ll_flag(call, tag), one_shot_ll_flag(call, tag ^ 1));  // a peer with another call
+    }
+  // The flag that would be 0 is replaced; the call numbers around it keep theirs.
+  const uint32_t tag = 2654435761u;  // call 1 * constant ^ tag == 0
+  EXPECT_EQ(one_shot_ll_flag(1, tag), 0x9e3779b9u);
+  EXPECT_NE(one_shot_ll_flag(3, tag), one_shot_ll_flag(1, tag));
 }
 
 namespace {

@@ -758,6 +758,20 @@ def sm_path(rank: int, world: int, port: int) -> list:
     try:
         buf = comm.alloc((world * 1000 * 4096 * 2,), torch.uint8)  # check_repeats: 1,000 calls of 4 KB blocks
         fails += check_collectives(torch, comm, [rank], [dev], world, [buf], algos=("sm",))
+        # Both sides of the low-latency format's limit (16 KiB per block), one
+        # call after another on the same windows.
+        fails += check_collectives(
+            torch,
+            comm,
+            [rank],
+            [dev],
+            world,
+            [buf],
+            dtypes=("uint8",),
+            sizes=(16384, 16385, 16383),
+            a2a_sizes=(16384, 16385),
+            algos=("sm",),
+        )
         fails += check_repeats(torch, comm, [rank], [dev], world, [buf], algo="sm")
         streams = [torch.cuda.Stream(device=dev) for _ in range(2)]
         fails += check_repeats(
@@ -865,27 +879,36 @@ def sm_path(rank: int, world: int, port: int) -> list:
         comm.close()
 
     # A peer that calls with another size: bounded, named, and close() returns.
-    os.environ["FERRY_PORT"] = str(port + 1)
-    comm = ferry.init(rank=rank, world=world, device=rank, timeout=3)
-    try:
-        out = comm.alloc((world * 256,), torch.uint8)
-        m = 100 if rank == 0 else 200
-        t0 = time.monotonic()
-        expect(
-            r"rank \d",
-            lambda: (
-                comm.all_gather(out[: world * m], torch.zeros(m, dtype=torch.uint8, device=dev), algo="sm"),
-                comm.synchronize(),
-            ),
-        )
-        took = time.monotonic() - t0
-        if took > 20:
-            fails.append(f"rank {rank}: a mismatched sm call took {took:.1f} s to report (timeout 3 s)")
-    finally:
-        t0 = time.monotonic()
-        comm.close()
-        if time.monotonic() - t0 > 20:
-            fails.append(f"rank {rank}: close() after the mismatch took {time.monotonic() - t0:.1f} s")
+    # Both in the low-latency format (100 and 200 bytes), then one in each
+    # (100 and 20,000: each side waits for a signal the other never sends).
+    for i, sizes in enumerate(((100, 200), (100, 20000))):
+        os.environ["FERRY_PORT"] = str(port + 1 + i)
+        comm = ferry.init(rank=rank, world=world, device=rank, timeout=3)
+        try:
+            out = comm.alloc((world * max(sizes),), torch.uint8)
+            m = sizes[0] if rank == 0 else sizes[1]
+            t0 = time.monotonic()
+            expect(
+                r"rank \d",
+                lambda: (
+                    comm.all_gather(
+                        out[: world * m], torch.zeros(m, dtype=torch.uint8, device=dev), algo="sm"
+                    ),
+                    comm.synchronize(),
+                ),
+            )
+            took = time.monotonic() - t0
+            if took > 20:
+                fails.append(
+                    f"rank {rank}: a mismatched sm call {sizes} took {took:.1f} s to report (timeout 3 s)"
+                )
+        finally:
+            t0 = time.monotonic()
+            comm.close()
+            if time.monotonic() - t0 > 20:
+                fails.append(
+                    f"rank {rank}: close() after the mismatch {sizes} took {time.monotonic() - t0:.1f} s"
+                )
     return fails
 
 
