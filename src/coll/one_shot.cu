@@ -7,7 +7,7 @@
 namespace ferry {
 namespace {
 
-constexpr int kThreads = 512;
+constexpr int kThreads = kOneShotThreads;
 // 16-byte words each thread has in flight (as in the local copy kernel).
 constexpr int kUnroll = 4;
 // Spins between looks at the clock and the abort word (host memory: a read

@@ -40,7 +40,8 @@ namespace ferry {
 constexpr int kOneShotMaxRanks = 8;
 constexpr int kOneShotMaxBlocks = 32;
 constexpr size_t kOneShotHeaderBytes = 4096;
-constexpr size_t kOneShotLowLatencyMaxBytes = 16 << 10;
+constexpr size_t kOneShotLowLatencyMaxBytes = 64 << 10;
+constexpr int kOneShotThreads = 512;  // per block
 
 // At the start of each rank's window (GPU memory, zeroed at creation).
 struct OneShotHeader {
@@ -136,7 +137,9 @@ FERRY_HOST_DEVICE inline void one_shot_ll_unpack(char* p, OneShotUnitData d, siz
 }
 // Whether a call whose largest block is `largest_block` uses the low-latency format.
 inline bool one_shot_low_latency(size_t largest_block) { return largest_block <= kOneShotLowLatencyMaxBytes; }
-// Blocks for `bytes` per peer: about 32 KB each, at least 1, at most kOneShotMaxBlocks.
+// Blocks for a call whose largest block is `bytes` (the same on every rank):
+// in the low-latency format two units per thread and peer, else about 32 KB
+// each; at least 1, at most kOneShotMaxBlocks.
 int one_shot_blocks(size_t bytes);
 // The largest block one rank sends one peer: `bytes` (all_gather's input,
 // an all_to_all block, a broadcast), or the largest entry of all_to_allv's

@@ -3,10 +3,14 @@
 namespace ferry {
 
 int one_shot_blocks(size_t bytes) {
-  // 32 KB per block: one block moves a few KB in about a microsecond over
-  // NVLink; more blocks only pay off once the bytes keep them busy.
+  // Low-latency format: each thread stores, then waits for, its units one
+  // after another; two per thread keeps that row short.
+  // Else 32 KB per block: one block moves a few KB in about a microsecond
+  // over NVLink; more blocks only pay off once the bytes keep them busy.
+  constexpr size_t kUnitsPerBlock = 2 * kOneShotThreads;
   constexpr size_t kPerBlock = 32 << 10;
-  size_t b = (bytes + kPerBlock - 1) / kPerBlock;
+  size_t b = one_shot_low_latency(bytes) ? (one_shot_ll_units(bytes) + kUnitsPerBlock - 1) / kUnitsPerBlock
+                                         : (bytes + kPerBlock - 1) / kPerBlock;
   if (b < 1) b = 1;
   return static_cast<int>(b < size_t(kOneShotMaxBlocks) ? b : kOneShotMaxBlocks);
 }

@@ -10,10 +10,14 @@
 using namespace ferry;
 
 TEST(OneShot, BlocksGrowWithBytesUpToTheCap) {
+  // Low-latency format: two 8-byte units per thread.
   EXPECT_EQ(one_shot_blocks(0), 1);
   EXPECT_EQ(one_shot_blocks(1), 1);
-  EXPECT_EQ(one_shot_blocks(32 << 10), 1);
-  EXPECT_EQ(one_shot_blocks((32 << 10) + 1), 2);
+  EXPECT_EQ(one_shot_blocks(16 * kOneShotThreads), 1);
+  EXPECT_EQ(one_shot_blocks(16 * kOneShotThreads + 1), 2);
+  EXPECT_EQ(one_shot_blocks(kOneShotLowLatencyMaxBytes), int(kOneShotLowLatencyMaxBytes / (16 * kOneShotThreads)));
+  // Past it: 32 KB per block.
+  EXPECT_EQ(one_shot_blocks(kOneShotLowLatencyMaxBytes + 1), int(kOneShotLowLatencyMaxBytes / (32 << 10)) + 1);
   EXPECT_EQ(one_shot_blocks(1 << 20), kOneShotMaxBlocks);
   EXPECT_EQ(one_shot_blocks(size_t(1) << 30), kOneShotMaxBlocks);
 }
@@ -52,8 +56,10 @@ TEST(OneShot, LowLatencyUnitsCarryEveryByteAndFitTheirSlot) {
   // The plan picks the format from the call's largest block.
   std::vector<char> in(64), out(64);
   EXPECT_EQ(plan_one_shot(CollOp::kAllGather, 0, 2, in.data(), out.data(), 16, 0, {}, 7).low_latency, 1u);
-  EXPECT_EQ(plan_one_shot(CollOp::kAllGather, 0, 2, in.data(), out.data(), 64 << 10, 0, {}, 7).low_latency, 0u);
-  const std::vector<size_t> counts = {0, 20 << 10, 8, 0};  // one block too large for the format
+  EXPECT_EQ(plan_one_shot(CollOp::kAllGather, 0, 2, in.data(), out.data(), kOneShotLowLatencyMaxBytes + 1, 0, {}, 7)
+                .low_latency,
+            0u);
+  const std::vector<size_t> counts = {0, kOneShotLowLatencyMaxBytes + 1, 8, 0};  // one block too large for the format
   EXPECT_EQ(plan_one_shot(CollOp::kAllToAllv, 0, 2, in.data(), out.data(), 0, 0, counts, 7).low_latency, 0u);
 }
 

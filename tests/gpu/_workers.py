@@ -758,7 +758,7 @@ def sm_path(rank: int, world: int, port: int) -> list:
     try:
         buf = comm.alloc((world * 1000 * 4096 * 2,), torch.uint8)  # check_repeats: 1,000 calls of 4 KB blocks
         fails += check_collectives(torch, comm, [rank], [dev], world, [buf], algos=("sm",))
-        # Both sides of the low-latency format's limit (16 KiB per block), one
+        # Both sides of the low-latency format's limit (64 KiB per block), one
         # call after another on the same windows.
         fails += check_collectives(
             torch,
@@ -768,8 +768,8 @@ def sm_path(rank: int, world: int, port: int) -> list:
             world,
             [buf],
             dtypes=("uint8",),
-            sizes=(16384, 16385, 16383),
-            a2a_sizes=(16384, 16385),
+            sizes=(65536, 65537, 65535),
+            a2a_sizes=(65536, 65537),
             algos=("sm",),
         )
         fails += check_repeats(torch, comm, [rank], [dev], world, [buf], algo="sm")
