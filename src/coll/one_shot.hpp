@@ -20,11 +20,9 @@
 // never reset and a peer that made another call never satisfies the wait.
 //
 // Blocks up to kOneShotLowLatencyMaxBytes travel in the low-latency format
-// instead (NCCL's LL protocol does the same): every 8 data bytes share one
-// 16-byte store with two copies of a 32-bit flag, into slots of their own, so
-// the receiver polls the data itself. That saves the release fence (a round
-// trip over NVLink before the flag may go) at the price of twice the bytes,
-// which only small blocks can afford.
+// instead (coll/one_shot_ll.hpp), into slots of their own: the flags ride in
+// the data, which saves the release fence (a round trip over NVLink before a
+// flag may go) at the price of twice the bytes.
 #pragma once
 
 #include <cstddef>
@@ -32,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "coll/one_shot_ll.hpp"
 #include "coll/plan.hpp"
 #include "coll/selector.hpp"
 
@@ -40,7 +39,6 @@ namespace ferry {
 constexpr int kOneShotMaxRanks = 8;
 constexpr int kOneShotMaxBlocks = 32;
 constexpr size_t kOneShotHeaderBytes = 4096;
-constexpr size_t kOneShotLowLatencyMaxBytes = 64 << 10;
 constexpr int kOneShotThreads = 512;  // per block
 
 // At the start of each rank's window (GPU memory, zeroed at creation).
@@ -73,24 +71,6 @@ struct OneShotStep {
   uint32_t reserved = 0;     // no padding: the replay cache keys on the struct's bytes
 };
 
-#ifdef __CUDACC__
-#define FERRY_HOST_DEVICE __host__ __device__
-#else
-#define FERRY_HOST_DEVICE
-#endif
-
-// 16-byte units of the low-latency format that carry `bytes`: at least one,
-// so that a rank with nothing for a peer still tells it that it got there.
-FERRY_HOST_DEVICE inline size_t one_shot_ll_units(size_t bytes) { return bytes == 0 ? 1 : (bytes + 7) / 8; }
-constexpr size_t kOneShotLowLatencySlotBytes = ((kOneShotLowLatencyMaxBytes + 7) / 8) * 16;
-// The flag of call `call` with signature `tag` in low-latency units: never 0
-// (windows start zeroed), and different for calls two apart (the previous
-// user of the same slot): call * odd constant is a bijection mod 2^32.
-FERRY_HOST_DEVICE inline uint32_t one_shot_ll_flag(uint64_t call, uint32_t tag) {
-  const uint32_t f = static_cast<uint32_t>(call) * 2654435761u ^ tag;
-  return f != 0 ? f : 0x9e3779b9u;
-}
-
 // Window bytes per rank: the header, two slots per source rank, then two
 // low-latency slots per source rank.
 inline size_t one_shot_window_bytes(int world, size_t slot_bytes) {
@@ -105,38 +85,6 @@ FERRY_HOST_DEVICE inline size_t one_shot_ll_slot_offset(int world, size_t slot_b
   return kOneShotHeaderBytes + 2 * static_cast<size_t>(world) * slot_bytes +
          (static_cast<size_t>(parity) * world + source) * kOneShotLowLatencySlotBytes;
 }
-// The data of one unit: up to 8 bytes at p, of which `avail` are valid (the
-// rest read as 0), any alignment; and back (only `avail` bytes written).
-struct OneShotUnitData {
-  uint32_t lo = 0, hi = 0;
-};
-FERRY_HOST_DEVICE inline OneShotUnitData one_shot_ll_pack(const char* p, size_t avail) {
-  OneShotUnitData d;
-  if (avail >= 8 && (reinterpret_cast<uintptr_t>(p) & 7) == 0) {
-    d.lo = reinterpret_cast<const uint32_t*>(p)[0];
-    d.hi = reinterpret_cast<const uint32_t*>(p)[1];
-    return d;
-  }
-  for (size_t i = 0; i < 8 && i < avail; ++i) {
-    const uint32_t b = static_cast<unsigned char>(p[i]);
-    if (i < 4)
-      d.lo |= b << (8 * i);
-    else
-      d.hi |= b << (8 * (i - 4));
-  }
-  return d;
-}
-FERRY_HOST_DEVICE inline void one_shot_ll_unpack(char* p, OneShotUnitData d, size_t avail) {
-  if (avail >= 8 && (reinterpret_cast<uintptr_t>(p) & 7) == 0) {
-    reinterpret_cast<uint32_t*>(p)[0] = d.lo;
-    reinterpret_cast<uint32_t*>(p)[1] = d.hi;
-    return;
-  }
-  for (size_t i = 0; i < 8 && i < avail; ++i)
-    p[i] = static_cast<char>(((i < 4 ? d.lo >> (8 * i) : d.hi >> (8 * (i - 4)))) & 0xff);
-}
-// Whether a call whose largest block is `largest_block` uses the low-latency format.
-inline bool one_shot_low_latency(size_t largest_block) { return largest_block <= kOneShotLowLatencyMaxBytes; }
 // Blocks for a call whose largest block is `bytes` (the same on every rank):
 // in the low-latency format two units per thread and peer, else about 32 KB
 // each; at least 1, at most kOneShotMaxBlocks.
