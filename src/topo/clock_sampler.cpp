@@ -56,7 +56,8 @@ void ClockSampler::start() {
         std::lock_guard<std::mutex> lock(mutex_);
         readings_.push_back(r);
       }
-      next += std::chrono::microseconds(period_us_);
+      // A slow reading delays the next one instead of bunching readings up.
+      next = std::max(next + std::chrono::microseconds(period_us_), std::chrono::steady_clock::now());
       std::this_thread::sleep_until(next);
     }
   });
