@@ -53,13 +53,6 @@ __device__ size_t share_of(size_t len, int blocks, size_t* begin) {
 
 // ---- the low-latency format (coll/one_shot.hpp)
 
-// The units [*begin, end) of n that this block handles.
-__device__ size_t units_of(size_t n, int blocks, size_t* begin) {
-  const size_t per = (n + blocks - 1) / blocks;
-  *begin = min(n, per * blockIdx.x);
-  return min(n, *begin + per);
-}
-
 // One unit: data word, flag, data word, flag, in one 16-byte store. Each
 // 8-byte half lands whole, so a half whose flag is current holds current data.
 __device__ void ll_store(char* unit, OneShotUnitData v, uint32_t flag) {
@@ -110,7 +103,7 @@ __device__ void exchange_low_latency(const OneShotStep& s, const OneShotWindows&
     const char* src = s.in + s.send_offset[p];
     char* slot = w.base[p] + one_shot_ll_slot_offset(s.world, slot_bytes, parity, s.rank);
     const size_t n = s.send_bytes[p];
-    const size_t end = units_of(one_shot_ll_units(n), s.blocks, &u0);
+    const size_t end = one_shot_ll_share(one_shot_ll_units(n), s.blocks, blockIdx.x, &u0);
     for (size_t u = u0 + threadIdx.x; u < end; u += blockDim.x)
       ll_store(slot + 16 * u, one_shot_ll_pack(src + 8 * u, n > 8 * u ? n - 8 * u : 0), flag);
   }
@@ -122,7 +115,7 @@ __device__ void exchange_low_latency(const OneShotStep& s, const OneShotWindows&
     const char* slot = w.base[s.rank] + one_shot_ll_slot_offset(s.world, slot_bytes, parity, q);
     char* dst = s.out + s.recv_offset[q];
     const size_t n = s.recv_bytes[q];
-    const size_t end = units_of(one_shot_ll_units(n), s.blocks, &u0);
+    const size_t end = one_shot_ll_share(one_shot_ll_units(n), s.blocks, blockIdx.x, &u0);
     for (size_t u = u0 + threadIdx.x; u < end; u += blockDim.x) {
       OneShotUnitData v;
       if (!wait_for([&] { return ll_load(slot + 16 * u, flag, &v); }, c, q, call)) return;

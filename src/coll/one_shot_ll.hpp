@@ -35,6 +35,15 @@ FERRY_HOST_DEVICE inline uint32_t one_shot_ll_flag(uint64_t call, uint32_t tag) 
   return f != 0 ? f : 0x9e3779b9u;
 }
 
+// The units [*begin, returned end) of `units` that block `block` of `blocks`
+// handles, sending and receiving alike.
+FERRY_HOST_DEVICE inline size_t one_shot_ll_share(size_t units, int blocks, int block, size_t* begin) {
+  const size_t per = (units + blocks - 1) / blocks;
+  const size_t b = per * static_cast<size_t>(block);
+  *begin = b < units ? b : units;
+  return *begin + per < units ? *begin + per : units;
+}
+
 // The data of one unit: up to 8 bytes at p, of which `avail` are valid (the
 // rest read as 0), any alignment; and back (only `avail` bytes written).
 struct OneShotUnitData {

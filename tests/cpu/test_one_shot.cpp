@@ -104,35 +104,70 @@ TEST(OneShot, LowLatencyFlagsAreNeverZeroAndChangeFromOneUseOfASlotToTheNext) {
 
 namespace {
 
-// Runs one call of every rank on the CPU the way the kernel moves bytes
-// (pushes into the peers' slots, own block, copy out of the own window) and
+// Runs one call of every rank on the CPU the way the kernel moves bytes and
 // returns each rank's output. `ins[r]` and `outs[r]` are rank r's buffers;
-// `in_place` makes each rank's input alias its output.
+// `in_place` makes each rank's input alias its output. The format is the
+// plan's (the low-latency units for small blocks) unless `spans` forces the
+// other one: pushes into the peers' slots, own block, copy out of the window.
 std::vector<std::vector<char>> simulate(CollOp op, int world, size_t bytes, int root, const std::vector<size_t>& counts,
                                         std::vector<std::vector<char>> ins, std::vector<std::vector<char>> outs,
-                                        bool in_place = false) {
+                                        bool in_place = false, bool spans = false) {
   std::vector<OneShotStep> steps;
-  std::vector<std::vector<std::vector<char>>> slots(world, std::vector<std::vector<char>>(world));
   for (int r = 0; r < world; ++r) {
     const char* in = in_place ? outs[r].data() + (op == CollOp::kAllGather ? r * bytes : 0) : ins[r].data();
     steps.push_back(plan_one_shot(op, r, world, in, outs[r].data(), bytes, root, counts, 7));
+    if (spans) steps.back().low_latency = 0;
   }
-  for (int r = 0; r < world; ++r) {  // 1. pushes (into slots) and the own block
+  // slots[dst][src]: bytes (span format) or units (low-latency format).
+  std::vector<std::vector<std::vector<char>>> slots(world, std::vector<std::vector<char>>(world));
+  struct Unit {
+    OneShotUnitData data;
+    uint32_t flag = 0;
+  };
+  std::vector<std::vector<std::vector<Unit>>> units(world, std::vector<std::vector<Unit>>(world));
+  const uint32_t flag = one_shot_ll_flag(1, 7);
+  for (int r = 0; r < world; ++r) {  // pushes
     const OneShotStep& s = steps[r];
-    for (int p = 0; p < world; ++p)
-      if (p != r) slots[p][r].assign(s.in + s.send_offset[p], s.in + s.send_offset[p] + s.send_bytes[p]);
+    for (int p = 0; p < world; ++p) {
+      if (p == r) continue;
+      const size_t n = s.send_bytes[p];
+      if (!s.low_latency) {
+        slots[p][r].assign(s.in + s.send_offset[p], s.in + s.send_offset[p] + n);
+        continue;
+      }
+      units[p][r].resize(one_shot_ll_units(n));
+      for (int b = 0; b < s.blocks; ++b) {  // each block its share, as in the kernel
+        size_t u0 = 0;
+        const size_t end = one_shot_ll_share(one_shot_ll_units(n), s.blocks, b, &u0);
+        for (size_t u = u0; u < end; ++u)
+          units[p][r][u] = Unit{one_shot_ll_pack(s.in + s.send_offset[p] + 8 * u, n > 8 * u ? n - 8 * u : 0), flag};
+      }
+    }
   }
-  for (int r = 0; r < world; ++r) {
+  for (int r = 0; r < world; ++r) {  // own block
     const OneShotStep& s = steps[r];
     std::copy(s.in + s.send_offset[r], s.in + s.send_offset[r] + s.own_bytes, s.out + s.recv_offset[r]);
   }
-  for (int r = 0; r < world; ++r) {  // 4. out of the window
+  for (int r = 0; r < world; ++r) {  // out of the window
     const OneShotStep& s = steps[r];
     for (int q = 0; q < world; ++q) {
       if (q == r) continue;
-      EXPECT_EQ(s.recv_bytes[q], slots[r][q].size()) << "rank " << r << " from " << q;
-      std::copy(slots[r][q].begin(), slots[r][q].begin() + std::min(s.recv_bytes[q], slots[r][q].size()),
-                s.out + s.recv_offset[q]);
+      const size_t n = s.recv_bytes[q];
+      if (!s.low_latency) {
+        EXPECT_EQ(n, slots[r][q].size()) << "rank " << r << " from " << q;
+        std::copy(slots[r][q].begin(), slots[r][q].begin() + std::min(n, slots[r][q].size()), s.out + s.recv_offset[q]);
+        continue;
+      }
+      // The receiver waits for exactly the units the sender sent, each with the call's flag.
+      EXPECT_EQ(one_shot_ll_units(n), units[r][q].size()) << "rank " << r << " from " << q;
+      for (int b = 0; b < s.blocks; ++b) {
+        size_t u0 = 0;
+        const size_t end = one_shot_ll_share(one_shot_ll_units(n), s.blocks, b, &u0);
+        for (size_t u = u0; u < end && u < units[r][q].size(); ++u) {
+          EXPECT_EQ(units[r][q][u].flag, flag) << "rank " << r << " from " << q << ", unit " << u << " never sent";
+          one_shot_ll_unpack(s.out + s.recv_offset[q] + 8 * u, units[r][q][u].data, n > 8 * u ? n - 8 * u : 0);
+        }
+      }
     }
   }
   return outs;
@@ -147,39 +182,47 @@ std::vector<char> pattern(size_t n, int seed) {
 }  // namespace
 
 TEST(OneShot, AllGatherAllToAllBroadcastMoveTheRightBytes) {
+  // Both formats; sizes from one unit to several blocks in each (37 B: one
+  // block; 40,001 B: low-latency, 5 blocks; 70,001 B: past it, 3 blocks).
   const int W = 4;
-  const size_t n = 37;
-  std::vector<std::vector<char>> ins, outs;
-  for (int r = 0; r < W; ++r) ins.push_back(pattern(W * n, r)), outs.push_back(std::vector<char>(W * n, 'x'));
-  auto ag = simulate(CollOp::kAllGather, W, n, 0, {}, ins, outs);
-  auto a2a = simulate(CollOp::kAllToAll, W, n, 0, {}, ins, outs);
-  auto bc = simulate(CollOp::kBroadcast, W, W * n, 2, {}, ins, outs);
-  for (int r = 0; r < W; ++r) {
-    for (int q = 0; q < W; ++q)
-      for (size_t i = 0; i < n; ++i) {
-        EXPECT_EQ(ag[r][q * n + i], ins[q][i]);
-        EXPECT_EQ(a2a[r][q * n + i], ins[q][r * n + i]);
+  for (size_t n : {size_t(37), size_t(40001), size_t(70001)})
+    for (bool spans : {false, true}) {
+      std::vector<std::vector<char>> ins, outs;
+      for (int r = 0; r < W; ++r) ins.push_back(pattern(W * n, r)), outs.push_back(std::vector<char>(W * n, 'x'));
+      auto ag = simulate(CollOp::kAllGather, W, n, 0, {}, ins, outs, false, spans);
+      auto a2a = simulate(CollOp::kAllToAll, W, n, 0, {}, ins, outs, false, spans);
+      auto bc = simulate(CollOp::kBroadcast, W, W * n, 2, {}, ins, outs, false, spans);
+      for (int r = 0; r < W; ++r) {
+        for (int q = 0; q < W; ++q)
+          for (size_t i = 0; i < n; ++i) {
+            ASSERT_EQ(ag[r][q * n + i], ins[q][i]) << n << " B, spans " << spans;
+            ASSERT_EQ(a2a[r][q * n + i], ins[q][r * n + i]) << n << " B, spans " << spans;
+          }
+        ASSERT_EQ(bc[r], ins[2]) << n << " B, spans " << spans;
       }
-    EXPECT_EQ(bc[r], ins[2]);
-  }
+    }
+  EXPECT_EQ(one_shot_blocks(40001), 5);
+  EXPECT_EQ(one_shot_blocks(70001), 3);
 }
 
 TEST(OneShot, InPlaceCallsCopyNothingLocally) {
   const int W = 3;
   const size_t n = 16;
-  std::vector<std::vector<char>> outs;
-  for (int r = 0; r < W; ++r) outs.push_back(pattern(W * n, 10 + r));
-  auto ag = simulate(CollOp::kAllGather, W, n, 0, {}, {}, outs, true);
-  auto a2a = simulate(CollOp::kAllToAll, W, n, 0, {}, {}, outs, true);
-  for (int r = 0; r < W; ++r) {
-    EXPECT_EQ(plan_one_shot(CollOp::kAllGather, r, W, outs[r].data() + r * n, outs[r].data(), n, 0, {}, 7).own_bytes,
-              0u);
-    EXPECT_EQ(plan_one_shot(CollOp::kAllToAll, r, W, outs[r].data(), outs[r].data(), n, 0, {}, 7).own_bytes, 0u);
-    for (int q = 0; q < W; ++q)
-      for (size_t i = 0; i < n; ++i) {
-        EXPECT_EQ(ag[r][q * n + i], outs[q][q * n + i]);
-        EXPECT_EQ(a2a[r][q * n + i], outs[q][r * n + i]);
-      }
+  for (bool spans : {false, true}) {
+    std::vector<std::vector<char>> outs;
+    for (int r = 0; r < W; ++r) outs.push_back(pattern(W * n, 10 + r));
+    auto ag = simulate(CollOp::kAllGather, W, n, 0, {}, {}, outs, true, spans);
+    auto a2a = simulate(CollOp::kAllToAll, W, n, 0, {}, {}, outs, true, spans);
+    for (int r = 0; r < W; ++r) {
+      EXPECT_EQ(plan_one_shot(CollOp::kAllGather, r, W, outs[r].data() + r * n, outs[r].data(), n, 0, {}, 7).own_bytes,
+                0u);
+      EXPECT_EQ(plan_one_shot(CollOp::kAllToAll, r, W, outs[r].data(), outs[r].data(), n, 0, {}, 7).own_bytes, 0u);
+      for (int q = 0; q < W; ++q)
+        for (size_t i = 0; i < n; ++i) {
+          EXPECT_EQ(ag[r][q * n + i], outs[q][q * n + i]);
+          EXPECT_EQ(a2a[r][q * n + i], outs[q][r * n + i]);
+        }
+    }
   }
   char buf[16];
   EXPECT_EQ(plan_one_shot(CollOp::kBroadcast, 1, W, buf, buf, 16, 1, {}, 7).own_bytes, 0u);      // root in place
@@ -197,14 +240,16 @@ TEST(OneShot, AllToAllvPacksBySourceAndDestination) {
     ins.push_back(pattern(send, 20 + r));
     outs.push_back(std::vector<char>(recv, 'x'));
   }
-  auto got = simulate(CollOp::kAllToAllv, W, 0, 0, counts, ins, outs);
-  for (int d = 0; d < W; ++d) {
-    size_t at = 0;
-    for (int s = 0; s < W; ++s) {
-      size_t from = 0;
-      for (int p = 0; p < d; ++p) from += counts[s * W + p];
-      for (size_t i = 0; i < counts[s * W + d]; ++i) EXPECT_EQ(got[d][at + i], ins[s][from + i]) << s << "->" << d;
-      at += counts[s * W + d];
+  for (bool spans : {false, true}) {
+    auto got = simulate(CollOp::kAllToAllv, W, 0, 0, counts, ins, outs, false, spans);
+    for (int d = 0; d < W; ++d) {
+      size_t at = 0;
+      for (int s = 0; s < W; ++s) {
+        size_t from = 0;
+        for (int p = 0; p < d; ++p) from += counts[s * W + p];
+        for (size_t i = 0; i < counts[s * W + d]; ++i) EXPECT_EQ(got[d][at + i], ins[s][from + i]) << s << "->" << d;
+        at += counts[s * W + d];
+      }
     }
   }
   EXPECT_EQ(one_shot_largest_block(CollOp::kAllToAllv, 0, counts), 7u);
