@@ -32,7 +32,7 @@ const std::vector<Knob>& knobs() {
        "bound on the scratch an in-place all_to_all uses per rank (it runs in rounds of scratch / world bytes)"},
       {"FERRY_SM_BYTES", "int", "1048576",
        "largest block per peer that algo 'sm' (the SM kernel for small collectives) moves; each rank's window "
-       "takes 2 x world x this much GPU memory, allocated at creation (up to 8 ranks); 0: no window, no 'sm'"},
+       "takes 2 x world x (this + 128 KB) of GPU memory, allocated at creation (up to 8 ranks); 0: no window, no 'sm'"},
   };
   return table;
 }
