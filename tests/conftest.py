@@ -11,6 +11,12 @@ for var, value in (
     ("NVSHMEM_DISABLE_NVLS", "1"),
 ):
     os.environ[var] = value
+# Before CUDA starts in this process (the single-process GPU tests run here):
+# with the default 8 hardware queues, the stream on which the watchdog opens an
+# armed collective's gate in GPU memory can share the armed stream's queue and
+# wait behind it (docs/api.md, Prelaunch). The worker processes of the
+# multi-process tests set the same.
+os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
 
 
 def _gpu_count() -> int:
