@@ -1,5 +1,6 @@
 """Pure parts of the benchmark report: bandwidth conventions and section tables."""
 
+import pytest
 from ferry.bench import report
 from ferry.bench.cases import fits
 
@@ -61,6 +62,57 @@ def test_sections_render_every_measurement():
     text = "\n".join(report.format_sections(result))
     for needle in ("trigger -> done", "12.3", "phases", "overlap", "energy", "0.050"):
         assert needle in text
+
+
+def test_overlap_rows_show_paired_slowdown_and_clocks_where_recorded():
+    old = dict(
+        bytes_per_rank=1 << 20,
+        impl="nccl",
+        gemm_alone_ms=10,
+        gemm_beside_ms=12,
+        slowdown_pct=20,
+        collectives_alone_ms=9,
+        end_to_end_ms=12.5,
+        serial_ms=19,
+    )
+    new = dict(
+        old,
+        impl="ferry (default local copy)",
+        slowdown_paired_pct=1.7,
+        collectives_alone_power_w=612,
+        gemm_alone_sm_mhz=1688,
+        gemm_beside_sm_mhz=1511,
+        gemm_alone_power_w=702,
+        gemm_beside_power_w=709,
+        gemm_alone_power_capped=1.0,
+        gemm_beside_power_capped=0.5,
+    )
+    lines = report.format_sections(dict(overlap=[old, new]))
+    row_old = next(line for line in lines if "nccl" in line)
+    row_new = next(line for line in lines if "default local copy" in line)
+    assert "nan" in row_old and "MHz" not in row_old  # records from before the clocks: no columns invented
+    for needle in ("1.7", "1688", "1511", "709", "100%", "50%", "612"):
+        assert needle in row_new, (needle, row_new)
+
+
+def test_overlap_plot_prefers_the_paired_slowdown(tmp_path):
+    rows = [
+        dict(
+            bytes_per_rank=n,
+            impl="ferry",
+            slowdown_pct=9.0,
+            slowdown_paired_pct=1.0,
+            end_to_end_ms=10,
+            serial_ms=20,
+        )
+        for n in (1 << 16, 1 << 20)
+    ]
+    assert report.slowdown_key(rows) == "slowdown_paired_pct"
+    older = [{k: v for k, v in r.items() if k != "slowdown_paired_pct"} for r in rows]
+    assert report.slowdown_key(rows + older) == "slowdown_pct"  # mixed files: one measure for all
+    pytest.importorskip("matplotlib")
+    assert report.plot_overlap(rows, str(tmp_path / "o.png"), "t")
+    assert (tmp_path / "o.png").stat().st_size > 0
 
 
 def test_impossible_energy_readings_are_marked():

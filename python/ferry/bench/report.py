@@ -257,15 +257,24 @@ def plot_phases(phases: Sequence[dict], path: str, title: str) -> bool:
     return True
 
 
+def slowdown_key(overlap: Sequence[dict]) -> str:
+    """The overlap records' slowdown to plot: the paired one where every record
+    has it (less exposed to drift between reps), else the medians' ratio."""
+    return (
+        "slowdown_paired_pct"
+        if overlap and all("slowdown_paired_pct" in r for r in overlap)
+        else "slowdown_pct"
+    )
+
+
 def plot_overlap(overlap: Sequence[dict], path: str, title: str) -> bool:
     """GEMM slowdown and end-to-end time against size, per implementation."""
     plt = _pyplot()
     if plt is None:
         return False
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.2))
-    # The paired slowdown where the records have it (less exposed to drift).
-    paired = all("slowdown_paired_pct" in r for r in overlap)
-    key = "slowdown_paired_pct" if paired else "slowdown_pct"
+    key = slowdown_key(overlap)
+    paired = key == "slowdown_paired_pct"
     for impl in sorted({r["impl"] for r in overlap}):
         pts = sorted(
             (r["bytes_per_rank"], r[key], r["end_to_end_ms"] / r["serial_ms"])
