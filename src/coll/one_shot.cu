@@ -51,7 +51,7 @@ __device__ size_t share_of(size_t len, int blocks, size_t* begin) {
   return min(len, *begin + per) - *begin;
 }
 
-// ---- the low-latency format (coll/one_shot.hpp)
+// ---- the low-latency format (coll/one_shot_ll.hpp)
 
 // One unit: data word, flag, data word, flag, in one 16-byte store. Each
 // 8-byte half lands whole, so a half whose flag is current holds current data.
