@@ -30,8 +30,8 @@ IMPLS = {
 
 
 def clock_fields(ctx, seen: list) -> dict:
-    """What NVML read during the GEMMs of each rep (dicts from ClockSampler.stop):
-    median over reps, mean over ranks."""
+    """What NVML read during one kind of measurement in each rep (dicts from
+    ClockSampler.stop): median over reps, mean over ranks."""
     out = {}
     for key, name in (
         ("mean_sm_mhz", "sm_mhz"),
@@ -72,26 +72,25 @@ def run(ctx, out_all, inp_all) -> list:
     native = require()
     clocks = native.ClockSampler(native.pci_bus_id(dev.index), 500)
 
-    def time_alone(stream, work, sample=False):
-        """ms of `work` on `stream` with nothing beside it (and the clocks meanwhile)."""
+    def time_alone(stream, work):
+        """(ms of `work` on `stream` with nothing beside it, what NVML read meanwhile)."""
         ctx.barrier()
         s, e = ev(), ev()
-        if sample:
-            clocks.start()
+        clocks.start()
         with torch.cuda.stream(stream):
             s.record(stream)
             work()
             e.record(stream)
         e.synchronize()
-        seen = clocks.stop() if sample else None
+        seen = clocks.stop()
         ctx.comm.synchronize()
-        return (s.elapsed_time(e), seen) if sample else s.elapsed_time(e)
+        return s.elapsed_time(e), seen
 
-    def gemm_alone(sample=False):
-        return time_alone(compute, run_gemms, sample)
+    def gemm_alone():
+        return time_alone(compute, run_gemms)
 
-    def coll_alone(case, impl, count, sample=False):
-        return time_alone(side, lambda: issue(case, impl, count), sample)
+    def coll_alone(case, impl, count):
+        return time_alone(side, lambda: issue(case, impl, count))
 
     def together(case, impl, count):
         ctx.barrier()
@@ -130,17 +129,17 @@ def run(ctx, out_all, inp_all) -> list:
         # times too small (64 KB on x2: 102 all-gathers, 3 ms beside 15 ms of GEMMs).
         for impl in impls:
             coll_alone(case, impl, 5)
-        slowest_one = max(ctx.slowest(coll_alone(case, impl, 20) / 20) for impl in impls)
-        count = int(ctx.slowest(gemm_alone()) / max(slowest_one, 1e-3)) + 1
+        slowest_one = max(ctx.slowest(coll_alone(case, impl, 20)[0] / 20) for impl in impls)
+        count = int(ctx.slowest(gemm_alone()[0]) / max(slowest_one, 1e-3)) + 1
         for impl in impls:
             alone, c_alone, beside, e2e = [], [], [], []
             seen_alone, seen_coll, seen_beside = [], [], []
 
             def measure_alone():
-                t, seen = gemm_alone(sample=True)
+                t, seen = gemm_alone()
                 alone.append(t)
                 seen_alone.append(seen)
-                t, seen = coll_alone(case, impl, count, sample=True)
+                t, seen = coll_alone(case, impl, count)
                 c_alone.append(t)
                 seen_coll.append(seen)
 
