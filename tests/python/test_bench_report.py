@@ -21,6 +21,19 @@ def test_sizes_that_fit_each_op():
     assert fits("reduce_scatter", 64, 4) and not fits("reduce_scatter", 8, 4)
 
 
+# One overlap record as ferry bench wrote it before the clock columns existed.
+OVERLAP_ROW = dict(
+    bytes_per_rank=1 << 20,
+    impl="nccl",
+    gemm_alone_ms=10,
+    gemm_beside_ms=12,
+    slowdown_pct=20,
+    collectives_alone_ms=9,
+    end_to_end_ms=12.5,
+    serial_ms=19,
+)
+
+
 def test_sections_render_every_measurement():
     result = dict(
         prelaunch=[dict(op="all_gather", bytes_per_rank=1024, algo="b2b", trigger_to_done_us=12.3)],
@@ -35,18 +48,7 @@ def test_sections_render_every_measurement():
                 in_stream_us=45,
             )
         ],
-        overlap=[
-            dict(
-                bytes_per_rank=1 << 20,
-                impl="nccl",
-                gemm_alone_ms=10,
-                gemm_beside_ms=12,
-                slowdown_pct=20,
-                collectives_alone_ms=9,
-                end_to_end_ms=12.5,
-                serial_ms=19,
-            )
-        ],
+        overlap=[OVERLAP_ROW],
         energy=[
             dict(
                 op="all_gather",
@@ -65,16 +67,7 @@ def test_sections_render_every_measurement():
 
 
 def test_overlap_rows_show_paired_slowdown_and_clocks_where_recorded():
-    old = dict(
-        bytes_per_rank=1 << 20,
-        impl="nccl",
-        gemm_alone_ms=10,
-        gemm_beside_ms=12,
-        slowdown_pct=20,
-        collectives_alone_ms=9,
-        end_to_end_ms=12.5,
-        serial_ms=19,
-    )
+    old = OVERLAP_ROW
     new = dict(
         old,
         impl="ferry (default local copy)",
