@@ -14,6 +14,7 @@
 
 #include "coll/communicator.hpp"
 #include "coll/local_copy.hpp"
+#include "coll/one_shot.hpp"
 #include "coll/reduce.hpp"
 #include "coll/selector.hpp"
 #include "coll/trigger_kernel.hpp"
@@ -182,6 +183,13 @@ NB_MODULE(_ferry, m) {
       },
       "op"_a, "world"_a, "bytes_per_rank"_a, "algo"_a = "auto",
       "rules"_a = std::vector<std::tuple<std::string, int, size_t, std::string>>{});
+  // Pure: why algo "sm" cannot take such a call ("" when it can); CPU-tested.
+  m.def(
+      "sm_path_refuses",
+      [](const std::string& op, int world, size_t largest_block, size_t slot_bytes) {
+        return ferry::one_shot_unsupported(parse_op(op), world, largest_block, slot_bytes);
+      },
+      "op"_a, "world"_a, "largest_block"_a, "slot_bytes"_a);
   m.def("split_batches", &ferry::split_batches, "count"_a, "batch_max"_a);
   m.def("total_energy_mj", &ferry::total_energy_mj, "pci_bus_id"_a);
   // ferry bench --overlap: what the GPU's clocks did while something ran.

@@ -128,3 +128,11 @@ def test_sm_path_needs_a_clear_win():
         ("all_gather", 2, 1024, "b2b"),
         ("all_gather", 2, tune.ANY, "sm"),
     ]
+
+
+def test_the_tuners_sm_ops_are_the_ones_the_native_sm_path_runs():
+    native = require()
+    for op in tune.OPS:
+        runs = native.sm_path_refuses(op, 2, 1, 1 << 20) == ""
+        assert runs == (op in tune.SM_OPS), op
+    assert "FERRY_SM_BYTES" in native.sm_path_refuses("all_gather", 2, (1 << 20) + 1, 1 << 20)
