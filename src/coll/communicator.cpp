@@ -678,21 +678,13 @@ bool Communicator::diagnose_and_unblock(int local, const Expectation& x, double 
 }
 
 // The flags are in GPU memory, which the host cannot read or write directly:
-// stream operations on the rescue stream do it. The rescue stream may share a
-// hardware queue with a blocked stream; then they wait too, and nothing more
-// is queued behind them (the host would block once the queue fills).
-namespace {
-bool rescue_idle(int device, cudaStream_t rescue) {
-  if (cudaSetDevice(device) == cudaSuccess && cudaStreamQuery(rescue) == cudaSuccess) return true;
-  cudaGetLastError();
-  return false;
-}
-}  // namespace
-
+// stream operations on a rescue stream do it (dma/rescue_lane.hpp: one that
+// waits behind a blocked hardware queue is replaced). Nothing is queued behind
+// an unfinished rescue, so the watchdog itself never blocks.
 bool Communicator::snapshot_ready(int local) {
   Local& L = *locals_[local];
-  cudaStream_t rescue = L.engines->rescue();
-  if (!rescue_idle(L.device, rescue)) return false;
+  cudaStream_t rescue = L.engines->rescue().idle();
+  if (!rescue) return false;
   if (cudaMemcpyAsync(L.ready_snapshot.host, device_flags(L.rank)->ready, world_ * sizeof(ReadyRecord),
                       cudaMemcpyDeviceToHost, rescue) != cudaSuccess) {
     cudaGetLastError();
@@ -708,9 +700,8 @@ bool Communicator::snapshot_ready(int local) {
 }
 
 void Communicator::mirror_gate(int local, const Gate& gate) {
-  Local& L = *locals_[local];
-  cudaStream_t rescue = L.engines->rescue();
-  if (!rescue_idle(L.device, rescue)) return;
+  cudaStream_t rescue = locals_[local]->engines->rescue().idle();
+  if (!rescue) return;
   if (cudaMemcpyAsync(const_cast<uint64_t*>(gate.host), gate.device, sizeof(uint64_t), cudaMemcpyDeviceToHost,
                       rescue) != cudaSuccess)
     cudaGetLastError();
@@ -720,10 +711,10 @@ void Communicator::mirror_gate(int local, const Gate& gate) {
 void Communicator::open_gate(int local, const Gate& gate) {
   *gate.host = gate.value;
   if (!gate.device) return;
-  Local& L = *locals_[local];
-  if (!rescue_idle(L.device, L.engines->rescue())) return;
+  cudaStream_t rescue = locals_[local]->engines->rescue().idle();
+  if (!rescue) return;
   try {
-    dma::mem_ops(L.engines->rescue(), {MemOp{MemOp::Kind::kWrite, gate.device, gate.value}});
+    dma::mem_ops(rescue, {MemOp{MemOp::Kind::kWrite, gate.device, gate.value}});
   } catch (const std::exception&) {
     // A rescue that cannot be queued leaves the stream blocked.
   }
@@ -732,7 +723,8 @@ void Communicator::open_gate(int local, const Gate& gate) {
 void Communicator::release_waits(int local, uint64_t value, uint64_t ready_peers, uint64_t done_peers) {
   if ((ready_peers | done_peers) == 0) return;
   Local& L = *locals_[local];
-  if (!rescue_idle(L.device, L.engines->rescue())) return;
+  cudaStream_t rescue = L.engines->rescue().idle();
+  if (!rescue) return;
   std::vector<MemOp> writes;
   DeviceFlags* mine = device_flags(L.rank);
   for (int q = 0; q < world_; ++q) {
@@ -740,7 +732,7 @@ void Communicator::release_waits(int local, uint64_t value, uint64_t ready_peers
     if (has(done_peers, q)) writes.push_back(MemOp{MemOp::Kind::kWrite, &mine->done[q].value, value});
   }
   try {
-    dma::mem_ops(L.engines->rescue(), writes);
+    dma::mem_ops(rescue, writes);
   } catch (const std::exception&) {
     // The communicator has failed already; a release that cannot be queued leaves the stream blocked.
   }

@@ -955,6 +955,62 @@ def peer_dies(rank: int, world: int, port: int) -> list:
     return ["the collective finished although rank 1 had exited"]
 
 
+def untriggered_is_reported(gate: str, algo: str) -> list:
+    """One process driving GPUs 0 and 1 arms a collective and never triggers
+    it: the watchdog must report it after the timeout and open the gate (in
+    GPU memory: with a stream write), so that the armed run ends and close()
+    does not wait forever. algo "sm": the armed kernel spinning on the gate
+    lets go too."""
+    os.environ.update(SAFE_ENV)
+    import ferry
+    import torch
+
+    comm = ferry.init_local([0, 1], timeout=2)
+    n = 4096
+    bufs = comm.alloc((2 * n,), torch.uint8)
+    ins = [torch.empty(n, dtype=torch.uint8, device=f"cuda:{i}") for i in range(2)]
+    h = comm.prepare("all_gather", bufs, ins, algo=algo)
+    h.arm(gate=gate)
+    message = None
+    deadline = time.monotonic() + 20
+    while message is None and time.monotonic() < deadline:
+        try:
+            comm.check()
+        except ferry.FerryError as exc:
+            message = str(exc)
+        time.sleep(0.05)
+    if message is None:
+        return ["no error 20 s after arming with a 2 s timeout"]
+    if "never triggered" not in message:
+        return [f"wrong error: {message}"]
+    # A gate left shut would keep these events pending (and close() would only
+    # give up on them after its own timeout).
+    streams = [torch.cuda.Stream(device=f"cuda:{i}") for i in range(2)]
+    h.wait(streams)
+    ends = []
+    for st in streams:
+        ends.append(torch.cuda.Event())
+        ends[-1].record(st)
+    deadline = time.monotonic() + 10
+    while not all(e.query() for e in ends) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    fails = []
+    if not all(e.query() for e in ends):
+        fails.append("the armed run did not end after the watchdog opened its gate")
+    t0 = time.monotonic()
+    comm.close()
+    if time.monotonic() - t0 > 10:
+        fails.append(f"close() took {time.monotonic() - t0:.1f} s")
+    return fails
+
+
+if __name__ == "__main__":  # python _workers.py untriggered GATE ALGO (a fresh process)
+    if sys.argv[1] == "untriggered":
+        problems = untriggered_is_reported(sys.argv[2], sys.argv[3])
+        print("\n".join(problems) or "ok")
+        sys.exit(1 if problems else 0)
+
+
 def run(target, rank, world, port, queue):
     import faulthandler
     import sys
