@@ -11,11 +11,10 @@ for var, value in (
     ("NVSHMEM_DISABLE_NVLS", "1"),
 ):
     os.environ[var] = value
-# Before CUDA starts in this process (the single-process GPU tests run here):
-# with the default 8 hardware queues, the stream on which the watchdog opens an
-# armed collective's gate in GPU memory can share the armed stream's queue and
-# wait behind it (docs/api.md, Prelaunch). The worker processes of the
-# multi-process tests set the same.
+# Before CUDA starts in this process (the single-process GPU tests run here),
+# as in the multi-process workers: work that triggers an armed collective must
+# not share a hardware queue with the armed wait (docs/api.md, Prelaunch).
+# test_untriggered_with_few_hardware_queues runs with fewer on purpose.
 os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
 
 

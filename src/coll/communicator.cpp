@@ -543,8 +543,16 @@ void Communicator::watchdog_loop() {
       if (pending && pending->waiting_for_trigger) {
         // A gate in GPU memory is read through a copy, made only once the
         // wait has lasted (the usual arm-to-trigger gap costs nothing).
-        if (pending->gate.device && pending->age_s >= kSnapshotAfterS) mirror_gate(i, pending->gate);
-        if (pending->age_s > timeout_s_) fail_untriggered(i, *pending);
+        switch (look_at_armed(pending->gate.device != nullptr, pending->age_s, kSnapshotAfterS, timeout_s_)) {
+          case ArmedLook::kReadGate:
+            mirror_gate(i, pending->gate);
+            break;
+          case ArmedLook::kOpenGate:
+            fail_untriggered(i, *pending);
+            break;
+          case ArmedLook::kNothing:
+            break;
+        }
       } else if (pending) {
         diagnose_and_unblock(i, pending->expect, pending->age_s);
       }
@@ -678,12 +686,30 @@ bool Communicator::diagnose_and_unblock(int local, const Expectation& x, double 
 }
 
 // The flags are in GPU memory, which the host cannot read or write directly:
-// stream operations on a rescue stream do it (dma/rescue_lane.hpp: one that
-// waits behind a blocked hardware queue is replaced). Nothing is queued behind
-// an unfinished rescue, so the watchdog itself never blocks.
+// stream operations on the rescue stream do it. Nothing is queued behind an
+// unfinished rescue, so the watchdog itself never blocks. (A highest-priority
+// stream: with 2 and 4 hardware queues it never waited behind an armed
+// stream in the GPU tests, test_untriggered_with_few_hardware_queues.)
+namespace {
+// The rescue stream once it is idle, waiting at most `limit` for that; else nullptr.
+cudaStream_t idle_rescue(int device, cudaStream_t rescue, std::chrono::microseconds limit = {}) {
+  if (cudaSetDevice(device) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    if (cudaStreamQuery(rescue) == cudaSuccess) return rescue;
+    cudaGetLastError();
+    if (std::chrono::steady_clock::now() >= deadline) return nullptr;
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+}  // namespace
+
 bool Communicator::snapshot_ready(int local) {
   Local& L = *locals_[local];
-  cudaStream_t rescue = L.engines->rescue().idle();
+  cudaStream_t rescue = idle_rescue(L.device, L.engines->rescue());
   if (!rescue) return false;
   if (cudaMemcpyAsync(L.ready_snapshot.host, device_flags(L.rank)->ready, world_ * sizeof(ReadyRecord),
                       cudaMemcpyDeviceToHost, rescue) != cudaSuccess) {
@@ -700,7 +726,7 @@ bool Communicator::snapshot_ready(int local) {
 }
 
 void Communicator::mirror_gate(int local, const Gate& gate) {
-  cudaStream_t rescue = locals_[local]->engines->rescue().idle();
+  cudaStream_t rescue = idle_rescue(locals_[local]->device, locals_[local]->engines->rescue());
   if (!rescue) return;
   if (cudaMemcpyAsync(const_cast<uint64_t*>(gate.host), gate.device, sizeof(uint64_t), cudaMemcpyDeviceToHost,
                       rescue) != cudaSuccess)
@@ -711,7 +737,9 @@ void Communicator::mirror_gate(int local, const Gate& gate) {
 void Communicator::open_gate(int local, const Gate& gate) {
   *gate.host = gate.value;
   if (!gate.device) return;
-  cudaStream_t rescue = locals_[local]->engines->rescue().idle();
+  // Opening is what frees the GPU: worth waiting a moment for a rescue that
+  // is still running (a read of this gate, for instance).
+  cudaStream_t rescue = idle_rescue(locals_[local]->device, locals_[local]->engines->rescue(), kSnapshotWait);
   if (!rescue) return;
   try {
     dma::mem_ops(rescue, {MemOp{MemOp::Kind::kWrite, gate.device, gate.value}});
@@ -723,7 +751,7 @@ void Communicator::open_gate(int local, const Gate& gate) {
 void Communicator::release_waits(int local, uint64_t value, uint64_t ready_peers, uint64_t done_peers) {
   if ((ready_peers | done_peers) == 0) return;
   Local& L = *locals_[local];
-  cudaStream_t rescue = L.engines->rescue().idle();
+  cudaStream_t rescue = idle_rescue(L.device, L.engines->rescue(), kSnapshotWait);
   if (!rescue) return;
   std::vector<MemOp> writes;
   DeviceFlags* mine = device_flags(L.rank);

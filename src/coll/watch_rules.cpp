@@ -7,4 +7,10 @@ bool foreign_ready_is_mismatch(uint64_t seq, uint64_t peer_completed, bool late,
   return late || grace_over;
 }
 
+ArmedLook look_at_armed(bool gate_on_device, double age_s, double read_after_s, double timeout_s) {
+  if (age_s > timeout_s) return ArmedLook::kOpenGate;
+  if (gate_on_device && age_s >= read_after_s) return ArmedLook::kReadGate;
+  return ArmedLook::kNothing;
+}
+
 }  // namespace ferry

@@ -18,4 +18,17 @@ namespace ferry {
 // - otherwise a mismatch once the grace period is over (or the timeout).
 bool foreign_ready_is_mismatch(uint64_t seq, uint64_t peer_completed, bool late, bool grace_over);
 
+// What one look of the watchdog does with an armed collective whose trigger it
+// has not seen after `age_s`.
+enum class ArmedLook {
+  kNothing,
+  kReadGate,  // a gate in GPU memory: copy it out to see whether it opened
+  kOpenGate,  // past the timeout: report it and open the gate
+};
+// Past the timeout the gate is opened and not read in the same look: both go
+// through the one rescue stream, and a read queued just before the opening
+// kept that stream busy at every look, so the gate stayed shut (the GPU test
+// saw this once).
+ArmedLook look_at_armed(bool gate_on_device, double age_s, double read_after_s, double timeout_s);
+
 }  // namespace ferry

@@ -120,12 +120,15 @@ namespace {
 constexpr size_t kOrderEvents = 256;  // more than one fork + join of the largest world
 }
 
-EngineSet::EngineSet(int device, int peer_engines) : device_(device), rescue_(device) {
+EngineSet::EngineSet(int device, int peer_engines) : device_(device) {
   FERRY_CUDA_CHECK(cudaSetDevice(device));
   FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&main_, cudaStreamNonBlocking));
   FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
   FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&armed_, cudaStreamNonBlocking));
   FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&capture_, cudaStreamNonBlocking));
+  int least = 0, greatest = 0;
+  FERRY_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  FERRY_CUDA_CHECK(cudaStreamCreateWithPriority(&rescue_, cudaStreamNonBlocking, greatest));
   for (int i = 0; i < peer_engines; ++i) {
     cudaStream_t s = nullptr;
     FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -145,14 +148,14 @@ EngineSet::~EngineSet() {
   if (main_) cudaStreamDestroy(main_);
   if (side_) cudaStreamDestroy(side_);
   if (armed_) cudaStreamDestroy(armed_);
+  if (rescue_) cudaStreamDestroy(rescue_);
   if (capture_) cudaStreamDestroy(capture_);
 }
 
 bool EngineSet::synchronize(double timeout_s) {
   cudaSetDevice(device_);
-  std::vector<cudaStream_t> all = {main_, side_, armed_};
+  std::vector<cudaStream_t> all = {main_, side_, armed_, rescue_};
   all.insert(all.end(), peers_.begin(), peers_.end());
-  for (auto s : rescue_.streams()) all.push_back(s);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                                          std::chrono::duration<double>(timeout_s));
   for (auto s : all) {

@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "dma/batch_plan.hpp"
-#include "dma/rescue_lane.hpp"
 
 namespace ferry {
 
@@ -66,9 +65,9 @@ class EngineSet {
   cudaStream_t side() const { return side_; }
   // Where prepared collectives wait for their trigger.
   cudaStream_t armed() const { return armed_; }
-  // Used only by the watchdog to read flags and release a failed
-  // collective's waits on GPU memory.
-  RescueLane& rescue() { return rescue_; }
+  // Highest priority, used only by the watchdog to read flags and release a
+  // failed collective's waits on GPU memory.
+  cudaStream_t rescue() const { return rescue_; }
   // Only captures repeated calls into graphs (ReplayCache); never runs work.
   cudaStream_t capture() const { return capture_; }
   cudaStream_t peer(int i) const { return peers_[i]; }
@@ -90,7 +89,7 @@ class EngineSet {
   cudaStream_t main_ = nullptr;
   cudaStream_t side_ = nullptr;
   cudaStream_t armed_ = nullptr;
-  RescueLane rescue_;
+  cudaStream_t rescue_ = nullptr;
   cudaStream_t capture_ = nullptr;
   std::vector<cudaStream_t> peers_;
   std::vector<cudaEvent_t> events_;  // ring used by order(), fork() and join()

@@ -17,4 +17,19 @@ TEST(ForeignReady, GraphReplaysNeverCountAsMismatch) {
   EXPECT_FALSE(foreign_ready_is_mismatch(0, 0, true, true));
 }
 
+TEST(ArmedLook, AGateInGpuMemoryIsReadOnlyOnceTheWaitHasLasted) {
+  EXPECT_EQ(look_at_armed(true, 0.01, 0.05, 2.0), ArmedLook::kNothing);
+  EXPECT_EQ(look_at_armed(true, 0.05, 0.05, 2.0), ArmedLook::kReadGate);
+  EXPECT_EQ(look_at_armed(true, 2.0, 0.05, 2.0), ArmedLook::kReadGate);
+  // A host gate is read by the host directly: nothing to copy.
+  EXPECT_EQ(look_at_armed(false, 1.0, 0.05, 2.0), ArmedLook::kNothing);
+}
+
+TEST(ArmedLook, PastTheTimeoutTheGateIsOpenedAndNotRead) {
+  // Reading it in the same look would hold the rescue stream the opening needs.
+  EXPECT_EQ(look_at_armed(true, 2.01, 0.05, 2.0), ArmedLook::kOpenGate);
+  EXPECT_EQ(look_at_armed(true, 60.0, 0.05, 2.0), ArmedLook::kOpenGate);
+  EXPECT_EQ(look_at_armed(false, 2.01, 0.05, 2.0), ArmedLook::kOpenGate);
+}
+
 }  // namespace ferry
