@@ -50,6 +50,7 @@ Algo Communicator::resolve_algo(const CollectiveArgs& a) const {
 
 void Communicator::set_selector_table(const std::vector<SelectorRule>& rules) {
   table_ = rules.empty() ? default_selector_table() : rules;
+  recent_calls_.clear();  // their variants were chosen with the old table
 }
 
 Expectation Communicator::expectation(uint64_t seq, const CollectiveArgs& a, const Built& b) const {
@@ -309,16 +310,38 @@ void Communicator::reserve_scratch(size_t bytes) {
   scratch(bytes);
 }
 
+std::shared_ptr<const Communicator::PlannedCall> Communicator::plan_call(const CollectiveArgs& a, bool capturing) {
+  ensure_open(coll_op_name(a.op));
+  std::string key = call_key(a, capturing);
+  if (auto known = recent_calls_.find(key)) return known;
+  auto call = std::make_shared<PlannedCall>();
+  call->built = build(a);
+  call->algo = resolve_algo(a);
+  // The replay cache's key, once per distinct call instead of once per call.
+  for (int i = 0; i < static_cast<int>(call->built.size()); ++i) {
+    const Built& b = call->built[i];
+    call->replay_keys.push_back(locals_[i]->replays && replayable(b.program)
+                                    ? emission_key(b.program, b.record.mapped, call->algo, a.local_copy)
+                                    : std::string());
+  }
+  recent_calls_.put(key, call);
+  return call;
+}
+
 void Communicator::run(const CollectiveArgs& a) {
   HostTraceScope whole(HostStage::kRun);
-  std::vector<Built> built;
+  FERRY_ARG_CHECK(
+      static_cast<int>(a.streams.size()) == local_count(),
+      std::string(coll_op_name(a.op)) + ": expected one stream per local rank (" + std::to_string(local_count()) + ")");
+  const bool capturing = dma::is_capturing(a.streams[0]);
+  std::shared_ptr<const PlannedCall> call;
   {
     HostTraceScope t(HostStage::kBuild);
-    built = build(a);
+    call = plan_call(a, capturing);
   }
+  const std::vector<Built>& built = call->built;
   if (built.empty()) return;
-  const Algo algo = resolve_algo(a);
-  const bool capturing = dma::is_capturing(a.streams[0]);
+  const Algo algo = call->algo;
   const uint64_t seq = capturing ? 0 : ++seq_;
   for (int i = 0; i < local_count(); ++i) {
     Local& L = *locals_[i];
@@ -354,7 +377,7 @@ void Communicator::run(const CollectiveArgs& a) {
       L.in_flight->order_after_previous(a.streams[i]);
       slot = L.in_flight->begin(expectation(seq, a, built[i]), timeout_s_);
     }
-    emit_eager(i, built[i], e);
+    emit_eager(i, built[i], e, call->replay_keys[i]);
     HostTraceScope t(HostStage::kInFlight);
     L.in_flight->end(slot, a.streams[i]);
     __atomic_store_n(&host_flags(L.rank)->progress.enqueued, seq, __ATOMIC_RELEASE);

@@ -299,6 +299,7 @@ Communicator::Registration& Communicator::allocate_registration(size_t bytes) {
     throw;
   }
   registrations_.push_back(std::move(reg));
+  recent_calls_.clear();
   return registrations_.back();
 }
 
@@ -353,6 +354,7 @@ void Communicator::register_buffers(const std::vector<void*>& ptrs, const std::v
     throw;
   }
   registrations_.push_back(std::move(reg));
+  recent_calls_.clear();
 }
 
 void Communicator::release(Registration& reg) {
@@ -373,6 +375,7 @@ void Communicator::deregister(const std::vector<void*>& ptrs) {
     synchronize();
     release(*it);
     registrations_.erase(it);
+    recent_calls_.clear();
     return;
   }
   throw_error(FERRY_ERROR_NOT_REGISTERED, "deregister: the pointer is not the start of a registered buffer");
@@ -388,6 +391,7 @@ void Communicator::free(const std::vector<void*>& ptrs) {
     synchronize();
     release(*it);
     registrations_.erase(it);
+    recent_calls_.clear();
     return;
   }
   throw_error(FERRY_ERROR_NOT_REGISTERED, "free: the pointer did not come from this communicator's alloc()");
@@ -688,7 +692,7 @@ bool Communicator::diagnose_and_unblock(int local, const Expectation& x, double 
 // The flags are in GPU memory, which the host cannot read or write directly:
 // stream operations on the rescue stream do it. Nothing is queued behind an
 // unfinished rescue, so the watchdog itself never blocks. (A highest-priority
-// stream: with 2 and 4 hardware queues it never waited behind an armed
+// stream: even with a single hardware queue it never waited behind an armed
 // stream in the GPU tests, test_untriggered_with_few_hardware_queues.)
 namespace {
 // The rescue stream once it is idle, waiting at most `limit` for that; else nullptr.

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "bootstrap/unix_socket.hpp"
+#include "coll/call_memo.hpp"
 #include "coll/flags.hpp"
 #include "coll/in_flight.hpp"
 #include "coll/local_copy.hpp"
@@ -36,25 +37,6 @@ namespace ferry {
 // Out-of-band all-gather of one blob per rank (rank order). Must be bounded in
 // time and name missing ranks when it gives up.
 using AllGatherFn = std::function<std::vector<std::string>(const std::string& mine)>;
-
-// One collective call: what it is, and one out, in and stream per local rank.
-struct CollectiveArgs {
-  CollOp op = CollOp::kAllGather;
-  std::vector<void*> outs;
-  std::vector<const void*> ins;
-  std::vector<cudaStream_t> streams;
-  // all_gather, all_to_all: bytes of one rank's block; broadcast: bytes in all.
-  size_t bytes_per_rank = 0;
-  // all_to_allv: bytes from rank s to rank d at [s * world + d], the same on every rank.
-  std::vector<size_t> counts;
-  int root = 0;  // broadcast
-  // reduce_scatter: elements per rank's output block; all_reduce: elements in all.
-  size_t count = 0;
-  DType dtype = DType::kFloat32;
-  RedOp red_op = RedOp::kSum;
-  Algo algo = Algo::kAuto;
-  LocalCopy local_copy = LocalCopy::kAuto;
-};
 
 class Communicator {
  public:
@@ -204,6 +186,13 @@ class Communicator {
   // Validates the call on every local rank (nothing is enqueued when any is
   // wrong) and plans it. May allocate scratch (collective, like the call).
   std::vector<Built> build(const CollectiveArgs& args, std::vector<uint32_t>* registrations = nullptr);
+  // A call as run() needs it: planned once per distinct call (CallMemo).
+  struct PlannedCall {
+    std::vector<Built> built;
+    Algo algo = Algo::kAuto;
+    std::vector<std::string> replay_keys;  // by local rank (see emit_eager)
+  };
+  std::shared_ptr<const PlannedCall> plan_call(const CollectiveArgs& args, bool capturing);
   size_t selection_bytes(const CollectiveArgs& args) const;
   Algo resolve_algo(const CollectiveArgs& args) const;
   Expectation expectation(uint64_t seq, const CollectiveArgs& args, const Built& b) const;
@@ -221,7 +210,9 @@ class Communicator {
   void emit(int local, const Built& b, const Emission& e);
   // An eager call: emit(), or, when the same commands were enqueued before,
   // one launch of the graph they were captured into (ReplayCache).
-  void emit_eager(int local, const Built& b, const Emission& e);
+  // `replay_key`: the call's key in the local rank's ReplayCache, or empty
+  // when it is not replayed (replays off, or a single kernel already).
+  void emit_eager(int local, const Built& b, const Emission& e, const std::string& replay_key);
   cudaGraphExec_t capture_call(int local, const Built& b, Emission e);
   // One exchange: b2b and seq put everything on one stream (b2b submits the
   // pushes as one batch, seq one after another in cyclic-shift order); pcpy
@@ -287,6 +278,8 @@ class Communicator {
   // capturing the same call again reuses its entry and state word.
   std::map<std::pair<int, const ReadyRecord*>, Captured> captured_;
   Algo forced_algo_ = Algo::kAuto;
+  // Recent eager calls' plans; cleared when registrations or the selector change.
+  CallMemo<PlannedCall> recent_calls_{256};
 
   bool closed_ = false;
   std::mutex error_mu_;

@@ -56,13 +56,13 @@ void Communicator::emit(int local, const Built& b, const Emission& e) {
   if (own_stream) L.engines->order(s, e.stream);
 }
 
-void Communicator::emit_eager(int local, const Built& b, const Emission& e) {
+void Communicator::emit_eager(int local, const Built& b, const Emission& e, const std::string& replay_key) {
   Local& L = *locals_[local];
-  if (!L.replays || !replayable(b.program)) return emit(local, b, e);
+  if (replay_key.empty()) return emit(local, b, e);
   ReplayCache::Entry* entry = nullptr;
   {
     HostTraceScope t(HostStage::kReplay);
-    entry = &L.replays->touch(emission_key(b.program, b.record.mapped, e.algo, e.local_copy));
+    entry = &L.replays->touch(replay_key);
   }
   if (!entry->exec && !entry->uncapturable && worth_capturing(entry->seen)) {
     // A call that cannot be captured (e.g. this thread is inside a user's

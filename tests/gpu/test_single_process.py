@@ -68,6 +68,46 @@ def test_local_errors():
         comm.close()
 
 
+def test_repeated_calls_after_their_buffers_changed():
+    """A repeated call reuses its plan (coll/call_memo.hpp); what would make
+    it wrong must not: its out buffer freed or deregistered, then the same
+    pointers again, is refused; the same call with other data runs again,
+    byte-exact; another size of the same op is planned anew."""
+    import ferry
+    import torch
+
+    comm = ferry.init_local([0, 1], timeout=20)
+    n = 4096
+    for algo in ("auto", "sm"):
+        bufs = comm.alloc((2 * n,), torch.uint8)
+        for step in range(3):
+            ins = [torch.full((n,), 16 * step + i, dtype=torch.uint8, device=f"cuda:{i}") for i in range(2)]
+            comm.all_gather(bufs, ins, algo=algo)
+            comm.synchronize()
+            for i in range(2):
+                want = torch.cat([torch.full((n,), 16 * step + j, dtype=torch.uint8) for j in range(2)])
+                assert torch.equal(bufs[i].cpu(), want), (algo, step, i)
+        half = [b[: n // 2 * 2] for b in bufs]
+        comm.all_gather(half, [x[: n // 2] for x in ins], algo=algo)
+        comm.synchronize()
+        for i in range(2):
+            assert torch.equal(half[i][: n // 2].cpu(), ins[0][: n // 2].cpu()), (algo, i)
+            assert torch.equal(half[i][n // 2 :].cpu(), ins[1][: n // 2].cpu()), (algo, i)
+        comm.free(bufs)
+        with pytest.raises(ferry.NotRegisteredError):
+            comm.all_gather(bufs, ins, algo=algo)
+    own = [torch.empty(2 * n, dtype=torch.uint8, device=f"cuda:{i}") for i in range(2)]
+    comm.register(own)
+    ins = [torch.full((n,), 7 + i, dtype=torch.uint8, device=f"cuda:{i}") for i in range(2)]
+    for _ in range(3):
+        comm.all_gather(own, ins)
+    comm.synchronize()
+    comm.deregister(own)
+    with pytest.raises(ferry.NotRegisteredError):
+        comm.all_gather(own, ins)
+    comm.close()
+
+
 def test_prelaunch_and_reductions_single_process(local_comm):
     """One process, all GPUs: a prepared all_gather triggered from the host and
     from each GPU's stream, and an all_reduce, checked byte for byte."""
@@ -124,9 +164,9 @@ def test_untriggered_prepared_collective_is_reported(gate, algo):
 
 
 @pytest.mark.parametrize("algo", ["auto", "sm"])
-@pytest.mark.parametrize("connections", [2, 4])
+@pytest.mark.parametrize("connections", [1, 4])
 def test_untriggered_with_few_hardware_queues(connections, algo):
-    """The same with 2 or 4 CUDA hardware queues, in a fresh process: the
+    """The same with 1 or 4 CUDA hardware queues, in a fresh process: the
     watchdog's rescue stream, on which it opens a gate in GPU memory, must not
     wait behind the stream blocked by that gate."""
     import os
