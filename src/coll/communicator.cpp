@@ -169,10 +169,13 @@ std::unique_ptr<Communicator> Communicator::create_local(const std::vector<int>&
   int n = static_cast<int>(devices.size());
   FERRY_ARG_CHECK(n >= 1 && n <= kMaxRanks,
                   "devices: expected 1.." + std::to_string(kMaxRanks) + " GPUs, got " + std::to_string(n));
+  // Several ranks on one GPU only for tests (FERRY_SHARED_GPUS): the world's
+  // logic then runs on fewer GPUs than it has ranks.
+  const bool shared = knob_int("FERRY_SHARED_GPUS") != 0;
   for (int i = 0; i < n; ++i) {
     check_device_ordinal(devices[i], "devices[i]");
     for (int j = 0; j < i; ++j)
-      FERRY_ARG_CHECK(devices[i] != devices[j],
+      FERRY_ARG_CHECK(shared || devices[i] != devices[j],
                       "devices lists GPU " + std::to_string(devices[i]) + " twice; expected distinct GPUs");
   }
   std::unique_ptr<Communicator> c(new Communicator());
@@ -181,7 +184,7 @@ std::unique_ptr<Communicator> Communicator::create_local(const std::vector<int>&
   for (int i = 0; i < n; ++i) {
     FERRY_CUDA_CHECK(cudaSetDevice(devices[i]));
     for (int j = 0; j < n; ++j) {
-      if (i == j) continue;
+      if (devices[i] == devices[j]) continue;
       int can = 0;
       FERRY_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, devices[i], devices[j]));
       if (!can)

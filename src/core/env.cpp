@@ -28,6 +28,9 @@ const std::vector<Knob>& knobs() {
       {"FERRY_REPLAY_CALLS", "int", "1",
        "1: an eager call made a second time with the same buffers is captured once into a CUDA graph and then "
        "launched from it (one host operation instead of about a dozen); 0: every call enqueues its commands"},
+      {"FERRY_SHARED_GPUS", "int", "0",
+       "1 (testing only): ferry.init_local may list a GPU more than once, so that the logic of a larger world runs "
+       "on fewer GPUs; ranks of one GPU copy to each other on SMs, give each rank its own stream"},
       {"FERRY_SCRATCH_BYTES", "int", "67108864",
        "bound on the scratch an in-place all_to_all uses per rank (it runs in rounds of scratch / world bytes)"},
       {"FERRY_SM_BYTES", "int", "1048576",

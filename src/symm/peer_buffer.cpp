@@ -20,11 +20,17 @@ static void map_with_access(VmmMapping& m, const std::vector<int>& devices) {
   const DriverApi& cu = driver();
   FERRY_CU_CHECK(cu.MemAddressReserve(&m.ptr, m.size, 0, 0, 0));
   FERRY_CU_CHECK(cu.MemMap(m.ptr, m.size, 0, m.handle, 0));
-  std::vector<CUmemAccessDesc> access(devices.size());
-  for (size_t i = 0; i < devices.size(); ++i) {
-    access[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access[i].location.id = devices[i];
-    access[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  std::vector<CUmemAccessDesc> access;
+  for (int d : devices) {
+    // Once per GPU (a GPU may hold several ranks: FERRY_SHARED_GPUS).
+    bool seen = false;
+    for (const auto& a : access) seen = seen || a.location.id == d;
+    if (seen) continue;
+    CUmemAccessDesc a{};
+    a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    a.location.id = d;
+    a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    access.push_back(a);
   }
   FERRY_CU_CHECK(cu.MemSetAccess(m.ptr, m.size, access.data(), access.size()));
 }

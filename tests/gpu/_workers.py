@@ -1004,11 +1004,112 @@ def untriggered_is_reported(gate: str, algo: str) -> list:
     return fails
 
 
+def shared_gpu_world(world: int, algos) -> list:
+    """`world` ranks in one process on the visible GPUs, several per GPU
+    (FERRY_SHARED_GPUS=1, set by the caller): the logic of a world larger than
+    the machine (flags, cyclic order, per-source slots of the SM path, masks)
+    runs for real. Every rank has its own stream. Each case runs twice with new
+    data in the same buffers (the second call reuses the plan and its graph);
+    random data, poisoned outputs, every byte compared."""
+    os.environ.update(SAFE_ENV)
+    import ferry
+    import torch
+
+    gpus = torch.cuda.device_count()
+    devs = [torch.device("cuda", r % gpus) for r in range(world)]
+    comm = ferry.init_local([d.index for d in devs], timeout=30)
+    streams = [torch.cuda.Stream(device=d) for d in devs]
+    most = 1 << 20  # the SM path's default block limit (FERRY_SM_BYTES)
+    bufs = comm.alloc((world * most + 4096,), torch.uint8)
+    fails = []
+
+    def rand(tag, r, n):
+        return _rand(torch, zlib.crc32(f"{tag}/{r}".encode()), n, devs[r])
+
+    def run(label, call, outs, expected):
+        for o in outs:
+            o.fill_(0xA5)  # poison
+        for d in {d.index for d in devs}:
+            torch.cuda.synchronize(d)
+        try:
+            call()
+            comm.synchronize()
+        except Exception as exc:  # noqa: BLE001
+            fails.append(f"{label}: raised {exc!r}")
+            return
+        for r, (o, e) in enumerate(zip(outs, expected)):
+            bad = int((o != e.to(o.device)).sum().item())
+            if bad:
+                fails.append(f"{label}: rank {r}: {bad} wrong bytes of {e.numel()}")
+
+    for algo in algos:
+        for n in (1, 4097, 65536, 65537, 300001):
+            for step in range(2):
+                tag = f"ag/{algo}/{n}/{step}"
+                ins = [torch.empty(n + 3, dtype=torch.uint8, device=d)[3:] for d in devs]  # unaligned
+                for r, x in enumerate(ins):
+                    x.copy_(rand(tag, r, n))
+                outs = [b[: world * n] for b in bufs]
+                exp = torch.cat([rand(tag, q, n).cpu() for q in range(world)])
+                run(
+                    tag,
+                    lambda o=outs, i=ins: comm.all_gather(o, i, stream=streams, algo=algo),
+                    outs,
+                    [exp] * world,
+                )
+        for n in (1, 4097, 65537, 100003):
+            for step in range(2):
+                tag = f"a2a/{algo}/{n}/{step}"
+                ins = [rand(tag, r, world * n) for r in range(world)]
+                outs = [b[: world * n] for b in bufs]
+                exp = [
+                    torch.cat([ins[q][r * n : (r + 1) * n].cpu() for q in range(world)]) for r in range(world)
+                ]
+                run(tag, lambda o=outs, i=ins: comm.all_to_all(o, i, stream=streams, algo=algo), outs, exp)
+        g = torch.Generator().manual_seed(world * 7 + len(algo))
+        counts = torch.randint(0, 20000, (world, world), generator=g)
+        counts[0, world - 1] = 0
+        counts[world - 1, 1] = 65537
+        tag = f"a2av/{algo}"
+        ins = [rand(tag, r, int(counts[r].sum())) for r in range(world)]
+        outs = [b[: int(counts[:, r].sum())] for r, b in enumerate(bufs)]
+        exp = []
+        for r in range(world):
+            pieces = []
+            for q in range(world):
+                off = int(counts[q, :r].sum())
+                pieces.append(ins[q][off : off + int(counts[q, r])].cpu())
+            exp.append(torch.cat(pieces))
+        run(tag, lambda: comm.all_to_allv(outs, ins, counts.tolist(), stream=streams, algo=algo), outs, exp)
+        for root in (0, world - 1):
+            n = 70001
+            tag = f"bcast/{algo}/{root}"
+            src = rand(tag, root, n)
+            outs = [b[5 : 5 + n] for b in bufs]
+            ins = [src if r == root else None for r in range(world)]  # others send nothing
+            run(
+                tag,
+                lambda o=outs, i=ins, rt=root: comm.broadcast(o, i, root=rt, stream=streams, algo=algo),
+                outs,
+                [src.cpu()] * world,
+            )
+    # A reduction (copy engines move, a kernel adds), the selector's variant.
+    count = world * 1000 + 3
+    xs = [_ints(torch, 5 + r, count, devs[r], torch.float32) for r in range(world)]
+    ar = [b[: count * 4].view(torch.float32) for b in bufs]
+    exp = sum(x.cpu() for x in xs)
+    run("all_reduce", lambda: comm.all_reduce(ar, xs, stream=streams), ar, [exp] * world)
+    comm.close()
+    return fails
+
+
 if __name__ == "__main__":  # python _workers.py untriggered GATE ALGO (a fresh process)
     if sys.argv[1] == "untriggered":
         problems = untriggered_is_reported(sys.argv[2], sys.argv[3])
-        print("\n".join(problems) or "ok")
-        sys.exit(1 if problems else 0)
+    elif sys.argv[1] == "shared":  # python _workers.py shared WORLD ALGO,ALGO,...
+        problems = shared_gpu_world(int(sys.argv[2]), sys.argv[3].split(","))
+    print("\n".join(problems[:40]) or "ok")
+    sys.exit(1 if problems else 0)
 
 
 def run(target, rank, world, port, queue):

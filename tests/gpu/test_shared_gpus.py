@@ -1,0 +1,35 @@
+"""Worlds larger than the machine: 4 and 8 ranks in one process on the
+visible GPUs, several ranks per GPU (FERRY_SHARED_GPUS=1, testing only), so
+that the code of a 4- or 8-GPU world runs where fewer GPUs are lent. Ranks of
+one GPU copy to each other on SMs, so this says nothing about speed."""
+
+import os
+import subprocess
+import sys
+
+import _workers
+import pytest
+from conftest import GPU_COUNT
+
+pytestmark = pytest.mark.multigpu
+
+CASES = [
+    (4, "auto,b2b,pcpy,seq,sm"),
+    # Eight ranks: the variants that keep each rank's work on its own stream
+    # (pcpy's per-peer streams would exceed the hardware queues of a GPU).
+    (8, "auto,b2b,seq,sm"),
+]
+
+
+@pytest.mark.parametrize("world,algos", [c for c in CASES if c[0] > GPU_COUNT], ids=lambda x: str(x))
+def test_world_larger_than_the_machine(world, algos):
+    env = dict(os.environ, FERRY_SHARED_GPUS="1", CUDA_DEVICE_MAX_CONNECTIONS="32", **_workers.SAFE_ENV)
+    here = os.path.dirname(os.path.abspath(_workers.__file__))
+    run = subprocess.run(
+        [sys.executable, os.path.join(here, "_workers.py"), "shared", str(world), algos],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
