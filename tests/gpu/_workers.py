@@ -1027,6 +1027,7 @@ def shared_gpu_world(world: int, algos) -> list:
         return _rand(torch, zlib.crc32(f"{tag}/{r}".encode()), n, devs[r])
 
     def run(label, call, outs, expected):
+        print(label, file=sys.stderr, flush=True)  # where a run that hangs got to
         for o in outs:
             o.fill_(0xA5)  # poison
         for d in {d.index for d in devs}:
@@ -1107,6 +1108,9 @@ if __name__ == "__main__":  # python _workers.py untriggered GATE ALGO (a fresh 
     if sys.argv[1] == "untriggered":
         problems = untriggered_is_reported(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "shared":  # python _workers.py shared WORLD ALGO,ALGO,...
+        import faulthandler
+
+        faulthandler.dump_traceback_later(float(os.environ.get("FERRY_TEST_DUMP_S", "240")), exit=True)
         problems = shared_gpu_world(int(sys.argv[2]), sys.argv[3].split(","))
     print("\n".join(problems[:40]) or "ok")
     sys.exit(1 if problems else 0)
