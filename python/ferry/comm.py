@@ -179,6 +179,10 @@ class Communicator:
     def __init__(self, native_comm, local: bool):
         self._c = native_comm
         self._local = local
+        # GPUs driven by more than one rank (FERRY_SHARED_GPUS, testing only):
+        # those ranks' collectives must not share a stream.
+        devices = [native_comm.device(i) for i in range(native_comm.local_count)] if local else []
+        self._shared_gpus = len(set(devices)) < len(devices)
         self._allocs: dict = {}
         self._store = None  # ferry's own TCP store, kept for later collective calls
         self._apply_shipped_tuning()
@@ -359,8 +363,24 @@ class Communicator:
                 f"{op}: the GPUs' tensors differ in size; expected the same on every GPU"
             )
         args.update(shapes[0])
-        args.update(outs=out_ptrs, ins=in_ptrs, streams=self._streams(stream, op))
+        streams = self._streams(stream, op)
+        if self._shared_gpus:
+            self._check_own_streams(op, streams)
+        args.update(outs=out_ptrs, ins=in_ptrs, streams=streams)
         return args
+
+    def _check_own_streams(self, op: str, streams: List[int]) -> None:
+        """Two ranks of one GPU on one stream: the second rank's part would wait
+        behind the first's, which waits for it, until the timeout."""
+        seen = {}
+        for i, s in enumerate(streams):
+            key = (self._c.device(i), s)
+            if key in seen:
+                raise InvalidArgumentError(
+                    f"{op}: stream: ranks {self._c.rank(seen[key])} and {self._c.rank(i)} share GPU {key[0]} and "
+                    "one stream; with FERRY_SHARED_GPUS every rank needs a stream of its own (pass stream=[...])"
+                )
+            seen[key] = i
 
     @staticmethod
     def _shape(op, ob: _Buffer, ib: _Buffer, world: int, rank: int, counts, root) -> dict:

@@ -149,6 +149,22 @@ def test_local_communicator_wants_lists():
         c.all_gather([Cai(32), Cai(64)], [Cai(16), Cai(32)], stream=[1, 2])
 
 
+def test_ranks_sharing_a_gpu_need_streams_of_their_own():
+    class SharedGpus(FakeNative):
+        def device(self, i):
+            return i % 2  # FERRY_SHARED_GPUS: ranks 0 and 2 on GPU 0, 1 and 3 on GPU 1
+
+    c = Communicator(SharedGpus(world=4, local_count=4), local=True)
+    outs, ins = [Cai(64)] * 4, [Cai(16)] * 4
+    with pytest.raises(InvalidArgumentError, match="ranks 1 and 3 share GPU 1 and one stream"):
+        c.all_gather(outs, ins, stream=[5, 6, 7, 6])
+    c.all_gather(outs, ins, stream=[5, 6, 7, 8])
+    assert c._c.calls[-1]["streams"] == [5, 6, 7, 8]
+    # One rank per GPU: the same stream handle on two GPUs is no conflict.
+    d = Communicator(FakeNative(world=2, local_count=2), local=True)
+    d.all_gather([Cai(32)] * 2, [Cai(16)] * 2, stream=[5, 5])
+
+
 def test_closed_communicator():
     c = Communicator(FakeNative(), local=False)
     c.close()
