@@ -345,6 +345,7 @@ void Communicator::run(const CollectiveArgs& a) {
   const uint64_t seq = capturing ? 0 : ++seq_;
   for (int i = 0; i < local_count(); ++i) {
     Local& L = *locals_[i];
+    host_trace_rank(coll_op_name(a.op), L.rank, L.device);
     FERRY_CUDA_CHECK(cudaSetDevice(L.device));
     Emission e;
     e.stream = a.streams[i];

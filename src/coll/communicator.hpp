@@ -214,6 +214,13 @@ class Communicator {
   // when it is not replayed (replays off, or a single kernel already).
   void emit_eager(int local, const Built& b, const Emission& e, const std::string& replay_key);
   cudaGraphExec_t capture_call(int local, const Built& b, Emission e);
+  // Whether local rank `local`'s GPU may hold work that waits for something
+  // this host does later: an armed run not yet finished, or (FERRY_SHARED_GPUS)
+  // another rank of that GPU with unfinished work. Ending a capture or
+  // instantiating its graph can wait for the GPU's work (seen with shared
+  // GPUs: the host stuck in capture_call while two ranks of its GPU waited
+  // for the third), so the replay cache does not capture then.
+  bool gpu_may_wait_for_host(int local);
   // One exchange: b2b and seq put everything on one stream (b2b submits the
   // pushes as one batch, seq one after another in cyclic-shift order); pcpy
   // spreads the pushes over one stream per peer and keeps the waits on one.

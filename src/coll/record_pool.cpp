@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.hpp"
+#include "core/host_trace.hpp"
 
 namespace ferry {
 namespace {
@@ -36,6 +37,7 @@ RecordPool::~RecordPool() {
 // hardware queue with it.
 uint64_t* RecordPool::device_line() {
   if (device_left_ == 0) {
+    HostTraceScope t(HostStage::kPoolGrowth);
     void* dev = nullptr;
     FERRY_CUDA_CHECK(cudaSetDevice(device_));
     FERRY_CUDA_CHECK(outside_capture([&] { return cudaMalloc(&dev, kLinesPerChunk * sizeof(Line)); }));
@@ -49,6 +51,7 @@ uint64_t* RecordPool::device_line() {
 
 Pinned<RecordPool::Line> RecordPool::lines(size_t n) {
   if (used_ + n > capacity_) {
+    HostTraceScope t(HostStage::kPoolGrowth);
     FERRY_CUDA_CHECK(cudaSetDevice(device_));
     void* host = nullptr;
     void* dev = nullptr;

@@ -9,8 +9,9 @@ namespace ferry {
 namespace {
 
 constexpr int kStages = static_cast<int>(HostStage::kCount);
-const char* const kNames[kStages] = {"build",  "in_flight",   "ready copies", "before memops", "local copy",
-                                     "pushes", "done copies", "after memops", "replay",        "run (total)"};
+const char* const kNames[kStages] = {"build",        "in_flight",     "ready copies", "before memops", "local copy",
+                                     "pushes",       "done copies",   "after memops", "replay lookup", "capture",
+                                     "graph launch", "record growth", "run (total)"};
 
 struct Totals {
   std::atomic<long long> calls[kStages] = {};
@@ -24,9 +25,23 @@ Totals& totals() {
 
 }  // namespace
 
-bool host_trace_enabled() {
-  static const bool on = knob_int("FERRY_HOST_TRACE") != 0;
-  return on;
+int host_trace_level() {
+  static const int level = static_cast<int>(knob_int("FERRY_HOST_TRACE"));
+  return level;
+}
+
+void host_trace_event(HostStage stage, const char* what, double us) {
+  if (us < 0)
+    std::fprintf(stderr, "ferry trace %s %s\n", kNames[static_cast<int>(stage)], what);
+  else
+    std::fprintf(stderr, "ferry trace %s %s %.1f us\n", kNames[static_cast<int>(stage)], what, us);
+  std::fflush(stderr);
+}
+
+void host_trace_rank(const char* what, int rank, int device) {
+  if (host_trace_level() < 2) return;
+  std::fprintf(stderr, "ferry trace %s: rank %d on GPU %d\n", what, rank, device);
+  std::fflush(stderr);
 }
 
 void host_trace_report() {

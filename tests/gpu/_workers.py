@@ -586,6 +586,70 @@ def more_collectives(rank: int, world: int, port: int) -> list:
     return fails
 
 
+def _eager_calls_while_armed(torch, comm, out, inp, side, rank, world, check, fails, keys=12, reps=3):
+    """Eager calls made between arm() and the trigger queue behind the armed
+    run on the GPU. Each repeats (which makes the replay cache capture it),
+    and capturing then must not leave the host waiting for that GPU work:
+    the trigger comes only after these calls. Then the same calls with
+    nothing armed (captured and replayed now); every output byte checked."""
+    import time
+
+    dev, n = inp.device, inp.numel()
+    sizes = [1000 + 97 * k for k in range(keys)]
+    eager_out = comm.alloc((sum(world * m for m in sizes),), torch.uint8)
+    outs, at = [], 0
+    for m in sizes:
+        outs.append(eager_out[at : at + world * m])
+        at += world * m
+
+    def seed(tag, q):
+        return zlib.crc32(f"armed-eager/{tag}/{q}".encode())
+
+    for phase in ("while a handle is armed", "with nothing armed"):
+        srcs = [_rand(torch, seed(f"{phase}/{m}", rank), m, dev) for m in sizes]
+        eager_out.fill_(0xCC)
+        out.fill_(0xCC)
+        torch.cuda.synchronize()
+        armed = phase.startswith("while")
+        h = comm.prepare("all_gather", out, inp) if armed else None
+        try:
+            if h:
+                h.arm()
+            t0 = time.monotonic()
+            for o, x in zip(outs, srcs):
+                for _ in range(reps):
+                    comm.all_gather(o, x)
+            took = time.monotonic() - t0
+            if took > 5:
+                fails.append(f"rank {rank}: {keys * reps} eager calls {phase} took {took:.1f} s")
+            if h:
+                with torch.cuda.stream(side):
+                    inp.copy_(_rand(torch, seed(phase, rank), n, dev))
+                side.synchronize()
+                h.trigger()
+                h.wait()
+            comm.synchronize()
+        except Exception as exc:  # noqa: BLE001
+            fails.append(f"rank {rank}: eager calls {phase}: {exc!r}")
+            return
+        finally:
+            if h:
+                h.release()
+        if h:
+            check(
+                "prepared all_gather triggered after eager calls",
+                out,
+                torch.cat([_rand(torch, seed(phase, q), n, dev) for q in range(world)]),
+            )
+        for o, m in zip(outs, sizes):
+            check(
+                f"eager all_gather of {m} B {phase}",
+                o,
+                torch.cat([_rand(torch, seed(f"{phase}/{m}", q), m, dev) for q in range(world)]),
+            )
+    comm.free(eager_out)
+
+
 def prelaunch_and_graphs(rank: int, world: int, port: int) -> list:
     """Prepared collectives (host, stream and device triggers, reused step after
     step), bad uses of handles, and CUDA graphs replayed 10,000 times."""
@@ -641,6 +705,8 @@ def prelaunch_and_graphs(rank: int, world: int, port: int) -> list:
                 hr.trigger()
                 hr.wait()
                 check("prepared all_reduce", ar, torch.full_like(ar, world * (world + 1) / 2))
+
+        _eager_calls_while_armed(torch, comm, out, inp, side, rank, world, check, fails)
 
         # CUDA graphs: all_gather, all_to_all and all_reduce captured, replayed 10,000 times.
         a2a_out = comm.alloc((world * 4096,), torch.uint8)
