@@ -24,7 +24,8 @@ const std::vector<Knob>& knobs() {
       {"FERRY_WATCHDOG_MS", "int", "10", "how often the watchdog looks at unfinished collectives"},
       {"FERRY_TUNING", "string", "", "a `ferry tune` JSON to use instead of the table shipped for this GPU"},
       {"FERRY_HOST_TRACE", "int", "0",
-       "1: time the host's stages of every collective call and print their means to stderr at exit"},
+       "1: time the host's stages of every collective call and print their means to stderr at exit; 2: also print "
+       "each stage as it begins and ends (where a stuck host is)"},
       {"FERRY_REPLAY_CALLS", "int", "1",
        "1: an eager call made a second time with the same buffers is captured once into a CUDA graph and then "
        "launched from it (one host operation instead of about a dozen); 0: every call enqueues its commands"},
