@@ -43,14 +43,6 @@ __device__ void copy_span(char* __restrict__ dst, const char* __restrict__ src, 
   }
 }
 
-// This block's share of a span of `len` bytes split over `blocks` blocks:
-// chunks of 16-byte multiples, so a chunk keeps the alignment of its span.
-__device__ size_t share_of(size_t len, int blocks, size_t* begin) {
-  const size_t per = ((len + blocks - 1) / blocks + 15) / 16 * 16;
-  *begin = min(len, per * blockIdx.x);
-  return min(len, *begin + per) - *begin;
-}
-
 // ---- the low-latency format (coll/one_shot_ll.hpp)
 
 // One unit: data word, flag, data word, flag, in one 16-byte store. Each
@@ -108,7 +100,7 @@ __device__ void exchange_low_latency(const OneShotStep& s, const OneShotWindows&
       ll_store(slot + 16 * u, one_shot_ll_pack(src + 8 * u, n > 8 * u ? n - 8 * u : 0), flag);
   }
   size_t begin = 0, len = 0;
-  if ((len = share_of(s.own_bytes, s.blocks, &begin)) > 0)
+  if ((len = one_shot_span_share(s.own_bytes, s.blocks, blockIdx.x, &begin)) > 0)
     copy_span(s.out + s.recv_offset[s.rank] + begin, s.in + s.send_offset[s.rank] + begin, len);
   for (int k = 1; k < s.world; ++k) {
     const int q = (s.rank - k + s.world) % s.world;  // the peer that wrote to us first
@@ -135,11 +127,11 @@ __device__ void exchange_with_flags(const OneShotStep& s, const OneShotWindows& 
   size_t begin = 0, len = 0;
   for (int k = 1; k < s.world; ++k) {
     const int p = (s.rank + k) % s.world;
-    if ((len = share_of(s.send_bytes[p], s.blocks, &begin)) > 0)
+    if ((len = one_shot_span_share(s.send_bytes[p], s.blocks, blockIdx.x, &begin)) > 0)
       copy_span(w.base[p] + one_shot_slot_offset(s.world, slot_bytes, parity, s.rank) + begin,
                 s.in + s.send_offset[p] + begin, len);
   }
-  if ((len = share_of(s.own_bytes, s.blocks, &begin)) > 0)
+  if ((len = one_shot_span_share(s.own_bytes, s.blocks, blockIdx.x, &begin)) > 0)
     copy_span(s.out + s.recv_offset[s.rank] + begin, s.in + s.send_offset[s.rank] + begin, len);
   __syncthreads();
 
@@ -167,7 +159,7 @@ __device__ void exchange_with_flags(const OneShotStep& s, const OneShotWindows& 
   // 4. Out of the window into the output.
   if (!gave_up)
     for (int q = 0; q < s.world; ++q)
-      if (q != s.rank && (len = share_of(s.recv_bytes[q], s.blocks, &begin)) > 0)
+      if (q != s.rank && (len = one_shot_span_share(s.recv_bytes[q], s.blocks, blockIdx.x, &begin)) > 0)
         copy_span(s.out + s.recv_offset[q] + begin,
                   w.base[s.rank] + one_shot_slot_offset(s.world, slot_bytes, parity, q) + begin, len);
 }

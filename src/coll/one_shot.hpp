@@ -85,6 +85,16 @@ FERRY_HOST_DEVICE inline size_t one_shot_ll_slot_offset(int world, size_t slot_b
   return kOneShotHeaderBytes + 2 * static_cast<size_t>(world) * slot_bytes +
          (static_cast<size_t>(parity) * world + source) * kOneShotLowLatencySlotBytes;
 }
+// The bytes [*begin, *begin + returned) of a `len`-byte span that block
+// `block` of `blocks` moves in the span format, sending and receiving alike
+// (a receiver's block waits for the same block's flag, so both sides must cut
+// alike): chunks of 16-byte multiples, so a chunk keeps its span's alignment.
+FERRY_HOST_DEVICE inline size_t one_shot_span_share(size_t len, int blocks, int block, size_t* begin) {
+  const size_t per = ((len + blocks - 1) / blocks + 15) / 16 * 16;
+  const size_t b = per * static_cast<size_t>(block);
+  *begin = b < len ? b : len;
+  return (*begin + per < len ? *begin + per : len) - *begin;
+}
 // Blocks for a call whose largest block is `bytes` (the same on every rank):
 // in the low-latency format two units per thread and peer, else about 32 KB
 // each; at least 1, at most kOneShotMaxBlocks.

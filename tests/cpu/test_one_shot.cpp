@@ -118,8 +118,10 @@ std::vector<std::vector<char>> simulate(CollOp op, int world, size_t bytes, int 
     steps.push_back(plan_one_shot(op, r, world, in, outs[r].data(), bytes, root, counts, 7));
     if (spans) steps.back().low_latency = 0;
   }
-  // slots[dst][src]: bytes (span format) or units (low-latency format).
+  // slots[dst][src]: bytes (span format, with the block that wrote each
+  // byte) or units (low-latency format).
   std::vector<std::vector<std::vector<char>>> slots(world, std::vector<std::vector<char>>(world));
+  std::vector<std::vector<std::vector<int>>> writer(world, std::vector<std::vector<int>>(world));
   struct Unit {
     OneShotUnitData data;
     uint32_t flag = 0;
@@ -132,7 +134,15 @@ std::vector<std::vector<char>> simulate(CollOp op, int world, size_t bytes, int 
       if (p == r) continue;
       const size_t n = s.send_bytes[p];
       if (!s.low_latency) {
-        slots[p][r].assign(s.in + s.send_offset[p], s.in + s.send_offset[p] + n);
+        slots[p][r].assign(n, 'x');
+        writer[p][r].assign(n, -1);
+        for (int b = 0; b < s.blocks; ++b) {  // each block its share, then its flag
+          size_t begin = 0;
+          const size_t len = one_shot_span_share(n, s.blocks, b, &begin);
+          std::copy(s.in + s.send_offset[p] + begin, s.in + s.send_offset[p] + begin + len,
+                    slots[p][r].begin() + begin);
+          std::fill(writer[p][r].begin() + begin, writer[p][r].begin() + begin + len, b);
+        }
         continue;
       }
       units[p][r].resize(one_shot_ll_units(n));
@@ -144,9 +154,14 @@ std::vector<std::vector<char>> simulate(CollOp op, int world, size_t bytes, int 
       }
     }
   }
-  for (int r = 0; r < world; ++r) {  // own block
+  for (int r = 0; r < world; ++r) {  // own block, each block its share
     const OneShotStep& s = steps[r];
-    std::copy(s.in + s.send_offset[r], s.in + s.send_offset[r] + s.own_bytes, s.out + s.recv_offset[r]);
+    for (int b = 0; b < s.blocks; ++b) {
+      size_t begin = 0;
+      const size_t len = one_shot_span_share(s.own_bytes, s.blocks, b, &begin);
+      std::copy(s.in + s.send_offset[r] + begin, s.in + s.send_offset[r] + begin + len,
+                s.out + s.recv_offset[r] + begin);
+    }
   }
   for (int r = 0; r < world; ++r) {  // out of the window
     const OneShotStep& s = steps[r];
@@ -154,8 +169,17 @@ std::vector<std::vector<char>> simulate(CollOp op, int world, size_t bytes, int 
       if (q == r) continue;
       const size_t n = s.recv_bytes[q];
       if (!s.low_latency) {
+        // Block b waits for the sender's flag of block b: every byte it
+        // copies out must be one that the sender's block b wrote.
         EXPECT_EQ(n, slots[r][q].size()) << "rank " << r << " from " << q;
-        std::copy(slots[r][q].begin(), slots[r][q].begin() + std::min(n, slots[r][q].size()), s.out + s.recv_offset[q]);
+        for (int b = 0; b < s.blocks; ++b) {
+          size_t begin = 0;
+          const size_t len = one_shot_span_share(n, s.blocks, b, &begin);
+          for (size_t i = begin; i < begin + len && i < slots[r][q].size(); ++i) {
+            EXPECT_EQ(writer[r][q][i], b) << "rank " << r << " from " << q << ", byte " << i;
+            s.out[s.recv_offset[q] + i] = slots[r][q][i];
+          }
+        }
         continue;
       }
       // The receiver waits for exactly the units the sender sent, each with the call's flag.
@@ -203,6 +227,22 @@ TEST(OneShot, AllGatherAllToAllBroadcastMoveTheRightBytes) {
     }
   EXPECT_EQ(one_shot_blocks(40001), 5);
   EXPECT_EQ(one_shot_blocks(70001), 3);
+}
+
+TEST(OneShot, SpanSharesTileTheSpanIn16ByteChunks) {
+  for (size_t len : {size_t(0), size_t(1), size_t(15), size_t(16), size_t(100), size_t(70001), size_t(1) << 20})
+    for (int blocks : {1, 3, 5, kOneShotMaxBlocks}) {
+      size_t next = 0;
+      for (int b = 0; b < blocks; ++b) {
+        size_t begin = 0;
+        const size_t n = one_shot_span_share(len, blocks, b, &begin);
+        ASSERT_EQ(begin, next) << len << " B, " << blocks << " blocks, block " << b;
+        if (n > 0 && begin + n < len) EXPECT_EQ(n % 16, 0u) << len << " B, block " << b;
+        EXPECT_EQ(begin % 16 == 0 || n == 0, true) << len << " B, block " << b;
+        next = begin + n;
+      }
+      EXPECT_EQ(next, len) << len << " B, " << blocks << " blocks";
+    }
 }
 
 TEST(OneShot, InPlaceCallsCopyNothingLocally) {
