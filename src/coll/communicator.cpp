@@ -584,7 +584,7 @@ void Communicator::fail_untriggered(int local, const InFlight::Pending& p) {
        "before arming, or set CUDA_MODULE_LOADING=EAGER), or trigger work queued behind the armed wait in a shared "
        "CUDA hardware queue (raise CUDA_DEVICE_MAX_CONNECTIONS, e.g. 32); see docs/api.md, Prelaunch. The gate "
        "was opened to free the GPU; the output is undefined");
-  if (auto gate = locals_[local]->in_flight->gate_of_oldest()) open_gate(local, *gate);
+  open_gate(local, p.gate);
 }
 
 void Communicator::check_one_shot_fault(int local) {

@@ -97,12 +97,4 @@ uint64_t InFlight::completed() {
   return completed_;
 }
 
-std::optional<Gate> InFlight::gate_of_oldest() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (oldest_ == next_) return std::nullopt;
-  Entry& e = entries_[oldest_ % entries_.size()];
-  if (!e.gate.host) return std::nullopt;
-  return e.gate;
-}
-
 }  // namespace ferry

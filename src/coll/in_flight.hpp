@@ -69,8 +69,6 @@ class InFlight {
   bool idle();
   // How many collectives have finished, in order (for the shared progress record).
   uint64_t completed();
-  // The gate of the oldest collective while it still waits for its trigger.
-  std::optional<Gate> gate_of_oldest();
 
  private:
   struct Entry {
