@@ -3,6 +3,7 @@ a list of failure strings; an empty list is a pass."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import time
@@ -45,15 +46,24 @@ def check_collectives(
     sizes=SIZES,
     a2a_sizes=A2A_SIZES,
     algos=("b2b", "pcpy", "seq"),
+    streams=None,
+    repeats=1,
 ):
     """Runs the correctness matrix for the local ranks `ranks` (one per device
     in `devs`; `buf` is one registered uint8 buffer per local rank) and returns
     failures. Works for one process per GPU (one local rank) and for
-    init_local (all ranks local): collectives get lists in the second case."""
+    init_local (all ranks local): collectives get lists in the second case.
+    `streams`: one per local rank (else the current streams); `repeats`: each
+    case set up and run that many times on the same output (a repeated call
+    reuses its plan and, from the second, its graph)."""
     local = len(ranks) > 1
     fails = []
 
     def call(name, outs, ins, **kw):
+        if streams is not None:  # the data was written on the current streams
+            kw["stream"] = streams
+            for d in {d.index for d in devs}:
+                torch.cuda.synchronize(d)
         getattr(comm, name)(outs if local else outs[0], ins if local else ins[0], **kw)
 
     def verify(label, outs, expected):
@@ -77,56 +87,55 @@ def check_collectives(
             cases.append(("all_to_all", algo, n, ("auto", "sm")[i % 2], 0, False))
         cases.append(("all_to_all", algo, 1000003, "auto", 3, False))
         cases.append(("all_to_all", algo, max(a2a_sizes), "peer", 0, False))  # bounce past auto's cap
-    for op, algo, n, lc, off, in_place in cases:
-        for dtype_name in dtypes:
-            dtype = getattr(torch, dtype_name)
-            elem = torch.empty((), dtype=dtype).element_size()
-            nbytes = n * elem
-            if algo == "sm" and nbytes > SM_BYTES:
-                continue  # refused with a clear error (checked in sm_path)
-            total = world * nbytes
-            outs, ins, expected = [], [], []
-            for r, d, b in zip(ranks, devs, buf):
-                out = b[off : off + total]
-                seed = lambda q: zlib.crc32(f"{op}/{algo}/{n}/{dtype_name}/{q}".encode())
-                if op == "all_gather":
-                    src = _rand(torch, seed(r), nbytes, d)
-                    exp = torch.cat([_rand(torch, seed(q), nbytes, d) for q in range(world)])
-                    out.copy_(_rand(torch, 7 + r, total, d))  # poison
-                    if in_place:
-                        out[r * nbytes : (r + 1) * nbytes].copy_(src)
-                        inp = out[r * nbytes : (r + 1) * nbytes]
-                    else:
-                        skew = 3 if elem == 1 else elem  # unaligned bytes; element-aligned for bf16
-                        inp = torch.empty(nbytes + skew, dtype=torch.uint8, device=d)[skew:]
-                        inp.copy_(src)
+    for (op, algo, n, lc, off, in_place), dtype_name, rep in itertools.product(cases, dtypes, range(repeats)):
+        dtype = getattr(torch, dtype_name)
+        elem = torch.empty((), dtype=dtype).element_size()
+        nbytes = n * elem
+        if algo == "sm" and nbytes > SM_BYTES:
+            continue  # refused with a clear error (checked in sm_path)
+        total = world * nbytes
+        outs, ins, expected = [], [], []
+        for r, d, b in zip(ranks, devs, buf):
+            out = b[off : off + total]
+            seed = lambda q: zlib.crc32(f"{op}/{algo}/{n}/{dtype_name}/{q}".encode())
+            if op == "all_gather":
+                src = _rand(torch, seed(r), nbytes, d)
+                exp = torch.cat([_rand(torch, seed(q), nbytes, d) for q in range(world)])
+                out.copy_(_rand(torch, 7 + r, total, d))  # poison
+                if in_place:
+                    out[r * nbytes : (r + 1) * nbytes].copy_(src)
+                    inp = out[r * nbytes : (r + 1) * nbytes]
                 else:
-                    src = _rand(torch, seed(r), total, d)
-                    exp = torch.cat(
-                        [_rand(torch, seed(q), total, d)[r * nbytes : (r + 1) * nbytes] for q in range(world)]
-                    )
-                    out.copy_(_rand(torch, 7 + r, total, d))
-                    skew = 3 if elem == 1 else elem
-                    inp = torch.empty(total + skew, dtype=torch.uint8, device=d)[skew:]
+                    skew = 3 if elem == 1 else elem  # unaligned bytes; element-aligned for bf16
+                    inp = torch.empty(nbytes + skew, dtype=torch.uint8, device=d)[skew:]
                     inp.copy_(src)
-                if dtype != torch.uint8 and off == 0:
-                    out, inp = out.view(dtype), inp.view(dtype) if inp.data_ptr() % elem == 0 else inp
-                outs.append(out)
-                ins.append(inp)
-                expected.append(exp)
-            if any(o.dtype != i.dtype for o, i in zip(outs, ins)):
-                continue  # an unaligned byte view cannot be viewed as bf16; covered by uint8
-            try:
-                call(op, outs, ins, algo=algo, local_copy=lc)
-                comm.synchronize()
-            except Exception as exc:  # noqa: BLE001
-                fails.append(f"{op} {algo} n={n} {dtype_name}: raised {exc!r}")
-                continue
-            verify(
-                f"{op} {algo} n={n} {dtype_name} local_copy={lc} offset={off} in_place={in_place}",
-                [o.view(torch.uint8) for o in outs],
-                expected,
-            )
+            else:
+                src = _rand(torch, seed(r), total, d)
+                exp = torch.cat(
+                    [_rand(torch, seed(q), total, d)[r * nbytes : (r + 1) * nbytes] for q in range(world)]
+                )
+                out.copy_(_rand(torch, 7 + r, total, d))
+                skew = 3 if elem == 1 else elem
+                inp = torch.empty(total + skew, dtype=torch.uint8, device=d)[skew:]
+                inp.copy_(src)
+            if dtype != torch.uint8 and off == 0:
+                out, inp = out.view(dtype), inp.view(dtype) if inp.data_ptr() % elem == 0 else inp
+            outs.append(out)
+            ins.append(inp)
+            expected.append(exp)
+        if any(o.dtype != i.dtype for o, i in zip(outs, ins)):
+            continue  # an unaligned byte view cannot be viewed as bf16; covered by uint8
+        try:
+            call(op, outs, ins, algo=algo, local_copy=lc)
+            comm.synchronize()
+        except Exception as exc:  # noqa: BLE001
+            fails.append(f"{op} {algo} n={n} {dtype_name}: raised {exc!r}")
+            continue
+        verify(
+            f"{op} {algo} n={n} {dtype_name} local_copy={lc} offset={off} in_place={in_place} run={rep}",
+            [o.view(torch.uint8) for o in outs],
+            expected,
+        )
     return fails
 
 
@@ -1074,9 +1083,9 @@ def shared_gpu_world(world: int, algos) -> list:
     """`world` ranks in one process on the visible GPUs, several per GPU
     (FERRY_SHARED_GPUS=1, set by the caller): the logic of a world larger than
     the machine (flags, cyclic order, per-source slots of the SM path, masks)
-    runs for real. Every rank has its own stream. Each case runs twice with new
-    data in the same buffers (the second call reuses the plan and its graph);
-    random data, poisoned outputs, every byte compared."""
+    runs for real. Every rank has its own stream. all_gather and all_to_all
+    run check_collectives' matrix, each case twice; all_to_allv, broadcast and
+    all_reduce as below. Random data, poisoned outputs, every byte compared."""
     os.environ.update(SAFE_ENV)
     import ferry
     import torch
@@ -1110,29 +1119,21 @@ def shared_gpu_world(world: int, algos) -> list:
                 fails.append(f"{label}: rank {r}: {bad} wrong bytes of {e.numel()}")
 
     for algo in algos:
-        for n in (1, 4097, 65536, 65537, 300001):
-            for step in range(2):
-                tag = f"ag/{algo}/{n}/{step}"
-                ins = [torch.empty(n + 3, dtype=torch.uint8, device=d)[3:] for d in devs]  # unaligned
-                for r, x in enumerate(ins):
-                    x.copy_(rand(tag, r, n))
-                outs = [b[: world * n] for b in bufs]
-                exp = torch.cat([rand(tag, q, n).cpu() for q in range(world)])
-                run(
-                    tag,
-                    lambda o=outs, i=ins: comm.all_gather(o, i, stream=streams, algo=algo),
-                    outs,
-                    [exp] * world,
-                )
-        for n in (1, 4097, 65537, 100003):
-            for step in range(2):
-                tag = f"a2a/{algo}/{n}/{step}"
-                ins = [rand(tag, r, world * n) for r in range(world)]
-                outs = [b[: world * n] for b in bufs]
-                exp = [
-                    torch.cat([ins[q][r * n : (r + 1) * n].cpu() for q in range(world)]) for r in range(world)
-                ]
-                run(tag, lambda o=outs, i=ins: comm.all_to_all(o, i, stream=streams, algo=algo), outs, exp)
+        print(f"{algo}: all_gather, all_to_all", file=sys.stderr, flush=True)  # where a run that hangs got to
+        fails += check_collectives(
+            torch,
+            comm,
+            list(range(world)),
+            devs,
+            world,
+            bufs,
+            dtypes=("uint8",),
+            sizes=(1, 4097, 65537, 300001),
+            a2a_sizes=(1, 4097, 65537, 100003),
+            algos=(algo,),
+            streams=streams,
+            repeats=2,
+        )
         g = torch.Generator().manual_seed(world * 7 + len(algo))
         counts = torch.randint(0, 20000, (world, world), generator=g)
         counts[0, world - 1] = 0
