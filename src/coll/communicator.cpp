@@ -1,20 +1,16 @@
 #include "coll/communicator.hpp"
 
-#include <signal.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <sstream>
 
 #include "coll/signature.hpp"
-#include "coll/watch_rules.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/host_trace.hpp"
-#include "core/process.hpp"
 
 namespace ferry {
 namespace {
@@ -51,13 +47,6 @@ void check_device_ordinal(int device, const char* what) {
                                                      std::to_string(count) + " GPUs visible)");
 }
 
-// How long another call's value may sit in a flag, with its writer not yet
-// past this collective, before it counts as an argument mismatch.
-constexpr std::chrono::milliseconds kMismatchGrace(200);
-// The watchdog reads an eager call's ready flags (a copy out of GPU memory)
-// only once the call is this old, and waits this long for the copy.
-constexpr double kSnapshotAfterS = 0.05;
-constexpr std::chrono::milliseconds kSnapshotWait(20);
 // Distinct repeated eager calls kept as graphs per local rank.
 constexpr size_t kReplayCapacity = 256;
 
@@ -524,273 +513,6 @@ void Communicator::close() {
   device_flag_mem_.clear();
   fds_.reset();
   closed_ = true;
-}
-
-// ---------------------------------------------------------------- watchdog
-
-void Communicator::start_watchdog() {
-  watchdog_ = std::thread([this] { watchdog_loop(); });
-}
-
-void Communicator::watchdog_loop() {
-  // The watchdog queries events while the user's threads may capture CUDA
-  // graphs; in relaxed mode its calls never invalidate their capture.
-  cudaStreamCaptureMode relaxed = cudaStreamCaptureModeRelaxed;
-  cudaThreadExchangeStreamCaptureMode(&relaxed);
-  auto interval = std::chrono::milliseconds(std::max<long long>(1, knob_int("FERRY_WATCHDOG_MS")));
-  std::unique_lock<std::mutex> lock(watchdog_mu_);
-  while (!stop_watchdog_) {
-    watchdog_cv_.wait_for(lock, interval);
-    if (stop_watchdog_) break;
-    lock.unlock();
-    publish_progress();
-    for (int i = 0; i < local_count(); ++i) {
-      check_one_shot_fault(i);
-      auto pending = locals_[i]->in_flight->oldest_unfinished();
-      if (pending && pending->waiting_for_trigger) {
-        // A gate in GPU memory is read through a copy, made only once the
-        // wait has lasted (the usual arm-to-trigger gap costs nothing).
-        switch (look_at_armed(pending->gate.device != nullptr, pending->age_s, kSnapshotAfterS, timeout_s_)) {
-          case ArmedLook::kReadGate:
-            mirror_gate(i, pending->gate);
-            break;
-          case ArmedLook::kOpenGate:
-            fail_untriggered(i, *pending);
-            break;
-          case ArmedLook::kNothing:
-            break;
-        }
-      } else if (pending) {
-        diagnose_and_unblock(i, pending->expect, pending->age_s);
-      }
-    }
-    {
-      std::lock_guard<std::mutex> cl(captured_mu_);
-      for (auto& [key, c] : captured_) watch_captured(c);
-    }
-    lock.lock();
-  }
-}
-
-// A prepared collective armed for longer than the timeout without its trigger
-// being seen. Often a deadlock: the work meant to trigger it waits behind the
-// armed stream in a shared hardware queue. Report it and open the gate, so the
-// GPU drains (the collective then runs on whatever its input holds).
-void Communicator::fail_untriggered(int local, const InFlight::Pending& p) {
-  fail(std::string(coll_op_name(p.expect.op)) + " #" + std::to_string(p.expect.seq) + " on rank " +
-       std::to_string(rank(local)) + " was armed " + std::to_string(p.age_s) +
-       " s ago and never triggered. Two known causes: a kernel launched for the first time after arm() (CUDA's "
-       "lazy loading can synchronize the context, which waits for the armed stream: run every such kernel once "
-       "before arming, or set CUDA_MODULE_LOADING=EAGER), or trigger work queued behind the armed wait in a shared "
-       "CUDA hardware queue (raise CUDA_DEVICE_MAX_CONNECTIONS, e.g. 32); see docs/api.md, Prelaunch. The gate "
-       "was opened to free the GPU; the output is undefined");
-  open_gate(local, p.gate);
-}
-
-void Communicator::check_one_shot_fault(int local) {
-  const uint64_t f = __atomic_load_n(locals_[local]->one_shot_fault.host, __ATOMIC_ACQUIRE);
-  if (!(f & kOneShotFaultBit) || broken_) return;
-  const int q = static_cast<int>((f >> 32) & 0x7fffffff);
-  fail("a collective on the SM path (algo 'sm', its call #" + std::to_string(f & 0xffffffffu) +
-       " on that path) on rank " + std::to_string(rank(local)) + " gave up after waiting " +
-       std::to_string(timeout_s_) + " s for rank " + std::to_string(q) + ": rank " + std::to_string(q) +
-       " has not made the same call, made it with other arguments, or its GPU is held by other work. The output is "
-       "undefined; close this communicator");
-}
-
-void Communicator::publish_progress() {
-  for (auto& L : locals_)
-    __atomic_store_n(&host_flags(L->rank)->progress.completed, L->in_flight->completed(), __ATOMIC_RELEASE);
-}
-
-namespace {
-std::string describe(const ReadyRecord& x) {
-  return std::string(coll_op_name(static_cast<CollOp>(x.op))) + "(bytes=" + std::to_string(x.bytes_per_rank) +
-         ", buffer #" + std::to_string(x.registration) + ", offset " + std::to_string(x.offset) + ")";
-}
-bool has(uint64_t mask, int q) { return (mask >> q) & 1; }
-}  // namespace
-
-// Looks at the flags of a collective that has not finished. When it is past the
-// timeout (or a peer process has exited, called with other arguments, or the
-// communicator already failed), names each peer that did not do its part,
-// records the error, and releases the stream's waits by writing the expected
-// values itself, so nothing hangs. `x.seq` is 0 for runs of a captured graph,
-// whose progress the host cannot count.
-bool Communicator::diagnose_and_unblock(int local, const Expectation& x, double age_s) {
-  Local& L = *locals_[local];
-  const int r = L.rank;
-  if (broken_) {
-    // Failed already: release every wait of this collective, whatever the
-    // peers did (a late message from a peer may have overwritten an earlier
-    // release), so that no stream stays blocked and close() can finish.
-    release_waits(local, x.value, x.targets_mask, x.sources_mask);
-    return true;
-  }
-  const bool late = age_s > timeout_s_;
-  bool definite = false;  // a dead peer or a mismatch: no need to wait for the timeout
-  std::vector<std::string> problems;
-  std::vector<int> stuck;
-  // The ready flags are in GPU memory: copied out only for an eager call that
-  // has taken a while (healthy ones finish long before; a foreign value counts
-  // as a mismatch only after kMismatchGrace anyway).
-  const bool looked = x.seq > 0 && age_s >= kSnapshotAfterS && snapshot_ready(local);
-  const ReadyRecord* seen = L.ready_snapshot.host;
-  for (int q = 0; q < world_; ++q) {
-    if (q == r || !(has(x.targets_mask, q) || has(x.sources_mask, q))) continue;
-    uint64_t ready = looked && has(x.targets_mask, q) ? seen[q].value : 0;
-    std::string who = "rank " + std::to_string(q);
-    const Progress& pq = host_flags(q)->progress;
-    uint64_t enq = __atomic_load_n(&pq.enqueued, __ATOMIC_ACQUIRE);
-    uint64_t comp = __atomic_load_n(&pq.completed, __ATOMIC_ACQUIRE);
-    if (ready != 0 && ready != x.value && x.seq > 0) {
-      // Another call's value (see foreign_ready_is_mismatch). A peer one
-      // collective ahead has finished this one, which its watchdog publishes
-      // within an interval or two; kMismatchGrace leaves time for that.
-      MismatchSeen& m = mismatch_seen_[local * kMaxRanks + q];
-      auto now = std::chrono::steady_clock::now();
-      if (m.seq != x.seq || m.value != ready) m = MismatchSeen{x.seq, ready, now};
-      if (foreign_ready_is_mismatch(x.seq, comp, late, now - m.since > kMismatchGrace)) {
-        problems.push_back(who + " called " + describe(seen[q]) + " where rank " + std::to_string(r) + " called " +
-                           describe(*x.record) + ": the arguments must match on every rank");
-        definite = true;
-        stuck.push_back(q);
-        continue;
-      }
-    }
-    if (process_exited(pids_[q])) {
-      problems.push_back(who + " (pid " + std::to_string(pids_[q]) + ") has exited");
-      definite = true;
-      stuck.push_back(q);
-      continue;
-    }
-    if (x.seq > 0) {
-      if (comp >= x.seq) continue;  // q finished its part of this collective
-      if (enq < x.seq)
-        problems.push_back(who + " has not called collective #" + std::to_string(x.seq) + " (its last was #" +
-                           std::to_string(enq) + ")");
-      else
-        problems.push_back(who +
-                           " called it but has not finished (it waits for another rank, or its stream is "
-                           "held by other work)");
-    } else {
-      problems.push_back(who + " did not complete its part");
-    }
-    stuck.push_back(q);
-  }
-  if (stuck.empty()) return false;  // peers are fine: the stream is busy with the caller's own work
-  if (!late && !definite && !broken_) return false;
-  std::string msg = std::string(coll_op_name(x.op)) +
-                    (x.seq ? " #" + std::to_string(x.seq) : std::string(" (in a CUDA graph)")) + " on rank " +
-                    std::to_string(r) + " failed after " + std::to_string(age_s) + " s: ";
-  for (size_t i = 0; i < problems.size(); ++i) msg += (i ? "; " : "") + problems[i];
-  msg += ". The registered buffers it touched hold undefined data; close this communicator";
-  fail(msg);
-  uint64_t stuck_mask = 0;
-  for (int q : stuck) stuck_mask |= uint64_t{1} << q;
-  release_waits(local, x.value, x.targets_mask & stuck_mask, x.sources_mask & stuck_mask);
-  return true;
-}
-
-// The flags are in GPU memory, which the host cannot read or write directly:
-// stream operations on the rescue stream do it. Nothing is queued behind an
-// unfinished rescue, so the watchdog itself never blocks. (A highest-priority
-// stream: even with a single hardware queue it never waited behind an armed
-// stream in the GPU tests, test_untriggered_with_few_hardware_queues.)
-namespace {
-// The rescue stream once it is idle, waiting at most `limit` for that; else nullptr.
-cudaStream_t idle_rescue(int device, cudaStream_t rescue, std::chrono::microseconds limit = {}) {
-  if (cudaSetDevice(device) != cudaSuccess) {
-    cudaGetLastError();
-    return nullptr;
-  }
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  for (;;) {
-    if (cudaStreamQuery(rescue) == cudaSuccess) return rescue;
-    cudaGetLastError();
-    if (std::chrono::steady_clock::now() >= deadline) return nullptr;
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
-}
-}  // namespace
-
-bool Communicator::snapshot_ready(int local) {
-  Local& L = *locals_[local];
-  cudaStream_t rescue = idle_rescue(L.device, L.engines->rescue());
-  if (!rescue) return false;
-  if (cudaMemcpyAsync(L.ready_snapshot.host, device_flags(L.rank)->ready, world_ * sizeof(ReadyRecord),
-                      cudaMemcpyDeviceToHost, rescue) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  auto deadline = std::chrono::steady_clock::now() + kSnapshotWait;
-  while (cudaStreamQuery(rescue) == cudaErrorNotReady) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
-  cudaGetLastError();
-  return true;
-}
-
-void Communicator::mirror_gate(int local, const Gate& gate) {
-  cudaStream_t rescue = idle_rescue(locals_[local]->device, locals_[local]->engines->rescue());
-  if (!rescue) return;
-  if (cudaMemcpyAsync(const_cast<uint64_t*>(gate.host), gate.device, sizeof(uint64_t), cudaMemcpyDeviceToHost,
-                      rescue) != cudaSuccess)
-    cudaGetLastError();
-  // Read on the next look; the copy is not waited for here.
-}
-
-void Communicator::open_gate(int local, const Gate& gate) {
-  *gate.host = gate.value;
-  if (!gate.device) return;
-  // Opening is what frees the GPU: worth waiting a moment for a rescue that
-  // is still running (a read of this gate, for instance).
-  cudaStream_t rescue = idle_rescue(locals_[local]->device, locals_[local]->engines->rescue(), kSnapshotWait);
-  if (!rescue) return;
-  try {
-    dma::mem_ops(rescue, {MemOp{MemOp::Kind::kWrite, gate.device, gate.value}});
-  } catch (const std::exception&) {
-    // A rescue that cannot be queued leaves the stream blocked.
-  }
-}
-
-void Communicator::release_waits(int local, uint64_t value, uint64_t ready_peers, uint64_t done_peers) {
-  if ((ready_peers | done_peers) == 0) return;
-  Local& L = *locals_[local];
-  cudaStream_t rescue = idle_rescue(L.device, L.engines->rescue(), kSnapshotWait);
-  if (!rescue) return;
-  std::vector<MemOp> writes;
-  DeviceFlags* mine = device_flags(L.rank);
-  for (int q = 0; q < world_; ++q) {
-    if (has(ready_peers, q)) writes.push_back(MemOp{MemOp::Kind::kWrite, &mine->ready[q].value, value});
-    if (has(done_peers, q)) writes.push_back(MemOp{MemOp::Kind::kWrite, &mine->done[q].value, value});
-  }
-  try {
-    dma::mem_ops(rescue, writes);
-  } catch (const std::exception&) {
-    // The communicator has failed already; a release that cannot be queued leaves the stream blocked.
-  }
-}
-
-// A captured collective is stuck when its state word says it runs and its
-// ready flags have not changed for the whole timeout (runs that follow each
-// other keep changing them).
-void Communicator::watch_captured(Captured& c) {
-  if (__atomic_load_n(c.state.host, __ATOMIC_ACQUIRE) == 0) {
-    c.unchanged_since = -1;
-    return;
-  }
-  if (!snapshot_ready(c.local)) return;
-  const ReadyRecord* seen = locals_[c.local]->ready_snapshot.host;
-  std::vector<uint64_t> now;
-  for (int q = 0; q < world_; ++q) now.push_back(seen[q].value);
-  double t = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-  if (c.unchanged_since < 0 || now != c.last_flags) {
-    c.last_flags = now;
-    c.unchanged_since = t;
-  }
-  diagnose_and_unblock(c.local, c.expect, t - c.unchanged_since);
 }
 
 }  // namespace ferry
