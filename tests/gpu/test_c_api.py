@@ -1,0 +1,35 @@
+"""The C API on the GPUs: examples/c_api.c (all_gather, all_to_all, a prepared
+all_gather with host and stream triggers, a refused call; every byte checked)
+built with CMake and run on every visible GPU from one process."""
+
+import os
+import subprocess
+
+import _workers
+import pytest
+
+pytestmark = pytest.mark.multigpu
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _example_binary() -> str:
+    """scripts/test's build when it has the example, else a build of our own."""
+    built = os.path.join(ROOT, "build", "cpu-tests", "ferry_example_c")
+    if os.access(built, os.X_OK):
+        return built
+    build = os.path.join(ROOT, "build", "c-api")
+    for cmd in (
+        ["cmake", "-S", ROOT, "-B", build, "-G", "Ninja", "-DFERRY_BUILD_TESTS=OFF"],
+        ["cmake", "--build", build, "--target", "ferry_example_c"],
+    ):
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, f"{' '.join(cmd)} failed:\n{run.stdout[-3000:]}{run.stderr[-3000:]}"
+    return os.path.join(build, "ferry_example_c")
+
+
+def test_c_api_end_to_end():
+    env = dict(os.environ, **_workers.SAFE_ENV)
+    run = subprocess.run([_example_binary()], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert run.stdout.startswith("ok"), run.stdout
