@@ -1,16 +1,25 @@
-/* The C API end to end, one process driving every visible GPU:
- * all_gather and all_to_all from unaligned inputs, a prepared all_gather
- * triggered from the host and from a stream, step after step, every output
- * byte checked against the expected pattern; then a call on an unregistered
- * output, which must be refused with a message that says so.
+/* The C API end to end on every visible GPU (up to 8): all_gather and
+ * all_to_all from unaligned inputs, a prepared all_gather triggered from the
+ * host and from a stream step after step, every output byte checked; then a
+ * call on an unregistered output, which must be refused with a message that
+ * says so. Two ways to run it:
+ *
+ *   ferry_example_c                  one process drives every GPU (ferry_comm_init_local)
+ *   ferry_example_c --processes N    N processes, one per GPU (ferry_comm_init), with an
+ *                                    all-gather of our own through shared memory
  *
  *   cmake -S . -B build -G Ninja && cmake --build build --target ferry_example_c
- *   build/ferry_example_c          prints "ok" and exits 0 (77: fewer than 2 GPUs)
+ * Prints "ok" and exits 0; 77 where there are not 2 GPUs; 1 on any failure.
  */
+#define _GNU_SOURCE
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "ferry/ferry.h"
 
@@ -34,7 +43,9 @@
     }                                                                                        \
   } while (0)
 
-static int world;
+/* The ranks this process drives: local index l is rank ranks[l] on GPU devices[l]. */
+static int world, locals;
+static int ranks[MAX_GPUS], devices[MAX_GPUS];
 static void* outs[MAX_GPUS];      /* registered (ferry_comm_alloc) */
 static void* in_blocks[MAX_GPUS]; /* cudaMalloc, one byte past the start: unaligned */
 static void* in_bases[MAX_GPUS];
@@ -48,29 +59,30 @@ static unsigned char pattern(int r, size_t i, int salt) {
 }
 
 static void fill_inputs(size_t bytes, int salt) {
-  for (int r = 0; r < world; ++r) {
-    for (size_t i = 0; i < bytes; ++i) host[i] = pattern(r, i, salt);
-    CHECK_CUDA(cudaSetDevice(r));
-    CHECK_CUDA(cudaMemcpy(in_blocks[r], host, bytes, cudaMemcpyHostToDevice));
+  for (int l = 0; l < locals; ++l) {
+    for (size_t i = 0; i < bytes; ++i) host[i] = pattern(ranks[l], i, salt);
+    CHECK_CUDA(cudaSetDevice(devices[l]));
+    CHECK_CUDA(cudaMemcpy(in_blocks[l], host, bytes, cudaMemcpyHostToDevice));
   }
 }
 
 static void poison_outputs(size_t bytes) {
-  for (int r = 0; r < world; ++r) {
-    CHECK_CUDA(cudaSetDevice(r));
-    CHECK_CUDA(cudaMemset(outs[r], 0xCC, bytes));
+  for (int l = 0; l < locals; ++l) {
+    CHECK_CUDA(cudaSetDevice(devices[l]));
+    CHECK_CUDA(cudaMemset(outs[l], 0xCC, bytes));
   }
 }
 
-/* Rank r's output, byte i, must be what `expected` says; counts the rest. */
-static void check_outputs(const char* what, size_t bytes,
-                          unsigned char (*expected)(int r, size_t i, size_t n, int salt), size_t n, int salt) {
-  for (int r = 0; r < world; ++r) {
-    CHECK_CUDA(cudaSetDevice(r));
-    CHECK_CUDA(cudaMemcpy(host, outs[r], bytes, cudaMemcpyDeviceToHost));
+/* Byte i of rank r's output must be expected(r, i, n, salt); counts the rest. */
+typedef unsigned char (*expected_fn)(int r, size_t i, size_t n, int salt);
+
+static void check_outputs(const char* what, size_t bytes, expected_fn expected, size_t n, int salt) {
+  for (int l = 0; l < locals; ++l) {
+    CHECK_CUDA(cudaSetDevice(devices[l]));
+    CHECK_CUDA(cudaMemcpy(host, outs[l], bytes, cudaMemcpyDeviceToHost));
     long bad = 0;
-    for (size_t i = 0; i < bytes; ++i) bad += host[i] != expected(r, i, n, salt);
-    if (bad) fprintf(stderr, "%s: rank %d: %ld wrong bytes of %zu\n", what, r, bad, bytes);
+    for (size_t i = 0; i < bytes; ++i) bad += host[i] != expected(ranks[l], i, n, salt);
+    if (bad) fprintf(stderr, "%s: rank %d: %ld wrong bytes of %zu\n", what, ranks[l], bad, bytes);
     wrong += bad;
   }
 }
@@ -86,33 +98,19 @@ static unsigned char exchanged(int r, size_t i, size_t n, int salt) {
   return pattern((int)(i / n), (size_t)r * n + i % n, salt);
 }
 
-int main(void) {
-  if (cudaGetDeviceCount(&world) != cudaSuccess) {
-    printf("skipped: no usable GPU (%s)\n", cudaGetErrorString(cudaGetLastError()));
-    return 77;
-  }
-  if (world < 2) {
-    printf("skipped: %d GPU(s) visible, 2 needed\n", world);
-    return 77;
-  }
-  if (world > MAX_GPUS) world = MAX_GPUS;
-  int devices[MAX_GPUS];
-  for (int r = 0; r < world; ++r) devices[r] = r;
-
-  ferry_comm_t comm = NULL;
-  CHECK_FERRY(ferry_comm_init_local(devices, world, 60.0, &comm));
-
+/* Everything the example checks, on the ranks of this process. */
+static void run_checks(ferry_comm_t comm) {
   const size_t n = 4099; /* bytes per rank's block: odd */
   const size_t total = (size_t)world * n;
   host = (unsigned char*)malloc(total);
   CHECK_FERRY(ferry_comm_alloc(comm, total, outs));
-  for (int r = 0; r < world; ++r) {
-    CHECK_CUDA(cudaSetDevice(r));
-    CHECK_CUDA(cudaMalloc(&in_bases[r], total + 1));
-    in_blocks[r] = (char*)in_bases[r] + 1;
+  for (int l = 0; l < locals; ++l) {
+    CHECK_CUDA(cudaSetDevice(devices[l]));
+    CHECK_CUDA(cudaMalloc(&in_bases[l], total + 1));
+    in_blocks[l] = (char*)in_bases[l] + 1;
     cudaStream_t s;
     CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    streams[r] = s;
+    streams[l] = s;
   }
 
   /* Eager calls, twice each (the second is replayed from a CUDA graph). */
@@ -150,9 +148,9 @@ int main(void) {
     else
       CHECK_FERRY(ferry_trigger_on(comm, handle, streams)); /* a stream memory write */
     CHECK_FERRY(ferry_wait(comm, handle, streams));
-    for (int r = 0; r < world; ++r) {
-      CHECK_CUDA(cudaSetDevice(r));
-      CHECK_CUDA(cudaStreamSynchronize((cudaStream_t)streams[r]));
+    for (int l = 0; l < locals; ++l) {
+      CHECK_CUDA(cudaSetDevice(devices[l]));
+      CHECK_CUDA(cudaStreamSynchronize((cudaStream_t)streams[l]));
     }
     check_outputs(step % 2 == 0 ? "prepared all_gather, host trigger" : "prepared all_gather, stream trigger", total,
                   gathered, n, salt);
@@ -165,34 +163,141 @@ int main(void) {
 
   /* Bad input: the output is cudaMalloc memory ferry does not know. */
   void* unregistered[MAX_GPUS];
-  for (int r = 0; r < world; ++r) {
-    CHECK_CUDA(cudaSetDevice(r));
-    CHECK_CUDA(cudaMalloc(&unregistered[r], total));
+  for (int l = 0; l < locals; ++l) {
+    CHECK_CUDA(cudaSetDevice(devices[l]));
+    CHECK_CUDA(cudaMalloc(&unregistered[l], total));
   }
   ferry_result_t refused = ferry_all_gather(comm, unregistered, (const void* const*)in_blocks, n, streams, NULL);
   if (refused != FERRY_ERROR_NOT_REGISTERED || !strstr(ferry_last_error(), "not inside a buffer registered")) {
     fprintf(stderr, "an unregistered output gave %s: %s\n", ferry_result_name(refused), ferry_last_error());
     ++wrong;
   }
-  for (int r = 0; r < world; ++r) {
-    CHECK_CUDA(cudaSetDevice(r));
-    CHECK_CUDA(cudaFree(unregistered[r]));
-  }
 
   CHECK_FERRY(ferry_comm_synchronize(comm));
   CHECK_FERRY(ferry_comm_free(comm, outs));
-  CHECK_FERRY(ferry_comm_close(comm));
-  ferry_comm_destroy(comm);
-  for (int r = 0; r < world; ++r) {
-    CHECK_CUDA(cudaSetDevice(r));
-    CHECK_CUDA(cudaStreamDestroy((cudaStream_t)streams[r]));
-    CHECK_CUDA(cudaFree(in_bases[r]));
+  for (int l = 0; l < locals; ++l) {
+    CHECK_CUDA(cudaSetDevice(devices[l]));
+    CHECK_CUDA(cudaFree(unregistered[l]));
+    CHECK_CUDA(cudaStreamDestroy((cudaStream_t)streams[l]));
+    CHECK_CUDA(cudaFree(in_bases[l]));
   }
   free(host);
-  if (wrong) {
-    fprintf(stderr, "FAILED: %ld wrong\n", wrong);
+}
+
+/* ---- an all-gather for ferry_comm_init: shared memory between forked processes */
+
+#define SHARED_SLOT_BYTES (1 << 20)
+
+struct shared_area {
+  unsigned long arrived, round; /* a barrier: arrivals in this round, rounds completed */
+  unsigned char data[MAX_GPUS][SHARED_SLOT_BYTES];
+};
+
+struct allgather_ctx {
+  struct shared_area* area;
+  int rank, world;
+};
+
+/* Every rank arrives, or -1 after 60 s (ferry's all-gather must be bounded). */
+static int barrier(struct shared_area* a, int n) {
+  const unsigned long round = __atomic_load_n(&a->round, __ATOMIC_ACQUIRE);
+  if (__atomic_add_fetch(&a->arrived, 1, __ATOMIC_ACQ_REL) == (unsigned long)n) {
+    __atomic_store_n(&a->arrived, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&a->round, round + 1, __ATOMIC_RELEASE);
+    return 0;
+  }
+  const time_t deadline = time(NULL) + 60;
+  while (__atomic_load_n(&a->round, __ATOMIC_ACQUIRE) == round) {
+    if (time(NULL) > deadline) return -1;
+    usleep(20);
+  }
+  return 0;
+}
+
+static int shared_allgather(void* ctx, const void* mine, size_t nbytes, void* all) {
+  struct allgather_ctx* c = (struct allgather_ctx*)ctx;
+  if (nbytes > SHARED_SLOT_BYTES) return -1;
+  memcpy(c->area->data[c->rank], mine, nbytes);
+  if (barrier(c->area, c->world) != 0) return -1;
+  for (int p = 0; p < c->world; ++p) memcpy((unsigned char*)all + (size_t)p * nbytes, c->area->data[p], nbytes);
+  return barrier(c->area, c->world); /* nobody writes the next round before all have read */
+}
+
+/* One forked process: rank `rank` on GPU `rank`. CUDA starts here, after fork. */
+static int run_rank(struct shared_area* area, int rank) {
+  struct allgather_ctx ctx = {area, rank, world};
+  ferry_comm_config_t cfg = {rank, world, rank, shared_allgather, &ctx, 60.0};
+  locals = 1;
+  ranks[0] = devices[0] = rank;
+  ferry_comm_t comm = NULL;
+  CHECK_FERRY(ferry_comm_init(&cfg, &comm));
+  run_checks(comm);
+  CHECK_FERRY(ferry_comm_close(comm));
+  ferry_comm_destroy(comm);
+  return wrong ? 1 : 0;
+}
+
+static int run_processes(int n) {
+  /* No CUDA call before fork: a child cannot use CUDA that its parent started. */
+  struct shared_area* area = (struct shared_area*)mmap(NULL, sizeof(struct shared_area), PROT_READ | PROT_WRITE,
+                                                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (area == MAP_FAILED) {
+    perror("mmap");
     return 1;
   }
-  printf("ok: %d GPUs, all_gather, all_to_all, prepared all_gather (host and stream triggers), refused call\n", world);
-  return 0;
+  world = n;
+  pid_t pids[MAX_GPUS];
+  for (int r = 0; r < n; ++r) {
+    pids[r] = fork();
+    if (pids[r] < 0) {
+      perror("fork");
+      return 1;
+    }
+    if (pids[r] == 0) _exit(run_rank(area, r));
+  }
+  int failed = 0;
+  for (int r = 0; r < n; ++r) {
+    int status = 0;
+    waitpid(pids[r], &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      fprintf(stderr, "rank %d failed (status %d)\n", r, status);
+      failed = 1;
+    }
+  }
+  munmap(area, sizeof(struct shared_area));
+  return failed;
+}
+
+static int run_one_process(void) {
+  if (cudaGetDeviceCount(&world) != cudaSuccess) {
+    printf("skipped: no usable GPU (%s)\n", cudaGetErrorString(cudaGetLastError()));
+    return 77;
+  }
+  if (world < 2) {
+    printf("skipped: %d GPU(s) visible, 2 needed\n", world);
+    return 77;
+  }
+  if (world > MAX_GPUS) world = MAX_GPUS;
+  locals = world;
+  for (int r = 0; r < world; ++r) ranks[r] = devices[r] = r;
+  ferry_comm_t comm = NULL;
+  CHECK_FERRY(ferry_comm_init_local(devices, world, 60.0, &comm));
+  run_checks(comm);
+  CHECK_FERRY(ferry_comm_close(comm));
+  ferry_comm_destroy(comm);
+  return wrong ? 1 : 0;
+}
+
+int main(int argc, char** argv) {
+  int n = 0;
+  if (argc == 3 && strcmp(argv[1], "--processes") == 0) n = atoi(argv[2]);
+  if (argc != 1 && !(n >= 2 && n <= MAX_GPUS)) {
+    fprintf(stderr, "usage: %s [--processes N]   (2 <= N <= %d, one GPU each)\n", argv[0], MAX_GPUS);
+    return 2;
+  }
+  const int rc = n ? run_processes(n) : run_one_process();
+  if (rc == 0)
+    printf("ok: all_gather, all_to_all, prepared all_gather (host and stream triggers), refused call; %s\n",
+           n ? "one process per GPU" : "one process for all GPUs");
+  return rc;
 }

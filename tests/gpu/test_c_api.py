@@ -1,12 +1,15 @@
 """The C API on the GPUs: examples/c_api.c (all_gather, all_to_all, a prepared
 all_gather with host and stream triggers, a refused call; every byte checked)
-built with CMake and run on every visible GPU from one process."""
+built with CMake and run on every visible GPU, from one process
+(ferry_comm_init_local) and from one process per GPU (ferry_comm_init with the
+example's own all-gather)."""
 
 import os
 import subprocess
 
 import _workers
 import pytest
+from conftest import GPU_COUNT
 
 pytestmark = pytest.mark.multigpu
 
@@ -28,8 +31,10 @@ def _example_binary() -> str:
     return os.path.join(build, "ferry_example_c")
 
 
-def test_c_api_end_to_end():
+@pytest.mark.parametrize("mode", ["one-process", "process-per-gpu"])
+def test_c_api_end_to_end(mode):
+    args = [] if mode == "one-process" else ["--processes", str(min(GPU_COUNT, 8))]
     env = dict(os.environ, **_workers.SAFE_ENV)
-    run = subprocess.run([_example_binary()], env=env, capture_output=True, text=True, timeout=300)
+    run = subprocess.run([_example_binary(), *args], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert run.stdout.startswith("ok"), run.stdout
