@@ -143,6 +143,10 @@ static void run_checks(ferry_comm_t comm) {
     fill_inputs(n, salt);
     poison_outputs(total);
     CHECK_FERRY(ferry_arm(comm, handle, streams));
+    if (step == 0 && ferry_comm_synchronize(comm) != FERRY_ERROR_INVALID_ARGUMENT) {
+      fprintf(stderr, "synchronize while armed was not refused\n");
+      ++wrong;
+    }
     if (step % 2 == 0)
       CHECK_FERRY(ferry_trigger(comm, handle)); /* a store from the host */
     else

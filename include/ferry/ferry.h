@@ -190,7 +190,9 @@ FERRY_API ferry_result_t ferry_release(ferry_comm_t comm, int handle);
 /* Returns the first asynchronous error (a peer that timed out), or FERRY_SUCCESS. */
 FERRY_API ferry_result_t ferry_comm_check(ferry_comm_t comm);
 /* Waits, bounded by the communicator's timeout, until every collective enqueued
- * so far has finished; returns its asynchronous error if any. */
+ * so far has finished; returns its asynchronous error if any. Returns
+ * FERRY_ERROR_INVALID_ARGUMENT at once while a prepared collective is armed and
+ * not triggered (so do ferry_comm_free and ferry_comm_deregister). */
 FERRY_API ferry_result_t ferry_comm_synchronize(ferry_comm_t comm);
 
 #ifdef __cplusplus

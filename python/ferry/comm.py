@@ -557,7 +557,9 @@ class Communicator:
         self._c.check()
 
     def synchronize(self) -> None:
-        """Waits (bounded by the timeout) for every collective enqueued so far."""
+        """Waits (bounded by the timeout) for every collective enqueued so far.
+        Raises InvalidArgumentError at once while a prepared collective is
+        armed and not triggered (the wait would include it)."""
         self._c.synchronize()
 
     def close(self) -> None:

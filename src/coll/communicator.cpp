@@ -364,6 +364,7 @@ void Communicator::deregister(const std::vector<void*>& ptrs) {
     if (it->scratch || it->base[rank(0)] != ptrs[0]) continue;
     FERRY_ARG_CHECK(!it->owned, "deregister: this buffer came from alloc(); release it with free()");
     check_not_prepared(it->id, "deregister");
+    refuse_if_armed("deregister");
     synchronize();
     release(*it);
     registrations_.erase(it);
@@ -380,6 +381,7 @@ void Communicator::free(const std::vector<void*>& ptrs) {
     if (it->scratch || it->base[rank(0)] != ptrs[0]) continue;
     FERRY_ARG_CHECK(it->owned, "free: this buffer was registered, not allocated by ferry; use deregister()");
     check_not_prepared(it->id, "free");
+    refuse_if_armed("free");
     synchronize();
     release(*it);
     registrations_.erase(it);
@@ -450,8 +452,23 @@ void Communicator::check() {
               "the communicator is broken by an earlier error (" + error_ + "); close it and create a new one");
 }
 
+void Communicator::refuse_if_armed(const char* what) const {
+  for (const auto& [id, p] : prepared_)
+    if (p.armed)
+      throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                  std::string(what) + ": prepared collective " + std::to_string(id) +
+                      " is armed and not triggered, so waiting for every collective would wait for its trigger "
+                      "until the timeout; trigger it first (from the host, a stream or a kernel)");
+}
+
 void Communicator::synchronize() {
   if (closed_) throw_error(FERRY_ERROR_CLOSED, "synchronize: the communicator is closed");
+  check();
+  refuse_if_armed("synchronize");
+  wait_for_enqueued();
+}
+
+void Communicator::wait_for_enqueued() {
   double interval = static_cast<double>(knob_int("FERRY_WATCHDOG_MS")) / 1000.0;
   auto deadline =
       std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -481,7 +498,7 @@ void Communicator::close() {
   try {
     // Also after a failure: the watchdog releases the broken collectives' waits
     // while this waits, so no stream is left blocked on a flag about to be freed.
-    synchronize();
+    wait_for_enqueued();
   } catch (...) {
     // Closing after a failure still releases everything; the error was reported or stays in check().
   }

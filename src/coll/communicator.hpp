@@ -103,7 +103,9 @@ class Communicator {
 
   // Throws the first asynchronous error (FERRY_ERROR_BROKEN after it was seen once).
   void check();
-  // Waits (bounded) for every enqueued collective; then check().
+  // Waits (bounded) for every enqueued collective; then check(). Refused at
+  // once while a prepared collective is armed and not triggered (the wait
+  // would last until the timeout).
   void synchronize();
 
  private:
@@ -200,6 +202,10 @@ class Communicator {
   const Registration& scratch(size_t bytes);
   Registration& allocate_registration(size_t bytes);
   void check_not_prepared(uint32_t registration, const char* what) const;
+  // Throws, naming `what`, while a prepared collective is armed and not triggered.
+  void refuse_if_armed(const char* what) const;
+  // synchronize() without its checks (close() drains armed runs it opened itself).
+  void wait_for_enqueued();
   // The SM path's windows (collective, at creation; none with FERRY_SM_BYTES=0).
   void create_one_shot_windows();
   // Reports a kernel of the SM path that gave up waiting (the watchdog looks).

@@ -695,13 +695,22 @@ def prelaunch_and_graphs(rank: int, world: int, port: int) -> list:
         h = comm.prepare("all_gather", out, inp)
         expect("not armed", h.trigger)
 
+        spare = comm.alloc((64,), torch.uint8)
+
         def misuse(step):
             if step == 0:
                 expect("armed already", h.arm)
+            if step == 1:  # refused at once, not after the timeout
+                t0 = time.monotonic()
+                expect(r"synchronize: prepared collective \d+ is armed and not triggered", comm.synchronize)
+                expect(r"free: prepared collective \d+ is armed and not triggered", lambda: comm.free(spare))
+                if time.monotonic() - t0 > 1:
+                    fails.append(f"synchronize/free while armed took {time.monotonic() - t0:.1f} s to refuse")
             if step == 3:
                 expect("gate in GPU memory, which the host cannot write", h.trigger)
 
         _run_prepared_all_gather(torch, ferry, h, out, inp, side, rank, world, 60, "pre", check, misuse)
+        comm.free(spare)  # nothing armed now
         expect("used by prepared collective", lambda: comm.free(out))
         h.release()
         expect("not a prepared collective", h.trigger)
