@@ -121,7 +121,7 @@ __device__ void exchange_low_latency(const OneShotStep& s, const OneShotWindows&
 __device__ void exchange_with_flags(const OneShotStep& s, const OneShotWindows& w, size_t slot_bytes,
                                     const OneShotControl& c, uint64_t call, int parity) {
   auto* mine = reinterpret_cast<OneShotHeader*>(w.base[s.rank]);
-  const uint64_t value = call << 32 | s.tag;
+  const uint64_t value = one_shot_flag_value(call, s.tag);
 
   // 1. Pushes into the peers' windows, in cyclic-shift order, and the own block.
   size_t begin = 0, len = 0;
@@ -148,11 +148,12 @@ __device__ void exchange_with_flags(const OneShotStep& s, const OneShotWindows& 
     }
   }
 
-  // 3. Wait for each peer's flag for this chunk, bounded.
+  // 3. Wait for each peer's flag for this chunk (or its next call's, which
+  // may have replaced it: one_shot_flag_passes), bounded.
   bool gave_up = false;
   if (threadIdx.x < s.world && threadIdx.x != s.rank) {
     const uint64_t* flag = &mine->flags[threadIdx.x][blockIdx.x];
-    gave_up = !wait_for([&] { return load_acquire(flag) == value; }, c, threadIdx.x, call);
+    gave_up = !wait_for([&] { return one_shot_flag_passes(load_acquire(flag), call, s.tag); }, c, threadIdx.x, call);
   }
   gave_up = __syncthreads_or(gave_up);
 

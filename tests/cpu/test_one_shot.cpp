@@ -229,6 +229,21 @@ TEST(OneShot, AllGatherAllToAllBroadcastMoveTheRightBytes) {
   EXPECT_EQ(one_shot_blocks(70001), 3);
 }
 
+TEST(OneShot, AFlagPassesForThisCallOrThePeersNextOne) {
+  const uint32_t tag = 0xabcd1234u;
+  const uint64_t call = 9816;
+  EXPECT_TRUE(one_shot_flag_passes(one_shot_flag_value(call, tag), call, tag));
+  // Overwritten by the peer's next call (any tag: it got there only by matching ours).
+  EXPECT_TRUE(one_shot_flag_passes(one_shot_flag_value(call + 1, tag), call, tag));
+  EXPECT_TRUE(one_shot_flag_passes(one_shot_flag_value(call + 1, 7), call, tag));
+  // Not yet sent, another call of the peer, a zeroed window, two calls on.
+  EXPECT_FALSE(one_shot_flag_passes(one_shot_flag_value(call - 1, tag), call, tag));
+  EXPECT_FALSE(one_shot_flag_passes(one_shot_flag_value(call, tag ^ 1), call, tag));
+  EXPECT_FALSE(one_shot_flag_passes(0, call, tag));
+  EXPECT_FALSE(one_shot_flag_passes(0, 1, 0));
+  EXPECT_FALSE(one_shot_flag_passes(one_shot_flag_value(call + 2, tag), call, tag));
+}
+
 TEST(OneShot, SpanSharesTileTheSpanIn16ByteChunks) {
   for (size_t len : {size_t(0), size_t(1), size_t(15), size_t(16), size_t(100), size_t(70001), size_t(1) << 20})
     for (int blocks : {1, 3, 5, kOneShotMaxBlocks}) {
