@@ -822,6 +822,42 @@ def prelaunch_and_graphs(rank: int, world: int, port: int) -> list:
     return fails
 
 
+def _sm_span_format_stress(torch, comm, buf, rank, world, check, calls=50, replays=400) -> list:
+    """20,000 back-to-back SM-path broadcasts of 1 MiB (the format with one
+    flag per peer and block) from a CUDA graph: a rank that finishes a call
+    goes straight into the next and overwrites its flags, which a slower
+    peer's block must still accept (one_shot_flag_passes; without that, a
+    sweep stopped once in about 10,000 calls). Bounded by the kernel's own
+    timeout; the output is checked at the end."""
+    import time
+
+    dev, n = buf.device, 1 << 20
+    out = buf[:n]
+    src = _rand(torch, zlib.crc32(b"sm-stress"), n, dev)
+    if rank == 0:
+        out.copy_(src)
+    else:
+        out.fill_(0xCC)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream(device=dev)
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(graph, stream=s):
+            for _ in range(calls):
+                comm.broadcast(out, None, root=0, algo="sm")
+    t0 = time.monotonic()
+    try:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+        comm.synchronize()
+    except Exception as exc:  # noqa: BLE001
+        return [f"rank {rank}: {calls * replays} SM-path broadcasts of 1 MiB: {exc!r}"]
+    check(f"{calls * replays} SM-path broadcasts of 1 MiB in {time.monotonic() - t0:.2f} s", out, src)
+    del graph
+    return []
+
+
 def sm_path(rank: int, world: int, port: int) -> list:
     """algo "sm" (one SM kernel per call, through the peers' windows): the
     correctness matrix within its size limit, 1,000 back-to-back calls,
@@ -899,6 +935,7 @@ def sm_path(rank: int, world: int, port: int) -> list:
             )
         del graph
         comm.synchronize()
+        fails += _sm_span_format_stress(torch, comm, buf, rank, world, check)
 
         # Prepared: every trigger, each gate.
         side = torch.cuda.Stream(device=dev)
