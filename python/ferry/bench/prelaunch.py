@@ -43,8 +43,9 @@ def measure(ctx, case, algo: str, runs: int) -> float:
                 lat.append((t1 - start) / 1000.0)
         wrong = case.wrong_bytes()
     finally:
-        comm.synchronize()
-        h.release()
+        if not h.armed:  # else an error left it armed: close() opens its gate
+            comm.synchronize()
+            h.release()
     if ctx.total(wrong):
         raise RuntimeError(f"prelaunched {case.op} {algo} n={case.n}: wrong output")
     return ctx.slowest(statistics.median(lat))
