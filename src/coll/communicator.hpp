@@ -204,7 +204,8 @@ class Communicator {
   void check_not_prepared(uint32_t registration, const char* what) const;
   // Throws, naming `what`, while a prepared collective is armed and not triggered.
   void refuse_if_armed(const char* what) const;
-  // synchronize() without its checks (close() drains armed runs it opened itself).
+  // synchronize() without refusing armed handles: the bounded wait, then
+  // check() (close() drains armed runs whose gates it opened itself).
   void wait_for_enqueued();
   // The SM path's windows (collective, at creation; none with FERRY_SM_BYTES=0).
   void create_one_shot_windows();
