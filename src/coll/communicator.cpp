@@ -56,6 +56,9 @@ void Communicator::init_common(double timeout_s) {
   timeout_s_ = timeout_s > 0 ? timeout_s : knob_float("FERRY_TIMEOUT_S");
   table_ = default_selector_table();
   forced_algo_ = parse_algo(knob_string("FERRY_ALGO"), "FERRY_ALGO");
+  const std::string signals = knob_string("FERRY_SIGNALS");
+  FERRY_ARG_CHECK(signals == "copy" || signals == "sm", "FERRY_SIGNALS=" + signals + ": expected 'copy' or 'sm'");
+  signals_by_kernel_ = signals == "sm";
 }
 
 namespace {
@@ -79,11 +82,12 @@ std::unique_ptr<Communicator::Local> Communicator::make_local(int rank, int devi
   for (int g = kMaxDeviceGates - 1; g >= 0; --g) local->free_gates.push_back(g);
   local->ready_snapshot = local->records->records(kMaxRanks);
   if (knob_int("FERRY_REPLAY_CALLS") != 0) local->replays = std::make_unique<ReplayCache>(kReplayCapacity);
-  local->one_shot_abort = local->records->word();
-  local->one_shot_fault = local->records->word();
+  local->kernel_abort = local->records->word();
+  local->kernel_fault = local->records->word();
   load_local_copy_kernels();
   load_reduce_kernels();
   load_one_shot_kernels();
+  load_signal_round_kernels();
   return local;
 }
 
@@ -433,15 +437,15 @@ void Communicator::fail(const std::string& message) {
     std::fprintf(stderr, "ferry: communicator failed: %s\n", message.c_str());
   }
   broken_ = true;
-  // Kernels of the SM path that wait for a peer give up now.
+  // ferry's kernels that wait for a peer (SM path, signal rounds) give up now.
   for (auto& L : locals_)
-    if (L->one_shot_abort.host) __atomic_store_n(L->one_shot_abort.host, uint64_t{1}, __ATOMIC_RELEASE);
+    if (L->kernel_abort.host) __atomic_store_n(L->kernel_abort.host, uint64_t{1}, __ATOMIC_RELEASE);
 }
 
 void Communicator::check() {
-  // A kernel of the SM path that gave up has finished: a caller that waited
+  // A ferry kernel that gave up has finished: a caller that waited
   // for it must hear why now, not at the watchdog's next look.
-  for (int i = 0; i < local_count(); ++i) check_one_shot_fault(i);
+  for (int i = 0; i < local_count(); ++i) check_kernel_fault(i);
   if (!broken_) return;
   std::lock_guard<std::mutex> lock(error_mu_);
   if (!error_reported_) {

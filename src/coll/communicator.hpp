@@ -28,6 +28,7 @@
 #include "coll/record_pool.hpp"
 #include "coll/replay_cache.hpp"
 #include "coll/selector.hpp"
+#include "coll/signal_round.hpp"
 #include "dma/engine.hpp"
 #include "symm/peer_buffer.hpp"
 #include "symm/shared_host_memory.hpp"
@@ -123,10 +124,11 @@ class Communicator {
     // released handles whose last run (event) may not have finished yet.
     std::vector<int> free_gates;
     std::vector<std::pair<int, cudaEvent_t>> retiring_gates;
-    // The SM path's words in pinned host memory: set by the host to make its
-    // waiting kernels give up; set by a kernel that gave up (OneShotControl).
-    Pinned<uint64_t> one_shot_abort;
-    Pinned<uint64_t> one_shot_fault;
+    // Words in pinned host memory for ferry's waiting kernels (the SM path,
+    // signal rounds): set by the host to make them give up; set by a kernel
+    // that gave up (KernelWait).
+    Pinned<uint64_t> kernel_abort;
+    Pinned<uint64_t> kernel_fault;
   };
   // A validated, planned call as one local rank runs it.
   struct Built {
@@ -210,7 +212,7 @@ class Communicator {
   // The SM path's windows (collective, at creation; none with FERRY_SM_BYTES=0).
   void create_one_shot_windows();
   // Reports a kernel of the SM path that gave up waiting (the watchdog looks).
-  void check_one_shot_fault(int local);
+  void check_kernel_fault(int local);
   Prepared& prepared(int handle, const char* what);
 
   // Enqueues a built program on one local rank's stream.
@@ -233,6 +235,9 @@ class Communicator {
   // spreads the pushes over one stream per peer and keeps the waits on one.
   void emit_exchange(int local, const Exchange& x, const Built& b, cudaStream_t s, const Emission& e, bool first,
                      bool last);
+  void emit_ready_copies(int local, const Exchange& x, const Built& b, cudaStream_t s, const Emission& e, bool first);
+  KernelWait kernel_wait(int local, const ValueWait* gate) const;
+  SignalRound signal_round(int local, const Exchange& x, const Built& b, bool done);
 
   // The word a prepared collective's armed stream waits on (device address).
   uint64_t* gate_address(const Prepared& p, int local) const;
@@ -283,6 +288,7 @@ class Communicator {
   uint64_t gate_generation_ = 0;  // the value of each arming, unique per communicator
   std::vector<SelectorRule> table_;
   uint32_t scratch_registration_ = 0;  // 0: none yet
+  bool signals_by_kernel_ = false;     // FERRY_SIGNALS=sm (coll/signal_round.hpp)
   size_t one_shot_slot_bytes_ = 0;     // bytes per source slot in a window (FERRY_SM_BYTES)
   OneShotWindows one_shot_windows_{};  // by rank, as mapped in this process
   std::map<int, Prepared> prepared_;

@@ -7,8 +7,10 @@
 //   4. done: one small copy into each target's done flags (GPU memory) after its data
 //   5. one batch: wait for every source's done, reset those flags to 0
 // No kernel runs here unless the program has a reduction, the local block
-// is copied with the SM kernel, or the call runs on the SM path (algo "sm",
-// one kernel instead of all of the above: coll/one_shot.hpp).
+// is copied with the SM kernel, the call runs on the SM path (algo "sm",
+// one kernel instead of all of the above: coll/one_shot.hpp), or
+// FERRY_SIGNALS=sm (steps 1-2 and 4-5 as one single-block kernel each:
+// coll/signal_round.hpp).
 #include <algorithm>
 
 #include "coll/communicator.hpp"
@@ -44,12 +46,7 @@ void Communicator::emit(int local, const Built& b, const Emission& e) {
         // The kernel's own bound comes a second after the watchdog's, which
         // names late peers from their progress; it is what bounds a kernel
         // replayed from a graph, which the watchdog cannot follow.
-        launch_one_shot(
-            step.one_shot, one_shot_windows_, one_shot_slot_bytes_,
-            OneShotControl{L.one_shot_abort.device, L.one_shot_fault.device,
-                           static_cast<uint64_t>((timeout_s_ + 1.0) * 1e9),
-                           e.gate ? static_cast<const uint64_t*>(e.gate->addr) : nullptr, e.gate ? e.gate->value : 0},
-            s);
+        launch_one_shot(step.one_shot, one_shot_windows_, one_shot_slot_bytes_, kernel_wait(local, e.gate), s);
         break;
     }
   }
@@ -140,45 +137,41 @@ cudaGraphExec_t Communicator::capture_call(int local, const Built& b, Emission e
   return exec;
 }
 
+KernelWait Communicator::kernel_wait(int local, const ValueWait* gate) const {
+  const Local& L = *locals_[local];
+  return KernelWait{L.kernel_abort.device, L.kernel_fault.device, static_cast<uint64_t>((timeout_s_ + 1.0) * 1e9),
+                    gate ? static_cast<const uint64_t*>(gate->addr) : nullptr, gate ? gate->value : 0};
+}
+
+SignalRound Communicator::signal_round(int local, const Exchange& x, const Built& b, bool done) {
+  SignalRound r;
+  r.rank = locals_[local]->rank;
+  r.done = done;
+  r.record = *b.record.host;
+  for (int q = 0; q < world_; ++q) r.flags[q] = device_flags(q);
+  // The ready round tells sources that they may write; the done round tells targets that their data is there.
+  for (int q : done ? x.targets : x.sources) r.signal_mask |= uint64_t{1} << q;
+  for (int q : done ? x.sources : x.targets) r.wait_mask |= uint64_t{1} << q;
+  return r;
+}
+
 void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, cudaStream_t s, const Emission& e,
                                  bool first, bool last) {
-  using K = MemOp::Kind;
   Local& L = *locals_[local];
-  const int r = L.rank;
-  DeviceFlags* mine = device_flags(r);
-
-  {
-    // One plain copy each from the pinned record: for messages this small the
-    // batched call cost more time on the GPU (as for the done copies below).
-    // In a graph (captured by the user or by ReplayCache) they are parallel
-    // branches, which cost nothing there; on a live stream the extra event
-    // operations would cost more than the copies' serial latency.
-    HostTraceScope t(HostStage::kReady);
-    const int n = static_cast<int>(x.sources.size());
-    const bool branches = n > 1 && n <= L.engines->peer_count() && dma::is_capturing(s);
-    if (branches) L.engines->fork(s, n);
-    for (int k = 0; k < n; ++k) {
-      const int q = x.sources[k];
-      dma::copy_one(branches ? L.engines->peer(k) : s,
-                    Copy{&device_flags(q)->ready[r], b.record.mapped, kReadyCopyBytes});
-    }
-    if (branches) L.engines->join(s, n);
-  }
-
-  std::vector<MemOp> before;
-  if (first && e.state_word) before.push_back(MemOp{K::kWrite, e.state_word, 1});
-  // The done copies read the value from GPU memory (see DoneRecord).
-  if (!x.targets.empty()) before.push_back(MemOp{K::kWrite, b.record.done_source, b.value});
-  for (int t : x.targets) before.push_back(MemOp{K::kWait, &mine->ready[t].value, b.value});
-  for (int t : x.targets) before.push_back(MemOp{K::kWrite, &mine->ready[t].value, 0});
-  if (first && e.gate) before.push_back(MemOp{K::kWait, e.gate->addr, e.gate->value});
-  {
+  const bool by_kernel = signals_by_kernel_;
+  if (by_kernel) {
+    SignalRound ready = signal_round(local, x, b, false);
+    if (first && e.state_word) ready.state_word = const_cast<uint64_t*>(e.state_word), ready.state_value = 1;
     HostTraceScope t(HostStage::kBefore);
-    dma::mem_ops(s, before);
+    launch_signal_round(ready, kernel_wait(local, first ? e.gate : nullptr), s);
+  } else {
+    emit_ready_copies(local, x, b, s, e, first);
   }
 
   std::vector<Copy> done;
-  for (int t : x.targets) done.push_back(Copy{&device_flags(t)->done[r].value, b.record.done_source, sizeof(uint64_t)});
+  if (!by_kernel)
+    for (int t : x.targets)
+      done.push_back(Copy{&device_flags(t)->done[L.rank].value, b.record.done_source, sizeof(uint64_t)});
 
   // The own block: read back from a peer after the push there (no SM), or
   // copied within the GPU (an SM kernel: CUDA has no other way).
@@ -197,7 +190,7 @@ void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, c
       for (const auto& pc : x.pushes)
         if (pc.peer == x.targets[k]) dma::copy(pk, pc.copy);
       if (pull_back && x.local_pull.peer == x.targets[k]) dma::copy_one(pk, x.local_pull.copy);
-      dma::copy(pk, done[k]);
+      if (!by_kernel) dma::copy(pk, done[k]);
     }
     if (!pull_back) copy_local(x.local, how, s);
     L.engines->join(s, n);
@@ -226,7 +219,7 @@ void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, c
       // leaves its copy alone until it has them.
       if (pull_back) dma::copy_one(s, x.local_pull.copy);
     }
-    {
+    if (!by_kernel) {
       HostTraceScope t(HostStage::kDone);
       size_t largest = 0;
       for (const auto& pc : x.pushes) largest = std::max(largest, pc.copy.bytes);
@@ -238,13 +231,57 @@ void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, c
     }
   }
 
-  std::vector<MemOp> after;
-  for (int q : x.sources) after.push_back(MemOp{K::kWait, &mine->done[q].value, b.value});
-  for (int q : x.sources) after.push_back(MemOp{K::kWrite, &mine->done[q].value, 0});
-  if (last && e.state_word) after.push_back(MemOp{K::kWrite, e.state_word, 0});
   HostTraceScope t(HostStage::kAfter);
-  dma::mem_ops(s, after);
+  if (by_kernel) {
+    SignalRound finish = signal_round(local, x, b, true);
+    if (last && e.state_word) finish.state_word = const_cast<uint64_t*>(e.state_word), finish.state_value = 0;
+    launch_signal_round(finish, kernel_wait(local, nullptr), s);
+  } else {
+    using K = MemOp::Kind;
+    DeviceFlags* mine = device_flags(L.rank);
+    std::vector<MemOp> after;
+    for (int q : x.sources) after.push_back(MemOp{K::kWait, &mine->done[q].value, b.value});
+    for (int q : x.sources) after.push_back(MemOp{K::kWrite, &mine->done[q].value, 0});
+    if (last && e.state_word) after.push_back(MemOp{K::kWrite, e.state_word, 0});
+    dma::mem_ops(s, after);
+  }
   if (side) L.engines->order(L.engines->side(), s);
+}
+
+// Steps 1 and 2 on copy engines and stream waits.
+void Communicator::emit_ready_copies(int local, const Exchange& x, const Built& b, cudaStream_t s, const Emission& e,
+                                     bool first) {
+  using K = MemOp::Kind;
+  Local& L = *locals_[local];
+  const int r = L.rank;
+  DeviceFlags* mine = device_flags(r);
+  {
+    // One plain copy each from the pinned record: for messages this small the
+    // batched call cost more time on the GPU (as for the done copies below).
+    // In a graph (captured by the user or by ReplayCache) they are parallel
+    // branches, which cost nothing there; on a live stream the extra event
+    // operations would cost more than the copies' serial latency.
+    HostTraceScope t(HostStage::kReady);
+    const int n = static_cast<int>(x.sources.size());
+    const bool branches = n > 1 && n <= L.engines->peer_count() && dma::is_capturing(s);
+    if (branches) L.engines->fork(s, n);
+    for (int k = 0; k < n; ++k) {
+      const int q = x.sources[k];
+      dma::copy_one(branches ? L.engines->peer(k) : s,
+                    Copy{&device_flags(q)->ready[r], b.record.mapped, kReadyCopyBytes});
+    }
+    if (branches) L.engines->join(s, n);
+  }
+
+  std::vector<MemOp> before;
+  if (first && e.state_word) before.push_back(MemOp{K::kWrite, e.state_word, 1});
+  // The done copies read the value from GPU memory (see DoneRecord).
+  if (!x.targets.empty()) before.push_back(MemOp{K::kWrite, b.record.done_source, b.value});
+  for (int t : x.targets) before.push_back(MemOp{K::kWait, &mine->ready[t].value, b.value});
+  for (int t : x.targets) before.push_back(MemOp{K::kWrite, &mine->ready[t].value, 0});
+  if (first && e.gate) before.push_back(MemOp{K::kWait, e.gate->addr, e.gate->value});
+  HostTraceScope t(HostStage::kBefore);
+  dma::mem_ops(s, before);
 }
 
 }  // namespace ferry

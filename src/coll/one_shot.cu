@@ -1,6 +1,7 @@
 // The SM path's kernel: pushes by stores, one flag per peer, waits by
 // spinning, copy out of the window (coll/one_shot.hpp says why it is safe).
 #include "coll/copy_words.cuh"
+#include "coll/kernel_wait.cuh"
 #include "coll/one_shot_kernel.hpp"
 #include "core/error.hpp"
 
@@ -10,26 +11,6 @@ namespace {
 constexpr int kThreads = kOneShotThreads;
 // 16-byte words each thread has in flight (as in the local copy kernel).
 constexpr int kUnroll = 4;
-// Spins between looks at the clock and the abort word (host memory: a read
-// crosses PCIe, so not on every spin).
-constexpr unsigned kSpinsPerLook = 1024;
-
-__device__ uint64_t load_acquire(const uint64_t* p) {
-  uint64_t v;
-  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-
-__device__ void store_release(uint64_t* p, uint64_t v) {
-  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-
-__device__ uint64_t now_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
 // The whole block copies n bytes; 16-byte words when both ends allow it.
 __device__ void copy_span(char* __restrict__ dst, const char* __restrict__ src, size_t n) {
   const size_t step = blockDim.x;
@@ -64,30 +45,11 @@ __device__ bool ll_load(const char* unit, uint32_t flag, OneShotUnitData* v) {
   return f0 == flag && f1 == flag;
 }
 
-// Spins until `ok()`, bounded like every wait of the kernel; false when it
-// gave up (abort, or the timeout: then the fault word names `source`).
-template <typename Ok>
-__device__ bool wait_for(Ok ok, const OneShotControl& c, int source, uint64_t call) {
-  uint64_t start = 0;  // read at the first look: most waits end before it
-  for (unsigned spins = 1; !ok(); ++spins) {
-    if (spins % kSpinsPerLook) continue;
-    const bool aborted = *c.abort != 0;
-    if (start == 0) start = now_ns();
-    if (aborted || now_ns() - start > c.timeout_ns) {
-      if (!aborted)
-        *reinterpret_cast<volatile uint64_t*>(c.fault) =
-            kOneShotFaultBit | uint64_t(source) << 32 | (call & 0xffffffffu);
-      return false;
-    }
-  }
-  return true;
-}
-
 // The exchange in the low-latency format: every peer gets its units (at
 // least one), then this block waits for its share of every peer's units and
 // writes their data out. No barrier and no fence: each unit is its own flag.
 __device__ void exchange_low_latency(const OneShotStep& s, const OneShotWindows& w, size_t slot_bytes,
-                                     const OneShotControl& c, uint64_t call, int parity) {
+                                     const KernelWait& c, uint64_t call, int parity) {
   const uint32_t flag = one_shot_ll_flag(call, s.tag);
   size_t u0 = 0;
   for (int k = 1; k < s.world; ++k) {
@@ -119,7 +81,7 @@ __device__ void exchange_low_latency(const OneShotStep& s, const OneShotWindows&
 // The exchange with one flag per peer and block (blocks above
 // kOneShotLowLatencyMaxBytes): pushes, a barrier, the flags, waits, copy out.
 __device__ void exchange_with_flags(const OneShotStep& s, const OneShotWindows& w, size_t slot_bytes,
-                                    const OneShotControl& c, uint64_t call, int parity) {
+                                    const KernelWait& c, uint64_t call, int parity) {
   auto* mine = reinterpret_cast<OneShotHeader*>(w.base[s.rank]);
   const uint64_t value = one_shot_flag_value(call, s.tag);
 
@@ -166,7 +128,7 @@ __device__ void exchange_with_flags(const OneShotStep& s, const OneShotWindows& 
 }
 
 __global__ void __launch_bounds__(kThreads)
-    one_shot_kernel(OneShotStep s, OneShotWindows w, size_t slot_bytes, OneShotControl c) {
+    one_shot_kernel(OneShotStep s, OneShotWindows w, size_t slot_bytes, KernelWait c) {
   auto* mine = reinterpret_cast<OneShotHeader*>(w.base[s.rank]);
   // Every block reads the count before any block can have raised it (the
   // last block to finish does, below); the next call's kernel starts after
@@ -177,10 +139,10 @@ __global__ void __launch_bounds__(kThreads)
     // it. One block polls the gate (host memory for a host gate: one reader
     // across PCIe) and tells the others through this GPU's memory.
     if (threadIdx.x == 0) {
-      const uint64_t* word = blockIdx.x == 0 ? c.gate : &mine->opened;
-      const uint64_t want = blockIdx.x == 0 ? c.gate_value : call;
-      for (unsigned spins = 1; load_acquire(word) != want; ++spins)
-        if (spins % kSpinsPerLook == 0 && *c.abort) break;
+      if (blockIdx.x == 0)
+        wait_for_gate(c.gate, c.gate_value, c);
+      else
+        wait_for_gate(&mine->opened, call, c);
       if (blockIdx.x == 0) store_release(&mine->opened, call);
     }
     __syncthreads();
@@ -212,7 +174,7 @@ void load_one_shot_kernels() {
   FERRY_CUDA_CHECK(cudaFuncGetAttributes(&a, one_shot_kernel));
 }
 
-void launch_one_shot(const OneShotStep& s, const OneShotWindows& w, size_t slot_bytes, const OneShotControl& c,
+void launch_one_shot(const OneShotStep& s, const OneShotWindows& w, size_t slot_bytes, const KernelWait& c,
                      cudaStream_t stream) {
   one_shot_kernel<<<s.blocks, kThreads, 0, stream>>>(s, w, slot_bytes, c);
   FERRY_CUDA_CHECK(cudaGetLastError());

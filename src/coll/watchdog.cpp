@@ -59,7 +59,7 @@ void Communicator::watchdog_loop() {
     lock.unlock();
     publish_progress();
     for (int i = 0; i < local_count(); ++i) {
-      check_one_shot_fault(i);
+      check_kernel_fault(i);
       auto pending = locals_[i]->in_flight->oldest_unfinished();
       if (pending && pending->waiting_for_trigger) {
         // A gate in GPU memory is read through a copy, made only once the
@@ -101,13 +101,15 @@ void Communicator::fail_untriggered(int local, const InFlight::Pending& p) {
   open_gate(local, p.gate);
 }
 
-void Communicator::check_one_shot_fault(int local) {
-  const uint64_t f = __atomic_load_n(locals_[local]->one_shot_fault.host, __ATOMIC_ACQUIRE);
-  if (!(f & kOneShotFaultBit) || broken_) return;
-  const int q = static_cast<int>((f >> 32) & 0x7fffffff);
-  fail("a collective on the SM path (algo 'sm', its call #" + std::to_string(f & 0xffffffffu) +
-       " on that path) on rank " + std::to_string(rank(local)) + " gave up after waiting " +
-       std::to_string(timeout_s_) + " s for rank " + std::to_string(q) + ": rank " + std::to_string(q) +
+void Communicator::check_kernel_fault(int local) {
+  const uint64_t f = __atomic_load_n(locals_[local]->kernel_fault.host, __ATOMIC_ACQUIRE);
+  if (!(f & kKernelFaultBit) || broken_) return;
+  const int q = static_cast<int>((f >> 32) & 0x3fffffff);
+  const std::string what = (f & kSignalRoundFaultBit) ? std::string("a collective's signal round (FERRY_SIGNALS=sm)")
+                                                      : "a collective on the SM path (algo 'sm', its call #" +
+                                                            std::to_string(f & 0xffffffffu) + " on that path)";
+  fail(what + " on rank " + std::to_string(rank(local)) + " gave up after waiting " + std::to_string(timeout_s_) +
+       " s for rank " + std::to_string(q) + ": rank " + std::to_string(q) +
        " has not made the same call, made it with other arguments, or its GPU is held by other work. The output is "
        "undefined; close this communicator");
 }

@@ -34,6 +34,10 @@ const std::vector<Knob>& knobs() {
        "on fewer GPUs; ranks of one GPU copy to each other on SMs, give each rank its own stream"},
       {"FERRY_SCRATCH_BYTES", "int", "67108864",
        "bound on the scratch an in-place all_to_all uses per rank (it runs in rounds of scratch / world bytes)"},
+      {"FERRY_SIGNALS", "string", "copy",
+       "how the copy-engine variants send and await their ready and done messages: 'copy' (small copy-engine "
+       "copies and stream waits, no SM) or 'sm' (one single-block kernel per round: a few microseconds less per "
+       "round, one SM while it waits); the data moves on copy engines either way"},
       {"FERRY_SM_BYTES", "int", "1048576",
        "largest block per peer that algo 'sm' (the SM kernel for small collectives) moves; each rank's window "
        "takes 2 x world x (this + 128 KB) of GPU memory, allocated at creation (up to 8 ranks); 0: no window, no 'sm'"},

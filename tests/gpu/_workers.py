@@ -1033,6 +1033,54 @@ def sm_path(rank: int, world: int, port: int) -> list:
     return fails
 
 
+def _with_kernel_signals(worker, rank: int, world: int, port: int) -> list:
+    os.environ["FERRY_SIGNALS"] = "sm"  # read when the communicator is created
+    return worker(rank, world, port)
+
+
+def correctness_kernel_signals(rank: int, world: int, port: int) -> list:
+    """The correctness matrix with the ready and done rounds sent by kernels."""
+    return _with_kernel_signals(correctness, rank, world, port)
+
+
+def prelaunch_and_graphs_kernel_signals(rank: int, world: int, port: int) -> list:
+    """Prepared collectives (the gate waited for in the ready round's kernel)
+    and graphs replayed 10,000 times, with the rounds sent by kernels."""
+    return _with_kernel_signals(prelaunch_and_graphs, rank, world, port)
+
+
+def kernel_signals_skipped_call(rank: int, world: int, port: int) -> list:
+    """FERRY_SIGNALS=sm: rank 1 skips a collective that rank 0 makes. Rank
+    0's ready-round kernel waits for rank 1's message; the watchdog must name
+    rank 1 after the timeout and free the kernel, so that rank 0's
+    synchronize() raises instead of hanging."""
+    os.environ["FERRY_SIGNALS"] = "sm"
+    import ferry
+    import torch
+
+    comm = _init(rank, world, port, timeout=3)
+    dev = torch.device("cuda", rank)
+    out = comm.alloc((world * 4096,), torch.uint8)
+    inp = _rand(torch, rank, 4096, dev)
+    comm.all_gather(out, inp)
+    comm.synchronize()
+    fails = []
+    if rank == 0:
+        t0 = time.monotonic()
+        try:
+            comm.all_gather(out, inp)
+            comm.synchronize()
+            fails.append("the all_gather finished although rank 1 never made it")
+        except ferry.PeerTimeoutError as exc:
+            took = time.monotonic() - t0
+            if "rank 1" not in str(exc) or took > 10:
+                fails.append(f"bad error after {took:.1f} s: {exc}")
+    else:
+        time.sleep(6)  # alive, but skips the call
+    comm.close()
+    return fails
+
+
 def never_joins(rank: int, world: int, port: int) -> list:
     import ferry
 

@@ -53,3 +53,18 @@ def test_prelaunch_and_graphs(world):
 @pytest.mark.parametrize("world", WORLDS)
 def test_sm_path(world):
     run_on_every_rank(_workers.sm_path, world, timeout=300)
+
+
+# FERRY_SIGNALS=sm: the same protocol with its messages sent by kernels.
+@pytest.mark.parametrize("world", WORLDS)
+def test_kernel_signals_byte_exact(world):
+    run_on_every_rank(_workers.correctness_kernel_signals, world)
+
+
+@pytest.mark.parametrize("world", worlds_to_test(2, GPU_COUNT))
+def test_kernel_signals_prelaunch_and_graphs(world):
+    run_on_every_rank(_workers.prelaunch_and_graphs_kernel_signals, world, timeout=150)
+
+
+def test_kernel_signals_skipped_call_is_named():
+    run_on_every_rank(_workers.kernel_signals_skipped_call, 2, timeout=60)
