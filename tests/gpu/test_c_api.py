@@ -7,7 +7,7 @@ example's own all-gather)."""
 import os
 import subprocess
 
-import _workers
+import _checks
 import pytest
 from conftest import GPU_COUNT
 
@@ -34,7 +34,7 @@ def _example_binary() -> str:
 @pytest.mark.parametrize("mode", ["one-process", "process-per-gpu"])
 def test_c_api_end_to_end(mode):
     args = [] if mode == "one-process" else ["--processes", str(min(GPU_COUNT, 8))]
-    env = dict(os.environ, **_workers.SAFE_ENV)
+    env = dict(os.environ, **_checks.SAFE_ENV)
     run = subprocess.run([_example_binary(), *args], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert run.stdout.startswith("ok"), run.stdout

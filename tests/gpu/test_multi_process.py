@@ -1,6 +1,8 @@
 """One process per GPU: byte-exact collectives, bad input, missing and dying peers."""
 
 import _workers
+import _workers_prelaunch
+import _workers_sm
 import pytest
 from conftest import GPU_COUNT, worlds_to_test
 from harness import spawn
@@ -47,12 +49,12 @@ def test_more_collectives_byte_exact(world):
 
 @pytest.mark.parametrize("world", worlds_to_test(2, GPU_COUNT))
 def test_prelaunch_and_graphs(world):
-    run_on_every_rank(_workers.prelaunch_and_graphs, world, timeout=150)
+    run_on_every_rank(_workers_prelaunch.prelaunch_and_graphs, world, timeout=150)
 
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_sm_path(world):
-    run_on_every_rank(_workers.sm_path, world, timeout=300)
+    run_on_every_rank(_workers_sm.sm_path, world, timeout=300)
 
 
 # FERRY_SIGNALS=sm: the same protocol with its messages sent by kernels.

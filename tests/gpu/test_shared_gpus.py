@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-import _workers
+import _checks
 import pytest
 from conftest import GPU_COUNT
 
@@ -26,8 +26,8 @@ CASES = [
 
 @pytest.mark.parametrize("world,algos", [c for c in CASES if c[0] > GPU_COUNT], ids=lambda x: str(x))
 def test_world_larger_than_the_machine(world, algos):
-    env = dict(os.environ, FERRY_SHARED_GPUS="1", CUDA_DEVICE_MAX_CONNECTIONS="32", **_workers.SAFE_ENV)
-    here = os.path.dirname(os.path.abspath(_workers.__file__))
+    env = dict(os.environ, FERRY_SHARED_GPUS="1", CUDA_DEVICE_MAX_CONNECTIONS="32", **_checks.SAFE_ENV)
+    here = os.path.dirname(os.path.abspath(_checks.__file__))
     run = subprocess.run(
         [sys.executable, os.path.join(here, "_workers.py"), "shared", str(world), algos],
         env=env,

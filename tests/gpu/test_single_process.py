@@ -1,6 +1,7 @@
 """One process driving several GPUs (ferry.init_local)."""
 
-import _workers
+import _checks
+import _workers_prelaunch
 import pytest
 from conftest import GPU_COUNT, worlds_to_test
 
@@ -24,7 +25,7 @@ def local_comm(request):
 def test_collectives_byte_exact(local_comm):
     torch, comm, world, bufs = local_comm
     devs = [torch.device("cuda", i) for i in range(world)]
-    fails = _workers.check_collectives(torch, comm, list(range(world)), devs, world, bufs)
+    fails = _checks.check_collectives(torch, comm, list(range(world)), devs, world, bufs)
     assert not fails, "\n".join(fails[:20])
 
 
@@ -32,11 +33,11 @@ def test_repeated_and_multi_stream(local_comm):
     torch, comm, world, bufs = local_comm
     devs = [torch.device("cuda", i) for i in range(world)]
     ranks = list(range(world))
-    fails = _workers.check_repeats(torch, comm, ranks, devs, world, bufs)
+    fails = _checks.check_repeats(torch, comm, ranks, devs, world, bufs)
     streams = [[torch.cuda.Stream(device=d) for _ in range(2)] for d in devs]
-    fails += _workers.check_repeats(torch, comm, ranks, devs, world, bufs, reps=200, streams=streams)
-    fails += _workers.check_same_buffers(torch, comm, ranks, devs, world, bufs)
-    fails += _workers.check_same_buffers(torch, comm, ranks, devs, world, bufs, reps=10, streams=streams)
+    fails += _checks.check_repeats(torch, comm, ranks, devs, world, bufs, reps=200, streams=streams)
+    fails += _checks.check_same_buffers(torch, comm, ranks, devs, world, bufs)
+    fails += _checks.check_same_buffers(torch, comm, ranks, devs, world, bufs, reps=10, streams=streams)
     assert not fails, "\n".join(fails[:20])
 
 
@@ -46,8 +47,8 @@ def test_sm_path_single_process(local_comm):
     torch, comm, world, bufs = local_comm
     devs = [torch.device("cuda", i) for i in range(world)]
     ranks = list(range(world))
-    fails = _workers.check_collectives(torch, comm, ranks, devs, world, bufs, algos=("sm",))
-    fails += _workers.check_repeats(torch, comm, ranks, devs, world, bufs, algo="sm")
+    fails = _checks.check_collectives(torch, comm, ranks, devs, world, bufs, algos=("sm",))
+    fails += _checks.check_repeats(torch, comm, ranks, devs, world, bufs, algo="sm")
     assert not fails, "\n".join(fails[:20])
 
 
@@ -171,7 +172,7 @@ def test_prelaunch_and_reductions_single_process(local_comm):
 @pytest.mark.parametrize("algo", ["auto", "sm"])
 @pytest.mark.parametrize("gate", ["host", "device"])
 def test_untriggered_prepared_collective_is_reported(gate, algo):
-    fails = _workers.untriggered_is_reported(gate, algo)
+    fails = _workers_prelaunch.untriggered_is_reported(gate, algo)
     assert not fails, "\n".join(fails)
 
 
@@ -185,8 +186,8 @@ def test_untriggered_with_few_hardware_queues(connections, algo):
     import subprocess
     import sys
 
-    env = dict(os.environ, CUDA_DEVICE_MAX_CONNECTIONS=str(connections), **_workers.SAFE_ENV)
-    here = os.path.dirname(os.path.abspath(_workers.__file__))
+    env = dict(os.environ, CUDA_DEVICE_MAX_CONNECTIONS=str(connections), **_checks.SAFE_ENV)
+    here = os.path.dirname(os.path.abspath(_checks.__file__))
     run = subprocess.run(
         [sys.executable, os.path.join(here, "_workers.py"), "untriggered", "device", algo],
         env=env,
