@@ -22,7 +22,7 @@ A2A_SIZES = (1, 3, 4096, 1000003, (16 << 20) + 1)
 SM_BYTES = 1 << 20
 
 
-def rand(torch, seed: int, n: int, dev):
+def rand_bytes(torch, seed: int, n: int, dev):
     g = torch.Generator(device=dev)
     g.manual_seed(seed)
     return torch.randint(0, 256, (n,), dtype=torch.uint8, device=dev, generator=g)
@@ -102,9 +102,9 @@ def check_collectives(
             out = b[off : off + total]
             seed = lambda q: zlib.crc32(f"{op}/{algo}/{n}/{dtype_name}/{q}".encode())
             if op == "all_gather":
-                src = rand(torch, seed(r), nbytes, d)
-                exp = torch.cat([rand(torch, seed(q), nbytes, d) for q in range(world)])
-                out.copy_(rand(torch, 7 + r, total, d))  # poison
+                src = rand_bytes(torch, seed(r), nbytes, d)
+                exp = torch.cat([rand_bytes(torch, seed(q), nbytes, d) for q in range(world)])
+                out.copy_(rand_bytes(torch, 7 + r, total, d))  # poison
                 if in_place:
                     out[r * nbytes : (r + 1) * nbytes].copy_(src)
                     inp = out[r * nbytes : (r + 1) * nbytes]
@@ -113,11 +113,14 @@ def check_collectives(
                     inp = torch.empty(nbytes + skew, dtype=torch.uint8, device=d)[skew:]
                     inp.copy_(src)
             else:
-                src = rand(torch, seed(r), total, d)
+                src = rand_bytes(torch, seed(r), total, d)
                 exp = torch.cat(
-                    [rand(torch, seed(q), total, d)[r * nbytes : (r + 1) * nbytes] for q in range(world)]
+                    [
+                        rand_bytes(torch, seed(q), total, d)[r * nbytes : (r + 1) * nbytes]
+                        for q in range(world)
+                    ]
                 )
-                out.copy_(rand(torch, 7 + r, total, d))
+                out.copy_(rand_bytes(torch, 7 + r, total, d))
                 skew = 3 if elem == 1 else elem
                 inp = torch.empty(total + skew, dtype=torch.uint8, device=d)[skew:]
                 inp.copy_(src)
@@ -150,7 +153,7 @@ def check_repeats(torch, comm, ranks, devs, world, buf, reps=1000, n=4096, strea
     for op in ("all_gather", "all_to_all"):
         inputs = []
         for r, d, b in zip(ranks, devs, buf):
-            src = rand(
+            src = rand_bytes(
                 torch, 99 + r + (op == "all_to_all"), reps * (n if op == "all_gather" else world * n), d
             )
             inputs.append(src)
@@ -171,12 +174,12 @@ def check_repeats(torch, comm, ranks, devs, world, buf, reps=1000, n=4096, strea
             got = b[: reps * world * n].view(reps, world, n)
             if op == "all_gather":
                 exp = torch.stack(
-                    [rand(torch, 99 + q, reps * n, d).view(reps, n) for q in range(world)], dim=1
+                    [rand_bytes(torch, 99 + q, reps * n, d).view(reps, n) for q in range(world)], dim=1
                 )
             else:
                 exp = torch.stack(
                     [
-                        rand(torch, 100 + q, reps * world * n, d).view(reps, world, n)[:, r]
+                        rand_bytes(torch, 100 + q, reps * world * n, d).view(reps, world, n)[:, r]
                         for q in range(world)
                     ],
                     dim=1,
@@ -291,7 +294,7 @@ def check_same_buffers(torch, comm, ranks, devs, world, buf, reps=30, streams=No
                 src = (
                     (lambda q, m: ints(torch, seed(q), m, d, torch.float32))
                     if floats
-                    else (lambda q, m: rand(torch, seed(q), m, d))
+                    else (lambda q, m: rand_bytes(torch, seed(q), m, d))
                 )
                 if not in_place:
                     outs[k].view(torch.uint8).fill_(0xA5)

@@ -19,7 +19,7 @@ from _checks import (
     checker,
     init,
     ints,
-    rand,
+    rand_bytes,
 )
 from _workers_prelaunch import prelaunch_and_graphs, untriggered_is_reported
 
@@ -160,7 +160,7 @@ def more_collectives(rank: int, world: int, port: int) -> list:
             counts[world - 1, 0] = 100003 if trial == 0 else 7
             es = torch.empty((), dtype=dtype).element_size()
             seed = lambda s: zlib.crc32(f"a2av/{trial}/{s}".encode())
-            send = rand(torch, seed(rank), int(counts[rank].sum()) * es, dev).view(dtype)
+            send = rand_bytes(torch, seed(rank), int(counts[rank].sum()) * es, dev).view(dtype)
             recv_n = int(counts[:, rank].sum())
             out = buf[: recv_n * es].view(dtype)
             out.view(torch.uint8).fill_(0xA5)
@@ -168,14 +168,14 @@ def more_collectives(rank: int, world: int, port: int) -> list:
                 comm.all_to_allv(out, send, counts.tolist(), algo=algo)
                 pieces = []
                 for s in range(world):
-                    src = rand(torch, seed(s), int(counts[s].sum()) * es, dev).view(dtype)
+                    src = rand_bytes(torch, seed(s), int(counts[s].sum()) * es, dev).view(dtype)
                     off = int(counts[s, :rank].sum())
                     pieces.append(src[off : off + int(counts[s, rank])])
                 check(f"all_to_allv {dtype} {algo}", out, torch.cat(pieces))
         # broadcast from every root, out-of-place and in place, odd size.
         n = 1000003
         for root in range(world):
-            exp = rand(torch, 77 + root, n, dev)
+            exp = rand_bytes(torch, 77 + root, n, dev)
             out = buf[5 : 5 + n]
             out.fill_(0x11)
             src = exp.clone() if rank == root else None
@@ -217,10 +217,10 @@ def more_collectives(rank: int, world: int, port: int) -> list:
         for n in (4096, 100003):
             seed = lambda s: zlib.crc32(f"ipa2a/{n}/{s}".encode())
             t = buf[: world * n]
-            t.copy_(rand(torch, seed(rank), world * n, dev))
+            t.copy_(rand_bytes(torch, seed(rank), world * n, dev))
             comm.all_to_all(t, t)
             exp = torch.cat(
-                [rand(torch, seed(s), world * n, dev)[rank * n : (rank + 1) * n] for s in range(world)]
+                [rand_bytes(torch, seed(s), world * n, dev)[rank * n : (rank + 1) * n] for s in range(world)]
             )
             check(f"all_to_all in-place n={n}", t, exp)
         comm.synchronize()
@@ -257,7 +257,7 @@ def kernel_signals_skipped_call(rank: int, world: int, port: int) -> list:
     comm = init(rank, world, port, timeout=3)
     dev = torch.device("cuda", rank)
     out = comm.alloc((world * 4096,), torch.uint8)
-    inp = rand(torch, rank, 4096, dev)
+    inp = rand_bytes(torch, rank, 4096, dev)
     comm.all_gather(out, inp)
     comm.synchronize()
     fails = []
@@ -340,7 +340,7 @@ def shared_gpu_world(world: int, algos) -> list:
     fails = []
 
     def rand(tag, r, n):
-        return rand(torch, zlib.crc32(f"{tag}/{r}".encode()), n, devs[r])
+        return rand_bytes(torch, zlib.crc32(f"{tag}/{r}".encode()), n, devs[r])
 
     def run(label, call, outs, expected):
         print(label, file=sys.stderr, flush=True)  # where a run that hangs got to

@@ -13,7 +13,7 @@ from _checks import (
     checker,
     expecter,
     init,
-    rand,
+    rand_bytes,
 )
 
 # Every trigger with the gate in host memory, the stream and kernel triggers
@@ -41,7 +41,7 @@ def run_prepared_all_gather(torch, ferry, h, out, inp, side, rank, world, steps,
         if after_arm:
             after_arm(step)
         with torch.cuda.stream(side):
-            inp.copy_(rand(torch, seed(rank), n, dev))
+            inp.copy_(rand_bytes(torch, seed(rank), n, dev))
             if how == "stream":
                 h.trigger(side)
             elif how == "device":
@@ -54,7 +54,7 @@ def run_prepared_all_gather(torch, ferry, h, out, inp, side, rank, world, steps,
         check(
             f"prepared {tag} all_gather step {step} ({how} trigger, gate in {gate} memory)",
             out,
-            torch.cat([rand(torch, seed(s), n, dev) for s in range(world)]),
+            torch.cat([rand_bytes(torch, seed(s), n, dev) for s in range(world)]),
         )
 
 
@@ -78,7 +78,7 @@ def _eager_calls_while_armed(torch, comm, out, inp, side, rank, world, check, fa
         return zlib.crc32(f"armed-eager/{tag}/{q}".encode())
 
     for phase in ("while a handle is armed", "with nothing armed"):
-        srcs = [rand(torch, seed(f"{phase}/{m}", rank), m, dev) for m in sizes]
+        srcs = [rand_bytes(torch, seed(f"{phase}/{m}", rank), m, dev) for m in sizes]
         eager_out.fill_(0xCC)
         out.fill_(0xCC)
         torch.cuda.synchronize()
@@ -96,7 +96,7 @@ def _eager_calls_while_armed(torch, comm, out, inp, side, rank, world, check, fa
                 fails.append(f"rank {rank}: {keys * reps} eager calls {phase} took {took:.1f} s")
             if h:
                 with torch.cuda.stream(side):
-                    inp.copy_(rand(torch, seed(phase, rank), n, dev))
+                    inp.copy_(rand_bytes(torch, seed(phase, rank), n, dev))
                 side.synchronize()
                 h.trigger()
                 h.wait()
@@ -111,13 +111,13 @@ def _eager_calls_while_armed(torch, comm, out, inp, side, rank, world, check, fa
             check(
                 "prepared all_gather triggered after eager calls",
                 out,
-                torch.cat([rand(torch, seed(phase, q), n, dev) for q in range(world)]),
+                torch.cat([rand_bytes(torch, seed(phase, q), n, dev) for q in range(world)]),
             )
         for o, m in zip(outs, sizes):
             check(
                 f"eager all_gather of {m} B {phase}",
                 o,
-                torch.cat([rand(torch, seed(f"{phase}/{m}", q), m, dev) for q in range(world)]),
+                torch.cat([rand_bytes(torch, seed(f"{phase}/{m}", q), m, dev) for q in range(world)]),
             )
     comm.free(eager_out)
 
@@ -151,7 +151,7 @@ def prelaunch_and_graphs(rank: int, world: int, port: int) -> list:
         # synchronize the context, which waits for the armed stream. Seen on
         # H200: the first arm timed out untriggered without this warm-up.
         with torch.cuda.stream(side):
-            inp.copy_(rand(torch, 0, n, dev))
+            inp.copy_(rand_bytes(torch, 0, n, dev))
             word = torch.zeros(1, dtype=torch.int64, device=dev)
             ferry.native.launch_trigger_kernel(word.data_ptr(), 1, 1, side.cuda_stream)
         side.synchronize()
@@ -204,8 +204,8 @@ def prelaunch_and_graphs(rank: int, world: int, port: int) -> list:
                 comm.all_reduce(ar, x)
         for block in range(10):
             seed = lambda q: zlib.crc32(f"graph/{block}/{q}".encode())
-            g_in.copy_(rand(torch, seed(rank), 4096, dev))
-            a2a_in.copy_(rand(torch, seed(rank) + 1, world * 4096, dev))
+            g_in.copy_(rand_bytes(torch, seed(rank), 4096, dev))
+            a2a_in.copy_(rand_bytes(torch, seed(rank) + 1, world * 4096, dev))
             torch.cuda.synchronize()
             t0 = time.monotonic()
             for _ in range(1000):
@@ -220,14 +220,14 @@ def prelaunch_and_graphs(rank: int, world: int, port: int) -> list:
             check(
                 f"graph all_gather after {(block + 1) * 1000} replays",
                 g_out,
-                torch.cat([rand(torch, seed(q), 4096, dev) for q in range(world)]),
+                torch.cat([rand_bytes(torch, seed(q), 4096, dev) for q in range(world)]),
             )
             check(
                 f"graph all_to_all after {(block + 1) * 1000} replays",
                 a2a_out,
                 torch.cat(
                     [
-                        rand(torch, seed(q) + 1, world * 4096, dev)[rank * 4096 : (rank + 1) * 4096]
+                        rand_bytes(torch, seed(q) + 1, world * 4096, dev)[rank * 4096 : (rank + 1) * 4096]
                         for q in range(world)
                     ]
                 ),
@@ -240,7 +240,7 @@ def prelaunch_and_graphs(rank: int, world: int, port: int) -> list:
         # mode (torch's default): ferry captures the repeated call into its own
         # graph meanwhile, which must neither fail the calls nor invalidate the
         # user's capture.
-        g_in.copy_(rand(torch, 4242 + rank, 4096, dev))
+        g_in.copy_(rand_bytes(torch, 4242 + rank, 4096, dev))
         torch.cuda.synchronize()
         user_graph = torch.cuda.CUDAGraph()
         cap, other = torch.cuda.Stream(device=dev), torch.cuda.Stream(device=dev)
@@ -256,7 +256,7 @@ def prelaunch_and_graphs(rank: int, world: int, port: int) -> list:
             check(
                 "eager all_gather during a user's global capture",
                 g_out,
-                torch.cat([rand(torch, 4242 + q, 4096, dev) for q in range(world)]),
+                torch.cat([rand_bytes(torch, 4242 + q, 4096, dev) for q in range(world)]),
             )
             user_graph.replay()
             torch.cuda.synchronize()

@@ -14,7 +14,7 @@ from _checks import (
     checker,
     expecter,
     init,
-    rand,
+    rand_bytes,
 )
 from _workers_prelaunch import run_prepared_all_gather
 
@@ -30,7 +30,7 @@ def _sm_span_format_stress(torch, comm, buf, rank, world, check, calls=50, repla
 
     dev, n = buf.device, 1 << 20
     out = buf[:n]
-    src = rand(torch, zlib.crc32(b"sm-stress"), n, dev)
+    src = rand_bytes(torch, zlib.crc32(b"sm-stress"), n, dev)
     if rank == 0:
         out.copy_(src)
     else:
@@ -111,13 +111,13 @@ def sm_path(rank: int, world: int, port: int) -> list:
                 comm.all_to_all(a2a_out, a2a_in, algo="sm")
         for block in range(2):
             seed = lambda q: zlib.crc32(f"smgraph/{block}/{q}".encode())
-            ag_in.copy_(rand(torch, seed(rank), n, dev))
-            a2a_in.copy_(rand(torch, seed(rank) + 1, world * n, dev))
+            ag_in.copy_(rand_bytes(torch, seed(rank), n, dev))
+            a2a_in.copy_(rand_bytes(torch, seed(rank) + 1, world * n, dev))
             torch.cuda.synchronize()
             for _ in range(1000):
                 graph.replay()
             torch.cuda.synchronize()
-            gathered = torch.cat([rand(torch, seed(q), n, dev) for q in range(world)])
+            gathered = torch.cat([rand_bytes(torch, seed(q), n, dev) for q in range(world)])
             check(f"graph sm all_gather after {(block + 1) * 1000} replays", ag_out, gathered)
             check(f"graph b2b all_gather after {(block + 1) * 1000} replays", ce_out, gathered)
             check(
@@ -125,7 +125,7 @@ def sm_path(rank: int, world: int, port: int) -> list:
                 a2a_out,
                 torch.cat(
                     [
-                        rand(torch, seed(q) + 1, world * n, dev)[rank * n : (rank + 1) * n]
+                        rand_bytes(torch, seed(q) + 1, world * n, dev)[rank * n : (rank + 1) * n]
                         for q in range(world)
                     ]
                 ),
@@ -165,7 +165,7 @@ def sm_path(rank: int, world: int, port: int) -> list:
             send = sum(counts[rank])
             recv = sum(counts[q][rank] for q in range(world))
             seed = lambda q: zlib.crc32(f"v/{step}/{q}".encode())  # noqa: E731
-            src = rand(torch, seed(rank), send + 1, dev)[1:]  # unaligned input
+            src = rand_bytes(torch, seed(rank), send + 1, dev)[1:]  # unaligned input
             out = buf[1 : 1 + recv]  # unaligned output
             out.fill_(0xA5)
             comm.all_to_allv(out, src, counts, algo="sm")
@@ -173,7 +173,7 @@ def sm_path(rank: int, world: int, port: int) -> list:
             for q in range(world):
                 start = sum(counts[q][:rank])
                 parts.append(
-                    rand(torch, seed(q), sum(counts[q]) + 1, dev)[1:][start : start + counts[q][rank]]
+                    rand_bytes(torch, seed(q), sum(counts[q]) + 1, dev)[1:][start : start + counts[q][rank]]
                 )
             check(f"sm all_to_allv step {step}", out, torch.cat(parts))
         expect(
