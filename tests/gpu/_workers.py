@@ -239,6 +239,25 @@ def correctness_kernel_signals(rank: int, world: int, port: int) -> list:
     return _with_kernel_signals(correctness, rank, world, port)
 
 
+def mixed_signals(rank: int, world: int, port: int) -> list:
+    """Even ranks send their rounds by kernel, odd ranks by copy engine: the
+    same flags and values, so the matrix and repeats must pass (docs/api.md
+    says the settings interoperate)."""
+    os.environ["FERRY_SIGNALS"] = "sm" if rank % 2 == 0 else "copy"
+    import torch
+
+    comm = init(rank, world, port, timeout=60)
+    dev = torch.device("cuda", rank)
+    try:
+        buf = comm.alloc((world * ((64 << 20) + 8) * 2,), torch.uint8)
+        fails = check_collectives(torch, comm, [rank], [dev], world, [buf], dtypes=("uint8",))
+        fails += check_repeats(torch, comm, [rank], [dev], world, [buf], reps=200)
+        comm.free(buf)
+    finally:
+        comm.close()
+    return fails
+
+
 def prelaunch_and_graphs_kernel_signals(rank: int, world: int, port: int) -> list:
     """Prepared collectives (the gate waited for in the ready round's kernel)
     and graphs replayed 10,000 times, with the rounds sent by kernels."""

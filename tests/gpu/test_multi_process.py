@@ -68,5 +68,9 @@ def test_kernel_signals_prelaunch_and_graphs(world):
     run_on_every_rank(_workers.prelaunch_and_graphs_kernel_signals, world, timeout=150)
 
 
+def test_mixed_signals_byte_exact():
+    run_on_every_rank(_workers.mixed_signals, 2)
+
+
 def test_kernel_signals_skipped_call_is_named():
     run_on_every_rank(_workers.kernel_signals_skipped_call, 2, timeout=60)
