@@ -47,8 +47,24 @@ void load_signal_round_kernels() {
 }
 
 void launch_signal_round(const SignalRound& r, const KernelWait& c, cudaStream_t stream) {
-  signal_round_kernel<<<1, kMaxRanks, 0, stream>>>(r, c);
-  FERRY_CUDA_CHECK(cudaGetLastError());
+  // The highest launch priority, whatever the stream's: beside a kernel that
+  // fills the GPU, the block scheduler then gives this block the next SM that
+  // frees up instead of queueing it behind that kernel's remaining blocks.
+  static const int greatest = [] {
+    int least = 0, most = 0;
+    FERRY_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &most));
+    return most;
+  }();
+  cudaLaunchAttribute priority{};
+  priority.id = cudaLaunchAttributePriority;
+  priority.val.priority = greatest;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(1);
+  config.blockDim = dim3(kMaxRanks);
+  config.stream = stream;
+  config.attrs = &priority;
+  config.numAttrs = 1;
+  FERRY_CUDA_CHECK(cudaLaunchKernelEx(&config, signal_round_kernel, r, c));
 }
 
 }  // namespace ferry
