@@ -117,10 +117,18 @@ def cmd_bench(args) -> int:
         print(ratio_table(result["records"]))
     print("\n".join(format_sections(result)))
     if args.out:
-        command = "ferry " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        command = recorded_command(sys.argv[1:], os.environ)
         stem = collectives.save(result, world, args.out, command, plot=not args.no_plot, tag=args.tag)
         print(f"\nwrote {stem}.json, .txt" + ("" if args.no_plot else ", .png"))
     return 0 if all(r["wrong"] == 0 for r in result["records"]) else 1
+
+
+def recorded_command(argv, environ) -> str:
+    """The command line a result file records, with the FERRY_* knobs that
+    were set (they change what ran: e.g. FERRY_SIGNALS=sm), so that it can
+    be run again as written."""
+    knobs = [f"{k}={shlex.quote(v)}" for k, v in sorted(environ.items()) if k.startswith("FERRY_")]
+    return " ".join(knobs + ["ferry"] + [shlex.quote(a) for a in argv])
 
 
 def cmd_tune(args) -> int:
@@ -139,7 +147,7 @@ def cmd_tune(args) -> int:
     variants = tune.VARIANTS + (("sm",) if args.sm else ())
     print(f"ferry tune: {world} GPUs, {len(sizes)} sizes, variants {variants}", file=sys.stderr)
     table = tune.run(world, args.ops.split(","), sizes, args.runs, args.timeout, sm=args.sm)
-    table["command"] = "ferry " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    table["command"] = recorded_command(sys.argv[1:], os.environ)
     out = args.out or os.path.expanduser(
         f"~/.cache/ferry/tuning-{table['gpu'].replace(' ', '-')}-x{world}.json"
     )

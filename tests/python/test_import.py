@@ -47,3 +47,12 @@ def test_cli_doctor_and_topo_from_file(capsys):
     out = capsys.readouterr().out
     assert "[ok] every GPU pair reachable" in out and "FERRY_TIMEOUT_S" in out
     assert cli.main(["doctor", "--file", str(topo.FIXTURES / "pcie_x4.json")]) == 1
+
+
+def test_recorded_command_names_the_ferry_knobs():
+    from ferry.cli import recorded_command
+
+    env = {"FERRY_SIGNALS": "sm", "PATH": "/bin", "FERRY_SM_BYTES": "4194304"}
+    got = recorded_command(["bench", "--impls", "", "--min", "1K"], env)
+    assert got == "FERRY_SIGNALS=sm FERRY_SM_BYTES=4194304 ferry bench --impls '' --min 1K"
+    assert recorded_command(["tune"], {}) == "ferry tune"
