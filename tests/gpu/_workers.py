@@ -136,6 +136,13 @@ def bad_inputs(rank: int, world: int, port: int) -> list:
     comm.close()
     expect(ferry.ClosedError, "closed", lambda: comm.all_gather(out, inp))
     expect(ferry.ClosedError, "already closed", comm.close)
+    os.environ["FERRY_SIGNALS"] = "kernel"  # not a value: named at creation
+    expect(
+        ferry.InvalidArgumentError,
+        "FERRY_SIGNALS=kernel: expected 'copy' or 'sm'",
+        lambda: ferry.init_local([rank]),
+    )
+    del os.environ["FERRY_SIGNALS"]
     return fails
 
 
