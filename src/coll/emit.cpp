@@ -161,7 +161,10 @@ void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, c
   const bool by_kernel = signals_by_kernel_;
   if (by_kernel) {
     SignalRound ready = signal_round(local, x, b, false);
-    if (first && e.state_word) ready.state_word = const_cast<uint64_t*>(e.state_word), ready.state_value = 1;
+    if (first && e.state_word) {  // "running" from the first round on
+      ready.state_word = const_cast<uint64_t*>(e.state_word);
+      ready.state_value = 1;
+    }
     HostTraceScope t(HostStage::kBefore);
     launch_signal_round(ready, kernel_wait(local, first ? e.gate : nullptr), s);
   } else {
@@ -234,7 +237,10 @@ void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, c
   HostTraceScope t(HostStage::kAfter);
   if (by_kernel) {
     SignalRound finish = signal_round(local, x, b, true);
-    if (last && e.state_word) finish.state_word = const_cast<uint64_t*>(e.state_word), finish.state_value = 0;
+    if (last && e.state_word) {  // "finished" after the last round
+      finish.state_word = const_cast<uint64_t*>(e.state_word);
+      finish.state_value = 0;
+    }
     launch_signal_round(finish, kernel_wait(local, nullptr), s);
   } else {
     using K = MemOp::Kind;
