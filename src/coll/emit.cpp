@@ -149,9 +149,9 @@ SignalRound Communicator::signal_round(int local, const Exchange& x, const Built
   r.done = done;
   r.record = *b.record.host;
   for (int q = 0; q < world_; ++q) r.flags[q] = device_flags(q);
-  // The ready round tells sources that they may write; the done round tells targets that their data is there.
-  for (int q : done ? x.targets : x.sources) r.signal_mask |= uint64_t{1} << q;
-  for (int q : done ? x.sources : x.targets) r.wait_mask |= uint64_t{1} << q;
+  const SignalMasks m = signal_masks(x.sources, x.targets, done);
+  r.signal_mask = m.signal;
+  r.wait_mask = m.wait;
   return r;
 }
 

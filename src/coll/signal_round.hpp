@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "coll/flags.hpp"
 #include "coll/kernel_wait.hpp"
@@ -27,6 +28,22 @@ struct SignalRound {
   int rank = 0;
   int done = 0;  // 0: the ready round (records into ready[rank]), 1: the done round
 };
+
+// The ranks a round writes to and waits for, as bit masks (bit q: rank q).
+// The ready round tells an exchange's sources that they may write and waits
+// for its targets' permission; the done round tells targets that their data
+// is there and waits for its sources'. The copy-engine rounds (emit.cpp)
+// message the same ranks; tests/cpu/test_protocol.cpp model-checks these.
+struct SignalMasks {
+  uint64_t signal = 0;
+  uint64_t wait = 0;
+};
+inline SignalMasks signal_masks(const std::vector<int>& sources, const std::vector<int>& targets, bool done) {
+  SignalMasks m;
+  for (int q : done ? targets : sources) m.signal |= uint64_t{1} << q;
+  for (int q : done ? sources : targets) m.wait |= uint64_t{1} << q;
+  return m;
+}
 
 // The round on `stream`: writes, then waits for (and resets) every awaited
 // flag, then waits for the gate of `c` if any.

@@ -11,10 +11,12 @@
 // instance's message (a stale or early value), or if the ranks deadlock.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 
 #include "coll/plan.hpp"
 #include "coll/program.hpp"
+#include "coll/signal_round.hpp"
 #include "coll/signature.hpp"
 
 using namespace ferry;
@@ -81,15 +83,33 @@ Call make_call(int kind, int world, int root, size_t size) {
   return c;
 }
 
+std::vector<int> ranks_in(uint64_t mask) {
+  std::vector<int> out;
+  for (int q = 0; q < 64; ++q)
+    if ((mask >> q) & 1) out.push_back(q);
+  return out;
+}
+
+std::vector<int> sorted(std::vector<int> v) {
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+// The rounds as the signal-round kernels run them (signal_masks: the same
+// ranks as the copy-engine rounds, which message x.sources and x.targets).
 std::vector<Cmd> commands(const Program& p, uint64_t value, int instance) {
   std::vector<Cmd> out;
   for (const auto& step : p.steps) {
     if (step.kind != Step::Kind::kExchange) continue;
     const Exchange& x = step.exchange;
-    out.push_back({Cmd::kSendReady, x.sources, value, instance});
-    out.push_back({Cmd::kWaitReady, x.targets, value, instance});
-    out.push_back({Cmd::kSendDone, x.targets, value, instance});
-    out.push_back({Cmd::kWaitDone, x.sources, value, instance});
+    const SignalMasks ready = signal_masks(x.sources, x.targets, false);
+    const SignalMasks done = signal_masks(x.sources, x.targets, true);
+    EXPECT_EQ(ranks_in(ready.signal), sorted(x.sources));
+    EXPECT_EQ(ranks_in(done.signal), sorted(x.targets));
+    out.push_back({Cmd::kSendReady, ranks_in(ready.signal), value, instance});
+    out.push_back({Cmd::kWaitReady, ranks_in(ready.wait), value, instance});
+    out.push_back({Cmd::kSendDone, ranks_in(done.signal), value, instance});
+    out.push_back({Cmd::kWaitDone, ranks_in(done.wait), value, instance});
   }
   return out;
 }
