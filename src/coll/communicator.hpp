@@ -211,7 +211,7 @@ class Communicator {
   void wait_for_enqueued();
   // The SM path's windows (collective, at creation; none with FERRY_SM_BYTES=0).
   void create_one_shot_windows();
-  // Reports a kernel of the SM path that gave up waiting (the watchdog looks).
+  // Reports a ferry kernel (SM path, signal round) that gave up waiting (the watchdog looks).
   void check_kernel_fault(int local);
   Prepared& prepared(int handle, const char* what);
 
