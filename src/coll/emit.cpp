@@ -158,21 +158,11 @@ SignalRound Communicator::signal_round(int local, const Exchange& x, const Built
 void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, cudaStream_t s, const Emission& e,
                                  bool first, bool last) {
   Local& L = *locals_[local];
-  const bool by_kernel = signals_by_kernel_;
-  if (by_kernel) {
-    SignalRound ready = signal_round(local, x, b, false);
-    if (first && e.state_word) {  // "running" from the first round on
-      ready.state_word = const_cast<uint64_t*>(e.state_word);
-      ready.state_value = 1;
-    }
-    HostTraceScope t(HostStage::kBefore);
-    launch_signal_round(ready, kernel_wait(local, first ? e.gate : nullptr), s);
-  } else {
-    emit_ready_copies(local, x, b, s, e, first);
-  }
-
+  emit_ready_round(local, x, b, s, e, first);
+  // Copy-engine done messages, one per target, each sent after the pushes to
+  // that target in stream order; none when a kernel sends them.
   std::vector<Copy> done;
-  if (!by_kernel)
+  if (!signals_by_kernel_)
     for (int t : x.targets)
       done.push_back(Copy{&device_flags(t)->done[L.rank].value, b.record.done_source, sizeof(uint64_t)});
 
@@ -193,7 +183,7 @@ void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, c
       for (const auto& pc : x.pushes)
         if (pc.peer == x.targets[k]) dma::copy(pk, pc.copy);
       if (pull_back && x.local_pull.peer == x.targets[k]) dma::copy_one(pk, x.local_pull.copy);
-      if (!by_kernel) dma::copy(pk, done[k]);
+      if (!done.empty()) dma::copy(pk, done[k]);
     }
     if (!pull_back) copy_local(x.local, how, s);
     L.engines->join(s, n);
@@ -222,7 +212,7 @@ void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, c
       // leaves its copy alone until it has them.
       if (pull_back) dma::copy_one(s, x.local_pull.copy);
     }
-    if (!by_kernel) {
+    if (!done.empty()) {
       HostTraceScope t(HostStage::kDone);
       size_t largest = 0;
       for (const auto& pc : x.pushes) largest = std::max(largest, pc.copy.bytes);
@@ -233,25 +223,47 @@ void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, c
       }
     }
   }
+  emit_done_round(local, x, b, s, e, last);
+  if (side) L.engines->order(L.engines->side(), s);
+}
 
+// Steps 1 and 2: by a kernel, or by copy engines and stream waits.
+void Communicator::emit_ready_round(int local, const Exchange& x, const Built& b, cudaStream_t s, const Emission& e,
+                                    bool first) {
+  if (!signals_by_kernel_) {
+    emit_ready_copies(local, x, b, s, e, first);
+    return;
+  }
+  SignalRound ready = signal_round(local, x, b, false);
+  if (first && e.state_word) {  // "running" from the first round on
+    ready.state_word = const_cast<uint64_t*>(e.state_word);
+    ready.state_value = 1;
+  }
+  HostTraceScope t(HostStage::kBefore);
+  launch_signal_round(ready, kernel_wait(local, first ? e.gate : nullptr), s);
+}
+
+// Step 5, and with a kernel step 4 too (the copy-engine done messages follow
+// the pushes in emit_exchange).
+void Communicator::emit_done_round(int local, const Exchange& x, const Built& b, cudaStream_t s, const Emission& e,
+                                   bool last) {
   HostTraceScope t(HostStage::kAfter);
-  if (by_kernel) {
+  if (signals_by_kernel_) {
     SignalRound finish = signal_round(local, x, b, true);
     if (last && e.state_word) {  // "finished" after the last round
       finish.state_word = const_cast<uint64_t*>(e.state_word);
       finish.state_value = 0;
     }
     launch_signal_round(finish, kernel_wait(local, nullptr), s);
-  } else {
-    using K = MemOp::Kind;
-    DeviceFlags* mine = device_flags(L.rank);
-    std::vector<MemOp> after;
-    for (int q : x.sources) after.push_back(MemOp{K::kWait, &mine->done[q].value, b.value});
-    for (int q : x.sources) after.push_back(MemOp{K::kWrite, &mine->done[q].value, 0});
-    if (last && e.state_word) after.push_back(MemOp{K::kWrite, e.state_word, 0});
-    dma::mem_ops(s, after);
+    return;
   }
-  if (side) L.engines->order(L.engines->side(), s);
+  using K = MemOp::Kind;
+  DeviceFlags* mine = device_flags(locals_[local]->rank);
+  std::vector<MemOp> after;
+  for (int q : x.sources) after.push_back(MemOp{K::kWait, &mine->done[q].value, b.value});
+  for (int q : x.sources) after.push_back(MemOp{K::kWrite, &mine->done[q].value, 0});
+  if (last && e.state_word) after.push_back(MemOp{K::kWrite, e.state_word, 0});
+  dma::mem_ops(s, after);
 }
 
 // Steps 1 and 2 on copy engines and stream waits.

@@ -236,39 +236,27 @@ def more_collectives(rank: int, world: int, port: int) -> list:
     return fails
 
 
-def _with_kernel_signals(worker, rank: int, world: int, port: int) -> list:
-    os.environ["FERRY_SIGNALS"] = "sm"  # read when the communicator is created
+def _with_signals(setting: str, worker, rank: int, world: int, port: int) -> list:
+    os.environ["FERRY_SIGNALS"] = setting  # read when the communicator is created
     return worker(rank, world, port)
 
 
 def correctness_kernel_signals(rank: int, world: int, port: int) -> list:
     """The correctness matrix with the ready and done rounds sent by kernels."""
-    return _with_kernel_signals(correctness, rank, world, port)
+    return _with_signals("sm", correctness, rank, world, port)
 
 
 def mixed_signals(rank: int, world: int, port: int) -> list:
     """Even ranks send their rounds by kernel, odd ranks by copy engine: the
-    same flags and values, so the matrix and repeats must pass (docs/api.md
-    says the settings interoperate)."""
-    os.environ["FERRY_SIGNALS"] = "sm" if rank % 2 == 0 else "copy"
-    import torch
-
-    comm = init(rank, world, port, timeout=60)
-    dev = torch.device("cuda", rank)
-    try:
-        buf = comm.alloc((world * ((64 << 20) + 8) * 2,), torch.uint8)
-        fails = check_collectives(torch, comm, [rank], [dev], world, [buf], dtypes=("uint8",))
-        fails += check_repeats(torch, comm, [rank], [dev], world, [buf], reps=200)
-        comm.free(buf)
-    finally:
-        comm.close()
-    return fails
+    same flags and values, so the whole matrix must pass (docs/api.md says
+    the settings interoperate)."""
+    return _with_signals("sm" if rank % 2 == 0 else "copy", correctness, rank, world, port)
 
 
 def prelaunch_and_graphs_kernel_signals(rank: int, world: int, port: int) -> list:
     """Prepared collectives (the gate waited for in the ready round's kernel)
     and graphs replayed 10,000 times, with the rounds sent by kernels."""
-    return _with_kernel_signals(prelaunch_and_graphs, rank, world, port)
+    return _with_signals("sm", prelaunch_and_graphs, rank, world, port)
 
 
 def kernel_signals_skipped_call(rank: int, world: int, port: int) -> list:

@@ -14,19 +14,28 @@ from conftest import GPU_COUNT
 pytestmark = pytest.mark.multigpu
 
 CASES = [
-    (4, "auto,b2b,pcpy,seq,sm"),
+    (4, "auto,b2b,pcpy,seq,sm", "copy"),
+    # The copy-engine variants with their signal rounds sent by kernels
+    # (FERRY_SIGNALS=sm): every rank's one-block kernels beside its GPU-mates'.
+    (4, "auto,b2b,pcpy,seq", "sm"),
     # Eight ranks: the variants that keep each rank's work on its own stream
     # (pcpy's per-peer streams would exceed the hardware queues of a GPU).
     # All in one process: the replay cache once captured a call while two
     # ranks of its GPU waited for it, and the host stuck there (docs/
     # performance.md, tenth session).
-    (8, "auto,b2b,seq,sm"),
+    (8, "auto,b2b,seq,sm", "copy"),
 ]
 
 
-@pytest.mark.parametrize("world,algos", [c for c in CASES if c[0] > GPU_COUNT], ids=lambda x: str(x))
-def test_world_larger_than_the_machine(world, algos):
-    env = dict(os.environ, FERRY_SHARED_GPUS="1", CUDA_DEVICE_MAX_CONNECTIONS="32", **_checks.SAFE_ENV)
+@pytest.mark.parametrize("world,algos,signals", [c for c in CASES if c[0] > GPU_COUNT], ids=lambda x: str(x))
+def test_world_larger_than_the_machine(world, algos, signals):
+    env = dict(
+        os.environ,
+        FERRY_SHARED_GPUS="1",
+        FERRY_SIGNALS=signals,
+        CUDA_DEVICE_MAX_CONNECTIONS="32",
+        **_checks.SAFE_ENV,
+    )
     here = os.path.dirname(os.path.abspath(_checks.__file__))
     run = subprocess.run(
         [sys.executable, os.path.join(here, "_workers.py"), "shared", str(world), algos],
