@@ -82,6 +82,7 @@ def cmd_bench(args) -> int:
         runs=args.runs,
         timeout=args.timeout,
         local_copy=args.local_copy,
+        in_place=args.in_place,
         overlap=args.overlap,
         overlap_bytes=parse_size(args.overlap_size),
         overlap_gemms=args.overlap_gemms,
@@ -90,7 +91,9 @@ def cmd_bench(args) -> int:
         overlap_op=args.overlap_op,
         local_copy_probe=args.local_copy_probe,
         prelaunch=args.prelaunch,
-        prelaunch_ops=["all_gather", "all_to_all"],
+        # Prepared collectives: all_gather and all_to_all, those of --ops if it names any.
+        prelaunch_ops=[o for o in ("all_gather", "all_to_all") if o in args.ops.split(",")]
+        or ["all_gather", "all_to_all"],
         prelaunch_sizes=prelaunch_sizes(parse_size(args.min), parse_size(args.max), args.factor),
         prelaunch_runs=args.prelaunch_runs,
         phases=args.phases,
@@ -193,6 +196,11 @@ def main(argv=None) -> int:
     b.add_argument("--runs", type=int, default=7, help="timed runs per point; the median counts")
     b.add_argument("--timeout", type=float, default=120.0)
     b.add_argument("--local-copy", default="auto", choices=("auto", "peer", "sm", "driver"))
+    b.add_argument(
+        "--in-place",
+        action="store_true",
+        help="all_gather with each rank's input a slice of the output (FSDP's pattern; no own-block copy)",
+    )
     b.add_argument("--overlap", action="store_true", help="also measure a bf16 GEMM loop beside all-gathers")
     b.add_argument("--overlap-size", default="64M", help="all-gather bytes per rank beside the GEMMs")
     b.add_argument("--overlap-gemms", type=int, default=30)

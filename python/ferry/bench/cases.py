@@ -37,7 +37,7 @@ class Case:
     `inp_all` (max bytes); data is seeded per rank so every rank can build the
     expected output."""
 
-    def __init__(self, torch, dist, comm, op, n, world, rank, out_all, inp_all):
+    def __init__(self, torch, dist, comm, op, n, world, rank, out_all, inp_all, in_place=False):
         self.torch, self.dist, self.comm, self.op, self.n = torch, dist, comm, op, n
         self.world, self.rank = world, rank
         dev = out_all.device
@@ -50,6 +50,12 @@ class Case:
             out_n = sum(self.counts[q][rank] for q in range(world))
         self.out = out_all[:out_n]
         self.inp = inp_all[:in_n]
+        # all_gather in place (FSDP's pattern): the input is this rank's slice
+        # of the output, so neither library copies an own block. Broadcast
+        # runs in place always; other ops ignore the flag.
+        self.in_place = in_place and op == "all_gather"
+        if self.in_place:
+            self.inp = self.out[rank * n : (rank + 1) * n]
         if op in ("reduce_scatter", "all_reduce"):
             self.out, self.inp = self.out.view(torch.float32), self.inp.view(torch.float32)
         self.expected = self._expected()
@@ -81,9 +87,10 @@ class Case:
         return total
 
     def reset(self) -> None:
-        """Fresh input, poisoned output."""
-        self.inp.copy_(self._seeded(self.rank)[: self.inp.numel()])
+        """Poisoned output, fresh input (in that order: in place, the input is
+        part of the output)."""
         self.out.view(self.torch.uint8).fill_(0xA5)
+        self.inp.copy_(self._seeded(self.rank)[: self.inp.numel()])
         if self.op == "broadcast" and self.rank == 0:
             self.out.copy_(self.inp)
 

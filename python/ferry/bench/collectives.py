@@ -88,6 +88,23 @@ class Ctx:
     def log(self, msg: str) -> None:
         _log(self.rank, msg)
 
+    def case(self, op: str, n: int, out_all, inp_all):
+        """The Case of `op` at `n` bytes per rank, as the options ask (--in-place)."""
+        from ferry.bench.cases import Case
+
+        return Case(
+            self.torch,
+            self.dist,
+            self.comm,
+            op,
+            n,
+            self.world,
+            self.rank,
+            out_all,
+            inp_all,
+            in_place=self.opts.get("in_place", False),
+        )
+
 
 def _worker(rank: int, world: int, port: int, opts: dict, queue) -> None:
     os.environ.update(SAFE_ENV)
@@ -140,7 +157,7 @@ def _worker(rank: int, world: int, port: int, opts: dict, queue) -> None:
 
 
 def _sweep(ctx: Ctx, out_all, inp_all, gpu: str) -> list:
-    from ferry.bench.cases import Case, fits, sm_fits
+    from ferry.bench.cases import fits, sm_fits
     from ferry.bench.report import bandwidths, format_size
     from ferry.tune import selection_bytes
 
@@ -151,7 +168,7 @@ def _sweep(ctx: Ctx, out_all, inp_all, gpu: str) -> list:
         for n in opts["sizes"]:
             if not fits(op, n, world):
                 continue
-            case = Case(torch, ctx.dist, ctx.comm, op, n, world, ctx.rank, out_all, inp_all)
+            case = ctx.case(op, n, out_all, inp_all)
             iters = _iters_for(case.out.numel() * case.out.element_size())
             ctx.log(f"{op} {format_size(n)}: {iters} iterations x {opts['runs']} runs")
             for impl in opts["impls"]:
@@ -227,6 +244,7 @@ def _sweep(ctx: Ctx, out_all, inp_all, gpu: str) -> list:
                         runs=opts["runs"],
                         stat="median of runs, max over ranks",
                         local_copy=opts["local_copy"] if impl.startswith("ferry") else None,
+                        in_place=case.in_place,
                     )
                 )
                 ctx.log(

@@ -40,7 +40,6 @@ def invalid_reason(joules: float, seconds: float, world: int) -> str:
 
 
 def run(ctx, out_all, inp_all) -> list:
-    from ferry.bench.cases import Case
     from ferry.bench.report import format_size
 
     torch, opts, world, results = ctx.torch, ctx.opts, ctx.world, []
@@ -51,7 +50,7 @@ def run(ctx, out_all, inp_all) -> list:
     idle_w = ctx.total(_energy_j(ctx) - e0) / seconds
     for n in opts["energy_sizes"]:
         for op in ("all_gather", "all_to_all"):
-            case = Case(torch, ctx.dist, ctx.comm, op, n, world, ctx.rank, out_all, inp_all)
+            case = ctx.case(op, n, out_all, inp_all)
             case.reset()
             moved = world * (world - 1) * (n if op == "all_gather" else n // world)
             for impl in ("ferry", "nccl"):

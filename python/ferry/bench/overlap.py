@@ -45,7 +45,7 @@ def clock_fields(ctx, seen: list) -> dict:
 
 def run(ctx, out_all, inp_all) -> list:
     from ferry._native import require
-    from ferry.bench.cases import Case, sm_fits
+    from ferry.bench.cases import sm_fits
     from ferry.bench.report import format_size
 
     torch, opts, world = ctx.torch, ctx.opts, ctx.world
@@ -121,7 +121,7 @@ def run(ctx, out_all, inp_all) -> list:
     op = opts.get("overlap_op", "all_gather")
     sizes = opts["overlap_sizes"] or [opts["overlap_bytes"]]
     for n in sizes:
-        case = Case(torch, ctx.dist, ctx.comm, op, n, world, ctx.rank, out_all, inp_all)
+        case = ctx.case(op, n, out_all, inp_all)
         case.reset()
         impls = [i for i in IMPLS if i != "ferry-sm-path" or sm_fits(ctx.comm, op, n, world)]
         # Warm first: ferry captures a repeated call into a graph on its second

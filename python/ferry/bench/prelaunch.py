@@ -53,7 +53,7 @@ def measure(ctx, case, algo: str, runs: int) -> float:
 
 def trigger_to_done(ctx, out_all, inp_all) -> list:
     """The selector's variant, and ferry's SM path where the size allows it."""
-    from ferry.bench.cases import Case, fits, sm_fits
+    from ferry.bench.cases import fits, sm_fits
     from ferry.bench.report import format_size
     from ferry.tune import selection_bytes
 
@@ -62,7 +62,7 @@ def trigger_to_done(ctx, out_all, inp_all) -> list:
         for n in opts["prelaunch_sizes"]:
             if not fits(op, n, ctx.world):
                 continue
-            case = Case(ctx.torch, ctx.dist, ctx.comm, op, n, ctx.world, ctx.rank, out_all, inp_all)
+            case = ctx.case(op, n, out_all, inp_all)
             algos = [ctx.comm.choose_algo(op, selection_bytes(op, n, ctx.world))]
             algos += ["sm"] if sm_fits(ctx.comm, op, n, ctx.world) else []
             for algo in algos:
@@ -89,20 +89,14 @@ def phases(ctx, out_all, inp_all) -> list:
     schedule = in-stream - trigger-to-done (what arming ahead takes off the
     critical path: submission and the ready handshake), sync = trigger-to-done
     at 1 byte (the done message's floor) and copy = trigger-to-done - sync."""
-    from ferry.bench.cases import Case
     from ferry.bench.report import format_size
 
     torch, opts, out = ctx.torch, ctx.opts, []
     op = "all_gather"
     for algo in opts["phase_algos"]:
-        floor = measure(
-            ctx,
-            Case(torch, ctx.dist, ctx.comm, op, 1, ctx.world, ctx.rank, out_all, inp_all),
-            algo,
-            opts["prelaunch_runs"],
-        )
+        floor = measure(ctx, ctx.case(op, 1, out_all, inp_all), algo, opts["prelaunch_runs"])
         for n in opts["phase_sizes"]:
-            case = Case(torch, ctx.dist, ctx.comm, op, n, ctx.world, ctx.rank, out_all, inp_all)
+            case = ctx.case(op, n, out_all, inp_all)
             case.reset()
             iters = 20
             ctx.barrier()
@@ -176,7 +170,7 @@ def chain(ctx, out_all, inp_all) -> list:
     runs eagerly or as a captured graph of one call after the producer. Where
     the size allows it, ferry's SM path (algo "sm", not copy engines) runs the
     same ways."""
-    from ferry.bench.cases import Case, fits, sm_fits
+    from ferry.bench.cases import fits, sm_fits
     from ferry.bench.report import format_size
 
     torch, opts, s = ctx.torch, ctx.opts, ctx.stream
@@ -196,7 +190,7 @@ def chain(ctx, out_all, inp_all) -> list:
         for n in opts["prelaunch_sizes"]:
             if not fits(op, n, ctx.world):
                 continue
-            case = Case(torch, ctx.dist, ctx.comm, op, n, ctx.world, ctx.rank, out_all, inp_all)
+            case = ctx.case(op, n, out_all, inp_all)
             h = ctx.comm.prepare(op, case.out, case.inp)
             # The own block by the SM kernel instead of the default (through a
             # peer up to 1 MiB): what that trip costs on the critical path.
