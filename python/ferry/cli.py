@@ -91,9 +91,7 @@ def cmd_bench(args) -> int:
         overlap_op=args.overlap_op,
         local_copy_probe=args.local_copy_probe,
         prelaunch=args.prelaunch,
-        # Prepared collectives: all_gather and all_to_all, those of --ops if it names any.
-        prelaunch_ops=[o for o in ("all_gather", "all_to_all") if o in args.ops.split(",")]
-        or ["all_gather", "all_to_all"],
+        prelaunch_ops=prelaunch_ops(args.ops.split(",")),
         prelaunch_sizes=prelaunch_sizes(parse_size(args.min), parse_size(args.max), args.factor),
         prelaunch_runs=args.prelaunch_runs,
         phases=args.phases,
@@ -124,6 +122,13 @@ def cmd_bench(args) -> int:
         stem = collectives.save(result, world, args.out, command, plot=not args.no_plot, tag=args.tag)
         print(f"\nwrote {stem}.json, .txt" + ("" if args.no_plot else ", .png"))
     return 0 if all(r["wrong"] == 0 for r in result["records"]) else 1
+
+
+def prelaunch_ops(ops) -> list:
+    """What `ferry bench --prelaunch` prepares: all_gather and all_to_all, those
+    of `ops` if it names any."""
+    both = ["all_gather", "all_to_all"]
+    return [o for o in both if o in ops] or both
 
 
 def recorded_command(argv, environ) -> str:

@@ -56,3 +56,11 @@ def test_recorded_command_names_the_ferry_knobs():
     got = recorded_command(["bench", "--impls", "", "--min", "1K"], env)
     assert got == "FERRY_SIGNALS=sm FERRY_SM_BYTES=4194304 ferry bench --impls '' --min 1K"
     assert recorded_command(["tune"], {}) == "ferry tune"
+
+
+def test_prelaunch_follows_the_ops_it_can_prepare():
+    from ferry.cli import prelaunch_ops
+
+    assert prelaunch_ops(["all_gather"]) == ["all_gather"]
+    assert prelaunch_ops(["all_to_all", "broadcast"]) == ["all_to_all"]
+    assert prelaunch_ops(["broadcast"]) == ["all_gather", "all_to_all"]
