@@ -246,6 +246,11 @@ def correctness_kernel_signals(rank: int, world: int, port: int) -> list:
     return _with_signals("sm", correctness, rank, world, port)
 
 
+def more_collectives_kernel_signals(rank: int, world: int, port: int) -> list:
+    """more_collectives with the ready and done rounds sent by kernels."""
+    return _with_signals("sm", more_collectives, rank, world, port)
+
+
 def mixed_signals(rank: int, world: int, port: int) -> list:
     """Even ranks send their rounds by kernel, odd ranks by copy engine: the
     same flags and values, so the whole matrix must pass (docs/api.md says

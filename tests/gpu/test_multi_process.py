@@ -64,6 +64,13 @@ def test_kernel_signals_byte_exact(world):
 
 
 @pytest.mark.parametrize("world", worlds_to_test(2, GPU_COUNT))
+def test_kernel_signals_more_collectives(world):
+    """all_to_allv, broadcast, reductions (two exchanges with a kernel between)
+    and in-place all_to_all in rounds, with the rounds sent by kernels."""
+    run_on_every_rank(_workers.more_collectives_kernel_signals, world, timeout=300)
+
+
+@pytest.mark.parametrize("world", worlds_to_test(2, GPU_COUNT))
 def test_kernel_signals_prelaunch_and_graphs(world):
     run_on_every_rank(_workers.prelaunch_and_graphs_kernel_signals, world, timeout=150)
 
