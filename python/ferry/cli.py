@@ -83,6 +83,7 @@ def cmd_bench(args) -> int:
         timeout=args.timeout,
         local_copy=args.local_copy,
         in_place=args.in_place,
+        a2a_nccl_graph=args.a2a_nccl_graph,
         overlap=args.overlap,
         overlap_bytes=parse_size(args.overlap_size),
         overlap_gemms=args.overlap_gemms,
@@ -205,6 +206,11 @@ def main(argv=None) -> int:
         "--in-place",
         action="store_true",
         help="all_gather with each rank's input a slice of the output (FSDP's pattern; no own-block copy)",
+    )
+    b.add_argument(
+        "--a2a-nccl-graph",
+        action="store_true",
+        help="also capture NCCL's all_to_all(v) above 1 MB per rank in a graph (it hung on one 4-GPU machine)",
     )
     b.add_argument("--overlap", action="store_true", help="also measure a bf16 GEMM loop beside all-gathers")
     b.add_argument("--overlap-size", default="64M", help="all-gather bytes per rank beside the GEMMs")
