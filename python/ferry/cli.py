@@ -210,7 +210,7 @@ def main(argv=None) -> int:
     b.add_argument(
         "--a2a-nccl-graph",
         action="store_true",
-        help="also capture NCCL's all_to_all(v) above 1 MB per rank in a graph (it hung on one 4-GPU machine)",
+        help="also capture NCCL's all_to_all(v) above 1 MB per rank in a graph (it hung on H200 x2 and x4)",
     )
     b.add_argument("--overlap", action="store_true", help="also measure a bf16 GEMM loop beside all-gathers")
     b.add_argument("--overlap-size", default="64M", help="all-gather bytes per rank beside the GEMMs")

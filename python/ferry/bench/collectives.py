@@ -179,8 +179,9 @@ def _sweep(ctx: Ctx, out_all, inp_all, gpu: str) -> list:
                     and not opts.get("a2a_nccl_graph")
                 ):
                     # all_to_all_single x50 captured in one graph hung at 4 MB on the H200 x4 machine
-                    # (NCCL 2.28.9, 2026-11-22, twice); not investigated. NCCL eager stays in the
-                    # table; --a2a-nccl-graph measures it anyway (run it under a timeout).
+                    # (NCCL 2.28.9, 2026-11-22, twice) and on x2 (2026-11-23, --a2a-nccl-graph, killed
+                    # after 200 s); not investigated. NCCL eager stays in the table; --a2a-nccl-graph
+                    # tries it anyway (run it under a timeout).
                     continue
                 if impl.startswith("ferry-sm") and not sm_fits(ctx.comm, op, n, world):
                     continue  # past the SM path's window (FERRY_SM_BYTES)
