@@ -72,6 +72,7 @@ def test_overlap_rows_show_paired_slowdown_and_clocks_where_recorded():
         old,
         impl="ferry (default local copy)",
         slowdown_paired_pct=1.7,
+        slowdown_paired_range_pct=[-1.8, 3.4],
         collectives_alone_power_w=612,
         gemm_alone_sm_mhz=1688,
         gemm_beside_sm_mhz=1511,
@@ -84,7 +85,8 @@ def test_overlap_rows_show_paired_slowdown_and_clocks_where_recorded():
     row_old = next(line for line in lines if "nccl" in line)
     row_new = next(line for line in lines if "default local copy" in line)
     assert "nan" in row_old and "MHz" not in row_old  # records from before the clocks: no columns invented
-    for needle in ("1.7", "1688", "1511", "709", "100%", "50%", "612"):
+    assert ".." not in row_old  # no spread invented for records without one
+    for needle in ("1.7", "-1.8..+3.4", "1688", "1511", "709", "100%", "50%", "612"):
         assert needle in row_new, (needle, row_new)
 
 

@@ -156,7 +156,11 @@ def run(ctx, out_all, inp_all) -> list:
                     step()
             t_alone, t_coll = ctx.slowest(statistics.median(alone)), ctx.slowest(statistics.median(c_alone))
             t_beside, t_e2e = ctx.slowest(statistics.median(beside)), ctx.slowest(statistics.median(e2e))
-            paired = ctx.slowest(statistics.median(b / a for a, b in zip(alone, beside)))
+            ratios = [b / a for a, b in zip(alone, beside)]
+            paired = ctx.slowest(statistics.median(ratios))
+            # The spread of the per-rep ratios over reps and ranks: how far one
+            # pair may land from the median (the GEMMs run at the power cap).
+            spread = (-ctx.slowest(-min(ratios)), ctx.slowest(max(ratios)))
             c_alone_, c_beside = clock_fields(ctx, seen_alone), clock_fields(ctx, seen_beside)
             c_coll = clock_fields(ctx, seen_coll)
             rec = dict(
@@ -177,6 +181,7 @@ def run(ctx, out_all, inp_all) -> list:
                 # The median of each rep's own ratio (alone and beside measured
                 # back to back): less exposed to drift between reps.
                 slowdown_paired_pct=round(100 * (paired - 1), 2),
+                slowdown_paired_range_pct=[round(100 * (x - 1), 2) for x in spread],
                 collectives_alone_power_w=c_coll["power_w"],
                 **{f"gemm_alone_{k}": v for k, v in c_alone_.items()},
                 **{f"gemm_beside_{k}": v for k, v in c_beside.items()},

@@ -180,10 +180,14 @@ def format_sections(result: dict) -> List[str]:
         op = result["overlap"][0].get("op", "all_gather")
         out += ["", f"# overlap: bf16 GEMM loop beside {op}s (ms)"]
         out += [
-            f"{'bytes/rank':>10}  {'impl':<40}{'gemm':>8}{'beside':>8}{'slow%':>7}{'paired':>7}{'coll':>8}{'e2e':>8}{'serial':>8}"
+            f"{'bytes/rank':>10}  {'impl':<40}{'gemm':>8}{'beside':>8}{'slow%':>7}{'paired':>7}{'pairs from..to':>16}"
+            f"{'coll':>8}{'e2e':>8}{'serial':>8}"
             f"{'MHz':>12}{'W':>10}{'capped':>12}{'coll W':>8}"
         ]
         for r in result["overlap"]:
+            # The per-rep paired slowdowns' lowest and highest (older records lack them).
+            lo_hi = r.get("slowdown_paired_range_pct")
+            spread = f"{lo_hi[0]:+7.1f}..{lo_hi[1]:+.1f}" if lo_hi else ""
             # Clocks while the GEMMs ran, alone -> beside (older records lack them).
             clocks = (
                 f"{r['gemm_alone_sm_mhz']:>6.0f}{r['gemm_beside_sm_mhz']:>6.0f}"
@@ -196,7 +200,7 @@ def format_sections(result: dict) -> List[str]:
             out.append(
                 f"{format_size(r['bytes_per_rank']):>10}  {r['impl']:<40}{r['gemm_alone_ms']:>8.2f}"
                 f"{r['gemm_beside_ms']:>8.2f}{r['slowdown_pct']:>7.1f}"
-                f"{r.get('slowdown_paired_pct', float('nan')):>7.1f}{r['collectives_alone_ms']:>8.2f}"
+                f"{r.get('slowdown_paired_pct', float('nan')):>7.1f}{spread:>16}{r['collectives_alone_ms']:>8.2f}"
                 f"{r['end_to_end_ms']:>8.2f}{r['serial_ms']:>8.2f}{clocks}"
             )
     if result.get("energy"):
