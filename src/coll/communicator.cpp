@@ -56,9 +56,7 @@ void Communicator::init_common(double timeout_s) {
   timeout_s_ = timeout_s > 0 ? timeout_s : knob_float("FERRY_TIMEOUT_S");
   table_ = default_selector_table();
   forced_algo_ = parse_algo(knob_string("FERRY_ALGO"), "FERRY_ALGO");
-  const std::string signals = knob_string("FERRY_SIGNALS");
-  FERRY_ARG_CHECK(signals == "copy" || signals == "sm", "FERRY_SIGNALS=" + signals + ": expected 'copy' or 'sm'");
-  signals_by_kernel_ = signals == "sm";
+  signals_by_kernel_ = signals_by_kernel(knob_string("FERRY_SIGNALS"));
 }
 
 namespace {

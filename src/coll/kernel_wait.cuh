@@ -40,9 +40,7 @@ __device__ bool wait_for(Ok ok, const KernelWait& c, int source, uint64_t call, 
     const bool aborted = *c.abort != 0;
     if (start == 0) start = now_ns();
     if (aborted || now_ns() - start > c.timeout_ns) {
-      if (!aborted)
-        *reinterpret_cast<volatile uint64_t*>(c.fault) =
-            kKernelFaultBit | fault_bits | uint64_t(source) << 32 | (call & 0xffffffffu);
+      if (!aborted) *reinterpret_cast<volatile uint64_t*>(c.fault) = kernel_fault_word(source, call, fault_bits);
       return false;
     }
   }

@@ -11,10 +11,12 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "coll/flags.hpp"
 #include "coll/kernel_wait.hpp"
+#include "core/error.hpp"
 
 namespace ferry {
 
@@ -43,6 +45,13 @@ inline SignalMasks signal_masks(const std::vector<int>& sources, const std::vect
   for (int q : done ? targets : sources) m.signal |= uint64_t{1} << q;
   for (int q : done ? sources : targets) m.wait |= uint64_t{1} << q;
   return m;
+}
+
+// FERRY_SIGNALS: true for "sm" (rounds by kernel), false for "copy"; anything
+// else is refused, naming the knob.
+inline bool signals_by_kernel(const std::string& setting) {
+  FERRY_ARG_CHECK(setting == "copy" || setting == "sm", "FERRY_SIGNALS=" + setting + ": expected 'copy' or 'sm'");
+  return setting == "sm";
 }
 
 // The round on `stream`: writes, then waits for (and resets) every awaited

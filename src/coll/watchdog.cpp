@@ -102,12 +102,12 @@ void Communicator::fail_untriggered(int local, const InFlight::Pending& p) {
 }
 
 void Communicator::check_kernel_fault(int local) {
-  const uint64_t f = __atomic_load_n(locals_[local]->kernel_fault.host, __ATOMIC_ACQUIRE);
-  if (!(f & kKernelFaultBit) || broken_) return;
-  const int q = static_cast<int>((f >> 32) & 0x3fffffff);
-  const std::string what = (f & kSignalRoundFaultBit) ? std::string("a collective's signal round (FERRY_SIGNALS=sm)")
-                                                      : "a collective on the SM path (algo 'sm', its call #" +
-                                                            std::to_string(f & 0xffffffffu) + " on that path)";
+  const KernelFault f = read_kernel_fault(__atomic_load_n(locals_[local]->kernel_fault.host, __ATOMIC_ACQUIRE));
+  if (!f.set || broken_) return;
+  const int q = f.source;
+  const std::string what =
+      f.signal_round ? std::string("a collective's signal round (FERRY_SIGNALS=sm)")
+                     : "a collective on the SM path (algo 'sm', its call #" + std::to_string(f.call) + " on that path)";
   fail(what + " on rank " + std::to_string(rank(local)) + " gave up after waiting " + std::to_string(timeout_s_) +
        " s for rank " + std::to_string(q) + ": rank " + std::to_string(q) +
        " has not made the same call, made it with other arguments, or its GPU is held by other work. The output is "

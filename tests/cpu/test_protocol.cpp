@@ -205,3 +205,30 @@ TEST(Protocol, AMismatchedCallNeverCompletes) {
     EXPECT_FALSE(passes) << "rank " << r << " would write past a peer that called with other arguments";
   }
 }
+
+TEST(SignalRounds, TheSettingIsParsedAndABadOneNamesTheKnob) {
+  EXPECT_TRUE(signals_by_kernel("sm"));
+  EXPECT_FALSE(signals_by_kernel("copy"));
+  try {
+    signals_by_kernel("kernel");
+    FAIL() << "no error for FERRY_SIGNALS=kernel";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("FERRY_SIGNALS=kernel"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'copy' or 'sm'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(SignalRounds, AKernelsFaultWordNamesThePeerItWaitedFor) {
+  EXPECT_FALSE(read_kernel_fault(0).set);
+  // The SM path: its call number, no signal-round bit.
+  KernelFault f = read_kernel_fault(kernel_fault_word(5, (uint64_t{7} << 32) | 9816, 0));
+  EXPECT_TRUE(f.set);
+  EXPECT_FALSE(f.signal_round);
+  EXPECT_EQ(f.source, 5);
+  EXPECT_EQ(f.call, 9816u);  // mod 2^32
+  // A signal round: the peer, and the round's mark.
+  f = read_kernel_fault(kernel_fault_word(63, 0, kSignalRoundFaultBit));
+  EXPECT_TRUE(f.set);
+  EXPECT_TRUE(f.signal_round);
+  EXPECT_EQ(f.source, 63);
+}
