@@ -296,6 +296,51 @@ def kernel_signals_skipped_call(rank: int, world: int, port: int) -> list:
     return fails
 
 
+def kernel_gives_up_in_a_graph(rank: int, world: int, port: int) -> list:
+    """A graph replay is outside the watchdog's view, so a ferry kernel's own
+    bound is all that ends its wait: rank 0 replays a captured all_gather that
+    rank 1 never replays. The kernel (a signal round with FERRY_SIGNALS=sm, or
+    the SM path's, per FERRY_TEST_KERNEL) must give up after the timeout plus
+    a second, and the next check must name rank 1."""
+    kind = os.environ.get("FERRY_TEST_KERNEL", "signals")
+    if kind == "signals":
+        os.environ["FERRY_SIGNALS"] = "sm"
+    algo = "sm" if kind == "sm-path" else "auto"
+    import ferry
+    import torch
+
+    comm = init(rank, world, port, timeout=2)
+    dev = torch.device("cuda", rank)
+    out = comm.alloc((world * 4096,), torch.uint8)
+    inp = rand_bytes(torch, rank, 4096, dev)
+    side = torch.cuda.Stream(device=dev)
+    fails = []
+    with torch.cuda.stream(side):
+        comm.all_gather(out, inp, algo=algo)  # warm: the capture below records a known call
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side):
+            comm.all_gather(out, inp, algo=algo)
+    comm.synchronize()
+    torch.cuda.synchronize()
+    if rank == 0:
+        t0 = time.monotonic()
+        graph.replay()
+        torch.cuda.synchronize()  # returns only once the kernel gave up
+        took = time.monotonic() - t0
+        if took > 8:
+            fails.append(f"the replay took {took:.1f} s with a 2 s timeout")
+        try:
+            comm.synchronize()
+            fails.append(f"no error after the kernel waited {took:.1f} s for rank 1")
+        except ferry.PeerTimeoutError as exc:
+            if "rank 1" not in str(exc) or "gave up" not in str(exc):
+                fails.append(f"the error does not name rank 1 and the kernel: {exc}")
+    else:
+        time.sleep(8)  # alive, but never replays
+    comm.close()
+    return fails
+
+
 def never_joins(rank: int, world: int, port: int) -> list:
     import ferry
 

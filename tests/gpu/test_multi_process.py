@@ -75,6 +75,12 @@ def test_kernel_signals_prelaunch_and_graphs(world):
     run_on_every_rank(_workers.prelaunch_and_graphs_kernel_signals, world, timeout=150)
 
 
+@pytest.mark.parametrize("kind", ["signals", "sm-path"])
+def test_kernel_gives_up_in_a_graph_and_names_the_peer(kind, monkeypatch):
+    monkeypatch.setenv("FERRY_TEST_KERNEL", kind)
+    run_on_every_rank(_workers.kernel_gives_up_in_a_graph, 2, timeout=90)
+
+
 def test_mixed_signals_byte_exact():
     run_on_every_rank(_workers.mixed_signals, 2)
 
