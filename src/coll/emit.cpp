@@ -45,7 +45,8 @@ void Communicator::emit(int local, const Built& b, const Emission& e) {
         // is resident when the trigger comes).
         // The kernel's own bound comes a second after the watchdog's, which
         // names late peers from their progress; it is what bounds a kernel
-        // replayed from a graph, which the watchdog cannot follow.
+        // replayed from a graph, which the watchdog cannot follow (test:
+        // kernel_gives_up_in_a_graph, where this bound named the peer).
         launch_one_shot(step.one_shot, one_shot_windows_, one_shot_slot_bytes_, kernel_wait(local, e.gate), s);
         break;
     }
