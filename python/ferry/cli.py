@@ -85,10 +85,9 @@ def cmd_bench(args) -> int:
         in_place=args.in_place,
         a2a_nccl_graph=args.a2a_nccl_graph,
         overlap=args.overlap,
-        overlap_bytes=parse_size(args.overlap_size),
         overlap_gemms=args.overlap_gemms,
         overlap_reps=args.overlap_reps,
-        overlap_sizes=[parse_size(x) for x in args.overlap_sizes.split(",") if x],
+        overlap_sizes=[parse_size(x) for x in (args.overlap_size or args.overlap_sizes).split(",") if x],
         overlap_op=args.overlap_op,
         local_copy_probe=args.local_copy_probe,
         prelaunch=args.prelaunch,
@@ -191,7 +190,16 @@ def main(argv=None) -> int:
     b.add_argument(
         "--impls",
         default=",".join(
-            ("ferry-b2b", "ferry-pcpy", "ferry-seq", "ferry-graph", "ferry-sm", "nccl", "nccl-graph")
+            (
+                "ferry-b2b",
+                "ferry-pcpy",
+                "ferry-seq",
+                "ferry-graph",
+                "ferry-sm",
+                "ferry-sm-graph",
+                "nccl",
+                "nccl-graph",
+            )
         ),
         help="what to time; empty: only the optional measurements below",
     )
@@ -213,7 +221,7 @@ def main(argv=None) -> int:
         help="also capture NCCL's all_to_all(v) above 1 MB per rank in a graph (it hung on H200 x2 and x4)",
     )
     b.add_argument("--overlap", action="store_true", help="also measure a bf16 GEMM loop beside all-gathers")
-    b.add_argument("--overlap-size", default="64M", help="all-gather bytes per rank beside the GEMMs")
+    b.add_argument("--overlap-size", default="", help="one size instead of --overlap-sizes")
     b.add_argument("--overlap-gemms", type=int, default=30)
     b.add_argument(
         "--overlap-op",
@@ -223,7 +231,9 @@ def main(argv=None) -> int:
     )
     b.add_argument("--overlap-reps", type=int, default=7, help="alternating alone/beside measurements")
     b.add_argument(
-        "--overlap-sizes", default="", help="all-gather sizes for the overlap (default: --overlap-size)"
+        "--overlap-sizes",
+        default="64K,1M,16M,256M",
+        help="bytes per rank of the collectives beside the GEMMs",
     )
     b.add_argument("--local-copy-probe", action="store_true", help="also time copies within one GPU")
     b.add_argument("--prelaunch", action="store_true", help="also time prepared collectives trigger -> done")

@@ -181,3 +181,32 @@ def test_all_to_allv_counts_are_uneven_and_fit_the_buffers():
     comm = Comm()
     assert sm_fits(comm, "all_to_allv", 4 << 20, 4) and sm_fits(comm, "all_gather", 4096, 4)
     assert comm.asked == [("all_to_allv", 1 << 20), ("all_gather", 4096)]  # per-peer blocks
+
+
+def _sweep_record(impl, label, size, t, op="all_gather"):
+    return dict(op=op, impl=impl, impl_label=label, bytes_per_rank=size, time_us=t)
+
+
+def test_ratios_use_the_better_of_nccl_eager_and_graph():
+    records = [
+        _sweep_record("nccl", "nccl", 1024, 10.0),
+        _sweep_record("nccl", "nccl-graph", 1024, 5.0),
+        _sweep_record("ferry", "ferry-b2b", 1024, 20.0),
+        _sweep_record("ferry", "ferry-b2b", 4096, 7.0),  # no NCCL at this size: no ratio
+        _sweep_record("ferry", "ferry-sm", 1024, 4.0, op="all_to_all"),  # nor for this op
+    ]
+    assert report.ratios(records) == [("all_gather", 1024, "ferry-b2b", 4.0)]
+    assert "4.00" in report.ratio_table(records)
+
+
+def test_sweep_plot_has_a_ratio_row_where_nccl_ran(tmp_path):
+    pytest.importorskip("matplotlib")
+    with_nccl = [_sweep_record("nccl", "nccl", 1024, 10.0), _sweep_record("ferry", "ferry-b2b", 1024, 20.0)]
+    alone = [_sweep_record("ferry", "ferry-b2b", 1024, 20.0)]
+    for name, records, rows in (("both", with_nccl, 2), ("alone", alone, 1)):
+        path = tmp_path / f"{name}.png"
+        assert report.plot(records, str(path), "test")
+        import matplotlib.image
+
+        height = matplotlib.image.imread(str(path)).shape[0]
+        assert height == pytest.approx(4.5 * rows * 110, abs=2)

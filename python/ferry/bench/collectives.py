@@ -133,7 +133,7 @@ def _worker(rank: int, world: int, port: int, opts: dict, queue) -> None:
     if opts.get("tuning") is not None:
         comm.set_tuning(opts["tuning"])
     ctx = Ctx(torch, dist, comm, rank, world, opts)
-    max_bytes = max(opts["sizes"] + [opts["overlap_bytes"]] + list(opts.get("overlap_sizes") or []))
+    max_bytes = max(opts["sizes"] + (list(opts["overlap_sizes"]) if opts["overlap"] else []))
     out_all = comm.alloc((world * max_bytes,), torch.uint8)
     inp_all = torch.empty(max_bytes, dtype=torch.uint8, device=dev)
     gpu = torch.cuda.get_device_name(dev)

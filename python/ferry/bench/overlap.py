@@ -119,8 +119,7 @@ def run(ctx, out_all, inp_all) -> list:
 
     results = []
     op = opts.get("overlap_op", "all_gather")
-    sizes = opts["overlap_sizes"] or [opts["overlap_bytes"]]
-    for n in sizes:
+    for n in opts["overlap_sizes"]:
         case = ctx.case(op, n, out_all, inp_all)
         case.reset()
         impls = [i for i in IMPLS if i != "ferry-sm-path" or sm_fits(ctx.comm, op, n, world)]
