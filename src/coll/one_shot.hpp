@@ -3,7 +3,7 @@
 // one flag per peer; each receiver spins on its own window's flags and copies
 // its slots into the output. One round of signals, each a store, where the
 // copy-engine path needs two rounds of small copies (ready, then done) at
-// several microseconds each (docs/performance.md, floor analysis).
+// several microseconds each (docs/performance.md, "Where the small-size latency goes").
 //
 // all_gather, all_to_all(v) and broadcast, as tables of spans (OneShotStep).
 // It uses SMs: up to kOneShotMaxBlocks blocks for the whole call, including

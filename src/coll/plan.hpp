@@ -125,7 +125,7 @@ void add_bounce(Exchange& x, const std::vector<char*>& bounce);
 // becomes kPeer (the SM-free pull back, see Exchange::local_pull) when the
 // exchange has one and the block is at most kPeerLocalMaxBytes, else kKernel.
 // An explicit kPeer without a pull falls back to kKernel. The bound weighs two
-// measurements (x2, 2026-11-22, docs/performance.md, "SM-free own block").
+// measurements (x2, 2026-11-22, docs/performance-log.md, fifth session).
 // Alone, the pull costs nothing up to 256 KB (graph 27.6-28.6 us against
 // 29.1-30.7 with the kernel), 1 (eager) to 7 us (graph) at 1 MB, 18 us at 4 MB,
 // and at 16 MB and more it halves 2-GPU bandwidth (one more block per peer).

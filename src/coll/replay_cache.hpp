@@ -1,7 +1,7 @@
 // Repeated eager calls replayed from CUDA graphs. An eager call enqueues about
 // a dozen CUDA operations (copies, batches of stream memory operations,
 // sometimes a kernel), which costs the host 27-42 us on H200 hosts while the
-// GPU side of a small collective takes less (docs/performance.md, "Host time
+// GPU side of a small collective takes less (docs/performance-log.md, "Host time
 // per eager call"): small eager calls were host-bound. A call whose commands
 // were enqueued before (same program: same addresses, sizes, variant) is
 // captured once into a graph and from then on launched with one
