@@ -119,8 +119,10 @@ def cmd_bench(args) -> int:
     print("\n".join(format_sections(result)))
     if args.out:
         command = recorded_command(sys.argv[1:], os.environ)
-        stem = collectives.save(result, world, args.out, command, plot=not args.no_plot, tag=args.tag)
-        print(f"\nwrote {stem}.json, .txt" + ("" if args.no_plot else ", .png"))
+        stem, pngs = collectives.save(result, world, args.out, command, plot=not args.no_plot, tag=args.tag)
+        print(f"\nwrote {stem}.json, .txt" + "".join(f", {os.path.basename(p)}" for p in pngs))
+        if not args.no_plot and not pngs:
+            print("no plots: matplotlib is not installed (pip install 'ferry[plot]')")
     return 0 if all(r["wrong"] == 0 for r in result["records"]) else 1
 
 

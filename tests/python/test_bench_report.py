@@ -158,6 +158,21 @@ def test_saved_text_has_no_empty_sweep_table(tmp_path):
     assert "# chain" in text and "ferry/NCCL" not in text and "#wrong" not in text
 
 
+def test_save_names_the_plots_it_wrote(tmp_path):
+    from ferry.bench.collectives import save
+
+    records = [_sweep_record("nccl", "nccl", 1024, 10.0), _sweep_record("ferry", "ferry-b2b", 1024, 20.0)]
+    for r in records:
+        r.update(busbw_gbps=0.0, wrong=0)
+    stem, pngs = save({"gpu": "GPU", "records": records}, 2, str(tmp_path), "ferry bench", plot=True)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert pngs == []  # the CLI then says matplotlib is missing
+    else:
+        assert pngs == [stem + ".png"] and (tmp_path / (stem.rsplit("/", 1)[1] + ".png")).exists()
+
+
 def test_all_to_allv_counts_are_uneven_and_fit_the_buffers():
     from ferry.bench.cases import fits, skewed_counts, sm_fits
 

@@ -337,7 +337,7 @@ def run(world: int, opts: dict) -> dict:
     return result
 
 
-def save(result: dict, world: int, out_dir: str, command: str, plot: bool, tag: str = "") -> str:
+def save(result: dict, world: int, out_dir: str, command: str, plot: bool, tag: str = "") -> tuple:
     from ferry.bench.report import format_table, ratio_table
     from ferry.bench.report import plot as plot_png
 
@@ -368,13 +368,17 @@ def save(result: dict, world: int, out_dir: str, command: str, plot: bool, tag: 
     text += format_sections(result)
     with open(stem + ".txt", "w") as f:
         f.write("\n".join(text) + "\n")
+    pngs = []
     if plot:
         from ferry.bench.report import plot_overlap, plot_phases
 
-        if result["records"]:
-            plot_png(result["records"], stem + ".png", f"{result['gpu']} x{world}")
-        if result.get("phases"):
-            plot_phases(result["phases"], stem + "-phases.png", f"{result['gpu']} x{world}")
-        if result.get("overlap"):
-            plot_overlap(result["overlap"], stem + "-overlap.png", f"{result['gpu']} x{world}")
-    return stem
+        title = f"{result['gpu']} x{world}"
+        for key, draw, suffix in (
+            ("records", plot_png, ".png"),
+            ("phases", plot_phases, "-phases.png"),
+            ("overlap", plot_overlap, "-overlap.png"),
+        ):
+            # Each returns False without matplotlib.
+            if result.get(key) and draw(result[key], stem + suffix, title):
+                pngs.append(stem + suffix)
+    return stem, pngs
