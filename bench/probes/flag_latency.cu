@@ -19,6 +19,12 @@
 // kernel that spins on the same words (an SM for the wait's duration):
 //   kernel done-wait: the waits for the peers' done flags (and their resets)
 //   kernel trigger: the wait for the host trigger as well
+// and, since the results fall into modes about 8 us apart (as if a stream
+// wait that fails its first look is looked at again only that much later),
+// spacers between the done copies and the waits, so that the first look
+// comes later and finds the peer's flag more often:
+//   spacer write: one stream write into this GPU's memory
+//   spacer copies: N more 8-byte copies into an unused line of every peer
 //
 //   ferry_probe_flags [--gpus N] [--bytes B] [--iters N]
 #include <cuda_runtime_api.h>
@@ -53,6 +59,8 @@ struct Variant {
   bool lanes = false;
   bool kernel_wait = false;
   bool kernel_trigger = false;
+  bool spacer_write = false;
+  int spacer_copies = 0;
 };
 
 // Up to 8 words, one thread each: spin until every word holds its value, then
@@ -185,11 +193,15 @@ int main(int argc, char** argv) {
       {"floor, kernel trigger", false, false, Where::kHost, Where::kHost, true, false, false, true},
       {"pushes + d2d, kernel done-wait", true, true, Where::kDevice, Where::kDevice, false, false, true},
       {"pushes + d2d, kernel both", true, true, Where::kDevice, Where::kDevice, false, false, true, true},
+      {"pushes + d2d, spacer write", true, true, Where::kDevice, Where::kDevice, false, false, false, false, true},
+      {"pushes + d2d, 1 spacer copy", true, true, Where::kDevice, Where::kDevice, false, false, false, false, false, 1},
+      {"pushes + d2d, 2 spacer copies", true, true, Where::kDevice, Where::kDevice, false, false, false, false, false,
+       2},
   };
   uint64_t epoch = 0;  // trigger and finished values never repeat across variants
   std::printf("gpus %d, bytes per peer %zu, %d iterations after %d warm-up; trigger-to-done in us\n", gpus, bytes,
               iters, warmup);
-  std::printf("%-28s %9s %9s %9s %12s\n", "variant", "median", "p10", "p90", "enqueue(us)");
+  std::printf("%-32s %9s %9s %9s %9s %12s\n", "variant", "median", "mean", "p10", "p90", "enqueue(us)");
   for (const auto& v : variants) {
     std::vector<double> lat, enq;
     for (int i = 0; i < total; ++i) {
@@ -236,6 +248,11 @@ int main(int argc, char** argv) {
         } else {
           for (const auto& c : flags) ferry::dma::copy_one(s, c);
         }
+        // A peer's line at its own index is never written by anyone else.
+        for (int k = 0; k < v.spacer_copies; ++k)
+          for (int p = 0; p < gpus; ++p)
+            if (p != r) ferry::dma::copy_one(s, Copy{g[p].device_flags + p * kLine, g[r].device_values + i * kLine, 8});
+        if (v.spacer_write) ferry::dma::mem_ops(s, {MemOp{MemOp::Kind::kWrite, g[r].device_flags + r * kLine, tick}});
         // Waits first, then resets: one batch keeps their order.
         std::stable_partition(waits.begin(), waits.end(), [](const MemOp& m) { return m.kind == MemOp::Kind::kWait; });
         if (v.kernel_wait) {
@@ -264,7 +281,10 @@ int main(int argc, char** argv) {
     std::sort(lat.begin(), lat.end());
     std::sort(enq.begin(), enq.end());
     auto at = [](const std::vector<double>& x, double q) { return x[size_t(q * (x.size() - 1))]; };
-    std::printf("%-28s %9.1f %9.1f %9.1f %12.1f\n", v.name, at(lat, 0.5), at(lat, 0.1), at(lat, 0.9), at(enq, 0.5));
+    double mean = 0;
+    for (double x : lat) mean += x / lat.size();
+    std::printf("%-32s %9.1f %9.1f %9.1f %9.1f %12.1f\n", v.name, at(lat, 0.5), mean, at(lat, 0.1), at(lat, 0.9),
+                at(enq, 0.5));
     std::fflush(stdout);
   }
   for (int r = 0; r < gpus; ++r) {
