@@ -59,6 +59,13 @@ def cmd_doctor(args) -> int:
     return 1 if failed else 0
 
 
+def bench_impls() -> tuple:
+    """Everything `ferry bench` can time; all of it by default."""
+    from .bench.collectives import IMPLS
+
+    return IMPLS
+
+
 def cmd_bench(args) -> int:
     import torch
 
@@ -191,19 +198,8 @@ def main(argv=None) -> int:
     )
     b.add_argument(
         "--impls",
-        default=",".join(
-            (
-                "ferry-b2b",
-                "ferry-pcpy",
-                "ferry-seq",
-                "ferry-graph",
-                "ferry-sm",
-                "ferry-sm-graph",
-                "nccl",
-                "nccl-graph",
-            )
-        ),
-        help="what to time; empty: only the optional measurements below",
+        default=",".join(bench_impls()),
+        help="what to time, comma-separated (default: all, %(default)s); empty: only the optional measurements below",
     )
     b.add_argument("--min", default="1K", help="smallest bytes per rank")
     b.add_argument("--max", default="1G", help="largest bytes per rank")
