@@ -26,7 +26,12 @@
 //   spacer write: one stream write into this GPU's memory
 //   spacer copies: N more 8-byte copies into an unused line of every peer
 //
-//   ferry_probe_flags [--gpus N] [--bytes B] [--iters N]
+// With --streams K, the trigger floor and pushes + done run on each of K
+// streams per GPU in turn, twice: whether a stream keeps its mode.
+//
+// With --busy 1, one block per GPU spins beside all of it.
+//
+//   ferry_probe_flags [--gpus N] [--bytes B] [--iters N] [--streams K] [--busy 0|1]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -83,6 +88,12 @@ __global__ void spin_until(SpinSet s) {
   if (i < s.n && s.reset) *const_cast<unsigned long long*>(s.addr[i]) = 0;
 }
 
+// --busy: one block per GPU spinning on its own stream for the whole run (a
+// GPU whose SMs all idle may sit in a slower state than one running a kernel).
+__global__ void keep_busy(const volatile unsigned long long* stop) {
+  while (*stop == 0) __nanosleep(1000);
+}
+
 void spin(cudaStream_t stream, const std::vector<MemOp>& waits, bool reset) {
   SpinSet set{};
   for (const auto& w : waits) {
@@ -97,7 +108,8 @@ void spin(cudaStream_t stream, const std::vector<MemOp>& waits, bool reset) {
 
 struct Gpu {
   int device = 0;
-  cudaStream_t stream = nullptr;
+  cudaStream_t stream = nullptr;         // the one the variant runs on
+  std::vector<cudaStream_t> pool;        // --streams of them
   char* in = nullptr;                    // the block this GPU pushes
   char* out = nullptr;                   // one slot per peer
   uint64_t* device_flags = nullptr;      // one 64-byte line per peer
@@ -130,13 +142,16 @@ uint64_t* host_words(size_t n) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int gpus = 0, iters = 300;
+  int gpus = 0, iters = 300, streams = 1;
+  bool busy = false;
   size_t bytes = 1024;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--gpus") gpus = std::atoi(argv[i + 1]);
     if (a == "--bytes") bytes = std::strtoull(argv[i + 1], nullptr, 10);
     if (a == "--iters") iters = std::atoi(argv[i + 1]);
+    if (a == "--streams") streams = std::max(1, std::atoi(argv[i + 1]));
+    if (a == "--busy") busy = std::atoi(argv[i + 1]) != 0;
   }
   int count = 0;
   FERRY_CUDA_CHECK(cudaGetDeviceCount(&count));
@@ -149,7 +164,9 @@ int main(int argc, char** argv) {
     FERRY_CUDA_CHECK(cudaSetDevice(r));
     for (int p = 0; p < gpus; ++p)
       if (p != r && cudaDeviceEnablePeerAccess(p, 0) != cudaSuccess) cudaGetLastError();
-    FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&g[r].stream, cudaStreamNonBlocking));
+    g[r].pool.resize(streams);
+    for (auto& st : g[r].pool) FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    g[r].stream = g[r].pool[0];
     g[r].in = device_alloc<char>(bytes);
     g[r].out = device_alloc<char>(bytes * gpus);
     g[r].device_flags = device_alloc<uint64_t>(gpus * kLine);
@@ -199,10 +216,19 @@ int main(int argc, char** argv) {
        2},
   };
   uint64_t epoch = 0;  // trigger and finished values never repeat across variants
-  std::printf("gpus %d, bytes per peer %zu, %d iterations after %d warm-up; trigger-to-done in us\n", gpus, bytes,
-              iters, warmup);
+  uint64_t* stop = host_words(kLine);
+  std::vector<cudaStream_t> busy_streams(gpus);
+  if (busy)
+    for (int r = 0; r < gpus; ++r) {
+      FERRY_CUDA_CHECK(cudaSetDevice(r));
+      FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&busy_streams[r], cudaStreamNonBlocking));
+      keep_busy<<<1, 32, 0, busy_streams[r]>>>(reinterpret_cast<const volatile unsigned long long*>(stop));
+      FERRY_CUDA_CHECK(cudaGetLastError());
+    }
+  std::printf("gpus %d, bytes per peer %zu, %d iterations after %d warm-up%s; trigger-to-done in us\n", gpus, bytes,
+              iters, warmup, busy ? ", one spinning block per GPU beside" : "");
   std::printf("%-32s %9s %9s %9s %9s %12s\n", "variant", "median", "mean", "p10", "p90", "enqueue(us)");
-  for (const auto& v : variants) {
+  auto run_variant = [&](const Variant& v, const std::string& name) -> bool {
     std::vector<double> lat, enq;
     for (int i = 0; i < total; ++i) {
       const uint64_t tick = ++epoch;
@@ -271,7 +297,7 @@ int main(int argc, char** argv) {
         while (reinterpret_cast<volatile uint64_t*>(finished)[r * kLine] != tick) {
           if (now_us() > limit) {
             std::fprintf(stderr, "variant '%s': GPU %d did not finish within 5 s\n", v.name, r);
-            return 2;
+            return false;
           }
         }
       }
@@ -283,13 +309,32 @@ int main(int argc, char** argv) {
     auto at = [](const std::vector<double>& x, double q) { return x[size_t(q * (x.size() - 1))]; };
     double mean = 0;
     for (double x : lat) mean += x / lat.size();
-    std::printf("%-32s %9.1f %9.1f %9.1f %9.1f %12.1f\n", v.name, at(lat, 0.5), mean, at(lat, 0.1), at(lat, 0.9),
+    std::printf("%-32s %9.1f %9.1f %9.1f %9.1f %12.1f\n", name.c_str(), at(lat, 0.5), mean, at(lat, 0.1), at(lat, 0.9),
                 at(enq, 0.5));
     std::fflush(stdout);
+    return true;
+  };
+  if (streams == 1) {
+    for (const auto& v : variants)
+      if (!run_variant(v, v.name)) return 2;
+  } else {
+    // The same variants on each stream of a pool, twice over: does a
+    // stream (its hardware queue, its copy engine) keep its mode?
+    for (int pass = 0; pass < 2; ++pass)
+      for (int k = 0; k < streams; ++k) {
+        for (auto& gpu : g) gpu.stream = gpu.pool[k];
+        for (const auto& v : variants) {
+          const std::string n = v.name;
+          if (n != "floor (trigger, finished)" && n != "pushes + d2d per-copy") continue;
+          if (!run_variant(v, n.substr(0, 21) + " [stream " + std::to_string(k) + "]")) return 2;
+        }
+      }
   }
+  reinterpret_cast<volatile uint64_t*>(stop)[0] = 1;
   for (int r = 0; r < gpus; ++r) {
     FERRY_CUDA_CHECK(cudaSetDevice(r));
-    FERRY_CUDA_CHECK(cudaStreamSynchronize(g[r].stream));
+    for (cudaStream_t st : g[r].pool) FERRY_CUDA_CHECK(cudaStreamSynchronize(st));
+    if (busy) FERRY_CUDA_CHECK(cudaStreamSynchronize(busy_streams[r]));
   }
   return 0;
 }
