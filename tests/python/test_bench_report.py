@@ -225,3 +225,31 @@ def test_sweep_plot_has_a_ratio_row_where_nccl_ran(tmp_path):
 
         height = matplotlib.image.imread(str(path)).shape[0]
         assert height == pytest.approx(4.5 * rows * 110, abs=2)
+
+
+def _repeat(impl, label, size, times, wrong=0):
+    return [dict(_sweep_record(impl, label, size, t), wrong=wrong) for t in times]
+
+
+def test_repeats_keep_the_median_run_and_every_time():
+    runs = list(
+        zip(
+            _repeat("ferry", "ferry-pcpy", 4 << 20, [42.0, 31.6, 40.0]),
+            _repeat("nccl", "nccl-graph", 4 << 20, [33.5, 36.4, 31.9], wrong=1),
+        )
+    )
+    merged = {r["impl_label"]: r for r in report.merge_repeats(runs)}
+    assert merged["ferry-pcpy"]["time_us"] == 40.0
+    assert merged["ferry-pcpy"]["time_us_repeats"] == [42.0, 31.6, 40.0]
+    assert merged["nccl-graph"]["time_us"] == 33.5 and merged["nccl-graph"]["wrong"] == 3
+    # Per-repeat ratios pair each repeat with its own NCCL time: 42/33.5, 31.6/36.4, 40/31.9.
+    lo, hi = report.ratio_ranges(list(merged.values()))[("all_gather", 4 << 20, "ferry-pcpy")]
+    assert lo == pytest.approx(31.6 / 36.4) and hi == pytest.approx(40.0 / 31.9)
+    table = report.ratio_table(list(merged.values()))
+    assert "repeats from..to" in table and "0.87..1.25" in table
+
+
+def test_an_even_number_of_repeats_keeps_the_lower_middle():
+    runs = [[r] for r in _repeat("ferry", "ferry-b2b", 1024, [30.0, 20.0, 25.0, 40.0])]
+    (merged,) = report.merge_repeats(runs)
+    assert merged["time_us"] == 25.0 and "repeats" not in report.ratio_table([merged])

@@ -354,7 +354,7 @@ def save(result: dict, world: int, out_dir: str, command: str, plot: bool, tag: 
         records=result["records"],
         **{
             k: result[k]
-            for k in ("prelaunch", "chain", "phases", "overlap", "energy", "local_copy")
+            for k in ("repeats", "prelaunch", "chain", "phases", "overlap", "energy", "local_copy")
             if k in result
         },
     )

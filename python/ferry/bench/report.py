@@ -94,11 +94,58 @@ def ratios(records: Sequence[dict], baseline: str = "nccl") -> List[tuple]:
     return out
 
 
+def merge_repeats(runs: Sequence[Sequence[dict]]) -> List[dict]:
+    """One record per (op, size, impl) from several whole sweeps (`ferry bench
+    --repeat`, one set of processes each): the repeat with the median time
+    (the lower middle for an even count), with every repeat's time in
+    `time_us_repeats` (in repeat order) and the wrong bytes of all of them."""
+    groups: Dict[tuple, List[dict]] = {}
+    for run in runs:
+        for r in run:
+            groups.setdefault((r["op"], r["bytes_per_rank"], r["impl_label"]), []).append(r)
+    out = []
+    for group in groups.values():
+        middle = sorted(group, key=lambda r: r["time_us"])[(len(group) - 1) // 2]
+        merged = dict(middle)
+        merged["time_us_repeats"] = [r["time_us"] for r in group]
+        merged["wrong"] = sum(r["wrong"] for r in group)
+        out.append(merged)
+    return out
+
+
+def ratio_ranges(records: Sequence[dict], baseline: str = "nccl") -> Dict[tuple, tuple]:
+    """Where records carry `time_us_repeats`: per (op, size, impl label), the
+    lowest and highest of the per-repeat ratios, each repeat's ferry time over
+    the same repeat's NCCL best (how far one run can land from the median)."""
+    best: Dict[tuple, List[float]] = {}
+    for r in records:
+        if r["impl"] == baseline and "time_us_repeats" in r:
+            key = (r["op"], r["bytes_per_rank"])
+            times = r["time_us_repeats"]
+            prev = best.get(key, [math.inf] * len(times))
+            best[key] = [min(a, b) for a, b in zip(prev, times)]
+    out = {}
+    for r in records:
+        key = (r["op"], r["bytes_per_rank"])
+        if r["impl"] != baseline and key in best and "time_us_repeats" in r:
+            per = [t / b for t, b in zip(r["time_us_repeats"], best[key])]
+            if per:
+                out[key + (r["impl_label"],)] = (min(per), max(per))
+    return out
+
+
 def ratio_table(records: Sequence[dict], baseline: str = "nccl") -> str:
-    """ferry time over the better of NCCL eager and graph, per op and size."""
-    lines = [f"{'op':<11}{'bytes/rank':>11}  impl          ferry/NCCL(best)"]
+    """ferry time over the better of NCCL eager and graph, per op and size;
+    with repeats, the range of the per-repeat ratios beside the median's."""
+    spread = ratio_ranges(records, baseline)
+    head = f"{'op':<11}{'bytes/rank':>11}  impl          ferry/NCCL(best)"
+    lines = [head + ("  repeats from..to" if spread else "")]
     for op, size, impl, ratio in ratios(records, baseline):
-        lines.append(f"{op:<11}{format_size(size):>11}  {impl:<13} {ratio:>6.2f}")
+        line = f"{op:<11}{format_size(size):>11}  {impl:<13} {ratio:>6.2f}"
+        if (op, size, impl) in spread:
+            lo, hi = spread[(op, size, impl)]
+            line += f"        {lo:.2f}..{hi:.2f}"
+        lines.append(line)
     return "\n".join(lines)
 
 
