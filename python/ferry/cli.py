@@ -176,7 +176,9 @@ def cmd_tune(args) -> int:
     sizes = size_range(parse_size(args.min), parse_size(args.max), args.factor)
     variants = tune.VARIANTS + (("sm",) if args.sm else ())
     print(f"ferry tune: {world} GPUs, {len(sizes)} sizes, variants {variants}", file=sys.stderr)
-    table = tune.run(world, args.ops.split(","), sizes, args.runs, args.timeout, sm=args.sm)
+    table = tune.run(
+        world, args.ops.split(","), sizes, args.runs, args.timeout, sm=args.sm, repeat=args.repeat
+    )
     table["command"] = recorded_command(sys.argv[1:], os.environ)
     out = args.out or os.path.expanduser(
         f"~/.cache/ferry/tuning-{table['gpu'].replace(' ', '-')}-x{world}.json"
@@ -273,6 +275,12 @@ def main(argv=None) -> int:
     tu.add_argument("--max", default="256M")
     tu.add_argument("--factor", type=int, default=4)
     tu.add_argument("--runs", type=int, default=5)
+    tu.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="the measurement in this many sets of fresh processes; medians decide",
+    )
     tu.add_argument("--timeout", type=float, default=120.0)
     tu.add_argument(
         "--out", default="", help="where to write (default ~/.cache/ferry/tuning-<gpu>-x<n>.json)"

@@ -153,10 +153,16 @@ def default_rules(gpu_name: str, world: int) -> Optional[List[Rule]]:
     return None
 
 
-def run(world: int, ops: List[str], sizes: List[int], runs: int, timeout: float, sm: bool = False) -> dict:
+def run(
+    world: int, ops: List[str], sizes: List[int], runs: int, timeout: float, sm: bool = False, repeat: int = 1
+) -> dict:
     """Measures every variant on the local GPUs (ferry bench, ferry impls only);
-    sm: ferry's SM path too, which then may win sizes it takes."""
+    sm: ferry's SM path too, which then may win sizes it takes. repeat: the
+    measurement in that many sets of fresh processes, each point's median
+    repeat deciding (one process can sit 5-10 us slower than the next at
+    small sizes, enough to flip a choice)."""
     from ferry.bench import collectives
+    from ferry.bench.report import merge_repeats
 
     opts = dict(
         sizes=sizes,
@@ -171,12 +177,17 @@ def run(world: int, ops: List[str], sizes: List[int], runs: int, timeout: float,
         local_copy_probe=False,
         tuning=None,
     )
-    result = collectives.run(world, opts)
+    runs_records = []
+    for _ in range(max(1, repeat)):
+        result = collectives.run(world, opts)
+        runs_records.append(result["records"])
+    result["records"] = merge_repeats(runs_records)
     rules = rules_from_measurements(result["records"], world, allow_sm=sm)
     return dict(
         gpu=result["gpu"],
         world=world,
         date=datetime.date.today().isoformat(),
+        repeats=max(1, repeat),
         rules=to_json_rules(rules),
         records=result["records"],
     )
