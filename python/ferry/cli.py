@@ -59,13 +59,6 @@ def cmd_doctor(args) -> int:
     return 1 if failed else 0
 
 
-def bench_impls() -> tuple:
-    """Everything `ferry bench` can time; all of it by default."""
-    from .bench.collectives import IMPLS
-
-    return IMPLS
-
-
 def cmd_bench(args) -> int:
     import torch
 
@@ -116,20 +109,7 @@ def cmd_bench(args) -> int:
         print(f"--ops: unknown {unknown}; expected some of {','.join(OPS)}", file=sys.stderr)
         return 2
     print(f"ferry bench: {world} GPUs, {len(opts['sizes'])} sizes, {opts['ops']}, {impls}", file=sys.stderr)
-    result = collectives.run(world, opts)
-    if args.repeat > 1:
-        from .bench.report import merge_repeats
-
-        # The sweep again in fresh processes; the other measurements run once.
-        sweep_only = dict(
-            opts, overlap=False, prelaunch=False, phases=False, energy=False, local_copy_probe=False
-        )
-        runs = [result["records"]]
-        for k in range(2, args.repeat + 1):
-            print(f"ferry bench: repeat {k} of {args.repeat}", file=sys.stderr)
-            runs.append(collectives.run(world, sweep_only)["records"])
-        result["records"] = merge_repeats(runs)
-        result["repeats"] = args.repeat
+    result = collectives.run_repeated(world, opts, args.repeat)
     from .bench.report import format_sections
 
     if result["records"]:
@@ -193,7 +173,17 @@ def cmd_tune(args) -> int:
     return 0 if all(r["wrong"] == 0 for r in table["records"]) else 1
 
 
+def at_least_one(text: str) -> int:
+    """argparse type of a count that must be positive (e.g. --repeat)."""
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1, got {n}")
+    return n
+
+
 def main(argv=None) -> int:
+    from .bench import collectives as bench_collectives  # no torch at import: its list of impls
+
     p = argparse.ArgumentParser(prog="ferry", description="copy-engine collectives for multi-GPU ML")
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("topo", help="show the GPUs, their links and copy engines")
@@ -213,7 +203,7 @@ def main(argv=None) -> int:
     )
     b.add_argument(
         "--impls",
-        default=",".join(bench_impls()),
+        default=",".join(bench_collectives.IMPLS),
         help="what to time, comma-separated (default: all, %(default)s); empty: only the optional measurements below",
     )
     b.add_argument("--min", default="1K", help="smallest bytes per rank")
@@ -223,7 +213,7 @@ def main(argv=None) -> int:
     b.add_argument("--runs", type=int, default=7, help="timed runs per point; the median counts")
     b.add_argument(
         "--repeat",
-        type=int,
+        type=at_least_one,
         default=1,
         help="the whole sweep this many times, each in fresh processes: the median repeat counts, and the "
         "ratio table shows the range (small sizes can move by 5 us from one process to the next)",
@@ -277,7 +267,7 @@ def main(argv=None) -> int:
     tu.add_argument("--runs", type=int, default=5)
     tu.add_argument(
         "--repeat",
-        type=int,
+        type=at_least_one,
         default=3,
         help="the measurement in this many sets of fresh processes; medians decide",
     )

@@ -162,7 +162,6 @@ def run(
     repeat deciding (one process can sit 5-10 us slower than the next at
     small sizes, enough to flip a choice)."""
     from ferry.bench import collectives
-    from ferry.bench.report import merge_repeats
 
     opts = dict(
         sizes=sizes,
@@ -177,17 +176,13 @@ def run(
         local_copy_probe=False,
         tuning=None,
     )
-    runs_records = []
-    for _ in range(max(1, repeat)):
-        result = collectives.run(world, opts)
-        runs_records.append(result["records"])
-    result["records"] = merge_repeats(runs_records)
+    result = collectives.run_repeated(world, opts, repeat)
     rules = rules_from_measurements(result["records"], world, allow_sm=sm)
     return dict(
         gpu=result["gpu"],
         world=world,
         date=datetime.date.today().isoformat(),
-        repeats=max(1, repeat),
+        repeats=repeat,
         rules=to_json_rules(rules),
         records=result["records"],
     )

@@ -253,3 +253,32 @@ def test_an_even_number_of_repeats_keeps_the_lower_middle():
     runs = [[r] for r in _repeat("ferry", "ferry-b2b", 1024, [30.0, 20.0, 25.0, 40.0])]
     (merged,) = report.merge_repeats(runs)
     assert merged["time_us"] == 25.0 and "repeats" not in report.ratio_table([merged])
+
+
+def test_repeated_runs_rerun_only_the_sweep_and_merge_it(monkeypatch):
+    from ferry.bench import collectives
+
+    calls = []
+
+    def fake_run(world, opts):
+        calls.append(opts)
+        t = [40.0, 30.0, 35.0][len(calls) - 1]
+        return {"gpu": "GPU", "records": _repeat("ferry", "ferry-b2b", 1024, [t]), "overlap": ["first only"]}
+
+    monkeypatch.setattr(collectives, "run", fake_run)
+    opts = dict(overlap=True, prelaunch=True, phases=True, energy=True, local_copy_probe=True)
+    result = collectives.run_repeated(2, opts, 3)
+    assert calls[0] is opts and all(not any(o.values()) for o in calls[1:])
+    (rec,) = result["records"]
+    assert rec["time_us"] == 35.0 and rec["time_us_repeats"] == [40.0, 30.0, 35.0]
+    assert result["repeats"] == 3 and result["overlap"] == ["first only"]
+
+
+def test_repeat_counts_must_be_positive():
+    import argparse
+
+    from ferry.cli import at_least_one
+
+    assert at_least_one("3") == 3
+    with pytest.raises(argparse.ArgumentTypeError, match="at least 1, got 0"):
+        at_least_one("0")

@@ -337,6 +337,27 @@ def run(world: int, opts: dict) -> dict:
     return result
 
 
+def run_repeated(world: int, opts: dict, repeat: int) -> dict:
+    """`run`, then the sweep `repeat - 1` more times in fresh processes (the
+    other measurements only the first time), each point's median repeat kept
+    with every repeat's time (report.merge_repeats): one process can sit
+    5-10 us slower than the next at small sizes."""
+    from ferry.bench.report import merge_repeats
+
+    result = run(world, opts)
+    if repeat > 1:
+        sweep_only = dict(
+            opts, overlap=False, prelaunch=False, phases=False, energy=False, local_copy_probe=False
+        )
+        runs = [result["records"]]
+        for k in range(2, repeat + 1):
+            _log(0, f"repeat {k} of {repeat}")
+            runs.append(run(world, sweep_only)["records"])
+        result["records"] = merge_repeats(runs)
+        result["repeats"] = repeat
+    return result
+
+
 def save(result: dict, world: int, out_dir: str, command: str, plot: bool, tag: str = "") -> tuple:
     from ferry.bench.report import format_table, ratio_table
     from ferry.bench.report import plot as plot_png

@@ -117,20 +117,13 @@ def ratio_ranges(records: Sequence[dict], baseline: str = "nccl") -> Dict[tuple,
     """Where records carry `time_us_repeats`: per (op, size, impl label), the
     lowest and highest of the per-repeat ratios, each repeat's ferry time over
     the same repeat's NCCL best (how far one run can land from the median)."""
-    best: Dict[tuple, List[float]] = {}
-    for r in records:
-        if r["impl"] == baseline and "time_us_repeats" in r:
-            key = (r["op"], r["bytes_per_rank"])
-            times = r["time_us_repeats"]
-            prev = best.get(key, [math.inf] * len(times))
-            best[key] = [min(a, b) for a, b in zip(prev, times)]
-    out = {}
-    for r in records:
-        key = (r["op"], r["bytes_per_rank"])
-        if r["impl"] != baseline and key in best and "time_us_repeats" in r:
-            per = [t / b for t, b in zip(r["time_us_repeats"], best[key])]
-            if per:
-                out[key + (r["impl_label"],)] = (min(per), max(per))
+    repeated = [r for r in records if "time_us_repeats" in r]
+    out: Dict[tuple, tuple] = {}
+    for j in range(min((len(r["time_us_repeats"]) for r in repeated), default=0)):
+        one_repeat = [dict(r, time_us=r["time_us_repeats"][j]) for r in repeated]
+        for op, size, impl, ratio in ratios(one_repeat, baseline):
+            lo, hi = out.get((op, size, impl), (ratio, ratio))
+            out[(op, size, impl)] = (min(lo, ratio), max(hi, ratio))
     return out
 
 
@@ -186,7 +179,8 @@ def plot(records: Sequence[dict], path: str, title: str) -> bool:
             ax.set_xscale("log", base=2)
             ax.set_xlabel("bytes per rank")
             ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=8)
+            if ax.get_legend_handles_labels()[0]:  # an op without NCCL has no ratio lines
+                ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
