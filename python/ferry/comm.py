@@ -14,6 +14,7 @@ from .errors import ClosedError, InvalidArgumentError
 
 _ALGOS = ("auto", "pcpy", "b2b", "seq", "sm")
 _LOCAL_COPIES = ("auto", "peer", "sm", "driver")
+_SIGNALS = ("auto", "copy", "sm")
 
 
 @dataclass
@@ -323,7 +324,7 @@ class Communicator:
         return [_stream_handle(s, self._c.device(i)) for i, s in enumerate(streams)]
 
     def _native_args(
-        self, op, outs, ins, stream, algo, local_copy, root=0, counts=None, red_op="sum"
+        self, op, outs, ins, stream, algo, local_copy, signals="auto", root=0, counts=None, red_op="sum"
     ) -> dict:
         """Checks the Python-visible parts of a call (sizes, dtypes, devices) and
         turns it into the native call's arguments."""
@@ -338,10 +339,15 @@ class Communicator:
                     " see docs/architecture.md; 'driver' is the path it named)"
                 )
             raise InvalidArgumentError(why)
+        if signals not in _SIGNALS:
+            raise InvalidArgumentError(
+                f"signals is {signals!r}; expected 'auto' (FERRY_SIGNALS, default 'copy'), 'copy' (copy engines,"
+                " no SM) or 'sm' (a one-block kernel per round)"
+            )
         world = self._c.world
         outs = self._per_rank(outs, f"{op}: out")
         ins = [None] * len(outs) if ins is None else self._per_rank(ins, f"{op}: in")
-        args = dict(op=op, algo=algo, local_copy=local_copy, root=root, red_op=red_op)
+        args = dict(op=op, algo=algo, local_copy=local_copy, signals=signals, root=root, red_op=red_op)
         out_ptrs, in_ptrs, shapes = [], [], []
         for i, (o, x) in enumerate(zip(outs, ins)):
             dev, r = self._c.device(i), self._c.rank(i)
@@ -427,7 +433,9 @@ class Communicator:
             return PreparedCollective(self, self._c.prepare(**args), kw["op"])
         self._c.run(**args)
 
-    def all_gather(self, out, inp, stream=None, algo: str = "auto", local_copy: str = "auto") -> None:
+    def all_gather(
+        self, out, inp, stream=None, algo: str = "auto", local_copy: str = "auto", signals: str = "auto"
+    ) -> None:
         """out (world x inp.nbytes, registered) receives every rank's `inp` in
         rank order, ordered in `stream` (default: the current torch stream).
         `inp` may be this rank's own slice of `out` (in-place: no local copy).
@@ -438,18 +446,51 @@ class Communicator:
         block over NVLink; all_to_all bounces it via the next rank), 'sm' ferry's kernel on
         32 SMs, 'driver' cudaMemcpyAsync (CUDA's kernel on every SM, for a
         shorter time), 'auto' peer up to 1 MiB per rank, else sm. CUDA has no
-        SM-free copy within one GPU."""
-        self._run(False, op="all_gather", outs=out, ins=inp, stream=stream, algo=algo, local_copy=local_copy)
+        SM-free copy within one GPU. signals (every collective; copy-engine
+        variants): how ranks tell each other "you may write" and "written":
+        'copy' small copy-engine copies and stream waits (no SM), 'sm' a
+        one-block kernel per round (5-13 us less per call on 2 H200s, but it
+        waits for an SM beside a GPU-filling kernel), 'auto' FERRY_SIGNALS
+        (default 'copy')."""
+        self._run(
+            False,
+            op="all_gather",
+            outs=out,
+            ins=inp,
+            stream=stream,
+            algo=algo,
+            local_copy=local_copy,
+            signals=signals,
+        )
 
-    def all_to_all(self, out, inp, stream=None, algo: str = "auto", local_copy: str = "auto") -> None:
+    def all_to_all(
+        self, out, inp, stream=None, algo: str = "auto", local_copy: str = "auto", signals: str = "auto"
+    ) -> None:
         """Block j of rank i's `inp` lands in block i of rank j's `out` (blocks
         of inp.nbytes / world). `out` registered. In-place when `inp` is `out`:
         then the exchange runs in rounds through a bounded scratch buffer
-        (FERRY_SCRATCH_BYTES) instead of a full-size temporary; other overlaps are errors."""
-        self._run(False, op="all_to_all", outs=out, ins=inp, stream=stream, algo=algo, local_copy=local_copy)
+        (FERRY_SCRATCH_BYTES) instead of a full-size temporary; other overlaps
+        are errors. algo, local_copy, signals: as for all_gather."""
+        self._run(
+            False,
+            op="all_to_all",
+            outs=out,
+            ins=inp,
+            stream=stream,
+            algo=algo,
+            local_copy=local_copy,
+            signals=signals,
+        )
 
     def all_to_allv(
-        self, out, inp, counts, stream=None, algo: str = "auto", local_copy: str = "auto"
+        self,
+        out,
+        inp,
+        counts,
+        stream=None,
+        algo: str = "auto",
+        local_copy: str = "auto",
+        signals: str = "auto",
     ) -> None:
         """MoE dispatch/combine: counts[s][d] elements go from rank s to rank d.
         `inp` is packed by destination rank, `out` (registered) by source rank.
@@ -464,11 +505,19 @@ class Communicator:
             stream=stream,
             algo=algo,
             local_copy=local_copy,
+            signals=signals,
             counts=counts,
         )
 
     def broadcast(
-        self, out, inp=None, root: int = 0, stream=None, algo: str = "auto", local_copy: str = "auto"
+        self,
+        out,
+        inp=None,
+        root: int = 0,
+        stream=None,
+        algo: str = "auto",
+        local_copy: str = "auto",
+        signals: str = "auto",
     ) -> None:
         """Root's `inp` (default: root's `out`) into every rank's `out` (registered)."""
         self._run(
@@ -479,10 +528,13 @@ class Communicator:
             stream=stream,
             algo=algo,
             local_copy=local_copy,
+            signals=signals,
             root=root,
         )
 
-    def reduce_scatter(self, out, inp, op: str = "sum", stream=None, algo: str = "auto") -> None:
+    def reduce_scatter(
+        self, out, inp, op: str = "sum", stream=None, algo: str = "auto", signals: str = "auto"
+    ) -> None:
         """out = the reduction (sum/max/min) over ranks of block `rank` of `inp`
         (world x out). The data moves on copy engines into ferry's scratch on
         each rank; the reduction runs in a small SM kernel (32 blocks), the only
@@ -495,15 +547,26 @@ class Communicator:
             stream=stream,
             algo=algo,
             local_copy="auto",
+            signals=signals,
             red_op=op,
         )
 
-    def all_reduce(self, out, inp=None, op: str = "sum", stream=None, algo: str = "auto") -> None:
+    def all_reduce(
+        self, out, inp=None, op: str = "sum", stream=None, algo: str = "auto", signals: str = "auto"
+    ) -> None:
         """out = the reduction over ranks of `inp` (default: in place on `out`,
         which must be registered). Reduce-scatter then all-gather: copy engines
         move the data, a small SM kernel adds (the only SM work)."""
         self._run(
-            False, op="all_reduce", outs=out, ins=inp, stream=stream, algo=algo, local_copy="auto", red_op=op
+            False,
+            op="all_reduce",
+            outs=out,
+            ins=inp,
+            stream=stream,
+            algo=algo,
+            local_copy="auto",
+            signals=signals,
+            red_op=op,
         )
 
     def prepare(self, collective: str, out, inp=None, **kw) -> "PreparedCollective":
@@ -531,6 +594,7 @@ class Communicator:
             stream=None,
             algo=kw.pop("algo", "auto"),
             local_copy=kw.pop("local_copy", "auto"),
+            signals=kw.pop("signals", "auto"),
             **kw,
         )
 

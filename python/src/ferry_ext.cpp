@@ -17,6 +17,7 @@
 #include "coll/one_shot.hpp"
 #include "coll/reduce.hpp"
 #include "coll/selector.hpp"
+#include "coll/sm_holder.hpp"
 #include "coll/trigger_kernel.hpp"
 #include "core/driver.hpp"
 #include "core/env.hpp"
@@ -93,7 +94,8 @@ ferry::CollOp parse_op(const std::string& op) {
 ferry::CollectiveArgs make_args(const std::string& op, const std::vector<uintptr_t>& outs,
                                 const std::vector<uintptr_t>& ins, const std::vector<uintptr_t>& streams, size_t bytes,
                                 const std::vector<size_t>& counts, int root, size_t count, const std::string& dtype,
-                                const std::string& red_op, const std::string& algo, const std::string& local_copy) {
+                                const std::string& red_op, const std::string& algo, const std::string& local_copy,
+                                const std::string& signals) {
   ferry::CollectiveArgs a;
   a.op = parse_op(op);
   a.outs = as_pointers<void*>(outs);
@@ -109,6 +111,7 @@ ferry::CollectiveArgs make_args(const std::string& op, const std::vector<uintptr
   }
   a.algo = ferry::parse_algo(algo, "algo");
   a.local_copy = ferry::parse_local_copy(local_copy, "local_copy");
+  a.signals = ferry::parse_signals(signals, "signals");
   return a;
 }
 
@@ -119,8 +122,9 @@ auto call_with_args(Fn fn) {
   return [fn](Communicator& c, const std::string& op, const std::vector<uintptr_t>& outs,
               const std::vector<uintptr_t>& ins, const std::vector<uintptr_t>& streams, size_t bytes,
               const std::vector<size_t>& counts, int root, size_t count, const std::string& dtype,
-              const std::string& red_op, const std::string& algo, const std::string& local_copy) {
-    auto a = make_args(op, outs, ins, streams, bytes, counts, root, count, dtype, red_op, algo, local_copy);
+              const std::string& red_op, const std::string& algo, const std::string& local_copy,
+              const std::string& signals) {
+    auto a = make_args(op, outs, ins, streams, bytes, counts, root, count, dtype, red_op, algo, local_copy, signals);
     nb::gil_scoped_release release;
     return fn(c, a);
   };
@@ -129,7 +133,7 @@ auto call_with_args(Fn fn) {
 #define FERRY_CALL_ARGS                                                                                                \
   "op"_a, "outs"_a, "ins"_a, "streams"_a, "bytes"_a = 0, "counts"_a = std::vector<size_t>{}, "root"_a = 0,             \
                                           "count"_a = 0, "dtype"_a = "float32", "red_op"_a = "sum", "algo"_a = "auto", \
-                                          "local_copy"_a = "auto"
+                                          "local_copy"_a = "auto", "signals"_a = "auto"
 
 }  // namespace
 
@@ -228,6 +232,18 @@ NB_MODULE(_ferry, m) {
                                      reinterpret_cast<cudaStream_t>(stream));
       },
       "word"_a, "value"_a, "spin_ns"_a, "stream"_a);
+  // Tests: every SM of the current GPU held by spinning blocks (coll/sm_holder.hpp).
+  nb::class_<ferry::SmHolder>(m, "SmHolder")
+      .def(nb::init<>())
+      .def(
+          "hold",
+          [](ferry::SmHolder& h, uintptr_t stream, double max_s) {
+            nb::gil_scoped_release release;
+            h.hold(reinterpret_cast<cudaStream_t>(stream), max_s);
+          },
+          "stream"_a, "max_s"_a)
+      .def("release", &ferry::SmHolder::release)
+      .def_prop_ro("blocks", &ferry::SmHolder::blocks);
   // For measurements (ferry bench --local-copy): one copy within a GPU, by `how`.
   m.def(
       "copy_local",

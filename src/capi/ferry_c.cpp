@@ -7,6 +7,13 @@
 #include "core/error.hpp"
 #include "ferry/ferry.h"
 
+// The C enums are cast to ferry's: their values must agree.
+static_assert(FERRY_ALGO_SM == static_cast<int>(ferry::Algo::kSm), "ferry_algo_t");
+static_assert(FERRY_LOCAL_COPY_PEER == static_cast<int>(ferry::LocalCopy::kPeer), "ferry_local_copy_t");
+static_assert(FERRY_SIGNALS_COPY == static_cast<int>(ferry::Signals::kCopy) &&
+                  FERRY_SIGNALS_SM == static_cast<int>(ferry::Signals::kKernel),
+              "ferry_signals_t");
+
 struct ferry_comm {
   std::unique_ptr<ferry::Communicator> impl;
 };
@@ -51,7 +58,10 @@ ferry::CollectiveArgs make_args(ferry::Communicator& c, ferry::CollOp op, void* 
     FERRY_ARG_CHECK(options->local_copy >= FERRY_LOCAL_COPY_AUTO && options->local_copy <= FERRY_LOCAL_COPY_PEER,
                     "options->local_copy is not a ferry_local_copy_t");
     a.algo = static_cast<ferry::Algo>(options->algo);
+    FERRY_ARG_CHECK(options->signals >= FERRY_SIGNALS_AUTO && options->signals <= FERRY_SIGNALS_SM,
+                    "options->signals is not a ferry_signals_t");
     a.local_copy = static_cast<ferry::LocalCopy>(options->local_copy);
+    a.signals = static_cast<ferry::Signals>(options->signals);
   }
   return a;
 }

@@ -28,6 +28,7 @@ std::string call_key(const CollectiveArgs& a, bool capturing) {
   put(key, a.red_op);
   put(key, a.algo);
   put(key, a.local_copy);
+  put(key, a.signals);
   put_all(key, a.outs);
   put_all(key, a.ins);
   put_all(key, a.counts);

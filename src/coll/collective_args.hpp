@@ -10,6 +10,7 @@
 #include "coll/plan.hpp"
 #include "coll/reduce.hpp"
 #include "coll/selector.hpp"
+#include "coll/signal_round.hpp"
 
 namespace ferry {
 
@@ -30,6 +31,7 @@ struct CollectiveArgs {
   RedOp red_op = RedOp::kSum;
   Algo algo = Algo::kAuto;
   LocalCopy local_copy = LocalCopy::kAuto;
+  Signals signals = Signals::kAuto;
 };
 
 }  // namespace ferry

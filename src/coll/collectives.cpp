@@ -321,7 +321,8 @@ std::shared_ptr<const Communicator::PlannedCall> Communicator::plan_call(const C
   for (int i = 0; i < static_cast<int>(call->built.size()); ++i) {
     const Built& b = call->built[i];
     call->replay_keys.push_back(locals_[i]->replays && replayable(b.program)
-                                    ? emission_key(b.program, b.record.mapped, call->algo, a.local_copy)
+                                    ? emission_key(b.program, b.record.mapped, call->algo, a.local_copy,
+                                                   kernel_signals(a.signals, signals_by_kernel_))
                                     : std::string());
   }
   recent_calls_.put(key, call);
@@ -351,6 +352,7 @@ void Communicator::run(const CollectiveArgs& a) {
     e.stream = a.streams[i];
     e.algo = algo;
     e.local_copy = a.local_copy;
+    e.kernel_signals = kernel_signals(a.signals, signals_by_kernel_);
     if (capturing) {
       FERRY_ARG_CHECK(dma::is_capturing(a.streams[i]),
                       std::string(coll_op_name(a.op)) + ": some streams are capturing a CUDA graph and others not");

@@ -165,6 +165,7 @@ class Communicator {
     cudaStream_t stream = nullptr;
     Algo algo = Algo::kB2b;
     LocalCopy local_copy = LocalCopy::kAuto;
+    bool kernel_signals = false;           // the two signal rounds by kernel (coll/signal_round.hpp)
     const ValueWait* gate = nullptr;       // waited on after the first exchange's ready handshake
     const uint64_t* state_word = nullptr;  // device address, for captured calls
   };
@@ -292,7 +293,7 @@ class Communicator {
   uint64_t gate_generation_ = 0;  // the value of each arming, unique per communicator
   std::vector<SelectorRule> table_;
   uint32_t scratch_registration_ = 0;  // 0: none yet
-  bool signals_by_kernel_ = false;     // FERRY_SIGNALS=sm (coll/signal_round.hpp)
+  bool signals_by_kernel_ = false;     // FERRY_SIGNALS=sm: what a call's signals="auto" means
   size_t one_shot_slot_bytes_ = 0;     // bytes per source slot in a window (FERRY_SM_BYTES)
   OneShotWindows one_shot_windows_{};  // by rank, as mapped in this process
   std::map<int, Prepared> prepared_;

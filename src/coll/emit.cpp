@@ -163,7 +163,7 @@ void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, c
   // Copy-engine done messages, one per target, each sent after the pushes to
   // that target in stream order; none when a kernel sends them.
   std::vector<Copy> done;
-  if (!signals_by_kernel_)
+  if (!e.kernel_signals)
     for (int t : x.targets)
       done.push_back(Copy{&device_flags(t)->done[L.rank].value, b.record.done_source, sizeof(uint64_t)});
 
@@ -231,7 +231,7 @@ void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, c
 // Steps 1 and 2: by a kernel, or by copy engines and stream waits.
 void Communicator::emit_ready_round(int local, const Exchange& x, const Built& b, cudaStream_t s, const Emission& e,
                                     bool first) {
-  if (!signals_by_kernel_) {
+  if (!e.kernel_signals) {
     emit_ready_copies(local, x, b, s, e, first);
     return;
   }
@@ -249,7 +249,7 @@ void Communicator::emit_ready_round(int local, const Exchange& x, const Built& b
 void Communicator::emit_done_round(int local, const Exchange& x, const Built& b, cudaStream_t s, const Emission& e,
                                    bool last) {
   HostTraceScope t(HostStage::kAfter);
-  if (signals_by_kernel_) {
+  if (e.kernel_signals) {
     SignalRound finish = signal_round(local, x, b, true);
     if (last && e.state_word) {  // "finished" after the last round
       finish.state_word = const_cast<uint64_t*>(e.state_word);

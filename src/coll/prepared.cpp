@@ -118,6 +118,7 @@ void Communicator::arm(int handle, const std::vector<cudaStream_t>& after, bool 
     e.stream = s;
     e.algo = p.algo;
     e.local_copy = p.args.local_copy;
+    e.kernel_signals = kernel_signals(p.args.signals, signals_by_kernel_);
     e.gate = &gate;
     emit(i, p.built[i], e);
     L.in_flight->end(slot, s, watched_gate(p, i));

@@ -18,12 +18,14 @@ void put_copy(std::string& key, const Copy& c) {
 
 }  // namespace
 
-std::string emission_key(const Program& program, const void* record, Algo algo, LocalCopy local_copy) {
+std::string emission_key(const Program& program, const void* record, Algo algo, LocalCopy local_copy,
+                         bool kernel_signals) {
   std::string key;
   key.reserve(256);
   put(key, record);
   put(key, algo);
   put(key, local_copy);
+  put(key, kernel_signals);
   for (const Step& s : program.steps) {
     put(key, s.kind);
     switch (s.kind) {

@@ -23,7 +23,8 @@ namespace ferry {
 
 // Everything emit() turns into commands for one call, as bytes: equal keys
 // enqueue equal commands.
-std::string emission_key(const Program& program, const void* record, Algo algo, LocalCopy local_copy);
+std::string emission_key(const Program& program, const void* record, Algo algo, LocalCopy local_copy,
+                         bool kernel_signals);
 
 // Whether a call seen `times_seen` times (this one included) is worth
 // capturing: capturing costs about as much as a few eager calls, so calls that

@@ -54,6 +54,26 @@ inline bool signals_by_kernel(const std::string& setting) {
   return setting == "sm";
 }
 
+// A call's choice (its `signals` argument): kAuto takes the communicator's
+// FERRY_SIGNALS, so one communicator can signal by kernel on the critical
+// path and by copy engines beside compute. Peers need not agree: both
+// settings write the same flags with the same values.
+enum class Signals { kAuto = 0, kCopy = 1, kKernel = 2 };
+
+// "auto", "copy", "sm"; anything else is an error that names `what`.
+inline Signals parse_signals(const std::string& name, const char* what) {
+  if (name == "auto") return Signals::kAuto;
+  if (name == "copy") return Signals::kCopy;
+  if (name == "sm") return Signals::kKernel;
+  throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(what) + " is '" + name +
+                                                "'; expected 'auto', 'copy' (copy engines, no SM) or 'sm' (a " +
+                                                "one-block kernel per round)");
+}
+
+inline bool kernel_signals(Signals asked, bool communicator_default) {
+  return asked == Signals::kAuto ? communicator_default : asked == Signals::kKernel;
+}
+
 // The round on `stream`: writes, then waits for (and resets) every awaited
 // flag, then waits for the gate of `c` if any.
 void launch_signal_round(const SignalRound& r, const KernelWait& c, cudaStream_t stream);

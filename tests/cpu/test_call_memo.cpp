@@ -43,6 +43,7 @@ TEST(CallKey, EveryArgumentThatBuildReadsChangesTheKey) {
       [](CollectiveArgs& a) { a.red_op = RedOp::kMax; },
       [](CollectiveArgs& a) { a.algo = Algo::kSm; },
       [](CollectiveArgs& a) { a.local_copy = LocalCopy::kPeer; },
+      [](CollectiveArgs& a) { a.signals = Signals::kKernel; },
   };
   for (size_t i = 0; i < changes.size(); ++i) {
     CollectiveArgs a = some_call();

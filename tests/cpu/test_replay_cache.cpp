@@ -21,32 +21,33 @@ Program all_gather_like(size_t bytes) {
 }  // namespace
 
 TEST(EmissionKey, EqualCommandsEqualKeys) {
-  EXPECT_EQ(emission_key(all_gather_like(64), buf, Algo::kB2b, LocalCopy::kAuto),
-            emission_key(all_gather_like(64), buf, Algo::kB2b, LocalCopy::kAuto));
+  EXPECT_EQ(emission_key(all_gather_like(64), buf, Algo::kB2b, LocalCopy::kAuto, false),
+            emission_key(all_gather_like(64), buf, Algo::kB2b, LocalCopy::kAuto, false));
 }
 
 TEST(EmissionKey, AnyDifferenceInWhatIsEnqueuedChangesTheKey) {
-  const std::string base = emission_key(all_gather_like(64), buf, Algo::kB2b, LocalCopy::kAuto);
-  EXPECT_NE(base, emission_key(all_gather_like(65), buf, Algo::kB2b, LocalCopy::kAuto));       // size
-  EXPECT_NE(base, emission_key(all_gather_like(64), buf + 64, Algo::kB2b, LocalCopy::kAuto));  // record
-  EXPECT_NE(base, emission_key(all_gather_like(64), buf, Algo::kSeq, LocalCopy::kAuto));       // variant
-  EXPECT_NE(base, emission_key(all_gather_like(64), buf, Algo::kB2b, LocalCopy::kDriver));
+  const std::string base = emission_key(all_gather_like(64), buf, Algo::kB2b, LocalCopy::kAuto, false);
+  EXPECT_NE(base, emission_key(all_gather_like(65), buf, Algo::kB2b, LocalCopy::kAuto, false));       // size
+  EXPECT_NE(base, emission_key(all_gather_like(64), buf + 64, Algo::kB2b, LocalCopy::kAuto, false));  // record
+  EXPECT_NE(base, emission_key(all_gather_like(64), buf, Algo::kSeq, LocalCopy::kAuto, false));       // variant
+  EXPECT_NE(base, emission_key(all_gather_like(64), buf, Algo::kB2b, LocalCopy::kDriver, false));
+  EXPECT_NE(base, emission_key(all_gather_like(64), buf, Algo::kB2b, LocalCopy::kAuto, true));  // kernel signals
 
   Program moved = all_gather_like(64);
   moved.steps[0].exchange.pushes[1].copy.dst = buf + 2000;  // another peer address
-  EXPECT_NE(base, emission_key(moved, buf, Algo::kB2b, LocalCopy::kAuto));
+  EXPECT_NE(base, emission_key(moved, buf, Algo::kB2b, LocalCopy::kAuto, false));
 
   Program input = all_gather_like(64);
   input.steps[0].exchange.local.src = buf + 1;  // another input buffer
-  EXPECT_NE(base, emission_key(input, buf, Algo::kB2b, LocalCopy::kAuto));
+  EXPECT_NE(base, emission_key(input, buf, Algo::kB2b, LocalCopy::kAuto, false));
 
   Program reduced = all_gather_like(64);
   reduced.add_reduce(ReduceStep{buf, buf, buf, 256, 0, 4, 16, DType::kFloat32, RedOp::kSum});
   Program reduced_max = all_gather_like(64);
   reduced_max.add_reduce(ReduceStep{buf, buf, buf, 256, 0, 4, 16, DType::kFloat32, RedOp::kMax});
-  EXPECT_NE(base, emission_key(reduced, buf, Algo::kB2b, LocalCopy::kAuto));
-  EXPECT_NE(emission_key(reduced, buf, Algo::kB2b, LocalCopy::kAuto),
-            emission_key(reduced_max, buf, Algo::kB2b, LocalCopy::kAuto));
+  EXPECT_NE(base, emission_key(reduced, buf, Algo::kB2b, LocalCopy::kAuto, false));
+  EXPECT_NE(emission_key(reduced, buf, Algo::kB2b, LocalCopy::kAuto, false),
+            emission_key(reduced_max, buf, Algo::kB2b, LocalCopy::kAuto, false));
 }
 
 TEST(ReplayCache, ASingleKernelLaunchIsNotReplayed) {

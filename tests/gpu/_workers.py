@@ -264,6 +264,96 @@ def prelaunch_and_graphs_kernel_signals(rank: int, world: int, port: int) -> lis
     return _with_signals("sm", prelaunch_and_graphs, rank, world, port)
 
 
+def which_calls_need_sms(rank: int, world: int, port: int) -> list:
+    """Every SM of each GPU held by spinning blocks (ferry's SmHolder): an
+    in-place all_gather, an all_to_all with its own block routed through a
+    peer and an in-place broadcast, 64 KB each, with copy signals, must finish
+    while the SMs are held (the README's "no SM at all"); the same calls with
+    signals='sm' (per call, same communicator and buffers) must not finish
+    until they are released; signals='auto' follows FERRY_SIGNALS (the
+    test's parameter). Each setting runs three times (repeats are replayed
+    from graphs ferry captures), with fresh data checked byte by byte after
+    the release."""
+    import ferry
+    import torch
+
+    default = os.environ.get("FERRY_SIGNALS", "copy")  # what signals='auto' means here
+    comm = init(rank, world, port, timeout=60)
+    dev = torch.device("cuda", rank)
+    fails = []
+    check = checker(torch, dev, rank, fails)
+    n = 64 << 10
+    gathered = comm.alloc((world * n,), torch.uint8)
+    swapped = comm.alloc((world * n,), torch.uint8)
+    sent = torch.empty(world * n, dtype=torch.uint8, device=dev)
+    bcast = comm.alloc((n,), torch.uint8)
+    work, spin = torch.cuda.Stream(device=dev), torch.cuda.Stream(device=dev)
+    holder = ferry.native.SmHolder()
+
+    def step(seed: int, signals: str):
+        """Fresh inputs and poisoned outputs (before the SMs are held: torch's
+        fills are kernels), the calls on `work`, and the expected outputs."""
+        mine = rand_bytes(torch, seed + rank, n, dev)
+        gathered.fill_(0xA5)
+        gathered[rank * n : (rank + 1) * n].copy_(mine)
+        sent.copy_(rand_bytes(torch, seed + 100 + rank, world * n, dev))
+        swapped.fill_(0xA5)
+        bcast.copy_(rand_bytes(torch, seed + 200, n, dev) if rank == 0 else torch.full_like(bcast, 0xA5))
+        torch.cuda.synchronize(dev)
+
+        def enqueue():
+            comm.all_gather(gathered, gathered[rank * n : (rank + 1) * n], stream=work, signals=signals)
+            comm.all_to_all(swapped, sent, stream=work, local_copy="peer", signals=signals)
+            comm.broadcast(bcast, root=0, stream=work, signals=signals)
+
+        expected = dict(
+            all_gather=torch.cat([rand_bytes(torch, seed + s, n, dev) for s in range(world)]),
+            all_to_all=torch.cat(
+                [
+                    rand_bytes(torch, seed + 100 + s, world * n, dev)[rank * n : (rank + 1) * n]
+                    for s in range(world)
+                ]
+            ),
+            broadcast=rand_bytes(torch, seed + 200, n, dev),
+        )
+        return enqueue, expected
+
+    try:
+        enqueue, _ = step(0, "auto")  # first calls plan, register and grow the scratch (not SM-free)
+        enqueue()
+        comm.synchronize()
+        seed = 1000
+        for signals in ("copy", "sm", "auto", "copy", "sm"):
+            needs_sms = (default if signals == "auto" else signals) == "sm"
+            for rep in range(3):
+                seed += 1000
+                label = f"signals={signals!r} #{rep}"
+                print(label, file=sys.stderr, flush=True)  # where a run that hangs got to
+                enqueue, expected = step(seed, signals)
+                holder.hold(spin.cuda_stream, 30.0)
+                enqueue()
+                done = torch.cuda.Event()
+                done.record(work)
+                limit = time.monotonic() + (0.5 if needs_sms else 10.0)
+                while not done.query() and time.monotonic() < limit:
+                    time.sleep(0.001)
+                finished = done.query()
+                holder.release()
+                spin.synchronize()
+                comm.synchronize()
+                if needs_sms and finished:
+                    fails.append(f"rank {rank} {label}: finished while every SM was held (no kernel ran?)")
+                if not needs_sms and not finished:
+                    fails.append(f"rank {rank} {label}: did not finish within 10 s while every SM was held")
+                check(f"{label} all_gather", gathered, expected["all_gather"])
+                check(f"{label} all_to_all", swapped, expected["all_to_all"])
+                check(f"{label} broadcast", bcast, expected["broadcast"])
+    finally:
+        holder.release()
+        comm.close()
+    return fails
+
+
 def kernel_signals_skipped_call(rank: int, world: int, port: int) -> list:
     """FERRY_SIGNALS=sm: rank 1 skips a collective that rank 0 makes. Rank
     0's ready-round kernel waits for rank 1's message; the watchdog must name

@@ -139,6 +139,13 @@ def test_options_are_checked():
         c.all_gather(Cai(64), Cai(16), local_copy="ce")
     with pytest.raises(InvalidArgumentError, match="stream is a str"):
         c.all_gather(Cai(64), Cai(16), stream="s")
+    assert c._c.calls[-1]["signals"] == "auto"  # the communicator's FERRY_SIGNALS
+    c.all_to_all(Cai(64), Cai(64), signals="sm")
+    assert c._c.calls[-1]["signals"] == "sm"
+    c.reduce_scatter(Cai(16, "<f4"), Cai(64, "<f4"), signals="copy")
+    assert c._c.calls[-1]["signals"] == "copy"
+    with pytest.raises(InvalidArgumentError, match="signals is 'kernel'; expected 'auto'.*'copy'.*'sm'"):
+        c.broadcast(Cai(64), signals="kernel")
 
 
 def test_local_communicator_wants_lists():
@@ -236,6 +243,10 @@ def test_prepare_checks_like_the_call():
         c.prepare("all_gather", Cai(100), Cai(16))
     with pytest.raises(InvalidArgumentError, match="algo is 'ring'"):
         c.prepare("all_to_all", Cai(16), Cai(16), algo="ring")
+    with pytest.raises(InvalidArgumentError, match="signals is 'fast'"):
+        c.prepare("all_to_all", Cai(16), Cai(16), signals="fast")
+    c.prepare("all_gather", Cai(64), Cai(16), signals="sm")
+    assert c._c.calls[-1][1]["signals"] == "sm"
 
 
 def test_torch_and_raw_arrays_of_one_element_type_match():

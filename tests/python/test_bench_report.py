@@ -282,3 +282,20 @@ def test_repeat_counts_must_be_positive():
     assert at_least_one("3") == 3
     with pytest.raises(argparse.ArgumentTypeError, match="at least 1, got 0"):
         at_least_one("0")
+
+
+def test_impl_labels_map_to_call_options():
+    from ferry.bench.cases import impl_options
+    from ferry.bench.collectives import DEFAULT_IMPLS, IMPLS
+
+    assert impl_options("ferry-pcpy") == ("pcpy", "auto")
+    assert impl_options("ferry-graph") == ("auto", "auto")
+    assert impl_options("ferry-sm-graph") == ("sm", "auto")
+    assert impl_options("ferry-ksig") == ("auto", "sm")
+    assert impl_options("ferry-ksig-graph") == ("auto", "sm")
+    # Every label the benchmark accepts means something, and kernel signals
+    # stay out of the default run (the README's main job).
+    for impl in IMPLS:
+        if impl.startswith("ferry"):
+            assert impl_options(impl)[0] in ("auto", "b2b", "pcpy", "seq", "sm")
+    assert not [i for i in DEFAULT_IMPLS if "ksig" in i]

@@ -32,6 +32,15 @@ def sm_fits(comm, op: str, n: int, world: int) -> bool:
     return comm.sm_path_takes(op, n // world if op in ("all_to_all", "all_to_allv") else n)
 
 
+def impl_options(impl: str) -> tuple:
+    """(algo, signals) of a ferry impl label: ferry-<algo>, ferry-graph ('auto'
+    replayed from a graph), ferry-ksig (the selector's variant with its signal
+    rounds sent by a kernel: signals='sm'), each with an optional -graph."""
+    parts = impl.split("-")[1:]
+    algo = parts[0] if parts and parts[0] in ("b2b", "pcpy", "seq", "sm") else "auto"
+    return algo, "sm" if "ksig" in parts else "auto"
+
+
 class Case:
     """Buffers are views of `out_all` (registered, world x max bytes) and
     `inp_all` (max bytes); data is seeded per rank so every rank can build the
@@ -97,21 +106,18 @@ class Case:
     def issue(self, impl: str, local_copy: str = "auto") -> None:
         dist, op, out, inp = self.dist, self.op, self.out, self.inp
         if impl.startswith("ferry"):
-            algo = (
-                impl.split("-")[1]
-                if impl.count("-") and impl.split("-")[1] in ("b2b", "pcpy", "seq", "sm")
-                else "auto"
-            )
+            algo, signals = impl_options(impl)
+            kw = dict(algo=algo, signals=signals)
             if op in ("all_gather", "all_to_all"):
-                getattr(self.comm, op)(out, inp, algo=algo, local_copy=local_copy)
+                getattr(self.comm, op)(out, inp, local_copy=local_copy, **kw)
             elif op == "all_to_allv":
-                self.comm.all_to_allv(out, inp, self.counts, algo=algo, local_copy=local_copy)
+                self.comm.all_to_allv(out, inp, self.counts, local_copy=local_copy, **kw)
             elif op == "broadcast":
-                self.comm.broadcast(out, root=0, algo=algo)  # in place, like NCCL's
+                self.comm.broadcast(out, root=0, **kw)  # in place, like NCCL's
             elif op == "reduce_scatter":
-                self.comm.reduce_scatter(out, inp, algo=algo)
+                self.comm.reduce_scatter(out, inp, **kw)
             else:
-                self.comm.all_reduce(out, inp, algo=algo)
+                self.comm.all_reduce(out, inp, **kw)
         elif op == "all_gather":
             dist.all_gather_into_tensor(out, inp)
         elif op == "all_to_all":

@@ -26,6 +26,8 @@ SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "N
 
 
 # ferry-sm*: not copy engines (algo "sm": one SM kernel), measured beside them.
+# ferry-ksig*: the selector's copy-engine variant with its two signal rounds
+# sent by a one-block kernel (signals="sm"); not in the default set.
 IMPLS = (
     "ferry-b2b",
     "ferry-pcpy",
@@ -33,9 +35,12 @@ IMPLS = (
     "ferry-graph",
     "ferry-sm",
     "ferry-sm-graph",
+    "ferry-ksig",
+    "ferry-ksig-graph",
     "nccl",
     "nccl-graph",
 )
+DEFAULT_IMPLS = tuple(i for i in IMPLS if "ksig" not in i)
 
 
 def _iters_for(total_bytes: int) -> int:
@@ -157,7 +162,7 @@ def _worker(rank: int, world: int, port: int, opts: dict, queue) -> None:
 
 
 def _sweep(ctx: Ctx, out_all, inp_all, gpu: str) -> list:
-    from ferry.bench.cases import fits, sm_fits
+    from ferry.bench.cases import fits, impl_options, sm_fits
     from ferry.bench.report import bandwidths, format_size
     from ferry.tune import selection_bytes
 
@@ -215,7 +220,7 @@ def _sweep(ctx: Ctx, out_all, inp_all, gpu: str) -> list:
                     times.append(start.elapsed_time(end) * 1000.0 / iters)
                 ctx.comm.synchronize()
                 ctx.barrier()
-                if impl == "ferry-graph":
+                if graph is not None and impl.startswith("ferry"):  # the captured calls themselves
                     case.reset()
                     ctx.barrier()
                     with torch.cuda.stream(ctx.stream):
@@ -228,15 +233,16 @@ def _sweep(ctx: Ctx, out_all, inp_all, gpu: str) -> list:
                 del graph
                 t_us = ctx.slowest(statistics.median(times))
                 algbw, busbw = bandwidths(op, world, n, t_us)
-                algo = impl.split("-")[1] if impl.startswith("ferry") else None
+                algo, signals = impl_options(impl) if impl.startswith("ferry") else (None, None)
                 records.append(
                     dict(
                         op=op,
                         impl="nccl" if impl.startswith("nccl") else impl,
                         impl_label=impl,
                         algo=ctx.comm.choose_algo(op, selection_bytes(op, n, world))
-                        if algo == "graph"
+                        if algo == "auto"
                         else algo,
+                        signals=signals,
                         world=world,
                         bytes_per_rank=n,
                         time_us=round(t_us, 2),

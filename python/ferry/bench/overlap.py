@@ -19,12 +19,14 @@ import statistics
 
 # key: (label, what Case.issue runs, local_copy). "ferry-sm-path" is not copy
 # engines (algo "sm", one SM kernel); it runs where its window takes the size.
+# "ferry-ksig" (signal rounds by kernel) runs when the sweep's --impls name it.
 IMPLS = {
     "ferry": ("ferry (default local copy)", "ferry", "auto"),
     "ferry-peer": ("ferry (own block through a peer, no SM)", "ferry", "peer"),
     "ferry-local-sm": ("ferry (local copy by 32-block kernel)", "ferry", "sm"),
     "ferry-driver": ("ferry (local copy by cudaMemcpyAsync)", "ferry", "driver"),
     "ferry-sm-path": ("ferry algo 'sm' (SM kernel, not copy engines)", "ferry-sm", "auto"),
+    "ferry-ksig": ("ferry signals='sm' (rounds by a 1-block kernel)", "ferry-ksig", "auto"),
     "nccl": ("nccl", "nccl", "auto"),
 }
 
@@ -122,7 +124,12 @@ def run(ctx, out_all, inp_all) -> list:
     for n in opts["overlap_sizes"]:
         case = ctx.case(op, n, out_all, inp_all)
         case.reset()
-        impls = [i for i in IMPLS if i != "ferry-sm-path" or sm_fits(ctx.comm, op, n, world)]
+        ksig = any("ksig" in i for i in opts.get("impls", ()))
+        impls = [
+            i
+            for i in IMPLS
+            if (i != "ferry-sm-path" or sm_fits(ctx.comm, op, n, world)) and (i != "ferry-ksig" or ksig)
+        ]
         # Warm first: ferry captures a repeated call into a graph on its second
         # run, and a cold estimate (capture included) made the count several
         # times too small (64 KB on x2: 102 all-gathers, 3 ms beside 15 ms of GEMMs).
