@@ -37,7 +37,7 @@ def select_algo(op: str, world: int, bytes_per_rank: int, algo: str = "auto") ->
     """The variant ferry runs for a call: 'pcpy' or 'b2b' (pure; no GPU needed)."""
     from ._native import require
 
-    return require().select_algo(op, world, bytes_per_rank, algo)
+    return require().select_variant(op, world, bytes_per_rank, algo)[0]
 
 
 __all__ = [

@@ -154,7 +154,7 @@ def cmd_tune(args) -> int:
         print(f"ferry tune needs at least 2 GPUs; {world} visible", file=sys.stderr)
         return 2
     sizes = size_range(parse_size(args.min), parse_size(args.max), args.factor)
-    variants = tune.VARIANTS + (("sm",) if args.sm else ())
+    variants = tune.VARIANTS + (("sm",) + tune.KERNEL_SIGNALLED if args.sm else ())
     print(f"ferry tune: {world} GPUs, {len(sizes)} sizes, variants {variants}", file=sys.stderr)
     table = tune.run(
         world, args.ops.split(","), sizes, args.runs, args.timeout, sm=args.sm, repeat=args.repeat
@@ -168,7 +168,8 @@ def cmd_tune(args) -> int:
         json.dump(table, f, indent=1)
     for r in table["rules"]:
         bound = "any size" if r["max_bytes"] is None else f"<= {r['max_bytes']} B"
-        print(f"  {r['op']:<15} world {r['world']}: {bound:<16} -> {r['algo']}")
+        signals = f", signals {r['signals']}" if "signals" in r else ""
+        print(f"  {r['op']:<15} world {r['world']}: {bound:<16} -> {r['algo']}{signals}")
     print(f"wrote {out}; use it with FERRY_TUNING={out}")
     return 0 if all(r["wrong"] == 0 for r in table["records"]) else 1
 
@@ -280,8 +281,9 @@ def main(argv=None) -> int:
     tu.add_argument(
         "--sm",
         action="store_true",
-        help="also measure ferry's SM path (algo 'sm': an SM kernel, not copy engines) and let it win "
-        "the small sizes where it is faster; load the file with FERRY_TUNING to use it",
+        help="also measure ferry's SM path (algo 'sm': an SM kernel, not copy engines) and the copy-engine "
+        "variants with their signal rounds sent by a one-block kernel (signals 'sm'), and let them win the "
+        "sizes where they are faster; load the file with FERRY_TUNING to use it",
     )
     tu.set_defaults(fn=cmd_tune)
     args = p.parse_args(argv)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
+from . import tune
 from ._native import require
 from .bootstrap import AllGather, TcpStore, TorchStore, group_allgather, read_launch_env, store_allgather
 from .errors import ClosedError, InvalidArgumentError
@@ -190,8 +191,6 @@ class Communicator:
 
     def _apply_shipped_tuning(self) -> None:
         """The selector's table for this GPU model (ferry/tuning/, or FERRY_TUNING)."""
-        from . import tune
-
         try:
             import torch
 
@@ -600,9 +599,16 @@ class Communicator:
 
     def set_tuning(self, rules) -> None:
         """Replaces the variant selector's table: a list of
-        (op, world, max_bytes_per_rank, algo) rules, tried in order (world 0:
-        any). See `ferry tune`; an empty list restores the built-in default."""
-        self._c.set_selector_table([(str(o), int(w), int(b), str(a)) for o, w, b, a in rules])
+        (op, world, max_bytes_per_rank, algo[, signals]) rules (or dicts with
+        those keys), tried in order (world 0: any; signals 'auto', 'copy' or
+        'sm', default 'auto': FERRY_SIGNALS). See `ferry tune`; an empty list
+        restores the built-in default. A bad rule raises InvalidArgumentError
+        naming it."""
+        try:
+            checked = tune.validate(rules)
+        except ValueError as exc:
+            raise InvalidArgumentError(f"set_tuning: {exc}") from None
+        self._c.set_selector_table(checked)
 
     def sm_path_takes(self, op: str, largest_block: int) -> bool:
         """Whether algo 'sm' runs `op` here when the largest block one rank
@@ -612,7 +618,12 @@ class Communicator:
 
     def choose_algo(self, op: str, bytes_per_rank: int) -> str:
         """The variant 'auto' picks for `op` at this size on this communicator."""
-        return self._c.choose_algo(op, bytes_per_rank)
+        return self._c.choose(op, bytes_per_rank)[0]
+
+    def choose_signals(self, op: str, bytes_per_rank: int) -> str:
+        """'copy' or 'sm': how a call with signals='auto' at this size signals
+        (the tuning table's rule, else FERRY_SIGNALS)."""
+        return self._c.choose(op, bytes_per_rank)[1]
 
     # ------------------------------------------------------------ completion
 

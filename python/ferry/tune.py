@@ -1,10 +1,13 @@
 """The variant selector's table: derived from measurements (`ferry tune`),
 shipped per GPU model (ferry/tuning/*.json), loaded into each communicator.
 
-A table is a list of rules (op, world, max_bytes, algo), tried in order; the
-first whose op and world (0: any) match and whose max_bytes is at least the
-call's bytes per rank (the size the selector sees: an all_to_all's block, a
-reduce_scatter's output) wins. Everything here is pure and CPU-tested except
+A table is a list of rules (op, world, max_bytes, algo, signals), tried in
+order; the first whose op and world (0: any) match and whose max_bytes is at
+least the call's bytes per rank (the size the selector sees: an all_to_all's
+block, a reduce_scatter's output) wins. `signals` says who sends the copy-engine
+variants' two signal rounds: "auto" (the communicator's FERRY_SIGNALS; what
+the shipped tables say), "copy" or "sm" (a one-block kernel per round, which
+`ferry tune --sm` may choose). Everything here is pure and CPU-tested except
 `run`, which measures."""
 
 from __future__ import annotations
@@ -15,12 +18,26 @@ import json
 import os
 from typing import Dict, Iterable, List, Optional, Tuple
 
-Rule = Tuple[str, int, int, str]
+Rule = Tuple[str, int, int, str, str]
 ANY = (1 << 63) - 1  # "no upper bound" (JSON: null)
 VARIANTS = ("b2b", "seq", "pcpy")  # copy-engine variants: what `ferry tune` measures
 # What a rule may name: also "sm", ferry's SM path (not copy engines), which
 # `ferry tune` measures only when asked (--sm), and the shipped tables never name.
 RULE_ALGOS = VARIANTS + ("sm",)
+RULE_SIGNALS = ("auto", "copy", "sm")
+# With --sm the tuner also measures each copy-engine variant with its signal
+# rounds sent by a kernel: impl "ferry-<variant>-ksig", a rule (variant, "sm").
+KERNEL_SIGNALLED = tuple(f"{v}-ksig" for v in VARIANTS)
+
+
+def rule_variant(candidate: str) -> Tuple[str, str]:
+    """(algo, signals) of a tuner candidate: 'pcpy' -> ('pcpy', 'auto'),
+    'pcpy-ksig' -> ('pcpy', 'sm'), 'sm' -> ('sm', 'auto')."""
+    if candidate.endswith("-ksig"):
+        return candidate[: -len("-ksig")], "sm"
+    return candidate, "auto"
+
+
 OPS = ("all_gather", "all_to_all", "all_to_allv", "broadcast", "reduce_scatter", "all_reduce")
 
 
@@ -44,12 +61,13 @@ def rules_from_measurements(
     all_to_all's rules (all_to_allv, reduce_scatter, all_reduce: pushes of
     one block per peer) or all_gather's (broadcast).
 
-    allow_sm: records of ferry's SM path ("ferry-sm", not copy engines) compete
-    too, where they exist (the path takes blocks up to FERRY_SM_BYTES); it
-    wins a size only by more than `tolerance` over every copy-engine variant
-    or where it won the size before. Ops the SM path does not run borrow the
-    copy-engine-only rules."""
-    candidates = VARIANTS + (("sm",) if allow_sm else ())
+    allow_sm: records of ferry's SM path ("ferry-sm", not copy engines) and
+    of the copy-engine variants with kernel signals ("ferry-<variant>-ksig")
+    compete too, where they exist (the SM path takes blocks up to
+    FERRY_SM_BYTES); each wins a size only by more than `tolerance` over every
+    SM-free variant or where it won the size before. Ops the SM path does not
+    run borrow the rules chosen without it."""
+    candidates = VARIANTS + (("sm",) + KERNEL_SIGNALLED if allow_sm else ())
     times: Dict[str, Dict[int, Dict[str, float]]] = {}
     for r in records:
         if not str(r.get("impl", "")).startswith("ferry-") or r.get("graph") or r.get("wrong", 0):
@@ -77,11 +95,11 @@ def rules_from_measurements(
             for i, s in enumerate(sizes):
                 last = i + 1 == len(sizes)
                 if last or best[sizes[i + 1]] != best[s]:
-                    by_op.setdefault(op, []).append((op, world, ANY if last else s, best[s]))
+                    by_op.setdefault(op, []).append((op, world, ANY if last else s) + rule_variant(best[s]))
         return by_op
 
     chosen = table(candidates)
-    copy_engines_only = table(VARIANTS) if allow_sm else chosen
+    without_sm_path = table([c for c in candidates if c != "sm"]) if allow_sm else chosen
     rules: List[Rule] = [r for op_rules in chosen.values() for r in op_rules]
     for op, donor in (
         ("all_to_allv", "all_to_all"),
@@ -89,40 +107,54 @@ def rules_from_measurements(
         ("reduce_scatter", "all_to_all"),
         ("all_reduce", "all_to_all"),
     ):
-        source = chosen if op in SM_OPS else copy_engines_only
+        source = chosen if op in SM_OPS else without_sm_path
         if op not in chosen and donor in source:
-            rules += [(op, w, b, a) for (o, w, b, a) in source[donor]]
+            rules += [(op,) + rule[1:] for rule in source[donor]]
     return rules
 
 
 def validate(rules) -> List[Rule]:
+    """Rules as tuples of 4 (signals 'auto') or 5, or dicts with those keys
+    (a JSON table), checked and made 5-tuples; a bad one is named."""
     out = []
     for i, r in enumerate(rules):
         if isinstance(r, dict):
-            r = (r.get("op"), r.get("world", 0), r.get("max_bytes"), r.get("algo"))
-        op, world, max_bytes, algo = r
+            r = (r.get("op"), r.get("world", 0), r.get("max_bytes"), r.get("algo"), r.get("signals", "auto"))
+        r = tuple(r)
+        if len(r) not in (4, 5):
+            raise ValueError(f"rule {i}: {r!r}; expected (op, world, max_bytes, algo[, signals])")
+        op, world, max_bytes, algo = r[:4]
+        signals = r[4] if len(r) == 5 else "auto"
         if op not in OPS:
             raise ValueError(f"rule {i}: op is {op!r}; expected one of {', '.join(OPS)}")
         if algo not in RULE_ALGOS:
             raise ValueError(f"rule {i}: algo is {algo!r}; expected one of {', '.join(RULE_ALGOS)}")
+        if signals not in RULE_SIGNALS:
+            raise ValueError(f"rule {i}: signals is {signals!r}; expected one of {', '.join(RULE_SIGNALS)}")
         if not isinstance(world, int) or world < 0:
             raise ValueError(f"rule {i}: world is {world!r}; expected 0 (any) or a rank count")
         max_bytes = ANY if max_bytes is None else max_bytes
         if not isinstance(max_bytes, int) or max_bytes < 0:
             raise ValueError(f"rule {i}: max_bytes is {max_bytes!r}; expected bytes or null (no bound)")
-        out.append((op, world, max_bytes, algo))
+        out.append((op, world, max_bytes, algo, signals))
     return out
 
 
 def to_json_rules(rules: Iterable[Rule]) -> List[dict]:
-    return [dict(op=o, world=w, max_bytes=None if b >= ANY else b, algo=a) for o, w, b, a in rules]
+    """JSON rules; "signals" only where a rule names them."""
+    out = []
+    for o, w, b, a, s in rules:
+        out.append(dict(op=o, world=w, max_bytes=None if b >= ANY else b, algo=a))
+        if s != "auto":
+            out[-1]["signals"] = s
+    return out
 
 
-def select(rules: Iterable[Rule], op: str, world: int, nbytes: int) -> Optional[str]:
-    """The rule table's choice (the native selector does the same)."""
-    for o, w, b, a in rules:
+def select(rules: Iterable[Rule], op: str, world: int, nbytes: int) -> Optional[Tuple[str, str]]:
+    """The rule table's (algo, signals) (the native selector does the same)."""
+    for o, w, b, a, s in rules:
         if o == op and w in (0, world) and nbytes <= b:
-            return a
+            return a, s
     return None
 
 
@@ -149,7 +181,7 @@ def default_rules(gpu_name: str, world: int) -> Optional[List[Rule]]:
             fit = [w for w in worlds if w <= world] or worlds
             rules = validate(table["tables"][str(fit[-1])])
             # Rules are measured for one world size; they apply to this one.
-            return [(o, 0, b, a) for o, w, b, a in rules]
+            return [(o, 0) + tuple(rest) for o, w, *rest in rules]
     return None
 
 
@@ -157,7 +189,8 @@ def run(
     world: int, ops: List[str], sizes: List[int], runs: int, timeout: float, sm: bool = False, repeat: int = 1
 ) -> dict:
     """Measures every variant on the local GPUs (ferry bench, ferry impls only);
-    sm: ferry's SM path too, which then may win sizes it takes. repeat: the
+    sm: ferry's SM path and the variants with kernel signals too, which then
+    may win sizes. repeat: the
     measurement in that many sets of fresh processes, each point's median
     repeat deciding (one process can sit 5-10 us slower than the next at
     small sizes, enough to flip a choice)."""
@@ -166,7 +199,7 @@ def run(
     opts = dict(
         sizes=sizes,
         ops=ops,
-        impls=["ferry-b2b", "ferry-seq", "ferry-pcpy"] + (["ferry-sm"] if sm else []),
+        impls=[f"ferry-{c}" for c in VARIANTS + (("sm",) + KERNEL_SIGNALLED if sm else ())],
         warmup=3,
         runs=runs,
         timeout=timeout,

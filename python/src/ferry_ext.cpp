@@ -89,6 +89,17 @@ ferry::CollOp parse_op(const std::string& op) {
       "op is '" + op + "'; expected all_gather, all_to_all, all_to_allv, broadcast, reduce_scatter or all_reduce");
 }
 
+// A tuning rule as Python passes it: (op, world, max_bytes, algo, signals).
+using RuleTuple = std::tuple<std::string, int, size_t, std::string, std::string>;
+
+std::vector<ferry::SelectorRule> selector_rules(const std::vector<RuleTuple>& rules) {
+  std::vector<ferry::SelectorRule> t;
+  for (const auto& [op, world, max_bytes, algo, signals] : rules)
+    t.push_back(
+        {parse_op(op), world, max_bytes, ferry::parse_algo(algo, "algo"), ferry::parse_signals(signals, "signals")});
+  return t;
+}
+
 // Every collective crosses as one call: pointers and stream handles as
 // integers, names for the enums, and the op-specific fields with defaults.
 ferry::CollectiveArgs make_args(const std::string& op, const std::vector<uintptr_t>& outs,
@@ -175,18 +186,18 @@ NB_MODULE(_ferry, m) {
       .def("nvswitch", &ferry::Topology::nvswitch);
   m.def("probe_topology", &ferry::probe_topology);
 
+  // Pure: the selector's (algo, signals) for a call; "auto" signals: the rule says nothing.
   m.def(
-      "select_algo",
+      "select_variant",
       [](const std::string& op, int world, size_t bytes, const std::string& forced,
-         const std::vector<std::tuple<std::string, int, size_t, std::string>>& rules) {
-        std::vector<ferry::SelectorRule> t;
-        for (const auto& [o, w, b, a] : rules) t.push_back({parse_op(o), w, b, ferry::parse_algo(a, "algo")});
+         const std::vector<RuleTuple>& rules) {
+        std::vector<ferry::SelectorRule> t = selector_rules(rules);
         if (t.empty()) t = ferry::default_selector_table();
-        return std::string(
-            ferry::algo_name(ferry::select_algo(parse_op(op), world, bytes, ferry::parse_algo(forced, "algo"), t)));
+        const ferry::Selection s =
+            ferry::select_variant(parse_op(op), world, bytes, ferry::parse_algo(forced, "algo"), t);
+        return std::make_pair(std::string(ferry::algo_name(s.algo)), std::string(ferry::signals_name(s.signals)));
       },
-      "op"_a, "world"_a, "bytes_per_rank"_a, "algo"_a = "auto",
-      "rules"_a = std::vector<std::tuple<std::string, int, size_t, std::string>>{});
+      "op"_a, "world"_a, "bytes_per_rank"_a, "algo"_a = "auto", "rules"_a = std::vector<RuleTuple>{});
   // Pure: why algo "sm" cannot take such a call ("" when it can); CPU-tested.
   m.def(
       "sm_path_refuses",
@@ -374,17 +385,13 @@ NB_MODULE(_ferry, m) {
       .def("release", &Communicator::release_prepared, "handle"_a)
       .def(
           "set_selector_table",
-          [](Communicator& c, const std::vector<std::tuple<std::string, int, size_t, std::string>>& rules) {
-            std::vector<ferry::SelectorRule> t;
-            for (const auto& [op, world, max_bytes, algo] : rules)
-              t.push_back({parse_op(op), world, max_bytes, ferry::parse_algo(algo, "algo")});
-            c.set_selector_table(t);
-          },
+          [](Communicator& c, const std::vector<RuleTuple>& rules) { c.set_selector_table(selector_rules(rules)); },
           "rules"_a)
       .def(
-          "choose_algo",
+          "choose",
           [](const Communicator& c, const std::string& op, size_t bytes) {
-            return std::string(ferry::algo_name(c.choose_algo(parse_op(op), bytes)));
+            const Communicator::Resolved r = c.choose(parse_op(op), bytes);
+            return std::make_pair(std::string(ferry::algo_name(r.algo)), std::string(r.kernel_signals ? "sm" : "copy"));
           },
           "op"_a, "bytes_per_rank"_a)
       .def(

@@ -33,19 +33,25 @@ size_t Communicator::selection_bytes(const CollectiveArgs& a) const {
   }
 }
 
-Algo Communicator::choose_algo(CollOp op, size_t bytes_per_rank) const {
-  return select_algo_with_sm(op, world_, bytes_per_rank, bytes_per_rank, one_shot_slot_bytes_, forced_algo_, table_);
+Communicator::Resolved Communicator::choose(CollOp op, size_t bytes_per_rank) const {
+  const Selection s =
+      select_variant_with_sm(op, world_, bytes_per_rank, bytes_per_rank, one_shot_slot_bytes_, forced_algo_, table_);
+  return {s.algo, kernel_signals(Signals::kAuto, s.signals, signals_by_kernel_)};
 }
 
 bool Communicator::sm_path_takes(CollOp op, size_t largest_block) const {
   return one_shot_unsupported(op, world_, largest_block, one_shot_slot_bytes_).empty();
 }
 
-// An explicit algo wins (build() explains an "sm" the call cannot take).
-Algo Communicator::resolve_algo(const CollectiveArgs& a) const {
-  if (a.algo != Algo::kAuto) return a.algo;
-  return select_algo_with_sm(a.op, world_, selection_bytes(a), one_shot_largest_block(a.op, a.bytes_per_rank, a.counts),
-                             one_shot_slot_bytes_, forced_algo_, table_);
+// An explicit algo wins (build() explains an "sm" the call cannot take),
+// and then the table's rule says nothing about signals.
+Communicator::Resolved Communicator::resolve(const CollectiveArgs& a) const {
+  const Selection s = a.algo != Algo::kAuto
+                          ? Selection{a.algo, Signals::kAuto}
+                          : select_variant_with_sm(a.op, world_, selection_bytes(a),
+                                                   one_shot_largest_block(a.op, a.bytes_per_rank, a.counts),
+                                                   one_shot_slot_bytes_, forced_algo_, table_);
+  return {s.algo, kernel_signals(a.signals, s.signals, signals_by_kernel_)};
 }
 
 void Communicator::set_selector_table(const std::vector<SelectorRule>& rules) {
@@ -111,7 +117,7 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
       break;
   }
   if (shape == 0) return {};
-  const bool sm = resolve_algo(a) == Algo::kSm;
+  const bool sm = resolve(a).algo == Algo::kSm;
   if (sm) {
     const std::string why = one_shot_unsupported(a.op, world_, one_shot_largest_block(a.op, a.bytes_per_rank, a.counts),
                                                  one_shot_slot_bytes_);
@@ -316,14 +322,14 @@ std::shared_ptr<const Communicator::PlannedCall> Communicator::plan_call(const C
   if (auto known = recent_calls_.find(key)) return known;
   auto call = std::make_shared<PlannedCall>();
   call->built = build(a);
-  call->algo = resolve_algo(a);
+  call->how = resolve(a);
   // The replay cache's key, once per distinct call instead of once per call.
   for (int i = 0; i < static_cast<int>(call->built.size()); ++i) {
     const Built& b = call->built[i];
-    call->replay_keys.push_back(locals_[i]->replays && replayable(b.program)
-                                    ? emission_key(b.program, b.record.mapped, call->algo, a.local_copy,
-                                                   kernel_signals(a.signals, signals_by_kernel_))
-                                    : std::string());
+    call->replay_keys.push_back(
+        locals_[i]->replays && replayable(b.program)
+            ? emission_key(b.program, b.record.mapped, call->how.algo, a.local_copy, call->how.kernel_signals)
+            : std::string());
   }
   recent_calls_.put(key, call);
   return call;
@@ -342,7 +348,7 @@ void Communicator::run(const CollectiveArgs& a) {
   }
   const std::vector<Built>& built = call->built;
   if (built.empty()) return;
-  const Algo algo = call->algo;
+  const Resolved how = call->how;
   const uint64_t seq = capturing ? 0 : ++seq_;
   for (int i = 0; i < local_count(); ++i) {
     Local& L = *locals_[i];
@@ -350,9 +356,9 @@ void Communicator::run(const CollectiveArgs& a) {
     FERRY_CUDA_CHECK(cudaSetDevice(L.device));
     Emission e;
     e.stream = a.streams[i];
-    e.algo = algo;
+    e.algo = how.algo;
     e.local_copy = a.local_copy;
-    e.kernel_signals = kernel_signals(a.signals, signals_by_kernel_);
+    e.kernel_signals = how.kernel_signals;
     if (capturing) {
       FERRY_ARG_CHECK(dma::is_capturing(a.streams[i]),
                       std::string(coll_op_name(a.op)) + ": some streams are capturing a CUDA graph and others not");

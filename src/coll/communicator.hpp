@@ -96,8 +96,13 @@ class Communicator {
 
   // Sets the selector's table (rules tried in order); empty: the built-in default.
   void set_selector_table(const std::vector<SelectorRule>& rules);
-  // The variant a call of this shape would use.
-  Algo choose_algo(CollOp op, size_t bytes_per_rank) const;
+  // What runs a call: the variant, and whether its signal rounds are kernels.
+  struct Resolved {
+    Algo algo = Algo::kAuto;
+    bool kernel_signals = false;
+  };
+  // What a call of this shape with algo and signals "auto" would use.
+  Resolved choose(CollOp op, size_t bytes_per_rank) const;
   // Whether algo "sm" takes `op` when the largest block one rank sends one
   // peer is `largest_block` bytes (this communicator's window and world).
   bool sm_path_takes(CollOp op, size_t largest_block) const;
@@ -139,7 +144,7 @@ class Communicator {
   struct Prepared {
     CollectiveArgs args;
     std::vector<Built> built;  // by local rank
-    Algo algo = Algo::kAuto;
+    Resolved how;
     // By local rank: the host gate, the slot of the device gate in this
     // rank's DeviceFlags::gates, and the watchdog's host copy of the device
     // gate (its own word: a late copy never lands in the host gate).
@@ -194,12 +199,14 @@ class Communicator {
   // A call as run() needs it: planned once per distinct call (CallMemo).
   struct PlannedCall {
     std::vector<Built> built;
-    Algo algo = Algo::kAuto;
+    Resolved how;
     std::vector<std::string> replay_keys;  // by local rank (see emit_eager)
   };
   std::shared_ptr<const PlannedCall> plan_call(const CollectiveArgs& args, bool capturing);
   size_t selection_bytes(const CollectiveArgs& args) const;
-  Algo resolve_algo(const CollectiveArgs& args) const;
+  // The call's algo and signals where they are not "auto", else the
+  // selector's (the tuning table), else FERRY_SIGNALS for the signals.
+  Resolved resolve(const CollectiveArgs& args) const;
   Expectation expectation(uint64_t seq, const CollectiveArgs& args, const Built& b) const;
   const Registration* find_scratch(size_t bytes) const;
   const Registration& scratch(size_t bytes);

@@ -121,8 +121,8 @@ size_t one_shot_largest_block(CollOp op, size_t bytes, const std::vector<size_t>
 std::string one_shot_unsupported(CollOp op, int world, size_t largest_block, size_t slot_bytes);
 // The selector for a call without an explicit algo: `forced` (FERRY_ALGO)
 // and table rules naming "sm" apply only where the SM path can take the call.
-Algo select_algo_with_sm(CollOp op, int world, size_t selection_bytes, size_t largest_block, size_t slot_bytes,
-                         Algo forced, const std::vector<SelectorRule>& table);
+Selection select_variant_with_sm(CollOp op, int world, size_t selection_bytes, size_t largest_block, size_t slot_bytes,
+                                 Algo forced, const std::vector<SelectorRule>& table);
 // all_gather, all_to_all (in place too: data goes through the window),
 // all_to_allv (`counts` as above) and broadcast (from `root`).
 OneShotStep plan_one_shot(CollOp op, int rank, int world, const char* in, char* out, size_t bytes, int root,

@@ -36,11 +36,11 @@ std::string one_shot_unsupported(CollOp op, int world, size_t largest_block, siz
   return {};
 }
 
-Algo select_algo_with_sm(CollOp op, int world, size_t selection_bytes, size_t largest_block, size_t slot_bytes,
-                         Algo forced, const std::vector<SelectorRule>& table) {
+Selection select_variant_with_sm(CollOp op, int world, size_t selection_bytes, size_t largest_block, size_t slot_bytes,
+                                 Algo forced, const std::vector<SelectorRule>& table) {
   const bool sm_possible = one_shot_unsupported(op, world, largest_block, slot_bytes).empty();
   if (forced == Algo::kSm && !sm_possible) forced = Algo::kAuto;
-  return select_algo(op, world, selection_bytes, forced, table, sm_possible);
+  return select_variant(op, world, selection_bytes, forced, table, sm_possible);
 }
 
 OneShotStep plan_one_shot(CollOp op, int rank, int world, const char* in, char* out, size_t bytes, int root,

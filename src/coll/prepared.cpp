@@ -28,7 +28,7 @@ int Communicator::prepare(const CollectiveArgs& args) {
   Prepared p;
   p.args = args;
   p.built = build(args, &p.registrations);
-  p.algo = resolve_algo(args);
+  p.how = resolve(args);
   for (int i = 0; i < local_count(); ++i) {
     Local& L = *locals_[i];
     FERRY_CUDA_CHECK(cudaSetDevice(L.device));
@@ -116,9 +116,9 @@ void Communicator::arm(int handle, const std::vector<cudaStream_t>& after, bool 
     ValueWait gate{gate_address(p, i), gen};
     Emission e;
     e.stream = s;
-    e.algo = p.algo;
+    e.algo = p.how.algo;
     e.local_copy = p.args.local_copy;
-    e.kernel_signals = kernel_signals(p.args.signals, signals_by_kernel_);
+    e.kernel_signals = p.how.kernel_signals;
     e.gate = &gate;
     emit(i, p.built[i], e);
     L.in_flight->end(slot, s, watched_gate(p, i));

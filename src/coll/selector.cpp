@@ -50,14 +50,14 @@ std::vector<SelectorRule> default_selector_table() {
   return t;
 }
 
-Algo select_algo(CollOp op, int world, size_t bytes_per_rank, Algo forced, const std::vector<SelectorRule>& table,
-                 bool sm_possible) {
-  if (forced != Algo::kAuto) return forced;
+Selection select_variant(CollOp op, int world, size_t bytes_per_rank, Algo forced,
+                         const std::vector<SelectorRule>& table, bool sm_possible) {
+  if (forced != Algo::kAuto) return {forced, Signals::kAuto};
   for (const auto& r : table)
     if (r.op == op && (r.world == 0 || r.world == world) && bytes_per_rank <= r.max_bytes &&
         (r.algo != Algo::kSm || sm_possible))
-      return r.algo;
-  return Algo::kSeq;
+      return {r.algo, r.signals};
+  return {};
 }
 
 }  // namespace ferry

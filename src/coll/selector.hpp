@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "coll/plan.hpp"
+#include "coll/signals.hpp"
 
 namespace ferry {
 
@@ -19,20 +20,29 @@ const char* algo_name(Algo a);
 Algo parse_algo(const std::string& name, const char* what);
 
 // A rule: for `op` on `world` ranks (0: any), calls of at most `max_bytes`
-// per rank use `algo`. Rules are tried in order; the first match wins.
+// per rank use `algo`, signalling as `signals` says (kAuto: as the
+// communicator's FERRY_SIGNALS). Rules are tried in order; the first match wins.
 struct SelectorRule {
   CollOp op;
   int world;
   size_t max_bytes;
   Algo algo;
+  Signals signals = Signals::kAuto;
+};
+
+// The selector's answer: the variant, and the matching rule's signals.
+struct Selection {
+  Algo algo = Algo::kSeq;
+  Signals signals = Signals::kAuto;
 };
 
 std::vector<SelectorRule> default_selector_table();
 
-// `forced` (from the call or FERRY_ALGO) wins unless it is kAuto; with no
-// matching rule, seq (the safe choice at any size). Rules naming kSm are
-// skipped when `sm_possible` is false (the call cannot take the SM path).
-Algo select_algo(CollOp op, int world, size_t bytes_per_rank, Algo forced, const std::vector<SelectorRule>& table,
-                 bool sm_possible = true);
+// `forced` (from the call or FERRY_ALGO) wins unless it is kAuto, with no
+// signals of its own; with no matching rule, seq (the safe choice at any
+// size). Rules naming kSm are skipped when `sm_possible` is false (the call
+// cannot take the SM path).
+Selection select_variant(CollOp op, int world, size_t bytes_per_rank, Algo forced,
+                         const std::vector<SelectorRule>& table, bool sm_possible = true);
 
 }  // namespace ferry

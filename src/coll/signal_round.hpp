@@ -16,6 +16,7 @@
 
 #include "coll/flags.hpp"
 #include "coll/kernel_wait.hpp"
+#include "coll/signals.hpp"
 #include "core/error.hpp"
 
 namespace ferry {
@@ -45,33 +46,6 @@ inline SignalMasks signal_masks(const std::vector<int>& sources, const std::vect
   for (int q : done ? targets : sources) m.signal |= uint64_t{1} << q;
   for (int q : done ? sources : targets) m.wait |= uint64_t{1} << q;
   return m;
-}
-
-// FERRY_SIGNALS: true for "sm" (rounds by kernel), false for "copy"; anything
-// else is refused, naming the knob.
-inline bool signals_by_kernel(const std::string& setting) {
-  FERRY_ARG_CHECK(setting == "copy" || setting == "sm", "FERRY_SIGNALS=" + setting + ": expected 'copy' or 'sm'");
-  return setting == "sm";
-}
-
-// A call's choice (its `signals` argument): kAuto takes the communicator's
-// FERRY_SIGNALS, so one communicator can signal by kernel on the critical
-// path and by copy engines beside compute. Peers need not agree: both
-// settings write the same flags with the same values.
-enum class Signals { kAuto = 0, kCopy = 1, kKernel = 2 };
-
-// "auto", "copy", "sm"; anything else is an error that names `what`.
-inline Signals parse_signals(const std::string& name, const char* what) {
-  if (name == "auto") return Signals::kAuto;
-  if (name == "copy") return Signals::kCopy;
-  if (name == "sm") return Signals::kKernel;
-  throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(what) + " is '" + name +
-                                                "'; expected 'auto', 'copy' (copy engines, no SM) or 'sm' (a " +
-                                                "one-block kernel per round)");
-}
-
-inline bool kernel_signals(Signals asked, bool communicator_default) {
-  return asked == Signals::kAuto ? communicator_default : asked == Signals::kKernel;
 }
 
 // The round on `stream`: writes, then waits for (and resets) every awaited

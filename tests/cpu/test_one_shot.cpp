@@ -330,9 +330,10 @@ TEST(OneShot, SelectorSkipsSmRulesWhereTheCallCannotTakeThem) {
   constexpr size_t kAny = std::numeric_limits<size_t>::max();
   std::vector<SelectorRule> table = {{CollOp::kAllGather, 0, 1 << 20, Algo::kSm},
                                      {CollOp::kAllGather, 0, kAny, Algo::kSeq}};
-  EXPECT_EQ(select_algo(CollOp::kAllGather, 2, 4096, Algo::kAuto, table, true), Algo::kSm);
-  EXPECT_EQ(select_algo(CollOp::kAllGather, 2, 4096, Algo::kAuto, table, false), Algo::kSeq);
-  EXPECT_EQ(select_algo(CollOp::kAllGather, 2, 4096, Algo::kSm, table, false), Algo::kSm);  // forced: build() explains
+  EXPECT_EQ(select_variant(CollOp::kAllGather, 2, 4096, Algo::kAuto, table, true).algo, Algo::kSm);
+  EXPECT_EQ(select_variant(CollOp::kAllGather, 2, 4096, Algo::kAuto, table, false).algo, Algo::kSeq);
+  EXPECT_EQ(select_variant(CollOp::kAllGather, 2, 4096, Algo::kSm, table, false).algo,
+            Algo::kSm);  // forced: build() explains
   EXPECT_EQ(parse_algo("sm", "algo"), Algo::kSm);
   EXPECT_STREQ(algo_name(Algo::kSm), "sm");
 }
@@ -341,7 +342,7 @@ TEST(OneShot, DefaultTableNeverPicksTheSmPath) {
   auto table = default_selector_table();
   for (size_t bytes = 1; bytes <= (size_t(1) << 32); bytes *= 2)
     for (CollOp op : {CollOp::kAllGather, CollOp::kAllToAll, CollOp::kBroadcast})
-      EXPECT_NE(select_algo(op, 2, bytes, Algo::kAuto, table), Algo::kSm);
+      EXPECT_NE(select_variant(op, 2, bytes, Algo::kAuto, table).algo, Algo::kSm);
 }
 
 TEST(OneShot, SelectionHonoursTheWindowForForcedAndTabledSm) {
@@ -350,12 +351,12 @@ TEST(OneShot, SelectionHonoursTheWindowForForcedAndTabledSm) {
   std::vector<SelectorRule> table = {{CollOp::kAllToAllv, 0, 1 << 20, Algo::kSm},
                                      {CollOp::kAllToAllv, 0, kAny, Algo::kB2b}};
   // A table rule for "sm" applies where the largest block fits, not beyond.
-  EXPECT_EQ(select_algo_with_sm(CollOp::kAllToAllv, 4, 1000, 4000, slot, Algo::kAuto, table), Algo::kSm);
-  EXPECT_EQ(select_algo_with_sm(CollOp::kAllToAllv, 4, 1000, slot + 1, slot, Algo::kAuto, table), Algo::kB2b);
+  EXPECT_EQ(select_variant_with_sm(CollOp::kAllToAllv, 4, 1000, 4000, slot, Algo::kAuto, table).algo, Algo::kSm);
+  EXPECT_EQ(select_variant_with_sm(CollOp::kAllToAllv, 4, 1000, slot + 1, slot, Algo::kAuto, table).algo, Algo::kB2b);
   // FERRY_ALGO=sm falls back to the table where the path cannot run.
-  EXPECT_EQ(select_algo_with_sm(CollOp::kReduceScatter, 4, 64, 64, slot, Algo::kSm, {}), Algo::kSeq);
-  EXPECT_EQ(select_algo_with_sm(CollOp::kAllGather, 4, 64, 64, 0, Algo::kSm, table), Algo::kSeq);
-  EXPECT_EQ(select_algo_with_sm(CollOp::kAllGather, 4, 64, 64, slot, Algo::kSm, table), Algo::kSm);
+  EXPECT_EQ(select_variant_with_sm(CollOp::kReduceScatter, 4, 64, 64, slot, Algo::kSm, {}).algo, Algo::kSeq);
+  EXPECT_EQ(select_variant_with_sm(CollOp::kAllGather, 4, 64, 64, 0, Algo::kSm, table).algo, Algo::kSeq);
+  EXPECT_EQ(select_variant_with_sm(CollOp::kAllGather, 4, 64, 64, slot, Algo::kSm, table).algo, Algo::kSm);
   // Other forced variants are untouched.
-  EXPECT_EQ(select_algo_with_sm(CollOp::kAllGather, 4, 64, 64, slot, Algo::kPcpy, table), Algo::kPcpy);
+  EXPECT_EQ(select_variant_with_sm(CollOp::kAllGather, 4, 64, 64, slot, Algo::kPcpy, table).algo, Algo::kPcpy);
 }

@@ -218,24 +218,6 @@ TEST(SignalRounds, TheSettingIsParsedAndABadOneNamesTheKnob) {
   }
 }
 
-TEST(SignalRounds, ACallsChoiceOverridesTheCommunicatorsOnlyWhenNotAuto) {
-  EXPECT_EQ(parse_signals("auto", "signals"), Signals::kAuto);
-  EXPECT_EQ(parse_signals("copy", "signals"), Signals::kCopy);
-  EXPECT_EQ(parse_signals("sm", "signals"), Signals::kKernel);
-  for (bool by_kernel : {false, true}) {
-    EXPECT_EQ(kernel_signals(Signals::kAuto, by_kernel), by_kernel);
-    EXPECT_FALSE(kernel_signals(Signals::kCopy, by_kernel));
-    EXPECT_TRUE(kernel_signals(Signals::kKernel, by_kernel));
-  }
-  try {
-    parse_signals("kernel", "signals");
-    FAIL() << "no error for signals='kernel'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("signals is 'kernel'"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("'auto', 'copy'"), std::string::npos) << e.what();
-  }
-}
-
 TEST(SignalRounds, AKernelsFaultWordNamesThePeerItWaitedFor) {
   EXPECT_FALSE(read_kernel_fault(0).set);
   // The SM path: its call number, no signal-round bit.

@@ -12,10 +12,10 @@ TEST(Selector, SmallSizesBatchLargeSizesSequential) {
   for (CollOp op : {CollOp::kAllGather, CollOp::kAllToAll, CollOp::kAllToAllv, CollOp::kBroadcast,
                     CollOp::kReduceScatter, CollOp::kAllReduce}) {
     for (int world : {2, 4, 8}) {
-      EXPECT_EQ(select_algo(op, world, 1024, Algo::kAuto, table), Algo::kB2b);
-      EXPECT_EQ(select_algo(op, world, size_t(2) << 20, Algo::kAuto, table), Algo::kB2b);
-      EXPECT_EQ(select_algo(op, world, (size_t(2) << 20) + 1, Algo::kAuto, table), Algo::kSeq);
-      EXPECT_EQ(select_algo(op, world, size_t(1) << 30, Algo::kAuto, table), Algo::kSeq);
+      EXPECT_EQ(select_variant(op, world, 1024, Algo::kAuto, table).algo, Algo::kB2b);
+      EXPECT_EQ(select_variant(op, world, size_t(2) << 20, Algo::kAuto, table).algo, Algo::kB2b);
+      EXPECT_EQ(select_variant(op, world, (size_t(2) << 20) + 1, Algo::kAuto, table).algo, Algo::kSeq);
+      EXPECT_EQ(select_variant(op, world, size_t(1) << 30, Algo::kAuto, table).algo, Algo::kSeq);
     }
   }
 }
@@ -24,21 +24,21 @@ TEST(Selector, ParallelEnginesNeverChosenAutomatically) {
   auto table = default_selector_table();
   for (size_t bytes = 1; bytes <= (size_t(1) << 32); bytes *= 2)
     for (CollOp op : {CollOp::kAllGather, CollOp::kAllToAll})
-      EXPECT_NE(select_algo(op, 4, bytes, Algo::kAuto, table), Algo::kPcpy);
+      EXPECT_NE(select_variant(op, 4, bytes, Algo::kAuto, table).algo, Algo::kPcpy);
 }
 
 TEST(Selector, ForcedVariantWins) {
   auto table = default_selector_table();
-  EXPECT_EQ(select_algo(CollOp::kAllGather, 4, 1024, Algo::kPcpy, table), Algo::kPcpy);
-  EXPECT_EQ(select_algo(CollOp::kAllGather, 4, size_t(1) << 30, Algo::kSeq, table), Algo::kSeq);
+  EXPECT_EQ(select_variant(CollOp::kAllGather, 4, 1024, Algo::kPcpy, table).algo, Algo::kPcpy);
+  EXPECT_EQ(select_variant(CollOp::kAllGather, 4, size_t(1) << 30, Algo::kSeq, table).algo, Algo::kSeq);
 }
 
 TEST(Selector, WorldSpecificRulesComeFirst) {
   std::vector<SelectorRule> table = {{CollOp::kAllGather, 8, 1 << 20, Algo::kPcpy},
                                      {CollOp::kAllGather, 0, 1 << 20, Algo::kB2b}};
-  EXPECT_EQ(select_algo(CollOp::kAllGather, 8, 4096, Algo::kAuto, table), Algo::kPcpy);
-  EXPECT_EQ(select_algo(CollOp::kAllGather, 4, 4096, Algo::kAuto, table), Algo::kB2b);
-  EXPECT_EQ(select_algo(CollOp::kAllGather, 4, 8 << 20, Algo::kAuto, table), Algo::kSeq);  // no rule: seq
+  EXPECT_EQ(select_variant(CollOp::kAllGather, 8, 4096, Algo::kAuto, table).algo, Algo::kPcpy);
+  EXPECT_EQ(select_variant(CollOp::kAllGather, 4, 4096, Algo::kAuto, table).algo, Algo::kB2b);
+  EXPECT_EQ(select_variant(CollOp::kAllGather, 4, 8 << 20, Algo::kAuto, table).algo, Algo::kSeq);  // no rule: seq
 }
 
 TEST(Selector, ParseNamesTheArgument) {
@@ -50,5 +50,42 @@ TEST(Selector, ParseNamesTheArgument) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), FERRY_ERROR_INVALID_ARGUMENT);
     EXPECT_NE(std::string(e.what()).find("algo is 'ring'"), std::string::npos);
+  }
+}
+
+TEST(Selector, ARuleMayNameTheSignalsAndAForcedVariantDoesNot) {
+  const std::vector<SelectorRule> table = {
+      {CollOp::kAllGather, 0, 1 << 20, Algo::kB2b},
+      {CollOp::kAllGather, 0, size_t(64) << 20, Algo::kPcpy, Signals::kKernel},
+  };
+  const Selection small = select_variant(CollOp::kAllGather, 2, 4096, Algo::kAuto, table);
+  EXPECT_EQ(small.algo, Algo::kB2b);
+  EXPECT_EQ(small.signals, Signals::kAuto);
+  const Selection mid = select_variant(CollOp::kAllGather, 2, 4 << 20, Algo::kAuto, table);
+  EXPECT_EQ(mid.algo, Algo::kPcpy);
+  EXPECT_EQ(mid.signals, Signals::kKernel);
+  EXPECT_EQ(select_variant(CollOp::kAllGather, 2, 4 << 20, Algo::kSeq, table).signals, Signals::kAuto);
+  EXPECT_EQ(select_variant(CollOp::kAllGather, 2, size_t(1) << 30, Algo::kAuto, table).signals, Signals::kAuto);
+}
+
+TEST(Signals, TheCallWinsThenTheRuleThenTheCommunicator) {
+  EXPECT_EQ(parse_signals("auto", "signals"), Signals::kAuto);
+  EXPECT_EQ(parse_signals("copy", "signals"), Signals::kCopy);
+  EXPECT_EQ(parse_signals("sm", "signals"), Signals::kKernel);
+  for (bool by_kernel : {false, true}) {
+    for (Signals rule : {Signals::kAuto, Signals::kCopy, Signals::kKernel}) {
+      EXPECT_FALSE(kernel_signals(Signals::kCopy, rule, by_kernel));
+      EXPECT_TRUE(kernel_signals(Signals::kKernel, rule, by_kernel));
+    }
+    EXPECT_EQ(kernel_signals(Signals::kAuto, Signals::kAuto, by_kernel), by_kernel);
+    EXPECT_FALSE(kernel_signals(Signals::kAuto, Signals::kCopy, by_kernel));
+    EXPECT_TRUE(kernel_signals(Signals::kAuto, Signals::kKernel, by_kernel));
+  }
+  try {
+    parse_signals("kernel", "signals");
+    FAIL() << "no error for signals='kernel'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("signals is 'kernel'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'auto', 'copy'"), std::string::npos) << e.what();
   }
 }

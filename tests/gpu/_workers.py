@@ -270,10 +270,10 @@ def which_calls_need_sms(rank: int, world: int, port: int) -> list:
     peer and an in-place broadcast, 64 KB each, with copy signals, must finish
     while the SMs are held (the README's "no SM at all"); the same calls with
     signals='sm' (per call, same communicator and buffers) must not finish
-    until they are released; signals='auto' follows FERRY_SIGNALS (the
-    test's parameter). Each setting runs three times (repeats are replayed
-    from graphs ferry captures), with fresh data checked byte by byte after
-    the release."""
+    until they are released; signals='auto' follows the tuning table's rule
+    where it names signals, else FERRY_SIGNALS (the test's parameter). Each
+    setting runs three times (repeats are replayed from graphs ferry
+    captures), with fresh data checked byte by byte after the release."""
     import ferry
     import torch
 
@@ -323,11 +323,15 @@ def which_calls_need_sms(rank: int, world: int, port: int) -> list:
         enqueue()
         comm.synchronize()
         seed = 1000
-        for signals in ("copy", "sm", "auto", "copy", "sm"):
-            needs_sms = (default if signals == "auto" else signals) == "sm"
+        ops = ("all_gather", "all_to_all", "broadcast")
+        cases = [(s, None) for s in ("copy", "sm", "auto", "copy", "sm")]
+        cases += [(s, t) for t in ("sm", "copy") for s in ("auto", "copy", "sm")]
+        for signals, table in cases:
+            comm.set_tuning([(op, 0, (1 << 63) - 1, "b2b", table or "auto") for op in ops])
+            needs_sms = (signals if signals != "auto" else table or default) == "sm"
             for rep in range(3):
                 seed += 1000
-                label = f"signals={signals!r} #{rep}"
+                label = f"signals={signals!r} table={table!r} #{rep}"
                 print(label, file=sys.stderr, flush=True)  # where a run that hangs got to
                 enqueue, expected = step(seed, signals)
                 holder.hold(spin.cuda_stream, 30.0)

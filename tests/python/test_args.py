@@ -258,3 +258,16 @@ def test_torch_and_raw_arrays_of_one_element_type_match():
     assert _element_type("torch.float32") == _element_type("<f4")
     assert _element_type("torch.float32") != _element_type("<f2")
     assert _element_type("torch.bfloat16") != _element_type("<f2")
+
+
+def test_set_tuning_checks_rules_and_passes_signals():
+    c = Communicator(FakeNative(), local=False)
+    c.set_tuning(
+        [("all_gather", 0, 1 << 20, "sm"), dict(op="all_gather", max_bytes=None, algo="pcpy", signals="sm")]
+    )
+    assert c._c.rules == [
+        ("all_gather", 0, 1 << 20, "sm", "auto"),
+        ("all_gather", 0, (1 << 63) - 1, "pcpy", "sm"),
+    ]
+    with pytest.raises(InvalidArgumentError, match="set_tuning: rule 1: signals is 'fast'"):
+        c.set_tuning([("all_gather", 0, 1, "b2b"), ("all_gather", 0, 2, "b2b", "fast")])

@@ -23,9 +23,9 @@ def test_fastest_variant_per_size_becomes_threshold_rules():
     rules = tune.rules_from_measurements(records, 4)
     ag = [r for r in rules if r[0] == "all_gather"]
     assert ag == [
-        ("all_gather", 4, 4096, "b2b"),
-        ("all_gather", 4, 1 << 20, "seq"),
-        ("all_gather", 4, tune.ANY, "pcpy"),
+        ("all_gather", 4, 4096, "b2b", "auto"),
+        ("all_gather", 4, 1 << 20, "seq", "auto"),
+        ("all_gather", 4, tune.ANY, "pcpy", "auto"),
     ]
     # Ops not measured borrow their data-movement twin's rules.
     assert [r[3] for r in rules if r[0] == "broadcast"] == ["b2b", "seq", "pcpy"]
@@ -35,7 +35,7 @@ def test_ties_keep_the_previous_choice():
     records = [rec("all_gather", 1024, "b2b", 10), rec("all_gather", 1024, "seq", 12)]
     records += [rec("all_gather", 4096, "b2b", 10.3), rec("all_gather", 4096, "seq", 10.0)]  # 3%: a tie
     rules = tune.rules_from_measurements(records, 2)
-    assert [r for r in rules if r[0] == "all_gather"] == [("all_gather", 2, tune.ANY, "b2b")]
+    assert [r for r in rules if r[0] == "all_gather"] == [("all_gather", 2, tune.ANY, "b2b", "auto")]
 
 
 def test_wrong_results_and_graph_runs_are_ignored():
@@ -53,8 +53,13 @@ def test_validate_names_the_bad_rule():
     with pytest.raises(ValueError, match="rule 1: algo is 'ring'"):
         tune.validate([("all_gather", 0, 10, "b2b"), ("all_gather", 0, 10, "ring")])
     assert tune.validate([dict(op="all_reduce", world=0, max_bytes=None, algo="seq")]) == [
-        ("all_reduce", 0, tune.ANY, "seq")
+        ("all_reduce", 0, tune.ANY, "seq", "auto")
     ]
+    assert tune.validate([("all_gather", 0, 10, "b2b", "sm")]) == [("all_gather", 0, 10, "b2b", "sm")]
+    with pytest.raises(ValueError, match="rule 0: signals is 'kernel'"):
+        tune.validate([dict(op="all_gather", max_bytes=1, algo="b2b", signals="kernel")])
+    with pytest.raises(ValueError, match=r"rule 0: .*expected \(op, world, max_bytes, algo\[, signals\]\)"):
+        tune.validate([("all_gather", 0, 10)])
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])
@@ -63,7 +68,7 @@ def test_shipped_h200_table_covers_every_op_and_size(world):
     assert rules is not None
     for op in tune.OPS:
         for n in (1, 1 << 10, 1 << 20, 1 << 30, 1 << 40):
-            assert tune.select(rules, op, world, n) in tune.VARIANTS, (op, n)
+            assert tune.select(rules, op, world, n) in [(v, "auto") for v in tune.VARIANTS], (op, n)
 
 
 def test_native_selector_agrees_with_the_table():
@@ -71,15 +76,22 @@ def test_native_selector_agrees_with_the_table():
     native = require()
     for op in tune.OPS:
         for n in (1, 4096, 1 << 20, 1 << 28):
-            assert native.select_algo(op, 4, n, "auto", rules) == tune.select(rules, op, 4, n)
-    assert native.select_algo("all_gather", 4, 1, "pcpy", rules) == "pcpy"  # forcing wins
+            assert native.select_variant(op, 4, n, "auto", rules) == tune.select(rules, op, 4, n)
+    assert native.select_variant("all_gather", 4, 1, "pcpy", rules) == ("pcpy", "auto")  # forcing wins
+    # A rule's signals reach the native selector; forcing a variant drops them.
+    mixed = tune.validate([("all_gather", 0, 1 << 20, "b2b"), ("all_gather", 0, tune.ANY, "pcpy", "sm")])
+    assert native.select_variant("all_gather", 2, 4 << 20, "auto", mixed) == ("pcpy", "sm")
+    assert native.select_variant("all_gather", 2, 4 << 20, "auto", mixed) == tune.select(
+        mixed, "all_gather", 2, 4 << 20
+    )
+    assert native.select_variant("all_gather", 2, 4 << 20, "seq", mixed) == ("seq", "auto")
 
 
 def test_tuning_file_overrides(tmp_path, monkeypatch):
     p = tmp_path / "t.json"
     p.write_text('{"rules": [{"op": "all_gather", "world": 0, "max_bytes": null, "algo": "pcpy"}]}')
     monkeypatch.setenv("FERRY_TUNING", str(p))
-    assert tune.default_rules("anything", 4) == [("all_gather", 0, tune.ANY, "pcpy")]
+    assert tune.default_rules("anything", 4) == [("all_gather", 0, tune.ANY, "pcpy", "auto")]
 
 
 def test_unknown_gpu_has_no_shipped_table(monkeypatch):
@@ -91,9 +103,9 @@ def test_rules_may_name_the_sm_path_but_not_unknown_variants():
     rules = tune.validate(
         [("all_gather", 0, 1 << 20, "sm"), {"op": "all_gather", "max_bytes": None, "algo": "seq"}]
     )
-    assert rules[0] == ("all_gather", 0, 1 << 20, "sm")
-    assert tune.select(rules, "all_gather", 2, 4096) == "sm"
-    assert tune.select(rules, "all_gather", 2, 2 << 20) == "seq"
+    assert rules[0] == ("all_gather", 0, 1 << 20, "sm", "auto")
+    assert tune.select(rules, "all_gather", 2, 4096) == ("sm", "auto")
+    assert tune.select(rules, "all_gather", 2, 2 << 20) == ("seq", "auto")
     with pytest.raises(ValueError, match="expected one of b2b, seq, pcpy, sm"):
         tune.validate([("all_gather", 0, 1, "nvls")])
 
@@ -105,11 +117,11 @@ def test_sm_path_competes_only_when_asked():
             if t is not None:  # the SM path has no record past its window
                 records.append(rec("all_to_all", n * 2, algo, t))
     ce = tune.rules_from_measurements(records, 2)
-    assert all(a != "sm" for _, _, _, a in ce)
+    assert all(a != "sm" for _, _, _, a, _ in ce)
     rules = tune.rules_from_measurements(records, 2, allow_sm=True)
     assert [r for r in rules if r[0] == "all_to_all"] == [
-        ("all_to_all", 2, 1 << 20, "sm"),
-        ("all_to_all", 2, tune.ANY, "seq"),
+        ("all_to_all", 2, 1 << 20, "sm", "auto"),
+        ("all_to_all", 2, tune.ANY, "seq", "auto"),
     ]
     # all_to_allv borrows the SM path's rules (it runs there); reductions do not.
     assert [r[3] for r in rules if r[0] == "all_to_allv"] == ["sm", "seq"]
@@ -125,8 +137,8 @@ def test_sm_path_needs_a_clear_win():
     records.append(rec("all_gather", 4096, "sm", 5.0))
     rules = tune.rules_from_measurements(records, 2, allow_sm=True)
     assert [r for r in rules if r[0] == "all_gather"] == [
-        ("all_gather", 2, 1024, "b2b"),
-        ("all_gather", 2, tune.ANY, "sm"),
+        ("all_gather", 2, 1024, "b2b", "auto"),
+        ("all_gather", 2, tune.ANY, "sm", "auto"),
     ]
 
 
@@ -136,3 +148,32 @@ def test_the_tuners_sm_ops_are_the_ones_the_native_sm_path_runs():
         runs = native.sm_path_refuses(op, 2, 1, 1 << 20) == ""
         assert runs == (op in tune.SM_OPS), op
     assert "FERRY_SM_BYTES" in native.sm_path_refuses("all_gather", 2, (1 << 20) + 1, 1 << 20)
+
+
+def test_kernel_signals_compete_only_when_asked_and_become_a_rules_signals():
+    records = []
+    # 1 KB: the SM path wins; 4 MB: pcpy with kernel signals beats every
+    # SM-free variant by more than 5%; 64 MB: slower than pcpy, which takes over
+    # (a tie would have kept the previous size's choice, as for every variant).
+    for n, times in (
+        (1024, dict(b2b=30, seq=31, pcpy=32, sm=6, **{"pcpy-ksig": 24})),
+        (4 << 20, dict(b2b=40, seq=41, pcpy=36, **{"pcpy-ksig": 27, "seq-ksig": 33})),
+        (64 << 20, dict(b2b=230, seq=225, pcpy=200, **{"pcpy-ksig": 215})),
+    ):
+        for cand, t in times.items():
+            records.append(rec("all_gather", n, cand, t))
+    assert all(s == "auto" for *_, s in tune.rules_from_measurements(records, 2))
+    rules = tune.rules_from_measurements(records, 2, allow_sm=True)
+    assert [r for r in rules if r[0] == "all_gather"] == [
+        ("all_gather", 2, 1024, "sm", "auto"),
+        ("all_gather", 2, 4 << 20, "pcpy", "sm"),
+        ("all_gather", 2, tune.ANY, "pcpy", "auto"),
+    ]
+    # broadcast runs on the SM path and borrows all of it; reductions (no SM
+    # path) borrow the table chosen without it, kernel signals included.
+    assert [r[3:] for r in rules if r[0] == "broadcast"] == [("sm", "auto"), ("pcpy", "sm"), ("pcpy", "auto")]
+    assert tune.to_json_rules(rules)[1] == dict(
+        op="all_gather", world=2, max_bytes=4 << 20, algo="pcpy", signals="sm"
+    )
+    assert "signals" not in tune.to_json_rules(rules)[0]
+    assert tune.rule_variant("seq-ksig") == ("seq", "sm") and tune.rule_variant("sm") == ("sm", "auto")

@@ -242,7 +242,9 @@ def _sweep(ctx: Ctx, out_all, inp_all, gpu: str) -> list:
                         algo=ctx.comm.choose_algo(op, selection_bytes(op, n, world))
                         if algo == "auto"
                         else algo,
-                        signals=signals,
+                        signals=ctx.comm.choose_signals(op, selection_bytes(op, n, world))
+                        if signals == "auto"
+                        else signals,
                         world=world,
                         bytes_per_rank=n,
                         time_us=round(t_us, 2),
