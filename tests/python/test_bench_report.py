@@ -298,4 +298,5 @@ def test_impl_labels_map_to_call_options():
     for impl in IMPLS:
         if impl.startswith("ferry"):
             assert impl_options(impl)[0] in ("auto", "b2b", "pcpy", "seq", "sm")
-    assert not [i for i in DEFAULT_IMPLS if "ksig" in i]
+    assert impl_options("ferry-auto") == ("auto", "auto")
+    assert not [i for i in DEFAULT_IMPLS if "ksig" in i or i == "ferry-auto"]
