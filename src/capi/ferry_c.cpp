@@ -57,9 +57,9 @@ ferry::CollectiveArgs make_args(ferry::Communicator& c, ferry::CollOp op, void* 
                     "options->algo is not a ferry_algo_t");
     FERRY_ARG_CHECK(options->local_copy >= FERRY_LOCAL_COPY_AUTO && options->local_copy <= FERRY_LOCAL_COPY_PEER,
                     "options->local_copy is not a ferry_local_copy_t");
-    a.algo = static_cast<ferry::Algo>(options->algo);
     FERRY_ARG_CHECK(options->signals >= FERRY_SIGNALS_AUTO && options->signals <= FERRY_SIGNALS_SM,
                     "options->signals is not a ferry_signals_t");
+    a.algo = static_cast<ferry::Algo>(options->algo);
     a.local_copy = static_cast<ferry::LocalCopy>(options->local_copy);
     a.signals = static_cast<ferry::Signals>(options->signals);
   }

@@ -10,7 +10,7 @@
 #include "coll/plan.hpp"
 #include "coll/reduce.hpp"
 #include "coll/selector.hpp"
-#include "coll/signal_round.hpp"
+#include "coll/signals.hpp"
 
 namespace ferry {
 
