@@ -265,15 +265,17 @@ def prelaunch_and_graphs_kernel_signals(rank: int, world: int, port: int) -> lis
 
 
 def which_calls_need_sms(rank: int, world: int, port: int) -> list:
-    """Every SM of each GPU held by spinning blocks (ferry's SmHolder): an
-    in-place all_gather, an all_to_all with its own block routed through a
-    peer and an in-place broadcast, 64 KB each, with copy signals, must finish
-    while the SMs are held (the README's "no SM at all"); the same calls with
-    signals='sm' (per call, same communicator and buffers) must not finish
-    until they are released; signals='auto' follows the tuning table's rule
-    where it names signals, else FERRY_SIGNALS (the test's parameter). Each
-    setting runs three times (repeats are replayed from graphs ferry
-    captures), with fresh data checked byte by byte after the release."""
+    """Every SM of each GPU held by spinning blocks (ferry's SmHolder). With
+    copy signals, the calls the README says use no SM (64 KB each: in-place
+    and out-of-place all_gather, the latter's own block through a peer by
+    default; all_to_all with local_copy='peer'; in-place broadcast) must
+    finish while the SMs are held; the same calls with signals='sm' (per
+    call, same communicator and buffers) must not finish until they are
+    released; signals='auto' follows the tuning table's rule where it names
+    signals, else FERRY_SIGNALS (the test's parameter). A reduce_scatter
+    (documented: its reduction is an SM kernel) must wait whatever the
+    signals. Each setting runs three times (repeats are replayed from graphs
+    ferry captures), with fresh data checked byte by byte after the release."""
     import ferry
     import torch
 
@@ -284,18 +286,24 @@ def which_calls_need_sms(rank: int, world: int, port: int) -> list:
     check = checker(torch, dev, rank, fails)
     n = 64 << 10
     gathered = comm.alloc((world * n,), torch.uint8)
+    gathered_out = comm.alloc((world * n,), torch.uint8)
+    own = torch.empty(n, dtype=torch.uint8, device=dev)
     swapped = comm.alloc((world * n,), torch.uint8)
     sent = torch.empty(world * n, dtype=torch.uint8, device=dev)
     bcast = comm.alloc((n,), torch.uint8)
+    reduced = torch.empty(n // 4, dtype=torch.float32, device=dev)
+    addends = torch.empty(world * (n // 4), dtype=torch.float32, device=dev)
     work, spin = torch.cuda.Stream(device=dev), torch.cuda.Stream(device=dev)
     holder = ferry.native.SmHolder()
 
     def step(seed: int, signals: str):
         """Fresh inputs and poisoned outputs (before the SMs are held: torch's
-        fills are kernels), the calls on `work`, and the expected outputs."""
+        fills are kernels), the SM-free calls on `work`, and the expected outputs."""
         mine = rand_bytes(torch, seed + rank, n, dev)
         gathered.fill_(0xA5)
         gathered[rank * n : (rank + 1) * n].copy_(mine)
+        gathered_out.fill_(0xA5)
+        own.copy_(mine)
         sent.copy_(rand_bytes(torch, seed + 100 + rank, world * n, dev))
         swapped.fill_(0xA5)
         bcast.copy_(rand_bytes(torch, seed + 200, n, dev) if rank == 0 else torch.full_like(bcast, 0xA5))
@@ -303,27 +311,55 @@ def which_calls_need_sms(rank: int, world: int, port: int) -> list:
 
         def enqueue():
             comm.all_gather(gathered, gathered[rank * n : (rank + 1) * n], stream=work, signals=signals)
+            comm.all_gather(gathered_out, own, stream=work, signals=signals)
             comm.all_to_all(swapped, sent, stream=work, local_copy="peer", signals=signals)
             comm.broadcast(bcast, root=0, stream=work, signals=signals)
 
-        expected = dict(
-            all_gather=torch.cat([rand_bytes(torch, seed + s, n, dev) for s in range(world)]),
-            all_to_all=torch.cat(
-                [
-                    rand_bytes(torch, seed + 100 + s, world * n, dev)[rank * n : (rank + 1) * n]
-                    for s in range(world)
-                ]
+        everyone = torch.cat([rand_bytes(torch, seed + s, n, dev) for s in range(world)])
+        expected = {
+            "all_gather in place": (gathered, everyone),
+            "all_gather": (gathered_out, everyone),
+            "all_to_all": (
+                swapped,
+                torch.cat(
+                    [
+                        rand_bytes(torch, seed + 100 + s, world * n, dev)[rank * n : (rank + 1) * n]
+                        for s in range(world)
+                    ]
+                ),
             ),
-            broadcast=rand_bytes(torch, seed + 200, n, dev),
-        )
+            "broadcast": (bcast, rand_bytes(torch, seed + 200, n, dev)),
+        }
         return enqueue, expected
 
-    try:
-        enqueue, _ = step(0, "auto")  # first calls plan, register and grow the scratch (not SM-free)
+    def held(label: str, enqueue, needs_sms: bool) -> None:
+        """`enqueue` with every SM of this GPU held: it must finish (within
+        10 s) or must not (within 0.5 s), then everything runs to the end."""
+        print(label, file=sys.stderr, flush=True)  # where a run that hangs got to
+        holder.hold(spin.cuda_stream, 30.0)
         enqueue()
+        done = torch.cuda.Event()
+        done.record(work)
+        limit = time.monotonic() + (0.5 if needs_sms else 10.0)
+        while not done.query() and time.monotonic() < limit:
+            time.sleep(0.001)
+        finished = done.query()
+        holder.release()
+        spin.synchronize()
+        comm.synchronize()
+        if needs_sms and finished:
+            fails.append(f"rank {rank} {label}: finished while every SM was held (no kernel ran?)")
+        if not needs_sms and not finished:
+            fails.append(f"rank {rank} {label}: did not finish within 10 s while every SM was held")
+
+    try:
+        # First calls plan, register and grow the scratch (not SM-free).
+        enqueue, _ = step(0, "auto")
+        enqueue()
+        comm.reduce_scatter(reduced, addends, stream=work)
         comm.synchronize()
         seed = 1000
-        ops = ("all_gather", "all_to_all", "broadcast")
+        ops = ("all_gather", "all_to_all", "broadcast", "reduce_scatter")
         cases = [(s, None) for s in ("copy", "sm", "auto", "copy", "sm")]
         cases += [(s, t) for t in ("sm", "copy") for s in ("auto", "copy", "sm")]
         for signals, table in cases:
@@ -332,26 +368,26 @@ def which_calls_need_sms(rank: int, world: int, port: int) -> list:
             for rep in range(3):
                 seed += 1000
                 label = f"signals={signals!r} table={table!r} #{rep}"
-                print(label, file=sys.stderr, flush=True)  # where a run that hangs got to
                 enqueue, expected = step(seed, signals)
-                holder.hold(spin.cuda_stream, 30.0)
-                enqueue()
-                done = torch.cuda.Event()
-                done.record(work)
-                limit = time.monotonic() + (0.5 if needs_sms else 10.0)
-                while not done.query() and time.monotonic() < limit:
-                    time.sleep(0.001)
-                finished = done.query()
-                holder.release()
-                spin.synchronize()
-                comm.synchronize()
-                if needs_sms and finished:
-                    fails.append(f"rank {rank} {label}: finished while every SM was held (no kernel ran?)")
-                if not needs_sms and not finished:
-                    fails.append(f"rank {rank} {label}: did not finish within 10 s while every SM was held")
-                check(f"{label} all_gather", gathered, expected["all_gather"])
-                check(f"{label} all_to_all", swapped, expected["all_to_all"])
-                check(f"{label} broadcast", bcast, expected["broadcast"])
+                held(label, enqueue, needs_sms)
+                for what, (got, exp) in expected.items():
+                    check(f"{label} {what}", got, exp)
+        # The reduction is an SM kernel whatever signals the data movement uses.
+        for signals in ("copy", "sm"):
+            summands = [ints(torch, seed + q, world * (n // 4), dev, torch.float32) for q in range(world)]
+            addends.copy_(summands[rank])
+            reduced.fill_(float("nan"))
+            torch.cuda.synchronize(dev)
+            held(
+                f"reduce_scatter signals={signals!r}",
+                lambda: comm.reduce_scatter(reduced, addends, stream=work, signals=signals),
+                True,
+            )
+            check(
+                f"reduce_scatter signals={signals!r}",
+                reduced,
+                sum(summands)[rank * (n // 4) : (rank + 1) * (n // 4)],
+            )
     finally:
         holder.release()
         comm.close()
