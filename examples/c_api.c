@@ -1,8 +1,9 @@
 /* The C API end to end on every visible GPU (up to 8): all_gather and
  * all_to_all from unaligned inputs, a prepared all_gather triggered from the
- * host and from a stream step after step, every output byte checked; then a
- * call on an unregistered output, which must be refused with a message that
- * says so. Two ways to run it:
+ * host and from a stream step after step, an all_gather with its signal
+ * rounds sent by a kernel (ferry_coll_options_t.signals), every output byte
+ * checked; then a call on an unregistered output and one with an options value
+ * outside its enum, which must be refused with a message that says so. Two ways to run it:
  *
  *   ferry_example_c                  one process drives every GPU (ferry_comm_init_local)
  *   ferry_example_c --processes N    N processes, one per GPU (ferry_comm_init), with an
@@ -128,6 +129,14 @@ static void run_checks(ferry_comm_t comm) {
     check_outputs("all_to_all", total, exchanged, n, 3 + rep);
   }
 
+  /* Options: the signal rounds sent by a one-block kernel (not SM-free; docs/api.md). */
+  ferry_coll_options_t kernel_signals = {.algo = FERRY_ALGO_AUTO, .signals = FERRY_SIGNALS_SM};
+  fill_inputs(n, 5);
+  poison_outputs(total);
+  CHECK_FERRY(ferry_all_gather(comm, outs, (const void* const*)in_blocks, n, streams, &kernel_signals));
+  CHECK_FERRY(ferry_comm_synchronize(comm));
+  check_outputs("all_gather, signals by kernel", total, gathered, n, 5);
+
   /* Prelaunch: prepared once, armed and triggered step after step. */
   ferry_call_t call;
   memset(&call, 0, sizeof(call));
@@ -174,6 +183,13 @@ static void run_checks(ferry_comm_t comm) {
   ferry_result_t refused = ferry_all_gather(comm, unregistered, (const void* const*)in_blocks, n, streams, NULL);
   if (refused != FERRY_ERROR_NOT_REGISTERED || !strstr(ferry_last_error(), "not inside a buffer registered")) {
     fprintf(stderr, "an unregistered output gave %s: %s\n", ferry_result_name(refused), ferry_last_error());
+    ++wrong;
+  }
+  /* Bad input: an options value outside its enum. */
+  ferry_coll_options_t bad = {.signals = (ferry_signals_t)7};
+  refused = ferry_all_gather(comm, outs, (const void* const*)in_blocks, n, streams, &bad);
+  if (refused != FERRY_ERROR_INVALID_ARGUMENT || !strstr(ferry_last_error(), "options->signals")) {
+    fprintf(stderr, "signals = 7 gave %s: %s\n", ferry_result_name(refused), ferry_last_error());
     ++wrong;
   }
 
@@ -301,7 +317,9 @@ int main(int argc, char** argv) {
   }
   const int rc = n ? run_processes(n) : run_one_process();
   if (rc == 0)
-    printf("ok: all_gather, all_to_all, prepared all_gather (host and stream triggers), refused call; %s\n",
-           n ? "one process per GPU" : "one process for all GPUs");
+    printf(
+        "ok: all_gather, all_to_all, signals by kernel, prepared all_gather (host and stream triggers), refused calls; "
+        "%s\n",
+        n ? "one process per GPU" : "one process for all GPUs");
   return rc;
 }
