@@ -3,9 +3,9 @@
 // front end); this checks each submission path it uses, on the GPU.
 //
 // Method: every SM of every GPU used (0, and 1 when there is a second) is
-// filled with a spinning kernel (as many resident 1024-thread blocks as fit,
-// each reporting that it started), then the operation is enqueued on another
-// stream. If the operation completes while the spinners still hold every SM,
+// filled with ferry's SmHolder (spinning blocks that take every SM's thread
+// slots and registers; the GPU tests use it too), then the operation is
+// enqueued on another stream. If the operation completes while the spinners still hold every SM,
 // it ran without one; if it completes only after they are released, it
 // needed one. A tiny kernel is the control (it must be reported as needing an
 // SM, or the method is void).
@@ -19,10 +19,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "coll/sm_holder.hpp"
 #include "core/error.hpp"
 #include "dma/engine.hpp"
 
@@ -30,16 +32,6 @@ using ferry::Copy;
 using ferry::MemOp;
 
 namespace {
-
-__global__ void spin(volatile const int* release, volatile int* started, long long max_cycles) {
-  if (threadIdx.x == 0) {
-    started[blockIdx.x] = 1;
-    __threadfence_system();
-  }
-  const long long t0 = clock64();
-  while (*release == 0 && clock64() - t0 < max_cycles) {
-  }
-}
 
 __global__ void tiny(char* p) {
   if (threadIdx.x == 0) p[0] = 1;
@@ -84,11 +76,6 @@ int main(int argc, char** argv) {
     }
     cudaDeviceProp prop{};
     FERRY_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    int per_sm = 0;
-    FERRY_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, spin, 1024, 0));
-    const int blocks = prop.multiProcessorCount * per_sm;
-    std::printf("GPU 0: %s, %d SMs, %d spinning blocks of 1024 threads per SM (%d of %d threads)\n", prop.name,
-                prop.multiProcessorCount, per_sm, per_sm * 1024, prop.maxThreadsPerMultiProcessor);
 
     char *a = nullptr, *b = nullptr, *remote = nullptr, *host = nullptr;
     uint64_t* word = nullptr;
@@ -102,10 +89,14 @@ int main(int argc, char** argv) {
       FERRY_CUDA_CHECK(cudaSetDevice(0));
     }
     const int spinning_gpus = peer ? 2 : 1;
-    int *release = nullptr, *started = nullptr;
-    FERRY_CUDA_CHECK(cudaHostAlloc(&release, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
-    FERRY_CUDA_CHECK(
-        cudaHostAlloc(&started, spinning_gpus * blocks * sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
+    std::vector<std::unique_ptr<ferry::SmHolder>> holders;
+    for (int g = 0; g < spinning_gpus; ++g) {
+      FERRY_CUDA_CHECK(cudaSetDevice(g));
+      holders.push_back(std::make_unique<ferry::SmHolder>());
+    }
+    FERRY_CUDA_CHECK(cudaSetDevice(0));
+    std::printf("GPU 0: %s, %d SMs, held by %d spinning blocks\n", prop.name, prop.multiProcessorCount,
+                holders[0]->blocks());
     // GPU 1's stream for copies that GPU 1 issues; GPU 0's test stream waits on them.
     cudaStream_t on_peer = nullptr;
     cudaEvent_t peer_done = nullptr;
@@ -188,45 +179,35 @@ int main(int argc, char** argv) {
     FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&test, cudaStreamNonBlocking));
     cudaEvent_t done = nullptr;
     FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-    int* release_dev = nullptr;
-    int* started_dev = nullptr;
-    FERRY_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&release_dev), release, 0));
-    FERRY_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&started_dev), started, 0));
-    const long long max_cycles = 4000000000LL;  // a bound on the spin: about 2 s at 2 GHz
 
     bool control_ok = true;
     for (size_t i = 0; i < cases.size(); ++i) {
       // Warm: the first use of a path may load code or set up state.
       cases[i].enqueue(test);
       FERRY_CUDA_CHECK(cudaStreamSynchronize(test));
-      *reinterpret_cast<volatile int*>(release) = 0;
-      std::memset(started, 0, spinning_gpus * blocks * sizeof(int));
-      for (int g = 0; g < spinning_gpus; ++g) {
-        FERRY_CUDA_CHECK(cudaSetDevice(g));
-        spin<<<blocks, 1024, 0, spin_stream[g]>>>(release_dev, started_dev + g * blocks, max_cycles);
-        FERRY_CUDA_CHECK(cudaGetLastError());
+      bool held = true;  // every SM of every GPU taken (SmHolder throws after 5 s otherwise)
+      for (int g = 0; g < spinning_gpus && held; ++g) {
+        try {
+          holders[g]->hold(spin_stream[g], 2.0);
+        } catch (const ferry::Error& e) {
+          std::fprintf(stderr, "GPU %d: %s\n", g, e.what());
+          held = false;
+        }
       }
       FERRY_CUDA_CHECK(cudaSetDevice(0));
-      auto t0 = std::chrono::steady_clock::now();
-      int resident = 0;
-      const int all = spinning_gpus * blocks;
-      while (resident < all && std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(500)) {
-        resident = 0;
-        for (int k = 0; k < all; ++k) resident += reinterpret_cast<volatile int*>(started)[k];
-      }
       cases[i].enqueue(test);
       FERRY_CUDA_CHECK(cudaEventRecord(done, test));
       auto t1 = std::chrono::steady_clock::now();
       bool finished = false;
       while (std::chrono::steady_clock::now() - t1 < std::chrono::milliseconds(300))
         if ((finished = cudaEventQuery(done) == cudaSuccess)) break;
-      *reinterpret_cast<volatile int*>(release) = 1;
+      for (auto& h : holders) h->release();
       for (int g = 0; g < spinning_gpus; ++g) FERRY_CUDA_CHECK(cudaStreamSynchronize(spin_stream[g]));
       FERRY_CUDA_CHECK(cudaStreamSynchronize(test));
-      const char* verdict = resident < all ? "VOID (the spinner did not fill every SM)"
-                            : finished     ? "no SM (finished while every SM was busy)"
-                                           : "NEEDS AN SM (finished only after the SMs were released)";
-      if (i == 0 && (resident < all || finished)) control_ok = false;
+      const char* verdict = !held      ? "VOID (the spinner did not fill every SM)"
+                            : finished ? "no SM (finished while every SM was busy)"
+                                       : "NEEDS AN SM (finished only after the SMs were released)";
+      if (i == 0 && (!held || finished)) control_ok = false;
       std::printf("%-90s %s\n", cases[i].name.c_str(), verdict);
     }
     if (!control_ok) std::printf("the control kernel was not held back: this method does not work here\n");
