@@ -205,9 +205,9 @@ def main(argv=None) -> int:
     b.add_argument(
         "--impls",
         default=",".join(bench_collectives.DEFAULT_IMPLS),
-        help="what to time, comma-separated (default: %(default)s; also ferry-auto, the selector's choice "
-        "eager, and ferry-ksig and ferry-ksig-graph, the selector's variant with signals='sm', which --overlap "
-        "then measures too); empty: only the optional measurements below",
+        help="what to time, comma-separated (default: %(default)s; ferry-ksig-graph is the selector's variant "
+        "with signals='sm', which --overlap then measures too; also ferry-auto, the selector's choice eager, "
+        "and ferry-ksig, kernel signals eager); empty: only the optional measurements below",
     )
     b.add_argument("--min", default="1K", help="smallest bytes per rank")
     b.add_argument("--max", default="1G", help="largest bytes per rank")

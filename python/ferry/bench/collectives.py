@@ -27,9 +27,9 @@ SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "N
 
 # ferry-sm*: not copy engines (algo "sm": one SM kernel), measured beside them.
 # ferry-ksig*: the selector's copy-engine variant with its two signal rounds
-# sent by a one-block kernel (signals="sm"); ferry-auto: the selector's choice,
-# eager (with a tuning table that names "sm" or signals, not SM-free); neither
-# is in the default set.
+# sent by a one-block kernel (signals="sm"; the default set has the graph
+# form); ferry-auto: the selector's choice, eager (with a tuning table that
+# names "sm" or signals, not SM-free), not in the default set.
 IMPLS = (
     "ferry-auto",
     "ferry-b2b",
@@ -43,7 +43,7 @@ IMPLS = (
     "nccl",
     "nccl-graph",
 )
-DEFAULT_IMPLS = tuple(i for i in IMPLS if "ksig" not in i and i != "ferry-auto")
+DEFAULT_IMPLS = tuple(i for i in IMPLS if i not in ("ferry-auto", "ferry-ksig"))
 
 
 def _iters_for(total_bytes: int) -> int:
