@@ -154,8 +154,9 @@ def cmd_tune(args) -> int:
         print(f"ferry tune needs at least 2 GPUs; {world} visible", file=sys.stderr)
         return 2
     sizes = size_range(parse_size(args.min), parse_size(args.max), args.factor)
-    variants = tune.VARIANTS + (("sm",) + tune.KERNEL_SIGNALLED if args.sm else ())
-    print(f"ferry tune: {world} GPUs, {len(sizes)} sizes, variants {variants}", file=sys.stderr)
+    print(
+        f"ferry tune: {world} GPUs, {len(sizes)} sizes, variants {tune.candidates(args.sm)}", file=sys.stderr
+    )
     table = tune.run(
         world, args.ops.split(","), sizes, args.runs, args.timeout, sm=args.sm, repeat=args.repeat
     )

@@ -25,17 +25,15 @@ VARIANTS = ("b2b", "seq", "pcpy")  # copy-engine variants: what `ferry tune` mea
 # `ferry tune` measures only when asked (--sm), and the shipped tables never name.
 RULE_ALGOS = VARIANTS + ("sm",)
 RULE_SIGNALS = ("auto", "copy", "sm")
-# With --sm the tuner also measures each copy-engine variant with its signal
-# rounds sent by a kernel: impl "ferry-<variant>-ksig", a rule (variant, "sm").
-KERNEL_SIGNALLED = tuple(f"{v}-ksig" for v in VARIANTS)
 
 
-def rule_variant(candidate: str) -> Tuple[str, str]:
-    """(algo, signals) of a tuner candidate: 'pcpy' -> ('pcpy', 'auto'),
-    'pcpy-ksig' -> ('pcpy', 'sm'), 'sm' -> ('sm', 'auto')."""
-    if candidate.endswith("-ksig"):
-        return candidate[: -len("-ksig")], "sm"
-    return candidate, "auto"
+def candidates(allow_sm: bool) -> Tuple[str, ...]:
+    """What `ferry tune` measures, as ferry bench impl labels without "ferry-":
+    the copy-engine variants; with allow_sm also the SM path and each
+    copy-engine variant with its signal rounds sent by a kernel
+    ("<variant>-ksig", which becomes a rule (variant, "sm")). Ties go to the
+    earlier one, so the SM-free variants come first."""
+    return VARIANTS + (("sm",) + tuple(f"{v}-ksig" for v in VARIANTS) if allow_sm else ())
 
 
 OPS = ("all_gather", "all_to_all", "all_to_allv", "broadcast", "reduce_scatter", "all_reduce")
@@ -67,17 +65,19 @@ def rules_from_measurements(
     FERRY_SM_BYTES); each wins a size only by more than `tolerance` over every
     SM-free variant or where it won the size before. Ops the SM path does not
     run borrow the rules chosen without it."""
-    candidates = VARIANTS + (("sm",) + KERNEL_SIGNALLED if allow_sm else ())
+    from ferry.bench.cases import impl_options  # the impl label's (algo, signals)
+
+    measured = candidates(allow_sm)
     times: Dict[str, Dict[int, Dict[str, float]]] = {}
     for r in records:
         if not str(r.get("impl", "")).startswith("ferry-") or r.get("graph") or r.get("wrong", 0):
             continue
-        algo = r["impl"].split("-", 1)[1]
-        if algo not in candidates:
+        candidate = r["impl"].split("-", 1)[1]
+        if candidate not in measured:
             continue
         size = selection_bytes(r["op"], r["bytes_per_rank"], world)
         slot = times.setdefault(r["op"], {}).setdefault(size, {})
-        slot[algo] = min(slot.get(algo, float("inf")), r["time_us"])
+        slot[candidate] = min(slot.get(candidate, float("inf")), r["time_us"])
 
     def table(allowed) -> Dict[str, List[Rule]]:
         by_op: Dict[str, List[Rule]] = {}
@@ -95,11 +95,13 @@ def rules_from_measurements(
             for i, s in enumerate(sizes):
                 last = i + 1 == len(sizes)
                 if last or best[sizes[i + 1]] != best[s]:
-                    by_op.setdefault(op, []).append((op, world, ANY if last else s) + rule_variant(best[s]))
+                    by_op.setdefault(op, []).append(
+                        (op, world, ANY if last else s) + impl_options("ferry-" + best[s])
+                    )
         return by_op
 
-    chosen = table(candidates)
-    without_sm_path = table([c for c in candidates if c != "sm"]) if allow_sm else chosen
+    chosen = table(measured)
+    without_sm_path = table([c for c in measured if c != "sm"]) if allow_sm else chosen
     rules: List[Rule] = [r for op_rules in chosen.values() for r in op_rules]
     for op, donor in (
         ("all_to_allv", "all_to_all"),
@@ -188,18 +190,18 @@ def default_rules(gpu_name: str, world: int) -> Optional[List[Rule]]:
 def run(
     world: int, ops: List[str], sizes: List[int], runs: int, timeout: float, sm: bool = False, repeat: int = 1
 ) -> dict:
-    """Measures every variant on the local GPUs (ferry bench, ferry impls only);
-    sm: ferry's SM path and the variants with kernel signals too, which then
-    may win sizes. repeat: the
-    measurement in that many sets of fresh processes, each point's median
-    repeat deciding (one process can sit 5-10 us slower than the next at
-    small sizes, enough to flip a choice)."""
+    """Measures every candidate on the local GPUs (ferry bench, ferry impls
+    only); sm: ferry's SM path and the variants with kernel signals too,
+    which then may win sizes. repeat: the measurement in that many sets of
+    fresh processes, each point's median repeat deciding (one process can
+    sit 5-10 us slower than the next at small sizes, enough to flip a
+    choice)."""
     from ferry.bench import collectives
 
     opts = dict(
         sizes=sizes,
         ops=ops,
-        impls=[f"ferry-{c}" for c in VARIANTS + (("sm",) + KERNEL_SIGNALLED if sm else ())],
+        impls=[f"ferry-{c}" for c in candidates(sm)],
         warmup=3,
         runs=runs,
         timeout=timeout,

@@ -176,4 +176,5 @@ def test_kernel_signals_compete_only_when_asked_and_become_a_rules_signals():
         op="all_gather", world=2, max_bytes=4 << 20, algo="pcpy", signals="sm"
     )
     assert "signals" not in tune.to_json_rules(rules)[0]
-    assert tune.rule_variant("seq-ksig") == ("seq", "sm") and tune.rule_variant("sm") == ("sm", "auto")
+    assert tune.candidates(False) == tune.VARIANTS
+    assert tune.candidates(True)[:4] == tune.VARIANTS + ("sm",)  # SM-free first: ties go to them
