@@ -323,7 +323,17 @@ class Communicator:
         return [_stream_handle(s, self._c.device(i)) for i, s in enumerate(streams)]
 
     def _native_args(
-        self, op, outs, ins, stream, algo, local_copy, signals="auto", root=0, counts=None, red_op="sum"
+        self,
+        op,
+        outs,
+        ins,
+        stream,
+        algo="auto",
+        local_copy="auto",
+        signals="auto",
+        root=0,
+        counts=None,
+        red_op="sum",
     ) -> dict:
         """Checks the Python-visible parts of a call (sizes, dtypes, devices) and
         turns it into the native call's arguments."""
@@ -426,10 +436,12 @@ class Communicator:
         need(ib.nbytes == ob.nbytes, f"in has {ib.nbytes} bytes; expected {ob.nbytes} like out")
         return dict(count=ob.nbytes // ob.itemsize, dtype=dtype)  # all_reduce
 
-    def _run(self, prepare: bool, **kw):
-        args = self._native_args(**kw)
+    def _run(self, prepare: bool, op: str, outs, ins, stream, **options):
+        """Runs (or, with `prepare`, prepares) `op`; `options` are the
+        method's keyword arguments (algo, local_copy, signals, root, ...)."""
+        args = self._native_args(op, outs, ins, stream, **options)
         if prepare:
-            return PreparedCollective(self, self._c.prepare(**args), kw["op"])
+            return PreparedCollective(self, self._c.prepare(**args), op)
         self._c.run(**args)
 
     def all_gather(
@@ -451,16 +463,7 @@ class Communicator:
         one-block kernel per round (5-13 us less per call on 2 H200s, but it
         waits for an SM beside a GPU-filling kernel), 'auto' FERRY_SIGNALS
         (default 'copy')."""
-        self._run(
-            False,
-            op="all_gather",
-            outs=out,
-            ins=inp,
-            stream=stream,
-            algo=algo,
-            local_copy=local_copy,
-            signals=signals,
-        )
+        self._run(False, "all_gather", out, inp, stream, algo=algo, local_copy=local_copy, signals=signals)
 
     def all_to_all(
         self, out, inp, stream=None, algo: str = "auto", local_copy: str = "auto", signals: str = "auto"
@@ -470,16 +473,7 @@ class Communicator:
         then the exchange runs in rounds through a bounded scratch buffer
         (FERRY_SCRATCH_BYTES) instead of a full-size temporary; other overlaps
         are errors. algo, local_copy, signals: as for all_gather."""
-        self._run(
-            False,
-            op="all_to_all",
-            outs=out,
-            ins=inp,
-            stream=stream,
-            algo=algo,
-            local_copy=local_copy,
-            signals=signals,
-        )
+        self._run(False, "all_to_all", out, inp, stream, algo=algo, local_copy=local_copy, signals=signals)
 
     def all_to_allv(
         self,
@@ -498,10 +492,10 @@ class Communicator:
         named in the error."""
         self._run(
             False,
-            op="all_to_allv",
-            outs=out,
-            ins=inp,
-            stream=stream,
+            "all_to_allv",
+            out,
+            inp,
+            stream,
             algo=algo,
             local_copy=local_copy,
             signals=signals,
@@ -520,15 +514,7 @@ class Communicator:
     ) -> None:
         """Root's `inp` (default: root's `out`) into every rank's `out` (registered)."""
         self._run(
-            False,
-            op="broadcast",
-            outs=out,
-            ins=inp,
-            stream=stream,
-            algo=algo,
-            local_copy=local_copy,
-            signals=signals,
-            root=root,
+            False, "broadcast", out, inp, stream, algo=algo, local_copy=local_copy, signals=signals, root=root
         )
 
     def reduce_scatter(
@@ -538,17 +524,7 @@ class Communicator:
         (world x out). The data moves on copy engines into ferry's scratch on
         each rank; the reduction runs in a small SM kernel (32 blocks), the only
         SM work. Neither tensor needs registering."""
-        self._run(
-            False,
-            op="reduce_scatter",
-            outs=out,
-            ins=inp,
-            stream=stream,
-            algo=algo,
-            local_copy="auto",
-            signals=signals,
-            red_op=op,
-        )
+        self._run(False, "reduce_scatter", out, inp, stream, algo=algo, signals=signals, red_op=op)
 
     def all_reduce(
         self, out, inp=None, op: str = "sum", stream=None, algo: str = "auto", signals: str = "auto"
@@ -556,17 +532,7 @@ class Communicator:
         """out = the reduction over ranks of `inp` (default: in place on `out`,
         which must be registered). Reduce-scatter then all-gather: copy engines
         move the data, a small SM kernel adds (the only SM work)."""
-        self._run(
-            False,
-            op="all_reduce",
-            outs=out,
-            ins=inp,
-            stream=stream,
-            algo=algo,
-            local_copy="auto",
-            signals=signals,
-            red_op=op,
-        )
+        self._run(False, "all_reduce", out, inp, stream, algo=algo, signals=signals, red_op=op)
 
     def prepare(self, collective: str, out, inp=None, **kw) -> "PreparedCollective":
         """A collective validated and planned once, to arm ahead of time and
@@ -585,17 +551,7 @@ class Communicator:
         if collective == "all_reduce" and inp is None:
             inp = out
         kw.pop("stream", None)
-        return self._run(
-            True,
-            op=collective,
-            outs=out,
-            ins=inp,
-            stream=None,
-            algo=kw.pop("algo", "auto"),
-            local_copy=kw.pop("local_copy", "auto"),
-            signals=kw.pop("signals", "auto"),
-            **kw,
-        )
+        return self._run(True, collective, out, inp, None, **kw)
 
     def set_tuning(self, rules) -> None:
         """Replaces the variant selector's table: a list of
