@@ -243,8 +243,9 @@ class Communicator {
   // spreads the pushes over one stream per peer and keeps the waits on one.
   void emit_exchange(int local, const Exchange& x, const Built& b, cudaStream_t s, const Emission& e, bool first,
                      bool last);
-  // Its two rounds of signals: by copy engines and stream waits, or with
-  // FERRY_SIGNALS=sm by one kernel each (coll/signal_round.hpp).
+  // Its two rounds of signals: by copy engines and stream waits, or, where
+  // the call resolved to kernel signals (Emission::kernel_signals), by one
+  // kernel each (coll/signal_round.hpp).
   void emit_ready_round(int local, const Exchange& x, const Built& b, cudaStream_t s, const Emission& e, bool first);
   void emit_ready_copies(int local, const Exchange& x, const Built& b, cudaStream_t s, const Emission& e, bool first);
   void emit_done_round(int local, const Exchange& x, const Built& b, cudaStream_t s, const Emission& e, bool last);

@@ -9,8 +9,8 @@
 // No kernel runs here unless the program has a reduction, the local block
 // is copied with the SM kernel, the call runs on the SM path (algo "sm",
 // one kernel instead of all of the above: coll/one_shot.hpp), or
-// FERRY_SIGNALS=sm (steps 1-2 and 4-5 as one single-block kernel each:
-// coll/signal_round.hpp).
+// the call signals by kernel (signals "sm": steps 1-2 and 4-5 as one
+// single-block kernel each: coll/signal_round.hpp).
 #include <algorithm>
 
 #include "coll/communicator.hpp"

@@ -1,4 +1,4 @@
-// Signal rounds by kernel (FERRY_SIGNALS=sm): the ready and done rounds of an
+// Signal rounds by kernel (signals "sm", coll/signals.hpp): the ready and done rounds of an
 // exchange (coll/emit.cpp) sent and awaited by one single-block kernel
 // instead of small copy-engine copies and stream waits. The data still moves
 // on copy engines. Same flags, values and resets as the copy-engine rounds,
@@ -11,13 +11,11 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <string>
 #include <vector>
 
 #include "coll/flags.hpp"
 #include "coll/kernel_wait.hpp"
 #include "coll/signals.hpp"
-#include "core/error.hpp"
 
 namespace ferry {
 

@@ -106,7 +106,7 @@ void Communicator::check_kernel_fault(int local) {
   if (!f.set || broken_) return;
   const int q = f.source;
   const std::string what =
-      f.signal_round ? std::string("a collective's signal round (FERRY_SIGNALS=sm)")
+      f.signal_round ? std::string("a collective's signal round by kernel (signals 'sm')")
                      : "a collective on the SM path (algo 'sm', its call #" + std::to_string(f.call) + " on that path)";
   fail(what + " on rank " + std::to_string(rank(local)) + " gave up after waiting " + std::to_string(timeout_s_) +
        " s for rank " + std::to_string(q) + ": rank " + std::to_string(q) +

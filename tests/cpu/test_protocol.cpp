@@ -206,18 +206,6 @@ TEST(Protocol, AMismatchedCallNeverCompletes) {
   }
 }
 
-TEST(SignalRounds, TheSettingIsParsedAndABadOneNamesTheKnob) {
-  EXPECT_TRUE(signals_by_kernel("sm"));
-  EXPECT_FALSE(signals_by_kernel("copy"));
-  try {
-    signals_by_kernel("kernel");
-    FAIL() << "no error for FERRY_SIGNALS=kernel";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("FERRY_SIGNALS=kernel"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("'copy' or 'sm'"), std::string::npos) << e.what();
-  }
-}
-
 TEST(SignalRounds, AKernelsFaultWordNamesThePeerItWaitedFor) {
   EXPECT_FALSE(read_kernel_fault(0).set);
   // The SM path: its call number, no signal-round bit.

@@ -89,3 +89,15 @@ TEST(Signals, TheCallWinsThenTheRuleThenTheCommunicator) {
     EXPECT_NE(std::string(e.what()).find("'auto', 'copy'"), std::string::npos) << e.what();
   }
 }
+
+TEST(Signals, TheCommunicatorsSettingIsParsedAndABadOneNamesTheKnob) {
+  EXPECT_TRUE(signals_by_kernel("sm"));
+  EXPECT_FALSE(signals_by_kernel("copy"));
+  try {
+    signals_by_kernel("kernel");
+    FAIL() << "no error for FERRY_SIGNALS=kernel";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("FERRY_SIGNALS=kernel"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'copy' or 'sm'"), std::string::npos) << e.what();
+  }
+}
