@@ -24,7 +24,7 @@ def cmd_topo(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    from . import topo
+    from . import topo, tune
     from ._native import IMPORT_ERROR, native
 
     print(f"ferry {__import__('ferry').__version__}, python {sys.version.split()[0]}")
@@ -41,7 +41,10 @@ def cmd_doctor(args) -> int:
     else:
         d = topo.probe()
     if d is not None:
-        for status, msg in topo.doctor_checks(d) + topo.environment_checks(dict(os.environ)):
+        checks = topo.doctor_checks(d) + topo.environment_checks(dict(os.environ))
+        if d["gpus"]:
+            checks.append(tune.describe(d["gpus"][0]["name"], len(d["gpus"]), dict(os.environ)))
+        for status, msg in checks:
             print(f"[{status}] {msg}")
             failed |= status == "fail"
     for var, want in (

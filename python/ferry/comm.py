@@ -4,6 +4,7 @@ __cuda_array_interface__) in, collectives ordered in the caller's stream."""
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, List, Optional
@@ -187,22 +188,41 @@ class Communicator:
         self._shared_gpus = len(set(devices)) < len(devices)
         self._allocs: dict = {}
         self._store = None  # ferry's own TCP store, kept for later collective calls
-        self._apply_shipped_tuning()
+        try:
+            self._apply_shipped_tuning()
+        except InvalidArgumentError:
+            native_comm.close()  # a bad FERRY_TUNING: release the GPU resources (closing is local)
+            raise
 
-    def _apply_shipped_tuning(self) -> None:
-        """The selector's table for this GPU model (ferry/tuning/, or FERRY_TUNING)."""
+    def _gpu_name(self) -> Optional[str]:
+        """This communicator's GPU model (None where none can be read)."""
         try:
             import torch
 
-            name = torch.cuda.get_device_name(self._c.device(0))
+            return torch.cuda.get_device_name(self._c.device(0))
         except Exception:  # noqa: BLE001 - torch is optional
             try:
-                name = require().probe_topology().gpus[self._c.device(0)].name
+                return require().probe_topology().gpus[self._c.device(0)].name
             except Exception:  # noqa: BLE001 - no GPU: nothing will be selected
-                return
-        rules = tune.default_rules(name, self._c.world)
+                return None
+
+    def _apply_shipped_tuning(self) -> None:
+        """The selector's table for this GPU model (ferry/tuning/, or FERRY_TUNING)."""
+        name = self._gpu_name()
+        if name is None:
+            return
+        try:
+            rules = tune.default_rules(name, self._c.world)
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from None
         if rules:
             self._c.set_selector_table(rules)
+        elif os.environ.get("FERRY_TUNING") in tune.PRESETS:
+            warnings.warn(
+                f"FERRY_TUNING={os.environ['FERRY_TUNING']}: ferry ships no such table for {name}; "
+                "the built-in default applies (measure one with `ferry tune`)",
+                stacklevel=3,
+            )
 
     # ------------------------------------------------------------ creation
 
@@ -554,17 +574,35 @@ class Communicator:
         return self._run(True, collective, out, inp, None, **kw)
 
     def set_tuning(self, rules) -> None:
-        """Replaces the variant selector's table: a list of
-        (op, world, max_bytes_per_rank, algo[, signals]) rules (or dicts with
-        those keys), tried in order (world 0: any; signals 'auto', 'copy' or
-        'sm', default 'auto': FERRY_SIGNALS). See `ferry tune`; an empty list
-        restores the built-in default. A bad rule raises InvalidArgumentError
-        naming it."""
+        """Replaces the variant selector's table with a shipped preset's or
+        with rules of your own. A preset: "sm-free" (the default: copy
+        engines only) or "latency" (the SM path and kernel signals where
+        they are faster; they wait for SMs beside compute), as shipped for
+        this GPU model. Rules: a list of (op, world, max_bytes_per_rank,
+        algo[, signals]) (or dicts with those keys), tried in order (world 0:
+        any; signals 'auto', 'copy' or 'sm', default 'auto': FERRY_SIGNALS);
+        see `ferry tune`; an empty list restores the built-in default. A bad
+        preset or rule raises InvalidArgumentError naming it."""
+        if isinstance(rules, str):
+            rules = self._preset(rules)
         try:
             checked = tune.validate(rules)
         except ValueError as exc:
             raise InvalidArgumentError(f"set_tuning: {exc}") from None
         self._c.set_selector_table(checked)
+
+    def _preset(self, preset: str) -> list:
+        name = self._gpu_name()
+        try:
+            rules = tune.preset_rules(name or "", self._c.world, preset)
+        except ValueError as exc:
+            raise InvalidArgumentError(f"set_tuning: {exc}") from None
+        if rules is None:
+            raise InvalidArgumentError(
+                f"set_tuning: ferry ships no {preset!r} table for {name or 'this GPU'}; "
+                "measure one with `ferry tune` (--sm for SM paths) and pass its rules"
+            )
+        return rules
 
     def sm_path_takes(self, op: str, largest_block: int) -> bool:
         """Whether algo 'sm' runs `op` here when the largest block one rank

@@ -160,6 +160,14 @@ def select(rules: Iterable[Rule], op: str, world: int, nbytes: int) -> Optional[
     return None
 
 
+# The shipped tables per GPU model (ferry/tuning/*.json), one per preset:
+# "sm-free" (the default: copy engines only, so collectives beside compute
+# take no SM) and "latency" (the SM path and kernel signals where they are
+# faster: for collectives on the critical path, docs/api.md "Presets").
+PRESETS = ("sm-free", "latency")
+DEFAULT_PRESET = "sm-free"
+
+
 def shipped_tables() -> List[dict]:
     here = os.path.join(os.path.dirname(__file__), "tuning")
     out = []
@@ -169,15 +177,16 @@ def shipped_tables() -> List[dict]:
     return out
 
 
-def default_rules(gpu_name: str, world: int) -> Optional[List[Rule]]:
-    """Rules for this GPU model: FERRY_TUNING (a `ferry tune` file) if set, else
-    the shipped table whose gpu matches, for this world size or the nearest
-    smaller one measured. None: the native built-in default applies."""
-    path = os.environ.get("FERRY_TUNING")
-    if path:
-        with open(path) as f:
-            return validate(json.load(f)["rules"])
+def preset_rules(gpu_name: str, world: int, preset: str) -> Optional[List[Rule]]:
+    """The shipped table of `preset` for this GPU model, for this world size
+    or the nearest smaller one measured (the nearest larger below the
+    smallest); None where ferry ships none for this GPU. An unknown preset
+    raises ValueError."""
+    if preset not in PRESETS:
+        raise ValueError(f"preset is {preset!r}; expected one of {', '.join(PRESETS)}")
     for table in shipped_tables():
+        if table.get("preset", DEFAULT_PRESET) != preset:
+            continue
         if table.get("gpu") and table["gpu"] in gpu_name:
             worlds = sorted(int(w) for w in table["tables"])
             fit = [w for w in worlds if w <= world] or worlds
@@ -185,6 +194,47 @@ def default_rules(gpu_name: str, world: int) -> Optional[List[Rule]]:
             # Rules are measured for one world size; they apply to this one.
             return [(o, 0) + tuple(rest) for o, w, *rest in rules]
     return None
+
+
+def default_rules(gpu_name: str, world: int, env: Optional[Dict[str, str]] = None) -> Optional[List[Rule]]:
+    """Rules for this GPU model: FERRY_TUNING if set in `env` (default: the
+    process's; a preset's name, or the path of a `ferry tune` file), else
+    the shipped "sm-free" table. None: the native built-in default applies."""
+    setting = (os.environ if env is None else env).get("FERRY_TUNING")
+    if setting in PRESETS:
+        return preset_rules(gpu_name, world, setting)
+    if setting:
+        if not os.path.isfile(setting):
+            raise ValueError(
+                f"FERRY_TUNING={setting!r} is neither a preset ({', '.join(PRESETS)}) nor a file"
+            )
+        with open(setting) as f:
+            try:
+                return validate(json.load(f)["rules"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ValueError(f"FERRY_TUNING={setting!r}: not a `ferry tune` table ({exc})") from None
+    return preset_rules(gpu_name, world, DEFAULT_PRESET)
+
+
+def describe(gpu_name: str, world: int, env: Dict[str, str]) -> Tuple[str, str]:
+    """`ferry doctor`'s line on the selector's table: (status, message)."""
+    setting = env.get("FERRY_TUNING", "")
+    try:
+        rules = default_rules(gpu_name, world, env)
+    except (ValueError, OSError) as exc:
+        return "fail", f"tuning: {exc}"
+    if rules is None:
+        return "warn", (
+            f"tuning: ferry ships no table for {gpu_name}; the built-in default applies "
+            "(`ferry tune` measures one, FERRY_TUNING=<file> loads it)"
+        )
+    if setting and setting not in PRESETS:
+        n = len(rules)
+        return "ok", f"tuning: FERRY_TUNING={setting} ({n} rule{'' if n == 1 else 's'})"
+    preset = setting or DEFAULT_PRESET
+    what = "copy engines only" if preset == "sm-free" else "SMs where they are faster"
+    other = "latency" if preset == "sm-free" else "sm-free"
+    return "ok", f"tuning: the shipped {preset!r} table ({what}); FERRY_TUNING={other} switches"
 
 
 def run(

@@ -22,7 +22,9 @@ const std::vector<Knob>& knobs() {
        "decides"},
       {"FERRY_PORT", "int", "0", "TCP port of ferry's bootstrap store for ferry.init(); 0: MASTER_PORT + 1"},
       {"FERRY_WATCHDOG_MS", "int", "10", "how often the watchdog looks at unfinished collectives"},
-      {"FERRY_TUNING", "string", "", "a `ferry tune` JSON to use instead of the table shipped for this GPU"},
+      {"FERRY_TUNING", "string", "",
+       "the selector's table: a shipped preset, 'sm-free' (the default: copy engines only) or 'latency' (SMs where "
+       "faster), or a `ferry tune` JSON file"},
       {"FERRY_HOST_TRACE", "int", "0",
        "1: time the host's stages of every collective call and print their means to stderr at exit; 2: also print "
        "each stage as it begins and ends (where a stuck host is)"},

@@ -264,6 +264,42 @@ def prelaunch_and_graphs_kernel_signals(rank: int, world: int, port: int) -> lis
     return _with_signals("sm", prelaunch_and_graphs, rank, world, port)
 
 
+def latency_preset(rank: int, world: int, port: int) -> list:
+    """FERRY_TUNING=latency: "auto" takes the shipped preset's variant and
+    signals at each size (the SM path below its bound, copy engines above),
+    and every size on both sides of the bounds is byte-exact, eager, repeated
+    and replayed from a captured graph."""
+    os.environ["FERRY_TUNING"] = "latency"  # read when the communicator is created
+    import torch
+    from ferry import tune
+
+    comm = init(rank, world, port, timeout=60)
+    dev = torch.device("cuda", rank)
+    fails = []
+    try:
+        rules = tune.preset_rules(torch.cuda.get_device_name(dev), world, "latency")
+        if rules is None:
+            return fails  # no preset shipped for this GPU: the default applies (CPU-tested)
+        for op in ("all_gather", "all_to_all", "all_to_allv", "broadcast", "reduce_scatter"):
+            for n in (4096, 512 << 10, 1 << 20, (1 << 20) + 16, 64 << 20):
+                got = (comm.choose_algo(op, n), comm.choose_signals(op, n))
+                want = tune.select(rules, op, world, n)
+                want = (want[0], want[1] if want[1] != "auto" else "copy")
+                if got != want:
+                    fails.append(f"rank {rank} {op} {n} B: auto chose {got}, the preset says {want}")
+        buf = comm.alloc((world * ((4 << 20) + 8) * 2,), torch.uint8)
+        bounds = (3, 4096, 1 << 20, (1 << 20) + 1, (4 << 20) + 1)  # uint8 and bf16: both sides of 1 MiB
+        fails += check_collectives(
+            torch, comm, [rank], [dev], world, [buf], sizes=bounds, a2a_sizes=bounds, algos=("auto",)
+        )
+        fails += check_repeats(torch, comm, [rank], [dev], world, [buf], reps=200)
+        fails += check_same_buffers(torch, comm, [rank], [dev], world, [buf], reps=10, captured=True)
+        comm.free(buf)
+    finally:
+        comm.close()
+    return fails
+
+
 def which_calls_need_sms(rank: int, world: int, port: int) -> list:
     """Every SM of each GPU held by spinning blocks (ferry's SmHolder). With
     copy signals, the calls the README says use no SM (64 KB each: in-place

@@ -88,6 +88,11 @@ def test_copy_signals_need_no_sm_and_kernel_signals_do(world, default, monkeypat
     run_on_every_rank(_workers.which_calls_need_sms, world, timeout=120)
 
 
+@pytest.mark.parametrize("world", WORLDS)
+def test_latency_preset_byte_exact(world):
+    run_on_every_rank(_workers.latency_preset, world, timeout=300)
+
+
 def test_mixed_signals_byte_exact():
     run_on_every_rank(_workers.mixed_signals, 2)
 

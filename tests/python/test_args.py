@@ -271,3 +271,32 @@ def test_set_tuning_checks_rules_and_passes_signals():
     ]
     with pytest.raises(InvalidArgumentError, match="set_tuning: rule 1: signals is 'fast'"):
         c.set_tuning([("all_gather", 0, 1, "b2b"), ("all_gather", 0, 2, "b2b", "fast")])
+
+
+def test_set_tuning_takes_a_shipped_preset(monkeypatch):
+    monkeypatch.setattr(Communicator, "_gpu_name", lambda self: "NVIDIA H200")
+    c = Communicator(FakeNative(world=2), local=False)
+    c.set_tuning("latency")
+    assert ("all_gather", 0, 1 << 20, "sm", "auto") in c._c.rules
+    c.set_tuning("sm-free")
+    assert all(rule[3] != "sm" for rule in c._c.rules)
+    with pytest.raises(InvalidArgumentError, match="set_tuning: preset is 'fastest'; expected one of"):
+        c.set_tuning("fastest")
+    monkeypatch.setattr(Communicator, "_gpu_name", lambda self: "Some Other GPU")
+    with pytest.raises(InvalidArgumentError, match="ships no 'latency' table for Some Other GPU"):
+        c.set_tuning("latency")
+
+
+def test_a_bad_ferry_tuning_is_refused_when_the_communicator_is_made(monkeypatch):
+    monkeypatch.setattr(Communicator, "_gpu_name", lambda self: "NVIDIA H200")
+    monkeypatch.setenv("FERRY_TUNING", "fastest")
+    native = FakeNative(world=2)
+    with pytest.raises(InvalidArgumentError, match="FERRY_TUNING='fastest' is neither a preset"):
+        Communicator(native, local=False)
+    assert native.closed  # what the native layer made is released
+    monkeypatch.setattr(Communicator, "_gpu_name", lambda self: "Some Other GPU")
+    monkeypatch.setenv("FERRY_TUNING", "latency")
+    with pytest.warns(
+        UserWarning, match="FERRY_TUNING=latency: ferry ships no such table for Some Other GPU"
+    ):
+        Communicator(FakeNative(world=2), local=False)

@@ -94,6 +94,47 @@ def test_tuning_file_overrides(tmp_path, monkeypatch):
     assert tune.default_rules("anything", 4) == [("all_gather", 0, tune.ANY, "pcpy", "auto")]
 
 
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_latency_preset_uses_sms_only_where_measured_faster(world, monkeypatch):
+    monkeypatch.setenv("FERRY_TUNING", "latency")
+    rules = tune.default_rules("NVIDIA H200", world)
+    assert rules == tune.preset_rules("NVIDIA H200", world, "latency")
+    for op in tune.OPS:
+        for n in (1, 1 << 10, 1 << 20, 1 << 30, 1 << 40):
+            algo, signals = tune.select(rules, op, world, n)
+            assert algo in tune.RULE_ALGOS, (op, n)
+            # The SM path only for the ops it runs, never past its 1 MiB window.
+            assert algo != "sm" or (op in tune.SM_OPS and n <= 1 << 20), (op, n)
+    # Small all_gathers take the SM path on every world size.
+    assert tune.select(rules, "all_gather", world, 4096) == ("sm", "auto")
+    big = tune.select(rules, "all_gather", world, 64 << 20)
+    # Kernel signals only where they were measured (2 GPUs); elsewhere copy signals.
+    assert big[1] == ("sm" if world == 2 else "auto")
+
+
+def test_sm_free_preset_is_the_default(monkeypatch):
+    monkeypatch.delenv("FERRY_TUNING", raising=False)
+    default = tune.default_rules("NVIDIA H200", 2)
+    assert default == tune.preset_rules("NVIDIA H200", 2, "sm-free")
+    monkeypatch.setenv("FERRY_TUNING", "sm-free")
+    assert tune.default_rules("NVIDIA H200", 2) == default
+    assert all(algo != "sm" and signals == "auto" for _, _, _, algo, signals in default)
+
+
+def test_bad_preset_or_tuning_file_is_named(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="preset is 'fast'; expected one of sm-free, latency"):
+        tune.preset_rules("NVIDIA H200", 2, "fast")
+    monkeypatch.setenv("FERRY_TUNING", "fast")
+    with pytest.raises(ValueError, match="FERRY_TUNING='fast' is neither a preset .* nor a file"):
+        tune.default_rules("NVIDIA H200", 2)
+    p = tmp_path / "t.json"
+    p.write_text('{"rules": [{"op": "all_gather", "max_bytes": 1, "algo": "ring"}]}')
+    monkeypatch.setenv("FERRY_TUNING", str(p))
+    with pytest.raises(ValueError, match="not a `ferry tune` table .*expected one of b2b"):
+        tune.default_rules("NVIDIA H200", 2)
+    assert tune.preset_rules("Some Other GPU", 2, "latency") is None
+
+
 def test_unknown_gpu_has_no_shipped_table(monkeypatch):
     monkeypatch.delenv("FERRY_TUNING", raising=False)
     assert tune.default_rules("Some Other GPU", 4) is None
@@ -178,3 +219,19 @@ def test_kernel_signals_compete_only_when_asked_and_become_a_rules_signals():
     assert "signals" not in tune.to_json_rules(rules)[0]
     assert tune.candidates(False) == tune.VARIANTS
     assert tune.candidates(True)[:4] == tune.VARIANTS + ("sm",)  # SM-free first: ties go to them
+
+
+def test_doctor_says_which_table_applies(tmp_path):
+    assert tune.describe("NVIDIA H200", 2, {}) == (
+        "ok",
+        "tuning: the shipped 'sm-free' table (copy engines only); FERRY_TUNING=latency switches",
+    )
+    assert tune.describe("NVIDIA H200", 4, {"FERRY_TUNING": "latency"})[1].startswith(
+        "tuning: the shipped 'latency' table (SMs where they are faster)"
+    )
+    status, msg = tune.describe("NVIDIA H200", 2, {"FERRY_TUNING": "/nonexistent.json"})
+    assert status == "fail" and "neither a preset" in msg
+    assert tune.describe("Some Other GPU", 2, {})[0] == "warn"
+    p = tmp_path / "t.json"
+    p.write_text('{"rules": [{"op": "all_gather", "world": 0, "max_bytes": null, "algo": "pcpy"}]}')
+    assert tune.describe("X", 2, {"FERRY_TUNING": str(p)}) == ("ok", f"tuning: FERRY_TUNING={p} (1 rule)")
