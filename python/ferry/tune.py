@@ -6,8 +6,8 @@ order; the first whose op and world (0: any) match and whose max_bytes is at
 least the call's bytes per rank (the size the selector sees: an all_to_all's
 block, a reduce_scatter's output) wins. `signals` says who sends the copy-engine
 variants' two signal rounds: "auto" (the communicator's FERRY_SIGNALS; what
-the shipped tables say), "copy" or "sm" (a one-block kernel per round, which
-`ferry tune --sm` may choose). Everything here is pure and CPU-tested except
+the default "sm-free" table says), "copy" or "sm" (a one-block kernel per
+round, which `ferry tune --sm` may choose and the "latency" preset names). Everything here is pure and CPU-tested except
 `run`, which measures."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ Rule = Tuple[str, int, int, str, str]
 ANY = (1 << 63) - 1  # "no upper bound" (JSON: null)
 VARIANTS = ("b2b", "seq", "pcpy")  # copy-engine variants: what `ferry tune` measures
 # What a rule may name: also "sm", ferry's SM path (not copy engines), which
-# `ferry tune` measures only when asked (--sm), and the shipped tables never name.
+# `ferry tune` measures only when asked (--sm), and only the "latency" preset names.
 RULE_ALGOS = VARIANTS + ("sm",)
 RULE_SIGNALS = ("auto", "copy", "sm")
 
