@@ -1,12 +1,175 @@
-"""PyTorch conveniences (importing this module imports torch)."""
+"""PyTorch conveniences (importing this module imports torch): a communicator
+over a torch.distributed group, a pool of symmetric tensors, and FSDP2's
+all-gather on copy engines.
+
+    import ferry.torch
+    comm = ferry.torch.communicator()          # over the default group
+    model = fully_shard(...)                   # FSDP2, as usual
+    ferry.torch.use_for_fsdp(model, comm)      # its parameter all-gathers: ferry, no SM
+
+docs/api.md, "PyTorch and FSDP2"."""
 
 from __future__ import annotations
+
+import collections
+import math
 
 import torch
 
 from .comm import Communicator
+from .errors import InvalidArgumentError
+from .ranges import Ranges, round_up
+
+try:  # FSDP2's interface for a custom all-gather (PyTorch 2.7 and newer)
+    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather as _FsdpAllGather
+except ImportError:  # older PyTorch: duck-typed, set_custom_all_gather does not exist there anyway
+    _FsdpAllGather = object
 
 
 def communicator(group=None, timeout: float = 0.0) -> Communicator:
     """A ferry communicator over a torch.distributed group, on the current CUDA device."""
     return Communicator.from_torch(group, device=torch.cuda.current_device(), timeout=timeout)
+
+
+class _PoolRange:
+    """One range of a pool's chunk as __cuda_array_interface__. torch keeps
+    this object alive as long as any tensor uses the memory; when it goes,
+    the range is queued for reuse (taken up at the pool's next request)."""
+
+    def __init__(self, ptr: int, nbytes: int, spot, freed: collections.deque):
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (ptr, False),
+            "version": 3,
+            "strides": None,
+        }
+        self._spot, self._freed = spot, freed
+
+    def __del__(self):
+        self._freed.append(self._spot)  # atomic: may run in any thread that drops the last tensor
+
+
+class SymmetricPool:
+    """Tensors that ferry's collectives accept as outputs, from a few large
+    registered chunks instead of one collective `alloc` per buffer.
+
+    Every rank must make the same requests in the same order (SPMD code such
+    as FSDP does): a request's offset depends only on that sequence (the
+    deterministic allocator of ferry.ranges), so a tensor sits at the same
+    offset of the same registration on every rank, as a collective needs. A
+    request that does not fit adds a chunk with `comm.alloc`, which is
+    collective. Memory is reused like PyTorch's caching allocator reuses it:
+    a tensor's range comes back when torch frees its last view, for later
+    requests on the stream it was requested on. Should ranks ever diverge, a
+    collective on the diverged buffers fails with a timeout that names the
+    peer; it never writes into the wrong place (docs/api.md)."""
+
+    def __init__(self, comm: Communicator, chunk_bytes: int = 256 << 20):
+        if comm._local:
+            raise InvalidArgumentError(
+                "SymmetricPool: the communicator drives several GPUs in one process; "
+                "the pool is for one process per GPU (ferry.init, ferry.torch.communicator)"
+            )
+        if chunk_bytes <= 0:
+            raise InvalidArgumentError(f"SymmetricPool: chunk_bytes is {chunk_bytes}; expected > 0")
+        self._comm = comm
+        self._chunk_bytes = round_up(chunk_bytes, 2 << 20)
+        self._ranges = Ranges()
+        self._chunks: list = []  # the chunks' tensors, from comm.alloc
+        self._freed: collections.deque = collections.deque()
+
+    @property
+    def bytes_reserved(self) -> int:
+        return sum(c.numel() for c in self._chunks)
+
+    @property
+    def bytes_in_use(self) -> int:
+        self._take_freed()
+        return self._ranges.bytes_in_use()
+
+    def _take_freed(self) -> None:
+        while self._freed:
+            self._ranges.release(*self._freed.popleft())
+
+    def empty(self, shape, dtype=torch.uint8, stream=None) -> torch.Tensor:
+        """An uninitialized tensor from the pool, on the communicator's GPU.
+        `stream` (default: the current one) is where it will first be used."""
+        self._comm._check_open("SymmetricPool.empty")
+        shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
+        nbytes = math.prod(shape) * dtype.itemsize
+        device = self._comm.device
+        handle = (stream or torch.cuda.current_stream(device)).cuda_stream
+        self._take_freed()
+        spot = self._ranges.allocate(nbytes, handle)
+        if spot is None:
+            size = max(self._chunk_bytes, round_up(nbytes, 2 << 20))
+            self._chunks.append(self._comm.alloc((size,), torch.uint8))
+            self._ranges.add_chunk(size)
+            spot = self._ranges.allocate(nbytes, handle)
+        chunk, offset = spot
+        memory = _PoolRange(self._chunks[chunk].data_ptr() + offset, nbytes, spot, self._freed)
+        with torch.cuda.device(device):
+            return torch.as_tensor(memory, device=f"cuda:{device}").view(dtype).view(shape)
+
+    def close(self) -> None:
+        """Frees the chunks (collective). Tensors from the pool become invalid."""
+        for c in self._chunks:
+            self._comm.free(c)
+        self._chunks.clear()
+        self._ranges = Ranges()
+        self._freed.clear()
+
+
+class FSDPAllGather(_FsdpAllGather):
+    """FSDP2's parameter all-gather on ferry: `allocate` hands out FSDP's
+    all-gather buffers from a SymmetricPool, and the call gathers in place
+    (FSDP copies each rank's shard into its slice of the output first), so
+    no SM takes part with the default table: copy engines move every byte.
+    Install it with `use_for_fsdp`, or `module.set_custom_all_gather(it)` on
+    each FSDP module. `options` (algo, local_copy, signals) go to every call."""
+
+    def __init__(self, comm: Communicator, pool: SymmetricPool = None, **options):
+        self.comm = comm
+        self.pool = pool if pool is not None else SymmetricPool(comm)
+        self.options = options
+        self.calls = 0
+
+    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        device = torch.device(device)
+        if device.type != "cuda" or (device.index is not None and device.index != self.comm.device):
+            raise InvalidArgumentError(
+                f"FSDPAllGather.allocate: device is {device}; expected cuda:{self.comm.device}, "
+                "this communicator's GPU"
+            )
+        return self.pool.empty(size, dtype)
+
+    def __call__(self, output_tensor, input_tensor, group=None, async_op: bool = False):
+        if group is not None and (group.size() != self.comm.world or group.rank() != self.comm.rank):
+            raise InvalidArgumentError(
+                f"FSDPAllGather: FSDP's group has {group.size()} ranks (this one rank {group.rank()}); "
+                f"the ferry communicator has {self.comm.world} (rank {self.comm.rank}): create it over "
+                "the same group (ferry.torch.communicator(group))"
+            )
+        self.comm.all_gather(output_tensor, input_tensor, **self.options)
+        self.calls += 1
+        # Ordered in the current stream: FSDP records its event there after this call.
+        return None
+
+
+def use_for_fsdp(module, comm: Communicator, **options) -> FSDPAllGather:
+    """Makes every FSDP2 module in `module` (after fully_shard) gather its
+    parameters with ferry, sharing one pool. Returns the FSDPAllGather.
+    Reduce-scatters stay with FSDP's default (NCCL)."""
+    gather = FSDPAllGather(comm, **options)
+    found = 0
+    for m in module.modules():
+        if hasattr(m, "set_custom_all_gather"):
+            m.set_custom_all_gather(gather)
+            found += 1
+    if not found:
+        raise InvalidArgumentError(
+            "use_for_fsdp: no FSDP2 module in `module` (call fully_shard first; PyTorch 2.7 or newer "
+            "has set_custom_all_gather)"
+        )
+    return gather

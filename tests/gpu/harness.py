@@ -34,3 +34,11 @@ def spawn(target, world: int, timeout: float = 600.0) -> dict:
         if p.is_alive():
             p.kill()
     return results
+
+
+def run_on_every_rank(worker, world: int, timeout: float = 600.0) -> None:
+    """Spawns `worker` on `world` GPUs; every rank must report and pass."""
+    results = spawn(worker, world, timeout=timeout)
+    assert len(results) == world, f"only ranks {sorted(results)} reported"
+    fails = [f for r in results.values() for f in r]
+    assert not fails, "\n".join(fails[:20])

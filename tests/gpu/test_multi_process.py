@@ -5,19 +5,11 @@ import _workers_prelaunch
 import _workers_sm
 import pytest
 from conftest import GPU_COUNT, worlds_to_test
-from harness import spawn
+from harness import run_on_every_rank, spawn
 
 pytestmark = pytest.mark.multigpu
 
 WORLDS = worlds_to_test(2, 4, GPU_COUNT)
-
-
-def run_on_every_rank(worker, world: int, timeout: float = 600.0) -> None:
-    """Spawns `worker` on `world` GPUs; every rank must report and pass."""
-    results = spawn(worker, world, timeout=timeout)
-    assert len(results) == world, f"only ranks {sorted(results)} reported"
-    fails = [f for r in results.values() for f in r]
-    assert not fails, "\n".join(fails[:20])
 
 
 @pytest.mark.parametrize("world", WORLDS)
