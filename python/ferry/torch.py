@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from .comm import Communicator
+from .comm import Communicator, _DeviceMemory
 from .errors import InvalidArgumentError
 from .ranges import Ranges, round_up
 
@@ -31,19 +31,13 @@ def communicator(group=None, timeout: float = 0.0) -> Communicator:
     return Communicator.from_torch(group, device=torch.cuda.current_device(), timeout=timeout)
 
 
-class _PoolRange:
+class _PoolRange(_DeviceMemory):
     """One range of a pool's chunk as __cuda_array_interface__. torch keeps
     this object alive as long as any tensor uses the memory; when it goes,
     the range is queued for reuse (taken up at the pool's next request)."""
 
-    def __init__(self, ptr: int, nbytes: int, spot, freed: collections.deque):
-        self.__cuda_array_interface__ = {
-            "shape": (nbytes,),
-            "typestr": "|u1",
-            "data": (ptr, False),
-            "version": 3,
-            "strides": None,
-        }
+    def __init__(self, ptr: int, nbytes: int, device: int, spot, freed: collections.deque):
+        super().__init__(ptr, nbytes, device)
         self._spot, self._freed = spot, freed
 
     def __del__(self):
@@ -108,7 +102,7 @@ class SymmetricPool:
             self._ranges.add_chunk(size)
             spot = self._ranges.allocate(nbytes, handle)
         chunk, offset = spot
-        memory = _PoolRange(self._chunks[chunk].data_ptr() + offset, nbytes, spot, self._freed)
+        memory = _PoolRange(self._chunks[chunk].data_ptr() + offset, nbytes, device, spot, self._freed)
         with torch.cuda.device(device):
             return torch.as_tensor(memory, device=f"cuda:{device}").view(dtype).view(shape)
 
