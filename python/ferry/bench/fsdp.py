@@ -8,7 +8,8 @@ thermal drift hit both alike), reduce-scatters on NCCL in both.
 Each configuration: a stack of bias-free Linear+GELU layers (hidden x hidden,
 fp32 parameters, bf16 compute), each layer its own FSDP unit, `tokens` rows
 per step. Reports the median step time per side (max over ranks), ferry /
-NCCL, and ferry's all-gathers per step."""
+NCCL, ferry's all-gathers per step, and the host's time to enqueue a step
+(close to the step time: the host sets the pace)."""
 
 from __future__ import annotations
 
@@ -36,15 +37,19 @@ def build(torch, fully_shard, mp, layers: int, hidden: int, dev, seed: int):
     return model, torch.optim.SGD(model.parameters(), lr=1e-4)
 
 
-def step_ms(torch, model, opt, x) -> float:
+def step_ms(torch, model, opt, x) -> tuple:
+    """(GPU ms, host ms to enqueue the step): the two close together mean the
+    host, not the GPU, sets the pace."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.perf_counter()
     start.record()
     model(x).float().pow(2).mean().backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
     end.record()
+    host = (time.perf_counter() - t0) * 1e3
     end.synchronize()
-    return start.elapsed_time(end)
+    return start.elapsed_time(end), host
 
 
 def run_config(torch, dist, comm, layers: int, hidden: int, tokens: int, steps: int, warmup: int) -> dict:
@@ -59,22 +64,26 @@ def run_config(torch, dist, comm, layers: int, hidden: int, tokens: int, steps: 
     gather = ferry.torch.use_for_fsdp(ferry_model, comm)
     x = torch.randn(tokens, hidden, device=dev)
     times = {"nccl": [], "ferry": []}
+    host = {"nccl": [], "ferry": []}
     for i in range(warmup + steps):
         for name, model, opt in (("nccl", nccl_model, nccl_opt), ("ferry", ferry_model, ferry_opt)):
             calls = gather.calls
-            t = step_ms(torch, model, opt, x)
+            t, h = step_ms(torch, model, opt, x)
             if i >= warmup:
                 times[name].append(t)
+                host[name].append(h)
             if name == "ferry":
                 per_step = gather.calls - calls
-    medians = {k: statistics.median(v) for k, v in times.items()}
     # The slowest rank's median decides (a step ends when every rank's does).
-    both = torch.tensor([medians["nccl"], medians["ferry"]], device=dev)
+    both = torch.tensor(
+        [statistics.median(v) for v in (times["nccl"], times["ferry"], host["nccl"], host["ferry"])],
+        device=dev,
+    )
     dist.all_reduce(both, op=dist.ReduceOp.MAX)
     gather.pool.close()
     del nccl_model, ferry_model, nccl_opt, ferry_opt
     torch.cuda.empty_cache()
-    nccl_ms, ferry_ms = both.tolist()
+    nccl_ms, ferry_ms, nccl_host_ms, ferry_host_ms = both.tolist()
     return dict(
         layers=layers,
         hidden=hidden,
@@ -84,6 +93,8 @@ def run_config(torch, dist, comm, layers: int, hidden: int, tokens: int, steps: 
         nccl_ms=nccl_ms,
         ferry_ms=ferry_ms,
         ratio=ferry_ms / nccl_ms,
+        nccl_host_ms=nccl_host_ms,
+        ferry_host_ms=ferry_host_ms,
         ferry_all_gathers_per_step=per_step,
         all_gather_bytes_per_rank=hidden * hidden * 2 // dist.get_world_size(),
     )
@@ -126,12 +137,13 @@ def main(argv=None) -> int:
             f"{args.warmup} warm-up + {args.steps} steps per side, ABAB",
             "",
             f"{'layers':>6} {'hidden':>6} {'tokens':>6} {'AG MB/rank':>10} {'NCCL ms':>8} {'ferry ms':>8} "
-            f"{'ferry/NCCL':>10} {'AG/step':>7}",
+            f"{'ferry/NCCL':>10} {'AG/step':>7} {'host ms: NCCL':>13} {'ferry':>6}",
         ]
         for r in rows:
             lines.append(
                 f"{r['layers']:>6} {r['hidden']:>6} {r['tokens']:>6} {r['all_gather_bytes_per_rank'] / 2**20:>10.0f} "
-                f"{r['nccl_ms']:>8.2f} {r['ferry_ms']:>8.2f} {r['ratio']:>10.3f} {r['ferry_all_gathers_per_step']:>7}"
+                f"{r['nccl_ms']:>8.2f} {r['ferry_ms']:>8.2f} {r['ratio']:>10.3f} {r['ferry_all_gathers_per_step']:>7} "
+                f"{r['nccl_host_ms']:>13.2f} {r['ferry_host_ms']:>6.2f}"
             )
         print("\n".join(lines))
         if args.out:
