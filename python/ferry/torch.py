@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from .comm import Communicator, _DeviceMemory
+from .comm import Communicator, _DeviceMemory, _stream_handle
 from .errors import InvalidArgumentError
 from .ranges import Ranges, round_up
 
@@ -68,6 +68,8 @@ class SymmetricPool:
         if chunk_bytes <= 0:
             raise InvalidArgumentError(f"SymmetricPool: chunk_bytes is {chunk_bytes}; expected > 0")
         self._comm = comm
+        self._device = comm.device
+        self._torch_device = torch.device("cuda", comm.device)
         self._chunk_bytes = round_up(chunk_bytes, 2 << 20)
         self._ranges = Ranges()
         self._chunks: list = []  # the chunks' tensors, from comm.alloc
@@ -89,11 +91,12 @@ class SymmetricPool:
     def empty(self, shape, dtype=torch.uint8, stream=None) -> torch.Tensor:
         """An uninitialized tensor from the pool, on the communicator's GPU.
         `stream` (default: the current one) is where it will first be used."""
+        # FSDP asks once per all-gather, on its critical host path: no torch
+        # Stream objects, no device switch (as_tensor reads the pointer's device).
         self._comm._check_open("SymmetricPool.empty")
         shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
         nbytes = math.prod(shape) * dtype.itemsize
-        device = self._comm.device
-        handle = (stream or torch.cuda.current_stream(device)).cuda_stream
+        handle = _stream_handle(stream, self._device)
         self._take_freed()
         spot = self._ranges.allocate(nbytes, handle)
         if spot is None:
@@ -102,9 +105,8 @@ class SymmetricPool:
             self._ranges.add_chunk(size)
             spot = self._ranges.allocate(nbytes, handle)
         chunk, offset = spot
-        memory = _PoolRange(self._chunks[chunk].data_ptr() + offset, nbytes, device, spot, self._freed)
-        with torch.cuda.device(device):
-            return torch.as_tensor(memory, device=f"cuda:{device}").view(dtype).view(shape)
+        memory = _PoolRange(self._chunks[chunk].data_ptr() + offset, nbytes, self._device, spot, self._freed)
+        return torch.as_tensor(memory, device=self._torch_device).view(dtype).view(shape)
 
     def close(self) -> None:
         """Frees the chunks (collective). Tensors from the pool become invalid."""
@@ -128,10 +130,11 @@ class FSDPAllGather(_FsdpAllGather):
         self.pool = pool if pool is not None else SymmetricPool(comm)
         self.options = options
         self.calls = 0
+        self._groups_checked: set = set()  # FSDP passes the same group every call
 
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        device = torch.device(device)
-        if device.type != "cuda" or (device.index is not None and device.index != self.comm.device):
+        device = device if isinstance(device, torch.device) else torch.device(device)
+        if device.type != "cuda" or (device.index is not None and device.index != self.pool._device):
             raise InvalidArgumentError(
                 f"FSDPAllGather.allocate: device is {device}; expected cuda:{self.comm.device}, "
                 "this communicator's GPU"
@@ -139,16 +142,21 @@ class FSDPAllGather(_FsdpAllGather):
         return self.pool.empty(size, dtype)
 
     def __call__(self, output_tensor, input_tensor, group=None, async_op: bool = False):
-        if group is not None and (group.size() != self.comm.world or group.rank() != self.comm.rank):
+        if group is not None and id(group) not in self._groups_checked:
+            self._check_group(group)
+        self.comm.all_gather(output_tensor, input_tensor, **self.options)
+        self.calls += 1
+        # Ordered in the current stream: FSDP records its event there after this call.
+        return None
+
+    def _check_group(self, group) -> None:
+        if group.size() != self.comm.world or group.rank() != self.comm.rank:
             raise InvalidArgumentError(
                 f"FSDPAllGather: FSDP's group has {group.size()} ranks (this one rank {group.rank()}); "
                 f"the ferry communicator has {self.comm.world} (rank {self.comm.rank}): create it over "
                 "the same group (ferry.torch.communicator(group))"
             )
-        self.comm.all_gather(output_tensor, input_tensor, **self.options)
-        self.calls += 1
-        # Ordered in the current stream: FSDP records its event there after this call.
-        return None
+        self._groups_checked.add(id(group))
 
 
 def use_for_fsdp(module, comm: Communicator, **options) -> FSDPAllGather:
