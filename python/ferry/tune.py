@@ -7,8 +7,8 @@ least the call's bytes per rank (the size the selector sees: an all_to_all's
 block, a reduce_scatter's output) wins. `signals` says who sends the copy-engine
 variants' two signal rounds: "auto" (the communicator's FERRY_SIGNALS; what
 the default "sm-free" table says), "copy" or "sm" (a one-block kernel per
-round, which `ferry tune --sm` may choose and the "latency" preset names). Everything here is pure and CPU-tested except
-`run`, which measures."""
+round, which `ferry tune --sm` may choose and the "latency" preset names).
+Everything here is pure and CPU-tested except `run`, which measures."""
 
 from __future__ import annotations
 
@@ -163,7 +163,7 @@ def select(rules: Iterable[Rule], op: str, world: int, nbytes: int) -> Optional[
 # The shipped tables per GPU model (ferry/tuning/*.json), one per preset:
 # "sm-free" (the default: copy engines only, so collectives beside compute
 # take no SM) and "latency" (the SM path and kernel signals where they are
-# faster: for collectives on the critical path, docs/api.md "Presets").
+# faster: for collectives on the critical path, docs/api.md "Tuning").
 PRESETS = ("sm-free", "latency")
 DEFAULT_PRESET = "sm-free"
 
