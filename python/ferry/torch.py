@@ -114,7 +114,9 @@ class SymmetricPool:
             self._comm.free(c)
         self._chunks.clear()
         self._ranges = Ranges()
-        self._freed.clear()
+        # Tensors that outlive the chunks still queue their ranges when they
+        # go: into the old queue, which nothing reads any more.
+        self._freed = collections.deque()
 
 
 class FSDPAllGather(_FsdpAllGather):

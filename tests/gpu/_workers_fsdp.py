@@ -61,6 +61,14 @@ def symmetric_pool(rank: int, world: int, port: int) -> list:
             fails.append(
                 f"rank {rank}: 50 equal requests grew the pool from {reserved} to {pool.bytes_reserved}"
             )
+        # A tensor that outlives close() is harmless to a pool used again.
+        survivor = pool.empty((1024,), torch.uint8)
+        pool.close()
+        del survivor
+        again = pool.empty((world * 8,), torch.uint8)
+        comm.all_gather(again, again[rank * 8 : (rank + 1) * 8])
+        comm.synchronize()
+        del again
     finally:
         pool.close()
         comm.close()
