@@ -1,7 +1,8 @@
 /* The C API end to end on every visible GPU (up to 8): all_gather and
  * all_to_all from unaligned inputs, a prepared all_gather triggered from the
  * host and from a stream step after step, an all_gather with its signal
- * rounds sent by a kernel (ferry_coll_options_t.signals), every output byte
+ * rounds sent by a kernel (ferry_coll_options_t.signals), one under a tuning
+ * table of its own (ferry_comm_set_tuning, ferry_comm_choose), every output byte
  * checked; then a call on an unregistered output and one with an options value
  * outside its enum, which must be refused with a message that says so. Two ways to run it:
  *
@@ -136,6 +137,37 @@ static void run_checks(ferry_comm_t comm) {
   CHECK_FERRY(ferry_all_gather(comm, outs, (const void* const*)in_blocks, n, streams, &kernel_signals));
   CHECK_FERRY(ferry_comm_synchronize(comm));
   check_outputs("all_gather, signals by kernel", total, gathered, n, 5);
+
+  /* A tuning table of our own (the shape of Python's "latency" preset): small
+   * all_gathers on the SM path, larger ones on copy engines with kernel signals. */
+  const ferry_tuning_rule_t latency[2] = {
+      {FERRY_OP_ALL_GATHER, 0, (size_t)1 << 20, FERRY_ALGO_SM, FERRY_SIGNALS_AUTO},
+      {FERRY_OP_ALL_GATHER, 0, SIZE_MAX, FERRY_ALGO_B2B, FERRY_SIGNALS_SM},
+  };
+  CHECK_FERRY(ferry_comm_set_tuning(comm, latency, 2));
+  ferry_algo_t algo;
+  ferry_signals_t signals;
+  CHECK_FERRY(ferry_comm_choose(comm, FERRY_OP_ALL_GATHER, n, &algo, &signals));
+  if (algo != FERRY_ALGO_SM) {
+    fprintf(stderr, "with the table, a %zu-byte all_gather chose algo %d, not the SM path\n", n, (int)algo);
+    ++wrong;
+  }
+  CHECK_FERRY(ferry_comm_choose(comm, FERRY_OP_ALL_GATHER, (size_t)4 << 20, &algo, &signals));
+  if (algo != FERRY_ALGO_B2B || signals != FERRY_SIGNALS_SM) {
+    fprintf(stderr, "with the table, a 4 MiB all_gather chose algo %d signals %d\n", (int)algo, (int)signals);
+    ++wrong;
+  }
+  fill_inputs(n, 6);
+  poison_outputs(total);
+  CHECK_FERRY(ferry_all_gather(comm, outs, (const void* const*)in_blocks, n, streams, NULL));
+  CHECK_FERRY(ferry_comm_synchronize(comm));
+  check_outputs("all_gather, own tuning table", total, gathered, n, 6);
+  CHECK_FERRY(ferry_comm_set_tuning(comm, NULL, 0)); /* back to the built-in default */
+  CHECK_FERRY(ferry_comm_choose(comm, FERRY_OP_ALL_GATHER, n, &algo, &signals));
+  if (algo == FERRY_ALGO_SM) {
+    fprintf(stderr, "the built-in default chose the SM path\n");
+    ++wrong;
+  }
 
   /* Prelaunch: prepared once, armed and triggered step after step. */
   ferry_call_t call;

@@ -197,6 +197,27 @@ FERRY_API ferry_result_t ferry_device_trigger(ferry_comm_t comm, int handle, int
 FERRY_API ferry_result_t ferry_wait(ferry_comm_t comm, int handle, const ferry_stream_t* streams);
 FERRY_API ferry_result_t ferry_release(ferry_comm_t comm, int handle);
 
+/* The selector's table, what "auto" runs: rules tried in order; the first whose
+ * op and world (0: any) match and whose max_bytes is at least the call's bytes
+ * per rank (all_to_all(v): one block; reduce_scatter: the output) wins. algo
+ * names a variant (not AUTO); FERRY_ALGO_SM rules are skipped for calls the SM
+ * path cannot take. signals: who sends that variant's two signal rounds (AUTO:
+ * FERRY_SIGNALS). n == 0 restores the built-in default (b2b up to 2 MiB, seq
+ * above). The tables ferry ships for Python (the JSON files in python/ferry/tuning: the
+ * SM-free default and the "latency" preset) are lists of such rules. */
+typedef struct {
+  ferry_op_t op;
+  int world;        /* 0: any world size */
+  size_t max_bytes; /* SIZE_MAX: no bound */
+  ferry_algo_t algo;
+  ferry_signals_t signals;
+} ferry_tuning_rule_t;
+FERRY_API ferry_result_t ferry_comm_set_tuning(ferry_comm_t comm, const ferry_tuning_rule_t* rules, size_t n);
+/* What a call of `op` with algo and signals AUTO runs at this size on `comm`:
+ * the variant, and FERRY_SIGNALS_COPY or FERRY_SIGNALS_SM. */
+FERRY_API ferry_result_t ferry_comm_choose(ferry_comm_t comm, ferry_op_t op, size_t bytes_per_rank, ferry_algo_t* algo,
+                                           ferry_signals_t* signals);
+
 /* Returns the first asynchronous error (a peer that timed out), or FERRY_SUCCESS. */
 FERRY_API ferry_result_t ferry_comm_check(ferry_comm_t comm);
 /* Waits, bounded by the communicator's timeout, until every collective enqueued

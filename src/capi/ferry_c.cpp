@@ -8,7 +8,14 @@
 #include "ferry/ferry.h"
 
 // The C enums are cast to ferry's: their values must agree.
-static_assert(FERRY_ALGO_SM == static_cast<int>(ferry::Algo::kSm), "ferry_algo_t");
+static_assert(FERRY_ALGO_PCPY == static_cast<int>(ferry::Algo::kPcpy) &&
+                  FERRY_ALGO_B2B == static_cast<int>(ferry::Algo::kB2b) &&
+                  FERRY_ALGO_SEQ == static_cast<int>(ferry::Algo::kSeq) &&
+                  FERRY_ALGO_SM == static_cast<int>(ferry::Algo::kSm),
+              "ferry_algo_t");
+static_assert(FERRY_OP_ALL_GATHER == static_cast<int>(ferry::CollOp::kAllGather) &&
+                  FERRY_OP_ALL_REDUCE == static_cast<int>(ferry::CollOp::kAllReduce),
+              "ferry_op_t");
 static_assert(FERRY_LOCAL_COPY_PEER == static_cast<int>(ferry::LocalCopy::kPeer), "ferry_local_copy_t");
 static_assert(FERRY_SIGNALS_COPY == static_cast<int>(ferry::Signals::kCopy) &&
                   FERRY_SIGNALS_SM == static_cast<int>(ferry::Signals::kKernel),
@@ -86,6 +93,26 @@ ferry::CollectiveArgs call_args(ferry::Communicator& c, const ferry_call_t* call
                     "call->red_op is not a ferry_red_op_t");
   }
   return a;
+}
+
+// Checked before the communicator is looked at, so that the checks run (and
+// are tested) without a GPU. Each refusal names the rule and its field.
+std::vector<ferry::SelectorRule> selector_rules(const ferry_tuning_rule_t* rules, size_t n) {
+  FERRY_ARG_CHECK(rules || n == 0, "rules is NULL and n is " + std::to_string(n));
+  std::vector<ferry::SelectorRule> t;
+  for (size_t i = 0; i < n; ++i) {
+    const ferry_tuning_rule_t& r = rules[i];
+    const std::string at = "rules[" + std::to_string(i) + "]";
+    FERRY_ARG_CHECK(r.op >= FERRY_OP_ALL_GATHER && r.op <= FERRY_OP_ALL_REDUCE, at + ".op is not a ferry_op_t");
+    FERRY_ARG_CHECK(r.world >= 0, at + ".world is " + std::to_string(r.world) + "; expected 0 (any) or a world size");
+    FERRY_ARG_CHECK(r.algo >= FERRY_ALGO_PCPY && r.algo <= FERRY_ALGO_SM,
+                    at + ".algo must name a variant (FERRY_ALGO_PCPY, _B2B, _SEQ or _SM), not AUTO");
+    FERRY_ARG_CHECK(r.signals >= FERRY_SIGNALS_AUTO && r.signals <= FERRY_SIGNALS_SM,
+                    at + ".signals is not a ferry_signals_t");
+    t.push_back({static_cast<ferry::CollOp>(r.op), r.world, r.max_bytes, static_cast<ferry::Algo>(r.algo),
+                 static_cast<ferry::Signals>(r.signals)});
+  }
+  return t;
 }
 
 std::vector<cudaStream_t> stream_list(ferry::Communicator& c, const ferry_stream_t* streams) {
@@ -207,6 +234,24 @@ ferry_result_t ferry_comm_deregister(ferry_comm_t comm, void* const* ptrs) {
   return guarded([&] {
     FERRY_ARG_CHECK(ptrs, "ptrs must not be NULL");
     get(comm).deregister(std::vector<void*>(ptrs, ptrs + get(comm).local_count()));
+  });
+}
+
+ferry_result_t ferry_comm_set_tuning(ferry_comm_t comm, const ferry_tuning_rule_t* rules, size_t n) {
+  return guarded([&] {
+    auto table = selector_rules(rules, n);
+    get(comm).set_selector_table(table);
+  });
+}
+
+ferry_result_t ferry_comm_choose(ferry_comm_t comm, ferry_op_t op, size_t bytes_per_rank, ferry_algo_t* algo,
+                                 ferry_signals_t* signals) {
+  return guarded([&] {
+    FERRY_ARG_CHECK(algo && signals, "algo and signals must not be NULL");
+    FERRY_ARG_CHECK(op >= FERRY_OP_ALL_GATHER && op <= FERRY_OP_ALL_REDUCE, "op is not a ferry_op_t");
+    const ferry::Communicator::Resolved r = get(comm).choose(static_cast<ferry::CollOp>(op), bytes_per_rank);
+    *algo = static_cast<ferry_algo_t>(r.algo);
+    *signals = r.kernel_signals ? FERRY_SIGNALS_SM : FERRY_SIGNALS_COPY;
   });
 }
 

@@ -61,3 +61,31 @@ TEST(CApi, NullArgumentsAreNamed) {
   EXPECT_EQ(ferry_device_trigger(nullptr, 1, 0, &trig), FERRY_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(ferry_release(nullptr, 1), FERRY_ERROR_INVALID_ARGUMENT);
 }
+
+TEST(CApi, TuningRulesAreCheckedAndTheBadOneNamed) {
+  auto refused = [](const ferry_tuning_rule_t* rules, size_t n, const char* needle) {
+    EXPECT_EQ(ferry_comm_set_tuning(nullptr, rules, n), FERRY_ERROR_INVALID_ARGUMENT) << needle;
+    EXPECT_NE(std::string(ferry_last_error()).find(needle), std::string::npos) << ferry_last_error();
+  };
+  const ferry_tuning_rule_t good = {FERRY_OP_ALL_GATHER, 0, size_t(1) << 20, FERRY_ALGO_SM, FERRY_SIGNALS_AUTO};
+  ferry_tuning_rule_t rules[2] = {good, good};
+  rules[1].algo = FERRY_ALGO_AUTO;
+  refused(rules, 2, "rules[1].algo must name a variant");
+  rules[1] = good;
+  rules[1].op = static_cast<ferry_op_t>(9);
+  refused(rules, 2, "rules[1].op is not a ferry_op_t");
+  rules[1] = good;
+  rules[1].world = -2;
+  refused(rules, 2, "rules[1].world is -2");
+  rules[1] = good;
+  rules[1].signals = static_cast<ferry_signals_t>(5);
+  refused(rules, 2, "rules[1].signals");
+  refused(nullptr, 3, "rules is NULL and n is 3");
+  // Good rules (and the empty table, the built-in default) get as far as the communicator.
+  refused(rules, 1, "comm");
+  refused(nullptr, 0, "comm");
+  ferry_algo_t algo;
+  ferry_signals_t signals;
+  EXPECT_EQ(ferry_comm_choose(nullptr, FERRY_OP_ALL_GATHER, 4096, &algo, &signals), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("comm"), std::string::npos);
+}
