@@ -17,6 +17,7 @@ import ferry.torch
 import torch
 import torch.distributed as dist
 from ferry.bench.fsdp import build
+from python_overhead import per_call_us  # the same timing loop as the Python-layer probe
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 local = int(os.environ["LOCAL_RANK"])
@@ -71,15 +72,6 @@ if dist.get_rank() == 0:
     print(
         f"pool reserved {gather.pool.bytes_reserved >> 20} MiB, in use {gather.pool.bytes_in_use >> 20} MiB"
     )
-
-
-def per_call_us(fn, n=2000) -> float:
-    for _ in range(100):
-        fn()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    return (time.perf_counter() - t0) / n * 1e6
 
 
 # The pieces of one all-gather's host path, alone (no FSDP around them).

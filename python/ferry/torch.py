@@ -20,7 +20,7 @@ from .comm import Communicator, _DeviceMemory, _stream_handle
 from .errors import InvalidArgumentError
 from .ranges import Ranges, round_up
 
-try:  # FSDP2's interface for a custom all-gather (PyTorch 2.7 and newer)
+try:  # FSDP2's interface for a custom all-gather (tested with PyTorch 2.11)
     from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather as _FsdpAllGather
 except ImportError:  # older PyTorch: duck-typed, set_custom_all_gather does not exist there anyway
     _FsdpAllGather = object
@@ -173,7 +173,7 @@ def use_for_fsdp(module, comm: Communicator, **options) -> FSDPAllGather:
             found += 1
     if not found:
         raise InvalidArgumentError(
-            "use_for_fsdp: no FSDP2 module in `module` (call fully_shard first; PyTorch 2.7 or newer "
-            "has set_custom_all_gather)"
+            "use_for_fsdp: no FSDP2 module in `module` (call fully_shard first; FSDP2 modules "
+            "of a PyTorch that has set_custom_all_gather)"
         )
     return gather

@@ -21,7 +21,7 @@ import statistics
 import sys
 import time
 
-SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+from .collectives import SAFE_ENV
 
 
 def build(torch, fully_shard, mp, layers: int, hidden: int, dev, seed: int):
@@ -67,13 +67,10 @@ def run_config(torch, dist, comm, layers: int, hidden: int, tokens: int, steps: 
     host = {"nccl": [], "ferry": []}
     for i in range(warmup + steps):
         for name, model, opt in (("nccl", nccl_model, nccl_opt), ("ferry", ferry_model, ferry_opt)):
-            calls = gather.calls
             t, h = step_ms(torch, model, opt, x)
             if i >= warmup:
                 times[name].append(t)
                 host[name].append(h)
-            if name == "ferry":
-                per_step = gather.calls - calls
     # The slowest rank's median decides (a step ends when every rank's does).
     both = torch.tensor(
         [statistics.median(v) for v in (times["nccl"], times["ferry"], host["nccl"], host["ferry"])],
@@ -95,7 +92,7 @@ def run_config(torch, dist, comm, layers: int, hidden: int, tokens: int, steps: 
         ratio=ferry_ms / nccl_ms,
         nccl_host_ms=nccl_host_ms,
         ferry_host_ms=ferry_host_ms,
-        ferry_all_gathers_per_step=per_step,
+        ferry_all_gathers_per_step=gather.calls // (warmup + steps),
         all_gather_bytes_per_rank=hidden * hidden * 2 // dist.get_world_size(),
     )
 
