@@ -243,8 +243,8 @@ def main(argv=None) -> int:
     b.add_argument(
         "--overlap-op",
         default="all_gather",
-        choices=("all_gather", "all_to_all"),
-        help="the collective beside the GEMMs",
+        choices=("all_gather", "all_to_all", "all_to_allv", "broadcast", "reduce_scatter", "all_reduce"),
+        help="the collective beside the GEMMs (bytes per rank as in the sweep: reduce_scatter's input)",
     )
     b.add_argument("--overlap-reps", type=int, default=7, help="alternating alone/beside measurements")
     b.add_argument(

@@ -15,6 +15,36 @@ size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
 std::string bytes_str(size_t b) { return std::to_string(b) + " bytes"; }
 
+// All-reduce's blocks start at multiples of this (split_blocks), so that a
+// 16-byte aligned buffer gives the reduction aligned blocks.
+constexpr size_t kReduceUnitBytes = 16;
+
+// Reduce-scatter's data movement and reduction, in rounds (reduce_round_bytes):
+// round j pushes bytes [begin, begin + len) of every peer's block into that
+// peer's slot for this rank, then reduces the same bytes of this rank's block
+// into `result`. Every round's reduction but the last runs beside the next
+// round's pushes. `blocks`: the block each rank ends with, as parts of `in`.
+void add_reduce_scatter(Program& program, int rank, const std::vector<Block>& blocks, const char* in, char* result,
+                        const std::vector<char*>& scratch_by_rank, size_t slot_stride, const CollectiveArgs& a) {
+  const int world = static_cast<int>(blocks.size());
+  const size_t largest = largest_block(blocks);
+  const auto forced = static_cast<size_t>(std::max<long long>(0, knob_int("FERRY_REDUCE_ROUND_BYTES")));
+  const auto rounds = plan_rounds(largest, reduce_round_bytes(largest, forced));
+  for (size_t j = 0; j < rounds.size(); ++j) {
+    std::vector<Block> part;
+    std::vector<char*> slots;
+    for (int p = 0; p < world; ++p) {
+      part.push_back(block_round(blocks[p], rounds[j]));
+      slots.push_back(scratch_by_rank[p] + rounds[j].begin);
+    }
+    program.add_exchange(plan_scatter_to_scratch(rank, world, slots, in, part, slot_stride));
+    const Block& mine = part[rank];
+    program.add_reduce(ReduceStep{result + rounds[j].begin, in + mine.offset, slots[rank], slot_stride, rank, world,
+                                  mine.bytes / dtype_bytes(a.dtype), a.dtype, a.red_op},
+                       j + 1 < rounds.size());
+  }
+}
+
 }  // namespace
 
 size_t Communicator::selection_bytes(const CollectiveArgs& a) const {
@@ -134,7 +164,7 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
   } else if (a.op == CollOp::kReduceScatter) {
     slot_stride = scratch_slot_stride(shape);
   } else if (a.op == CollOp::kAllReduce) {
-    slot_stride = scratch_slot_stride(largest_block(split_blocks(a.count, esize, world_)));
+    slot_stride = scratch_slot_stride(largest_block(split_blocks(a.count, esize, world_, kReduceUnitBytes)));
   }
 
   // all_to_all(v) out of place: the own block may bounce through the next
@@ -260,7 +290,7 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
               plan_all_to_all(r, world_, out_by_rank, in, shape, bounce_bytes ? &scratch_by_rank : nullptr));
           break;
         }
-        for (const auto& round : plan_in_place_rounds(shape, chunk)) {
+        for (const auto& round : plan_rounds(shape, chunk)) {
           b.program.add_exchange(plan_in_place_round(r, world_, scratch_by_rank, o, shape, round, slot_stride));
           b.program.add_unpack(plan_in_place_unpack(r, world_, o, scratch_by_rank[r], shape, round, slot_stride));
         }
@@ -275,16 +305,12 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
       case CollOp::kReduceScatter: {
         std::vector<Block> blocks;
         for (int p = 0; p < world_; ++p) blocks.push_back(Block{static_cast<size_t>(p) * shape, shape});
-        b.program.add_exchange(plan_scatter_to_scratch(r, world_, scratch_by_rank, in, blocks, slot_stride));
-        b.program.add_reduce(ReduceStep{o, in + blocks[r].offset, scratch_by_rank[r], slot_stride, r, world_, a.count,
-                                        a.dtype, a.red_op});
+        add_reduce_scatter(b.program, r, blocks, in, o, scratch_by_rank, slot_stride, a);
         break;
       }
       case CollOp::kAllReduce: {
-        auto blocks = split_blocks(a.count, esize, world_);
-        b.program.add_exchange(plan_scatter_to_scratch(r, world_, scratch_by_rank, in, blocks, slot_stride));
-        b.program.add_reduce(ReduceStep{o + blocks[r].offset, in + blocks[r].offset, scratch_by_rank[r], slot_stride, r,
-                                        world_, blocks[r].bytes / esize, a.dtype, a.red_op});
+        auto blocks = split_blocks(a.count, esize, world_, kReduceUnitBytes);
+        add_reduce_scatter(b.program, r, blocks, in, o + blocks[r].offset, scratch_by_rank, slot_stride, a);
         b.program.add_exchange(plan_gather_blocks(r, world_, out_by_rank, blocks));
         break;
       }

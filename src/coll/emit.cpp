@@ -28,7 +28,19 @@ void Communicator::emit(int local, const Built& b, const Emission& e) {
   size_t exchanges = 0;
   for (const auto& step : b.program.steps) exchanges += step.kind == Step::Kind::kExchange;
   size_t k = 0;
+  // Reductions running on the side stream beside the next round's exchange.
+  bool side_busy = false;
   for (const auto& step : b.program.steps) {
+    if (step.beside_next) {
+      L.engines->order(s, L.engines->side());
+      launch_reduce(step.reduce, L.engines->side());
+      side_busy = true;
+      continue;
+    }
+    if (side_busy && step.kind != Step::Kind::kExchange) {
+      L.engines->order(L.engines->side(), s);
+      side_busy = false;
+    }
     switch (step.kind) {
       case Step::Kind::kExchange:
         emit_exchange(local, step.exchange, b, s, e, k == 0, k + 1 == exchanges);
@@ -51,6 +63,7 @@ void Communicator::emit(int local, const Built& b, const Emission& e) {
         break;
     }
   }
+  if (side_busy) L.engines->order(L.engines->side(), s);
   if (own_stream) L.engines->order(s, e.stream);
 }
 

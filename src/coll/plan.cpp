@@ -157,22 +157,38 @@ Exchange plan_scatter_to_scratch(int rank, int world, const std::vector<char*>& 
   return x;
 }
 
-std::vector<Block> split_blocks(size_t count, size_t element_bytes, int world) {
+std::vector<Block> split_blocks(size_t count, size_t element_bytes, int world, size_t unit_bytes) {
+  // Elements per unit: a whole number of elements, at least one.
+  const size_t unit = std::max<size_t>(1, unit_bytes / element_bytes);
+  const size_t units = count / unit, base = units / world, extra = units % world;
   std::vector<Block> out;
-  size_t base = count / world, extra = count % world, at = 0;
+  size_t at = 0;
   for (int r = 0; r < world; ++r) {
-    size_t n = base + (static_cast<size_t>(r) < extra ? 1 : 0);
+    size_t n = (base + (static_cast<size_t>(r) < extra ? 1 : 0)) * unit;
+    if (r == world - 1) n = count - at;
     out.push_back(Block{at * element_bytes, n * element_bytes});
     at += n;
   }
   return out;
 }
 
-std::vector<InPlaceRound> plan_in_place_rounds(size_t bytes_per_rank, size_t chunk_bytes) {
-  std::vector<InPlaceRound> out;
+Block block_round(const Block& b, const Round& r) {
+  const size_t begin = std::min(r.begin, b.bytes);
+  return Block{b.offset + begin, std::min(r.len, b.bytes - begin)};
+}
+
+size_t reduce_round_bytes(size_t block_bytes, size_t forced) {
+  if (forced > 0) return (forced + 255) / 256 * 256;
+  if (block_bytes < 2 * kReduceRoundMinBytes) return block_bytes;
+  const size_t rounds = std::min(kReduceMaxRounds, block_bytes / kReduceRoundMinBytes);
+  return ((block_bytes + rounds - 1) / rounds + 255) / 256 * 256;
+}
+
+std::vector<Round> plan_rounds(size_t bytes_per_rank, size_t chunk_bytes) {
+  std::vector<Round> out;
   if (chunk_bytes == 0) chunk_bytes = bytes_per_rank;
   for (size_t b = 0; b < bytes_per_rank; b += chunk_bytes)
-    out.push_back(InPlaceRound{b, std::min(chunk_bytes, bytes_per_rank - b)});
+    out.push_back(Round{b, std::min(chunk_bytes, bytes_per_rank - b)});
   return out;
 }
 
@@ -189,7 +205,7 @@ size_t largest_block(const std::vector<Block>& blocks) {
 }
 
 Exchange plan_in_place_round(int rank, int world, const std::vector<char*>& scratch_by_rank, const char* buf,
-                             size_t bytes_per_rank, const InPlaceRound& round, size_t slot_stride) {
+                             size_t bytes_per_rank, const Round& round, size_t slot_stride) {
   Exchange x;
   x.targets = x.sources = all_peers_but(rank, world);
   for (int p : x.targets)
@@ -199,7 +215,7 @@ Exchange plan_in_place_round(int rank, int world, const std::vector<char*>& scra
 }
 
 std::vector<Copy> plan_in_place_unpack(int rank, int world, char* buf, const char* scratch, size_t bytes_per_rank,
-                                       const InPlaceRound& round, size_t slot_stride) {
+                                       const Round& round, size_t slot_stride) {
   std::vector<Copy> out;
   for (int q : cyclic_peers(rank, world))
     out.push_back(Copy{buf + static_cast<size_t>(q) * bytes_per_rank + round.begin,

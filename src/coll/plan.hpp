@@ -90,18 +90,37 @@ Exchange plan_gather_blocks(int rank, int world, const std::vector<char*>& out_b
 Exchange plan_scatter_to_scratch(int rank, int world, const std::vector<char*>& scratch_by_rank, const char* in,
                                  const std::vector<Block>& blocks, size_t slot_stride);
 
-// Reduce-scatter and all-reduce cut `count` elements into one block per rank,
-// in element units, as even as possible (earlier ranks take the remainder).
-std::vector<Block> split_blocks(size_t count, size_t element_bytes, int world);
+// All-reduce cuts `count` elements into one block per rank, as even as
+// possible in units of `unit_bytes` (earlier ranks take the extra units, the
+// last rank the elements short of a unit). A 16-byte unit keeps every block's
+// start as aligned as the buffer's, which the reduction kernel's vector loads need.
+std::vector<Block> split_blocks(size_t count, size_t element_bytes, int world, size_t unit_bytes = 0);
 
-// In-place all-to-all in rounds through a bounded scratch: in round j every rank
-// pushes chunk [begin, begin + len) of its block for p into slot `rank` of p's
-// scratch; after the round each rank unpacks its slots into its own buffer.
-struct InPlaceRound {
+// A collective in rounds: round j moves bytes [begin, begin + len) of every
+// block. In-place all-to-all goes through a bounded scratch this way (in round j
+// every rank pushes that chunk of its block for p into slot `rank` of p's
+// scratch, then unpacks its own slots); reduce-scatter and all-reduce reduce
+// round j while the copy engines move round j + 1 (reduce_round_bytes).
+struct Round {
   size_t begin;
   size_t len;
 };
-std::vector<InPlaceRound> plan_in_place_rounds(size_t bytes_per_rank, size_t chunk_bytes);
+// Rounds of at most `chunk_bytes` (0: one round) covering `bytes_per_rank`.
+std::vector<Round> plan_rounds(size_t bytes_per_rank, size_t chunk_bytes);
+// The part of `b` that round `r` moves (empty, at the block's end, when the
+// block is shorter than the round's start: blocks may differ in size).
+Block block_round(const Block& b, const Round& r);
+// The round of a reduce-scatter whose largest block (one rank's result) is
+// `block_bytes`: the whole block below kReduceRoundMinBytes, else about
+// block / rounds with rounds = block / kReduceRoundMinBytes, at most
+// kReduceMaxRounds, in 256-byte multiples (every element type divides them).
+// Each round adds one ready and one done signal round (10-15 us each on H200);
+// pipelining saves all but the last round's reduction (at about 2.5 TB/s of
+// HBM traffic: 3 bytes moved per result byte on 2 GPUs). `forced` > 0 (the
+// FERRY_REDUCE_ROUND_BYTES knob, for measurements) replaces the rule.
+inline constexpr size_t kReduceRoundMinBytes = size_t(64) << 20;
+inline constexpr size_t kReduceMaxRounds = 4;
+size_t reduce_round_bytes(size_t block_bytes, size_t forced = 0);
 // The chunk of each block an in-place round moves: as much as fits when every
 // peer's slot must fit in `scratch_cap` bytes, at least 1, at most the block.
 size_t in_place_chunk(size_t bytes_per_rank, int world, size_t scratch_cap);
@@ -110,9 +129,9 @@ size_t in_place_chunk(size_t bytes_per_rank, int world, size_t scratch_cap);
 size_t scratch_slot_stride(size_t slot_bytes);
 size_t largest_block(const std::vector<Block>& blocks);
 Exchange plan_in_place_round(int rank, int world, const std::vector<char*>& scratch_by_rank, const char* buf,
-                             size_t bytes_per_rank, const InPlaceRound& round, size_t slot_stride);
+                             size_t bytes_per_rank, const Round& round, size_t slot_stride);
 std::vector<Copy> plan_in_place_unpack(int rank, int world, char* buf, const char* scratch, size_t bytes_per_rank,
-                                       const InPlaceRound& round, size_t slot_stride);
+                                       const Round& round, size_t slot_stride);
 
 // all_to_all(v) sends the own block nowhere, so there is nothing to read
 // back; with a bounce area on every rank (ferry's scratch) the own block is

@@ -11,10 +11,11 @@ void Program::add_exchange(Exchange x) {
   steps.push_back(std::move(s));
 }
 
-void Program::add_reduce(const ReduceStep& r) {
+void Program::add_reduce(const ReduceStep& r, bool beside_next) {
   Step s;
   s.kind = Step::Kind::kReduce;
   s.reduce = r;
+  s.beside_next = beside_next;
   steps.push_back(std::move(s));
 }
 

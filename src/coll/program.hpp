@@ -20,6 +20,10 @@ struct Step {
   ReduceStep reduce{};       // kReduce: an SM kernel
   std::vector<Copy> unpack;  // kUnpack: local copy-engine copies (in-place all-to-all)
   OneShotStep one_shot;      // kOneShot: the whole collective as one SM kernel (algo "sm")
+  // kReduce: runs on a side stream after everything before it, so that the
+  // next round's exchange goes on meanwhile. The next step that is not an
+  // exchange, and the end of the call, wait for the side stream.
+  bool beside_next = false;
 };
 
 struct Program {
@@ -29,7 +33,7 @@ struct Program {
   uint64_t sources_mask = 0;
 
   void add_exchange(Exchange x);
-  void add_reduce(const ReduceStep& r);
+  void add_reduce(const ReduceStep& r, bool beside_next = false);
   void add_unpack(std::vector<Copy> copies);
   // Every peer both writes into this rank's window and is written to.
   void add_one_shot(const OneShotStep& o);

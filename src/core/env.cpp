@@ -34,6 +34,9 @@ const std::vector<Knob>& knobs() {
       {"FERRY_SHARED_GPUS", "int", "0",
        "1 (testing only): ferry.init_local may list a GPU more than once, so that the logic of a larger world runs "
        "on fewer GPUs; ranks of one GPU copy to each other on SMs, give each rank its own stream"},
+      {"FERRY_REDUCE_ROUND_BYTES", "int", "0",
+       "bytes of each rank's result per round of reduce_scatter and all_reduce (the reduction of one round runs "
+       "while the copy engines move the next); 0: ferry's rule (one round below 128 MB, then up to 4)"},
       {"FERRY_SCRATCH_BYTES", "int", "67108864",
        "bound on the scratch an in-place all_to_all uses per rank (it runs in rounds of scratch / world bytes)"},
       {"FERRY_SIGNALS", "string", "copy",

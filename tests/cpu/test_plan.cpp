@@ -289,6 +289,99 @@ TEST(Plan, AllReduceDataMovementReachesEveryRank) {
     for (unsigned char v : out[r]) EXPECT_EQ(v, 1 + 2 + 3 + 4);
 }
 
+TEST(Plan, AllReduceInRoundsWithAlignedBlocks) {
+  // The shape collectives.cpp builds: blocks in 16-byte units, then per round
+  // a scatter of every block's part into the slots and a "reduction" of this
+  // rank's part; a gather at the end. Uneven blocks, so the last round of a
+  // short block is empty; every byte checked.
+  for (int world : {2, 3, 4}) {
+    const size_t count = 1003, es = 4, round_bytes = 512;
+    auto blocks = split_blocks(count, es, world, 16);
+    for (const auto& b : blocks) EXPECT_EQ(b.offset % 16, 0u);
+    const size_t stride = scratch_slot_stride(largest_block(blocks));
+    std::vector<std::vector<unsigned char>> in(world), out(world), scr(world);
+    auto ins = fake_buffers(world, 2), outs = fake_buffers(world, 3), scrs = fake_buffers(world, 4);
+    Sim sim;
+    for (int r = 0; r < world; ++r) {
+      in[r].resize(count * es);
+      for (size_t i = 0; i < in[r].size(); ++i) in[r][i] = static_cast<unsigned char>(r * 31 + i * 7);
+      out[r].assign(count * es, 0);
+      scr[r].assign(stride * world, 0);
+      sim.add(ins[r], &in[r]);
+      sim.add(outs[r], &out[r]);
+      sim.add(scrs[r], &scr[r]);
+    }
+    const auto rounds = plan_rounds(largest_block(blocks), round_bytes);
+    ASSERT_EQ(rounds.size(), (largest_block(blocks) + round_bytes - 1) / round_bytes);
+    for (const auto& round : rounds) {
+      std::vector<Block> part;
+      std::vector<char*> slots;
+      for (int p = 0; p < world; ++p) {
+        part.push_back(block_round(blocks[p], round));
+        slots.push_back(scrs[p] + round.begin);
+      }
+      for (int r = 0; r < world; ++r)
+        for (const auto& pc : plan_scatter_to_scratch(r, world, slots, ins[r], part, stride).pushes) sim.run(pc.copy);
+      for (int r = 0; r < world; ++r)
+        for (size_t i = 0; i < part[r].bytes; ++i) {
+          unsigned sum = in[r][part[r].offset + i];
+          for (int p = 0; p < world; ++p)
+            if (p != r) sum += scr[r][p * stride + round.begin + i];
+          out[r][part[r].offset + i] = static_cast<unsigned char>(sum);
+        }
+    }
+    for (int r = 0; r < world; ++r)
+      for (const auto& pc : plan_gather_blocks(r, world, outs, blocks).pushes) sim.run(pc.copy);
+    for (int r = 0; r < world; ++r)
+      for (size_t i = 0; i < count * es; ++i) {
+        unsigned sum = 0;
+        for (int p = 0; p < world; ++p) sum += in[p][i];
+        ASSERT_EQ(out[r][i], static_cast<unsigned char>(sum)) << "world " << world << " rank " << r << " byte " << i;
+      }
+  }
+}
+
+TEST(Plan, SplitBlocksInUnitsKeepBlockStartsAligned) {
+  for (size_t es : {2ul, 4ul, 8ul})
+    for (size_t count : {1ul, 7ul, 100ul, 1000003ul})
+      for (int world : {2, 3, 8}) {
+        auto b = split_blocks(count, es, world, 16);
+        size_t at = 0;
+        for (const auto& x : b) {
+          EXPECT_EQ(x.offset, at);
+          EXPECT_EQ(x.offset % 16, 0u) << "count " << count << " es " << es << " world " << world;
+          at += x.bytes;
+        }
+        EXPECT_EQ(at, count * es);
+        // As even as the unit allows: within one unit plus the short tail.
+        EXPECT_LE(largest_block(b), (count * es / world + 16) / 16 * 16 + 16);
+      }
+}
+
+TEST(Plan, ReduceRoundsPipelineOnlyLargeBlocks) {
+  const size_t MiB = size_t(1) << 20;
+  EXPECT_EQ(reduce_round_bytes(1000), 1000u);           // one round
+  EXPECT_EQ(reduce_round_bytes(127 * MiB), 127 * MiB);  // still one
+  EXPECT_EQ(reduce_round_bytes(128 * MiB), 64 * MiB);   // two
+  EXPECT_EQ(reduce_round_bytes(512 * MiB), 128 * MiB);  // at most four
+  EXPECT_EQ(reduce_round_bytes(2048 * MiB), 512 * MiB);
+  EXPECT_EQ(reduce_round_bytes(1000, 300), 512u);  // forced, in 256-byte multiples
+  for (size_t block : {129 * MiB + 3, 300 * MiB + 1, 1000 * MiB + 7}) {
+    const size_t r = reduce_round_bytes(block);
+    EXPECT_EQ(r % 256, 0u);
+    const auto rounds = plan_rounds(block, r);
+    EXPECT_GE(rounds.size(), 2u);
+    EXPECT_LE(rounds.size(), kReduceMaxRounds);
+    EXPECT_EQ(rounds.back().begin + rounds.back().len, block);
+  }
+  // A block shorter than a round's start gives an empty part at its end.
+  const Block b{4096, 100};
+  EXPECT_EQ(block_round(b, Round{0, 64}).offset, 4096u);
+  EXPECT_EQ(block_round(b, Round{64, 64}).bytes, 36u);
+  EXPECT_EQ(block_round(b, Round{128, 64}).bytes, 0u);
+  EXPECT_EQ(block_round(b, Round{128, 64}).offset, 4196u);
+}
+
 TEST(Plan, InPlaceAllToAllInRoundsThroughBoundedScratch) {
   const int world = 3;
   const size_t bytes = 1000, chunk = 300, stride = 320;
@@ -307,7 +400,7 @@ TEST(Plan, InPlaceAllToAllInRoundsThroughBoundedScratch) {
     for (int s = 0; s < world; ++s)
       std::copy(buf[s].begin() + d * bytes, buf[s].begin() + (d + 1) * bytes, want[d].begin() + s * bytes);
   }
-  auto rounds = plan_in_place_rounds(bytes, chunk);
+  auto rounds = plan_rounds(bytes, chunk);
   ASSERT_EQ(rounds.size(), 4u);
   for (const auto& round : rounds) {
     // Every rank pushes (the done handshake), then every rank unpacks.

@@ -63,14 +63,18 @@ Call make_call(int kind, int world, int root, size_t size) {
       case 2:
         p.add_exchange(plan_broadcast(r, world, root, bufs, bufs[r], size));
         break;
-      case 3: {  // all_reduce: scatter, reduce, gather
-        auto blocks = split_blocks(size, 4, world);
-        p.add_exchange(plan_scatter_to_scratch(r, world, bufs, bufs[r], blocks, 256));
+      case 3: {  // all_reduce: scatter and reduce in two rounds, gather
+        auto blocks = split_blocks(size, 4, world, 16);
+        for (const auto& round : plan_rounds(largest_block(blocks), (largest_block(blocks) + 1) / 2)) {
+          std::vector<Block> part;
+          for (const auto& b : blocks) part.push_back(block_round(b, round));
+          p.add_exchange(plan_scatter_to_scratch(r, world, bufs, bufs[r], part, 256));
+        }
         p.add_exchange(plan_gather_blocks(r, world, bufs, blocks));
         break;
       }
       case 4:  // in-place all_to_all in three rounds
-        for (const auto& round : plan_in_place_rounds(3 * size, size))
+        for (const auto& round : plan_rounds(3 * size, size))
           p.add_exchange(plan_in_place_round(r, world, bufs, bufs[r], 3 * size, round, size));
         break;
       default: {  // broadcast from another root with the same size: another value

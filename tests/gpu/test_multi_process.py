@@ -2,6 +2,7 @@
 
 import _workers
 import _workers_prelaunch
+import _workers_reduce
 import _workers_sm
 import pytest
 from conftest import GPU_COUNT, worlds_to_test
@@ -37,6 +38,11 @@ def test_peer_that_dies_yields_a_bounded_error():
 @pytest.mark.parametrize("world", WORLDS)
 def test_more_collectives_byte_exact(world):
     run_on_every_rank(_workers.more_collectives, world, timeout=300)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_reductions_in_rounds_byte_exact(world):
+    run_on_every_rank(_workers_reduce.reductions_in_rounds, world, timeout=300)
 
 
 @pytest.mark.parametrize("world", worlds_to_test(2, GPU_COUNT))

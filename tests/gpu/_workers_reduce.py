@@ -1,0 +1,148 @@
+"""reduce_scatter and all_reduce in rounds (the reduction of one round beside
+the copy engines' next round; FERRY_REDUCE_ROUND_BYTES), byte-exact against
+references computed in the kernel's order: this rank's block first, then the
+peers' in rank order, in float for 16-bit floats, rounded once."""
+
+from __future__ import annotations
+
+import os
+import sys
+import zlib
+
+from _checks import checker, init, ints
+
+DTYPES = ("float32", "bfloat16", "float16", "float64", "int32", "int64")
+
+
+def _randoms(torch, seed: int, n: int, dev, dtype):
+    """Random values of `dtype`: normal floats (sums round), integers over a wide range."""
+    g = torch.Generator(device=dev)
+    g.manual_seed(seed)
+    if dtype.is_floating_point:
+        return torch.randn(n, device=dev, generator=g).to(dtype)
+    return torch.randint(-(1 << 20), 1 << 20, (n,), device=dev, generator=g).to(dtype)
+
+
+def _reduced(torch, blocks: list, owner: int, op: str):
+    """What ferry's kernel computes for `owner`: its block, then the others in rank order."""
+    wide = torch.float32 if blocks[0].dtype in (torch.bfloat16, torch.float16) else blocks[0].dtype
+    acc = blocks[owner].to(wide)
+    for p, b in enumerate(blocks):
+        if p == owner:
+            continue
+        b = b.to(wide)
+        acc = acc + b if op == "sum" else torch.maximum(acc, b) if op == "max" else torch.minimum(acc, b)
+    return acc.to(blocks[0].dtype)
+
+
+def reductions_in_rounds(rank: int, world: int, port: int) -> list:
+    # Rounds of 4 KB per rank's result: a call of 400 KB runs about 100 of them.
+    os.environ["FERRY_REDUCE_ROUND_BYTES"] = "4096"
+    import torch
+
+    comm = init(rank, world, port, timeout=60)
+    dev = torch.device("cuda", rank)
+    fails = []
+    check = checker(torch, dev, rank, fails)
+    ar_buf = comm.alloc(((world * 100003 + 64) * 8,), torch.uint8)
+    try:
+        # reduce_scatter: every dtype and op, random data (sums round), odd
+        # counts (the vector kernel's element tail), inputs at an offset of one
+        # element (the element kernel) and aligned, both signal kinds.
+        for dtype_name in DTYPES:
+            dtype = getattr(torch, dtype_name)
+            for count in (1, 1003, 4099, 100003):
+                for skew in (0, 1):
+                    for op in ("sum", "max", "min"):
+                        label = f"reduce_scatter {dtype_name} n={count} skew={skew} {op}"
+                        print(label, file=sys.stderr, flush=True)  # where a hung run got to
+                        seed = lambda s: zlib.crc32(f"{label}/{s}".encode()) % (1 << 31)  # noqa: B023
+                        full = [
+                            _randoms(torch, seed(s), world * count + skew, dev, dtype)[skew:]
+                            for s in range(world)
+                        ]
+                        out_base = torch.empty(count + skew, dtype=dtype, device=dev)
+                        out = out_base[skew:]
+                        out.view(torch.uint8).fill_(0xA5)
+                        signals = "sm" if count == 4099 else "auto"
+                        comm.reduce_scatter(out, full[rank], op=op, signals=signals)
+                        blocks = [x[rank * count : (rank + 1) * count] for x in full]
+                        check(label, out, _reduced(torch, blocks, rank, op))
+        # all_reduce: out of place and in place, uneven counts, registered output.
+        for dtype_name in ("float32", "bfloat16", "int64"):
+            dtype = getattr(torch, dtype_name)
+            es = torch.empty((), dtype=dtype).element_size()
+            for count in (7, world * 4096 + 3, 100003):
+                label = f"all_reduce {dtype_name} n={count}"
+                print(label, file=sys.stderr, flush=True)
+                seed = lambda s: zlib.crc32(f"{label}/{s}".encode()) % (1 << 31)  # noqa: B023
+                # Small integers: every owner's order gives the same exact sum.
+                xs = [ints(torch, seed(s), count, dev, dtype) for s in range(world)]
+                exp = sum(x.to(torch.float64) for x in xs).to(dtype)
+                ar = ar_buf[: count * es].view(dtype)
+                ar.view(torch.uint8).fill_(0xA5)
+                comm.all_reduce(ar, xs[rank])
+                check(label, ar, exp)
+                ar.copy_(xs[rank])
+                comm.all_reduce(ar)
+                check(label + " in place", ar, exp)
+        comm.synchronize()
+        _repeats_and_graph(torch, comm, rank, world, dev, check)
+        _default_rounds(torch, comm, rank, world, dev, check)
+    finally:
+        comm.close()
+    return fails
+
+
+def _repeats_and_graph(torch, comm, rank, world, dev, check) -> None:
+    """The same call with new data five times (ferry replays it from a graph
+    from the second), then captured in a torch CUDA graph and replayed."""
+    count, dtype = 50003, torch.bfloat16
+    inp = torch.empty(world * count, dtype=dtype, device=dev)
+    out = torch.empty(count, dtype=dtype, device=dev)
+
+    def fresh(i):
+        full = [_randoms(torch, 1000 * i + s, world * count, dev, dtype) for s in range(world)]
+        inp.copy_(full[rank])
+        out.view(torch.uint8).fill_(0xA5)
+        return _reduced(torch, [x[rank * count : (rank + 1) * count] for x in full], rank, "sum")
+
+    for i in range(5):
+        exp = fresh(i)
+        comm.reduce_scatter(out, inp)
+        check(f"reduce_scatter repeat {i}", out, exp)
+    comm.reserve_scratch(world * count * 2 + (1 << 20))
+    stream = torch.cuda.Stream(device=dev)
+    torch.cuda.synchronize(dev)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        comm.reduce_scatter(out, inp)
+    for i in range(5, 25):
+        exp = fresh(i)
+        torch.cuda.synchronize(dev)
+        graph.replay()
+        check(f"reduce_scatter graph replay {i}", out, exp)
+
+
+def _default_rounds(torch, comm, rank, world, dev, check) -> None:
+    """ferry's own rule at a size where it pipelines (128 MiB per rank's result: two rounds)."""
+    os.environ["FERRY_REDUCE_ROUND_BYTES"] = "0"
+    count = (128 << 20) // 4 + 5
+    seed = lambda s: zlib.crc32(f"large/{s}".encode()) % (1 << 31)
+    full = [_randoms(torch, seed(s), world * count, dev, torch.float32) for s in range(world)]
+    out = torch.empty(count, dtype=torch.float32, device=dev)
+    out.view(torch.uint8).fill_(0xA5)
+    comm.reduce_scatter(out, full[rank])
+    check(
+        "reduce_scatter 128 MiB, two rounds",
+        out,
+        _reduced(torch, [x[rank * count : (rank + 1) * count] for x in full], rank, "sum"),
+    )
+    del full
+    n = world * count
+    xs = [ints(torch, seed(100 + s), n, dev, torch.float32) for s in range(world)]
+    ar = comm.alloc((n,), torch.float32)
+    ar.copy_(xs[rank])
+    comm.all_reduce(ar)
+    check("all_reduce 128 MiB blocks in place, two rounds", ar, sum(xs))
+    comm.synchronize()
