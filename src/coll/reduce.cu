@@ -124,10 +124,8 @@ void launch_typed(const ReduceStep& s, cudaStream_t stream) {
   // Peers in rank order, so every rank adds the same numbers in the same order
   // (all-reduce results are then identical on every rank).
   for (int p = 0; p < s.world; ++p)
-    if (p != s.rank) {
-      t.slot[n] = s.scratch + static_cast<size_t>(p) * s.slot_stride;
-      vec = vec && aligned16(t.slot[n++]);
-    }
+    if (p != s.rank) t.slot[n++] = s.scratch + static_cast<size_t>(p) * s.slot_stride;
+  for (int k = 0; k < n; ++k) vec = vec && aligned16(t.slot[k]);
   auto* out = static_cast<T*>(s.out);
   auto* own = static_cast<const T*>(s.own);
   const size_t per_block = vec ? size_t(kThreads) * kUnroll * (16 / sizeof(T)) : kThreads;
