@@ -1,4 +1,4 @@
-"""Compute beside communication (all-gathers, or all-to-alls with
+"""Compute beside communication (all-gathers, or another collective with
 --overlap-op). For each size: a loop of bf16 GEMMs alone;
 the collective alone; then both started together on two streams, timing the
 GEMM loop (its slowdown) and the end-to-end time until both are done. The
@@ -125,10 +125,14 @@ def run(ctx, out_all, inp_all) -> list:
         case = ctx.case(op, n, out_all, inp_all)
         case.reset()
         ksig = any("ksig" in i for i in opts.get("impls", ()))
+        # Reductions have no own block to copy: one ferry row, not four alike.
+        own_block = op not in ("reduce_scatter", "all_reduce")
         impls = [
             i
             for i in IMPLS
-            if (i != "ferry-sm-path" or sm_fits(ctx.comm, op, n, world)) and (i != "ferry-ksig" or ksig)
+            if (i != "ferry-sm-path" or sm_fits(ctx.comm, op, n, world))
+            and (i != "ferry-ksig" or ksig)
+            and (own_block or IMPLS[i][2] == "auto")
         ]
         # Warm first: ferry captures a repeated call into a graph on its second
         # run, and a cold estimate (capture included) made the count several
