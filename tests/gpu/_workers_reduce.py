@@ -1,7 +1,7 @@
 """reduce_scatter and all_reduce in rounds (the reduction of one round beside
 the copy engines' next round; FERRY_REDUCE_ROUND_BYTES), byte-exact against
-references computed in the kernel's order: this rank's block first, then the
-peers' in rank order, in float for 16-bit floats, rounded once."""
+references computed in ferry's order: every rank's block in rank order, in
+float for 16-bit floats, rounded once."""
 
 from __future__ import annotations
 
@@ -23,13 +23,12 @@ def _randoms(torch, seed: int, n: int, dev, dtype):
     return torch.randint(-(1 << 20), 1 << 20, (n,), device=dev, generator=g).to(dtype)
 
 
-def _reduced(torch, blocks: list, owner: int, op: str):
-    """What ferry's kernel computes for `owner`: its block, then the others in rank order."""
+def _reduced(torch, blocks: list, op: str):
+    """What ferry computes: every rank's block in rank order, in float for
+    16-bit floats, rounded once."""
     wide = torch.float32 if blocks[0].dtype in (torch.bfloat16, torch.float16) else blocks[0].dtype
-    acc = blocks[owner].to(wide)
-    for p, b in enumerate(blocks):
-        if p == owner:
-            continue
+    acc = blocks[0].to(wide)
+    for b in blocks[1:]:
         b = b.to(wide)
         acc = acc + b if op == "sum" else torch.maximum(acc, b) if op == "max" else torch.minimum(acc, b)
     return acc.to(blocks[0].dtype)
@@ -67,7 +66,7 @@ def reductions_in_rounds(rank: int, world: int, port: int) -> list:
                         signals = "sm" if count == 4099 else "auto"
                         comm.reduce_scatter(out, full[rank], op=op, signals=signals)
                         blocks = [x[rank * count : (rank + 1) * count] for x in full]
-                        check(label, out, _reduced(torch, blocks, rank, op))
+                        check(label, out, _reduced(torch, blocks, op))
         # all_reduce: out of place and in place, uneven counts, registered output.
         for dtype_name in ("float32", "bfloat16", "int64"):
             dtype = getattr(torch, dtype_name)
@@ -105,7 +104,7 @@ def _repeats_and_graph(torch, comm, rank, world, dev, check) -> None:
         full = [_randoms(torch, 1000 * i + s, world * count, dev, dtype) for s in range(world)]
         inp.copy_(full[rank])
         out.view(torch.uint8).fill_(0xA5)
-        return _reduced(torch, [x[rank * count : (rank + 1) * count] for x in full], rank, "sum")
+        return _reduced(torch, [x[rank * count : (rank + 1) * count] for x in full], "sum")
 
     for i in range(5):
         exp = fresh(i)
@@ -136,7 +135,7 @@ def _default_rounds(torch, comm, rank, world, dev, check) -> None:
     check(
         "reduce_scatter 128 MiB, two rounds",
         out,
-        _reduced(torch, [x[rank * count : (rank + 1) * count] for x in full], rank, "sum"),
+        _reduced(torch, [x[rank * count : (rank + 1) * count] for x in full], "sum"),
     )
     del full
     n = world * count

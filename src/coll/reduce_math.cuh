@@ -1,0 +1,148 @@
+// The arithmetic of ferry's reductions, shared by the reduction kernel after
+// copy-engine moves (coll/reduce.cu) and the SM path (coll/one_shot.cu):
+//   out[i] = src[0][i] op src[1][i] op ... op src[n-1][i]
+// with the sources in rank order, so every rank and every variant computes
+// the same bits; accumulated in float for 16-bit floats, rounded once.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "coll/reduce.hpp"
+#include "core/host_device.hpp"
+
+namespace ferry {
+
+template <typename T>
+struct Acc {
+  using type = T;
+};
+template <>
+struct Acc<__half> {
+  using type = float;
+};
+template <>
+struct Acc<__nv_bfloat16> {
+  using type = float;
+};
+
+template <RedOp Op, typename A>
+__device__ inline A combine(A a, A b) {
+  if constexpr (Op == RedOp::kMax)
+    return a > b ? a : b;
+  else if constexpr (Op == RedOp::kMin)
+    return a < b ? a : b;
+  else
+    return a + b;
+}
+
+// One rank's contribution per entry, in rank order.
+constexpr int kReduceMaxSources = 64;
+struct ReduceSources {
+  const char* src[kReduceMaxSources];
+};
+
+// Elements [first + thread, count) in steps of `threads`, one at a time (any alignment).
+template <typename T, RedOp Op>
+__device__ inline void reduce_elements(T* __restrict__ out, const ReduceSources& in, int n, size_t first, size_t count,
+                                       size_t thread, size_t threads) {
+  using A = typename Acc<T>::type;
+  for (size_t i = first + thread; i < count; i += threads) {
+    A acc = static_cast<A>(reinterpret_cast<const T*>(in.src[0])[i]);
+    for (int k = 1; k < n; ++k) acc = combine<Op>(acc, static_cast<A>(reinterpret_cast<const T*>(in.src[k])[i]));
+    out[i] = static_cast<T>(acc);
+  }
+}
+
+// 16-byte words [i, n16) of out and every source (all 16-byte aligned), in
+// groups of kUnroll words `lane` apart, the next group `group` further (as
+// copy_words). The first two sources' words are loaded together: 2 x kUnroll
+// loads in flight per thread before the first use. Streaming loads and
+// stores: every byte is read or written once.
+template <typename T, RedOp Op, int kUnroll>
+__device__ inline void reduce_words(T* __restrict__ out, const ReduceSources& in, int n, size_t n16, size_t i,
+                                    size_t lane, size_t group) {
+  using A = typename Acc<T>::type;
+  constexpr int E = 16 / sizeof(T);
+  auto* out16 = reinterpret_cast<uint4*>(out);
+  for (; i < n16; i += group) {
+    uint4 a[kUnroll], b[kUnroll];
+    auto load = [&](uint4* v, int k) {
+      auto* p = reinterpret_cast<const uint4*>(in.src[k]);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        if (i + u * lane < n16) v[u] = __ldcs(p + i + u * lane);
+    };
+    load(a, 0);
+    if (n > 1) load(b, 1);
+    A acc[kUnroll][E];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[u][e] = static_cast<A>(reinterpret_cast<const T*>(&a[u])[e]);
+    for (int k = 1; k < n; ++k) {
+      if (k > 1) load(b, k);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+        for (int e = 0; e < E; ++e)
+          acc[u][e] = combine<Op>(acc[u][e], static_cast<A>(reinterpret_cast<const T*>(&b[u])[e]));
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (i + u * lane >= n16) continue;
+      uint4 w;
+#pragma unroll
+      for (int e = 0; e < E; ++e) reinterpret_cast<T*>(&w)[e] = static_cast<T>(acc[u][e]);
+      __stcs(out16 + i + u * lane, w);
+    }
+  }
+}
+
+FERRY_HOST_DEVICE inline bool reduce_aligned16(const void* out, const ReduceSources& in, int n) {
+  uintptr_t bits = reinterpret_cast<uintptr_t>(out);
+  for (int k = 0; k < n; ++k) bits |= reinterpret_cast<uintptr_t>(in.src[k]);
+  return bits % 16 == 0;
+}
+
+// On the host (to pick a kernel): calls f(Type<T>{}, std::integral_constant<RedOp, Op>{}) for a reduction's
+// element type and operation, given as DType and RedOp values.
+template <typename T>
+struct Type {
+  using type = T;
+};
+template <typename T, typename F>
+inline void with_red_op(RedOp op, F&& f) {
+  switch (op) {
+    case RedOp::kSum:
+      return f(Type<T>{}, std::integral_constant<RedOp, RedOp::kSum>{});
+    case RedOp::kMax:
+      return f(Type<T>{}, std::integral_constant<RedOp, RedOp::kMax>{});
+    case RedOp::kMin:
+      return f(Type<T>{}, std::integral_constant<RedOp, RedOp::kMin>{});
+  }
+}
+template <typename F>
+inline void with_reduction(DType dtype, RedOp op, F&& f) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return with_red_op<float>(op, f);
+    case DType::kFloat16:
+      return with_red_op<__half>(op, f);
+    case DType::kBFloat16:
+      return with_red_op<__nv_bfloat16>(op, f);
+    case DType::kInt32:
+      return with_red_op<int32_t>(op, f);
+    case DType::kFloat64:
+      return with_red_op<double>(op, f);
+    case DType::kInt64:
+      return with_red_op<long long>(op, f);
+  }
+}
+
+}  // namespace ferry
