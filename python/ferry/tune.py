@@ -45,7 +45,7 @@ def selection_bytes(op: str, n: int, world: int) -> int:
 
 
 # Ops the SM path runs (coll/one_shot.hpp); the others never take an "sm" rule.
-SM_OPS = ("all_gather", "all_to_all", "all_to_allv", "broadcast")
+SM_OPS = ("all_gather", "all_to_all", "all_to_allv", "broadcast", "reduce_scatter", "all_reduce")
 
 
 def rules_from_measurements(
@@ -63,8 +63,11 @@ def rules_from_measurements(
     of the copy-engine variants with kernel signals ("ferry-<variant>-ksig")
     compete too, where they exist (the SM path takes blocks up to
     FERRY_SM_BYTES); each wins a size only by more than `tolerance` over every
-    SM-free variant or where it won the size before. Ops the SM path does not
-    run borrow the rules chosen without it."""
+    SM-free variant or where it won the size before. An op that was not
+    measured borrows its donor's SM-path rules only where the SM path does the
+    same work for both (all_to_allv, broadcast); reductions add arithmetic
+    (and all_reduce's SM path sends every peer the whole buffer), so they
+    borrow the rules chosen without it."""
     from ferry.bench.cases import impl_options  # the impl label's (algo, signals)
 
     measured = candidates(allow_sm)
@@ -103,13 +106,13 @@ def rules_from_measurements(
     chosen = table(measured)
     without_sm_path = table([c for c in measured if c != "sm"]) if allow_sm else chosen
     rules: List[Rule] = [r for op_rules in chosen.values() for r in op_rules]
-    for op, donor in (
-        ("all_to_allv", "all_to_all"),
-        ("broadcast", "all_gather"),
-        ("reduce_scatter", "all_to_all"),
-        ("all_reduce", "all_to_all"),
+    for op, donor, same_sm_work in (
+        ("all_to_allv", "all_to_all", True),
+        ("broadcast", "all_gather", True),
+        ("reduce_scatter", "all_to_all", False),
+        ("all_reduce", "all_to_all", False),
     ):
-        source = chosen if op in SM_OPS else without_sm_path
+        source = chosen if same_sm_work else without_sm_path
         if op not in chosen and donor in source:
             rules += [(op,) + rule[1:] for rule in source[donor]]
     return rules

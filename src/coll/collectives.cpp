@@ -69,6 +69,11 @@ Communicator::Resolved Communicator::choose(CollOp op, size_t bytes_per_rank) co
   return {s.algo, kernel_signals(Signals::kAuto, s.signals, signals_by_kernel_)};
 }
 
+size_t Communicator::sm_largest_block(const CollectiveArgs& a) const {
+  const bool reduction = a.op == CollOp::kReduceScatter || a.op == CollOp::kAllReduce;
+  return one_shot_largest_block(a.op, reduction ? a.count * dtype_bytes(a.dtype) : a.bytes_per_rank, a.counts);
+}
+
 bool Communicator::sm_path_takes(CollOp op, size_t largest_block) const {
   return one_shot_unsupported(op, world_, largest_block, one_shot_slot_bytes_).empty();
 }
@@ -78,8 +83,7 @@ bool Communicator::sm_path_takes(CollOp op, size_t largest_block) const {
 Communicator::Resolved Communicator::resolve(const CollectiveArgs& a) const {
   const Selection s = a.algo != Algo::kAuto
                           ? Selection{a.algo, Signals::kAuto}
-                          : select_variant_with_sm(a.op, world_, selection_bytes(a),
-                                                   one_shot_largest_block(a.op, a.bytes_per_rank, a.counts),
+                          : select_variant_with_sm(a.op, world_, selection_bytes(a), sm_largest_block(a),
                                                    one_shot_slot_bytes_, forced_algo_, table_);
   return {s.algo, kernel_signals(a.signals, s.signals, signals_by_kernel_)};
 }
@@ -149,7 +153,7 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
   if (shape == 0) return {};
   const bool sm = resolve(a).algo == Algo::kSm;
   if (sm) {
-    const std::string why = one_shot_unsupported(a.op, world_, one_shot_largest_block(a.op, a.bytes_per_rank, a.counts),
+    const std::string why = one_shot_unsupported(a.op, world_, sm_largest_block(a),
                                                  one_shot_slot_bytes_);
     FERRY_ARG_CHECK(why.empty(), name + ": " + why);
   }
@@ -161,9 +165,9 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
   if (in_place_a2a && !sm) {
     chunk = in_place_chunk(shape, world_, scratch_cap);
     slot_stride = scratch_slot_stride(chunk);
-  } else if (a.op == CollOp::kReduceScatter) {
+  } else if (a.op == CollOp::kReduceScatter && !sm) {
     slot_stride = scratch_slot_stride(shape);
-  } else if (a.op == CollOp::kAllReduce) {
+  } else if (a.op == CollOp::kAllReduce && !sm) {
     slot_stride = scratch_slot_stride(largest_block(split_blocks(a.count, esize, world_, kReduceUnitBytes)));
   }
 
@@ -277,7 +281,9 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
     s.registration = reg_id;
     b.record = locals_[i]->records->intern(s);
     if (sm) {
-      b.program.add_one_shot(plan_one_shot(a.op, r, world_, in, o, shape, a.root, a.counts, sig));
+      b.program.add_one_shot(plan_one_shot(a.op, r, world_, in, o, shape, a.root, a.counts, sig,
+                                           reduction ? static_cast<uint32_t>(a.dtype) : 0,
+                                           reduction ? static_cast<uint32_t>(a.red_op) : 0));
       continue;
     }
     switch (a.op) {

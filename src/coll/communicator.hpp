@@ -106,6 +106,8 @@ class Communicator {
   // Whether algo "sm" takes `op` when the largest block one rank sends one
   // peer is `largest_block` bytes (this communicator's window and world).
   bool sm_path_takes(CollOp op, size_t largest_block) const;
+  // The largest block one rank sends one peer on the SM path (one_shot_largest_block).
+  size_t sm_largest_block(const CollectiveArgs& a) const;
 
   // Throws the first asynchronous error (FERRY_ERROR_BROKEN after it was seen once).
   void check();

@@ -1,8 +1,11 @@
 // The SM path's kernel: pushes by stores, one flag per peer, waits by
 // spinning, copy out of the window (coll/one_shot.hpp says why it is safe).
+#include <cstring>
+
 #include "coll/copy_words.cuh"
 #include "coll/kernel_wait.cuh"
 #include "coll/one_shot_kernel.hpp"
+#include "coll/reduce_math.cuh"
 #include "core/error.hpp"
 
 namespace ferry {
@@ -23,6 +26,24 @@ __device__ void copy_span(char* __restrict__ dst, const char* __restrict__ src, 
     for (size_t j = threadIdx.x; j < n; j += step) dst[j] = src[j];
   }
 }
+
+// What a call does with its peers' data once it is in the window: copy it
+// into the output (NoReduction), or reduce every rank's span into the output
+// (Reduction<T, Op>: reduce_scatter, all_reduce).
+struct NoReduction {};
+template <typename T, RedOp Op>
+struct Reduction {
+  using type = T;
+  static constexpr RedOp op = Op;
+};
+template <typename R>
+constexpr bool is_reduction = !std::is_same_v<R, NoReduction>;
+
+// Every rank's contribution in rank order: this rank's from its input, the
+// peers' from their slots of this rank's window.
+struct OneShotSources {
+  const char* src[kOneShotMaxRanks];
+};
 
 // ---- the low-latency format (coll/one_shot_ll.hpp)
 
@@ -45,9 +66,50 @@ __device__ bool ll_load(const char* unit, uint32_t flag, OneShotUnitData* v) {
   return f0 == flag && f1 == flag;
 }
 
+// A reduction's receiving side in the low-latency format: per unit, every
+// rank's data in rank order (this rank's from its input, the others as their
+// units arrive), reduced and written out. The thread that reduces a unit is
+// the one that sent it (same share, same stride), so an in-place all_reduce
+// overwrites only input this thread has already sent.
+template <typename T, RedOp Op>
+__device__ void reduce_low_latency(const OneShotStep& s, const OneShotWindows& w, size_t slot_bytes,
+                                   const KernelWait& c, uint64_t call, int parity, uint32_t flag) {
+  using A = typename Acc<T>::type;
+  constexpr int E = 8 / sizeof(T);
+  const size_t n = s.recv_bytes[s.rank];  // every rank's span is this long
+  const char* own = s.in + s.send_offset[s.rank];
+  size_t u0 = 0;
+  const size_t end = one_shot_ll_share(one_shot_ll_units(n), s.blocks, blockIdx.x, &u0);
+  for (size_t u = u0 + threadIdx.x; u < end; u += blockDim.x) {
+    const size_t avail = n > 8 * u ? n - 8 * u : 0;
+    A acc[E];
+    for (int q = 0; q < s.world; ++q) {
+      OneShotUnitData v;
+      if (q == s.rank) {
+        v = one_shot_ll_pack(own + 8 * u, avail);
+      } else {
+        const char* slot = w.base[s.rank] + one_shot_ll_slot_offset(s.world, slot_bytes, parity, q);
+        if (!wait_for([&] { return ll_load(slot + 16 * u, flag, &v); }, c, q, call)) return;
+      }
+      T e[E];
+      memcpy(e, &v, 8);
+#pragma unroll
+      for (int k = 0; k < E; ++k) acc[k] = q == 0 ? static_cast<A>(e[k]) : combine<Op>(acc[k], static_cast<A>(e[k]));
+    }
+    T e[E];
+#pragma unroll
+    for (int k = 0; k < E; ++k) e[k] = static_cast<T>(acc[k]);
+    OneShotUnitData r;
+    memcpy(&r, e, 8);
+    one_shot_ll_unpack(s.out + 8 * u, r, avail);
+  }
+}
+
 // The exchange in the low-latency format: every peer gets its units (at
 // least one), then this block waits for its share of every peer's units and
-// writes their data out. No barrier and no fence: each unit is its own flag.
+// writes their data (or, for a reduction, the reduced data) out. No barrier
+// and no fence: each unit is its own flag.
+template <typename R>
 __device__ void exchange_low_latency(const OneShotStep& s, const OneShotWindows& w, size_t slot_bytes,
                                      const KernelWait& c, uint64_t call, int parity) {
   const uint32_t flag = one_shot_ll_flag(call, s.tag);
@@ -60,6 +122,10 @@ __device__ void exchange_low_latency(const OneShotStep& s, const OneShotWindows&
     const size_t end = one_shot_ll_share(one_shot_ll_units(n), s.blocks, blockIdx.x, &u0);
     for (size_t u = u0 + threadIdx.x; u < end; u += blockDim.x)
       ll_store(slot + 16 * u, one_shot_ll_pack(src + 8 * u, n > 8 * u ? n - 8 * u : 0), flag);
+  }
+  if constexpr (is_reduction<R>) {
+    reduce_low_latency<typename R::type, R::op>(s, w, slot_bytes, c, call, parity, flag);
+    return;
   }
   size_t begin = 0, len = 0;
   if ((len = one_shot_span_share(s.own_bytes, s.blocks, blockIdx.x, &begin)) > 0)
@@ -78,8 +144,33 @@ __device__ void exchange_low_latency(const OneShotStep& s, const OneShotWindows&
   }
 }
 
+// A reduction's last step with flags: this block's share of the result from
+// every rank's span in rank order (16-byte words where everything is aligned).
+template <typename T, RedOp Op>
+__device__ void reduce_out(const OneShotStep& s, const OneShotWindows& w, size_t slot_bytes, int parity) {
+  size_t begin = 0;
+  const size_t len = one_shot_span_share(s.recv_bytes[s.rank], s.blocks, blockIdx.x, &begin);
+  if (len == 0) return;
+  OneShotSources in;
+  for (int q = 0; q < s.world; ++q)
+    in.src[q] = (q == s.rank ? s.in + s.send_offset[q]
+                             : w.base[s.rank] + one_shot_slot_offset(s.world, slot_bytes, parity, q)) +
+                begin;
+  auto* out = reinterpret_cast<T*>(s.out + begin);
+  const size_t count = len / sizeof(T), step = blockDim.x;
+  size_t first = 0;
+  if (reduce_aligned16(out, in, s.world)) {
+    constexpr size_t E = 16 / sizeof(T);
+    reduce_words<T, Op, kUnroll>(out, in, s.world, count / E, threadIdx.x, step, step * kUnroll);
+    first = count / E * E;
+  }
+  reduce_elements<T, Op>(out, in, s.world, first, count, threadIdx.x, step);
+}
+
 // The exchange with one flag per peer and block (blocks above
-// kOneShotLowLatencyMaxBytes): pushes, a barrier, the flags, waits, copy out.
+// kOneShotLowLatencyMaxBytes): pushes, a barrier, the flags, waits, copy out
+// (or reduce).
+template <typename R>
 __device__ void exchange_with_flags(const OneShotStep& s, const OneShotWindows& w, size_t slot_bytes,
                                     const KernelWait& c, uint64_t call, int parity) {
   auto* mine = reinterpret_cast<OneShotHeader*>(w.base[s.rank]);
@@ -119,7 +210,12 @@ __device__ void exchange_with_flags(const OneShotStep& s, const OneShotWindows& 
   }
   gave_up = __syncthreads_or(gave_up);
 
-  // 4. Out of the window into the output.
+  // 4. Out of the window into the output. The barrier above also keeps an
+  // in-place all_reduce from overwriting input this block still sends.
+  if constexpr (is_reduction<R>) {
+    if (!gave_up) reduce_out<typename R::type, R::op>(s, w, slot_bytes, parity);
+    return;
+  }
   if (!gave_up)
     for (int q = 0; q < s.world; ++q)
       if (q != s.rank && (len = one_shot_span_share(s.recv_bytes[q], s.blocks, blockIdx.x, &begin)) > 0)
@@ -127,6 +223,7 @@ __device__ void exchange_with_flags(const OneShotStep& s, const OneShotWindows& 
                   w.base[s.rank] + one_shot_slot_offset(s.world, slot_bytes, parity, q) + begin, len);
 }
 
+template <typename R>
 __global__ void __launch_bounds__(kThreads)
     one_shot_kernel(OneShotStep s, OneShotWindows w, size_t slot_bytes, KernelWait c) {
   auto* mine = reinterpret_cast<OneShotHeader*>(w.base[s.rank]);
@@ -151,9 +248,9 @@ __global__ void __launch_bounds__(kThreads)
   // A block that gave up waiting still counts itself below; the fault word
   // tells the host.
   if (s.low_latency)
-    exchange_low_latency(s, w, slot_bytes, c, call, parity);
+    exchange_low_latency<R>(s, w, slot_bytes, c, call, parity);
   else
-    exchange_with_flags(s, w, slot_bytes, c, call, parity);
+    exchange_with_flags<R>(s, w, slot_bytes, c, call, parity);
 
   // The last block to finish counts the call.
   __syncthreads();
@@ -167,16 +264,32 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The kernel for a step: copies, or a reduction of the step's type and operation.
+template <typename F>
+void with_kernel(const OneShotStep& s, F&& f) {
+  if (s.dtype == 0) return f(one_shot_kernel<NoReduction>);
+  with_reduction(static_cast<DType>(s.dtype), static_cast<RedOp>(s.red_op), [&](auto type, auto red) {
+    f(one_shot_kernel<Reduction<typename decltype(type)::type, decltype(red)::value>>);
+  });
+}
+
 }  // namespace
 
 void load_one_shot_kernels() {
   cudaFuncAttributes a;
-  FERRY_CUDA_CHECK(cudaFuncGetAttributes(&a, one_shot_kernel));
+  FERRY_CUDA_CHECK(cudaFuncGetAttributes(&a, one_shot_kernel<NoReduction>));
+  for (DType t : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kInt32, DType::kFloat64, DType::kInt64})
+    for (RedOp op : {RedOp::kSum, RedOp::kMax, RedOp::kMin}) {
+      OneShotStep s;
+      s.dtype = static_cast<uint32_t>(t);
+      s.red_op = static_cast<uint32_t>(op);
+      with_kernel(s, [&](auto kernel) { FERRY_CUDA_CHECK(cudaFuncGetAttributes(&a, kernel)); });
+    }
 }
 
 void launch_one_shot(const OneShotStep& s, const OneShotWindows& w, size_t slot_bytes, const KernelWait& c,
                      cudaStream_t stream) {
-  one_shot_kernel<<<s.blocks, kThreads, 0, stream>>>(s, w, slot_bytes, c);
+  with_kernel(s, [&](auto kernel) { kernel<<<s.blocks, kThreads, 0, stream>>>(s, w, slot_bytes, c); });
   FERRY_CUDA_CHECK(cudaGetLastError());
 }
 

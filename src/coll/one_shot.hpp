@@ -5,8 +5,8 @@
 // copy-engine path needs two rounds of small copies (ready, then done) at
 // several microseconds each (docs/performance.md, "Where the small-size latency goes").
 //
-// all_gather, all_to_all(v) and broadcast, as tables of spans (OneShotStep).
-// It uses SMs: up to kOneShotMaxBlocks blocks for the whole call, including
+// all_gather, all_to_all(v), broadcast, reduce_scatter and all_reduce, as
+// tables of spans (OneShotStep). It uses SMs: up to kOneShotMaxBlocks blocks for the whole call, including
 // the time spent waiting for the slowest peer. It exists for collectives on
 // the critical path between kernels, where a few microseconds of one SM cost
 // less than 20 us of waiting; beside compute, the copy-engine variants are
@@ -68,7 +68,13 @@ struct OneShotStep {
   int blocks = 1;            // the same on every rank: from the largest block of the call
   uint32_t tag = 0;          // the call's signature: peers must agree
   uint32_t low_latency = 0;  // 1: the low-latency format (one_shot_low_latency)
-  uint32_t reserved = 0;     // no padding: the replay cache keys on the struct's bytes
+  // Reductions (reduce_scatter, all_reduce): the DType and RedOp values; 0:
+  // none. Then every source's recv_bytes land in the window only, and `out`
+  // gets the reduction of every rank's span in rank order (this rank's from
+  // in + send_offset[rank]) instead of copies.
+  uint32_t dtype = 0;
+  uint32_t red_op = 0;
+  uint32_t reserved = 0;  // no padding: the replay cache keys on the struct's bytes
 };
 
 // Window bytes per rank: the header, two slots per source rank, then two
@@ -114,8 +120,9 @@ FERRY_HOST_DEVICE inline bool one_shot_flag_passes(uint64_t seen, uint64_t call,
 // each; at least 1, at most kOneShotMaxBlocks.
 int one_shot_blocks(size_t bytes);
 // The largest block one rank sends one peer: `bytes` (all_gather's input,
-// an all_to_all block, a broadcast), or the largest entry of all_to_allv's
-// counts (bytes from rank s to rank d at [s * world + d]).
+// an all_to_all block, a broadcast, reduce_scatter's result, all_reduce's
+// whole buffer), or the largest entry of all_to_allv's counts (bytes from
+// rank s to rank d at [s * world + d]).
 size_t one_shot_largest_block(CollOp op, size_t bytes, const std::vector<size_t>& counts);
 // Empty when the call can take the SM path; else why not (for the error of an explicit algo="sm").
 std::string one_shot_unsupported(CollOp op, int world, size_t largest_block, size_t slot_bytes);
@@ -124,8 +131,12 @@ std::string one_shot_unsupported(CollOp op, int world, size_t largest_block, siz
 Selection select_variant_with_sm(CollOp op, int world, size_t selection_bytes, size_t largest_block, size_t slot_bytes,
                                  Algo forced, const std::vector<SelectorRule>& table);
 // all_gather, all_to_all (in place too: data goes through the window),
-// all_to_allv (`counts` as above) and broadcast (from `root`).
+// all_to_allv (`counts` as above), broadcast (from `root`), and the
+// reductions (`dtype`, `red_op`): reduce_scatter (`bytes`: one rank's result)
+// sends block p of `in` to rank p; all_reduce (`bytes`: the whole buffer)
+// sends all of `in` to every peer, and every rank reduces every rank's copy
+// (one round of signals instead of the two exchanges of the copy-engine path).
 OneShotStep plan_one_shot(CollOp op, int rank, int world, const char* in, char* out, size_t bytes, int root,
-                          const std::vector<size_t>& counts, uint32_t tag);
+                          const std::vector<size_t>& counts, uint32_t tag, uint32_t dtype = 0, uint32_t red_op = 0);
 
 }  // namespace ferry

@@ -22,9 +22,8 @@ size_t one_shot_largest_block(CollOp op, size_t bytes, const std::vector<size_t>
   return largest;
 }
 
-std::string one_shot_unsupported(CollOp op, int world, size_t largest_block, size_t slot_bytes) {
-  if (op != CollOp::kAllGather && op != CollOp::kAllToAll && op != CollOp::kAllToAllv && op != CollOp::kBroadcast)
-    return std::string("algo 'sm' runs all_gather, all_to_all, all_to_allv and broadcast, not ") + coll_op_name(op);
+std::string one_shot_unsupported(CollOp /* every op runs on the SM path */, int world, size_t largest_block,
+                                 size_t slot_bytes) {
   if (world > kOneShotMaxRanks)
     return "algo 'sm' runs on at most " + std::to_string(kOneShotMaxRanks) + " ranks; this communicator has " +
            std::to_string(world);
@@ -44,8 +43,10 @@ Selection select_variant_with_sm(CollOp op, int world, size_t selection_bytes, s
 }
 
 OneShotStep plan_one_shot(CollOp op, int rank, int world, const char* in, char* out, size_t bytes, int root,
-                          const std::vector<size_t>& counts, uint32_t tag) {
+                          const std::vector<size_t>& counts, uint32_t tag, uint32_t dtype, uint32_t red_op) {
   OneShotStep s;
+  s.dtype = dtype;
+  s.red_op = red_op;
   s.in = in;
   s.out = out;
   s.rank = rank;
@@ -79,14 +80,19 @@ OneShotStep plan_one_shot(CollOp op, int rank, int world, const char* in, char* 
         s.send_bytes[p] = r == static_cast<size_t>(root) ? bytes : 0;
         s.recv_bytes[p] = p == static_cast<size_t>(root) ? bytes : 0;
         break;
-      default:
+      case CollOp::kReduceScatter:  // block p of `in` to rank p; the result at out
+        s.send_bytes[p] = s.recv_bytes[p] = bytes;
+        s.send_offset[p] = p * bytes;
+        break;
+      case CollOp::kAllReduce:  // all of `in` to every rank
+        s.send_bytes[p] = s.recv_bytes[p] = bytes;
         break;
     }
   }
   // The own block (none for a broadcast's non-roots: they receive nothing
   // from themselves), unless the call is in place: the input already lies
-  // where it goes.
-  s.own_bytes = in + s.send_offset[r] != out + s.recv_offset[r] ? s.recv_bytes[r] : 0;
+  // where it goes. A reduction reads its own span where it is.
+  s.own_bytes = dtype == 0 && in + s.send_offset[r] != out + s.recv_offset[r] ? s.recv_bytes[r] : 0;
   return s;
 }
 

@@ -47,9 +47,11 @@ struct ReduceSources {
   const char* src[kReduceMaxSources];
 };
 
-// Elements [first + thread, count) in steps of `threads`, one at a time (any alignment).
-template <typename T, RedOp Op>
-__device__ inline void reduce_elements(T* __restrict__ out, const ReduceSources& in, int n, size_t first, size_t count,
+// Elements [first + thread, count) in steps of `threads`, one at a time (any
+// alignment). `Sources`: anything with a `src` array (ReduceSources, or a
+// smaller one where fewer ranks are possible).
+template <typename T, RedOp Op, typename Sources>
+__device__ inline void reduce_elements(T* __restrict__ out, const Sources& in, int n, size_t first, size_t count,
                                        size_t thread, size_t threads) {
   using A = typename Acc<T>::type;
   for (size_t i = first + thread; i < count; i += threads) {
@@ -64,9 +66,9 @@ __device__ inline void reduce_elements(T* __restrict__ out, const ReduceSources&
 // copy_words). The first two sources' words are loaded together: 2 x kUnroll
 // loads in flight per thread before the first use. Streaming loads and
 // stores: every byte is read or written once.
-template <typename T, RedOp Op, int kUnroll>
-__device__ inline void reduce_words(T* __restrict__ out, const ReduceSources& in, int n, size_t n16, size_t i,
-                                    size_t lane, size_t group) {
+template <typename T, RedOp Op, int kUnroll, typename Sources>
+__device__ inline void reduce_words(T* __restrict__ out, const Sources& in, int n, size_t n16, size_t i, size_t lane,
+                                    size_t group) {
   using A = typename Acc<T>::type;
   constexpr int E = 16 / sizeof(T);
   auto* out16 = reinterpret_cast<uint4*>(out);
@@ -104,7 +106,8 @@ __device__ inline void reduce_words(T* __restrict__ out, const ReduceSources& in
   }
 }
 
-FERRY_HOST_DEVICE inline bool reduce_aligned16(const void* out, const ReduceSources& in, int n) {
+template <typename Sources>
+FERRY_HOST_DEVICE inline bool reduce_aligned16(const void* out, const Sources& in, int n) {
   uintptr_t bits = reinterpret_cast<uintptr_t>(out);
   for (int k = 0; k < n; ++k) bits |= reinterpret_cast<uintptr_t>(in.src[k]);
   return bits % 16 == 0;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "coll/one_shot.hpp"
+#include "coll/reduce.hpp"
 #include "coll/selector.hpp"
 
 using namespace ferry;
@@ -312,14 +313,40 @@ TEST(OneShot, AllToAllvPacksBySourceAndDestination) {
   EXPECT_EQ(one_shot_largest_block(CollOp::kAllGather, 99, counts), 99u);
 }
 
+TEST(OneShot, ReductionsSendTheirBlocksAndReduceInsteadOfCopying) {
+  std::vector<char> in(3 * 100), out(100);
+  const auto dt = static_cast<uint32_t>(DType::kBFloat16), op = static_cast<uint32_t>(RedOp::kMax);
+  // reduce_scatter: block p of the input to rank p, a result of one block.
+  OneShotStep rs = plan_one_shot(CollOp::kReduceScatter, 1, 3, in.data(), out.data(), 100, 0, {}, 7, dt, op);
+  EXPECT_EQ(rs.dtype, dt);
+  EXPECT_EQ(rs.red_op, op);
+  EXPECT_EQ(rs.own_bytes, 0u);  // nothing copied: the own block is read where it is
+  for (int p = 0; p < 3; ++p) {
+    EXPECT_EQ(rs.send_offset[p], 100u * p);
+    EXPECT_EQ(rs.send_bytes[p], 100u);
+    EXPECT_EQ(rs.recv_bytes[p], 100u);
+    EXPECT_EQ(rs.recv_offset[p], 0u);
+  }
+  // all_reduce: the whole input to every rank, also in place.
+  OneShotStep ar = plan_one_shot(CollOp::kAllReduce, 2, 3, out.data(), out.data(), 100, 0, {}, 7, dt, op);
+  EXPECT_EQ(ar.own_bytes, 0u);
+  for (int p = 0; p < 3; ++p) {
+    EXPECT_EQ(ar.send_offset[p], 0u);
+    EXPECT_EQ(ar.send_bytes[p], 100u);
+    EXPECT_EQ(ar.recv_bytes[p], 100u);
+  }
+  EXPECT_EQ(ar.low_latency, 1u);
+  EXPECT_EQ(plan_one_shot(CollOp::kAllGather, 0, 2, in.data(), out.data(), 16, 0, {}, 7).dtype, 0u);
+}
+
 TEST(OneShot, UnsupportedCallsSayWhy) {
   const size_t slot = 1 << 20;
   EXPECT_EQ(one_shot_unsupported(CollOp::kAllGather, 8, slot, slot), "");
   EXPECT_EQ(one_shot_unsupported(CollOp::kAllToAll, 2, 1, slot), "");
   EXPECT_EQ(one_shot_unsupported(CollOp::kBroadcast, 1, 0, slot), "");
   EXPECT_EQ(one_shot_unsupported(CollOp::kAllToAllv, 2, 1, slot), "");
-  EXPECT_NE(one_shot_unsupported(CollOp::kReduceScatter, 2, 1, slot).find("not reduce_scatter"), std::string::npos);
-  EXPECT_NE(one_shot_unsupported(CollOp::kAllReduce, 2, 1, slot).find("not all_reduce"), std::string::npos);
+  EXPECT_EQ(one_shot_unsupported(CollOp::kReduceScatter, 2, 1, slot), "");
+  EXPECT_EQ(one_shot_unsupported(CollOp::kAllReduce, 2, slot, slot), "");
   EXPECT_NE(one_shot_unsupported(CollOp::kAllGather, 9, 1, slot).find("at most 8 ranks"), std::string::npos);
   EXPECT_NE(one_shot_unsupported(CollOp::kAllGather, 2, 1, 0).find("FERRY_SM_BYTES=0"), std::string::npos);
   EXPECT_NE(one_shot_unsupported(CollOp::kAllGather, 2, slot + 1, slot).find("this call moves 1048577"),
@@ -354,7 +381,8 @@ TEST(OneShot, SelectionHonoursTheWindowForForcedAndTabledSm) {
   EXPECT_EQ(select_variant_with_sm(CollOp::kAllToAllv, 4, 1000, 4000, slot, Algo::kAuto, table).algo, Algo::kSm);
   EXPECT_EQ(select_variant_with_sm(CollOp::kAllToAllv, 4, 1000, slot + 1, slot, Algo::kAuto, table).algo, Algo::kB2b);
   // FERRY_ALGO=sm falls back to the table where the path cannot run.
-  EXPECT_EQ(select_variant_with_sm(CollOp::kReduceScatter, 4, 64, 64, slot, Algo::kSm, {}).algo, Algo::kSeq);
+  EXPECT_EQ(select_variant_with_sm(CollOp::kReduceScatter, 4, 64, slot + 1, slot, Algo::kSm, {}).algo, Algo::kSeq);
+  EXPECT_EQ(select_variant_with_sm(CollOp::kReduceScatter, 4, 64, 64, slot, Algo::kSm, {}).algo, Algo::kSm);
   EXPECT_EQ(select_variant_with_sm(CollOp::kAllGather, 4, 64, 64, 0, Algo::kSm, table).algo, Algo::kSeq);
   EXPECT_EQ(select_variant_with_sm(CollOp::kAllGather, 4, 64, 64, slot, Algo::kSm, table).algo, Algo::kSm);
   // Other forced variants are untouched.

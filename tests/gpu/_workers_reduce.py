@@ -47,44 +47,49 @@ def reductions_in_rounds(rank: int, world: int, port: int) -> list:
     try:
         # reduce_scatter: every dtype and op, random data (sums round), odd
         # counts (the vector kernel's element tail), inputs at an offset of one
-        # element (the element kernel) and aligned, both signal kinds.
+        # element (the element kernel) and aligned, both signal kinds; and the
+        # SM path (algo "sm", one kernel): the low-latency format up to 64 KB
+        # per peer, flags above.
         for dtype_name in DTYPES:
             dtype = getattr(torch, dtype_name)
             for count in (1, 1003, 4099, 100003):
                 for skew in (0, 1):
                     for op in ("sum", "max", "min"):
-                        label = f"reduce_scatter {dtype_name} n={count} skew={skew} {op}"
-                        print(label, file=sys.stderr, flush=True)  # where a hung run got to
-                        seed = lambda s: zlib.crc32(f"{label}/{s}".encode()) % (1 << 31)  # noqa: B023
-                        full = [
-                            _randoms(torch, seed(s), world * count + skew, dev, dtype)[skew:]
-                            for s in range(world)
-                        ]
-                        out_base = torch.empty(count + skew, dtype=dtype, device=dev)
-                        out = out_base[skew:]
-                        out.view(torch.uint8).fill_(0xA5)
-                        signals = "sm" if count == 4099 else "auto"
-                        comm.reduce_scatter(out, full[rank], op=op, signals=signals)
-                        blocks = [x[rank * count : (rank + 1) * count] for x in full]
-                        check(label, out, _reduced(torch, blocks, op))
-        # all_reduce: out of place and in place, uneven counts, registered output.
+                        for algo in ("auto", "sm"):
+                            label = f"reduce_scatter {dtype_name} n={count} skew={skew} {op} {algo}"
+                            print(label, file=sys.stderr, flush=True)  # where a hung run got to
+                            seed = lambda s: zlib.crc32(f"{label}/{s}".encode()) % (1 << 31)  # noqa: B023
+                            full = [
+                                _randoms(torch, seed(s), world * count + skew, dev, dtype)[skew:]
+                                for s in range(world)
+                            ]
+                            out = torch.empty(count + skew, dtype=dtype, device=dev)[skew:]
+                            out.view(torch.uint8).fill_(0xA5)
+                            signals = "sm" if count == 4099 and algo == "auto" else "auto"
+                            comm.reduce_scatter(out, full[rank], op=op, signals=signals, algo=algo)
+                            blocks = [x[rank * count : (rank + 1) * count] for x in full]
+                            check(label, out, _reduced(torch, blocks, op))
+        # all_reduce: out of place and in place, uneven counts, registered
+        # output, random data reduced in rank order on every rank; the SM path
+        # too (up to its 1 MiB window: the whole buffer goes to every peer).
         for dtype_name in ("float32", "bfloat16", "int64"):
             dtype = getattr(torch, dtype_name)
             es = torch.empty((), dtype=dtype).element_size()
             for count in (7, world * 4096 + 3, 100003):
-                label = f"all_reduce {dtype_name} n={count}"
-                print(label, file=sys.stderr, flush=True)
-                seed = lambda s: zlib.crc32(f"{label}/{s}".encode()) % (1 << 31)  # noqa: B023
-                # Small integers: every owner's order gives the same exact sum.
-                xs = [ints(torch, seed(s), count, dev, dtype) for s in range(world)]
-                exp = sum(x.to(torch.float64) for x in xs).to(dtype)
-                ar = ar_buf[: count * es].view(dtype)
-                ar.view(torch.uint8).fill_(0xA5)
-                comm.all_reduce(ar, xs[rank])
-                check(label, ar, exp)
-                ar.copy_(xs[rank])
-                comm.all_reduce(ar)
-                check(label + " in place", ar, exp)
+                for algo in ("auto", "sm"):
+                    for op in ("sum", "max"):
+                        label = f"all_reduce {dtype_name} n={count} {op} {algo}"
+                        print(label, file=sys.stderr, flush=True)
+                        seed = lambda s: zlib.crc32(f"{label}/{s}".encode()) % (1 << 31)  # noqa: B023
+                        xs = [_randoms(torch, seed(s), count, dev, dtype) for s in range(world)]
+                        exp = _reduced(torch, xs, op)
+                        ar = ar_buf[: count * es].view(dtype)
+                        ar.view(torch.uint8).fill_(0xA5)
+                        comm.all_reduce(ar, xs[rank], op=op, algo=algo)
+                        check(label, ar, exp)
+                        ar.copy_(xs[rank])
+                        comm.all_reduce(ar, op=op, algo=algo)
+                        check(label + " in place", ar, exp)
         comm.synchronize()
         _repeats_and_graph(torch, comm, rank, world, dev, check)
         _default_rounds(torch, comm, rank, world, dev, check)

@@ -185,10 +185,13 @@ def sm_path(rank: int, world: int, port: int) -> list:
                 algo="sm",
             ),
         )
+        # A reduce_scatter result one float past the window: the bound names both sizes.
         expect(
-            r"not reduce_scatter",
+            r"algo 'sm' moves at most FERRY_SM_BYTES = 1048576 bytes per peer; this call moves 1048580",
             lambda: comm.reduce_scatter(
-                torch.empty(4, device=dev), torch.empty(4 * world, device=dev), algo="sm"
+                torch.empty(SM_BYTES // 4 + 1, device=dev),
+                torch.empty(world * (SM_BYTES // 4 + 1), device=dev),
+                algo="sm",
             ),
         )
         comm.synchronize()

@@ -28,8 +28,9 @@ def fits(op: str, n: int, world: int) -> bool:
 
 def sm_fits(comm, op: str, n: int, world: int) -> bool:
     """Whether the communicator's SM path takes `op` at `n` bytes per rank
-    (the benchmark's sizes: an all_to_all(v) sends at most n / world to a peer)."""
-    return comm.sm_path_takes(op, n // world if op in ("all_to_all", "all_to_allv") else n)
+    (the benchmark's sizes: an all_to_all(v) or reduce_scatter sends at most
+    n / world to a peer, an all_reduce all n)."""
+    return comm.sm_path_takes(op, n // world if op in ("all_to_all", "all_to_allv", "reduce_scatter") else n)
 
 
 def impl_options(impl: str) -> tuple:
