@@ -280,7 +280,7 @@ def latency_preset(rank: int, world: int, port: int) -> list:
         rules = tune.preset_rules(torch.cuda.get_device_name(dev), world, "latency")
         if rules is None:
             return fails  # no preset shipped for this GPU: the default applies (CPU-tested)
-        for op in ("all_gather", "all_to_all", "all_to_allv", "broadcast", "reduce_scatter"):
+        for op in ("all_gather", "all_to_all", "all_to_allv", "broadcast", "reduce_scatter", "all_reduce"):
             for n in (4096, 512 << 10, 1 << 20, (1 << 20) + 16, 64 << 20):
                 got = (comm.choose_algo(op, n), comm.choose_signals(op, n))
                 want = tune.select(rules, op, world, n)
