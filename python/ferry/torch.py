@@ -1,11 +1,13 @@
 """PyTorch conveniences (importing this module imports torch): a communicator
 over a torch.distributed group, a pool of symmetric tensors, and FSDP2's
-all-gather on copy engines.
+all-gather and reduce-scatter on copy engines.
 
     import ferry.torch
     comm = ferry.torch.communicator()          # over the default group
     model = fully_shard(...)                   # FSDP2, as usual
     ferry.torch.use_for_fsdp(model, comm)      # its parameter all-gathers: ferry, no SM
+    # or, gradients' reduce-scatters too (copy engines + a small SM reduction kernel):
+    ferry.torch.use_for_fsdp(model, comm, reduce_scatter=True)
 
 docs/api.md, "PyTorch and FSDP2"."""
 
@@ -20,10 +22,11 @@ from .comm import Communicator, _DeviceMemory, _stream_handle
 from .errors import InvalidArgumentError
 from .ranges import Ranges, round_up
 
-try:  # FSDP2's interface for a custom all-gather (tested with PyTorch 2.11)
+try:  # FSDP2's interfaces for a custom all-gather and reduce-scatter (tested with PyTorch 2.11)
     from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather as _FsdpAllGather
-except ImportError:  # older PyTorch: duck-typed, set_custom_all_gather does not exist there anyway
-    _FsdpAllGather = object
+    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _FsdpReduceScatter
+except ImportError:  # older PyTorch: duck-typed, set_custom_* do not exist there anyway
+    _FsdpAllGather = _FsdpReduceScatter = object
 
 
 def communicator(group=None, timeout: float = 0.0) -> Communicator:
@@ -119,6 +122,34 @@ class SymmetricPool:
         self._freed = collections.deque()
 
 
+def _check_device(who: str, device, comm: Communicator) -> None:
+    device = device if isinstance(device, torch.device) else torch.device(device)
+    if device.type != "cuda" or (device.index is not None and device.index != comm.device):
+        raise InvalidArgumentError(
+            f"{who}: device is {device}; expected cuda:{comm.device}, this communicator's GPU"
+        )
+
+
+class _GroupCheck:
+    """FSDP passes its process group with every call (the same one each
+    time): it must have the communicator's ranks."""
+
+    def __init__(self, comm: Communicator, who: str):
+        self._comm, self._who = comm, who
+        self._checked: set = set()
+
+    def __call__(self, group) -> None:
+        if group is None or id(group) in self._checked:
+            return
+        if group.size() != self._comm.world or group.rank() != self._comm.rank:
+            raise InvalidArgumentError(
+                f"{self._who}: FSDP's group has {group.size()} ranks (this one rank {group.rank()}); "
+                f"the ferry communicator has {self._comm.world} (rank {self._comm.rank}): create it over "
+                "the same group (ferry.torch.communicator(group))"
+            )
+        self._checked.add(id(group))
+
+
 class FSDPAllGather(_FsdpAllGather):
     """FSDP2's parameter all-gather on ferry: `allocate` hands out FSDP's
     all-gather buffers from a SymmetricPool, and the call gathers in place
@@ -132,44 +163,94 @@ class FSDPAllGather(_FsdpAllGather):
         self.pool = pool if pool is not None else SymmetricPool(comm)
         self.options = options
         self.calls = 0
-        self._groups_checked: set = set()  # FSDP passes the same group every call
+        self.reduce_scatter = None  # the FSDPReduceScatter that use_for_fsdp installed beside, if any
+        self._check_group = _GroupCheck(comm, "FSDPAllGather")
 
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        device = device if isinstance(device, torch.device) else torch.device(device)
-        if device.type != "cuda" or (device.index is not None and device.index != self.pool._device):
-            raise InvalidArgumentError(
-                f"FSDPAllGather.allocate: device is {device}; expected cuda:{self.comm.device}, "
-                "this communicator's GPU"
-            )
+        _check_device("FSDPAllGather.allocate", device, self.comm)
         return self.pool.empty(size, dtype)
 
     def __call__(self, output_tensor, input_tensor, group=None, async_op: bool = False):
-        if group is not None and id(group) not in self._groups_checked:
-            self._check_group(group)
+        self._check_group(group)
         self.comm.all_gather(output_tensor, input_tensor, **self.options)
         self.calls += 1
         # Ordered in the current stream: FSDP records its event there after this call.
         return None
 
-    def _check_group(self, group) -> None:
-        if group.size() != self.comm.world or group.rank() != self.comm.rank:
-            raise InvalidArgumentError(
-                f"FSDPAllGather: FSDP's group has {group.size()} ranks (this one rank {group.rank()}); "
-                f"the ferry communicator has {self.comm.world} (rank {self.comm.rank}): create it over "
-                "the same group (ferry.torch.communicator(group))"
-            )
-        self._groups_checked.add(id(group))
+
+def _reduction_name(op) -> str:
+    """torch.distributed's reduce op as ferry's name ("avg" for AVG); else an error."""
+    import torch.distributed as dist
+
+    if op is None:
+        return "sum"
+    for known in ("SUM", "AVG", "MAX", "MIN"):
+        try:
+            if op == getattr(dist.ReduceOp, known):
+                return known.lower()
+        except (TypeError, RuntimeError):  # a premultiplied sum compares with nothing here
+            pass
+    raise InvalidArgumentError(
+        f"FSDPReduceScatter: op is {op!r}; ferry reduces with SUM, AVG, MAX or MIN (use_for_fsdp turns on "
+        "FSDP's force_sum_reduction_for_comms, so that FSDP scales gradients itself and passes SUM)"
+    )
 
 
-def use_for_fsdp(module, comm: Communicator, **options) -> FSDPAllGather:
+class FSDPReduceScatter(_FsdpReduceScatter):
+    """FSDP2's gradient reduce-scatter on ferry: copy engines move each rank's
+    blocks into its peers' scratch, and a small SM kernel (at most 32 blocks)
+    adds them in rank order; from 128 MiB of result per rank in rounds, each
+    round's addition beside the next round's copies. There is no SM-free
+    reduction: the kernel is the better tool for arithmetic. FSDP's buffers
+    are ordinary tensors (ferry's reduce_scatter needs no registered memory).
+    `use_for_fsdp(..., reduce_scatter=True)` installs it and turns on FSDP's
+    force_sum_reduction_for_comms, so FSDP divides the gradients itself and
+    passes SUM; an AVG is summed, then divided by the world size here (one
+    more elementwise kernel). `options` (algo, signals) go to every call."""
+
+    def __init__(self, comm: Communicator, **options):
+        self.comm = comm
+        self.options = options
+        self.calls = 0
+        self._check_group = _GroupCheck(comm, "FSDPReduceScatter")
+
+    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        _check_device("FSDPReduceScatter.allocate", device, self.comm)
+        return torch.empty(size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group=None, op=None, async_op: bool = False):
+        self._check_group(group)
+        name = _reduction_name(op)
+        self.comm.reduce_scatter(
+            output_tensor, input_tensor, op="sum" if name == "avg" else name, **self.options
+        )
+        if name == "avg":
+            output_tensor.div_(self.comm.world)
+        self.calls += 1
+        return None  # ordered in the current stream, as FSDP expects
+
+
+def use_for_fsdp(module, comm: Communicator, reduce_scatter: bool = False, **options) -> FSDPAllGather:
     """Makes every FSDP2 module in `module` (after fully_shard) gather its
-    parameters with ferry, sharing one pool. Returns the FSDPAllGather.
-    Reduce-scatters stay with FSDP's default (NCCL)."""
+    parameters with ferry, sharing one pool; with `reduce_scatter`, also
+    reduce-scatter its gradients with ferry (FSDPReduceScatter: copy engines
+    and a small SM reduction kernel) and scale them in FSDP
+    (force_sum_reduction_for_comms). Returns the FSDPAllGather; the
+    FSDPReduceScatter, when installed, is its `reduce_scatter` attribute."""
     gather = FSDPAllGather(comm, **options)
+    gather.reduce_scatter = FSDPReduceScatter(comm, **options) if reduce_scatter else None
     found = 0
     for m in module.modules():
         if hasattr(m, "set_custom_all_gather"):
             m.set_custom_all_gather(gather)
+            if gather.reduce_scatter is not None:
+                if not hasattr(m, "set_custom_reduce_scatter"):
+                    raise InvalidArgumentError(
+                        "use_for_fsdp: reduce_scatter=True needs FSDP2's set_custom_reduce_scatter "
+                        "(PyTorch 2.11 has it)"
+                    )
+                m.set_custom_reduce_scatter(gather.reduce_scatter)
+                m.set_force_sum_reduction_for_comms(True)
             found += 1
     if not found:
         raise InvalidArgumentError(

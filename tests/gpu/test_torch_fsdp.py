@@ -1,4 +1,5 @@
-"""ferry.torch on GPUs: the symmetric pool and FSDP2 with ferry's all-gather."""
+"""ferry.torch on GPUs: the symmetric pool, FSDP2 with ferry's all-gather and
+reduce-scatter, and ferry.torch's refusals of bad input."""
 
 import _workers_fsdp
 import pytest
@@ -14,5 +15,9 @@ def test_symmetric_pool(world):
 
 
 @pytest.mark.parametrize("world", worlds_to_test(2, 4, GPU_COUNT))
-def test_fsdp2_training_with_ferry_all_gather_matches_nccl(world):
-    run_on_every_rank(_workers_fsdp.fsdp_training, world, timeout=180)
+def test_fsdp2_training_with_ferry_collectives_matches_nccl(world):
+    run_on_every_rank(_workers_fsdp.fsdp_training, world, timeout=240)
+
+
+def test_fsdp_bad_inputs_are_named():
+    run_on_every_rank(_workers_fsdp.fsdp_bad_inputs, 2, timeout=120)

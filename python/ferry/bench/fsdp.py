@@ -1,15 +1,16 @@
-"""FSDP2 training steps with the parameter all-gathers on NCCL (FSDP's
-default) and on ferry (ferry.torch.use_for_fsdp), side by side in one process
-per GPU: two copies of the same model, stepped in turn (ABAB, so clock and
-thermal drift hit both alike), reduce-scatters on NCCL in both.
+"""FSDP2 training steps with the collectives on NCCL (FSDP's default), with
+the parameter all-gathers on ferry (ferry.torch.use_for_fsdp), and with the
+gradient reduce-scatters on ferry too (use_for_fsdp(..., reduce_scatter=True)),
+side by side in one process per GPU: three copies of the same model, stepped
+in turn (ABCABC, so clock and thermal drift hit all alike).
 
     torchrun --nproc-per-node 2 -m ferry.bench.fsdp --out bench/results
 
 Each configuration: a stack of bias-free Linear+GELU layers (hidden x hidden,
 fp32 parameters, bf16 compute), each layer its own FSDP unit, `tokens` rows
-per step. Reports the median step time per side (max over ranks), ferry /
-NCCL, ferry's all-gathers per step, and the host's time to enqueue a step
-(close to the step time: the host sets the pace)."""
+per step. Reports the median step time per side (max over ranks), each
+ferry side over NCCL, ferry's all-gathers per step, and the host's time to
+enqueue a step (close to the step time: the host sets the pace)."""
 
 from __future__ import annotations
 
@@ -52,6 +53,9 @@ def step_ms(torch, model, opt, x) -> tuple:
     return start.elapsed_time(end), host
 
 
+SIDES = ("nccl", "ferry", "ferry-rs")  # FSDP's default; ferry's all-gather; and its reduce-scatter too
+
+
 def run_config(torch, dist, comm, layers: int, hidden: int, tokens: int, steps: int, warmup: int) -> dict:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -59,41 +63,48 @@ def run_config(torch, dist, comm, layers: int, hidden: int, tokens: int, steps: 
 
     dev = torch.device("cuda", torch.cuda.current_device())
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    nccl_model, nccl_opt = build(torch, fully_shard, mp, layers, hidden, dev, 0)
-    ferry_model, ferry_opt = build(torch, fully_shard, mp, layers, hidden, dev, 0)
-    gather = ferry.torch.use_for_fsdp(ferry_model, comm)
+    models = {side: build(torch, fully_shard, mp, layers, hidden, dev, 0) for side in SIDES}
+    gathers = {
+        side: ferry.torch.use_for_fsdp(models[side][0], comm, reduce_scatter=side == "ferry-rs")
+        for side in SIDES[1:]
+    }
     x = torch.randn(tokens, hidden, device=dev)
-    times = {"nccl": [], "ferry": []}
-    host = {"nccl": [], "ferry": []}
+    times = {side: [] for side in SIDES}
+    host = {side: [] for side in SIDES}
     for i in range(warmup + steps):
-        for name, model, opt in (("nccl", nccl_model, nccl_opt), ("ferry", ferry_model, ferry_opt)):
-            t, h = step_ms(torch, model, opt, x)
+        for side in SIDES:
+            t, h = step_ms(torch, *models[side], x)
             if i >= warmup:
-                times[name].append(t)
-                host[name].append(h)
+                times[side].append(t)
+                host[side].append(h)
     # The slowest rank's median decides (a step ends when every rank's does).
-    both = torch.tensor(
-        [statistics.median(v) for v in (times["nccl"], times["ferry"], host["nccl"], host["ferry"])],
-        device=dev,
+    medians = torch.tensor(
+        [statistics.median(times[s]) for s in SIDES] + [statistics.median(host[s]) for s in SIDES], device=dev
     )
-    dist.all_reduce(both, op=dist.ReduceOp.MAX)
-    gather.pool.close()
-    del nccl_model, ferry_model, nccl_opt, ferry_opt
+    dist.all_reduce(medians, op=dist.ReduceOp.MAX)
+    calls = gathers["ferry"].calls
+    for g in gathers.values():
+        g.pool.close()
+    del models, gathers
     torch.cuda.empty_cache()
-    nccl_ms, ferry_ms, nccl_host_ms, ferry_host_ms = both.tolist()
+    ms, host_ms = medians.tolist()[: len(SIDES)], medians.tolist()[len(SIDES) :]
     return dict(
         layers=layers,
         hidden=hidden,
         tokens=tokens,
         steps=steps,
         warmup=warmup,
-        nccl_ms=nccl_ms,
-        ferry_ms=ferry_ms,
-        ratio=ferry_ms / nccl_ms,
-        nccl_host_ms=nccl_host_ms,
-        ferry_host_ms=ferry_host_ms,
-        ferry_all_gathers_per_step=gather.calls // (warmup + steps),
+        nccl_ms=ms[0],
+        ferry_ms=ms[1],
+        ferry_rs_ms=ms[2],
+        ratio=ms[1] / ms[0],
+        ratio_rs=ms[2] / ms[0],
+        nccl_host_ms=host_ms[0],
+        ferry_host_ms=host_ms[1],
+        ferry_rs_host_ms=host_ms[2],
+        ferry_all_gathers_per_step=calls // (warmup + steps),
         all_gather_bytes_per_rank=hidden * hidden * 2 // dist.get_world_size(),
+        reduce_scatter_input_bytes=hidden * hidden * 4,
     )
 
 
@@ -131,16 +142,21 @@ def main(argv=None) -> int:
         lines = [
             f"# {' '.join(['torchrun', '--nproc-per-node', str(world), '-m', 'ferry.bench.fsdp'] + sys.argv[1:])}",
             f"# {gpu} x{world}, {datetime.date.today().isoformat()}; median step (max over ranks), "
-            f"{args.warmup} warm-up + {args.steps} steps per side, ABAB",
+            f"{args.warmup} warm-up + {args.steps} steps per side, in turn",
+            "",
+            "ferry: ferry's all-gathers, NCCL's reduce-scatters; +RS: ferry's reduce-scatters too (FSDP's "
+            "force-sum scaling)",
             "",
             f"{'layers':>6} {'hidden':>6} {'tokens':>6} {'AG MB/rank':>10} {'NCCL ms':>8} {'ferry ms':>8} "
-            f"{'ferry/NCCL':>10} {'AG/step':>7} {'host ms: NCCL':>13} {'ferry':>6}",
+            f"{'+RS ms':>7} {'ferry/NCCL':>10} {'+RS/NCCL':>8} {'AG/step':>7} {'host ms: NCCL':>13} {'ferry':>6} "
+            f"{'+RS':>6}",
         ]
         for r in rows:
             lines.append(
                 f"{r['layers']:>6} {r['hidden']:>6} {r['tokens']:>6} {r['all_gather_bytes_per_rank'] / 2**20:>10.0f} "
-                f"{r['nccl_ms']:>8.2f} {r['ferry_ms']:>8.2f} {r['ratio']:>10.3f} {r['ferry_all_gathers_per_step']:>7} "
-                f"{r['nccl_host_ms']:>13.2f} {r['ferry_host_ms']:>6.2f}"
+                f"{r['nccl_ms']:>8.2f} {r['ferry_ms']:>8.2f} {r['ferry_rs_ms']:>7.2f} {r['ratio']:>10.3f} "
+                f"{r['ratio_rs']:>8.3f} {r['ferry_all_gathers_per_step']:>7} {r['nccl_host_ms']:>13.2f} "
+                f"{r['ferry_host_ms']:>6.2f} {r['ferry_rs_host_ms']:>6.2f}"
             )
         print("\n".join(lines))
         if args.out:
