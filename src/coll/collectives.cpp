@@ -15,10 +15,6 @@ size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
 std::string bytes_str(size_t b) { return std::to_string(b) + " bytes"; }
 
-// All-reduce's blocks start at multiples of this (split_blocks), so that a
-// 16-byte aligned buffer gives the reduction aligned blocks.
-constexpr size_t kReduceUnitBytes = 16;
-
 // Reduce-scatter's data movement and reduction, in rounds (reduce_round_bytes):
 // round j pushes bytes [begin, begin + len) of every peer's block into that
 // peer's slot for this rank, then reduces the same bytes of this rank's block
@@ -153,8 +149,7 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
   if (shape == 0) return {};
   const bool sm = resolve(a).algo == Algo::kSm;
   if (sm) {
-    const std::string why = one_shot_unsupported(a.op, world_, sm_largest_block(a),
-                                                 one_shot_slot_bytes_);
+    const std::string why = one_shot_unsupported(a.op, world_, sm_largest_block(a), one_shot_slot_bytes_);
     FERRY_ARG_CHECK(why.empty(), name + ": " + why);
   }
 
@@ -168,7 +163,7 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
   } else if (a.op == CollOp::kReduceScatter && !sm) {
     slot_stride = scratch_slot_stride(shape);
   } else if (a.op == CollOp::kAllReduce && !sm) {
-    slot_stride = scratch_slot_stride(largest_block(split_blocks(a.count, esize, world_, kReduceUnitBytes)));
+    slot_stride = scratch_slot_stride(largest_block(all_reduce_blocks(a.count, esize, world_)));
   }
 
   // all_to_all(v) out of place: the own block may bounce through the next
@@ -315,9 +310,12 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
         break;
       }
       case CollOp::kAllReduce: {
-        auto blocks = split_blocks(a.count, esize, world_, kReduceUnitBytes);
+        // Blocks of the whole buffer (one exchange: nothing left to gather),
+        // or one block per rank, reduced by its owner and gathered.
+        const auto blocks = all_reduce_blocks(a.count, esize, world_);
         add_reduce_scatter(b.program, r, blocks, in, o + blocks[r].offset, scratch_by_rank, slot_stride, a);
-        b.program.add_exchange(plan_gather_blocks(r, world_, out_by_rank, blocks));
+        if (!all_reduce_one_exchange(world_, shape))
+          b.program.add_exchange(plan_gather_blocks(r, world_, out_by_rank, blocks));
         break;
       }
     }

@@ -172,6 +172,14 @@ std::vector<Block> split_blocks(size_t count, size_t element_bytes, int world, s
   return out;
 }
 
+bool all_reduce_one_exchange(int world, size_t bytes) { return world == 2 && bytes <= kAllReduceOneExchangeMaxBytes; }
+
+std::vector<Block> all_reduce_blocks(size_t count, size_t element_bytes, int world) {
+  if (all_reduce_one_exchange(world, count * element_bytes))
+    return std::vector<Block>(static_cast<size_t>(world), Block{0, count * element_bytes});
+  return split_blocks(count, element_bytes, world, 16);
+}
+
 Block block_round(const Block& b, const Round& r) {
   const size_t begin = std::min(r.begin, b.bytes);
   return Block{b.offset + begin, std::min(r.len, b.bytes - begin)};

@@ -95,6 +95,18 @@ Exchange plan_scatter_to_scratch(int rank, int world, const std::vector<char*>& 
 // last rank the elements short of a unit). A 16-byte unit keeps every block's
 // start as aligned as the buffer's, which the reduction kernel's vector loads need.
 std::vector<Block> split_blocks(size_t count, size_t element_bytes, int world, size_t unit_bytes = 0);
+// Whether an all-reduce of `bytes` per rank runs as one exchange (every rank
+// pushes its whole buffer into its peers' scratch, then reduces all of it)
+// instead of a reduce-scatter and an all-gather (two exchanges). On 2 ranks
+// both move the same bytes per link, so one exchange saves a round of ready
+// and done signals (10-25 us on H200) for a reduction twice as long (its
+// scratch is twice as large too: up to kAllReduceOneExchangeMaxBytes). On
+// more ranks it would send world - 1 times the buffer: not taken.
+inline constexpr size_t kAllReduceOneExchangeMaxBytes = size_t(64) << 20;
+bool all_reduce_one_exchange(int world, size_t bytes);
+// The blocks of an all-reduce as collectives.cpp moves them: split_blocks
+// in 16-byte units, or, in one exchange, the whole buffer for every rank.
+std::vector<Block> all_reduce_blocks(size_t count, size_t element_bytes, int world);
 
 // A collective in rounds: round j moves bytes [begin, begin + len) of every
 // block. In-place all-to-all goes through a bounded scratch this way (in round j

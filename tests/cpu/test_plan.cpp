@@ -341,6 +341,44 @@ TEST(Plan, AllReduceInRoundsWithAlignedBlocks) {
   }
 }
 
+TEST(Plan, AllReduceOnTwoRanksIsOneExchangeUpToItsBound) {
+  const size_t MiB = size_t(1) << 20;
+  EXPECT_TRUE(all_reduce_one_exchange(2, 1));
+  EXPECT_TRUE(all_reduce_one_exchange(2, kAllReduceOneExchangeMaxBytes));
+  EXPECT_FALSE(all_reduce_one_exchange(2, kAllReduceOneExchangeMaxBytes + 1));
+  EXPECT_FALSE(all_reduce_one_exchange(4, 1024));
+  auto whole = all_reduce_blocks(1000, 4, 2);
+  ASSERT_EQ(whole.size(), 2u);
+  for (const auto& b : whole) {
+    EXPECT_EQ(b.offset, 0u);
+    EXPECT_EQ(b.bytes, 4000u);
+  }
+  EXPECT_EQ(all_reduce_blocks(1000, 4, 4).size(), 4u);
+  EXPECT_EQ(largest_block(all_reduce_blocks(128 * MiB / 4, 4, 2)), 64 * MiB);  // split above the bound
+
+  // Data movement: each rank's whole buffer into the other's slot, then every
+  // rank reduces both in rank order: the same sum everywhere, nothing to gather.
+  const int world = 2;
+  const size_t bytes = 1003, stride = scratch_slot_stride(bytes);
+  std::vector<std::vector<unsigned char>> in(world), scr(world);
+  auto ins = fake_buffers(world, 2), scrs = fake_buffers(world, 4);
+  Sim sim;
+  for (int r = 0; r < world; ++r) {
+    in[r].resize(bytes);
+    for (size_t i = 0; i < bytes; ++i) in[r][i] = static_cast<unsigned char>(r * 13 + i);
+    scr[r].assign(stride * world, 0);
+    sim.add(ins[r], &in[r]);
+    sim.add(scrs[r], &scr[r]);
+  }
+  auto blocks = all_reduce_blocks(bytes, 1, world);
+  for (int r = 0; r < world; ++r)
+    for (const auto& pc : plan_scatter_to_scratch(r, world, scrs, ins[r], blocks, stride).pushes) sim.run(pc.copy);
+  for (int r = 0; r < world; ++r)
+    for (size_t i = 0; i < bytes; ++i)
+      ASSERT_EQ(static_cast<unsigned char>(in[r][i] + scr[r][(1 - r) * stride + i]),
+                static_cast<unsigned char>(in[0][i] + in[1][i]));
+}
+
 TEST(Plan, SplitBlocksInUnitsKeepBlockStartsAligned) {
   for (size_t es : {2ul, 4ul, 8ul})
     for (size_t count : {1ul, 7ul, 100ul, 1000003ul})
