@@ -28,7 +28,9 @@ def train(with_ferry: bool) -> list:
         fully_shard(layer, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
     if with_ferry:
-        gather = ferry.torch.use_for_fsdp(model, comm)  # the extra line
+        # The extra line. reduce_scatter=True would move the gradients' reduce-scatters
+        # to ferry too (copy engines and a small SM reduction kernel; docs/api.md).
+        gather = ferry.torch.use_for_fsdp(model, comm)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     losses = []
     x = torch.randn(256, 1024, device="cuda", generator=torch.Generator("cuda").manual_seed(dist.get_rank()))
