@@ -541,17 +541,23 @@ class Communicator:
         self, out, inp, op: str = "sum", stream=None, algo: str = "auto", signals: str = "auto"
     ) -> None:
         """out = the reduction (sum/max/min) over ranks of block `rank` of `inp`
-        (world x out). The data moves on copy engines into ferry's scratch on
-        each rank; the reduction runs in a small SM kernel (32 blocks), the only
-        SM work. Neither tensor needs registering."""
+        (world x out), every rank's contribution added in rank order. The data
+        moves on copy engines into ferry's scratch on each rank; the reduction
+        runs in a small SM kernel (at most 32 blocks), the only SM work; from
+        128 MiB of result in rounds, each reduced beside the next one's copies.
+        algo="sm": one SM kernel instead (up to FERRY_SM_BYTES of result).
+        Neither tensor needs registering."""
         self._run(False, "reduce_scatter", out, inp, stream, algo=algo, signals=signals, red_op=op)
 
     def all_reduce(
         self, out, inp=None, op: str = "sum", stream=None, algo: str = "auto", signals: str = "auto"
     ) -> None:
         """out = the reduction over ranks of `inp` (default: in place on `out`,
-        which must be registered). Reduce-scatter then all-gather: copy engines
-        move the data, a small SM kernel adds (the only SM work)."""
+        which must be registered), in rank order: the same bits on every rank.
+        Copy engines move the data, a small SM kernel adds (the only SM work):
+        on 2 ranks up to 64 MiB each rank's whole buffer goes to the other and
+        both reduce it; otherwise reduce-scatter then all-gather. algo="sm":
+        one SM kernel instead (up to FERRY_SM_BYTES)."""
         self._run(False, "all_reduce", out, inp, stream, algo=algo, signals=signals, red_op=op)
 
     def prepare(self, collective: str, out, inp=None, **kw) -> "PreparedCollective":
