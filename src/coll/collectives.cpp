@@ -24,8 +24,10 @@ void add_reduce_scatter(Program& program, int rank, const std::vector<Block>& bl
                         const std::vector<char*>& scratch_by_rank, size_t slot_stride, const CollectiveArgs& a) {
   const int world = static_cast<int>(blocks.size());
   const size_t largest = largest_block(blocks);
-  const auto forced = static_cast<size_t>(std::max<long long>(0, knob_int("FERRY_REDUCE_ROUND_BYTES")));
-  const auto rounds = plan_rounds(largest, reduce_round_bytes(largest, forced));
+  const long long forced = knob_int("FERRY_REDUCE_ROUND_BYTES");
+  FERRY_ARG_CHECK(forced >= 0, "FERRY_REDUCE_ROUND_BYTES=" + std::to_string(forced) +
+                                   "; expected 0 (ferry's rule) or the bytes of each round");
+  const auto rounds = plan_rounds(largest, reduce_round_bytes(largest, static_cast<size_t>(forced)));
   for (size_t j = 0; j < rounds.size(); ++j) {
     std::vector<Block> part;
     std::vector<char*> slots;

@@ -156,15 +156,7 @@ __device__ void reduce_out(const OneShotStep& s, const OneShotWindows& w, size_t
     in.src[q] = (q == s.rank ? s.in + s.send_offset[q]
                              : w.base[s.rank] + one_shot_slot_offset(s.world, slot_bytes, parity, q)) +
                 begin;
-  auto* out = reinterpret_cast<T*>(s.out + begin);
-  const size_t count = len / sizeof(T), step = blockDim.x;
-  size_t first = 0;
-  if (reduce_aligned16(out, in, s.world)) {
-    constexpr size_t E = 16 / sizeof(T);
-    reduce_words<T, Op, kUnroll>(out, in, s.world, count / E, threadIdx.x, step, step * kUnroll);
-    first = count / E * E;
-  }
-  reduce_elements<T, Op>(out, in, s.world, first, count, threadIdx.x, step);
+  reduce_range<T, Op, kUnroll>(reinterpret_cast<T*>(s.out + begin), in, s.world, len / sizeof(T), 0, 1);
 }
 
 // The exchange with one flag per peer and block (blocks above

@@ -14,21 +14,10 @@ constexpr int kMaxBlocks = 32;
 // 2.9 TB/s with 8 words in flight (docs/performance-log.md).
 constexpr int kUnroll = 4;
 
+// Grid-wide over the call's elements (reduce_range: words where aligned).
 template <typename T, RedOp Op>
-__global__ void reduce_scalar(T* __restrict__ out, ReduceSources in, int n, size_t count) {
-  reduce_elements<T, Op>(out, in, n, 0, count, blockIdx.x * size_t(blockDim.x) + threadIdx.x,
-                         size_t(gridDim.x) * blockDim.x);
-}
-
-// All pointers 16-byte aligned: words grid-wide, then block 0 takes the
-// elements after the last whole word.
-template <typename T, RedOp Op>
-__global__ void __launch_bounds__(kThreads) reduce_vec16(T* __restrict__ out, ReduceSources in, int n, size_t count) {
-  constexpr size_t E = 16 / sizeof(T);
-  const size_t step = blockDim.x;
-  reduce_words<T, Op, kUnroll>(out, in, n, count / E, size_t(blockIdx.x) * step * kUnroll + threadIdx.x, step,
-                               size_t(gridDim.x) * step * kUnroll);
-  if (blockIdx.x == 0) reduce_elements<T, Op>(out, in, n, count / E * E, count, threadIdx.x, step);
+__global__ void __launch_bounds__(kThreads) reduce_kernel(T* __restrict__ out, ReduceSources in, int n, size_t count) {
+  reduce_range<T, Op, kUnroll>(out, in, n, count, blockIdx.x, gridDim.x);
 }
 
 template <typename T, RedOp Op>
@@ -37,15 +26,11 @@ void launch_typed(const ReduceStep& s, cudaStream_t stream) {
   ReduceSources in{};
   for (int p = 0; p < s.world; ++p)
     in.src[p] = p == s.rank ? static_cast<const char*>(s.own) : s.scratch + static_cast<size_t>(p) * s.slot_stride;
-  auto* out = static_cast<T*>(s.out);
-  const bool vec = reduce_aligned16(out, in, s.world);
-  const size_t per_block = vec ? size_t(kThreads) * kUnroll * (16 / sizeof(T)) : kThreads;
+  // Blocks for the word path's groups; at most kMaxBlocks either way.
+  const size_t per_block = size_t(kThreads) * kUnroll * (16 / sizeof(T));
   const size_t blocks = (s.count + per_block - 1) / per_block;
   const int grid = static_cast<int>(blocks < kMaxBlocks ? (blocks ? blocks : 1) : kMaxBlocks);
-  if (vec)
-    reduce_vec16<T, Op><<<grid, kThreads, 0, stream>>>(out, in, s.world, s.count);
-  else
-    reduce_scalar<T, Op><<<grid, kThreads, 0, stream>>>(out, in, s.world, s.count);
+  reduce_kernel<T, Op><<<grid, kThreads, 0, stream>>>(static_cast<T*>(s.out), in, s.world, s.count);
   FERRY_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -116,8 +101,7 @@ void load_reduce_kernels() {
       with_reduction(t, op, [](auto type, auto red) {
         using T = typename decltype(type)::type;
         cudaFuncAttributes a;
-        FERRY_CUDA_CHECK(cudaFuncGetAttributes(&a, reduce_vec16<T, decltype(red)::value>));
-        FERRY_CUDA_CHECK(cudaFuncGetAttributes(&a, reduce_scalar<T, decltype(red)::value>));
+        FERRY_CUDA_CHECK(cudaFuncGetAttributes(&a, reduce_kernel<T, decltype(red)::value>));
       });
 }
 

@@ -47,6 +47,13 @@ struct ReduceSources {
   const char* src[kReduceMaxSources];
 };
 
+template <typename Sources>
+FERRY_HOST_DEVICE inline bool reduce_aligned16(const void* out, const Sources& in, int n) {
+  uintptr_t bits = reinterpret_cast<uintptr_t>(out);
+  for (int k = 0; k < n; ++k) bits |= reinterpret_cast<uintptr_t>(in.src[k]);
+  return bits % 16 == 0;
+}
+
 // Elements [first + thread, count) in steps of `threads`, one at a time (any
 // alignment). `Sources`: anything with a `src` array (ReduceSources, or a
 // smaller one where fewer ranks are possible).
@@ -106,11 +113,22 @@ __device__ inline void reduce_words(T* __restrict__ out, const Sources& in, int 
   }
 }
 
-template <typename Sources>
-FERRY_HOST_DEVICE inline bool reduce_aligned16(const void* out, const Sources& in, int n) {
-  uintptr_t bits = reinterpret_cast<uintptr_t>(out);
-  for (int k = 0; k < n; ++k) bits |= reinterpret_cast<uintptr_t>(in.src[k]);
-  return bits % 16 == 0;
+// `count` elements of out from every source: 16-byte words where out and
+// every source are 16-byte aligned, elements otherwise and for the tail.
+// The threads of `groups` thread blocks take part (this block is number
+// `group`): the whole grid in the reduction kernel, one block in the SM path.
+template <typename T, RedOp Op, int kUnroll, typename Sources>
+__device__ inline void reduce_range(T* __restrict__ out, const Sources& in, int n, size_t count, size_t group,
+                                    size_t groups) {
+  const size_t lane = blockDim.x;
+  size_t first = 0;
+  if (reduce_aligned16(out, in, n)) {
+    constexpr size_t E = 16 / sizeof(T);
+    reduce_words<T, Op, kUnroll>(out, in, n, count / E, group * lane * kUnroll + threadIdx.x, lane,
+                                 groups * lane * kUnroll);
+    first = count / E * E;
+  }
+  reduce_elements<T, Op>(out, in, n, first, count, group * lane + threadIdx.x, groups * lane);
 }
 
 // On the host (to pick a kernel): calls f(Type<T>{}, std::integral_constant<RedOp, Op>{}) for a reduction's

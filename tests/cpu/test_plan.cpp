@@ -258,87 +258,57 @@ TEST(Plan, SplitBlocksCoverTheCountEvenly) {
 }
 
 TEST(Plan, AllReduceDataMovementReachesEveryRank) {
-  // Scatter to scratch, "reduce" by hand, gather: every rank ends with every block.
-  const int world = 4;
-  const size_t count = 10, es = 4;
-  auto blocks = split_blocks(count, es, world);
-  size_t stride = 256;
-  std::vector<std::vector<unsigned char>> in(world), out(world), scr(world);
-  auto ins = fake_buffers(world, 2), outs = fake_buffers(world, 3), scrs = fake_buffers(world, 4);
-  Sim sim;
-  for (int r = 0; r < world; ++r) {
-    in[r].assign(count * es, static_cast<unsigned char>(r + 1));
-    out[r].assign(count * es, 0);
-    scr[r].assign(stride * world, 0);
-    sim.add(ins[r], &in[r]);
-    sim.add(outs[r], &out[r]);
-    sim.add(scrs[r], &scr[r]);
-  }
-  for (int r = 0; r < world; ++r)
-    for (const auto& pc : plan_scatter_to_scratch(r, world, scrs, ins[r], blocks, stride).pushes) sim.run(pc.copy);
-  for (int r = 0; r < world; ++r)
-    for (size_t i = 0; i < blocks[r].bytes; ++i) {
-      unsigned sum = in[r][blocks[r].offset + i];
-      for (int p = 0; p < world; ++p)
-        if (p != r) sum += scr[r][p * stride + i];
-      out[r][blocks[r].offset + i] = static_cast<unsigned char>(sum);
-    }
-  for (int r = 0; r < world; ++r)
-    for (const auto& pc : plan_gather_blocks(r, world, outs, blocks).pushes) sim.run(pc.copy);
-  for (int r = 0; r < world; ++r)
-    for (unsigned char v : out[r]) EXPECT_EQ(v, 1 + 2 + 3 + 4);
-}
-
-TEST(Plan, AllReduceInRoundsWithAlignedBlocks) {
-  // The shape collectives.cpp builds: blocks in 16-byte units, then per round
-  // a scatter of every block's part into the slots and a "reduction" of this
-  // rank's part; a gather at the end. Uneven blocks, so the last round of a
-  // short block is empty; every byte checked.
-  for (int world : {2, 3, 4}) {
-    const size_t count = 1003, es = 4, round_bytes = 512;
-    auto blocks = split_blocks(count, es, world, 16);
-    for (const auto& b : blocks) EXPECT_EQ(b.offset % 16, 0u);
-    const size_t stride = scratch_slot_stride(largest_block(blocks));
-    std::vector<std::vector<unsigned char>> in(world), out(world), scr(world);
-    auto ins = fake_buffers(world, 2), outs = fake_buffers(world, 3), scrs = fake_buffers(world, 4);
-    Sim sim;
-    for (int r = 0; r < world; ++r) {
-      in[r].resize(count * es);
-      for (size_t i = 0; i < in[r].size(); ++i) in[r][i] = static_cast<unsigned char>(r * 31 + i * 7);
-      out[r].assign(count * es, 0);
-      scr[r].assign(stride * world, 0);
-      sim.add(ins[r], &in[r]);
-      sim.add(outs[r], &out[r]);
-      sim.add(scrs[r], &scr[r]);
-    }
-    const auto rounds = plan_rounds(largest_block(blocks), round_bytes);
-    ASSERT_EQ(rounds.size(), (largest_block(blocks) + round_bytes - 1) / round_bytes);
-    for (const auto& round : rounds) {
-      std::vector<Block> part;
-      std::vector<char*> slots;
-      for (int p = 0; p < world; ++p) {
-        part.push_back(block_round(blocks[p], round));
-        slots.push_back(scrs[p] + round.begin);
+  // The shape collectives.cpp builds above one exchange's bound: blocks in
+  // 16-byte units, then per round a scatter of every block's part into the
+  // slots and a "reduction" of this rank's part; a gather at the end. One
+  // round, and rounds of 512 bytes (uneven blocks, so the last round of a
+  // short block is empty); every byte checked.
+  for (int world : {2, 3, 4})
+    for (size_t round_bytes : {size_t(0), size_t(512)}) {
+      const size_t count = 1003, es = 4;
+      auto blocks = split_blocks(count, es, world, 16);
+      for (const auto& b : blocks) EXPECT_EQ(b.offset % 16, 0u);
+      const size_t stride = scratch_slot_stride(largest_block(blocks));
+      std::vector<std::vector<unsigned char>> in(world), out(world), scr(world);
+      auto ins = fake_buffers(world, 2), outs = fake_buffers(world, 3), scrs = fake_buffers(world, 4);
+      Sim sim;
+      for (int r = 0; r < world; ++r) {
+        in[r].resize(count * es);
+        for (size_t i = 0; i < in[r].size(); ++i) in[r][i] = static_cast<unsigned char>(r * 31 + i * 7);
+        out[r].assign(count * es, 0);
+        scr[r].assign(stride * world, 0);
+        sim.add(ins[r], &in[r]);
+        sim.add(outs[r], &out[r]);
+        sim.add(scrs[r], &scr[r]);
+      }
+      const auto rounds = plan_rounds(largest_block(blocks), round_bytes);
+      ASSERT_EQ(rounds.size(), round_bytes ? (largest_block(blocks) + round_bytes - 1) / round_bytes : 1);
+      for (const auto& round : rounds) {
+        std::vector<Block> part;
+        std::vector<char*> slots;
+        for (int p = 0; p < world; ++p) {
+          part.push_back(block_round(blocks[p], round));
+          slots.push_back(scrs[p] + round.begin);
+        }
+        for (int r = 0; r < world; ++r)
+          for (const auto& pc : plan_scatter_to_scratch(r, world, slots, ins[r], part, stride).pushes) sim.run(pc.copy);
+        for (int r = 0; r < world; ++r)
+          for (size_t i = 0; i < part[r].bytes; ++i) {
+            unsigned sum = in[r][part[r].offset + i];
+            for (int p = 0; p < world; ++p)
+              if (p != r) sum += scr[r][p * stride + round.begin + i];
+            out[r][part[r].offset + i] = static_cast<unsigned char>(sum);
+          }
       }
       for (int r = 0; r < world; ++r)
-        for (const auto& pc : plan_scatter_to_scratch(r, world, slots, ins[r], part, stride).pushes) sim.run(pc.copy);
+        for (const auto& pc : plan_gather_blocks(r, world, outs, blocks).pushes) sim.run(pc.copy);
       for (int r = 0; r < world; ++r)
-        for (size_t i = 0; i < part[r].bytes; ++i) {
-          unsigned sum = in[r][part[r].offset + i];
-          for (int p = 0; p < world; ++p)
-            if (p != r) sum += scr[r][p * stride + round.begin + i];
-          out[r][part[r].offset + i] = static_cast<unsigned char>(sum);
+        for (size_t i = 0; i < count * es; ++i) {
+          unsigned sum = 0;
+          for (int p = 0; p < world; ++p) sum += in[p][i];
+          ASSERT_EQ(out[r][i], static_cast<unsigned char>(sum)) << "world " << world << " rank " << r << " byte " << i;
         }
     }
-    for (int r = 0; r < world; ++r)
-      for (const auto& pc : plan_gather_blocks(r, world, outs, blocks).pushes) sim.run(pc.copy);
-    for (int r = 0; r < world; ++r)
-      for (size_t i = 0; i < count * es; ++i) {
-        unsigned sum = 0;
-        for (int p = 0; p < world; ++p) sum += in[p][i];
-        ASSERT_EQ(out[r][i], static_cast<unsigned char>(sum)) << "world " << world << " rank " << r << " byte " << i;
-      }
-  }
 }
 
 TEST(Plan, AllReduceOnTwoRanksIsOneExchangeUpToItsBound) {

@@ -9,7 +9,7 @@ import os
 import sys
 import zlib
 
-from _checks import checker, init, ints
+from _checks import checker, expecter, init, ints
 
 DTYPES = ("float32", "bfloat16", "float16", "float64", "int32", "int64")
 
@@ -37,6 +37,7 @@ def _reduced(torch, blocks: list, op: str):
 def reductions_in_rounds(rank: int, world: int, port: int) -> list:
     # Rounds of 4 KB per rank's result: a call of 400 KB runs about 100 of them.
     os.environ["FERRY_REDUCE_ROUND_BYTES"] = "4096"
+    import ferry
     import torch
 
     comm = init(rank, world, port, timeout=60)
@@ -92,6 +93,12 @@ def reductions_in_rounds(rank: int, world: int, port: int) -> list:
                         check(label + " in place", ar, exp)
         comm.synchronize()
         _repeats_and_graph(torch, comm, rank, world, dev, check)
+        # A negative round is refused on every rank alike, before anything is enqueued.
+        os.environ["FERRY_REDUCE_ROUND_BYTES"] = "-1"
+        expecter(ferry, fails, f"rank {rank}: ")(
+            r"FERRY_REDUCE_ROUND_BYTES=-1; expected 0 \(ferry's rule\) or the bytes of each round",
+            lambda: comm.reduce_scatter(torch.empty(3, device=dev), torch.empty(3 * world, device=dev)),
+        )
         _default_rounds(torch, comm, rank, world, dev, check)
     finally:
         comm.close()
