@@ -202,9 +202,13 @@ FERRY_API ferry_result_t ferry_release(ferry_comm_t comm, int handle);
  * per rank (all_to_all(v): one block; reduce_scatter: the output) wins. algo
  * names a variant (not AUTO); FERRY_ALGO_SM rules are skipped for calls the SM
  * path cannot take. signals: who sends that variant's two signal rounds (AUTO:
- * FERRY_SIGNALS). n == 0 restores the built-in default (b2b up to 2 MiB, seq
- * above). The tables ferry ships for Python (the JSON files in python/ferry/tuning: the
- * SM-free default and the "latency" preset) are lists of such rules. */
+ * FERRY_SIGNALS).
+ *
+ * A communicator starts with FERRY_TUNING's table (a preset's name, or the path
+ * of a file `ferry tune` wrote), else the "sm-free" table ferry ships for its
+ * GPU model (the JSON files in python/ferry/tuning, compiled into this
+ * library), else a built-in default (b2b up to 2 MiB, seq above). n == 0
+ * restores that start. */
 typedef struct {
   ferry_op_t op;
   int world;        /* 0: any world size */
@@ -213,6 +217,11 @@ typedef struct {
   ferry_signals_t signals;
 } ferry_tuning_rule_t;
 FERRY_API ferry_result_t ferry_comm_set_tuning(ferry_comm_t comm, const ferry_tuning_rule_t* rules, size_t n);
+/* The table of a shipped preset for this GPU model: "sm-free" (copy engines
+ * only) or "latency" (the SM path and kernel signals where they were measured
+ * faster; those wait for SMs beside compute). FERRY_ERROR_INVALID_ARGUMENT for
+ * another name, or where ferry ships no such table for this GPU. */
+FERRY_API ferry_result_t ferry_comm_set_tuning_preset(ferry_comm_t comm, const char* preset);
 /* What a call of `op` with algo and signals AUTO runs at this size on `comm`:
  * the variant, and FERRY_SIGNALS_COPY or FERRY_SIGNALS_SM. */
 FERRY_API ferry_result_t ferry_comm_choose(ferry_comm_t comm, ferry_op_t op, size_t bytes_per_rank, ferry_algo_t* algo,

@@ -79,15 +79,7 @@ std::vector<T> as_pointers(const std::vector<uintptr_t>& v) {
   return out;
 }
 
-ferry::CollOp parse_op(const std::string& op) {
-  using ferry::CollOp;
-  for (CollOp o : {CollOp::kAllGather, CollOp::kAllToAll, CollOp::kAllToAllv, CollOp::kBroadcast,
-                   CollOp::kReduceScatter, CollOp::kAllReduce})
-    if (op == ferry::coll_op_name(o)) return o;
-  ferry::throw_error(
-      FERRY_ERROR_INVALID_ARGUMENT,
-      "op is '" + op + "'; expected all_gather, all_to_all, all_to_allv, broadcast, reduce_scatter or all_reduce");
-}
+ferry::CollOp parse_op(const std::string& op) { return ferry::parse_coll_op(op, "op"); }
 
 // A tuning rule as Python passes it: (op, world, max_bytes, algo, signals).
 using RuleTuple = std::tuple<std::string, int, size_t, std::string, std::string>;

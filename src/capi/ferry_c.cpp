@@ -244,6 +244,13 @@ ferry_result_t ferry_comm_set_tuning(ferry_comm_t comm, const ferry_tuning_rule_
   });
 }
 
+ferry_result_t ferry_comm_set_tuning_preset(ferry_comm_t comm, const char* preset) {
+  return guarded([&] {
+    FERRY_ARG_CHECK(preset, "preset must not be NULL; expected \"sm-free\" or \"latency\"");
+    get(comm).set_selector_preset(preset);
+  });
+}
+
 ferry_result_t ferry_comm_choose(ferry_comm_t comm, ferry_op_t op, size_t bytes_per_rank, ferry_algo_t* algo,
                                  ferry_signals_t* signals) {
   return guarded([&] {

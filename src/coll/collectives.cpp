@@ -3,6 +3,7 @@
 // turned into a Program of exchanges, reductions and local copies (plan.hpp).
 #include "coll/communicator.hpp"
 #include "coll/signature.hpp"
+#include "coll/tuning.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/host_trace.hpp"
@@ -87,8 +88,15 @@ Communicator::Resolved Communicator::resolve(const CollectiveArgs& a) const {
 }
 
 void Communicator::set_selector_table(const std::vector<SelectorRule>& rules) {
-  table_ = rules.empty() ? default_selector_table() : rules;
+  table_ = rules.empty() ? startup_table_ : rules;
   recent_calls_.clear();  // their variants were chosen with the old table
+}
+
+void Communicator::set_selector_preset(const std::string& preset) {
+  std::optional<std::vector<SelectorRule>> rules = preset_rules(shipped_tables(), gpu_name_, world_, preset);
+  FERRY_ARG_CHECK(rules.has_value(), "preset: ferry ships no '" + preset + "' table for " + gpu_name_ +
+                                         "; measure one with `ferry tune` (--sm for SM paths) and set its rules");
+  set_selector_table(*rules);
 }
 
 Expectation Communicator::expectation(uint64_t seq, const CollectiveArgs& a, const Built& b) const {

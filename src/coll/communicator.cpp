@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "coll/signature.hpp"
+#include "coll/tuning.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/host_trace.hpp"
@@ -52,9 +53,14 @@ constexpr size_t kReplayCapacity = 256;
 
 }  // namespace
 
-void Communicator::init_common(double timeout_s) {
+void Communicator::init_common(double timeout_s, int device) {
   timeout_s_ = timeout_s > 0 ? timeout_s : knob_float("FERRY_TIMEOUT_S");
-  table_ = default_selector_table();
+  cudaDeviceProp prop{};
+  FERRY_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  gpu_name_ = prop.name;
+  startup_table_ = startup_rules(shipped_tables(), gpu_name_, world_, knob_string("FERRY_TUNING"))
+                       .value_or(default_selector_table());
+  table_ = startup_table_;
   forced_algo_ = parse_algo(knob_string("FERRY_ALGO"), "FERRY_ALGO");
   signals_by_kernel_ = signals_by_kernel(knob_string("FERRY_SIGNALS"));
 }
@@ -101,7 +107,7 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int world, int devi
   c->world_ = world;
   c->multi_process_ = true;
   c->allgather_ = allgather;
-  c->init_common(timeout_s);
+  c->init_common(timeout_s, device);
   c->locals_.push_back(make_local(rank, device, world));
   c->fds_ = std::make_unique<FdExchange>(rank, knob_string("FERRY_SOCKET_DIR"));
   c->flag_mem_.resize(world);
@@ -171,7 +177,7 @@ std::unique_ptr<Communicator> Communicator::create_local(const std::vector<int>&
   }
   std::unique_ptr<Communicator> c(new Communicator());
   c->world_ = n;
-  c->init_common(timeout_s);
+  c->init_common(timeout_s, devices[0]);
   for (int i = 0; i < n; ++i) {
     FERRY_CUDA_CHECK(cudaSetDevice(devices[i]));
     for (int j = 0; j < n; ++j) {

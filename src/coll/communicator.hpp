@@ -94,8 +94,13 @@ class Communicator {
   cudaEvent_t finished_event(int handle, int local);
   void release_prepared(int handle);
 
-  // Sets the selector's table (rules tried in order); empty: the built-in default.
+  // Sets the selector's table (rules tried in order); empty: the table the
+  // communicator started with (coll/tuning.hpp: FERRY_TUNING, else the shipped
+  // table for its GPU model, else the built-in default).
   void set_selector_table(const std::vector<SelectorRule>& rules);
+  // Sets the table of a shipped preset ("sm-free", "latency") for this GPU
+  // model; an unknown preset, or none shipped for this GPU, is an error.
+  void set_selector_preset(const std::string& preset);
   // What runs a call: the variant, and whether its signal rounds are kernels.
   struct Resolved {
     Algo algo = Algo::kAuto;
@@ -187,7 +192,7 @@ class Communicator {
   };
 
   Communicator() = default;
-  void init_common(double timeout_s);
+  void init_common(double timeout_s, int device);
   static std::unique_ptr<Local> make_local(int rank, int device, int world);
   void start_watchdog();
   void ensure_open(const char* what);
@@ -302,10 +307,12 @@ class Communicator {
   uint64_t seq_ = 0;
   uint64_t gate_generation_ = 0;  // the value of each arming, unique per communicator
   std::vector<SelectorRule> table_;
-  uint32_t scratch_registration_ = 0;  // 0: none yet
-  bool signals_by_kernel_ = false;     // FERRY_SIGNALS=sm: what a call's signals="auto" means
-  size_t one_shot_slot_bytes_ = 0;     // bytes per source slot in a window (FERRY_SM_BYTES)
-  OneShotWindows one_shot_windows_{};  // by rank, as mapped in this process
+  std::vector<SelectorRule> startup_table_;  // what an empty set_selector_table restores
+  std::string gpu_name_;                     // the GPU model, which picks shipped tables
+  uint32_t scratch_registration_ = 0;        // 0: none yet
+  bool signals_by_kernel_ = false;           // FERRY_SIGNALS=sm: what a call's signals="auto" means
+  size_t one_shot_slot_bytes_ = 0;           // bytes per source slot in a window (FERRY_SM_BYTES)
+  OneShotWindows one_shot_windows_{};        // by rank, as mapped in this process
   std::map<int, Prepared> prepared_;
   int next_handle_ = 1;
   std::mutex captured_mu_;

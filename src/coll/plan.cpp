@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "core/error.hpp"
+
 namespace ferry {
 namespace {
 
@@ -45,6 +47,15 @@ const char* coll_op_name(CollOp op) {
       return "all_reduce";
   }
   return "unknown";
+}
+
+CollOp parse_coll_op(const std::string& name, const std::string& what) {
+  for (CollOp o : {CollOp::kAllGather, CollOp::kAllToAll, CollOp::kAllToAllv, CollOp::kBroadcast,
+                   CollOp::kReduceScatter, CollOp::kAllReduce})
+    if (name == coll_op_name(o)) return o;
+  throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+              what + " is '" + name +
+                  "'; expected all_gather, all_to_all, all_to_allv, broadcast, reduce_scatter or all_reduce");
 }
 
 std::vector<int> cyclic_peers(int rank, int world) {

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "coll/local_copy.hpp"
@@ -28,6 +29,8 @@ enum class CollOp : uint32_t {
 };
 
 const char* coll_op_name(CollOp op);
+// The op of a name coll_op_name gives; anything else is an error that names `what`.
+CollOp parse_coll_op(const std::string& name, const std::string& what);
 
 struct PeerCopy {
   int peer;

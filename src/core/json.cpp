@@ -1,0 +1,195 @@
+#include "core/json.hpp"
+
+#include <cstdlib>
+
+#include "core/error.hpp"
+
+namespace ferry {
+
+const Json* Json::find(const std::string& key) const {
+  if (kind != Kind::kObject) return nullptr;
+  auto it = object.find(key);
+  return it == object.end() ? nullptr : &it->second;
+}
+
+const char* Json::kind_name() const {
+  switch (kind) {
+    case Kind::kNull:
+      return "null";
+    case Kind::kBool:
+      return "a boolean";
+    case Kind::kNumber:
+      return "a number";
+    case Kind::kString:
+      return "a string";
+    case Kind::kArray:
+      return "an array";
+    case Kind::kObject:
+      return "an object";
+  }
+  return "unknown";
+}
+
+namespace {
+
+// Recursive descent over the text; `at` is the next byte to read.
+class Parser {
+ public:
+  Parser(const std::string& text, const std::string& what) : text_(text), what_(what) {}
+
+  Json document() {
+    Json v = value(0);
+    skip_space();
+    if (at_ != text_.size()) fail("unexpected text after the document");
+    return v;
+  }
+
+ private:
+  // Deep enough for any table; bounded so that a hostile file cannot overflow the stack.
+  static constexpr int kMaxDepth = 64;
+
+  [[noreturn]] void fail(const std::string& why) const {
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                what_ + ": not valid JSON at byte " + std::to_string(at_) + " (" + why + ")");
+  }
+
+  void skip_space() {
+    while (at_ < text_.size() && (text_[at_] == ' ' || text_[at_] == '\n' || text_[at_] == '\r' || text_[at_] == '\t'))
+      ++at_;
+  }
+
+  bool take(char c) {
+    skip_space();
+    if (at_ < text_.size() && text_[at_] == c) {
+      ++at_;
+      return true;
+    }
+    return false;
+  }
+
+  void expect(char c) {
+    if (!take(c)) fail(std::string("expected '") + c + "'");
+  }
+
+  bool take_word(const char* word) {
+    size_t n = std::char_traits<char>::length(word);
+    if (text_.compare(at_, n, word) != 0) return false;
+    at_ += n;
+    return true;
+  }
+
+  Json value(int depth) {
+    if (depth > kMaxDepth) fail("nested too deeply");
+    skip_space();
+    if (at_ == text_.size()) fail("unexpected end");
+    Json v;
+    char c = text_[at_];
+    if (c == '{') {
+      ++at_;
+      v.kind = Json::Kind::kObject;
+      if (take('}')) return v;
+      do {
+        skip_space();
+        std::string key = string_literal();
+        expect(':');
+        v.object[key] = value(depth + 1);
+      } while (take(','));
+      expect('}');
+    } else if (c == '[') {
+      ++at_;
+      v.kind = Json::Kind::kArray;
+      if (take(']')) return v;
+      do v.array.push_back(value(depth + 1));
+      while (take(','));
+      expect(']');
+    } else if (c == '"') {
+      v.kind = Json::Kind::kString;
+      v.string = string_literal();
+    } else if (take_word("null")) {
+      v.kind = Json::Kind::kNull;
+    } else if (take_word("true")) {
+      v.kind = Json::Kind::kBool;
+      v.boolean = true;
+    } else if (take_word("false")) {
+      v.kind = Json::Kind::kBool;
+    } else if (c == '-' || (c >= '0' && c <= '9')) {
+      v.kind = Json::Kind::kNumber;
+      const char* begin = text_.c_str() + at_;
+      char* end = nullptr;
+      v.number = std::strtod(begin, &end);
+      if (end == begin) fail("expected a number");
+      at_ += static_cast<size_t>(end - begin);
+    } else {
+      fail(std::string("unexpected '") + c + "'");
+    }
+    return v;
+  }
+
+  // A string literal; \uXXXX escapes outside ASCII are written as UTF-8.
+  std::string string_literal() {
+    if (at_ >= text_.size() || text_[at_] != '"') fail("expected a string");
+    ++at_;
+    std::string out;
+    while (at_ < text_.size() && text_[at_] != '"') {
+      char c = text_[at_++];
+      if (c != '\\') {
+        out += c;
+        continue;
+      }
+      if (at_ == text_.size()) break;
+      char e = text_[at_++];
+      switch (e) {
+        case 'n':
+          out += '\n';
+          break;
+        case 't':
+          out += '\t';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'u': {
+          if (at_ + 4 > text_.size()) fail("short \\u escape");
+          unsigned code = static_cast<unsigned>(std::strtoul(text_.substr(at_, 4).c_str(), nullptr, 16));
+          at_ += 4;
+          append_utf8(out, code);
+          break;
+        }
+        default:
+          out += e;  // \" \\ \/
+      }
+    }
+    if (at_ == text_.size()) fail("unterminated string");
+    ++at_;
+    return out;
+  }
+
+  static void append_utf8(std::string& out, unsigned code) {
+    if (code < 0x80) {
+      out += static_cast<char>(code);
+    } else if (code < 0x800) {
+      out += static_cast<char>(0xC0 | (code >> 6));
+      out += static_cast<char>(0x80 | (code & 0x3F));
+    } else {
+      out += static_cast<char>(0xE0 | (code >> 12));
+      out += static_cast<char>(0x80 | ((code >> 6) & 0x3F));
+      out += static_cast<char>(0x80 | (code & 0x3F));
+    }
+  }
+
+  const std::string& text_;
+  const std::string& what_;
+  size_t at_ = 0;
+};
+
+}  // namespace
+
+Json parse_json(const std::string& text, const std::string& what) { return Parser(text, what).document(); }
+
+}  // namespace ferry
