@@ -162,12 +162,34 @@ static void run_checks(ferry_comm_t comm) {
   CHECK_FERRY(ferry_all_gather(comm, outs, (const void* const*)in_blocks, n, streams, NULL));
   CHECK_FERRY(ferry_comm_synchronize(comm));
   check_outputs("all_gather, own tuning table", total, gathered, n, 6);
-  CHECK_FERRY(ferry_comm_set_tuning(comm, NULL, 0)); /* back to the built-in default */
+  /* Back to the table the communicator started with: FERRY_TUNING's, else the
+   * SM-free table ferry ships for this GPU model, else the built-in default. */
+  CHECK_FERRY(ferry_comm_set_tuning(comm, NULL, 0));
   CHECK_FERRY(ferry_comm_choose(comm, FERRY_OP_ALL_GATHER, n, &algo, &signals));
-  if (algo == FERRY_ALGO_SM) {
-    fprintf(stderr, "the built-in default chose the SM path\n");
+  if (algo == FERRY_ALGO_SM && getenv("FERRY_TUNING") == NULL) {
+    fprintf(stderr, "the starting table chose the SM path\n");
     ++wrong;
   }
+  /* A shipped preset by name: "latency" takes the SM path for small all_gathers
+   * where ferry ships it for this GPU model (H200); elsewhere it is refused. */
+  ferry_result_t preset = ferry_comm_set_tuning_preset(comm, "latency");
+  if (preset == FERRY_SUCCESS) {
+    CHECK_FERRY(ferry_comm_choose(comm, FERRY_OP_ALL_GATHER, 4096, &algo, &signals));
+    if (algo != FERRY_ALGO_SM) {
+      fprintf(stderr, "the latency preset chose algo %d for a 4 KiB all_gather\n", (int)algo);
+      ++wrong;
+    }
+    fprintf(stderr, "latency preset: a 4 KiB all_gather takes the SM path\n");
+  } else if (preset == FERRY_ERROR_INVALID_ARGUMENT) {
+    fprintf(stderr, "latency preset: %s\n", ferry_last_error());
+  } else {
+    CHECK_FERRY(preset);
+  }
+  if (ferry_comm_set_tuning_preset(comm, "fastest") != FERRY_ERROR_INVALID_ARGUMENT) {
+    fprintf(stderr, "an unknown preset was not refused\n");
+    ++wrong;
+  }
+  CHECK_FERRY(ferry_comm_set_tuning(comm, NULL, 0));
 
   /* Prelaunch: prepared once, armed and triggered step after step. */
   ferry_call_t call;

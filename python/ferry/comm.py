@@ -188,11 +188,7 @@ class Communicator:
         self._shared_gpus = len(set(devices)) < len(devices)
         self._allocs: dict = {}
         self._store = None  # ferry's own TCP store, kept for later collective calls
-        try:
-            self._apply_shipped_tuning()
-        except InvalidArgumentError:
-            native_comm.close()  # a bad FERRY_TUNING: release the GPU resources (closing is local)
-            raise
+        self._warn_if_preset_missing()
 
     def _gpu_name(self) -> Optional[str]:
         """This communicator's GPU model (None where none can be read)."""
@@ -206,20 +202,16 @@ class Communicator:
             except Exception:  # noqa: BLE001 - no GPU: nothing will be selected
                 return None
 
-    def _apply_shipped_tuning(self) -> None:
-        """The selector's table for this GPU model (ferry/tuning/, or FERRY_TUNING)."""
-        name = self._gpu_name()
-        if name is None:
-            return
-        try:
-            rules = tune.default_rules(name, self._c.world)
-        except ValueError as exc:
-            raise InvalidArgumentError(str(exc)) from None
-        if rules:
-            self._c.set_selector_table(rules)
-        elif os.environ.get("FERRY_TUNING") in tune.PRESETS:
+    def _warn_if_preset_missing(self) -> None:
+        """The native layer started with FERRY_TUNING's table, else the shipped
+        one for this GPU model (coll/tuning.hpp); a preset asked for by name
+        and not shipped for this GPU falls back to the built-in default, which
+        deserves a word."""
+        setting = os.environ.get("FERRY_TUNING")
+        name = self._gpu_name() if setting in tune.PRESETS else None
+        if name is not None and tune.preset_rules(name, self._c.world, setting) is None:
             warnings.warn(
-                f"FERRY_TUNING={os.environ['FERRY_TUNING']}: ferry ships no such table for {name}; "
+                f"FERRY_TUNING={setting}: ferry ships no such table for {name}; "
                 "the built-in default applies (measure one with `ferry tune`)",
                 stacklevel=3,
             )
@@ -587,28 +579,20 @@ class Communicator:
         this GPU model. Rules: a list of (op, world, max_bytes_per_rank,
         algo[, signals]) (or dicts with those keys), tried in order (world 0:
         any; signals 'auto', 'copy' or 'sm', default 'auto': FERRY_SIGNALS);
-        see `ferry tune`; an empty list restores the built-in default. A bad
+        see `ferry tune`; an empty list restores the table the communicator
+        started with (FERRY_TUNING's, else the shipped one). A bad
         preset or rule raises InvalidArgumentError naming it."""
         if isinstance(rules, str):
-            rules = self._preset(rules)
+            try:
+                self._c.set_selector_preset(rules)
+            except InvalidArgumentError as exc:
+                raise InvalidArgumentError(f"set_tuning: {exc}") from None
+            return
         try:
             checked = tune.validate(rules)
         except ValueError as exc:
             raise InvalidArgumentError(f"set_tuning: {exc}") from None
         self._c.set_selector_table(checked)
-
-    def _preset(self, preset: str) -> list:
-        name = self._gpu_name()
-        try:
-            rules = tune.preset_rules(name or "", self._c.world, preset)
-        except ValueError as exc:
-            raise InvalidArgumentError(f"set_tuning: {exc}") from None
-        if rules is None:
-            raise InvalidArgumentError(
-                f"set_tuning: ferry ships no {preset!r} table for {name or 'this GPU'}; "
-                "measure one with `ferry tune` (--sm for SM paths) and pass its rules"
-            )
-        return rules
 
     def sm_path_takes(self, op: str, largest_block: int) -> bool:
         """Whether algo 'sm' runs `op` here when the largest block one rank

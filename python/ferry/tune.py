@@ -1,5 +1,6 @@
 """The variant selector's table: derived from measurements (`ferry tune`),
-shipped per GPU model (ferry/tuning/*.json), loaded into each communicator.
+shipped per GPU model (ferry/tuning/*.json, compiled into the native
+library, which loads the right one into each communicator: coll/tuning.hpp).
 
 A table is a list of rules (op, world, max_bytes, algo, signals), tried in
 order; the first whose op and world (0: any) match and whose max_bytes is at
@@ -13,8 +14,6 @@ Everything here is pure and CPU-tested except `run`, which measures."""
 from __future__ import annotations
 
 import datetime
-import glob
-import json
 import os
 from typing import Dict, Iterable, List, Optional, Tuple
 
@@ -171,13 +170,13 @@ PRESETS = ("sm-free", "latency")
 DEFAULT_PRESET = "sm-free"
 
 
-def shipped_tables() -> List[dict]:
-    here = os.path.join(os.path.dirname(__file__), "tuning")
-    out = []
-    for path in sorted(glob.glob(os.path.join(here, "*.json"))):
-        with open(path) as f:
-            out.append(json.load(f))
-    return out
+def _native_rules(fn, *args) -> Optional[List[Rule]]:
+    """The native library's answer: it holds the shipped tables and reads
+    FERRY_TUNING files (its InvalidArgumentError is a ValueError)."""
+    from ferry._native import require
+
+    rules = fn(require())(*args)
+    return None if rules is None else [tuple(r) for r in rules]
 
 
 def preset_rules(gpu_name: str, world: int, preset: str) -> Optional[List[Rule]]:
@@ -185,38 +184,16 @@ def preset_rules(gpu_name: str, world: int, preset: str) -> Optional[List[Rule]]
     or the nearest smaller one measured (the nearest larger below the
     smallest); None where ferry ships none for this GPU. An unknown preset
     raises ValueError."""
-    if preset not in PRESETS:
-        raise ValueError(f"preset is {preset!r}; expected one of {', '.join(PRESETS)}")
-    for table in shipped_tables():
-        if table.get("preset", DEFAULT_PRESET) != preset:
-            continue
-        if table.get("gpu") and table["gpu"] in gpu_name:
-            worlds = sorted(int(w) for w in table["tables"])
-            fit = [w for w in worlds if w <= world] or worlds
-            rules = validate(table["tables"][str(fit[-1])])
-            # Rules are measured for one world size; they apply to this one.
-            return [(o, 0) + tuple(rest) for o, w, *rest in rules]
-    return None
+    return _native_rules(lambda n: n.preset_rules, gpu_name, world, preset)
 
 
 def default_rules(gpu_name: str, world: int, env: Optional[Dict[str, str]] = None) -> Optional[List[Rule]]:
-    """Rules for this GPU model: FERRY_TUNING if set in `env` (default: the
-    process's; a preset's name, or the path of a `ferry tune` file), else
-    the shipped "sm-free" table. None: the native built-in default applies."""
-    setting = (os.environ if env is None else env).get("FERRY_TUNING")
-    if setting in PRESETS:
-        return preset_rules(gpu_name, world, setting)
-    if setting:
-        if not os.path.isfile(setting):
-            raise ValueError(
-                f"FERRY_TUNING={setting!r} is neither a preset ({', '.join(PRESETS)}) nor a file"
-            )
-        with open(setting) as f:
-            try:
-                return validate(json.load(f)["rules"])
-            except (ValueError, KeyError, TypeError) as exc:
-                raise ValueError(f"FERRY_TUNING={setting!r}: not a `ferry tune` table ({exc})") from None
-    return preset_rules(gpu_name, world, DEFAULT_PRESET)
+    """The table a communicator starts with: FERRY_TUNING if set in `env`
+    (default: the process's; a preset's name, or the path of a `ferry tune`
+    file), else the shipped "sm-free" table. None: the native built-in
+    default applies."""
+    setting = (os.environ if env is None else env).get("FERRY_TUNING", "")
+    return _native_rules(lambda n: n.startup_rules, gpu_name, world, setting)
 
 
 def describe(gpu_name: str, world: int, env: Dict[str, str]) -> Tuple[str, str]:

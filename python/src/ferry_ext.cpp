@@ -3,6 +3,7 @@
 // declared here, by result code.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/function.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -10,7 +11,9 @@
 #include <nanobind/stl/vector.h>
 #include <time.h>
 
+#include <algorithm>
 #include <memory>
+#include <optional>
 
 #include "coll/communicator.hpp"
 #include "coll/local_copy.hpp"
@@ -19,6 +22,7 @@
 #include "coll/selector.hpp"
 #include "coll/sm_holder.hpp"
 #include "coll/trigger_kernel.hpp"
+#include "coll/tuning.hpp"
 #include "core/driver.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
@@ -83,6 +87,17 @@ ferry::CollOp parse_op(const std::string& op) { return ferry::parse_coll_op(op, 
 
 // A tuning rule as Python passes it: (op, world, max_bytes, algo, signals).
 using RuleTuple = std::tuple<std::string, int, size_t, std::string, std::string>;
+
+// Rules back to Python; no bound (SIZE_MAX) becomes ferry.tune.ANY (2^63 - 1).
+std::optional<std::vector<RuleTuple>> rule_tuples(const std::optional<std::vector<ferry::SelectorRule>>& rules) {
+  if (!rules) return std::nullopt;
+  constexpr size_t kPythonAny = (size_t(1) << 63) - 1;
+  std::vector<RuleTuple> out;
+  for (const auto& r : *rules)
+    out.emplace_back(ferry::coll_op_name(r.op), r.world, std::min(r.max_bytes, kPythonAny), ferry::algo_name(r.algo),
+                     ferry::signals_name(r.signals));
+  return out;
+}
 
 std::vector<ferry::SelectorRule> selector_rules(const std::vector<RuleTuple>& rules) {
   std::vector<ferry::SelectorRule> t;
@@ -190,6 +205,19 @@ NB_MODULE(_ferry, m) {
         return std::make_pair(std::string(ferry::algo_name(s.algo)), std::string(ferry::signals_name(s.signals)));
       },
       "op"_a, "world"_a, "bytes_per_rank"_a, "algo"_a = "auto", "rules"_a = std::vector<RuleTuple>{});
+  // The shipped tables (compiled in) and FERRY_TUNING's choice: coll/tuning.hpp.
+  m.def(
+      "preset_rules",
+      [](const std::string& gpu_name, int world, const std::string& preset) {
+        return rule_tuples(ferry::preset_rules(ferry::shipped_tables(), gpu_name, world, preset));
+      },
+      "gpu_name"_a, "world"_a, "preset"_a);
+  m.def(
+      "startup_rules",
+      [](const std::string& gpu_name, int world, const std::string& setting) {
+        return rule_tuples(ferry::startup_rules(ferry::shipped_tables(), gpu_name, world, setting));
+      },
+      "gpu_name"_a, "world"_a, "setting"_a);
   // Pure: why algo "sm" cannot take such a call ("" when it can); CPU-tested.
   m.def(
       "sm_path_refuses",
@@ -379,6 +407,7 @@ NB_MODULE(_ferry, m) {
           "set_selector_table",
           [](Communicator& c, const std::vector<RuleTuple>& rules) { c.set_selector_table(selector_rules(rules)); },
           "rules"_a)
+      .def("set_selector_preset", &Communicator::set_selector_preset, "preset"_a)
       .def(
           "choose",
           [](const Communicator& c, const std::string& op, size_t bytes) {

@@ -93,10 +93,7 @@ void Communicator::set_selector_table(const std::vector<SelectorRule>& rules) {
 }
 
 void Communicator::set_selector_preset(const std::string& preset) {
-  std::optional<std::vector<SelectorRule>> rules = preset_rules(shipped_tables(), gpu_name_, world_, preset);
-  FERRY_ARG_CHECK(rules.has_value(), "preset: ferry ships no '" + preset + "' table for " + gpu_name_ +
-                                         "; measure one with `ferry tune` (--sm for SM paths) and set its rules");
-  set_selector_table(*rules);
+  set_selector_table(shipped_preset(shipped_tables(), gpu_name_, world_, preset));
 }
 
 Expectation Communicator::expectation(uint64_t seq, const CollectiveArgs& a, const Built& b) const {

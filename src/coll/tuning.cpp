@@ -133,6 +133,15 @@ std::optional<std::vector<SelectorRule>> preset_rules(const std::vector<ShippedT
   return std::nullopt;
 }
 
+std::vector<SelectorRule> shipped_preset(const std::vector<ShippedTable>& tables, const std::string& gpu_name,
+                                         int world, const std::string& preset) {
+  std::optional<std::vector<SelectorRule>> rules = preset_rules(tables, gpu_name, world, preset);
+  if (!rules)
+    bad("preset: ferry ships no '" + preset + "' table for " + gpu_name +
+        "; measure one with `ferry tune` (--sm for SM paths) and set its rules");
+  return *rules;
+}
+
 std::vector<SelectorRule> rules_from_tuning_file(const std::string& text, const std::string& what) {
   try {
     Json doc = parse_json(text, "the file");

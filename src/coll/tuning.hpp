@@ -48,6 +48,11 @@ std::optional<std::vector<SelectorRule>> preset_rules(const std::vector<ShippedT
                                                       const std::string& gpu_name, int world,
                                                       const std::string& preset);
 
+// preset_rules, or an error where ferry ships no such table for this GPU
+// (what a communicator's set_selector_preset says).
+std::vector<SelectorRule> shipped_preset(const std::vector<ShippedTable>& tables, const std::string& gpu_name,
+                                         int world, const std::string& preset);
+
 // The rules of a `ferry tune` file's text ({"rules": [...], ...}); errors name `what`.
 std::vector<SelectorRule> rules_from_tuning_file(const std::string& text, const std::string& what);
 

@@ -126,6 +126,13 @@ TEST(Tuning, PresetTakesTheNearestSmallerMeasuredWorld) {
   EXPECT_FALSE(preset_rules(tables, "NVIDIA H100 80GB HBM3", 2, "sm-free").has_value());
   EXPECT_EQ(refusal([&] { preset_rules(tables, "NVIDIA H200", 2, "fast"); }),
             "preset is 'fast'; expected one of sm-free, latency");
+  // What set_tuning_preset says: the same rules, or why there are none.
+  EXPECT_EQ(shipped_preset(tables, "NVIDIA H200", 2, "latency").at(0).algo, Algo::kSm);
+  EXPECT_EQ(refusal([&] { shipped_preset(tables, "NVIDIA H100 80GB HBM3", 2, "latency"); }),
+            "preset: ferry ships no 'latency' table for NVIDIA H100 80GB HBM3; measure one with `ferry tune` (--sm "
+            "for SM paths) and set its rules");
+  EXPECT_EQ(refusal([&] { shipped_preset(tables, "NVIDIA H200", 2, "fast"); }),
+            "preset is 'fast'; expected one of sm-free, latency");
 }
 
 TEST(Tuning, FerryTuningPicksPresetFileOrShippedDefault) {
