@@ -1,7 +1,8 @@
-"""Worlds larger than the machine: 4 and 8 ranks in one process on the
+"""Worlds larger than the machine: 2, 4 and 8 ranks in one process on the
 visible GPUs, several ranks per GPU (FERRY_SHARED_GPUS=1, testing only), so
-that the code of a 4- or 8-GPU world runs where fewer GPUs are lent. Ranks of
-one GPU copy to each other on SMs, so this says nothing about speed."""
+that the code of a larger world runs where fewer GPUs are lent (on one GPU,
+every world here). Ranks of one GPU copy to each other on SMs, so this says
+nothing about speed."""
 
 import os
 import subprocess
@@ -11,9 +12,8 @@ import _checks
 import pytest
 from conftest import GPU_COUNT
 
-pytestmark = pytest.mark.multigpu
-
 CASES = [
+    (2, "auto,b2b,pcpy,seq,sm", "copy"),
     (4, "auto,b2b,pcpy,seq,sm", "copy"),
     # The copy-engine variants with their signal rounds sent by kernels
     # (FERRY_SIGNALS=sm): every rank's one-block kernels beside its GPU-mates'.
