@@ -633,12 +633,27 @@ def shared_gpu_world(world: int, algos) -> list:
                 outs,
                 [src.cpu()] * world,
             )
-    # A reduction (copy engines move, a kernel adds), the selector's variant.
-    count = world * 1000 + 3
-    xs = [ints(torch, 5 + r, count, devs[r], torch.float32) for r in range(world)]
-    ar = [b[: count * 4].view(torch.float32) for b in bufs]
-    exp = sum(x.cpu() for x in xs)
-    run("all_reduce", lambda: comm.all_reduce(ar, xs, stream=streams), ar, [exp] * world)
+    # Reductions (copy engines or the SM path move, a kernel adds): random
+    # values, references added in rank order as ferry adds them, odd counts.
+    from _workers_reduce import _randoms, _reduced
+
+    for algo in algos:
+        for dtype, op, block in ((torch.bfloat16, "sum", 70001), (torch.float32, "max", 1001)):
+            tag = f"{algo}/{dtype}/{op}"
+            xs = [
+                _randoms(torch, zlib.crc32(f"{tag}/{r}".encode()), world * block, devs[r], dtype)
+                for r in range(world)
+            ]
+            full = _reduced(torch, [x.cpu() for x in xs], op)
+            rs = [b[: block * xs[0].element_size()].view(dtype) for b in bufs]
+            expected = [full[r * block : (r + 1) * block] for r in range(world)]
+            call = lambda o=rs, i=xs, a=algo, op=op: comm.reduce_scatter(o, i, op=op, stream=streams, algo=a)  # noqa: E731
+            run(f"reduce_scatter/{tag}", call, rs, expected)
+            if algo == "sm" and world * block * xs[0].element_size() > most:
+                continue  # all_reduce's SM path sends every peer the whole buffer: past its window
+            ar = [b[: world * block * xs[0].element_size()].view(dtype) for b in bufs]
+            call = lambda o=ar, i=xs, a=algo, op=op: comm.all_reduce(o, i, op=op, stream=streams, algo=a)  # noqa: E731
+            run(f"all_reduce/{tag}", call, ar, [full] * world)
     comm.close()
     return fails
 

@@ -107,8 +107,11 @@ def start_tables(world: int) -> list:
         rand_bytes(torch, zlib.crc32(f"tables/{r}".encode()), n, torch.device("cuda", devs[r]))
         for r in range(world)
     ]
-    outs = [torch.full((world * n,), 0xA5, dtype=torch.uint8, device=f"cuda:{d}") for d in devs]
-    comm.all_gather(outs, ins)
+    outs = comm.alloc((world * n,), torch.uint8)  # one registered buffer per rank
+    for o in outs:
+        o.fill_(0xA5)  # poison
+    streams = [torch.cuda.Stream(device=d) for d in devs]  # one per rank (FERRY_SHARED_GPUS)
+    comm.all_gather(outs, ins, stream=streams)
     comm.synchronize()
     expected = torch.cat([x.cpu() for x in ins])
     for r, o in enumerate(outs):
