@@ -68,4 +68,5 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_terminal_summary(terminalreporter):
-    terminalreporter.write_line(f"GPU tests skipped (no GPU here): {len(_gpu_skips)}")
+    why = "no GPU here" if GPU_COUNT == 0 else f"they need more than the {GPU_COUNT} GPU(s) here"
+    terminalreporter.write_line(f"GPU tests skipped ({why}): {len(_gpu_skips)}")
