@@ -155,9 +155,14 @@ class Parser {
           out += '\f';
           break;
         case 'u': {
-          if (at_ + 4 > text_.size()) fail("short \\u escape");
-          unsigned code = static_cast<unsigned>(std::strtoul(text_.substr(at_, 4).c_str(), nullptr, 16));
-          at_ += 4;
+          unsigned code = hex4();
+          // A UTF-16 surrogate pair (what Python's json writes for characters past U+FFFF).
+          if (code >= 0xD800 && code < 0xDC00 && text_.compare(at_, 2, "\\u") == 0) {
+            at_ += 2;
+            unsigned low = hex4();
+            if (low < 0xDC00 || low >= 0xE000) fail("unpaired surrogate");
+            code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
+          }
           append_utf8(out, code);
           break;
         }
@@ -170,14 +175,34 @@ class Parser {
     return out;
   }
 
+  // The four hex digits of a \u escape.
+  unsigned hex4() {
+    unsigned code = 0;
+    for (int i = 0; i < 4; ++i, ++at_) {
+      char c = at_ < text_.size() ? text_[at_] : '\0';
+      int digit = c >= '0' && c <= '9'   ? c - '0'
+                  : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                  : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                         : -1;
+      if (digit < 0) fail("expected four hex digits after \\u");
+      code = code * 16 + static_cast<unsigned>(digit);
+    }
+    return code;
+  }
+
   static void append_utf8(std::string& out, unsigned code) {
     if (code < 0x80) {
       out += static_cast<char>(code);
     } else if (code < 0x800) {
       out += static_cast<char>(0xC0 | (code >> 6));
       out += static_cast<char>(0x80 | (code & 0x3F));
-    } else {
+    } else if (code < 0x10000) {
       out += static_cast<char>(0xE0 | (code >> 12));
+      out += static_cast<char>(0x80 | ((code >> 6) & 0x3F));
+      out += static_cast<char>(0x80 | (code & 0x3F));
+    } else {
+      out += static_cast<char>(0xF0 | (code >> 18));
+      out += static_cast<char>(0x80 | ((code >> 12) & 0x3F));
       out += static_cast<char>(0x80 | ((code >> 6) & 0x3F));
       out += static_cast<char>(0x80 | (code & 0x3F));
     }

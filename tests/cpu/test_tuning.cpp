@@ -56,6 +56,7 @@ TEST(Json, ReadsEveryKind) {
   EXPECT_FALSE(a->array[3].boolean);
   EXPECT_EQ(a->array[4].kind, Json::Kind::kNull);
   EXPECT_EQ(v.find("s")->string, "q\"\\\n\xc3\xa9");
+  EXPECT_EQ(parse_json(R"("\u00d7 \ud83d\ude80")", "t").string, "\xc3\x97 \xf0\x9f\x9a\x80");  // U+00D7, U+1F680
   EXPECT_EQ(v.find("o")->object.size(), 0u);
   EXPECT_EQ(v.find("missing"), nullptr);
   EXPECT_EQ(a->find("a"), nullptr);  // not an object
@@ -69,6 +70,8 @@ TEST(Json, MalformedDocumentsNameTheirPlace) {
   EXPECT_NE(refusal([] { parse_json("{} {}", "x"); }).find("after the document"), std::string::npos);
   EXPECT_NE(refusal([] { parse_json("-", "x"); }).find("expected a number"), std::string::npos);
   EXPECT_NE(refusal([] { parse_json("", "x"); }).find("unexpected end"), std::string::npos);
+  EXPECT_NE(refusal([] { parse_json(R"("\u12g4")", "x"); }).find("four hex digits"), std::string::npos);
+  EXPECT_NE(refusal([] { parse_json(R"("\ud83d\u0041")", "x"); }).find("unpaired surrogate"), std::string::npos);
   EXPECT_NE(refusal([] { parse_json(std::string(100, '['), "x"); }).find("nested too deeply"), std::string::npos);
 }
 
