@@ -283,6 +283,31 @@ NB_MODULE(_ferry, m) {
                           ferry::parse_local_copy(how, "how"), reinterpret_cast<cudaStream_t>(stream));
       },
       "dst"_a, "src"_a, "bytes"_a, "how"_a, "stream"_a);
+  // For measurements (python -m ferry.bench.reduce_kernel): the reduction
+  // kernel of reduce_scatter and all_reduce on one GPU, `world` sources in
+  // rank order (`own` for this rank's, slots of `scratch` for the others).
+  m.def(
+      "reduce_local",
+      [](uintptr_t out, uintptr_t own, uintptr_t scratch, size_t slot_stride, int rank, int world, size_t count,
+         const std::string& dtype, const std::string& op, uintptr_t stream, int max_blocks) {
+        FERRY_ARG_CHECK(world >= 1 && world <= ferry::kMaxRanks,
+                        "world is " + std::to_string(world) + "; expected 1.." + std::to_string(ferry::kMaxRanks));
+        FERRY_ARG_CHECK(rank >= 0 && rank < world,
+                        "rank is " + std::to_string(rank) + "; expected 0.." + std::to_string(world - 1));
+        ferry::ReduceStep s{reinterpret_cast<void*>(out),
+                            reinterpret_cast<const void*>(own),
+                            reinterpret_cast<const char*>(scratch),
+                            slot_stride,
+                            rank,
+                            world,
+                            count,
+                            ferry::parse_dtype(dtype, "dtype"),
+                            ferry::parse_red_op(op, "op"),
+                            max_blocks};
+        ferry::launch_reduce(s, reinterpret_cast<cudaStream_t>(stream));
+      },
+      "out"_a, "own"_a, "scratch"_a, "slot_stride"_a, "rank"_a, "world"_a, "count"_a, "dtype"_a, "op"_a, "stream"_a,
+      "max_blocks"_a = 0);
 
   nb::class_<Communicator> comm(m, "Communicator");
   comm.def_static(

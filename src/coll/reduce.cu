@@ -6,8 +6,6 @@ namespace ferry {
 namespace {
 
 constexpr int kThreads = 512;
-// Few blocks, like the local copy: bandwidth-bound, and the SMs belong to the user's compute.
-constexpr int kMaxBlocks = 32;
 // 16-byte words of each source a thread has in flight (reduce_words loads
 // two sources at once). One element per load (the first version) reached
 // about 0.34 TB/s of HBM traffic with 32 blocks; the local copy kernel moves
@@ -26,10 +24,12 @@ void launch_typed(const ReduceStep& s, cudaStream_t stream) {
   ReduceSources in{};
   for (int p = 0; p < s.world; ++p)
     in.src[p] = p == s.rank ? static_cast<const char*>(s.own) : s.scratch + static_cast<size_t>(p) * s.slot_stride;
-  // Blocks for the word path's groups; at most kMaxBlocks either way.
+  // Blocks for the word path's groups; at most max_blocks either way (few,
+  // like the local copy: bandwidth-bound, and the SMs belong to the user's compute).
   const size_t per_block = size_t(kThreads) * kUnroll * (16 / sizeof(T));
   const size_t blocks = (s.count + per_block - 1) / per_block;
-  const int grid = static_cast<int>(blocks < kMaxBlocks ? (blocks ? blocks : 1) : kMaxBlocks);
+  const size_t most = static_cast<size_t>(s.max_blocks > 0 ? s.max_blocks : kReduceBlocks);
+  const int grid = static_cast<int>(blocks < most ? (blocks ? blocks : 1) : most);
   reduce_kernel<T, Op><<<grid, kThreads, 0, stream>>>(static_cast<T*>(s.out), in, s.world, s.count);
   FERRY_CUDA_CHECK(cudaGetLastError());
 }

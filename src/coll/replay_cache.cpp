@@ -54,6 +54,7 @@ std::string emission_key(const Program& program, const void* record, Algo algo, 
         put(key, r.count);
         put(key, r.dtype);
         put(key, r.op);
+        put(key, r.max_blocks);
         put(key, s.beside_next);
         break;
       }

@@ -300,3 +300,18 @@ def test_impl_labels_map_to_call_options():
             assert impl_options(impl)[0] in ("auto", "b2b", "pcpy", "seq", "sm")
     assert impl_options("ferry-auto") == ("auto", "auto")
     assert [i for i in DEFAULT_IMPLS if "ksig" in i or i == "ferry-auto"] == ["ferry-ksig-graph"]
+
+
+def test_reduce_kernel_bench_counts_hbm_traffic_and_tabulates():
+    from ferry.bench import reduce_kernel
+
+    # 2 sources of 1 MB read and 1 MB written in 1 us: 3 TB/s.
+    assert reduce_kernel.hbm_tbps(2, 10**6, 1.0) == pytest.approx(3.0)
+    assert reduce_kernel.hbm_tbps(8, 10**6, 0.0) == 0.0
+    records = [
+        dict(world=2, dtype="float32", result_bytes=1 << 20, impl=i, time_us=t, hbm_tbps=b)
+        for i, t, b in (("ferry-32-blocks", 2.0, 1.5), ("torch.sum", 1.0, 3.0))
+    ]
+    table = reduce_kernel.format_records(records).splitlines()
+    assert "ferry-32-blocks" in table[0] and "torch.sum" in table[0]
+    assert "1M" in table[1] and "1.50 TB/s" in table[1] and "3.00 TB/s" in table[1]
