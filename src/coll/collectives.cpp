@@ -29,6 +29,9 @@ void add_reduce_scatter(Program& program, int rank, const std::vector<Block>& bl
   FERRY_ARG_CHECK(forced >= 0, "FERRY_REDUCE_ROUND_BYTES=" + std::to_string(forced) +
                                    "; expected 0 (ferry's rule) or the bytes of each round");
   const auto rounds = plan_rounds(largest, reduce_round_bytes(largest, static_cast<size_t>(forced)));
+  const long long grid = knob_int("FERRY_REDUCE_BLOCKS");
+  FERRY_ARG_CHECK(grid >= 1 && grid <= 1024,
+                  "FERRY_REDUCE_BLOCKS=" + std::to_string(grid) + "; expected 1..1024 blocks");
   for (size_t j = 0; j < rounds.size(); ++j) {
     std::vector<Block> part;
     std::vector<char*> slots;
@@ -39,7 +42,7 @@ void add_reduce_scatter(Program& program, int rank, const std::vector<Block>& bl
     program.add_exchange(plan_scatter_to_scratch(rank, world, slots, in, part, slot_stride));
     const Block& mine = part[rank];
     program.add_reduce(ReduceStep{result + rounds[j].begin, in + mine.offset, slots[rank], slot_stride, rank, world,
-                                  mine.bytes / dtype_bytes(a.dtype), a.dtype, a.red_op},
+                                  mine.bytes / dtype_bytes(a.dtype), a.dtype, a.red_op, static_cast<int>(grid)},
                        j + 1 < rounds.size());
   }
 }

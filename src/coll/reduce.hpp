@@ -36,7 +36,7 @@ struct ReduceStep {
   int max_blocks = 0;  // grid bound; 0: kReduceBlocks (few: the SMs belong to the user's compute)
 };
 
-// The reduction kernel's default grid bound.
+// The reduction kernel's grid bound where a step names none (FERRY_REDUCE_BLOCKS's default).
 constexpr int kReduceBlocks = 32;
 
 void launch_reduce(const ReduceStep& s, cudaStream_t stream);

@@ -654,6 +654,31 @@ def shared_gpu_world(world: int, algos) -> list:
             ar = [b[: world * block * xs[0].element_size()].view(dtype) for b in bufs]
             call = lambda o=ar, i=xs, a=algo, op=op: comm.all_reduce(o, i, op=op, stream=streams, algo=a)  # noqa: E731
             run(f"all_reduce/{tag}", call, ar, [full] * world)
+    # The reduction kernel's grid bound (FERRY_REDUCE_BLOCKS, read when a call
+    # is planned: fresh sizes, so no earlier plan is reused): a wide grid
+    # reduces the same bits; a bound of 0 is refused, naming the knob.
+    for blocks, block in (("132", 300007), ("0", 300011)):
+        os.environ["FERRY_REDUCE_BLOCKS"] = blocks
+        xs = [_randoms(torch, 77 + r, world * block, devs[r], torch.float32) for r in range(world)]
+        rs = [b[: block * 4].view(torch.float32) for b in bufs]
+        full = _reduced(torch, [x.cpu() for x in xs], "sum")
+        call = lambda o=rs, i=xs: comm.reduce_scatter(o, i, stream=streams, algo="b2b")  # noqa: E731
+        if blocks != "0":
+            run(
+                f"reduce_scatter/{blocks} blocks",
+                call,
+                rs,
+                [full[r * block : (r + 1) * block] for r in range(world)],
+            )
+            continue
+        try:
+            call()
+            fails.append("FERRY_REDUCE_BLOCKS=0 was taken")
+        except ferry.InvalidArgumentError as exc:
+            if "FERRY_REDUCE_BLOCKS=0; expected 1..1024" not in str(exc):
+                fails.append(f"FERRY_REDUCE_BLOCKS=0 raised {exc!r}")
+    os.environ.pop("FERRY_REDUCE_BLOCKS")
+    comm.synchronize()
     comm.close()
     return fails
 
