@@ -120,18 +120,23 @@ def plot(records: List[dict], path: str, title: str) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    panels = list(dict.fromkeys((r["world"], r["dtype"]) for r in records))
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
-    for ax, (w, d) in zip(axes[0], panels):
-        mine = [r for r in records if (r["world"], r["dtype"]) == (w, d)]
-        for impl in dict.fromkeys(r["impl"] for r in mine):
-            pts = sorted((r["result_bytes"], r["hbm_tbps"]) for r in mine if r["impl"] == impl)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
-        ax.set_xscale("log", base=2)
-        ax.set_title(f"{w} sources, {d}")
-        ax.set_xlabel("result bytes")
-        ax.set_ylabel("HBM TB/s (reads + write)")
-        ax.grid(True, alpha=0.3)
+    worlds = list(dict.fromkeys(r["world"] for r in records))
+    dtypes = list(dict.fromkeys(r["dtype"] for r in records))
+    fig, axes = plt.subplots(
+        len(dtypes), len(worlds), figsize=(4.2 * len(worlds), 3.4 * len(dtypes)), squeeze=False
+    )
+    for row, d in enumerate(dtypes):
+        for col, w in enumerate(worlds):
+            ax = axes[row][col]
+            mine = [r for r in records if (r["world"], r["dtype"]) == (w, d)]
+            for impl in dict.fromkeys(r["impl"] for r in mine):
+                pts = sorted((r["result_bytes"], r["hbm_tbps"]) for r in mine if r["impl"] == impl)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{w} sources, {d}")
+            ax.set_xlabel("result bytes")
+            ax.set_ylabel("HBM TB/s (reads + write)")
+            ax.grid(True, alpha=0.3)
     axes[0][0].legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
