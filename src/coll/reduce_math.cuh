@@ -70,9 +70,12 @@ __device__ inline void reduce_elements(T* __restrict__ out, const Sources& in, i
 
 // 16-byte words [i, n16) of out and every source (all 16-byte aligned), in
 // groups of kUnroll words `lane` apart, the next group `group` further (as
-// copy_words). The first two sources' words are loaded together: 2 x kUnroll
-// loads in flight per thread before the first use. Streaming loads and
-// stores: every byte is read or written once.
+// copy_words). Sources are loaded two at a time: 2 x kUnroll loads in flight
+// per thread before each use, for every pair (with one source at a time past
+// the first pair, 4 or 8 sources reduced at about 2 TB/s with 32 blocks
+// against 2.9 for 2: bench/results/2026-11-24-NVIDIA-H200-reduce-kernel.*).
+// They are still added in rank order. Streaming loads and stores: every byte
+// is read or written once.
 template <typename T, RedOp Op, int kUnroll, typename Sources>
 __device__ inline void reduce_words(T* __restrict__ out, const Sources& in, int n, size_t n16, size_t i, size_t lane,
                                     size_t group) {
@@ -87,6 +90,13 @@ __device__ inline void reduce_words(T* __restrict__ out, const Sources& in, int 
       for (int u = 0; u < kUnroll; ++u)
         if (i + u * lane < n16) v[u] = __ldcs(p + i + u * lane);
     };
+    auto add = [&](A(&acc)[kUnroll][E], const uint4* v) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+        for (int e = 0; e < E; ++e)
+          acc[u][e] = combine<Op>(acc[u][e], static_cast<A>(reinterpret_cast<const T*>(&v[u])[e]));
+    };
     load(a, 0);
     if (n > 1) load(b, 1);
     A acc[kUnroll][E];
@@ -94,13 +104,12 @@ __device__ inline void reduce_words(T* __restrict__ out, const Sources& in, int 
     for (int u = 0; u < kUnroll; ++u)
 #pragma unroll
       for (int e = 0; e < E; ++e) acc[u][e] = static_cast<A>(reinterpret_cast<const T*>(&a[u])[e]);
-    for (int k = 1; k < n; ++k) {
-      if (k > 1) load(b, k);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-#pragma unroll
-        for (int e = 0; e < E; ++e)
-          acc[u][e] = combine<Op>(acc[u][e], static_cast<A>(reinterpret_cast<const T*>(&b[u])[e]));
+    if (n > 1) add(acc, b);
+    for (int k = 2; k < n; k += 2) {
+      load(a, k);
+      if (k + 1 < n) load(b, k + 1);
+      add(acc, a);
+      if (k + 1 < n) add(acc, b);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {

@@ -635,10 +635,15 @@ def shared_gpu_world(world: int, algos) -> list:
             )
     # Reductions (copy engines or the SM path move, a kernel adds): random
     # values, references added in rank order as ferry adds them, odd counts.
-    from _workers_reduce import _randoms, _reduced
+    from _workers_reduce import DTYPES, _randoms, _reduced
 
+    cases = [
+        (getattr(torch, d), op, 70001 if (d, op) == ("bfloat16", "sum") else 1001)
+        for d in DTYPES
+        for op in ("sum", "max", "min")
+    ]
     for algo in algos:
-        for dtype, op, block in ((torch.bfloat16, "sum", 70001), (torch.float32, "max", 1001)):
+        for dtype, op, block in cases:
             tag = f"{algo}/{dtype}/{op}"
             xs = [
                 _randoms(torch, zlib.crc32(f"{tag}/{r}".encode()), world * block, devs[r], dtype)

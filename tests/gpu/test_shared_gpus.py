@@ -1,4 +1,4 @@
-"""Worlds larger than the machine: 2, 4 and 8 ranks in one process on the
+"""Worlds larger than the machine: 2, 3, 4 and 8 ranks in one process on the
 visible GPUs, several ranks per GPU (FERRY_SHARED_GPUS=1, testing only), so
 that the code of a larger world runs where fewer GPUs are lent (on one GPU,
 every world here). Ranks of one GPU copy to each other on SMs, so this says
@@ -14,6 +14,8 @@ from conftest import GPU_COUNT
 
 CASES = [
     (2, "auto,b2b,pcpy,seq,sm", "copy"),
+    # An odd world: the reduction's last source has no partner to load with.
+    (3, "auto,b2b,seq,sm", "copy"),
     (4, "auto,b2b,pcpy,seq,sm", "copy"),
     # The copy-engine variants with their signal rounds sent by kernels
     # (FERRY_SIGNALS=sm): every rank's one-block kernels beside its GPU-mates'.
