@@ -170,12 +170,15 @@ PRESETS = ("sm-free", "latency")
 DEFAULT_PRESET = "sm-free"
 
 
-def _native_rules(fn, *args) -> Optional[List[Rule]]:
-    """The native library's answer: it holds the shipped tables and reads
-    FERRY_TUNING files (its InvalidArgumentError is a ValueError)."""
+def _native():
+    """The native library: it holds the shipped tables and reads FERRY_TUNING
+    files (its InvalidArgumentError is a ValueError)."""
     from ferry._native import require
 
-    rules = fn(require())(*args)
+    return require()
+
+
+def _as_rules(rules) -> Optional[List[Rule]]:
     return None if rules is None else [tuple(r) for r in rules]
 
 
@@ -184,7 +187,7 @@ def preset_rules(gpu_name: str, world: int, preset: str) -> Optional[List[Rule]]
     or the nearest smaller one measured (the nearest larger below the
     smallest); None where ferry ships none for this GPU. An unknown preset
     raises ValueError."""
-    return _native_rules(lambda n: n.preset_rules, gpu_name, world, preset)
+    return _as_rules(_native().preset_rules(gpu_name, world, preset))
 
 
 def default_rules(gpu_name: str, world: int, env: Optional[Dict[str, str]] = None) -> Optional[List[Rule]]:
@@ -193,7 +196,7 @@ def default_rules(gpu_name: str, world: int, env: Optional[Dict[str, str]] = Non
     file), else the shipped "sm-free" table. None: the native built-in
     default applies."""
     setting = (os.environ if env is None else env).get("FERRY_TUNING", "")
-    return _native_rules(lambda n: n.startup_rules, gpu_name, world, setting)
+    return _as_rules(_native().startup_rules(gpu_name, world, setting))
 
 
 def describe(gpu_name: str, world: int, env: Dict[str, str]) -> Tuple[str, str]:
