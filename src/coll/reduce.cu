@@ -9,13 +9,15 @@ constexpr int kThreads = 512;
 // 16-byte words of each source a thread has in flight (reduce_words loads
 // two sources at once). One element per load (the first version) reached
 // about 0.34 TB/s of HBM traffic with 32 blocks; the local copy kernel moves
-// 2.9 TB/s with 8 words in flight (docs/performance-log.md).
-constexpr int kUnroll = 4;
+// 2.9 TB/s with 8 words in flight (docs/performance-log.md). 16-bit types
+// keep 4: their float accumulators (8 per word) would not fit twice as many.
+template <typename T>
+constexpr int kUnroll = sizeof(T) >= 4 ? 8 : 4;
 
 // Grid-wide over the call's elements (reduce_range: words where aligned).
 template <typename T, RedOp Op>
 __global__ void __launch_bounds__(kThreads) reduce_kernel(T* __restrict__ out, ReduceSources in, int n, size_t count) {
-  reduce_range<T, Op, kUnroll>(out, in, n, count, blockIdx.x, gridDim.x);
+  reduce_range<T, Op, kUnroll<T>>(out, in, n, count, blockIdx.x, gridDim.x);
 }
 
 template <typename T, RedOp Op>
@@ -26,7 +28,7 @@ void launch_typed(const ReduceStep& s, cudaStream_t stream) {
     in.src[p] = p == s.rank ? static_cast<const char*>(s.own) : s.scratch + static_cast<size_t>(p) * s.slot_stride;
   // Blocks for the word path's groups; at most max_blocks either way (few,
   // like the local copy: bandwidth-bound, and the SMs belong to the user's compute).
-  const size_t per_block = size_t(kThreads) * kUnroll * (16 / sizeof(T));
+  const size_t per_block = size_t(kThreads) * kUnroll<T> * (16 / sizeof(T));
   const size_t blocks = (s.count + per_block - 1) / per_block;
   const size_t most = static_cast<size_t>(s.max_blocks > 0 ? s.max_blocks : kReduceBlocks);
   const int grid = static_cast<int>(blocks < most ? (blocks ? blocks : 1) : most);
