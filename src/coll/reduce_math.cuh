@@ -76,7 +76,11 @@ __device__ inline void reduce_elements(T* __restrict__ out, const Sources& in, i
 // against 2.9 for 2: bench/results/2026-11-24-NVIDIA-H200-reduce-kernel.*).
 // They are still added in rank order. Streaming loads and stores: every byte
 // is read or written once.
-template <typename T, RedOp Op, int kUnroll, typename Sources>
+//
+// kTwo (n == 2, the common case on 2 GPUs): each output word straight from
+// the two sources' words, with no accumulators held across loads, so 16-bit
+// types can keep as many words in flight as the others.
+template <typename T, RedOp Op, int kUnroll, bool kTwo, typename Sources>
 __device__ inline void reduce_words(T* __restrict__ out, const Sources& in, int n, size_t n16, size_t i, size_t lane,
                                     size_t group) {
   using A = typename Acc<T>::type;
@@ -99,6 +103,20 @@ __device__ inline void reduce_words(T* __restrict__ out, const Sources& in, int 
     };
     load(a, 0);
     if (n > 1) load(b, 1);
+    if constexpr (kTwo) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (i + u * lane >= n16) continue;
+        uint4 w;
+#pragma unroll
+        for (int e = 0; e < E; ++e)
+          reinterpret_cast<T*>(&w)[e] =
+              static_cast<T>(combine<Op>(static_cast<A>(reinterpret_cast<const T*>(&a[u])[e]),
+                                         static_cast<A>(reinterpret_cast<const T*>(&b[u])[e])));
+        __stcs(out16 + i + u * lane, w);
+      }
+      continue;
+    }
     A acc[kUnroll][E];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
@@ -133,8 +151,14 @@ __device__ inline void reduce_range(T* __restrict__ out, const Sources& in, int 
   size_t first = 0;
   if (reduce_aligned16(out, in, n)) {
     constexpr size_t E = 16 / sizeof(T);
-    reduce_words<T, Op, kUnroll>(out, in, n, count / E, group * lane * kUnroll + threadIdx.x, lane,
-                                 groups * lane * kUnroll);
+    if (n == 2) {
+      // No accumulators: 16-bit types, which keep fewer words for theirs, take twice as many here.
+      constexpr int U = sizeof(T) >= 4 ? kUnroll : 2 * kUnroll;
+      reduce_words<T, Op, U, true>(out, in, n, count / E, group * lane * U + threadIdx.x, lane, groups * lane * U);
+    } else {
+      reduce_words<T, Op, kUnroll, false>(out, in, n, count / E, group * lane * kUnroll + threadIdx.x, lane,
+                                          groups * lane * kUnroll);
+    }
     first = count / E * E;
   }
   reduce_elements<T, Op>(out, in, n, first, count, group * lane + threadIdx.x, groups * lane);
