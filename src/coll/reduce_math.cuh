@@ -123,11 +123,27 @@ __device__ inline void reduce_words(T* __restrict__ out, const Sources& in, int 
 #pragma unroll
       for (int e = 0; e < E; ++e) acc[u][e] = static_cast<A>(reinterpret_cast<const T*>(&a[u])[e]);
     if (n > 1) add(acc, b);
-    for (int k = 2; k < n; k += 2) {
-      load(a, k);
-      if (k + 1 < n) load(b, k + 1);
-      add(acc, a);
-      if (k + 1 < n) add(acc, b);
+    if constexpr (sizeof(T) == 2) {
+      // 16-bit types hold 4 words per source (their float accumulators take
+      // the registers), so they load the later sources four at a time.
+      uint4 c[kUnroll], d[kUnroll];
+      for (int k = 2; k < n; k += 4) {
+        load(a, k);
+        if (k + 1 < n) load(b, k + 1);
+        if (k + 2 < n) load(c, k + 2);
+        if (k + 3 < n) load(d, k + 3);
+        add(acc, a);
+        if (k + 1 < n) add(acc, b);
+        if (k + 2 < n) add(acc, c);
+        if (k + 3 < n) add(acc, d);
+      }
+    } else {
+      for (int k = 2; k < n; k += 2) {
+        load(a, k);
+        if (k + 1 < n) load(b, k + 1);
+        add(acc, a);
+        if (k + 1 < n) add(acc, b);
+      }
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
