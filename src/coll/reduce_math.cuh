@@ -70,11 +70,12 @@ __device__ inline void reduce_elements(T* __restrict__ out, const Sources& in, i
 
 // 16-byte words [i, n16) of out and every source (all 16-byte aligned), in
 // groups of kUnroll words `lane` apart, the next group `group` further (as
-// copy_words). Sources are loaded two at a time: 2 x kUnroll loads in flight
-// per thread before each use, for every pair (with one source at a time past
-// the first pair, 4 or 8 sources reduced at about 2 TB/s with 32 blocks
-// against 2.9 for 2: bench/results/2026-11-24-NVIDIA-H200-reduce-kernel.*).
-// They are still added in rank order. Streaming loads and stores: every byte
+// copy_words). Sources are loaded several at a time (two, or four for
+// 16-bit types), so that 8 x 16 bytes or more per thread are in flight before
+// each use (with one source at a time past the first two, 4 or 8 sources
+// reduced at about 2 TB/s with 32 blocks against 2.9 for 2:
+// bench/results/2026-11-24-NVIDIA-H200-reduce-kernel.*). They are still
+// added in rank order. Streaming loads and stores: every byte
 // is read or written once.
 //
 // kTwo (n == 2, the common case on 2 GPUs): each output word straight from
@@ -87,7 +88,7 @@ __device__ inline void reduce_words(T* __restrict__ out, const Sources& in, int 
   constexpr int E = 16 / sizeof(T);
   auto* out16 = reinterpret_cast<uint4*>(out);
   for (; i < n16; i += group) {
-    uint4 a[kUnroll], b[kUnroll];
+    uint4 a[kUnroll], b[kUnroll], c[kUnroll], d[kUnroll];  // c, d: 16-bit types only
     auto load = [&](uint4* v, int k) {
       auto* p = reinterpret_cast<const uint4*>(in.src[k]);
 #pragma unroll
@@ -117,33 +118,29 @@ __device__ inline void reduce_words(T* __restrict__ out, const Sources& in, int 
       }
       continue;
     }
+    // 16-bit types hold 4 words per source (their float accumulators take
+    // the registers), so they load four sources at a time; the others, with
+    // 8 words per source, two.
+    constexpr int kAtOnce = sizeof(T) == 2 ? 4 : 2;
+    if (kAtOnce > 2 && n > 2) load(c, 2);
+    if (kAtOnce > 3 && n > 3) load(d, 3);
     A acc[kUnroll][E];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
 #pragma unroll
       for (int e = 0; e < E; ++e) acc[u][e] = static_cast<A>(reinterpret_cast<const T*>(&a[u])[e]);
     if (n > 1) add(acc, b);
-    if constexpr (sizeof(T) == 2) {
-      // 16-bit types hold 4 words per source (their float accumulators take
-      // the registers), so they load the later sources four at a time.
-      uint4 c[kUnroll], d[kUnroll];
-      for (int k = 2; k < n; k += 4) {
-        load(a, k);
-        if (k + 1 < n) load(b, k + 1);
-        if (k + 2 < n) load(c, k + 2);
-        if (k + 3 < n) load(d, k + 3);
-        add(acc, a);
-        if (k + 1 < n) add(acc, b);
-        if (k + 2 < n) add(acc, c);
-        if (k + 3 < n) add(acc, d);
-      }
-    } else {
-      for (int k = 2; k < n; k += 2) {
-        load(a, k);
-        if (k + 1 < n) load(b, k + 1);
-        add(acc, a);
-        if (k + 1 < n) add(acc, b);
-      }
+    if (kAtOnce > 2 && n > 2) add(acc, c);
+    if (kAtOnce > 3 && n > 3) add(acc, d);
+    for (int k = kAtOnce; k < n; k += kAtOnce) {
+      load(a, k);
+      if (k + 1 < n) load(b, k + 1);
+      if (kAtOnce > 2 && k + 2 < n) load(c, k + 2);
+      if (kAtOnce > 3 && k + 3 < n) load(d, k + 3);
+      add(acc, a);
+      if (k + 1 < n) add(acc, b);
+      if (kAtOnce > 2 && k + 2 < n) add(acc, c);
+      if (kAtOnce > 3 && k + 3 < n) add(acc, d);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
