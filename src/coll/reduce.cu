@@ -13,11 +13,17 @@ constexpr int kThreads = 512;
 // keep 4: their float accumulators (8 per word) would not fit twice as many.
 template <typename T>
 constexpr int kUnroll = sizeof(T) >= 4 ? 8 : 4;
+// Sources loaded together past two: 16-bit types, with 4 words each, take 4
+// (with 32 blocks 1.05-1.33 times faster for 3-8 sources than 2 at a time:
+// bench/results/2026-11-24-NVIDIA-H200-reduce-kernel-four-*); the others, with
+// 8 words each, 2.
+template <typename T>
+constexpr int kAtOnce = sizeof(T) == 2 ? 4 : 2;
 
 // Grid-wide over the call's elements (reduce_range: words where aligned).
 template <typename T, RedOp Op>
 __global__ void __launch_bounds__(kThreads) reduce_kernel(T* __restrict__ out, ReduceSources in, int n, size_t count) {
-  reduce_range<T, Op, kUnroll<T>>(out, in, n, count, blockIdx.x, gridDim.x);
+  reduce_range<T, Op, kUnroll<T>, kAtOnce<T>>(out, in, n, count, blockIdx.x, gridDim.x);
 }
 
 template <typename T, RedOp Op>

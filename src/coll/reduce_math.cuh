@@ -80,15 +80,16 @@ __device__ inline void reduce_elements(T* __restrict__ out, const Sources& in, i
 //
 // kTwo (n == 2, the common case on 2 GPUs): each output word straight from
 // the two sources' words, with no accumulators held across loads, so 16-bit
-// types can keep as many words in flight as the others.
-template <typename T, RedOp Op, int kUnroll, bool kTwo, typename Sources>
+// types can keep as many words in flight as the others. kAtOnce: sources
+// loaded together otherwise (2, or 4 where the registers allow).
+template <typename T, RedOp Op, int kUnroll, bool kTwo, int kAtOnce, typename Sources>
 __device__ inline void reduce_words(T* __restrict__ out, const Sources& in, int n, size_t n16, size_t i, size_t lane,
                                     size_t group) {
   using A = typename Acc<T>::type;
   constexpr int E = 16 / sizeof(T);
   auto* out16 = reinterpret_cast<uint4*>(out);
   for (; i < n16; i += group) {
-    uint4 a[kUnroll], b[kUnroll], c[kUnroll], d[kUnroll];  // c, d: 16-bit types only
+    uint4 a[kUnroll], b[kUnroll], c[kUnroll], d[kUnroll];  // c, d: with kAtOnce 4 only
     auto load = [&](uint4* v, int k) {
       auto* p = reinterpret_cast<const uint4*>(in.src[k]);
 #pragma unroll
@@ -118,10 +119,7 @@ __device__ inline void reduce_words(T* __restrict__ out, const Sources& in, int 
       }
       continue;
     }
-    // 16-bit types hold 4 words per source (their float accumulators take
-    // the registers), so they load four sources at a time; the others, with
-    // 8 words per source, two.
-    constexpr int kAtOnce = sizeof(T) == 2 ? 4 : 2;
+    static_assert(kAtOnce == 2 || kAtOnce == 4, "two or four sources at a time");
     if (kAtOnce > 2 && n > 2) load(c, 2);
     if (kAtOnce > 3 && n > 3) load(d, 3);
     A acc[kUnroll][E];
@@ -157,7 +155,9 @@ __device__ inline void reduce_words(T* __restrict__ out, const Sources& in, int 
 // every source are 16-byte aligned, elements otherwise and for the tail.
 // The threads of `groups` thread blocks take part (this block is number
 // `group`): the whole grid in the reduction kernel, one block in the SM path.
-template <typename T, RedOp Op, int kUnroll, typename Sources>
+// kAtOnce: how many sources reduce_words loads together past two sources
+// (its comment); the reduction kernel lets 16-bit types take 4.
+template <typename T, RedOp Op, int kUnroll, int kAtOnce = 2, typename Sources>
 __device__ inline void reduce_range(T* __restrict__ out, const Sources& in, int n, size_t count, size_t group,
                                     size_t groups) {
   const size_t lane = blockDim.x;
@@ -167,10 +167,10 @@ __device__ inline void reduce_range(T* __restrict__ out, const Sources& in, int 
     if (n == 2) {
       // No accumulators: 16-bit types, which keep fewer words for theirs, take twice as many here.
       constexpr int U = sizeof(T) >= 4 ? kUnroll : 2 * kUnroll;
-      reduce_words<T, Op, U, true>(out, in, n, count / E, group * lane * U + threadIdx.x, lane, groups * lane * U);
+      reduce_words<T, Op, U, true, 2>(out, in, n, count / E, group * lane * U + threadIdx.x, lane, groups * lane * U);
     } else {
-      reduce_words<T, Op, kUnroll, false>(out, in, n, count / E, group * lane * kUnroll + threadIdx.x, lane,
-                                          groups * lane * kUnroll);
+      reduce_words<T, Op, kUnroll, false, kAtOnce>(out, in, n, count / E, group * lane * kUnroll + threadIdx.x, lane,
+                                                   groups * lane * kUnroll);
     }
     first = count / E * E;
   }
