@@ -39,8 +39,8 @@ const std::vector<Knob>& knobs() {
        "while the copy engines move the next); 0: ferry's rule (one round below 128 MB, then up to 4)"},
       {"FERRY_REDUCE_BLOCKS", "int", "32",
        "most blocks of the reduction kernel of reduce_scatter and all_reduce (copy-engine variants): more finish "
-       "sooner and take more SMs from compute beside (one H200, 8 MB and up: 32 reduce at 2.0-3.6 TB/s, 64 "
-       "at 2.8-3.9, 132 at 3.0-4.2)"},
+       "sooner and take more SMs from compute beside (one H200, 8 MB and up: 32 reduce at 2.2-3.6 TB/s, 64 "
+       "at 2.8-4.0, 132 at 2.9-4.1)"},
       {"FERRY_SCRATCH_BYTES", "int", "67108864",
        "bound on the scratch an in-place all_to_all uses per rank (it runs in rounds of scratch / world bytes)"},
       {"FERRY_SIGNALS", "string", "copy",
