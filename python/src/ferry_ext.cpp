@@ -307,7 +307,7 @@ NB_MODULE(_ferry, m) {
         ferry::launch_reduce(s, reinterpret_cast<cudaStream_t>(stream));
       },
       "out"_a, "own"_a, "scratch"_a, "slot_stride"_a, "rank"_a, "world"_a, "count"_a, "dtype"_a, "op"_a, "stream"_a,
-      "max_blocks"_a = 0);
+      "max_blocks"_a);
 
   nb::class_<Communicator> comm(m, "Communicator");
   comm.def_static(

@@ -36,7 +36,7 @@ void launch_typed(const ReduceStep& s, cudaStream_t stream) {
   // like the local copy: bandwidth-bound, and the SMs belong to the user's compute).
   const size_t per_block = size_t(kThreads) * kUnroll<T> * (16 / sizeof(T));
   const size_t blocks = (s.count + per_block - 1) / per_block;
-  const size_t most = static_cast<size_t>(s.max_blocks > 0 ? s.max_blocks : kReduceBlocks);
+  const size_t most = static_cast<size_t>(s.max_blocks);
   const int grid = static_cast<int>(blocks < most ? (blocks ? blocks : 1) : most);
   reduce_kernel<T, Op><<<grid, kThreads, 0, stream>>>(static_cast<T*>(s.out), in, s.world, s.count);
   FERRY_CUDA_CHECK(cudaGetLastError());
@@ -115,6 +115,7 @@ void load_reduce_kernels() {
 
 void launch_reduce(const ReduceStep& s, cudaStream_t stream) {
   if (s.count == 0) return;
+  FERRY_ARG_CHECK(s.max_blocks >= 1, "max_blocks is " + std::to_string(s.max_blocks) + "; expected at least 1");
   with_reduction(s.dtype, s.op, [&](auto type, auto red) {
     launch_typed<typename decltype(type)::type, decltype(red)::value>(s, stream);
   });

@@ -33,11 +33,8 @@ struct ReduceStep {
   size_t count;
   DType dtype;
   RedOp op;
-  int max_blocks = 0;  // grid bound; 0: kReduceBlocks (few: the SMs belong to the user's compute)
+  int max_blocks;  // grid bound (FERRY_REDUCE_BLOCKS: few, the SMs belong to the user's compute)
 };
-
-// The reduction kernel's grid bound where a step names none (FERRY_REDUCE_BLOCKS's default).
-constexpr int kReduceBlocks = 32;
 
 void launch_reduce(const ReduceStep& s, cudaStream_t stream);
 // Loads the reduction kernels now (see load_local_copy_kernels for why).
