@@ -23,7 +23,7 @@ import statistics
 import sys
 from typing import List
 
-from .report import format_size, parse_size, size_range
+from .report import _pyplot, format_size, parse_size, size_range
 
 
 def hbm_tbps(world: int, result_bytes: int, time_us: float) -> float:
@@ -113,12 +113,8 @@ def format_records(records: List[dict]) -> str:
 
 
 def plot(records: List[dict], path: str, title: str) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = _pyplot()
+    if plt is None:
         return False
     worlds = list(dict.fromkeys(r["world"] for r in records))
     dtypes = list(dict.fromkeys(r["dtype"] for r in records))
