@@ -26,14 +26,16 @@ def choices(comm, world):
 
 def expected_choices(rules, world):
     """What the rules say, as choose_algo/choose_signals report it ("auto"
-    signals: the communicator's FERRY_SIGNALS, unset here: copy)."""
+    signals: the communicator's FERRY_SIGNALS, unset here: copy); no rules:
+    the native built-in default (select_variant with an empty table)."""
     from ferry import tune
+    from ferry._native import require
 
     out = {}
     for op in tune.OPS:
         for n in SIZES:
             algo, signals = (
-                tune.select(rules, op, world, n) if rules else ("b2b" if n <= 2 << 20 else "seq", "auto")
+                tune.select(rules, op, world, n) if rules else require().select_variant(op, world, n)
             )
             out[(op, n)] = (algo, "copy" if signals == "auto" else signals)
     return out
