@@ -190,26 +190,14 @@ class Communicator:
         self._store = None  # ferry's own TCP store, kept for later collective calls
         self._warn_if_preset_missing()
 
-    def _gpu_name(self) -> Optional[str]:
-        """This communicator's GPU model (None where none can be read)."""
-        try:
-            import torch
-
-            return torch.cuda.get_device_name(self._c.device(0))
-        except Exception:  # noqa: BLE001 - torch is optional
-            try:
-                return require().probe_topology().gpus[self._c.device(0)].name
-            except Exception:  # noqa: BLE001 - no GPU: nothing will be selected
-                return None
-
     def _warn_if_preset_missing(self) -> None:
         """The native layer started with FERRY_TUNING's table, else the shipped
         one for this GPU model (coll/tuning.hpp); a preset asked for by name
         and not shipped for this GPU falls back to the built-in default, which
         deserves a word."""
         setting = os.environ.get("FERRY_TUNING")
-        name = self._gpu_name() if setting in tune.PRESETS else None
-        if name is not None and tune.preset_rules(name, self._c.world, setting) is None:
+        name = self._c.gpu_name
+        if setting in tune.PRESETS and tune.preset_rules(name, self._c.world, setting) is None:
             warnings.warn(
                 f"FERRY_TUNING={setting}: ferry ships no such table for {name}; "
                 "the built-in default applies (measure one with `ferry tune`)",

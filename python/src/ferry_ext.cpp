@@ -341,6 +341,7 @@ NB_MODULE(_ferry, m) {
       .def("close", &Communicator::close, nb::call_guard<nb::gil_scoped_release>())
       .def_prop_ro("closed", &Communicator::closed)
       .def_prop_ro("world", &Communicator::world)
+      .def_prop_ro("gpu_name", &Communicator::gpu_name)
       .def_prop_ro("local_count", &Communicator::local_count)
       .def_prop_ro("timeout_s", &Communicator::timeout_s)
       .def("rank", &Communicator::rank)

@@ -50,6 +50,8 @@ class Communicator {
   bool closed() const { return closed_; }
 
   int world() const { return world_; }
+  // The GPU model (its CUDA name), which picks the shipped tuning tables.
+  const std::string& gpu_name() const { return gpu_name_; }
   int local_count() const { return static_cast<int>(locals_.size()); }
   int rank(int local) const { return locals_.at(local)->rank; }
   int device(int local) const { return locals_.at(local)->device; }

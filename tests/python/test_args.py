@@ -1,14 +1,17 @@
 """Argument checks of the Python layer, against a stand-in native communicator:
 no GPU needed."""
 
+import warnings
+
 import pytest
 from ferry import ClosedError, InvalidArgumentError
 from ferry.comm import Communicator, _describe
 
 
 class FakeNative:
-    def __init__(self, world=4, local_count=1):
+    def __init__(self, world=4, local_count=1, gpu_name="NVIDIA H200"):
         self.world, self.local_count, self.closed, self.calls = world, local_count, False, []
+        self.gpu_name = gpu_name
 
     def device(self, i):
         return i
@@ -292,9 +295,11 @@ def test_a_preset_not_shipped_for_this_gpu_is_named_when_the_communicator_is_mad
     # A bad FERRY_TUNING is refused by the native layer before the
     # communicator exists (tests/cpu/test_tuning.cpp); a preset that this GPU
     # model has no table of leaves the built-in default, with a warning.
-    monkeypatch.setattr(Communicator, "_gpu_name", lambda self: "Some Other GPU")
     monkeypatch.setenv("FERRY_TUNING", "latency")
     with pytest.warns(
         UserWarning, match="FERRY_TUNING=latency: ferry ships no such table for Some Other GPU"
     ):
+        Communicator(FakeNative(world=2, gpu_name="Some Other GPU"), local=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # shipped for H200: no warning
         Communicator(FakeNative(world=2), local=False)
