@@ -70,15 +70,18 @@ __device__ inline void reduce_elements(T* __restrict__ out, const Sources& in, i
 
 // 16-byte words [i, n16) of out and every source (all 16-byte aligned), in
 // groups of kUnroll words `lane` apart, the next group `group` further (as
-// copy_words). kAtOnce sources are loaded together (2, or 4 where the
-// registers allow), so that 2 x kUnroll words or more per thread are in
-// flight before each use (one source at a time past the first two reduced 4
-// or 8 sources at about 2 TB/s with 32 blocks against 2.9 for 2:
-// bench/results/2026-11-24-NVIDIA-H200-reduce-kernel.*); they are still
-// added in rank order. kTwo (n == 2, the common case on 2 GPUs): each output
-// word straight from the two sources' words, with no accumulators held across
-// loads, so 16-bit types can keep as many words in flight as the others.
-// Streaming loads and stores: every byte is read or written once.
+// copy_words). Sources are loaded several at a time (two, or four for
+// 16-bit types), so that 8 x 16 bytes or more per thread are in flight before
+// each use (with one source at a time past the first two, 4 or 8 sources
+// reduced at about 2 TB/s with 32 blocks against 2.9 for 2:
+// bench/results/2026-11-24-NVIDIA-H200-reduce-kernel.*). They are still
+// added in rank order. Streaming loads and stores: every byte
+// is read or written once.
+//
+// kTwo (n == 2, the common case on 2 GPUs): each output word straight from
+// the two sources' words, with no accumulators held across loads, so 16-bit
+// types can keep as many words in flight as the others. kAtOnce: sources
+// loaded together otherwise (2, or 4 where the registers allow).
 template <typename T, RedOp Op, int kUnroll, bool kTwo, int kAtOnce, typename Sources>
 __device__ inline void reduce_words(T* __restrict__ out, const Sources& in, int n, size_t n16, size_t i, size_t lane,
                                     size_t group) {
@@ -86,17 +89,22 @@ __device__ inline void reduce_words(T* __restrict__ out, const Sources& in, int 
   constexpr int E = 16 / sizeof(T);
   auto* out16 = reinterpret_cast<uint4*>(out);
   for (; i < n16; i += group) {
-    uint4 v[kAtOnce][kUnroll];  // the words of kAtOnce sources
-    auto load = [&](int g, int k) {
+    uint4 a[kUnroll], b[kUnroll], c[kUnroll], d[kUnroll];  // c, d: with kAtOnce 4 only
+    auto load = [&](uint4* v, int k) {
       auto* p = reinterpret_cast<const uint4*>(in.src[k]);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u)
-        if (i + u * lane < n16) v[g][u] = __ldcs(p + i + u * lane);
+        if (i + u * lane < n16) v[u] = __ldcs(p + i + u * lane);
     };
-    auto word = [&](int g, int u, int e) { return static_cast<A>(reinterpret_cast<const T*>(&v[g][u])[e]); };
+    auto add = [&](A(&acc)[kUnroll][E], const uint4* v) {
 #pragma unroll
-    for (int g = 0; g < kAtOnce; ++g)
-      if (g < n) load(g, g);
+      for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+        for (int e = 0; e < E; ++e)
+          acc[u][e] = combine<Op>(acc[u][e], static_cast<A>(reinterpret_cast<const T*>(&v[u])[e]));
+    };
+    load(a, 0);
+    if (n > 1) load(b, 1);
     if constexpr (kTwo) {
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -104,32 +112,33 @@ __device__ inline void reduce_words(T* __restrict__ out, const Sources& in, int 
         uint4 w;
 #pragma unroll
         for (int e = 0; e < E; ++e)
-          reinterpret_cast<T*>(&w)[e] = static_cast<T>(combine<Op>(word(0, u, e), word(1, u, e)));
+          reinterpret_cast<T*>(&w)[e] =
+              static_cast<T>(combine<Op>(static_cast<A>(reinterpret_cast<const T*>(&a[u])[e]),
+                                         static_cast<A>(reinterpret_cast<const T*>(&b[u])[e])));
         __stcs(out16 + i + u * lane, w);
       }
       continue;
     }
+    static_assert(kAtOnce == 2 || kAtOnce == 4, "two or four sources at a time");
+    if (kAtOnce > 2 && n > 2) load(c, 2);
+    if (kAtOnce > 3 && n > 3) load(d, 3);
     A acc[kUnroll][E];
-    auto add = [&](int g) {
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-#pragma unroll
-        for (int e = 0; e < E; ++e) acc[u][e] = combine<Op>(acc[u][e], word(g, u, e));
-    };
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
 #pragma unroll
-      for (int e = 0; e < E; ++e) acc[u][e] = word(0, u, e);
-#pragma unroll
-    for (int g = 1; g < kAtOnce; ++g)
-      if (g < n) add(g);
+      for (int e = 0; e < E; ++e) acc[u][e] = static_cast<A>(reinterpret_cast<const T*>(&a[u])[e]);
+    if (n > 1) add(acc, b);
+    if (kAtOnce > 2 && n > 2) add(acc, c);
+    if (kAtOnce > 3 && n > 3) add(acc, d);
     for (int k = kAtOnce; k < n; k += kAtOnce) {
-#pragma unroll
-      for (int g = 0; g < kAtOnce; ++g)
-        if (k + g < n) load(g, k + g);
-#pragma unroll
-      for (int g = 0; g < kAtOnce; ++g)
-        if (k + g < n) add(g);
+      load(a, k);
+      if (k + 1 < n) load(b, k + 1);
+      if (kAtOnce > 2 && k + 2 < n) load(c, k + 2);
+      if (kAtOnce > 3 && k + 3 < n) load(d, k + 3);
+      add(acc, a);
+      if (k + 1 < n) add(acc, b);
+      if (kAtOnce > 2 && k + 2 < n) add(acc, c);
+      if (kAtOnce > 3 && k + 3 < n) add(acc, d);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
