@@ -89,6 +89,8 @@ __device__ inline void reduce_words(T* __restrict__ out, const Sources& in, int 
   constexpr int E = 16 / sizeof(T);
   auto* out16 = reinterpret_cast<uint4*>(out);
   for (; i < n16; i += group) {
+    // Named arrays, not v[kAtOnce][kUnroll] with loops: that form, tried, made
+    // bf16 with 3-8 sources 6-11% slower (docs/performance-log.md).
     uint4 a[kUnroll], b[kUnroll], c[kUnroll], d[kUnroll];  // c, d: with kAtOnce 4 only
     auto load = [&](uint4* v, int k) {
       auto* p = reinterpret_cast<const uint4*>(in.src[k]);
