@@ -2,7 +2,7 @@
 // and serving repeat with the same buffers step after step; validating them
 // (CUDA pointer queries) and planning their copies took 2.7 us of host time
 // per call on an H200 host, 1.1-1.4 us with this memo (FERRY_HOST_TRACE,
-// same machine, ninth session). A call whose arguments equal an earlier valid
+// same machine). A call whose arguments equal an earlier valid
 // call's (same pointers, sizes, counts, variant; streams may differ, capture
 // state may not) reuses that call's plan.
 //

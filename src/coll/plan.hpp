@@ -57,8 +57,9 @@ struct Block {
 
 // Peers in cyclic-shift order from `rank`: rank+1, rank+2, ... (mod world).
 // At each step every rank sends to a different peer, which keeps one receiver
-// from taking all senders at once (DESIGN.md: the order decides large-size
-// bandwidth: 374 GB/s busbw at 256 MB against about 200 with all peers at once).
+// from taking all senders at once. The order decides large-size bandwidth:
+// on 4 H200s, 374 GB/s busbw at 256 MB against about 200 with all peers at
+// once (docs/performance.md, "What the hardware allows at large sizes").
 std::vector<int> cyclic_peers(int rank, int world);
 
 // `out_by_rank[p]` is rank p's output as mapped in this process.
@@ -159,7 +160,8 @@ void add_bounce(Exchange& x, const std::vector<char*>& bounce);
 // becomes kPeer (the SM-free pull back, see Exchange::local_pull) when the
 // exchange has one and the block is at most kPeerLocalMaxBytes, else kKernel.
 // An explicit kPeer without a pull falls back to kKernel. The bound weighs two
-// measurements (x2, 2026-11-22, docs/performance-log.md, fifth session).
+// measurements on 2 H200s (docs/performance-log.md, "The own block read back
+// from a peer").
 // Alone, the pull costs nothing up to 256 KB (graph 27.6-28.6 us against
 // 29.1-30.7 with the kernel), 1 (eager) to 7 us (graph) at 1 MB, 18 us at 4 MB,
 // and at 16 MB and more it halves 2-GPU bandwidth (one more block per peer).
@@ -187,7 +189,7 @@ bool local_copy_on_side_stream(size_t bytes);
 
 // Whether the done messages (8-byte copies after the pushes) go one
 // cudaMemcpyAsync each instead of one batched call. Measured trigger-to-done
-// with bench/probes/flag_latency.cu on H200 (2026-11-22): one by one 11.9 us
+// with bench/probes/flag_latency.cu on H200s: one by one 11.9 us
 // against 19.8 batched (2 GPUs, 1 KB per peer), 14.2 vs 22.2 (2 GPUs, 1 MB),
 // 22.9 vs 30.4 (4 GPUs, 1 KB); only 4 GPUs at 1 MB went the other way (45.9
 // vs 40.8). `largest_push` is the largest push of the exchange in bytes.

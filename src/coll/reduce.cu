@@ -7,9 +7,9 @@ namespace {
 
 constexpr int kThreads = 512;
 // 16-byte words of each source a thread has in flight (reduce_words loads
-// two sources at once). One element per load (the first version) reached
-// about 0.34 TB/s of HBM traffic with 32 blocks; the local copy kernel moves
-// 2.9 TB/s with 8 words in flight (docs/performance-log.md). 16-bit types
+// two sources at once). One element per load reached about 0.34 TB/s of HBM
+// traffic with 32 blocks; the local copy kernel moves 2.9 TB/s with 8 words
+// in flight (docs/performance-log.md). 16-bit types
 // keep 4: their float accumulators (8 per word) would not fit twice as many.
 template <typename T>
 constexpr int kUnroll = sizeof(T) >= 4 ? 8 : 4;

@@ -33,7 +33,7 @@ Algo parse_algo(const std::string& name, const char* what) {
 }
 
 std::vector<SelectorRule> default_selector_table() {
-  // From `ferry bench` on H200 x2 and x4 (bench/results/2026-11-22-*): one
+  // From `ferry bench` on 2 and 4 H200s (docs/performance.md): one
   // batched submission (b2b) is fastest up to about 2 MB per rank; above, the
   // pushes issued one after another in cyclic-shift order (seq) are as fast or
   // faster (x4 all-gather: 85 us at 4 MB against 92 for b2b; 372 GB/s busbw at

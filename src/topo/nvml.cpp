@@ -72,8 +72,8 @@ struct Nvml {
 };
 
 // Opened once and never closed: NVML may keep threads of its own, and
-// unloading it under them crashed a benchmark process (2026-11-22, the energy
-// step, after several open/close cycles in one process).
+// unloading it under them crashed a benchmark process (the energy step,
+// after several open/close cycles in one process).
 Nvml& nvml_once() {
   static Nvml* n = [] {
     auto* x = new Nvml();

@@ -24,7 +24,7 @@ CASES = [
     # (pcpy's per-peer streams would exceed the hardware queues of a GPU).
     # All in one process: the replay cache once captured a call while two
     # ranks of its GPU waited for it, and the host stuck there (docs/
-    # performance-log.md, tenth session).
+    # architecture.md, "Repeated eager calls").
     (8, "auto,b2b,seq,sm", "copy"),
 ]
 
