@@ -12,6 +12,7 @@
 // behind the store, a kernel polling the same word 4.5-5.3 us.
 #include "coll/communicator.hpp"
 #include "core/error.hpp"
+#include "sync/gate.hpp"
 
 namespace ferry {
 
@@ -138,7 +139,7 @@ void Communicator::trigger(int handle) {
                 "trigger: handle " + std::to_string(handle) +
                     " was armed with its gate in GPU memory, which the host cannot write; trigger it from a stream "
                     "or a kernel, or arm it with the gate in host memory");
-  for (auto& g : p.host_gate) __atomic_store_n(g.host, p.generation, __ATOMIC_RELEASE);
+  for (auto& g : p.host_gate) gate::open_from_host(g.host, p.generation);
   p.armed = false;
 }
 
@@ -151,7 +152,7 @@ void Communicator::trigger_on(int handle, const std::vector<cudaStream_t>& strea
                   "trigger_on: expected one stream per local rank (" + std::to_string(local_count()) + ")");
   for (int i = 0; i < local_count(); ++i) {
     FERRY_CUDA_CHECK(cudaSetDevice(device(i)));
-    if (!p.built.empty()) dma::mem_ops(streams[i], {MemOp{MemOp::Kind::kWrite, gate_address(p, i), p.generation}});
+    if (!p.built.empty()) gate::open_on_stream(streams[i], gate_address(p, i), p.generation);
   }
   p.armed = false;
 }

@@ -14,6 +14,13 @@ const std::vector<Knob>& knobs() {
       {"FERRY_BATCH_MAX", "int", "128",
        "most copies in one cudaMemcpyBatchAsync call; larger lists are split (drivers have crashed on huge batches)"},
       {"FERRY_DISABLE_BATCH", "int", "0", "1: issue one cudaMemcpyAsync per copy instead of batched copies"},
+      {"FERRY_KV_TUNING", "string", "",
+       "page transfers' auto table: a `ferry kv-tune` JSON file; empty: the table shipped for this GPU model, else "
+       "the built-in default"},
+      {"FERRY_KV_STREAMS", "int", "4", "streams the 'streams' page-transfer strategy spreads its batched copies over"},
+      {"FERRY_KV_ARMED_MAX", "int", "4096",
+       "most copies a prepared page transfer may hold behind its gate (a stream's queue is finite; past it the host "
+       "blocks while enqueueing)"},
       {"FERRY_SOCKET_DIR", "string", "",
        "parent folder of the private (0700) folder holding ferry's Unix sockets; "
        "empty: $TMPDIR or /tmp"},

@@ -37,7 +37,7 @@ void copy_one(cudaStream_t stream, const Copy& c) {
 // one GPU may run as an SM kernel), and costs less host time (DESIGN.md).
 void copy(cudaStream_t stream, const Copy& c) { copy_batch(stream, {c}); }
 
-void copy_batch(cudaStream_t stream, const std::vector<Copy>& copies) {
+void copy_batch(cudaStream_t stream, const std::vector<Copy>& copies, bool settled_source) {
   if (copies.empty()) return;
   static const bool disabled = knob_int("FERRY_DISABLE_BATCH") != 0;
   static const size_t batch_max = static_cast<size_t>(std::max<long long>(1, knob_int("FERRY_BATCH_MAX")));
@@ -54,9 +54,9 @@ void copy_batch(cudaStream_t stream, const std::vector<Copy>& copies) {
       sizes.push_back(c.bytes);
     }
     cudaMemcpyAttributes attr{};
-    // The source is stable for the whole call (stream order), and the hint asks
-    // the driver for copy engines rather than SM copies.
-    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    // The source is read in stream order unless the caller vouches that nothing
+    // still writes it; the hint asks the driver for copy engines rather than SM copies.
+    attr.srcAccessOrder = settled_source ? cudaMemcpySrcAccessOrderAny : cudaMemcpySrcAccessOrderStream;
     attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
     size_t attr_idx = 0;
     for (auto [b, e] : split_batches(dsts.size(), batch_max)) {

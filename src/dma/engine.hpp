@@ -38,8 +38,10 @@ void copy(cudaStream_t stream, const Copy& c);
 // One plain cudaMemcpyAsync (the driver picks how to run it).
 void copy_one(cudaStream_t stream, const Copy& c);
 // Submits `copies` (no order among them) on `stream` in batches of at most
-// FERRY_BATCH_MAX, or one by one where batching is not possible.
-void copy_batch(cudaStream_t stream, const std::vector<Copy>& copies);
+// FERRY_BATCH_MAX, or one by one where batching is not possible. With
+// `settled_source` the engine may read the sources out of stream order
+// (srcAccessOrder=Any): only where nothing enqueued before still writes them.
+void copy_batch(cudaStream_t stream, const std::vector<Copy>& copies, bool settled_source = false);
 // Blocks `stream` until every wait is satisfied (one cuStreamBatchMemOp per 255).
 void wait_values(cudaStream_t stream, const std::vector<ValueWait>& waits);
 // Enqueues `ops` in array order, which CUDA keeps inside one batch: a write

@@ -1,0 +1,522 @@
+#include "xfer/page_copy.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <thread>
+
+#include "core/env.hpp"
+#include "core/error.hpp"
+#include "dma/engine.hpp"
+#include "xfer/host_pool.hpp"
+
+namespace ferry {
+namespace xfer {
+namespace {
+
+constexpr size_t kSlots = 8;
+constexpr size_t kEvents = 64;
+// The kernel's default grid: enough warps in flight to cover PCIe latency
+// (each holds 4 x 16 bytes per lane in flight) on few SMs.
+constexpr int kDefaultBlocks = 16;
+constexpr int kDefaultThreads = 512;
+constexpr size_t kDefaultChunk = 16 << 10;
+
+std::string side_name(const char* side, size_t r) { return std::string(side) + "[" + std::to_string(r) + "]"; }
+
+struct Where {
+  bool host = false;
+  int device = -1;
+  uint64_t device_address = 0;
+  std::shared_ptr<HostPool> pool;
+};
+
+Where where_is(const PageRegion& g, const char* side, size_t r) {
+  Where w;
+  const void* p = reinterpret_cast<const void*>(g.base);
+  size_t span = g.pages ? (g.pages - 1) * g.stride + g.bytes : 0;
+  if ((w.pool = HostPool::find(p, span))) {
+    w.host = true;
+    w.device_address = g.base;  // pools are mapped with unified addressing: same address
+    return w;
+  }
+  cudaPointerAttributes a{};
+  cudaError_t err = cudaPointerGetAttributes(&a, p);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    a.type = cudaMemoryTypeUnregistered;
+  }
+  switch (a.type) {
+    case cudaMemoryTypeHost:
+      w.host = true;
+      w.device_address = reinterpret_cast<uint64_t>(a.devicePointer);
+      return w;
+    case cudaMemoryTypeDevice:
+      w.device = a.device;
+      w.device_address = g.base;
+      return w;
+    case cudaMemoryTypeManaged:
+      throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                  side_name(side, r) +
+                      " is managed (unified) memory; page transfers take pinned host memory or "
+                      "GPU memory");
+    default:
+      throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                  side_name(side, r) +
+                      " is pageable host memory: copy engines cannot read or write it in place (the driver would "
+                      "stage every page through a bounce buffer). Allocate it pinned: ferry.kv.pinned_empty(...), "
+                      "ferry.kv.HostPool, or tensor.pin_memory()");
+  }
+}
+
+bool aligned16(uint64_t v) { return v % 16 == 0; }
+
+}  // namespace
+
+PageCopier& PageCopier::on(int device) {
+  static std::mutex mu;
+  static std::map<int, std::unique_ptr<PageCopier>> copiers;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& c = copiers[device];
+  if (!c) c.reset(new PageCopier(device));
+  return *c;
+}
+
+PageCopier::PageCopier(int device) : device_(device) {
+  int prev = 0;
+  FERRY_CUDA_CHECK(cudaGetDevice(&prev));
+  FERRY_CUDA_CHECK(cudaSetDevice(device));
+  FERRY_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
+  int least = 0, greatest = 0;
+  FERRY_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  FERRY_CUDA_CHECK(cudaStreamCreateWithPriority(&urgent_, cudaStreamNonBlocking, greatest));
+  int n = static_cast<int>(std::max<long long>(1, knob_int("FERRY_KV_STREAMS")));
+  for (int i = 0; i < n; ++i) {
+    cudaStream_t s = nullptr;
+    FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    streams_.push_back(s);
+  }
+  for (size_t i = 0; i < kEvents; ++i) {
+    cudaEvent_t e = nullptr;
+    FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    events_.push_back(e);
+  }
+  slots_.resize(kSlots);
+  for (auto& s : slots_) FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
+  void* p = nullptr;
+  FERRY_CUDA_CHECK(cudaHostAlloc(&p, 64, cudaHostAllocMapped | cudaHostAllocPortable));
+  kernel_error_ = static_cast<volatile uint64_t*>(p);
+  *kernel_error_ = 0;
+  FERRY_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&kernel_error_device_), p, 0));
+  cudaDeviceProp prop{};
+  std::string gpu;
+  if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) gpu = prop.name;
+  rules_ = startup_page_rules(shipped_page_tables(), gpu, knob_string("FERRY_KV_TUNING"), [](const std::string& path) {
+    FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) return std::optional<std::string>();
+    std::string text;
+    char buf[4096];
+    size_t k;
+    while ((k = std::fread(buf, 1, sizeof(buf), f)) > 0) text.append(buf, k);
+    std::fclose(f);
+    return std::optional<std::string>(text);
+  });
+  cudaSetDevice(prev);
+}
+
+PageCopier::~PageCopier() {
+  // Process exit: the driver may be gone already; release what it still knows.
+  cudaSetDevice(device_);
+  for (auto& s : slots_) {
+    if (s.host) cudaFreeHost(s.host);
+    cudaEventDestroy(s.done);
+  }
+  for (void* p : captured_staging_) cudaFreeHost(p);
+  for (auto e : events_) cudaEventDestroy(e);
+  for (auto s : streams_) cudaStreamDestroy(s);
+  if (urgent_) cudaStreamDestroy(urgent_);
+  if (kernel_error_) cudaFreeHost(const_cast<uint64_t*>(kernel_error_));
+}
+
+void PageCopier::set_rules(std::vector<PageRule> rules) {
+  for (size_t i = 0; i < rules.size(); ++i)
+    FERRY_ARG_CHECK(!uses_sm(rules[i].zero_sm), "rules[" + std::to_string(i) + "].zero_sm launches a kernel");
+  std::lock_guard<std::mutex> lock(mu_);
+  rules_ = std::move(rules);
+}
+
+std::vector<PageRule> PageCopier::rules() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return rules_;
+}
+
+PageStrategy PageCopier::choose(Direction direction, size_t copies, size_t bytes, bool zero_sm) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return select_page_strategy(rules_, direction, copies, bytes, zero_sm);
+}
+
+void PageCopier::check_kernel_errors() {
+  uint64_t bad = __atomic_exchange_n(const_cast<uint64_t*>(kernel_error_), uint64_t{0}, __ATOMIC_ACQ_REL);
+  if (bad)
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                "an earlier kernel page transfer with GPU index lists skipped entry " + std::to_string(bad - 1) +
+                    ": its dst_ids or src_ids value was out of range (that page was not copied)");
+}
+
+PageCopier::Located PageCopier::locate(const PageSide& dst, const PageSide& src, cudaStream_t stream) {
+  Located out;
+  int stream_device = device_;
+  if (stream && stream != cudaStreamLegacy && stream != cudaStreamPerThread) {
+    if (cudaStreamGetDevice(stream, &stream_device) != cudaSuccess) {
+      cudaGetLastError();
+      stream_device = device_;
+    }
+  }
+  FERRY_ARG_CHECK(stream_device == device_, "stream: it belongs to cuda:" + std::to_string(stream_device) +
+                                                " but the GPU tensors are on cuda:" + std::to_string(device_));
+  int dst_host = -1, src_host = -1;  // -1 unknown, 0 device, 1 host
+  out.kernel_regions.resize(dst.regions.size());
+  for (int side = 0; side < 2; ++side) {
+    const PageSide& s = side == 0 ? dst : src;
+    const char* sname = side == 0 ? "dst" : "src";
+    int& kind = side == 0 ? dst_host : src_host;
+    for (size_t r = 0; r < s.regions.size(); ++r) {
+      const PageRegion& g = s.regions[r];
+      if (g.bytes == 0 || g.pages == 0) continue;
+      Where w = where_is(g, sname, r);
+      int k = w.host ? 1 : 0;
+      if (kind >= 0 && kind != k)
+        throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                    std::string(sname) + " mixes host and GPU tensors (" + side_name(sname, r) + " is " +
+                        (w.host ? "host memory" : "GPU memory") + "); one side is all host or all GPU");
+      kind = k;
+      if (!w.host)
+        FERRY_ARG_CHECK(w.device == device_, side_name(sname, r) + " is on cuda:" + std::to_string(w.device) +
+                                                 " but the transfer runs on cuda:" + std::to_string(device_));
+      if (w.pool) out.pools.push_back(w.pool);
+      KernelRegion& kr = out.kernel_regions[r];
+      (side == 0 ? kr.dst : kr.src) = w.device_address;
+      (side == 0 ? kr.dst_stride : kr.src_stride) = g.stride;
+      kr.bytes = g.bytes;
+    }
+  }
+  bool dh = dst_host == 1, sh = src_host == 1;
+  out.direction = sh && !dh   ? Direction::kHostToDevice
+                  : !sh && dh ? Direction::kDeviceToHost
+                  : sh && dh  ? Direction::kHostToHost
+                              : Direction::kDeviceToDevice;
+  return out;
+}
+
+Direction PageCopier::direction(const PageSide& dst, const PageSide& src) {
+  check_sides(dst, src);
+  return locate(dst, src, nullptr).direction;
+}
+
+void PageCopier::fork(cudaStream_t from, cudaStream_t to) {
+  cudaEvent_t e = events_[next_event_++ % events_.size()];
+  FERRY_CUDA_CHECK(cudaEventRecord(e, from));
+  FERRY_CUDA_CHECK(cudaStreamWaitEvent(to, e, 0));
+}
+
+void PageCopier::note_pools(const Located& where, cudaStream_t stream) {
+  if (where.pools.empty() || dma::is_capturing(stream)) return;
+  HostPool* last = nullptr;
+  for (const auto& p : where.pools)
+    if (p.get() != last) {
+      p->note_use(stream);
+      last = p.get();
+    }
+}
+
+void PageCopier::run_copies(PageStrategy s, const std::vector<Copy>& copies, const PageCopyOptions& o, Direction d,
+                            cudaStream_t stream) {
+  // Any order only for a source no earlier stream work can still write: host
+  // memory read by a fetch, when the caller vouches for it.
+  const bool any_order = o.settled_source && d == Direction::kHostToDevice;
+  switch (s) {
+    case PageStrategy::kPerPage:
+      for (const auto& c : copies) dma::copy_one(stream, c);
+      return;
+    case PageStrategy::kBatched:
+      dma::copy_batch(stream, copies, any_order);
+      return;
+    case PageStrategy::kStreams: {
+      auto parts = split_by_bytes(copies, streams_.size());
+      if (parts.size() <= 1) {
+        dma::copy_batch(stream, copies, any_order);
+        return;
+      }
+      for (size_t i = 0; i < parts.size(); ++i) {
+        fork(stream, streams_[i]);
+        std::vector<Copy> part(copies.begin() + static_cast<long>(parts[i].first),
+                               copies.begin() + static_cast<long>(parts[i].second));
+        dma::copy_batch(streams_[i], part, any_order);
+      }
+      for (size_t i = 0; i < parts.size(); ++i) fork(streams_[i], stream);
+      return;
+    }
+    case PageStrategy::kKernel:
+      break;
+  }
+  throw_error(FERRY_ERROR_INTERNAL, "run_copies: the kernel strategy takes no copy list");
+}
+
+void* PageCopier::stage(size_t bytes, cudaStream_t stream, bool capturing) {
+  if (capturing) {
+    // A graph replays the kernel with these very addresses: the staging must
+    // outlive it, so it is never reused.
+    void* p = nullptr;
+    FERRY_CUDA_CHECK(cudaHostAlloc(&p, std::max<size_t>(bytes, 64), cudaHostAllocMapped | cudaHostAllocPortable));
+    captured_staging_.push_back(p);
+    return p;
+  }
+  Slot& s = slots_[next_slot_++ % slots_.size()];
+  // The slot's previous kernel must be done reading it.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(knob_float("FERRY_TIMEOUT_S"));
+  for (;;) {
+    cudaError_t q = cudaEventQuery(s.done);
+    if (q == cudaSuccess) break;
+    if (q != cudaErrorNotReady) FERRY_CUDA_CHECK(q);
+    if (std::chrono::steady_clock::now() > deadline)
+      throw_error(FERRY_ERROR_TIMEOUT,
+                  "kernel page transfer: an earlier transfer's kernel has not finished within "
+                  "FERRY_TIMEOUT_S; its stream is stuck");
+    std::this_thread::yield();
+  }
+  if (s.capacity < bytes) {
+    if (s.host) FERRY_CUDA_CHECK(cudaFreeHost(s.host));
+    s.host = nullptr;
+    size_t cap = std::max<size_t>(bytes, 64 << 10);
+    FERRY_CUDA_CHECK(cudaHostAlloc(&s.host, cap, cudaHostAllocMapped | cudaHostAllocPortable));
+    s.capacity = cap;
+  }
+  (void)stream;
+  return s.host;
+}
+
+int PageCopier::run_kernel(Located& where, const PageSide& dst, const PageSide& src, const void* dst_ids,
+                           const void* src_ids, bool is_64, size_t n, const PageCopyOptions& o, cudaStream_t stream,
+                           const void* host_dst_ids, const void* host_src_ids) {
+  FERRY_ARG_CHECK(!o.zero_sm, "mode='kernel' launches a kernel, which zero_sm=True forbids");
+  const uint64_t chunk = o.kernel_chunk ? o.kernel_chunk : kDefaultChunk;
+  auto& regions = where.kernel_regions;
+  bool vec16 = true;
+  uint64_t units = 0, dst_pages = UINT64_MAX, src_pages = UINT64_MAX;
+  for (size_t r = 0; r < regions.size(); ++r) {
+    KernelRegion& g = regions[r];
+    g.first_unit = units;
+    units += g.bytes == 0 ? 0 : (g.bytes - 1) / chunk + 1;
+    vec16 = vec16 && aligned16(g.src) && aligned16(g.dst) && aligned16(g.src_stride) && aligned16(g.dst_stride) &&
+            aligned16(g.bytes);
+    if (g.bytes) {
+      dst_pages = std::min<uint64_t>(dst_pages, dst.regions[r].pages);
+      src_pages = std::min<uint64_t>(src_pages, src.regions[r].pages);
+    }
+  }
+  if (units == 0 || n == 0) return 0;
+  const bool capturing = dma::is_capturing(stream);
+  const size_t id_bytes = is_64 ? 8 : 4;
+  const size_t regions_bytes = regions.size() * sizeof(KernelRegion);
+  const size_t ids_bytes = host_dst_ids ? 2 * n * id_bytes : 0;
+  char* staging = static_cast<char*>(stage(regions_bytes + ids_bytes, stream, capturing));
+  std::memcpy(staging, regions.data(), regions_bytes);
+  if (host_dst_ids) {
+    std::memcpy(staging + regions_bytes, host_dst_ids, n * id_bytes);
+    std::memcpy(staging + regions_bytes + n * id_bytes, host_src_ids, n * id_bytes);
+    dst_ids = staging + regions_bytes;
+    src_ids = staging + regions_bytes + n * id_bytes;
+  }
+  PageKernelArgs a;
+  a.regions = reinterpret_cast<const KernelRegion*>(staging);
+  a.nregions = static_cast<int>(regions.size());
+  a.units_per_page = units;
+  a.chunk = chunk;
+  a.src_ids = src_ids;
+  a.dst_ids = dst_ids;
+  a.ids_64 = is_64;
+  a.pages = n;
+  a.vec16 = vec16;
+  // Lists read in place were not checked on the host: the kernel checks each
+  // entry against the page counts and reports the first bad one.
+  a.error = host_dst_ids ? nullptr : kernel_error_device_;
+  a.dst_pages = dst_pages;
+  a.src_pages = src_pages;
+  const int threads = o.kernel_threads ? o.kernel_threads : kDefaultThreads;
+  const uint64_t warps = n * units, per_block = static_cast<uint64_t>(threads / 32);
+  int blocks = o.kernel_blocks ? o.kernel_blocks
+                               : static_cast<int>(std::min<uint64_t>({static_cast<uint64_t>(kDefaultBlocks),
+                                                                      static_cast<uint64_t>(sm_count_),
+                                                                      (warps + per_block - 1) / per_block}));
+  launch_page_kernel(a, blocks, threads, stream);
+  if (!capturing) FERRY_CUDA_CHECK(cudaEventRecord(slots_[(next_slot_ - 1) % slots_.size()].done, stream));
+  return blocks;
+}
+
+PageCopyReport PageCopier::copy(const PageSide& dst, const PageSide& src, const PageIds& dst_ids,
+                                const PageIds& src_ids, const PageCopyOptions& o, cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_kernel_errors();
+  check_sides(dst, src);
+  Located where = locate(dst, src, stream);
+  PageCopyReport rep;
+  rep.direction = where.direction;
+  rep.bytes = request_bytes(dst, dst_ids.count);
+  FERRY_CUDA_CHECK(cudaSetDevice(device_));
+  // Plans (and validates) even for the kernel, which then reads the lists itself.
+  std::vector<Copy> copies = plan_page_copies(dst, src, dst_ids, src_ids, o.merge);
+  rep.copies = copies.size();
+  PageStrategy s =
+      o.strategy ? *o.strategy : select_page_strategy(rules_, where.direction, copies.size(), rep.bytes, o.zero_sm);
+  FERRY_ARG_CHECK(!(o.zero_sm && uses_sm(s)), "mode='kernel' launches a kernel, which zero_sm=True forbids");
+  rep.strategy = s;
+  if (copies.empty()) return rep;
+  cudaStream_t run = stream;
+  if (o.urgent) {
+    fork(stream, urgent_);
+    run = urgent_;
+  }
+  if (s == PageStrategy::kKernel) {
+    rep.sms =
+        run_kernel(where, dst, src, nullptr, nullptr, dst_ids.is_64, dst_ids.count, o, run, dst_ids.data, src_ids.data);
+  } else {
+    run_copies(s, copies, o, where.direction, run);
+  }
+  if (o.urgent) fork(urgent_, stream);
+  note_pools(where, stream);
+  return rep;
+}
+
+PageCopyReport PageCopier::copy_device_ids(const PageSide& dst, const PageSide& src, const DeviceIds& ids,
+                                           const PageCopyOptions& o, cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_kernel_errors();
+  check_sides(dst, src);
+  FERRY_ARG_CHECK(!o.strategy || *o.strategy == PageStrategy::kKernel,
+                  "index lists in GPU memory are read in place by the kernel strategy only; copy them to the host "
+                  "for copy-engine strategies");
+  FERRY_ARG_CHECK(ids.count == 0 || (ids.dst && ids.src), "dst_ids/src_ids: null pointer with a non-zero count");
+  Located where = locate(dst, src, stream);
+  PageCopyReport rep;
+  rep.direction = where.direction;
+  rep.strategy = PageStrategy::kKernel;
+  rep.bytes = request_bytes(dst, ids.count);
+  rep.copies = ids.count * dst.regions.size();
+  if (ids.count == 0) return rep;
+  FERRY_CUDA_CHECK(cudaSetDevice(device_));
+  cudaStream_t run = stream;
+  if (o.urgent) {
+    fork(stream, urgent_);
+    run = urgent_;
+  }
+  rep.sms = run_kernel(where, dst, src, ids.dst, ids.src, ids.is_64, ids.count, o, run, nullptr, nullptr);
+  if (o.urgent) fork(urgent_, stream);
+  note_pools(where, stream);
+  return rep;
+}
+
+PreparedPages::PreparedPages(int device, const PageSide& dst, const PageSide& src, const PageIds& dst_ids,
+                             const PageIds& src_ids, PageStrategy strategy, bool merge)
+    : device_(device), strategy_(strategy) {
+  FERRY_ARG_CHECK(!uses_sm(strategy),
+                  "prepare: mode='kernel' cannot be prepared (an armed kernel would hold its "
+                  "SMs while it waits); prepared transfers run on copy engines");
+  FERRY_CUDA_CHECK(cudaSetDevice(device));
+  PageCopier& copier = PageCopier::on(device);
+  check_sides(dst, src);
+  auto where = copier.locate(dst, src, nullptr);
+  direction_ = where.direction;
+  pools_ = where.pools;
+  copies_ = plan_page_copies(dst, src, dst_ids, src_ids, merge);
+  bytes_ = request_bytes(dst, dst_ids.count);
+  const size_t most = static_cast<size_t>(std::max<long long>(1, knob_int("FERRY_KV_ARMED_MAX")));
+  FERRY_ARG_CHECK(copies_.size() <= most,
+                  "prepare: " + std::to_string(copies_.size()) + " copies after merging runs; at most " +
+                      std::to_string(most) +
+                      " may wait behind a gate (FERRY_KV_ARMED_MAX: a stream's queue is finite, and the host would "
+                      "block while enqueueing); split the transfer");
+  FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&finished_, cudaEventDisableTiming));
+}
+
+PreparedPages::~PreparedPages() {
+  cudaSetDevice(device_);
+  if (armed_ && !opened_) {
+    // Never leave the stream waiting on a gate nobody will open.
+    gate_.open();
+  }
+  if (stream_) {
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+  if (finished_) cudaEventDestroy(finished_);
+  cudaGetLastError();
+}
+
+void PreparedPages::arm(cudaStream_t after) {
+  FERRY_ARG_CHECK(!armed_ || opened_, "arm: the transfer is armed already; trigger it before arming it again");
+  FERRY_ARG_CHECK(!(after && dma::is_capturing(after)),
+                  "arm: the stream is capturing a CUDA graph; capture copy_blocks itself instead of arming");
+  FERRY_CUDA_CHECK(cudaSetDevice(device_));
+  cudaEvent_t e = nullptr;
+  FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  FERRY_CUDA_CHECK(cudaEventRecord(e, after));
+  FERRY_CUDA_CHECK(cudaStreamWaitEvent(stream_, e, 0));
+  cudaEventDestroy(e);
+  gate_.arm(stream_);
+  if (strategy_ == PageStrategy::kPerPage)
+    for (const auto& c : copies_) dma::copy_one(stream_, c);
+  else
+    dma::copy_batch(stream_, copies_);
+  FERRY_CUDA_CHECK(cudaEventRecord(finished_, stream_));
+  for (const auto& p : pools_) p->note_use(stream_);
+  armed_ = true;
+  opened_ = false;
+  ran_ = true;
+}
+
+void PreparedPages::trigger() {
+  FERRY_ARG_CHECK(armed_ && !opened_, "trigger: the transfer is not armed; call arm() first");
+  gate_.open();
+  opened_ = true;
+}
+
+void PreparedPages::trigger_on(cudaStream_t stream) {
+  FERRY_ARG_CHECK(armed_ && !opened_, "trigger_on: the transfer is not armed; call arm() first");
+  FERRY_CUDA_CHECK(cudaSetDevice(device_));
+  gate_.open_on(stream);
+  opened_ = true;
+}
+
+std::pair<uint64_t*, uint64_t> PreparedPages::device_trigger() {
+  FERRY_ARG_CHECK(armed_ && !opened_, "device_trigger: the transfer is not armed; call arm() first");
+  opened_ = true;  // handed to a kernel
+  return gate_.device_trigger();
+}
+
+void PreparedPages::wait(cudaStream_t stream) {
+  if (!ran_) return;
+  FERRY_CUDA_CHECK(cudaSetDevice(device_));
+  FERRY_CUDA_CHECK(cudaStreamWaitEvent(stream, finished_, 0));
+}
+
+void PreparedPages::synchronize(double timeout_s) {
+  if (!ran_) return;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  for (;;) {
+    cudaError_t q = cudaEventQuery(finished_);
+    if (q == cudaSuccess) return;
+    if (q != cudaErrorNotReady) FERRY_CUDA_CHECK(q);
+    if (std::chrono::steady_clock::now() > deadline)
+      throw_error(FERRY_ERROR_TIMEOUT,
+                  std::string("prepared transfer: not finished after ") + std::to_string(timeout_s) + " s; " +
+                      (gate_.is_open() ? "its gate is open, so the copies themselves are stuck"
+                                       : "its gate was never opened (call trigger(), trigger_on() or fire the device "
+                                         "trigger)"));
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+}  // namespace xfer
+}  // namespace ferry

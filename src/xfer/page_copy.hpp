@@ -1,0 +1,161 @@
+// Paged KV-cache transfers: executes a page request (page_plan.hpp) on one GPU
+// with the strategy the caller names or `auto` picks (page_select.hpp), in the
+// caller's stream order. Copy-engine strategies launch no kernel.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "sync/gate.hpp"
+#include "xfer/page_kernel.hpp"
+#include "xfer/page_plan.hpp"
+#include "xfer/page_select.hpp"
+
+namespace ferry {
+namespace xfer {
+
+struct PageCopyOptions {
+  std::optional<PageStrategy> strategy;  // nullopt: auto
+  bool zero_sm = false;                  // never launch a kernel
+  bool urgent = false;                   // run on ferry's urgent stream, not behind bulk work on the caller's
+  bool settled_source = false;           // nothing in the stream still writes the source (srcAccessOrder=Any)
+  bool merge = true;                     // merge runs of adjacent pages into one copy
+  int kernel_blocks = 0;                 // kernel grid; 0: ferry's choice
+  int kernel_threads = 0;
+  size_t kernel_chunk = 0;  // bytes per warp task; 0: ferry's choice (SIZE_MAX: whole pages)
+};
+
+// Index lists the kernel strategy reads in place from GPU memory (no host
+// sync). Each entry is bounds-checked in the kernel; a bad one is skipped and
+// reported by the next call on this GPU (check_kernel_errors). Duplicates in
+// device lists are not detected.
+struct DeviceIds {
+  const void* dst = nullptr;
+  const void* src = nullptr;
+  size_t count = 0;
+  bool is_64 = true;
+};
+
+// What a call did, for benchmarks and debugging.
+struct PageCopyReport {
+  PageStrategy strategy = PageStrategy::kBatched;
+  Direction direction = Direction::kHostToDevice;
+  size_t copies = 0;  // after merging
+  size_t bytes = 0;
+  int sms = 0;  // blocks of the kernel, or 0
+};
+
+class PreparedPages;
+
+// One per GPU, created on first use; thread-safe.
+class PageCopier {
+ public:
+  static PageCopier& on(int device);
+  ~PageCopier();
+
+  PageCopyReport copy(const PageSide& dst, const PageSide& src, const PageIds& dst_ids, const PageIds& src_ids,
+                      const PageCopyOptions& o, cudaStream_t stream);
+  // The kernel strategy with index lists in GPU memory.
+  PageCopyReport copy_device_ids(const PageSide& dst, const PageSide& src, const DeviceIds& ids,
+                                 const PageCopyOptions& o, cudaStream_t stream);
+  // The strategy auto would run for this request (no copy).
+  PageStrategy choose(Direction direction, size_t copies, size_t bytes, bool zero_sm) const;
+  Direction direction(const PageSide& dst, const PageSide& src);
+
+  void set_rules(std::vector<PageRule> rules);
+  std::vector<PageRule> rules() const;
+  // Throws if an earlier kernel with GPU index lists skipped an out-of-range entry.
+  void check_kernel_errors();
+
+  int device() const { return device_; }
+  cudaStream_t urgent_stream() const { return urgent_; }
+
+ private:
+  friend class PreparedPages;
+  explicit PageCopier(int device);
+  struct Located {
+    Direction direction;
+    std::vector<KernelRegion> kernel_regions;  // device-usable addresses
+    std::vector<std::shared_ptr<class HostPool>> pools;
+  };
+  Located locate(const PageSide& dst, const PageSide& src, cudaStream_t stream);
+  void run_copies(PageStrategy s, const std::vector<Copy>& copies, const PageCopyOptions& o, Direction d,
+                  cudaStream_t stream);
+  int run_kernel(Located& where, const PageSide& dst, const PageSide& src, const void* dst_ids, const void* src_ids,
+                 bool is_64, size_t n, const PageCopyOptions& o, cudaStream_t stream, const void* host_dst_ids,
+                 const void* host_src_ids);
+  // Host staging the kernel reads (regions, and host index lists copied in).
+  void* stage(size_t bytes, cudaStream_t stream, bool capturing);
+  void fork(cudaStream_t from, cudaStream_t to);
+  void note_pools(const Located& where, cudaStream_t stream);
+
+  int device_;
+  int sm_count_ = 0;
+  mutable std::mutex mu_;
+  std::vector<PageRule> rules_;
+  cudaStream_t urgent_ = nullptr;
+  std::vector<cudaStream_t> streams_;
+  std::vector<cudaEvent_t> events_;
+  size_t next_event_ = 0;
+  struct Slot {
+    void* host = nullptr;
+    size_t capacity = 0;
+    cudaEvent_t done = nullptr;
+  };
+  std::vector<Slot> slots_;
+  size_t next_slot_ = 0;
+  std::vector<void*> captured_staging_;        // kept for the graphs that read them
+  volatile uint64_t* kernel_error_ = nullptr;  // pinned: 1 + index of the first bad entry
+  unsigned long long* kernel_error_device_ = nullptr;
+};
+
+// A transfer planned once and enqueued ahead behind a gate, released later from
+// the host, a stream or a kernel: what is left on the critical path is the
+// copies themselves. Copy engines only.
+class PreparedPages {
+ public:
+  PreparedPages(int device, const PageSide& dst, const PageSide& src, const PageIds& dst_ids, const PageIds& src_ids,
+                PageStrategy strategy, bool merge);
+  ~PreparedPages();
+  PreparedPages(const PreparedPages&) = delete;
+  PreparedPages& operator=(const PreparedPages&) = delete;
+
+  // Enqueues the copies on ferry's armed stream after the work enqueued so far
+  // on `after`, behind the gate.
+  void arm(cudaStream_t after);
+  void trigger();
+  void trigger_on(cudaStream_t stream);
+  std::pair<uint64_t*, uint64_t> device_trigger();
+  // Makes `stream` wait for the last armed run.
+  void wait(cudaStream_t stream);
+  // Host wait for the last armed run, at most timeout_s; throws
+  // FERRY_ERROR_TIMEOUT naming the gate when it was never opened.
+  void synchronize(double timeout_s);
+  bool armed() const { return armed_; }
+  size_t copies() const { return copies_.size(); }
+  size_t bytes() const { return bytes_; }
+  PageStrategy strategy() const { return strategy_; }
+  Direction direction() const { return direction_; }
+
+ private:
+  int device_;
+  std::vector<Copy> copies_;
+  size_t bytes_ = 0;
+  PageStrategy strategy_;
+  Direction direction_;
+  std::vector<std::shared_ptr<class HostPool>> pools_;
+  HostGate gate_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t finished_ = nullptr;
+  bool armed_ = false;
+  bool opened_ = false;
+  bool ran_ = false;
+};
+
+}  // namespace xfer
+}  // namespace ferry

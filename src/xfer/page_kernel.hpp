@@ -1,0 +1,47 @@
+// The SM strategy for page transfers: one kernel gathers every page of a
+// request, a warp per unit of work (a page's region, cut in chunks), reading
+// and writing pinned host memory in place. It exists for users who allow SMs
+// and as the comparison the copy engines are measured against; the grid sets
+// how many SMs it takes (2 x 1024 threads and 12 blocks are the grids two
+// serving engines use).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace ferry {
+namespace xfer {
+
+// One region as the kernel sees it: device-usable addresses.
+struct KernelRegion {
+  uint64_t src = 0, dst = 0;
+  uint64_t src_stride = 0, dst_stride = 0;
+  uint64_t bytes = 0;       // of one page
+  uint64_t first_unit = 0;  // units of the regions before this one, within one page
+};
+
+struct PageKernelArgs {
+  const KernelRegion* regions = nullptr;  // device-readable
+  int nregions = 0;
+  uint64_t units_per_page = 0;    // sum over regions of ceil(bytes / chunk)
+  uint64_t chunk = 0;             // bytes of one unit
+  const void* src_ids = nullptr;  // device-readable
+  const void* dst_ids = nullptr;
+  bool ids_64 = true;
+  uint64_t pages = 0;
+  bool vec16 = false;  // every address, stride and size is a multiple of 16
+  // With `error` set (lists not checked on the host), an entry outside
+  // [0, dst_pages) x [0, src_pages) is skipped and 1 + its index stored there
+  // (the first one wins).
+  unsigned long long* error = nullptr;
+  uint64_t dst_pages = 0, src_pages = 0;
+};
+
+// Most regions the kernel holds in shared memory.
+constexpr int kMaxKernelRegions = 1024;
+
+void launch_page_kernel(const PageKernelArgs& args, int blocks, int threads, cudaStream_t stream);
+
+}  // namespace xfer
+}  // namespace ferry

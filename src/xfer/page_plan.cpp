@@ -1,0 +1,207 @@
+#include "xfer/page_plan.hpp"
+
+#include <algorithm>
+
+#include "core/error.hpp"
+
+namespace ferry {
+namespace xfer {
+namespace {
+
+std::string name(const char* side, size_t r) { return std::string(side) + "[" + std::to_string(r) + "]"; }
+
+void check_region(const PageRegion& g, const char* side, size_t r) {
+  if (g.bytes == 0 || g.pages == 0) return;  // nothing to copy in this region
+  FERRY_ARG_CHECK(g.base != 0, name(side, r) + " is a null pointer with " + std::to_string(g.pages) + " pages of " +
+                                   std::to_string(g.bytes) + " bytes");
+  FERRY_ARG_CHECK(g.pages == 1 || g.stride >= g.bytes,
+                  name(side, r) + ": pages overlap (stride " + std::to_string(g.stride) + " bytes < " +
+                      std::to_string(g.bytes) + " bytes per page); each page must be contiguous and apart");
+}
+
+size_t min_pages(const PageSide& s) {
+  size_t n = SIZE_MAX;
+  for (const auto& g : s.regions) n = std::min(n, g.pages);
+  return s.regions.empty() ? 0 : n;
+}
+
+bool ranges_overlap(const PageRegion& a, const PageRegion& b) {
+  if (a.bytes == 0 || b.bytes == 0 || a.pages == 0 || b.pages == 0) return false;
+  uintptr_t a_end = a.base + (a.pages - 1) * a.stride + a.bytes;
+  uintptr_t b_end = b.base + (b.pages - 1) * b.stride + b.bytes;
+  return a.base < b_end && b.base < a_end;
+}
+
+// Bits of destination pages seen in the current check; cleared after use so
+// that each call costs O(count), not O(pages).
+thread_local std::vector<uint64_t> t_seen;
+
+}  // namespace
+
+void check_sides(const PageSide& dst, const PageSide& src) {
+  FERRY_ARG_CHECK(!dst.regions.empty(), "dst: no tensors given");
+  FERRY_ARG_CHECK(dst.regions.size() == src.regions.size(),
+                  "dst has " + std::to_string(dst.regions.size()) + " tensors and src " +
+                      std::to_string(src.regions.size()) + "; they must pair up one to one");
+  for (size_t r = 0; r < dst.regions.size(); ++r) {
+    check_region(dst.regions[r], "dst", r);
+    check_region(src.regions[r], "src", r);
+    FERRY_ARG_CHECK(dst.regions[r].bytes == src.regions[r].bytes,
+                    name("dst", r) + " has pages of " + std::to_string(dst.regions[r].bytes) + " bytes and " +
+                        name("src", r) + " of " + std::to_string(src.regions[r].bytes) +
+                        "; paired tensors must have equal page sizes (same dtype and page shape)");
+  }
+}
+
+void check_ids(const PageSide& dst, const PageSide& src, const PageIds& dst_ids, const PageIds& src_ids) {
+  FERRY_ARG_CHECK(dst_ids.count == src_ids.count, "dst_ids has " + std::to_string(dst_ids.count) +
+                                                      " entries and src_ids " + std::to_string(src_ids.count) +
+                                                      "; they must have the same length");
+  const size_t n = dst_ids.count;
+  if (n == 0) return;
+  FERRY_ARG_CHECK(dst_ids.data && src_ids.data, "dst_ids/src_ids: null pointer with a non-zero count");
+  const size_t dst_pages = min_pages(dst), src_pages = min_pages(src);
+  for (size_t i = 0; i < n; ++i) {
+    int64_t d = dst_ids.at(i), s = src_ids.at(i);
+    if (d < 0 || static_cast<uint64_t>(d) >= dst_pages)
+      throw_error(FERRY_ERROR_INVALID_ARGUMENT, "dst_ids[" + std::to_string(i) + "] = " + std::to_string(d) +
+                                                    " is out of range: dst has " + std::to_string(dst_pages) +
+                                                    " pages (valid indices 0.." + std::to_string(dst_pages) + ")");
+    if (s < 0 || static_cast<uint64_t>(s) >= src_pages)
+      throw_error(FERRY_ERROR_INVALID_ARGUMENT, "src_ids[" + std::to_string(i) + "] = " + std::to_string(s) +
+                                                    " is out of range: src has " + std::to_string(src_pages) +
+                                                    " pages (valid indices 0.." + std::to_string(src_pages) + ")");
+  }
+  // Duplicate destinations, and (where a side is the same memory as the other)
+  // a page that is both read and written by the same call.
+  bool same_memory = false;
+  for (size_t r = 0; r < dst.regions.size(); ++r) {
+    const auto &a = dst.regions[r], &b = src.regions[r];
+    if (!ranges_overlap(a, b)) continue;
+    FERRY_ARG_CHECK(a.base == b.base && a.stride == b.stride,
+                    name("dst", r) + " and " + name("src", r) +
+                        " overlap in memory with different page layouts; copies between them would race");
+    same_memory = true;
+  }
+  auto& seen = t_seen;
+  if (seen.size() < dst_pages / 64 + 1) seen.resize(dst_pages / 64 + 1, 0);
+  size_t marked = 0;
+  std::string error;
+  for (; marked < n; ++marked) {
+    uint64_t d = static_cast<uint64_t>(dst_ids.at(marked));
+    uint64_t bit = uint64_t{1} << (d % 64);
+    if (seen[d / 64] & bit) {
+      size_t first = 0;
+      while (static_cast<uint64_t>(dst_ids.at(first)) != d) ++first;
+      error = "dst_ids has page " + std::to_string(d) + " twice (at " + std::to_string(first) + " and " +
+              std::to_string(marked) + "): two copies would race on one destination page";
+      break;
+    }
+    seen[d / 64] |= bit;
+  }
+  if (error.empty() && same_memory) {
+    for (size_t i = 0; i < n; ++i) {
+      uint64_t s = static_cast<uint64_t>(src_ids.at(i));
+      if (s < dst_pages && (seen[s / 64] >> (s % 64) & 1)) {
+        error = "src_ids[" + std::to_string(i) + "] = " + std::to_string(s) +
+                " is also a destination page of the same tensor; a page read and written by one call would race";
+        break;
+      }
+    }
+  }
+  for (size_t i = 0; i < marked; ++i) seen[static_cast<uint64_t>(dst_ids.at(i)) / 64] = 0;
+  if (!error.empty()) throw_error(FERRY_ERROR_INVALID_ARGUMENT, error);
+}
+
+std::vector<Copy> plan_page_copies(const PageSide& dst, const PageSide& src, const PageIds& dst_ids,
+                                   const PageIds& src_ids, bool merge) {
+  check_sides(dst, src);
+  check_ids(dst, src, dst_ids, src_ids);
+  std::vector<Copy> out;
+  const size_t n = dst_ids.count;
+  out.reserve(n * dst.regions.size());
+  for (size_t r = 0; r < dst.regions.size(); ++r) {
+    const PageRegion &d = dst.regions[r], &s = src.regions[r];
+    if (d.bytes == 0) continue;
+    // Pages that follow each other in memory only when the stride is the page.
+    const bool can_merge = merge && d.stride == d.bytes && s.stride == s.bytes;
+    for (size_t i = 0; i < n;) {
+      int64_t di = dst_ids.at(i), si = src_ids.at(i);
+      size_t run = 1;
+      if (can_merge)
+        while (i + run < n && dst_ids.at(i + run) == di + static_cast<int64_t>(run) &&
+               src_ids.at(i + run) == si + static_cast<int64_t>(run))
+          ++run;
+      out.push_back(Copy{reinterpret_cast<void*>(d.base + static_cast<size_t>(di) * d.stride),
+                         reinterpret_cast<const void*>(s.base + static_cast<size_t>(si) * s.stride), run * d.bytes});
+      i += run;
+    }
+  }
+  return out;
+}
+
+std::vector<std::pair<size_t, size_t>> split_by_bytes(const std::vector<Copy>& copies, size_t parts) {
+  std::vector<std::pair<size_t, size_t>> out;
+  if (copies.empty() || parts == 0) return out;
+  size_t total = 0;
+  for (const auto& c : copies) total += c.bytes;
+  parts = std::min(parts, copies.size());
+  size_t begin = 0, acc = 0;
+  for (size_t i = 0; i < copies.size(); ++i) {
+    acc += copies[i].bytes;
+    // Close a group once it reaches its share of the bytes so far.
+    size_t k = out.size() + 1;
+    if (k < parts && acc * parts >= total * k) {
+      out.emplace_back(begin, i + 1);
+      begin = i + 1;
+    }
+  }
+  if (begin < copies.size()) out.emplace_back(begin, copies.size());
+  return out;
+}
+
+size_t request_bytes(const PageSide& side, size_t pages) {
+  size_t b = 0;
+  for (const auto& g : side.regions) b += g.bytes;
+  return b * pages;
+}
+
+const char* strategy_name(PageStrategy s) {
+  switch (s) {
+    case PageStrategy::kPerPage:
+      return "per_page";
+    case PageStrategy::kBatched:
+      return "batched";
+    case PageStrategy::kStreams:
+      return "streams";
+    case PageStrategy::kKernel:
+      return "kernel";
+  }
+  return "?";
+}
+
+PageStrategy parse_strategy(const std::string& name, const char* what) {
+  for (auto s : {PageStrategy::kPerPage, PageStrategy::kBatched, PageStrategy::kStreams, PageStrategy::kKernel})
+    if (name == strategy_name(s)) return s;
+  throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+              std::string(what) + ": '" + name + "' is not a strategy (per_page, batched, streams, kernel)");
+}
+
+bool uses_sm(PageStrategy s) { return s == PageStrategy::kKernel; }
+
+const char* direction_name(Direction d) {
+  switch (d) {
+    case Direction::kHostToDevice:
+      return "h2d";
+    case Direction::kDeviceToHost:
+      return "d2h";
+    case Direction::kDeviceToDevice:
+      return "d2d";
+    case Direction::kHostToHost:
+      return "h2h";
+  }
+  return "?";
+}
+
+}  // namespace xfer
+}  // namespace ferry

@@ -1,0 +1,84 @@
+// Paged KV-cache transfers, the pure part: what a request to copy pages by
+// index means in copies, and whether it is valid. No CUDA call here; tested on
+// the CPU (tests/cpu/test_page_plan.cpp).
+//
+// A side of a transfer (source or destination) is a list of regions that share
+// one page mapping: region r holds page p at base + p * stride, `bytes` long
+// and contiguous. One tensor whose first dimension is the page is one region;
+// a list of per-layer (or per-K/V) tensors is one region each.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dma/batch_plan.hpp"
+
+namespace ferry {
+namespace xfer {
+
+struct PageRegion {
+  uintptr_t base = 0;
+  size_t stride = 0;  // bytes from one page to the next
+  size_t bytes = 0;   // bytes of one page
+  size_t pages = 0;   // valid page indices are [0, pages)
+};
+
+struct PageSide {
+  std::vector<PageRegion> regions;
+};
+
+// Index lists as the caller gives them: int32 or int64, host memory.
+struct PageIds {
+  const void* data = nullptr;
+  size_t count = 0;
+  bool is_64 = true;
+  int64_t at(size_t i) const {
+    return is_64 ? static_cast<const int64_t*>(data)[i] : static_cast<const int32_t*>(data)[i];
+  }
+};
+
+// Checks that the two sides match (same number of regions, same bytes per page
+// at each position) and that every region is well-formed. Throws
+// FERRY_ERROR_INVALID_ARGUMENT naming `dst[r]` or `src[r]`.
+void check_sides(const PageSide& dst, const PageSide& src);
+
+// Checks the index lists against the sides: equal lengths, every index in
+// range and non-negative, no destination page twice (two copies would race on
+// it). `dst_pages` is the number of pages of the destination (for the
+// duplicate check). Throws naming `dst_ids[i]` / `src_ids[i]`.
+void check_ids(const PageSide& dst, const PageSide& src, const PageIds& dst_ids, const PageIds& src_ids);
+
+// The copies for a request, region by region, in index order. With `merge`,
+// consecutive pairs whose source and destination pages both follow each other
+// in memory become one copy (runs of adjacent pages are common: a prefix
+// saved in one go lands on consecutive pages). Validates first.
+std::vector<Copy> plan_page_copies(const PageSide& dst, const PageSide& src, const PageIds& dst_ids,
+                                   const PageIds& src_ids, bool merge);
+
+// Splits `copies` into at most `parts` contiguous groups of about equal bytes
+// (for submission on several streams). Empty groups are dropped.
+std::vector<std::pair<size_t, size_t>> split_by_bytes(const std::vector<Copy>& copies, size_t parts);
+
+// Bytes moved by a request: pages * sum of region page bytes.
+size_t request_bytes(const PageSide& side, size_t pages);
+
+// How the page copies of a request get executed.
+enum class PageStrategy {
+  kPerPage,  // one cudaMemcpyAsync per copy: the baseline
+  kBatched,  // cudaMemcpyBatchAsync in bounded batches, runs merged
+  kStreams,  // the batched copies spread over several of ferry's streams
+  kKernel,   // an SM kernel gathering the pages (reads pinned host memory in place)
+};
+
+const char* strategy_name(PageStrategy s);
+// Parses "per_page", "batched", "streams", "kernel"; throws naming `what` otherwise.
+PageStrategy parse_strategy(const std::string& name, const char* what);
+bool uses_sm(PageStrategy s);
+
+enum class Direction { kHostToDevice, kDeviceToHost, kDeviceToDevice, kHostToHost };
+const char* direction_name(Direction d);
+
+}  // namespace xfer
+}  // namespace ferry

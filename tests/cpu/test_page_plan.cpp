@@ -1,0 +1,241 @@
+// The pure part of paged KV transfers: validation, run merging, splitting, and
+// the auto table. Every case builds sides from plain numbers (no GPU).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <random>
+#include <string>
+
+#include "core/error.hpp"
+#include "xfer/page_plan.hpp"
+#include "xfer/page_select.hpp"
+
+using namespace ferry;
+using namespace ferry::xfer;
+
+namespace {
+
+PageSide side(uintptr_t base, size_t stride, size_t bytes, size_t pages, int regions = 1, size_t region_gap = 0) {
+  PageSide s;
+  for (int r = 0; r < regions; ++r)
+    s.regions.push_back(PageRegion{base + r * (region_gap ? region_gap : stride * pages), stride, bytes, pages});
+  return s;
+}
+
+PageIds ids(const std::vector<int64_t>& v) { return PageIds{v.data(), v.size(), true}; }
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), FERRY_ERROR_INVALID_ARGUMENT);
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(PagePlan, OneCopyPerPageWhenNothingIsAdjacent) {
+  auto dst = side(0x100000, 4096, 4096, 16), src = side(0x900000, 4096, 4096, 16);
+  std::vector<int64_t> d{3, 9, 1}, s{7, 2, 12};
+  auto copies = plan_page_copies(dst, src, ids(d), ids(s), true);
+  ASSERT_EQ(copies.size(), 3u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(copies[1].dst), 0x100000u + 9 * 4096);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(copies[1].src), 0x900000u + 2 * 4096);
+  EXPECT_EQ(copies[1].bytes, 4096u);
+}
+
+TEST(PagePlan, RunsOfAdjacentPagesMerge) {
+  auto dst = side(0x100000, 512, 512, 64), src = side(0x900000, 512, 512, 64);
+  std::vector<int64_t> d{4, 5, 6, 20, 21, 9}, s{10, 11, 12, 30, 32, 13};
+  auto copies = plan_page_copies(dst, src, ids(d), ids(s), true);
+  // 4-6 <- 10-12 is one run; 20 <- 30 and 21 <- 32 are not (source gap); 9 <- 13 alone.
+  ASSERT_EQ(copies.size(), 4u);
+  EXPECT_EQ(copies[0].bytes, 3u * 512);
+  EXPECT_EQ(copies[1].bytes, 512u);
+  EXPECT_EQ(copies[2].bytes, 512u);
+  auto unmerged = plan_page_copies(dst, src, ids(d), ids(s), false);
+  EXPECT_EQ(unmerged.size(), 6u);
+}
+
+TEST(PagePlan, StridedPagesNeverMerge) {
+  // vLLM's per-layer [2, blocks, ...] viewed as K: the stride is the page, but a
+  // page-first layout with several layers has stride > bytes.
+  auto dst = side(0x100000, 8192, 4096, 8), src = side(0x900000, 4096, 4096, 8);
+  std::vector<int64_t> d{0, 1, 2}, s{0, 1, 2};
+  EXPECT_EQ(plan_page_copies(dst, src, ids(d), ids(s), true).size(), 3u);
+}
+
+TEST(PagePlan, RegionsShareOneMapping) {
+  auto dst = side(0x1000000, 1024, 1024, 10, 3), src = side(0x9000000, 1024, 1024, 20, 3);
+  std::vector<int64_t> d{0, 5}, s{19, 3};
+  auto copies = plan_page_copies(dst, src, ids(d), ids(s), true);
+  ASSERT_EQ(copies.size(), 6u);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(copies[2 * r].src), 0x9000000u + r * 1024 * 20 + 19 * 1024);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(copies[2 * r + 1].dst), 0x1000000u + r * 1024 * 10 + 5 * 1024);
+  }
+  EXPECT_EQ(request_bytes(dst, 2), 6u * 1024);
+}
+
+TEST(PagePlan, Int32Ids) {
+  auto dst = side(0x100000, 64, 64, 8), src = side(0x900000, 64, 64, 8);
+  std::vector<int32_t> d{1, 2}, s{3, 4};
+  auto copies = plan_page_copies(dst, src, PageIds{d.data(), 2, false}, PageIds{s.data(), 2, false}, true);
+  ASSERT_EQ(copies.size(), 1u);
+  EXPECT_EQ(copies[0].bytes, 128u);
+}
+
+TEST(PagePlan, ZeroPagesIsNothing) {
+  auto dst = side(0x100000, 64, 64, 8), src = side(0x900000, 64, 64, 8);
+  EXPECT_TRUE(plan_page_copies(dst, src, PageIds{nullptr, 0, true}, PageIds{nullptr, 0, true}, true).empty());
+}
+
+TEST(PagePlan, BadInputIsNamed) {
+  auto dst = side(0x100000, 4096, 4096, 16), src = side(0x900000, 4096, 4096, 8);
+  std::vector<int64_t> ok{1, 2}, neg{1, -1}, big{1, 16}, big_src{8, 1}, dup{3, 3}, one{1};
+  EXPECT_NE(error_of([&] { plan_page_copies(dst, src, ids(neg), ids(ok), true); }).find("dst_ids[1] = -1"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { plan_page_copies(dst, src, ids(big), ids(ok), true); }).find("dst has 16 pages"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { plan_page_copies(dst, src, ids(ok), ids(big_src), true); }).find("src_ids[0] = 8"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { plan_page_copies(dst, src, ids(dup), ids(ok), true); }).find("page 3 twice"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { plan_page_copies(dst, src, ids(one), ids(ok), true); }).find("same length"),
+            std::string::npos);
+  auto half = side(0x900000, 2048, 2048, 8);
+  EXPECT_NE(error_of([&] { plan_page_copies(dst, half, ids(ok), ids(ok), true); }).find("equal page sizes"),
+            std::string::npos);
+  auto two = side(0x900000, 4096, 4096, 8, 2);
+  EXPECT_NE(error_of([&] { plan_page_copies(dst, two, ids(ok), ids(ok), true); }).find("pair up"), std::string::npos);
+  auto overlapping = side(0x900000, 1024, 4096, 8);
+  EXPECT_NE(error_of([&] { plan_page_copies(dst, overlapping, ids(ok), ids(ok), true); }).find("pages overlap"),
+            std::string::npos);
+  PageSide null_side = side(0, 4096, 4096, 8);
+  EXPECT_NE(error_of([&] { plan_page_copies(dst, null_side, ids(ok), ids(ok), true); }).find("null pointer"),
+            std::string::npos);
+}
+
+TEST(PagePlan, DuplicateCheckLeavesNoStateBehind) {
+  // The bitmap of seen pages is reused between calls: an error must not leak
+  // marks into the next call, and a valid call must not either.
+  auto dst = side(0x100000, 64, 64, 1000), src = side(0x900000, 64, 64, 1000);
+  std::vector<int64_t> dup{5, 700, 5}, s{1, 2, 3}, again{5, 700, 6};
+  EXPECT_FALSE(error_of([&] { plan_page_copies(dst, src, ids(dup), ids(s), true); }).empty());
+  EXPECT_EQ(plan_page_copies(dst, src, ids(again), ids(s), false).size(), 3u);
+  EXPECT_EQ(plan_page_copies(dst, src, ids(again), ids(s), false).size(), 3u);
+}
+
+TEST(PagePlan, CopiesWithinOneTensorMustNotReadWrittenPages) {
+  auto cache = side(0x100000, 256, 256, 32);
+  std::vector<int64_t> d{1, 2}, s{5, 1};
+  EXPECT_NE(error_of([&] { plan_page_copies(cache, cache, ids(d), ids(s), true); }).find("also a destination"),
+            std::string::npos);
+  std::vector<int64_t> s_ok{5, 6};
+  EXPECT_EQ(plan_page_copies(cache, cache, ids(d), ids(s_ok), true).size(), 1u);
+}
+
+TEST(PagePlan, RandomRequestsMatchAReferenceExpansion) {
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    size_t pages = 1 + rng() % 300, n = rng() % (pages + 1), bytes = 16 * (1 + rng() % 8);
+    int regions = 1 + static_cast<int>(rng() % 3);
+    auto dst = side(0x10000000, bytes, bytes, pages, regions, 1 << 20);
+    auto src = side(0x90000000, bytes, bytes, pages, regions, 1 << 20);
+    std::vector<int64_t> perm(pages);
+    for (size_t i = 0; i < pages; ++i) perm[i] = static_cast<int64_t>(i);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<int64_t> d(perm.begin(), perm.begin() + static_cast<long>(n)), s(n);
+    for (auto& x : s) x = static_cast<int64_t>(rng() % pages);
+    if (rng() % 2) std::sort(d.begin(), d.end());  // sorted: runs appear
+    auto copies = plan_page_copies(dst, src, ids(d), ids(s), true);
+    // Expand the copies back into (dst byte, src byte) pairs and compare with
+    // the page-by-page reference.
+    std::map<uintptr_t, uintptr_t> got, want;
+    for (const auto& c : copies)
+      for (size_t b = 0; b < c.bytes; b += 16)
+        got[reinterpret_cast<uintptr_t>(c.dst) + b] = reinterpret_cast<uintptr_t>(c.src) + b;
+    for (int r = 0; r < regions; ++r)
+      for (size_t i = 0; i < n; ++i)
+        for (size_t b = 0; b < bytes; b += 16)
+          want[dst.regions[r].base + d[i] * bytes + b] = src.regions[r].base + s[i] * bytes + b;
+    ASSERT_EQ(got, want) << "trial " << trial;
+  }
+}
+
+TEST(PagePlan, SplitByBytesCoversEverythingOnce) {
+  std::vector<Copy> copies;
+  for (int i = 0; i < 10; ++i) copies.push_back(Copy{nullptr, nullptr, static_cast<size_t>(100 * (i % 3 + 1))});
+  for (size_t parts : {1u, 2u, 3u, 4u, 16u}) {
+    auto groups = split_by_bytes(copies, parts);
+    ASSERT_LE(groups.size(), parts);
+    size_t next = 0;
+    for (auto [b, e] : groups) {
+      EXPECT_EQ(b, next);
+      EXPECT_LT(b, e);
+      next = e;
+    }
+    EXPECT_EQ(next, copies.size());
+  }
+  EXPECT_TRUE(split_by_bytes({}, 4).empty());
+}
+
+TEST(PageSelect, TableThenDefault) {
+  std::vector<PageRule> rules = {
+      {Direction::kHostToDevice, 16 << 10, SIZE_MAX, PageStrategy::kKernel, PageStrategy::kStreams},
+      {Direction::kHostToDevice, SIZE_MAX, 64, PageStrategy::kPerPage, PageStrategy::kPerPage},
+  };
+  EXPECT_EQ(select_page_strategy(rules, Direction::kHostToDevice, 100, 100 * 4096, false), PageStrategy::kKernel);
+  EXPECT_EQ(select_page_strategy(rules, Direction::kHostToDevice, 100, 100 * 4096, true), PageStrategy::kStreams);
+  EXPECT_EQ(select_page_strategy(rules, Direction::kHostToDevice, 10, 10 << 20, false), PageStrategy::kPerPage);
+  // No rule for 1000 copies of 1 MiB: the default (batched for large copies).
+  EXPECT_EQ(select_page_strategy(rules, Direction::kHostToDevice, 1000, size_t{1000} << 20, false),
+            PageStrategy::kBatched);
+  // The default never hands zero_sm a kernel.
+  for (auto d : {Direction::kHostToDevice, Direction::kDeviceToHost, Direction::kDeviceToDevice})
+    for (size_t b : {size_t{64}, size_t{4096}, size_t{1} << 22})
+      EXPECT_FALSE(uses_sm(select_page_strategy({}, d, 10, 10 * b, true)));
+}
+
+TEST(PageSelect, JsonTablesAreCheckedByField) {
+  auto t = page_table_from_json(
+      R"({"gpu": "H100", "rules": [{"direction": "d2h", "max_copy_bytes": 65536, "max_copies": null,
+          "strategy": "kernel", "zero_sm": "batched"}]})",
+      "t.json");
+  EXPECT_EQ(t.gpu, "H100");
+  ASSERT_EQ(t.rules.size(), 1u);
+  EXPECT_EQ(t.rules[0].direction, Direction::kDeviceToHost);
+  EXPECT_EQ(t.rules[0].max_copy_bytes, 65536u);
+  EXPECT_EQ(t.rules[0].max_copies, SIZE_MAX);
+  auto bad = [](const char* text) { return error_of([&] { page_table_from_json(text, "t.json"); }); };
+  EXPECT_NE(
+      bad(R"({"rules": [{"direction": "up", "strategy": "kernel", "zero_sm": "batched"}]})").find("rules[0].direction"),
+      std::string::npos);
+  EXPECT_NE(
+      bad(R"({"rules": [{"direction": "h2d", "strategy": "kernel", "zero_sm": "kernel"}]})").find("launches a kernel"),
+      std::string::npos);
+  EXPECT_NE(bad(R"({"rules": [{"direction": "h2d", "strategy": "fast", "zero_sm": "batched"}]})").find("'fast'"),
+            std::string::npos);
+  EXPECT_NE(bad(R"({"rules": [{"direction": "h2d", "max_copies": -1, "strategy": "kernel", "zero_sm": "batched"}]})")
+                .find("max_copies"),
+            std::string::npos);
+}
+
+TEST(PageSelect, StartupTableFromKnobShippedOrDefault) {
+  std::vector<PageTable> shipped = {PageTable{
+      "H200", {{Direction::kHostToDevice, SIZE_MAX, SIZE_MAX, PageStrategy::kStreams, PageStrategy::kStreams}}}};
+  auto none = [](const std::string&) { return std::optional<std::string>(); };
+  auto file = [](const std::string&) {
+    return std::optional<std::string>(
+        R"({"rules": [{"direction": "h2d", "strategy": "per_page", "zero_sm": "per_page"}]})");
+  };
+  EXPECT_EQ(startup_page_rules(shipped, "NVIDIA H200", "", none)[0].strategy, PageStrategy::kStreams);
+  EXPECT_EQ(startup_page_rules(shipped, "NVIDIA H100 80GB HBM3", "", none).size(), default_page_rules().size());
+  EXPECT_EQ(startup_page_rules(shipped, "NVIDIA H200", "/t.json", file)[0].strategy, PageStrategy::kPerPage);
+  EXPECT_NE(error_of([&] { startup_page_rules(shipped, "NVIDIA H200", "/nope.json", none); }).find("FERRY_KV_TUNING"),
+            std::string::npos);
+}
