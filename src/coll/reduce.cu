@@ -15,8 +15,8 @@ template <typename T>
 constexpr int kUnroll = sizeof(T) >= 4 ? 8 : 4;
 // Sources loaded together past two: 16-bit types, with 4 words each, take 4
 // (with 32 blocks 1.05-1.33 times faster for 3-8 sources than 2 at a time:
-// bench/results/2026-11-24-NVIDIA-H200-reduce-kernel-four-*); the others, with
-// 8 words each, 2.
+// bench/results/2026-11-24-NVIDIA-H200-reduce-kernel-four-r{1,2}.* against
+// -four-base-r{1,2}.*); the others, with 8 words each, 2.
 template <typename T>
 constexpr int kAtOnce = sizeof(T) == 2 ? 4 : 2;
 
