@@ -34,7 +34,8 @@ void copy_one(cudaStream_t stream, const Copy& c) {
 
 // Even a single copy goes through the batched call where possible: it carries
 // the hint that keeps the copy on a copy engine (a plain cudaMemcpyAsync within
-// one GPU may run as an SM kernel), and costs less host time (DESIGN.md).
+// one GPU may run as an SM kernel), and costs less host time per copy (on an H200
+// host about 0.8 us per copy in a batch, 1.6 us for one cudaMemcpyPeerAsync).
 void copy(cudaStream_t stream, const Copy& c) { copy_batch(stream, {c}); }
 
 void copy_batch(cudaStream_t stream, const std::vector<Copy>& copies, bool settled_source) {

@@ -187,8 +187,8 @@ def _sweep(ctx: Ctx, out_all, inp_all, gpu: str) -> list:
                     and not opts.get("a2a_nccl_graph")
                 ):
                     # all_to_all_single x50 captured in one graph hung at 4 MB on the H200 x4 machine
-                    # (NCCL 2.28.9, 2026-11-22, twice) and on x2 (2026-11-23, --a2a-nccl-graph, killed
-                    # after 200 s); not investigated. NCCL eager stays in the table; --a2a-nccl-graph
+                    # (NCCL 2.28.9, twice) and on x2 (--a2a-nccl-graph, killed after 200 s:
+                    # bench/results/raw/2026-11-23-x2-twelfth-a2a-nccl-graph-hang.log); not investigated. NCCL eager stays in the table; --a2a-nccl-graph
                     # tries it anyway (run it under a timeout).
                     continue
                 if impl.startswith("ferry-sm") and not sm_fits(ctx.comm, op, n, world):

@@ -15,7 +15,7 @@ def _energy_j(ctx) -> float:
     native = require()
     if not hasattr(ctx, "_bus"):
         # Not probe_topology(): its NVLink queries crashed inside benchmark
-        # processes (segfault, all ranks, H200 x4, 2026-11-22); cause not found.
+        # processes (segfault, all ranks, on an H200 x4 machine); cause not found.
         ctx._bus = native.pci_bus_id(ctx.rank)
     mj = native.total_energy_mj(ctx._bus)
     return mj / 1000.0 if mj >= 0 else float("nan")

@@ -139,8 +139,8 @@ def run(ctx, out_all, inp_all) -> list:
         # times too small (64 KB on x2: 102 all-gathers, 3 ms beside 15 ms of GEMMs).
         for impl in impls:
             coll_alone(case, impl, 5)
-        # The better of two timings per implementation: one hiccup (1.4 ms per
-        # 1 MB all_gather once, fourteenth session) made the count 34 instead
+        # The better of two timings per implementation: one hiccup (one 1.4 ms
+        # timing of a 1 MB all_gather) made the count 34 instead
         # of about 1100 and the row meaningless.
         slowest_one = max(
             ctx.slowest(min(coll_alone(case, impl, 20)[0] for _ in range(2)) / 20) for impl in impls

@@ -1,5 +1,5 @@
 """Prelaunch: how long a prepared collective takes from its trigger to its
-end, and the phase breakdown of seed 000 section 3.2 derived from it.
+end, and the phase breakdown (control, schedule, copy, sync) derived from it.
 
 Trigger-to-done: every rank arms the collective, then all ranks trigger from
 the host at the same CLOCK_MONOTONIC instant (one clock for all processes of

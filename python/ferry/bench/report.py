@@ -287,7 +287,7 @@ def _pyplot():
 
 def plot_phases(phases: Sequence[dict], path: str, title: str) -> bool:
     """Per variant and size, the share of schedule, copy and sync in the
-    collective's in-stream time (as seed 000's figure 7), with that time and
+    collective's in-stream time (stacked shares per size), with that time and
     the host's control time (which overlaps the GPU's work) written above."""
     plt = _pyplot()
     if plt is None:
