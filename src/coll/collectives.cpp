@@ -122,15 +122,14 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
   const size_t esize = reduction ? dtype_bytes(a.dtype) : 1;
   if (reduction) FERRY_ARG_CHECK(esize > 0, name + ": dtype is not one ferry reduces");
 
-  // Sizes: what `out` and `in` hold on each rank, and the shape that must match.
-  size_t out_bytes = 0, in_bytes = 0, shape = 0;
+  // The shape that must match on every rank (what each rank's `out` and `in`
+  // hold: rank_bytes).
+  size_t shape = 0;
   uint64_t extra = 0;
   switch (a.op) {
     case CollOp::kAllGather:
-      shape = a.bytes_per_rank, out_bytes = shape * W, in_bytes = shape;
-      break;
     case CollOp::kAllToAll:
-      shape = a.bytes_per_rank, out_bytes = in_bytes = shape * W;
+      shape = a.bytes_per_rank;
       break;
     case CollOp::kAllToAllv: {
       FERRY_ARG_CHECK(a.counts.size() == W * W, name + ": counts must hold world * world = " + std::to_string(W * W) +
@@ -144,18 +143,17 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
     case CollOp::kBroadcast:
       FERRY_ARG_CHECK(a.root >= 0 && a.root < world_,
                       name + ": root is " + std::to_string(a.root) + "; expected 0.." + std::to_string(world_ - 1));
-      shape = out_bytes = in_bytes = a.bytes_per_rank;
+      shape = a.bytes_per_rank;
       extra = static_cast<uint64_t>(a.root);
       break;
     case CollOp::kReduceScatter:
-      shape = a.count * esize, out_bytes = shape, in_bytes = shape * W;
-      extra = uint64_t(a.dtype) << 8 | uint64_t(a.red_op);
-      break;
     case CollOp::kAllReduce:
-      shape = out_bytes = in_bytes = a.count * esize;
+      shape = a.count * esize;
       extra = uint64_t(a.dtype) << 8 | uint64_t(a.red_op);
       break;
   }
+  // Nothing moves anywhere: nothing to enqueue, so nothing to order in the
+  // streams (a prepared call arms and triggers as usual; a capture records nothing).
   if (shape == 0) return {};
   const bool sm = resolve(a).algo == Algo::kSm;
   if (sm) {
@@ -208,9 +206,11 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
     const int r = rank(i);
     char* o = static_cast<char*>(a.outs[i]);
     const char* in = static_cast<const char*>(a.ins[i]);
-    const bool root_or_all = a.op != CollOp::kBroadcast || r == a.root;
-    check_device_pointer(o, device(i), "out");
-    if (root_or_all) check_device_pointer(in, device(i), "in");
+    // A pointer is checked only where this rank moves bytes through it: an
+    // empty part (a zero-element tensor: a null pointer) is fine.
+    const RankBytes mine = rank_bytes(a.op, world_, r, a.root, shape, a.counts);
+    if (mine.out) check_device_pointer(o, device(i), "out");
+    if (mine.in) check_device_pointer(in, device(i), "in");
 
     // Where peers write: `out` (registered) or ferry's scratch.
     const bool writes_out = a.op != CollOp::kReduceScatter && !in_place_a2a;
@@ -218,16 +218,24 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
     uint64_t offset = 0;
     std::vector<char*> out_by_rank(world_, nullptr);
     if (writes_out) {
-      size_t mine = a.op == CollOp::kAllToAllv ? all_to_allv_recv_total(world_, a.counts, r) : out_bytes;
-      reg = find_registration(i, o, mine);
+      // Only all_to_allv lets a rank's out be empty while others' are not:
+      // this rank still writes into its peers' outputs, found at its own
+      // out's offset in its registered buffer, which a null pointer lacks.
+      if (!o)
+        throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                    name + ": out on rank " + std::to_string(r) +
+                        " is empty and has no address (a null pointer: a zero-element tensor of its own, not a "
+                        "view of a registered buffer); peers' outputs are found at the offset of this rank's out "
+                        "in its registered buffer, so pass an empty slice of that buffer (e.g. out_buffer[:0])");
+      reg = find_registration(i, o, mine.out);
       if (!reg)
         throw_error(FERRY_ERROR_NOT_REGISTERED,
-                    name + ": out (" + bytes_str(mine) + " on rank " + std::to_string(r) +
+                    name + ": out (" + bytes_str(mine.out) + " on rank " + std::to_string(r) +
                         ") is not inside a buffer registered with this communicator; allocate it with comm.alloc() "
                         "or register it with comm.register()");
       offset = o - reg->base[r];
       for (int p = 0; p < world_; ++p) {
-        size_t need = a.op == CollOp::kAllToAllv ? all_to_allv_recv_total(world_, a.counts, p) : out_bytes;
+        const size_t need = rank_bytes(a.op, world_, p, a.root, shape, a.counts).out;
         if (offset + need > reg->size[p])
           throw_error(FERRY_ERROR_INVALID_ARGUMENT,
                       name + ": out needs " + bytes_str(need) + " at offset " + std::to_string(offset) +
@@ -239,9 +247,7 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
     }
 
     // Overlap between in and out: only the documented in-place forms.
-    if (root_or_all) {
-      size_t ib = a.op == CollOp::kAllToAllv ? all_to_allv_send_total(world_, a.counts, r) : in_bytes;
-      size_t ob = a.op == CollOp::kAllToAllv ? all_to_allv_recv_total(world_, a.counts, r) : out_bytes;
+    if (mine.in) {
       bool allowed = false;
       std::string rule;
       switch (a.op) {
@@ -266,7 +272,7 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
           rule = "all_to_allv is out-of-place";
           break;
       }
-      if (!allowed && ranges_overlap(o, ob, in, ib))
+      if (!allowed && ranges_overlap(o, mine.out, in, mine.in))
         throw_error(FERRY_ERROR_INVALID_ARGUMENT,
                     name + ": in and out overlap on rank " + std::to_string(r) + "; " + rule);
     }

@@ -264,4 +264,23 @@ bool ranges_overlap(const void* a, size_t na, const void* b, size_t nb) {
   return x < y + nb && y < x + na;
 }
 
+RankBytes rank_bytes(CollOp op, int world, int rank, int root, size_t bytes, const std::vector<size_t>& counts) {
+  const size_t W = static_cast<size_t>(world);
+  switch (op) {
+    case CollOp::kAllGather:
+      return {bytes * W, bytes};
+    case CollOp::kAllToAll:
+      return {bytes * W, bytes * W};
+    case CollOp::kAllToAllv:
+      return {all_to_allv_recv_total(world, counts, rank), all_to_allv_send_total(world, counts, rank)};
+    case CollOp::kBroadcast:
+      return {bytes, rank == root ? bytes : 0};
+    case CollOp::kReduceScatter:
+      return {bytes, bytes * W};
+    case CollOp::kAllReduce:
+      return {bytes, bytes};
+  }
+  return {};
+}
+
 }  // namespace ferry

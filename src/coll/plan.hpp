@@ -198,4 +198,17 @@ bool done_copies_one_by_one(int world, size_t largest_push);
 // True when [a, a + na) and [b, b + nb) share a byte.
 bool ranges_overlap(const void* a, size_t na, const void* b, size_t nb);
 
+// The bytes rank `rank`'s `out` and `in` hold in a call (`bytes`: the
+// call's shape, as the signature has it: all_gather's input, one all_to_all
+// block, the broadcast, reduce_scatter's result, all_reduce's buffer;
+// all_to_allv: `counts`). A pointer is looked at only where this is not 0:
+// a zero-element tensor has a null data pointer, and empty parts are normal
+// (in an MoE step a rank with no tokens sends or receives nothing; a
+// broadcast's other ranks send nothing).
+struct RankBytes {
+  size_t out = 0;
+  size_t in = 0;
+};
+RankBytes rank_bytes(CollOp op, int world, int rank, int root, size_t bytes, const std::vector<size_t>& counts);
+
 }  // namespace ferry
