@@ -99,6 +99,20 @@ def _element_type(dtype: str) -> str:
 _DTYPE_INFO: dict = {}
 
 
+def _empty_tensor_address(t: Any, itemsize: int) -> int:
+    """Where a zero-element torch tensor lies. torch gives every empty tensor
+    a null data pointer, but an empty slice of a registered buffer (recv[:0]
+    for a rank that receives nothing in all_to_allv) still marks a place in
+    it, and ferry finds the peers' outputs at that place's offset. A tensor
+    with no memory of its own stays null, which ferry accepts wherever no
+    byte moves through it."""
+    try:
+        base = t.untyped_storage().data_ptr()
+        return base + t.storage_offset() * itemsize if base else 0
+    except (AttributeError, RuntimeError):
+        return 0
+
+
 def _describe(obj: Any, what: str) -> _Buffer:
     """Pointer, size, device and dtype of a tensor-like argument, with an error
     naming `what` for anything ferry cannot use."""
@@ -112,7 +126,10 @@ def _describe(obj: Any, what: str) -> _Buffer:
         info = _DTYPE_INFO.get(dtype)
         if info is None:
             info = _DTYPE_INFO[dtype] = (str(dtype), obj.itemsize)
-        return _Buffer(obj.data_ptr(), obj.nbytes, device, info[0], info[1])
+        ptr, nbytes = obj.data_ptr(), obj.nbytes
+        if ptr == 0 and nbytes == 0:
+            ptr = _empty_tensor_address(obj, info[1])
+        return _Buffer(ptr, nbytes, device, info[0], info[1])
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is None:
         raise InvalidArgumentError(
