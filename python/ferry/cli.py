@@ -1,4 +1,4 @@
-"""`ferry topo`, `ferry doctor`, `ferry bench`."""
+"""`ferry topo`, `ferry doctor`, `ferry bench`, `ferry tune`, `ferry kv-tune`."""
 
 from __future__ import annotations
 
@@ -62,16 +62,91 @@ def cmd_doctor(args) -> int:
     return 1 if failed else 0
 
 
+def bench_parts(only: str, world: int, collective_args_given: bool):
+    """(what `ferry bench` runs, what it skips and why): every benchmark this
+    machine allows, or those `--only` names. Naming the collectives' --ops or
+    --impls means the collectives alone unless --only says otherwise."""
+    parts = (
+        [p for p in only.split(",") if p]
+        if only
+        else (["collectives"] if collective_args_given else ["kv", "collectives"])
+    )
+    bad = [p for p in parts if p not in ("kv", "collectives")]
+    if bad:
+        raise SystemExit(f"--only: unknown {bad}; expected kv and/or collectives")
+    run, skipped = [], []
+    for p in parts:
+        if p == "collectives" and world < 2:
+            skipped.append(f"collectives against NCCL: they need at least 2 GPUs; {world} visible")
+        elif p == "kv" and world < 1:
+            skipped.append("KV transfers: no GPU visible")
+        else:
+            run.append(p)
+    return run, skipped
+
+
 def cmd_bench(args) -> int:
     import torch
+
+    world = args.gpus or torch.cuda.device_count()
+    given = args.ops is not None or args.impls is not None
+    args.ops = args.ops or "all_gather,all_to_all"
+    if args.impls is None:
+        from .bench import collectives
+
+        args.impls = ",".join(collectives.DEFAULT_IMPLS)
+    parts, skipped = bench_parts(args.only, world, given)
+    print(f"ferry bench: {world} GPU(s); running {', '.join(parts) or 'nothing'}", file=sys.stderr)
+    status = 0
+    if "kv" in parts:
+        status |= bench_kv(args)
+    if "collectives" in parts:
+        status |= bench_collectives(args, world)
+    for s in skipped:
+        print(f"skipped: {s}")
+    return status
+
+
+def bench_kv(args) -> int:
+    from .bench import kv
+
+    opts = kv.options(
+        kv.parse_args(
+            [
+                "--pages",
+                args.kv_pages,
+                "--counts",
+                args.kv_counts,
+                "--ops",
+                args.kv_ops,
+                "--max-bytes",
+                args.kv_max_bytes,
+                "--reps",
+                str(args.kv_reps),
+            ]
+        )
+    )
+    opts.update(gemm=True, urgent=True)
+    print(
+        f"KV transfers on one GPU: {len(kv.points(opts['pages'], opts['counts'], opts['max_bytes']))} points x "
+        f"{opts['ops']} x {len(opts['impls'])} impls",
+        file=sys.stderr,
+    )
+    result = kv.run(opts, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    print(kv.summary(result))
+    if args.out:
+        command = recorded_command(sys.argv[1:], os.environ)
+        files = kv.save(result, args.out, command, args.tag, not args.no_plot)
+        print("wrote " + ", ".join(os.path.basename(f) for f in files))
+    return 0 if all(r["wrong"] == 0 for r in result["records"]) else 1
+
+
+def bench_collectives(args, world: int) -> int:
+    import torch  # noqa: F401
 
     from .bench import collectives
     from .bench.report import format_table, parse_size, prelaunch_sizes, ratio_table, size_range
 
-    world = args.gpus or torch.cuda.device_count()
-    if world < 2:
-        print(f"ferry bench needs at least 2 GPUs; {world} visible", file=sys.stderr)
-        return 2
     impls = [i for i in args.impls.split(",") if i]
     bad = [i for i in impls if i not in collectives.IMPLS]
     if bad:
@@ -178,6 +253,35 @@ def cmd_tune(args) -> int:
     return 0 if all(r["wrong"] == 0 for r in table["records"]) else 1
 
 
+def cmd_kv_tune(args) -> int:
+    from .bench import kv
+
+    opts = kv.options(
+        kv.parse_args(
+            [
+                "--pages",
+                args.pages,
+                "--counts",
+                args.counts,
+                "--ops",
+                "fetch,save",
+                "--max-bytes",
+                args.max_bytes,
+                "--reps",
+                str(args.reps),
+                "--impls",
+                "per-page,batched,streams,kernel",
+            ]
+        )
+    )
+    result = kv.run(opts, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    out = args.out or os.path.expanduser(f"~/.cache/ferry/kv-{result['gpu'].replace(' ', '-')}.json")
+    kv.write_table(result, out, recorded_command(sys.argv[1:], os.environ))
+    print(kv.format_table(result["records"]))
+    print(f"wrote {out}; use it with FERRY_KV_TUNING={out}")
+    return 0 if all(r["wrong"] == 0 for r in result["records"]) else 1
+
+
 def at_least_one(text: str) -> int:
     """argparse type of a count that must be positive (e.g. --repeat)."""
     n = int(text)
@@ -198,18 +302,32 @@ def main(argv=None) -> int:
     d = sub.add_parser("doctor", help="check that ferry can run here, and list its environment knobs")
     d.add_argument("--file", help="judge a topology JSON instead of this machine")
     d.set_defaults(fn=cmd_doctor)
-    b = sub.add_parser("bench", help="ferry against NCCL on the local GPUs")
+    b = sub.add_parser(
+        "bench",
+        help="every benchmark this machine allows: KV transfers on one GPU, collectives against NCCL on 2+",
+    )
     b.add_argument("--gpus", type=int, default=0, help="number of GPUs (default: all)")
     b.add_argument(
+        "--only",
+        default="",
+        help="kv and/or collectives (default: both where the machine allows; naming --ops or --impls means "
+        "collectives)",
+    )
+    b.add_argument("--kv-pages", default="4K,16K,64K,256K,1M,4M", help="KV page sizes")
+    b.add_argument("--kv-counts", default="64,256,1024,4096,16384", help="KV pages per transfer")
+    b.add_argument("--kv-ops", default="fetch,save,both")
+    b.add_argument("--kv-max-bytes", default="1G", help="skip KV points moving more than this")
+    b.add_argument("--kv-reps", type=int, default=5)
+    b.add_argument(
         "--ops",
-        default="all_gather,all_to_all",
+        default=None,
         help="any of all_gather, all_to_all, all_to_allv (uneven MoE-style counts), broadcast, reduce_scatter, "
         "all_reduce",
     )
     b.add_argument(
         "--impls",
-        default=",".join(bench_collectives.DEFAULT_IMPLS),
-        help="what to time, comma-separated (default: %(default)s; ferry-ksig-graph is the selector's variant "
+        default=None,
+        help=f"what to time, comma-separated (default: {','.join(bench_collectives.DEFAULT_IMPLS)}; ferry-ksig-graph is the selector's variant "
         "with signals='sm', which --overlap then measures too; also ferry-auto, the selector's choice eager, "
         "and ferry-ksig, kernel signals eager); empty: only the optional measurements below",
     )
@@ -290,6 +408,15 @@ def main(argv=None) -> int:
         "sizes where they are faster; load the file with FERRY_TUNING to use it",
     )
     tu.set_defaults(fn=cmd_tune)
+    kt = sub.add_parser(
+        "kv-tune", help="measure which KV transfer mode is fastest here; write the table auto uses"
+    )
+    kt.add_argument("--pages", default="4K,16K,64K,256K,1M,4M")
+    kt.add_argument("--counts", default="64,256,1024,4096,16384")
+    kt.add_argument("--max-bytes", default="1G")
+    kt.add_argument("--reps", type=int, default=5)
+    kt.add_argument("--out", default="", help="the table's path (default: ~/.cache/ferry/kv-<gpu>.json)")
+    kt.set_defaults(fn=cmd_kv_tune)
     args = p.parse_args(argv)
     return args.fn(args)
 

@@ -140,6 +140,10 @@ bool HostPool::in_flight() {
 
 void HostPool::close() {
   if (closed()) return;
+  if (views() > 0)
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT, "HostPool.close: " + std::to_string(views()) +
+                                                  " tensors over this pool are still alive; drop them first (the "
+                                                  "pool is freed when the last one goes)");
   if (in_flight())
     throw_error(FERRY_ERROR_INVALID_ARGUMENT,
                 "HostPool.close: a transfer that reads or writes this pool is still in flight; synchronize its "

@@ -12,6 +12,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <mutex>
@@ -47,8 +48,13 @@ class HostPool {
   void note_use(cudaStream_t stream);
   // True while a noted transfer has not finished.
   bool in_flight();
-  // Frees the memory now; throws FERRY_ERROR_INVALID_ARGUMENT while a transfer is in flight.
+  // Frees the memory now; throws FERRY_ERROR_INVALID_ARGUMENT while a transfer
+  // is in flight or a view (a tensor over the pool) is alive.
   void close();
+  // Views (tensors over the pool) that are alive; close() refuses while any is.
+  void add_view() { ++views_; }
+  void drop_view() { --views_; }
+  int views() const { return views_.load(); }
   bool closed() const { return data_ == nullptr; }
 
   // The live pool holding [p, p + bytes), or nullptr.
@@ -67,6 +73,7 @@ class HostPool {
   std::string huge_pages_ = "none";
   std::mutex mu_;
   std::vector<cudaEvent_t> events_;
+  std::atomic<int> views_{0};
 };
 
 // The NUMA node of `device` as the kernel reports it (-1 if unknown).

@@ -1,0 +1,656 @@
+"""Paged KV transfers between pinned host memory and one GPU: every ferry mode
+and the field's approaches, side by side in one process.
+
+    python -m ferry.bench.kv [--pages 4K,16K,64K,256K,1M,4M] [--counts 64,256,1024,4096,16384]
+        [--ops fetch,save,both] [--max-bytes 1G] [--reps 5] [--warmup 1] [--gemm] [--urgent]
+        [--out DIR] [--tag TAG] [--no-plot]
+
+Each point copies `count` scattered pages of `page` bytes (a random sample of
+twice as many pages on each side, so that no runs merge): fetch (host -> GPU),
+save (GPU -> host), or both at once on two streams (bytes of both counted).
+
+Submitted inline: CUDA events around the submission on an idle stream, so the
+time includes the host's submission (what a serving engine pays when it
+issues the copy on the critical path); host_us is the wall time of the call.
+Submitted ahead: a prepared transfer armed beforehand, timed from the stream
+trigger to the end of its copies; for kernels, the kernel launched with its
+index lists already on the GPU. Every impl is checked once per point on a
+poisoned destination: every byte up to 64 MiB, a random sample of 256 pages
+above. Warm-up --warmup calls, then the median of --reps; no graphs.
+
+Impls: ferry's modes (per-page, batched, streams, kernel, auto, auto-zero-sm,
+ahead-batched) and the field's, re-implemented: vllm-batched (one batched call,
+one copy per page, source order Any for fetches), sglang-kernel (2 CTAs x 1024
+threads, a warp per page), vllm-kernel (12 blocks), kernel-gpu-ids (ferry's
+kernel with index lists on the GPU, submitted ahead).
+
+--gemm: a bf16 8192^3 GEMM loop alone and beside continuous fetches (zero_sm
+batched, and the kernel), paired alternating runs, median slowdown.
+--urgent: the latency of a small fetch issued while a 1 GiB bulk fetch runs:
+behind it on the same stream, on another stream, and with urgent=True.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from typing import Dict, List, Optional, Sequence
+
+from .report import _pyplot, format_size, parse_size
+
+OPS = ("fetch", "save", "both")
+INLINE = {
+    "per-page": dict(mode="per_page"),
+    "batched": dict(mode="batched"),
+    "streams": dict(mode="streams"),
+    "kernel": dict(mode="kernel"),
+    "auto": dict(mode="auto"),
+    "auto-zero-sm": dict(mode="auto", zero_sm=True),
+    "vllm-batched": dict(mode="batched", merge=False, settled_fetch=True),
+    "sglang-kernel": dict(mode="kernel", kernel_blocks=2, kernel_threads=1024, kernel_chunk=1 << 62),
+    "vllm-kernel": dict(mode="kernel", kernel_blocks=12, kernel_threads=512),
+}
+AHEAD = ("ahead-batched", "kernel-gpu-ids")
+IMPLS = tuple(INLINE) + AHEAD
+ZERO_SM = ("per-page", "batched", "streams", "auto-zero-sm", "vllm-batched", "ahead-batched")
+CHECK_ALL_BELOW = 64 << 20
+
+
+def points(pages: Sequence[int], counts: Sequence[int], max_bytes: int) -> List[tuple]:
+    """(page_bytes, count) pairs within the byte budget, small first."""
+    return [(p, c) for p in sorted(pages) for c in sorted(counts) if p * c <= max_bytes]
+
+
+def record(op, impl, page_bytes, pages, time_us, host_us, sms, submitted, gpu, date, wrong=0) -> dict:
+    nbytes = page_bytes * pages * (2 if op == "both" else 1)
+    return {
+        "op": f"kv_{op}",
+        "impl": impl,
+        "page_bytes": page_bytes,
+        "pages": pages,
+        "time_us": round(time_us, 2),
+        "gbps": round(nbytes / (time_us * 1e-6) / 1e9, 2) if time_us > 0 else 0.0,
+        "host_us": round(host_us, 2) if host_us is not None else None,
+        "sms": sms,
+        "submitted": submitted,
+        "gpu": gpu,
+        "date": date,
+        "wrong": wrong,
+    }
+
+
+def best_by_point(records: Sequence[dict], impls: Optional[Sequence[str]] = None) -> Dict[tuple, dict]:
+    out: Dict[tuple, dict] = {}
+    for r in records:
+        if impls is not None and r["impl"] not in impls:
+            continue
+        k = (r["op"], r["page_bytes"], r["pages"])
+        if k not in out or r["time_us"] < out[k]["time_us"]:
+            out[k] = r
+    return out
+
+
+def format_table(records: Sequence[dict]) -> str:
+    """GB/s per point and impl, with the best marked."""
+    impls = [i for i in IMPLS if any(r["impl"] == i for r in records)]
+    by = {(r["op"], r["page_bytes"], r["pages"], r["impl"]): r for r in records}
+    keys = sorted({(r["op"], r["page_bytes"], r["pages"]) for r in records})
+    head = f"{'op':<8} {'page':>6} {'pages':>6} " + " ".join(f"{i[:13]:>13}" for i in impls)
+    lines = ["GB/s (time us); * best of the point", head]
+    best = best_by_point(records)
+    for k in keys:
+        cells = []
+        for i in impls:
+            r = by.get(k + (i,))
+            if not r:
+                cells.append(f"{'-':>13}")
+                continue
+            mark = "*" if best[k]["impl"] == i else " "
+            bad = "!" if r["wrong"] else ""
+            cells.append(f"{r['gbps']:>6.1f}({r['time_us']:>6.0f}){mark}{bad}"[-13:].rjust(13))
+        lines.append(f"{k[0][3:]:<8} {format_size(k[1]):>6} {k[2]:>6} " + " ".join(cells))
+    return "\n".join(lines)
+
+
+def target_lines(records: Sequence[dict]) -> List[str]:
+    """The issue's targets, point by point: ratios measured in this run."""
+    by = {(r["op"], r["page_bytes"], r["pages"], r["impl"]): r for r in records}
+    keys = sorted({(r["op"], r["page_bytes"], r["pages"]) for r in records})
+    out = []
+    best = best_by_point(records)
+    inline = [i for i in INLINE if i not in ("auto", "auto-zero-sm")]
+    best_inline = best_by_point(records, inline)
+    auto_gap, zs_vs_page, ahead_vs_kernel, ahead_gbps = [], [], [], []
+    for k in keys:
+        a, b = by.get(k + ("auto",)), best_inline.get(k)
+        if a and b:
+            auto_gap.append((a["time_us"] / b["time_us"], k))
+        z, p = by.get(k + ("auto-zero-sm",)), by.get(k + ("per-page",))
+        if z and p and k[1] <= 64 << 10:
+            zs_vs_page.append((p["time_us"] / z["time_us"], k))
+        h, kk = by.get(k + ("ahead-batched",)), by.get(k + ("kernel",))
+        if h and kk:
+            ahead_vs_kernel.append((h["time_us"] / kk["time_us"], k))
+        if h:
+            ahead_gbps.append((h["gbps"], k))
+    fmt = lambda k: f"{k[0][3:]} {format_size(k[1])}x{k[2]}"  # noqa: E731
+    if auto_gap:
+        worst = max(auto_gap)
+        within = sum(1 for g, _ in auto_gap if g <= 1.10)
+        out.append(
+            f"auto / best inline: within 10% at {within} of {len(auto_gap)} points; worst {worst[0]:.2f} ({fmt(worst[1])})"
+        )
+    if zs_vs_page:
+        worst = min(zs_vs_page)
+        out.append(
+            f"per-page / auto-zero-sm up to 64 KB: lowest {worst[0]:.2f}x ({fmt(worst[1])}); target >= 3"
+        )
+    if ahead_vs_kernel:
+        worst = max(ahead_vs_kernel)
+        n_ok = sum(1 for g, _ in ahead_vs_kernel if g <= 1.0)
+        out.append(
+            f"ahead-batched / kernel time: <= 1 at {n_ok} of {len(ahead_vs_kernel)} points; worst {worst[0]:.2f} ({fmt(worst[1])})"
+        )
+    for op in ("kv_fetch", "kv_save", "kv_both"):
+        big = [g for g, k in ahead_gbps if k[0] == op and k[1] >= 64 << 10]
+        mid = [g for g, k in ahead_gbps if k[0] == op and 16 << 10 <= k[1] <= 32 << 10]
+        if big:
+            out.append(f"{op} ahead-batched from 64 KB pages: {min(big):.1f}-{max(big):.1f} GB/s")
+        if mid:
+            out.append(f"{op} ahead-batched 16-32 KB pages: {min(mid):.1f}-{max(mid):.1f} GB/s")
+    del best
+    return out
+
+
+def tune_rules(records: Sequence[dict]) -> List[dict]:
+    """The auto table from inline measurements: per direction, page size and
+    page count, the fastest mode and the fastest that launches no kernel.
+    Bounds sit at the geometric mean between measured sizes."""
+    modes = {"per-page": "per_page", "batched": "batched", "streams": "streams", "kernel": "kernel"}
+    rules = []
+    for op, direction in (("kv_fetch", "h2d"), ("kv_save", "d2h")):
+        rs = [r for r in records if r["op"] == op and r["impl"] in modes and not r["wrong"]]
+        pages = sorted({r["page_bytes"] for r in rs})
+        for pi, p in enumerate(pages):
+            counts = sorted({r["pages"] for r in rs if r["page_bytes"] == p})
+            p_bound = None if pi == len(pages) - 1 else int((p * pages[pi + 1]) ** 0.5)
+            for ci, c in enumerate(counts):
+                at = [r for r in rs if r["page_bytes"] == p and r["pages"] == c]
+                best = min(at, key=lambda r: r["time_us"])
+                best_zs = min(
+                    (r for r in at if r["impl"] != "kernel"), key=lambda r: r["time_us"], default=best
+                )
+                c_bound = None if ci == len(counts) - 1 else int((c * counts[ci + 1]) ** 0.5)
+                rules.append(
+                    {
+                        "direction": direction,
+                        "max_copy_bytes": p_bound,
+                        "max_copies": c_bound,
+                        "strategy": modes[best["impl"]],
+                        "zero_sm": modes[best_zs["impl"]] if best_zs["impl"] != "kernel" else "batched",
+                    }
+                )
+    return rules
+
+
+# ---------------------------------------------------------------- GPU side
+
+
+class Buffers:
+    """One pinned host pool and one GPU buffer, split in halves A and B (both
+    directions at once use one each), viewed as pages per point."""
+
+    def __init__(self, torch, kv, half_bytes: int):
+        self.torch, self.half = torch, half_bytes
+        self.pool = kv.HostPool(2 * half_bytes)
+        self.host = self.pool.tensor((2 * half_bytes,), torch.uint8)
+        self.gpu = torch.empty(2 * half_bytes, dtype=torch.uint8, device="cuda")
+        chunk = 256 << 20
+        for off in range(0, 2 * half_bytes, chunk):
+            n = min(chunk, 2 * half_bytes - off)
+            r = torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda")
+            self.gpu[off : off + n].copy_(r)
+            self.host[off : off + n].copy_(torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda"))
+        torch.cuda.synchronize()
+
+    def pages(self, half: int, page_bytes: int, n: int):
+        off = half * self.half
+        h = self.host[off : off + n * page_bytes].view(n, page_bytes)
+        g = self.gpu[off : off + n * page_bytes].view(n, page_bytes)
+        return h, g
+
+
+def _check(torch, dst, src, dst_ids, src_ids, poison_fn, run_fn) -> int:
+    """Poisons the destination pages, runs once, compares (all pages up to
+    CHECK_ALL_BELOW bytes, else a sample of 256). Returns wrong pages."""
+    n = len(dst_ids)
+    nbytes = n * dst.shape[1]
+    idx = list(range(n)) if nbytes <= CHECK_ALL_BELOW else random.Random(n).sample(range(n), min(256, n))
+    poison_fn()
+    run_fn()
+    torch.cuda.synchronize()
+    d = torch.tensor([dst_ids[i] for i in idx])
+    s = torch.tensor([src_ids[i] for i in idx])
+    got = dst[d.to(dst.device)] if dst.is_cuda else dst[d]
+    want = src[s.to(src.device)] if src.is_cuda else src[s]
+    return int((got.cpu() != want.cpu()).any(dim=1).sum())
+
+
+def _events(torch):
+    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+
+def measure_point(torch, kv, bufs, op, page_bytes, count, impls, reps, warmup, gpu, date) -> List[dict]:
+    rng = random.Random(page_bytes * 7919 + count)
+    space = 2 * count
+    sides = []
+    for half, direction in ((0, "fetch"), (1, "save")):
+        if op != "both" and op != direction:
+            continue
+        h, g = bufs.pages(half, page_bytes, space)
+        dst_ids = rng.sample(range(space), count)
+        src_ids = rng.sample(range(space), count)
+        dst, src = (g, h) if direction == "fetch" else (h, g)
+        sides.append((direction, dst, src, dst_ids, src_ids))
+    main = torch.cuda.Stream()
+    other = torch.cuda.Stream()
+    out = []
+    for impl in impls:
+        try:
+            out.append(
+                _measure_impl(
+                    torch, kv, op, impl, sides, main, other, page_bytes, count, reps, warmup, gpu, date
+                )
+            )
+        except Exception as exc:  # one impl's failure must not hide the others'
+            print(
+                f"  {op} {format_size(page_bytes)}x{count} {impl}: {type(exc).__name__}: {exc}",
+                file=sys.stderr,
+            )
+    return [r for r in out if r]
+
+
+def _measure_impl(torch, kv, op, impl, sides, main, other, page_bytes, count, reps, warmup, gpu, date):
+    streams = [main, other]
+    submitted = "ahead" if impl in AHEAD else "inline"
+    info = {"sms": 0}
+    prepared = None
+    if impl == "ahead-batched":
+        prepared = [kv.prepare(dst, src, d, s) for (_, dst, src, d, s) in sides]
+    dev_ids = None
+    if impl == "kernel-gpu-ids":
+        dev_ids = [
+            (torch.tensor(d, device="cuda"), torch.tensor(s, device="cuda")) for (_, dst, src, d, s) in sides
+        ]
+
+    def submit():
+        """Enqueues the transfer(s) on main (and other for 'both'); returns host seconds."""
+        t0 = time.perf_counter()
+        for k, (direction, dst, src, d, s) in enumerate(sides):
+            st = streams[k]
+            if prepared is not None:
+                prepared[k].trigger_on(st)
+                prepared[k].wait(st)
+            elif dev_ids is not None:
+                rep = kv.copy_blocks(dst, src, dev_ids[k][0], dev_ids[k][1], stream=st, mode="kernel")
+                info["sms"] = max(info["sms"], rep["sms"])
+            else:
+                kw = dict(INLINE[impl])
+                settled = kw.pop("settled_fetch", False) and direction == "fetch"
+                rep = kv.copy_blocks(dst, src, d, s, stream=st, settled_source=settled, **kw)
+                info["sms"] = max(info["sms"], rep["sms"])
+        return time.perf_counter() - t0
+
+    def arm():
+        if prepared is not None:
+            for k, p in enumerate(prepared):
+                p.arm(streams[k])
+        torch.cuda.synchronize()
+
+    def once():
+        arm()
+        start, end = _events(torch)
+        start.record(main)
+        other.wait_event(start)
+        host_s = submit()
+        if len(sides) > 1:
+            main.wait_stream(other)
+        end.record(main)
+        end.synchronize()
+        return start.elapsed_time(end) * 1000.0, host_s * 1e6
+
+    for _ in range(warmup):
+        once()
+    samples = [once() for _ in range(reps)]
+    wrong = 0
+    for k, (direction, dst, src, d, s) in enumerate(sides):
+
+        def poison(dst=dst, d=d):
+            idx = torch.tensor(d, device=dst.device)
+            dst[idx] = 0xA5
+
+        def run():
+            arm()
+            submit()
+
+        wrong += _check(torch, dst, src, d, s, poison, run)
+    time_us = statistics.median(x[0] for x in samples)
+    host_us = statistics.median(x[1] for x in samples) if submitted == "inline" else None
+    return record(op, impl, page_bytes, count, time_us, host_us, info["sms"], submitted, gpu, date, wrong)
+
+
+def measure_gemm(torch, kv, bufs, reps: int, gpu: str, date: str) -> List[dict]:
+    """GEMM slowdown beside continuous fetches of 1024 x 64 KB pages."""
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    gemms = 10
+    gs, xs = torch.cuda.Stream(), torch.cuda.Stream()
+    h, g = bufs.pages(0, 64 << 10, 2048)
+    rng = random.Random(5)
+    d, s = rng.sample(range(2048), 1024), rng.sample(range(2048), 1024)
+
+    def gemm_ms(transfers):
+        torch.cuda.synchronize()
+        start, end = _events(torch)
+        if transfers:
+            with torch.cuda.stream(xs):
+                for _ in range(14):  # covers the GEMMs (about 1 ms each) at ~50 GB/s
+                    transfers()
+        with torch.cuda.stream(gs):
+            start.record()
+            for _ in range(gemms):
+                torch.matmul(a, b)
+            end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end)
+
+    out = []
+    sides = {
+        "auto-zero-sm": lambda: kv.copy_blocks(g, h, d, s, stream=xs, mode="auto", zero_sm=True),
+        "kernel": lambda: kv.copy_blocks(g, h, d, s, stream=xs, mode="kernel"),
+        "sglang-kernel": lambda: kv.copy_blocks(
+            g, h, d, s, stream=xs, mode="kernel", kernel_blocks=2, kernel_threads=1024, kernel_chunk=1 << 62
+        ),
+    }
+    gemm_ms(None)
+    for impl, fn in sides.items():
+        fn()
+        slow = []
+        for _ in range(reps):
+            alone = gemm_ms(None)
+            beside = gemm_ms(fn)
+            slow.append(beside / alone - 1)
+        out.append(
+            {
+                "op": "kv_gemm_slowdown",
+                "impl": impl,
+                "page_bytes": 64 << 10,
+                "pages": 1024,
+                "gemms": gemms,
+                "slowdown": round(statistics.median(slow), 4),
+                "samples": [round(x, 4) for x in slow],
+                "gpu": gpu,
+                "date": date,
+            }
+        )
+    return out
+
+
+def measure_urgent(torch, kv, bufs, reps: int, gpu: str, date: str) -> List[dict]:
+    """Latency of a 32 x 16 KB fetch issued 1 ms into a 1 GiB bulk fetch."""
+    bulk_pages = min(1024, bufs.half // (1 << 20) // 2)
+    hb, gb = bufs.pages(0, 1 << 20, 2 * bulk_pages)
+    hs, gsm = bufs.pages(1, 16 << 10, 64)
+    bulk_ids = list(range(bulk_pages))
+    small_d, small_s = list(range(0, 64, 2)), list(range(1, 64, 2))
+    a, b = torch.cuda.Stream(), torch.cuda.Stream()
+    out = []
+    for impl in ("same-stream", "other-stream", "urgent"):
+        lat = []
+        for _ in range(reps + 1):
+            torch.cuda.synchronize()
+            kv.copy_blocks(gb, hb, bulk_ids, bulk_ids, stream=a, mode="batched", zero_sm=True)
+            time.sleep(0.001)
+            st = a if impl == "same-stream" else b
+            start, end = _events(torch)
+            start.record(st)
+            kv.copy_blocks(gsm, hs, small_d, small_s, stream=st, mode="batched", urgent=impl == "urgent")
+            end.record(st)
+            end.synchronize()
+            lat.append(start.elapsed_time(end) * 1000.0)
+        torch.cuda.synchronize()
+        out.append(
+            {
+                "op": "kv_urgent",
+                "impl": impl,
+                "page_bytes": 16 << 10,
+                "pages": 32,
+                "bulk_bytes": bulk_pages << 20,
+                "latency_us": round(statistics.median(lat[1:]), 1),
+                "gpu": gpu,
+                "date": date,
+            }
+        )
+    return out
+
+
+def pcie_peak(torch, bufs) -> dict:
+    """One 1 GiB copy each way and both at once (median of 3), GB/s."""
+    n = min(1 << 30, bufs.half)
+    a, b = torch.cuda.Stream(), torch.cuda.Stream()
+    res = {}
+    for name in ("h2d", "d2h", "both"):
+        ts = []
+        for _ in range(3):
+            torch.cuda.synchronize()
+            start, end = _events(torch)
+            start.record(a)
+            b.wait_event(start)
+            if name in ("h2d", "both"):
+                with torch.cuda.stream(a):
+                    bufs.gpu[:n].copy_(bufs.host[:n], non_blocking=True)
+            if name in ("d2h", "both"):
+                with torch.cuda.stream(b):
+                    bufs.host[bufs.half : bufs.half + n].copy_(
+                        bufs.gpu[bufs.half : bufs.half + n], non_blocking=True
+                    )
+            a.wait_stream(b)
+            end.record(a)
+            end.synchronize()
+            ts.append(start.elapsed_time(end) / 1000.0)
+        res[name] = round((2 if name == "both" else 1) * n / statistics.median(ts) / 1e9, 1)
+    return res
+
+
+def run(opts: dict, progress=print) -> dict:
+    import torch
+
+    import ferry.kv as kv
+
+    gpu = torch.cuda.get_device_name()
+    date = datetime.date.today().isoformat()
+    pts = points(opts["pages"], opts["counts"], opts["max_bytes"])
+    half = 2 * max(p * c for p, c in pts)
+    bufs = Buffers(torch, kv, half)
+    peak = pcie_peak(torch, bufs)
+    progress(f"pcie peak (torch copies, 1 GiB): {peak}")
+    records = []
+    total = len(pts) * len(opts["ops"])
+    done = 0
+    t0 = time.time()
+    for op in opts["ops"]:
+        for p, c in pts:
+            records += measure_point(
+                torch, kv, bufs, op, p, c, opts["impls"], opts["reps"], opts["warmup"], gpu, date
+            )
+            done += 1
+            if done % 6 == 0 or done == total:
+                progress(f"  {done}/{total} points, {time.time() - t0:.0f} s")
+    extra = []
+    if opts.get("gemm"):
+        extra += measure_gemm(torch, kv, bufs, opts.get("gemm_reps", 5), gpu, date)
+    if opts.get("urgent"):
+        extra += measure_urgent(torch, kv, bufs, opts.get("urgent_reps", 5), gpu, date)
+    return {"gpu": gpu, "date": date, "pcie_peak_gbps": peak, "records": records, "extra": extra}
+
+
+def plot(result: dict, path: str) -> bool:
+    plt = _pyplot()
+    if plt is None:
+        return False
+    recs = result["records"]
+    ops = [o for o in ("kv_fetch", "kv_save", "kv_both") if any(r["op"] == o for r in recs)]
+    counts = sorted({r["pages"] for r in recs})
+    count = 1024 if 1024 in counts else counts[len(counts) // 2]
+    fig, axes = plt.subplots(1, len(ops), figsize=(6 * len(ops), 4.5), squeeze=False)
+    for ax, op in zip(axes[0], ops):
+        for impl in IMPLS:
+            rs = sorted(
+                (r for r in recs if r["op"] == op and r["impl"] == impl and r["pages"] == count),
+                key=lambda r: r["page_bytes"],
+            )
+            if rs:
+                style = "-" if impl in ZERO_SM else "--"
+                ax.plot(
+                    [r["page_bytes"] for r in rs],
+                    [r["gbps"] for r in rs],
+                    style,
+                    marker="o",
+                    ms=3,
+                    label=impl,
+                )
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("page bytes")
+        ax.set_ylabel("GB/s")
+        ax.set_title(f"{op[3:]}: {count} scattered pages ({result['gpu']})")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7, title="solid: no SM")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def save(result: dict, out_dir: str, command: str, tag: str = "", make_plot: bool = True) -> List[str]:
+    os.makedirs(out_dir, exist_ok=True)
+    gpu = result["gpu"].replace(" ", "-")
+    stem = os.path.join(out_dir, f"{result['date']}-{gpu}-kv" + (f"-{tag}" if tag else ""))
+    result = dict(result, command=command)
+    with open(stem + ".json", "w") as f:
+        json.dump(result, f, indent=1)
+    with open(stem + ".txt", "w") as f:
+        f.write(command + "\n\n" + summary(result) + "\n")
+    files = [stem + ".json", stem + ".txt"]
+    if make_plot and plot(result, stem + ".png"):
+        files.append(stem + ".png")
+    return files
+
+
+def summary(result: dict) -> str:
+    lines = [
+        f"{result['gpu']}, {result['date']}; PCIe peak (1 GiB torch copy): {result['pcie_peak_gbps']} GB/s",
+        "",
+    ]
+    lines.append(format_table(result["records"]))
+    lines.append("")
+    lines += target_lines(result["records"])
+    for e in result.get("extra", []):
+        if e["op"] == "kv_gemm_slowdown":
+            lines.append(
+                f"GEMM slowdown beside {e['impl']} fetches (1024 x 64 KB): {100 * e['slowdown']:+.1f}%"
+            )
+        elif e["op"] == "kv_urgent":
+            lines.append(
+                f"urgent 32 x 16 KB fetch during a {format_size(e['bulk_bytes'])} bulk fetch, {e['impl']}: "
+                f"{e['latency_us']:.0f} us"
+            )
+    host = [r for r in result["records"] if r.get("host_us") is not None]
+    if host:
+        lines.append("")
+        lines.append("host us per call (median), 1024 pages where measured:")
+        for impl in INLINE:
+            rs = [r for r in host if r["impl"] == impl and r["pages"] == 1024 and r["op"] == "kv_fetch"]
+            if rs:
+                lines.append(
+                    f"  {impl:<14} "
+                    + ", ".join(f"{format_size(r['page_bytes'])}: {r['host_us']:.0f}" for r in rs)
+                )
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m ferry.bench.kv", description=__doc__.split("\n")[0])
+    p.add_argument("--pages", default="4K,16K,64K,256K,1M,4M", help="page sizes")
+    p.add_argument("--counts", default="64,256,1024,4096,16384", help="pages per transfer")
+    p.add_argument("--ops", default="fetch,save,both")
+    p.add_argument("--impls", default=",".join(IMPLS))
+    p.add_argument("--max-bytes", default="1G", help="skip points moving more than this")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--gemm", action="store_true")
+    p.add_argument("--urgent", action="store_true")
+    p.add_argument("--out", default="")
+    p.add_argument("--tag", default="")
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--tune-out", default="", help="also write the auto table measured here (ferry kv-tune)")
+    return p.parse_args(argv)
+
+
+def options(args) -> dict:
+    ops = [o for o in args.ops.split(",") if o]
+    bad = [o for o in ops if o not in OPS]
+    if bad:
+        raise SystemExit(f"--ops: unknown {bad}; expected some of {','.join(OPS)}")
+    impls = [i for i in args.impls.split(",") if i]
+    bad = [i for i in impls if i not in IMPLS]
+    if bad:
+        raise SystemExit(f"--impls: unknown {bad}; expected some of {','.join(IMPLS)}")
+    return dict(
+        pages=[parse_size(x) for x in args.pages.split(",") if x],
+        counts=[int(x) for x in args.counts.split(",") if x],
+        ops=ops,
+        impls=impls,
+        max_bytes=parse_size(args.max_bytes),
+        reps=args.reps,
+        warmup=args.warmup,
+        gemm=args.gemm,
+        urgent=args.urgent,
+    )
+
+
+def write_table(result: dict, path: str, command: str) -> None:
+    table = {
+        "gpu": result["gpu"],
+        "date": result["date"],
+        "command": command,
+        "rules": tune_rules(result["records"]),
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(table, f, indent=1)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    opts = options(args)
+    command = "python -m ferry.bench.kv " + " ".join(sys.argv[1:] if argv is None else argv)
+    result = run(opts, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    print(summary(result))
+    if args.out:
+        files = save(result, args.out, command, args.tag, not args.no_plot)
+        print("wrote " + ", ".join(os.path.basename(f) for f in files))
+    if args.tune_out:
+        write_table(result, args.tune_out, command)
+        print(f"wrote {args.tune_out}; use it with FERRY_KV_TUNING={args.tune_out}")
+    return 0 if all(r["wrong"] == 0 for r in result["records"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,451 @@
+"""Paged KV-cache transfers between host and GPU memory, on copy engines.
+
+    import ferry.kv as kv
+    host = kv.pinned_empty((num_host_pages, 16, heads, head_dim), torch.bfloat16)   # pinned, NUMA-local
+    kv.copy_blocks(gpu_cache, host, dst_ids=[7, 8, 9], src_ids=[120, 4, 33])        # fetch: host -> GPU
+    kv.copy_blocks(host, gpu_cache, dst_ids=[5], src_ids=[2], zero_sm=True)        # save, no kernel
+
+A side (``dst`` or ``src``) is a tensor whose first dimension is the page, or a
+list of such tensors that share one page mapping (one per layer, or K and V of
+each layer: ``[t[0], t[1]]`` for vLLM's ``[2, num_blocks, ...]`` layer tensors).
+Each page ``t[i]`` must be contiguous; pages may be strided apart. Paired
+tensors need the same dtype and page shape. Copies are ordered in ``stream``
+(default: the current torch stream) like ``cudaMemcpyAsync``: work enqueued
+there after the call sees the pages, and the call sees all earlier work. Keep
+the tensors alive until the stream has passed the copy (ferry's host pools
+guarantee that for their memory themselves).
+
+Modes (docs/kv.md says which to use when):
+  auto      ferry's table for this GPU picks per direction and page size
+  per_page  one cudaMemcpyAsync per page (the baseline)
+  batched   cudaMemcpyBatchAsync in bounded batches, runs of adjacent pages merged
+  streams   the batched copies spread over several of ferry's streams
+  kernel    an SM kernel gathering the pages (uses SMs; reads pinned host memory in place)
+
+``zero_sm=True`` never launches a kernel (``auto`` then picks among the
+copy-engine modes). ``urgent=True`` runs the copies on ferry's urgent stream
+instead of behind the bulk work already queued on ``stream``.
+"""
+
+from __future__ import annotations
+
+import array
+from typing import Any, Sequence
+
+from ._native import require
+
+MODES = ("auto", "per_page", "batched", "streams", "kernel")
+PAGE_ALIGN = 4096
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _stream_handle(stream, device: int) -> int:
+    torch = _torch()
+    if stream is None:
+        return torch.cuda.current_stream(device).cuda_stream
+    if isinstance(stream, int):
+        return stream
+    return stream.cuda_stream
+
+
+def _tensors(side, name: str) -> list:
+    torch = _torch()
+    if isinstance(side, torch.Tensor):
+        return [side]
+    if isinstance(side, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in side):
+        if not side:
+            raise ValueError(f"{name}: an empty list; expected a tensor or a list of tensors")
+        return list(side)
+    raise TypeError(
+        f"{name}: expected a torch.Tensor or a list of tensors (first dimension = page), got {type(side)}"
+    )
+
+
+def _region(t, name: str):
+    """(base, stride, bytes, pages) of a tensor whose dim 0 is the page."""
+    if t.dim() < 1:
+        raise ValueError(f"{name}: a 0-d tensor; the first dimension must be the page")
+    pages = t.shape[0]
+    item = t.element_size()
+    page_elems = 1
+    for s in t.shape[1:]:
+        page_elems *= s
+    # Each page must be one contiguous range of memory.
+    expect = 1
+    for size, stride in reversed(list(zip(t.shape[1:], t.stride()[1:]))):
+        if size != 1 and stride != expect:
+            raise ValueError(
+                f"{name}: a page (t[i]) is not contiguous (shape {tuple(t.shape)}, strides {t.stride()}); "
+                "pages must be contiguous, though they may be strided apart"
+            )
+        expect *= size
+    stride = t.stride(0) * item if pages > 1 else page_elems * item
+    return (t.data_ptr() if t.numel() else 0, stride, page_elems * item, pages)
+
+
+def _sides(dst, src):
+    d, s = _tensors(dst, "dst"), _tensors(src, "src")
+    if len(d) != len(s):
+        raise ValueError(f"dst has {len(d)} tensors and src {len(s)}; they must pair up one to one")
+    for i, (a, b) in enumerate(zip(d, s)):
+        if a.dtype != b.dtype:
+            raise ValueError(
+                f"dst[{i}] is {a.dtype} and src[{i}] is {b.dtype}; paired tensors need one dtype"
+            )
+        if tuple(a.shape[1:]) != tuple(b.shape[1:]):
+            raise ValueError(
+                f"dst[{i}] has pages of shape {tuple(a.shape[1:])} and src[{i}] of {tuple(b.shape[1:])}; "
+                "paired tensors need one page layout"
+            )
+    cuda = [t.device.index for t in d + s if t.device.type == "cuda"]
+    for i, t in enumerate(d + s):
+        if t.device.type not in ("cuda", "cpu"):
+            side = "dst" if i < len(d) else "src"
+            raise ValueError(f"{side}[{i % len(d)}] is on {t.device}; expected cuda or (pinned) cpu memory")
+    devices = sorted(set(cuda))
+    if len(devices) > 1:
+        raise ValueError(f"the GPU tensors are on several GPUs {devices}; one transfer runs on one GPU")
+    torch = _torch()
+    device = devices[0] if devices else torch.cuda.current_device()
+    dr = [_region(t, f"dst[{i}]") for i, t in enumerate(d)]
+    sr = [_region(t, f"src[{i}]") for i, t in enumerate(s)]
+    return device, dr, sr
+
+
+class _Ids:
+    """An index list as (pointer, count, is_64, on_device), kept alive while used."""
+
+    def __init__(self, ids, name: str):
+        self.keep = None
+        self.on_device = False
+        try:
+            torch = _torch()
+        except ImportError:  # pragma: no cover
+            torch = None
+        if torch is not None and isinstance(ids, torch.Tensor):
+            if ids.dim() != 1:
+                raise ValueError(
+                    f"{name}: expected a 1-D tensor of page indices, got shape {tuple(ids.shape)}"
+                )
+            if ids.dtype not in (torch.int32, torch.int64):
+                raise ValueError(f"{name}: expected int32 or int64 page indices, got {ids.dtype}")
+            ids = ids.contiguous()
+            self.keep = ids
+            self.on_device = ids.device.type == "cuda"
+            self.ptr = ids.data_ptr() if ids.numel() else 0
+            self.count = ids.numel()
+            self.is_64 = ids.dtype == torch.int64
+            return
+        if isinstance(ids, (list, tuple, range)):
+            try:
+                a = array.array("q", ids)
+            except (TypeError, OverflowError) as exc:
+                raise ValueError(f"{name}: expected integer page indices ({exc})") from None
+        elif hasattr(ids, "__array__"):
+            import numpy as np
+
+            a = np.ascontiguousarray(ids, dtype=np.int64)
+            self.keep = a
+            self.ptr, self.count, self.is_64 = a.ctypes.data if a.size else 0, a.size, True
+            return
+        else:
+            raise TypeError(f"{name}: expected a list, a numpy array or an int tensor of page indices")
+        self.keep = a
+        self.ptr = a.buffer_info()[0] if len(a) else 0
+        self.count, self.is_64 = len(a), True
+
+    def to_host(self):
+        """A host copy (synchronizes the current stream: the cost of a GPU list on copy engines)."""
+        h = _Ids(self.keep.cpu(), "ids")
+        return h
+
+
+def _check_mode(mode: str):
+    if mode not in MODES:
+        raise ValueError(f"mode: '{mode}' is not one of {', '.join(MODES)}")
+
+
+def copy_blocks(
+    dst,
+    src,
+    dst_ids,
+    src_ids,
+    *,
+    stream=None,
+    mode: str = "auto",
+    zero_sm: bool = False,
+    urgent: bool = False,
+    settled_source: bool = False,
+    merge: bool = True,
+    kernel_blocks: int = 0,
+    kernel_threads: int = 0,
+    kernel_chunk: int = 0,
+) -> dict:
+    """Copies page ``src_ids[i]`` of ``src`` to page ``dst_ids[i]`` of ``dst``, for every i,
+    in every tensor of the two sides. Returns what ran: ``{"strategy", "direction",
+    "copies", "bytes", "sms"}``.
+
+    Index lists are lists, numpy arrays or int32/int64 tensors. A CUDA index
+    tensor is read in place by ``mode="kernel"`` (no host sync; entries are
+    bounds-checked in the kernel, duplicates are not detected); copy-engine
+    modes copy it to the host first, which waits for the current stream.
+
+    ``settled_source=True`` lets a fetch's copy engine read the host pages out
+    of stream order: only when nothing queued before still writes them.
+    """
+    _check_mode(mode)
+    if zero_sm and mode == "kernel":
+        raise ValueError("mode='kernel' launches a kernel, which zero_sm=True forbids")
+    native = require()
+    device, dr, sr = _sides(dst, src)
+    d, s = _Ids(dst_ids, "dst_ids"), _Ids(src_ids, "src_ids")
+    if d.count != s.count:
+        raise ValueError(
+            f"dst_ids has {d.count} entries and src_ids {s.count}; they must have the same length"
+        )
+    if d.on_device != s.on_device:
+        raise ValueError("dst_ids and src_ids must both be on the GPU or both on the host")
+    if d.on_device and d.is_64 != s.is_64:
+        s = _Ids(s.keep.to(d.keep.dtype), "src_ids")
+    h = _stream_handle(stream, device)
+    if d.on_device:
+        use_kernel = mode == "kernel"
+        if mode == "auto" and not zero_sm:
+            direction = native.kv_direction(device, dr, sr)
+            copies = d.count * len(dr)
+            nbytes = d.count * sum(r[2] for r in dr)
+            use_kernel = native.kv_choose(device, direction, copies, nbytes, False) == "kernel"
+        if not use_kernel:
+            d, s = d.to_host(), s.to_host()
+    elif not s.is_64 == d.is_64:
+        d = _Ids(list(array.array("q", _as_list(dst_ids))), "dst_ids")
+        s = _Ids(list(array.array("q", _as_list(src_ids))), "src_ids")
+    return native.kv_copy(
+        device,
+        dr,
+        sr,
+        d.ptr,
+        s.ptr,
+        d.count,
+        d.is_64,
+        d.on_device,
+        mode,
+        zero_sm,
+        urgent,
+        settled_source,
+        merge,
+        kernel_blocks,
+        kernel_threads,
+        kernel_chunk,
+        h,
+    )
+
+
+def _as_list(ids) -> list:
+    return ids.tolist() if hasattr(ids, "tolist") else list(ids)
+
+
+class PreparedTransfer:
+    """A page transfer planned once and enqueued ahead behind a gate, then
+    released by a trigger from the host, a stream or a kernel: on the critical
+    path only the copies remain. Copy engines only (``mode`` "batched",
+    "streams" or "per_page"); at most FERRY_KV_ARMED_MAX copies.
+
+        t = kv.prepare(gpu_cache, host, dst_ids, src_ids)
+        t.arm()             # enqueued now, behind the gate, after the current stream's work
+        ...                 # later, when the pages are wanted:
+        t.trigger()         # or t.trigger_on(stream), or fire t.device_trigger() in a kernel
+        t.wait()            # the current stream waits for the pages
+    """
+
+    def __init__(self, dst, src, dst_ids, src_ids, mode: str = "batched", merge: bool = True):
+        _check_mode(mode)
+        if mode in ("auto", "kernel"):
+            raise ValueError(
+                f"prepare: mode='{mode}'; a prepared transfer runs on copy engines: 'batched', 'streams' or 'per_page'"
+            )
+        native = require()
+        self.device, dr, sr = _sides(dst, src)
+        d, s = _Ids(dst_ids, "dst_ids"), _Ids(src_ids, "src_ids")
+        if d.on_device:
+            d = d.to_host()
+        if s.on_device:
+            s = s.to_host()
+        if d.count != s.count:
+            raise ValueError(
+                f"dst_ids has {d.count} entries and src_ids {s.count}; they must have the same length"
+            )
+        if d.is_64 != s.is_64:
+            d, s = _Ids(_as_list(dst_ids), "dst_ids"), _Ids(_as_list(src_ids), "src_ids")
+        self._keep = (dst, src)
+        self._impl = native.PreparedPages(
+            self.device,
+            dr,
+            sr,
+            d.ptr,
+            s.ptr,
+            d.count,
+            d.is_64,
+            "batched" if mode == "streams" else mode,
+            merge,
+        )
+
+    @property
+    def armed(self) -> bool:
+        return self._impl.armed
+
+    @property
+    def copies(self) -> int:
+        return self._impl.copies
+
+    @property
+    def nbytes(self) -> int:
+        return self._impl.bytes
+
+    @property
+    def direction(self) -> str:
+        return self._impl.direction
+
+    def arm(self, stream=None) -> None:
+        """Enqueues the copies behind the gate, after the work enqueued so far on ``stream``."""
+        self._impl.arm(_stream_handle(stream, self.device))
+
+    def trigger(self) -> None:
+        """Opens the gate from the host."""
+        self._impl.trigger()
+
+    def trigger_on(self, stream=None) -> None:
+        """Opens the gate in ``stream``'s order (a stream memory write, no kernel)."""
+        self._impl.trigger_on(_stream_handle(stream, self.device))
+
+    def device_trigger(self) -> tuple:
+        """(word address, value): a kernel stores value at word to open the gate
+        (``ferry_device_trigger_fire`` in include/ferry/device.cuh)."""
+        return self._impl.device_trigger()
+
+    def wait(self, stream=None) -> None:
+        """Makes ``stream`` wait for the last armed run's copies."""
+        self._impl.wait(_stream_handle(stream, self.device))
+
+    def synchronize(self, timeout: float = 60.0) -> None:
+        """Host wait for the last armed run; PeerTimeoutError says whether the gate was ever opened."""
+        self._impl.synchronize(timeout)
+
+
+def prepare(dst, src, dst_ids, src_ids, *, mode: str = "batched", merge: bool = True) -> PreparedTransfer:
+    """A PreparedTransfer for these pages (see its docstring)."""
+    return PreparedTransfer(dst, src, dst_ids, src_ids, mode=mode, merge=merge)
+
+
+class HostPool:
+    """Pinned host memory for KV pages, mapped for the GPU and placed on its NUMA
+    node (mmap + cudaHostRegister from 64 MiB, with huge pages where the system
+    has them; cudaHostAlloc below). Tensors carved from it keep it alive, and
+    its memory is never freed while a transfer that touches it is in flight.
+
+        pool = kv.HostPool(8 << 30)
+        k = pool.tensor((pages, 16, heads, head_dim), torch.bfloat16)
+    """
+
+    def __init__(
+        self, nbytes: int, *, device: int | None = None, numa_node: int | None = None, huge_pages=None
+    ):
+        if not isinstance(nbytes, int) or nbytes <= 0:
+            raise ValueError(f"nbytes: expected a positive number of bytes, got {nbytes!r}")
+        native = require()
+        hp = {None: -1, False: 0, True: 1}.get(huge_pages)
+        if hp is None:
+            raise ValueError(
+                f"huge_pages: expected None (where available), False or True, got {huge_pages!r}"
+            )
+        self._impl = native.HostPool.create(
+            nbytes,
+            -1 if device is None else device,
+            -2 if numa_node is None else numa_node,
+            hp,
+        )
+        self._next = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self._impl.nbytes
+
+    @property
+    def numa_node(self) -> int:
+        """The NUMA node the pages are bound to (-1: none, e.g. cudaHostAlloc)."""
+        return self._impl.numa_node
+
+    @property
+    def backing(self) -> str:
+        return self._impl.backing
+
+    @property
+    def huge_pages(self) -> str:
+        return self._impl.huge_pages
+
+    @property
+    def data_ptr(self) -> int:
+        return self._impl.data_ptr
+
+    def in_flight(self) -> bool:
+        return self._impl.in_flight()
+
+    def tensor(self, shape: Sequence[int], dtype) -> Any:
+        """A new tensor from the pool's unused memory (page-aligned)."""
+        torch = _torch()
+        n = 1
+        for s in shape:
+            n *= int(s)
+        nbytes = n * torch.empty((), dtype=dtype).element_size()
+        start = (self._next + PAGE_ALIGN - 1) // PAGE_ALIGN * PAGE_ALIGN
+        if start + nbytes > self.nbytes:
+            raise ValueError(
+                f"HostPool.tensor: {nbytes} bytes do not fit; {self.nbytes - min(start, self.nbytes)} of "
+                f"{self.nbytes} are left (make the pool larger)"
+            )
+        self._next = start + nbytes
+        return self._impl.view(start, nbytes).view(dtype).view(tuple(int(s) for s in shape))
+
+    def close(self) -> None:
+        """Frees the memory now. Refused while a transfer touching the pool is in
+        flight, or while tensors carved from it are alive (they would dangle)."""
+        self._impl.close()
+
+
+def pinned_empty(shape: Sequence[int], dtype, *, device: int | None = None) -> Any:
+    """An uninitialised CPU tensor in pinned, NUMA-local host memory of its own
+    (a HostPool that lives as long as the tensor)."""
+    torch = _torch()
+    n = 1
+    for s in shape:
+        n *= int(s)
+    nbytes = max(1, n * torch.empty((), dtype=dtype).element_size())
+    return HostPool(nbytes, device=device).tensor(shape, dtype)
+
+
+def choose(
+    direction: str, copies: int, nbytes: int, *, zero_sm: bool = False, device: int | None = None
+) -> str:
+    """The mode ``auto`` runs for ``copies`` copies of ``nbytes`` in all in
+    ``direction`` ("h2d", "d2h", "d2d") on this GPU."""
+    native = require()
+    if device is None:
+        device = _torch().cuda.current_device()
+    return native.kv_choose(device, direction, copies, nbytes, zero_sm)
+
+
+def set_table(table, *, device: int | None = None) -> None:
+    """Makes ``auto`` use ``table`` (a `ferry kv-tune` file's path or its parsed
+    JSON) on this GPU, for this process."""
+    import json
+
+    native = require()
+    if device is None:
+        device = _torch().cuda.current_device()
+    text = open(table).read() if isinstance(table, str) else json.dumps(table)
+    native.kv_set_table(device, text)

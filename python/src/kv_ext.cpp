@@ -1,0 +1,182 @@
+// Python bindings of paged KV transfers (src/xfer/): thin. Pointers, streams
+// and index lists cross as integers; ferry/kv.py turns tensors into them.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <memory>
+
+#include "core/error.hpp"
+#include "xfer/host_pool.hpp"
+#include "xfer/page_copy.hpp"
+#include "xfer/page_select.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+using namespace ferry::xfer;
+
+namespace {
+
+// (base, stride, bytes, pages) per region.
+using RegionTuple = std::tuple<uintptr_t, size_t, size_t, size_t>;
+
+PageSide side_of(const std::vector<RegionTuple>& regions) {
+  PageSide s;
+  for (const auto& [base, stride, bytes, pages] : regions) s.regions.push_back(PageRegion{base, stride, bytes, pages});
+  return s;
+}
+
+PageCopyOptions options_of(const std::string& mode, bool zero_sm, bool urgent, bool settled, bool merge, int blocks,
+                           int threads, size_t chunk) {
+  PageCopyOptions o;
+  if (mode != "auto") o.strategy = parse_strategy(mode, "mode");
+  o.zero_sm = zero_sm;
+  o.urgent = urgent;
+  o.settled_source = settled;
+  o.merge = merge;
+  o.kernel_blocks = blocks;
+  o.kernel_threads = threads;
+  o.kernel_chunk = chunk;
+  return o;
+}
+
+nb::dict report(const PageCopyReport& r) {
+  nb::dict d;
+  d["strategy"] = strategy_name(r.strategy);
+  d["direction"] = direction_name(r.direction);
+  d["copies"] = r.copies;
+  d["bytes"] = r.bytes;
+  d["sms"] = r.sms;
+  return d;
+}
+
+cudaStream_t as_stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
+
+}  // namespace
+
+void bind_kv(nb::module_& m) {
+  m.def(
+      "kv_copy",
+      [](int device, const std::vector<RegionTuple>& dst, const std::vector<RegionTuple>& src, uintptr_t dst_ids,
+         uintptr_t src_ids, size_t count, bool ids_64, bool ids_on_device, const std::string& mode, bool zero_sm,
+         bool urgent, bool settled, bool merge, int blocks, int threads, size_t chunk, uintptr_t stream) {
+        PageCopier& c = PageCopier::on(device);
+        PageCopyOptions o = options_of(mode, zero_sm, urgent, settled, merge, blocks, threads, chunk);
+        if (ids_on_device)
+          return report(c.copy_device_ids(
+              side_of(dst), side_of(src),
+              DeviceIds{reinterpret_cast<const void*>(dst_ids), reinterpret_cast<const void*>(src_ids), count, ids_64},
+              o, as_stream(stream)));
+        return report(c.copy(side_of(dst), side_of(src), PageIds{reinterpret_cast<const void*>(dst_ids), count, ids_64},
+                             PageIds{reinterpret_cast<const void*>(src_ids), count, ids_64}, o, as_stream(stream)));
+      },
+      "device"_a, "dst"_a, "src"_a, "dst_ids"_a, "src_ids"_a, "count"_a, "ids_64"_a, "ids_on_device"_a, "mode"_a,
+      "zero_sm"_a, "urgent"_a, "settled"_a, "merge"_a, "blocks"_a, "threads"_a, "chunk"_a, "stream"_a);
+  m.def(
+      "kv_direction",
+      [](int device, const std::vector<RegionTuple>& dst, const std::vector<RegionTuple>& src) {
+        return std::string(direction_name(PageCopier::on(device).direction(side_of(dst), side_of(src))));
+      },
+      "device"_a, "dst"_a, "src"_a);
+  m.def(
+      "kv_choose",
+      [](int device, const std::string& direction, size_t copies, size_t bytes, bool zero_sm) {
+        for (auto d :
+             {Direction::kHostToDevice, Direction::kDeviceToHost, Direction::kDeviceToDevice, Direction::kHostToHost})
+          if (direction == direction_name(d))
+            return std::string(strategy_name(PageCopier::on(device).choose(d, copies, bytes, zero_sm)));
+        ferry::throw_error(FERRY_ERROR_INVALID_ARGUMENT, "direction: expected h2d, d2h, d2d or h2h");
+      },
+      "device"_a, "direction"_a, "copies"_a, "bytes"_a, "zero_sm"_a);
+  m.def(
+      "kv_set_table",
+      [](int device, const std::string& json_text) {
+        PageCopier::on(device).set_rules(page_table_from_json(json_text, "table").rules);
+      },
+      "device"_a, "json_text"_a);
+  m.def(
+      "kv_reset_table",
+      [](int device, const std::string& gpu_name) {
+        PageCopier::on(device).set_rules(startup_page_rules(
+            shipped_page_tables(), gpu_name, "", [](const std::string&) { return std::optional<std::string>(); }));
+      },
+      "device"_a, "gpu_name"_a);
+  m.def(
+      "kv_check_errors", [](int device) { PageCopier::on(device).check_kernel_errors(); }, "device"_a);
+  m.def(
+      "kv_urgent_stream",
+      [](int device) { return reinterpret_cast<uintptr_t>(PageCopier::on(device).urgent_stream()); }, "device"_a);
+  m.def("gpu_numa_node", &gpu_numa_node, "device"_a);
+
+  nb::class_<HostPool>(m, "HostPool")
+      .def_static(
+          "create",
+          [](size_t bytes, int device, int numa_node, int huge_pages) {
+            return HostPool::create(bytes, HostPoolOptions{device, numa_node, huge_pages});
+          },
+          "bytes"_a, "device"_a = -1, "numa_node"_a = -2, "huge_pages"_a = -1)
+      .def_prop_ro("data_ptr", [](const HostPool& p) { return reinterpret_cast<uintptr_t>(p.data()); })
+      .def_prop_ro("nbytes", &HostPool::bytes)
+      .def_prop_ro("numa_node", &HostPool::numa_node)
+      .def_prop_ro("backing", &HostPool::backing)
+      .def_prop_ro("huge_pages", &HostPool::huge_pages)
+      .def_prop_ro("closed", &HostPool::closed)
+      .def_prop_ro("views", &HostPool::views)
+      .def("in_flight", &HostPool::in_flight)
+      .def("close", &HostPool::close)
+      // A 1-D uint8 torch tensor over [offset, offset + nbytes) that keeps the pool alive.
+      .def(
+          "view",
+          [](std::shared_ptr<HostPool> p, size_t offset, size_t nbytes) {
+            FERRY_ARG_CHECK(!p->closed(), "HostPool.view: the pool is closed");
+            FERRY_ARG_CHECK(offset <= p->bytes() && nbytes <= p->bytes() - offset,
+                            "HostPool.view: [offset, offset + nbytes) = [" + std::to_string(offset) + ", " +
+                                std::to_string(offset + nbytes) + ") is outside the pool's " +
+                                std::to_string(p->bytes()) + " bytes");
+            auto* keep = new std::shared_ptr<HostPool>(p);
+            p->add_view();
+            nb::capsule owner(keep, [](void* k) noexcept {
+              auto* pool = static_cast<std::shared_ptr<HostPool>*>(k);
+              (*pool)->drop_view();
+              delete pool;
+            });
+            size_t shape[1] = {nbytes};
+            return nb::ndarray<nb::pytorch, uint8_t, nb::ndim<1>, nb::device::cpu>(
+                static_cast<uint8_t*>(p->data()) + offset, 1, shape, owner);
+          },
+          "offset"_a, "nbytes"_a);
+
+  nb::class_<PreparedPages>(m, "PreparedPages")
+      .def(
+          "__init__",
+          [](PreparedPages* self, int device, const std::vector<RegionTuple>& dst, const std::vector<RegionTuple>& src,
+             uintptr_t dst_ids, uintptr_t src_ids, size_t count, bool ids_64, const std::string& mode, bool merge) {
+            new (self) PreparedPages(
+                device, side_of(dst), side_of(src), PageIds{reinterpret_cast<const void*>(dst_ids), count, ids_64},
+                PageIds{reinterpret_cast<const void*>(src_ids), count, ids_64}, parse_strategy(mode, "mode"), merge);
+          },
+          "device"_a, "dst"_a, "src"_a, "dst_ids"_a, "src_ids"_a, "count"_a, "ids_64"_a, "mode"_a, "merge"_a)
+      .def(
+          "arm", [](PreparedPages& p, uintptr_t after) { p.arm(as_stream(after)); }, "after"_a)
+      .def("trigger", &PreparedPages::trigger)
+      .def(
+          "trigger_on", [](PreparedPages& p, uintptr_t s) { p.trigger_on(as_stream(s)); }, "stream"_a)
+      .def("device_trigger",
+           [](PreparedPages& p) {
+             auto [word, value] = p.device_trigger();
+             return std::make_pair(reinterpret_cast<uintptr_t>(word), value);
+           })
+      .def(
+          "wait", [](PreparedPages& p, uintptr_t s) { p.wait(as_stream(s)); }, "stream"_a)
+      .def("synchronize", &PreparedPages::synchronize, "timeout_s"_a)
+      .def_prop_ro("armed", &PreparedPages::armed)
+      .def_prop_ro("copies", &PreparedPages::copies)
+      .def_prop_ro("bytes", &PreparedPages::bytes)
+      .def_prop_ro("strategy", [](const PreparedPages& p) { return std::string(strategy_name(p.strategy())); })
+      .def_prop_ro("direction", [](const PreparedPages& p) { return std::string(direction_name(p.direction())); });
+}

@@ -1,0 +1,397 @@
+"""Paged KV transfers on one GPU: every mode and direction byte-exact against
+torch indexing on random data with poisoned destinations; the layouts serving
+engines use; odd and zero sizes; unaligned pages; index lists of every kind;
+stream order, concurrency and graph replay; prepared transfers; bad input."""
+
+import random
+
+import pytest
+
+MODES = ["per_page", "batched", "streams", "kernel", "auto"]
+POISON = 0xA5
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def rand_bytes(shape, device="cpu", gen=None):
+    torch = _torch()
+    return torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen).to(device)
+
+
+def pinned(shape, dtype):
+    import ferry.kv as kv
+
+    return kv.pinned_empty(shape, dtype)
+
+
+def fill_random(t):
+    torch = _torch()
+    b = t.view(torch.uint8) if t.dtype != torch.uint8 else t
+    b.copy_(torch.randint(0, 256, b.shape, dtype=torch.uint8))
+
+
+def reference(dst_before, src, dst_ids, src_ids):
+    out = dst_before.clone()
+    if len(dst_ids):
+        out[list(dst_ids)] = src[list(src_ids)]
+    return out
+
+
+def make_side(kind, where, pages, page_shape, dtype, layers=3):
+    """Tensors of one side in a serving engine's layout; returns (side, flat list of page tensors)."""
+    torch = _torch()
+
+    def alloc(shape):
+        if where == "host":
+            t = pinned(shape, dtype)
+        else:
+            t = torch.empty(shape, dtype=dtype, device="cuda")
+        fill_random(t)
+        return t
+
+    if kind == "one":  # page-first (SGLang page_first, vLLM cross-layer page)
+        t = alloc((pages, *page_shape))
+        return t, [t]
+    if kind == "layers":  # a list of per-layer tensors (SGLang layer-first as list(t))
+        big = alloc((layers, pages, *page_shape))
+        ts = list(big)
+        return ts, ts
+    if kind == "vllm":  # per layer [2, blocks, ...]: K and V views
+        ts = []
+        for _ in range(layers):
+            t = alloc((2, pages, *page_shape))
+            ts += [t[0], t[1]]
+        return ts, ts
+    if kind == "strided":  # page-first with layers inside the page: each layer's pages strided apart
+        big = alloc((pages, layers, *page_shape))
+        ts = [big[:, i] for i in range(layers)]
+        return ts, ts
+    raise ValueError(kind)
+
+
+def as_bytes(t):
+    torch = _torch()
+    return t.cpu().contiguous().view(torch.uint8).reshape(t.shape[0], -1)
+
+
+def check_copy(kv, dst_list, src_list, dst_ids, src_ids, **kw):
+    torch = _torch()
+    for t in dst_list:
+        t.fill_(POISON if t.dtype == torch.uint8 else -3.0)
+    before = [as_bytes(t) for t in dst_list]
+    srcs = [as_bytes(t) for t in src_list]
+    dst = dst_list if len(dst_list) > 1 else dst_list[0]
+    src = src_list if len(src_list) > 1 else src_list[0]
+    rep = kv.copy_blocks(dst, src, dst_ids, src_ids, **kw)
+    torch.cuda.synchronize()
+    di = [int(x) for x in (dst_ids.tolist() if hasattr(dst_ids, "tolist") else dst_ids)]
+    si = [int(x) for x in (src_ids.tolist() if hasattr(src_ids, "tolist") else src_ids)]
+    for r, (d, b, s) in enumerate(zip(dst_list, before, srcs)):
+        want = reference(b, s, di, si)
+        got = as_bytes(d)
+        if not torch.equal(got, want):
+            bad = (got != want).any(dim=1).nonzero().flatten().tolist()
+            raise AssertionError(f"{kw} region {r}: pages differ {bad[:10]}")
+    return rep
+
+
+@pytest.fixture(scope="module")
+def kv():
+    import ferry.kv as kv
+
+    torch = _torch()
+    torch.manual_seed(0)
+    return kv
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("direction", ["h2d", "d2h", "d2d"])
+@pytest.mark.parametrize("layout", ["one", "layers", "vllm", "strided"])
+def test_modes_directions_layouts_byte_exact(kv, mode, direction, layout):
+    torch = _torch()
+    rng = random.Random(hash((mode, direction, layout)) & 0xFFFF)
+    pages = 40
+    src_where, dst_where = {"h2d": ("host", "gpu"), "d2h": ("gpu", "host"), "d2d": ("gpu", "gpu")}[direction]
+    src, src_list = make_side(layout, src_where, pages, (16, 2, 8), torch.bfloat16)
+    dst, dst_list = make_side(layout, dst_where, pages + 7, (16, 2, 8), torch.bfloat16)
+    n = 25
+    dst_ids = rng.sample(range(pages + 7), n)
+    src_ids = [rng.randrange(pages) for _ in range(n)]
+    rep = check_copy(kv, dst_list, src_list, dst_ids, src_ids, mode=mode)
+    assert rep["direction"] == direction
+    if mode != "auto":
+        assert rep["strategy"] == mode
+    assert (rep["sms"] > 0) == (rep["strategy"] == "kernel")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_odd_sizes_unaligned_pages_and_runs(kv, mode):
+    torch = _torch()
+    rng = random.Random(7)
+    for page_bytes in (1, 3, 105, 4096 + 5, 64 * 1024 + 1):
+        pages = 33
+        # Unaligned: every page starts at an odd byte offset of the buffer.
+        host_buf = pinned((pages * page_bytes + 1,), torch.uint8)
+        fill_random(host_buf)
+        host = host_buf[1:].view(pages, page_bytes)
+        gpu = torch.empty((pages + 3) * page_bytes + 3, dtype=torch.uint8, device="cuda")[3:].view(
+            pages + 3, page_bytes
+        )
+        # Sorted destinations and sources: runs merge.
+        dst_ids = sorted(rng.sample(range(pages + 3), 20))
+        src_ids = sorted(rng.sample(range(pages), 20))
+        check_copy(kv, [gpu], [host], dst_ids, src_ids, mode=mode)
+        check_copy(kv, [host], [gpu], src_ids, dst_ids, mode=mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_index_list_kinds_and_zero_pages(kv, mode):
+    torch = _torch()
+    import numpy as np
+
+    host = pinned((64, 512), torch.uint8)
+    fill_random(host)
+    gpu = torch.empty((64, 512), dtype=torch.uint8, device="cuda")
+    ids_d, ids_s = [5, 9, 1, 60], [0, 63, 7, 8]
+    for d, s in [
+        (ids_d, ids_s),
+        (np.array(ids_d), np.array(ids_s, dtype=np.int32)),
+        (torch.tensor(ids_d, dtype=torch.int32), torch.tensor(ids_s, dtype=torch.int32)),
+        (torch.tensor(ids_d), torch.tensor(ids_s)),
+        (torch.tensor(ids_d, device="cuda"), torch.tensor(ids_s, device="cuda")),
+        (
+            torch.tensor(ids_d, dtype=torch.int32, device="cuda"),
+            torch.tensor(ids_s, dtype=torch.int32, device="cuda"),
+        ),
+    ]:
+        check_copy(kv, [gpu], [host], d, s, mode=mode)
+    for empty in ([], torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64, device="cuda")):
+        rep = kv.copy_blocks(gpu, host, empty, empty, mode=mode)
+        assert rep["bytes"] == 0
+    # Zero pages on one side and zero-sized pages are nothing to do, not an error.
+    kv.copy_blocks(torch.empty((0, 512), dtype=torch.uint8, device="cuda"), host[:0], [], [], mode=mode)
+    kv.copy_blocks(torch.empty((8, 0), dtype=torch.uint8, device="cuda"), host[:8, :0], [1], [2], mode=mode)
+    torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("mode", ["batched", "streams", "kernel", "per_page"])
+def test_stream_order_save_sees_writes_and_fetch_feeds_next_kernel(kv, mode):
+    torch = _torch()
+    s = torch.cuda.Stream()
+    pages, shape = 256, (16, 8, 64)
+    gpu = torch.zeros((pages, *shape), dtype=torch.float16, device="cuda")
+    host = pinned((pages, *shape), torch.float16)
+    host.zero_()
+    ids = list(range(0, pages, 2))
+    with torch.cuda.stream(s):
+        for rep in range(3):
+            # A kernel writes the KV; the save right after it in the stream must see every write.
+            torch.cuda._sleep(2_000_000)
+            gpu.copy_(torch.randn_like(gpu))
+            expect = gpu.clone()
+            kv.copy_blocks(host, gpu, ids, ids, mode=mode)
+            # The fetch back into other pages, then a kernel that reads them.
+            kv.copy_blocks(gpu, host, [i + 1 for i in ids], ids, mode=mode)
+            total = gpu[1::2].float().sum()
+            want = expect[0::2].float().sum()
+            s.synchronize()
+            assert torch.equal(host[0::2], expect[0::2].cpu()), f"save missed writes (rep {rep})"
+            assert torch.equal(gpu[1::2].cpu(), expect[0::2].cpu()), f"fetch wrong (rep {rep})"
+            assert torch.allclose(total, want)
+
+
+def test_concurrent_calls_on_two_streams_and_urgent(kv):
+    torch = _torch()
+    pages = 512
+    host = pinned((pages, 8192), torch.uint8)
+    fill_random(host)
+    gpu = torch.empty((pages, 8192), dtype=torch.uint8, device="cuda")
+    gpu.fill_(POISON)
+    a, b = torch.cuda.Stream(), torch.cuda.Stream()
+    for i in range(8):
+        with torch.cuda.stream(a):
+            kv.copy_blocks(gpu, host, list(range(i, pages, 16)), list(range(i, pages, 16)), mode="batched")
+        with torch.cuda.stream(b):
+            j = i + 8
+            kv.copy_blocks(
+                gpu,
+                host,
+                list(range(j, pages, 16)),
+                list(range(j, pages, 16)),
+                mode="kernel",
+                urgent=(i % 2 == 0),
+            )
+    torch.cuda.synchronize()
+    assert torch.equal(gpu.cpu(), host)
+
+
+@pytest.mark.parametrize("mode", ["batched", "kernel", "per_page", "streams"])
+def test_graph_capture_and_replay(kv, mode):
+    torch = _torch()
+    pages = 64
+    host = pinned((pages, 2048), torch.uint8)
+    gpu = torch.empty((pages, 2048), dtype=torch.uint8, device="cuda")
+    ids_d, ids_s = list(range(10, 40)), list(range(30, 0, -1))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        kv.copy_blocks(gpu, host, ids_d, ids_s, mode=mode)  # warm-up outside capture
+        with torch.cuda.graph(g, stream=s):
+            kv.copy_blocks(gpu, host, ids_d, ids_s, mode=mode)
+    torch.cuda.synchronize()
+    for _ in range(3):
+        fill_random(host)
+        gpu.fill_(POISON)
+        g.replay()
+        torch.cuda.synchronize()
+        want = torch.full_like(host, POISON)
+        want[ids_d] = host[ids_s]
+        assert torch.equal(gpu.cpu(), want)
+
+
+def test_prepared_transfer_host_stream_and_kernel_triggers(kv):
+    import ferry
+
+    torch = _torch()
+    pages = 300
+    host = pinned((pages, 4096), torch.uint8)
+    gpu = torch.empty((pages, 4096), dtype=torch.uint8, device="cuda")
+    dst_ids = random.Random(3).sample(range(pages), 200)
+    src_ids = random.Random(4).sample(range(pages), 200)
+    t = kv.prepare(gpu, host, dst_ids, src_ids)
+    assert t.copies == 200 and t.direction == "h2d"
+    native = ferry._native.require()
+    for trigger in ("host", "stream", "kernel"):
+        fill_random(host)
+        gpu.fill_(POISON)
+        t.arm()
+        # Nothing moves before the trigger.
+        torch.cuda._sleep(1_000_000)
+        torch.cuda.synchronize() if trigger == "host" else None
+        if trigger == "host":
+            assert torch.equal(gpu[dst_ids[0]].cpu(), torch.full((4096,), POISON, dtype=torch.uint8))
+            t.trigger()
+        elif trigger == "stream":
+            t.trigger_on()
+        else:
+            word, value = t.device_trigger()
+            native.launch_trigger_kernel(word, value, 100_000, torch.cuda.current_stream().cuda_stream)
+        t.wait()
+        got = gpu.cpu()
+        torch.cuda.synchronize()
+        got = gpu.cpu()
+        want = torch.full_like(host, POISON)
+        want[dst_ids] = host[src_ids]
+        assert torch.equal(got, want), trigger
+
+
+def test_prepared_transfer_never_triggered_is_named(kv):
+    import ferry
+
+    torch = _torch()
+    host = pinned((8, 256), torch.uint8)
+    gpu = torch.empty((8, 256), dtype=torch.uint8, device="cuda")
+    t = kv.prepare(gpu, host, [1, 2], [3, 4])
+    t.arm()
+    with pytest.raises(ferry.PeerTimeoutError, match="never opened"):
+        t.synchronize(timeout=0.2)
+    with pytest.raises(ferry.InvalidArgumentError, match="armed already"):
+        t.arm()
+    t.trigger()
+    t.synchronize(timeout=10)
+    with pytest.raises(ferry.InvalidArgumentError, match="not armed"):
+        t.trigger()
+    with pytest.raises(ValueError, match="copy engines"):
+        kv.prepare(gpu, host, [1], [1], mode="kernel")
+
+
+def test_bad_input_is_named(kv):
+    import ferry
+
+    torch = _torch()
+    host = pinned((16, 1024), torch.uint8)
+    gpu = torch.empty((16, 1024), dtype=torch.uint8, device="cuda")
+    E = (ferry.InvalidArgumentError, ValueError)
+    cases = [
+        (lambda: kv.copy_blocks(gpu, host, [16], [0]), "dst_ids\\[0\\] = 16 is out of range"),
+        (lambda: kv.copy_blocks(gpu, host, [0], [-1]), "src_ids\\[0\\] = -1"),
+        (lambda: kv.copy_blocks(gpu, host, [3, 3], [0, 1]), "page 3 twice"),
+        (lambda: kv.copy_blocks(gpu, host, [1, 2], [0]), "same length"),
+        (lambda: kv.copy_blocks(gpu, host.view(16, 512, 2), [1], [1]), "page"),
+        (
+            lambda: kv.copy_blocks(gpu.view(torch.int16), host.view(torch.int16).view(16, 512), [1], [1]),
+            "dtype|layout|shape",
+        ),
+        (lambda: kv.copy_blocks(gpu.view(torch.float16), host.view(torch.bfloat16), [1], [1]), "dtype"),
+        (lambda: kv.copy_blocks(gpu, torch.empty((16, 1024), dtype=torch.uint8), [1], [1]), "pageable"),
+        (lambda: kv.copy_blocks([gpu, gpu], [host], [1], [1]), "pair up"),
+        (lambda: kv.copy_blocks(gpu, host, [1], [1], mode="kernel", zero_sm=True), "zero_sm"),
+        (lambda: kv.copy_blocks(gpu, host, [1], [1], mode="fast"), "not one of"),
+        (lambda: kv.copy_blocks(gpu.t(), host, [1], [1]), "contiguous|page"),
+        (lambda: kv.copy_blocks(gpu, host, [1.5], [1]), "integer"),
+        (lambda: kv.copy_blocks(gpu, gpu, [1, 2], [2, 3]), "also a destination"),
+        (lambda: kv.HostPool(0), "positive"),
+    ]
+    for fn, pattern in cases:
+        with pytest.raises(E, match=pattern):
+            fn()
+    # GPU index lists are read in place by the kernel: a bad entry is skipped
+    # and the next call says so.
+    gpu.fill_(POISON)
+    kv.copy_blocks(
+        gpu, host, torch.tensor([1, 99], device="cuda"), torch.tensor([0, 1], device="cuda"), mode="kernel"
+    )
+    torch.cuda.synchronize()
+    with pytest.raises(ferry.InvalidArgumentError, match="skipped entry 1"):
+        kv.copy_blocks(gpu, host, [1], [1], mode="kernel")
+    assert torch.equal(gpu[1].cpu(), host[0])
+
+
+def test_zero_sm_never_launches_a_kernel(kv):
+    torch = _torch()
+    for page in (256, 4096, 1 << 20):
+        host = pinned((8, page), torch.uint8)
+        gpu = torch.empty((8, page), dtype=torch.uint8, device="cuda")
+        for src, dst in ((host, gpu), (gpu, host)):
+            rep = kv.copy_blocks(dst, src, list(range(8)), list(range(7, -1, -1)), zero_sm=True)
+            assert rep["strategy"] != "kernel" and rep["sms"] == 0
+        assert kv.choose("h2d", 1000, 1000 * page, zero_sm=True) != "kernel"
+    torch.cuda.synchronize()
+
+
+def test_pool_is_not_freed_under_a_transfer(kv):
+    import ferry
+
+    torch = _torch()
+    pool = kv.HostPool(256 << 20)
+    assert pool.backing in ("mmap+cudaHostRegister", "cudaHostAlloc")
+    host = pool.tensor((256, 1 << 20), torch.uint8)
+    fill_random(host)
+    expect = host[:128].clone()
+    gpu = torch.empty((256, 1 << 20), dtype=torch.uint8, device="cuda")
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(50_000_000)  # keeps the transfer in flight
+        kv.copy_blocks(gpu, host, list(range(128)), list(range(128)), mode="batched")
+    with pytest.raises(ferry.InvalidArgumentError, match="still alive|in flight"):
+        pool.close()
+    del host
+    with pytest.raises(ferry.InvalidArgumentError, match="in flight"):
+        pool.close()
+    # Dropping the last reference while the copy runs waits for it instead of freeing.
+    del pool
+    s.synchronize()
+    assert torch.equal(gpu[:128].cpu(), expect)
+    small = kv.HostPool(1 << 20)
+    t = small.tensor((4, 1024), torch.uint8)
+    with pytest.raises(ferry.InvalidArgumentError, match="still alive"):
+        small.close()
+    del t
+    small.close()
+    with pytest.raises(ValueError, match="do not fit"):
+        kv.HostPool(4096).tensor((2, 4096), torch.uint8)
