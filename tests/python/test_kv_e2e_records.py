@@ -1,0 +1,227 @@
+"""Pure parts of the end-to-end KV benchmark (ferry.bench.kv_e2e): options,
+model shapes, host page ids, records, ratios, the table and the plot. No
+torch needed: the module imports torch only inside its GPU functions."""
+
+import subprocess
+import sys
+
+import pytest
+from ferry.bench import kv_e2e as E
+
+
+def test_import_does_not_import_torch():
+    code = (
+        "import sys, ferry; before = 'torch' in sys.modules; import ferry.bench.kv_e2e; "
+        "sys.exit(0 if before or 'torch' not in sys.modules else 1)"
+    )
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_defaults():
+    a = E.parse_args([])
+    assert a.models == ["qwen2.5-0.5b", "llama-3.2-1b", "llama-3.1-8b"]
+    assert a.prompts == [4096, 8192, 32768] and a.hits == [1.0, 0.5]
+    assert a.ops == ["ttft", "throughput"]
+    assert a.impls == ["ferry-auto", "ferry-zero-sm", "per-page", "batched", "kernel"]
+    assert (a.reps, a.warmup, a.tag, a.no_plot) == (5, 2, "", False)
+    assert (a.requests, a.request_prefix, a.batch, a.decode_tokens) == (16, 2048, 4, 4)
+    assert a.pcie_bytes == 1 << 30
+
+
+def test_options():
+    a = E.parse_args(
+        "--models Llama-3.1-8B --prompts 4096,32768 --hits 1.0 --reps 3 --warmup 1 "
+        "--out d --tag t --no-plot --impls per-page,ferry-auto --ops ttft".split()
+    )
+    assert a.models == ["llama-3.1-8b"] and a.prompts == [4096, 32768] and a.hits == [1.0]
+    assert (a.reps, a.warmup, a.out, a.tag, a.no_plot) == (3, 1, "d", "t", True)
+    assert a.impls == ["per-page", "ferry-auto"] and a.ops == ["ttft"]
+    # A prompt of whole pages but an odd number of them: fine at hit 1.0 only.
+    assert E.parse_args(["--prompts", "4112", "--hits", "1.0"]).prompts == [4112]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--models", "gpt-2"],
+        ["--prompts", "4100"],
+        ["--prompts", "4112"],  # half of it is not whole 16-token pages
+        ["--prompts", "lots"],
+        ["--hits", "0.7"],
+        ["--impls", "nccl"],
+        ["--ops", "prefill"],
+        ["--requests", "10", "--batch", "4"],
+        ["--request-prefix", "100"],
+        ["--reps", "0"],
+    ],
+)
+def test_bad_options(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        E.parse_args(argv)
+    assert e.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_model_shapes():
+    qwen, small, big = (E.MODELS[m] for m in ("qwen2.5-0.5b", "llama-3.2-1b", "llama-3.1-8b"))
+    # One 16-token page of one layer's K: 16 x kv heads x head dim x 2 bytes.
+    assert (E.page_bytes(qwen), E.page_bytes(small), E.page_bytes(big)) == (4096, 16384, 32768)
+    assert E.kv_bytes(big, 32768) == 4 << 30  # the issue's "4 GiB of KV" for the 8B at 32K
+    assert E.kv_bytes(qwen, 16) == 2 * 24 * E.page_bytes(qwen)
+    # The public models' parameter counts (weights tied in the two small ones).
+    assert E.param_count(qwen) == pytest.approx(0.494e9, rel=0.01)
+    assert E.param_count(small) == pytest.approx(1.236e9, rel=0.01)
+    assert E.param_count(big) == pytest.approx(8.03e9, rel=0.01)
+
+
+def test_memory_estimates():
+    big = E.MODELS["llama-3.1-8b"]
+    full = E.gpu_bytes_needed(big, 32768, 1.0)
+    assert 8 << 30 <= full < 10 << 30  # fetched pages + the cache the model builds + one layer's work
+    assert E.gpu_bytes_needed(big, 4096, 1.0) < full
+    assert E.gpu_bytes_needed(big, 32768, 0.5) > E.kv_bytes(big, 32768)  # prefill of 16K tokens on top
+    assert E.throughput_bytes_needed(big, 4, 2048, 4) >= 2 * E.kv_bytes(big, 4 * 2048)
+
+
+def test_host_page_ids():
+    ids = E.host_page_ids(2048, 2048, seed=1)
+    assert sorted(ids) == list(range(2048)) and ids != sorted(ids)  # a permutation, scattered
+    assert ids == E.host_page_ids(2048, 2048, seed=1) and ids != E.host_page_ids(2048, 2048, seed=2)
+    part = E.host_page_ids(2048, 256, seed=3)
+    assert len(set(part)) == 256 and all(0 <= i < 2048 for i in part)
+    adjacent = sum(1 for a, b in zip(part, part[1:]) if b == a + 1)
+    assert adjacent < 8  # no contiguous runs for the batched strategy to merge, but by chance
+    for bad in ((10, 11), (10, 0)):
+        with pytest.raises(ValueError):
+            E.host_page_ids(*bad, seed=0)
+
+
+def test_host_pool_pages():
+    assert E.host_pool_pages(E.parse_args([])) == 2048  # 32K tokens, and 16 x 2K-token requests
+    assert E.host_pool_pages(E.parse_args(["--prompts", "4096", "--ops", "ttft"])) == 256
+    a = E.parse_args(["--ops", "throughput", "--requests", "8", "--request-prefix", "1024", "--batch", "2"])
+    assert E.host_pool_pages(a) == 8 * 1024 // 16
+
+
+def test_rounds_alternate():
+    impls = ["a", "b", "c"]
+    rounds = [E.rotated(impls, k) for k in range(3)]
+    assert rounds[1] == ["b", "c", "a"]
+    assert sorted(r[0] for r in rounds) == impls  # each impl runs first once in len(impls) rounds
+    assert all(sorted(r) == impls for r in rounds)
+    assert E.rotated([], 4) == []
+    assert E.check_order(["ferry-auto", "batched", "per-page"]) == ["per-page", "ferry-auto", "batched"]
+
+
+def test_make_record():
+    r = E.make_record(
+        "ttft", "llama-3.1-8b", 32768, 1, "ferry-auto", 91.5, "NVIDIA H100 80GB HBM3", "2026-11-25",
+        kv_bytes=4 << 30, pcie_peak_gbps=55.0,
+    )  # fmt: skip
+    assert r == dict(
+        op="ttft", model="llama-3.1-8b", prompt_tokens=32768, hit=1.0, impl="ferry-auto", ttft_ms=91.5,
+        gpu="NVIDIA H100 80GB HBM3", date="2026-11-25", kv_bytes=4 << 30, pcie_peak_gbps=55.0,
+    )  # fmt: skip
+    t = E.make_record("throughput", "qwen2.5-0.5b", 2048, 1.0, "kernel", 1234.0, "g", "d")
+    assert t["tokens_per_s"] == 1234.0 and "ttft_ms" not in t
+    with pytest.raises(ValueError):
+        E.make_record("prefill", "m", 1, 1.0, "i", 1.0, "g", "d")
+
+
+def _records():
+    rec = lambda op, impl, v, prompt=32768, hit=1.0, **kw: E.make_record(
+        op, "llama-3.1-8b", prompt, hit, impl, v, "GPU", "2026-11-25", **kw
+    )
+    out = [
+        rec("ttft", i, t, kv_bytes=4 << 30, pcie_bound_ms=80.0)
+        for i, t in (
+            ("ferry-auto", 90.0),
+            ("ferry-zero-sm", 100.0),
+            ("per-page", 300.0),
+            ("batched", 120.0),
+            ("kernel", 95.0),
+        )
+    ]
+    out += [
+        rec("ttft", i, t, hit=0.5, kv_bytes=2 << 30, pcie_bound_ms=40.0)
+        for i, t in (("ferry-auto", 500.0), ("per-page", 650.0))
+    ]
+    out += [
+        rec("throughput", i, v, prompt=2048, kv_bytes=4 << 30)
+        for i, v in (("ferry-auto", 1100.0), ("per-page", 500.0), ("kernel", 1000.0))
+    ]
+    return out
+
+
+def test_speedup_direction():
+    assert E.speedup("ttft", 50.0, 100.0) == 2.0  # half the time: twice as good
+    assert E.speedup("throughput", 110.0, 100.0) == pytest.approx(1.1)  # more tokens/s: better
+
+
+def test_ratio_rows():
+    rows = {(r["op"], r["hit"], r["impl"]): r for r in E.ratio_rows(_records())}
+    auto = rows[("ttft", 1.0, "ferry-auto")]
+    assert auto["vs"]["per-page"] == pytest.approx(300 / 90)
+    assert auto["best_alt"] == "kernel" and auto["vs_best"] == pytest.approx(95 / 90)
+    assert auto["over_pcie_bound"] == pytest.approx(90 / 80)
+    zero = rows[("ttft", 1.0, "ferry-zero-sm")]
+    assert zero["vs_best"] == pytest.approx(0.95)  # slower than the kernel: below 1
+    half = rows[("ttft", 0.5, "ferry-auto")]
+    assert half["vs"] == {"per-page": pytest.approx(1.3)} and "over_pcie_bound" not in half
+    tp = rows[("throughput", 1.0, "ferry-auto")]
+    assert tp["vs"]["kernel"] == pytest.approx(1.1) and tp["best_alt"] == "kernel"
+    assert ("throughput", 1.0, "ferry-zero-sm") not in rows  # not measured: no row
+
+
+def test_tables():
+    recs = _records()
+    table = E.format_table(recs)
+    lines = table.splitlines()
+    assert "ferry-zero-sm" in lines[0] and "kernel" in lines[0]
+    assert len(lines) == 1 + 3  # header + one row per point
+    assert "300.0" in lines[1] and "4G" in lines[1] and "80.0" in lines[1]
+    assert "1100.0" in lines[3] and "tok/s" in lines[3]
+    ratios = E.format_ratios(recs)
+    assert (
+        "3.33" in ratios and "1.06" in ratios and "1.12" in ratios
+    )  # x per-page, x best (kernel), TTFT/bound
+    assert "kernel" in ratios
+
+
+def test_check_failures_and_report():
+    recs = _records()
+    assert E.check_failures(recs) == []
+    recs[3] = dict(recs[3], kv_equal=False, token_equal=True)
+    recs[4] = dict(recs[4], kv_equal=True, token_equal=False, token_ref="per-page")
+    failures = E.check_failures(recs)
+    assert len(failures) == 2 and "batched: kv_equal False" in failures[0] and "per-page" in failures[1]
+    meta = dict(command="python -m ferry.bench.kv_e2e", gpu="GPU", pcie_peak_gbps=55.2, pcie_bytes=1 << 30)
+    meta.update(reps=5, warmup=2, torch="2.11", transformers="5.0")
+    skipped = [dict(op="ttft", model="llama-3.1-8b", prompt_tokens=131072, hit=1.0, reason="needs 20 GiB")]
+    text = E.format_report(recs, skipped, meta)
+    assert "55.2 GB/s" in text and "1G pinned copy" in text and "needs 20 GiB" in text
+    assert "checks FAILED" in text and E.format_table(recs) in text
+
+
+def test_result_stem():
+    assert E.result_stem("bench/results", "2026-11-25", "NVIDIA H100 80GB HBM3") == (
+        "bench/results/2026-11-25-NVIDIA-H100-80GB-HBM3-kv-e2e"
+    )
+    assert E.result_stem("d", "2026-11-25", "NVIDIA H200", "rerun").endswith(
+        "2026-11-25-NVIDIA-H200-kv-e2e-rerun"
+    )
+
+
+def test_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "kv.png"
+    assert E.plot(_records(), str(path), "test")
+    assert path.stat().st_size > 1000
+    assert not E.plot([], str(tmp_path / "none.png"), "empty")
+
+
+def test_skip_label():
+    assert E.skip_label(dict(model="llama-3.1-8b", reason="x")) == "llama-3.1-8b"
+    point = dict(op="ttft", model="qwen2.5-0.5b", prompt_tokens=32768, hit=0.5, reason="x")
+    assert E.skip_label(point) == "ttft qwen2.5-0.5b 32768 tokens hit 0.5"
+    assert E.skip_label(dict(point, impl="kernel")).endswith("hit 0.5 kernel")
