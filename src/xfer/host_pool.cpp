@@ -8,7 +8,6 @@
 #include <cctype>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <thread>
 
@@ -46,9 +45,13 @@ int gpu_numa_node(int device) {
   }
   std::string id(bus);
   std::transform(id.begin(), id.end(), id.begin(), [](unsigned char c) { return std::tolower(c); });
-  std::ifstream in("/sys/bus/pci/devices/" + id + "/numa_node");
+  // C stdio, not iostreams: parsing a number through a stream's locale crashed
+  // inside the Python extension once torch (with its own C++ runtime) was loaded.
+  FILE* f = std::fopen(("/sys/bus/pci/devices/" + id + "/numa_node").c_str(), "r");
+  if (!f) return -1;
   int node = -1;
-  if (!(in >> node)) return -1;
+  if (std::fscanf(f, "%d", &node) != 1) node = -1;
+  std::fclose(f);
   return node;
 }
 
