@@ -76,7 +76,8 @@ void bind_kv(nb::module_& m) {
                              PageIds{reinterpret_cast<const void*>(src_ids), count, ids_64}, o, as_stream(stream)));
       },
       "device"_a, "dst"_a, "src"_a, "dst_ids"_a, "src_ids"_a, "count"_a, "ids_64"_a, "ids_on_device"_a, "mode"_a,
-      "zero_sm"_a, "urgent"_a, "settled"_a, "merge"_a, "blocks"_a, "threads"_a, "chunk"_a, "stream"_a);
+      "zero_sm"_a, "urgent"_a, "settled"_a, "merge"_a, "blocks"_a, "threads"_a, "chunk"_a, "stream"_a,
+      nb::call_guard<nb::gil_scoped_release>());
   m.def(
       "kv_direction",
       [](int device, const std::vector<RegionTuple>& dst, const std::vector<RegionTuple>& src) {
@@ -162,8 +163,9 @@ void bind_kv(nb::module_& m) {
           },
           "device"_a, "dst"_a, "src"_a, "dst_ids"_a, "src_ids"_a, "count"_a, "ids_64"_a, "mode"_a, "merge"_a)
       .def(
-          "arm", [](PreparedPages& p, uintptr_t after) { p.arm(as_stream(after)); }, "after"_a)
-      .def("trigger", &PreparedPages::trigger)
+          "arm", [](PreparedPages& p, uintptr_t after) { p.arm(as_stream(after)); }, "after"_a,
+          nb::call_guard<nb::gil_scoped_release>())
+      .def("trigger", &PreparedPages::trigger, nb::call_guard<nb::gil_scoped_release>())
       .def(
           "trigger_on", [](PreparedPages& p, uintptr_t s) { p.trigger_on(as_stream(s)); }, "stream"_a)
       .def("device_trigger",
@@ -173,7 +175,7 @@ void bind_kv(nb::module_& m) {
            })
       .def(
           "wait", [](PreparedPages& p, uintptr_t s) { p.wait(as_stream(s)); }, "stream"_a)
-      .def("synchronize", &PreparedPages::synchronize, "timeout_s"_a)
+      .def("synchronize", &PreparedPages::synchronize, "timeout_s"_a, nb::call_guard<nb::gil_scoped_release>())
       .def_prop_ro("armed", &PreparedPages::armed)
       .def_prop_ro("copies", &PreparedPages::copies)
       .def_prop_ro("bytes", &PreparedPages::bytes)

@@ -72,6 +72,23 @@ Where where_is(const PageRegion& g, const char* side, size_t r) {
 
 bool aligned16(uint64_t v) { return v % 16 == 0; }
 
+// While the caller's stream captures a graph, the host-side work of a call
+// (pointer queries, staging allocations) must not invalidate the capture: in
+// the default (global) capture mode any such call from any thread does.
+class RelaxedCapture {
+ public:
+  explicit RelaxedCapture(bool capturing) : on_(capturing) {
+    if (on_) cudaThreadExchangeStreamCaptureMode(&mode_);
+  }
+  ~RelaxedCapture() {
+    if (on_) cudaThreadExchangeStreamCaptureMode(&mode_);
+  }
+
+ private:
+  bool on_;
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
 }  // namespace
 
 PageCopier& PageCopier::on(int device) {
@@ -357,6 +374,7 @@ int PageCopier::run_kernel(Located& where, const PageSide& dst, const PageSide& 
 PageCopyReport PageCopier::copy(const PageSide& dst, const PageSide& src, const PageIds& dst_ids,
                                 const PageIds& src_ids, const PageCopyOptions& o, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mu_);
+  RelaxedCapture relax(dma::is_capturing(stream));
   check_kernel_errors();
   check_sides(dst, src);
   Located where = locate(dst, src, stream);
@@ -391,6 +409,7 @@ PageCopyReport PageCopier::copy(const PageSide& dst, const PageSide& src, const 
 PageCopyReport PageCopier::copy_device_ids(const PageSide& dst, const PageSide& src, const DeviceIds& ids,
                                            const PageCopyOptions& o, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mu_);
+  RelaxedCapture relax(dma::is_capturing(stream));
   check_kernel_errors();
   check_sides(dst, src);
   FERRY_ARG_CHECK(!o.strategy || *o.strategy == PageStrategy::kKernel,

@@ -491,8 +491,7 @@ def run(opts: dict, progress=print) -> dict:
                 torch, kv, bufs, op, p, c, opts["impls"], opts["reps"], opts["warmup"], gpu, date
             )
             done += 1
-            if done % 6 == 0 or done == total:
-                progress(f"  {done}/{total} points, {time.time() - t0:.0f} s")
+            progress(f"  {done}/{total}: {op} {format_size(p)} x {c} pages, {time.time() - t0:.0f} s")
     extra = []
     if opts.get("gemm"):
         extra += measure_gemm(torch, kv, bufs, opts.get("gemm_reps", 5), gpu, date)
