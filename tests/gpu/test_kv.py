@@ -270,10 +270,11 @@ def test_prepared_transfer_host_stream_and_kernel_triggers(kv):
         fill_random(host)
         gpu.fill_(POISON)
         t.arm()
-        # Nothing moves before the trigger.
+        # Nothing moves before the trigger (only the current stream is
+        # synchronized: the whole device would include the armed stream).
         torch.cuda._sleep(1_000_000)
-        torch.cuda.synchronize() if trigger == "host" else None
         if trigger == "host":
+            torch.cuda.current_stream().synchronize()
             assert torch.equal(gpu[dst_ids[0]].cpu(), torch.full((4096,), POISON, dtype=torch.uint8))
             t.trigger()
         elif trigger == "stream":
@@ -282,8 +283,6 @@ def test_prepared_transfer_host_stream_and_kernel_triggers(kv):
             word, value = t.device_trigger()
             native.launch_trigger_kernel(word, value, 100_000, torch.cuda.current_stream().cuda_stream)
         t.wait()
-        got = gpu.cpu()
-        torch.cuda.synchronize()
         got = gpu.cpu()
         want = torch.full_like(host, POISON)
         want[dst_ids] = host[src_ids]

@@ -308,10 +308,12 @@ def _measure_impl(torch, kv, op, impl, sides, main, other, page_bytes, count, re
         return time.perf_counter() - t0
 
     def arm():
+        # Settle everything first: a device-wide synchronize after arming would
+        # wait for the armed stream itself, which waits for its trigger.
+        torch.cuda.synchronize()
         if prepared is not None:
             for k, p in enumerate(prepared):
                 p.arm(streams[k])
-        torch.cuda.synchronize()
 
     def once():
         arm()
