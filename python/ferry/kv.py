@@ -225,7 +225,7 @@ def copy_blocks(
     elif not s.is_64 == d.is_64:
         d = _Ids(list(array.array("q", _as_list(dst_ids))), "dst_ids")
         s = _Ids(list(array.array("q", _as_list(src_ids))), "src_ids")
-    return native.kv_copy(
+    strategy, direction, copies, nbytes, sms = native.kv_copy(
         device,
         dr,
         sr,
@@ -244,6 +244,7 @@ def copy_blocks(
         kernel_chunk,
         h,
     )
+    return {"strategy": strategy, "direction": direction, "copies": copies, "bytes": nbytes, "sms": sms}
 
 
 def _as_list(ids) -> list:

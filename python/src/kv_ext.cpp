@@ -45,14 +45,12 @@ PageCopyOptions options_of(const std::string& mode, bool zero_sm, bool urgent, b
   return o;
 }
 
-nb::dict report(const PageCopyReport& r) {
-  nb::dict d;
-  d["strategy"] = strategy_name(r.strategy);
-  d["direction"] = direction_name(r.direction);
-  d["copies"] = r.copies;
-  d["bytes"] = r.bytes;
-  d["sms"] = r.sms;
-  return d;
+// Plain C++ values: the call runs without the GIL, so no Python object may be
+// made before it returns (nanobind converts the tuple after).
+using Report = std::tuple<std::string, std::string, size_t, size_t, int>;
+
+Report report(const PageCopyReport& r) {
+  return {strategy_name(r.strategy), direction_name(r.direction), r.copies, r.bytes, r.sms};
 }
 
 cudaStream_t as_stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }

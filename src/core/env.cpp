@@ -18,7 +18,7 @@ const std::vector<Knob>& knobs() {
        "page transfers' auto table: a `ferry kv-tune` JSON file; empty: the table shipped for this GPU model, else "
        "the built-in default"},
       {"FERRY_KV_STREAMS", "int", "4", "streams the 'streams' page-transfer strategy spreads its batched copies over"},
-      {"FERRY_KV_ARMED_MAX", "int", "1024",
+      {"FERRY_KV_ARMED_MAX", "int", "16384",
        "most copies a prepared page transfer may hold behind its gate (a stream's queue is finite; past it the host "
        "blocks while enqueueing)"},
       {"FERRY_SOCKET_DIR", "string", "",
