@@ -575,8 +575,10 @@ class Fuzzer:
         es, nb = op.es, op.n * op.es
         src = lambda q: self.source(op, dev, q)  # noqa: E731
         key = (op.index, dev.index)
-        if op.op == "all_gather":
-            return [(0, torch.cat([src(q) for q in range(W)]))]
+        if op.op == "all_gather":  # the same on every rank
+            if key not in cache:
+                cache[key] = torch.cat([src(q) for q in range(W)])
+            return [(0, cache[key])]
         if op.op == "all_to_all":
             return [(0, torch.cat([src(q)[r * nb : (r + 1) * nb] for q in range(W)]))]
         if op.op == "all_to_allv":
