@@ -873,6 +873,9 @@ class Fuzzer:
                 self.stats["passed"] += 1
 
     def note_error(self, op: Op, exc: Exception) -> None:
+        f = self.cfg.fault
+        if f and op.index >= f["kill_op"]:
+            return  # the error the fault mode waits for: the caller reports it
         self.stats["ops"] += 1
         self.stats["failed"] += 1
         self.add_failure(
