@@ -156,6 +156,14 @@ void HostPool::close() {
 
 void HostPool::release(double timeout_s) {
   if (!data_) return;
+  // A pool can go (Python's garbage collector) while some stream captures a
+  // graph; freeing pinned memory then must not invalidate that capture.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  struct Restore {
+    cudaStreamCaptureMode* m;
+    ~Restore() { cudaThreadExchangeStreamCaptureMode(m); }
+  } restore{&mode};
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   while (in_flight()) {
     if (std::chrono::steady_clock::now() > deadline) {

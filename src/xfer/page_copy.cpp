@@ -184,7 +184,7 @@ void PageCopier::check_kernel_errors() {
 PageCopier::Located PageCopier::locate(const PageSide& dst, const PageSide& src, cudaStream_t stream) {
   Located out;
   int stream_device = device_;
-  if (stream && stream != cudaStreamLegacy && stream != cudaStreamPerThread) {
+  if (stream && stream != cudaStreamLegacy && stream != cudaStreamPerThread && !dma::is_capturing(stream)) {
     if (cudaStreamGetDevice(stream, &stream_device) != cudaSuccess) {
       cudaGetLastError();
       stream_device = device_;
