@@ -351,9 +351,12 @@ class Communicator:
         root=0,
         counts=None,
         red_op="sum",
+        own_streams=True,
     ) -> dict:
         """Checks the Python-visible parts of a call (sizes, dtypes, devices) and
-        turns it into the native call's arguments."""
+        turns it into the native call's arguments. `own_streams`: check that
+        ranks sharing a GPU have streams of their own (not for prepare(), whose
+        streams come with arm())."""
         self._check_open(op)
         if algo not in _ALGOS:
             raise InvalidArgumentError(f"algo is {algo!r}; expected one of {', '.join(_ALGOS)}")
@@ -396,7 +399,7 @@ class Communicator:
             )
         args.update(shapes[0])
         streams = self._streams(stream, op)
-        if self._shared_gpus:
+        if self._shared_gpus and own_streams:
             self._check_own_streams(op, streams)
         args.update(outs=out_ptrs, ins=in_ptrs, streams=streams)
         return args
@@ -456,7 +459,7 @@ class Communicator:
     def _run(self, prepare: bool, op: str, outs, ins, stream, **options):
         """Runs (or, with `prepare`, prepares) `op`; `options` are the
         method's keyword arguments (algo, local_copy, signals, root, ...)."""
-        args = self._native_args(op, outs, ins, stream, **options)
+        args = self._native_args(op, outs, ins, stream, own_streams=not prepare, **options)
         if prepare:
             return PreparedCollective(self, self._c.prepare(**args), op)
         self._c.run(**args)
@@ -662,7 +665,10 @@ class PreparedCollective:
         self._comm, self._h, self.op = comm, handle, op
 
     def _streams(self, stream, what):
-        return self._comm._streams(stream, what)
+        streams = self._comm._streams(stream, what)
+        if self._comm._shared_gpus:
+            self._comm._check_own_streams(what, streams)
+        return streams
 
     @property
     def armed(self) -> bool:
