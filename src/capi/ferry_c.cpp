@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 
+#include "capi/guarded.hpp"
 #include "coll/communicator.hpp"
 #include "core/error.hpp"
 #include "ferry/ferry.h"
@@ -27,22 +28,7 @@ struct ferry_comm {
 
 namespace {
 
-thread_local std::string g_last_error;
-
-template <typename Fn>
-ferry_result_t guarded(Fn&& fn) {
-  try {
-    g_last_error.clear();
-    fn();
-    return FERRY_SUCCESS;
-  } catch (const ferry::Error& e) {
-    g_last_error = e.what();
-    return e.code();
-  } catch (const std::exception& e) {
-    g_last_error = e.what();
-    return FERRY_ERROR_INTERNAL;
-  }
-}
+using ferry::capi::guarded;
 
 ferry::Communicator& get(ferry_comm_t comm) {
   if (!comm || !comm->impl) ferry::throw_error(FERRY_ERROR_INVALID_ARGUMENT, "comm is NULL or destroyed");
@@ -125,7 +111,7 @@ std::vector<cudaStream_t> stream_list(ferry::Communicator& c, const ferry_stream
 
 extern "C" {
 
-const char* ferry_last_error(void) { return g_last_error.c_str(); }
+const char* ferry_last_error(void) { return ferry::capi::last_error().c_str(); }
 
 const char* ferry_result_name(ferry_result_t r) {
   switch (r) {

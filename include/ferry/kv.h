@@ -1,0 +1,65 @@
+/* ferry: paged KV-cache transfers between host and GPU memory (C API).
+ *
+ * A side of a transfer (source or destination) is an array of regions that
+ * share one page mapping: region r holds page p at base + p * page_stride,
+ * page_bytes long and contiguous (one tensor whose first dimension is the page
+ * is one region; per-layer or per-K/V tensors are one region each).
+ * ferry_kv_copy_blocks copies page src_ids[i] to page dst_ids[i] in every
+ * region pair, ordered in `stream` like cudaMemcpyAsync: work enqueued there
+ * later sees the pages, and the copies see all earlier work. Host memory must
+ * be pinned (a ferry_host_pool_t, cudaHostAlloc, cudaHostRegister); pageable
+ * memory is refused with the reason. Bad indices (out of range, negative, a
+ * destination page twice), mismatched page sizes and pageable memory return
+ * FERRY_ERROR_INVALID_ARGUMENT and a message naming the argument; nothing is
+ * copied then. See docs/kv.md for which mode to use when.
+ */
+#ifndef FERRY_KV_H_
+#define FERRY_KV_H_
+
+#include "ferry/ferry.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+  void* base;         /* page 0 of this region (host or GPU memory) */
+  size_t page_stride; /* bytes from one page to the next */
+  size_t page_bytes;  /* bytes of one page (equal for paired regions) */
+  size_t pages;       /* valid indices are 0 .. pages - 1 */
+} ferry_kv_region_t;
+
+typedef enum {
+  FERRY_KV_AUTO = 0,     /* ferry's table for this GPU picks per direction and page size */
+  FERRY_KV_PER_PAGE = 1, /* one cudaMemcpyAsync per page (the baseline) */
+  FERRY_KV_BATCHED = 2,  /* cudaMemcpyBatchAsync in bounded batches, runs of adjacent pages merged */
+  FERRY_KV_STREAMS = 3,  /* the batched copies spread over several of ferry's streams */
+  FERRY_KV_KERNEL = 4    /* an SM kernel gathering the pages (takes SMs) */
+} ferry_kv_mode_t;
+
+enum {
+  FERRY_KV_ZERO_SM = 1u,       /* never launch a kernel (AUTO picks among copy-engine modes) */
+  FERRY_KV_URGENT = 2u,        /* run on ferry's urgent stream, not behind bulk work queued on `stream` */
+  FERRY_KV_SETTLED_SOURCE = 4u /* nothing queued before still writes the host source (fetches only) */
+};
+
+/* Copies `count` pages on GPU `device` (where the GPU side lives). */
+FERRY_API ferry_result_t ferry_kv_copy_blocks(int device, const ferry_kv_region_t* dst, const ferry_kv_region_t* src,
+                                              size_t regions, const int64_t* dst_ids, const int64_t* src_ids,
+                                              size_t count, ferry_kv_mode_t mode, unsigned flags,
+                                              ferry_stream_t stream);
+
+/* Pinned host memory for KV pages, mapped for the GPU and placed on its NUMA
+ * node (mmap + cudaHostRegister from 64 MiB, huge pages where available). */
+typedef struct ferry_host_pool* ferry_host_pool_t;
+FERRY_API ferry_result_t ferry_host_pool_create(size_t bytes, int device, ferry_host_pool_t* pool);
+FERRY_API void* ferry_host_pool_data(ferry_host_pool_t pool);
+/* Refused (FERRY_ERROR_INVALID_ARGUMENT) while a transfer touching the pool is
+ * in flight; the pool stays valid then. */
+FERRY_API ferry_result_t ferry_host_pool_destroy(ferry_host_pool_t pool);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FERRY_KV_H_ */

@@ -1,0 +1,38 @@
+// The C API's one way of running a call: ferry::Error becomes its result code
+// and the thread's last-error message (ferry_last_error), shared by every C
+// API file.
+#pragma once
+
+#include <exception>
+#include <string>
+
+#include "core/error.hpp"
+#include "ferry/ferry.h"
+
+namespace ferry {
+namespace capi {
+
+// The calling thread's message for its last failed call (one per library:
+// an inline function's static is shared by every file that uses it).
+inline std::string& last_error() {
+  thread_local std::string message;
+  return message;
+}
+
+template <typename Fn>
+ferry_result_t guarded(Fn&& fn) {
+  try {
+    last_error().clear();
+    fn();
+    return FERRY_SUCCESS;
+  } catch (const Error& e) {
+    last_error() = e.what();
+    return e.code();
+  } catch (const std::exception& e) {
+    last_error() = e.what();
+    return FERRY_ERROR_INTERNAL;
+  }
+}
+
+}  // namespace capi
+}  // namespace ferry

@@ -1,0 +1,65 @@
+// The C API of paged KV transfers (include/ferry/kv.h): a thin shim over
+// src/xfer/.
+#include <memory>
+
+#include "capi/guarded.hpp"
+#include "ferry/kv.h"
+#include "xfer/host_pool.hpp"
+#include "xfer/page_copy.hpp"
+
+static_assert(FERRY_KV_PER_PAGE == 1 + static_cast<int>(ferry::xfer::PageStrategy::kPerPage) &&
+                  FERRY_KV_KERNEL == 1 + static_cast<int>(ferry::xfer::PageStrategy::kKernel),
+              "ferry_kv_mode_t");
+
+struct ferry_host_pool {
+  std::shared_ptr<ferry::xfer::HostPool> impl;
+};
+
+namespace {
+
+ferry::xfer::PageSide side_of(const ferry_kv_region_t* regions, size_t n, const char* name) {
+  FERRY_ARG_CHECK(regions || n == 0, std::string(name) + " is NULL");
+  ferry::xfer::PageSide s;
+  for (size_t i = 0; i < n; ++i)
+    s.regions.push_back(ferry::xfer::PageRegion{reinterpret_cast<uintptr_t>(regions[i].base), regions[i].page_stride,
+                                                regions[i].page_bytes, regions[i].pages});
+  return s;
+}
+
+}  // namespace
+
+ferry_result_t ferry_kv_copy_blocks(int device, const ferry_kv_region_t* dst, const ferry_kv_region_t* src,
+                                    size_t regions, const int64_t* dst_ids, const int64_t* src_ids, size_t count,
+                                    ferry_kv_mode_t mode, unsigned flags, ferry_stream_t stream) {
+  return ferry::capi::guarded([&] {
+    FERRY_ARG_CHECK(mode >= FERRY_KV_AUTO && mode <= FERRY_KV_KERNEL, "mode is not a ferry_kv_mode_t");
+    FERRY_ARG_CHECK(device >= 0, "device must be a CUDA device ordinal");
+    ferry::xfer::PageCopyOptions o;
+    if (mode != FERRY_KV_AUTO) o.strategy = static_cast<ferry::xfer::PageStrategy>(mode - 1);
+    o.zero_sm = flags & FERRY_KV_ZERO_SM;
+    o.urgent = flags & FERRY_KV_URGENT;
+    o.settled_source = flags & FERRY_KV_SETTLED_SOURCE;
+    ferry::xfer::PageCopier::on(device).copy(
+        side_of(dst, regions, "dst"), side_of(src, regions, "src"), ferry::xfer::PageIds{dst_ids, count, true},
+        ferry::xfer::PageIds{src_ids, count, true}, o, static_cast<cudaStream_t>(stream));
+  });
+}
+
+ferry_result_t ferry_host_pool_create(size_t bytes, int device, ferry_host_pool_t* pool) {
+  return ferry::capi::guarded([&] {
+    FERRY_ARG_CHECK(pool, "pool is NULL");
+    *pool = nullptr;
+    auto p = ferry::xfer::HostPool::create(bytes, ferry::xfer::HostPoolOptions{device, -2, -1});
+    *pool = new ferry_host_pool{std::move(p)};
+  });
+}
+
+void* ferry_host_pool_data(ferry_host_pool_t pool) { return pool && pool->impl ? pool->impl->data() : nullptr; }
+
+ferry_result_t ferry_host_pool_destroy(ferry_host_pool_t pool) {
+  return ferry::capi::guarded([&] {
+    FERRY_ARG_CHECK(pool && pool->impl, "pool is NULL or destroyed");
+    pool->impl->close();
+    delete pool;
+  });
+}
