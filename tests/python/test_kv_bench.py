@@ -1,0 +1,76 @@
+"""The KV benchmark's pure parts (no GPU): which points run, the records, the
+auto table it derives, its tables; and what `ferry bench` runs where."""
+
+import pytest
+from ferry.bench import kv
+from ferry.cli import bench_parts
+
+
+def rec(op, impl, page, pages, time_us, wrong=0, submitted="inline"):
+    return kv.record(op, impl, page, pages, time_us, 1.0, 0, submitted, "G", "2026-11-25", wrong)
+
+
+def test_points_respect_the_byte_budget():
+    pts = kv.points([4096, 1 << 20], [64, 4096], 1 << 30)
+    assert pts == [(4096, 64), (4096, 4096), (1 << 20, 64)]  # 1 MiB x 4096 = 4 GiB is skipped
+
+
+def test_record_counts_both_directions():
+    r = rec("both", "batched", 1 << 20, 1000, 1000.0)
+    assert r["op"] == "kv_both" and r["gbps"] == pytest.approx(2 * (1 << 20) * 1000 / 1e-3 / 1e9, rel=1e-3)
+    assert rec("fetch", "batched", 1 << 20, 1000, 1000.0)["gbps"] == pytest.approx(r["gbps"] / 2, rel=1e-3)
+
+
+def test_tune_rules_pick_the_fastest_and_never_a_kernel_without_sms():
+    recs = []
+    for page, kernel_us, batched_us in ((4096, 10, 50), (1 << 20, 100, 80)):
+        for pages in (64, 1024):
+            recs += [
+                rec("fetch", "kernel", page, pages, kernel_us),
+                rec("fetch", "batched", page, pages, batched_us),
+                rec("fetch", "per-page", page, pages, 500),
+                rec("fetch", "streams", page, pages, batched_us + 1),
+            ]
+    recs.append(rec("fetch", "batched", 4096, 64, 1, wrong=1))  # a wrong result never wins
+    rules = kv.tune_rules(recs)
+    assert [r["direction"] for r in rules] == ["h2d"] * 4
+    small, large = rules[0], rules[-1]
+    assert small["strategy"] == "kernel" and small["zero_sm"] == "batched"
+    assert small["max_copy_bytes"] == int((4096 * (1 << 20)) ** 0.5) and small["max_copies"] == 256
+    assert large["strategy"] == "batched" and large["max_copy_bytes"] is None and large["max_copies"] is None
+    assert all(r["zero_sm"] != "kernel" for r in rules)
+
+
+def test_tables_and_targets_read_the_records():
+    recs = [
+        rec("fetch", "per-page", 4096, 64, 300),
+        rec("fetch", "kernel", 4096, 64, 30),
+        rec("fetch", "auto", 4096, 64, 31),
+        rec("fetch", "auto-zero-sm", 4096, 64, 100),
+        rec("fetch", "ahead-batched", 4096, 64, 25, submitted="ahead"),
+    ]
+    table = kv.format_table(recs)
+    assert "fetch" in table and "*" in table
+    lines = "\n".join(kv.target_lines(recs))
+    assert "within 10% at 1 of 1" in lines
+    assert "lowest 3.00x" in lines
+    assert "<= 1 at 1 of 1" in lines
+
+
+def test_options_refuse_unknown_names():
+    with pytest.raises(SystemExit, match="--ops"):
+        kv.options(kv.parse_args(["--ops", "fetch,push"]))
+    with pytest.raises(SystemExit, match="--impls"):
+        kv.options(kv.parse_args(["--impls", "magic"]))
+
+
+def test_ferry_bench_runs_what_the_machine_allows():
+    assert bench_parts("", 1, False) == (
+        ["kv"],
+        ["collectives against NCCL: they need at least 2 GPUs; 1 visible"],
+    )
+    assert bench_parts("", 4, False) == (["kv", "collectives"], [])
+    assert bench_parts("", 4, True) == (["collectives"], [])  # --ops/--impls name the collectives
+    assert bench_parts("kv", 8, True) == (["kv"], [])
+    with pytest.raises(SystemExit, match="--only"):
+        bench_parts("nccl", 2, False)
