@@ -39,8 +39,9 @@ const std::vector<Knob>& knobs() {
        "1: an eager call made a second time with the same buffers is captured once into a CUDA graph and then "
        "launched from it (one host operation instead of about a dozen); 0: every call enqueues its commands"},
       {"FERRY_SHARED_GPUS", "int", "0",
-       "1 (testing only): ferry.init_local may list a GPU more than once, so that the logic of a larger world runs "
-       "on fewer GPUs; ranks of one GPU copy to each other on SMs, give each rank its own stream"},
+       "1 (testing only): ranks may share a GPU (ferry.init_local listing a GPU more than once, or several processes "
+       "on one GPU), so that the logic of a larger world runs on fewer GPUs; ranks of one GPU copy to each other on "
+       "SMs, give each rank its own stream"},
       {"FERRY_REDUCE_ROUND_BYTES", "int", "0",
        "bytes of each rank's result per round of reduce_scatter and all_reduce (the reduction of one round runs "
        "while the copy engines move the next); 0: ferry's rule (one round below 128 MB, then up to 4)"},

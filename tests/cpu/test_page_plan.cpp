@@ -239,3 +239,17 @@ TEST(PageSelect, StartupTableFromKnobShippedOrDefault) {
   EXPECT_NE(error_of([&] { startup_page_rules(shipped, "NVIDIA H200", "/nope.json", none); }).find("FERRY_KV_TUNING"),
             std::string::npos);
 }
+
+TEST(PageSelect, ShippedTablesParseAndNeverGiveZeroSmAKernel) {
+  const auto& tables = shipped_page_tables();
+  ASSERT_FALSE(tables.empty());
+  for (const auto& t : tables) {
+    EXPECT_FALSE(t.gpu.empty());
+    ASSERT_FALSE(t.rules.empty());
+    for (const auto& r : t.rules) EXPECT_FALSE(uses_sm(r.zero_sm));
+  }
+  // The H200 table answers every direction it was measured in.
+  auto rules =
+      startup_page_rules(tables, "NVIDIA H200", "", [](const std::string&) { return std::optional<std::string>(); });
+  EXPECT_EQ(rules.size(), tables[0].rules.size());
+}
