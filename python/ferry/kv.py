@@ -214,14 +214,28 @@ def copy_blocks(
         s = _Ids(s.keep.to(d.keep.dtype), "src_ids")
     h = _stream_handle(stream, device)
     if d.on_device:
+        torch = _torch()
+        for ids, name in ((d, "dst_ids"), (s, "src_ids")):
+            if ids.keep.device.index != device:
+                raise ValueError(f"{name} is on {ids.keep.device}; the transfer runs on cuda:{device}")
         use_kernel = mode == "kernel"
         if mode == "auto" and not zero_sm:
             direction = native.kv_direction(device, dr, sr)
             copies = d.count * len(dr)
             nbytes = d.count * sum(r[2] for r in dr)
             use_kernel = native.kv_choose(device, direction, copies, nbytes, False) == "kernel"
+        # The lists (and any conversion made here) come from the current
+        # stream; the copies run on `stream`.
+        current = torch.cuda.current_stream(device)
+        other = None if h == current.cuda_stream else torch.cuda.ExternalStream(h, device=device)
         if not use_kernel:
+            if other is not None:
+                current.wait_stream(other)
             d, s = d.to_host(), s.to_host()
+        elif other is not None:
+            other.wait_stream(current)
+            d.keep.record_stream(other)
+            s.keep.record_stream(other)
     elif not s.is_64 == d.is_64:
         d = _Ids(list(array.array("q", _as_list(dst_ids))), "dst_ids")
         s = _Ids(list(array.array("q", _as_list(src_ids))), "src_ids")

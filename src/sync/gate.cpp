@@ -1,13 +1,18 @@
 #include "sync/gate.hpp"
 
+#include "core/driver.hpp"
 #include "core/error.hpp"
 #include "dma/engine.hpp"
 
 namespace ferry {
 namespace gate {
 
+// At least `value`, not equal to it: generations only grow, so an arming whose
+// gate was opened again for a later arming before the stream reached this
+// wait must still pass (with an equality wait it would hang).
 void wait_on_stream(cudaStream_t stream, const uint64_t* device_word, uint64_t value) {
-  dma::mem_ops(stream, {MemOp{MemOp::Kind::kWait, device_word, value}});
+  FERRY_CU_CHECK(driver().StreamWaitValue64(
+      reinterpret_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(device_word), value, CU_STREAM_WAIT_VALUE_GEQ));
 }
 
 void open_from_host(volatile uint64_t* host_word, uint64_t value) {

@@ -15,7 +15,7 @@
 namespace ferry {
 namespace gate {
 
-// Enqueues on `stream` a wait until *device_word == value. The word is local
+// Enqueues on `stream` a wait until *device_word >= value. The word is local
 // GPU memory or pinned, device-mapped host memory.
 void wait_on_stream(cudaStream_t stream, const uint64_t* device_word, uint64_t value);
 // Opens from the host: a release store, so that everything the host wrote

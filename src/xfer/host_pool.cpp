@@ -64,6 +64,12 @@ std::shared_ptr<HostPool> HostPool::create(size_t bytes, const HostPoolOptions& 
   pool->device_ = device;
   pool->bytes_ = bytes;
   pool->numa_node_ = o.numa_node == -2 ? gpu_numa_node(device) : o.numa_node;
+  int previous = 0;
+  cudaGetDevice(&previous);
+  struct Restore {
+    int device;
+    ~Restore() { cudaSetDevice(device); }
+  } restore{previous};
   if (bytes < kMmapFrom && o.huge_pages != 1) {
     FERRY_CUDA_CHECK(cudaSetDevice(device));
     FERRY_CUDA_CHECK(cudaHostAlloc(&pool->data_, bytes, cudaHostAllocPortable | cudaHostAllocMapped));
@@ -115,8 +121,11 @@ std::shared_ptr<HostPool> HostPool::find(const void* p, size_t bytes) {
 
 void HostPool::note_use(cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mu_);
+  int device = 0;
+  FERRY_CUDA_CHECK(cudaGetDevice(&device));  // the stream's: callers set it
   cudaEvent_t ev = nullptr;
-  for (auto e : events_) {
+  for (auto [d, e] : events_) {
+    if (d != device) continue;
     cudaError_t q = cudaEventQuery(e);
     if (q == cudaSuccess) {
       ev = e;
@@ -126,14 +135,15 @@ void HostPool::note_use(cudaStream_t stream) {
   }
   if (!ev) {
     FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    events_.push_back(ev);
+    events_.emplace_back(device, ev);
   }
   FERRY_CUDA_CHECK(cudaEventRecord(ev, stream));
 }
 
 bool HostPool::in_flight() {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto e : events_) {
+  for (auto [d, e] : events_) {
+    (void)d;
     cudaError_t q = cudaEventQuery(e);
     if (q == cudaErrorNotReady) return true;
     if (q != cudaSuccess) cudaGetLastError();
@@ -143,6 +153,10 @@ bool HostPool::in_flight() {
 
 void HostPool::close() {
   if (closed()) return;
+  if (graph_)
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                "HostPool.close: a captured CUDA graph copies into or out of this pool and may be launched again; "
+                "its memory stays until the process exits");
   if (views() > 0)
     throw_error(FERRY_ERROR_INVALID_ARGUMENT, "HostPool.close: " + std::to_string(views()) +
                                                   " tensors over this pool are still alive; drop them first (the "
@@ -199,7 +213,10 @@ HostPool::~HostPool() {
     release(knob_float("FERRY_TIMEOUT_S"));
   } catch (...) {
   }
-  for (auto e : events_) cudaEventDestroy(e);
+  for (auto [d, e] : events_) {
+    (void)d;
+    cudaEventDestroy(e);
+  }
 }
 
 }  // namespace xfer

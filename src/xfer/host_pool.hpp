@@ -55,6 +55,9 @@ class HostPool {
   void add_view() { ++views_; }
   void drop_view() { --views_; }
   int views() const { return views_.load(); }
+  // A captured CUDA graph copies into or out of the pool: close() refuses it
+  // from now on (the graph may be launched at any time).
+  void keep_for_graph() { graph_ = true; }
   bool closed() const { return data_ == nullptr; }
 
   // The live pool holding [p, p + bytes), or nullptr.
@@ -72,8 +75,9 @@ class HostPool {
   std::string backing_;
   std::string huge_pages_ = "none";
   std::mutex mu_;
-  std::vector<cudaEvent_t> events_;
+  std::vector<std::pair<int, cudaEvent_t>> events_;  // (device, event): an event records only on its device's streams
   std::atomic<int> views_{0};
+  std::atomic<bool> graph_{false};
 };
 
 // The NUMA node of `device` as the kernel reports it (-1 if unknown).

@@ -72,6 +72,19 @@ Where where_is(const PageRegion& g, const char* side, size_t r) {
 
 bool aligned16(uint64_t v) { return v % 16 == 0; }
 
+// Sets the device for a call and gives the caller's current device back after it.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    cudaGetDevice(&previous_);
+    FERRY_CUDA_CHECK(cudaSetDevice(device));
+  }
+  ~DeviceGuard() { cudaSetDevice(previous_); }
+
+ private:
+  int previous_ = 0;
+};
+
 // While the caller's stream captures a graph, the host-side work of a call
 // (pointer queries, staging allocations) must not invalidate the capture: in
 // the default (global) capture mode any such call from any thread does.
@@ -176,9 +189,11 @@ PageStrategy PageCopier::choose(Direction direction, size_t copies, size_t bytes
 void PageCopier::check_kernel_errors() {
   uint64_t bad = __atomic_exchange_n(const_cast<uint64_t*>(kernel_error_), uint64_t{0}, __ATOMIC_ACQ_REL);
   if (bad)
-    throw_error(FERRY_ERROR_INVALID_ARGUMENT,
-                "an earlier kernel page transfer with GPU index lists skipped entry " + std::to_string(bad - 1) +
-                    ": its dst_ids or src_ids value was out of range (that page was not copied)");
+    throw_error(
+        FERRY_ERROR_INVALID_ARGUMENT,
+        "an earlier kernel page transfer with GPU index lists skipped entry " + std::to_string(bad - 1) +
+            ": its dst_ids or src_ids value was out of range (that page was not copied); this call copied nothing "
+            "(call it again)");
 }
 
 PageCopier::Located PageCopier::locate(const PageSide& dst, const PageSide& src, cudaStream_t stream) {
@@ -238,7 +253,16 @@ void PageCopier::fork(cudaStream_t from, cudaStream_t to) {
 }
 
 void PageCopier::note_pools(const Located& where, cudaStream_t stream) {
-  if (where.pools.empty() || dma::is_capturing(stream)) return;
+  if (where.pools.empty()) return;
+  if (dma::is_capturing(stream)) {
+    // A graph replays these copies whenever it is launched: its pools stay for
+    // the life of the process, and close() refuses them.
+    for (const auto& p : where.pools) {
+      p->keep_for_graph();
+      captured_pools_.push_back(p);
+    }
+    return;
+  }
   HostPool* last = nullptr;
   for (const auto& p : where.pools)
     if (p.get() != last) {
@@ -319,7 +343,8 @@ int PageCopier::run_kernel(Located& where, const PageSide& dst, const PageSide& 
   FERRY_ARG_CHECK(!o.zero_sm, "mode='kernel' launches a kernel, which zero_sm=True forbids");
   const uint64_t chunk = o.kernel_chunk ? o.kernel_chunk : kDefaultChunk;
   auto& regions = where.kernel_regions;
-  bool vec16 = true;
+  // Every unit must start on a 16-byte boundary for 16-byte words.
+  bool vec16 = aligned16(chunk);
   uint64_t units = 0, dst_pages = UINT64_MAX, src_pages = UINT64_MAX;
   for (size_t r = 0; r < regions.size(); ++r) {
     KernelRegion& g = regions[r];
@@ -381,8 +406,9 @@ PageCopyReport PageCopier::copy(const PageSide& dst, const PageSide& src, const 
   PageCopyReport rep;
   rep.direction = where.direction;
   rep.bytes = request_bytes(dst, dst_ids.count);
-  FERRY_CUDA_CHECK(cudaSetDevice(device_));
+  DeviceGuard on_device(device_);
   // Plans (and validates) even for the kernel, which then reads the lists itself.
+  FERRY_ARG_CHECK(dst_ids.is_64 == src_ids.is_64, "dst_ids and src_ids must have one integer width");
   std::vector<Copy> copies = plan_page_copies(dst, src, dst_ids, src_ids, o.merge);
   rep.copies = copies.size();
   PageStrategy s =
@@ -423,7 +449,7 @@ PageCopyReport PageCopier::copy_device_ids(const PageSide& dst, const PageSide& 
   rep.bytes = request_bytes(dst, ids.count);
   rep.copies = ids.count * dst.regions.size();
   if (ids.count == 0) return rep;
-  FERRY_CUDA_CHECK(cudaSetDevice(device_));
+  DeviceGuard on_device(device_);
   cudaStream_t run = stream;
   if (o.urgent) {
     fork(stream, urgent_);
@@ -441,7 +467,7 @@ PreparedPages::PreparedPages(int device, const PageSide& dst, const PageSide& sr
   FERRY_ARG_CHECK(!uses_sm(strategy),
                   "prepare: mode='kernel' cannot be prepared (an armed kernel would hold its "
                   "SMs while it waits); prepared transfers run on copy engines");
-  FERRY_CUDA_CHECK(cudaSetDevice(device));
+  DeviceGuard on_device(device);
   PageCopier& copier = PageCopier::on(device);
   check_sides(dst, src);
   auto where = copier.locate(dst, src, nullptr);
@@ -460,39 +486,45 @@ PreparedPages::PreparedPages(int device, const PageSide& dst, const PageSide& sr
 }
 
 PreparedPages::~PreparedPages() {
+  int previous = 0;
+  cudaGetDevice(&previous);
   cudaSetDevice(device_);
-  if (armed_ && !opened_) {
-    // Never leave the stream waiting on a gate nobody will open.
-    gate_.open();
-  }
+  // Never leave the stream waiting on a gate nobody will open (a device
+  // trigger handed out may never fire). Opening twice is harmless: the wait
+  // is for at least the generation. Queued copies cannot be withdrawn, so an
+  // armed transfer that is released runs them.
+  if (armed_) gate_.open();
   if (stream_) {
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
   }
   if (finished_) cudaEventDestroy(finished_);
   cudaGetLastError();
+  cudaSetDevice(previous);
 }
 
 void PreparedPages::arm(cudaStream_t after) {
   FERRY_ARG_CHECK(!armed_ || opened_, "arm: the transfer is armed already; trigger it before arming it again");
   FERRY_ARG_CHECK(!(after && dma::is_capturing(after)),
                   "arm: the stream is capturing a CUDA graph; capture copy_blocks itself instead of arming");
-  FERRY_CUDA_CHECK(cudaSetDevice(device_));
+  DeviceGuard on_device(device_);
   cudaEvent_t e = nullptr;
   FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   FERRY_CUDA_CHECK(cudaEventRecord(e, after));
   FERRY_CUDA_CHECK(cudaStreamWaitEvent(stream_, e, 0));
   cudaEventDestroy(e);
   gate_.arm(stream_);
+  // From here the stream waits on the gate: whatever fails below, the
+  // destructor must open it.
+  armed_ = true;
+  opened_ = false;
+  ran_ = true;
   if (strategy_ == PageStrategy::kPerPage)
     for (const auto& c : copies_) dma::copy_one(stream_, c);
   else
     dma::copy_batch(stream_, copies_);
   FERRY_CUDA_CHECK(cudaEventRecord(finished_, stream_));
   for (const auto& p : pools_) p->note_use(stream_);
-  armed_ = true;
-  opened_ = false;
-  ran_ = true;
 }
 
 void PreparedPages::trigger() {
@@ -503,7 +535,7 @@ void PreparedPages::trigger() {
 
 void PreparedPages::trigger_on(cudaStream_t stream) {
   FERRY_ARG_CHECK(armed_ && !opened_, "trigger_on: the transfer is not armed; call arm() first");
-  FERRY_CUDA_CHECK(cudaSetDevice(device_));
+  DeviceGuard on_device(device_);
   gate_.open_on(stream);
   opened_ = true;
 }
@@ -516,7 +548,7 @@ std::pair<uint64_t*, uint64_t> PreparedPages::device_trigger() {
 
 void PreparedPages::wait(cudaStream_t stream) {
   if (!ran_) return;
-  FERRY_CUDA_CHECK(cudaSetDevice(device_));
+  DeviceGuard on_device(device_);
   FERRY_CUDA_CHECK(cudaStreamWaitEvent(stream, finished_, 0));
 }
 

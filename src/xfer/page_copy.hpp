@@ -109,8 +109,9 @@ class PageCopier {
   };
   std::vector<Slot> slots_;
   size_t next_slot_ = 0;
-  std::vector<void*> captured_staging_;        // kept for the graphs that read them
-  volatile uint64_t* kernel_error_ = nullptr;  // pinned: 1 + index of the first bad entry
+  std::vector<void*> captured_staging_;                          // kept for the graphs that read them
+  std::vector<std::shared_ptr<class HostPool>> captured_pools_;  // likewise
+  volatile uint64_t* kernel_error_ = nullptr;                    // pinned: 1 + index of the first bad entry
   unsigned long long* kernel_error_device_ = nullptr;
 };
 
@@ -136,7 +137,7 @@ class PreparedPages {
   // Host wait for the last armed run, at most timeout_s; throws
   // FERRY_ERROR_TIMEOUT naming the gate when it was never opened.
   void synchronize(double timeout_s);
-  bool armed() const { return armed_; }
+  bool armed() const { return armed_ && !opened_; }
   size_t copies() const { return copies_.size(); }
   size_t bytes() const { return bytes_; }
   PageStrategy strategy() const { return strategy_; }
