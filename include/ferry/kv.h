@@ -39,7 +39,7 @@ typedef enum {
 
 enum {
   FERRY_KV_ZERO_SM = 1u,       /* never launch a kernel (AUTO picks among copy-engine modes) */
-  FERRY_KV_URGENT = 2u,        /* run on ferry's urgent stream, not behind bulk work queued on `stream` */
+  FERRY_KV_URGENT = 2u,        /* run on ferry's highest-priority stream, after the work queued on `stream` */
   FERRY_KV_SETTLED_SOURCE = 4u /* nothing queued before still writes the host source (fetches only) */
 };
 

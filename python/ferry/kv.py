@@ -23,8 +23,9 @@ Modes (docs/kv.md says which to use when):
   kernel    an SM kernel gathering the pages (uses SMs; reads pinned host memory in place)
 
 ``zero_sm=True`` never launches a kernel (``auto`` then picks among the
-copy-engine modes). ``urgent=True`` runs the copies on ferry's urgent stream
-instead of behind the bulk work already queued on ``stream``.
+copy-engine modes). ``urgent=True`` runs the copies on ferry's highest-priority
+stream, still after the work queued on ``stream``: it keeps them apart from
+bulk transfers on other streams (docs/kv.md says what that buys).
 """
 
 from __future__ import annotations
