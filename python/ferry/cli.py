@@ -110,23 +110,15 @@ def cmd_bench(args) -> int:
 def bench_kv(args) -> int:
     from .bench import kv
 
-    opts = kv.options(
-        kv.parse_args(
-            [
-                "--pages",
-                args.kv_pages,
-                "--counts",
-                args.kv_counts,
-                "--ops",
-                args.kv_ops,
-                "--max-bytes",
-                args.kv_max_bytes,
-                "--reps",
-                str(args.kv_reps),
-            ]
-        )
+    opts = kv.make_options(
+        args.kv_pages,
+        args.kv_counts,
+        args.kv_ops,
+        max_bytes=args.kv_max_bytes,
+        reps=args.kv_reps,
+        gemm=True,
+        urgent=True,
     )
-    opts.update(gemm=True, urgent=True)
     print(
         f"KV transfers on one GPU: {len(kv.points(opts['pages'], opts['counts'], opts['max_bytes']))} points x "
         f"{opts['ops']} x {len(opts['impls'])} impls",
@@ -256,23 +248,8 @@ def cmd_tune(args) -> int:
 def cmd_kv_tune(args) -> int:
     from .bench import kv
 
-    opts = kv.options(
-        kv.parse_args(
-            [
-                "--pages",
-                args.pages,
-                "--counts",
-                args.counts,
-                "--ops",
-                "fetch,save",
-                "--max-bytes",
-                args.max_bytes,
-                "--reps",
-                str(args.reps),
-                "--impls",
-                "per-page,batched,streams,kernel",
-            ]
-        )
+    opts = kv.make_options(
+        args.pages, args.counts, "fetch,save", ",".join(kv.TUNED), args.max_bytes, args.reps
     )
     result = kv.run(opts, progress=lambda m: print(m, file=sys.stderr, flush=True))
     out = args.out or os.path.expanduser(f"~/.cache/ferry/kv-{result['gpu'].replace(' ', '-')}.json")
@@ -292,6 +269,7 @@ def at_least_one(text: str) -> int:
 
 def main(argv=None) -> int:
     from .bench import collectives as bench_collectives  # no torch at import: its list of impls
+    from .bench import kv as bench_kv_module  # no torch at import: its defaults
 
     p = argparse.ArgumentParser(prog="ferry", description="copy-engine collectives for multi-GPU ML")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -313,8 +291,8 @@ def main(argv=None) -> int:
         help="kv and/or collectives (default: both where the machine allows; naming --ops or --impls means "
         "collectives)",
     )
-    b.add_argument("--kv-pages", default="4K,16K,64K,256K,1M,4M", help="KV page sizes")
-    b.add_argument("--kv-counts", default="64,256,1024,4096,16384", help="KV pages per transfer")
+    b.add_argument("--kv-pages", default=bench_kv_module.DEFAULT_PAGES, help="KV page sizes")
+    b.add_argument("--kv-counts", default=bench_kv_module.DEFAULT_COUNTS, help="KV pages per transfer")
     b.add_argument("--kv-ops", default="fetch,save,both")
     b.add_argument("--kv-max-bytes", default="1G", help="skip KV points moving more than this")
     b.add_argument("--kv-reps", type=int, default=5)
@@ -411,8 +389,8 @@ def main(argv=None) -> int:
     kt = sub.add_parser(
         "kv-tune", help="measure which KV transfer mode is fastest here; write the table auto uses"
     )
-    kt.add_argument("--pages", default="4K,16K,64K,256K,1M,4M")
-    kt.add_argument("--counts", default="64,256,1024,4096,16384")
+    kt.add_argument("--pages", default=bench_kv_module.DEFAULT_PAGES)
+    kt.add_argument("--counts", default=bench_kv_module.DEFAULT_COUNTS)
     kt.add_argument("--max-bytes", default="1G")
     kt.add_argument("--reps", type=int, default=5)
     kt.add_argument("--out", default="", help="the table's path (default: ~/.cache/ferry/kv-<gpu>.json)")

@@ -58,6 +58,10 @@ INLINE = {
 }
 AHEAD = ("ahead-batched", "kernel-gpu-ids")
 IMPLS = tuple(INLINE) + AHEAD
+# The modes `ferry kv-tune` measures, by the name the auto table gives them.
+TUNED = {"per-page": "per_page", "batched": "batched", "streams": "streams", "kernel": "kernel"}
+DEFAULT_PAGES = "4K,16K,64K,256K,1M,4M"
+DEFAULT_COUNTS = "64,256,1024,4096,16384"
 ZERO_SM = ("per-page", "batched", "streams", "auto-zero-sm", "vllm-batched", "ahead-batched")
 CHECK_ALL_BELOW = 64 << 20
 
@@ -123,7 +127,6 @@ def target_lines(records: Sequence[dict]) -> List[str]:
     by = {(r["op"], r["page_bytes"], r["pages"], r["impl"]): r for r in records}
     keys = sorted({(r["op"], r["page_bytes"], r["pages"]) for r in records})
     out = []
-    best = best_by_point(records)
     inline = [i for i in INLINE if i not in ("auto", "auto-zero-sm")]
     best_inline = best_by_point(records, inline)
     auto_gap, zs_vs_page, ahead_vs_kernel, ahead_gbps = [], [], [], []
@@ -164,7 +167,6 @@ def target_lines(records: Sequence[dict]) -> List[str]:
             out.append(f"{op} ahead-batched from 64 KB pages: {min(big):.1f}-{max(big):.1f} GB/s")
         if mid:
             out.append(f"{op} ahead-batched 16-32 KB pages: {min(mid):.1f}-{max(mid):.1f} GB/s")
-    del best
     return out
 
 
@@ -172,7 +174,7 @@ def tune_rules(records: Sequence[dict]) -> List[dict]:
     """The auto table from inline measurements: per direction, page size and
     page count, the fastest mode and the fastest that launches no kernel.
     Bounds sit at the geometric mean between measured sizes."""
-    modes = {"per-page": "per_page", "batched": "batched", "streams": "streams", "kernel": "kernel"}
+    modes = TUNED
     rules = []
     for op, direction in (("kv_fetch", "h2d"), ("kv_save", "d2h")):
         rs = [r for r in records if r["op"] == op and r["impl"] in modes and not r["wrong"]]
@@ -590,8 +592,8 @@ def summary(result: dict) -> str:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m ferry.bench.kv", description=__doc__.split("\n")[0])
-    p.add_argument("--pages", default="4K,16K,64K,256K,1M,4M", help="page sizes")
-    p.add_argument("--counts", default="64,256,1024,4096,16384", help="pages per transfer")
+    p.add_argument("--pages", default=DEFAULT_PAGES, help="page sizes")
+    p.add_argument("--counts", default=DEFAULT_COUNTS, help="pages per transfer")
     p.add_argument("--ops", default="fetch,save,both")
     p.add_argument("--impls", default=",".join(IMPLS))
     p.add_argument("--max-bytes", default="1G", help="skip points moving more than this")
@@ -606,25 +608,51 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def options(args) -> dict:
-    ops = [o for o in args.ops.split(",") if o]
-    bad = [o for o in ops if o not in OPS]
+def make_options(
+    pages: str = DEFAULT_PAGES,
+    counts: str = DEFAULT_COUNTS,
+    ops: str = "fetch,save,both",
+    impls: str = ",".join(IMPLS),
+    max_bytes: str = "1G",
+    reps: int = 5,
+    warmup: int = 1,
+    gemm: bool = False,
+    urgent: bool = False,
+) -> dict:
+    """run()'s options from the command line's text forms (also what
+    `ferry bench` and `ferry kv-tune` pass); unknown names exit naming the option."""
+    op_list = [o for o in ops.split(",") if o]
+    bad = [o for o in op_list if o not in OPS]
     if bad:
         raise SystemExit(f"--ops: unknown {bad}; expected some of {','.join(OPS)}")
-    impls = [i for i in args.impls.split(",") if i]
-    bad = [i for i in impls if i not in IMPLS]
+    impl_list = [i for i in impls.split(",") if i]
+    bad = [i for i in impl_list if i not in IMPLS]
     if bad:
         raise SystemExit(f"--impls: unknown {bad}; expected some of {','.join(IMPLS)}")
     return dict(
-        pages=[parse_size(x) for x in args.pages.split(",") if x],
-        counts=[int(x) for x in args.counts.split(",") if x],
-        ops=ops,
-        impls=impls,
-        max_bytes=parse_size(args.max_bytes),
-        reps=args.reps,
-        warmup=args.warmup,
-        gemm=args.gemm,
-        urgent=args.urgent,
+        pages=[parse_size(x) for x in pages.split(",") if x],
+        counts=[int(x) for x in counts.split(",") if x],
+        ops=op_list,
+        impls=impl_list,
+        max_bytes=parse_size(max_bytes),
+        reps=reps,
+        warmup=warmup,
+        gemm=gemm,
+        urgent=urgent,
+    )
+
+
+def options(args) -> dict:
+    return make_options(
+        args.pages,
+        args.counts,
+        args.ops,
+        args.impls,
+        args.max_bytes,
+        args.reps,
+        args.warmup,
+        args.gemm,
+        args.urgent,
     )
 
 
