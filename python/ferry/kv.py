@@ -162,8 +162,22 @@ class _Ids:
 
     def to_host(self):
         """A host copy (synchronizes the current stream: the cost of a GPU list on copy engines)."""
-        h = _Ids(self.keep.cpu(), "ids")
-        return h
+        return _Ids(self.keep.cpu(), "ids")
+
+
+def _id_pair(dst_ids, src_ids):
+    """Both index lists, checked against each other, in one integer width
+    (int64 where they differ; only an int32 tensor is narrower)."""
+    d, s = _Ids(dst_ids, "dst_ids"), _Ids(src_ids, "src_ids")
+    if d.count != s.count:
+        raise ValueError(
+            f"dst_ids has {d.count} entries and src_ids {s.count}; they must have the same length"
+        )
+    if d.on_device != s.on_device:
+        raise ValueError("dst_ids and src_ids must both be on the GPU or both on the host")
+    if d.is_64 != s.is_64:
+        d, s = [x if x.is_64 else _Ids(x.keep.long(), name) for x, name in ((d, "dst_ids"), (s, "src_ids"))]
+    return d, s
 
 
 def _check_mode(mode: str):
@@ -204,15 +218,7 @@ def copy_blocks(
         raise ValueError("mode='kernel' launches a kernel, which zero_sm=True forbids")
     native = require()
     device, dr, sr = _sides(dst, src)
-    d, s = _Ids(dst_ids, "dst_ids"), _Ids(src_ids, "src_ids")
-    if d.count != s.count:
-        raise ValueError(
-            f"dst_ids has {d.count} entries and src_ids {s.count}; they must have the same length"
-        )
-    if d.on_device != s.on_device:
-        raise ValueError("dst_ids and src_ids must both be on the GPU or both on the host")
-    if d.on_device and d.is_64 != s.is_64:
-        s = _Ids(s.keep.to(d.keep.dtype), "src_ids")
+    d, s = _id_pair(dst_ids, src_ids)
     h = _stream_handle(stream, device)
     if d.on_device:
         torch = _torch()
@@ -237,9 +243,6 @@ def copy_blocks(
             other.wait_stream(current)
             d.keep.record_stream(other)
             s.keep.record_stream(other)
-    elif not s.is_64 == d.is_64:
-        d = _Ids(list(array.array("q", _as_list(dst_ids))), "dst_ids")
-        s = _Ids(list(array.array("q", _as_list(src_ids))), "src_ids")
     strategy, direction, copies, nbytes, sms = native.kv_copy(
         device,
         dr,
@@ -260,10 +263,6 @@ def copy_blocks(
         h,
     )
     return {"strategy": strategy, "direction": direction, "copies": copies, "bytes": nbytes, "sms": sms}
-
-
-def _as_list(ids) -> list:
-    return ids.tolist() if hasattr(ids, "tolist") else list(ids)
 
 
 class PreparedTransfer:
@@ -287,17 +286,9 @@ class PreparedTransfer:
             )
         native = require()
         self.device, dr, sr = _sides(dst, src)
-        d, s = _Ids(dst_ids, "dst_ids"), _Ids(src_ids, "src_ids")
+        d, s = _id_pair(dst_ids, src_ids)
         if d.on_device:
-            d = d.to_host()
-        if s.on_device:
-            s = s.to_host()
-        if d.count != s.count:
-            raise ValueError(
-                f"dst_ids has {d.count} entries and src_ids {s.count}; they must have the same length"
-            )
-        if d.is_64 != s.is_64:
-            d, s = _Ids(_as_list(dst_ids), "dst_ids"), _Ids(_as_list(src_ids), "src_ids")
+            d, s = d.to_host(), s.to_host()
         self._keep = (dst, src)
         self._impl = native.PreparedPages(
             self.device,
