@@ -98,19 +98,6 @@ void bind_kv(nb::module_& m) {
         PageCopier::on(device).set_rules(page_table_from_json(json_text, "table").rules);
       },
       "device"_a, "json_text"_a);
-  m.def(
-      "kv_reset_table",
-      [](int device, const std::string& gpu_name) {
-        PageCopier::on(device).set_rules(startup_page_rules(
-            shipped_page_tables(), gpu_name, "", [](const std::string&) { return std::optional<std::string>(); }));
-      },
-      "device"_a, "gpu_name"_a);
-  m.def(
-      "kv_check_errors", [](int device) { PageCopier::on(device).check_kernel_errors(); }, "device"_a);
-  m.def(
-      "kv_urgent_stream",
-      [](int device) { return reinterpret_cast<uintptr_t>(PageCopier::on(device).urgent_stream()); }, "device"_a);
-  m.def("gpu_numa_node", &gpu_numa_node, "device"_a);
 
   nb::class_<HostPool>(m, "HostPool")
       .def_static(

@@ -176,11 +176,6 @@ void PageCopier::set_rules(std::vector<PageRule> rules) {
   rules_ = std::move(rules);
 }
 
-std::vector<PageRule> PageCopier::rules() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return rules_;
-}
-
 PageStrategy PageCopier::choose(Direction direction, size_t copies, size_t bytes, bool zero_sm) const {
   std::lock_guard<std::mutex> lock(mu_);
   return select_page_strategy(rules_, direction, copies, bytes, zero_sm);

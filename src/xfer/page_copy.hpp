@@ -68,12 +68,9 @@ class PageCopier {
   Direction direction(const PageSide& dst, const PageSide& src);
 
   void set_rules(std::vector<PageRule> rules);
-  std::vector<PageRule> rules() const;
   // Throws if an earlier kernel with GPU index lists skipped an out-of-range entry.
   void check_kernel_errors();
 
-  int device() const { return device_; }
-  cudaStream_t urgent_stream() const { return urgent_; }
 
  private:
   friend class PreparedPages;
