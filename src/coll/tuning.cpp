@@ -153,14 +153,6 @@ std::vector<SelectorRule> rules_from_tuning_file(const std::string& text, const 
   }
 }
 
-std::optional<std::string> read_tuning_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 std::optional<std::vector<SelectorRule>> startup_rules(const std::vector<ShippedTable>& tables,
                                                        const std::string& gpu_name, int world,
                                                        const std::string& setting,

@@ -2,7 +2,7 @@
 // name, or a file that `ferry tune` wrote), else the table ferry ships for
 // this GPU model (python/ferry/tuning/*.json, compiled into the library so
 // that C programs get it too), else the built-in default. Pure functions of
-// the tables, tested on the CPU; only read_tuning_file touches the disk.
+// the tables, tested on the CPU; only read_text_file (core/json.hpp) reads files.
 #pragma once
 
 #include <map>
@@ -56,9 +56,6 @@ std::vector<SelectorRule> shipped_preset(const std::vector<ShippedTable>& tables
 // The rules of a `ferry tune` file's text ({"rules": [...], ...}); errors name `what`.
 std::vector<SelectorRule> rules_from_tuning_file(const std::string& text, const std::string& what);
 
-// The file at `path`, or nullopt where there is none to read.
-std::optional<std::string> read_tuning_file(const std::string& path);
-
 // The table a communicator of `world` ranks on `gpu_name` starts with, given
 // FERRY_TUNING's value `setting` (empty: unset) and a way to read files;
 // nullopt: the built-in default (no shipped table for this GPU). A setting
@@ -66,6 +63,6 @@ std::optional<std::string> read_tuning_file(const std::string& path);
 // FERRY_TUNING.
 std::optional<std::vector<SelectorRule>> startup_rules(
     const std::vector<ShippedTable>& tables, const std::string& gpu_name, int world, const std::string& setting,
-    std::optional<std::string> (*read_file)(const std::string&) = read_tuning_file);
+    std::optional<std::string> (*read_file)(const std::string&) = read_text_file);
 
 }  // namespace ferry

@@ -1,6 +1,8 @@
 #include "core/json.hpp"
 
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 
 #include "core/error.hpp"
 
@@ -216,5 +218,13 @@ class Parser {
 }  // namespace
 
 Json parse_json(const std::string& text, const std::string& what) { return Parser(text, what).document(); }
+
+std::optional<std::string> read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
 
 }  // namespace ferry

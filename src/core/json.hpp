@@ -7,6 +7,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,5 +30,9 @@ struct Json {
 // Parses `text`; a malformed document throws FERRY_ERROR_INVALID_ARGUMENT
 // naming `what` and the byte offset where it went wrong.
 Json parse_json(const std::string& text, const std::string& what);
+
+// The whole file at `path`, or nullopt where there is none to read (the tables
+// that FERRY_TUNING and FERRY_KV_TUNING name).
+std::optional<std::string> read_text_file(const std::string& path);
 
 }  // namespace ferry

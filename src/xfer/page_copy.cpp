@@ -142,16 +142,7 @@ PageCopier::PageCopier(int device) : device_(device) {
   cudaDeviceProp prop{};
   std::string gpu;
   if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) gpu = prop.name;
-  rules_ = startup_page_rules(shipped_page_tables(), gpu, knob_string("FERRY_KV_TUNING"), [](const std::string& path) {
-    FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) return std::optional<std::string>();
-    std::string text;
-    char buf[4096];
-    size_t k;
-    while ((k = std::fread(buf, 1, sizeof(buf), f)) > 0) text.append(buf, k);
-    std::fclose(f);
-    return std::optional<std::string>(text);
-  });
+  rules_ = startup_page_rules(shipped_page_tables(), gpu, knob_string("FERRY_KV_TUNING"));
   cudaSetDevice(prev);
 }
 

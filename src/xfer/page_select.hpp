@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/json.hpp"
 #include "xfer/page_plan.hpp"
 
 namespace ferry {
@@ -52,7 +53,7 @@ const std::vector<PageTable>& shipped_page_tables();
 // this GPU model, else the default.
 std::vector<PageRule> startup_page_rules(const std::vector<PageTable>& tables, const std::string& gpu_name,
                                          const std::string& setting,
-                                         std::optional<std::string> (*read_file)(const std::string&));
+                                         std::optional<std::string> (*read_file)(const std::string&) = read_text_file);
 
 }  // namespace xfer
 }  // namespace ferry
