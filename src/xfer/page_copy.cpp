@@ -70,8 +70,6 @@ Where where_is(const PageRegion& g, const char* side, size_t r) {
   }
 }
 
-bool aligned16(uint64_t v) { return v % 16 == 0; }
-
 // Sets the device for a call and gives the caller's current device back after it.
 class DeviceGuard {
  public:
@@ -329,21 +327,8 @@ int PageCopier::run_kernel(Located& where, const PageSide& dst, const PageSide& 
   FERRY_ARG_CHECK(!o.zero_sm, "mode='kernel' launches a kernel, which zero_sm=True forbids");
   const uint64_t chunk = o.kernel_chunk ? o.kernel_chunk : kDefaultChunk;
   auto& regions = where.kernel_regions;
-  // Every unit must start on a 16-byte boundary for 16-byte words.
-  bool vec16 = aligned16(chunk);
-  uint64_t units = 0, dst_pages = UINT64_MAX, src_pages = UINT64_MAX;
-  for (size_t r = 0; r < regions.size(); ++r) {
-    KernelRegion& g = regions[r];
-    g.first_unit = units;
-    units += g.bytes == 0 ? 0 : (g.bytes - 1) / chunk + 1;
-    vec16 = vec16 && aligned16(g.src) && aligned16(g.dst) && aligned16(g.src_stride) && aligned16(g.dst_stride) &&
-            aligned16(g.bytes);
-    if (g.bytes) {
-      dst_pages = std::min<uint64_t>(dst_pages, dst.regions[r].pages);
-      src_pages = std::min<uint64_t>(src_pages, src.regions[r].pages);
-    }
-  }
-  if (units == 0 || n == 0) return 0;
+  const KernelWork work = plan_kernel_work(regions, dst, src, chunk);
+  if (work.units_per_page == 0 || n == 0) return 0;
   const bool capturing = dma::is_capturing(stream);
   const size_t id_bytes = is_64 ? 8 : 4;
   const size_t regions_bytes = regions.size() * sizeof(KernelRegion);
@@ -359,24 +344,20 @@ int PageCopier::run_kernel(Located& where, const PageSide& dst, const PageSide& 
   PageKernelArgs a;
   a.regions = reinterpret_cast<const KernelRegion*>(staging);
   a.nregions = static_cast<int>(regions.size());
-  a.units_per_page = units;
+  a.units_per_page = work.units_per_page;
   a.chunk = chunk;
   a.src_ids = src_ids;
   a.dst_ids = dst_ids;
   a.ids_64 = is_64;
   a.pages = n;
-  a.vec16 = vec16;
+  a.vec16 = work.vec16;
   // Lists read in place were not checked on the host: the kernel checks each
   // entry against the page counts and reports the first bad one.
   a.error = host_dst_ids ? nullptr : kernel_error_device_;
-  a.dst_pages = dst_pages;
-  a.src_pages = src_pages;
+  a.dst_pages = work.dst_pages;
+  a.src_pages = work.src_pages;
   const int threads = o.kernel_threads ? o.kernel_threads : kDefaultThreads;
-  const uint64_t warps = n * units, per_block = static_cast<uint64_t>(threads / 32);
-  int blocks = o.kernel_blocks ? o.kernel_blocks
-                               : static_cast<int>(std::min<uint64_t>({static_cast<uint64_t>(kDefaultBlocks),
-                                                                      static_cast<uint64_t>(sm_count_),
-                                                                      (warps + per_block - 1) / per_block}));
+  const int blocks = kernel_blocks(n * work.units_per_page, threads, o.kernel_blocks, kDefaultBlocks, sm_count_);
   launch_page_kernel(a, blocks, threads, stream);
   if (!capturing) FERRY_CUDA_CHECK(cudaEventRecord(slots_[(next_slot_ - 1) % slots_.size()].done, stream));
   return blocks;

@@ -71,7 +71,6 @@ class PageCopier {
   // Throws if an earlier kernel with GPU index lists skipped an out-of-range entry.
   void check_kernel_errors();
 
-
  private:
   friend class PreparedPages;
   explicit PageCopier(int device);

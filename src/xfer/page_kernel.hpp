@@ -10,16 +10,10 @@
 
 #include <cstdint>
 
+#include "xfer/page_plan.hpp"
+
 namespace ferry {
 namespace xfer {
-
-// One region as the kernel sees it: device-usable addresses.
-struct KernelRegion {
-  uint64_t src = 0, dst = 0;
-  uint64_t src_stride = 0, dst_stride = 0;
-  uint64_t bytes = 0;       // of one page
-  uint64_t first_unit = 0;  // units of the regions before this one, within one page
-};
 
 struct PageKernelArgs {
   const KernelRegion* regions = nullptr;  // device-readable

@@ -166,6 +166,32 @@ size_t request_bytes(const PageSide& side, size_t pages) {
   return b * pages;
 }
 
+KernelWork plan_kernel_work(std::vector<KernelRegion>& regions, const PageSide& dst, const PageSide& src,
+                            uint64_t chunk) {
+  FERRY_ARG_CHECK(chunk > 0, "kernel_chunk must be positive");
+  auto a16 = [](uint64_t v) { return v % 16 == 0; };
+  KernelWork w;
+  w.vec16 = a16(chunk);  // every unit starts on a 16-byte boundary
+  for (size_t r = 0; r < regions.size(); ++r) {
+    KernelRegion& g = regions[r];
+    g.first_unit = w.units_per_page;
+    if (g.bytes == 0) continue;
+    w.units_per_page += (g.bytes - 1) / chunk + 1;
+    w.vec16 = w.vec16 && a16(g.src) && a16(g.dst) && a16(g.src_stride) && a16(g.dst_stride) && a16(g.bytes);
+    w.dst_pages = std::min<uint64_t>(w.dst_pages, dst.regions[r].pages);
+    w.src_pages = std::min<uint64_t>(w.src_pages, src.regions[r].pages);
+  }
+  return w;
+}
+
+int kernel_blocks(uint64_t tasks, int threads, int requested, int cap, int sms) {
+  if (requested > 0) return requested;
+  const uint64_t per_block = static_cast<uint64_t>(std::max(1, threads / 32));
+  const uint64_t wanted = std::max<uint64_t>(1, (tasks + per_block - 1) / per_block);
+  return static_cast<int>(
+      std::min<uint64_t>({wanted, static_cast<uint64_t>(std::max(1, cap)), static_cast<uint64_t>(std::max(1, sms))}));
+}
+
 const char* strategy_name(PageStrategy s) {
   switch (s) {
     case PageStrategy::kPerPage:

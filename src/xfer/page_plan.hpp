@@ -77,6 +77,29 @@ const char* strategy_name(PageStrategy s);
 PageStrategy parse_strategy(const std::string& name, const char* what);
 bool uses_sm(PageStrategy s);
 
+// One region as the kernel sees it: device-usable addresses.
+struct KernelRegion {
+  uint64_t src = 0, dst = 0;
+  uint64_t src_stride = 0, dst_stride = 0;
+  uint64_t bytes = 0;       // of one page
+  uint64_t first_unit = 0;  // units of the regions before this one, within one page
+};
+
+// How the SM strategy splits a request into warp tasks: each page's region is
+// cut into `chunk`-byte units. Sets each region's first_unit.
+struct KernelWork {
+  uint64_t units_per_page = 0;  // over all regions
+  bool vec16 = false;           // 16-byte words: every address, stride, page size and chunk a multiple of 16
+  uint64_t dst_pages = UINT64_MAX,
+           src_pages = UINT64_MAX;  // the bounds a kernel checks lists it reads in place against
+};
+KernelWork plan_kernel_work(std::vector<KernelRegion>& regions, const PageSide& dst, const PageSide& src,
+                            uint64_t chunk);
+
+// Blocks of `threads` for `tasks` warp tasks: `requested` when given, else
+// one task per warp at most, bounded by `cap` and the GPU's `sms`.
+int kernel_blocks(uint64_t tasks, int threads, int requested, int cap, int sms);
+
 enum class Direction { kHostToDevice, kDeviceToHost, kDeviceToDevice, kHostToHost };
 const char* direction_name(Direction d);
 

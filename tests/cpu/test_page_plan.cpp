@@ -253,3 +253,34 @@ TEST(PageSelect, ShippedTablesParseAndNeverGiveZeroSmAKernel) {
       startup_page_rules(tables, "NVIDIA H200", "", [](const std::string&) { return std::optional<std::string>(); });
   EXPECT_EQ(rules.size(), tables[0].rules.size());
 }
+
+TEST(PageKernelWork, UnitsAndBoundsOverRegions) {
+  auto dst = side(0x100000, 4096, 4096, 10, 3), src = side(0x900000, 4096, 4096, 20, 3);
+  dst.regions[1].bytes = src.regions[1].bytes = 0;  // a region with nothing to copy
+  std::vector<KernelRegion> regions(3);
+  for (size_t r = 0; r < 3; ++r)
+    regions[r] = KernelRegion{src.regions[r].base, dst.regions[r].base, 4096, 4096, dst.regions[r].bytes, 0};
+  KernelWork w = plan_kernel_work(regions, dst, src, 1024);
+  EXPECT_EQ(w.units_per_page, 8u);  // 4 + 0 + 4
+  EXPECT_EQ(regions[0].first_unit, 0u);
+  EXPECT_EQ(regions[1].first_unit, 4u);
+  EXPECT_EQ(regions[2].first_unit, 4u);  // the empty region takes no unit
+  EXPECT_TRUE(w.vec16);
+  EXPECT_EQ(w.dst_pages, 10u);
+  EXPECT_EQ(w.src_pages, 20u);
+  // A chunk of 1000 bytes would start units off 16-byte boundaries.
+  EXPECT_FALSE(plan_kernel_work(regions, dst, src, 1000).vec16);
+  EXPECT_EQ(plan_kernel_work(regions, dst, src, 1000).units_per_page, 10u);  // 5 + 5
+  // A page size that is no multiple of 16 too.
+  regions[0].bytes = 4095;
+  EXPECT_FALSE(plan_kernel_work(regions, dst, src, 1024).vec16);
+  EXPECT_NE(error_of([&] { plan_kernel_work(regions, dst, src, 0); }).find("kernel_chunk"), std::string::npos);
+}
+
+TEST(PageKernelWork, BlocksFollowTheRequestOrTheWork) {
+  EXPECT_EQ(kernel_blocks(1000, 512, 7, 16, 132), 7);   // asked for
+  EXPECT_EQ(kernel_blocks(1000, 512, 0, 16, 132), 16);  // capped
+  EXPECT_EQ(kernel_blocks(20, 512, 0, 16, 132), 2);     // one task per warp: 16 warps a block
+  EXPECT_EQ(kernel_blocks(1000, 512, 0, 16, 8), 8);     // fewer SMs than the cap
+  EXPECT_EQ(kernel_blocks(0, 512, 0, 16, 132), 1);
+}
