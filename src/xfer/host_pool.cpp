@@ -11,6 +11,7 @@
 #include <map>
 #include <thread>
 
+#include "core/cuda_scope.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
 
@@ -64,14 +65,8 @@ std::shared_ptr<HostPool> HostPool::create(size_t bytes, const HostPoolOptions& 
   pool->device_ = device;
   pool->bytes_ = bytes;
   pool->numa_node_ = o.numa_node == -2 ? gpu_numa_node(device) : o.numa_node;
-  int previous = 0;
-  cudaGetDevice(&previous);
-  struct Restore {
-    int device;
-    ~Restore() { cudaSetDevice(device); }
-  } restore{previous};
+  DeviceScope on_device(device);
   if (bytes < kMmapFrom && o.huge_pages != 1) {
-    FERRY_CUDA_CHECK(cudaSetDevice(device));
     FERRY_CUDA_CHECK(cudaHostAlloc(&pool->data_, bytes, cudaHostAllocPortable | cudaHostAllocMapped));
     pool->backing_ = "cudaHostAlloc";
     pool->numa_node_ = -1;  // placed by the driver
@@ -92,7 +87,6 @@ std::shared_ptr<HostPool> HostPool::create(size_t bytes, const HostPoolOptions& 
       if (o.huge_pages != 0 && madvise(p, len, MADV_HUGEPAGE) == 0) pool->huge_pages_ = "thp";
     }
     if (pool->numa_node_ >= 0 && !bind_to_node(p, len, pool->numa_node_)) pool->numa_node_ = -1;
-    FERRY_CUDA_CHECK(cudaSetDevice(device));
     cudaError_t err = cudaHostRegister(p, len, cudaHostRegisterPortable | cudaHostRegisterMapped);
     if (err != cudaSuccess) {
       munmap(p, len);
@@ -172,12 +166,7 @@ void HostPool::release(double timeout_s) {
   if (!data_) return;
   // A pool can go (Python's garbage collector) while some stream captures a
   // graph; freeing pinned memory then must not invalidate that capture.
-  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  cudaThreadExchangeStreamCaptureMode(&mode);
-  struct Restore {
-    cudaStreamCaptureMode* m;
-    ~Restore() { cudaThreadExchangeStreamCaptureMode(m); }
-  } restore{&mode};
+  RelaxedCaptureScope relax;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   while (in_flight()) {
     if (std::chrono::steady_clock::now() > deadline) {
@@ -194,16 +183,15 @@ void HostPool::release(double timeout_s) {
     std::lock_guard<std::mutex> lock(g_registry_mu);
     registry().erase(reinterpret_cast<uintptr_t>(data_));
   }
-  int prev = 0;
-  cudaGetDevice(&prev);
-  cudaSetDevice(device_);
-  if (mapped_bytes_) {
-    cudaHostUnregister(data_);
-    munmap(data_, mapped_bytes_);
-  } else {
-    cudaFreeHost(data_);
+  {
+    DeviceScope on_device(device_);
+    if (mapped_bytes_) {
+      cudaHostUnregister(data_);
+      munmap(data_, mapped_bytes_);
+    } else {
+      cudaFreeHost(data_);
+    }
   }
-  cudaSetDevice(prev);
   cudaGetLastError();
   data_ = nullptr;
 }

@@ -6,6 +6,7 @@
 #include <map>
 #include <thread>
 
+#include "core/cuda_scope.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
 #include "dma/engine.hpp"
@@ -70,36 +71,6 @@ Where where_is(const PageRegion& g, const char* side, size_t r) {
   }
 }
 
-// Sets the device for a call and gives the caller's current device back after it.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    cudaGetDevice(&previous_);
-    FERRY_CUDA_CHECK(cudaSetDevice(device));
-  }
-  ~DeviceGuard() { cudaSetDevice(previous_); }
-
- private:
-  int previous_ = 0;
-};
-
-// While the caller's stream captures a graph, the host-side work of a call
-// (pointer queries, staging allocations) must not invalidate the capture: in
-// the default (global) capture mode any such call from any thread does.
-class RelaxedCapture {
- public:
-  explicit RelaxedCapture(bool capturing) : on_(capturing) {
-    if (on_) cudaThreadExchangeStreamCaptureMode(&mode_);
-  }
-  ~RelaxedCapture() {
-    if (on_) cudaThreadExchangeStreamCaptureMode(&mode_);
-  }
-
- private:
-  bool on_;
-  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
-};
-
 }  // namespace
 
 PageCopier& PageCopier::on(int device) {
@@ -112,9 +83,7 @@ PageCopier& PageCopier::on(int device) {
 }
 
 PageCopier::PageCopier(int device) : device_(device) {
-  int prev = 0;
-  FERRY_CUDA_CHECK(cudaGetDevice(&prev));
-  FERRY_CUDA_CHECK(cudaSetDevice(device));
+  DeviceScope on_device(device);
   FERRY_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
   int least = 0, greatest = 0;
   FERRY_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
@@ -141,7 +110,6 @@ PageCopier::PageCopier(int device) : device_(device) {
   std::string gpu;
   if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) gpu = prop.name;
   rules_ = startup_page_rules(shipped_page_tables(), gpu, knob_string("FERRY_KV_TUNING"));
-  cudaSetDevice(prev);
 }
 
 PageCopier::~PageCopier() {
@@ -366,14 +334,14 @@ int PageCopier::run_kernel(Located& where, const PageSide& dst, const PageSide& 
 PageCopyReport PageCopier::copy(const PageSide& dst, const PageSide& src, const PageIds& dst_ids,
                                 const PageIds& src_ids, const PageCopyOptions& o, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mu_);
-  RelaxedCapture relax(dma::is_capturing(stream));
+  RelaxedCaptureScope relax(dma::is_capturing(stream));
   check_kernel_errors();
   check_sides(dst, src);
   Located where = locate(dst, src, stream);
   PageCopyReport rep;
   rep.direction = where.direction;
   rep.bytes = request_bytes(dst, dst_ids.count);
-  DeviceGuard on_device(device_);
+  DeviceScope on_device(device_);
   // Plans (and validates) even for the kernel, which then reads the lists itself.
   FERRY_ARG_CHECK(dst_ids.is_64 == src_ids.is_64, "dst_ids and src_ids must have one integer width");
   std::vector<Copy> copies = plan_page_copies(dst, src, dst_ids, src_ids, o.merge);
@@ -402,7 +370,7 @@ PageCopyReport PageCopier::copy(const PageSide& dst, const PageSide& src, const 
 PageCopyReport PageCopier::copy_device_ids(const PageSide& dst, const PageSide& src, const DeviceIds& ids,
                                            const PageCopyOptions& o, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mu_);
-  RelaxedCapture relax(dma::is_capturing(stream));
+  RelaxedCaptureScope relax(dma::is_capturing(stream));
   check_kernel_errors();
   check_sides(dst, src);
   FERRY_ARG_CHECK(!o.strategy || *o.strategy == PageStrategy::kKernel,
@@ -416,7 +384,7 @@ PageCopyReport PageCopier::copy_device_ids(const PageSide& dst, const PageSide& 
   rep.bytes = request_bytes(dst, ids.count);
   rep.copies = ids.count * dst.regions.size();
   if (ids.count == 0) return rep;
-  DeviceGuard on_device(device_);
+  DeviceScope on_device(device_);
   cudaStream_t run = stream;
   if (o.urgent) {
     fork(stream, urgent_);
@@ -434,7 +402,7 @@ PreparedPages::PreparedPages(int device, const PageSide& dst, const PageSide& sr
   FERRY_ARG_CHECK(!uses_sm(strategy),
                   "prepare: mode='kernel' cannot be prepared (an armed kernel would hold its "
                   "SMs while it waits); prepared transfers run on copy engines");
-  DeviceGuard on_device(device);
+  DeviceScope on_device(device);
   PageCopier& copier = PageCopier::on(device);
   check_sides(dst, src);
   auto where = copier.locate(dst, src, nullptr);
@@ -474,7 +442,7 @@ void PreparedPages::arm(cudaStream_t after) {
   FERRY_ARG_CHECK(!armed_ || opened_, "arm: the transfer is armed already; trigger it before arming it again");
   FERRY_ARG_CHECK(!(after && dma::is_capturing(after)),
                   "arm: the stream is capturing a CUDA graph; capture copy_blocks itself instead of arming");
-  DeviceGuard on_device(device_);
+  DeviceScope on_device(device_);
   cudaEvent_t e = nullptr;
   FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   FERRY_CUDA_CHECK(cudaEventRecord(e, after));
@@ -502,7 +470,7 @@ void PreparedPages::trigger() {
 
 void PreparedPages::trigger_on(cudaStream_t stream) {
   FERRY_ARG_CHECK(armed_ && !opened_, "trigger_on: the transfer is not armed; call arm() first");
-  DeviceGuard on_device(device_);
+  DeviceScope on_device(device_);
   gate_.open_on(stream);
   opened_ = true;
 }
@@ -515,7 +483,7 @@ std::pair<uint64_t*, uint64_t> PreparedPages::device_trigger() {
 
 void PreparedPages::wait(cudaStream_t stream) {
   if (!ran_) return;
-  DeviceGuard on_device(device_);
+  DeviceScope on_device(device_);
   FERRY_CUDA_CHECK(cudaStreamWaitEvent(stream, finished_, 0));
 }
 
