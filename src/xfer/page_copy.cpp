@@ -17,7 +17,6 @@ namespace xfer {
 namespace {
 
 constexpr size_t kSlots = 8;
-constexpr size_t kEvents = 64;
 // The kernel's default grid: enough warps in flight to cover PCIe latency
 // (each holds 4 x 16 bytes per lane in flight) on few SMs.
 constexpr int kDefaultBlocks = 16;
@@ -88,17 +87,8 @@ PageCopier::PageCopier(int device) : device_(device) {
   int least = 0, greatest = 0;
   FERRY_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   FERRY_CUDA_CHECK(cudaStreamCreateWithPriority(&urgent_, cudaStreamNonBlocking, greatest));
-  int n = static_cast<int>(std::max<long long>(1, knob_int("FERRY_KV_STREAMS")));
-  for (int i = 0; i < n; ++i) {
-    cudaStream_t s = nullptr;
-    FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    streams_.push_back(s);
-  }
-  for (size_t i = 0; i < kEvents; ++i) {
-    cudaEvent_t e = nullptr;
-    FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    events_.push_back(e);
-  }
+  engines_ =
+      std::make_unique<EngineSet>(device, static_cast<int>(std::max<long long>(1, knob_int("FERRY_KV_STREAMS"))));
   slots_.resize(kSlots);
   for (auto& s : slots_) FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
   void* p = nullptr;
@@ -120,8 +110,6 @@ PageCopier::~PageCopier() {
     cudaEventDestroy(s.done);
   }
   for (void* p : captured_staging_) cudaFreeHost(p);
-  for (auto e : events_) cudaEventDestroy(e);
-  for (auto s : streams_) cudaStreamDestroy(s);
   if (urgent_) cudaStreamDestroy(urgent_);
   if (kernel_error_) cudaFreeHost(const_cast<uint64_t*>(kernel_error_));
 }
@@ -198,12 +186,6 @@ Direction PageCopier::direction(const PageSide& dst, const PageSide& src) {
   return locate(dst, src, nullptr).direction;
 }
 
-void PageCopier::fork(cudaStream_t from, cudaStream_t to) {
-  cudaEvent_t e = events_[next_event_++ % events_.size()];
-  FERRY_CUDA_CHECK(cudaEventRecord(e, from));
-  FERRY_CUDA_CHECK(cudaStreamWaitEvent(to, e, 0));
-}
-
 void PageCopier::note_pools(const Located& where, cudaStream_t stream) {
   if (where.pools.empty()) return;
   if (dma::is_capturing(stream)) {
@@ -236,18 +218,18 @@ void PageCopier::run_copies(PageStrategy s, const std::vector<Copy>& copies, con
       dma::copy_batch(stream, copies, any_order);
       return;
     case PageStrategy::kStreams: {
-      auto parts = split_by_bytes(copies, streams_.size());
+      auto parts = split_by_bytes(copies, static_cast<size_t>(engines_->peer_count()));
       if (parts.size() <= 1) {
         dma::copy_batch(stream, copies, any_order);
         return;
       }
       for (size_t i = 0; i < parts.size(); ++i) {
-        fork(stream, streams_[i]);
+        engines_->order(stream, engines_->peer(static_cast<int>(i)));
         std::vector<Copy> part(copies.begin() + static_cast<long>(parts[i].first),
                                copies.begin() + static_cast<long>(parts[i].second));
-        dma::copy_batch(streams_[i], part, any_order);
+        dma::copy_batch(engines_->peer(static_cast<int>(i)), part, any_order);
       }
-      for (size_t i = 0; i < parts.size(); ++i) fork(streams_[i], stream);
+      for (size_t i = 0; i < parts.size(); ++i) engines_->order(engines_->peer(static_cast<int>(i)), stream);
       return;
     }
     case PageStrategy::kKernel:
@@ -353,7 +335,7 @@ PageCopyReport PageCopier::copy(const PageSide& dst, const PageSide& src, const 
   if (copies.empty()) return rep;
   cudaStream_t run = stream;
   if (o.urgent) {
-    fork(stream, urgent_);
+    engines_->order(stream, urgent_);
     run = urgent_;
   }
   if (s == PageStrategy::kKernel) {
@@ -362,7 +344,7 @@ PageCopyReport PageCopier::copy(const PageSide& dst, const PageSide& src, const 
   } else {
     run_copies(s, copies, o, where.direction, run);
   }
-  if (o.urgent) fork(urgent_, stream);
+  if (o.urgent) engines_->order(urgent_, stream);
   note_pools(where, stream);
   return rep;
 }
@@ -387,11 +369,11 @@ PageCopyReport PageCopier::copy_device_ids(const PageSide& dst, const PageSide& 
   DeviceScope on_device(device_);
   cudaStream_t run = stream;
   if (o.urgent) {
-    fork(stream, urgent_);
+    engines_->order(stream, urgent_);
     run = urgent_;
   }
   rep.sms = run_kernel(where, dst, src, ids.dst, ids.src, ids.is_64, ids.count, o, run, nullptr, nullptr);
-  if (o.urgent) fork(urgent_, stream);
+  if (o.urgent) engines_->order(urgent_, stream);
   note_pools(where, stream);
   return rep;
 }

@@ -11,6 +11,7 @@
 #include <optional>
 #include <vector>
 
+#include "dma/engine.hpp"
 #include "sync/gate.hpp"
 #include "xfer/page_kernel.hpp"
 #include "xfer/page_plan.hpp"
@@ -87,7 +88,6 @@ class PageCopier {
                  const void* host_src_ids);
   // Host staging the kernel reads (regions, and host index lists copied in).
   void* stage(size_t bytes, cudaStream_t stream, bool capturing);
-  void fork(cudaStream_t from, cudaStream_t to);
   void note_pools(const Located& where, cudaStream_t stream);
 
   int device_;
@@ -95,9 +95,9 @@ class PageCopier {
   mutable std::mutex mu_;
   std::vector<PageRule> rules_;
   cudaStream_t urgent_ = nullptr;
-  std::vector<cudaStream_t> streams_;
-  std::vector<cudaEvent_t> events_;
-  size_t next_event_ = 0;
+  // The streams the 'streams' strategy spreads copies over (its peer engines)
+  // and the events that order them with the caller's stream.
+  std::unique_ptr<EngineSet> engines_;
   struct Slot {
     void* host = nullptr;
     size_t capacity = 0;
