@@ -13,6 +13,7 @@
 #include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/process.hpp"
+#include "sync/gate.hpp"
 
 namespace ferry {
 namespace {
@@ -242,14 +243,14 @@ void Communicator::mirror_gate(int local, const Gate& gate) {
 }
 
 void Communicator::open_gate(int local, const Gate& gate) {
-  *gate.host = gate.value;
+  gate::open_from_host(gate.host, gate.value);
   if (!gate.device) return;
   // Opening is what frees the GPU: worth waiting a moment for a rescue that
   // is still running (a read of this gate, for instance).
   cudaStream_t rescue = idle_rescue(locals_[local]->device, locals_[local]->engines->rescue(), kSnapshotWait);
   if (!rescue) return;
   try {
-    dma::mem_ops(rescue, {MemOp{MemOp::Kind::kWrite, gate.device, gate.value}});
+    gate::open_on_stream(rescue, const_cast<uint64_t*>(gate.device), gate.value);
   } catch (const std::exception&) {
     // A rescue that cannot be queued leaves the stream blocked.
   }

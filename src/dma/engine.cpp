@@ -17,6 +17,12 @@ std::atomic<bool> g_batch_unsupported{false};
 
 constexpr unsigned kMaxMemOpsPerBatch = 255;
 
+// GEQ compares as (int64_t)(*addr - value) >= 0: a counter that grows past
+// the value still satisfies the wait.
+unsigned wait_flag(MemOp::Kind k) {
+  return k == MemOp::Kind::kWaitAtLeast ? CU_STREAM_WAIT_VALUE_GEQ : CU_STREAM_WAIT_VALUE_EQ;
+}
+
 }  // namespace
 
 bool is_capturing(cudaStream_t stream) {
@@ -88,8 +94,8 @@ void mem_ops(cudaStream_t stream, const std::vector<MemOp>& ops) {
   auto cs = reinterpret_cast<CUstream>(stream);
   if (ops.size() == 1) {
     auto addr = reinterpret_cast<CUdeviceptr>(ops[0].addr);
-    if (ops[0].kind == MemOp::Kind::kWait)
-      FERRY_CU_CHECK(cu.StreamWaitValue64(cs, addr, ops[0].value, CU_STREAM_WAIT_VALUE_EQ));
+    if (ops[0].kind != MemOp::Kind::kWrite)
+      FERRY_CU_CHECK(cu.StreamWaitValue64(cs, addr, ops[0].value, wait_flag(ops[0].kind)));
     else
       FERRY_CU_CHECK(cu.StreamWriteValue64(cs, addr, ops[0].value, CU_STREAM_WRITE_VALUE_DEFAULT));
     return;
@@ -97,11 +103,11 @@ void mem_ops(cudaStream_t stream, const std::vector<MemOp>& ops) {
   std::vector<CUstreamBatchMemOpParams> params(ops.size());
   for (size_t i = 0; i < ops.size(); ++i) {
     params[i] = CUstreamBatchMemOpParams{};
-    if (ops[i].kind == MemOp::Kind::kWait) {
+    if (ops[i].kind != MemOp::Kind::kWrite) {
       params[i].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_64;
       params[i].waitValue.address = reinterpret_cast<CUdeviceptr>(ops[i].addr);
       params[i].waitValue.value64 = ops[i].value;
-      params[i].waitValue.flags = CU_STREAM_WAIT_VALUE_EQ;
+      params[i].waitValue.flags = wait_flag(ops[i].kind);
     } else {
       params[i].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
       params[i].writeValue.address = reinterpret_cast<CUdeviceptr>(ops[i].addr);

@@ -22,10 +22,11 @@ struct ValueWait {
 };
 
 // A stream memory operation: wait until the 64-bit word at `addr` equals
-// `value`, or write `value` there. Only local GPU memory or pinned host memory:
-// writing another GPU's memory this way hung on our machines.
+// `value` (kWaitAtLeast: is at least `value`, for counters that only grow), or
+// write `value` there. Only local GPU memory or pinned host memory: writing
+// another GPU's memory this way hung on our machines.
 struct MemOp {
-  enum class Kind { kWait, kWrite };
+  enum class Kind { kWait, kWaitAtLeast, kWrite };
   Kind kind;
   const void* addr;
   uint64_t value;

@@ -1,6 +1,5 @@
 #include "sync/gate.hpp"
 
-#include "core/driver.hpp"
 #include "core/error.hpp"
 #include "dma/engine.hpp"
 
@@ -11,8 +10,7 @@ namespace gate {
 // gate was opened again for a later arming before the stream reached this
 // wait must still pass (with an equality wait it would hang).
 void wait_on_stream(cudaStream_t stream, const uint64_t* device_word, uint64_t value) {
-  FERRY_CU_CHECK(driver().StreamWaitValue64(
-      reinterpret_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(device_word), value, CU_STREAM_WAIT_VALUE_GEQ));
+  dma::mem_ops(stream, {MemOp{MemOp::Kind::kWaitAtLeast, device_word, value}});
 }
 
 void open_from_host(volatile uint64_t* host_word, uint64_t value) {
