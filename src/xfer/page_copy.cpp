@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <thread>
@@ -403,21 +404,23 @@ PreparedPages::PreparedPages(int device, const PageSide& dst, const PageSide& sr
 }
 
 PreparedPages::~PreparedPages() {
-  int previous = 0;
-  cudaGetDevice(&previous);
-  cudaSetDevice(device_);
-  // Never leave the stream waiting on a gate nobody will open (a device
-  // trigger handed out may never fire). Opening twice is harmless: the wait
-  // is for at least the generation. Queued copies cannot be withdrawn, so an
-  // armed transfer that is released runs them.
-  if (armed_) gate_.open();
-  if (stream_) {
-    cudaStreamSynchronize(stream_);
-    cudaStreamDestroy(stream_);
+  try {
+    DeviceScope on_device(device_);
+    // Never leave the stream waiting on a gate nobody will open (a device
+    // trigger handed out may never fire). Opening twice is harmless: the wait
+    // is for at least the generation. Queued copies cannot be withdrawn, so an
+    // armed transfer that is released runs them.
+    if (armed_) gate_.open();
+    // The gate's word is freed with this object: the stream must be past its
+    // wait first. Bounded; past the bound the word is kept, not freed.
+    if (ran_) synchronize(knob_float("FERRY_TIMEOUT_S"));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ferry: a prepared page transfer was released unfinished (%s); its gate is kept\n", e.what());
+    gate_.keep();
   }
+  if (stream_) cudaStreamDestroy(stream_);  // returns at once; CUDA frees it once its work is done
   if (finished_) cudaEventDestroy(finished_);
   cudaGetLastError();
-  cudaSetDevice(previous);
 }
 
 void PreparedPages::arm(cudaStream_t after) {
