@@ -17,7 +17,9 @@ namespace ferry {
 namespace {
 
 // Collectives a rank may have in flight before the next one waits for the
-// oldest (DESIGN.md: work queued behind a blocked stream is finite).
+// oldest: work queued behind a blocked stream is finite (a few thousand
+// operations enqueued behind a stream waiting on a flag made the enqueueing
+// call itself block).
 constexpr size_t kInFlightSlots = 1024;
 
 std::vector<std::string> split_lines(const std::string& s) {
