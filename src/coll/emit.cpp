@@ -311,7 +311,8 @@ void Communicator::emit_ready_copies(int local, const Exchange& x, const Built& 
   if (!x.targets.empty()) before.push_back(MemOp{K::kWrite, b.record.done_source, b.value});
   for (int t : x.targets) before.push_back(MemOp{K::kWait, &mine->ready[t].value, b.value});
   for (int t : x.targets) before.push_back(MemOp{K::kWrite, &mine->ready[t].value, 0});
-  if (first && e.gate) before.push_back(MemOp{K::kWait, e.gate->addr, e.gate->value});
+  // At least: gate words only grow, and a later arm's trigger may land first.
+  if (first && e.gate) before.push_back(MemOp{K::kWaitAtLeast, e.gate->addr, e.gate->value});
   HostTraceScope t(HostStage::kBefore);
   dma::mem_ops(s, before);
 }

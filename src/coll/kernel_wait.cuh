@@ -48,10 +48,12 @@ __device__ bool wait_for(Ok ok, const KernelWait& c, int source, uint64_t call, 
 }
 
 // A prepared call's gate (or a word standing for it): spins until `word`
-// holds `want`, or abort. Unbounded otherwise: the watchdog opens a gate that
-// stays shut past the timeout.
+// holds at least `want`, or abort. Gate words only grow (one generation per
+// arm), so a later trigger that lands before this kernel looks still opens
+// it; an equality wait would spin forever. Unbounded otherwise: the watchdog
+// opens a gate that stays shut past the timeout.
 __device__ __forceinline__ void wait_for_gate(const uint64_t* word, uint64_t want, const KernelWait& c) {
-  for (unsigned spins = 1; load_acquire(word) != want; ++spins)
+  for (unsigned spins = 1; load_acquire(word) < want; ++spins)
     if (spins % kSpinsPerLook == 0 && *c.abort) break;
 }
 
