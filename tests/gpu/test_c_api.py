@@ -2,7 +2,8 @@
 all_gather with host and stream triggers, a refused call; every byte checked)
 built with CMake and run on every visible GPU, from one process
 (ferry_comm_init_local) and from one process per GPU (ferry_comm_init with the
-example's own all-gather)."""
+example's own all-gather); examples/kv_c_api.c (paged KV transfers in every
+mode, every page checked, and the errors bad input gets) on GPU 0."""
 
 import os
 import subprocess
@@ -14,19 +15,19 @@ from conftest import GPU_COUNT
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _example_binary() -> str:
+def _example_binary(name: str = "ferry_example_c") -> str:
     """scripts/test's build when it has the example, else a build of our own."""
-    built = os.path.join(ROOT, "build", "cpu-tests", "ferry_example_c")
+    built = os.path.join(ROOT, "build", "cpu-tests", name)
     if os.access(built, os.X_OK):
         return built
     build = os.path.join(ROOT, "build", "c-api")
     for cmd in (
         ["cmake", "-S", ROOT, "-B", build, "-G", "Ninja", "-DFERRY_BUILD_TESTS=OFF"],
-        ["cmake", "--build", build, "--target", "ferry_example_c"],
+        ["cmake", "--build", build, "--target", name],
     ):
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         assert run.returncode == 0, f"{' '.join(cmd)} failed:\n{run.stdout[-3000:]}{run.stderr[-3000:]}"
-    return os.path.join(build, "ferry_example_c")
+    return os.path.join(build, name)
 
 
 @pytest.mark.parametrize("mode", ["one-process", "process-per-gpu"])
@@ -40,3 +41,14 @@ def test_c_api_end_to_end(mode):
     run = subprocess.run([_example_binary(), *args], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert run.stdout.startswith("ok"), run.stdout
+
+
+def test_kv_c_api_end_to_end():
+    env = dict(os.environ, **_checks.SAFE_ENV)
+    run = subprocess.run(
+        [_example_binary("ferry_example_kv_c")], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "kv_c_api: all checks passed" in run.stdout, run.stdout
+    # Every mode ran and left the pages it was not asked to touch alone.
+    assert run.stdout.count("0 wrong pages, untouched pages intact") == 5, run.stdout
