@@ -983,8 +983,10 @@ def child_setup(cfg: Config) -> None:
         os.environ["FERRY_SHARED_GPUS"] = "1"
     import faulthandler
 
-    # A hung child says where every thread is.
+    # A hung child says where every thread is: at its own deadline, and when
+    # the parent gives up on it (SIGUSR1, just before it kills it).
     faulthandler.dump_traceback_later(cfg.dump_s, exit=True)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 def result_of(fz: Optional[Fuzzer], rank, error: Optional[str] = None, error_time=None) -> dict:
@@ -1069,6 +1071,26 @@ def proc_worker(cfg: Config, rank: int, port: int, queue) -> None:
 CHILDREN: list = []
 
 
+def native_stacks(pid: int) -> None:
+    """Every thread's native stack of a hung process, where gdb is installed
+    (which ferry call a Python frame is stuck in, and where below it)."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("gdb"):
+        return
+    with contextlib.suppress(Exception):
+        run = subprocess.run(
+            ["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt 25"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        frames = [ln for ln in run.stdout.splitlines() if ln.startswith(("#", "Thread"))]
+        sys.stderr.write("\n".join(frames[:400]) + "\n")
+        sys.stderr.flush()
+
+
 def end_children(signum, frame) -> None:
     """SIGTERM (e.g. from `timeout`): the ranks go too."""
     for p in CHILDREN:
@@ -1133,6 +1155,12 @@ def spawn_world(cfg: Config, deadline_s: float):
         p.join(3)
         if p.is_alive():
             hung.append(r)
+            sys.stderr.write(f"fuzz: rank {r} hung; its threads' stacks:\n")
+            sys.stderr.flush()
+            with contextlib.suppress(OSError):
+                os.kill(p.pid, signal.SIGUSR1)
+            time.sleep(2)
+            native_stacks(p.pid)
             p.kill()
             p.join(3)
     exitcodes = {r: p.exitcode for r, p in procs.items()}
