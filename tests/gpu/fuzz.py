@@ -1078,6 +1078,18 @@ def native_stacks(pid: int) -> None:
     import subprocess
 
     if not shutil.which("gdb"):
+        # Without gdb: where each thread sits in the kernel (futex: a lock;
+        # ioctl: the driver), which tells a lock held elsewhere from a wait
+        # on the GPU.
+        names = {"202": "futex", "16": "ioctl", "7": "poll", "232": "epoll_wait", "230": "nanosleep"}
+        with contextlib.suppress(OSError):
+            for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
+                t = f"/proc/{pid}/task/{tid}"
+                read = lambda f: open(f"{t}/{f}").read().strip()  # noqa: E731
+                call = read("syscall").split()[0]
+                sys.stderr.write(
+                    f"  thread {tid} {read('comm')}: {names.get(call, 'syscall ' + call)}, {read('wchan')}\n"
+                )
         return
     with contextlib.suppress(Exception):
         run = subprocess.run(
