@@ -1341,7 +1341,8 @@ def make_config(args, world: int, gpus: int, ops: int, fault=None, procs=None) -
         replay=args.replay,
         progress_s=args.progress,
         fault=fault,
-        dump_s=min(args.deadline, 300.0) if fault else args.deadline,
+        dump_s=(min(args.deadline, 300.0) if fault else args.deadline)
+        + 30,  # after the parent asks (SIGUSR1)
     )
 
 
