@@ -987,6 +987,11 @@ def child_setup(cfg: Config) -> None:
     # the parent gives up on it (SIGUSR1, just before it kills it).
     faulthandler.dump_traceback_later(cfg.dump_s, exit=True)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    if os.environ.get("FUZZ_NATIVE_STACK_LIB"):
+        with contextlib.suppress(OSError):
+            import ctypes
+
+            ctypes.CDLL(os.environ["FUZZ_NATIVE_STACK_LIB"])  # SIGUSR2: this thread's native stack
 
 
 def result_of(fz: Optional[Fuzzer], rank, error: Optional[str] = None, error_time=None) -> dict:
@@ -1071,12 +1076,40 @@ def proc_worker(cfg: Config, rank: int, port: int, queue) -> None:
 CHILDREN: list = []
 
 
+def build_native_stack_helper() -> None:
+    """Compiles native_stack.c (beside this file) where gcc is, for the
+    children to load: a hung one then prints its threads' native stacks."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native_stack.c")
+    if os.environ.get("FUZZ_NATIVE_STACK_LIB") or not shutil.which("gcc") or not os.path.exists(src):
+        return
+    out = os.path.join(tempfile.mkdtemp(prefix="fuzz-"), "native_stack.so")
+    with contextlib.suppress(Exception):
+        if (
+            subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", out, src], capture_output=True).returncode
+            == 0
+        ):
+            os.environ["FUZZ_NATIVE_STACK_LIB"] = out
+
+
 def native_stacks(pid: int) -> None:
     """Every thread's native stack of a hung process, where gdb is installed
     (which ferry call a Python frame is stuck in, and where below it)."""
     import shutil
     import subprocess
 
+    lib = os.environ.get("FUZZ_NATIVE_STACK_LIB")
+    if lib and not shutil.which("gdb"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        with contextlib.suppress(OSError):
+            for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
+                libc.syscall(234, pid, int(tid), signal.SIGUSR2)  # tgkill
+                time.sleep(0.3)
     if not shutil.which("gdb"):
         # Without gdb: where each thread sits in the kernel (futex: a lock;
         # ioctl: the driver), which tells a lock held elsewhere from a wait
@@ -1406,6 +1439,7 @@ def main(argv=None) -> int:
     os.environ.update(SAFE_ENV)
     for k, v in CHILD_ENV.items():
         os.environ.setdefault(k, v)
+    build_native_stack_helper()
     import torch
 
     visible = torch.cuda.device_count()
