@@ -57,6 +57,7 @@ constexpr size_t kReplayCapacity = 256;
 
 void Communicator::init_common(double timeout_s, int device) {
   timeout_s_ = timeout_s > 0 ? timeout_s : knob_float("FERRY_TIMEOUT_S");
+  exit_after_s_ = knob_float("FERRY_EXIT_AFTER_S");
   cudaDeviceProp prop{};
   FERRY_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   gpu_name_ = prop.name;
@@ -442,6 +443,7 @@ void Communicator::fail(const std::string& message) {
   std::lock_guard<std::mutex> lock(error_mu_);
   if (error_.empty()) {
     error_ = message;
+    failed_at_ = std::chrono::steady_clock::now();
     // Also said at once: the next call that raises it may be far away (a
     // graph being replayed makes no ferry call at all).
     std::fprintf(stderr, "ferry: communicator failed: %s\n", message.c_str());

@@ -287,6 +287,7 @@ class Communicator {
   void release_waits(int local, uint64_t value, uint64_t ready_peers, uint64_t done_peers);
 
   void watchdog_loop();
+  void exit_if_undelivered();
   bool diagnose_and_unblock(int local, const Expectation& x, double age_s);
   void watch_captured(Captured& c);
   void fail_untriggered(int local, const InFlight::Pending& p);
@@ -330,6 +331,8 @@ class Communicator {
   std::string error_;
   std::atomic<bool> broken_{false};
   bool error_reported_ = false;
+  std::chrono::steady_clock::time_point failed_at_;  // under error_mu_
+  double exit_after_s_ = 0;                          // FERRY_EXIT_AFTER_S
 
   struct MismatchSeen {
     uint64_t seq = 0;

@@ -13,4 +13,8 @@ ArmedLook look_at_armed(bool gate_on_device, double age_s, double read_after_s, 
   return ArmedLook::kNothing;
 }
 
+bool exit_undelivered_failure(double exit_after_s, bool failed, bool raised, double since_failure_s) {
+  return exit_after_s > 0 && failed && !raised && since_failure_s >= exit_after_s;
+}
+
 }  // namespace ferry

@@ -31,4 +31,12 @@ enum class ArmedLook {
 // saw this once).
 ArmedLook look_at_armed(bool gate_on_device, double age_s, double read_after_s, double timeout_s);
 
+// Whether the watchdog ends the process: the communicator failed
+// `since_failure_s` ago and no ferry call has raised the error yet
+// (`raised`), which happens when the thread that would make the next call is
+// stuck where no error reaches it, e.g. inside a CUDA call that waits for the
+// GPU to go idle while a stream waits for a dead peer. `exit_after_s` is
+// FERRY_EXIT_AFTER_S; 0 never ends it.
+bool exit_undelivered_failure(double exit_after_s, bool failed, bool raised, double since_failure_s);
+
 }  // namespace ferry

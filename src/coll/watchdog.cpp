@@ -5,6 +5,7 @@
 // coll/watch_rules.hpp; this file reads the state they need and acts.
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <thread>
 
 #include "coll/communicator.hpp"
@@ -83,8 +84,25 @@ void Communicator::watchdog_loop() {
       std::lock_guard<std::mutex> cl(captured_mu_);
       for (auto& [key, c] : captured_) watch_captured(c);
     }
+    exit_if_undelivered();
     lock.lock();
   }
+}
+
+// A failure that no ferry call has raised within FERRY_EXIT_AFTER_S ends the
+// process: the thread that would make the next call may be stuck inside CUDA,
+// where no error reaches it, and a process that hangs helps nobody.
+void Communicator::exit_if_undelivered() {
+  if (!broken_) return;
+  std::lock_guard<std::mutex> lock(error_mu_);
+  const double since = std::chrono::duration<double>(std::chrono::steady_clock::now() - failed_at_).count();
+  if (!exit_undelivered_failure(exit_after_s_, true, error_reported_, since)) return;
+  std::fprintf(stderr,
+               "ferry: ending the process (status 75): no ferry call raised this error within FERRY_EXIT_AFTER_S=%g "
+               "s, so the program is likely stuck where no error reaches it: %s\n",
+               exit_after_s_, error_.c_str());
+  std::fflush(stderr);
+  std::_Exit(75);
 }
 
 // A prepared collective armed for longer than the timeout without its trigger

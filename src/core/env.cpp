@@ -29,6 +29,11 @@ const std::vector<Knob>& knobs() {
        "decides"},
       {"FERRY_PORT", "int", "0", "TCP port of ferry's bootstrap store for ferry.init(); 0: MASTER_PORT + 1"},
       {"FERRY_WATCHDOG_MS", "int", "10", "how often the watchdog looks at unfinished collectives"},
+      {"FERRY_EXIT_AFTER_S", "float", "0",
+       "seconds after a communicator failed (a peer died or timed out) with no ferry call raising the error, after "
+       "which the watchdog ends the process with status 75 and the error on stderr: a thread stuck inside CUDA "
+       "(e.g. a kernel's first launch under lazy loading, or a graph instantiation, waiting for a stream that "
+       "waits for the dead peer) hears no error otherwise; 0: never"},
       {"FERRY_TUNING", "string", "",
        "the selector's table: a shipped preset, 'sm-free' (the default: copy engines only) or 'latency' (SMs where "
        "faster), or a `ferry tune` JSON file"},

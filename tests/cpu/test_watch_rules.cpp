@@ -32,4 +32,12 @@ TEST(ArmedLook, PastTheTimeoutTheGateIsOpenedAndNotRead) {
   EXPECT_EQ(look_at_armed(false, 2.01, 0.05, 2.0), ArmedLook::kOpenGate);
 }
 
+TEST(ExitUndelivered, OnlyWhenOnAndTheErrorWasNotRaisedInTime) {
+  EXPECT_FALSE(exit_undelivered_failure(0, true, false, 1e9));   // off by default
+  EXPECT_FALSE(exit_undelivered_failure(5, false, false, 1e9));  // nothing failed
+  EXPECT_FALSE(exit_undelivered_failure(5, true, true, 1e9));    // a call raised it: the program knows
+  EXPECT_FALSE(exit_undelivered_failure(5, true, false, 4.9));
+  EXPECT_TRUE(exit_undelivered_failure(5, true, false, 5.0));
+}
+
 }  // namespace ferry

@@ -32,7 +32,11 @@ bytes written outside any output. One host synchronization per batch.
 Fault mode (--fault N, process per rank): in each of N trials one rank's
 process kills itself (SIGKILL) at a random point of a random operation;
 every other rank must get a ferry error that names the dead rank within the
-communicator's timeout (--timeout) plus 5 s, and no process may hang.
+communicator's timeout (--timeout) plus 5 s, and no process may hang. A
+survivor whose thread is stuck inside CUDA, where no error reaches it (see
+docs/api.md, "When a run hangs or fails"), passes only if ferry's watchdog
+ends it (FERRY_EXIT_AFTER_S, --exit-after) with a message naming the dead
+rank; --exit-after 0 makes such a survivor fail the trial.
 
 Exit status 0 when every operation passed (and, in fault mode, every trial).
 A failure prints the command that replays its operation (--replay INDEX).
@@ -118,6 +122,8 @@ class Config:
     max_failures: int = 20
     fault: Optional[dict] = None  # victim, kill_op, point, delay_s (fault mode)
     dump_s: float = 3600.0  # a child still running then prints its threads' stacks and exits
+    exit_after_s: float = 0.0  # FERRY_EXIT_AFTER_S of the ranks (fault mode)
+    stderr_dir: str = ""  # each rank's stderr goes to rank-<r>.err here (fault mode)
 
     @property
     def ranks_per_gpu(self) -> int:
@@ -1035,6 +1041,11 @@ def proc_worker(cfg: Config, rank: int, port: int, queue) -> None:
     """One rank (ferry.init). In fault mode a survivor stops at its first
     ferry error and reports it with the time it came."""
     child_setup(cfg)
+    if cfg.stderr_dir:  # the parent reads what ferry said before ending this process
+        fd = os.open(os.path.join(cfg.stderr_dir, f"rank-{rank}.err"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(fd, 2)
+    if cfg.exit_after_s:
+        os.environ["FERRY_EXIT_AFTER_S"] = str(cfg.exit_after_s)
     os.environ["FERRY_PORT"] = str(port)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     fz = None
@@ -1293,6 +1304,9 @@ def run_faults(args, worlds: List[int], gpus: int) -> dict:
             "delay_s": rng.uniform(0, 0.003),
         }
         cfg = make_config(args, world, gpus, kill_op + 64, fault=fault, procs=True)
+        import tempfile
+
+        cfg.stderr_dir = tempfile.mkdtemp(prefix="fuzz-fault-")
         victim_op = plan_op(cfg, kill_op)
         label = (
             f"fault trial {t + 1}/{args.fault}: world {world}, rank {fault['victim']} killed ({point}) at"
@@ -1300,7 +1314,13 @@ def run_faults(args, worlds: List[int], gpus: int) -> dict:
         )
         print(f"fuzz: {label}", file=sys.stderr, flush=True)
         results, hung, died, codes = spawn_world(cfg, deadline_s=min(args.deadline, 300.0))
-        problems, latencies = [], []
+        said = {}
+        for r in range(world):  # the ranks' stderr, into the log, and kept to judge exits
+            with contextlib.suppress(OSError):
+                path = os.path.join(cfg.stderr_dir, f"rank-{r}.err")
+                said[r] = (open(path, errors="replace").read(), os.path.getmtime(path))
+                sys.stderr.write(said[r][0])
+        problems, latencies, exits = [], [], []
         if codes.get(fault["victim"]) != -signal.SIGKILL:
             res = results.get(fault["victim"], {})
             problems.append(
@@ -1311,6 +1331,19 @@ def run_faults(args, worlds: List[int], gpus: int) -> dict:
             if r == fault["victim"]:
                 continue
             res = results.get(r)
+            if res is None and codes.get(r) == 75 and cfg.exit_after_s:
+                # Stuck where no error reached it; ferry's watchdog ended it
+                # (FERRY_EXIT_AFTER_S) after saying why, which must name the victim.
+                text, ended = said.get(r, ("", 0.0))
+                if not re.search(rf"ferry: ending the process.*\brank {fault['victim']}\b", text):
+                    problems.append(
+                        f"rank {r}: ended by ferry without naming rank {fault['victim']}: {text[-1500:]}"
+                    )
+                elif died is not None and ended - died > cfg.timeout + cfg.exit_after_s + 5:
+                    problems.append(f"rank {r}: ended {ended - died:.1f} s after rank {fault['victim']} died")
+                else:
+                    exits.append(r)
+                continue
             if res is None:
                 problems.append(
                     f"rank {r}: {'HUNG (killed after the deadline)' if r in hung else 'no report'}"
@@ -1337,6 +1370,8 @@ def run_faults(args, worlds: List[int], gpus: int) -> dict:
         ok = not problems
         summary["passed" if ok else "failed"] += 1
         lat = f", named within {max(latencies):.2f} s" if latencies else ""
+        if exits:
+            lat += f"; rank(s) {exits} stuck inside CUDA, ended by ferry (status 75) naming it"
         print(f"fuzz: {label}: {'ok' if ok else 'FAILED'}{lat}")
         for p in problems[:8]:
             print(f"  {p}")
@@ -1348,6 +1383,7 @@ def run_faults(args, worlds: List[int], gpus: int) -> dict:
                 "ok": ok,
                 "problems": problems,
                 "latencies_s": latencies,
+                "ended_by_ferry": exits,
             }
         )
     return summary
@@ -1376,6 +1412,7 @@ def make_config(args, world: int, gpus: int, ops: int, fault=None, procs=None) -
         fault=fault,
         dump_s=(min(args.deadline, 300.0) if fault else args.deadline)
         + 30,  # after the parent asks (SIGUSR1)
+        exit_after_s=args.exit_after if fault else 0.0,
     )
 
 
@@ -1424,6 +1461,13 @@ def parse_args(argv=None):
         "--fault-ops", type=int, default=200, help="fault mode: the kill comes within this many ops"
     )
     p.add_argument("--deadline", type=float, default=3600.0, help="seconds before a world counts as hung")
+    p.add_argument(
+        "--exit-after",
+        type=float,
+        default=5.0,
+        help="fault mode: the ranks' FERRY_EXIT_AFTER_S (a survivor stuck inside CUDA is ended by ferry, "
+        "naming the dead rank; 0: such a survivor hangs and fails the trial)",
+    )
     p.add_argument("--progress", type=float, default=5.0, help="seconds between progress lines (0: none)")
     p.add_argument("--json", default="", help="write the summary here")
     p.add_argument("--show", type=int, default=10, help="failures printed")
