@@ -524,6 +524,7 @@ void Communicator::close() {
   }
   watchdog_cv_.notify_all();
   if (watchdog_.joinable()) watchdog_.join();
+  if (exit_guard_.joinable()) exit_guard_.join();
   // ferry's own streams only, not the whole device; bounded: a stream still
   // blocked now stays blocked (its memory is then released under it, which
   // CUDA reports on that stream, not here).

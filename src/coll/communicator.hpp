@@ -341,6 +341,10 @@ class Communicator {
   };
   std::vector<MismatchSeen> mismatch_seen_ = std::vector<MismatchSeen>(kMaxRanks * kMaxRanks);  // [local][peer]
   std::thread watchdog_;
+  // Ends an undelivered failure (FERRY_EXIT_AFTER_S): a thread of its own,
+  // which makes no CUDA call, since the watchdog's calls can wait inside CUDA
+  // behind the very thread that is stuck.
+  std::thread exit_guard_;
   std::mutex watchdog_mu_;
   std::condition_variable watchdog_cv_;
   bool stop_watchdog_ = false;

@@ -46,6 +46,16 @@ cudaStream_t idle_rescue(int device, cudaStream_t rescue, std::chrono::microseco
 
 void Communicator::start_watchdog() {
   watchdog_ = std::thread([this] { watchdog_loop(); });
+  if (exit_after_s_ > 0)
+    exit_guard_ = std::thread([this] {
+      std::unique_lock<std::mutex> lock(watchdog_mu_);
+      while (!stop_watchdog_) {
+        watchdog_cv_.wait_for(lock, std::chrono::milliseconds(100));
+        lock.unlock();
+        exit_if_undelivered();
+        lock.lock();
+      }
+    });
 }
 
 void Communicator::watchdog_loop() {
@@ -84,7 +94,6 @@ void Communicator::watchdog_loop() {
       std::lock_guard<std::mutex> cl(captured_mu_);
       for (auto& [key, c] : captured_) watch_captured(c);
     }
-    exit_if_undelivered();
     lock.lock();
   }
 }
