@@ -345,6 +345,7 @@ class Communicator {
   // which makes no CUDA call, since the watchdog's calls can wait inside CUDA
   // behind the very thread that is stuck.
   std::thread exit_guard_;
+  std::atomic<int64_t> watchdog_tick_ns_{0};  // steady clock at the start of the watchdog's look; 0 between looks
   std::mutex watchdog_mu_;
   std::condition_variable watchdog_cv_;
   bool stop_watchdog_ = false;

@@ -17,4 +17,8 @@ bool exit_undelivered_failure(double exit_after_s, bool failed, bool raised, dou
   return exit_after_s > 0 && failed && !raised && since_failure_s >= exit_after_s;
 }
 
+bool exit_stuck_watchdog(double exit_after_s, double timeout_s, double stuck_s) {
+  return exit_after_s > 0 && stuck_s > timeout_s + exit_after_s;
+}
+
 }  // namespace ferry

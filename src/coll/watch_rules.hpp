@@ -39,4 +39,10 @@ ArmedLook look_at_armed(bool gate_on_device, double age_s, double read_after_s, 
 // FERRY_EXIT_AFTER_S; 0 never ends it.
 bool exit_undelivered_failure(double exit_after_s, bool failed, bool raised, double since_failure_s);
 
+// Whether the process ends because the watchdog's current look has lasted
+// `stuck_s`: longer than the timeout plus FERRY_EXIT_AFTER_S means one of its
+// CUDA calls waits behind another thread that waits for the GPU, and nothing
+// will name a peer or release a stream any more.
+bool exit_stuck_watchdog(double exit_after_s, double timeout_s, double stuck_s);
+
 }  // namespace ferry

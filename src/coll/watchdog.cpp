@@ -69,6 +69,7 @@ void Communicator::watchdog_loop() {
     watchdog_cv_.wait_for(lock, interval);
     if (stop_watchdog_) break;
     lock.unlock();
+    watchdog_tick_ns_.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
     publish_progress();
     for (int i = 0; i < local_count(); ++i) {
       check_kernel_fault(i);
@@ -94,6 +95,7 @@ void Communicator::watchdog_loop() {
       std::lock_guard<std::mutex> cl(captured_mu_);
       for (auto& [key, c] : captured_) watch_captured(c);
     }
+    watchdog_tick_ns_.store(0, std::memory_order_relaxed);
     lock.lock();
   }
 }
@@ -102,6 +104,23 @@ void Communicator::watchdog_loop() {
 // process: the thread that would make the next call may be stuck inside CUDA,
 // where no error reaches it, and a process that hangs helps nobody.
 void Communicator::exit_if_undelivered() {
+  // The watchdog itself stuck inside a CUDA call for longer than a timeout:
+  // it can neither name a peer nor release a stream, so nothing else will.
+  const int64_t tick = watchdog_tick_ns_.load(std::memory_order_relaxed);
+  const double stuck_s = tick ? std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch() -
+                                                              std::chrono::steady_clock::duration(tick))
+                                    .count()
+                              : 0.0;
+  if (exit_stuck_watchdog(exit_after_s_, timeout_s_, stuck_s)) {
+    std::fprintf(stderr,
+                 "ferry: ending the process (status 75): ferry's watchdog has waited inside a CUDA call for %.0f s, "
+                 "longer than the timeout (%g s) plus FERRY_EXIT_AFTER_S=%g s; another thread of this process holds "
+                 "CUDA while it waits for the GPU, which is likely held by a stream wait of ferry that no peer will "
+                 "satisfy\n",
+                 stuck_s, timeout_s_, exit_after_s_);
+    std::fflush(stderr);
+    std::_Exit(75);
+  }
   if (!broken_) return;
   std::lock_guard<std::mutex> lock(error_mu_);
   const double since = std::chrono::duration<double>(std::chrono::steady_clock::now() - failed_at_).count();

@@ -40,4 +40,11 @@ TEST(ExitUndelivered, OnlyWhenOnAndTheErrorWasNotRaisedInTime) {
   EXPECT_TRUE(exit_undelivered_failure(5, true, false, 5.0));
 }
 
+TEST(ExitStuckWatchdog, OnlyWhenOnAndALookOutlastsTimeoutPlusGrace) {
+  EXPECT_FALSE(exit_stuck_watchdog(0, 10, 1e9));
+  EXPECT_FALSE(exit_stuck_watchdog(5, 10, 0));  // between looks
+  EXPECT_FALSE(exit_stuck_watchdog(5, 10, 15));
+  EXPECT_TRUE(exit_stuck_watchdog(5, 10, 15.1));
+}
+
 }  // namespace ferry
