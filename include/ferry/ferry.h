@@ -36,7 +36,8 @@ typedef enum {
   FERRY_ERROR_CLOSED = 7,           /* the communicator is closed */
   FERRY_ERROR_UNSUPPORTED = 8,      /* the driver or device lacks a needed feature */
   FERRY_ERROR_BROKEN = 9,           /* an earlier collective failed; close the communicator */
-  FERRY_ERROR_INTERNAL = 10
+  FERRY_ERROR_INTERNAL = 10,
+  FERRY_ERROR_OUT_OF_MEMORY = 11 /* the symmetric heap is full; the message names the knob that sizes it */
 } ferry_result_t;
 
 /* Message for the last failure on this thread ("" if none). */

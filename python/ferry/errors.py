@@ -14,6 +14,7 @@ if native is not None:
     ClosedError = native.ClosedError
     UnsupportedError = native.UnsupportedError
     BrokenError = native.BrokenError
+    OutOfMemoryError = native.OutOfMemoryError
 else:  # pragma: no cover - only without the extension
 
     class FerryError(RuntimeError):
@@ -46,6 +47,9 @@ else:  # pragma: no cover - only without the extension
     class BrokenError(FerryError):
         pass
 
+    class OutOfMemoryError(FerryError, MemoryError):
+        pass
+
 
 __all__ = [
     "BrokenError",
@@ -55,6 +59,7 @@ __all__ = [
     "InvalidArgumentError",
     "NoGpuError",
     "NotRegisteredError",
+    "OutOfMemoryError",
     "PeerTimeoutError",
     "SystemCallError",
     "UnsupportedError",

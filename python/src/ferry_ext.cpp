@@ -66,6 +66,8 @@ void declare_exceptions(nb::module_& m) {
   g_exc.by_code[FERRY_ERROR_CLOSED] = sub("ClosedError", nullptr, "The communicator is closed.");
   g_exc.by_code[FERRY_ERROR_UNSUPPORTED] = sub("UnsupportedError", nullptr, "The machine lacks a needed feature.");
   g_exc.by_code[FERRY_ERROR_BROKEN] = sub("BrokenError", nullptr, "An earlier collective failed.");
+  g_exc.by_code[FERRY_ERROR_OUT_OF_MEMORY] =
+      sub("OutOfMemoryError", PyExc_MemoryError, "The symmetric heap has no room; the message names the knob.");
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);

@@ -137,6 +137,8 @@ const char* ferry_result_name(ferry_result_t r) {
       return "FERRY_ERROR_BROKEN";
     case FERRY_ERROR_INTERNAL:
       return "FERRY_ERROR_INTERNAL";
+    case FERRY_ERROR_OUT_OF_MEMORY:
+      return "FERRY_ERROR_OUT_OF_MEMORY";
   }
   return "FERRY_ERROR_UNKNOWN";
 }

@@ -220,6 +220,26 @@ Communicator::~Communicator() {
   }
 }
 
+Group Communicator::group() {
+  ensure_open("group");
+  Group g;
+  g.world = world_;
+  for (auto& L : locals_) {
+    g.ranks.push_back(L->rank);
+    g.devices.push_back(L->device);
+  }
+  g.timeout_s = timeout_s_;
+  if (multi_process_) {
+    g.allgather = allgather_;
+    g.fds = fds_.get();
+    g.socket_paths = socket_paths_;
+    // Descriptor messages of the communicator and of its users share one
+    // numbering, so that every rank gives the same tag to the same message.
+    g.next_tag = [this] { return next_fd_tag_++; };
+  }
+  return g;
+}
+
 std::vector<std::string> Communicator::allgather(const std::string& mine, const char* what) {
   auto all = allgather_(mine);
   if (static_cast<int>(all.size()) != world_)

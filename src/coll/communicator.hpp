@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "bootstrap/group.hpp"
 #include "bootstrap/unix_socket.hpp"
 #include "coll/call_memo.hpp"
 #include "coll/flags.hpp"
@@ -34,10 +35,6 @@
 #include "symm/shared_host_memory.hpp"
 
 namespace ferry {
-
-// Out-of-band all-gather of one blob per rank (rank order). Must be bounded in
-// time and name missing ranks when it gives up.
-using AllGatherFn = std::function<std::vector<std::string>(const std::string& mine)>;
 
 class Communicator {
  public:
@@ -56,6 +53,8 @@ class Communicator {
   int rank(int local) const { return locals_.at(local)->rank; }
   int device(int local) const { return locals_.at(local)->device; }
   double timeout_s() const { return timeout_s_; }
+  // Its ranks as the memory layer sees them (symm/heap.hpp); valid while it is open.
+  Group group();
 
   // Collective. One pointer per local rank.
   std::vector<void*> alloc(size_t bytes);

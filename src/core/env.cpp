@@ -28,6 +28,12 @@ const std::vector<Knob>& knobs() {
        "force a variant for every collective (b2b, seq, pcpy, or sm where a call can take it); empty: the selector "
        "decides"},
       {"FERRY_PORT", "int", "0", "TCP port of ferry's bootstrap store for ferry.init(); 0: MASTER_PORT + 1"},
+      {"FERRY_SYMM_HEAP_BYTES", "int", "34359738368",
+       "capacity of each rank's symmetric heap when ferry.symm.Heap is given none (address space: physical memory "
+       "is mapped only as allocations need it); every rank must use the same"},
+      {"FERRY_SYMM_CHUNK_BYTES", "int", "268435456",
+       "least physical memory the symmetric heap maps at a time when an allocation needs more (one descriptor per "
+       "rank and chunk is exchanged)"},
       {"FERRY_WATCHDOG_MS", "int", "10", "how often the watchdog looks at unfinished collectives"},
       {"FERRY_EXIT_AFTER_S", "float", "0",
        "seconds after a communicator failed (a peer died or timed out) with no ferry call raising the error, after "

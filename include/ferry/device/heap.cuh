@@ -1,0 +1,87 @@
+/* The symmetric heap as a kernel sees it.
+ *
+ * Every rank of a heap reserves one range of addresses holding every rank's
+ * heap, rank r's at base + r * stride, and an allocation sits at the same
+ * offset in each. So the address of a peer's copy of an object is the
+ * object's own address moved by (peer - rank) * stride: no table, no lookup.
+ *
+ *   __global__ void k(ferry::device::Heap h, float* x) {   // x: on the heap
+ *     float* xs_on_peer = h.peer_ptr(x, (h.rank + 1) % h.world);
+ *   }
+ *
+ * The handle is a plain struct passed to kernels by value; it stays valid
+ * until the heap is closed. Python: ferry.symm.Heap.handle(); C++: SymmetricHeap::handle().
+ */
+#ifndef FERRY_DEVICE_HEAP_CUH_
+#define FERRY_DEVICE_HEAP_CUH_
+
+#include <stdint.h>
+
+#if defined(__CUDACC__)
+#define FERRY_DEVICE_HD __host__ __device__ __forceinline__
+#else
+#define FERRY_DEVICE_HD inline
+#endif
+
+namespace ferry {
+namespace device {
+
+constexpr int kMaxHeapRanks = 64;
+constexpr int kStagingSlots = 1024;
+
+/* At offset 0 of every rank's heap: ferry's own words. User allocations
+ * start at kHeapReservedBytes. */
+struct HeapSync {
+  uint64_t arrivals[kMaxHeapRanks];         /* [src]: device barriers src announced to this rank */
+  uint64_t completed[kMaxHeapRanks];        /* [src]: device barriers this rank finished with src */
+  uint64_t stream_arrivals[kMaxHeapRanks];  /* [src]: barrier_on_stream announcements (copy engines) */
+  uint64_t staging[kStagingSlots];          /* values that signals on a stream copy to peers */
+};
+constexpr uint64_t kHeapReservedBytes = 16384;
+static_assert(sizeof(HeapSync) <= kHeapReservedBytes, "HeapSync must fit the heap's reserved front");
+
+/* What a bounded wait that gave up was waiting for. */
+enum class WaitKind : uint32_t {
+  kBarrier = 1,
+  kSignal = 2,
+  kWaitUntil = 3,
+  kBadTeam = 4,
+  kStreamWait = 5,    /* the host API's wait on a stream */
+  kStreamBarrier = 6  /* barrier_on_stream */
+};
+
+/* The word such a wait leaves in Heap::fault (the first one stays):
+ * bit 63, the WaitKind in bits 32-39, the peer (or -1 as 0xffffffff) below. */
+constexpr uint64_t kHeapFaultBit = uint64_t(1) << 63;
+FERRY_DEVICE_HD uint64_t heap_fault_word(WaitKind kind, int peer) {
+  return kHeapFaultBit | (uint64_t(kind) << 32) | uint64_t(uint32_t(peer));
+}
+
+struct Heap {
+  char* base;           /* rank 0's heap as mapped in this process */
+  uint64_t stride;      /* bytes from one rank's heap to the next: the heap's capacity */
+  int rank;             /* the rank this handle belongs to */
+  int world;            /* ranks in the heap */
+  unsigned long long* fault; /* pinned host word: where a wait that gave up names its peer */
+  uint64_t timeout_ns;  /* bound on every wait of the device API */
+
+  FERRY_DEVICE_HD char* rank_base(int r) const { return base + uint64_t(r) * stride; }
+  FERRY_DEVICE_HD char* own_base() const { return rank_base(rank); }
+  FERRY_DEVICE_HD HeapSync* sync(int r) const { return reinterpret_cast<HeapSync*>(rank_base(r)); }
+  /* `p` (an address in this rank's heap) as `peer`'s copy of the same object. */
+  template <class T>
+  FERRY_DEVICE_HD T* peer_ptr(T* p, int peer) const {
+    return reinterpret_cast<T*>(reinterpret_cast<char*>(const_cast<void*>(static_cast<const void*>(p))) +
+                                (int64_t(peer) - int64_t(rank)) * int64_t(stride));
+  }
+  /* Whether [p, p + bytes) lies in this rank's heap. */
+  FERRY_DEVICE_HD bool contains(const void* p, uint64_t bytes) const {
+    const char* c = static_cast<const char*>(p);
+    return c >= own_base() && bytes <= stride && uint64_t(c - own_base()) <= stride - bytes;
+  }
+};
+
+}  // namespace device
+}  // namespace ferry
+
+#endif /* FERRY_DEVICE_HEAP_CUH_ */

@@ -1,0 +1,89 @@
+/* Internals of the device API: system-scope loads and stores, the clock, and
+ * the bounded spin every wait of it uses. Not a public header of its own. */
+#ifndef FERRY_DEVICE_IMPL_SPIN_CUH_
+#define FERRY_DEVICE_IMPL_SPIN_CUH_
+
+#include <stdint.h>
+
+#include "ferry/device/heap.cuh"
+
+namespace ferry {
+namespace device {
+
+/* How a wait compares the word it watches with its value. */
+enum class Cmp { kEq, kNe, kGt, kGe, kLt, kLe };
+
+namespace impl {
+
+template <class T>
+__device__ __forceinline__ bool compare(T a, Cmp c, T b) {
+  switch (c) {
+    case Cmp::kEq: return a == b;
+    case Cmp::kNe: return a != b;
+    case Cmp::kGt: return a > b;
+    case Cmp::kGe: return a >= b;
+    case Cmp::kLt: return a < b;
+    default: return a <= b;
+  }
+}
+
+__device__ __forceinline__ uint64_t load_acquire(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+template <class T>
+__device__ __forceinline__ T load_acquire_as(const T* p) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "waits watch 32- or 64-bit words");
+  if constexpr (sizeof(T) == 8) {
+    uint64_t v = load_acquire(reinterpret_cast<const uint64_t*>(p));
+    return *reinterpret_cast<T*>(&v);
+  } else {
+    uint32_t v = load_acquire(reinterpret_cast<const uint32_t*>(p));
+    return *reinterpret_cast<T*>(&v);
+  }
+}
+
+__device__ __forceinline__ void store_release(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ uint64_t now_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+/* Leaves the fault word (the first fault stays). */
+__device__ __forceinline__ void report(const Heap& h, WaitKind kind, int peer) {
+  if (h.fault) atomicCAS_system(h.fault, 0ull, (unsigned long long)heap_fault_word(kind, peer));
+}
+
+/* Spins until ok(); after h.timeout_ns it reports (kind, peer) and returns
+ * false. The clock is read once per 256 looks. */
+template <class Ok>
+__device__ bool spin(const Heap& h, Ok ok, WaitKind kind, int peer) {
+  uint64_t start = 0;
+  for (unsigned looks = 1; !ok(); ++looks) {
+    if (looks % 256) continue;
+    const uint64_t t = now_ns();
+    if (start == 0) {
+      start = t;
+    } else if (t - start > h.timeout_ns) {
+      report(h, kind, peer);
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace impl
+}  // namespace device
+}  // namespace ferry
+
+#endif /* FERRY_DEVICE_IMPL_SPIN_CUH_ */

@@ -1,0 +1,467 @@
+#include "symm/heap.hpp"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "core/cuda_scope.hpp"
+#include "core/driver.hpp"
+#include "core/env.hpp"
+#include "core/error.hpp"
+#include "dma/engine.hpp"
+
+namespace ferry {
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+CUmemAllocationProp chunk_prop(int device, bool exportable) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  prop.requestedHandleTypes = exportable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
+  return prop;
+}
+
+// Read and write access for each distinct GPU in `devices`.
+void set_access(CUdeviceptr ptr, size_t size, const std::vector<int>& devices) {
+  std::vector<CUmemAccessDesc> access;
+  for (int d : devices) {
+    bool seen = false;
+    for (const auto& a : access) seen = seen || a.location.id == d;
+    if (seen) continue;
+    CUmemAccessDesc a{};
+    a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    a.location.id = d;
+    a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    access.push_back(a);
+  }
+  FERRY_CU_CHECK(driver().MemSetAccess(ptr, size, access.data(), access.size()));
+}
+
+const char* kind_name(uint32_t kind) {
+  switch (static_cast<device::WaitKind>(kind)) {
+    case device::WaitKind::kBarrier: return "a barrier";
+    case device::WaitKind::kSignal: return "signal_wait_until";
+    case device::WaitKind::kWaitUntil: return "wait_until";
+    case device::WaitKind::kBadTeam: return "a barrier over a team this rank is not a usable member of";
+    case device::WaitKind::kStreamWait: return "a stream's wait (heap.wait)";
+    case device::WaitKind::kStreamBarrier: return "barrier_on_stream";
+  }
+  return "a wait";
+}
+
+}  // namespace
+
+std::unique_ptr<SymmetricHeap> SymmetricHeap::create(const Group& g, size_t capacity) {
+  FERRY_ARG_CHECK(g.world >= 1 && g.world <= device::kMaxHeapRanks,
+                  "the heap's world is " + std::to_string(g.world) + " ranks; expected 1.." +
+                      std::to_string(device::kMaxHeapRanks));
+  FERRY_ARG_CHECK(g.local_count() >= 1 && g.devices.size() == g.ranks.size(), "the group has no local ranks");
+  std::unique_ptr<SymmetricHeap> h(new SymmetricHeap());
+  h->group_ = g;
+  const DriverApi& cu = driver();
+  DeviceScope scope(g.devices[0]);
+  CUmemAllocationProp prop = chunk_prop(g.devices[0], g.multi_process());
+  FERRY_CU_CHECK(cu.MemGetAllocationGranularity(&h->granularity_, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+  h->capacity_ = heap_capacity(capacity, static_cast<size_t>(knob_int("FERRY_SYMM_HEAP_BYTES")), h->granularity_);
+  h->min_chunk_ = static_cast<size_t>(knob_int("FERRY_SYMM_CHUNK_BYTES"));
+  FERRY_ARG_CHECK(h->capacity_ > device::kHeapReservedBytes,
+                  "capacity is " + std::to_string(h->capacity_) + " bytes; expected more than " +
+                      std::to_string(device::kHeapReservedBytes));
+  // Every rank must take the same capacity: it is the stride kernels use.
+  h->agree("create(capacity " + std::to_string(h->capacity_) + " bytes per rank)");
+  h->allocator_ = HeapAllocator(h->capacity_, device::kHeapReservedBytes);
+  const size_t range = h->capacity_ * static_cast<size_t>(g.world);
+  CUresult r = cu.MemAddressReserve(&h->base_, range, h->granularity_, 0, 0);
+  if (r != CUDA_SUCCESS)
+    throw_error(FERRY_ERROR_OUT_OF_MEMORY,
+                "the symmetric heap could not reserve " + std::to_string(range) + " bytes of address space (" +
+                    std::to_string(g.world) + " ranks x " + std::to_string(h->capacity_) + " bytes: " +
+                    driver_error_name(r) + "); create it with a smaller capacity (FERRY_SYMM_HEAP_BYTES)");
+  try {
+    for (int i = 0; i < g.local_count(); ++i) {
+      void* word = nullptr;
+      FERRY_CUDA_CHECK(cudaHostAlloc(&word, sizeof(unsigned long long), cudaHostAllocMapped | cudaHostAllocPortable));
+      h->fault_.push_back(static_cast<unsigned long long*>(word));
+      *h->fault_.back() = 0;
+    }
+    h->barrier_generation_.assign(g.local_count(), 0);
+    h->staging_next_.assign(g.local_count(), 0);
+    h->grow(device::kHeapReservedBytes);
+    // ferry's words start at zero on every rank before any peer may touch them.
+    for (int i = 0; i < g.local_count(); ++i) {
+      DeviceScope on(g.devices[i]);
+      FERRY_CUDA_CHECK(cudaMemset(h->at(g.ranks[i], 0), 0, device::kHeapReservedBytes));
+      FERRY_CUDA_CHECK(cudaDeviceSynchronize());
+    }
+    h->agree("create (words zeroed)");
+  } catch (...) {
+    h->close();
+    throw;
+  }
+  h->watcher_ = std::thread([p = h.get()] { p->watcher_loop(); });
+  return h;
+}
+
+SymmetricHeap::~SymmetricHeap() {
+  try {
+    close();
+  } catch (...) {
+  }
+}
+
+void SymmetricHeap::close() {
+  if (closed_) return;
+  closed_ = true;
+  {
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    stop_watcher_ = true;
+  }
+  watch_cv_.notify_all();
+  if (watcher_.joinable()) watcher_.join();
+  for (auto& w : watched_) cudaEventDestroy(w.passed);
+  watched_.clear();
+  if (!driver_available()) return;
+  const DriverApi& cu = driver();
+  for (auto& c : chunks_) {
+    cu.MemUnmap(c.ptr, c.size);
+    cu.MemRelease(c.handle);
+  }
+  chunks_.clear();
+  if (base_) cu.MemAddressFree(base_, capacity_ * static_cast<size_t>(group_.world));
+  base_ = 0;
+  for (auto* w : fault_) cudaFreeHost(w);
+  fault_.clear();
+}
+
+void SymmetricHeap::agree(const std::string& what) {
+  const std::string mine = heap_call_record(++calls_, what);
+  if (!group_.multi_process()) return;  // one process makes every rank's call at once
+  auto all = group_.allgather(mine);
+  if (static_cast<int>(all.size()) != group_.world)
+    throw_error(FERRY_ERROR_INTERNAL, "heap: the bootstrap all-gather returned " + std::to_string(all.size()) +
+                                          " records for " + std::to_string(group_.world) + " ranks");
+  std::string mismatch = heap_calls_mismatch(all);
+  if (!mismatch.empty()) throw_error(FERRY_ERROR_INVALID_ARGUMENT, mismatch);
+}
+
+void SymmetricHeap::grow(size_t end) {
+  const size_t new_end = heap_mapped_end(mapped_, end, granularity_, min_chunk_, capacity_);
+  if (new_end <= mapped_) return;
+  const size_t size = new_end - mapped_;
+  const DriverApi& cu = driver();
+  auto map_chunk = [&](int r, CUmemGenericAllocationHandle handle, const std::vector<int>& access) {
+    Chunk c;
+    c.handle = handle;
+    c.size = size;
+    c.ptr = base_ + static_cast<CUdeviceptr>(r) * capacity_ + mapped_;
+    CUresult res = cu.MemMap(c.ptr, size, 0, handle, 0);
+    if (res != CUDA_SUCCESS) {
+      cu.MemRelease(handle);
+      FERRY_CU_CHECK(res);
+    }
+    chunks_.push_back(c);
+    set_access(c.ptr, size, access);
+  };
+  auto create_chunk = [&](int device) {
+    CUmemAllocationProp prop = chunk_prop(device, group_.multi_process());
+    CUmemGenericAllocationHandle handle = 0;
+    CUresult res = cu.MemCreate(&handle, size, &prop, 0);
+    if (res == CUDA_ERROR_OUT_OF_MEMORY)
+      throw_error(FERRY_ERROR_OUT_OF_MEMORY, "the symmetric heap could not map " + std::to_string(size) +
+                                                 " more bytes on GPU " + std::to_string(device) +
+                                                 " (the GPU is out of memory)");
+    FERRY_CU_CHECK(res);
+    return handle;
+  };
+  if (!group_.multi_process()) {
+    for (int i = 0; i < group_.local_count(); ++i) {
+      DeviceScope on(group_.devices[i]);
+      map_chunk(group_.ranks[i], create_chunk(group_.devices[i]), group_.devices);
+    }
+  } else {
+    const int me = group_.ranks[0], dev = group_.devices[0];
+    DeviceScope on(dev);
+    map_chunk(me, create_chunk(dev), {dev});
+    const int tag = group_.next_tag();
+    int fd = -1;
+    FERRY_CU_CHECK(cu.MemExportToShareableHandle(&fd, chunks_.back().handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    try {
+      for (int p = 0; p < group_.world; ++p)
+        if (p != me) group_.fds->send(group_.socket_paths[p], p, tag, {fd}, "", group_.timeout_s);
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    ::close(fd);
+    std::vector<int> peers;
+    for (int p = 0; p < group_.world; ++p)
+      if (p != me) peers.push_back(p);
+    auto got = group_.fds->receive(peers, tag, group_.timeout_s, "their symmetric heap memory");
+    for (auto& [p, msg] : got) {
+      FERRY_ARG_CHECK(msg.fds.size() == 1, "rank " + std::to_string(p) + " sent no heap memory");
+      CUmemGenericAllocationHandle handle = 0;
+      CUresult res = cu.MemImportFromShareableHandle(&handle, reinterpret_cast<void*>(static_cast<intptr_t>(msg.fds[0])),
+                                                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+      ::close(msg.fds[0]);
+      FERRY_CU_CHECK(res);
+      map_chunk(p, handle, {dev});
+    }
+  }
+  mapped_ = new_end;
+}
+
+size_t SymmetricHeap::alloc(size_t bytes, size_t align, cudaStream_t stream) {
+  FERRY_ARG_CHECK(!closed_, "alloc: the heap is closed");
+  agree("alloc(" + std::to_string(bytes) + " bytes, align " + std::to_string(align) + ")");
+  const size_t offset = allocator_.alloc(bytes, align);
+  const size_t end = offset + heap_rounded_bytes(bytes);
+  if (end > mapped_) {
+    bool capturing = false;
+    for (int i = 0; i < local_count() && !capturing; ++i) {
+      DeviceScope on(group_.devices[i]);
+      capturing = dma::is_capturing(stream);
+    }
+    if (capturing) {
+      allocator_.free(offset);
+      throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                  "alloc: " + std::to_string(bytes) +
+                      " bytes need new physical memory, which cannot be mapped while a CUDA graph is being "
+                      "captured; call reserve(" + std::to_string(end - device::kHeapReservedBytes) +
+                      ") on every rank before capturing");
+    }
+    try {
+      grow(end);
+    } catch (...) {
+      allocator_.free(offset);
+      throw;
+    }
+  }
+  return offset;
+}
+
+void SymmetricHeap::free(size_t offset) {
+  FERRY_ARG_CHECK(!closed_, "free: the heap is closed");
+  agree("free(offset " + std::to_string(offset) + ")");
+  allocator_.free(offset);
+}
+
+void SymmetricHeap::reserve(size_t bytes) {
+  FERRY_ARG_CHECK(!closed_, "reserve: the heap is closed");
+  FERRY_ARG_CHECK(bytes <= capacity_ - device::kHeapReservedBytes,
+                  "reserve: " + std::to_string(bytes) + " bytes; the heap holds at most " +
+                      std::to_string(capacity_ - device::kHeapReservedBytes) + " (FERRY_SYMM_HEAP_BYTES)");
+  agree("reserve(" + std::to_string(bytes) + " bytes)");
+  grow(device::kHeapReservedBytes + bytes);
+}
+
+char* SymmetricHeap::at(int rank, size_t offset) const {
+  return reinterpret_cast<char*>(base_) + static_cast<size_t>(rank) * capacity_ + offset;
+}
+
+void SymmetricHeap::locate(const void* p, size_t bytes, const char* what, int* rank, size_t* offset) const {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p), b = static_cast<uintptr_t>(base_);
+  const size_t range = capacity_ * static_cast<size_t>(group_.world);
+  if (closed_ || a < b || a - b >= range)
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                std::string(what) + " is not on the symmetric heap; expected memory from the heap's alloc()");
+  const int r = static_cast<int>((a - b) / capacity_);
+  const size_t off = (a - b) % capacity_;
+  if (!allocator_.find(off, bytes, nullptr, nullptr))
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(what) + ": [offset " + std::to_string(off) + ", +" +
+                                                  std::to_string(bytes) +
+                                                  ") does not lie inside one live allocation of the heap");
+  *rank = r;
+  *offset = off;
+}
+
+device::Heap SymmetricHeap::handle(int local) const {
+  check_local(local, "handle");
+  device::Heap h{};
+  h.base = reinterpret_cast<char*>(base_);
+  h.stride = capacity_;
+  h.rank = group_.ranks[local];
+  h.world = group_.world;
+  h.fault = fault_[local];
+  h.timeout_ns = static_cast<uint64_t>(group_.timeout_s * 1e9);
+  return h;
+}
+
+void SymmetricHeap::check_local(int local, const char* what) const {
+  FERRY_ARG_CHECK(!closed_, std::string(what) + ": the heap is closed");
+  FERRY_ARG_CHECK(local >= 0 && local < local_count(), std::string(what) + ": local rank " + std::to_string(local) +
+                                                           "; expected 0.." + std::to_string(local_count() - 1));
+}
+
+void SymmetricHeap::check() {
+  for (int i = 0; i < static_cast<int>(fault_.size()); ++i) {
+    const uint64_t w = *reinterpret_cast<volatile unsigned long long*>(fault_[i]);
+    if (!(w & device::kHeapFaultBit)) continue;
+    const uint32_t kind = static_cast<uint32_t>((w >> 32) & 0xff);
+    const int peer = static_cast<int>(static_cast<uint32_t>(w));
+    std::string who = peer < 0 ? std::string("a signal from any rank") : "rank " + std::to_string(peer);
+    if (kind == static_cast<uint32_t>(device::WaitKind::kBadTeam))
+      throw_error(FERRY_ERROR_INVALID_ARGUMENT, "rank " + std::to_string(group_.ranks[i]) + " called " +
+                                                    kind_name(kind) + " (a split that did not fit its parent, or " +
+                                                    "a team without this rank)");
+    throw_error(FERRY_ERROR_TIMEOUT, std::string(kind_name(kind)) + " on rank " + std::to_string(group_.ranks[i]) +
+                                         " waited for " + who + " longer than the timeout (" +
+                                         std::to_string(group_.timeout_s) +
+                                         " s, FERRY_TIMEOUT_S) and gave up; the heap's words are no longer in step: "
+                                         "close it");
+  }
+}
+
+namespace {
+
+void check_peer(int peer, int world, const char* what) {
+  FERRY_ARG_CHECK(peer >= 0 && peer < world, std::string(what) + ": peer is " + std::to_string(peer) +
+                                                 "; expected a rank 0.." + std::to_string(world - 1));
+}
+
+}  // namespace
+
+void SymmetricHeap::put(int local, void* dst, const void* src, size_t bytes, int peer, cudaStream_t stream) {
+  check_local(local, "put");
+  check_peer(peer, world(), "put");
+  int r = 0;
+  size_t off = 0;
+  locate(dst, bytes, "put: dst", &r, &off);
+  FERRY_ARG_CHECK(r == rank(local), "put: dst lies in rank " + std::to_string(r) + "'s heap; expected an address in "
+                                        "the calling rank's own heap (the peer's copy is written)");
+  FERRY_ARG_CHECK(bytes == 0 || src != nullptr, "put: src is a null pointer");
+  DeviceScope on(group_.devices[local]);
+  dma::copy_one(stream, Copy{at(peer, off), src, bytes});
+}
+
+void SymmetricHeap::get(int local, void* dst, const void* src, size_t bytes, int peer, cudaStream_t stream) {
+  check_local(local, "get");
+  check_peer(peer, world(), "get");
+  int r = 0;
+  size_t off = 0;
+  locate(src, bytes, "get: src", &r, &off);
+  FERRY_ARG_CHECK(r == rank(local), "get: src lies in rank " + std::to_string(r) + "'s heap; expected an address in "
+                                        "the calling rank's own heap (the peer's copy is read)");
+  FERRY_ARG_CHECK(bytes == 0 || dst != nullptr, "get: dst is a null pointer");
+  DeviceScope on(group_.devices[local]);
+  dma::copy_one(stream, Copy{dst, at(peer, off), bytes});
+}
+
+void SymmetricHeap::signal(int local, uint64_t* sig, uint64_t value, int peer, cudaStream_t stream) {
+  check_local(local, "signal");
+  check_peer(peer, world(), "signal");
+  int r = 0;
+  size_t off = 0;
+  locate(sig, sizeof(uint64_t), "signal: sig", &r, &off);
+  FERRY_ARG_CHECK(r == rank(local) && off % 8 == 0, "signal: sig must be an 8-byte aligned word in the calling "
+                                                    "rank's own heap");
+  DeviceScope on(group_.devices[local]);
+  // A stream write reaches only local memory on our GPUs; a copy engine carries
+  // the value from a staging word here to the peer. Slots are reused in turn,
+  // so at most kStagingSlots signals of one rank may be in flight at once.
+  const int me = rank(local);
+  uint64_t* slot = &reinterpret_cast<device::HeapSync*>(at(me, 0))->staging[staging_next_[local]++ % device::kStagingSlots];
+  dma::mem_ops(stream, {MemOp{MemOp::Kind::kWrite, slot, value}});
+  dma::copy_one(stream, Copy{at(peer, off), slot, sizeof(uint64_t)});
+}
+
+void SymmetricHeap::wait(int local, const uint64_t* sig, uint64_t value, int from, cudaStream_t stream) {
+  check_local(local, "wait");
+  FERRY_ARG_CHECK(from >= -1 && from < world(), "wait: from is " + std::to_string(from) + "; expected -1 or a rank");
+  int r = 0;
+  size_t off = 0;
+  locate(sig, sizeof(uint64_t), "wait: sig", &r, &off);
+  FERRY_ARG_CHECK(r == rank(local) && off % 8 == 0, "wait: sig must be an 8-byte aligned word in the calling "
+                                                    "rank's own heap");
+  DeviceScope on(group_.devices[local]);
+  watch(local, sig, value, from, "wait", stream);
+}
+
+void SymmetricHeap::barrier_on_stream(const std::vector<cudaStream_t>& streams) {
+  FERRY_ARG_CHECK(!closed_, "barrier_on_stream: the heap is closed");
+  FERRY_ARG_CHECK(static_cast<int>(streams.size()) == local_count(),
+                  "barrier_on_stream: expected one stream per local rank (" + std::to_string(local_count()) + ")");
+  for (int i = 0; i < local_count(); ++i) {
+    DeviceScope on(group_.devices[i]);
+    const int me = rank(i);
+    const uint64_t gen = ++barrier_generation_[i];
+    uint64_t* slot = &reinterpret_cast<device::HeapSync*>(at(me, 0))->staging[staging_next_[i]++ % device::kStagingSlots];
+    dma::mem_ops(streams[i], {MemOp{MemOp::Kind::kWrite, slot, gen}});
+    for (int p = 0; p < world(); ++p) {
+      if (p == me) continue;
+      auto* peer_sync = reinterpret_cast<device::HeapSync*>(at(p, 0));
+      dma::copy_one(streams[i], Copy{&peer_sync->stream_arrivals[me], slot, sizeof(uint64_t)});
+    }
+  }
+  for (int i = 0; i < local_count(); ++i) {
+    DeviceScope on(group_.devices[i]);
+    const int me = rank(i);
+    auto* own = reinterpret_cast<device::HeapSync*>(at(me, 0));
+    for (int p = 0; p < world(); ++p)
+      if (p != me) watch(i, &own->stream_arrivals[p], barrier_generation_[i], p, "barrier_on_stream", streams[i]);
+  }
+}
+
+void SymmetricHeap::watch(int local, const uint64_t* word, uint64_t value, int from, const char* what,
+                          cudaStream_t stream) {
+  dma::mem_ops(stream, {MemOp{MemOp::Kind::kWaitAtLeast, word, value}});
+  // A captured wait runs when the graph does; the watcher cannot see that.
+  if (dma::is_capturing(stream)) return;
+  Watched w{local, nullptr, const_cast<uint64_t*>(word), value, from, what, now_s() + group_.timeout_s};
+  FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&w.passed, cudaEventDisableTiming));
+  FERRY_CUDA_CHECK(cudaEventRecord(w.passed, stream));
+  std::lock_guard<std::mutex> lock(watch_mu_);
+  watched_.push_back(w);
+  watch_cv_.notify_all();
+}
+
+// Stream waits past their deadline are released (the word is written with the
+// value they wait for, from a stream of the watcher's own) and leave the fault
+// check() raises: a peer that never signals costs a timeout, never a hang.
+void SymmetricHeap::watcher_loop() {
+  std::vector<cudaStream_t> rescue(local_count(), nullptr);
+  std::unique_lock<std::mutex> lock(watch_mu_);
+  while (!stop_watcher_) {
+    watch_cv_.wait_for(lock, std::chrono::milliseconds(watched_.empty() ? 200 : 5));
+    const double t = now_s();
+    for (size_t i = 0; i < watched_.size();) {
+      Watched& w = watched_[i];
+      if (cudaSetDevice(group_.devices[w.local]) != cudaSuccess) {
+        cudaGetLastError();
+        ++i;
+        continue;
+      }
+      const cudaError_t q = cudaEventQuery(w.passed);
+      if (q == cudaErrorNotReady && t < w.deadline) {
+        ++i;
+        continue;
+      }
+      if (q == cudaErrorNotReady) {
+        if (!rescue[w.local]) cudaStreamCreateWithFlags(&rescue[w.local], cudaStreamNonBlocking);
+        try {
+          dma::mem_ops(rescue[w.local], {MemOp{MemOp::Kind::kWrite, w.word, w.value}});
+        } catch (...) {
+        }
+        const auto kind = w.what[0] == 'b' ? device::WaitKind::kStreamBarrier : device::WaitKind::kStreamWait;
+        unsigned long long expected = 0;
+        __atomic_compare_exchange_n(fault_[w.local], &expected,
+                                    static_cast<unsigned long long>(device::heap_fault_word(kind, w.from)), false,
+                                    __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+      } else {
+        cudaGetLastError();
+      }
+      cudaEventDestroy(w.passed);
+      watched_.erase(watched_.begin() + static_cast<long>(i));
+    }
+  }
+  for (size_t i = 0; i < rescue.size(); ++i)
+    if (rescue[i]) cudaStreamDestroy(rescue[i]);
+}
+
+}  // namespace ferry

@@ -1,0 +1,135 @@
+// The symmetric heap: one address range per process holding every rank's
+// heap at the same stride, physical memory mapped into it on demand as one
+// growing prefix, and a deterministic allocator (symm/heap_plan.hpp), so that
+// an object sits at the same offset in every rank's heap and a kernel finds a
+// peer's copy by arithmetic (include/ferry/device/heap.cuh).
+//
+// In one process driving several ranks every rank's memory is mapped into the
+// one range; with one process per rank each rank's chunks travel to its peers
+// as POSIX file descriptors over the group's Unix sockets. Allocation and
+// free are collective and explicit: every rank calls them with the same
+// arguments in the same order; a rank that does not is named.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bootstrap/group.hpp"
+#include "ferry/device/heap.cuh"
+#include "symm/heap_plan.hpp"
+
+namespace ferry {
+
+class SymmetricHeap {
+ public:
+  // Collective over the group. `capacity`: bytes of each rank's heap (0:
+  // FERRY_SYMM_HEAP_BYTES); address space only, physical memory comes as
+  // allocations need it. The group's bootstrap must outlive the heap.
+  static std::unique_ptr<SymmetricHeap> create(const Group& group, size_t capacity);
+  ~SymmetricHeap();
+  SymmetricHeap(const SymmetricHeap&) = delete;
+  SymmetricHeap& operator=(const SymmetricHeap&) = delete;
+
+  // Not collective: unmaps this process's view. Peers' views of this rank's
+  // memory stay valid until they close theirs.
+  void close();
+  bool closed() const { return closed_; }
+
+  // Collective: `bytes` at the same offset on every rank, aligned to `align`;
+  // returns the offset. `stream`: the caller's stream; while it captures a
+  // CUDA graph, an allocation that needs new physical memory is refused with
+  // the size to reserve() first.
+  size_t alloc(size_t bytes, size_t align, cudaStream_t stream);
+  // Collective: frees the allocation starting at `offset`.
+  void free(size_t offset);
+  // Collective: maps physical memory under the first `bytes` of the heap's
+  // usable space, so that allocations within it map nothing.
+  void reserve(size_t bytes);
+
+  int world() const { return group_.world; }
+  int local_count() const { return group_.local_count(); }
+  int rank(int local) const { return group_.ranks.at(local); }
+  size_t capacity() const { return capacity_; }  // per rank
+  size_t used() const { return allocator_.used(); }
+  size_t mapped() const { return mapped_; }  // per rank, ferry's reserved front included
+
+  // `rank`'s heap at `offset`, as mapped in this process.
+  char* at(int rank, size_t offset) const;
+  // The allocation holding [p, p + bytes) in any rank's heap: its rank and
+  // offset. Throws naming `what` when `p` is not there.
+  void locate(const void* p, size_t bytes, const char* what, int* rank, size_t* offset) const;
+  // The handle kernels take (include/ferry/device/heap.cuh).
+  device::Heap handle(int local) const;
+  // Throws the first fault a kernel or a stream wait left (a bounded wait
+  // that gave up), naming the rank it waited for.
+  void check();
+
+  // On a stream, by copy engines (no kernel). `local`: which of this
+  // process's ranks calls; `dst` / `src` / `sig`: addresses in that rank's
+  // heap (the peer's copy is the one moved or signalled).
+  void put(int local, void* dst, const void* src, size_t bytes, int peer, cudaStream_t stream);
+  void get(int local, void* dst, const void* src, size_t bytes, int peer, cudaStream_t stream);
+  // Sets the peer's copy of the 64-bit word `sig` to `value` once the stream reaches it.
+  void signal(int local, uint64_t* sig, uint64_t value, int peer, cudaStream_t stream);
+  // Holds the stream until this rank's `sig` is at least `value`; past the
+  // timeout the wait is released and check() raises, naming `from` (-1: any).
+  void wait(int local, const uint64_t* sig, uint64_t value, int from, cudaStream_t stream);
+  // Holds each local rank's stream until every rank's stream reached its
+  // barrier_on_stream. Collective; one stream per local rank.
+  void barrier_on_stream(const std::vector<cudaStream_t>& streams);
+
+ private:
+  struct Chunk {
+    CUmemGenericAllocationHandle handle = 0;
+    CUdeviceptr ptr = 0;
+    size_t size = 0;
+  };
+  // A stream wait the watcher bounds.
+  struct Watched {
+    int local;
+    cudaEvent_t passed;  // recorded after the wait
+    uint64_t* word;
+    uint64_t value;
+    int from;
+    const char* what;
+    double deadline;  // steady clock, seconds
+  };
+
+  SymmetricHeap() = default;
+  void agree(const std::string& what);  // the collective call check
+  void grow(size_t end);                // maps [mapped_, end) on every rank
+  void check_local(int local, const char* what) const;
+  void watch(int local, const uint64_t* word, uint64_t value, int from, const char* what, cudaStream_t stream);
+  void watcher_loop();
+
+  Group group_;
+  size_t capacity_ = 0;
+  size_t granularity_ = 0;
+  size_t min_chunk_ = 0;
+  size_t mapped_ = 0;
+  CUdeviceptr base_ = 0;
+  HeapAllocator allocator_{2 * device::kHeapReservedBytes, device::kHeapReservedBytes};
+  std::vector<Chunk> chunks_;
+  std::vector<unsigned long long*> fault_;  // by local rank, pinned host words
+  std::vector<uint64_t> barrier_generation_;  // by local rank, barrier_on_stream
+  std::vector<unsigned> staging_next_;        // by local rank
+  uint64_t calls_ = 0;
+  bool closed_ = false;
+
+  std::mutex watch_mu_;
+  std::condition_variable watch_cv_;
+  std::vector<Watched> watched_;
+  bool stop_watcher_ = false;
+  std::thread watcher_;
+};
+
+}  // namespace ferry

@@ -1,0 +1,127 @@
+#include "symm/heap_plan.hpp"
+
+#include "core/error.hpp"
+
+namespace ferry {
+
+namespace {
+
+size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+std::string mib(size_t bytes) {
+  char buf[64];
+  snprintf(buf, sizeof buf, "%.1f MiB", bytes / 1048576.0);
+  return buf;
+}
+
+}  // namespace
+
+size_t heap_rounded_bytes(size_t bytes) {
+  if (bytes > SIZE_MAX - kHeapUnit) return 0;
+  return bytes == 0 ? kHeapUnit : align_up(bytes, kHeapUnit);
+}
+
+HeapAllocator::HeapAllocator(size_t capacity, size_t reserved_front) : capacity_(capacity), front_(reserved_front) {
+  FERRY_ARG_CHECK(reserved_front % kHeapUnit == 0 && reserved_front < capacity,
+                  "heap capacity " + std::to_string(capacity) + " is too small; expected more than " +
+                      std::to_string(reserved_front) + " bytes");
+  free_[front_] = capacity_ - front_;
+}
+
+size_t HeapAllocator::alloc(size_t bytes, size_t align) {
+  FERRY_ARG_CHECK(align != 0 && (align & (align - 1)) == 0,
+                  "align is " + std::to_string(align) + "; expected a power of two");
+  if (align < kHeapUnit) align = kHeapUnit;
+  const size_t need = heap_rounded_bytes(bytes);
+  if (need != 0) {
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      const size_t start = align_up(it->first, align);
+      const size_t end_free = it->first + it->second;
+      if (start >= end_free || end_free - start < need) continue;
+      const size_t free_start = it->first;
+      free_.erase(it);
+      if (start > free_start) free_[free_start] = start - free_start;
+      if (start + need < end_free) free_[start + need] = end_free - (start + need);
+      live_[start] = need;
+      used_ += need;
+      return start;
+    }
+  }
+  throw_error(FERRY_ERROR_OUT_OF_MEMORY,
+              "the symmetric heap has no room for " + std::to_string(bytes) + " bytes (aligned to " +
+                  std::to_string(align) + "): " + mib(used_) + " of its " + mib(capacity_ - front_) +
+                  " are in use by " + std::to_string(live_.size()) +
+                  " allocations; create the heap with a larger capacity (FERRY_SYMM_HEAP_BYTES, or the capacity "
+                  "argument)");
+}
+
+void HeapAllocator::free(size_t offset) {
+  auto it = live_.find(offset);
+  FERRY_ARG_CHECK(it != live_.end(),
+                  "offset " + std::to_string(offset) + " is not the start of a live heap allocation");
+  size_t start = it->first, size = it->second;
+  used_ -= size;
+  live_.erase(it);
+  auto next = free_.lower_bound(start);
+  if (next != free_.end() && next->first == start + size) {
+    size += next->second;
+    next = free_.erase(next);
+  }
+  if (next != free_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == start) {
+      prev->second += size;
+      return;
+    }
+  }
+  free_[start] = size;
+}
+
+bool HeapAllocator::find(size_t offset, size_t bytes, size_t* start, size_t* size) const {
+  auto it = live_.upper_bound(offset);
+  if (it == live_.begin()) return false;
+  --it;
+  if (offset - it->first > it->second || bytes > it->second - (offset - it->first)) return false;
+  if (start) *start = it->first;
+  if (size) *size = it->second;
+  return true;
+}
+
+size_t heap_mapped_end(size_t mapped, size_t need_end, size_t granularity, size_t min_chunk, size_t capacity) {
+  if (need_end <= mapped) return mapped;
+  size_t end = align_up(need_end, granularity);
+  if (end - mapped < min_chunk) end = align_up(mapped + min_chunk, granularity);
+  return end < capacity ? end : capacity;
+}
+
+size_t heap_capacity(size_t requested, size_t knob_default, size_t granularity) {
+  const size_t want = requested ? requested : knob_default;
+  FERRY_ARG_CHECK(want > 0, "capacity must be positive");
+  FERRY_ARG_CHECK(want <= (size_t(1) << 46), "capacity is " + std::to_string(want) + " bytes; expected at most 64 TiB");
+  return align_up(want, granularity);
+}
+
+std::string heap_call_record(uint64_t call, const std::string& what) {
+  return "call #" + std::to_string(call) + ": " + what;
+}
+
+std::string heap_calls_mismatch(const std::vector<std::string>& records) {
+  if (records.empty()) return "";
+  // The record most ranks gave is taken as the expected one, so that one
+  // stray rank is named rather than the majority.
+  std::map<std::string, int> votes;
+  for (const auto& r : records) ++votes[r];
+  const std::string* common = &records[0];
+  int best = 0;
+  for (const auto& [r, n] : votes)
+    if (n > best) best = n, common = &r;
+  if (best == static_cast<int>(records.size())) return "";
+  std::string msg = "the ranks made different symmetric-heap calls (every rank must allocate and free the same "
+                    "sizes in the same order): ";
+  std::string others;
+  for (size_t r = 0; r < records.size(); ++r)
+    if (records[r] != *common) others += (others.empty() ? "" : "; ") + ("rank " + std::to_string(r) + " made " + records[r]);
+  return msg + others + "; the other ranks made " + *common;
+}
+
+}  // namespace ferry

@@ -1,0 +1,148 @@
+// The symmetric heap's pure parts: the deterministic allocator, how far the
+// mapped prefix grows, the check that every rank made the same call, and the
+// team arithmetic kernels and the host share.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "core/error.hpp"
+#include "ferry/device/team.cuh"
+#include "symm/heap_plan.hpp"
+
+using namespace ferry;
+using device::Team;
+
+namespace {
+
+ferry_result_t code_of(const std::function<void()>& f, std::string* message = nullptr) {
+  try {
+    f();
+  } catch (const Error& e) {
+    if (message) *message = e.what();
+    return e.code();
+  }
+  return FERRY_SUCCESS;
+}
+
+}  // namespace
+
+TEST(HeapAllocator, SameCallsGiveSameOffsetsAndAlignmentHolds) {
+  HeapAllocator a(1 << 20, 16384), b(1 << 20, 16384);
+  std::mt19937 rng(7);
+  std::vector<size_t> live;
+  for (int i = 0; i < 2000; ++i) {
+    if (!live.empty() && rng() % 3 == 0) {
+      size_t k = rng() % live.size();
+      a.free(live[k]);
+      b.free(live[k]);
+      live.erase(live.begin() + k);
+      continue;
+    }
+    size_t bytes = rng() % 5000, align = size_t(1) << (rng() % 13);
+    size_t oa = 0, ob = 0;
+    if (code_of([&] { oa = a.alloc(bytes, align); }) != FERRY_SUCCESS) continue;
+    ob = b.alloc(bytes, align);
+    EXPECT_EQ(oa, ob);
+    EXPECT_EQ(oa % std::max<size_t>(align, kHeapUnit), 0u);
+    EXPECT_GE(oa, 16384u);
+    EXPECT_LE(oa + heap_rounded_bytes(bytes), size_t(1) << 20);
+    // No live allocation overlaps another.
+    for (size_t o : live) {
+      size_t s = 0, z = 0;
+      ASSERT_TRUE(a.find(o, 1, &s, &z));
+      EXPECT_TRUE(oa + heap_rounded_bytes(bytes) <= s || s + z <= oa);
+    }
+    live.push_back(oa);
+  }
+  for (size_t o : live) a.free(o);
+  EXPECT_EQ(a.used(), 0u);
+  // Everything merged back: the whole usable space is one allocation again.
+  EXPECT_EQ(a.alloc((1 << 20) - 16384, 256), 16384u);
+}
+
+TEST(HeapAllocator, ZeroBytesGetAnAddressOfTheirOwn) {
+  HeapAllocator a(1 << 16, 256);
+  size_t x = a.alloc(0, 1), y = a.alloc(0, 1);
+  EXPECT_NE(x, y);
+  EXPECT_EQ(a.used(), 2 * kHeapUnit);
+}
+
+TEST(HeapAllocator, ExhaustedNamesTheKnobAndBadInputIsRefused) {
+  HeapAllocator a(1 << 16, 256);
+  std::string msg;
+  EXPECT_EQ(code_of([&] { a.alloc(1 << 16, 256); }, &msg), FERRY_ERROR_OUT_OF_MEMORY);
+  EXPECT_NE(msg.find("FERRY_SYMM_HEAP_BYTES"), std::string::npos) << msg;
+  EXPECT_EQ(code_of([&] { a.alloc(SIZE_MAX, 256); }), FERRY_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(code_of([&] { a.alloc(16, 3); }, &msg), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(msg.find("align"), std::string::npos);
+  size_t o = a.alloc(100, 1);
+  EXPECT_EQ(code_of([&] { a.free(o + 256); }), FERRY_ERROR_INVALID_ARGUMENT);
+  a.free(o);
+  EXPECT_EQ(code_of([&] { a.free(o); }), FERRY_ERROR_INVALID_ARGUMENT);  // twice
+}
+
+TEST(HeapAllocator, FindSeesOnlyRangesInsideOneLiveAllocation) {
+  HeapAllocator a(1 << 16, 256);
+  size_t o = a.alloc(1000, 256);  // 1024 bytes as allocated
+  size_t s = 0, z = 0;
+  EXPECT_TRUE(a.find(o, 1024, &s, &z));
+  EXPECT_EQ(s, o);
+  EXPECT_EQ(z, 1024u);
+  EXPECT_TRUE(a.find(o + 1000, 24, &s, &z));
+  EXPECT_FALSE(a.find(o + 1000, 25, &s, &z));
+  EXPECT_FALSE(a.find(o - 1, 1, &s, &z));
+  EXPECT_FALSE(a.find(o + 1024, 1, &s, &z));
+}
+
+TEST(HeapAllocator, LargerThanTwoGigabytes) {
+  const size_t cap = size_t(64) << 30;
+  HeapAllocator a(cap, 16384);
+  size_t o = a.alloc(size_t(5) << 30, 1 << 21);
+  EXPECT_EQ(o % (1 << 21), 0u);
+  EXPECT_EQ(a.used(), size_t(5) << 30);
+}
+
+TEST(HeapGrowth, MappedPrefixGrowsByWholeChunksNeverPastCapacity) {
+  const size_t g = 2 << 20, chunk = 64 << 20, cap = 1 << 30;
+  EXPECT_EQ(heap_mapped_end(0, 16384, g, chunk, cap), chunk);
+  EXPECT_EQ(heap_mapped_end(chunk, chunk, g, chunk, cap), chunk);          // covered
+  EXPECT_EQ(heap_mapped_end(chunk, chunk + 1, g, chunk, cap), 2 * chunk);  // at least one chunk more
+  EXPECT_EQ(heap_mapped_end(chunk, 300 << 20, g, chunk, cap), 300u << 20);  // more than a chunk: to the granule
+  EXPECT_EQ(heap_mapped_end(chunk, (300 << 20) + 1, g, chunk, cap), (302u << 20));
+  EXPECT_EQ(heap_mapped_end(cap - g, cap, g, chunk, cap), cap);  // the chunk is cut at the capacity
+  EXPECT_EQ(heap_capacity(0, 1000, g), g);
+  EXPECT_EQ(heap_capacity(3 << 20, 1000, g), 4u << 20);
+  EXPECT_EQ(code_of([&] { heap_capacity(0, 0, g); }), FERRY_ERROR_INVALID_ARGUMENT);
+}
+
+TEST(HeapCalls, AgreementAndTheStrayRankIsNamed) {
+  std::vector<std::string> r(4, heap_call_record(3, "alloc(1024 bytes, align 256)"));
+  EXPECT_EQ(heap_calls_mismatch(r), "");
+  r[2] = heap_call_record(3, "free(offset 16384)");
+  std::string m = heap_calls_mismatch(r);
+  EXPECT_NE(m.find("rank 2 made call #3: free(offset 16384)"), std::string::npos) << m;
+  EXPECT_NE(m.find("the other ranks made call #3: alloc(1024 bytes, align 256)"), std::string::npos) << m;
+  EXPECT_EQ(m.find("rank 0"), std::string::npos) << m;
+}
+
+TEST(Teams, WorldAndStridedSplits) {
+  Team w = device::world_team(5, 8);
+  EXPECT_TRUE(device::team_usable(w, 8));
+  Team odd = device::team_split_strided(w, 1, 2, 4);  // 1 3 5 7
+  EXPECT_EQ(odd.size, 4);
+  EXPECT_EQ(odd.my, 2);
+  EXPECT_EQ(device::team_world_rank(odd, 3), 7);
+  EXPECT_EQ(device::team_rank_of(odd, 4), -1);
+  Team pair = device::team_split_strided(odd, 2, 1, 2);  // 5 7
+  EXPECT_EQ(pair.start, 5);
+  EXPECT_EQ(pair.stride, 2);
+  EXPECT_EQ(pair.my, 0);
+  Team evens = device::team_split_strided(w, 0, 2, 4);  // 0 2 4 6: 5 is not a member
+  EXPECT_EQ(evens.my, -1);
+  EXPECT_FALSE(device::team_usable(evens, 8));
+  // Splits that leave the parent are no team.
+  EXPECT_EQ(device::team_split_strided(w, 1, 2, 5).size, 0);
+  EXPECT_EQ(device::team_split_strided(w, 0, 0, 2).size, 0);
+  EXPECT_EQ(device::team_split_strided(w, -1, 1, 2).size, 0);
+  EXPECT_FALSE(device::team_usable(w, 4));  // a team larger than the heap's world
+}
