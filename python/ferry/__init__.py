@@ -20,6 +20,7 @@ from .errors import (
     InvalidArgumentError,
     NoGpuError,
     NotRegisteredError,
+    OutOfMemoryError,
     PeerTimeoutError,
     SystemCallError,
     UnsupportedError,
@@ -31,6 +32,19 @@ __version__ = "0.1.0"
 def gpu_available() -> bool:
     """True when a CUDA driver loads (no GPU call is made otherwise)."""
     return native is not None and native.driver_available()
+
+
+def get_include() -> str:
+    """The folder of ferry's C and CUDA headers (``ferry/ferry.h``, the device
+    API ``ferry/device/*.cuh``), for a user's own extension: pass it as an
+    include directory (e.g. torch.utils.cpp_extension's extra_include_paths)."""
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    for candidate in (os.path.join(here, "include"), os.path.join(here, "..", "..", "include")):
+        if os.path.isfile(os.path.join(candidate, "ferry", "device", "heap.cuh")):
+            return os.path.normpath(candidate)
+    raise FileNotFoundError("ferry's headers are not installed next to the package; reinstall ferry")
 
 
 def select_algo(op: str, world: int, bytes_per_rank: int, algo: str = "auto") -> str:
@@ -52,10 +66,12 @@ __all__ = [
     "LaunchInfo",
     "NoGpuError",
     "NotRegisteredError",
+    "OutOfMemoryError",
     "PeerTimeoutError",
     "SystemCallError",
     "TcpStore",
     "UnsupportedError",
+    "get_include",
     "gpu_available",
     "init",
     "init_local",

@@ -205,6 +205,7 @@ class Communicator:
         self._shared_gpus = len(set(devices)) < len(devices)
         self._allocs: dict = {}
         self._store = None  # ferry's own TCP store, kept for later collective calls
+        self._heaps: list = []  # symmetric heaps over this communicator (ferry.symm), closed before it
         self._warn_if_preset_missing()
 
     def _warn_if_preset_missing(self) -> None:
@@ -631,6 +632,8 @@ class Communicator:
 
     def close(self) -> None:
         """Releases everything; a second close raises ClosedError."""
+        for heap in list(self._heaps):
+            heap.close()
         self._c.close()
         self._allocs.clear()
         if self._store is not None:

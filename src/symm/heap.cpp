@@ -95,10 +95,16 @@ std::unique_ptr<SymmetricHeap> SymmetricHeap::create(const Group& g, size_t capa
     h->staging_next_.assign(g.local_count(), 0);
     h->grow(device::kHeapReservedBytes);
     // ferry's words start at zero on every rank before any peer may touch them.
+    // A stream of its own: the device may hold work that waits for the host
+    // (an armed collective), which a device-wide synchronize would wait for.
     for (int i = 0; i < g.local_count(); ++i) {
       DeviceScope on(g.devices[i]);
-      FERRY_CUDA_CHECK(cudaMemset(h->at(g.ranks[i], 0), 0, device::kHeapReservedBytes));
-      FERRY_CUDA_CHECK(cudaDeviceSynchronize());
+      cudaStream_t s = nullptr;
+      FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      cudaError_t err = cudaMemsetAsync(h->at(g.ranks[i], 0), 0, device::kHeapReservedBytes, s);
+      if (err == cudaSuccess) err = cudaStreamSynchronize(s);
+      cudaStreamDestroy(s);
+      FERRY_CUDA_CHECK(err);
     }
     h->agree("create (words zeroed)");
   } catch (...) {

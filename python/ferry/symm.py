@@ -1,0 +1,298 @@
+"""Symmetric memory: a heap every rank allocates from in step, so that an
+object sits at the same offset on every rank and a kernel reaches a peer's
+copy by arithmetic (the device API in ``ferry.get_include()``, headers
+``ferry/device/*.cuh``).
+
+    import ferry, ferry.symm
+    comm = ferry.init()                          # or ferry.init_local() / Communicator.from_torch()
+    heap = ferry.symm.Heap(comm)                 # collective; address space only
+    x = heap.empty((1024,), torch.float32)       # collective; the same offset on every rank
+    left = heap.peer(x, (comm.rank - 1) % comm.world)   # the left neighbour's x, mapped here
+    my_kernel[grid](heap.handle().as_bytes(), x)        # plain struct, by value
+
+With one process per rank every call is made by every process, with the same
+arguments in the same order (a rank that does not is named). With
+``ferry.init_local()`` one process drives every rank and each call returns or
+takes one tensor per local rank. See docs/symm.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from ._native import require
+from .comm import Communicator, _describe, _DeviceMemory, _stream_handle
+from .errors import ClosedError, InvalidArgumentError
+
+__all__ = ["Heap", "HeapHandle"]
+
+
+@dataclass(frozen=True)
+class HeapHandle:
+    """The heap as one rank's kernels see it: ``ferry::device::Heap``
+    (include/ferry/device/heap.cuh). ``as_bytes()`` is that struct, to pass
+    by value (ctypes, a raw kernel argument); the fields serve Triton."""
+
+    base: int
+    stride: int
+    rank: int
+    world: int
+    fault: int
+    timeout_ns: int
+    raw: bytes
+
+    def as_bytes(self) -> bytes:
+        return self.raw
+
+    def peer_address(self, address: int, peer: int) -> int:
+        """`address` (in this rank's heap) as `peer`'s copy of the same object."""
+        return address + (peer - self.rank) * self.stride
+
+
+class Heap:
+    """A symmetric heap over the ranks of `comm` (collective).
+
+    `capacity`: bytes of each rank's heap (default FERRY_SYMM_HEAP_BYTES,
+    32 GiB). It is address space: physical GPU memory is mapped as
+    allocations need it, in chunks of at least FERRY_SYMM_CHUNK_BYTES.
+    Allocations larger than 2 GiB are fine. Close the heap before the
+    communicator (closing the communicator closes its heaps)."""
+
+    def __init__(self, comm: Communicator, capacity: Optional[int] = None):
+        if not isinstance(comm, Communicator):
+            raise InvalidArgumentError(f"comm is a {type(comm).__name__}; expected a ferry Communicator")
+        comm._check_open("symm.Heap")
+        self._comm = comm
+        self._local = comm._local
+        self._h = require().SymmetricHeap.create(comm._c, int(capacity or 0))
+        comm._heaps.append(self)
+
+    @classmethod
+    def from_torch(cls, group=None, capacity: Optional[int] = None, device: Optional[int] = None) -> "Heap":
+        """A heap over a torch.distributed group (default: the world), with a
+        communicator of its own bootstrapped through the group."""
+        heap = cls(Communicator.from_torch(group, device=device), capacity)
+        heap._owns_comm = True
+        return heap
+
+    # ------------------------------------------------------------ properties
+
+    @property
+    def comm(self) -> Communicator:
+        return self._comm
+
+    @property
+    def capacity(self) -> int:
+        return self._h.capacity
+
+    @property
+    def used(self) -> int:
+        """Bytes in live allocations (each rounded up to 256)."""
+        return self._h.used
+
+    @property
+    def mapped(self) -> int:
+        """Bytes of physical memory mapped under each rank's heap."""
+        return self._h.mapped
+
+    @property
+    def closed(self) -> bool:
+        return self._h.closed
+
+    def _open(self, what: str):
+        if self._h.closed:
+            raise ClosedError(f"{what}: the heap is closed")
+
+    # ------------------------------------------------------------ memory
+
+    def empty(self, shape, dtype=None, align: int = 256):
+        """Uninitialised tensor(s) on the heap, at the same offset on every
+        rank (collective). One tensor, or with init_local one per local rank
+        (each rank's own copy). Refused while the current stream captures a
+        CUDA graph if new memory must be mapped: reserve() first."""
+        import torch
+
+        self._open("empty")
+        dtype = torch.float32 if dtype is None else dtype
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        if any((not isinstance(s, int)) or s < 0 for s in shape):
+            raise InvalidArgumentError(f"shape is {shape}; expected non-negative integers")
+        numel = 1
+        for s in shape:
+            numel *= s
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        stream = _stream_handle(None, self._comm.devices[0])
+        offset = self._h.alloc(nbytes, int(align), stream)
+        out = [
+            self._tensor(self._h.rank(i), offset, nbytes, self._comm.devices[i], dtype, shape)
+            for i in range(self._h.local_count)
+        ]
+        return out if self._local else out[0]
+
+    def zeros(self, shape, dtype=None, align: int = 256):
+        """empty(), then zeroed on each rank's current stream (collective)."""
+        ts = self.empty(shape, dtype, align)
+        for t in ts if self._local else [ts]:
+            t.zero_()
+        return ts
+
+    def free(self, tensors) -> None:
+        """Frees what empty() returned (collective). Views of it become invalid."""
+        self._open("free")
+        first = self._comm._per_rank(tensors, "free")[0]
+        b = _describe(first, "free: tensor")
+        _, offset = self._h.locate(b.ptr, max(b.nbytes, 1), "free: tensor")
+        self._h.free(offset)
+
+    def reserve(self, nbytes: int) -> None:
+        """Maps physical memory under the first `nbytes` of the heap, so that
+        allocations within them map nothing (e.g. during graph capture). Collective."""
+        self._open("reserve")
+        self._h.reserve(int(nbytes))
+
+    def _tensor(self, rank: int, offset: int, nbytes: int, device: int, dtype, shape):
+        import torch
+
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        numel = nbytes // itemsize
+        # A zero-size tensor keeps its heap address (free() and peer() find it by it).
+        holder = _DeviceMemory(self._h.at(rank, offset), max(nbytes, itemsize), device)
+        with torch.cuda.device(device):
+            t = torch.as_tensor(holder, device=f"cuda:{device}").view(dtype)
+        return t[:numel].view(shape)
+
+    def _where(self, t: Any, what: str, nbytes: Optional[int] = None):
+        """(rank, offset, buffer) of a tensor on the heap."""
+        b = _describe(t, what)
+        rank, offset = self._h.locate(b.ptr, max(b.nbytes if nbytes is None else nbytes, 1), what)
+        return rank, offset, b
+
+    def _local_of(self, rank: int, what: str) -> int:
+        for i in range(self._h.local_count):
+            if self._h.rank(i) == rank:
+                return i
+        raise InvalidArgumentError(
+            f"{what} is rank {rank}'s copy; this process drives ranks "
+            f"{[self._h.rank(i) for i in range(self._h.local_count)]}"
+        )
+
+    def peer(self, tensor, rank: int):
+        """`rank`'s copy of `tensor` (a heap tensor, or a view inside one),
+        mapped in this process: same shape and dtype, on the device of
+        `tensor`. Reads and writes go over NVLink (or PCIe) from SMs."""
+        self._open("peer")
+        if not isinstance(rank, int) or not 0 <= rank < self._h.world:
+            raise InvalidArgumentError(f"rank is {rank!r}; expected 0..{self._h.world - 1}")
+        import torch
+
+        _, offset, b = self._where(tensor, "peer: tensor")
+        ptr = self._h.at(rank, offset)
+        base = torch.as_tensor(_DeviceMemory(ptr, b.nbytes, tensor.device.index), device=tensor.device)
+        return base.view(tensor.dtype).view(tensor.shape)
+
+    def peer_ptrs(self, tensor):
+        """Every rank's address of `tensor` as an int64 tensor on its device
+        (a pointer table for Triton kernels)."""
+        import torch
+
+        _, offset, _ = self._where(tensor, "peer_ptrs: tensor")
+        return torch.tensor(
+            [self._h.at(r, offset) for r in range(self._h.world)], dtype=torch.int64, device=tensor.device
+        )
+
+    def handle(self, local: int = 0) -> HeapHandle:
+        """The handle kernels of local rank `local` take (by value)."""
+        self._open("handle")
+        base, stride, rank, world, fault, timeout_ns, raw = self._h.handle(int(local))
+        return HeapHandle(base, stride, rank, world, fault, timeout_ns, bytes(raw))
+
+    def check(self) -> None:
+        """Raises PeerTimeoutError naming the rank a device-side or stream
+        wait gave up on (the waits of the device API and of this class are
+        bounded by the communicator's timeout)."""
+        self._h.check()
+
+    # ------------------------------------------------------------ on a stream (copy engines, no kernel)
+
+    def _call_args(self, t: Any, what: str, nbytes: Optional[int] = None):
+        rank, _, b = self._where(t, what, nbytes)
+        local = self._local_of(rank, what)
+        return local, b
+
+    def put(self, dst, src, peer: int, stream=None) -> None:
+        """Copies `src` (device memory) into `peer`'s copy of `dst` (a heap
+        tensor of this rank), in stream order, on a copy engine."""
+        self._open("put")
+        s = _describe(src, "put: src")
+        local, d = self._call_args(dst, "put: dst")
+        if s.nbytes != d.nbytes:
+            raise InvalidArgumentError(
+                f"put: src has {s.nbytes} bytes and dst {d.nbytes}; expected equal sizes"
+            )
+        self._h.put(
+            local, d.ptr, s.ptr, d.nbytes, int(peer), _stream_handle(stream, self._comm.devices[local])
+        )
+
+    def get(self, dst, src, peer: int, stream=None) -> None:
+        """Copies `peer`'s copy of `src` (a heap tensor of this rank) into
+        `dst`, in stream order, on a copy engine."""
+        self._open("get")
+        d = _describe(dst, "get: dst")
+        local, s = self._call_args(src, "get: src")
+        if s.nbytes != d.nbytes:
+            raise InvalidArgumentError(
+                f"get: src has {s.nbytes} bytes and dst {d.nbytes}; expected equal sizes"
+            )
+        self._h.get(
+            local, d.ptr, s.ptr, d.nbytes, int(peer), _stream_handle(stream, self._comm.devices[local])
+        )
+
+    def _word(self, sig, what: str):
+        local, b = self._call_args(sig, what, 8)
+        if b.nbytes < 8 or b.ptr % 8:
+            raise InvalidArgumentError(f"{what} must be an aligned 64-bit heap word (int64 or uint64 tensor)")
+        return local, b
+
+    def signal(self, sig, value: int, peer: int, stream=None) -> None:
+        """Sets `peer`'s copy of the 64-bit word `sig` to `value` once the
+        stream gets there (a copy-engine copy of 8 bytes)."""
+        self._open("signal")
+        local, b = self._word(sig, "signal: sig")
+        self._h.signal(local, b.ptr, int(value), int(peer), _stream_handle(stream, self._comm.devices[local]))
+
+    def wait(self, sig, value: int, from_rank: int = -1, stream=None) -> None:
+        """Holds the stream until this rank's `sig` is at least `value`. Bounded
+        by the communicator's timeout: past it the stream is let go and check()
+        raises, naming `from_rank` (the rank expected to signal)."""
+        self._open("wait")
+        local, b = self._word(sig, "wait: sig")
+        self._h.wait(
+            local, b.ptr, int(value), int(from_rank), _stream_handle(stream, self._comm.devices[local])
+        )
+
+    def barrier_on_stream(self, stream=None) -> None:
+        """Holds each rank's stream until every rank's stream got to this
+        barrier (collective; with init_local, one stream per local rank or None)."""
+        self._open("barrier_on_stream")
+        devices = self._comm.devices
+        if self._local:
+            streams = [None] * len(devices) if stream is None else self._comm._per_rank(stream, "stream")
+        else:
+            streams = [stream]
+        self._h.barrier_on_stream([_stream_handle(s, devices[i]) for i, s in enumerate(streams)])
+
+    def close(self) -> None:
+        """Unmaps this process's view of the heap (not collective). Tensors on it become invalid."""
+        if not self._h.closed:
+            self._h.close()
+        if self in self._comm._heaps:
+            self._comm._heaps.remove(self)
+        if getattr(self, "_owns_comm", False):
+            self._comm.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,785 @@
+"""The symmetric heap on the GPU (tests/gpu/test_symm.py runs this file):
+
+    python _workers_symm.py local WORLD   # one process drives WORLD ranks (init_local)
+    python _workers_symm.py procs WORLD   # one process per rank (ferry.init), spawned here
+
+Ranks share the visible GPUs (rank r on GPU r % N; FERRY_SHARED_GPUS=1 where
+the world is larger), so every check runs on one GPU. Every rank's data is
+random bytes from a seed of (rank, salt), which any process can make again:
+each result is compared byte for byte with data the checking process made
+itself, never with what ferry moved. Outputs are poisoned first. The device
+API is driven by test kernels (symm_kernels.cu, through ctypes) that take the
+heap handle as the raw bytes of ferry::device::Heap.
+
+Prints "symm: N checks, 0 failed" and exits 0 when every check passed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+import time
+import traceback
+import zlib
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+POISON = 0xA5
+SIZES = [(1, 0), (3, 5), (4096, 0), (100003, 7), ((1 << 20) + 13, 16)]  # (bytes, offset)
+
+
+def kernels_library() -> str:
+    """scripts/test's build of the test kernels, else a build of our own."""
+    for build in ("cpu-tests", "dev", "symm-kernels"):
+        lib = os.path.join(ROOT, "build", build, "libferry_symm_test_kernels.so")
+        if os.path.exists(lib):
+            return lib
+    build = os.path.join(ROOT, "build", "symm-kernels")
+    for cmd in (
+        ["cmake", "-S", ROOT, "-B", build, "-G", "Ninja", "-DFERRY_BUILD_TESTS=OFF"],
+        ["cmake", "--build", build, "--target", "ferry_symm_test_kernels"],
+    ):
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if run.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{run.stdout[-3000:]}{run.stderr[-3000:]}")
+    return os.path.join(build, "libferry_symm_test_kernels.so")
+
+
+class Kernels:
+    def __init__(self):
+        lib = ctypes.CDLL(kernels_library())
+        P, I, U = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64
+        sig = {
+            "ft_put": [P, I, P, P, U, I, I, P],
+            "ft_put_signal": [P, I, P, P, U, P, U, I, I, P],
+            "ft_wait_copy": [P, P, U, I, P, P, U, P, P],
+            "ft_wait_until": [P, P, ctypes.c_int32, I, P, P],
+            "ft_p_g": [P, P, ctypes.c_int64, I, P, P, P],
+            "ft_atomic": [P, I, I, P, U, I, I, I, I, P, P],
+            "ft_barrier": [P, I, I, I, I, P, I, P, P],
+        }
+        for name, args in sig.items():
+            getattr(lib, name).argtypes = args
+            getattr(lib, name).restype = I
+        self.lib = lib
+        self.handle_size = lib.ft_handle_size()
+
+    def __getattr__(self, name):
+        fn = getattr(self.lib, "ft_" + name)
+
+        def call(*args):
+            err = fn(*args)
+            if err:
+                raise RuntimeError(f"ft_{name}: CUDA error {err}")
+
+        return call
+
+
+def data(torch, rank: int, salt: str, n: int, dev):
+    g = torch.Generator(device=dev)
+    g.manual_seed(zlib.crc32(f"{rank}/{salt}".encode()))
+    return torch.randint(0, 256, (n,), dtype=torch.uint8, device=dev, generator=g)
+
+
+class Suite:
+    """Runs the checks over this process's ranks (all of them, or one)."""
+
+    def __init__(self, ferry, torch, comm, world: int, local: bool, timeout: float):
+        import ferry.symm
+
+        self.ferry, self.torch, self.comm, self.world, self.local = ferry, torch, comm, world, local
+        self.k = Kernels()
+        self.heap = ferry.symm.Heap(comm, capacity=1 << 30)
+        self.ranks = list(range(world)) if local else [comm.rank]
+        self.devs = [torch.device("cuda", d) for d in comm.devices]
+        self.streams = [torch.cuda.Stream(device=d) for d in self.devs]
+        self.side = [torch.cuda.Stream(device=d) for d in self.devs]
+        self.handles = [self.heap.handle(i) for i in range(len(self.ranks))]
+        self.raw = [ctypes.create_string_buffer(h.as_bytes(), len(h.as_bytes())) for h in self.handles]
+        self.checks = 0
+        self.fails: list = []
+
+    # ------------------------------------------------------------ helpers
+
+    def each(self, v):
+        """A heap call's result as a list over this process's ranks."""
+        return v if self.local else [v]
+
+    def sync(self):
+        for d in self.devs:
+            self.torch.cuda.synchronize(d)
+
+    def barrier(self):
+        """Every rank's streams drained and past one barrier_on_stream."""
+        for i, s in enumerate(self.streams):
+            s.wait_stream(self.torch.cuda.current_stream(self.devs[i]))
+            s.wait_stream(self.side[i])
+        self.heap.barrier_on_stream(self.streams if self.local else self.streams[0])
+        self.sync()
+        self.heap.check()
+
+    def expect_equal(self, label, got, exp):
+        self.checks += 1
+        self.torch.cuda.synchronize(got.device)
+        bad = int((got.view(self.torch.uint8) != exp.view(self.torch.uint8)).sum().item())
+        if bad:
+            self.fails.append(f"{label}: {bad} wrong bytes of {exp.numel() * exp.element_size()}")
+
+    def expect(self, label, cond):
+        self.checks += 1
+        if not cond:
+            self.fails.append(label)
+
+    def expect_error(self, label, pattern, fn, kind=None):
+        import re
+
+        self.checks += 1
+        try:
+            fn()
+        except self.ferry.FerryError as exc:
+            if not re.search(pattern, str(exc)) or (kind is not None and not isinstance(exc, kind)):
+                self.fails.append(
+                    f"{label}: expected {kind.__name__ if kind else 'an error'} /{pattern}/, got "
+                    f"{type(exc).__name__}: {exc}"
+                )
+            return
+        self.fails.append(f"{label}: expected /{pattern}/, nothing raised")
+
+    def ptr(self, t) -> int:
+        return t.data_ptr()
+
+    # ------------------------------------------------------------ checks
+
+    def rma(self):
+        """put and get at thread, warp and block scope; odd sizes, unaligned offsets."""
+        torch, W = self.torch, self.world
+        buf = self.each(self.heap.empty(((1 << 20) + 64,), torch.uint8))
+        for scope in (0, 1, 2):
+            for size, off in SIZES:
+                for get in (0, 1):
+                    salt = f"rma/{scope}/{size}/{off}/{get}"
+                    srcs, outs = [], []
+                    for i, r in enumerate(self.ranks):
+                        buf[i].fill_(POISON)
+                        if get:
+                            buf[i][off : off + size].copy_(data(torch, r, salt, size, self.devs[i]))
+                        src = torch.empty(size + off, dtype=torch.uint8, device=self.devs[i])
+                        src[off:].copy_(data(torch, r, salt, size, self.devs[i]))
+                        srcs.append(src)
+                        outs.append(
+                            torch.full((size + off + 64,), POISON, dtype=torch.uint8, device=self.devs[i])
+                        )
+                    self.barrier()
+                    for i, r in enumerate(self.ranks):
+                        peer = (r + 1) % W
+                        if get:
+                            self.k.put(
+                                self.raw[i],
+                                scope,
+                                self.ptr(outs[i]) + off,
+                                self.ptr(buf[i]) + off,
+                                size,
+                                peer,
+                                1,
+                                self.streams[i].cuda_stream,
+                            )
+                        else:
+                            self.k.put(
+                                self.raw[i],
+                                scope,
+                                self.ptr(buf[i]) + off,
+                                self.ptr(srcs[i]) + off,
+                                size,
+                                peer,
+                                0,
+                                self.streams[i].cuda_stream,
+                            )
+                    self.barrier()
+                    for i, r in enumerate(self.ranks):
+                        label = f"rank {r} {'get' if get else 'put'} scope {scope} {size} B at +{off}"
+                        if get:
+                            exp = data(torch, (r + 1) % W, salt, size, self.devs[i])
+                            self.expect_equal(label, outs[i][off : off + size], exp)
+                            self.expect_equal(
+                                label + " (around)",
+                                outs[i][off + size :],
+                                torch.full((64,), POISON, dtype=torch.uint8, device=self.devs[i]),
+                            )
+                        else:
+                            exp = data(torch, (r - 1) % W, salt, size, self.devs[i])
+                            self.expect_equal(label, buf[i][off : off + size], exp)
+                            around = torch.cat([buf[i][:off], buf[i][off + size : off + size + 64]])
+                            self.expect_equal(label + " (around)", around, torch.full_like(around, POISON))
+        self.heap.free(buf if self.local else buf[0])
+
+    def put_signal(self):
+        """A put and its signal: what the waiting peer copies once it sees the signal is all of the data."""
+        torch, W = self.torch, self.world
+        n = (1 << 20) + 3
+        buf = self.each(self.heap.empty((n,), torch.uint8))
+        sig = self.each(self.heap.zeros((1,), torch.int64))
+        value = 0
+        for rnd, (scope, add) in enumerate([(0, 0), (1, 0), (2, 0), (2, 1), (1, 1)]):
+            value = value + 1 if add else rnd + 10
+            salt = f"ps/{rnd}"
+            srcs, outs, oks = [], [], []
+            for i, r in enumerate(self.ranks):
+                buf[i].fill_(POISON)
+                srcs.append(data(torch, r, salt, n, self.devs[i]))
+                outs.append(torch.full((n,), POISON, dtype=torch.uint8, device=self.devs[i]))
+                oks.append(torch.zeros(1, dtype=torch.int32, device=self.devs[i]))
+            self.barrier()
+            for i, r in enumerate(self.ranks):
+                self.k.wait_copy(
+                    self.raw[i],
+                    self.ptr(sig[i]),
+                    value,
+                    (r - 1) % W,
+                    self.ptr(buf[i]),
+                    self.ptr(outs[i]),
+                    n,
+                    self.ptr(oks[i]),
+                    self.side[i].cuda_stream,
+                )
+            for i, r in enumerate(self.ranks):
+                self.k.put_signal(
+                    self.raw[i],
+                    scope,
+                    self.ptr(buf[i]),
+                    self.ptr(srcs[i]),
+                    n,
+                    self.ptr(sig[i]),
+                    1 if add else value,
+                    add,
+                    (r + 1) % W,
+                    self.streams[i].cuda_stream,
+                )
+            self.barrier()
+            for i, r in enumerate(self.ranks):
+                label = f"rank {r} put_signal scope {scope} {'add' if add else 'set'}"
+                self.expect(f"{label}: the wait gave up", int(oks[i].item()) == 1)
+                self.expect_equal(label, outs[i], data(torch, (r - 1) % W, salt, n, self.devs[i]))
+                self.expect(
+                    f"{label}: signal {int(sig[i].item())}, expected {value}", int(sig[i].item()) == value
+                )
+        self.heap.free(buf if self.local else buf[0])
+        self.heap.free(sig if self.local else sig[0])
+
+    def p_g(self):
+        torch, W = self.torch, self.world
+        words = self.each(self.heap.empty((2,), torch.int64))
+        outs = []
+        for i, r in enumerate(self.ranks):
+            words[i][0] = -1
+            words[i][1] = r * 31 + 5
+            outs.append(torch.full((1,), -7, dtype=torch.int64, device=self.devs[i]))
+        self.barrier()
+        for i, r in enumerate(self.ranks):
+            self.k.p_g(
+                self.raw[i],
+                self.ptr(words[i]),
+                r * 1000 + 7,
+                (r + 1) % W,
+                self.ptr(words[i]) + 8,
+                self.ptr(outs[i]),
+                self.streams[i].cuda_stream,
+            )
+        self.barrier()
+        for i, r in enumerate(self.ranks):
+            self.expect(f"rank {r} g: {int(outs[i].item())}", int(outs[i].item()) == ((r + 1) % W) * 31 + 5)
+            self.expect(
+                f"rank {r} p: {int(words[i][0].item())}", int(words[i][0].item()) == ((r - 1) % W) * 1000 + 7
+            )
+        self.heap.free(words if self.local else words[0])
+
+    def atomics(self):
+        """Every rank's atomics on rank 0's words; read back through peer views."""
+        torch, W = self.torch, self.world
+        c64 = self.each(self.heap.zeros((8,), torch.int64))
+        c32 = self.each(self.heap.zeros((8,), torch.int32))
+        for i in range(len(self.ranks)):
+            c64[i][3] = -1  # the and's start
+        olds = [torch.full((1,), -1, dtype=torch.int64, device=d) for d in self.devs]
+        self.barrier()
+        for i, r in enumerate(self.ranks):
+            s = self.streams[i].cuda_stream
+            a64, a32 = self.ptr(c64[i]), self.ptr(c32[i])
+            self.k.atomic(self.raw[i], 0, 64, a64, 3, 0, 10, 2, 64, 0, s)  # fetch_add
+            self.k.atomic(self.raw[i], 1, 64, a64 + 8, 0, 0, 10, 2, 64, 0, s)  # inc
+            self.k.atomic(self.raw[i], 2, 64, a64 + 16, 1 << r, 0, 1, 1, 1, 0, s)  # or
+            self.k.atomic(self.raw[i], 3, 64, a64 + 24, ((1 << 64) - 1) ^ (1 << r), 0, 1, 1, 1, 0, s)  # and
+            self.k.atomic(self.raw[i], 5, 64, a64 + 32, 0, 0, 5, 1, 32, 0, s)  # compare_swap increments
+            self.k.atomic(self.raw[i], 6, 64, a64 + 40, r + 1, 0, 1, 1, 1, self.ptr(olds[i]), s)  # swap
+            self.k.atomic(self.raw[i], 0, 32, a32, 1, 0, 10, 2, 64, 0, s)  # fetch_add, 32-bit
+            self.k.atomic(self.raw[i], 4, 32, a32 + 4, 1 << r, 0, 1, 1, 1, 0, s)  # xor, 32-bit
+        self.barrier()
+        got64 = self.heap.peer(c64[0], 0).cpu().tolist()
+        got32 = self.heap.peer(c32[0], 0).cpu().tolist()
+        full = (1 << W) - 1
+        exp = {
+            "fetch_add": (got64[0], 3 * W * 1280),
+            "inc": (got64[1], W * 1280),
+            "or": (got64[2], full),
+            "and": (got64[3] & ((1 << 64) - 1), ((1 << 64) - 1) ^ full),
+            "compare_swap": (got64[4], W * 160),
+            "fetch_add32": (got32[0], W * 1280),
+            "xor32": (got32[1], full),
+        }
+        for name, (got, want) in exp.items():
+            self.expect(f"rank {self.ranks[0]} atomic {name}: {got}, expected {want}", got == want)
+        self.expect(f"swap: final {got64[5]}", 1 <= got64[5] <= W)
+        seen = [int(o.item()) for o in olds]
+        self.expect(f"swap: old values {seen}", all(0 <= s <= W for s in seen))
+        if self.local:  # every value but the last one stored came back once
+            self.expect(
+                f"swap: old values {seen} and final {got64[5]}",
+                sorted(seen + [got64[5]]) == list(range(W + 1)),
+            )
+        self.heap.free(c64 if self.local else c64[0])
+        self.heap.free(c32 if self.local else c32[0])
+
+    def barriers(self):
+        """barrier and sync over the world and over strided teams, at every scope."""
+        torch, W = self.torch, self.world
+        teams = [(0, 1, W), (0, 2, (W + 1) // 2)]
+        if W >= 3:
+            teams.append((1, 2, W // 2))
+        for scope in (0, 1, 2):
+            for start, stride, size in teams:
+                ctr = self.each(self.heap.zeros((1,), torch.int64))
+                outs = [torch.full((2,), -1, dtype=torch.int32, device=d) for d in self.devs]
+                self.barrier()
+                members = []
+                for i, r in enumerate(self.ranks):
+                    if r >= start and (r - start) % stride == 0 and (r - start) // stride < size:
+                        members.append(i)
+                        self.k.barrier(
+                            self.raw[i],
+                            scope,
+                            start,
+                            stride,
+                            size,
+                            self.ptr(ctr[i]),
+                            5,
+                            self.ptr(outs[i]),
+                            self.streams[i].cuda_stream,
+                        )
+                self.barrier()
+                for i in members:
+                    got = outs[i].tolist()
+                    self.expect(
+                        f"rank {self.ranks[i]} barrier scope {scope} team {start},{stride},{size}: "
+                        f"(early reads, failed) = {got}",
+                        got == [0, 0],
+                    )
+                self.heap.free(ctr if self.local else ctr[0])
+
+    def stream_ops(self):
+        """put, get, signal and wait on streams (copy engines): a kernel writes
+        the source just before the put, another reads the result just after the
+        wait, each in stream order."""
+        torch, W = self.torch, self.world
+        n = (4 << 20) + 5
+        buf = self.each(self.heap.empty((n,), torch.uint8))
+        back = self.each(self.heap.empty((n,), torch.uint8))
+        sig = self.each(self.heap.zeros((4,), torch.int64))
+        for rnd in range(3):
+            salt = f"stream/{rnd}"
+            outs, gets = [], []
+            for i, r in enumerate(self.ranks):
+                buf[i].fill_(POISON)
+                back[i].copy_(data(torch, r, salt + "/back", n, self.devs[i]))
+                outs.append(torch.full((n,), POISON, dtype=torch.uint8, device=self.devs[i]))
+                gets.append(torch.full((n,), POISON, dtype=torch.uint8, device=self.devs[i]))
+            self.barrier()
+            for i, r in enumerate(self.ranks):
+                with torch.cuda.stream(self.streams[i]):
+                    src = data(torch, r, salt, n, self.devs[i]) ^ 0  # a kernel writes it, in this stream
+                    self.heap.put(buf[i], src, (r + 1) % W, stream=self.streams[i])
+                    self.heap.signal(sig[i][0:1], rnd + 1, (r + 1) % W, stream=self.streams[i])
+                    self.heap.get(gets[i], back[i], (r + 1) % W, stream=self.streams[i])
+                    src.record_stream(self.streams[i])
+            for i, r in enumerate(self.ranks):
+                self.heap.wait(sig[i][0:1], rnd + 1, from_rank=(r - 1) % W, stream=self.side[i])
+                with torch.cuda.stream(self.side[i]):
+                    outs[i].copy_(buf[i])  # a kernel reads it after the wait
+            self.barrier()
+            for i, r in enumerate(self.ranks):
+                self.expect_equal(
+                    f"rank {r} stream put+signal round {rnd}",
+                    outs[i],
+                    data(torch, (r - 1) % W, salt, n, self.devs[i]),
+                )
+                self.expect_equal(
+                    f"rank {r} stream get round {rnd}",
+                    gets[i],
+                    data(torch, (r + 1) % W, salt + "/back", n, self.devs[i]),
+                )
+        # Many barriers back to back, no host wait between them.
+        for _ in range(50):
+            self.heap.barrier_on_stream(self.streams if self.local else self.streams[0])
+        self.sync()
+        self.heap.check()
+        self.checks += 1
+        for t in (buf, back, sig):
+            self.heap.free(t if self.local else t[0])
+
+    def views_and_sizes(self):
+        """peer() and peer_ptrs(); zero-size and > 2 GiB allocations; used and mapped."""
+        torch, W = self.torch, self.world
+        n = 12345
+        t = self.each(self.heap.empty((n,), torch.uint8))
+        for i, r in enumerate(self.ranks):
+            t[i].copy_(data(torch, r, "views", n, self.devs[i]))
+        self.barrier()
+        for i, r in enumerate(self.ranks):
+            for p in range(W):
+                self.expect_equal(
+                    f"rank {r} peer({p}) view",
+                    self.heap.peer(t[i], p),
+                    data(torch, p, "views", n, self.devs[i]),
+                )
+            ptrs = self.heap.peer_ptrs(t[i]).tolist()
+            self.expect(
+                f"peer_ptrs {ptrs}",
+                ptrs[r] == t[i].data_ptr()
+                and all(ptrs[p] - ptrs[0] == p * self.heap.capacity for p in range(W)),
+            )
+        z = self.heap.empty((0,), torch.float32)
+        self.expect("a zero-size allocation", all(x.numel() == 0 for x in self.each(z)))
+        self.heap.free(z)
+        self.heap.free(t if self.local else t[0])
+        self.expect(f"used after free: {self.heap.used}", self.heap.used == 0)
+
+    def large(self):
+        """A 3 GiB allocation: its last bytes written on the peer and read back."""
+        torch, W = self.torch, self.world
+        big_heap = self.ferry.symm.Heap(self.comm, capacity=4 << 30)
+        n = 3 << 30
+        big = self.each(big_heap.empty((n,), torch.uint8))
+        self.expect(f"mapped {big_heap.mapped}", big_heap.mapped >= n)
+        raw = [
+            ctypes.create_string_buffer(big_heap.handle(i).as_bytes(), self.k.handle_size)
+            for i in range(len(self.ranks))
+        ]
+        tail = 1 << 20
+        for i, r in enumerate(self.ranks):
+            big[i][n - tail :].fill_(POISON)
+        self.barrier()
+        for i, r in enumerate(self.ranks):
+            src = data(torch, r, "large", tail, self.devs[i])
+            self.k.put(
+                raw[i],
+                2,
+                self.ptr(big[i]) + n - tail,
+                self.ptr(src),
+                tail,
+                (r + 1) % W,
+                0,
+                self.streams[i].cuda_stream,
+            )
+            self.streams[i].synchronize()
+        self.barrier()
+        for i, r in enumerate(self.ranks):
+            self.expect_equal(
+                f"rank {r} 3 GiB allocation, last MiB",
+                big[i][n - tail :],
+                data(torch, (r - 1) % W, "large", tail, self.devs[i]),
+            )
+        big_heap.close()
+
+    def bad_input(self):
+        ferry, torch, W = self.ferry, self.torch, self.world
+        IA = ferry.InvalidArgumentError
+        t = self.each(self.heap.empty((64,), torch.int64))
+        plain = torch.zeros(64, dtype=torch.int64, device=self.devs[0])
+        self.expect_error(
+            "peer of a rank out of range", r"rank is .*expected 0\.\.", lambda: self.heap.peer(t[0], W), IA
+        )
+        self.expect_error(
+            "peer of memory not on the heap",
+            "not on the symmetric heap",
+            lambda: self.heap.peer(plain, 0),
+            IA,
+        )
+        self.expect_error(
+            "put to memory not on the heap",
+            "put: dst is not on the symmetric heap",
+            lambda: self.heap.put(plain, plain, 0),
+            IA,
+        )
+        self.expect_error(
+            "put of mismatched sizes", "expected equal sizes", lambda: self.heap.put(t[0], plain[:3], 0), IA
+        )
+        self.expect_error(
+            "put past the allocation",
+            "does not lie inside one live allocation",
+            lambda: self.heap._h.put(0, t[0].data_ptr() + 256, plain.data_ptr(), 512, 0, 0),
+            IA,
+        )
+        self.expect_error("put to a peer out of range", "peer is", lambda: self.heap.put(t[0], plain, W), IA)
+        self.expect_error(
+            "signal on an unaligned word",
+            "aligned 64-bit",
+            lambda: self.heap.signal(t[0].view(torch.uint8)[3:11], 1, 0),
+            IA,
+        )
+        # Heap exhausted: a small heap, a request larger than it.
+        small = ferry.symm.Heap(self.comm, capacity=8 << 20)
+        self.expect_error(
+            "heap exhausted",
+            "FERRY_SYMM_HEAP_BYTES",
+            lambda: small.empty((16 << 20,), torch.uint8),
+            ferry.OutOfMemoryError,
+        )
+        small.close()
+        # Allocation during capture: refused when it needs new memory (the heap
+        # maps FERRY_SYMM_CHUNK_BYTES at first), fine after reserve().
+        roomy = ferry.symm.Heap(self.comm, capacity=1 << 30)
+        need = 512 << 20
+        cap = torch.cuda.Stream(device=self.devs[0])
+        for reserved in (False, True):
+            if reserved:
+                roomy.reserve(need + (1 << 20))
+            g = torch.cuda.CUDAGraph()
+            got = None
+            with torch.cuda.stream(cap):
+                g.capture_begin()
+                try:
+                    if reserved:
+                        got = roomy.empty((need,), torch.uint8)
+                    else:
+                        self.expect_error(
+                            "allocation during capture",
+                            r"captured; call reserve\(",
+                            lambda: roomy.empty((need,), torch.uint8),
+                            IA,
+                        )
+                finally:
+                    try:
+                        g.capture_end()
+                    except Exception as exc:  # noqa: BLE001 - an empty graph
+                        if "empty" not in str(exc).lower():
+                            self.fails.append(f"capture: {exc}")
+            if reserved:
+                self.expect(
+                    "allocation during capture after reserve()",
+                    got is not None and all(x.numel() == need for x in self.each(got)),
+                )
+        roomy.close()
+        self.heap.free(t if self.local else t[0])
+        self.expect_error(
+            "free of memory not on the heap",
+            "not on the symmetric heap",
+            lambda: self.heap.free(plain if not self.local else [plain] * W),
+            IA,
+        )
+
+    def mismatch(self):
+        """Ranks that allocate differently are told which rank strayed (one process per rank only)."""
+        torch = self.torch
+        r = self.ranks[0]
+        self.expect_error(
+            "mismatched allocation",
+            "different symmetric-heap calls",
+            lambda: self.heap.empty((1000 + (r == 1),), torch.uint8),
+            self.ferry.InvalidArgumentError,
+        )
+        # The heap goes on in step afterwards.
+        t = self.heap.empty((10,), torch.uint8)
+        self.heap.free(t)
+        self.checks += 1
+
+    def run(self, names):
+        for name in names:
+            try:
+                getattr(self, name)()
+            except Exception:  # noqa: BLE001
+                self.fails.append(f"ranks {self.ranks}: {name} raised:\n{traceback.format_exc()[-3000:]}")
+                break
+        return self.fails
+
+
+def timeouts(ferry, torch, world: int) -> list:
+    """A peer that never signals or never reaches a barrier: the wait gives up
+    after the timeout and check() names the peer (one process, timeout 2 s)."""
+    import ferry.symm
+
+    fails = []
+    comm = ferry.init_local([r % torch.cuda.device_count() for r in range(world)], timeout=2.0)
+    k = Kernels()
+    devs = [torch.device("cuda", d) for d in comm.devices]
+    streams = [torch.cuda.Stream(device=d) for d in devs]
+
+    def raw(heap, i):
+        return ctypes.create_string_buffer(heap.handle(i).as_bytes(), k.handle_size)
+
+    def expect_fault(heap, pattern, kind, label, t0):
+        took = time.monotonic() - t0
+        try:
+            heap.check()
+            fails.append(f"{label}: check() raised nothing")
+        except ferry.FerryError as exc:
+            import re
+
+            if not isinstance(exc, kind) or not re.search(pattern, str(exc)):
+                fails.append(
+                    f"{label}: expected {kind.__name__} /{pattern}/, got {type(exc).__name__}: {exc}"
+                )
+        if took > 15:
+            fails.append(f"{label}: took {took:.1f} s with a 2 s timeout")
+
+    # A signal that never comes (device): rank 0 waits for rank 1.
+    heap = ferry.symm.Heap(comm, capacity=64 << 20)
+    sig = heap.zeros((1,), torch.int64)
+    ok = torch.full((1,), -1, dtype=torch.int32, device=devs[0])
+    scratch = torch.empty(16, dtype=torch.uint8, device=devs[0])
+    torch.cuda.synchronize()
+    t0 = time.monotonic()
+    k.wait_copy(
+        raw(heap, 0),
+        sig[0].data_ptr(),
+        1,
+        1,
+        scratch.data_ptr(),
+        scratch.data_ptr(),
+        0,
+        ok.data_ptr(),
+        streams[0].cuda_stream,
+    )
+    streams[0].synchronize()
+    if int(ok.item()) != 0:
+        fails.append(f"signal_wait_until with no signal returned {int(ok.item())}")
+    expect_fault(
+        heap, r"signal_wait_until on rank 0 waited for rank 1", ferry.PeerTimeoutError, "device signal", t0
+    )
+    heap.close()
+
+    # A barrier rank 1 never reaches.
+    heap = ferry.symm.Heap(comm, capacity=64 << 20)
+    ctr = heap.zeros((1,), torch.int64)
+    out = torch.full((2,), -1, dtype=torch.int32, device=devs[0])
+    torch.cuda.synchronize()
+    t0 = time.monotonic()
+    k.barrier(raw(heap, 0), 2, 0, 1, world, ctr[0].data_ptr(), 1, out.data_ptr(), streams[0].cuda_stream)
+    streams[0].synchronize()
+    if out.tolist()[1] != 1:
+        fails.append(f"a barrier without rank 1 returned {out.tolist()}")
+    expect_fault(heap, r"a barrier on rank 0 waited for rank 1", ferry.PeerTimeoutError, "device barrier", t0)
+    heap.close()
+
+    # A team this rank is not in.
+    heap = ferry.symm.Heap(comm, capacity=64 << 20)
+    ctr = heap.zeros((1,), torch.int64)
+    torch.cuda.synchronize()
+    k.barrier(
+        raw(heap, 1), 0, 0, 2, (world + 1) // 2, ctr[1].data_ptr(), 1, out.data_ptr(), streams[0].cuda_stream
+    )
+    torch.cuda.synchronize()
+    expect_fault(heap, "not a usable member", ferry.InvalidArgumentError, "bad team", time.monotonic())
+    heap.close()
+
+    # A stream wait for a signal that never comes: the stream is let go, check() names the rank.
+    heap = ferry.symm.Heap(comm, capacity=64 << 20)
+    sig = heap.zeros((1,), torch.int64)
+    torch.cuda.synchronize()
+    t0 = time.monotonic()
+    heap.wait(sig[0], 1, from_rank=1, stream=streams[0])
+    done = torch.zeros(1, device=devs[0])
+    with torch.cuda.stream(streams[0]):
+        done += 1
+    streams[0].synchronize()
+    if done.item() != 1:
+        fails.append("the work after a released stream wait did not run")
+    time.sleep(0.1)
+    expect_fault(heap, r"heap.wait.*rank 1", ferry.PeerTimeoutError, "stream wait", t0)
+    heap.close()
+    comm.close()
+    return fails
+
+
+def report(fails, checks) -> int:
+    for f in fails[:30]:
+        print("FAIL", f)
+    print(f"symm: {checks} checks, {len(fails)} failed")
+    return 1 if fails else 0
+
+
+def local_main(world: int) -> int:
+    import ferry
+    import torch
+
+    n = torch.cuda.device_count()
+    comm = ferry.init_local([r % n for r in range(world)], timeout=30.0)
+    suite = Suite(ferry, torch, comm, world, local=True, timeout=30.0)
+    names = ["rma", "put_signal", "p_g", "atomics", "barriers", "stream_ops", "views_and_sizes", "bad_input"]
+    if world == 2:
+        names.append("large")
+    fails = suite.run(names)
+    checks = suite.checks
+    suite.heap.close()
+    comm.close()
+    fails += timeouts(ferry, torch, world)
+    return report(fails, checks + 4)
+
+
+def rank_main(rank: int, world: int, port: int) -> int:
+    os.environ["FERRY_PORT"] = str(port)
+    import ferry
+    import torch
+
+    dev = rank % torch.cuda.device_count()
+    torch.cuda.set_device(dev)
+    comm = ferry.init(rank=rank, world=world, device=dev, timeout=30.0)
+    suite = Suite(ferry, torch, comm, world, local=False, timeout=30.0)
+    names = ["rma", "put_signal", "p_g", "atomics", "barriers", "stream_ops", "views_and_sizes", "bad_input"]
+    fails = suite.run(names + ["mismatch"])
+    suite.heap.close()
+    comm.close()
+    return report(fails, suite.checks)
+
+
+def procs_main(world: int) -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port - 1), **SAFE_ENV)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "rank", str(r), str(world), str(port)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(world)
+    ]
+    status = 0
+    for r, p in enumerate(procs):
+        try:
+            out, _ = p.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            out, _ = p.communicate()
+            print(f"rank {r}: did not finish in 240 s")
+            status = 1
+        print(f"--- rank {r} (exit {p.returncode})\n{out[-4000:]}")
+        status |= p.returncode != 0
+    return status
+
+
+if __name__ == "__main__":
+    os.environ.update(SAFE_ENV)
+    os.environ.setdefault("FERRY_SHARED_GPUS", "1")
+    mode = sys.argv[1]
+    if mode == "local":
+        sys.exit(local_main(int(sys.argv[2])))
+    if mode == "procs":
+        sys.exit(procs_main(int(sys.argv[2])))
+    sys.exit(rank_main(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])))

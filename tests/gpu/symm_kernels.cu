@@ -1,0 +1,173 @@
+// Test kernels for the symmetric heap's device API (include/ferry/device/),
+// launched from tests/gpu/test_symm.py through ctypes. Each launcher takes the
+// heap handle as the raw bytes of ferry::device::Heap (HeapHandle.as_bytes()),
+// so every test also checks that the struct crosses by value intact.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "ferry/device/atomic.cuh"
+#include "ferry/device/heap.cuh"
+#include "ferry/device/rma.cuh"
+#include "ferry/device/signal.cuh"
+#include "ferry/device/sync.cuh"
+#include "ferry/device/team.cuh"
+
+using namespace ferry::device;
+
+namespace {
+
+Heap heap_of(const void* raw) {
+  Heap h;
+  std::memcpy(&h, raw, sizeof(h));
+  return h;
+}
+
+template <Scope S>
+__global__ void put_kernel(Heap h, void* dst, const void* src, uint64_t bytes, int peer, int get) {
+  if (get)
+    ::ferry::device::get<S>(h, dst, src, bytes, peer);
+  else
+    ::ferry::device::put<S>(h, dst, src, bytes, peer);
+}
+
+template <Scope S>
+__global__ void put_signal_kernel(Heap h, void* dst, const void* src, uint64_t bytes, uint64_t* sig, uint64_t value,
+                                  int add, int peer) {
+  put_signal<S>(h, dst, src, bytes, sig, value, add ? SignalOp::kAdd : SignalOp::kSet, peer);
+}
+
+// Waits for the signal, then copies what arrived (so the test sees what was
+// visible when the signal was).
+__global__ void wait_copy_kernel(Heap h, const uint64_t* sig, uint64_t value, int from, const char* data, char* out,
+                                 uint64_t bytes, int* ok) {
+  __shared__ int good;
+  if (threadIdx.x == 0) good = signal_wait_until(h, sig, Cmp::kGe, value, from);
+  __syncthreads();
+  if (threadIdx.x == 0) *ok = good;
+  if (!good) return;
+  for (uint64_t i = threadIdx.x; i < bytes; i += blockDim.x) out[i] = data[i];
+}
+
+__global__ void wait_until_kernel(Heap h, const int32_t* ivar, int32_t value, int from, int* ok) {
+  *ok = wait_until(h, ivar, Cmp::kEq, value, from);
+}
+
+__global__ void p_g_kernel(Heap h, int64_t* dst, int64_t value, int peer, const int64_t* src, int64_t* out) {
+  p(h, dst, value, peer);
+  *out = g(h, src, peer);
+}
+
+// op: 0 fetch_add, 1 inc, 2 or, 3 and, 4 xor, 5 compare_swap increments, 6 swap
+template <class T>
+__global__ void atomic_kernel(Heap h, int op, T* dst, T value, int peer, int iters, T* olds) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  for (int i = 0; i < iters; ++i) {
+    switch (op) {
+      case 0: atomic_fetch_add(h, dst, value, peer); break;
+      case 1: atomic_inc(h, dst, peer); break;
+      case 2: atomic_or(h, dst, value, peer); break;
+      case 3: atomic_and(h, dst, value, peer); break;
+      case 4: atomic_xor(h, dst, value, peer); break;
+      case 5: {
+        T seen = atomic_compare_swap(h, dst, T(0), T(0), peer);
+        for (;;) {
+          T old = atomic_compare_swap(h, dst, seen, T(seen + 1), peer);
+          if (old == seen) break;
+          seen = old;
+        }
+        break;
+      }
+      default: olds[t] = atomic_swap(h, dst, value, peer); break;
+    }
+  }
+}
+
+// rounds x (add 1 to the team root's counter; barrier; read it back): after
+// round k's barrier the counter is at least k * size.
+template <Scope S>
+__global__ void barrier_kernel(Heap h, int start, int stride, int size, uint64_t* counter, int rounds, int* out) {
+  Team t = team_split_strided(world_team(h), start, stride, size);
+  int bad = 0, failed = 0;
+  const int root = t.size > 0 ? team_world_rank(t, 0) : 0;
+  for (int k = 1; k <= rounds; ++k) {
+    if (impl::scope_lane<S>() == 0 && t.my >= 0) atomic_add(h, counter, uint64_t(1), root);
+    if (!barrier<S>(h, t)) {
+      failed = 1;
+      break;
+    }
+    if (impl::scope_lane<S>() == 0 && g(h, counter, root) < uint64_t(k) * t.size) ++bad;
+    if (!sync<S>(h, t)) {  // nobody adds for the next round before every member read this one
+      failed = 1;
+      break;
+    }
+  }
+  if (impl::scope_lane<S>() == 0) {
+    out[0] = bad;
+    out[1] = failed;
+  }
+}
+
+}  // namespace
+
+#define FT_SCOPED(kernel, scope, args)                                          \
+  switch (scope) {                                                              \
+    case 0: kernel<Scope::kThread><<<1, 1, 0, s>>> args; break;                \
+    case 1: kernel<Scope::kWarp><<<1, 32, 0, s>>> args; break;                 \
+    default: kernel<Scope::kBlock><<<1, 256, 0, s>>> args; break;              \
+  }
+
+extern "C" {
+
+int ft_put(const void* raw, int scope, void* dst, const void* src, uint64_t bytes, int peer, int get, cudaStream_t s) {
+  Heap h = heap_of(raw);
+  FT_SCOPED(put_kernel, scope, (h, dst, src, bytes, peer, get));
+  return cudaGetLastError();
+}
+
+int ft_put_signal(const void* raw, int scope, void* dst, const void* src, uint64_t bytes, uint64_t* sig,
+                  uint64_t value, int add, int peer, cudaStream_t s) {
+  Heap h = heap_of(raw);
+  FT_SCOPED(put_signal_kernel, scope, (h, dst, src, bytes, sig, value, add, peer));
+  return cudaGetLastError();
+}
+
+int ft_wait_copy(const void* raw, const uint64_t* sig, uint64_t value, int from, const char* data, char* out,
+                 uint64_t bytes, int* ok, cudaStream_t s) {
+  wait_copy_kernel<<<1, 256, 0, s>>>(heap_of(raw), sig, value, from, data, out, bytes, ok);
+  return cudaGetLastError();
+}
+
+int ft_wait_until(const void* raw, const int32_t* ivar, int32_t value, int from, int* ok, cudaStream_t s) {
+  wait_until_kernel<<<1, 1, 0, s>>>(heap_of(raw), ivar, value, from, ok);
+  return cudaGetLastError();
+}
+
+int ft_p_g(const void* raw, int64_t* dst, int64_t value, int peer, const int64_t* src, int64_t* out, cudaStream_t s) {
+  p_g_kernel<<<1, 1, 0, s>>>(heap_of(raw), dst, value, peer, src, out);
+  return cudaGetLastError();
+}
+
+int ft_atomic(const void* raw, int op, int width, void* dst, uint64_t value, int peer, int iters, int blocks,
+              int threads, void* olds, cudaStream_t s) {
+  Heap h = heap_of(raw);
+  if (width == 32)
+    atomic_kernel<uint32_t><<<blocks, threads, 0, s>>>(h, op, static_cast<uint32_t*>(dst), uint32_t(value), peer,
+                                                        iters, static_cast<uint32_t*>(olds));
+  else
+    atomic_kernel<uint64_t><<<blocks, threads, 0, s>>>(h, op, static_cast<uint64_t*>(dst), value, peer, iters,
+                                                        static_cast<uint64_t*>(olds));
+  return cudaGetLastError();
+}
+
+int ft_barrier(const void* raw, int scope, int start, int stride, int size, uint64_t* counter, int rounds, int* out,
+               cudaStream_t s) {
+  Heap h = heap_of(raw);
+  FT_SCOPED(barrier_kernel, scope, (h, start, stride, size, counter, rounds, out));
+  return cudaGetLastError();
+}
+
+int ft_handle_size() { return static_cast<int>(sizeof(Heap)); }
+
+}  // extern "C"

@@ -1,0 +1,42 @@
+"""The symmetric heap and its device API on the GPU (_workers_symm.py says
+what each run checks): 2, 3 and 4 ranks driven by one process, and 2 and 4
+ranks in one process each; ranks share the visible GPUs where the world is
+larger (FERRY_SHARED_GPUS=1, testing only), so that everything runs on one GPU.
+Also the examples written on the device API."""
+
+import os
+import subprocess
+import sys
+
+import _checks
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _run(*args, timeout=420):
+    env = dict(os.environ, FERRY_SHARED_GPUS="1", CUDA_DEVICE_MAX_CONNECTIONS="32", **_checks.SAFE_ENV)
+    run = subprocess.run(
+        [sys.executable, os.path.join(HERE, "_workers_symm.py"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    out = run.stdout[-8000:] + run.stderr[-4000:]
+    assert run.returncode == 0, out
+    assert " 0 failed" in run.stdout, out
+    print(
+        f"\n_workers_symm.py {' '.join(args)}: "
+        + " | ".join(line for line in run.stdout.splitlines() if line.startswith(("symm:", "---")))
+    )
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_heap_one_process(world):
+    _run("local", str(world))
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_heap_process_per_rank(world):
+    _run("procs", str(world))
