@@ -101,6 +101,30 @@ class Suite:
         self.raw = [ctypes.create_string_buffer(h.as_bytes(), len(h.as_bytes())) for h in self.handles]
         self.checks = 0
         self.fails: list = []
+        self.warm_up()
+
+    def warm_up(self):
+        """Launches every test kernel once per rank where nothing waits: a
+        kernel's first launch under lazy module loading can wait for the
+        device, and so for a kernel of another rank spinning on it."""
+        torch = self.torch
+        scratch = self.each(self.heap.zeros((8,), torch.int64))
+        for i, r in enumerate(self.ranks):
+            raw, s, w = self.raw[i], self.streams[i].cuda_stream, self.ptr(scratch[i])
+            out = torch.zeros(4, dtype=torch.int64, device=self.devs[i])
+            o = self.ptr(out)
+            for scope in (0, 1, 2):
+                self.k.put(raw, scope, 0, 0, 0, r, 0, s)
+                self.k.put(raw, scope, 0, 0, 0, r, 1, s)
+                self.k.put_signal(raw, scope, 0, 0, 0, w, 0, 0, r, s)
+                self.k.barrier(raw, scope, r, 1, 1, w + 32, 1, o, s)
+            self.k.wait_copy(raw, w, 0, -1, 0, 0, 0, o, s)
+            self.k.wait_until(raw, w + 40, 0, -1, o, s)
+            self.k.p_g(raw, w + 8, 0, r, w + 16, o, s)
+            self.k.atomic(raw, 0, 64, w + 24, 0, r, 0, 1, 1, 0, s)
+            self.k.atomic(raw, 0, 32, w + 24, 0, r, 0, 1, 1, 0, s)
+        self.sync()
+        self.heap.free(scratch if self.local else scratch[0])
 
     # ------------------------------------------------------------ helpers
 
@@ -547,7 +571,7 @@ class Suite:
             g = torch.cuda.CUDAGraph()
             got = None
             with torch.cuda.stream(cap):
-                g.capture_begin()
+                g.capture_begin(capture_error_mode="relaxed")
                 try:
                     if reserved:
                         got = roomy.empty((need,), torch.uint8)
@@ -595,11 +619,18 @@ class Suite:
 
     def run(self, names):
         for name in names:
+            t0 = time.monotonic()
             try:
                 getattr(self, name)()
             except Exception:  # noqa: BLE001
                 self.fails.append(f"ranks {self.ranks}: {name} raised:\n{traceback.format_exc()[-3000:]}")
                 break
+            finally:
+                print(
+                    f"symm: ranks {self.ranks} {name}: {self.checks} checks so far, {len(self.fails)} failed, "
+                    f"{time.monotonic() - t0:.1f} s",
+                    flush=True,
+                )
         return self.fails
 
 
@@ -704,7 +735,7 @@ def timeouts(ferry, torch, world: int) -> list:
 def report(fails, checks) -> int:
     for f in fails[:30]:
         print("FAIL", f)
-    print(f"symm: {checks} checks, {len(fails)} failed")
+    print(f"symm: {checks} checks, {len(fails)} failed", flush=True)
     return 1 if fails else 0
 
 
@@ -776,6 +807,10 @@ def procs_main(world: int) -> int:
 
 if __name__ == "__main__":
     os.environ.update(SAFE_ENV)
+    if os.environ.get("SYMM_STACKS_AFTER_S"):  # where a run that hangs is stuck
+        import faulthandler
+
+        faulthandler.dump_traceback_later(float(os.environ["SYMM_STACKS_AFTER_S"]), exit=True)
     os.environ.setdefault("FERRY_SHARED_GPUS", "1")
     mode = sys.argv[1]
     if mode == "local":
