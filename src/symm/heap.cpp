@@ -15,6 +15,9 @@ namespace ferry {
 
 namespace {
 
+// Pinned words a rank's releases copy from, reused in turn.
+constexpr unsigned kRescueSlots = 64;
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -91,6 +94,15 @@ std::unique_ptr<SymmetricHeap> SymmetricHeap::create(const Group& g, size_t capa
       h->fault_.push_back(static_cast<unsigned long long*>(word));
       *h->fault_.back() = 0;
     }
+    for (int i = 0; i < g.local_count(); ++i) {
+      DeviceScope on(g.devices[i]);
+      cudaStream_t s = nullptr;
+      FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      h->rescue_.push_back(s);
+      void* words = nullptr;
+      FERRY_CUDA_CHECK(cudaHostAlloc(&words, kRescueSlots * sizeof(uint64_t), cudaHostAllocPortable));
+      h->rescue_values_.push_back(static_cast<uint64_t*>(words));
+    }
     h->barrier_generation_.assign(g.local_count(), 0);
     h->staging_next_.assign(g.local_count(), 0);
     h->grow(device::kHeapReservedBytes);
@@ -144,6 +156,10 @@ void SymmetricHeap::close() {
   base_ = 0;
   for (auto* w : fault_) cudaFreeHost(w);
   fault_.clear();
+  for (auto s : rescue_) cudaStreamDestroy(s);
+  rescue_.clear();
+  for (auto* w : rescue_values_) cudaFreeHost(w);
+  rescue_values_.clear();
 }
 
 void SymmetricHeap::agree(const std::string& what) {
@@ -427,47 +443,48 @@ void SymmetricHeap::watch(int local, const uint64_t* word, uint64_t value, int f
   watch_cv_.notify_all();
 }
 
-// Stream waits past their deadline are released (the word is written with the
-// value they wait for, from a stream of the watcher's own) and leave the fault
-// check() raises: a peer that never signals costs a timeout, never a hang.
+// Stream waits past their deadline are released (a copy engine writes the
+// value they wait for into the word, on a stream the heap made for this) and
+// leave the fault check() raises: a peer that never signals costs a timeout,
+// never a hang. No CUDA call is made under the lock, so a thread adding a
+// wait never waits for one.
 void SymmetricHeap::watcher_loop() {
-  std::vector<cudaStream_t> rescue(local_count(), nullptr);
-  std::unique_lock<std::mutex> lock(watch_mu_);
-  while (!stop_watcher_) {
-    watch_cv_.wait_for(lock, std::chrono::milliseconds(watched_.empty() ? 200 : 5));
+  std::vector<Watched> mine;
+  unsigned next_slot = 0;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(watch_mu_);
+      watch_cv_.wait_for(lock, std::chrono::milliseconds(watched_.empty() && mine.empty() ? 200 : 5));
+      if (stop_watcher_) break;
+      mine.insert(mine.end(), watched_.begin(), watched_.end());
+      watched_.clear();
+    }
     const double t = now_s();
-    for (size_t i = 0; i < watched_.size();) {
-      Watched& w = watched_[i];
-      if (cudaSetDevice(group_.devices[w.local]) != cudaSuccess) {
-        cudaGetLastError();
+    for (size_t i = 0; i < mine.size();) {
+      Watched& w = mine[i];
+      cudaError_t q = cudaSetDevice(group_.devices[w.local]);
+      if (q == cudaSuccess) q = cudaEventQuery(w.passed);
+      if (q != cudaSuccess) cudaGetLastError();
+      if (q != cudaSuccess && t < w.deadline) {
         ++i;
         continue;
       }
-      const cudaError_t q = cudaEventQuery(w.passed);
-      if (q == cudaErrorNotReady && t < w.deadline) {
-        ++i;
-        continue;
-      }
-      if (q == cudaErrorNotReady) {
-        if (!rescue[w.local]) cudaStreamCreateWithFlags(&rescue[w.local], cudaStreamNonBlocking);
-        try {
-          dma::mem_ops(rescue[w.local], {MemOp{MemOp::Kind::kWrite, w.word, w.value}});
-        } catch (...) {
-        }
+      if (q != cudaSuccess) {
+        uint64_t* value = &rescue_values_[w.local][next_slot++ % kRescueSlots];
+        *value = w.value;
+        cudaError_t c = cudaMemcpyAsync(w.word, value, sizeof(uint64_t), cudaMemcpyHostToDevice, rescue_[w.local]);
+        if (c != cudaSuccess) cudaGetLastError();
         const auto kind = w.what[0] == 'b' ? device::WaitKind::kStreamBarrier : device::WaitKind::kStreamWait;
         unsigned long long expected = 0;
         __atomic_compare_exchange_n(fault_[w.local], &expected,
                                     static_cast<unsigned long long>(device::heap_fault_word(kind, w.from)), false,
                                     __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-      } else {
-        cudaGetLastError();
       }
       cudaEventDestroy(w.passed);
-      watched_.erase(watched_.begin() + static_cast<long>(i));
+      mine.erase(mine.begin() + static_cast<long>(i));
     }
   }
-  for (size_t i = 0; i < rescue.size(); ++i)
-    if (rescue[i]) cudaStreamDestroy(rescue[i]);
+  for (auto& w : mine) cudaEventDestroy(w.passed);
 }
 
 }  // namespace ferry

@@ -130,6 +130,10 @@ class SymmetricHeap {
   std::vector<Watched> watched_;
   bool stop_watcher_ = false;
   std::thread watcher_;
+  // By local rank: the stream that releases a wait past its deadline (made with
+  // the heap, not when a wait is already stuck) and the pinned words it copies from.
+  std::vector<cudaStream_t> rescue_;
+  std::vector<uint64_t*> rescue_values_;
 };
 
 }  // namespace ferry
