@@ -2,6 +2,7 @@
 
     python _workers_symm.py local WORLD   # one process drives WORLD ranks (init_local)
     python _workers_symm.py procs WORLD   # one process per rank (ferry.init), spawned here
+    python _workers_symm.py stream-timeout WORLD   # a stream wait nobody signals is released
 
 Ranks share the visible GPUs (rank r on GPU r % N; FERRY_SHARED_GPUS=1 where
 the world is larger), so every check runs on one GPU. Every rank's data is
@@ -634,9 +635,10 @@ class Suite:
         return self.fails
 
 
-def timeouts(ferry, torch, world: int) -> list:
+def timeouts(ferry, torch, world: int, stream_wait: bool) -> list:
     """A peer that never signals or never reaches a barrier: the wait gives up
-    after the timeout and check() names the peer (one process, timeout 2 s)."""
+    after the timeout and check() names the peer (one process, timeout 2 s).
+    The device API's waits, or (stream_wait) a wait on a stream."""
     import ferry.symm
 
     fails = []
@@ -662,6 +664,12 @@ def timeouts(ferry, torch, world: int) -> list:
                 )
         if took > 15:
             fails.append(f"{label}: took {took:.1f} s with a 2 s timeout")
+        print(
+            f"symm: timeout check '{label}' done after {took:.1f} s, {len(fails)} failed so far", flush=True
+        )
+
+    if stream_wait:
+        return stream_wait_released(ferry, torch, comm, devs, streams, fails, expect_fault)
 
     # A signal that never comes (device): rank 0 waits for rank 1.
     heap = ferry.symm.Heap(comm, capacity=64 << 20)
@@ -713,7 +721,13 @@ def timeouts(ferry, torch, world: int) -> list:
     expect_fault(heap, "not a usable member", ferry.InvalidArgumentError, "bad team", time.monotonic())
     heap.close()
 
-    # A stream wait for a signal that never comes: the stream is let go, check() names the rank.
+    comm.close()
+    return fails
+
+
+def stream_wait_released(ferry, torch, comm, devs, streams, fails, expect_fault) -> list:
+    """A stream wait for a signal that never comes: past the timeout the
+    stream is let go, the work after it runs, and check() names the rank."""
     heap = ferry.symm.Heap(comm, capacity=64 << 20)
     sig = heap.zeros((1,), torch.int64)
     torch.cuda.synchronize()
@@ -753,8 +767,15 @@ def local_main(world: int) -> int:
     checks = suite.checks
     suite.heap.close()
     comm.close()
-    fails += timeouts(ferry, torch, world)
-    return report(fails, checks + 4)
+    fails += timeouts(ferry, torch, world, stream_wait=False)
+    return report(fails, checks + 3)
+
+
+def stream_timeout_main(world: int) -> int:
+    import ferry
+    import torch
+
+    return report(timeouts(ferry, torch, world, stream_wait=True), 1)
 
 
 def rank_main(rank: int, world: int, port: int) -> int:
@@ -817,4 +838,6 @@ if __name__ == "__main__":
         sys.exit(local_main(int(sys.argv[2])))
     if mode == "procs":
         sys.exit(procs_main(int(sys.argv[2])))
+    if mode == "stream-timeout":
+        sys.exit(stream_timeout_main(int(sys.argv[2])))
     sys.exit(rank_main(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])))

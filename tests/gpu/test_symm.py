@@ -40,3 +40,7 @@ def test_heap_one_process(world):
 @pytest.mark.parametrize("world", [2, 4])
 def test_heap_process_per_rank(world):
     _run("procs", str(world))
+
+
+def test_stream_wait_past_the_timeout_is_released():
+    _run("stream-timeout", "2", timeout=120)
