@@ -61,6 +61,7 @@ class Kernels:
             "ft_p_g": [P, P, ctypes.c_int64, I, P, P, P],
             "ft_atomic": [P, I, I, P, U, I, I, I, I, P, P],
             "ft_barrier": [P, I, I, I, I, P, I, P, P],
+            "ft_coll": [P, I, I, I, P, P, U, I, I, I, I, I, P, P],
         }
         for name, args in sig.items():
             getattr(lib, name).argtypes = args
@@ -124,6 +125,7 @@ class Suite:
             self.k.p_g(raw, w + 8, 0, r, w + 16, o, s)
             self.k.atomic(raw, 0, 64, w + 24, 0, r, 0, 1, 1, 0, s)
             self.k.atomic(raw, 0, 32, w + 24, 0, r, 0, 1, 1, 0, s)
+            self.k.coll(raw, 6, 0, 0, w, w, 0, 0, r, 1, 1, 1, o, s)  # barrier_all over a team of one
         self.sync()
         self.heap.free(scratch if self.local else scratch[0])
 
@@ -401,6 +403,93 @@ class Suite:
                         got == [0, 0],
                     )
                 self.heap.free(ctr if self.local else ctr[0])
+
+    def collectives(self):
+        """The device collectives over the world and a strided team, 1 and 4
+        blocks, every reduction type and operation; small integers, so that
+        float, half and bfloat16 sums are exact."""
+        torch, W = self.torch, self.world
+        dtypes = [(0, torch.float32), (1, torch.float16), (2, torch.bfloat16), (3, torch.int32)]
+        teams = [(0, 1, W)] + ([(1, 2, W // 2)] if W >= 4 else [])
+        count = 3001
+        src = self.each(self.heap.empty((W * count,), torch.int32))
+        dst = self.each(self.heap.empty((W * count,), torch.int32))
+
+        def values(rank, salt, dtype, dev):
+            g = torch.Generator(device=dev)
+            g.manual_seed(zlib.crc32(f"{rank}/{salt}".encode()))
+            return torch.randint(-8, 9, (W * count,), device=dev, generator=g).to(dtype)
+
+        cases = [(c, 3, 0) for c in (0, 1, 2, 6)] + [
+            (c, d, op) for c in (3, 4, 5) for d, _ in dtypes for op in (0, 1, 2)
+        ]
+        for start, stride, size in teams:
+            members = [start + i * stride for i in range(size)]
+            for blocks in (1, 4):
+                for coll, dcode, op in cases:
+                    dtype = dtypes[dcode][1]
+                    root = (size - 1) if coll in (0, 3) else 0
+                    salt = f"coll/{coll}/{dcode}/{op}/{blocks}/{start}"
+                    oks = []
+                    for i, r in enumerate(self.ranks):
+                        s_view, d_view = src[i].view(dtype)[: W * count], dst[i].view(dtype)[: W * count]
+                        s_view.copy_(values(r, salt, dtype, self.devs[i]))
+                        d_view.fill_(77)
+                        oks.append(torch.full((blocks,), -1, dtype=torch.int32, device=self.devs[i]))
+                    self.barrier()
+                    for i, r in enumerate(self.ranks):
+                        if r in members:
+                            self.k.coll(
+                                self.raw[i],
+                                coll,
+                                dcode,
+                                op,
+                                self.ptr(dst[i]),
+                                self.ptr(src[i]),
+                                count,
+                                root,
+                                start,
+                                stride,
+                                size,
+                                blocks,
+                                self.ptr(oks[i]),
+                                self.streams[i].cuda_stream,
+                            )
+                    self.barrier()
+                    for i, r in enumerate(self.ranks):
+                        if r not in members:
+                            continue
+                        my = members.index(r)
+                        label = f"rank {r} coll {coll} dtype {dtype} op {op} blocks {blocks} team {start},{stride},{size}"
+                        self.expect(f"{label}: returned {oks[i].tolist()}", oks[i].tolist() == [1] * blocks)
+                        got = dst[i].view(dtype)[: W * count]
+                        dev = self.devs[i]
+                        ins = {m: values(m, salt, dtype, dev) for m in members}
+                        poison = torch.full((W * count,), 77, dtype=dtype, device=dev)
+                        exp = poison.clone()
+                        if coll == 0:
+                            exp[:count] = ins[members[root]][:count]
+                        elif coll == 1:
+                            for j, m in enumerate(members):
+                                exp[j * count : (j + 1) * count] = ins[m][:count]
+                        elif coll == 2:
+                            for j, m in enumerate(members):
+                                exp[j * count : (j + 1) * count] = ins[m][my * count : (my + 1) * count]
+                        elif coll in (3, 4, 5):
+                            blk = slice(my * count, (my + 1) * count) if coll == 5 else slice(0, count)
+                            stack = torch.stack([ins[m][blk].double() for m in members])
+                            red = (
+                                stack.sum(0)
+                                if op == 0
+                                else stack.max(0).values
+                                if op == 1
+                                else stack.min(0).values
+                            )
+                            if coll == 4 or coll == 5 or my == root:
+                                exp[:count] = red.to(dtype)
+                        self.expect_equal(label, got, exp)
+        self.heap.free(src if self.local else src[0])
+        self.heap.free(dst if self.local else dst[0])
 
     def stream_ops(self):
         """put, get, signal and wait on streams (copy engines): a kernel writes
@@ -760,7 +849,17 @@ def local_main(world: int) -> int:
     n = torch.cuda.device_count()
     comm = ferry.init_local([r % n for r in range(world)], timeout=30.0)
     suite = Suite(ferry, torch, comm, world, local=True, timeout=30.0)
-    names = ["rma", "put_signal", "p_g", "atomics", "barriers", "stream_ops", "views_and_sizes", "bad_input"]
+    names = [
+        "rma",
+        "put_signal",
+        "p_g",
+        "atomics",
+        "barriers",
+        "collectives",
+        "stream_ops",
+        "views_and_sizes",
+        "bad_input",
+    ]
     if world == 2:
         names.append("large")
     fails = suite.run(names)
@@ -787,8 +886,19 @@ def rank_main(rank: int, world: int, port: int) -> int:
     torch.cuda.set_device(dev)
     comm = ferry.init(rank=rank, world=world, device=dev, timeout=30.0)
     suite = Suite(ferry, torch, comm, world, local=False, timeout=30.0)
-    names = ["rma", "put_signal", "p_g", "atomics", "barriers", "stream_ops", "views_and_sizes", "bad_input"]
-    fails = suite.run(names + ["mismatch"])
+    names = [
+        "rma",
+        "put_signal",
+        "p_g",
+        "atomics",
+        "barriers",
+        "collectives",
+        "stream_ops",
+        "views_and_sizes",
+        "bad_input",
+        "mismatch",
+    ]
+    fails = suite.run(names)
     suite.heap.close()
     comm.close()
     return report(fails, suite.checks)

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "ferry/device/atomic.cuh"
+#include "ferry/device/coll.cuh"
 #include "ferry/device/heap.cuh"
 #include "ferry/device/rma.cuh"
 #include "ferry/device/signal.cuh"
@@ -109,6 +110,38 @@ __global__ void barrier_kernel(Heap h, int start, int stride, int size, uint64_t
   }
 }
 
+// coll: 0 broadcast, 1 fcollect, 2 alltoall, 3 reduce, 4 all_reduce, 5 reduce_scatter, 6 barrier_all
+template <class T>
+__device__ bool run_coll(const Heap& h, const Team& t, int coll, void* dst, const void* src, uint64_t count, int root,
+                         ReduceOp op) {
+  T* d = static_cast<T*>(dst);
+  const T* s = static_cast<const T*>(src);
+  switch (coll) {
+    case 0: return broadcast(h, t, d, s, count, root);
+    case 1: return fcollect(h, t, d, s, count);
+    case 2: return alltoall(h, t, d, s, count);
+    case 3: return reduce(h, t, d, s, count, op, root);
+    case 4: return all_reduce(h, t, d, s, count, op);
+    case 5: return reduce_scatter(h, t, d, s, count, op);
+    default: return barrier_all(h, t);
+  }
+}
+
+// dtype: 0 float, 1 half, 2 bfloat16, 3 int32. ok[block] = what the call returned there.
+__global__ void coll_kernel(Heap h, int coll, int dtype, int redop, void* dst, const void* src, uint64_t count,
+                            int root, int start, int stride, int size, int* ok) {
+  const Team t = team_split_strided(world_team(h), start, stride, size);
+  const ReduceOp op = redop == 0 ? ReduceOp::kSum : redop == 1 ? ReduceOp::kMax : ReduceOp::kMin;
+  bool good;
+  switch (dtype) {
+    case 0: good = run_coll<float>(h, t, coll, dst, src, count, root, op); break;
+    case 1: good = run_coll<__half>(h, t, coll, dst, src, count, root, op); break;
+    case 2: good = run_coll<__nv_bfloat16>(h, t, coll, dst, src, count, root, op); break;
+    default: good = run_coll<int32_t>(h, t, coll, dst, src, count, root, op); break;
+  }
+  if (threadIdx.x == 0) ok[blockIdx.x] = good ? 1 : 0;
+}
+
 }  // namespace
 
 #define FT_SCOPED(kernel, scope, args)                                          \
@@ -165,6 +198,12 @@ int ft_barrier(const void* raw, int scope, int start, int stride, int size, uint
                cudaStream_t s) {
   Heap h = heap_of(raw);
   FT_SCOPED(barrier_kernel, scope, (h, start, stride, size, counter, rounds, out));
+  return cudaGetLastError();
+}
+
+int ft_coll(const void* raw, int coll, int dtype, int redop, void* dst, const void* src, uint64_t count, int root,
+            int start, int stride, int size, int blocks, int* ok, cudaStream_t s) {
+  coll_kernel<<<blocks, 256, 0, s>>>(heap_of(raw), coll, dtype, redop, dst, src, count, root, start, stride, size, ok);
   return cudaGetLastError();
 }
 

@@ -28,6 +28,7 @@ namespace device {
 
 constexpr int kMaxHeapRanks = 64;
 constexpr int kStagingSlots = 1024;
+constexpr int kMaxGridBlocks = 32; /* most blocks of one grid-wide barrier or collective (coll.cuh) */
 
 /* At offset 0 of every rank's heap: ferry's own words. User allocations
  * start at kHeapReservedBytes. */
@@ -36,8 +37,13 @@ struct HeapSync {
   uint64_t completed[kMaxHeapRanks];        /* [src]: device barriers this rank finished with src */
   uint64_t stream_arrivals[kMaxHeapRanks];  /* [src]: barrier_on_stream announcements (copy engines) */
   uint64_t staging[kStagingSlots];          /* values that signals on a stream copy to peers */
+  /* Grid-wide barriers (coll.cuh): [src][block] the round block `block` of
+   * rank src announced to this rank; [peer][block] the rounds this rank's
+   * block `block` has done with peer. */
+  uint64_t grid_arrivals[kMaxHeapRanks][kMaxGridBlocks];
+  uint64_t grid_rounds[kMaxHeapRanks][kMaxGridBlocks];
 };
-constexpr uint64_t kHeapReservedBytes = 16384;
+constexpr uint64_t kHeapReservedBytes = 65536;
 static_assert(sizeof(HeapSync) <= kHeapReservedBytes, "HeapSync must fit the heap's reserved front");
 
 /* What a bounded wait that gave up was waiting for. */
