@@ -32,26 +32,27 @@ POISON = 0xA5
 SIZES = [(1, 0), (3, 5), (4096, 0), (100003, 7), ((1 << 20) + 13, 16)]  # (bytes, offset)
 
 
-def kernels_library() -> str:
-    """scripts/test's build of the test kernels, else a build of our own."""
+def built_library(target: str = "ferry_symm_test_kernels") -> str:
+    """scripts/test's build of a CMake target's shared library, else a build of our own."""
+    name = f"lib{target}.so"
     for build in ("cpu-tests", "dev", "symm-kernels"):
-        lib = os.path.join(ROOT, "build", build, "libferry_symm_test_kernels.so")
+        lib = os.path.join(ROOT, "build", build, name)
         if os.path.exists(lib):
             return lib
     build = os.path.join(ROOT, "build", "symm-kernels")
     for cmd in (
         ["cmake", "-S", ROOT, "-B", build, "-G", "Ninja", "-DFERRY_BUILD_TESTS=OFF"],
-        ["cmake", "--build", build, "--target", "ferry_symm_test_kernels"],
+        ["cmake", "--build", build, "--target", target],
     ):
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if run.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{run.stdout[-3000:]}{run.stderr[-3000:]}")
-    return os.path.join(build, "libferry_symm_test_kernels.so")
+    return os.path.join(build, name)
 
 
 class Kernels:
     def __init__(self):
-        lib = ctypes.CDLL(kernels_library())
+        lib = ctypes.CDLL(built_library())
         P, I, U = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64
         sig = {
             "ft_put": [P, I, P, P, U, I, I, P],

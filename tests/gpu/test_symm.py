@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import _checks
+import _workers_symm
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -44,3 +45,22 @@ def test_heap_process_per_rank(world):
 
 def test_stream_wait_past_the_timeout_is_released():
     _run("stream-timeout", "2", timeout=120)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_moe_dispatch_combine_example(world):
+    """examples/moe_dispatch_combine.py against its torch reference (CMake's build of its kernels)."""
+    env = dict(os.environ, FERRY_SHARED_GPUS="1", CUDA_DEVICE_MAX_CONNECTIONS="32", **_checks.SAFE_ENV)
+    example = os.path.join(_workers_symm.ROOT, "examples", "moe_dispatch_combine.py")
+    lib = _workers_symm.built_library("ferry_example_moe")
+    run = subprocess.run(
+        [sys.executable, example, "--ranks", str(world), "--library", lib],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = run.stdout[-4000:] + run.stderr[-4000:]
+    assert run.returncode == 0, out
+    assert ", 0 failed" in run.stdout, out
+    print("\n" + run.stdout.strip().splitlines()[-1])
