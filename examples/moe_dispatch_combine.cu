@@ -37,9 +37,8 @@ struct Moe {
 
 // Block e: the tokens of this rank routed to expert e, in token order, each
 // row put into slot i of e's rank; then the count and the round's signal.
-__global__ void dispatch_kernel(Heap h, Moe m, const __nv_bfloat16* x, const int32_t* topk_idx,
-                                __nv_bfloat16* recv_x, int32_t* recv_meta, int32_t* recv_count, uint64_t* recv_flag,
-                                uint64_t round) {
+__global__ void dispatch_kernel(Heap h, Moe m, const __nv_bfloat16* x, const int32_t* topk_idx, __nv_bfloat16* recv_x,
+                                int32_t* recv_meta, int32_t* recv_count, uint64_t* recv_flag, uint64_t round) {
   extern __shared__ int32_t routed[];  // token * topk + k, for this expert
   __shared__ int n;
   const int e = blockIdx.x, dest = e / m.epr, local = e % m.epr;
@@ -86,7 +85,8 @@ __global__ void expert_kernel(Heap h, Moe m, const __nv_bfloat16* recv_x, const 
     const int slot = recv_meta[region + i];  // token * topk + k at the source
     const __nv_bfloat16* row = recv_x + (region + i) * m.hidden;
     __nv_bfloat16* dst = out + uint64_t(slot) * m.hidden;
-    for (int j = threadIdx.x; j < m.hidden; j += blockDim.x) dst[j] = __float2bfloat16(__bfloat162float(row[j]) * scale);
+    for (int j = threadIdx.x; j < m.hidden; j += blockDim.x)
+      dst[j] = __float2bfloat16(__bfloat162float(row[j]) * scale);
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -135,8 +135,8 @@ int moe_dispatch(const void* heap, int tokens, int hidden, int topk, int experts
                  uint64_t round, cudaStream_t s) {
   Moe m{tokens, hidden, topk, experts, epr};
   dispatch_kernel<<<experts, 512, tokens * topk * sizeof(int32_t), s>>>(
-      heap_of(heap), m, static_cast<const __nv_bfloat16*>(x), topk_idx, static_cast<__nv_bfloat16*>(recv_x),
-      recv_meta, recv_count, recv_flag, round);
+      heap_of(heap), m, static_cast<const __nv_bfloat16*>(x), topk_idx, static_cast<__nv_bfloat16*>(recv_x), recv_meta,
+      recv_count, recv_flag, round);
   return cudaGetLastError();
 }
 
@@ -146,8 +146,8 @@ int moe_expert(const void* heap, int tokens, int hidden, int topk, int experts, 
   Moe m{tokens, hidden, topk, experts, epr};
   Heap h = heap_of(heap);
   expert_kernel<<<epr * h.world, 256, 0, s>>>(h, m, static_cast<const __nv_bfloat16*>(recv_x), recv_meta, recv_count,
-                                               recv_flag, static_cast<__nv_bfloat16*>(combine_in), combine_flag,
-                                               round, ok);
+                                              recv_flag, static_cast<__nv_bfloat16*>(combine_in), combine_flag, round,
+                                              ok);
   return cudaGetLastError();
 }
 

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 
+#include "capi/comm_handle.hpp"
 #include "capi/guarded.hpp"
 #include "coll/communicator.hpp"
 #include "core/error.hpp"
@@ -22,18 +23,10 @@ static_assert(FERRY_SIGNALS_COPY == static_cast<int>(ferry::Signals::kCopy) &&
                   FERRY_SIGNALS_SM == static_cast<int>(ferry::Signals::kKernel),
               "ferry_signals_t");
 
-struct ferry_comm {
-  std::unique_ptr<ferry::Communicator> impl;
-};
-
 namespace {
 
+using ferry::capi::get;
 using ferry::capi::guarded;
-
-ferry::Communicator& get(ferry_comm_t comm) {
-  if (!comm || !comm->impl) ferry::throw_error(FERRY_ERROR_INVALID_ARGUMENT, "comm is NULL or destroyed");
-  return *comm->impl;
-}
 
 ferry::CollectiveArgs make_args(ferry::Communicator& c, ferry::CollOp op, void* const* outs, const void* const* ins,
                                 size_t bytes, const ferry_stream_t* streams, const ferry_coll_options_t* options) {

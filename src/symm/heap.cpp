@@ -18,9 +18,7 @@ namespace {
 // Pinned words a rank's releases copy from, reused in turn.
 constexpr unsigned kRescueSlots = 64;
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 CUmemAllocationProp chunk_prop(int device, bool exportable) {
   CUmemAllocationProp prop{};
@@ -49,12 +47,18 @@ void set_access(CUdeviceptr ptr, size_t size, const std::vector<int>& devices) {
 
 const char* kind_name(uint32_t kind) {
   switch (static_cast<device::WaitKind>(kind)) {
-    case device::WaitKind::kBarrier: return "a barrier";
-    case device::WaitKind::kSignal: return "signal_wait_until";
-    case device::WaitKind::kWaitUntil: return "wait_until";
-    case device::WaitKind::kBadTeam: return "a barrier over a team this rank is not a usable member of";
-    case device::WaitKind::kStreamWait: return "a stream's wait (heap.wait)";
-    case device::WaitKind::kStreamBarrier: return "barrier_on_stream";
+    case device::WaitKind::kBarrier:
+      return "a barrier";
+    case device::WaitKind::kSignal:
+      return "signal_wait_until";
+    case device::WaitKind::kWaitUntil:
+      return "wait_until";
+    case device::WaitKind::kBadTeam:
+      return "a barrier over a team this rank is not a usable member of";
+    case device::WaitKind::kStreamWait:
+      return "a stream's wait (heap.wait)";
+    case device::WaitKind::kStreamBarrier:
+      return "barrier_on_stream";
   }
   return "a wait";
 }
@@ -62,9 +66,9 @@ const char* kind_name(uint32_t kind) {
 }  // namespace
 
 std::unique_ptr<SymmetricHeap> SymmetricHeap::create(const Group& g, size_t capacity) {
-  FERRY_ARG_CHECK(g.world >= 1 && g.world <= device::kMaxHeapRanks,
-                  "the heap's world is " + std::to_string(g.world) + " ranks; expected 1.." +
-                      std::to_string(device::kMaxHeapRanks));
+  FERRY_ARG_CHECK(g.world >= 1 && g.world <= device::kMaxHeapRanks, "the heap's world is " + std::to_string(g.world) +
+                                                                        " ranks; expected 1.." +
+                                                                        std::to_string(device::kMaxHeapRanks));
   FERRY_ARG_CHECK(g.local_count() >= 1 && g.devices.size() == g.ranks.size(), "the group has no local ranks");
   std::unique_ptr<SymmetricHeap> h(new SymmetricHeap());
   h->group_ = g;
@@ -74,19 +78,19 @@ std::unique_ptr<SymmetricHeap> SymmetricHeap::create(const Group& g, size_t capa
   FERRY_CU_CHECK(cu.MemGetAllocationGranularity(&h->granularity_, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
   h->capacity_ = heap_capacity(capacity, static_cast<size_t>(knob_int("FERRY_SYMM_HEAP_BYTES")), h->granularity_);
   h->min_chunk_ = static_cast<size_t>(knob_int("FERRY_SYMM_CHUNK_BYTES"));
-  FERRY_ARG_CHECK(h->capacity_ > device::kHeapReservedBytes,
-                  "capacity is " + std::to_string(h->capacity_) + " bytes; expected more than " +
-                      std::to_string(device::kHeapReservedBytes));
+  FERRY_ARG_CHECK(h->capacity_ > device::kHeapReservedBytes, "capacity is " + std::to_string(h->capacity_) +
+                                                                 " bytes; expected more than " +
+                                                                 std::to_string(device::kHeapReservedBytes));
   // Every rank must take the same capacity: it is the stride kernels use.
   h->agree("create(capacity " + std::to_string(h->capacity_) + " bytes per rank)");
   h->allocator_ = HeapAllocator(h->capacity_, device::kHeapReservedBytes);
   const size_t range = h->capacity_ * static_cast<size_t>(g.world);
   CUresult r = cu.MemAddressReserve(&h->base_, range, h->granularity_, 0, 0);
   if (r != CUDA_SUCCESS)
-    throw_error(FERRY_ERROR_OUT_OF_MEMORY,
-                "the symmetric heap could not reserve " + std::to_string(range) + " bytes of address space (" +
-                    std::to_string(g.world) + " ranks x " + std::to_string(h->capacity_) + " bytes: " +
-                    driver_error_name(r) + "); create it with a smaller capacity (FERRY_SYMM_HEAP_BYTES)");
+    throw_error(FERRY_ERROR_OUT_OF_MEMORY, "the symmetric heap could not reserve " + std::to_string(range) +
+                                               " bytes of address space (" + std::to_string(g.world) + " ranks x " +
+                                               std::to_string(h->capacity_) + " bytes: " + driver_error_name(r) +
+                                               "); create it with a smaller capacity (FERRY_SYMM_HEAP_BYTES)");
   try {
     for (int i = 0; i < g.local_count(); ++i) {
       void* word = nullptr;
@@ -213,7 +217,8 @@ void SymmetricHeap::grow(size_t end) {
     map_chunk(me, create_chunk(dev), {dev});
     const int tag = group_.next_tag();
     int fd = -1;
-    FERRY_CU_CHECK(cu.MemExportToShareableHandle(&fd, chunks_.back().handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    FERRY_CU_CHECK(
+        cu.MemExportToShareableHandle(&fd, chunks_.back().handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
     try {
       for (int p = 0; p < group_.world; ++p)
         if (p != me) group_.fds->send(group_.socket_paths[p], p, tag, {fd}, "", group_.timeout_s);
@@ -229,8 +234,9 @@ void SymmetricHeap::grow(size_t end) {
     for (auto& [p, msg] : got) {
       FERRY_ARG_CHECK(msg.fds.size() == 1, "rank " + std::to_string(p) + " sent no heap memory");
       CUmemGenericAllocationHandle handle = 0;
-      CUresult res = cu.MemImportFromShareableHandle(&handle, reinterpret_cast<void*>(static_cast<intptr_t>(msg.fds[0])),
-                                                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+      CUresult res =
+          cu.MemImportFromShareableHandle(&handle, reinterpret_cast<void*>(static_cast<intptr_t>(msg.fds[0])),
+                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
       ::close(msg.fds[0]);
       FERRY_CU_CHECK(res);
       map_chunk(p, handle, {dev});
@@ -255,8 +261,8 @@ size_t SymmetricHeap::alloc(size_t bytes, size_t align, cudaStream_t stream) {
       throw_error(FERRY_ERROR_INVALID_ARGUMENT,
                   "alloc: " + std::to_string(bytes) +
                       " bytes need new physical memory, which cannot be mapped while a CUDA graph is being "
-                      "captured; call reserve(" + std::to_string(end - device::kHeapReservedBytes) +
-                      ") on every rank before capturing");
+                      "captured; call reserve(" +
+                      std::to_string(end - device::kHeapReservedBytes) + ") on every rank before capturing");
     }
     try {
       grow(end);
@@ -355,7 +361,8 @@ void SymmetricHeap::put(int local, void* dst, const void* src, size_t bytes, int
   int r = 0;
   size_t off = 0;
   locate(dst, bytes, "put: dst", &r, &off);
-  FERRY_ARG_CHECK(r == rank(local), "put: dst lies in rank " + std::to_string(r) + "'s heap; expected an address in "
+  FERRY_ARG_CHECK(r == rank(local), "put: dst lies in rank " + std::to_string(r) +
+                                        "'s heap; expected an address in "
                                         "the calling rank's own heap (the peer's copy is written)");
   FERRY_ARG_CHECK(bytes == 0 || src != nullptr, "put: src is a null pointer");
   DeviceScope on(group_.devices[local]);
@@ -368,7 +375,8 @@ void SymmetricHeap::get(int local, void* dst, const void* src, size_t bytes, int
   int r = 0;
   size_t off = 0;
   locate(src, bytes, "get: src", &r, &off);
-  FERRY_ARG_CHECK(r == rank(local), "get: src lies in rank " + std::to_string(r) + "'s heap; expected an address in "
+  FERRY_ARG_CHECK(r == rank(local), "get: src lies in rank " + std::to_string(r) +
+                                        "'s heap; expected an address in "
                                         "the calling rank's own heap (the peer's copy is read)");
   FERRY_ARG_CHECK(bytes == 0 || dst != nullptr, "get: dst is a null pointer");
   DeviceScope on(group_.devices[local]);
@@ -381,14 +389,16 @@ void SymmetricHeap::signal(int local, uint64_t* sig, uint64_t value, int peer, c
   int r = 0;
   size_t off = 0;
   locate(sig, sizeof(uint64_t), "signal: sig", &r, &off);
-  FERRY_ARG_CHECK(r == rank(local) && off % 8 == 0, "signal: sig must be an 8-byte aligned word in the calling "
-                                                    "rank's own heap");
+  FERRY_ARG_CHECK(r == rank(local) && off % 8 == 0,
+                  "signal: sig must be an 8-byte aligned word in the calling "
+                  "rank's own heap");
   DeviceScope on(group_.devices[local]);
   // A stream write reaches only local memory on our GPUs; a copy engine carries
   // the value from a staging word here to the peer. Slots are reused in turn,
   // so at most kStagingSlots signals of one rank may be in flight at once.
   const int me = rank(local);
-  uint64_t* slot = &reinterpret_cast<device::HeapSync*>(at(me, 0))->staging[staging_next_[local]++ % device::kStagingSlots];
+  uint64_t* slot =
+      &reinterpret_cast<device::HeapSync*>(at(me, 0))->staging[staging_next_[local]++ % device::kStagingSlots];
   dma::mem_ops(stream, {MemOp{MemOp::Kind::kWrite, slot, value}});
   dma::copy_one(stream, Copy{at(peer, off), slot, sizeof(uint64_t)});
 }
@@ -399,8 +409,9 @@ void SymmetricHeap::wait(int local, const uint64_t* sig, uint64_t value, int fro
   int r = 0;
   size_t off = 0;
   locate(sig, sizeof(uint64_t), "wait: sig", &r, &off);
-  FERRY_ARG_CHECK(r == rank(local) && off % 8 == 0, "wait: sig must be an 8-byte aligned word in the calling "
-                                                    "rank's own heap");
+  FERRY_ARG_CHECK(r == rank(local) && off % 8 == 0,
+                  "wait: sig must be an 8-byte aligned word in the calling "
+                  "rank's own heap");
   DeviceScope on(group_.devices[local]);
   watch(local, sig, value, from, "wait", stream);
 }
@@ -413,7 +424,8 @@ void SymmetricHeap::barrier_on_stream(const std::vector<cudaStream_t>& streams) 
     DeviceScope on(group_.devices[i]);
     const int me = rank(i);
     const uint64_t gen = ++barrier_generation_[i];
-    uint64_t* slot = &reinterpret_cast<device::HeapSync*>(at(me, 0))->staging[staging_next_[i]++ % device::kStagingSlots];
+    uint64_t* slot =
+        &reinterpret_cast<device::HeapSync*>(at(me, 0))->staging[staging_next_[i]++ % device::kStagingSlots];
     dma::mem_ops(streams[i], {MemOp{MemOp::Kind::kWrite, slot, gen}});
     for (int p = 0; p < world(); ++p) {
       if (p == me) continue;

@@ -119,7 +119,7 @@ class SymmetricHeap {
   CUdeviceptr base_ = 0;
   HeapAllocator allocator_{2 * device::kHeapReservedBytes, device::kHeapReservedBytes};
   std::vector<Chunk> chunks_;
-  std::vector<unsigned long long*> fault_;  // by local rank, pinned host words
+  std::vector<unsigned long long*> fault_;    // by local rank, pinned host words
   std::vector<uint64_t> barrier_generation_;  // by local rank, barrier_on_stream
   std::vector<unsigned> staging_next_;        // by local rank
   uint64_t calls_ = 0;

@@ -116,11 +116,13 @@ std::string heap_calls_mismatch(const std::vector<std::string>& records) {
   for (const auto& [r, n] : votes)
     if (n > best) best = n, common = &r;
   if (best == static_cast<int>(records.size())) return "";
-  std::string msg = "the ranks made different symmetric-heap calls (every rank must allocate and free the same "
-                    "sizes in the same order): ";
+  std::string msg =
+      "the ranks made different symmetric-heap calls (every rank must allocate and free the same "
+      "sizes in the same order): ";
   std::string others;
   for (size_t r = 0; r < records.size(); ++r)
-    if (records[r] != *common) others += (others.empty() ? "" : "; ") + ("rank " + std::to_string(r) + " made " + records[r]);
+    if (records[r] != *common)
+      others += (others.empty() ? "" : "; ") + ("rank " + std::to_string(r) + " made " + records[r]);
   return msg + others + "; the other ranks made " + *common;
 }
 

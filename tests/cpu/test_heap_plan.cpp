@@ -105,8 +105,8 @@ TEST(HeapAllocator, LargerThanTwoGigabytes) {
 TEST(HeapGrowth, MappedPrefixGrowsByWholeChunksNeverPastCapacity) {
   const size_t g = 2 << 20, chunk = 64 << 20, cap = 1 << 30;
   EXPECT_EQ(heap_mapped_end(0, 16384, g, chunk, cap), chunk);
-  EXPECT_EQ(heap_mapped_end(chunk, chunk, g, chunk, cap), chunk);          // covered
-  EXPECT_EQ(heap_mapped_end(chunk, chunk + 1, g, chunk, cap), 2 * chunk);  // at least one chunk more
+  EXPECT_EQ(heap_mapped_end(chunk, chunk, g, chunk, cap), chunk);           // covered
+  EXPECT_EQ(heap_mapped_end(chunk, chunk + 1, g, chunk, cap), 2 * chunk);   // at least one chunk more
   EXPECT_EQ(heap_mapped_end(chunk, 300 << 20, g, chunk, cap), 300u << 20);  // more than a chunk: to the granule
   EXPECT_EQ(heap_mapped_end(chunk, (300 << 20) + 1, g, chunk, cap), (302u << 20));
   EXPECT_EQ(heap_mapped_end(cap - g, cap, g, chunk, cap), cap);  // the chunk is cut at the capacity

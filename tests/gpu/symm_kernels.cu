@@ -66,11 +66,21 @@ __global__ void atomic_kernel(Heap h, int op, T* dst, T value, int peer, int ite
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   for (int i = 0; i < iters; ++i) {
     switch (op) {
-      case 0: atomic_fetch_add(h, dst, value, peer); break;
-      case 1: atomic_inc(h, dst, peer); break;
-      case 2: atomic_or(h, dst, value, peer); break;
-      case 3: atomic_and(h, dst, value, peer); break;
-      case 4: atomic_xor(h, dst, value, peer); break;
+      case 0:
+        atomic_fetch_add(h, dst, value, peer);
+        break;
+      case 1:
+        atomic_inc(h, dst, peer);
+        break;
+      case 2:
+        atomic_or(h, dst, value, peer);
+        break;
+      case 3:
+        atomic_and(h, dst, value, peer);
+        break;
+      case 4:
+        atomic_xor(h, dst, value, peer);
+        break;
       case 5: {
         T seen = atomic_compare_swap(h, dst, T(0), T(0), peer);
         for (;;) {
@@ -80,7 +90,9 @@ __global__ void atomic_kernel(Heap h, int op, T* dst, T value, int peer, int ite
         }
         break;
       }
-      default: olds[t] = atomic_swap(h, dst, value, peer); break;
+      default:
+        olds[t] = atomic_swap(h, dst, value, peer);
+        break;
     }
   }
 }
@@ -117,13 +129,20 @@ __device__ bool run_coll(const Heap& h, const Team& t, int coll, void* dst, cons
   T* d = static_cast<T*>(dst);
   const T* s = static_cast<const T*>(src);
   switch (coll) {
-    case 0: return broadcast(h, t, d, s, count, root);
-    case 1: return fcollect(h, t, d, s, count);
-    case 2: return alltoall(h, t, d, s, count);
-    case 3: return reduce(h, t, d, s, count, op, root);
-    case 4: return all_reduce(h, t, d, s, count, op);
-    case 5: return reduce_scatter(h, t, d, s, count, op);
-    default: return barrier_all(h, t);
+    case 0:
+      return broadcast(h, t, d, s, count, root);
+    case 1:
+      return fcollect(h, t, d, s, count);
+    case 2:
+      return alltoall(h, t, d, s, count);
+    case 3:
+      return reduce(h, t, d, s, count, op, root);
+    case 4:
+      return all_reduce(h, t, d, s, count, op);
+    case 5:
+      return reduce_scatter(h, t, d, s, count, op);
+    default:
+      return barrier_all(h, t);
   }
 }
 
@@ -134,21 +153,35 @@ __global__ void coll_kernel(Heap h, int coll, int dtype, int redop, void* dst, c
   const ReduceOp op = redop == 0 ? ReduceOp::kSum : redop == 1 ? ReduceOp::kMax : ReduceOp::kMin;
   bool good;
   switch (dtype) {
-    case 0: good = run_coll<float>(h, t, coll, dst, src, count, root, op); break;
-    case 1: good = run_coll<__half>(h, t, coll, dst, src, count, root, op); break;
-    case 2: good = run_coll<__nv_bfloat16>(h, t, coll, dst, src, count, root, op); break;
-    default: good = run_coll<int32_t>(h, t, coll, dst, src, count, root, op); break;
+    case 0:
+      good = run_coll<float>(h, t, coll, dst, src, count, root, op);
+      break;
+    case 1:
+      good = run_coll<__half>(h, t, coll, dst, src, count, root, op);
+      break;
+    case 2:
+      good = run_coll<__nv_bfloat16>(h, t, coll, dst, src, count, root, op);
+      break;
+    default:
+      good = run_coll<int32_t>(h, t, coll, dst, src, count, root, op);
+      break;
   }
   if (threadIdx.x == 0) ok[blockIdx.x] = good ? 1 : 0;
 }
 
 }  // namespace
 
-#define FT_SCOPED(kernel, scope, args)                                          \
-  switch (scope) {                                                              \
-    case 0: kernel<Scope::kThread><<<1, 1, 0, s>>> args; break;                \
-    case 1: kernel<Scope::kWarp><<<1, 32, 0, s>>> args; break;                 \
-    default: kernel<Scope::kBlock><<<1, 256, 0, s>>> args; break;              \
+#define FT_SCOPED(kernel, scope, args)              \
+  switch (scope) {                                  \
+    case 0:                                         \
+      kernel<Scope::kThread><<<1, 1, 0, s>>> args;  \
+      break;                                        \
+    case 1:                                         \
+      kernel<Scope::kWarp><<<1, 32, 0, s>>> args;   \
+      break;                                        \
+    default:                                        \
+      kernel<Scope::kBlock><<<1, 256, 0, s>>> args; \
+      break;                                        \
   }
 
 extern "C" {
@@ -159,8 +192,8 @@ int ft_put(const void* raw, int scope, void* dst, const void* src, uint64_t byte
   return cudaGetLastError();
 }
 
-int ft_put_signal(const void* raw, int scope, void* dst, const void* src, uint64_t bytes, uint64_t* sig,
-                  uint64_t value, int add, int peer, cudaStream_t s) {
+int ft_put_signal(const void* raw, int scope, void* dst, const void* src, uint64_t bytes, uint64_t* sig, uint64_t value,
+                  int add, int peer, cudaStream_t s) {
   Heap h = heap_of(raw);
   FT_SCOPED(put_signal_kernel, scope, (h, dst, src, bytes, sig, value, add, peer));
   return cudaGetLastError();
@@ -186,11 +219,11 @@ int ft_atomic(const void* raw, int op, int width, void* dst, uint64_t value, int
               int threads, void* olds, cudaStream_t s) {
   Heap h = heap_of(raw);
   if (width == 32)
-    atomic_kernel<uint32_t><<<blocks, threads, 0, s>>>(h, op, static_cast<uint32_t*>(dst), uint32_t(value), peer,
-                                                        iters, static_cast<uint32_t*>(olds));
+    atomic_kernel<uint32_t><<<blocks, threads, 0, s>>>(h, op, static_cast<uint32_t*>(dst), uint32_t(value), peer, iters,
+                                                       static_cast<uint32_t*>(olds));
   else
     atomic_kernel<uint64_t><<<blocks, threads, 0, s>>>(h, op, static_cast<uint64_t*>(dst), value, peer, iters,
-                                                        static_cast<uint64_t*>(olds));
+                                                       static_cast<uint64_t*>(olds));
   return cudaGetLastError();
 }
 

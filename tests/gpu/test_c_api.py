@@ -3,7 +3,9 @@ all_gather with host and stream triggers, a refused call; every byte checked)
 built with CMake and run on every visible GPU, from one process
 (ferry_comm_init_local) and from one process per GPU (ferry_comm_init with the
 example's own all-gather); examples/kv_c_api.c (paged KV transfers in every
-mode, every page checked, and the errors bad input gets) on GPU 0."""
+mode, every page checked, and the errors bad input gets) on GPU 0;
+examples/symm_ring.cu (the symmetric heap's C API and the device API from a
+CUDA program of one's own) with 2 and 4 ranks."""
 
 import os
 import subprocess
@@ -52,3 +54,19 @@ def test_kv_c_api_end_to_end():
     assert "kv_c_api: all checks passed" in run.stdout, run.stdout
     # Every mode ran and left the pages it was not asked to touch alone.
     assert run.stdout.count("0 wrong pages, untouched pages intact") == 5, run.stdout
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_symm_ring_example(ranks):
+    env = dict(os.environ, **_checks.SAFE_ENV)
+    if ranks > GPU_COUNT:
+        env["FERRY_SHARED_GPUS"] = "1"  # several ranks on one GPU (testing only)
+    run = subprocess.run(
+        [_example_binary("ferry_example_symm_ring"), str(ranks)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "symm_ring: ok" in run.stdout, run.stdout

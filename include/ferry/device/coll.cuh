@@ -5,10 +5,10 @@
  *   barrier_all(h, team)                                   every block of every member arrived
  *   broadcast(h, team, dst, src, count, root)              root's src into every member's dst
  *   fcollect(h, team, dst, src, count)                     all-gather: member i's src into dst[i * count ...]
- *   alltoall(h, team, dst, src, count)                     member i's src[j * count ...] into member j's dst[i * count ...]
- *   reduce(h, team, dst, src, count, op, root)             root's dst = op over members' src
- *   all_reduce(h, team, dst, src, count, op)               every member's dst = op over members' src
- *   reduce_scatter(h, team, dst, src, count, op)           member i's dst = op over members' src[i * count ...]
+ *   alltoall(h, team, dst, src, count)                     member i's src[j * count ...] into member j's dst[i * count
+ * ...] reduce(h, team, dst, src, count, op, root)             root's dst = op over members' src all_reduce(h, team,
+ * dst, src, count, op)               every member's dst = op over members' src reduce_scatter(h, team, dst, src, count,
+ * op)           member i's dst = op over members' src[i * count ...]
  *
  * dst and src are on the heap (the same objects on every member) and do not
  * overlap; root is a team rank. T: float, __half, __nv_bfloat16, int32_t (reductions; halves
@@ -38,7 +38,9 @@ enum class ReduceOp { kSum, kMax, kMin };
 namespace impl {
 
 __device__ __forceinline__ unsigned grid_blocks() { return gridDim.x * gridDim.y * gridDim.z; }
-__device__ __forceinline__ unsigned grid_block() { return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z); }
+__device__ __forceinline__ unsigned grid_block() {
+  return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+}
 
 /* Thread 0 of one block: announce this block's next round to every member,
  * then wait until every block of every member announced it. */
@@ -61,7 +63,8 @@ __device__ inline bool grid_sync_block(const Heap& h, const Team& t) {
     if (peer == h.rank) continue;
     const uint64_t round = own->grid_rounds[peer][me_block];
     for (unsigned b = 0; b < blocks; ++b)
-      if (!spin(h, [&] { return load_acquire(&own->grid_arrivals[peer][b]) >= round; }, WaitKind::kBarrier, peer))
+      if (!spin(
+              h, [&] { return load_acquire(&own->grid_arrivals[peer][b]) >= round; }, WaitKind::kBarrier, peer))
         return false;
   }
   return true;
@@ -97,9 +100,12 @@ struct Acc<__nv_bfloat16> {
 template <class A>
 __device__ __forceinline__ A combine(A a, A b, ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return a + b;
-    case ReduceOp::kMax: return a > b ? a : b;
-    default: return a < b ? a : b;
+    case ReduceOp::kSum:
+      return a + b;
+    case ReduceOp::kMax:
+      return a > b ? a : b;
+    default:
+      return a < b ? a : b;
   }
 }
 
@@ -184,8 +190,7 @@ __device__ inline bool all_reduce(const Heap& h, const Team& t, T* dst, const T*
 }
 
 template <class T>
-__device__ inline bool reduce_scatter(const Heap& h, const Team& t, T* dst, const T* src, uint64_t count,
-                                      ReduceOp op) {
+__device__ inline bool reduce_scatter(const Heap& h, const Team& t, T* dst, const T* src, uint64_t count, ReduceOp op) {
   if (!barrier_all(h, t)) return false;
   // Read the members' block t.my; write it to this rank's dst. reduce_slice reads
   // src + i through peer_ptr, so shift src to the block first.

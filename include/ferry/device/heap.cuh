@@ -33,10 +33,10 @@ constexpr int kMaxGridBlocks = 32; /* most blocks of one grid-wide barrier or co
 /* At offset 0 of every rank's heap: ferry's own words. User allocations
  * start at kHeapReservedBytes. */
 struct HeapSync {
-  uint64_t arrivals[kMaxHeapRanks];         /* [src]: device barriers src announced to this rank */
-  uint64_t completed[kMaxHeapRanks];        /* [src]: device barriers this rank finished with src */
-  uint64_t stream_arrivals[kMaxHeapRanks];  /* [src]: barrier_on_stream announcements (copy engines) */
-  uint64_t staging[kStagingSlots];          /* values that signals on a stream copy to peers */
+  uint64_t arrivals[kMaxHeapRanks];        /* [src]: device barriers src announced to this rank */
+  uint64_t completed[kMaxHeapRanks];       /* [src]: device barriers this rank finished with src */
+  uint64_t stream_arrivals[kMaxHeapRanks]; /* [src]: barrier_on_stream announcements (copy engines) */
+  uint64_t staging[kStagingSlots];         /* values that signals on a stream copy to peers */
   /* Grid-wide barriers (coll.cuh): [src][block] the round block `block` of
    * rank src announced to this rank; [peer][block] the rounds this rank's
    * block `block` has done with peer. */
@@ -52,8 +52,8 @@ enum class WaitKind : uint32_t {
   kSignal = 2,
   kWaitUntil = 3,
   kBadTeam = 4,
-  kStreamWait = 5,    /* the host API's wait on a stream */
-  kStreamBarrier = 6  /* barrier_on_stream */
+  kStreamWait = 5,   /* the host API's wait on a stream */
+  kStreamBarrier = 6 /* barrier_on_stream */
 };
 
 /* The word such a wait leaves in Heap::fault (the first one stays):
@@ -64,12 +64,12 @@ FERRY_DEVICE_HD uint64_t heap_fault_word(WaitKind kind, int peer) {
 }
 
 struct Heap {
-  char* base;           /* rank 0's heap as mapped in this process */
-  uint64_t stride;      /* bytes from one rank's heap to the next: the heap's capacity */
-  int rank;             /* the rank this handle belongs to */
-  int world;            /* ranks in the heap */
+  char* base;                /* rank 0's heap as mapped in this process */
+  uint64_t stride;           /* bytes from one rank's heap to the next: the heap's capacity */
+  int rank;                  /* the rank this handle belongs to */
+  int world;                 /* ranks in the heap */
   unsigned long long* fault; /* pinned host word: where a wait that gave up names its peer */
-  uint64_t timeout_ns;  /* bound on every wait of the device API */
+  uint64_t timeout_ns;       /* bound on every wait of the device API */
 
   FERRY_DEVICE_HD char* rank_base(int r) const { return base + uint64_t(r) * stride; }
   FERRY_DEVICE_HD char* own_base() const { return rank_base(rank); }

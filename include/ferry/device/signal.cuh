@@ -53,13 +53,14 @@ __device__ __forceinline__ bool test(const T* ivar, Cmp cmp, T value) {
 
 template <class T>
 __device__ inline bool wait_until(const Heap& h, const T* ivar, Cmp cmp, T value, int from = -1) {
-  return impl::spin(h, [&] { return test(ivar, cmp, value); }, WaitKind::kWaitUntil, from);
+  return impl::spin(
+      h, [&] { return test(ivar, cmp, value); }, WaitKind::kWaitUntil, from);
 }
 
 __device__ inline bool signal_wait_until(const Heap& h, const uint64_t* sig, Cmp cmp, uint64_t value, int from = -1,
                                          uint64_t* seen = nullptr) {
-  const bool ok =
-      impl::spin(h, [&] { return impl::compare(impl::load_acquire(sig), cmp, value); }, WaitKind::kSignal, from);
+  const bool ok = impl::spin(
+      h, [&] { return impl::compare(impl::load_acquire(sig), cmp, value); }, WaitKind::kSignal, from);
   if (seen) *seen = impl::load_acquire(sig);
   return ok;
 }

@@ -44,7 +44,8 @@ __device__ inline bool sync_members(const Heap& h, const Team& t) {
     const int peer = team_world_rank(t, i);
     if (peer == h.rank) continue;
     const uint64_t want = ++own->completed[peer];
-    ok = spin(h, [&] { return load_acquire(&own->arrivals[peer]) >= want; }, WaitKind::kBarrier, peer);
+    ok = spin(
+        h, [&] { return load_acquire(&own->arrivals[peer]) >= want; }, WaitKind::kBarrier, peer);
   }
   return ok;
 }

@@ -16,10 +16,10 @@ namespace ferry {
 namespace device {
 
 struct Team {
-  int start;   /* world rank of team rank 0 */
-  int stride;  /* world ranks between consecutive members (>= 1) */
-  int size;    /* members; 0: not a team (a split that did not fit its parent) */
-  int my;      /* this rank's team rank, or -1 when it is not a member */
+  int start;  /* world rank of team rank 0 */
+  int stride; /* world ranks between consecutive members (>= 1) */
+  int size;   /* members; 0: not a team (a split that did not fit its parent) */
+  int my;     /* this rank's team rank, or -1 when it is not a member */
 };
 
 FERRY_DEVICE_HD int team_world_rank(const Team& t, int team_rank) { return t.start + team_rank * t.stride; }

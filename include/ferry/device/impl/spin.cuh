@@ -18,12 +18,18 @@ namespace impl {
 template <class T>
 __device__ __forceinline__ bool compare(T a, Cmp c, T b) {
   switch (c) {
-    case Cmp::kEq: return a == b;
-    case Cmp::kNe: return a != b;
-    case Cmp::kGt: return a > b;
-    case Cmp::kGe: return a >= b;
-    case Cmp::kLt: return a < b;
-    default: return a <= b;
+    case Cmp::kEq:
+      return a == b;
+    case Cmp::kNe:
+      return a != b;
+    case Cmp::kGt:
+      return a > b;
+    case Cmp::kGe:
+      return a >= b;
+    case Cmp::kLt:
+      return a < b;
+    default:
+      return a <= b;
   }
 }
 
