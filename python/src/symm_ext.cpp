@@ -50,7 +50,10 @@ void bind_symm(nb::module_& m) {
       .def("free", &SymmetricHeap::free, "offset"_a, nb::call_guard<nb::gil_scoped_release>())
       .def("reserve", &SymmetricHeap::reserve, "bytes"_a, nb::call_guard<nb::gil_scoped_release>())
       .def(
-          "at", [](const SymmetricHeap& h, int rank, size_t offset) { return reinterpret_cast<uintptr_t>(h.at(rank, offset)); },
+          "at",
+          [](const SymmetricHeap& h, int rank, size_t offset) {
+            return reinterpret_cast<uintptr_t>(h.at(rank, offset));
+          },
           "rank"_a, "offset"_a)
       .def(
           "locate",
