@@ -40,8 +40,8 @@ FERRY_API void ferry_heap_destroy(ferry_heap_t heap);
 
 /* Collective: `bytes` aligned to `align` (a power of two) at the same offset on
  * every rank; ptrs[i] receives local rank i's copy (one entry per local rank).
- * `stream`: the caller's; while it captures a CUDA graph, an allocation that
- * needs new memory is refused with the size to reserve first. */
+ * `stream`: the caller's (local rank 0's); while it captures a CUDA graph, an
+ * allocation that needs new memory is refused with the size to reserve first. */
 FERRY_API ferry_result_t ferry_heap_alloc(ferry_heap_t heap, size_t bytes, size_t align, ferry_stream_t stream,
                                           void** ptrs);
 /* Collective: frees the allocation `ptr` (any local rank's copy) starts. */

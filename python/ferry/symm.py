@@ -72,7 +72,12 @@ class Heap:
     def from_torch(cls, group=None, capacity: Optional[int] = None, device: Optional[int] = None) -> "Heap":
         """A heap over a torch.distributed group (default: the world), with a
         communicator of its own bootstrapped through the group."""
-        heap = cls(Communicator.from_torch(group, device=device), capacity)
+        comm = Communicator.from_torch(group, device=device)
+        try:
+            heap = cls(comm, capacity)
+        except BaseException:
+            comm.close()
+            raise
         heap._owns_comm = True
         return heap
 
@@ -122,8 +127,8 @@ class Heap:
         for s in shape:
             numel *= s
         nbytes = numel * torch.empty((), dtype=dtype).element_size()
-        stream = _stream_handle(None, self._comm.devices[0])
-        offset = self._h.alloc(nbytes, int(align), stream)
+        streams = [_stream_handle(None, d) for d in self._comm.devices]
+        offset = self._h.alloc(nbytes, int(align), streams)
         out = [
             self._tensor(self._h.rank(i), offset, nbytes, self._comm.devices[i], dtype, shape)
             for i in range(self._h.local_count)
@@ -273,7 +278,8 @@ class Heap:
 
     def barrier_on_stream(self, stream=None) -> None:
         """Holds each rank's stream until every rank's stream got to this
-        barrier (collective; with init_local, one stream per local rank or None)."""
+        barrier (collective; with init_local, one stream per local rank or
+        None). Not capturable in a CUDA graph (the device API's barrier is)."""
         self._open("barrier_on_stream")
         devices = self._comm.devices
         if self._local:

@@ -45,8 +45,12 @@ void bind_symm(nb::module_& m) {
       .def_prop_ro("mapped", &SymmetricHeap::mapped)
       .def(
           "alloc",
-          [](SymmetricHeap& h, size_t bytes, size_t align, uintptr_t s) { return h.alloc(bytes, align, stream(s)); },
-          "bytes"_a, "align"_a, "stream"_a, nb::call_guard<nb::gil_scoped_release>())
+          [](SymmetricHeap& h, size_t bytes, size_t align, const std::vector<uintptr_t>& streams) {
+            std::vector<cudaStream_t> s;
+            for (uintptr_t x : streams) s.push_back(stream(x));
+            return h.alloc(bytes, align, s);
+          },
+          "bytes"_a, "align"_a, "streams"_a, nb::call_guard<nb::gil_scoped_release>())
       .def("free", &SymmetricHeap::free, "offset"_a, nb::call_guard<nb::gil_scoped_release>())
       .def("reserve", &SymmetricHeap::reserve, "bytes"_a, nb::call_guard<nb::gil_scoped_release>())
       .def(

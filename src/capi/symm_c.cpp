@@ -35,7 +35,7 @@ ferry_result_t ferry_heap_alloc(ferry_heap_t heap, size_t bytes, size_t align, f
   return guarded([&] {
     ferry::SymmetricHeap& h = get_heap(heap);
     FERRY_ARG_CHECK(ptrs != nullptr, "ptrs is NULL");
-    const size_t offset = h.alloc(bytes, align, static_cast<cudaStream_t>(stream));
+    const size_t offset = h.alloc(bytes, align, {static_cast<cudaStream_t>(stream)});
     for (int i = 0; i < h.local_count(); ++i) ptrs[i] = h.at(h.rank(i), offset);
   });
 }

@@ -147,8 +147,7 @@ void SymmetricHeap::close() {
   }
   watch_cv_.notify_all();
   if (watcher_.joinable()) watcher_.join();
-  for (auto& w : watched_) cudaEventDestroy(w.passed);
-  watched_.clear();
+  watched_.clear();  // the watcher took and let go every wait before it ended
   if (!driver_available()) return;
   const DriverApi& cu = driver();
   for (auto& c : chunks_) {
@@ -192,7 +191,7 @@ void SymmetricHeap::grow(size_t end) {
       cu.MemRelease(handle);
       FERRY_CU_CHECK(res);
     }
-    chunks_.push_back(c);
+    chunks_.push_back(c);  // before set_access: a failure there is undone with the rest
     set_access(c.ptr, size, access);
   };
   auto create_chunk = [&](int device) {
@@ -206,55 +205,65 @@ void SymmetricHeap::grow(size_t end) {
     FERRY_CU_CHECK(res);
     return handle;
   };
-  if (!group_.multi_process()) {
-    for (int i = 0; i < group_.local_count(); ++i) {
-      DeviceScope on(group_.devices[i]);
-      map_chunk(group_.ranks[i], create_chunk(group_.devices[i]), group_.devices);
-    }
-  } else {
-    const int me = group_.ranks[0], dev = group_.devices[0];
-    DeviceScope on(dev);
-    map_chunk(me, create_chunk(dev), {dev});
-    const int tag = group_.next_tag();
-    int fd = -1;
-    FERRY_CU_CHECK(
-        cu.MemExportToShareableHandle(&fd, chunks_.back().handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
-    try {
+  // A failure part way leaves the heap as it was: the chunks this call mapped
+  // are unmapped again, and every descriptor received is closed.
+  const size_t chunks_before = chunks_.size();
+  std::vector<int> received;
+  try {
+    if (!group_.multi_process()) {
+      for (int i = 0; i < group_.local_count(); ++i) {
+        DeviceScope on(group_.devices[i]);
+        map_chunk(group_.ranks[i], create_chunk(group_.devices[i]), group_.devices);
+      }
+    } else {
+      const int me = group_.ranks[0], dev = group_.devices[0];
+      DeviceScope on(dev);
+      map_chunk(me, create_chunk(dev), {dev});
+      const int tag = group_.next_tag();
+      int fd = -1;
+      FERRY_CU_CHECK(
+          cu.MemExportToShareableHandle(&fd, chunks_.back().handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+      received.push_back(fd);
       for (int p = 0; p < group_.world; ++p)
         if (p != me) group_.fds->send(group_.socket_paths[p], p, tag, {fd}, "", group_.timeout_s);
-    } catch (...) {
-      ::close(fd);
-      throw;
+      std::vector<int> peers;
+      for (int p = 0; p < group_.world; ++p)
+        if (p != me) peers.push_back(p);
+      auto got = group_.fds->receive(peers, tag, group_.timeout_s, "their symmetric heap memory");
+      for (auto& [p, msg] : got) received.insert(received.end(), msg.fds.begin(), msg.fds.end());
+      for (auto& [p, msg] : got) {
+        FERRY_ARG_CHECK(msg.fds.size() == 1, "rank " + std::to_string(p) + " sent " + std::to_string(msg.fds.size()) +
+                                                 " descriptors for its heap memory; expected 1");
+        CUmemGenericAllocationHandle handle = 0;
+        FERRY_CU_CHECK(cu.MemImportFromShareableHandle(&handle,
+                                                       reinterpret_cast<void*>(static_cast<intptr_t>(msg.fds[0])),
+                                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+        map_chunk(p, handle, {dev});
+      }
     }
-    ::close(fd);
-    std::vector<int> peers;
-    for (int p = 0; p < group_.world; ++p)
-      if (p != me) peers.push_back(p);
-    auto got = group_.fds->receive(peers, tag, group_.timeout_s, "their symmetric heap memory");
-    for (auto& [p, msg] : got) {
-      FERRY_ARG_CHECK(msg.fds.size() == 1, "rank " + std::to_string(p) + " sent no heap memory");
-      CUmemGenericAllocationHandle handle = 0;
-      CUresult res =
-          cu.MemImportFromShareableHandle(&handle, reinterpret_cast<void*>(static_cast<intptr_t>(msg.fds[0])),
-                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-      ::close(msg.fds[0]);
-      FERRY_CU_CHECK(res);
-      map_chunk(p, handle, {dev});
+  } catch (...) {
+    for (int fd : received) ::close(fd);
+    while (chunks_.size() > chunks_before) {
+      cu.MemUnmap(chunks_.back().ptr, chunks_.back().size);
+      cu.MemRelease(chunks_.back().handle);
+      chunks_.pop_back();
     }
+    throw;
   }
+  for (int fd : received) ::close(fd);
   mapped_ = new_end;
 }
 
-size_t SymmetricHeap::alloc(size_t bytes, size_t align, cudaStream_t stream) {
+size_t SymmetricHeap::alloc(size_t bytes, size_t align, const std::vector<cudaStream_t>& streams) {
   FERRY_ARG_CHECK(!closed_, "alloc: the heap is closed");
   agree("alloc(" + std::to_string(bytes) + " bytes, align " + std::to_string(align) + ")");
   const size_t offset = allocator_.alloc(bytes, align);
   const size_t end = offset + heap_rounded_bytes(bytes);
   if (end > mapped_) {
     bool capturing = false;
-    for (int i = 0; i < local_count() && !capturing; ++i) {
+    for (size_t i = 0; i < streams.size() && static_cast<int>(i) < local_count() && !capturing; ++i) {
       DeviceScope on(group_.devices[i]);
-      capturing = dma::is_capturing(stream);
+      capturing = dma::is_capturing(streams[i]);
     }
     if (capturing) {
       allocator_.free(offset);
@@ -422,6 +431,14 @@ void SymmetricHeap::barrier_on_stream(const std::vector<cudaStream_t>& streams) 
                   "barrier_on_stream: expected one stream per local rank (" + std::to_string(local_count()) + ")");
   for (int i = 0; i < local_count(); ++i) {
     DeviceScope on(group_.devices[i]);
+    // Its generation is a value of this call: a graph replaying it would wait
+    // for the same generation again, which every later replay finds passed.
+    FERRY_ARG_CHECK(!dma::is_capturing(streams[i]),
+                    "barrier_on_stream: the stream is capturing a CUDA graph; the barrier cannot be captured (call "
+                    "it outside the graph, or use the device API's barrier inside a kernel)");
+  }
+  for (int i = 0; i < local_count(); ++i) {
+    DeviceScope on(group_.devices[i]);
     const int me = rank(i);
     const uint64_t gen = ++barrier_generation_[i];
     uint64_t* slot =
@@ -444,11 +461,18 @@ void SymmetricHeap::barrier_on_stream(const std::vector<cudaStream_t>& streams) 
 
 void SymmetricHeap::watch(int local, const uint64_t* word, uint64_t value, int from, const char* what,
                           cudaStream_t stream) {
-  dma::mem_ops(stream, {MemOp{MemOp::Kind::kWaitAtLeast, word, value}});
   // A captured wait runs when the graph does; the watcher cannot see that.
-  if (dma::is_capturing(stream)) return;
-  Watched w{local, nullptr, const_cast<uint64_t*>(word), value, from, what, now_s() + group_.timeout_s};
+  if (dma::is_capturing(stream)) {
+    dma::mem_ops(stream, {MemOp{MemOp::Kind::kWaitAtLeast, word, value}});
+    return;
+  }
+  // The clock starts when the stream reaches the wait (`reached`), not when it
+  // is enqueued: work queued before it may take longer than the timeout.
+  Watched w{local, nullptr, nullptr, const_cast<uint64_t*>(word), value, from, what, 0};
+  FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&w.reached, cudaEventDisableTiming));
   FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&w.passed, cudaEventDisableTiming));
+  FERRY_CUDA_CHECK(cudaEventRecord(w.reached, stream));
+  dma::mem_ops(stream, {MemOp{MemOp::Kind::kWaitAtLeast, word, value}});
   FERRY_CUDA_CHECK(cudaEventRecord(w.passed, stream));
   std::lock_guard<std::mutex> lock(watch_mu_);
   watched_.push_back(w);
@@ -463,40 +487,57 @@ void SymmetricHeap::watch(int local, const uint64_t* word, uint64_t value, int f
 void SymmetricHeap::watcher_loop() {
   std::vector<Watched> mine;
   unsigned next_slot = 0;
-  for (;;) {
+  auto release = [&](Watched& w, bool closing) {
+    uint64_t* value = &rescue_values_[w.local][next_slot++ % kRescueSlots];
+    *value = w.value;
+    if (cudaMemcpyAsync(w.word, value, sizeof(uint64_t), cudaMemcpyHostToDevice, rescue_[w.local]) != cudaSuccess)
+      cudaGetLastError();
+    if (closing) return;
+    const auto kind = w.what[0] == 'b' ? device::WaitKind::kStreamBarrier : device::WaitKind::kStreamWait;
+    unsigned long long expected = 0;
+    __atomic_compare_exchange_n(fault_[w.local], &expected,
+                                static_cast<unsigned long long>(device::heap_fault_word(kind, w.from)), false,
+                                __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  };
+  auto done = [](cudaEvent_t e) {
+    const cudaError_t q = cudaEventQuery(e);
+    if (q != cudaSuccess) cudaGetLastError();
+    return q == cudaSuccess;
+  };
+  bool stopping = false;
+  while (!stopping) {
     {
       std::unique_lock<std::mutex> lock(watch_mu_);
       watch_cv_.wait_for(lock, std::chrono::milliseconds(watched_.empty() && mine.empty() ? 200 : 5));
-      if (stop_watcher_) break;
+      stopping = stop_watcher_;
       mine.insert(mine.end(), watched_.begin(), watched_.end());
       watched_.clear();
     }
     const double t = now_s();
     for (size_t i = 0; i < mine.size();) {
       Watched& w = mine[i];
-      cudaError_t q = cudaSetDevice(group_.devices[w.local]);
-      if (q == cudaSuccess) q = cudaEventQuery(w.passed);
-      if (q != cudaSuccess) cudaGetLastError();
-      if (q != cudaSuccess && t < w.deadline) {
-        ++i;
-        continue;
+      if (cudaSetDevice(group_.devices[w.local]) != cudaSuccess) cudaGetLastError();
+      if (stopping) {
+        // Closing with waits still queued: let them go before the memory they
+        // watch is unmapped, so that no stream waits on unmapped memory.
+        if (!done(w.passed)) release(w, true);
+      } else if (!done(w.passed)) {
+        if (w.deadline == 0 && done(w.reached)) w.deadline = t + group_.timeout_s;
+        if (w.deadline == 0 || t < w.deadline) {
+          ++i;
+          continue;
+        }
+        release(w, false);
       }
-      if (q != cudaSuccess) {
-        uint64_t* value = &rescue_values_[w.local][next_slot++ % kRescueSlots];
-        *value = w.value;
-        cudaError_t c = cudaMemcpyAsync(w.word, value, sizeof(uint64_t), cudaMemcpyHostToDevice, rescue_[w.local]);
-        if (c != cudaSuccess) cudaGetLastError();
-        const auto kind = w.what[0] == 'b' ? device::WaitKind::kStreamBarrier : device::WaitKind::kStreamWait;
-        unsigned long long expected = 0;
-        __atomic_compare_exchange_n(fault_[w.local], &expected,
-                                    static_cast<unsigned long long>(device::heap_fault_word(kind, w.from)), false,
-                                    __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-      }
+      cudaEventDestroy(w.reached);
       cudaEventDestroy(w.passed);
       mine.erase(mine.begin() + static_cast<long>(i));
     }
   }
-  for (auto& w : mine) cudaEventDestroy(w.passed);
+  for (size_t i = 0; i < rescue_.size(); ++i) {
+    if (cudaSetDevice(group_.devices[i]) != cudaSuccess || cudaStreamSynchronize(rescue_[i]) != cudaSuccess)
+      cudaGetLastError();
+  }
 }
 
 }  // namespace ferry

@@ -45,10 +45,10 @@ class SymmetricHeap {
   bool closed() const { return closed_; }
 
   // Collective: `bytes` at the same offset on every rank, aligned to `align`;
-  // returns the offset. `stream`: the caller's stream; while it captures a
-  // CUDA graph, an allocation that needs new physical memory is refused with
-  // the size to reserve() first.
-  size_t alloc(size_t bytes, size_t align, cudaStream_t stream);
+  // returns the offset. `streams`: the callers' streams, by local rank (fewer
+  // is fine); while one captures a CUDA graph, an allocation that needs new
+  // physical memory is refused with the size to reserve() first.
+  size_t alloc(size_t bytes, size_t align, const std::vector<cudaStream_t>& streams);
   // Collective: frees the allocation starting at `offset`.
   void free(size_t offset);
   // Collective: maps physical memory under the first `bytes` of the heap's
@@ -84,7 +84,7 @@ class SymmetricHeap {
   // timeout the wait is released and check() raises, naming `from` (-1: any).
   void wait(int local, const uint64_t* sig, uint64_t value, int from, cudaStream_t stream);
   // Holds each local rank's stream until every rank's stream reached its
-  // barrier_on_stream. Collective; one stream per local rank.
+  // barrier_on_stream. Collective; one stream per local rank; not capturable.
   void barrier_on_stream(const std::vector<cudaStream_t>& streams);
 
  private:
@@ -96,12 +96,13 @@ class SymmetricHeap {
   // A stream wait the watcher bounds.
   struct Watched {
     int local;
-    cudaEvent_t passed;  // recorded after the wait
+    cudaEvent_t reached;  // recorded before the wait
+    cudaEvent_t passed;   // recorded after it
     uint64_t* word;
     uint64_t value;
     int from;
     const char* what;
-    double deadline;  // steady clock, seconds
+    double deadline;  // steady clock, seconds; 0 until the stream reached the wait
   };
 
   SymmetricHeap() = default;

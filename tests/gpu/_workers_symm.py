@@ -685,6 +685,24 @@ class Suite:
                     got is not None and all(x.numel() == need for x in self.each(got)),
                 )
         roomy.close()
+        # barrier_on_stream cannot be captured (its generation is a value of the call).
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(cap):
+            g.capture_begin(capture_error_mode="relaxed")
+            try:
+                streams = [cap] + self.streams[1:] if self.local else cap
+                self.expect_error(
+                    "barrier_on_stream during capture",
+                    "cannot be captured",
+                    lambda: self.heap.barrier_on_stream(streams),
+                    IA,
+                )
+            finally:
+                try:
+                    g.capture_end()
+                except Exception as exc:  # noqa: BLE001 - an empty graph
+                    if "empty" not in str(exc).lower():
+                        self.fails.append(f"capture: {exc}")
         self.heap.free(t if self.local else t[0])
         self.expect_error(
             "free of memory not on the heap",

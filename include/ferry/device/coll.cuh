@@ -42,14 +42,33 @@ __device__ __forceinline__ unsigned grid_block() {
   return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
 }
 
-/* Thread 0 of one block: announce this block's next round to every member,
- * then wait until every block of every member announced it. */
+/* Thread 0 of each block: every block of this rank's grid arrived (a
+ * generation barrier, so grids of any size may follow each other). */
+__device__ inline bool local_grid_sync(const Heap& h) {
+  HeapSync* own = h.sync(h.rank);
+  auto* count = reinterpret_cast<unsigned long long*>(&own->grid_local_count);
+  const uint64_t gen = load_acquire(&own->grid_local_generation);
+  __threadfence_system();
+  if (atomicAdd(count, 1ull) == grid_blocks() - 1) {
+    *reinterpret_cast<volatile uint64_t*>(count) = 0;
+    store_release(&own->grid_local_generation, gen + 1);
+    return true;
+  }
+  return spin(
+      h, [&] { return load_acquire(&own->grid_local_generation) != gen; }, WaitKind::kBarrier, h.rank);
+}
+
+/* Thread 0 of one block: every block of this rank arrived; then this block
+ * meets the same block of every other member, each of which passed the same
+ * two steps there. Counters are per (peer, block): they stay in step because
+ * every member runs the same grid. */
 __device__ inline bool grid_sync_block(const Heap& h, const Team& t) {
-  const unsigned blocks = grid_blocks(), me_block = grid_block();
-  if (blocks > unsigned(kMaxGridBlocks) || !team_usable(t, h.world) || team_world_rank(t, t.my) != h.rank) {
+  const unsigned me_block = grid_block();
+  if (grid_blocks() > unsigned(kMaxGridBlocks) || !team_usable(t, h.world) || team_world_rank(t, t.my) != h.rank) {
     report(h, WaitKind::kBadTeam, -1);
     return false;
   }
+  if (!local_grid_sync(h)) return false;
   HeapSync* own = h.sync(h.rank);
   __threadfence_system();
   for (int i = 0; i < t.size; ++i) {
@@ -62,10 +81,9 @@ __device__ inline bool grid_sync_block(const Heap& h, const Team& t) {
     const int peer = team_world_rank(t, i);
     if (peer == h.rank) continue;
     const uint64_t round = own->grid_rounds[peer][me_block];
-    for (unsigned b = 0; b < blocks; ++b)
-      if (!spin(
-              h, [&] { return load_acquire(&own->grid_arrivals[peer][b]) >= round; }, WaitKind::kBarrier, peer))
-        return false;
+    if (!spin(
+            h, [&] { return load_acquire(&own->grid_arrivals[peer][me_block]) >= round; }, WaitKind::kBarrier, peer))
+      return false;
   }
   return true;
 }

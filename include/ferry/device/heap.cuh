@@ -42,6 +42,9 @@ struct HeapSync {
    * block `block` has done with peer. */
   uint64_t grid_arrivals[kMaxHeapRanks][kMaxGridBlocks];
   uint64_t grid_rounds[kMaxHeapRanks][kMaxGridBlocks];
+  /* The barrier among this rank's own blocks: arrivals of the current round, and its generation. */
+  uint64_t grid_local_count;
+  uint64_t grid_local_generation;
 };
 constexpr uint64_t kHeapReservedBytes = 65536;
 static_assert(sizeof(HeapSync) <= kHeapReservedBytes, "HeapSync must fit the heap's reserved front");

@@ -35,6 +35,9 @@ __device__ inline bool sync_members(const Heap& h, const Team& t) {
     return false;
   }
   HeapSync* own = h.sync(h.rank);
+  // The scope's other threads synchronized with this one before it got here;
+  // the fence makes their earlier stores precede the announcements too.
+  __threadfence_system();
   for (int i = 0; i < t.size; ++i) {
     const int peer = team_world_rank(t, i);
     if (peer != h.rank) atomicAdd_system(reinterpret_cast<unsigned long long*>(&h.sync(peer)->arrivals[h.rank]), 1ull);
@@ -59,7 +62,11 @@ __device__ inline bool sync(const Heap& h, const Team& t) {
   impl::scope_sync<S>();
   if (impl::scope_lane<S>() == 0) ok = impl::sync_members(h, t);
   if constexpr (S == Scope::kThread) return ok;
-  if constexpr (S == Scope::kWarp) return __shfl_sync(0xffffffffu, ok ? 1 : 0, 0) != 0;
+  if constexpr (S == Scope::kWarp) {
+    const bool all = __shfl_sync(0xffffffffu, ok ? 1 : 0, 0) != 0;
+    __syncwarp();  // a shuffle orders no memory: the other lanes' later loads follow lane 0's acquire
+    return all;
+  }
   if (impl::scope_lane<S>() == 0) ok_shared = ok;
   __syncthreads();
   return ok_shared != 0;
