@@ -1,0 +1,457 @@
+"""The symmetric heap measured against the field, in one run, on one machine.
+
+    torchrun --nproc-per-node 4 -m ferry.bench.symm --out results/
+    python -m ferry.bench.symm --out results/      # one process driving every visible GPU (ferry only)
+
+What it measures (CUDA events around one launch that repeats the operation,
+after a warm-up launch; the median of --reps launches; graphs off):
+- put bandwidth to one peer by size: the device API (block scope, 1 and 8
+  blocks) and the copy engines (heap.put on a stream);
+- half round trip of a signal between ranks 0 and 1 (kernels ping-ponging);
+- barrier latency: the device API in a kernel, barrier_on_stream;
+- bf16 all-reduce latency by size: the device API's all_reduce (1 and 8
+  blocks) against NCCL (torch.distributed) and PyTorch SymmetricMemory's
+  one-shot and two-shot all-reduce, where torchrun gives one process per GPU.
+NVSHMEM is not measured yet (it needs its device library linked into the
+kernels; docs/symm.md). Records: {op, impl, world, bytes, time_us, gbps,
+scope, graph, gpu, date}. Ranks sharing a GPU (FERRY_SHARED_GPUS) say nothing
+about speed: the run refuses them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime
+import json
+import os
+import statistics
+import sys
+from typing import Dict, List, Sequence
+
+from .report import format_size, parse_size, size_range
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# Issue targets on 4 H200s (docs/symm.md): put from 1 MiB, barrier, all-reduce by size.
+TARGETS = {
+    "put_gbps_from_1m": 370.0,
+    "barrier_kernel_us": 2.0,
+    "barrier_stream_us": 4.0,
+    "all_reduce_us": {8 << 10: 6.0, 512 << 10: 9.0, 4 << 20: 25.0},
+}
+
+
+def record(op, impl, world, nbytes, time_us, scope, gpu, date, graph=False) -> dict:
+    gbps = nbytes / (time_us * 1e-6) / 1e9 if time_us > 0 and nbytes else 0.0
+    return {
+        "op": op,
+        "impl": impl,
+        "world": world,
+        "bytes": nbytes,
+        "time_us": round(time_us, 3),
+        "gbps": round(gbps, 2),
+        "scope": scope,
+        "graph": graph,
+        "gpu": gpu,
+        "date": date,
+    }
+
+
+def format_table(records: Sequence[dict]) -> str:
+    """One row per (op, bytes), one column per impl: time in us (and GB/s for puts)."""
+    impls: List[str] = []
+    rows: Dict[tuple, Dict[str, dict]] = {}
+    for r in records:
+        if r["impl"] not in impls:
+            impls.append(r["impl"])
+        rows.setdefault((r["op"], r["bytes"]), {})[r["impl"]] = r
+    out = ["| op | bytes | " + " | ".join(impls) + " |", "|---|---|" + "---|" * len(impls)]
+    for (op, nbytes), by in rows.items():
+        cells = []
+        for impl in impls:
+            r = by.get(impl)
+            if r is None:
+                cells.append("")
+            elif op == "put":
+                cells.append(f"{r['time_us']:.1f} us, {r['gbps']:.0f} GB/s")
+            else:
+                cells.append(f"{r['time_us']:.2f} us")
+        out.append(f"| {op} | {format_size(nbytes) if nbytes else '-'} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def target_lines(records: Sequence[dict]) -> List[str]:
+    """The issue's targets against this run (met or missed, with the numbers)."""
+    lines = []
+    puts = [
+        r
+        for r in records
+        if r["op"] == "put" and r["impl"].startswith("ferry-device") and r["bytes"] >= 1 << 20
+    ]
+    if puts:
+        worst = min(max(r["gbps"] for r in puts if r["bytes"] == b) for b in {r["bytes"] for r in puts})
+        ok = worst >= TARGETS["put_gbps_from_1m"]
+        lines.append(
+            f"put to one peer from 1 MiB >= {TARGETS['put_gbps_from_1m']:.0f} GB/s: "
+            f"{'met' if ok else 'missed'} (slowest size {worst:.0f} GB/s)"
+        )
+    for impl, key, what in (
+        ("ferry-device", "barrier_kernel_us", "in a kernel"),
+        ("ferry-stream", "barrier_stream_us", "on a stream"),
+    ):
+        got = [r["time_us"] for r in records if r["op"] == "barrier" and r["impl"] == impl]
+        if got:
+            ok = min(got) <= TARGETS[key]
+            lines.append(
+                f"barrier {what} <= {TARGETS[key]:.0f} us: {'met' if ok else 'missed'} ({min(got):.2f} us)"
+            )
+    for nbytes, limit in TARGETS["all_reduce_us"].items():
+        got = [
+            r["time_us"]
+            for r in records
+            if r["op"] == "all_reduce" and r["bytes"] == nbytes and r["impl"].startswith("ferry-device")
+        ]
+        if got:
+            ok = min(got) <= limit
+            lines.append(
+                f"all-reduce {format_size(nbytes)} <= {limit:.0f} us: {'met' if ok else 'missed'} "
+                f"({min(got):.1f} us)"
+            )
+    return lines
+
+
+# ---------------------------------------------------------------- GPU side
+
+
+def build_kernels() -> str:
+    """symm_kernels.cu as a shared library, built by torch's cpp_extension."""
+    from torch.utils import cpp_extension
+
+    import ferry
+
+    name = "ferry_symm_bench"
+    path = cpp_extension.load(
+        name=name,
+        sources=[os.path.join(HERE, "symm_kernels.cu")],
+        extra_include_paths=[ferry.get_include()],
+        extra_cuda_cflags=["-O3"],
+        is_python_module=False,
+        verbose=False,
+    )
+    if not isinstance(path, str):
+        path = os.path.join(cpp_extension._get_build_directory(name, False), f"{name}.so")
+    return path
+
+
+def _load(path: str):
+    lib = ctypes.CDLL(path)
+    P, I, U = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64
+    for name, args in (
+        ("bench_put", [P, P, P, U, I, I, I, P]),
+        ("bench_pingpong", [P, P, U, I, P, P]),
+        ("bench_barrier", [P, I, P, P]),
+        ("bench_all_reduce", [P, P, P, U, I, I, P, P]),
+    ):
+        getattr(lib, name).argtypes = args
+        getattr(lib, name).restype = I
+    return lib
+
+
+class _Ranks:
+    """This process's ranks (every rank with init_local, one with torchrun) and how to time them together."""
+
+    def __init__(self, torch, comm, heap):
+        self.torch, self.comm, self.heap = torch, comm, heap
+        self.local = comm._local
+        self.devs = [torch.device("cuda", d) for d in comm.devices]
+        self.ranks = list(range(comm.world)) if self.local else [comm.rank]
+        self.streams = [torch.cuda.Stream(device=d) for d in self.devs]
+        self.handles = [heap.handle(i).as_bytes() for i in range(len(self.ranks))]
+
+    def each(self, v):
+        return v if self.local else [v]
+
+    def barrier(self):
+        for i, s in enumerate(self.streams):
+            s.wait_stream(self.torch.cuda.current_stream(self.devs[i]))
+        self.heap.barrier_on_stream(self.streams if self.local else self.streams[0])
+        for s in self.streams:
+            s.synchronize()
+        self.heap.check()
+
+    def timed(self, launch, reps: int) -> float:
+        """Median over `reps` of rank 0's (or this process's first rank's) event
+        time of `launch(i, stream)` run on every local rank at once, after a barrier."""
+        torch, times = self.torch, []
+        for _ in range(reps + 1):  # the first is the warm-up
+            self.barrier()
+            ev = [
+                (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                for _ in self.ranks
+            ]
+            for i in range(len(self.ranks)):
+                ev[i][0].record(self.streams[i])
+                launch(i, self.streams[i])
+                ev[i][1].record(self.streams[i])
+            for s in self.streams:
+                s.synchronize()
+            times.append(ev[0][0].elapsed_time(ev[0][1]) * 1000.0)
+        self.heap.check()
+        return statistics.median(times[1:])
+
+
+def _ok(lib_call):
+    err = lib_call
+    if err:
+        raise RuntimeError(f"benchmark kernel launch failed: CUDA error {err}")
+
+
+def run(opts: dict, progress=print) -> dict:
+    import torch
+
+    import ferry
+    import ferry.symm
+
+    torchrun = "RANK" in os.environ
+    if torchrun:
+        import torch.distributed as dist
+
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl")
+        comm = ferry.Communicator.from_torch()
+    else:
+        comm = ferry.init_local()
+    devices = comm.devices if comm._local else None
+    if devices is not None and len(set(devices)) < len(devices):
+        raise SystemExit("ferry.bench.symm: ranks share a GPU; that measures nothing about speed")
+    W = comm.world
+    if W < 2:
+        raise SystemExit("ferry.bench.symm: needs at least 2 GPUs")
+    gpu = torch.cuda.get_device_name(comm.device)
+    date = datetime.date.today().isoformat()
+    lib = _load(opts["library"] or build_kernels())
+    heap = ferry.symm.Heap(comm, capacity=max(opts["max_bytes"] * 4, 1 << 30))
+    R = _Ranks(torch, comm, heap)
+    reps, iters, records = opts["reps"], opts["iters"], []
+    n = len(R.ranks)
+
+    # Put bandwidth to the next rank.
+    dst = R.each(heap.empty((opts["max_bytes"],), torch.uint8))
+    src = [torch.randint(0, 256, (opts["max_bytes"],), dtype=torch.uint8, device=d) for d in R.devs]
+    for nbytes in size_range(opts["min_bytes"], opts["max_bytes"], 4):
+        for blocks in (1, 8):
+            t = R.timed(
+                lambda i, s: _ok(
+                    lib.bench_put(
+                        R.handles[i],
+                        dst[i].data_ptr(),
+                        src[i].data_ptr(),
+                        nbytes,
+                        (R.ranks[i] + 1) % W,
+                        iters,
+                        blocks,
+                        s.cuda_stream,
+                    )
+                ),
+                reps,
+            )
+            records.append(record("put", f"ferry-device-{blocks}b", W, nbytes, t / iters, "block", gpu, date))
+        t = R.timed(
+            lambda i, s: [
+                heap.put(dst[i][:nbytes], src[i][:nbytes], (R.ranks[i] + 1) % W, stream=s)
+                for _ in range(iters)
+            ],
+            reps,
+        )
+        records.append(record("put", "ferry-copy-engine", W, nbytes, t / iters, "stream", gpu, date))
+        progress(
+            f"put {format_size(nbytes)}: "
+            + ", ".join(f"{r['impl']} {r['gbps']:.0f} GB/s" for r in records[-3:])
+        )
+
+    # Signal half round trip between ranks 0 and 1; barriers.
+    sig = R.each(heap.zeros((1,), torch.int64))
+    oks = [torch.ones(1, dtype=torch.int32, device=d) for d in R.devs]
+    launches = [0] * n
+
+    def pingpong(i, s):
+        base = launches[i] * iters  # every launch of a rank goes on counting where the last stopped
+        launches[i] += 1
+        if R.ranks[i] < 2:
+            _ok(
+                lib.bench_pingpong(
+                    R.handles[i], sig[i].data_ptr(), base, iters, oks[i].data_ptr(), s.cuda_stream
+                )
+            )
+
+    t = R.timed(pingpong, reps)
+    records.append(record("signal_half_rtt", "ferry-device", W, 8, t / (2 * iters), "thread", gpu, date))
+    t = R.timed(
+        lambda i, s: _ok(lib.bench_barrier(R.handles[i], iters, oks[i].data_ptr(), s.cuda_stream)), reps
+    )
+    records.append(record("barrier", "ferry-device", W, 0, t / iters, "block", gpu, date))
+    t = R.timed(
+        lambda i, s: (
+            [heap.barrier_on_stream(R.streams if R.local else s) for _ in range(iters)]
+            if i == 0 or not R.local
+            else None
+        ),
+        reps,
+    )
+    records.append(record("barrier", "ferry-stream", W, 0, t / iters, "stream", gpu, date))
+    progress(
+        f"signal half round trip {records[-3]['time_us']:.2f} us, barrier in a kernel "
+        f"{records[-2]['time_us']:.2f} us, on a stream {records[-1]['time_us']:.2f} us"
+    )
+
+    # bf16 all-reduce by size.
+    ar_max = max(opts["all_reduce_sizes"])
+    a_src = R.each(heap.empty((ar_max // 2,), torch.bfloat16))
+    a_dst = R.each(heap.empty((ar_max // 2,), torch.bfloat16))
+    for i in range(n):
+        a_src[i].copy_(torch.randint(-4, 5, (ar_max // 2,), device=R.devs[i]).to(torch.bfloat16))
+    for nbytes in opts["all_reduce_sizes"]:
+        count = nbytes // 2
+        for blocks in (1, 8):
+            t = R.timed(
+                lambda i, s: _ok(
+                    lib.bench_all_reduce(
+                        R.handles[i],
+                        a_dst[i].data_ptr(),
+                        a_src[i].data_ptr(),
+                        count,
+                        iters,
+                        blocks,
+                        oks[i].data_ptr(),
+                        s.cuda_stream,
+                    )
+                ),
+                reps,
+            )
+            records.append(
+                record("all_reduce", f"ferry-device-{blocks}b", W, nbytes, t / iters, "grid", gpu, date)
+            )
+        if torchrun:
+            records += _field_all_reduce(torch, nbytes, W, reps, iters, gpu, date)
+        progress(
+            f"all_reduce {format_size(nbytes)}: "
+            + ", ".join(
+                f"{r['impl']} {r['time_us']:.1f} us"
+                for r in records
+                if r["op"] == "all_reduce" and r["bytes"] == nbytes
+            )
+        )
+    bad = [i for i in range(n) if int(oks[i].item()) != 1]
+    heap.close()
+    comm.close()
+    return {"records": records, "gpu": gpu, "world": W, "date": date, "failed_ranks": bad}
+
+
+def _field_all_reduce(torch, nbytes, world, reps, iters, gpu, date) -> List[dict]:
+    """NCCL (torch.distributed) and PyTorch SymmetricMemory's one-shot and two-shot all-reduce, same sizes."""
+    import torch.distributed as dist
+
+    out, count = [], nbytes // 2
+    dev = torch.device("cuda", torch.cuda.current_device())
+    t = torch.randint(-4, 5, (count,), device=dev).to(torch.bfloat16)
+
+    def timed(fn) -> float:
+        times = []
+        for _ in range(reps + 1):
+            dist.barrier()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(iters):
+                fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) * 1000.0 / iters)
+        return statistics.median(times[1:])
+
+    out.append(
+        record("all_reduce", "nccl", world, nbytes, timed(lambda: dist.all_reduce(t)), "stream", gpu, date)
+    )
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        group = dist.group.WORLD.group_name
+        buf = symm_mem.empty(count, device=dev, dtype=torch.bfloat16)
+        symm_mem.rendezvous(buf, group)
+        buf.copy_(t)
+        out.append(
+            record(
+                "all_reduce",
+                "torch-symm-one-shot",
+                world,
+                nbytes,
+                timed(lambda: torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", group)),
+                "kernel",
+                gpu,
+                date,
+            )
+        )
+        out.append(
+            record(
+                "all_reduce",
+                "torch-symm-two-shot",
+                world,
+                nbytes,
+                timed(lambda: torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", group)),
+                "kernel",
+                gpu,
+                date,
+            )
+        )
+    except Exception as exc:  # noqa: BLE001 - an older or newer torch: say so, measure the rest
+        print(f"ferry.bench.symm: PyTorch SymmetricMemory not measured: {exc}", file=sys.stderr)
+    return out
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="bench/results", help="folder for the JSON and the table")
+    p.add_argument("--min", default="4K", help="smallest put")
+    p.add_argument("--max", default="256M", help="largest put")
+    p.add_argument("--all-reduce-sizes", default="8K,512K,4M")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--iters", type=int, default=20, help="operations per timed launch")
+    p.add_argument("--library", default="", help="a build of symm_kernels.cu (default: build it now)")
+    p.add_argument("--tag", default="")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    opts = {
+        "min_bytes": parse_size(args.min),
+        "max_bytes": parse_size(args.max),
+        "reps": args.reps,
+        "iters": args.iters,
+        "library": args.library,
+        "all_reduce_sizes": [parse_size(s) for s in args.all_reduce_sizes.split(",")],
+    }
+    result = run(opts)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return 0
+    records = result["records"]
+    table = format_table(records)
+    lines = target_lines(records)
+    print(table)
+    print("\n".join(lines))
+    os.makedirs(args.out, exist_ok=True)
+    stem = os.path.join(
+        args.out,
+        f"{result['date']}-{result['gpu'].replace(' ', '-')}-x{result['world']}-symm"
+        + (f"-{args.tag}" if args.tag else ""),
+    )
+    with open(stem + ".json", "w") as f:
+        json.dump({"command": " ".join(sys.argv), **result}, f, indent=1)
+    with open(stem + ".txt", "w") as f:
+        f.write(table + "\n\n" + "\n".join(lines) + "\n")
+    print(f"wrote {stem}.json, {stem}.txt")
+    return 1 if result["failed_ranks"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+// The symmetric heap benchmark's kernels (python/ferry/bench/symm.py builds
+// them with torch's cpp_extension against ferry.get_include()). Each launcher
+// takes the heap handle's bytes and returns a cudaError_t; each kernel repeats
+// its operation `iters` times so that one launch's events time many.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "ferry/device/coll.cuh"
+#include "ferry/device/heap.cuh"
+#include "ferry/device/rma.cuh"
+#include "ferry/device/signal.cuh"
+#include "ferry/device/sync.cuh"
+#include "ferry/device/team.cuh"
+
+using namespace ferry::device;
+
+namespace {
+
+Heap heap_of(const void* raw) {
+  Heap h;
+  std::memcpy(&h, raw, sizeof(h));
+  return h;
+}
+
+// Block b puts its slice of `bytes` (split evenly over the grid) into the peer, `iters` times; then quiet.
+__global__ void put_kernel(Heap h, char* dst, const char* src, uint64_t bytes, int peer, int iters) {
+  const uint64_t per = (bytes + gridDim.x - 1) / gridDim.x;
+  const uint64_t begin = per * blockIdx.x < bytes ? per * blockIdx.x : bytes;
+  const uint64_t end = begin + per < bytes ? begin + per : bytes;
+  for (int i = 0; i < iters; ++i)
+    if (end > begin) put<Scope::kBlock>(h, dst + begin, src + begin, end - begin, peer);
+  quiet();
+}
+
+// Ranks 0 and 1: rank 0 sets rank 1's word to base + i, rank 1 answers;
+// iters round trips. `base` grows from launch to launch, so the words never
+// need resetting.
+__global__ void pingpong_kernel(Heap h, uint64_t* sig, uint64_t base, int iters, int* ok) {
+  const int peer = 1 - h.rank;
+  bool good = true;
+  for (uint64_t i = base + 1; i <= base + iters && good; ++i) {
+    if (h.rank == 0) {
+      signal_op(h, sig, i, SignalOp::kSet, peer);
+      good = signal_wait_until(h, sig, Cmp::kGe, i, peer);
+    } else {
+      good = signal_wait_until(h, sig, Cmp::kGe, i, peer);
+      signal_op(h, sig, i, SignalOp::kSet, peer);
+    }
+  }
+  if (!good) *ok = 0;
+}
+
+__global__ void barrier_kernel(Heap h, int iters, int* ok) {
+  const Team t = world_team(h);
+  for (int i = 0; i < iters; ++i)
+    if (!barrier<Scope::kBlock>(h, t)) {
+      if (threadIdx.x == 0) *ok = 0;
+      return;
+    }
+}
+
+__global__ void all_reduce_kernel(Heap h, __nv_bfloat16* dst, const __nv_bfloat16* src, uint64_t count, int iters,
+                                  int* ok) {
+  const Team t = world_team(h);
+  for (int i = 0; i < iters; ++i)
+    if (!all_reduce(h, t, dst, src, count, ReduceOp::kSum)) {
+      if (threadIdx.x == 0) *ok = 0;
+      return;
+    }
+}
+
+}  // namespace
+
+extern "C" {
+
+int bench_put(const void* heap, void* dst, const void* src, uint64_t bytes, int peer, int iters, int blocks,
+              cudaStream_t s) {
+  put_kernel<<<blocks, 512, 0, s>>>(heap_of(heap), static_cast<char*>(dst), static_cast<const char*>(src), bytes,
+                                    peer, iters);
+  return cudaGetLastError();
+}
+
+int bench_pingpong(const void* heap, uint64_t* sig, uint64_t base, int iters, int* ok, cudaStream_t s) {
+  pingpong_kernel<<<1, 1, 0, s>>>(heap_of(heap), sig, base, iters, ok);
+  return cudaGetLastError();
+}
+
+int bench_barrier(const void* heap, int iters, int* ok, cudaStream_t s) {
+  barrier_kernel<<<1, 32, 0, s>>>(heap_of(heap), iters, ok);
+  return cudaGetLastError();
+}
+
+int bench_all_reduce(const void* heap, void* dst, const void* src, uint64_t count, int iters, int blocks, int* ok,
+                     cudaStream_t s) {
+  all_reduce_kernel<<<blocks, 512, 0, s>>>(heap_of(heap), static_cast<__nv_bfloat16*>(dst),
+                                           static_cast<const __nv_bfloat16*>(src), count, iters, ok);
+  return cudaGetLastError();
+}
+
+}  // extern "C"
