@@ -95,35 +95,33 @@ __global__ void expert_kernel(Heap h, Moe m, const __nv_bfloat16* recv_x, const 
   }
 }
 
-// Block t: waits for the experts of token t, then out[t] = sum over k of
-// weight[t][k] * combine_in[t][k] (float, rounded once).
+// Tokens t = blockIdx.x, + gridDim.x, ...: waits for the experts of token t,
+// then out[t] = sum over k of weight[t][k] * combine_in[t][k] (float, rounded
+// once). A bounded grid: spinning blocks of one rank must leave room on the
+// GPU for the expert kernels of ranks that share it.
 __global__ void combine_kernel(Heap h, Moe m, const int32_t* topk_idx, const float* topk_w,
                                const __nv_bfloat16* combine_in, const uint64_t* combine_flag, __nv_bfloat16* out,
                                uint64_t round, int* ok) {
-  const int t = blockIdx.x;
   __shared__ int good;
-  if (threadIdx.x == 0) {
-    good = 1;
-    for (int k = 0; k < m.topk && good; ++k) {
-      const int e = topk_idx[t * m.topk + k];
-      good = signal_wait_until(h, combine_flag + e, Cmp::kGe, round, e / m.epr);
+  for (int t = blockIdx.x; t < m.tokens; t += gridDim.x) {
+    if (threadIdx.x == 0) {
+      good = 1;
+      for (int k = 0; k < m.topk && good; ++k) {
+        const int e = topk_idx[t * m.topk + k];
+        good = signal_wait_until(h, combine_flag + e, Cmp::kGe, round, e / m.epr);
+      }
+      if (!good) atomicExch(ok, 0);
     }
-    if (!good) atomicExch(ok, 0);
+    __syncthreads();
+    if (!good) return;
+    for (int j = threadIdx.x; j < m.hidden; j += blockDim.x) {
+      float acc = 0.f;
+      for (int k = 0; k < m.topk; ++k)
+        acc += topk_w[t * m.topk + k] * __bfloat162float(combine_in[(uint64_t(t) * m.topk + k) * m.hidden + j]);
+      out[uint64_t(t) * m.hidden + j] = __float2bfloat16(acc);
+    }
+    __syncthreads();  // `good` is rewritten for the next token
   }
-  __syncthreads();
-  if (!good) return;
-  for (int j = threadIdx.x; j < m.hidden; j += blockDim.x) {
-    float acc = 0.f;
-    for (int k = 0; k < m.topk; ++k)
-      acc += topk_w[t * m.topk + k] * __bfloat162float(combine_in[(uint64_t(t) * m.topk + k) * m.hidden + j]);
-    out[uint64_t(t) * m.hidden + j] = __float2bfloat16(acc);
-  }
-}
-
-Heap heap_of(const void* raw) {
-  Heap h;
-  std::memcpy(&h, raw, sizeof(h));
-  return h;
 }
 
 }  // namespace
@@ -134,9 +132,15 @@ int moe_dispatch(const void* heap, int tokens, int hidden, int topk, int experts
                  const int32_t* topk_idx, void* recv_x, int32_t* recv_meta, int32_t* recv_count, uint64_t* recv_flag,
                  uint64_t round, cudaStream_t s) {
   Moe m{tokens, hidden, topk, experts, epr};
-  dispatch_kernel<<<experts, 512, tokens * topk * sizeof(int32_t), s>>>(
-      heap_of(heap), m, static_cast<const __nv_bfloat16*>(x), topk_idx, static_cast<__nv_bfloat16*>(recv_x), recv_meta,
-      recv_count, recv_flag, round);
+  const size_t routed_bytes = size_t(tokens) * topk * sizeof(int32_t);  // the block's list of routed rows
+  if (routed_bytes > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(dispatch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(routed_bytes));
+    if (e != cudaSuccess) return e;  // more tokens x top-k than a block's shared memory holds
+  }
+  dispatch_kernel<<<experts, 512, routed_bytes, s>>>(heap_from_bytes(heap), m, static_cast<const __nv_bfloat16*>(x),
+                                                     topk_idx, static_cast<__nv_bfloat16*>(recv_x), recv_meta,
+                                                     recv_count, recv_flag, round);
   return cudaGetLastError();
 }
 
@@ -144,7 +148,7 @@ int moe_expert(const void* heap, int tokens, int hidden, int topk, int experts, 
                const int32_t* recv_meta, const int32_t* recv_count, const uint64_t* recv_flag, void* combine_in,
                uint64_t* combine_flag, uint64_t round, int* ok, cudaStream_t s) {
   Moe m{tokens, hidden, topk, experts, epr};
-  Heap h = heap_of(heap);
+  Heap h = heap_from_bytes(heap);
   expert_kernel<<<epr * h.world, 256, 0, s>>>(h, m, static_cast<const __nv_bfloat16*>(recv_x), recv_meta, recv_count,
                                               recv_flag, static_cast<__nv_bfloat16*>(combine_in), combine_flag, round,
                                               ok);
@@ -155,7 +159,8 @@ int moe_combine(const void* heap, int tokens, int hidden, int topk, int experts,
                 const float* topk_w, const void* combine_in, const uint64_t* combine_flag, void* out, uint64_t round,
                 int* ok, cudaStream_t s) {
   Moe m{tokens, hidden, topk, experts, epr};
-  combine_kernel<<<tokens, 256, 0, s>>>(heap_of(heap), m, topk_idx, topk_w,
+  const int blocks = tokens < 32 ? tokens : 32;
+  combine_kernel<<<blocks, 256, 0, s>>>(heap_from_bytes(heap), m, topk_idx, topk_w,
                                         static_cast<const __nv_bfloat16*>(combine_in), combine_flag,
                                         static_cast<__nv_bfloat16*>(out), round, ok);
   return cudaGetLastError();

@@ -190,6 +190,10 @@ def main(argv=None) -> int:
                 streams[i].cuda_stream,
             )
             assert err == 0, f"moe_combine: CUDA error {err}"
+        # Every rank is done with the round before any rank starts the next:
+        # a rank that sent an expert no rows does not wait for it in combine,
+        # and must not rewrite that expert's slots while it still reads them.
+        heap.barrier_on_stream(streams if local else streams[0])
         for s in streams:
             s.synchronize()
         heap.check()

@@ -9,9 +9,9 @@
  *   ferry_heap_create(comm, 0, &heap);                       // collective
  *   void* x[1];                                              // one per local rank
  *   ferry_heap_alloc(heap, bytes, 256, stream, x);           // collective
- *   unsigned char h[64];
- *   ferry_heap_handle(heap, 0, h, sizeof h);                 // ferry::device::Heap, by value
- *   my_kernel<<<g, b, 0, stream>>>(*(ferry::device::Heap*)h, (float*)x[0]);
+ *   ferry::device::Heap h;                                   // include/ferry/device/heap.cuh
+ *   ferry_heap_handle(heap, 0, &h, sizeof h);
+ *   my_kernel<<<g, b, 0, stream>>>(h, (float*)x[0]);          // by value
  *   ferry_heap_check(heap);                                  // a wait that gave up, named
  *   ferry_heap_free(heap, x[0]);                             // collective
  *   ferry_heap_destroy(heap);

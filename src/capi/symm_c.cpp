@@ -1,4 +1,5 @@
 // The C API of the symmetric heap (include/ferry/symm.h): a thin shim over src/symm/.
+#include <cstring>
 #include <memory>
 
 #include "capi/comm_handle.hpp"
@@ -59,7 +60,8 @@ ferry_result_t ferry_heap_handle(ferry_heap_t heap, int local, void* handle, siz
     FERRY_ARG_CHECK(handle != nullptr, "handle is NULL");
     FERRY_ARG_CHECK(size >= sizeof(ferry::device::Heap), "size is " + std::to_string(size) + "; expected at least " +
                                                              std::to_string(sizeof(ferry::device::Heap)));
-    *static_cast<ferry::device::Heap*>(handle) = get_heap(heap).handle(local);
+    const ferry::device::Heap h = get_heap(heap).handle(local);
+    std::memcpy(handle, &h, sizeof h);  // `handle` need not be aligned
   });
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "coll/kernel_wait.hpp"
+#include "ferry/device/impl/spin.cuh"
 
 namespace ferry {
 
@@ -14,21 +15,10 @@ namespace ferry {
 // crosses PCIe, so not on every spin).
 constexpr unsigned kSpinsPerLook = 1024;
 
-__device__ __forceinline__ uint64_t load_acquire(const uint64_t* p) {
-  uint64_t v;
-  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-
-__device__ __forceinline__ void store_release(uint64_t* p, uint64_t v) {
-  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-
-__device__ __forceinline__ uint64_t now_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+// The same system-scope loads, stores and clock as the public device API.
+using device::impl::load_acquire;
+using device::impl::now_ns;
+using device::impl::store_release;
 
 // Spins until `ok()`; false when it gave up (abort, or the timeout: then the
 // fault word names `source`, with `fault_bits` and `call`).

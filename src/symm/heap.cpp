@@ -10,6 +10,7 @@
 #include "core/env.hpp"
 #include "core/error.hpp"
 #include "dma/engine.hpp"
+#include "symm/peer_buffer.hpp"
 
 namespace ferry {
 
@@ -19,31 +20,6 @@ namespace {
 constexpr unsigned kRescueSlots = 64;
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-CUmemAllocationProp chunk_prop(int device, bool exportable) {
-  CUmemAllocationProp prop{};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = device;
-  prop.requestedHandleTypes = exportable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
-  return prop;
-}
-
-// Read and write access for each distinct GPU in `devices`.
-void set_access(CUdeviceptr ptr, size_t size, const std::vector<int>& devices) {
-  std::vector<CUmemAccessDesc> access;
-  for (int d : devices) {
-    bool seen = false;
-    for (const auto& a : access) seen = seen || a.location.id == d;
-    if (seen) continue;
-    CUmemAccessDesc a{};
-    a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    a.location.id = d;
-    a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    access.push_back(a);
-  }
-  FERRY_CU_CHECK(driver().MemSetAccess(ptr, size, access.data(), access.size()));
-}
 
 const char* kind_name(uint32_t kind) {
   switch (static_cast<device::WaitKind>(kind)) {
@@ -74,7 +50,7 @@ std::unique_ptr<SymmetricHeap> SymmetricHeap::create(const Group& g, size_t capa
   h->group_ = g;
   const DriverApi& cu = driver();
   DeviceScope scope(g.devices[0]);
-  CUmemAllocationProp prop = chunk_prop(g.devices[0], g.multi_process());
+  CUmemAllocationProp prop = vmm_prop(g.devices[0], g.multi_process());
   FERRY_CU_CHECK(cu.MemGetAllocationGranularity(&h->granularity_, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
   h->capacity_ = heap_capacity(capacity, static_cast<size_t>(knob_int("FERRY_SYMM_HEAP_BYTES")), h->granularity_);
   h->min_chunk_ = static_cast<size_t>(knob_int("FERRY_SYMM_CHUNK_BYTES"));
@@ -192,10 +168,10 @@ void SymmetricHeap::grow(size_t end) {
       FERRY_CU_CHECK(res);
     }
     chunks_.push_back(c);  // before set_access: a failure there is undone with the rest
-    set_access(c.ptr, size, access);
+    vmm_set_access(c.ptr, size, access);
   };
   auto create_chunk = [&](int device) {
-    CUmemAllocationProp prop = chunk_prop(device, group_.multi_process());
+    CUmemAllocationProp prop = vmm_prop(device, group_.multi_process());
     CUmemGenericAllocationHandle handle = 0;
     CUresult res = cu.MemCreate(&handle, size, &prop, 0);
     if (res == CUDA_ERROR_OUT_OF_MEMORY)
@@ -364,15 +340,20 @@ void check_peer(int peer, int world, const char* what) {
 
 }  // namespace
 
+size_t SymmetricHeap::own_offset(int local, const void* p, size_t bytes, const char* what) const {
+  int r = 0;
+  size_t off = 0;
+  locate(p, bytes, what, &r, &off);
+  FERRY_ARG_CHECK(r == rank(local), std::string(what) + " lies in rank " + std::to_string(r) +
+                                        "'s heap; expected an address in the calling rank's own heap (the call "
+                                        "moves or signals the peer's copy)");
+  return off;
+}
+
 void SymmetricHeap::put(int local, void* dst, const void* src, size_t bytes, int peer, cudaStream_t stream) {
   check_local(local, "put");
   check_peer(peer, world(), "put");
-  int r = 0;
-  size_t off = 0;
-  locate(dst, bytes, "put: dst", &r, &off);
-  FERRY_ARG_CHECK(r == rank(local), "put: dst lies in rank " + std::to_string(r) +
-                                        "'s heap; expected an address in "
-                                        "the calling rank's own heap (the peer's copy is written)");
+  const size_t off = own_offset(local, dst, bytes, "put: dst");
   FERRY_ARG_CHECK(bytes == 0 || src != nullptr, "put: src is a null pointer");
   DeviceScope on(group_.devices[local]);
   dma::copy_one(stream, Copy{at(peer, off), src, bytes});
@@ -381,12 +362,7 @@ void SymmetricHeap::put(int local, void* dst, const void* src, size_t bytes, int
 void SymmetricHeap::get(int local, void* dst, const void* src, size_t bytes, int peer, cudaStream_t stream) {
   check_local(local, "get");
   check_peer(peer, world(), "get");
-  int r = 0;
-  size_t off = 0;
-  locate(src, bytes, "get: src", &r, &off);
-  FERRY_ARG_CHECK(r == rank(local), "get: src lies in rank " + std::to_string(r) +
-                                        "'s heap; expected an address in "
-                                        "the calling rank's own heap (the peer's copy is read)");
+  const size_t off = own_offset(local, src, bytes, "get: src");
   FERRY_ARG_CHECK(bytes == 0 || dst != nullptr, "get: dst is a null pointer");
   DeviceScope on(group_.devices[local]);
   dma::copy_one(stream, Copy{dst, at(peer, off), bytes});
@@ -395,12 +371,8 @@ void SymmetricHeap::get(int local, void* dst, const void* src, size_t bytes, int
 void SymmetricHeap::signal(int local, uint64_t* sig, uint64_t value, int peer, cudaStream_t stream) {
   check_local(local, "signal");
   check_peer(peer, world(), "signal");
-  int r = 0;
-  size_t off = 0;
-  locate(sig, sizeof(uint64_t), "signal: sig", &r, &off);
-  FERRY_ARG_CHECK(r == rank(local) && off % 8 == 0,
-                  "signal: sig must be an 8-byte aligned word in the calling "
-                  "rank's own heap");
+  const size_t off = own_offset(local, sig, sizeof(uint64_t), "signal: sig");
+  FERRY_ARG_CHECK(off % 8 == 0, "signal: sig must be an 8-byte aligned word");
   DeviceScope on(group_.devices[local]);
   // A stream write reaches only local memory on our GPUs; a copy engine carries
   // the value from a staging word here to the peer. Slots are reused in turn,
@@ -415,12 +387,8 @@ void SymmetricHeap::signal(int local, uint64_t* sig, uint64_t value, int peer, c
 void SymmetricHeap::wait(int local, const uint64_t* sig, uint64_t value, int from, cudaStream_t stream) {
   check_local(local, "wait");
   FERRY_ARG_CHECK(from >= -1 && from < world(), "wait: from is " + std::to_string(from) + "; expected -1 or a rank");
-  int r = 0;
-  size_t off = 0;
-  locate(sig, sizeof(uint64_t), "wait: sig", &r, &off);
-  FERRY_ARG_CHECK(r == rank(local) && off % 8 == 0,
-                  "wait: sig must be an 8-byte aligned word in the calling "
-                  "rank's own heap");
+  const size_t off = own_offset(local, sig, sizeof(uint64_t), "wait: sig");
+  FERRY_ARG_CHECK(off % 8 == 0, "wait: sig must be an 8-byte aligned word");
   DeviceScope on(group_.devices[local]);
   watch(local, sig, value, from, "wait", stream);
 }

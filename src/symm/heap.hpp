@@ -109,6 +109,8 @@ class SymmetricHeap {
   void agree(const std::string& what);  // the collective call check
   void grow(size_t end);                // maps [mapped_, end) on every rank
   void check_local(int local, const char* what) const;
+  // The offset of [p, p + bytes) in local rank `local`'s own heap; throws naming `what` elsewhere.
+  size_t own_offset(int local, const void* p, size_t bytes, const char* what) const;
   void watch(int local, const uint64_t* word, uint64_t value, int from, const char* what, cudaStream_t stream);
   void watcher_loop();
 

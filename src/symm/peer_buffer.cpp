@@ -7,7 +7,7 @@
 
 namespace ferry {
 
-static CUmemAllocationProp device_prop(int device, bool exportable) {
+CUmemAllocationProp vmm_prop(int device, bool exportable) {
   CUmemAllocationProp prop{};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -16,10 +16,7 @@ static CUmemAllocationProp device_prop(int device, bool exportable) {
   return prop;
 }
 
-static void map_with_access(VmmMapping& m, const std::vector<int>& devices) {
-  const DriverApi& cu = driver();
-  FERRY_CU_CHECK(cu.MemAddressReserve(&m.ptr, m.size, 0, 0, 0));
-  FERRY_CU_CHECK(cu.MemMap(m.ptr, m.size, 0, m.handle, 0));
+void vmm_set_access(CUdeviceptr ptr, size_t size, const std::vector<int>& devices) {
   std::vector<CUmemAccessDesc> access;
   for (int d : devices) {
     // Once per GPU (a GPU may hold several ranks: FERRY_SHARED_GPUS).
@@ -32,12 +29,19 @@ static void map_with_access(VmmMapping& m, const std::vector<int>& devices) {
     a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     access.push_back(a);
   }
-  FERRY_CU_CHECK(cu.MemSetAccess(m.ptr, m.size, access.data(), access.size()));
+  FERRY_CU_CHECK(driver().MemSetAccess(ptr, size, access.data(), access.size()));
+}
+
+static void map_with_access(VmmMapping& m, const std::vector<int>& devices) {
+  const DriverApi& cu = driver();
+  FERRY_CU_CHECK(cu.MemAddressReserve(&m.ptr, m.size, 0, 0, 0));
+  FERRY_CU_CHECK(cu.MemMap(m.ptr, m.size, 0, m.handle, 0));
+  vmm_set_access(m.ptr, m.size, devices);
 }
 
 VmmMapping vmm_allocate(int device, size_t bytes, bool exportable, const std::vector<int>& access_devices) {
   const DriverApi& cu = driver();
-  CUmemAllocationProp prop = device_prop(device, exportable);
+  CUmemAllocationProp prop = vmm_prop(device, exportable);
   size_t gran = 0;
   FERRY_CU_CHECK(cu.MemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
   VmmMapping m;

@@ -17,6 +17,11 @@ struct VmmMapping {
   size_t size = 0;  // mapped size (a multiple of the granularity)
 };
 
+// The properties of a pinned VMM allocation on `device` (a POSIX fd handle when `exportable`).
+CUmemAllocationProp vmm_prop(int device, bool exportable);
+// Read and write access to [ptr, ptr + size) for each distinct GPU in `devices`.
+void vmm_set_access(CUdeviceptr ptr, size_t size, const std::vector<int>& devices);
+
 // Allocates `bytes` on `device`, exportable as a POSIX fd (when `exportable`),
 // mapped and readable/writable by every device in `access_devices`.
 VmmMapping vmm_allocate(int device, size_t bytes, bool exportable, const std::vector<int>& access_devices);

@@ -112,6 +112,8 @@ class Suite:
         device, and so for a kernel of another rank spinning on it."""
         torch = self.torch
         scratch = self.each(self.heap.zeros((8,), torch.int64))
+        for i, d in enumerate(self.devs):
+            self.streams[i].wait_stream(torch.cuda.current_stream(d))  # after the zeroing
         for i, r in enumerate(self.ranks):
             raw, s, w = self.raw[i], self.streams[i].cuda_stream, self.ptr(scratch[i])
             out = torch.zeros(4, dtype=torch.int64, device=self.devs[i])
@@ -842,16 +844,35 @@ def stream_wait_released(ferry, torch, comm, devs, streams, fails, expect_fault)
     t0 = time.monotonic()
     heap.wait(sig[0], 1, from_rank=1, stream=streams[0])
     done = torch.zeros(1, device=devs[0])
+    streams[0].wait_stream(torch.cuda.current_stream(devs[0]))
     with torch.cuda.stream(streams[0]):
         done.fill_(1)  # a kernel this process has loaded already (a first launch could wait for the device)
     streams[0].synchronize()
     if done.item() != 1:
         fails.append("the work after a released stream wait did not run")
+    if time.monotonic() - t0 < 1.5:
+        fails.append(
+            f"the stream went on after {time.monotonic() - t0:.2f} s; the wait should hold it for the 2 s timeout"
+        )
     time.sleep(0.1)
     expect_fault(heap, r"heap.wait.*rank 1", ferry.PeerTimeoutError, "stream wait", t0)
     heap.close()
     comm.close()
     return fails
+
+
+# The checks every run makes, in order (one process per rank adds "mismatch", one process for all ranks "large").
+CHECKS = [
+    "rma",
+    "put_signal",
+    "p_g",
+    "atomics",
+    "barriers",
+    "collectives",
+    "stream_ops",
+    "views_and_sizes",
+    "bad_input",
+]
 
 
 def report(fails, checks) -> int:
@@ -868,19 +889,7 @@ def local_main(world: int) -> int:
     n = torch.cuda.device_count()
     comm = ferry.init_local([r % n for r in range(world)], timeout=30.0)
     suite = Suite(ferry, torch, comm, world, local=True, timeout=30.0)
-    names = [
-        "rma",
-        "put_signal",
-        "p_g",
-        "atomics",
-        "barriers",
-        "collectives",
-        "stream_ops",
-        "views_and_sizes",
-        "bad_input",
-    ]
-    if world == 2:
-        names.append("large")
+    names = CHECKS + (["large"] if world == 2 else [])
     fails = suite.run(names)
     checks = suite.checks
     suite.heap.close()
@@ -905,18 +914,7 @@ def rank_main(rank: int, world: int, port: int) -> int:
     torch.cuda.set_device(dev)
     comm = ferry.init(rank=rank, world=world, device=dev, timeout=30.0)
     suite = Suite(ferry, torch, comm, world, local=False, timeout=30.0)
-    names = [
-        "rma",
-        "put_signal",
-        "p_g",
-        "atomics",
-        "barriers",
-        "collectives",
-        "stream_ops",
-        "views_and_sizes",
-        "bad_input",
-        "mismatch",
-    ]
+    names = CHECKS + ["mismatch"]
     fails = suite.run(names)
     suite.heap.close()
     comm.close()

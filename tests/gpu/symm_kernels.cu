@@ -19,12 +19,6 @@ using namespace ferry::device;
 
 namespace {
 
-Heap heap_of(const void* raw) {
-  Heap h;
-  std::memcpy(&h, raw, sizeof(h));
-  return h;
-}
-
 template <Scope S>
 __global__ void put_kernel(Heap h, void* dst, const void* src, uint64_t bytes, int peer, int get) {
   if (get)
@@ -187,37 +181,37 @@ __global__ void coll_kernel(Heap h, int coll, int dtype, int redop, void* dst, c
 extern "C" {
 
 int ft_put(const void* raw, int scope, void* dst, const void* src, uint64_t bytes, int peer, int get, cudaStream_t s) {
-  Heap h = heap_of(raw);
+  Heap h = heap_from_bytes(raw);
   FT_SCOPED(put_kernel, scope, (h, dst, src, bytes, peer, get));
   return cudaGetLastError();
 }
 
 int ft_put_signal(const void* raw, int scope, void* dst, const void* src, uint64_t bytes, uint64_t* sig, uint64_t value,
                   int add, int peer, cudaStream_t s) {
-  Heap h = heap_of(raw);
+  Heap h = heap_from_bytes(raw);
   FT_SCOPED(put_signal_kernel, scope, (h, dst, src, bytes, sig, value, add, peer));
   return cudaGetLastError();
 }
 
 int ft_wait_copy(const void* raw, const uint64_t* sig, uint64_t value, int from, const char* data, char* out,
                  uint64_t bytes, int* ok, cudaStream_t s) {
-  wait_copy_kernel<<<1, 256, 0, s>>>(heap_of(raw), sig, value, from, data, out, bytes, ok);
+  wait_copy_kernel<<<1, 256, 0, s>>>(heap_from_bytes(raw), sig, value, from, data, out, bytes, ok);
   return cudaGetLastError();
 }
 
 int ft_wait_until(const void* raw, const int32_t* ivar, int32_t value, int from, int* ok, cudaStream_t s) {
-  wait_until_kernel<<<1, 1, 0, s>>>(heap_of(raw), ivar, value, from, ok);
+  wait_until_kernel<<<1, 1, 0, s>>>(heap_from_bytes(raw), ivar, value, from, ok);
   return cudaGetLastError();
 }
 
 int ft_p_g(const void* raw, int64_t* dst, int64_t value, int peer, const int64_t* src, int64_t* out, cudaStream_t s) {
-  p_g_kernel<<<1, 1, 0, s>>>(heap_of(raw), dst, value, peer, src, out);
+  p_g_kernel<<<1, 1, 0, s>>>(heap_from_bytes(raw), dst, value, peer, src, out);
   return cudaGetLastError();
 }
 
 int ft_atomic(const void* raw, int op, int width, void* dst, uint64_t value, int peer, int iters, int blocks,
               int threads, void* olds, cudaStream_t s) {
-  Heap h = heap_of(raw);
+  Heap h = heap_from_bytes(raw);
   if (width == 32)
     atomic_kernel<uint32_t><<<blocks, threads, 0, s>>>(h, op, static_cast<uint32_t*>(dst), uint32_t(value), peer, iters,
                                                        static_cast<uint32_t*>(olds));
@@ -229,14 +223,15 @@ int ft_atomic(const void* raw, int op, int width, void* dst, uint64_t value, int
 
 int ft_barrier(const void* raw, int scope, int start, int stride, int size, uint64_t* counter, int rounds, int* out,
                cudaStream_t s) {
-  Heap h = heap_of(raw);
+  Heap h = heap_from_bytes(raw);
   FT_SCOPED(barrier_kernel, scope, (h, start, stride, size, counter, rounds, out));
   return cudaGetLastError();
 }
 
 int ft_coll(const void* raw, int coll, int dtype, int redop, void* dst, const void* src, uint64_t count, int root,
             int start, int stride, int size, int blocks, int* ok, cudaStream_t s) {
-  coll_kernel<<<blocks, 256, 0, s>>>(heap_of(raw), coll, dtype, redop, dst, src, count, root, start, stride, size, ok);
+  coll_kernel<<<blocks, 256, 0, s>>>(heap_from_bytes(raw), coll, dtype, redop, dst, src, count, root, start, stride,
+                                     size, ok);
   return cudaGetLastError();
 }
 

@@ -16,7 +16,8 @@
  * and ends with barrier_all: on return dst is complete here and src may be
  * written again. Returns false when a wait gave up (h.timeout_ns; heap.check()
  * names the peer) or the grid is larger than kMaxGridBlocks; dst is then
- * undefined. Pushes (broadcast, fcollect, alltoall) are stores over NVLink
+ * undefined, and the heap's barrier words are out of step: close the heap (a
+ * later barrier could pass early). Pushes (broadcast, fcollect, alltoall) are stores over NVLink
  * from SMs; reductions read every member's src. */
 #ifndef FERRY_DEVICE_COLL_CUH_
 #define FERRY_DEVICE_COLL_CUH_
@@ -50,6 +51,7 @@ __device__ inline bool local_grid_sync(const Heap& h) {
   const uint64_t gen = load_acquire(&own->grid_local_generation);
   __threadfence_system();
   if (atomicAdd(count, 1ull) == grid_blocks() - 1) {
+    __threadfence();  // acquire the other blocks' arrivals before releasing the generation
     *reinterpret_cast<volatile uint64_t*>(count) = 0;
     store_release(&own->grid_local_generation, gen + 1);
     return true;

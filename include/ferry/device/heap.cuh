@@ -90,6 +90,16 @@ struct Heap {
   }
 };
 
+/* The handle from its bytes (HeapHandle.as_bytes() in Python, or a copy of
+ * what ferry_heap_handle wrote), for launchers that receive it untyped. */
+inline Heap heap_from_bytes(const void* raw) {
+  Heap h;
+  const char* from = static_cast<const char*>(raw);
+  char* to = reinterpret_cast<char*>(&h);
+  for (unsigned i = 0; i < sizeof(Heap); ++i) to[i] = from[i];
+  return h;
+}
+
 }  // namespace device
 }  // namespace ferry
 

@@ -19,12 +19,6 @@ using namespace ferry::device;
 
 namespace {
 
-Heap heap_of(const void* raw) {
-  Heap h;
-  std::memcpy(&h, raw, sizeof(h));
-  return h;
-}
-
 // Block b puts its slice of `bytes` (split evenly over the grid) into the peer, `iters` times; then quiet.
 __global__ void put_kernel(Heap h, char* dst, const char* src, uint64_t bytes, int peer, int iters) {
   const uint64_t per = (bytes + gridDim.x - 1) / gridDim.x;
@@ -78,24 +72,24 @@ extern "C" {
 
 int bench_put(const void* heap, void* dst, const void* src, uint64_t bytes, int peer, int iters, int blocks,
               cudaStream_t s) {
-  put_kernel<<<blocks, 512, 0, s>>>(heap_of(heap), static_cast<char*>(dst), static_cast<const char*>(src), bytes,
-                                    peer, iters);
+  put_kernel<<<blocks, 512, 0, s>>>(heap_from_bytes(heap), static_cast<char*>(dst), static_cast<const char*>(src),
+                                    bytes, peer, iters);
   return cudaGetLastError();
 }
 
 int bench_pingpong(const void* heap, uint64_t* sig, uint64_t base, int iters, int* ok, cudaStream_t s) {
-  pingpong_kernel<<<1, 1, 0, s>>>(heap_of(heap), sig, base, iters, ok);
+  pingpong_kernel<<<1, 1, 0, s>>>(heap_from_bytes(heap), sig, base, iters, ok);
   return cudaGetLastError();
 }
 
 int bench_barrier(const void* heap, int iters, int* ok, cudaStream_t s) {
-  barrier_kernel<<<1, 32, 0, s>>>(heap_of(heap), iters, ok);
+  barrier_kernel<<<1, 32, 0, s>>>(heap_from_bytes(heap), iters, ok);
   return cudaGetLastError();
 }
 
 int bench_all_reduce(const void* heap, void* dst, const void* src, uint64_t count, int iters, int blocks, int* ok,
                      cudaStream_t s) {
-  all_reduce_kernel<<<blocks, 512, 0, s>>>(heap_of(heap), static_cast<__nv_bfloat16*>(dst),
+  all_reduce_kernel<<<blocks, 512, 0, s>>>(heap_from_bytes(heap), static_cast<__nv_bfloat16*>(dst),
                                            static_cast<const __nv_bfloat16*>(src), count, iters, ok);
   return cudaGetLastError();
 }
