@@ -1,0 +1,208 @@
+#include "xfer/multipath_plan.hpp"
+
+#include <algorithm>
+#include <limits>
+
+#include "core/error.hpp"
+
+namespace ferry {
+namespace xfer {
+
+std::vector<Chunk> split_chunks(size_t bytes, size_t chunk_bytes) {
+  FERRY_ARG_CHECK(chunk_bytes > 0, "chunk_bytes must be positive");
+  std::vector<Chunk> out;
+  for (size_t off = 0; off < bytes; off += chunk_bytes) out.push_back(Chunk{off, std::min(chunk_bytes, bytes - off)});
+  return out;
+}
+
+MultipathChoice choose_multipath(size_t bytes, bool host_pinned, int usable_relays, size_t threshold_bytes) {
+  MultipathChoice c;
+  if (!host_pinned)
+    c.reason =
+        "the host memory is pageable: the driver stages it through its own buffer, and a peer's copy engine "
+        "cannot read it";
+  else if (usable_relays <= 0)
+    c.reason = "no peer GPU may relay (none reachable, none allowed, or none with room for its staging buffers)";
+  else if (bytes < threshold_bytes)
+    c.reason = std::to_string(bytes) + " bytes is below the multipath threshold of " + std::to_string(threshold_bytes);
+  else
+    c.multipath = true;
+  return c;
+}
+
+MultipathScheduler::MultipathScheduler(int links, MultipathPolicy policy)
+    : policy_(std::move(policy)), waiting_(links), flight_(links) {
+  FERRY_ARG_CHECK(links >= 1, "links must be at least 1");
+  FERRY_ARG_CHECK(policy_.outstanding >= 1, "outstanding must be at least 1");
+  FERRY_ARG_CHECK(policy_.may_relay.empty() || static_cast<int>(policy_.may_relay.size()) == links,
+                  "may_relay must name every link or none");
+}
+
+int MultipathScheduler::add(int target, const std::vector<Chunk>& chunks) {
+  FERRY_ARG_CHECK(target >= 0 && target < links(),
+                  "target is " + std::to_string(target) + "; expected a GPU 0.." + std::to_string(links() - 1));
+  const int id = static_cast<int>(target_of_.size());
+  target_of_.push_back(target);
+  remaining_.push_back(chunks.size());
+  for (const Chunk& c : chunks) waiting_[target].push_back(Queued{id, c});
+  return id;
+}
+
+bool MultipathScheduler::next(int link, Assignment* out) {
+  if (static_cast<int>(flight_.at(link).size()) >= policy_.outstanding) return false;
+  int from = -1;
+  const bool relays = policy_.may_relay.empty() || policy_.may_relay[link];
+  if (!waiting_[link].empty() && (policy_.own_link_first || !relays)) {
+    from = link;  // its own GPU's transfer first (a link that may not relay carries only those)
+  } else if (relays) {
+    // A relay: from the longest queue (fewest chunks left over for the other
+    // links to relay), or the first target in order.
+    for (int t = 0; t < links(); ++t) {
+      if (waiting_[t].empty()) continue;
+      if (from < 0 ||
+          (policy_.pick == MultipathPolicy::Pick::kLongestQueue && waiting_[t].size() > waiting_[from].size()))
+        from = t;
+      if (policy_.pick == MultipathPolicy::Pick::kInOrder) break;
+    }
+  }
+  if (from < 0) return false;
+  Queued q = waiting_[from].front();
+  waiting_[from].pop_front();
+  Assignment a;
+  a.transfer = q.transfer;
+  a.chunk = q.chunk;
+  a.target = target_of_[q.transfer];
+  a.link = link;
+  flight_[link].push_back(a);
+  *out = a;
+  return true;
+}
+
+void MultipathScheduler::complete(int link) {
+  FERRY_ARG_CHECK(!flight_.at(link).empty(), "complete: link " + std::to_string(link) + " has nothing in flight");
+  --remaining_[flight_[link].front().transfer];
+  flight_[link].pop_front();
+}
+
+bool MultipathScheduler::idle() const {
+  for (const auto& f : flight_)
+    if (!f.empty()) return false;
+  for (const auto& w : waiting_)
+    if (!w.empty()) return false;
+  return true;
+}
+
+namespace {
+
+// When `bytes` starting at `start` have crossed the link, its foreign copy considered.
+double serve_until(const LinkModel& m, double start, double bytes) {
+  double t = start, left = bytes;
+  const bool busy = m.busy_share > 0 && m.busy_until > m.busy_from;
+  if (busy && t < m.busy_until) {
+    if (t < m.busy_from) {
+      const double room = m.bytes_per_s * (m.busy_from - t);
+      if (left <= room) return t + left / m.bytes_per_s;
+      left -= room;
+      t = m.busy_from;
+    }
+    const double rate = m.bytes_per_s * (1.0 - std::min(m.busy_share, 1.0));
+    const double room = rate * (m.busy_until - t);
+    if (rate > 0 && left <= room) return t + left / rate;
+    left -= std::max(room, 0.0);
+    t = m.busy_until;
+  }
+  return t + left / m.bytes_per_s;
+}
+
+// Bytes the link can move in [0, t).
+double capacity_until(const LinkModel& m, double t) {
+  double bytes = m.bytes_per_s * t;
+  if (m.busy_share > 0 && m.busy_until > m.busy_from && t > m.busy_from)
+    bytes -= m.bytes_per_s * std::min(m.busy_share, 1.0) * (std::min(t, m.busy_until) - m.busy_from);
+  return bytes;
+}
+
+}  // namespace
+
+SimResult simulate(const std::vector<LinkModel>& links, const std::vector<SimTransfer>& transfers, size_t chunk_bytes,
+                   const MultipathPolicy& policy, double relay_seconds_per_byte) {
+  const int n = static_cast<int>(links.size());
+  MultipathScheduler sched(n, policy);
+  SimResult r;
+  r.bytes_by_link.assign(n, 0);
+  r.finish_by_transfer.assign(transfers.size(), 0.0);
+  for (const auto& t : transfers) sched.add(t.target, split_chunks(t.bytes, chunk_bytes));
+  // Per link: what it carries, in order, and when its current head lands.
+  std::vector<std::deque<Assignment>> queue(n);
+  std::vector<double> head_done(n, std::numeric_limits<double>::infinity()), free_at(n, 0.0);
+  auto refill = [&](int l, double now) {
+    Assignment a;
+    while (sched.next(l, &a)) queue[l].push_back(a);
+    if (!queue[l].empty() && head_done[l] == std::numeric_limits<double>::infinity())
+      head_done[l] =
+          serve_until(links[l], std::max(now, free_at[l]), static_cast<double>(queue[l].front().chunk.bytes));
+  };
+  for (int l = 0; l < n; ++l) refill(l, 0.0);
+  for (;;) {
+    int l = -1;
+    for (int i = 0; i < n; ++i)
+      if (!queue[i].empty() && (l < 0 || head_done[i] < head_done[l])) l = i;
+    if (l < 0) break;
+    const double now = head_done[l];
+    const Assignment a = queue[l].front();
+    queue[l].pop_front();
+    sched.complete(l);
+    r.bytes_by_link[l] += a.chunk.bytes;
+    double landed = now;
+    if (a.relay()) {
+      r.relayed_bytes += a.chunk.bytes;
+      landed += relay_seconds_per_byte * static_cast<double>(a.chunk.bytes);
+    }
+    r.finish_by_transfer[a.transfer] = std::max(r.finish_by_transfer[a.transfer], landed);
+    r.seconds = std::max(r.seconds, landed);
+    free_at[l] = now;
+    head_done[l] = std::numeric_limits<double>::infinity();
+    refill(l, now);
+  }
+  return r;
+}
+
+SimResult simulate_static(const std::vector<LinkModel>& links, const SimTransfer& transfer, size_t chunk_bytes,
+                          const std::vector<int>& ratio) {
+  FERRY_ARG_CHECK(ratio.size() == links.size(), "ratio must give one weight per link");
+  std::vector<int> order;
+  for (size_t l = 0; l < ratio.size(); ++l) order.insert(order.end(), std::max(ratio[l], 0), static_cast<int>(l));
+  FERRY_ARG_CHECK(!order.empty(), "ratio gives no link any chunk");
+  SimResult r;
+  r.bytes_by_link.assign(links.size(), 0);
+  r.finish_by_transfer.assign(1, 0.0);
+  std::vector<double> t(links.size(), 0.0);
+  const auto chunks = split_chunks(transfer.bytes, chunk_bytes);
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const int l = order[i % order.size()];
+    t[l] = serve_until(links[l], t[l], static_cast<double>(chunks[i].bytes));
+    r.bytes_by_link[l] += chunks[i].bytes;
+    if (l != transfer.target) r.relayed_bytes += chunks[i].bytes;
+  }
+  r.seconds = *std::max_element(t.begin(), t.end());
+  r.finish_by_transfer[0] = r.seconds;
+  return r;
+}
+
+double ideal_seconds(const std::vector<LinkModel>& links, size_t bytes) {
+  double lo = 0, hi = 1;
+  auto total = [&](double t) {
+    double b = 0;
+    for (const auto& m : links) b += capacity_until(m, t);
+    return b;
+  };
+  while (total(hi) < static_cast<double>(bytes)) hi *= 2;
+  for (int i = 0; i < 100; ++i) {
+    const double mid = (lo + hi) / 2;
+    (total(mid) < static_cast<double>(bytes) ? lo : hi) = mid;
+  }
+  return hi;
+}
+
+}  // namespace xfer
+}  // namespace ferry

@@ -1,0 +1,127 @@
+// The decisions of multipath host<->GPU transfers, as pure code the CPU tests
+// run: whether a copy goes multipath at all, how it splits into chunks, and
+// which link carries each chunk next. The engine that moves bytes drives the
+// same scheduler with completions from the GPU; `simulate` drives it with a
+// model of links, so that the balance can be checked without a GPU.
+//
+// The balancer takes no measurements. Every host link (a GPU's PCIe link) has
+// an outstanding queue of a few chunks; a link whose queue has room takes the
+// next chunk, from its own GPU's transfers first and otherwise as a relay
+// through its GPU for another target. A congested link drains its queue more
+// slowly and so takes fewer chunks: the queues' back-pressure is the signal.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+namespace ferry {
+namespace xfer {
+
+struct Chunk {
+  size_t offset = 0;  // in the transfer
+  size_t bytes = 0;
+};
+
+// `bytes` as chunks of `chunk_bytes` (the last one shorter), in order.
+std::vector<Chunk> split_chunks(size_t bytes, size_t chunk_bytes);
+
+// Whether a copy goes multipath, and why not where it does not.
+struct MultipathChoice {
+  bool multipath = false;
+  std::string reason;  // for the debug log: why the plain copy runs
+};
+MultipathChoice choose_multipath(size_t bytes, bool host_pinned, int usable_relays, size_t threshold_bytes);
+
+// Which links may carry relays, and how a link picks among waiting targets.
+struct MultipathPolicy {
+  int outstanding = 2;          // chunks in flight per link (seed 002 found 2 best)
+  bool own_link_first = true;   // a link serves its own GPU's transfer before relaying
+  std::vector<bool> may_relay;  // by link; empty: every link may relay
+  enum class Pick { kLongestQueue, kInOrder } pick = Pick::kLongestQueue;
+};
+
+// One chunk given to a link: the transfer's target GPU and whether it relays.
+struct Assignment {
+  int transfer = -1;
+  Chunk chunk;
+  int target = -1;  // the GPU whose memory is the transfer's device side
+  int link = -1;    // the GPU whose host link carries it
+  bool relay() const { return link != target; }
+};
+
+// The scheduler: per-target queues of chunks, per-link outstanding queues.
+// Links are numbered as GPUs: link g is GPU g's host link.
+class MultipathScheduler {
+ public:
+  MultipathScheduler(int links, MultipathPolicy policy);
+
+  // Queues a transfer to or from `target`'s memory; returns its id.
+  int add(int target, const std::vector<Chunk>& chunks);
+  // The next chunk for `link` if its outstanding queue has room and any
+  // transfer may use it; the link's queue then holds it until complete().
+  bool next(int link, Assignment* out);
+  // The oldest chunk in flight on `link` landed.
+  void complete(int link);
+
+  int in_flight(int link) const { return static_cast<int>(flight_.at(link).size()); }
+  bool done(int transfer) const { return remaining_.at(transfer) == 0; }
+  bool idle() const;
+  int links() const { return static_cast<int>(flight_.size()); }
+
+ private:
+  struct Queued {
+    int transfer;
+    Chunk chunk;
+  };
+  MultipathPolicy policy_;
+  std::vector<std::deque<Queued>> waiting_;     // by target GPU
+  std::vector<std::deque<Assignment>> flight_;  // by link
+  std::vector<int> target_of_;                  // by transfer
+  std::vector<size_t> remaining_;               // chunks not yet landed, by transfer
+};
+
+// ---- a model of the links, for the tests and for choosing chunk sizes
+
+struct LinkModel {
+  double bytes_per_s = 55e9;  // the host link alone
+  // A foreign copy on this link from `busy_from` to `busy_until` seconds
+  // takes `busy_share` of its bandwidth.
+  double busy_share = 0.0;
+  double busy_from = 0.0;
+  double busy_until = 0.0;
+};
+
+struct SimTransfer {
+  int target;
+  size_t bytes;
+};
+
+struct SimResult {
+  double seconds = 0;                 // until the last chunk landed
+  std::vector<size_t> bytes_by_link;  // host-link bytes each link carried
+  size_t relayed_bytes = 0;           // bytes that crossed NVLink
+  std::vector<double> finish_by_transfer;
+};
+
+// Runs the scheduler against the model: each link serves its outstanding
+// chunks one after another at its bandwidth left by the foreign copy; a relay
+// adds `relay_seconds_per_byte` after the host link (NVLink, overlapped with
+// the next chunk: two pipelines per relay).
+SimResult simulate(const std::vector<LinkModel>& links, const std::vector<SimTransfer>& transfers, size_t chunk_bytes,
+                   const MultipathPolicy& policy, double relay_seconds_per_byte = 0.0);
+
+// The same transfers with every chunk given in advance by fixed ratios (e.g.
+// {1, 2}: link 1 gets two chunks for each of link 0's), the static split the
+// dynamic one is measured against.
+SimResult simulate_static(const std::vector<LinkModel>& links, const SimTransfer& transfer, size_t chunk_bytes,
+                          const std::vector<int>& ratio);
+
+// The fastest the links could move `bytes` in the model (every link busy
+// until the same moment), for judging a result.
+double ideal_seconds(const std::vector<LinkModel>& links, size_t bytes);
+
+}  // namespace xfer
+}  // namespace ferry
