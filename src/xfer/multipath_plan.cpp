@@ -124,47 +124,68 @@ double capacity_until(const LinkModel& m, double t) {
 
 }  // namespace
 
-SimResult simulate(const std::vector<LinkModel>& links, const std::vector<SimTransfer>& transfers, size_t chunk_bytes,
-                   const MultipathPolicy& policy, double relay_seconds_per_byte) {
+std::vector<SimResult> simulate_processes(const std::vector<LinkModel>& links,
+                                          const std::vector<std::vector<SimTransfer>>& processes, size_t chunk_bytes,
+                                          const MultipathPolicy& policy, double relay_seconds_per_byte) {
   const int n = static_cast<int>(links.size());
-  MultipathScheduler sched(n, policy);
-  SimResult r;
-  r.bytes_by_link.assign(n, 0);
-  r.finish_by_transfer.assign(transfers.size(), 0.0);
-  for (const auto& t : transfers) sched.add(t.target, split_chunks(t.bytes, chunk_bytes));
-  // Per link: what it carries, in order, and when its current head lands.
-  std::vector<std::deque<Assignment>> queue(n);
-  std::vector<double> head_done(n, std::numeric_limits<double>::infinity()), free_at(n, 0.0);
-  auto refill = [&](int l, double now) {
+  const size_t procs = processes.size();
+  std::vector<MultipathScheduler> sched(procs, MultipathScheduler(n, policy));
+  std::vector<SimResult> r(procs);
+  for (size_t p = 0; p < procs; ++p) {
+    r[p].bytes_by_link.assign(n, 0);
+    r[p].finish_by_transfer.assign(processes[p].size(), 0.0);
+    for (const auto& t : processes[p]) sched[p].add(t.target, split_chunks(t.bytes, chunk_bytes));
+  }
+  // Per link: the chunks every process gave it, in the order given (the
+  // link's FIFO), and when its current head lands.
+  struct Held {
+    size_t process;
     Assignment a;
-    while (sched.next(l, &a)) queue[l].push_back(a);
-    if (!queue[l].empty() && head_done[l] == std::numeric_limits<double>::infinity())
-      head_done[l] =
-          serve_until(links[l], std::max(now, free_at[l]), static_cast<double>(queue[l].front().chunk.bytes));
   };
-  for (int l = 0; l < n; ++l) refill(l, 0.0);
+  const double never = std::numeric_limits<double>::infinity();
+  std::vector<std::deque<Held>> queue(n);
+  std::vector<double> head_done(n, never), free_at(n, 0.0);
+  auto start_head = [&](int l, double now) {
+    if (!queue[l].empty() && head_done[l] == never)
+      head_done[l] =
+          serve_until(links[l], std::max(now, free_at[l]), static_cast<double>(queue[l].front().a.chunk.bytes));
+  };
+  auto refill = [&](size_t p, int l, double now) {
+    Assignment a;
+    while (sched[p].next(l, &a)) queue[l].push_back(Held{p, a});
+    start_head(l, now);
+  };
+  for (int l = 0; l < n; ++l)
+    for (size_t p = 0; p < procs; ++p) refill(p, l, 0.0);
   for (;;) {
     int l = -1;
     for (int i = 0; i < n; ++i)
       if (!queue[i].empty() && (l < 0 || head_done[i] < head_done[l])) l = i;
     if (l < 0) break;
     const double now = head_done[l];
-    const Assignment a = queue[l].front();
+    const Held h = queue[l].front();
     queue[l].pop_front();
-    sched.complete(l);
-    r.bytes_by_link[l] += a.chunk.bytes;
+    sched[h.process].complete(l);
+    SimResult& res = r[h.process];
+    res.bytes_by_link[l] += h.a.chunk.bytes;
     double landed = now;
-    if (a.relay()) {
-      r.relayed_bytes += a.chunk.bytes;
-      landed += relay_seconds_per_byte * static_cast<double>(a.chunk.bytes);
+    if (h.a.relay()) {
+      res.relayed_bytes += h.a.chunk.bytes;
+      landed += relay_seconds_per_byte * static_cast<double>(h.a.chunk.bytes);
     }
-    r.finish_by_transfer[a.transfer] = std::max(r.finish_by_transfer[a.transfer], landed);
-    r.seconds = std::max(r.seconds, landed);
+    res.finish_by_transfer[h.a.transfer] = std::max(res.finish_by_transfer[h.a.transfer], landed);
+    res.seconds = std::max(res.seconds, landed);
     free_at[l] = now;
-    head_done[l] = std::numeric_limits<double>::infinity();
-    refill(l, now);
+    head_done[l] = never;
+    refill(h.process, l, now);
+    start_head(l, now);
   }
   return r;
+}
+
+SimResult simulate(const std::vector<LinkModel>& links, const std::vector<SimTransfer>& transfers, size_t chunk_bytes,
+                   const MultipathPolicy& policy, double relay_seconds_per_byte) {
+  return simulate_processes(links, {transfers}, chunk_bytes, policy, relay_seconds_per_byte)[0];
 }
 
 SimResult simulate_static(const std::vector<LinkModel>& links, const SimTransfer& transfer, size_t chunk_bytes,

@@ -113,6 +113,13 @@ struct SimResult {
 SimResult simulate(const std::vector<LinkModel>& links, const std::vector<SimTransfer>& transfers, size_t chunk_bytes,
                    const MultipathPolicy& policy, double relay_seconds_per_byte = 0.0);
 
+// Several processes, each with a scheduler of its own, on the same links: a
+// link serves the chunks all of them gave it in the order given (how two
+// programs that both use ferry share the links).
+std::vector<SimResult> simulate_processes(const std::vector<LinkModel>& links,
+                                          const std::vector<std::vector<SimTransfer>>& processes, size_t chunk_bytes,
+                                          const MultipathPolicy& policy, double relay_seconds_per_byte = 0.0);
+
 // The same transfers with every chunk given in advance by fixed ratios (e.g.
 // {1, 2}: link 1 gets two chunks for each of link 0's), the static split the
 // dynamic one is measured against.

@@ -155,3 +155,15 @@ TEST(MultipathBalance, ScalesWithThePaths) {
     last = dyn.seconds;
   }
 }
+
+// Two programs using ferry at once, each fetching 1 GiB into its own GPU over
+// all four links: they share the links about evenly, and together they keep
+// the links as busy as one program alone would.
+TEST(MultipathBalance, TwoProcessesShareTheLinksFairly) {
+  const auto links = equal_links(4);
+  const auto both =
+      simulate_processes(links, {{SimTransfer{0, kGiB}}, {SimTransfer{1, kGiB}}}, 4 * kMiB, MultipathPolicy{});
+  ASSERT_EQ(both.size(), 2u);
+  EXPECT_NEAR(both[0].seconds / both[1].seconds, 1.0, 0.05);
+  EXPECT_LT(std::max(both[0].seconds, both[1].seconds), 1.03 * ideal_seconds(links, 2 * kGiB));
+}
