@@ -9,9 +9,9 @@ Each rank has 128 tokens of hidden size 7168 (bf16), each routed to 8 of the
 experts (4 per rank). Dispatch puts every token's row straight into a slot of
 each chosen expert's rank and signals; the expert (here: multiply by e + 1)
 writes its result straight back into the token's rank and signals; combine
-sums the 8 results with their weights. The kernels are built with torch's
-cpp_extension against ferry.get_include() (or --library: a build of
-examples/moe_dispatch_combine.cu, as CMake makes one).
+sums the 8 results with their weights. The kernels are built with
+ferry.symm.load_kernels (torch's cpp_extension against ferry.get_include()),
+or --library names a build of examples/moe_dispatch_combine.cu (CMake makes one).
 """
 
 from __future__ import annotations
@@ -28,26 +28,12 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def build_library() -> str:
-    """examples/moe_dispatch_combine.cu as a shared library, built by torch's cpp_extension."""
-    from torch.utils import cpp_extension
-
-    name = "ferry_moe_example"
-    path = cpp_extension.load(
-        name=name,
-        sources=[os.path.join(HERE, "moe_dispatch_combine.cu")],
-        extra_include_paths=[ferry.get_include()],
-        extra_cuda_cflags=["-O3"],
-        is_python_module=False,
-        verbose=False,
-    )
-    if not isinstance(path, str):  # torch versions that load it without saying where
-        path = os.path.join(cpp_extension._get_build_directory(name, False), f"{name}.so")
-    return path
-
-
-def load(path: str):
-    lib = ctypes.CDLL(path)
+def load(path: str = ""):
+    """The kernels: a build given by path, else built now against ferry's headers."""
+    if path:
+        lib = ctypes.CDLL(path)
+    else:
+        lib = ferry.symm.load_kernels("ferry_moe_example", [os.path.join(HERE, "moe_dispatch_combine.cu")])
     P, I, U = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64
     common = [P, I, I, I, I, I]
     lib.moe_dispatch.argtypes = common + [P, P, P, P, P, P, U, P]
@@ -109,7 +95,7 @@ def main(argv=None) -> int:
     E = W * epr
     if K > E:
         raise SystemExit(f"--topk {K} needs at least {K} experts; {W} ranks x {epr} give {E}")
-    lib = load(args.library or build_library())
+    lib = load(args.library)
 
     heap = ferry.symm.Heap(comm, capacity=1 << 30)
     local = "RANK" not in os.environ  # init_local: every heap call gives one tensor per rank

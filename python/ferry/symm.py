@@ -18,6 +18,8 @@ takes one tensor per local rank. See docs/symm.md.
 
 from __future__ import annotations
 
+import ctypes
+import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -25,7 +27,30 @@ from ._native import require
 from .comm import Communicator, _describe, _DeviceMemory, _stream_handle
 from .errors import ClosedError, InvalidArgumentError
 
-__all__ = ["Heap", "HeapHandle"]
+__all__ = ["Heap", "HeapHandle", "load_kernels"]
+
+
+def load_kernels(name: str, sources, extra_cuda_cflags=("-O3",)) -> ctypes.CDLL:
+    """Builds CUDA sources written on ferry's device API into a shared library
+    with torch's cpp_extension (``ferry.get_include()`` on the include path;
+    built once, then cached) and loads it with ctypes. Their ``extern "C"``
+    launchers take the heap handle as bytes (``HeapHandle.as_bytes()``; in the
+    kernel source ``ferry::device::heap_from_bytes``)."""
+    from torch.utils import cpp_extension
+
+    from . import get_include
+
+    path = cpp_extension.load(
+        name=name,
+        sources=list(sources),
+        extra_include_paths=[get_include()],
+        extra_cuda_cflags=list(extra_cuda_cflags),
+        is_python_module=False,
+        verbose=False,
+    )
+    if not isinstance(path, str):  # torch versions that load it without saying where
+        path = os.path.join(cpp_extension._get_build_directory(name, False), f"{name}.so")
+    return ctypes.CDLL(path)
 
 
 @dataclass(frozen=True)

@@ -124,28 +124,14 @@ def target_lines(records: Sequence[dict]) -> List[str]:
 # ---------------------------------------------------------------- GPU side
 
 
-def build_kernels() -> str:
-    """symm_kernels.cu as a shared library, built by torch's cpp_extension."""
-    from torch.utils import cpp_extension
-
-    import ferry
-
-    name = "ferry_symm_bench"
-    path = cpp_extension.load(
-        name=name,
-        sources=[os.path.join(HERE, "symm_kernels.cu")],
-        extra_include_paths=[ferry.get_include()],
-        extra_cuda_cflags=["-O3"],
-        is_python_module=False,
-        verbose=False,
-    )
-    if not isinstance(path, str):
-        path = os.path.join(cpp_extension._get_build_directory(name, False), f"{name}.so")
-    return path
-
-
 def _load(path: str):
-    lib = ctypes.CDLL(path)
+    import ferry.symm
+
+    lib = (
+        ctypes.CDLL(path)
+        if path
+        else ferry.symm.load_kernels("ferry_symm_bench", [os.path.join(HERE, "symm_kernels.cu")])
+    )
     P, I, U = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64
     for name, args in (
         ("bench_put", [P, P, P, U, I, I, I, P]),
@@ -230,7 +216,7 @@ def run(opts: dict, progress=print) -> dict:
         raise SystemExit("ferry.bench.symm: needs at least 2 GPUs")
     gpu = torch.cuda.get_device_name(comm.device)
     date = datetime.date.today().isoformat()
-    lib = _load(opts["library"] or build_kernels())
+    lib = _load(opts["library"])
     heap = ferry.symm.Heap(comm, capacity=max(opts["max_bytes"] * 4, 1 << 30))
     R = _Ranks(torch, comm, heap)
     reps, iters, records = opts["reps"], opts["iters"], []
