@@ -15,8 +15,16 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _run(*args, timeout=420):
-    env = dict(os.environ, FERRY_SHARED_GPUS="1", CUDA_DEVICE_MAX_CONNECTIONS="32", **_checks.SAFE_ENV)
+def _run(*args, timeout=240):
+    # A run that hangs prints its stacks and ends itself before the timeout, so
+    # a failure costs minutes, not the whole tier's time.
+    env = dict(
+        os.environ,
+        FERRY_SHARED_GPUS="1",
+        CUDA_DEVICE_MAX_CONNECTIONS="32",
+        SYMM_STACKS_AFTER_S=str(timeout - 30),
+        **_checks.SAFE_ENV,
+    )
     run = subprocess.run(
         [sys.executable, os.path.join(HERE, "_workers_symm.py"), *args],
         env=env,
@@ -58,7 +66,7 @@ def test_moe_dispatch_combine_example(world):
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=240,
     )
     out = run.stdout[-4000:] + run.stderr[-4000:]
     assert run.returncode == 0, out
