@@ -314,7 +314,9 @@ class Heap:
         self._h.barrier_on_stream([_stream_handle(s, devices[i]) for i, s in enumerate(streams)])
 
     def close(self) -> None:
-        """Unmaps this process's view of the heap (not collective). Tensors on it become invalid."""
+        """Unmaps this process's view of the heap (not collective). Tensors on it
+        become invalid: finish the work that uses them first (synchronize their
+        streams); closing does not wait for it."""
         if not self._h.closed:
             self._h.close()
         if self in self._comm._heaps:

@@ -39,7 +39,8 @@ class SymmetricHeap {
   SymmetricHeap(const SymmetricHeap&) = delete;
   SymmetricHeap& operator=(const SymmetricHeap&) = delete;
 
-  // Not collective: unmaps this process's view. Peers' views of this rank's
+  // Not collective: unmaps this process's view, without waiting for work that
+  // still uses it (the caller's to finish first). Peers' views of this rank's
   // memory stay valid until they close theirs.
   void close();
   bool closed() const { return closed_; }
