@@ -25,29 +25,17 @@ import time
 import traceback
 import zlib
 
+from _builds import cmake_target
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 POISON = 0xA5
 SIZES = [(1, 0), (3, 5), (4096, 0), (100003, 7), ((1 << 20) + 13, 16)]  # (bytes, offset)
 
 
 def built_library(target: str = "ferry_symm_test_kernels") -> str:
-    """scripts/test's build of a CMake target's shared library, else a build of our own."""
-    name = f"lib{target}.so"
-    for build in ("cpu-tests", "dev", "symm-kernels"):
-        lib = os.path.join(ROOT, "build", build, name)
-        if os.path.exists(lib):
-            return lib
-    build = os.path.join(ROOT, "build", "symm-kernels")
-    for cmd in (
-        ["cmake", "-S", ROOT, "-B", build, "-G", "Ninja", "-DFERRY_BUILD_TESTS=OFF"],
-        ["cmake", "--build", build, "--target", target],
-    ):
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        if run.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed:\n{run.stdout[-3000:]}{run.stderr[-3000:]}")
-    return os.path.join(build, name)
+    """A CMake target's shared library (_builds.py)."""
+    return cmake_target(target, f"lib{target}.so")
 
 
 class Kernels:
@@ -90,7 +78,7 @@ def data(torch, rank: int, salt: str, n: int, dev):
 class Suite:
     """Runs the checks over this process's ranks (all of them, or one)."""
 
-    def __init__(self, ferry, torch, comm, world: int, local: bool, timeout: float):
+    def __init__(self, ferry, torch, comm, world: int, local: bool):
         import ferry.symm
 
         self.ferry, self.torch, self.comm, self.world, self.local = ferry, torch, comm, world, local
@@ -888,7 +876,7 @@ def local_main(world: int) -> int:
 
     n = torch.cuda.device_count()
     comm = ferry.init_local([r % n for r in range(world)], timeout=30.0)
-    suite = Suite(ferry, torch, comm, world, local=True, timeout=30.0)
+    suite = Suite(ferry, torch, comm, world, local=True)
     names = CHECKS + (["large"] if world == 2 else [])
     fails = suite.run(names)
     checks = suite.checks
@@ -913,7 +901,7 @@ def rank_main(rank: int, world: int, port: int) -> int:
     dev = rank % torch.cuda.device_count()
     torch.cuda.set_device(dev)
     comm = ferry.init(rank=rank, world=world, device=dev, timeout=30.0)
-    suite = Suite(ferry, torch, comm, world, local=False, timeout=30.0)
+    suite = Suite(ferry, torch, comm, world, local=False)
     names = CHECKS + ["mismatch"]
     fails = suite.run(names)
     suite.heap.close()

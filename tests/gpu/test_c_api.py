@@ -12,24 +12,12 @@ import subprocess
 
 import _checks
 import pytest
+from _builds import cmake_target
 from conftest import GPU_COUNT
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _example_binary(name: str = "ferry_example_c") -> str:
-    """scripts/test's build when it has the example, else a build of our own."""
-    built = os.path.join(ROOT, "build", "cpu-tests", name)
-    if os.access(built, os.X_OK):
-        return built
-    build = os.path.join(ROOT, "build", "c-api")
-    for cmd in (
-        ["cmake", "-S", ROOT, "-B", build, "-G", "Ninja", "-DFERRY_BUILD_TESTS=OFF"],
-        ["cmake", "--build", build, "--target", name],
-    ):
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        assert run.returncode == 0, f"{' '.join(cmd)} failed:\n{run.stdout[-3000:]}{run.stderr[-3000:]}"
-    return os.path.join(build, name)
+    return cmake_target(name, name)
 
 
 @pytest.mark.parametrize("mode", ["one-process", "process-per-gpu"])

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import _builds
 import _checks
 import _workers_symm
 import pytest
@@ -59,7 +60,7 @@ def test_stream_wait_past_the_timeout_is_released():
 def test_moe_dispatch_combine_example(world):
     """examples/moe_dispatch_combine.py against its torch reference (CMake's build of its kernels)."""
     env = dict(os.environ, FERRY_SHARED_GPUS="1", CUDA_DEVICE_MAX_CONNECTIONS="32", **_checks.SAFE_ENV)
-    example = os.path.join(_workers_symm.ROOT, "examples", "moe_dispatch_combine.py")
+    example = os.path.join(_builds.ROOT, "examples", "moe_dispatch_combine.py")
     lib = _workers_symm.built_library("ferry_example_moe")
     run = subprocess.run(
         [sys.executable, example, "--ranks", str(world), "--library", lib],
