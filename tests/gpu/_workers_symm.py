@@ -27,7 +27,6 @@ import zlib
 
 from _builds import cmake_target
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 POISON = 0xA5
 SIZES = [(1, 0), (3, 5), (4096, 0), (100003, 7), ((1 << 20) + 13, 16)]  # (bytes, offset)
