@@ -911,6 +911,8 @@ def rank_main(rank: int, world: int, port: int) -> int:
 def procs_main(world: int) -> int:
     import socket
 
+    built_library()  # once, before the ranks load it
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
