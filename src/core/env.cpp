@@ -66,6 +66,13 @@ const std::vector<Knob>& knobs() {
        "how the copy-engine variants send and await their ready and done messages: 'copy' (small copy-engine "
        "copies and stream waits, no SM) or 'sm' (one single-block kernel per round: a few microseconds less per "
        "round, one SM while it waits); the data moves on copy engines either way"},
+      {"FERRY_DEBUG", "int", "0",
+       "1: print ferry's decisions and recoveries to stderr as they happen (why a multipath copy runs as one plain "
+       "copy, a relay that was left out, a stream wait released past its timeout)"},
+      {"FERRY_MULTIPATH_CHUNK_BYTES", "int", "8388608",
+       "bytes of each chunk a multipath host<->GPU copy is split into (each relay GPU holds 2 such staging buffers)"},
+      {"FERRY_MULTIPATH_MIN_BYTES", "int", "8388608",
+       "smallest host<->GPU copy that multipath splits over several GPUs' links; smaller ones run as one plain copy"},
       {"FERRY_SM_BYTES", "int", "1048576",
        "largest block per peer that algo 'sm' (the SM kernel for small collectives) moves; each rank's window "
        "takes 2 x world x (this + 128 KB) of GPU memory, allocated at creation (up to 8 ranks); 0: no window, no 'sm'"},

@@ -40,6 +40,9 @@ class HostGate {
   // The generation the last arm() waits for (0 before the first).
   uint64_t generation() const { return generation_; }
   void open();
+  // Opens every arming up to `generation` (a work queue that finishes its
+  // armings in order opens each as it finishes).
+  void open_to(uint64_t generation) { gate::open_from_host(host_, generation); }
   void open_on(cudaStream_t stream);
   // The word and value a kernel stores to open the last arming.
   std::pair<uint64_t*, uint64_t> device_trigger() const { return {device_, generation_}; }

@@ -30,6 +30,43 @@ MultipathChoice choose_multipath(size_t bytes, bool host_pinned, int usable_rela
   return c;
 }
 
+MultipathRoute route_multipath(MemKind dst, int dst_device, MemKind src, int src_device) {
+  MultipathRoute r;
+  auto name = [](MemKind k, int d) {
+    switch (k) {
+      case MemKind::kPageable:
+        return std::string("pageable host memory");
+      case MemKind::kPinnedHost:
+        return std::string("pinned host memory");
+      case MemKind::kManaged:
+        return std::string("managed memory");
+      default:
+        return "GPU memory (cuda:" + std::to_string(d) + ")";
+    }
+  };
+  if (dst == MemKind::kManaged || src == MemKind::kManaged) {
+    r.error = std::string(dst == MemKind::kManaged ? "dst" : "src") +
+              " is managed memory; multipath copies move between host memory and GPU memory allocated as such";
+    return r;
+  }
+  const bool dst_dev = dst == MemKind::kDevice, src_dev = src == MemKind::kDevice;
+  if (dst_dev == src_dev) {
+    r.error = "dst is " + name(dst, dst_device) + " and src is " + name(src, src_device) +
+              "; multipath copies move between host and GPU memory (one side each)";
+    return r;
+  }
+  r.to_device = dst_dev;
+  r.device = dst_dev ? dst_device : src_device;
+  r.host_pinned = (dst_dev ? src : dst) == MemKind::kPinnedHost;
+  return r;
+}
+
+int own_link(const std::vector<int>& link_devices, int device) {
+  for (size_t i = 0; i < link_devices.size(); ++i)
+    if (link_devices[i] == device) return static_cast<int>(i);
+  return -1;
+}
+
 MultipathScheduler::MultipathScheduler(int links, MultipathPolicy policy)
     : policy_(std::move(policy)), waiting_(links), flight_(links) {
   FERRY_ARG_CHECK(links >= 1, "links must be at least 1");

@@ -35,6 +35,23 @@ struct MultipathChoice {
 };
 MultipathChoice choose_multipath(size_t bytes, bool host_pinned, int usable_relays, size_t threshold_bytes);
 
+// What each side of a copy is, as the CUDA runtime reports it.
+enum class MemKind { kPageable, kPinnedHost, kDevice, kManaged };
+
+// A copy's direction and its GPU, or why it cannot be a host<->GPU copy.
+struct MultipathRoute {
+  std::string error;  // empty where the copy is host<->GPU
+  bool to_device = false;
+  int device = -1;  // the GPU whose memory is the device side
+  bool host_pinned = false;
+};
+MultipathRoute route_multipath(MemKind dst, int dst_device, MemKind src, int src_device);
+
+// The link of `device` (its own host link) among the engine's links: the
+// first listed on it, or -1. A device listed again (testing on one GPU) is a
+// relay through the same GPU.
+int own_link(const std::vector<int>& link_devices, int device);
+
 // Which links may carry relays, and how a link picks among waiting targets.
 struct MultipathPolicy {
   int outstanding = 2;          // chunks in flight per link (2 balanced best in published multipath measurements)

@@ -168,3 +168,31 @@ TEST(MultipathBalance, TwoProcessesShareTheLinksFairly) {
   EXPECT_NEAR(both[0].seconds / both[1].seconds, 1.0, 0.05);
   EXPECT_LT(std::max(both[0].seconds, both[1].seconds), 1.03 * ideal_seconds(links, 2 * kGiB));
 }
+
+TEST(MultipathRoute, DirectionDeviceAndPinnedness) {
+  auto r = route_multipath(MemKind::kDevice, 3, MemKind::kPinnedHost, -1);
+  EXPECT_TRUE(r.error.empty());
+  EXPECT_TRUE(r.to_device);
+  EXPECT_EQ(r.device, 3);
+  EXPECT_TRUE(r.host_pinned);
+  r = route_multipath(MemKind::kPageable, -1, MemKind::kDevice, 1);
+  EXPECT_TRUE(r.error.empty());
+  EXPECT_FALSE(r.to_device);
+  EXPECT_EQ(r.device, 1);
+  EXPECT_FALSE(r.host_pinned);
+}
+
+TEST(MultipathRoute, OneSideEachOrANamedError) {
+  auto r = route_multipath(MemKind::kDevice, 0, MemKind::kDevice, 1);
+  EXPECT_NE(r.error.find("dst is GPU memory (cuda:0) and src is GPU memory (cuda:1)"), std::string::npos) << r.error;
+  r = route_multipath(MemKind::kPinnedHost, -1, MemKind::kPageable, -1);
+  EXPECT_NE(r.error.find("pinned host memory and src is pageable host memory"), std::string::npos) << r.error;
+  r = route_multipath(MemKind::kDevice, 0, MemKind::kManaged, 0);
+  EXPECT_NE(r.error.find("src is managed memory"), std::string::npos) << r.error;
+}
+
+TEST(MultipathLinks, OwnLinkIsTheFirstOnTheDevice) {
+  EXPECT_EQ(own_link({0, 1, 2, 3}, 2), 2);
+  EXPECT_EQ(own_link({0, 0, 0}, 0), 0);  // one GPU, relaying through itself (testing)
+  EXPECT_EQ(own_link({1, 2}, 0), -1);
+}

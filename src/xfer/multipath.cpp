@@ -1,0 +1,392 @@
+#include "xfer/multipath.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/cuda_scope.hpp"
+#include "core/env.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "dma/engine.hpp"
+
+namespace ferry {
+namespace xfer {
+namespace {
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+std::string dev_name(int d) { return "cuda:" + std::to_string(d); }
+
+// What the runtime knows of `p`: pinned or pageable host memory, or a GPU's.
+MemKind kind_of(const void* p, int* device) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();
+    *device = -1;
+    return MemKind::kPageable;
+  }
+  *device = a.device;
+  switch (a.type) {
+    case cudaMemoryTypeDevice:
+      return MemKind::kDevice;
+    case cudaMemoryTypeHost:
+      return MemKind::kPinnedHost;
+    case cudaMemoryTypeManaged:
+      return MemKind::kManaged;
+    default:
+      return MemKind::kPageable;
+  }
+}
+
+bool ranges_overlap(const void* a, const void* b, size_t n) {
+  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return x < y + n && y < x + n;
+}
+
+}  // namespace
+
+MultipathEngine::MultipathEngine(const MultipathOptions& options)
+    : links_(options.link_devices), policy_(options.policy), bytes_(options.link_devices.size()) {
+  FERRY_ARG_CHECK(!links_.empty(), "link_devices: expected at least one GPU");
+  int count = 0;
+  FERRY_CUDA_CHECK(cudaGetDeviceCount(&count));
+  for (int d : links_)
+    FERRY_ARG_CHECK(d >= 0 && d < count,
+                    "link_devices: " + std::to_string(d) + " is not a GPU here (0.." + std::to_string(count - 1) + ")");
+  chunk_bytes_ =
+      options.chunk_bytes ? options.chunk_bytes : static_cast<size_t>(knob_int("FERRY_MULTIPATH_CHUNK_BYTES"));
+  threshold_ =
+      options.threshold_bytes ? options.threshold_bytes : static_cast<size_t>(knob_int("FERRY_MULTIPATH_MIN_BYTES"));
+  timeout_s_ = options.timeout_s > 0 ? options.timeout_s : knob_float("FERRY_TIMEOUT_S");
+  FERRY_ARG_CHECK(chunk_bytes_ > 0, "chunk_bytes must be positive (FERRY_MULTIPATH_CHUNK_BYTES)");
+  FERRY_ARG_CHECK(policy_.outstanding >= 1 && policy_.outstanding <= 16,
+                  "outstanding is " + std::to_string(policy_.outstanding) + "; expected 1..16");
+  const int n = static_cast<int>(links_.size());
+  if (policy_.may_relay.empty()) policy_.may_relay.assign(n, true);
+  FERRY_ARG_CHECK(static_cast<int>(policy_.may_relay.size()) == n, "may_relay: expected one entry per link");
+
+  // A relay's copy engine writes into (or reads from) the target over
+  // NVLink: peer access both ways between every two GPUs. A GPU that cannot
+  // reach every other carries only its own copies.
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) {
+      if (links_[i] == links_[j]) continue;
+      int ok = 0;
+      FERRY_CUDA_CHECK(cudaDeviceCanAccessPeer(&ok, links_[i], links_[j]));
+      if (!ok) {
+        if (policy_.may_relay[i])
+          debug_log("multipath: " + dev_name(links_[i]) + " does not relay: it cannot reach " + dev_name(links_[j]) +
+                    " peer to peer");
+        policy_.may_relay[i] = false;
+        continue;
+      }
+      DeviceScope on(links_[i]);
+      const cudaError_t e = cudaDeviceEnablePeerAccess(links_[j], 0);
+      if (e == cudaErrorPeerAccessAlreadyEnabled)
+        cudaGetLastError();
+      else
+        FERRY_CUDA_CHECK(e);
+    }
+
+  link_.resize(n);
+  for (int i = 0; i < n; ++i) {
+    Link& L = link_[i];
+    L.device = links_[i];
+    DeviceScope on(L.device);
+    FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&L.host, cudaStreamNonBlocking));
+    FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&L.nvlink, cudaStreamNonBlocking));
+    L.hop.resize(policy_.outstanding);
+    L.landed.resize(policy_.outstanding);
+    for (int s = 0; s < policy_.outstanding; ++s) {
+      FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&L.hop[s], cudaEventDisableTiming));
+      FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&L.landed[s], cudaEventDisableTiming));
+    }
+    // Staging only where the link may relay; a GPU short of memory relays
+    // nothing, and the copy runs over fewer links.
+    if (!policy_.may_relay[i]) continue;
+    for (int s = 0; s < policy_.outstanding; ++s) {
+      void* p = nullptr;
+      const cudaError_t e = cudaMalloc(&p, chunk_bytes_);
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        debug_log("multipath: " + dev_name(L.device) + " does not relay: no room for its staging buffers (" +
+                  std::to_string(policy_.outstanding) + " x " + std::to_string(chunk_bytes_) +
+                  " bytes): " + cudaGetErrorName(e));
+        for (char* q : L.staging) cudaFree(q);
+        L.staging.clear();
+        policy_.may_relay[i] = false;
+        break;
+      }
+      L.staging.push_back(static_cast<char*>(p));
+    }
+  }
+  gate_ = std::make_unique<HostGate>();
+  thread_ = std::thread([this] { run(); });
+}
+
+MultipathEngine::~MultipathEngine() {
+  bool drained = false;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    drained = cv_.wait_for(lock, std::chrono::duration<double>(timeout_s_),
+                           [&] { return landed_id_.load() >= next_id_ || broken_; });
+    stop_ = true;
+    cv_.notify_all();
+  }
+  thread_.join();
+  if (!drained || broken_) {
+    // Chunks may still be queued on the links: their memory stays (a copy
+    // engine must never write into freed memory), and so does the gate.
+    gate_->keep();
+    return;
+  }
+  for (Link& L : link_) {
+    cudaSetDevice(L.device);
+    cudaStreamSynchronize(L.host);
+    cudaStreamSynchronize(L.nvlink);
+    for (char* p : L.staging) cudaFree(p);
+    for (auto e : L.hop) cudaEventDestroy(e);
+    for (auto e : L.landed) cudaEventDestroy(e);
+    cudaStreamDestroy(L.host);
+    cudaStreamDestroy(L.nvlink);
+  }
+}
+
+std::vector<size_t> MultipathEngine::bytes_by_link() const {
+  std::vector<size_t> out;
+  for (const auto& b : bytes_) out.push_back(b.load());
+  return out;
+}
+
+void MultipathEngine::check() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!error_.empty()) throw_error(FERRY_ERROR_BROKEN, error_);
+}
+
+void MultipathEngine::synchronize() {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    const uint64_t want = next_id_;
+    if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s_),
+                      [&] { return landed_id_.load() >= want || broken_; }))
+      throw_error(FERRY_ERROR_TIMEOUT, "multipath synchronize: copies still in flight after " +
+                                           std::to_string(timeout_s_) +
+                                           " s (a copy starts when its stream gets to it: is that stream blocked?)");
+  }
+  check();
+}
+
+MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+  check();
+  MultipathReport r;
+  r.links = 0;
+  if (bytes == 0) {
+    r.reason = "zero bytes";
+    return r;
+  }
+  FERRY_ARG_CHECK(dst != nullptr, "dst is null");
+  FERRY_ARG_CHECK(src != nullptr, "src is null");
+  FERRY_ARG_CHECK(!ranges_overlap(dst, src, bytes), "dst and src overlap");
+  int dst_dev = -1, src_dev = -1;
+  const MemKind dk = kind_of(dst, &dst_dev), sk = kind_of(src, &src_dev);
+  const MultipathRoute route = route_multipath(dk, dst_dev, sk, src_dev);
+  FERRY_ARG_CHECK(route.error.empty(), "multipath copy: " + route.error);
+
+  const int own = own_link(links_, route.device);
+  int relays = 0;
+  for (size_t i = 0; i < links_.size(); ++i)
+    if (static_cast<int>(i) != own && policy_.may_relay[i]) ++relays;
+  MultipathChoice choice = choose_multipath(bytes, route.host_pinned, relays, threshold_);
+  if (own < 0) choice = {false, dev_name(route.device) + " has no link in this engine"};
+  DeviceScope on(route.device);
+  if (choice.multipath && dma::is_capturing(stream)) {
+    choice = {false,
+              "the stream is capturing a CUDA graph: a graph cannot hold the engine's schedule, which follows "
+              "the links as they drain"};
+  }
+  if (!choice.multipath) {
+    debug_log("multipath copy of " + std::to_string(bytes) + " bytes runs as one plain copy: " + choice.reason);
+    const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream);
+    if (e == cudaErrorInvalidResourceHandle)
+      FERRY_ARG_CHECK(false, "stream: not a stream of " + dev_name(route.device) + ", the GPU of the copy");
+    FERRY_CUDA_CHECK(e);
+    r.reason = choice.reason;
+    return r;
+  }
+
+  Transfer t;
+  t.target = own;
+  t.to_device = route.to_device;
+  t.dst = static_cast<char*>(dst);
+  t.src = static_cast<const char*>(src);
+  t.bytes = bytes;
+  FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&t.start, cudaEventDisableTiming));
+  const cudaError_t e = cudaEventRecord(t.start, stream);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    cudaEventDestroy(t.start);
+    FERRY_ARG_CHECK(e != cudaErrorInvalidResourceHandle,
+                    "stream: not a stream of " + dev_name(route.device) + ", the GPU of the copy");
+    FERRY_CUDA_CHECK(e);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!error_.empty()) {
+      cudaEventDestroy(t.start);
+      throw_error(FERRY_ERROR_BROKEN, error_);
+    }
+    t.id = gate_->arm(stream);
+    next_id_ = t.id;
+    queued_.push_back(t);
+  }
+  cv_.notify_all();
+  r.multipath = true;
+  r.chunks = static_cast<int>((bytes + chunk_bytes_ - 1) / chunk_bytes_);
+  r.links = relays + 1;
+  return r;
+}
+
+void MultipathEngine::fail(const std::string& message) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (error_.empty()) error_ = message;
+  broken_ = true;
+}
+
+void MultipathEngine::submit(Transfer& t, const Assignment& a) {
+  Link& L = link_[a.link];
+  DeviceScope on(L.device);
+  const int slot = static_cast<int>(L.next_slot++ % static_cast<unsigned>(policy_.outstanding));
+  char* dst = t.dst + a.chunk.offset;
+  const char* src = t.src + a.chunk.offset;
+  const size_t n = a.chunk.bytes;
+  if (!a.relay()) {
+    FERRY_CUDA_CHECK(cudaStreamWaitEvent(L.host, t.start, 0));
+    FERRY_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, L.host));
+    FERRY_CUDA_CHECK(cudaEventRecord(L.landed[slot], L.host));
+  } else {
+    // Two streams per relay: while one chunk crosses NVLink, the next
+    // crosses the host link into the other staging buffer.
+    char* stage = L.staging[slot];
+    cudaStream_t first = t.to_device ? L.host : L.nvlink;
+    cudaStream_t second = t.to_device ? L.nvlink : L.host;
+    FERRY_CUDA_CHECK(cudaStreamWaitEvent(first, t.start, 0));
+    FERRY_CUDA_CHECK(cudaMemcpyAsync(stage, src, n, cudaMemcpyDefault, first));
+    FERRY_CUDA_CHECK(cudaEventRecord(L.hop[slot], first));
+    FERRY_CUDA_CHECK(cudaStreamWaitEvent(second, L.hop[slot], 0));
+    FERRY_CUDA_CHECK(cudaMemcpyAsync(dst, stage, n, cudaMemcpyDefault, second));
+    FERRY_CUDA_CHECK(cudaEventRecord(L.landed[slot], second));
+  }
+  L.flight.push_back(Link::InFlight{t.id, n, slot});
+}
+
+// The engine's thread: takes new copies, feeds every link that has room,
+// retires chunks as they land, and opens the gate for each copy, in order,
+// once all of its chunks landed.
+void MultipathEngine::run() {
+  const int n = static_cast<int>(links_.size());
+  MultipathScheduler sched(n, policy_);
+  std::deque<Transfer> active;  // in id order
+  auto by_sched = [&](int sid) -> Transfer& {
+    for (Transfer& t : active)
+      if (t.sched == sid) return t;
+    throw_error(FERRY_ERROR_INTERNAL, "multipath: a chunk of an unknown copy");
+  };
+  auto release_all = [&] {
+    // After an error: every stream held so far goes on; check() tells why.
+    uint64_t last = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      last = next_id_;
+      queued_.clear();
+    }
+    active.clear();
+    gate_->open_to(last);
+    landed_id_.store(last);
+    cv_.notify_all();
+  };
+  while (true) {
+    bool in_flight = false;
+    for (const Link& L : link_) in_flight |= !L.flight.empty();
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!in_flight && queued_.empty() && !stop_)
+        cv_.wait_for(lock, std::chrono::milliseconds(active.empty() ? 100 : 1));
+      if (stop_ && queued_.empty() && (active.empty() || broken_)) break;
+      if (broken_) {
+        lock.unlock();
+        release_all();
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        continue;
+      }
+      while (!queued_.empty()) {
+        Transfer t = queued_.front();
+        queued_.pop_front();
+        t.sched = sched.add(t.target, split_chunks(t.bytes, chunk_bytes_));
+        active.push_back(t);
+      }
+    }
+    try {
+      // Feed: every link with room takes its next chunk.
+      for (int l = 0; l < n; ++l) {
+        Assignment a;
+        while (sched.next(l, &a)) submit(by_sched(a.transfer), a);
+      }
+      // Retire what landed, oldest first on each link.
+      const double t_now = now_s();
+      for (int l = 0; l < n; ++l) {
+        Link& L = link_[l];
+        while (!L.flight.empty()) {
+          const cudaError_t q = cudaEventQuery(L.landed[L.flight.front().slot]);
+          if (q == cudaErrorNotReady) break;
+          if (q != cudaSuccess) {
+            cudaGetLastError();
+            throw_error(FERRY_ERROR_CUDA, std::string("multipath: a chunk on the link of ") + dev_name(L.device) +
+                                              " failed: " + cudaGetErrorName(q) + " (" + cudaGetErrorString(q) + ")");
+          }
+          bytes_[l] += L.flight.front().bytes;
+          L.flight.pop_front();
+          sched.complete(l);
+        }
+      }
+      // A copy whose stream got to it has the timeout to land.
+      for (Transfer& t : active) {
+        if (sched.done(t.sched)) continue;
+        if (t.deadline == 0) {
+          const cudaError_t q = cudaEventQuery(t.start);
+          if (q == cudaSuccess)
+            t.deadline = t_now + timeout_s_;
+          else if (q != cudaErrorNotReady)
+            cudaGetLastError();
+        } else if (t_now > t.deadline) {
+          std::string where;
+          for (int l = 0; l < n; ++l)
+            for (const auto& f : link_[l].flight)
+              if (f.transfer == t.id) where += (where.empty() ? "" : ", ") + dev_name(link_[l].device);
+          throw_error(FERRY_ERROR_TIMEOUT, "multipath: a copy of " + std::to_string(t.bytes) + " bytes " +
+                                               (t.to_device ? "into " : "from ") + dev_name(links_[t.target]) +
+                                               " did not land within " + std::to_string(timeout_s_) +
+                                               " s; chunks still on the links of " +
+                                               (where.empty() ? std::string("none") : where));
+        }
+      }
+      // Open the gate for every finished copy, in order.
+      while (!active.empty() && sched.done(active.front().sched)) {
+        gate_->open_to(active.front().id);
+        landed_id_.store(active.front().id);
+        cudaEventDestroy(active.front().start);
+        active.pop_front();
+        cv_.notify_all();
+      }
+    } catch (const std::exception& e) {
+      debug_log(std::string("multipath: ") + e.what() + "; every stream waiting on a copy is let go");
+      fail(e.what());
+      release_all();
+    }
+    bool busy = false;
+    for (const Link& L : link_) busy |= !L.flight.empty();
+    if (busy) std::this_thread::sleep_for(std::chrono::microseconds(5));
+  }
+}
+
+}  // namespace xfer
+}  // namespace ferry

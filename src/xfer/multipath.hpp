@@ -1,0 +1,132 @@
+// Multipath host<->GPU copies: one large copy split into chunks that travel
+// over several GPUs' host links at once. A chunk for GPU t goes over t's own
+// link, or over a relay GPU r's link into a staging buffer on r and on to t
+// over NVLink (device to host: the reverse). Copy engines only, no kernel.
+//
+// Stream order without an SM: the chunks' streams wait on an event recorded
+// on the caller's stream (the copy starts when the stream gets there), and the
+// caller's stream waits on a gate word (src/sync/gate.hpp) that the engine's
+// thread opens once the last chunk landed. Between the two, the thread feeds
+// the links by back-pressure (MultipathScheduler, multipath_plan.hpp): a link
+// takes a chunk when its outstanding queue has room.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "sync/gate.hpp"
+#include "xfer/multipath_plan.hpp"
+
+namespace ferry {
+namespace xfer {
+
+struct MultipathOptions {
+  // The CUDA device of each host link. A device listed more than once adds
+  // relays through that same GPU: the testing mode on one GPU, where every
+  // chunk, staging buffer and pipeline runs for real over one link.
+  std::vector<int> link_devices;
+  size_t chunk_bytes = 0;      // 0: FERRY_MULTIPATH_CHUNK_BYTES
+  size_t threshold_bytes = 0;  // 0: FERRY_MULTIPATH_MIN_BYTES; smaller copies run as one plain copy
+  MultipathPolicy policy;      // outstanding chunks per link, own link first, which links may relay
+  double timeout_s = 0;        // 0: FERRY_TIMEOUT_S; bound on a copy once its stream got to it
+};
+
+// What a copy() did, for tests, benchmarks and the debug log.
+struct MultipathReport {
+  bool multipath = false;
+  std::string reason;  // why it ran as one plain copy
+  int chunks = 0;
+  int links = 0;  // links that may carry it
+};
+
+class MultipathEngine {
+ public:
+  explicit MultipathEngine(const MultipathOptions& options);
+  ~MultipathEngine();  // waits (bounded) for every copy, then frees the staging buffers
+  MultipathEngine(const MultipathEngine&) = delete;
+  MultipathEngine& operator=(const MultipathEngine&) = delete;
+
+  // Copies `bytes` from `src` to `dst` (one in pinned or pageable host
+  // memory, the other in GPU memory) in `stream`'s order and returns at once.
+  // Raises an error an earlier copy met.
+  MultipathReport copy(void* dst, const void* src, size_t bytes, cudaStream_t stream);
+  // Waits until every copy so far landed (bounded by the timeout), then
+  // raises an error one of them met.
+  void synchronize();
+  // Raises the first error a copy met (a CUDA error, a chunk that did not
+  // land in time); the stream it held was let go.
+  void check();
+
+  const std::vector<int>& link_devices() const { return links_; }
+  // Host-link bytes each link carried so far (a relay's chunks count on the relay's link).
+  std::vector<size_t> bytes_by_link() const;
+  size_t chunk_bytes() const { return chunk_bytes_; }
+  size_t threshold_bytes() const { return threshold_; }
+  // Links whose staging buffers could not be made (out of memory) or that
+  // cannot reach the others: they carry only their own GPU's copies.
+  std::vector<bool> may_relay() const { return policy_.may_relay; }
+
+ private:
+  struct Transfer {
+    uint64_t id = 0;
+    int target = -1;  // its own link
+    bool to_device = true;
+    char* dst = nullptr;
+    const char* src = nullptr;
+    size_t bytes = 0;
+    cudaEvent_t start = nullptr;
+    int sched = -1;  // the scheduler's id
+    double deadline = 0;
+    bool failed = false;
+  };
+  struct Link {
+    int device = -1;
+    cudaStream_t host = nullptr;    // the host-link hop (own copies and a relay's PCIe hop)
+    cudaStream_t nvlink = nullptr;  // a relay's hop between the relay and the target
+    std::vector<char*> staging;     // one per outstanding chunk
+    std::vector<cudaEvent_t> hop;   // a relay's first hop done, per slot
+    std::vector<cudaEvent_t> landed;
+    struct InFlight {
+      uint64_t transfer;
+      size_t bytes;
+      int slot;
+    };
+    std::deque<InFlight> flight;
+    unsigned next_slot = 0;
+  };
+
+  void run();
+  void submit(Transfer& t, const Assignment& a);
+  void fail(const std::string& message);
+
+  std::vector<int> links_;
+  size_t chunk_bytes_ = 0;
+  size_t threshold_ = 0;
+  double timeout_s_ = 0;
+  MultipathPolicy policy_;
+  std::vector<Link> link_;
+  std::unique_ptr<HostGate> gate_;  // the caller's streams wait on it; one generation per copy, opened in order
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Transfer> queued_;  // handed to the thread
+  uint64_t next_id_ = 0;         // last id given (the gate's generation)
+  bool broken_ = false;          // after an error: every copy so far let go, no more taken
+  std::atomic<uint64_t> landed_id_{0};
+  std::string error_;
+  bool stop_ = false;
+  std::vector<std::atomic<size_t>> bytes_;
+  std::thread thread_;
+};
+
+}  // namespace xfer
+}  // namespace ferry
