@@ -9,6 +9,7 @@
 with an explanation. See docs/api.md.
 """
 
+from . import multipath
 from ._native import IMPORT_ERROR, native
 from .bootstrap import LaunchInfo, TcpStore, read_launch_env
 from .comm import Communicator, PreparedCollective, init, init_local
@@ -27,6 +28,8 @@ from .errors import (
 )
 
 __version__ = "0.1.0"
+
+multipath_copy = multipath.copy
 
 
 def gpu_available() -> bool:
@@ -75,6 +78,8 @@ __all__ = [
     "gpu_available",
     "init",
     "init_local",
+    "multipath",
+    "multipath_copy",
     "read_launch_env",
     "select_algo",
 ]

@@ -159,12 +159,14 @@ auto call_with_args(Fn fn) {
 
 void bind_kv(nb::module_& m);  // python/src/kv_ext.cpp
 void bind_symm(nb::module_& m);  // python/src/symm_ext.cpp
+void bind_multipath(nb::module_& m);  // python/src/multipath_ext.cpp
 
 NB_MODULE(_ferry, m) {
   m.doc() = "ferry native layer (use the ferry package, not this module)";
   declare_exceptions(m);
   bind_kv(m);
   bind_symm(m);
+  bind_multipath(m);
 
   m.def("driver_available", &ferry::driver_available);
   m.def("driver_missing_hint", &ferry::driver_missing_hint);

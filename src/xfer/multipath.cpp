@@ -178,6 +178,9 @@ void MultipathEngine::synchronize() {
 
 MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
   check();
+  // The pointer queries below must not invalidate a graph some thread
+  // captures (a captured call itself runs as one plain copy).
+  RelaxedCaptureScope relax;
   MultipathReport r;
   r.links = 0;
   if (bytes == 0) {
@@ -283,6 +286,10 @@ void MultipathEngine::submit(Transfer& t, const Assignment& a) {
 // retires chunks as they land, and opens the gate for each copy, in order,
 // once all of its chunks landed.
 void MultipathEngine::run() {
+  // This thread's queries and copies never touch a captured stream: they must
+  // not invalidate a graph that another thread captures meanwhile.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
   const int n = static_cast<int>(links_.size());
   MultipathScheduler sched(n, policy_);
   std::deque<Transfer> active;  // in id order

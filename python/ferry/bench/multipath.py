@@ -1,0 +1,302 @@
+"""Multipath host<->GPU copies against the plain copy, in one run, on one machine.
+
+    python -m ferry.bench.multipath --out results/            # every visible GPU
+    python -m ferry.bench.multipath --min 1M --max 8G --paths 1,2,4
+
+What it measures, per direction (host to GPU 0, GPU 0 to host) and size:
+- plain: one ``cudaMemcpyAsync`` (``tensor.copy_(non_blocking=True)``) over GPU 0's own link;
+- ferry: ``ferry.multipath.Engine`` over the host links of GPUs 0..paths-1 (paths >= 2);
+- ferry-loopback: the engine with relays through GPU 0 itself (one physical
+  link): what chunking, staging and the stream gate cost over the plain copy;
+- aggregate: every GPU copying its own buffer over its own link at once, the
+  machine's host bandwidth that multipath can at best reach (same run).
+Time: CUDA events on the caller's stream around one copy (the engine's start
+event and gate included), the median of --reps after one warm-up; graphs off.
+host_us is the caller's time in the call; cpu_us the process's CPU time per
+copy (the engine's thread included). The largest size of every impl is
+checked byte for byte. Records: {op: "multipath_h2d"|"multipath_d2h", impl,
+bytes, paths, gbps, aggregate_gbps, time_us, host_us, cpu_us, gpu, date}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Sequence
+
+from .report import _pyplot, format_size, parse_size, size_range
+
+OPS = {"h2d": "multipath_h2d", "d2h": "multipath_d2h"}
+
+
+def record(op, impl, nbytes, paths, time_us, aggregate_gbps, host_us, cpu_us, gpu, date) -> dict:
+    gbps = nbytes / (time_us * 1e-6) / 1e9 if time_us > 0 else 0.0
+    return {
+        "op": op,
+        "impl": impl,
+        "bytes": nbytes,
+        "paths": paths,
+        "gbps": round(gbps, 2),
+        "aggregate_gbps": round(aggregate_gbps, 2),
+        "time_us": round(time_us, 2),
+        "host_us": round(host_us, 2),
+        "cpu_us": round(cpu_us, 2),
+        "gpu": gpu,
+        "date": date,
+    }
+
+
+def impl_label(r: dict) -> str:
+    return r["impl"] if r["impl"] != "ferry" else f"ferry x{r['paths']}"
+
+
+def break_even(records: Sequence[dict], op: str, impl_paths: tuple) -> int:
+    """The smallest size from which the impl is at least as fast as the plain
+    copy at every larger size measured (0: never)."""
+    plain = {r["bytes"]: r["gbps"] for r in records if r["op"] == op and r["impl"] == "plain"}
+    mine = {
+        r["bytes"]: r["gbps"]
+        for r in records
+        if r["op"] == op and (r["impl"], r["paths"]) == impl_paths and r["bytes"] in plain
+    }
+    sizes = sorted(mine)
+    best = 0
+    for s in reversed(sizes):
+        if mine[s] >= plain[s]:
+            best = s
+        else:
+            break
+    return best
+
+
+def format_table(records: Sequence[dict]) -> str:
+    impls = []
+    for r in records:
+        key = (r["impl"], r["paths"])
+        if key not in impls:
+            impls.append(key)
+    lines = []
+    for op in OPS.values():
+        rows = [r for r in records if r["op"] == op]
+        if not rows:
+            continue
+        agg = max(r["aggregate_gbps"] for r in rows)
+        lines.append(f"# {op}: GB/s (aggregate of every GPU's own link at once: {agg:.1f} GB/s)")
+        heads = [impl_label({"impl": i, "paths": p}) for i, p in impls]
+        lines.append(f"{'size':>8}" + "".join(f"{h:>16}" for h in heads))
+        for size in sorted({r["bytes"] for r in rows}):
+            cells = []
+            for key in impls:
+                hit = [r for r in rows if r["bytes"] == size and (r["impl"], r["paths"]) == key]
+                cells.append(f"{hit[0]['gbps']:>16.1f}" if hit else f"{'-':>16}")
+            lines.append(f"{format_size(size):>8}" + "".join(cells))
+        for key in impls:
+            if key[0] == "plain":
+                continue
+            be = break_even(records, op, key)
+            lines.append(
+                f"  {impl_label({'impl': key[0], 'paths': key[1]})}: at least the plain copy's speed from "
+                + (format_size(be) if be else "no measured size")
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(records: Sequence[dict], path: str, title: str) -> bool:
+    plt = _pyplot()
+    if plt is None:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, op in zip(axes, OPS.values()):
+        rows = [r for r in records if r["op"] == op]
+        for key in sorted({(r["impl"], r["paths"]) for r in rows}):
+            pts = sorted((r["bytes"], r["gbps"]) for r in rows if (r["impl"], r["paths"]) == key)
+            ax.plot(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                marker="o",
+                label=impl_label({"impl": key[0], "paths": key[1]}),
+            )
+        if rows:
+            ax.axhline(
+                max(r["aggregate_gbps"] for r in rows), color="grey", ls="--", label="all GPUs at once"
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("bytes")
+        ax.set_ylabel("GB/s")
+        ax.set_title(op)
+        ax.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _median_time(torch, stream, fn, reps: int):
+    """(median us on the stream, median host us in the call, CPU us per call)."""
+    fn()  # warm-up
+    stream.synchronize()
+    times, host = [], []
+    cpu0 = time.process_time()
+    for _ in range(reps):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record(stream)
+        t = time.perf_counter()
+        fn()
+        host.append((time.perf_counter() - t) * 1e6)
+        b.record(stream)
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    cpu = (time.process_time() - cpu0) * 1e6 / reps
+    return statistics.median(times), statistics.median(host), cpu
+
+
+def _aggregate(torch, nbytes: int, direction: str, reps: int) -> float:
+    """Every GPU's own link at once: bytes moved by all / time until the last landed."""
+    n = torch.cuda.device_count()
+    hosts = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=True) for _ in range(n)]
+    devs = [torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{d}") for d in range(n)]
+    streams = [torch.cuda.Stream(d) for d in range(n)]
+    best = []
+    for rep in range(reps + 1):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for d in range(n):
+            with torch.cuda.stream(streams[d]):
+                if direction == "h2d":
+                    devs[d].copy_(hosts[d], non_blocking=True)
+                else:
+                    hosts[d].copy_(devs[d], non_blocking=True)
+        for s in streams:
+            s.synchronize()
+        if rep:
+            best.append(time.perf_counter() - t)
+    return n * nbytes / statistics.median(best) / 1e9
+
+
+def run(opts: dict, progress=print) -> dict:
+    import torch
+
+    import ferry.multipath as mp
+
+    n_gpu = torch.cuda.device_count()
+    if n_gpu == 0:
+        raise SystemExit("ferry.bench.multipath needs a GPU")
+    gpu = torch.cuda.get_device_name(0)
+    date = datetime.date.today().isoformat()
+    sizes = size_range(opts["min_bytes"], opts["max_bytes"], opts["factor"])
+    paths = [p for p in opts["paths"] if 2 <= p <= n_gpu] if opts["paths"] else list(range(2, n_gpu + 1))
+    reps = opts["reps"]
+    top = sizes[-1]
+    host = torch.empty(top, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(top, dtype=torch.uint8, device="cuda:0")
+    ref = torch.randint(0, 256, (top,), dtype=torch.uint8, device="cuda:0")
+    stream = torch.cuda.Stream(0)
+    engines = {("ferry", p): mp.Engine(devices=list(range(p))) for p in paths}
+    if opts["loopback"] > 0:
+        engines[("ferry-loopback", 1)] = mp.Engine(devices=[0], loopback=opts["loopback"])
+    records, failures = [], []
+    for direction, op in OPS.items():
+        agg = _aggregate(torch, min(top, 1 << 30), direction, reps)
+        progress(f"{op}: every GPU's own link at once {agg:.1f} GB/s")
+        impls = [("plain", 1)] + list(engines)
+        for size in sizes:
+            h, d = host[:size], dev[:size]
+            for key in impls:
+                if key[0] == "plain":
+                    if direction == "h2d":
+                        fn = lambda: d.copy_(h, non_blocking=True)  # noqa: E731
+                    else:
+                        fn = lambda: h.copy_(d, non_blocking=True)  # noqa: E731
+                else:
+                    e = engines[key]
+                    fn = (
+                        (lambda e=e: e.copy(d, h, stream=stream))
+                        if direction == "h2d"
+                        else (lambda e=e: e.copy(h, d, stream=stream))
+                    )
+                if size == top:  # every byte, once per impl
+                    if direction == "h2d":
+                        host.copy_(ref.cpu())
+                        dev.fill_(0xA5)
+                    else:
+                        dev.copy_(ref)
+                        host.fill_(0xA5)
+                    torch.cuda.synchronize()
+                with torch.cuda.stream(stream):
+                    t_us, host_us, cpu_us = _median_time(torch, stream, fn, reps)
+                if size == top:
+                    got = dev if direction == "h2d" else host.to("cuda:0")
+                    if not torch.equal(got, ref):
+                        failures.append(f"{op} {key} {size}: wrong bytes")
+                if key[0] != "plain":
+                    engines[key].check()
+                records.append(record(op, key[0], size, key[1], t_us, agg, host_us, cpu_us, gpu, date))
+            progress(
+                f"{op} {format_size(size)}: "
+                + ", ".join(
+                    f"{impl_label(r)} {r['gbps']:.1f}"
+                    for r in records
+                    if r["op"] == op and r["bytes"] == size
+                )
+            )
+    for e in engines.values():
+        e.close()
+    return {"gpu": gpu, "gpus": n_gpu, "date": date, "records": records, "failures": failures}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="bench/results", help="folder for the JSON, the table and the plot")
+    p.add_argument("--min", default="1M")
+    p.add_argument("--max", default="1G")
+    p.add_argument("--factor", type=int, default=4)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--paths", default="", help="path counts to measure, e.g. 2,4 (default: 2..GPUs)")
+    p.add_argument(
+        "--loopback", type=int, default=2, help="relays through GPU 0 itself for ferry-loopback; 0: skip"
+    )
+    p.add_argument("--tag", default="")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    opts = {
+        "min_bytes": parse_size(args.min),
+        "max_bytes": parse_size(args.max),
+        "factor": args.factor,
+        "reps": args.reps,
+        "paths": [int(x) for x in args.paths.split(",") if x],
+        "loopback": args.loopback,
+    }
+    result = run(opts)
+    table = format_table(result["records"])
+    print(table)
+    for f in result["failures"]:
+        print("FAILED:", f)
+    os.makedirs(args.out, exist_ok=True)
+    stem = os.path.join(
+        args.out,
+        f"{result['date']}-{result['gpu'].replace(' ', '-')}-x{result['gpus']}-multipath"
+        + (f"-{args.tag}" if args.tag else ""),
+    )
+    with open(stem + ".json", "w") as f:
+        json.dump({"command": " ".join(sys.argv), **result}, f, indent=1)
+    with open(stem + ".txt", "w") as f:
+        f.write(table + "\n")
+    if plot(result["records"], stem + ".png", f"multipath copies, {result['gpus']} x {result['gpu']}"):
+        print(f"wrote {stem}.png")
+    print(f"wrote {stem}.json, {stem}.txt")
+    return 1 if result["failures"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""Multipath host<->GPU copies: one large copy split into chunks that travel
+over several GPUs' host (PCIe) links at once, relayed through peer GPUs over
+NVLink, on copy engines only (no kernel, no SM).
+
+    import ferry
+    ferry.multipath_copy(gpu_tensor, pinned_cpu_tensor)      # host -> GPU, current stream's order
+    ferry.multipath_copy(pinned_cpu_tensor, gpu_tensor)      # GPU -> host
+
+    eng = ferry.multipath.Engine(devices=[0, 1, 2, 3], relays=[1, 2, 3])
+    eng.copy(dst, src, stream=s)
+
+Stream order is the one of ``cudaMemcpyAsync``: the copy starts when ``stream``
+(default: the current torch stream of the GPU side's device) gets to it, and
+work queued there afterwards sees all of it. Between the two, ferry's thread
+feeds each link a chunk whenever that link's queue has room (back-pressure:
+a busy link takes fewer chunks). A copy runs as one plain ``cudaMemcpyAsync``
+below ``min_bytes`` (FERRY_MULTIPATH_MIN_BYTES), for pageable host memory,
+while the stream captures a CUDA graph, and where no GPU may relay;
+FERRY_DEBUG=1 prints why. docs/multipath.md has the measurements.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Optional, Sequence, Union
+
+from ._native import require
+from .errors import InvalidArgumentError
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _side(t, name: str):
+    torch = _torch()
+    if not isinstance(t, torch.Tensor):
+        raise InvalidArgumentError(f"{name} is a {type(t).__name__}; expected a torch tensor")
+    if not t.is_contiguous():
+        raise InvalidArgumentError(f"{name} is not contiguous; multipath copies move one contiguous range")
+    return t
+
+
+class Engine:
+    """Multipath copies over the host links of ``devices`` (default: every
+    visible GPU). ``relays``: "all" or the GPUs that may carry other GPUs'
+    chunks. ``chunk_bytes`` / ``min_bytes`` default to the knobs
+    FERRY_MULTIPATH_CHUNK_BYTES / FERRY_MULTIPATH_MIN_BYTES. ``outstanding``:
+    chunks in flight per link (each relay GPU holds that many staging buffers
+    of ``chunk_bytes``). ``own_link_first``: a GPU's link serves its own copies
+    before relaying. ``loopback`` (testing on one GPU): add this many relay
+    links through ``devices[0]`` itself, so that staging and both pipelines
+    run for real over one link."""
+
+    def __init__(
+        self,
+        devices: Optional[Sequence[int]] = None,
+        *,
+        relays: Union[str, Sequence[int]] = "all",
+        chunk_bytes: int = 0,
+        min_bytes: int = 0,
+        outstanding: int = 2,
+        own_link_first: bool = True,
+        loopback: int = 0,
+        timeout: float = 0.0,
+    ):
+        native = require()
+        if devices is None:
+            devices = list(range(_torch().cuda.device_count()))
+        devices = [int(d) for d in devices]
+        if not devices:
+            raise InvalidArgumentError("devices: expected at least one GPU")
+        if len(set(devices)) != len(devices):
+            raise InvalidArgumentError(
+                f"devices: {devices} lists a GPU twice (loopback= adds relays through one GPU)"
+            )
+        if int(loopback) < 0:
+            raise InvalidArgumentError(f"loopback is {loopback}; expected 0 or more")
+        links = devices + [devices[0]] * int(loopback)
+        if isinstance(relays, str):
+            if relays != "all":
+                raise InvalidArgumentError(f"relays is '{relays}'; expected 'all' or a list of GPUs")
+            may_relay = [True] * len(links)
+        else:
+            allowed = {int(r) for r in relays}
+            unknown = allowed - set(devices)
+            if unknown:
+                raise InvalidArgumentError(f"relays: {sorted(unknown)} are not among devices {devices}")
+            may_relay = [d in allowed for d in devices] + [True] * int(loopback)
+        for name, v in (("chunk_bytes", chunk_bytes), ("min_bytes", min_bytes)):
+            if int(v) < 0:
+                raise InvalidArgumentError(f"{name} is {v}; expected a positive size, or 0 for the knob's")
+        self._e = native.MultipathEngine(
+            links,
+            int(chunk_bytes),
+            int(min_bytes),
+            int(outstanding),
+            bool(own_link_first),
+            may_relay,
+            float(timeout),
+        )
+
+    def _engine(self):
+        if self._e is None:
+            raise InvalidArgumentError("the multipath engine is closed")
+        return self._e
+
+    def copy(self, dst, src, stream=None) -> dict:
+        """Copies ``src`` into ``dst`` (same number of bytes; one a CUDA tensor,
+        the other a CPU tensor, pinned for multipath) in ``stream``'s order.
+        Returns ``{"multipath", "reason", "chunks", "links"}``: what ran and,
+        for a plain copy, why. Keep both tensors alive until the stream passed it."""
+        dst, src = _side(dst, "dst"), _side(src, "src")
+        nbytes = dst.numel() * dst.element_size()
+        if nbytes != src.numel() * src.element_size():
+            raise InvalidArgumentError(
+                f"dst holds {nbytes} bytes and src {src.numel() * src.element_size()}; expected the same size"
+            )
+        if dst.is_cuda == src.is_cuda:
+            where = "CUDA" if dst.is_cuda else "CPU"
+            raise InvalidArgumentError(
+                f"dst and src are both {where} tensors; a multipath copy moves between host and GPU (one side each)"
+            )
+        gpu = dst if dst.is_cuda else src
+        torch = _torch()
+        if stream is None:
+            handle = torch.cuda.current_stream(gpu.device).cuda_stream
+        elif isinstance(stream, int):
+            handle = stream
+        else:
+            handle = getattr(stream, "cuda_stream", None)
+            if handle is None:
+                raise InvalidArgumentError(
+                    f"stream is a {type(stream).__name__}; expected a torch.cuda.Stream or an int handle"
+                )
+        multipath, reason, chunks, links = self._engine().copy(dst.data_ptr(), src.data_ptr(), nbytes, handle)
+        return {"multipath": multipath, "reason": reason, "chunks": chunks, "links": links}
+
+    def synchronize(self) -> None:
+        """Waits until every copy so far landed (bounded by the timeout); raises
+        the error one of them met."""
+        self._engine().synchronize()
+
+    def check(self) -> None:
+        """Raises the first error a copy met (its stream was let go; the data of
+        that copy is not complete)."""
+        self._engine().check()
+
+    def bytes_by_link(self) -> list:
+        """Host-link bytes each link carried so far, in the order of ``links``."""
+        return list(self._engine().bytes_by_link())
+
+    @property
+    def links(self) -> list:
+        """The GPU of each host link (``devices``, then the loopback relays)."""
+        return list(self._engine().link_devices)
+
+    @property
+    def relays(self) -> list:
+        """Whether each link may relay (False where it may not, cannot reach the
+        others peer to peer, or had no room for its staging buffers)."""
+        return list(self._engine().may_relay())
+
+    @property
+    def chunk_bytes(self) -> int:
+        return self._engine().chunk_bytes
+
+    @property
+    def min_bytes(self) -> int:
+        return self._engine().threshold_bytes
+
+    def close(self) -> None:
+        """Waits (bounded) for the copies in flight, then frees the staging buffers."""
+        self._e = None
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+_default: Optional[Engine] = None
+_default_lock = threading.Lock()
+
+
+def default_engine() -> Engine:
+    """The engine ``copy`` uses: every visible GPU, made on first use."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Engine()
+        return _default
+
+
+def copy(dst, src, stream=None) -> dict:
+    """``Engine.copy`` on the default engine (every visible GPU may relay)."""
+    return default_engine().copy(dst, src, stream)

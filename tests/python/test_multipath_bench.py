@@ -1,0 +1,37 @@
+"""The multipath benchmark's pure parts: records, break-even, the table."""
+
+from ferry.bench.multipath import break_even, format_table, record
+
+
+def _rows():
+    out = []
+    for size, plain, ferry in (
+        (1 << 20, 20.0, 8.0),
+        (4 << 20, 40.0, 35.0),
+        (16 << 20, 50.0, 70.0),
+        (64 << 20, 52.0, 100.0),
+    ):
+        t = size / (plain * 1e9) * 1e6
+        out.append(record("multipath_h2d", "plain", size, 1, t, 105.0, 3.0, 4.0, "H200", "2026-11-25"))
+        t = size / (ferry * 1e9) * 1e6
+        out.append(record("multipath_h2d", "ferry", size, 2, t, 105.0, 9.0, 30.0, "H200", "2026-11-25"))
+    return out
+
+
+def test_record_has_the_issue_fields():
+    r = _rows()[1]
+    assert set(r) >= {"op", "impl", "bytes", "paths", "gbps", "aggregate_gbps", "gpu", "date"}
+    assert r["op"] == "multipath_h2d" and r["paths"] == 2 and abs(r["gbps"] - 8.0) < 0.05
+
+
+def test_break_even_is_the_size_from_which_it_stays_ahead():
+    rows = _rows()
+    assert break_even(rows, "multipath_h2d", ("ferry", 2)) == 16 << 20
+    slower = [dict(r, gbps=1.0) if r["impl"] == "ferry" else r for r in rows]
+    assert break_even(slower, "multipath_h2d", ("ferry", 2)) == 0
+
+
+def test_table_names_impls_and_the_aggregate():
+    text = format_table(_rows())
+    assert "ferry x2" in text and "aggregate" in text and "105.0" in text
+    assert "from 16M" in text or "from 16 M" in text or "16M" in text.split("ferry x2: ")[-1]
