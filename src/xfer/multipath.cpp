@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 
 #include "core/cuda_scope.hpp"
 #include "core/env.hpp"
@@ -136,7 +137,14 @@ MultipathEngine::~MultipathEngine() {
   thread_.join();
   if (!drained || broken_) {
     // Chunks may still be queued on the links: their memory stays (a copy
-    // engine must never write into freed memory), and so does the gate.
+    // engine must never write into freed memory), and so does the gate,
+    // opened so that no stream waits on it forever.
+    if (!drained)
+      std::fprintf(stderr,
+                   "ferry: a multipath engine closed with copies still in flight after %.0f s; their streams were "
+                   "let go and their data is incomplete\n",
+                   timeout_s_);
+    gate_->open_to(next_id_);
     gate_->keep();
     return;
   }
@@ -308,7 +316,10 @@ void MultipathEngine::run() {
     }
     active.clear();
     gate_->open_to(last);
-    landed_id_.store(last);
+    {
+      std::lock_guard<std::mutex> lock(mu_);  // a waiter checks and sleeps under it: no lost wake-up
+      landed_id_.store(last);
+    }
     cv_.notify_all();
   };
   while (true) {
@@ -318,7 +329,8 @@ void MultipathEngine::run() {
       std::unique_lock<std::mutex> lock(mu_);
       if (!in_flight && queued_.empty() && !stop_)
         cv_.wait_for(lock, std::chrono::milliseconds(active.empty() ? 100 : 1));
-      if (stop_ && queued_.empty() && (active.empty() || broken_)) break;
+      // The destructor sets stop_ once every copy landed, or past the timeout.
+      if (stop_) break;
       if (broken_) {
         lock.unlock();
         release_all();
@@ -379,7 +391,10 @@ void MultipathEngine::run() {
       // Open the gate for every finished copy, in order.
       while (!active.empty() && sched.done(active.front().sched)) {
         gate_->open_to(active.front().id);
-        landed_id_.store(active.front().id);
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          landed_id_.store(active.front().id);
+        }
         cudaEventDestroy(active.front().start);
         active.pop_front();
         cv_.notify_all();
