@@ -231,6 +231,7 @@ MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, 
   t.dst = static_cast<char*>(dst);
   t.src = static_cast<const char*>(src);
   t.bytes = bytes;
+  t.chunk = multipath_chunk_bytes(bytes, relays + 1, policy_.outstanding, chunk_bytes_);
   FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&t.start, cudaEventDisableTiming));
   const cudaError_t e = cudaEventRecord(t.start, stream);
   if (e != cudaSuccess) {
@@ -252,7 +253,7 @@ MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, 
   }
   cv_.notify_all();
   r.multipath = true;
-  r.chunks = static_cast<int>((bytes + chunk_bytes_ - 1) / chunk_bytes_);
+  r.chunks = static_cast<int>((bytes + t.chunk - 1) / t.chunk);
   r.links = relays + 1;
   return r;
 }
@@ -340,7 +341,7 @@ void MultipathEngine::run() {
       while (!queued_.empty()) {
         Transfer t = queued_.front();
         queued_.pop_front();
-        t.sched = sched.add(t.target, split_chunks(t.bytes, chunk_bytes_));
+        t.sched = sched.add(t.target, split_chunks(t.bytes, t.chunk));
         active.push_back(t);
       }
     }

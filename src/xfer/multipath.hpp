@@ -83,6 +83,7 @@ class MultipathEngine {
     char* dst = nullptr;
     const char* src = nullptr;
     size_t bytes = 0;
+    size_t chunk = 0;  // multipath_chunk_bytes of this copy
     cudaEvent_t start = nullptr;
     int sched = -1;  // the scheduler's id
     double deadline = 0;

@@ -15,6 +15,15 @@ std::vector<Chunk> split_chunks(size_t bytes, size_t chunk_bytes) {
   return out;
 }
 
+size_t multipath_chunk_bytes(size_t bytes, int links, int outstanding, size_t max_chunk, size_t min_chunk) {
+  FERRY_ARG_CHECK(max_chunk > 0, "max_chunk must be positive");
+  const size_t slots = static_cast<size_t>(std::max(links, 1)) * static_cast<size_t>(std::max(outstanding, 1));
+  constexpr size_t kStep = size_t{64} << 10;
+  size_t chunk = (bytes + slots - 1) / slots;
+  chunk = (chunk + kStep - 1) / kStep * kStep;
+  return std::min(max_chunk, std::max(chunk, min_chunk));
+}
+
 MultipathChoice choose_multipath(size_t bytes, bool host_pinned, int usable_relays, size_t threshold_bytes) {
   MultipathChoice c;
   if (!host_pinned)

@@ -28,6 +28,15 @@ struct Chunk {
 // `bytes` as chunks of `chunk_bytes` (the last one shorter), in order.
 std::vector<Chunk> split_chunks(size_t bytes, size_t chunk_bytes);
 
+// The chunk size of one copy: small enough that every link's outstanding
+// queue gets a chunk (a copy of a few chunks would otherwise fill the target's
+// own link alone), at least `min_chunk` (each chunk costs a few microseconds
+// of events and waits) in 64 KiB steps, at most `max_chunk` (the staging
+// buffers' size).
+constexpr size_t kMultipathMinChunk = size_t{2} << 20;
+size_t multipath_chunk_bytes(size_t bytes, int links, int outstanding, size_t max_chunk,
+                             size_t min_chunk = kMultipathMinChunk);
+
 // Whether a copy goes multipath, and why not where it does not.
 struct MultipathChoice {
   bool multipath = false;

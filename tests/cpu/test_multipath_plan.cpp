@@ -196,3 +196,17 @@ TEST(MultipathLinks, OwnLinkIsTheFirstOnTheDevice) {
   EXPECT_EQ(own_link({0, 0, 0}, 0), 0);  // one GPU, relaying through itself (testing)
   EXPECT_EQ(own_link({1, 2}, 0), -1);
 }
+
+TEST(MultipathChunkSize, EveryLinksQueueGetsAChunkWithinTheBounds) {
+  const size_t MiB = size_t{1} << 20;
+  // 16 MiB over 2 links with 2 outstanding each: 4 chunks, so the relay takes half.
+  EXPECT_EQ(multipath_chunk_bytes(16 * MiB, 2, 2, 8 * MiB), 4 * MiB);
+  // Large copies use the staging buffers' size.
+  EXPECT_EQ(multipath_chunk_bytes(1024 * MiB, 4, 2, 8 * MiB), 8 * MiB);
+  // Never below the floor; never above the staging buffers, even where the floor is larger.
+  EXPECT_EQ(multipath_chunk_bytes(8 * MiB, 8, 2, 8 * MiB), 2 * MiB);
+  EXPECT_EQ(multipath_chunk_bytes(8 * MiB, 3, 2, MiB + 4097), MiB + 4097);
+  // 64 KiB steps.
+  EXPECT_EQ(multipath_chunk_bytes(10 * MiB + 1, 2, 2, 8 * MiB) % (64 << 10), 0u);
+  EXPECT_THROW(multipath_chunk_bytes(MiB, 2, 2, 0), ferry::Error);
+}

@@ -740,7 +740,6 @@ def timeouts(ferry, torch, world: int, stream_wait: bool) -> list:
 
     fails = []
     comm = ferry.init_local([r % torch.cuda.device_count() for r in range(world)], timeout=2.0)
-    k = Kernels()
     devs = [torch.device("cuda", d) for d in comm.devices]
     streams = [torch.cuda.Stream(device=d) for d in devs]
 
@@ -767,6 +766,7 @@ def timeouts(ferry, torch, world: int, stream_wait: bool) -> list:
 
     if stream_wait:
         return stream_wait_released(ferry, torch, comm, devs, streams, fails, expect_fault)
+    k = Kernels()
 
     # A signal that never comes (device): rank 0 waits for rank 1.
     heap = ferry.symm.Heap(comm, capacity=64 << 20)
@@ -827,13 +827,16 @@ def stream_wait_released(ferry, torch, comm, devs, streams, fails, expect_fault)
     stream is let go, the work after it runs, and check() names the rank."""
     heap = ferry.symm.Heap(comm, capacity=64 << 20)
     sig = heap.zeros((1,), torch.int64)
+    # The kernel that runs after the wait, launched once before it: under lazy
+    # module loading a first launch while a stream is held waits for the device.
+    done = torch.zeros(1, device=devs[0])
+    with torch.cuda.stream(streams[0]):
+        done.fill_(0)
     torch.cuda.synchronize()
     t0 = time.monotonic()
     heap.wait(sig[0], 1, from_rank=1, stream=streams[0])
-    done = torch.zeros(1, device=devs[0])
-    streams[0].wait_stream(torch.cuda.current_stream(devs[0]))
     with torch.cuda.stream(streams[0]):
-        done.fill_(1)  # a kernel this process has loaded already (a first launch could wait for the device)
+        done.fill_(1)
     streams[0].synchronize()
     if done.item() != 1:
         fails.append("the work after a released stream wait did not run")

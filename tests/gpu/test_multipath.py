@@ -76,6 +76,11 @@ def test_stream_order_start_and_finish(eng):
     x = rand(n, "cuda:0", seed=1)
     host = pinned(n)
     y = torch.full((n,), POISON, dtype=torch.uint8, device="cuda:0")
+    # Every kernel once before a copy holds the stream: under lazy module
+    # loading a kernel's first launch waits for the device (docs/multipath.md).
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(1)
+        x.flip(0).clone()
     torch.cuda.synchronize()
     with torch.cuda.stream(s):
         torch.cuda._sleep(200_000_000)  # the stream is busy for a while: an early start would read poison

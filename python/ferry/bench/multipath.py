@@ -13,7 +13,8 @@ What it measures, per direction (host to GPU 0, GPU 0 to host) and size:
 Time: CUDA events on the caller's stream around one copy (the engine's start
 event and gate included), the median of --reps after one warm-up; graphs off.
 host_us is the caller's time in the call; cpu_us the process's CPU time per
-copy (the engine's thread included). The largest size of every impl is
+copy while the caller sleeps on a blocking event (the engine's thread
+included). The largest size of every impl is
 checked byte for byte. Records: {op: "multipath_h2d"|"multipath_d2h", impl,
 bytes, paths, gbps, aggregate_gbps, time_us, host_us, cpu_us, gpu, date}.
 """
@@ -146,7 +147,9 @@ def _median_time(torch, stream, fn, reps: int):
     cpu0 = time.process_time()
     for _ in range(reps):
         a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(
+            enable_timing=True, blocking=True
+        )  # the caller sleeps: its CPU time is the work's
         a.record(stream)
         t = time.perf_counter()
         fn()
