@@ -66,7 +66,6 @@ class Engine:
         loopback: int = 0,
         timeout: float = 0.0,
     ):
-        native = require()
         if devices is None:
             devices = list(range(_torch().cuda.device_count()))
         devices = [int(d) for d in devices]
@@ -92,7 +91,10 @@ class Engine:
         for name, v in (("chunk_bytes", chunk_bytes), ("min_bytes", min_bytes)):
             if int(v) < 0:
                 raise InvalidArgumentError(f"{name} is {v}; expected a positive size, or 0 for the knob's")
-        self._e = native.MultipathEngine(
+        if int(outstanding) < 1:
+            raise InvalidArgumentError(f"outstanding is {outstanding}; expected 1..16")
+        self._e = None
+        self._e = require().MultipathEngine(
             links,
             int(chunk_bytes),
             int(min_bytes),
