@@ -21,11 +21,12 @@ FERRY_DEBUG=1 prints why. docs/multipath.md has the measurements.
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any, Optional, Sequence, Union
 
 from ._native import require
-from .errors import InvalidArgumentError
+from .errors import BrokenError, InvalidArgumentError
 
 
 def _torch():
@@ -87,10 +88,12 @@ class Engine:
             unknown = allowed - set(devices)
             if unknown:
                 raise InvalidArgumentError(f"relays: {sorted(unknown)} are not among devices {devices}")
-            may_relay = [d in allowed for d in devices] + [True] * int(loopback)
+            may_relay = [d in allowed for d in devices] + [devices[0] in allowed] * int(loopback)
         for name, v in (("chunk_bytes", chunk_bytes), ("min_bytes", min_bytes)):
             if int(v) < 0:
                 raise InvalidArgumentError(f"{name} is {v}; expected a positive size, or 0 for the knob's")
+        if not (float(timeout) >= 0 and math.isfinite(float(timeout))):
+            raise InvalidArgumentError(f"timeout is {timeout}; expected seconds, or 0 for FERRY_TIMEOUT_S")
         if int(outstanding) < 1:
             raise InvalidArgumentError(f"outstanding is {outstanding}; expected 1..16")
         self._e = None
@@ -174,8 +177,12 @@ class Engine:
         return self._engine().threshold_bytes
 
     def close(self) -> None:
-        """Waits (bounded) for the copies in flight, then frees the staging buffers."""
-        self._e = None
+        """Waits (bounded by the timeout) for the copies in flight, then frees the
+        staging buffers; a second call does nothing. Past the bound the streams
+        waiting on copies are let go (said on stderr)."""
+        if self._e is not None:
+            self._e.close()
+            self._e = None
 
     def __enter__(self) -> "Engine":
         return self
@@ -198,5 +205,16 @@ def default_engine() -> Engine:
 
 
 def copy(dst, src, stream=None) -> dict:
-    """``Engine.copy`` on the default engine (every visible GPU may relay)."""
-    return default_engine().copy(dst, src, stream)
+    """``Engine.copy`` on the default engine (every visible GPU may relay). An
+    error a copy met is raised once; the next call gets a new engine."""
+    global _default
+    engine = default_engine()
+    try:
+        engine.check()
+    except BrokenError:
+        with _default_lock:
+            if _default is engine:
+                _default = None
+        engine.close()
+        raise
+    return engine.copy(dst, src, stream)

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 
 #include "core/cuda_scope.hpp"
@@ -58,6 +59,8 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
       options.chunk_bytes ? options.chunk_bytes : static_cast<size_t>(knob_int("FERRY_MULTIPATH_CHUNK_BYTES"));
   threshold_ =
       options.threshold_bytes ? options.threshold_bytes : static_cast<size_t>(knob_int("FERRY_MULTIPATH_MIN_BYTES"));
+  FERRY_ARG_CHECK(options.timeout_s >= 0 && std::isfinite(options.timeout_s),
+                  "timeout is " + std::to_string(options.timeout_s) + "; expected seconds, or 0 for FERRY_TIMEOUT_S");
   timeout_s_ = options.timeout_s > 0 ? options.timeout_s : knob_float("FERRY_TIMEOUT_S");
   FERRY_ARG_CHECK(chunk_bytes_ > 0, "chunk_bytes must be positive (FERRY_MULTIPATH_CHUNK_BYTES)");
   FERRY_ARG_CHECK(policy_.outstanding >= 1 && policy_.outstanding <= 16,
@@ -121,43 +124,62 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
       L.staging.push_back(static_cast<char*>(p));
     }
   }
-  gate_ = std::make_unique<HostGate>();
   thread_ = std::thread([this] { run(); });
 }
 
-MultipathEngine::~MultipathEngine() {
+MultipathEngine::~MultipathEngine() { close(); }
+
+void MultipathEngine::close() {
   bool drained = false;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    drained = cv_.wait_for(lock, std::chrono::duration<double>(timeout_s_),
-                           [&] { return landed_id_.load() >= next_id_ || broken_; });
+    if (closed_) return;
+    closed_ = true;
+    drained =
+        cv_.wait_for(lock, std::chrono::duration<double>(timeout_s_), [&] { return unfinished_.empty() || broken_; });
     stop_ = true;
-    cv_.notify_all();
   }
-  thread_.join();
-  if (!drained || broken_) {
-    // Chunks may still be queued on the links: their memory stays (a copy
-    // engine must never write into freed memory), and so does the gate,
-    // opened so that no stream waits on it forever.
-    if (!drained)
-      std::fprintf(stderr,
-                   "ferry: a multipath engine closed with copies still in flight after %.0f s; their streams were "
-                   "let go and their data is incomplete\n",
-                   timeout_s_);
-    gate_->open_to(next_id_);
-    gate_->keep();
-    return;
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  // Every stream that may still wait on a gate is let go. The gates' words
+  // stay allocated: a stream may not have read its word yet.
+  for (auto& g : gates_) {
+    g.second->open_to(g.second->generation());
+    g.second->keep();
   }
+  if (!drained)
+    std::fprintf(stderr,
+                 "ferry: a multipath engine closed with copies not landed after %.0f s; their streams were let go and "
+                 "their data is incomplete\n",
+                 timeout_s_);
+  // Memory a copy engine may still write stays.
+  if (!links_idle(drained ? timeout_s_ : 1.0)) return;
   for (Link& L : link_) {
-    cudaSetDevice(L.device);
-    cudaStreamSynchronize(L.host);
-    cudaStreamSynchronize(L.nvlink);
+    DeviceScope on(L.device);
     for (char* p : L.staging) cudaFree(p);
     for (auto e : L.hop) cudaEventDestroy(e);
     for (auto e : L.landed) cudaEventDestroy(e);
     cudaStreamDestroy(L.host);
     cudaStreamDestroy(L.nvlink);
   }
+  link_.clear();
+}
+
+bool MultipathEngine::links_idle(double limit_s) {
+  const double until = now_s() + limit_s;
+  for (Link& L : link_)
+    for (cudaStream_t s : {L.host, L.nvlink})
+      while (true) {
+        const cudaError_t q = cudaStreamQuery(s);
+        if (q == cudaSuccess) break;
+        if (q != cudaErrorNotReady) {
+          cudaGetLastError();
+          return false;
+        }
+        if (now_s() > until) return false;
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+  return true;
 }
 
 std::vector<size_t> MultipathEngine::bytes_by_link() const {
@@ -176,7 +198,7 @@ void MultipathEngine::synchronize() {
     std::unique_lock<std::mutex> lock(mu_);
     const uint64_t want = next_id_;
     if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s_),
-                      [&] { return landed_id_.load() >= want || broken_; }))
+                      [&] { return unfinished_.empty() || *unfinished_.begin() > want || broken_; }))
       throw_error(FERRY_ERROR_TIMEOUT, "multipath synchronize: copies still in flight after " +
                                            std::to_string(timeout_s_) +
                                            " s (a copy starts when its stream gets to it: is that stream blocked?)");
@@ -184,13 +206,23 @@ void MultipathEngine::synchronize() {
   check();
 }
 
+HostGate* MultipathEngine::gate_for(cudaStream_t stream) {
+  for (auto& g : gates_)
+    if (g.first == stream) return g.second.get();
+  gates_.emplace_back(stream, std::make_unique<HostGate>());
+  return gates_.back().second.get();
+}
+
 MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) throw_error(FERRY_ERROR_CLOSED, "the multipath engine is closed");
+  }
   check();
   // The pointer queries below must not invalidate a graph some thread
   // captures (a captured call itself runs as one plain copy).
   RelaxedCaptureScope relax;
   MultipathReport r;
-  r.links = 0;
   if (bytes == 0) {
     r.reason = "zero bytes";
     return r;
@@ -243,12 +275,16 @@ MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, 
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!error_.empty()) {
+    try {
+      if (!error_.empty()) throw_error(FERRY_ERROR_BROKEN, error_);
+      t.gate = gate_for(stream);
+      t.generation = t.gate->arm(stream);
+    } catch (...) {
       cudaEventDestroy(t.start);
-      throw_error(FERRY_ERROR_BROKEN, error_);
+      throw;
     }
-    t.id = gate_->arm(stream);
-    next_id_ = t.id;
+    t.id = ++next_id_;
+    unfinished_.insert(t.id);
     queued_.push_back(t);
   }
   cv_.notify_all();
@@ -258,12 +294,9 @@ MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, 
   return r;
 }
 
-void MultipathEngine::fail(const std::string& message) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (error_.empty()) error_ = message;
-  broken_ = true;
-}
-
+// A chunk is submitted only once its copy's stream got to the copy (the
+// start event completed): a link stream never waits for a caller's stream,
+// so copies of different streams can never hold each other up.
 void MultipathEngine::submit(Transfer& t, const Assignment& a) {
   Link& L = link_[a.link];
   DeviceScope on(L.device);
@@ -272,7 +305,6 @@ void MultipathEngine::submit(Transfer& t, const Assignment& a) {
   const char* src = t.src + a.chunk.offset;
   const size_t n = a.chunk.bytes;
   if (!a.relay()) {
-    FERRY_CUDA_CHECK(cudaStreamWaitEvent(L.host, t.start, 0));
     FERRY_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, L.host));
     FERRY_CUDA_CHECK(cudaEventRecord(L.landed[slot], L.host));
   } else {
@@ -281,7 +313,6 @@ void MultipathEngine::submit(Transfer& t, const Assignment& a) {
     char* stage = L.staging[slot];
     cudaStream_t first = t.to_device ? L.host : L.nvlink;
     cudaStream_t second = t.to_device ? L.nvlink : L.host;
-    FERRY_CUDA_CHECK(cudaStreamWaitEvent(first, t.start, 0));
     FERRY_CUDA_CHECK(cudaMemcpyAsync(stage, src, n, cudaMemcpyDefault, first));
     FERRY_CUDA_CHECK(cudaEventRecord(L.hop[slot], first));
     FERRY_CUDA_CHECK(cudaStreamWaitEvent(second, L.hop[slot], 0));
@@ -291,68 +322,105 @@ void MultipathEngine::submit(Transfer& t, const Assignment& a) {
   L.flight.push_back(Link::InFlight{t.id, n, slot});
 }
 
-// The engine's thread: takes new copies, feeds every link that has room,
-// retires chunks as they land, and opens the gate for each copy, in order,
-// once all of its chunks landed.
+// Every chunk of `t` landed: its stream goes on.
+void MultipathEngine::land(Transfer& t) {
+  t.gate->open_to(t.generation);
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // a waiter checks and sleeps under it: no lost wake-up
+    unfinished_.erase(t.id);
+  }
+  cv_.notify_all();
+}
+
+// After an error: the chunks already on the links finish (bounded), then
+// every stream waiting on the engine goes on, and check() says why.
+void MultipathEngine::fail_and_release(const std::string& message, std::deque<Transfer>& pending,
+                                       std::deque<Transfer>& active) {
+  debug_log("multipath: " + message + "; every stream waiting on a copy is let go");
+  links_idle(timeout_s_);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (error_.empty()) error_ = message;
+  broken_ = true;
+  for (auto* list : {&pending, &active, &queued_}) {
+    for (Transfer& t : *list)
+      if (t.start) cudaEventDestroy(t.start);
+    list->clear();
+  }
+  for (auto& g : gates_) g.second->open_to(g.second->generation());
+  unfinished_.clear();
+  cv_.notify_all();
+}
+
+// The engine's thread: starts copies whose streams got to them, feeds every
+// link that has room, retires chunks as they land, and lets each copy's
+// stream go once all of its chunks landed.
 void MultipathEngine::run() {
   // This thread's queries and copies never touch a captured stream: they must
   // not invalidate a graph that another thread captures meanwhile.
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   cudaThreadExchangeStreamCaptureMode(&mode);
   const int n = static_cast<int>(links_.size());
-  MultipathScheduler sched(n, policy_);
-  std::deque<Transfer> active;  // in id order
+  auto sched = std::make_unique<MultipathScheduler>(n, policy_);
+  std::deque<Transfer> pending;  // their streams have not got to them yet
+  std::deque<Transfer> active;   // handed to the scheduler
   auto by_sched = [&](int sid) -> Transfer& {
     for (Transfer& t : active)
       if (t.sched == sid) return t;
     throw_error(FERRY_ERROR_INTERNAL, "multipath: a chunk of an unknown copy");
   };
-  auto release_all = [&] {
-    // After an error: every stream held so far goes on; check() tells why.
-    uint64_t last = 0;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      last = next_id_;
-      queued_.clear();
-    }
-    active.clear();
-    gate_->open_to(last);
-    {
-      std::lock_guard<std::mutex> lock(mu_);  // a waiter checks and sleeps under it: no lost wake-up
-      landed_id_.store(last);
-    }
-    cv_.notify_all();
+  auto in_flight = [&] {
+    for (const Link& L : link_)
+      if (!L.flight.empty()) return true;
+    return false;
   };
+  // How long to sleep when only waiting for streams to get to their copies:
+  // short at first (a copy's start is its latency), longer while nothing moves.
+  int idle_us = 5;
   while (true) {
-    bool in_flight = false;
-    for (const Link& L : link_) in_flight |= !L.flight.empty();
     {
       std::unique_lock<std::mutex> lock(mu_);
-      if (!in_flight && queued_.empty() && !stop_)
-        cv_.wait_for(lock, std::chrono::milliseconds(active.empty() ? 100 : 1));
-      // The destructor sets stop_ once every copy landed, or past the timeout.
+      if (!in_flight() && pending.empty() && queued_.empty() && !stop_)
+        cv_.wait_for(lock, std::chrono::milliseconds(100));
       if (stop_) break;
       if (broken_) {
-        lock.unlock();
-        release_all();
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        cv_.wait_for(lock, std::chrono::milliseconds(100));
         continue;
       }
       while (!queued_.empty()) {
-        Transfer t = queued_.front();
+        pending.push_back(queued_.front());
         queued_.pop_front();
-        t.sched = sched.add(t.target, split_chunks(t.bytes, t.chunk));
-        active.push_back(t);
       }
     }
+    bool progress = false;
     try {
+      const double t_now = now_s();
+      // Start: copies whose streams got there, in the order they were made.
+      for (auto it = pending.begin(); it != pending.end();) {
+        const cudaError_t q = cudaEventQuery(it->start);
+        if (q == cudaErrorNotReady) {
+          ++it;
+          continue;
+        }
+        if (q != cudaSuccess) {
+          cudaGetLastError();
+          throw_error(FERRY_ERROR_CUDA, std::string("multipath: the stream of a copy failed before it: ") +
+                                            cudaGetErrorName(q) + " (" + cudaGetErrorString(q) + ")");
+        }
+        cudaEventDestroy(it->start);
+        it->start = nullptr;
+        if (sched->idle() && active.empty()) sched = std::make_unique<MultipathScheduler>(n, policy_);
+        it->sched = sched->add(it->target, split_chunks(it->bytes, it->chunk));
+        it->deadline = t_now + timeout_s_;
+        active.push_back(*it);
+        it = pending.erase(it);
+        progress = true;
+      }
       // Feed: every link with room takes its next chunk.
       for (int l = 0; l < n; ++l) {
         Assignment a;
-        while (sched.next(l, &a)) submit(by_sched(a.transfer), a);
+        while (sched->next(l, &a)) submit(by_sched(a.transfer), a);
       }
       // Retire what landed, oldest first on each link.
-      const double t_now = now_s();
       for (int l = 0; l < n; ++l) {
         Link& L = link_[l];
         while (!L.flight.empty()) {
@@ -365,49 +433,41 @@ void MultipathEngine::run() {
           }
           bytes_[l] += L.flight.front().bytes;
           L.flight.pop_front();
-          sched.complete(l);
+          sched->complete(l);
+          progress = true;
         }
       }
-      // A copy whose stream got to it has the timeout to land.
-      for (Transfer& t : active) {
-        if (sched.done(t.sched)) continue;
-        if (t.deadline == 0) {
-          const cudaError_t q = cudaEventQuery(t.start);
-          if (q == cudaSuccess)
-            t.deadline = t_now + timeout_s_;
-          else if (q != cudaErrorNotReady)
-            cudaGetLastError();
-        } else if (t_now > t.deadline) {
+      // Let each finished copy's stream go; a started copy has the timeout to land.
+      for (auto it = active.begin(); it != active.end();) {
+        if (sched->done(it->sched)) {
+          land(*it);
+          it = active.erase(it);
+          continue;
+        }
+        if (t_now > it->deadline) {
           std::string where;
           for (int l = 0; l < n; ++l)
             for (const auto& f : link_[l].flight)
-              if (f.transfer == t.id) where += (where.empty() ? "" : ", ") + dev_name(link_[l].device);
-          throw_error(FERRY_ERROR_TIMEOUT, "multipath: a copy of " + std::to_string(t.bytes) + " bytes " +
-                                               (t.to_device ? "into " : "from ") + dev_name(links_[t.target]) +
+              if (f.transfer == it->id) where += (where.empty() ? "" : ", ") + dev_name(link_[l].device);
+          throw_error(FERRY_ERROR_TIMEOUT, "multipath: a copy of " + std::to_string(it->bytes) + " bytes " +
+                                               (it->to_device ? "into " : "from ") + dev_name(links_[it->target]) +
                                                " did not land within " + std::to_string(timeout_s_) +
-                                               " s; chunks still on the links of " +
+                                               " s of its start; chunks still on the links of " +
                                                (where.empty() ? std::string("none") : where));
         }
-      }
-      // Open the gate for every finished copy, in order.
-      while (!active.empty() && sched.done(active.front().sched)) {
-        gate_->open_to(active.front().id);
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          landed_id_.store(active.front().id);
-        }
-        cudaEventDestroy(active.front().start);
-        active.pop_front();
-        cv_.notify_all();
+        ++it;
       }
     } catch (const std::exception& e) {
-      debug_log(std::string("multipath: ") + e.what() + "; every stream waiting on a copy is let go");
-      fail(e.what());
-      release_all();
+      fail_and_release(e.what(), pending, active);
+      continue;
     }
-    bool busy = false;
-    for (const Link& L : link_) busy |= !L.flight.empty();
-    if (busy) std::this_thread::sleep_for(std::chrono::microseconds(5));
+    if (in_flight()) {
+      idle_us = 5;
+      std::this_thread::sleep_for(std::chrono::microseconds(5));
+    } else if (!pending.empty()) {
+      idle_us = progress ? 5 : std::min(idle_us * 2, 200);
+      std::this_thread::sleep_for(std::chrono::microseconds(idle_us));
+    }
   }
 }
 

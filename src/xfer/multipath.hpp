@@ -19,6 +19,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -51,7 +52,7 @@ struct MultipathReport {
 class MultipathEngine {
  public:
   explicit MultipathEngine(const MultipathOptions& options);
-  ~MultipathEngine();  // waits (bounded) for every copy, then frees the staging buffers
+  ~MultipathEngine();  // close()
   MultipathEngine(const MultipathEngine&) = delete;
   MultipathEngine& operator=(const MultipathEngine&) = delete;
 
@@ -59,12 +60,18 @@ class MultipathEngine {
   // memory, the other in GPU memory) in `stream`'s order and returns at once.
   // Raises an error an earlier copy met.
   MultipathReport copy(void* dst, const void* src, size_t bytes, cudaStream_t stream);
-  // Waits until every copy so far landed (bounded by the timeout), then
-  // raises an error one of them met.
+  // Waits until every multipath copy so far landed (bounded by the timeout),
+  // then raises an error one of them met. Plain copies are ordered in their
+  // streams only.
   void synchronize();
   // Raises the first error a copy met (a CUDA error, a chunk that did not
-  // land in time); the stream it held was let go.
+  // land in time). Every stream waiting on the engine was let go, and every
+  // copy not complete then is invalid.
   void check();
+  // Waits (bounded) for the copies in flight, stops the engine's thread and
+  // frees its memory; a second call does nothing. Past the bound the streams
+  // are let go (said on stderr) and memory a copy engine may still write stays.
+  void close();
 
   const std::vector<int>& link_devices() const { return links_; }
   // Host-link bytes each link carried so far (a relay's chunks count on the relay's link).
@@ -85,9 +92,10 @@ class MultipathEngine {
     size_t bytes = 0;
     size_t chunk = 0;  // multipath_chunk_bytes of this copy
     cudaEvent_t start = nullptr;
-    int sched = -1;  // the scheduler's id
+    HostGate* gate = nullptr;  // its stream's gate, and the generation that stream waits for
+    uint64_t generation = 0;
+    int sched = -1;  // the scheduler's id, once its stream got to it
     double deadline = 0;
-    bool failed = false;
   };
   struct Link {
     int device = -1;
@@ -107,7 +115,10 @@ class MultipathEngine {
 
   void run();
   void submit(Transfer& t, const Assignment& a);
-  void fail(const std::string& message);
+  void land(Transfer& t);
+  bool links_idle(double limit_s);
+  void fail_and_release(const std::string& message, std::deque<Transfer>& pending, std::deque<Transfer>& active);
+  HostGate* gate_for(cudaStream_t stream);
 
   std::vector<int> links_;
   size_t chunk_bytes_ = 0;
@@ -115,16 +126,19 @@ class MultipathEngine {
   double timeout_s_ = 0;
   MultipathPolicy policy_;
   std::vector<Link> link_;
-  std::unique_ptr<HostGate> gate_;  // the caller's streams wait on it; one generation per copy, opened in order
+  // One gate per caller stream, each opened in that stream's order only: a
+  // copy held up on one stream never holds up another stream's.
+  std::vector<std::pair<cudaStream_t, std::unique_ptr<HostGate>>> gates_;
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Transfer> queued_;  // handed to the thread
-  uint64_t next_id_ = 0;         // last id given (the gate's generation)
-  bool broken_ = false;          // after an error: every copy so far let go, no more taken
-  std::atomic<uint64_t> landed_id_{0};
+  std::deque<Transfer> queued_;    // handed to the thread
+  std::set<uint64_t> unfinished_;  // ids of copies not yet landed
+  uint64_t next_id_ = 0;
   std::string error_;
+  bool broken_ = false;  // after an error: every stream let go, no copy taken
   bool stop_ = false;
+  bool closed_ = false;
   std::vector<std::atomic<size_t>> bytes_;
   std::thread thread_;
 };

@@ -4,6 +4,8 @@ pipelines, reassembly and the gate run for real; with two GPUs or more, real
 relays through peers too. Random data, poisoned destinations, every byte
 compared with the source."""
 
+import time
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -112,6 +114,34 @@ def test_repeated_and_concurrent_streams(eng):
         s.synchronize()
     for i in range(8):
         assert torch.equal(backs[i], srcs[i]), i
+
+
+def test_a_copy_waiting_for_its_stream_holds_up_no_other_stream(eng):
+    """Copy A's stream is busy for a second; copy B on another stream, made
+    after A, lands and lets its stream go at once (neither A's chunks nor its
+    gate stand in B's way), and A still lands in full afterwards."""
+    n = 16 * MiB + 5
+    s0, s1 = torch.cuda.Stream(0), torch.cuda.Stream(0)
+    a_src, b_src = rand(n, seed=50).pin_memory(), rand(n, seed=51).pin_memory()
+    a_dst = torch.full((n,), POISON, dtype=torch.uint8, device="cuda:0")
+    b_dst = torch.full((n,), POISON, dtype=torch.uint8, device="cuda:0")
+    with torch.cuda.stream(s0):
+        torch.cuda._sleep(1)  # loaded before anything waits
+    torch.cuda.synchronize()
+    with torch.cuda.stream(s0):
+        torch.cuda._sleep(2_000_000_000)  # about a second
+        assert eng.copy(a_dst, a_src, stream=s0)["multipath"]
+    t = time.monotonic()
+    with torch.cuda.stream(s1):
+        assert eng.copy(b_dst, b_src, stream=s1)["multipath"]
+    s1.synchronize()
+    took = time.monotonic() - t
+    assert torch.equal(b_dst.cpu(), b_src)
+    assert s0.query() is False, "copy A's stream finished early: the test shows nothing"
+    assert took < 0.4, f"copy B waited {took:.2f} s for copy A's stream"
+    s0.synchronize()
+    eng.check()
+    assert torch.equal(a_dst.cpu(), a_src)
 
 
 def test_plain_copy_for_pageable_memory_and_during_capture(eng):
