@@ -386,6 +386,7 @@ void MultipathEngine::run() {
         cv_.wait_for(lock, std::chrono::milliseconds(100));
         continue;
       }
+      if (!queued_.empty()) idle_us = 5;
       while (!queued_.empty()) {
         pending.push_back(queued_.front());
         queued_.pop_front();
