@@ -29,3 +29,22 @@ def test_bad_engine_arguments_are_named(kwargs, message):
 def test_multipath_copy_is_exported():
     assert ferry.multipath_copy is mp.copy
     assert "multipath_copy" in ferry.__all__
+
+
+def test_offload_plan_is_page_aligned():
+    from ferry.offload import plan
+
+    class T:
+        def __init__(self, n, size):
+            self.n, self.size = n, size
+
+        def numel(self):
+            return self.n
+
+        def element_size(self):
+            return self.size
+
+    offsets, total = plan([T(10, 2), T(4096, 4), T(1, 1)])
+    assert offsets == [0, 4096, 4096 + 16384]
+    assert total == 4096 + 16384 + 1
+    assert plan([]) == ([], 1)
