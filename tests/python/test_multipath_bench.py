@@ -35,3 +35,15 @@ def test_table_names_impls_and_the_aggregate():
     text = format_table(_rows())
     assert "ferry x2" in text and "aggregate" in text and "105.0" in text
     assert "from 16M" in text or "from 16 M" in text or "16M" in text.split("ferry x2: ")[-1]
+
+
+def test_sleep_table_gives_the_ratio():
+    from ferry.bench.multipath import sleep_table
+
+    rows = [
+        {"op": "model_sleep", "impl": "ferry", "model": "m", "seconds": 0.1, "gbps": 150.0},
+        {"op": "model_sleep", "impl": "per-allocation", "model": "m", "seconds": 0.3, "gbps": 50.0},
+    ]
+    text = sleep_table(rows)
+    assert "3.00x" in text and "model_sleep" in text
+    assert sleep_table([]) == ""

@@ -17,6 +17,9 @@ copy while the caller sleeps on a blocking event (the engine's thread
 included). The largest size of every impl is
 checked byte for byte. Records: {op: "multipath_h2d"|"multipath_d2h", impl,
 bytes, paths, gbps, aggregate_gbps, time_us, host_us, cpu_us, gpu, date}.
+--sleep-models adds sleep and wake of a model's weights (ferry.offload against
+one synchronous copy per allocation): {op: "model_sleep"|"model_wake", impl,
+model, bytes, paths, seconds, gbps, gpu, date}.
 """
 
 from __future__ import annotations
@@ -108,6 +111,23 @@ def format_table(records: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
+def sleep_table(records: Sequence[dict]) -> str:
+    """Sleep and wake per model: ferry against one copy per allocation."""
+    if not records:
+        return ""
+    lines = ["# model sleep/wake: seconds (GB/s); ferry against one synchronous copy per allocation"]
+    for model in sorted({r["model"] for r in records}):
+        for op in ("model_sleep", "model_wake"):
+            by = {r["impl"]: r for r in records if r["model"] == model and r["op"] == op}
+            if "ferry" in by and "per-allocation" in by:
+                f, b = by["ferry"], by["per-allocation"]
+                lines.append(
+                    f"{model:>14} {op:>12}: ferry {f['seconds']:.3f} s ({f['gbps']:.1f}), per allocation "
+                    f"{b['seconds']:.3f} s ({b['gbps']:.1f}): {b['seconds'] / f['seconds']:.2f}x"
+                )
+    return "\n".join(lines) + "\n"
+
+
 def plot(records: Sequence[dict], path: str, title: str) -> bool:
     plt = _pyplot()
     if plt is None:
@@ -184,6 +204,77 @@ def _aggregate(torch, nbytes: int, direction: str, reps: int) -> float:
     return n * nbytes / statistics.median(best) / 1e9
 
 
+# Shapes of public models' configs for the sleep/wake case (weights random).
+SLEEP_MODELS = {
+    "qwen2.5-7b": dict(
+        family="qwen2", layers=28, hidden=3584, heads=28, kv_heads=4, head_dim=128,
+        intermediate=18944, vocab=152064, tie=False,
+    ),
+    "qwen2.5-0.5b": dict(
+        family="qwen2", layers=24, hidden=896, heads=14, kv_heads=2, head_dim=64,
+        intermediate=4864, vocab=151936, tie=True,
+    ),
+}  # fmt: skip
+
+
+def sleep_wake(torch, name: str, reps: int, gpu: str, date: str, progress=print) -> tuple:
+    """A transformers model from its config (random bf16 weights) put to sleep
+    and woken up by ferry.offload and by one synchronous copy per allocation
+    (vLLM's sleep mode), alternating, into the same pinned host memory; the
+    median of `reps` each; the weights checked after every wake."""
+    import ferry.offload as offload
+
+    from .kv_e2e import build_model
+
+    model = build_model(torch, SLEEP_MODELS[name])
+    ref = [p.detach().clone().cpu() for p in list(model.parameters())[:4]]
+    state = offload.Offloaded(model)  # the host pool, carved once (not timed)
+    entries = state._entries
+    paths = len(state._engine.links)
+
+    def per_allocation(direction):
+        for e in entries:
+            if direction == "sleep":
+                e.host.copy_(e.tensor.data)  # synchronous: one cudaMemcpy per allocation
+                e.tensor.data = torch.empty(0, dtype=e.dtype, device=e.tensor.device)
+            else:
+                g = torch.empty(e.shape, dtype=e.dtype, device=f"cuda:{state.device}")
+                g.copy_(e.host)
+                e.tensor.data = g
+        torch.cuda.synchronize()
+
+    times = {("model_sleep", "ferry"): [], ("model_wake", "ferry"): [], ("model_sleep", "per-allocation"): [],
+             ("model_wake", "per-allocation"): []}  # fmt: skip
+    failures = []
+    for _ in range(reps + 1):  # the first round warms up
+        for impl in ("ferry", "per-allocation"):
+            for op in ("model_sleep", "model_wake"):
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                if impl == "ferry":
+                    state.sleep() if op == "model_sleep" else state.wake()
+                else:
+                    per_allocation("sleep" if op == "model_sleep" else "wake")
+                    state.asleep = op == "model_sleep"
+                times[(op, impl)].append(time.perf_counter() - t)
+            got = [p.detach().cpu() for p in list(model.parameters())[:4]]
+            if not all(torch.equal(a, b) for a, b in zip(ref, got)):
+                failures.append(f"{name} {impl}: weights differ after wake")
+    out = []
+    for (op, impl), ts in times.items():
+        sec = statistics.median(ts[1:])
+        r = {"op": op, "impl": impl, "model": name, "bytes": state.nbytes, "paths": paths if impl == "ferry" else 1,
+             "seconds": round(sec, 4), "gbps": round(state.nbytes / sec / 1e9, 2), "gpu": gpu, "date": date}  # fmt: skip
+        out.append(r)
+        progress(
+            f"{name} {op} {impl}: {sec * 1e3:.1f} ms, {r['gbps']:.1f} GB/s ({state.nbytes / 1e9:.1f} GB)"
+        )
+    if state.asleep:
+        state.wake()
+    torch.cuda.empty_cache()
+    return out, failures
+
+
 def run(opts: dict, progress=print) -> dict:
     import torch
 
@@ -252,7 +343,19 @@ def run(opts: dict, progress=print) -> dict:
             )
     for e in engines.values():
         e.close()
-    return {"gpu": gpu, "gpus": n_gpu, "date": date, "records": records, "failures": failures}
+    sleeps = []
+    for name in opts.get("sleep_models", []):
+        got, bad = sleep_wake(torch, name, reps, gpu, date, progress)
+        sleeps += got
+        failures += bad
+    return {
+        "gpu": gpu,
+        "gpus": n_gpu,
+        "date": date,
+        "records": records,
+        "sleep": sleeps,
+        "failures": failures,
+    }
 
 
 def parse_args(argv=None):
@@ -265,6 +368,9 @@ def parse_args(argv=None):
     p.add_argument("--paths", default="", help="path counts to measure, e.g. 2,4 (default: 2..GPUs)")
     p.add_argument(
         "--loopback", type=int, default=2, help="relays through GPU 0 itself for ferry-loopback; 0: skip"
+    )
+    p.add_argument(
+        "--sleep-models", default="", help=f"sleep and wake these models' weights ({', '.join(SLEEP_MODELS)})"
     )
     p.add_argument("--tag", default="")
     return p.parse_args(argv)
@@ -279,9 +385,13 @@ def main(argv=None) -> int:
         "reps": args.reps,
         "paths": [int(x) for x in args.paths.split(",") if x],
         "loopback": args.loopback,
+        "sleep_models": [m for m in args.sleep_models.split(",") if m],
     }
+    for m in opts["sleep_models"]:
+        if m not in SLEEP_MODELS:
+            raise SystemExit(f"--sleep-models: unknown model {m!r}; known: {', '.join(SLEEP_MODELS)}")
     result = run(opts)
-    table = format_table(result["records"])
+    table = format_table(result["records"]) + sleep_table(result["sleep"])
     print(table)
     for f in result["failures"]:
         print("FAILED:", f)
