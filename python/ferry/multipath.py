@@ -94,7 +94,7 @@ class Engine:
                 raise InvalidArgumentError(f"{name} is {v}; expected a positive size, or 0 for the knob's")
         if not (float(timeout) >= 0 and math.isfinite(float(timeout))):
             raise InvalidArgumentError(f"timeout is {timeout}; expected seconds, or 0 for FERRY_TIMEOUT_S")
-        if int(outstanding) < 1:
+        if not 1 <= int(outstanding) <= 16:
             raise InvalidArgumentError(f"outstanding is {outstanding}; expected 1..16")
         self._e = None
         self._e = require().MultipathEngine(
@@ -113,8 +113,9 @@ class Engine:
         return self._e
 
     def copy(self, dst, src, stream=None) -> dict:
-        """Copies ``src`` into ``dst`` (same number of bytes; one a CUDA tensor,
-        the other a CPU tensor, pinned for multipath) in ``stream``'s order.
+        """Copies ``src`` into ``dst`` (same number of bytes; one a CUDA tensor
+        on one of ``devices``, the other a CPU tensor, pinned for multipath) in
+        ``stream``'s order; a GPU not among ``devices`` gets one plain copy.
         Returns ``{"multipath", "reason", "chunks", "links"}``: what ran and,
         for a plain copy, why. Keep both tensors alive until the stream passed it."""
         dst, src = _side(dst, "dst"), _side(src, "src")
@@ -211,10 +212,10 @@ def copy(dst, src, stream=None) -> dict:
     engine = default_engine()
     try:
         engine.check()
+        return engine.copy(dst, src, stream)
     except BrokenError:
         with _default_lock:
             if _default is engine:
                 _default = None
         engine.close()
         raise
-    return engine.copy(dst, src, stream)

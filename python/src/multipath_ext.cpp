@@ -40,7 +40,7 @@ void bind_multipath(nb::module_& m) {
           },
           "dst"_a, "src"_a, "bytes"_a, "stream"_a, nb::call_guard<nb::gil_scoped_release>())
       .def("synchronize", &MultipathEngine::synchronize, nb::call_guard<nb::gil_scoped_release>())
-      .def("check", &MultipathEngine::check)
+      .def("check", &MultipathEngine::check, nb::call_guard<nb::gil_scoped_release>())
       .def("close", &MultipathEngine::close, nb::call_guard<nb::gil_scoped_release>())
       .def("bytes_by_link", &MultipathEngine::bytes_by_link)
       .def("may_relay", &MultipathEngine::may_relay)

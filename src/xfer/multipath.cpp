@@ -143,9 +143,13 @@ void MultipathEngine::close() {
   if (thread_.joinable()) thread_.join();
   // Every stream that may still wait on a gate is let go. The gates' words
   // stay allocated: a stream may not have read its word yet.
-  for (auto& g : gates_) {
-    g.second->open_to(g.second->generation());
-    g.second->keep();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& g : gates_) {
+      g.opened = g.gate->generation();
+      g.gate->open_to(g.opened);
+      g.gate->keep();
+    }
   }
   if (!drained)
     std::fprintf(stderr,
@@ -196,6 +200,7 @@ void MultipathEngine::check() {
 void MultipathEngine::synchronize() {
   {
     std::unique_lock<std::mutex> lock(mu_);
+    if (closed_) throw_error(FERRY_ERROR_CLOSED, "the multipath engine is closed");
     const uint64_t want = next_id_;
     if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s_),
                       [&] { return unfinished_.empty() || *unfinished_.begin() > want || broken_; }))
@@ -206,11 +211,12 @@ void MultipathEngine::synchronize() {
   check();
 }
 
-HostGate* MultipathEngine::gate_for(cudaStream_t stream) {
+MultipathEngine::StreamGate* MultipathEngine::gate_for(int device, cudaStream_t stream) {
+  const std::thread::id thread = stream == cudaStreamPerThread ? std::this_thread::get_id() : std::thread::id();
   for (auto& g : gates_)
-    if (g.first == stream) return g.second.get();
-  gates_.emplace_back(stream, std::make_unique<HostGate>());
-  return gates_.back().second.get();
+    if (g.device == device && g.stream == stream && g.thread == thread) return &g;
+  gates_.push_back(StreamGate{device, stream, thread, std::make_unique<HostGate>(), 0});
+  return &gates_.back();
 }
 
 MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
@@ -265,20 +271,22 @@ MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, 
   t.bytes = bytes;
   t.chunk = multipath_chunk_bytes(bytes, relays + 1, policy_.outstanding, chunk_bytes_);
   FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&t.start, cudaEventDisableTiming));
-  const cudaError_t e = cudaEventRecord(t.start, stream);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    cudaEventDestroy(t.start);
-    FERRY_ARG_CHECK(e != cudaErrorInvalidResourceHandle,
-                    "stream: not a stream of " + dev_name(route.device) + ", the GPU of the copy");
-    FERRY_CUDA_CHECK(e);
-  }
   {
+    // The start event and the gate's wait go onto the stream together: two
+    // threads copying on one stream can never interleave them.
     std::lock_guard<std::mutex> lock(mu_);
     try {
+      if (closed_) throw_error(FERRY_ERROR_CLOSED, "the multipath engine is closed");
       if (!error_.empty()) throw_error(FERRY_ERROR_BROKEN, error_);
-      t.gate = gate_for(stream);
-      t.generation = t.gate->arm(stream);
+      const cudaError_t e = cudaEventRecord(t.start, stream);
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        FERRY_ARG_CHECK(e != cudaErrorInvalidResourceHandle,
+                        "stream: not a stream of " + dev_name(route.device) + ", the GPU of the copy");
+        FERRY_CUDA_CHECK(e);
+      }
+      t.gate = gate_for(route.device, stream);
+      t.generation = t.gate->gate->arm(stream);
     } catch (...) {
       cudaEventDestroy(t.start);
       throw;
@@ -300,7 +308,8 @@ MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, 
 void MultipathEngine::submit(Transfer& t, const Assignment& a) {
   Link& L = link_[a.link];
   DeviceScope on(L.device);
-  const int slot = static_cast<int>(L.next_slot++ % static_cast<unsigned>(policy_.outstanding));
+  const int slot = L.next_slot;
+  L.next_slot = (L.next_slot + 1) % policy_.outstanding;
   char* dst = t.dst + a.chunk.offset;
   const char* src = t.src + a.chunk.offset;
   const size_t n = a.chunk.bytes;
@@ -324,9 +333,12 @@ void MultipathEngine::submit(Transfer& t, const Assignment& a) {
 
 // Every chunk of `t` landed: its stream goes on.
 void MultipathEngine::land(Transfer& t) {
-  t.gate->open_to(t.generation);
   {
     std::lock_guard<std::mutex> lock(mu_);  // a waiter checks and sleeps under it: no lost wake-up
+    if (t.generation > t.gate->opened) {
+      t.gate->opened = t.generation;
+      t.gate->gate->open_to(t.generation);
+    }
     unfinished_.erase(t.id);
   }
   cv_.notify_all();
@@ -346,7 +358,10 @@ void MultipathEngine::fail_and_release(const std::string& message, std::deque<Tr
       if (t.start) cudaEventDestroy(t.start);
     list->clear();
   }
-  for (auto& g : gates_) g.second->open_to(g.second->generation());
+  for (auto& g : gates_) {
+    g.opened = g.gate->generation();
+    g.gate->open_to(g.opened);
+  }
   unfinished_.clear();
   cv_.notify_all();
 }
@@ -379,7 +394,7 @@ void MultipathEngine::run() {
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      if (!in_flight() && pending.empty() && queued_.empty() && !stop_)
+      if (!in_flight() && pending.empty() && active.empty() && queued_.empty() && !stop_)
         cv_.wait_for(lock, std::chrono::milliseconds(100));
       if (stop_) break;
       if (broken_) {

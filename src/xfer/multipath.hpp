@@ -83,6 +83,17 @@ class MultipathEngine {
   std::vector<bool> may_relay() const { return policy_.may_relay; }
 
  private:
+  // One gate per caller stream, each opened in that stream's order only: a
+  // copy held up on one stream never holds up another stream's. A stream is
+  // its handle on its device (handle 0 is a different stream on each GPU),
+  // and the calling thread's for cudaStreamPerThread.
+  struct StreamGate {
+    int device;
+    cudaStream_t stream;
+    std::thread::id thread;
+    std::unique_ptr<HostGate> gate;
+    uint64_t opened = 0;  // the highest generation opened: opening never goes back
+  };
   struct Transfer {
     uint64_t id = 0;
     int target = -1;  // its own link
@@ -92,7 +103,7 @@ class MultipathEngine {
     size_t bytes = 0;
     size_t chunk = 0;  // multipath_chunk_bytes of this copy
     cudaEvent_t start = nullptr;
-    HostGate* gate = nullptr;  // its stream's gate, and the generation that stream waits for
+    StreamGate* gate = nullptr;  // its stream's gate, and the generation that stream waits for
     uint64_t generation = 0;
     int sched = -1;  // the scheduler's id, once its stream got to it
     double deadline = 0;
@@ -110,7 +121,7 @@ class MultipathEngine {
       int slot;
     };
     std::deque<InFlight> flight;
-    unsigned next_slot = 0;
+    int next_slot = 0;
   };
 
   void run();
@@ -118,7 +129,7 @@ class MultipathEngine {
   void land(Transfer& t);
   bool links_idle(double limit_s);
   void fail_and_release(const std::string& message, std::deque<Transfer>& pending, std::deque<Transfer>& active);
-  HostGate* gate_for(cudaStream_t stream);
+  StreamGate* gate_for(int device, cudaStream_t stream);  // under mu_
 
   std::vector<int> links_;
   size_t chunk_bytes_ = 0;
@@ -126,9 +137,7 @@ class MultipathEngine {
   double timeout_s_ = 0;
   MultipathPolicy policy_;
   std::vector<Link> link_;
-  // One gate per caller stream, each opened in that stream's order only: a
-  // copy held up on one stream never holds up another stream's.
-  std::vector<std::pair<cudaStream_t, std::unique_ptr<HostGate>>> gates_;
+  std::deque<StreamGate> gates_;  // a deque: transfers point at its elements
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

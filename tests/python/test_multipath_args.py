@@ -17,6 +17,7 @@ import pytest
         ({"devices": [0], "chunk_bytes": -1}, "chunk_bytes is -1"),
         ({"devices": [0], "min_bytes": -5}, "min_bytes is -5"),
         ({"devices": [0], "outstanding": 0}, "outstanding is 0"),
+        ({"devices": [0], "outstanding": 17}, "outstanding is 17"),
         ({"devices": [0], "timeout": -1.0}, "timeout is -1.0"),
         ({"devices": [0], "timeout": float("nan")}, "timeout is nan"),
     ],
