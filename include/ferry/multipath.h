@@ -1,0 +1,53 @@
+/* ferry: multipath host<->GPU copies (C API).
+ *
+ * A multipath engine splits a large copy between pinned host memory and a GPU
+ * into chunks that travel over several GPUs' host links at once, relayed
+ * through peer GPUs over NVLink, on copy engines only (no kernel). A copy is
+ * ordered in `stream` like cudaMemcpyAsync: it starts when the stream gets to
+ * it, and work enqueued there later sees all of it. Copies below the engine's
+ * threshold, of pageable memory, made while the stream captures a CUDA graph,
+ * or with no GPU that may relay run as one cudaMemcpyAsync (FERRY_DEBUG=1
+ * prints why). An error a copy met (a CUDA error, a copy that did not land in
+ * time) is returned by the next call (FERRY_ERROR_BROKEN): every stream was
+ * let go and every copy not complete then is invalid. See docs/multipath.md.
+ */
+#ifndef FERRY_MULTIPATH_H_
+#define FERRY_MULTIPATH_H_
+
+#include "ferry/ferry.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ferry_multipath* ferry_multipath_t;
+
+/* Zero in a field: its default. */
+typedef struct {
+  size_t chunk_bytes; /* largest chunk, the staging buffers' size (FERRY_MULTIPATH_CHUNK_BYTES) */
+  size_t min_bytes;   /* smallest copy that goes multipath (FERRY_MULTIPATH_MIN_BYTES) */
+  int outstanding;    /* chunks in flight per link (2) */
+  int relay_first;    /* 1: a link may relay before serving its own GPU's copies (0: its own first) */
+  double timeout_s;   /* bound on a copy once its stream got to it (FERRY_TIMEOUT_S) */
+} ferry_multipath_options_t;
+
+/* An engine over the host links of `devices` (count GPUs; NULL and 0: every
+ * visible GPU), every one of which may relay. `options` may be NULL. */
+FERRY_API ferry_result_t ferry_multipath_create(const int* devices, int count, const ferry_multipath_options_t* options,
+                                                ferry_multipath_t* engine);
+/* Copies `bytes` from `src` to `dst` (one pinned or pageable host memory, the
+ * other GPU memory) in `stream`'s order; returns at once. `multipath` (may be
+ * NULL) is set to 1 where the copy went over several links, 0 where it ran as
+ * one plain copy. */
+FERRY_API ferry_result_t ferry_multipath_copy(ferry_multipath_t engine, void* dst, const void* src, size_t bytes,
+                                              ferry_stream_t stream, int* multipath);
+/* Waits (bounded by the timeout) until every multipath copy so far landed. */
+FERRY_API ferry_result_t ferry_multipath_synchronize(ferry_multipath_t engine);
+/* Waits (bounded) for copies in flight and frees the engine. */
+FERRY_API ferry_result_t ferry_multipath_destroy(ferry_multipath_t engine);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FERRY_MULTIPATH_H_ */

@@ -1,0 +1,63 @@
+// The C API of multipath host<->GPU copies (include/ferry/multipath.h): a thin
+// shim over src/xfer/multipath.hpp.
+#include <cuda_runtime_api.h>
+
+#include <memory>
+
+#include "capi/guarded.hpp"
+#include "ferry/multipath.h"
+#include "xfer/multipath.hpp"
+
+struct ferry_multipath {
+  std::unique_ptr<ferry::xfer::MultipathEngine> impl;
+};
+
+ferry_result_t ferry_multipath_create(const int* devices, int count, const ferry_multipath_options_t* options,
+                                      ferry_multipath_t* engine) {
+  return ferry::capi::guarded([&] {
+    FERRY_ARG_CHECK(engine, "engine is NULL");
+    *engine = nullptr;
+    FERRY_ARG_CHECK(count >= 0, "count is negative");
+    FERRY_ARG_CHECK(devices || count == 0, "devices is NULL with count " + std::to_string(count));
+    ferry::xfer::MultipathOptions o;
+    if (count == 0) {
+      int n = 0;
+      FERRY_CUDA_CHECK(cudaGetDeviceCount(&n));
+      for (int d = 0; d < n; ++d) o.link_devices.push_back(d);
+    } else {
+      o.link_devices.assign(devices, devices + count);
+    }
+    if (options) {
+      o.chunk_bytes = options->chunk_bytes;
+      o.threshold_bytes = options->min_bytes;
+      if (options->outstanding) o.policy.outstanding = options->outstanding;
+      o.policy.own_link_first = options->relay_first == 0;
+      o.timeout_s = options->timeout_s;
+    }
+    *engine = new ferry_multipath{std::make_unique<ferry::xfer::MultipathEngine>(o)};
+  });
+}
+
+ferry_result_t ferry_multipath_copy(ferry_multipath_t engine, void* dst, const void* src, size_t bytes,
+                                    ferry_stream_t stream, int* multipath) {
+  return ferry::capi::guarded([&] {
+    FERRY_ARG_CHECK(engine && engine->impl, "engine is NULL or destroyed");
+    auto r = engine->impl->copy(dst, src, bytes, static_cast<cudaStream_t>(stream));
+    if (multipath) *multipath = r.multipath ? 1 : 0;
+  });
+}
+
+ferry_result_t ferry_multipath_synchronize(ferry_multipath_t engine) {
+  return ferry::capi::guarded([&] {
+    FERRY_ARG_CHECK(engine && engine->impl, "engine is NULL or destroyed");
+    engine->impl->synchronize();
+  });
+}
+
+ferry_result_t ferry_multipath_destroy(ferry_multipath_t engine) {
+  return ferry::capi::guarded([&] {
+    if (!engine) return;
+    std::unique_ptr<ferry_multipath> owned(engine);
+    if (owned->impl) owned->impl->close();
+  });
+}

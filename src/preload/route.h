@@ -1,0 +1,30 @@
+/* Which cudaMemcpy / cudaMemcpyAsync calls the LD_PRELOAD library hands to the
+ * multipath engine: pure, C, tested on the CPU (tests/cpu/test_preload_route.cpp).
+ * The engine itself then checks that one side is pinned host memory and the
+ * other GPU memory, and runs anything else as the plain copy. */
+#ifndef FERRY_PRELOAD_ROUTE_H_
+#define FERRY_PRELOAD_ROUTE_H_
+
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+
+/* 1 where the copy may go multipath: host<->device (or left to the pointers,
+ * cudaMemcpyDefault) and at least `min_bytes`. */
+static inline int ferry_preload_routes(size_t count, enum cudaMemcpyKind kind, size_t min_bytes) {
+  if (count == 0 || count < min_bytes) return 0;
+  return kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDefault;
+}
+
+/* FERRY_MULTIPATH_MIN_BYTES as the preload library reads it (no knob table
+ * there): a positive integer, else `fallback`. */
+static inline size_t ferry_preload_min_bytes(const char* text, size_t fallback) {
+  if (!text || !*text) return fallback;
+  size_t v = 0;
+  for (const char* p = text; *p; ++p) {
+    if (*p < '0' || *p > '9') return fallback;
+    v = v * 10 + (size_t)(*p - '0');
+  }
+  return v ? v : fallback;
+}
+
+#endif /* FERRY_PRELOAD_ROUTE_H_ */
