@@ -192,6 +192,25 @@ class Engine:
         self.close()
 
 
+def preload_library() -> str:
+    """The path of libferry_preload.so: with ``LD_PRELOAD=<it>``, an unmodified
+    program's ``cudaMemcpy`` / ``cudaMemcpyAsync`` between pinned host memory
+    and a GPU, from FERRY_MULTIPATH_MIN_BYTES up, go through the multipath
+    engine over every visible GPU (docs/multipath.md, "Transparent mode")."""
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    for candidate in (
+        os.path.join(here, "lib", "libferry_preload.so"),
+        os.path.join(here, "..", "..", "build", "dev", "libferry_preload.so"),
+    ):
+        if os.path.isfile(candidate) and os.path.isfile(
+            os.path.join(os.path.dirname(candidate), "libferry.so")
+        ):
+            return os.path.normpath(candidate)
+    raise FileNotFoundError("libferry_preload.so is not installed next to the package; reinstall ferry")
+
+
 _default: Optional[Engine] = None
 _default_lock = threading.Lock()
 

@@ -1,0 +1,25 @@
+// Which copies the LD_PRELOAD library hands to the multipath engine
+// (src/preload/route.h).
+#include <gtest/gtest.h>
+
+#include "preload/route.h"
+
+TEST(PreloadRoute, HostDeviceCopiesFromTheThreshold) {
+  const size_t MiB = size_t{1} << 20;
+  EXPECT_TRUE(ferry_preload_routes(8 * MiB, cudaMemcpyHostToDevice, 8 * MiB));
+  EXPECT_TRUE(ferry_preload_routes(64 * MiB, cudaMemcpyDeviceToHost, 8 * MiB));
+  EXPECT_TRUE(ferry_preload_routes(64 * MiB, cudaMemcpyDefault, 8 * MiB));  // the engine looks at the pointers
+  EXPECT_FALSE(ferry_preload_routes(8 * MiB - 1, cudaMemcpyHostToDevice, 8 * MiB));
+  EXPECT_FALSE(ferry_preload_routes(64 * MiB, cudaMemcpyDeviceToDevice, 8 * MiB));
+  EXPECT_FALSE(ferry_preload_routes(64 * MiB, cudaMemcpyHostToHost, 8 * MiB));
+  EXPECT_FALSE(ferry_preload_routes(0, cudaMemcpyHostToDevice, 0));
+}
+
+TEST(PreloadRoute, ThresholdFromTheEnvironment) {
+  EXPECT_EQ(ferry_preload_min_bytes(nullptr, 7), 7u);
+  EXPECT_EQ(ferry_preload_min_bytes("", 7), 7u);
+  EXPECT_EQ(ferry_preload_min_bytes("1048576", 7), 1048576u);
+  EXPECT_EQ(ferry_preload_min_bytes("1M", 7), 7u);  // not a plain integer: the default
+  EXPECT_EQ(ferry_preload_min_bytes("-5", 7), 7u);
+  EXPECT_EQ(ferry_preload_min_bytes("0", 7), 7u);
+}
