@@ -20,18 +20,18 @@
 
 typedef cudaError_t (*memcpy_async_fn)(void*, const void*, size_t, enum cudaMemcpyKind, cudaStream_t);
 typedef cudaError_t (*memcpy_fn)(void*, const void*, size_t, enum cudaMemcpyKind);
-typedef cudaError_t (*stream_sync_fn)(cudaStream_t);
 typedef ferry_result_t (*create_fn)(const int*, int, const ferry_multipath_options_t*, ferry_multipath_t*);
 typedef ferry_result_t (*copy_fn)(ferry_multipath_t, void*, const void*, size_t, ferry_stream_t, int*);
+typedef ferry_result_t (*copy_sync_fn)(ferry_multipath_t, void*, const void*, size_t, int*);
 typedef const char* (*last_error_fn)(void);
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static memcpy_async_fn g_real_async;
 static memcpy_fn g_real_sync;
-static stream_sync_fn g_real_stream_sync;
 static create_fn g_create;
 static copy_fn g_copy;
+static copy_sync_fn g_copy_sync;
 static last_error_fn g_last_error;
 static ferry_multipath_t g_engine;
 static int g_off; /* libferry missing, or the engine could not be made: every copy goes straight through */
@@ -45,8 +45,7 @@ static void say(const char* what, const char* detail) {
 static void find_runtime(void) {
   g_real_async = (memcpy_async_fn)dlsym(RTLD_NEXT, "cudaMemcpyAsync");
   g_real_sync = (memcpy_fn)dlsym(RTLD_NEXT, "cudaMemcpy");
-  g_real_stream_sync = (stream_sync_fn)dlsym(RTLD_NEXT, "cudaStreamSynchronize");
-  if (g_real_async && g_real_sync && g_real_stream_sync) return;
+  if (g_real_async && g_real_sync) return;
   /* A runtime loaded into a library's local scope is not "next": ask for it by name. */
   static const char* names[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so"};
   for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); ++i) {
@@ -54,8 +53,7 @@ static void find_runtime(void) {
     if (!rt) continue;
     g_real_async = (memcpy_async_fn)dlsym(rt, "cudaMemcpyAsync");
     g_real_sync = (memcpy_fn)dlsym(rt, "cudaMemcpy");
-    g_real_stream_sync = (stream_sync_fn)dlsym(rt, "cudaStreamSynchronize");
-    if (g_real_async && g_real_sync && g_real_stream_sync) return;
+    if (g_real_async && g_real_sync) return;
   }
 }
 
@@ -82,9 +80,10 @@ static void init(void) {
   if (lib) {
     g_create = (create_fn)dlsym(lib, "ferry_multipath_create");
     g_copy = (copy_fn)dlsym(lib, "ferry_multipath_copy");
+    g_copy_sync = (copy_sync_fn)dlsym(lib, "ferry_multipath_copy_sync");
     g_last_error = (last_error_fn)dlsym(lib, "ferry_last_error");
   }
-  if (!g_create || !g_copy || !g_last_error || !g_real_async || !g_real_sync || !g_real_stream_sync) {
+  if (!g_create || !g_copy || !g_copy_sync || !g_last_error || !g_real_async || !g_real_sync) {
     g_off = 1;
     say("off (libferry.so or the CUDA runtime's copy calls not found)", lib ? NULL : dlerror());
   }
@@ -106,15 +105,17 @@ static ferry_multipath_t engine(void) {
   return e;
 }
 
-/* 1: ferry took the copy (*err set); 0: the runtime should run it. */
+/* 1: ferry took the copy (*err set); 0: the runtime should run it. `sync`:
+ * cudaMemcpy's semantics (the legacy stream of the GPU side, waited for). */
 static int through_ferry(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind, cudaStream_t stream,
-                         cudaError_t* err) {
+                         int sync, cudaError_t* err) {
   pthread_once(&g_once, init);
   if (g_off || !ferry_preload_routes(count, kind, g_min_bytes)) return 0;
   ferry_multipath_t e = engine();
   if (!e) return 0;
   int multipath = 0;
-  ferry_result_t r = g_copy(e, dst, src, count, (ferry_stream_t)stream, &multipath);
+  ferry_result_t r = sync ? g_copy_sync(e, dst, src, count, &multipath)
+                          : g_copy(e, dst, src, count, (ferry_stream_t)stream, &multipath);
   if (r == FERRY_SUCCESS) {
     *err = cudaSuccess;
     return 1;
@@ -130,19 +131,16 @@ static int through_ferry(void* dst, const void* src, size_t count, enum cudaMemc
   return 1;
 }
 
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind,
-                            cudaStream_t stream) {
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind, cudaStream_t stream) {
   cudaError_t err = cudaSuccess;
-  if (through_ferry(dst, src, count, kind, stream, &err)) return err;
+  if (through_ferry(dst, src, count, kind, stream, 0, &err)) return err;
   pthread_once(&g_once, init);
   return g_real_async ? g_real_async(dst, src, count, kind, stream) : cudaErrorNotSupported;
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind) {
   cudaError_t err = cudaSuccess;
-  /* Synchronous: on the legacy default stream, which the call then waits for. */
-  if (through_ferry(dst, src, count, kind, (cudaStream_t)0, &err))
-    return err == cudaSuccess ? g_real_stream_sync((cudaStream_t)0) : err;
+  if (through_ferry(dst, src, count, kind, (cudaStream_t)0, 1, &err)) return err;
   pthread_once(&g_once, init);
   return g_real_sync ? g_real_sync(dst, src, count, kind) : cudaErrorNotSupported;
 }
