@@ -41,8 +41,8 @@ FERRY_API ferry_result_t ferry_multipath_create(const int* devices, int count, c
  * one plain copy. */
 FERRY_API ferry_result_t ferry_multipath_copy(ferry_multipath_t engine, void* dst, const void* src, size_t bytes,
                                               ferry_stream_t stream, int* multipath);
-/* As cudaMemcpy: the copy on the legacy default stream of the GPU side's
- * device, returning once that stream has passed it. */
+/* As cudaMemcpy: the copy on the legacy default stream of the current GPU,
+ * returning once that stream has passed it. */
 FERRY_API ferry_result_t ferry_multipath_copy_sync(ferry_multipath_t engine, void* dst, const void* src,
                                                    size_t bytes, int* multipath);
 /* Waits (bounded by the timeout) until every multipath copy so far landed. */

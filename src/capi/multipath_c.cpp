@@ -5,7 +5,6 @@
 #include <memory>
 
 #include "capi/guarded.hpp"
-#include "core/cuda_scope.hpp"
 #include "ferry/multipath.h"
 #include "xfer/multipath.hpp"
 
@@ -52,15 +51,7 @@ ferry_result_t ferry_multipath_copy_sync(ferry_multipath_t engine, void* dst, co
                                          int* multipath) {
   return ferry::capi::guarded([&] {
     FERRY_ARG_CHECK(engine && engine->impl, "engine is NULL or destroyed");
-    // The legacy default stream of the device side's GPU (cudaMemcpy's).
-    int device = -1;
-    for (const void* p : {static_cast<const void*>(dst), src}) {
-      cudaPointerAttributes a{};
-      if (p && cudaPointerGetAttributes(&a, p) == cudaSuccess && a.type == cudaMemoryTypeDevice) device = a.device;
-      cudaGetLastError();
-    }
-    if (device < 0) FERRY_CUDA_CHECK(cudaGetDevice(&device));
-    ferry::DeviceScope on(device);
+    // cudaMemcpy's stream: the legacy default stream of the current GPU.
     auto r = engine->impl->copy(dst, src, bytes, cudaStreamLegacy);
     if (multipath) *multipath = r.multipath ? 1 : 0;
     FERRY_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));

@@ -2,10 +2,15 @@
  * cudaMemcpyAsync between pinned host memory and a GPU, from
  * FERRY_MULTIPATH_MIN_BYTES up, go through ferry's multipath engine (every
  * visible GPU's host link), in the same stream order. Everything else goes to
- * the CUDA runtime untouched. Nothing happens before the first such call: a
- * program that never copies with CUDA is not affected. The engine lives in
- * libferry.so, next to this library, whose own CUDA calls bind to the CUDA
- * runtime linked into it and so never come back here. */
+ * the program's CUDA runtime untouched. Nothing happens before the first such
+ * call: a program that never copies with CUDA is not affected.
+ *
+ * The engine lives in libferry.so, next to this library; its own CUDA calls
+ * bind to the runtime linked into it and never come back here. It is used
+ * only under CUDA_MODULE_LOADING=EAGER: a copy holds its stream until the
+ * engine's thread lets it go, and a kernel's first launch under lazy loading
+ * may wait for that stream. After an engine failure every later copy goes to
+ * the runtime. A forked child goes to the runtime only. */
 #define _GNU_SOURCE
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -27,14 +32,14 @@ typedef const char* (*last_error_fn)(void);
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
-static memcpy_async_fn g_real_async;
+static memcpy_async_fn g_real_async; /* the program's runtime, once found (atomic) */
 static memcpy_fn g_real_sync;
 static create_fn g_create;
 static copy_fn g_copy;
 static copy_sync_fn g_copy_sync;
 static last_error_fn g_last_error;
 static ferry_multipath_t g_engine;
-static int g_off; /* libferry missing, or the engine could not be made: every copy goes straight through */
+static int g_off; /* atomic. 1: every copy goes to the runtime (no libferry, lazy loading, a failure, a fork) */
 static int g_debug;
 static size_t g_min_bytes;
 
@@ -42,37 +47,82 @@ static void say(const char* what, const char* detail) {
   if (g_debug) fprintf(stderr, "ferry preload: %s%s%s\n", what, detail ? ": " : "", detail ? detail : "");
 }
 
-static void find_runtime(void) {
-  g_real_async = (memcpy_async_fn)dlsym(RTLD_NEXT, "cudaMemcpyAsync");
-  g_real_sync = (memcpy_fn)dlsym(RTLD_NEXT, "cudaMemcpy");
-  if (g_real_async && g_real_sync) return;
-  /* A runtime loaded into a library's local scope is not "next": ask for it by name. */
+static void turn_off(void) { __atomic_store_n(&g_off, 1, __ATOMIC_RELEASE); }
+static int is_off(void) { return __atomic_load_n(&g_off, __ATOMIC_ACQUIRE); }
+
+/* The program's `name`: the next definition after this library, else the one
+ * the calling library would have bound to (a runtime loaded into a library's
+ * local scope), else a CUDA runtime by its usual names. A failed look-up is
+ * not remembered: the runtime may load later. */
+static void* real(const char* name, void* caller) {
+  void* f = dlsym(RTLD_NEXT, name);
+  if (f) return f;
+  Dl_info info;
+  if (caller && dladdr(caller, &info) && info.dli_fname) {
+    void* self = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+    if (self) {
+      f = dlsym(self, name);
+      dlclose(self);
+      if (f && dladdr(f, &info) && info.dli_fbase != NULL) {
+        Dl_info mine;
+        if (!(dladdr((void*)real, &mine) && mine.dli_fbase == info.dli_fbase)) return f; /* not this library */
+      }
+    }
+  }
   static const char* names[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so"};
   for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); ++i) {
     void* rt = dlopen(names[i], RTLD_NOW | RTLD_NOLOAD);
     if (!rt) continue;
-    g_real_async = (memcpy_async_fn)dlsym(rt, "cudaMemcpyAsync");
-    g_real_sync = (memcpy_fn)dlsym(rt, "cudaMemcpy");
-    if (g_real_async && g_real_sync) return;
+    f = dlsym(rt, name);
+    dlclose(rt);
+    if (f) return f;
   }
+  return NULL;
+}
+
+static memcpy_async_fn real_async(void* caller) {
+  memcpy_async_fn f = __atomic_load_n(&g_real_async, __ATOMIC_ACQUIRE);
+  if (!f && (f = (memcpy_async_fn)real("cudaMemcpyAsync", caller)))
+    __atomic_store_n(&g_real_async, f, __ATOMIC_RELEASE);
+  return f;
+}
+
+static memcpy_fn real_sync(void* caller) {
+  memcpy_fn f = __atomic_load_n(&g_real_sync, __ATOMIC_ACQUIRE);
+  if (!f && (f = (memcpy_fn)real("cudaMemcpy", caller))) __atomic_store_n(&g_real_sync, f, __ATOMIC_RELEASE);
+  return f;
+}
+
+static void child_after_fork(void) {
+  /* CUDA does not carry into a forked child; neither does the engine's thread. */
+  g_off = 1;
+  g_engine = NULL;
+  pthread_mutex_init(&g_mu, NULL);
 }
 
 static void init(void) {
-  find_runtime();
+  pthread_atfork(NULL, NULL, child_after_fork);
   const char* d = getenv("FERRY_DEBUG");
   g_debug = d && *d && strcmp(d, "0") != 0;
   g_min_bytes = ferry_preload_min_bytes(getenv("FERRY_MULTIPATH_MIN_BYTES"), (size_t)8 << 20);
-  Dl_info info;
-  char path[PATH_MAX];
-  if (!dladdr((void*)init, &info) || !info.dli_fname || strlen(info.dli_fname) >= sizeof(path)) {
-    g_off = 1;
+  const char* loading = getenv("CUDA_MODULE_LOADING");
+  if (!loading || strcmp(loading, "EAGER") != 0) {
+    turn_off();
+    say("off: CUDA_MODULE_LOADING is not EAGER (under lazy loading a kernel's first launch may wait for a stream "
+        "that a copy holds)",
+        NULL);
     return;
   }
-  strcpy(path, info.dli_fname);
-  char* slash = strrchr(path, '/');
+  Dl_info info;
+  char path[PATH_MAX];
   const char* name = "libferry.so";
+  char* slash = NULL;
+  if (dladdr((void*)init, &info) && info.dli_fname && strlen(info.dli_fname) < sizeof(path)) {
+    strcpy(path, info.dli_fname);
+    slash = strrchr(path, '/');
+  }
   if (!slash || (size_t)(slash - path) + 1 + strlen(name) >= sizeof(path)) {
-    g_off = 1;
+    turn_off();
     return;
   }
   strcpy(slash + 1, name);
@@ -83,19 +133,19 @@ static void init(void) {
     g_copy_sync = (copy_sync_fn)dlsym(lib, "ferry_multipath_copy_sync");
     g_last_error = (last_error_fn)dlsym(lib, "ferry_last_error");
   }
-  if (!g_create || !g_copy || !g_copy_sync || !g_last_error || !g_real_async || !g_real_sync) {
-    g_off = 1;
-    say("off (libferry.so or the CUDA runtime's copy calls not found)", lib ? NULL : dlerror());
+  if (!g_create || !g_copy || !g_copy_sync || !g_last_error) {
+    turn_off();
+    say("off: libferry.so not found next to this library", lib ? NULL : dlerror());
   }
 }
 
 static ferry_multipath_t engine(void) {
   pthread_mutex_lock(&g_mu);
-  if (!g_engine && !g_off) {
+  if (!g_engine && !is_off()) {
     if (g_create(NULL, 0, NULL, &g_engine) != FERRY_SUCCESS) {
-      g_off = 1;
+      turn_off();
       g_engine = NULL;
-      say("off (the multipath engine could not be made)", g_last_error());
+      say("off: the multipath engine could not be made", g_last_error());
     } else {
       say("routing host<->GPU copies through the multipath engine", NULL);
     }
@@ -106,11 +156,11 @@ static ferry_multipath_t engine(void) {
 }
 
 /* 1: ferry took the copy (*err set); 0: the runtime should run it. `sync`:
- * cudaMemcpy's semantics (the legacy stream of the GPU side, waited for). */
+ * cudaMemcpy's semantics (the legacy stream, waited for). */
 static int through_ferry(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind, cudaStream_t stream,
                          int sync, cudaError_t* err) {
   pthread_once(&g_once, init);
-  if (g_off || !ferry_preload_routes(count, kind, g_min_bytes)) return 0;
+  if (is_off() || !ferry_preload_routes(count, kind, g_min_bytes)) return 0;
   ferry_multipath_t e = engine();
   if (!e) return 0;
   int multipath = 0;
@@ -124,23 +174,28 @@ static int through_ferry(void* dst, const void* src, size_t count, enum cudaMemc
     say("left to the runtime", g_last_error()); /* not a copy ferry can take: CUDA's own result */
     return 0;
   }
-  /* The engine failed (a CUDA error, a copy that did not land): its copies
-   * since are invalid; this call reports it as an asynchronous CUDA error would. */
-  fprintf(stderr, "ferry preload: %s\n", g_last_error());
+  /* The engine failed (a CUDA error, a copy that did not land in time): a
+   * copy it took before may be incomplete. Said always; from here on every
+   * copy goes to the runtime, and this one is reported as failed. */
+  fprintf(stderr, "ferry preload: the multipath engine failed; copies go to the CUDA runtime from now on: %s\n",
+          g_last_error());
+  turn_off();
   *err = cudaErrorUnknown;
   return 1;
 }
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind, cudaStream_t stream) {
+  void* caller = __builtin_return_address(0);
   cudaError_t err = cudaSuccess;
   if (through_ferry(dst, src, count, kind, stream, 0, &err)) return err;
-  pthread_once(&g_once, init);
-  return g_real_async ? g_real_async(dst, src, count, kind, stream) : cudaErrorNotSupported;
+  memcpy_async_fn f = real_async(caller);
+  return f ? f(dst, src, count, kind, stream) : cudaErrorNotSupported;
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind) {
+  void* caller = __builtin_return_address(0);
   cudaError_t err = cudaSuccess;
   if (through_ferry(dst, src, count, kind, (cudaStream_t)0, 1, &err)) return err;
-  pthread_once(&g_once, init);
-  return g_real_sync ? g_real_sync(dst, src, count, kind) : cudaErrorNotSupported;
+  memcpy_fn f = real_sync(caller);
+  return f ? f(dst, src, count, kind) : cudaErrorNotSupported;
 }

@@ -49,6 +49,9 @@ bool ranges_overlap(const void* a, const void* b, size_t n) {
 
 MultipathEngine::MultipathEngine(const MultipathOptions& options)
     : links_(options.link_devices), policy_(options.policy), bytes_(options.link_devices.size()) {
+  // Made while some thread captures a graph (e.g. at a first copy inside
+  // one): its allocations and streams must not invalidate that capture.
+  RelaxedCaptureScope relax;
   FERRY_ARG_CHECK(!links_.empty(), "link_devices: expected at least one GPU");
   int count = 0;
   FERRY_CUDA_CHECK(cudaGetDeviceCount(&count));
@@ -97,8 +100,14 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
     Link& L = link_[i];
     L.device = links_[i];
     DeviceScope on(L.device);
-    FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&L.host, cudaStreamNonBlocking));
-    FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&L.nvlink, cudaStreamNonBlocking));
+    // The greatest priority: such streams get hardware queues of their own, so
+    // a chunk never queues behind a caller's stream that waits for it (with
+    // CUDA_DEVICE_MAX_CONNECTIONS=1 every default-priority stream shares one
+    // queue). Copy engines ignore priority otherwise.
+    int least = 0, greatest = 0;
+    FERRY_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    FERRY_CUDA_CHECK(cudaStreamCreateWithPriority(&L.host, cudaStreamNonBlocking, greatest));
+    FERRY_CUDA_CHECK(cudaStreamCreateWithPriority(&L.nvlink, cudaStreamNonBlocking, greatest));
     L.hop.resize(policy_.outstanding);
     L.landed.resize(policy_.outstanding);
     for (int s = 0; s < policy_.outstanding; ++s) {
@@ -241,13 +250,17 @@ MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, 
   const MultipathRoute route = route_multipath(dk, dst_dev, sk, src_dev);
   FERRY_ARG_CHECK(route.error.empty(), "multipath copy: " + route.error);
 
+  // The stream's own GPU (the current one for the default streams): its
+  // event and gate wait go there; the chunks go to the copy's GPU.
+  int stream_device = -1;
+  FERRY_CUDA_CHECK(cudaStreamGetDevice(stream, &stream_device));
   const int own = own_link(links_, route.device);
   int relays = 0;
   for (size_t i = 0; i < links_.size(); ++i)
     if (static_cast<int>(i) != own && policy_.may_relay[i]) ++relays;
   MultipathChoice choice = choose_multipath(bytes, route.host_pinned, relays, threshold_);
   if (own < 0) choice = {false, dev_name(route.device) + " has no link in this engine"};
-  DeviceScope on(route.device);
+  DeviceScope on(stream_device);
   if (choice.multipath && dma::is_capturing(stream)) {
     choice = {false,
               "the stream is capturing a CUDA graph: a graph cannot hold the engine's schedule, which follows "
@@ -255,10 +268,7 @@ MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, 
   }
   if (!choice.multipath) {
     debug_log("multipath copy of " + std::to_string(bytes) + " bytes runs as one plain copy: " + choice.reason);
-    const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream);
-    if (e == cudaErrorInvalidResourceHandle)
-      FERRY_ARG_CHECK(false, "stream: not a stream of " + dev_name(route.device) + ", the GPU of the copy");
-    FERRY_CUDA_CHECK(e);
+    FERRY_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
     r.reason = choice.reason;
     return r;
   }
@@ -278,14 +288,8 @@ MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, 
     try {
       if (closed_) throw_error(FERRY_ERROR_CLOSED, "the multipath engine is closed");
       if (!error_.empty()) throw_error(FERRY_ERROR_BROKEN, error_);
-      const cudaError_t e = cudaEventRecord(t.start, stream);
-      if (e != cudaSuccess) {
-        cudaGetLastError();
-        FERRY_ARG_CHECK(e != cudaErrorInvalidResourceHandle,
-                        "stream: not a stream of " + dev_name(route.device) + ", the GPU of the copy");
-        FERRY_CUDA_CHECK(e);
-      }
-      t.gate = gate_for(route.device, stream);
+      FERRY_CUDA_CHECK(cudaEventRecord(t.start, stream));
+      t.gate = gate_for(stream_device, stream);
       t.generation = t.gate->gate->arm(stream);
     } catch (...) {
       cudaEventDestroy(t.start);

@@ -29,3 +29,78 @@ def test_no_effect_without_cuda_copies(cmd):
     assert run.returncode == 0, run.stderr
     assert "ok" in run.stdout
     assert "ferry" not in run.stderr, run.stderr  # nothing was opened or said
+
+
+FAKE_RUNTIME = r"""
+#include <stddef.h>
+int cudaMemcpyAsync(void* d, const void* s, size_t n, int k, void* st) { return RESULT; }
+int cudaMemcpy(void* d, const void* s, size_t n, int k) { return RESULT + 100; }
+"""
+PROGRAM = r"""
+#include <stdio.h>
+#include <stddef.h>
+int cudaMemcpyAsync(void* d, const void* s, size_t n, int k, void* st);
+int cudaMemcpy(void* d, const void* s, size_t n, int k);
+int main(void) {
+  static char a[1], b[1];
+  printf("%d %d %d\n", cudaMemcpyAsync(a, b, 1, 1, 0), cudaMemcpyAsync(a, b, 64 << 20, 1, 0),
+         cudaMemcpy(a, b, 64 << 20, 2));
+  return 0;
+}
+"""
+PLUGIN = r"""
+#include <stddef.h>
+int cudaMemcpyAsync(void* d, const void* s, size_t n, int k, void* st);
+int cudaMemcpy(void* d, const void* s, size_t n, int k);
+int small(void) { static char a[1], b[1]; return cudaMemcpyAsync(a, b, 1, 1, 0); }
+int big(void) { static char a[1], b[1]; return cudaMemcpyAsync(a, b, 64 << 20, 1, 0); }
+int sync(void) { static char a[1], b[1]; return cudaMemcpy(a, b, 64 << 20, 2); }
+"""
+HOST = r"""
+#include <dlfcn.h>
+#include <stdio.h>
+int main(int argc, char** argv) {
+  void* h = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);  /* the only runtime is the plugin's, in its local scope */
+  if (!h) { printf("%s\n", dlerror()); return 1; }
+  int (*f[3])(void) = {(int (*)(void))dlsym(h, "small"), (int (*)(void))dlsym(h, "big"), (int (*)(void))dlsym(h, "sync")};
+  printf("%d %d %d\n", f[0](), f[1](), f[2]());
+  return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("loading", ["", "EAGER"])
+def test_copies_reach_the_programs_runtime_without_a_gpu(tmp_path, loading):
+    """Fake CUDA runtimes answer 78/178 (linked by a program) and 79/179 (a
+    renamed one, only in a plugin's local scope): every call, small or large,
+    reaches the runtime its caller would have reached, whether the preload is
+    off (lazy loading) or on and finds no GPU for its engine."""
+    import shutil
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler")
+    lib = _library()
+    for name, text in (("main.c", PROGRAM), ("plug.c", PLUGIN), ("host.c", HOST)):
+        (tmp_path / name).write_text(text)
+    (tmp_path / "rt78.c").write_text(FAKE_RUNTIME.replace("RESULT", "78"))
+    (tmp_path / "rt79.c").write_text(FAKE_RUNTIME.replace("RESULT", "79"))
+    sh = [cc, "-shared", "-fPIC", "-o"]
+    t = str(tmp_path)
+    for cmd in (
+        sh + [f"{t}/libcudart.so.13", f"{t}/rt78.c", "-Wl,-soname,libcudart.so.13"],
+        sh + [f"{t}/libcudart-a1b2.so.12", f"{t}/rt79.c", "-Wl,-soname,libcudart-a1b2.so.12"],
+        sh + [f"{t}/libplug.so", f"{t}/plug.c", f"{t}/libcudart-a1b2.so.12"],
+        [cc, "-o", f"{t}/main", f"{t}/main.c", f"{t}/libcudart.so.13"],
+        [cc, "-o", f"{t}/host", f"{t}/host.c", "-ldl"],
+    ):
+        subprocess.run(cmd, check=True, capture_output=True)
+    env = dict(os.environ, LD_PRELOAD=lib, LD_LIBRARY_PATH=t, FERRY_DEBUG="1")
+    env.pop("CUDA_MODULE_LOADING", None)
+    if loading:
+        env["CUDA_MODULE_LOADING"] = loading
+    for program, want in (([f"{t}/main"], "78 78 178"), ([f"{t}/host", f"{t}/libplug.so"], "79 79 179")):
+        run = subprocess.run(program, env=env, capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert run.stdout.strip() == want, (program, run.stdout, run.stderr)
+        assert "ferry preload: off" in run.stderr, run.stderr
