@@ -33,6 +33,7 @@ import sys
 import time
 from typing import Sequence
 
+from .kv_e2e import MODELS as KV_MODELS
 from .report import _pyplot, format_size, parse_size, size_range
 
 OPS = {"h2d": "multipath_h2d", "d2h": "multipath_d2h"}
@@ -204,16 +205,14 @@ def _aggregate(torch, nbytes: int, direction: str, reps: int) -> float:
     return n * nbytes / statistics.median(best) / 1e9
 
 
-# Shapes of public models' configs for the sleep/wake case (weights random).
+# Shapes of public models' configs for the sleep/wake case (weights random):
+# Qwen2.5-7B here, and the end-to-end KV benchmark's models.
 SLEEP_MODELS = {
     "qwen2.5-7b": dict(
         family="qwen2", layers=28, hidden=3584, heads=28, kv_heads=4, head_dim=128,
         intermediate=18944, vocab=152064, tie=False,
     ),
-    "qwen2.5-0.5b": dict(
-        family="qwen2", layers=24, hidden=896, heads=14, kv_heads=2, head_dim=64,
-        intermediate=4864, vocab=151936, tie=True,
-    ),
+    **KV_MODELS,
 }  # fmt: skip
 
 
