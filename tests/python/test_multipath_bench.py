@@ -47,3 +47,15 @@ def test_sleep_table_gives_the_ratio():
     text = sleep_table(rows)
     assert "3.00x" in text and "model_sleep" in text
     assert sleep_table([]) == ""
+
+
+def test_contention_table_lines():
+    from ferry.bench.multipath import contention_table
+
+    rows = [
+        {"op": "multipath_foreign", "paths": 2, "gbps": 60.0, "foreign_gbps": 40.0, "share_of_left": 0.88},
+        {"op": "p2p_beside", "impl": "own-link-first", "alone_gbps": 300.0, "gbps": 250.0},
+    ]
+    text = contention_table(rows)
+    assert "88% of the capacity left" in text and "beside ferry (own-link-first) 250.0" in text
+    assert contention_table([]) == ""

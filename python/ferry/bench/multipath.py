@@ -8,8 +8,14 @@ What it measures, per direction (host to GPU 0, GPU 0 to host) and size:
 - ferry: ``ferry.multipath.Engine`` over the host links of GPUs 0..paths-1 (paths >= 2);
 - ferry-loopback: the engine with relays through GPU 0 itself (one physical
   link): what chunking, staging and the stream gate cost over the plain copy;
+- static-1:1, static-1:2 (two GPUs or more): the field's static split
+  re-implemented (part over the target's link, part relayed through GPU 1 in
+  chunks, by fixed ratios);
 - aggregate: every GPU copying its own buffer over its own link at once, the
   machine's host bandwidth that multipath can at best reach (same run).
+--contention adds a foreign copy hogging GPU 0's link (ferry's share of the
+capacity left) and an unrelated GPU 1 -> GPU 0 peer copy beside ferry with and
+without own link first.
 Time: CUDA events on the caller's stream around one copy (the engine's start
 event and gate included), the median of --reps after one warm-up; graphs off.
 host_us is the caller's time in the call; cpu_us the process's CPU time per
@@ -127,6 +133,22 @@ def sleep_table(records: Sequence[dict]) -> str:
                     f"{b['seconds']:.3f} s ({b['gbps']:.1f}): {b['seconds'] / f['seconds']:.2f}x"
                 )
     return "\n".join(lines) + "\n"
+
+
+def contention_table(records: Sequence[dict]) -> str:
+    """The foreign-copy and peer-copy cases, one line each."""
+    lines = []
+    for r in records:
+        if r["op"] == "multipath_foreign":
+            lines.append(
+                f"foreign copy on GPU 0's link: ferry x{r['paths']} {r['gbps']:.1f} GB/s, foreign {r['foreign_gbps']:.1f},"
+                f" {r['share_of_left']:.0%} of the capacity left (target 90%)"
+            )
+        elif r["op"] == "p2p_beside":
+            lines.append(
+                f"GPU 1 -> GPU 0 peer copy: alone {r['alone_gbps']:.1f} GB/s, beside ferry ({r['impl']}) {r['gbps']:.1f}"
+            )
+    return ("# contention\n" + "\n".join(lines) + "\n") if lines else ""
 
 
 def plot(records: Sequence[dict], path: str, title: str) -> bool:
@@ -274,6 +296,149 @@ def sleep_wake(torch, name: str, reps: int, gpu: str, date: str, progress=print)
     return out, failures
 
 
+class StaticSplit:
+    """The field's static split, re-implemented for comparison: the copy cut by
+    fixed ratios (e.g. [1, 2]: GPU 1 relays two bytes for each byte over the
+    target's own link); part 0 over the target's link, part i through GPU i
+    in chunks with two staging buffers (host to GPU i, then GPU i to the
+    target over NVLink; GPU to host the reverse). Ordered in `stream` like a
+    copy. Target: GPU 0."""
+
+    def __init__(self, torch, ratio: Sequence[int], chunk: int = 8 << 20):
+        self.torch, self.ratio, self.chunk = torch, list(ratio), chunk
+        relays = range(1, len(self.ratio))
+        self.own = torch.cuda.Stream(0)
+        self.stage = {
+            i: [torch.empty(chunk, dtype=torch.uint8, device=f"cuda:{i}") for _ in range(2)] for i in relays
+        }
+        self.pcie = {i: torch.cuda.Stream(i) for i in relays}
+        self.nvlink = {i: torch.cuda.Stream(i) for i in relays}
+        self.hop = {i: [torch.cuda.Event() for _ in range(2)] for i in relays}
+        self.free = {i: [torch.cuda.Event() for _ in range(2)] for i in relays}
+
+    def streams(self) -> list:
+        return [self.own] + list(self.pcie.values()) + list(self.nvlink.values())
+
+    def copy(self, dst, src, to_device: bool, stream) -> None:
+        torch = self.torch
+        n = dst.numel()
+        total = sum(self.ratio)
+        cuts = [0]
+        for r in self.ratio:
+            cuts.append(min(n, cuts[-1] + n * r // total))
+        cuts[-1] = n
+        for s in self.streams():
+            s.wait_stream(stream)
+        with torch.cuda.stream(self.own):
+            dst[cuts[0] : cuts[1]].copy_(src[cuts[0] : cuts[1]], non_blocking=True)
+        for i in range(1, len(self.ratio)):
+            first, second = (self.pcie[i], self.nvlink[i]) if to_device else (self.nvlink[i], self.pcie[i])
+            for j, off in enumerate(range(cuts[i], cuts[i + 1], self.chunk)):
+                slot, m = j % 2, min(self.chunk, cuts[i + 1] - off)
+                first.wait_event(self.free[i][slot])  # the slot's last chunk went on
+                with torch.cuda.stream(first):
+                    self.stage[i][slot][:m].copy_(src[off : off + m], non_blocking=True)
+                    self.hop[i][slot].record(first)
+                second.wait_event(self.hop[i][slot])
+                with torch.cuda.stream(second):
+                    dst[off : off + m].copy_(self.stage[i][slot][:m], non_blocking=True)
+                    self.free[i][slot].record(second)
+        for s in self.streams():
+            stream.wait_stream(s)
+
+
+def contention(
+    torch, engines: dict, nbytes: int, reps: int, aggregate: float, gpu: str, date: str, progress=print
+):
+    """Two contention cases, host to GPU 0, `nbytes` per copy:
+    - a foreign copy (plain, its own stream and buffer) hogging GPU 0's link
+      while ferry copies: ferry's GB/s against the capacity left (all links at
+      once less what the foreign copy took in the same window);
+    - an unrelated GPU 1 -> GPU 0 peer copy beside ferry, with and without own
+      link first: the peer copy's GB/s alone and beside.
+    Records {op: "multipath_foreign"|"p2p_beside", impl, bytes, paths, gbps, ...}."""
+    import ferry.multipath as mp
+
+    out = []
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0")
+    f_host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    f_dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0")
+    s, f = torch.cuda.Stream(0), torch.cuda.Stream(0)
+
+    def timed(stream):
+        e = torch.cuda.Event(enable_timing=True)
+        e.record(stream)
+        return e
+
+    def window(background_stream, background, foreground, count):
+        """`count` background copies and `reps` foreground ones at once:
+        (foreground GB/s, background GB/s within the foreground's window)."""
+        torch.cuda.synchronize()
+        t0 = timed(background_stream)
+        s.wait_event(t0)
+        marks = []
+        for _ in range(count):
+            background()
+            marks.append(timed(background_stream))
+        a = timed(s)
+        for _ in range(reps):
+            foreground()
+        b = timed(s)
+        torch.cuda.synchronize()
+        lo, hi = t0.elapsed_time(a), t0.elapsed_time(b)
+        inside = sum(1 for e in marks if lo < t0.elapsed_time(e) <= hi)
+        span = max(hi - lo, 1e-6) * 1e-3
+        return reps * nbytes / span / 1e9, inside * nbytes / span / 1e9
+
+    for key, eng in engines.items():
+
+        def fg(eng=eng):
+            eng.copy(dev, host, stream=s)
+
+        def foreign():
+            with torch.cuda.stream(f):
+                f_dev.copy_(f_host, non_blocking=True)
+
+        fg_gbps, bg_gbps = window(f, foreign, fg, count=4 * reps + 4)
+        left = max(aggregate - bg_gbps, 1e-9)
+        progress(
+            f"foreign copy on GPU 0's link: ferry x{key[1]} {fg_gbps:.1f} GB/s, foreign {bg_gbps:.1f}, "
+            f"capacity left {left:.1f}: {fg_gbps / left:.0%} of it"
+        )
+        out.append({"op": "multipath_foreign", "impl": "ferry", "bytes": nbytes, "paths": key[1],
+                    "gbps": round(fg_gbps, 2), "foreign_gbps": round(bg_gbps, 2), "aggregate_gbps": round(aggregate, 2),
+                    "share_of_left": round(fg_gbps / left, 3), "gpu": gpu, "date": date})  # fmt: skip
+    peer_src = torch.empty(nbytes, dtype=torch.uint8, device="cuda:1")
+    peer_dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0")
+    p = torch.cuda.Stream(1)
+
+    def peer():
+        with torch.cuda.stream(p):
+            peer_dst.copy_(peer_src, non_blocking=True)
+
+    torch.cuda.synchronize()
+    a = timed(p)
+    for _ in range(reps):
+        peer()
+    b = timed(p)
+    torch.cuda.synchronize()
+    alone = reps * nbytes / (a.elapsed_time(b) * 1e-3) / 1e9
+    for own_first in (True, False):
+        eng = mp.Engine(devices=[0, 1], own_link_first=own_first)
+
+        def fg(eng=eng):
+            eng.copy(dev, host, stream=s)
+
+        _, beside = window(p, peer, fg, count=4 * reps + 4)
+        eng.close()
+        impl = "own-link-first" if own_first else "relay-first"
+        progress(f"GPU 1 -> GPU 0 peer copy: alone {alone:.1f} GB/s, beside ferry ({impl}) {beside:.1f}")
+        out.append({"op": "p2p_beside", "impl": impl, "bytes": nbytes, "paths": 2, "gbps": round(beside, 2),
+                    "alone_gbps": round(alone, 2), "gpu": gpu, "date": date})  # fmt: skip
+    return out
+
+
 def run(opts: dict, progress=print) -> dict:
     import torch
 
@@ -295,11 +460,14 @@ def run(opts: dict, progress=print) -> dict:
     engines = {("ferry", p): mp.Engine(devices=list(range(p))) for p in paths}
     if opts["loopback"] > 0:
         engines[("ferry-loopback", 1)] = mp.Engine(devices=[0], loopback=opts["loopback"])
+    statics = {}
+    if n_gpu >= 2 and opts.get("static", True):
+        statics = {(f"static-{a}:{b}", 2): StaticSplit(torch, [a, b]) for a, b in ((1, 1), (1, 2))}
     records, failures = [], []
     for direction, op in OPS.items():
         agg = _aggregate(torch, min(top, 1 << 30), direction, reps)
         progress(f"{op}: every GPU's own link at once {agg:.1f} GB/s")
-        impls = [("plain", 1)] + list(engines)
+        impls = [("plain", 1)] + list(engines) + list(statics)
         for size in sizes:
             h, d = host[:size], dev[:size]
             for key in impls:
@@ -308,6 +476,12 @@ def run(opts: dict, progress=print) -> dict:
                         fn = lambda: d.copy_(h, non_blocking=True)  # noqa: E731
                     else:
                         fn = lambda: h.copy_(d, non_blocking=True)  # noqa: E731
+                elif key in statics:
+                    sp = statics[key]
+                    if direction == "h2d":
+                        fn = lambda sp=sp: sp.copy(d, h, True, stream)  # noqa: E731
+                    else:
+                        fn = lambda sp=sp: sp.copy(h, d, False, stream)  # noqa: E731
                 else:
                     e = engines[key]
                     fn = (
@@ -329,7 +503,7 @@ def run(opts: dict, progress=print) -> dict:
                     got = dev if direction == "h2d" else host.to("cuda:0")
                     if not torch.equal(got, ref):
                         failures.append(f"{op} {key} {size}: wrong bytes")
-                if key[0] != "plain":
+                if key in engines:
                     engines[key].check()
                 records.append(record(op, key[0], size, key[1], t_us, agg, host_us, cpu_us, gpu, date))
             progress(
@@ -340,6 +514,11 @@ def run(opts: dict, progress=print) -> dict:
                     if r["op"] == op and r["bytes"] == size
                 )
             )
+    extra = []
+    if opts.get("contention") and n_gpu >= 2:
+        agg = max(r["aggregate_gbps"] for r in records if r["op"] == "multipath_h2d")
+        ferry_engines = {k: v for k, v in engines.items() if k[0] == "ferry"}
+        extra = contention(torch, ferry_engines, min(top, 256 << 20), reps, agg, gpu, date, progress)
     for e in engines.values():
         e.close()
     sleeps = []
@@ -353,6 +532,7 @@ def run(opts: dict, progress=print) -> dict:
         "date": date,
         "records": records,
         "sleep": sleeps,
+        "contention": extra,
         "failures": failures,
     }
 
@@ -371,6 +551,14 @@ def parse_args(argv=None):
     p.add_argument(
         "--sleep-models", default="", help=f"sleep and wake these models' weights ({', '.join(SLEEP_MODELS)})"
     )
+    p.add_argument(
+        "--no-static", action="store_true", help="skip the static 1:1 and 1:2 splits (two GPUs or more)"
+    )
+    p.add_argument(
+        "--contention",
+        action="store_true",
+        help="also a foreign copy on GPU 0's link, and a peer copy beside",
+    )
     p.add_argument("--tag", default="")
     return p.parse_args(argv)
 
@@ -385,12 +573,18 @@ def main(argv=None) -> int:
         "paths": [int(x) for x in args.paths.split(",") if x],
         "loopback": args.loopback,
         "sleep_models": [m for m in args.sleep_models.split(",") if m],
+        "static": not args.no_static,
+        "contention": args.contention,
     }
     for m in opts["sleep_models"]:
         if m not in SLEEP_MODELS:
             raise SystemExit(f"--sleep-models: unknown model {m!r}; known: {', '.join(SLEEP_MODELS)}")
     result = run(opts)
-    table = format_table(result["records"]) + sleep_table(result["sleep"])
+    table = (
+        format_table(result["records"])
+        + sleep_table(result["sleep"])
+        + contention_table(result["contention"])
+    )
     print(table)
     for f in result["failures"]:
         print("FAILED:", f)
