@@ -1,0 +1,17 @@
+// Controls of the fake CUDA runtime (fake_cuda.cpp) for the simulation tests.
+#pragma once
+
+namespace sim {
+
+struct Faults {
+  int fail_on_device = -1;  // cudaMemcpyAsync on a stream of this device fails at once
+  int hang_on_device = -1;  // copies on a stream of this device never finish
+};
+
+// A fresh machine of `devices` GPUs whose copies move `bytes_per_s`.
+void reset(int devices, double bytes_per_s = 20e9);
+void set_faults(const Faults& f);
+// The simulated GPU that owns `p` (-1: host memory or unknown).
+int device_of(const void* p);
+
+}  // namespace sim

@@ -1,0 +1,330 @@
+// The multipath engine (src/xfer/multipath.cpp, the real code) against
+// simulated GPUs (fake_cuda.cpp): every byte, stream order, copies on several
+// streams and threads, errors and hangs, close. What the GPU tests check on
+// hardware, here on every CI run.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "core/error.hpp"
+#include "dma/engine.hpp"
+#include "sim.hpp"
+#include "xfer/multipath.hpp"
+
+using ferry::xfer::MultipathEngine;
+using ferry::xfer::MultipathOptions;
+
+namespace {
+
+constexpr size_t MiB = size_t{1} << 20;
+
+struct Buf {
+  void* p = nullptr;
+  size_t n = 0;
+  Buf(size_t bytes, int device) : n(bytes) {
+    if (device < 0) {
+      cudaHostAlloc(&p, bytes, 0);
+    } else {
+      cudaSetDevice(device);
+      cudaMalloc(&p, bytes);
+      cudaSetDevice(0);
+    }
+  }
+  ~Buf() { cudaFree(p); }
+  unsigned char* b() const { return static_cast<unsigned char*>(p); }
+};
+
+void fill(const Buf& b, unsigned seed) {
+  std::mt19937_64 g(seed);
+  size_t i = 0;
+  for (; i + 8 <= b.n; i += 8) {
+    const uint64_t v = g();
+    std::memcpy(b.b() + i, &v, 8);
+  }
+  for (; i < b.n; ++i) b.b()[i] = static_cast<unsigned char>(g());
+}
+
+// True once `s` has passed everything queued (bounded: a stream held for good fails the test, not CI).
+bool drained(cudaStream_t s, double limit_s = 10) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (cudaStreamQuery(s) == cudaErrorNotReady) {
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > limit_s) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+cudaStream_t new_stream(int device) {
+  cudaSetDevice(device);
+  cudaStream_t s = nullptr;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  cudaSetDevice(0);
+  return s;
+}
+
+MultipathOptions options(std::vector<int> links, size_t chunk = MiB + 4097, size_t threshold = 2 * MiB) {
+  MultipathOptions o;
+  o.link_devices = std::move(links);
+  o.chunk_bytes = chunk;
+  o.threshold_bytes = threshold;
+  o.timeout_s = 10;
+  return o;
+}
+
+// A stream held by a gate word until release() (as a kernel that runs long would).
+struct Hold {
+  uint64_t* word = nullptr;
+  explicit Hold(cudaStream_t s) {
+    cudaHostAlloc(reinterpret_cast<void**>(&word), 8, 0);
+    *word = 0;
+    ferry::dma::mem_ops(s, {ferry::MemOp{ferry::MemOp::Kind::kWaitAtLeast, word, 1}});
+  }
+  void release() { __atomic_store_n(word, 1, __ATOMIC_RELEASE); }
+};
+
+class MultipathSim : public ::testing::Test {
+ protected:
+  void SetUp() override { sim::reset(3); }
+};
+
+}  // namespace
+
+TEST_F(MultipathSim, EveryByteBothWaysOverOwnLinkAndRelays) {
+  MultipathEngine e(options({0, 1, 2}));
+  for (size_t n : {size_t{1}, 4097 + size_t{3}, 2 * MiB, 8 * MiB + 13, 24 * MiB + 7}) {
+    Buf host(n, -1), dev(n, 0), back(n, -1);
+    fill(host, static_cast<unsigned>(n));
+    std::memset(dev.p, 0xA5, n);
+    std::memset(back.p, 0xA5, n);
+    cudaStream_t s = new_stream(0);
+    const auto before = e.bytes_by_link();
+    auto r = e.copy(dev.p, host.p, n, s);
+    EXPECT_EQ(r.multipath, n >= 2 * MiB) << n;
+    e.copy(back.p, dev.p, n, s);
+    cudaStreamSynchronize(s);
+    e.check();
+    EXPECT_EQ(std::memcmp(back.p, host.p, n), 0) << n;
+    const auto after = e.bytes_by_link();
+    if (n >= 8 * MiB) {
+      EXPECT_GT(after[1], before[1]) << n;
+      EXPECT_GT(after[2], before[2]) << n;
+    }
+    cudaStreamDestroy(s);
+  }
+}
+
+TEST_F(MultipathSim, StartsWhenItsStreamGetsThereAndTheStreamWaitsForTheEnd) {
+  MultipathEngine e(options({0, 1}));
+  const size_t n = 16 * MiB + 5;
+  Buf host(n, -1), dev(n, 0), after(n, -1);
+  fill(host, 1);
+  std::memset(dev.p, 0xA5, n);
+  cudaStream_t s = new_stream(0);
+  Hold hold(s);
+  e.copy(dev.p, host.p, n, s);
+  cudaMemcpyAsync(after.p, dev.p, n, cudaMemcpyDefault, s);  // consumes right after
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(dev.b()[0], 0xA5) << "the copy started before its stream got to it";
+  EXPECT_EQ(e.bytes_by_link()[0] + e.bytes_by_link()[1], 0u);
+  hold.release();
+  cudaStreamSynchronize(s);
+  EXPECT_EQ(std::memcmp(after.p, host.p, n), 0) << "the consumer ran before the copy landed";
+}
+
+TEST_F(MultipathSim, ACopyWaitingForItsStreamHoldsUpNoOtherStream) {
+  MultipathEngine e(options({0, 1, 2}));
+  const size_t n = 16 * MiB;
+  Buf a_src(n, -1), b_src(n, -1), a_dst(n, 0), b_dst(n, 1);
+  fill(a_src, 2);
+  fill(b_src, 3);
+  cudaStream_t sa = new_stream(0), sb = new_stream(1);
+  Hold hold(sa);
+  e.copy(a_dst.p, a_src.p, n, sa);  // its stream is held
+  e.copy(b_dst.p, b_src.p, n, sb);  // another stream, another target
+  ASSERT_TRUE(drained(sb, 5)) << "copy B waited for copy A's stream";
+  EXPECT_EQ(std::memcmp(b_dst.p, b_src.p, n), 0);
+  EXPECT_EQ(cudaStreamQuery(sa), cudaErrorNotReady);
+  hold.release();
+  cudaStreamSynchronize(sa);
+  e.synchronize();
+  EXPECT_EQ(std::memcmp(a_dst.p, a_src.p, n), 0);
+}
+
+TEST_F(MultipathSim, DefaultStreamsOfTwoGpusDoNotShareAGate) {
+  MultipathEngine e(options({0, 1}));
+  const size_t n = 8 * MiB + 1;
+  Buf src0(n, -1), src1(n, -1), dst0(n, 0), dst1(n, 1), after0(n, -1);
+  fill(src0, 4);
+  fill(src1, 5);
+  cudaSetDevice(0);
+  Hold hold(nullptr);  // GPU 0's default stream held
+  e.copy(dst0.p, src0.p, n, nullptr);
+  cudaMemcpyAsync(after0.p, dst0.p, n, cudaMemcpyDefault, nullptr);
+  cudaSetDevice(1);
+  e.copy(dst1.p, src1.p, n, nullptr);  // GPU 1's default stream: lands at once
+  const bool went_on = drained(nullptr, 5);
+  cudaSetDevice(0);
+  if (!went_on) hold.release();
+  ASSERT_TRUE(went_on) << "GPU 1's default stream waited for GPU 0's";
+  EXPECT_EQ(std::memcmp(dst1.p, src1.p, n), 0);
+  EXPECT_EQ(cudaStreamQuery(nullptr), cudaErrorNotReady) << "GPU 0's default stream went on early";
+  hold.release();
+  cudaStreamSynchronize(nullptr);
+  EXPECT_EQ(std::memcmp(after0.p, src0.p, n), 0);
+}
+
+TEST_F(MultipathSim, ManyThreadsAndStreamsAtOnce) {
+  MultipathEngine e(options({0, 1, 2}, 2 * MiB, MiB));
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      std::mt19937 g(100 + t);
+      const int target = t % 3;
+      cudaStream_t s = new_stream(target);
+      for (int i = 0; i < 6; ++i) {
+        const size_t n = MiB + g() % (12 * MiB);
+        Buf host(n, -1), dev(n, target), back(n, -1);
+        fill(host, g());
+        e.copy(dev.p, host.p, n, s);
+        e.copy(back.p, dev.p, n, s);
+        if (!drained(s) || std::memcmp(back.p, host.p, n) != 0) ++wrong;
+      }
+    });
+  for (auto& th : threads) th.join();
+  e.synchronize();
+  EXPECT_EQ(wrong.load(), 0);
+}
+
+TEST_F(MultipathSim, OneStreamFromTwoThreadsKeepsEachCopyWhole) {
+  MultipathEngine e(options({0, 1}, MiB, MiB));
+  cudaStream_t s = new_stream(0);
+  const size_t n = 6 * MiB + 3;
+  std::vector<std::unique_ptr<Buf>> srcs, dsts;
+  for (int i = 0; i < 16; ++i) {
+    srcs.push_back(std::make_unique<Buf>(n, -1));
+    dsts.push_back(std::make_unique<Buf>(n, 0));
+    fill(*srcs.back(), 200 + i);
+  }
+  std::thread a([&] {
+    for (int i = 0; i < 16; i += 2) e.copy(dsts[i]->p, srcs[i]->p, n, s);
+  });
+  std::thread b([&] {
+    for (int i = 1; i < 16; i += 2) e.copy(dsts[i]->p, srcs[i]->p, n, s);
+  });
+  a.join();
+  b.join();
+  ASSERT_TRUE(drained(s));
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(std::memcmp(dsts[i]->p, srcs[i]->p, n), 0) << i;
+}
+
+TEST_F(MultipathSim, PlainCopyBelowTheThresholdAndForPageableMemory) {
+  MultipathEngine e(options({0, 1}));
+  std::vector<unsigned char> pageable(8 * MiB, 7);
+  Buf dev(8 * MiB, 0), small_host(4096, -1), small_dev(4096, 0);
+  auto r = e.copy(dev.p, pageable.data(), pageable.size(), nullptr);
+  EXPECT_FALSE(r.multipath);
+  EXPECT_NE(r.reason.find("pageable"), std::string::npos) << r.reason;
+  r = e.copy(small_dev.p, small_host.p, 4096, nullptr);
+  EXPECT_FALSE(r.multipath);
+  EXPECT_NE(r.reason.find("threshold"), std::string::npos) << r.reason;
+  cudaStreamSynchronize(nullptr);
+  EXPECT_EQ(dev.b()[8 * MiB - 1], 7);
+}
+
+TEST_F(MultipathSim, BadInputIsNamed) {
+  MultipathEngine e(options({0, 1}));
+  Buf a(MiB, 0), b(MiB, 1), h(MiB, -1);
+  EXPECT_THROW(e.copy(a.p, b.p, MiB, nullptr), ferry::Error);  // both on GPUs
+  try {
+    e.copy(a.p, b.p, MiB, nullptr);
+  } catch (const ferry::Error& err) {
+    EXPECT_NE(std::string(err.what()).find("dst is GPU memory (cuda:0) and src is GPU memory (cuda:1)"),
+              std::string::npos)
+        << err.what();
+  }
+  EXPECT_THROW(e.copy(h.b() + 16, h.p, 64, nullptr), ferry::Error);  // overlap
+  EXPECT_THROW(e.copy(nullptr, h.p, 64, nullptr), ferry::Error);
+  MultipathOptions bad = options({0, 7});
+  EXPECT_THROW(MultipathEngine x(bad), ferry::Error);
+  bad = options({0, 1});
+  bad.timeout_s = -1;
+  EXPECT_THROW(MultipathEngine x(bad), ferry::Error);
+}
+
+TEST_F(MultipathSim, ARelayThatNeverFinishesTimesOutLetsTheStreamGoAndSaysWhere) {
+  MultipathOptions o = options({0, 1});
+  o.timeout_s = 0.5;
+  MultipathEngine e(o);
+  sim::Faults f;
+  f.hang_on_device = 1;
+  sim::set_faults(f);
+  const size_t n = 16 * MiB;
+  Buf host(n, -1), dev(n, 0);
+  cudaStream_t s = new_stream(0);
+  e.copy(dev.p, host.p, n, s);
+  const auto t0 = std::chrono::steady_clock::now();
+  while (cudaStreamQuery(s) == cudaErrorNotReady && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20))
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(cudaStreamQuery(s), cudaSuccess) << "the stream stayed held";
+  try {
+    e.check();
+    ADD_FAILURE() << "check() raised nothing";
+  } catch (const ferry::Error& err) {
+    EXPECT_EQ(err.code(), FERRY_ERROR_BROKEN);
+    EXPECT_NE(std::string(err.what()).find("did not land within"), std::string::npos) << err.what();
+    EXPECT_NE(std::string(err.what()).find("cuda:1"), std::string::npos) << err.what();
+  }
+  EXPECT_THROW(e.copy(dev.p, host.p, n, s), ferry::Error);  // broken: refused
+  sim::set_faults(sim::Faults{});
+}
+
+TEST_F(MultipathSim, ACudaErrorOnALinkIsReportedAndTheStreamGoesOn) {
+  MultipathEngine e(options({0, 1}));
+  sim::Faults f;
+  f.fail_on_device = 1;
+  sim::set_faults(f);
+  const size_t n = 16 * MiB;
+  Buf host(n, -1), dev(n, 0);
+  cudaStream_t s = new_stream(0);
+  e.copy(dev.p, host.p, n, s);
+  cudaStreamSynchronize(s);  // let go, not held for good
+  EXPECT_THROW(e.synchronize(), ferry::Error);
+  sim::set_faults(sim::Faults{});
+}
+
+TEST_F(MultipathSim, CloseWaitsForCopiesInFlightAndRefusesLaterOnes) {
+  const size_t n = 32 * MiB;
+  Buf host(n, -1), dev(n, 0);
+  fill(host, 9);
+  cudaStream_t s = new_stream(0);
+  MultipathEngine e(options({0, 1, 2}));
+  e.copy(dev.p, host.p, n, s);
+  e.close();
+  cudaStreamSynchronize(s);
+  EXPECT_EQ(std::memcmp(dev.p, host.p, n), 0);
+  EXPECT_THROW(e.copy(dev.p, host.p, n, s), ferry::Error);
+  EXPECT_THROW(e.synchronize(), ferry::Error);
+  e.close();  // a second close does nothing
+}
+
+TEST_F(MultipathSim, ManyCopiesBackToBackOnOneStream) {
+  MultipathEngine e(options({0, 1}, MiB, MiB));
+  cudaStream_t s = new_stream(0);
+  const size_t n = 6 * MiB + 3;
+  std::vector<std::unique_ptr<Buf>> srcs, dsts;
+  for (int i = 0; i < 16; ++i) {
+    srcs.push_back(std::make_unique<Buf>(n, -1));
+    dsts.push_back(std::make_unique<Buf>(n, 0));
+    fill(*srcs.back(), 300 + i);
+  }
+  for (int i = 0; i < 16; ++i) e.copy(dsts[i]->p, srcs[i]->p, n, s);
+  ASSERT_TRUE(drained(s));
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(std::memcmp(dsts[i]->p, srcs[i]->p, n), 0) << i;
+}
