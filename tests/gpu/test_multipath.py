@@ -1,270 +1,29 @@
-"""Multipath host<->GPU copies on the GPU (ferry.multipath). On one GPU the
-relays go through the same GPU (loopback=), so chunking, staging, both relay
-pipelines, reassembly and the gate run for real; with two GPUs or more, real
-relays through peers too. Random data, poisoned destinations, every byte
-compared with the source."""
+"""Multipath copies and sleep/wake on the GPU: _checks_multipath.py and
+_checks_offload.py (their docstrings say what each checks), each in a pytest
+process of its own, bounded, so that a copy that holds its stream for good
+(a hang) costs minutes and prints its stacks instead of stopping the tier."""
 
-import time
+import os
+import subprocess
+import sys
 
+import _checks
 import pytest
 
-try:
-    import torch
-except ImportError:  # CPU-only machines: the tests are collected, and skipped (and counted) by conftest
-    torch = None
-import ferry  # noqa: E402
-import ferry.multipath as mp  # noqa: E402
-from conftest import GPU_COUNT  # noqa: E402
-
-MiB = 1 << 20
-POISON = 0xA5
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def pinned(n, fill=None):
-    t = torch.empty(n, dtype=torch.uint8, pin_memory=True)
-    t.fill_(POISON if fill is None else fill)
-    return t
-
-
-def rand(n, device="cpu", seed=0):
-    g = torch.Generator().manual_seed(seed)
-    t = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g)
-    return t.to(device) if device != "cpu" else t
-
-
-@pytest.fixture(scope="module")
-def eng():
-    # An odd chunk size: chunk edges fall at unaligned offsets.
-    e = mp.Engine(devices=[0], loopback=2, chunk_bytes=MiB + 4097, min_bytes=2 * MiB)
-    yield e
-    e.close()
-
-
-SIZES = [(1, 0), (4097, 3), (2 * MiB, 0), (8 * MiB + 13, 5), (64 * MiB + 7, 1)]  # (bytes, offset)
-
-
-@pytest.mark.parametrize("nbytes,offset", SIZES)
-def test_host_to_device_and_back_byte_exact(eng, nbytes, offset):
-    src = pinned(nbytes + offset)
-    src[offset:] = rand(nbytes, seed=nbytes)
-    dev = torch.full((nbytes + offset,), POISON, dtype=torch.uint8, device="cuda:0")
-    before = eng.bytes_by_link()
-    r = eng.copy(dev[offset:], src[offset:])
-    assert r["multipath"] == (nbytes >= 2 * MiB), r
-    back = pinned(nbytes + offset)
-    r2 = eng.copy(back[offset:], dev[offset:])
-    assert r2["multipath"] == r["multipath"]
-    torch.cuda.current_stream(0).synchronize()
-    eng.check()
-    assert torch.equal(back[offset:], src[offset:])
-    assert torch.all(dev[:offset].cpu() == POISON) and torch.all(back[:offset] == POISON), (
-        "bytes before dst written"
-    )
-    after = eng.bytes_by_link()
-    if r["multipath"]:
-        assert sum(after) - sum(before) == 2 * nbytes
-        if nbytes >= 8 * MiB:  # enough chunks that the relays take some
-            assert after[1] > before[1] and after[2] > before[2], (before, after)
-    else:
-        assert after == before and "threshold" in r["reason"], r
-
-
-def test_zero_bytes(eng):
-    r = eng.copy(torch.empty(0, dtype=torch.uint8, device="cuda:0"), pinned(0))
-    assert not r["multipath"] and r["reason"] == "zero bytes"
-
-
-def test_stream_order_start_and_finish(eng):
-    """A copy starts when its stream gets there and the work after it sees all of it."""
-    n = 32 * MiB + 3
-    s = torch.cuda.Stream(0)
-    x = rand(n, "cuda:0", seed=1)
-    host = pinned(n)
-    y = torch.full((n,), POISON, dtype=torch.uint8, device="cuda:0")
-    # Every kernel once before a copy holds the stream: under lazy module
-    # loading a kernel's first launch waits for the device (docs/multipath.md).
-    with torch.cuda.stream(s):
-        torch.cuda._sleep(1)
-        x.flip(0).clone()
-    torch.cuda.synchronize()
-    with torch.cuda.stream(s):
-        torch.cuda._sleep(200_000_000)  # the stream is busy for a while: an early start would read poison
-        host.copy_(x, non_blocking=True)  # produces the source in stream order
-        eng.copy(y, host, stream=s)  # host -> GPU, after the producer
-        z = y.clone()  # consumes it right after
-        back = pinned(n)
-        w = x.flip(0)
-        eng.copy(back, w, stream=s)  # GPU -> host of data a kernel just made
-    s.synchronize()
-    eng.check()
-    assert torch.equal(z, x), "the consumer after the copy saw data the copy had not landed"
-    assert torch.equal(back, w.cpu())
-
-
-def test_repeated_and_concurrent_streams(eng):
-    streams = [torch.cuda.Stream(0) for _ in range(2)]
-    n = 6 * MiB + 11
-    srcs = [rand(n, seed=10 + i).pin_memory() for i in range(8)]
-    outs = [torch.full((n,), POISON, dtype=torch.uint8, device="cuda:0") for _ in range(8)]
-    backs = [pinned(n) for _ in range(8)]
-    for i in range(8):
-        s = streams[i % 2]
-        with torch.cuda.stream(s):
-            eng.copy(outs[i], srcs[i], stream=s)
-            eng.copy(backs[i], outs[i], stream=s)
-    eng.synchronize()
-    for s in streams:
-        s.synchronize()
-    for i in range(8):
-        assert torch.equal(backs[i], srcs[i]), i
-
-
-def test_a_copy_waiting_for_its_stream_holds_up_no_other_stream(eng):
-    """Copy A's stream is busy for a second; copy B on another stream, made
-    after A, lands and lets its stream go at once (neither A's chunks nor its
-    gate stand in B's way), and A still lands in full afterwards."""
-    n = 16 * MiB + 5
-    s0, s1 = torch.cuda.Stream(0), torch.cuda.Stream(0)
-    a_src, b_src = rand(n, seed=50).pin_memory(), rand(n, seed=51).pin_memory()
-    a_dst = torch.full((n,), POISON, dtype=torch.uint8, device="cuda:0")
-    b_dst = torch.full((n,), POISON, dtype=torch.uint8, device="cuda:0")
-    with torch.cuda.stream(s0):
-        torch.cuda._sleep(1)  # loaded before anything waits
-    torch.cuda.synchronize()
-    with torch.cuda.stream(s0):
-        torch.cuda._sleep(2_000_000_000)  # about a second
-        assert eng.copy(a_dst, a_src, stream=s0)["multipath"]
-    t = time.monotonic()
-    with torch.cuda.stream(s1):
-        assert eng.copy(b_dst, b_src, stream=s1)["multipath"]
-    s1.synchronize()
-    took = time.monotonic() - t
-    assert torch.equal(b_dst.cpu(), b_src)
-    assert s0.query() is False, "copy A's stream finished early: the test shows nothing"
-    assert took < 0.4, f"copy B waited {took:.2f} s for copy A's stream"
-    s0.synchronize()
-    eng.check()
-    assert torch.equal(a_dst.cpu(), a_src)
-
-
-def test_plain_copy_for_pageable_memory_and_during_capture(eng):
-    n = 8 * MiB
-    src = rand(n, seed=3)  # pageable
-    dst = torch.full((n,), POISON, dtype=torch.uint8, device="cuda:0")
-    r = eng.copy(dst, src)
-    assert not r["multipath"] and "pageable" in r["reason"], r
-    torch.cuda.synchronize()
-    assert torch.equal(dst.cpu(), src)
-    # Captured: one plain copy in the graph, correct on every replay.
-    host = pinned(n)
-    out = torch.full((n,), POISON, dtype=torch.uint8, device="cuda:0")
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream(0)
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(g, stream=s):
-            r = eng.copy(out, host, stream=s)
-    assert not r["multipath"] and "capturing" in r["reason"], r
-    for k in range(3):
-        host.copy_(rand(n, seed=20 + k))
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out.cpu(), host), k
-
-
-def test_bad_input_is_named(eng):
-    a = torch.zeros(16, dtype=torch.uint8, device="cuda:0")
-    with pytest.raises(ferry.InvalidArgumentError, match="both CUDA tensors"):
-        eng.copy(a, a.clone())
-    with pytest.raises(ferry.InvalidArgumentError, match="dst holds 16 bytes and src 8"):
-        eng.copy(a, pinned(8))
-    with pytest.raises(ferry.InvalidArgumentError, match="not contiguous"):
-        eng.copy(a.view(4, 4).t(), pinned(16))
-    with pytest.raises(ferry.InvalidArgumentError, match="expected a torch tensor"):
-        eng.copy(a, b"0123456789abcdef")
-    with pytest.raises(ferry.InvalidArgumentError, match="lists a GPU twice"):
-        mp.Engine(devices=[0, 0])
-    with pytest.raises(ferry.InvalidArgumentError, match="not among devices"):
-        mp.Engine(devices=[0], relays=[5])
-    with pytest.raises(ferry.InvalidArgumentError, match="loopback"):
-        mp.Engine(devices=[0], loopback=-1)
-    with pytest.raises(ferry.InvalidArgumentError, match="outstanding"):
-        mp.Engine(devices=[0], outstanding=0)
-    with pytest.raises(ferry.InvalidArgumentError, match="link_devices: 99"):
-        mp.Engine(devices=[99])
-
-
-def test_synchronize_is_bounded_and_the_engine_goes_on():
-    e = mp.Engine(devices=[0], loopback=1, chunk_bytes=MiB, min_bytes=MiB, timeout=0.5)
-    n = 4 * MiB
-    s = torch.cuda.Stream(0)
-    src = rand(n, seed=5).pin_memory()
-    dst = torch.full((n,), POISON, dtype=torch.uint8, device="cuda:0")
-    torch.cuda.synchronize()
-    with torch.cuda.stream(s):
-        torch.cuda._sleep(3_000_000_000)  # longer than the timeout, before the copy
-        e.copy(dst, src, stream=s)
-    with pytest.raises(ferry.PeerTimeoutError, match="still in flight"):
-        e.synchronize()
-    s.synchronize()
-    e.synchronize()  # the copy was only waiting for its stream: it landed, no error
-    assert torch.equal(dst.cpu(), src)
-    e.close()
-
-
-def test_close_waits_for_copies_in_flight():
-    n = 16 * MiB + 1
-    src = rand(n, seed=6).pin_memory()
-    dst = torch.full((n,), POISON, dtype=torch.uint8, device="cuda:0")
-    e = mp.Engine(devices=[0], loopback=2, chunk_bytes=MiB, min_bytes=MiB)
-    assert e.copy(dst, src)["multipath"]
-    e.close()
-    torch.cuda.synchronize()
-    assert torch.equal(dst.cpu(), src)
-    with pytest.raises(ferry.InvalidArgumentError, match="closed"):
-        e.copy(dst, src)
-
-
-def test_default_engine_on_every_gpu():
-    n = 24 * MiB + 5
-    for d in range(GPU_COUNT):
-        src = rand(n, seed=7 + d).pin_memory()
-        dst = torch.full((n,), POISON, dtype=torch.uint8, device=f"cuda:{d}")
-        ferry.multipath_copy(dst, src)
-        back = pinned(n)
-        ferry.multipath_copy(back, dst)
-        torch.cuda.current_stream(d).synchronize()
-        assert torch.equal(back, src), d
-    mp.default_engine().check()
-
-
-@pytest.mark.multigpu
-@pytest.mark.parametrize("own_link_first", [True, False])
-def test_relays_through_peer_gpus(own_link_first):
-    devices = list(range(GPU_COUNT))
-    e = mp.Engine(devices=devices, chunk_bytes=2 * MiB + 1, min_bytes=MiB, own_link_first=own_link_first)
-    assert e.relays == [True] * len(devices)
-    n = 96 * MiB + 9
-    for target in devices:
-        before = e.bytes_by_link()
-        src = rand(n, seed=30 + target).pin_memory()
-        dst = torch.full((n,), POISON, dtype=torch.uint8, device=f"cuda:{target}")
-        back = pinned(n)
-        assert e.copy(dst, src)["links"] == len(devices)
-        e.copy(back, dst)
-        torch.cuda.current_stream(target).synchronize()
-        e.check()
-        assert torch.equal(back, src), target
-        after = e.bytes_by_link()
-        others = [d for d in devices if d != target]
-        assert any(after[d] > before[d] for d in others), (target, before, after)
-    # Only GPU 0 may relay: the others carry their own copies only.
-    e2 = mp.Engine(devices=devices, relays=[0], chunk_bytes=2 * MiB, min_bytes=MiB)
-    src = rand(n, seed=40).pin_memory()
-    dst = torch.full((n,), POISON, dtype=torch.uint8, device=f"cuda:{devices[-1]}")
-    e2.copy(dst, src)
-    torch.cuda.synchronize()
-    assert torch.equal(dst.cpu(), src)
-    used = e2.bytes_by_link()
-    assert all(used[d] == 0 for d in devices[1:-1]), used
-    e.close()
-    e2.close()
+@pytest.mark.parametrize("checks,limit", [("_checks_multipath.py", 300), ("_checks_offload.py", 240)])
+def test_checks_in_a_bounded_process(checks, limit):
+    env = dict(os.environ, **_checks.SAFE_ENV)
+    cmd = [
+        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE",
+        "-o", f"faulthandler_timeout={limit // 3}", os.path.join(HERE, checks),
+    ]  # fmt: skip
+    try:
+        run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=limit)
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        pytest.fail(f"{checks} did not finish in {limit} s:\n{out[-6000:]}")
+    print(f"\n{checks}: {run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ''}")
+    assert run.returncode == 0, run.stdout[-8000:] + run.stderr[-3000:]

@@ -1,6 +1,7 @@
 """ferry.offload: a module's weights to pinned host memory and back (sleep and
 wake), on one GPU (the default engine relays through peers where there are
-some). Random weights, every byte compared, the same Parameter objects."""
+some). Random weights, every byte compared, the same Parameter objects.
+test_multipath.py runs this file in a bounded process of its own."""
 
 import pytest
 
