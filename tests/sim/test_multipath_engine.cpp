@@ -328,3 +328,44 @@ TEST_F(MultipathSim, ManyCopiesBackToBackOnOneStream) {
   ASSERT_TRUE(drained(s));
   for (int i = 0; i < 16; ++i) EXPECT_EQ(std::memcmp(dsts[i]->p, srcs[i]->p, n), 0) << i;
 }
+
+// Random copies in both directions, on random streams of random GPUs from four
+// threads, with streams held for a while at random: every byte lands and no
+// stream stays held.
+TEST_F(MultipathSim, RandomCopiesStreamsAndHoldsAllLand) {
+  MultipathOptions o = options({0, 1, 2}, 2 * MiB, MiB);
+  o.policy.outstanding = 3;
+  MultipathEngine e(o);
+  std::atomic<int> wrong{0}, stuck{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      std::mt19937 g(1000 + t);
+      std::vector<cudaStream_t> streams;
+      for (int d = 0; d < 3; ++d) streams.push_back(new_stream(d));
+      for (int round = 0; round < 8; ++round) {
+        const int d = static_cast<int>(g() % 3);
+        cudaStream_t s = streams[d];
+        std::unique_ptr<Hold> hold;
+        if (g() % 3 == 0) hold = std::make_unique<Hold>(s);
+        const size_t n = 1 + g() % (10 * MiB);
+        Buf host(n, -1), dev(n, d), back(n, -1);
+        fill(host, g());
+        e.copy(dev.p, host.p, n, s);
+        e.copy(back.p, dev.p, n, s);
+        if (hold) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(g() % 20));
+          hold->release();
+        }
+        if (!drained(s)) {
+          ++stuck;
+          return;
+        }
+        if (std::memcmp(back.p, host.p, n) != 0) ++wrong;
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(stuck.load(), 0);
+  EXPECT_EQ(wrong.load(), 0);
+  e.synchronize();
+}
