@@ -256,8 +256,11 @@ MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, 
   FERRY_CUDA_CHECK(cudaStreamGetDevice(stream, &stream_device));
   const int own = own_link(links_, route.device);
   int relays = 0;
-  for (size_t i = 0; i < links_.size(); ++i)
-    if (static_cast<int>(i) != own && policy_.may_relay[i]) ++relays;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < links_.size(); ++i)
+      if (static_cast<int>(i) != own && policy_.may_relay[i]) ++relays;
+  }
   MultipathChoice choice = choose_multipath(bytes, route.host_pinned, relays, threshold_);
   if (own < 0) choice = {false, dev_name(route.device) + " has no link in this engine"};
   DeviceScope on(stream_device);
@@ -326,11 +329,26 @@ void MultipathEngine::submit(Transfer& t, const Assignment& a) {
     char* stage = L.staging[slot];
     cudaStream_t first = t.to_device ? L.host : L.nvlink;
     cudaStream_t second = t.to_device ? L.nvlink : L.host;
-    FERRY_CUDA_CHECK(cudaMemcpyAsync(stage, src, n, cudaMemcpyDefault, first));
-    FERRY_CUDA_CHECK(cudaEventRecord(L.hop[slot], first));
-    FERRY_CUDA_CHECK(cudaStreamWaitEvent(second, L.hop[slot], 0));
-    FERRY_CUDA_CHECK(cudaMemcpyAsync(dst, stage, n, cudaMemcpyDefault, second));
-    FERRY_CUDA_CHECK(cudaEventRecord(L.landed[slot], second));
+    cudaError_t e = cudaMemcpyAsync(stage, src, n, cudaMemcpyDefault, first);
+    if (e == cudaSuccess) e = cudaEventRecord(L.hop[slot], first);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(second, L.hop[slot], 0);
+    if (e == cudaSuccess) e = cudaMemcpyAsync(dst, stage, n, cudaMemcpyDefault, second);
+    if (e == cudaSuccess) e = cudaEventRecord(L.landed[slot], second);
+    if (e != cudaSuccess) {
+      // A relay that cannot take the chunk: the chunk goes back to its queue
+      // for the other links, and this link relays no more. (The target's own
+      // link failing is an error of the copy.)
+      cudaGetLastError();
+      L.next_slot = slot;
+      sched_->give_back(a.link);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        policy_.may_relay[a.link] = false;  // copy() sizes chunks by the relays left
+      }
+      debug_log("multipath: " + dev_name(L.device) + " relays no more: " + cudaGetErrorName(e) + " (" +
+                cudaGetErrorString(e) + "); its chunk goes over the other links");
+      return;
+    }
   }
   L.flight.push_back(Link::InFlight{t.id, n, slot});
 }
@@ -379,7 +397,8 @@ void MultipathEngine::run() {
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   cudaThreadExchangeStreamCaptureMode(&mode);
   const int n = static_cast<int>(links_.size());
-  auto sched = std::make_unique<MultipathScheduler>(n, policy_);
+  sched_ = std::make_unique<MultipathScheduler>(n, policy_);
+  auto& sched = sched_;
   std::deque<Transfer> pending;  // their streams have not got to them yet
   std::deque<Transfer> active;   // handed to the scheduler
   auto by_sched = [&](int sid) -> Transfer& {
@@ -428,7 +447,8 @@ void MultipathEngine::run() {
         }
         cudaEventDestroy(it->start);
         it->start = nullptr;
-        if (sched->idle() && active.empty()) sched = std::make_unique<MultipathScheduler>(n, policy_);
+        // Renewed when idle (ids stay small), keeping the relays given up on.
+        if (sched->idle() && active.empty()) sched = std::make_unique<MultipathScheduler>(n, sched->policy());
         it->sched = sched->add(it->target, split_chunks(it->bytes, it->chunk));
         it->deadline = t_now + timeout_s_;
         active.push_back(*it);

@@ -78,9 +78,13 @@ class MultipathEngine {
   std::vector<size_t> bytes_by_link() const;
   size_t chunk_bytes() const { return chunk_bytes_; }
   size_t threshold_bytes() const { return threshold_; }
-  // Links whose staging buffers could not be made (out of memory) or that
-  // cannot reach the others: they carry only their own GPU's copies.
-  std::vector<bool> may_relay() const { return policy_.may_relay; }
+  // Links whose staging buffers could not be made (out of memory), that
+  // cannot reach the others, or that failed to take a chunk: they carry only
+  // their own GPU's copies.
+  std::vector<bool> may_relay() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return policy_.may_relay;
+  }
 
  private:
   // One gate per caller stream, each opened in that stream's order only: a
@@ -137,7 +141,9 @@ class MultipathEngine {
   double timeout_s_ = 0;
   MultipathPolicy policy_;
   std::vector<Link> link_;
-  std::deque<StreamGate> gates_;  // a deque: transfers point at its elements
+  std::deque<StreamGate> gates_;
+  std::unique_ptr<MultipathScheduler>
+      sched_;  // the engine's thread's only  // a deque: transfers point at its elements
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

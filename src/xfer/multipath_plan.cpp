@@ -130,6 +130,15 @@ void MultipathScheduler::complete(int link) {
   flight_[link].pop_front();
 }
 
+void MultipathScheduler::give_back(int link) {
+  FERRY_ARG_CHECK(!flight_.at(link).empty(), "give_back: link " + std::to_string(link) + " has nothing in flight");
+  const Assignment a = flight_[link].back();
+  flight_[link].pop_back();
+  waiting_[a.target].push_front(Queued{a.transfer, a.chunk});
+  if (policy_.may_relay.empty()) policy_.may_relay.assign(links(), true);
+  policy_.may_relay[link] = false;
+}
+
 bool MultipathScheduler::idle() const {
   for (const auto& f : flight_)
     if (!f.empty()) return false;

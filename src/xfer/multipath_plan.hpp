@@ -91,11 +91,16 @@ class MultipathScheduler {
   bool next(int link, Assignment* out);
   // The oldest chunk in flight on `link` landed.
   void complete(int link);
+  // The chunk next() just gave `link` could not be submitted there (a relay
+  // failing): it goes back to the front of its queue, and `link` relays
+  // nothing more (it still carries its own GPU's chunks if it may).
+  void give_back(int link);
 
   int in_flight(int link) const { return static_cast<int>(flight_.at(link).size()); }
   bool done(int transfer) const { return remaining_.at(transfer) == 0; }
   bool idle() const;
   int links() const { return static_cast<int>(flight_.size()); }
+  const MultipathPolicy& policy() const { return policy_; }
 
  private:
   struct Queued {

@@ -210,3 +210,27 @@ TEST(MultipathChunkSize, EveryLinksQueueGetsAChunkWithinTheBounds) {
   EXPECT_EQ(multipath_chunk_bytes(10 * MiB + 1, 2, 2, 8 * MiB) % (64 << 10), 0u);
   EXPECT_THROW(multipath_chunk_bytes(MiB, 2, 2, 0), ferry::Error);
 }
+
+TEST(MultipathScheduler, AChunkGivenBackGoesToTheOtherLinksAndTheLinkRelaysNoMore) {
+  MultipathPolicy policy;
+  MultipathScheduler s(3, policy);
+  const int t = s.add(0, split_chunks(6, 1));
+  Assignment a;
+  ASSERT_TRUE(s.next(1, &a));  // a relay takes chunk 0
+  EXPECT_EQ(a.chunk.offset, 0u);
+  s.give_back(1);  // and cannot submit it
+  EXPECT_EQ(s.in_flight(1), 0);
+  EXPECT_FALSE(s.next(1, &a));  // relays no more
+  ASSERT_TRUE(s.next(2, &a));
+  EXPECT_EQ(a.chunk.offset, 0u);  // the chunk given back is next
+  EXPECT_FALSE(s.policy().may_relay[1]);
+  std::vector<int> order;
+  while (!s.done(t)) {
+    for (int l : {0, 2}) {
+      Assignment b;
+      while (s.next(l, &b)) order.push_back(static_cast<int>(b.chunk.offset));
+      if (s.in_flight(l)) s.complete(l);
+    }
+  }
+  EXPECT_EQ(order.size(), 5u);  // chunks 1..5 (chunk 0 went to link 2 above)
+}

@@ -285,17 +285,41 @@ TEST_F(MultipathSim, ARelayThatNeverFinishesTimesOutLetsTheStreamGoAndSaysWhere)
   sim::set_faults(sim::Faults{});
 }
 
-TEST_F(MultipathSim, ACudaErrorOnALinkIsReportedAndTheStreamGoesOn) {
-  MultipathEngine e(options({0, 1}));
+TEST_F(MultipathSim, ARelayThatCannotTakeAChunkLeavesItToTheOtherLinks) {
+  MultipathEngine e(options({0, 1, 2}));
   sim::Faults f;
   f.fail_on_device = 1;
+  sim::set_faults(f);
+  const size_t n = 16 * MiB + 9;
+  Buf host(n, -1), dev(n, 0);
+  fill(host, 11);
+  cudaStream_t s = new_stream(0);
+  e.copy(dev.p, host.p, n, s);
+  ASSERT_TRUE(drained(s));
+  e.check();  // no error: the copy completed over links 0 and 2
+  EXPECT_EQ(std::memcmp(dev.p, host.p, n), 0);
+  EXPECT_FALSE(e.may_relay()[1]);
+  EXPECT_TRUE(e.may_relay()[2]);
+  EXPECT_EQ(e.bytes_by_link()[1], 0u);
+  sim::set_faults(sim::Faults{});
+}
+
+TEST_F(MultipathSim, TheTargetsOwnLinkFailingIsAClearErrorAndTheStreamGoesOn) {
+  MultipathEngine e(options({0, 1}));
+  sim::Faults f;
+  f.fail_on_device = 0;
   sim::set_faults(f);
   const size_t n = 16 * MiB;
   Buf host(n, -1), dev(n, 0);
   cudaStream_t s = new_stream(0);
   e.copy(dev.p, host.p, n, s);
-  cudaStreamSynchronize(s);  // let go, not held for good
-  EXPECT_THROW(e.synchronize(), ferry::Error);
+  ASSERT_TRUE(drained(s)) << "the stream stayed held";
+  try {
+    e.synchronize();
+    ADD_FAILURE() << "synchronize() raised nothing";
+  } catch (const ferry::Error& err) {
+    EXPECT_EQ(err.code(), FERRY_ERROR_BROKEN) << err.what();
+  }
   sim::set_faults(sim::Faults{});
 }
 
