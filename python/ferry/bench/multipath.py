@@ -8,7 +8,7 @@ What it measures, per direction (host to GPU 0, GPU 0 to host) and size:
 - ferry: ``ferry.multipath.Engine`` over the host links of GPUs 0..paths-1 (paths >= 2);
 - ferry-loopback: the engine with relays through GPU 0 itself (one physical
   link): what chunking, staging and the stream gate cost over the plain copy;
-- static-1:1, static-1:2 (two GPUs or more): the field's static split
+- static-1:1, static-1:2 (--static, two GPUs or more): the field's static split
   re-implemented (part over the target's link, part relayed through GPU 1 in
   chunks, by fixed ratios);
 - aggregate: every GPU copying its own buffer over its own link at once, the
@@ -461,7 +461,7 @@ def run(opts: dict, progress=print) -> dict:
     if opts["loopback"] > 0:
         engines[("ferry-loopback", 1)] = mp.Engine(devices=[0], loopback=opts["loopback"])
     statics = {}
-    if n_gpu >= 2 and opts.get("static", True):
+    if n_gpu >= 2 and opts.get("static"):
         statics = {(f"static-{a}:{b}", 2): StaticSplit(torch, [a, b]) for a, b in ((1, 1), (1, 2))}
     records, failures = [], []
     for direction, op in OPS.items():
@@ -552,7 +552,7 @@ def parse_args(argv=None):
         "--sleep-models", default="", help=f"sleep and wake these models' weights ({', '.join(SLEEP_MODELS)})"
     )
     p.add_argument(
-        "--no-static", action="store_true", help="skip the static 1:1 and 1:2 splits (two GPUs or more)"
+        "--static", action="store_true", help="also the static 1:1 and 1:2 splits (two GPUs or more)"
     )
     p.add_argument(
         "--contention",
@@ -573,7 +573,7 @@ def main(argv=None) -> int:
         "paths": [int(x) for x in args.paths.split(",") if x],
         "loopback": args.loopback,
         "sleep_models": [m for m in args.sleep_models.split(",") if m],
-        "static": not args.no_static,
+        "static": args.static,
         "contention": args.contention,
     }
     for m in opts["sleep_models"]:
