@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "core/clock.hpp"
 #include "core/cuda_scope.hpp"
 #include "core/driver.hpp"
 #include "core/env.hpp"
@@ -19,8 +20,6 @@ namespace {
 
 // Pinned words a rank's releases copy from, reused in turn.
 constexpr unsigned kRescueSlots = 64;
-
-double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 const char* kind_name(uint32_t kind) {
   switch (static_cast<device::WaitKind>(kind)) {
@@ -499,7 +498,7 @@ void SymmetricHeap::watcher_loop() {
       mine.insert(mine.end(), watched_.begin(), watched_.end());
       watched_.clear();
     }
-    const double t = now_s();
+    const double t = steady_seconds();
     for (size_t i = 0; i < mine.size();) {
       Watched& w = mine[i];
       if (cudaSetDevice(group_.devices[w.local]) != cudaSuccess) cudaGetLastError();

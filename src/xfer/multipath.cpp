@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "core/clock.hpp"
 #include "core/cuda_scope.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
@@ -14,8 +15,6 @@
 namespace ferry {
 namespace xfer {
 namespace {
-
-double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 std::string dev_name(int d) { return "cuda:" + std::to_string(d); }
 
@@ -179,7 +178,7 @@ void MultipathEngine::close() {
 }
 
 bool MultipathEngine::links_idle(double limit_s) {
-  const double until = now_s() + limit_s;
+  const double until = steady_seconds() + limit_s;
   for (Link& L : link_)
     for (cudaStream_t s : {L.host, L.nvlink})
       while (true) {
@@ -189,7 +188,7 @@ bool MultipathEngine::links_idle(double limit_s) {
           cudaGetLastError();
           return false;
         }
-        if (now_s() > until) return false;
+        if (steady_seconds() > until) return false;
         std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
   return true;
@@ -432,7 +431,7 @@ void MultipathEngine::run() {
     }
     bool progress = false;
     try {
-      const double t_now = now_s();
+      const double t_now = steady_seconds();
       // Start: copies whose streams got there, in the order they were made.
       for (auto it = pending.begin(); it != pending.end();) {
         const cudaError_t q = cudaEventQuery(it->start);
