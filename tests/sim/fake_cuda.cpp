@@ -165,11 +165,6 @@ void set_faults(const Faults& f) {
   st.faults = f;
 }
 
-int device_of(const void* p) {
-  const Allocation* a = find(p);
-  return a && a->kind == cudaMemoryTypeDevice ? a->device : -1;
-}
-
 }  // namespace sim
 
 // ---- the runtime calls

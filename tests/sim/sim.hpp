@@ -11,7 +11,5 @@ struct Faults {
 // A fresh machine of `devices` GPUs whose copies move `bytes_per_s`.
 void reset(int devices, double bytes_per_s = 20e9);
 void set_faults(const Faults& f);
-// The simulated GPU that owns `p` (-1: host memory or unknown).
-int device_of(const void* p);
 
 }  // namespace sim

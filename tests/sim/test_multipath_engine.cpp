@@ -60,6 +60,20 @@ bool drained(cudaStream_t s, double limit_s = 10) {
   return true;
 }
 
+// `count` host sources of `n` random bytes and poisoned destinations on `device`.
+struct Pairs {
+  std::vector<std::unique_ptr<Buf>> src, dst;
+  Pairs(int count, size_t n, int device, unsigned seed) {
+    for (int i = 0; i < count; ++i) {
+      src.push_back(std::make_unique<Buf>(n, -1));
+      dst.push_back(std::make_unique<Buf>(n, device));
+      fill(*src.back(), seed + i);
+      std::memset(dst.back()->p, 0xA5, n);
+    }
+  }
+  bool same(int i) const { return std::memcmp(dst[i]->p, src[i]->p, src[i]->n) == 0; }
+};
+
 cudaStream_t new_stream(int device) {
   cudaSetDevice(device);
   cudaStream_t s = nullptr;
@@ -206,22 +220,17 @@ TEST_F(MultipathSim, OneStreamFromTwoThreadsKeepsEachCopyWhole) {
   MultipathEngine e(options({0, 1}, MiB, MiB));
   cudaStream_t s = new_stream(0);
   const size_t n = 6 * MiB + 3;
-  std::vector<std::unique_ptr<Buf>> srcs, dsts;
-  for (int i = 0; i < 16; ++i) {
-    srcs.push_back(std::make_unique<Buf>(n, -1));
-    dsts.push_back(std::make_unique<Buf>(n, 0));
-    fill(*srcs.back(), 200 + i);
-  }
+  Pairs p(16, n, 0, 200);
   std::thread a([&] {
-    for (int i = 0; i < 16; i += 2) e.copy(dsts[i]->p, srcs[i]->p, n, s);
+    for (int i = 0; i < 16; i += 2) e.copy(p.dst[i]->p, p.src[i]->p, n, s);
   });
   std::thread b([&] {
-    for (int i = 1; i < 16; i += 2) e.copy(dsts[i]->p, srcs[i]->p, n, s);
+    for (int i = 1; i < 16; i += 2) e.copy(p.dst[i]->p, p.src[i]->p, n, s);
   });
   a.join();
   b.join();
   ASSERT_TRUE(drained(s));
-  for (int i = 0; i < 16; ++i) EXPECT_EQ(std::memcmp(dsts[i]->p, srcs[i]->p, n), 0) << i;
+  for (int i = 0; i < 16; ++i) EXPECT_TRUE(p.same(i)) << i;
 }
 
 TEST_F(MultipathSim, PlainCopyBelowTheThresholdAndForPageableMemory) {
@@ -342,15 +351,10 @@ TEST_F(MultipathSim, ManyCopiesBackToBackOnOneStream) {
   MultipathEngine e(options({0, 1}, MiB, MiB));
   cudaStream_t s = new_stream(0);
   const size_t n = 6 * MiB + 3;
-  std::vector<std::unique_ptr<Buf>> srcs, dsts;
-  for (int i = 0; i < 16; ++i) {
-    srcs.push_back(std::make_unique<Buf>(n, -1));
-    dsts.push_back(std::make_unique<Buf>(n, 0));
-    fill(*srcs.back(), 300 + i);
-  }
-  for (int i = 0; i < 16; ++i) e.copy(dsts[i]->p, srcs[i]->p, n, s);
+  Pairs p(16, n, 0, 300);
+  for (int i = 0; i < 16; ++i) e.copy(p.dst[i]->p, p.src[i]->p, n, s);
   ASSERT_TRUE(drained(s));
-  for (int i = 0; i < 16; ++i) EXPECT_EQ(std::memcmp(dsts[i]->p, srcs[i]->p, n), 0) << i;
+  for (int i = 0; i < 16; ++i) EXPECT_TRUE(p.same(i)) << i;
 }
 
 // Random copies in both directions, on random streams of random GPUs from four
