@@ -200,14 +200,11 @@ def preload_library() -> str:
     import os
 
     here = os.path.dirname(os.path.abspath(__file__))
-    for candidate in (
-        os.path.join(here, "lib", "libferry_preload.so"),
-        os.path.join(here, "..", "..", "build", "dev", "libferry_preload.so"),
+    lib = os.path.join(here, "lib")  # installed with the package, beside libferry.so
+    if os.path.isfile(os.path.join(lib, "libferry_preload.so")) and os.path.isfile(
+        os.path.join(lib, "libferry.so")
     ):
-        if os.path.isfile(candidate) and os.path.isfile(
-            os.path.join(os.path.dirname(candidate), "libferry.so")
-        ):
-            return os.path.normpath(candidate)
+        return os.path.join(lib, "libferry_preload.so")
     raise FileNotFoundError("libferry_preload.so is not installed next to the package; reinstall ferry")
 
 
