@@ -192,28 +192,18 @@ class Suite:
                     self.barrier()
                     for i, r in enumerate(self.ranks):
                         peer = (r + 1) % W
-                        if get:
-                            self.k.put(
-                                self.raw[i],
-                                scope,
-                                self.ptr(outs[i]) + off,
-                                self.ptr(buf[i]) + off,
-                                size,
-                                peer,
-                                1,
-                                self.streams[i].cuda_stream,
-                            )
-                        else:
-                            self.k.put(
-                                self.raw[i],
-                                scope,
-                                self.ptr(buf[i]) + off,
-                                self.ptr(srcs[i]) + off,
-                                size,
-                                peer,
-                                0,
-                                self.streams[i].cuda_stream,
-                            )
+                        # get: the peer's heap copy into a local buffer; put: the reverse.
+                        dst, src = (outs[i], buf[i]) if get else (buf[i], srcs[i])
+                        self.k.put(
+                            self.raw[i],
+                            scope,
+                            self.ptr(dst) + off,
+                            self.ptr(src) + off,
+                            size,
+                            peer,
+                            int(get),
+                            self.streams[i].cuda_stream,
+                        )
                     self.barrier()
                     for i, r in enumerate(self.ranks):
                         label = f"rank {r} {'get' if get else 'put'} scope {scope} {size} B at +{off}"
