@@ -36,7 +36,9 @@ typedef struct {
 FERRY_API ferry_result_t ferry_multipath_create(const int* devices, int count, const ferry_multipath_options_t* options,
                                                 ferry_multipath_t* engine);
 /* Copies `bytes` from `src` to `dst` (one pinned or pageable host memory, the
- * other GPU memory) in `stream`'s order; returns at once. `multipath` (may be
+ * other GPU memory) in `stream`'s order; returns at once. A default stream
+ * (0, cudaStreamLegacy, cudaStreamPerThread) is the current GPU's, as in
+ * cudaMemcpyAsync. `multipath` (may be
  * NULL) is set to 1 where the copy went over several links, 0 where it ran as
  * one plain copy. */
 FERRY_API ferry_result_t ferry_multipath_copy(ferry_multipath_t engine, void* dst, const void* src, size_t bytes,

@@ -115,8 +115,9 @@ class Engine:
     def copy(self, dst, src, stream=None) -> dict:
         """Copies ``src`` into ``dst`` (same number of bytes; one a CUDA tensor
         on one of ``devices``, the other a CPU tensor, pinned for multipath) in
-        ``stream``'s order; a GPU not among ``devices`` gets one plain copy.
-        Returns ``{"multipath", "reason", "chunks", "links"}``: what ran and,
+        ``stream``'s order (None: the GPU tensor's current stream; an int
+        handle 0 is the GPU tensor's default stream); a GPU not among
+        ``devices`` gets one plain copy. Returns ``{"multipath", "reason", "chunks", "links"}``: what ran and,
         for a plain copy, why. Keep both tensors alive until the stream passed it."""
         dst, src = _side(dst, "dst"), _side(src, "src")
         nbytes = dst.numel() * dst.element_size()
@@ -131,17 +132,21 @@ class Engine:
             )
         gpu = dst if dst.is_cuda else src
         torch = _torch()
+        # A default stream's handle (0) names no GPU: pass the one it belongs to.
         if stream is None:
-            handle = torch.cuda.current_stream(gpu.device).cuda_stream
+            handle, device = torch.cuda.current_stream(gpu.device).cuda_stream, gpu.device.index
         elif isinstance(stream, int):
-            handle = stream
+            handle, device = stream, gpu.device.index
         else:
             handle = getattr(stream, "cuda_stream", None)
             if handle is None:
                 raise InvalidArgumentError(
                     f"stream is a {type(stream).__name__}; expected a torch.cuda.Stream or an int handle"
                 )
-        multipath, reason, chunks, links = self._engine().copy(dst.data_ptr(), src.data_ptr(), nbytes, handle)
+            device = stream.device.index
+        multipath, reason, chunks, links = self._engine().copy(
+            dst.data_ptr(), src.data_ptr(), nbytes, handle, device
+        )
         return {"multipath": multipath, "reason": reason, "chunks": chunks, "links": links}
 
     def synchronize(self) -> None:

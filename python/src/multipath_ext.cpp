@@ -33,12 +33,12 @@ void bind_multipath(nb::module_& m) {
           "timeout_s"_a, nb::call_guard<nb::gil_scoped_release>())
       .def(
           "copy",
-          [](MultipathEngine& e, uintptr_t dst, uintptr_t src, size_t bytes, uintptr_t stream) {
+          [](MultipathEngine& e, uintptr_t dst, uintptr_t src, size_t bytes, uintptr_t stream, int stream_device) {
             auto r = e.copy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes,
-                            reinterpret_cast<cudaStream_t>(stream));
+                            reinterpret_cast<cudaStream_t>(stream), stream_device);
             return std::make_tuple(r.multipath, r.reason, r.chunks, r.links);
           },
-          "dst"_a, "src"_a, "bytes"_a, "stream"_a, nb::call_guard<nb::gil_scoped_release>())
+          "dst"_a, "src"_a, "bytes"_a, "stream"_a, "stream_device"_a, nb::call_guard<nb::gil_scoped_release>())
       .def("synchronize", &MultipathEngine::synchronize, nb::call_guard<nb::gil_scoped_release>())
       .def("check", &MultipathEngine::check, nb::call_guard<nb::gil_scoped_release>())
       .def("close", &MultipathEngine::close, nb::call_guard<nb::gil_scoped_release>())

@@ -42,7 +42,9 @@ ferry_result_t ferry_multipath_copy(ferry_multipath_t engine, void* dst, const v
                                     ferry_stream_t stream, int* multipath) {
   return ferry::capi::guarded([&] {
     FERRY_ARG_CHECK(engine && engine->impl, "engine is NULL or destroyed");
-    auto r = engine->impl->copy(dst, src, bytes, static_cast<cudaStream_t>(stream));
+    int current = 0;  // a default stream is the current GPU's, as in cudaMemcpyAsync
+    FERRY_CUDA_CHECK(cudaGetDevice(&current));
+    auto r = engine->impl->copy(dst, src, bytes, static_cast<cudaStream_t>(stream), current);
     if (multipath) *multipath = r.multipath ? 1 : 0;
   });
 }
@@ -52,7 +54,9 @@ ferry_result_t ferry_multipath_copy_sync(ferry_multipath_t engine, void* dst, co
   return ferry::capi::guarded([&] {
     FERRY_ARG_CHECK(engine && engine->impl, "engine is NULL or destroyed");
     // cudaMemcpy's stream: the legacy default stream of the current GPU.
-    auto r = engine->impl->copy(dst, src, bytes, cudaStreamLegacy);
+    int current = 0;
+    FERRY_CUDA_CHECK(cudaGetDevice(&current));
+    auto r = engine->impl->copy(dst, src, bytes, cudaStreamLegacy, current);
     if (multipath) *multipath = r.multipath ? 1 : 0;
     FERRY_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
     engine->impl->check();

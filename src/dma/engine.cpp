@@ -33,6 +33,16 @@ bool is_capturing(cudaStream_t stream) {
 
 bool is_legacy_default(cudaStream_t stream) { return stream == nullptr || stream == cudaStreamLegacy; }
 
+int stream_device(cudaStream_t stream, int gpu) {
+  if (is_legacy_default(stream) || stream == cudaStreamPerThread || is_capturing(stream)) return gpu;
+  int device = gpu;
+  if (cudaStreamGetDevice(stream, &device) != cudaSuccess) {
+    cudaGetLastError();
+    return gpu;
+  }
+  return device;
+}
+
 void copy_one(cudaStream_t stream, const Copy& c) {
   if (c.bytes == 0) return;
   FERRY_CUDA_CHECK(cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDefault, stream));

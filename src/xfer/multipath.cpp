@@ -227,7 +227,8 @@ MultipathEngine::StreamGate* MultipathEngine::gate_for(int device, cudaStream_t 
   return &gates_.back();
 }
 
-MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, cudaStream_t stream,
+                                      int default_device) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) throw_error(FERRY_ERROR_CLOSED, "the multipath engine is closed");
@@ -249,10 +250,14 @@ MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, 
   const MultipathRoute route = route_multipath(dk, dst_dev, sk, src_dev);
   FERRY_ARG_CHECK(route.error.empty(), "multipath copy: " + route.error);
 
-  // The stream's own GPU (the current one for the default streams): its
-  // event and gate wait go there; the chunks go to the copy's GPU.
-  int stream_device = -1;
-  FERRY_CUDA_CHECK(cudaStreamGetDevice(stream, &stream_device));
+  // The stream's own GPU: its event and gate wait go there; the chunks go
+  // to the copy's GPU.
+  const int fallback = default_device >= 0 ? default_device : route.device;
+  int stream_device;
+  {
+    DeviceScope on(fallback);  // a default stream's capture state is its GPU's
+    stream_device = dma::stream_device(stream, fallback);
+  }
   const int own = own_link(links_, route.device);
   int relays = 0;
   {

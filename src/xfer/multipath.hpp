@@ -58,8 +58,10 @@ class MultipathEngine {
 
   // Copies `bytes` from `src` to `dst` (one in pinned or pageable host
   // memory, the other in GPU memory) in `stream`'s order and returns at once.
-  // Raises an error an earlier copy met.
-  MultipathReport copy(void* dst, const void* src, size_t bytes, cudaStream_t stream);
+  // A default stream (null, legacy, per-thread) is `default_device`'s, or,
+  // with -1, that of the GPU the copy reads or writes. Raises an error an
+  // earlier copy met.
+  MultipathReport copy(void* dst, const void* src, size_t bytes, cudaStream_t stream, int default_device = -1);
   // Waits until every multipath copy so far landed (bounded by the timeout),
   // then raises an error one of them met. Plain copies are ordered in their
   // streams only.

@@ -139,13 +139,7 @@ void PageCopier::check_kernel_errors() {
 
 PageCopier::Located PageCopier::locate(const PageSide& dst, const PageSide& src, cudaStream_t stream) {
   Located out;
-  int stream_device = device_;
-  if (stream && stream != cudaStreamLegacy && stream != cudaStreamPerThread && !dma::is_capturing(stream)) {
-    if (cudaStreamGetDevice(stream, &stream_device) != cudaSuccess) {
-      cudaGetLastError();
-      stream_device = device_;
-    }
-  }
+  const int stream_device = dma::stream_device(stream, device_);
   FERRY_ARG_CHECK(stream_device == device_, "stream: it belongs to cuda:" + std::to_string(stream_device) +
                                                 " but the GPU tensors are on cuda:" + std::to_string(device_));
   int dst_host = -1, src_host = -1;  // -1 unknown, 0 device, 1 host

@@ -345,6 +345,13 @@ void mem_ops(cudaStream_t stream, const std::vector<MemOp>& ops) {
 
 bool is_capturing(cudaStream_t) { return false; }
 
+int stream_device(cudaStream_t s, int gpu) {
+  if (is_default_handle(s)) return gpu;
+  int d = gpu;
+  cudaStreamGetDevice(s, &d);
+  return d;
+}
+
 }  // namespace dma
 
 std::string driver_missing_hint() { return "a fake runtime"; }

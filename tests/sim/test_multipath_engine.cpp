@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -168,6 +169,41 @@ TEST_F(MultipathSim, ACopyWaitingForItsStreamHoldsUpNoOtherStream) {
   cudaStreamSynchronize(sa);
   e.synchronize();
   EXPECT_EQ(std::memcmp(a_dst.p, a_src.p, n), 0);
+}
+
+// What the first two-GPU run found: with GPU 0 current, a copy into GPU 1
+// on "the default stream" was ordered in GPU 0's, so it ran before GPU 1's
+// default stream got to it.
+TEST_F(MultipathSim, ADefaultStreamIsTheCopysGpusUnlessNamed) {
+  MultipathEngine e(options({0, 1}));
+  const size_t n = 8 * MiB + 1;
+  Buf src(n, -1), dst(n, 1), dst2(n, 1), after(n, -1);
+  fill(src, 6);
+  std::memset(dst.p, 0, n);
+  std::memset(dst2.p, 0, n);
+  auto untouched = [&](const Buf& b) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    return std::all_of(b.b(), b.b() + n, [](unsigned char c) { return c == 0; });
+  };
+  cudaSetDevice(1);
+  Hold hold1(nullptr);  // GPU 1's default stream held
+  cudaSetDevice(0);
+  e.copy(dst.p, src.p, n, nullptr);  // GPU 0 current; the copy's GPU is 1
+  EXPECT_TRUE(untouched(dst)) << "the copy ran before GPU 1's default stream got to it";
+  EXPECT_TRUE(drained(nullptr, 5)) << "GPU 0's default stream waited for a copy of GPU 1's";
+  cudaSetDevice(1);
+  cudaMemcpyAsync(after.p, dst.p, n, cudaMemcpyDefault, nullptr);
+  hold1.release();
+  cudaStreamSynchronize(nullptr);
+  cudaSetDevice(0);
+  EXPECT_EQ(std::memcmp(after.p, src.p, n), 0) << "GPU 1's default stream went on before the copy landed";
+  // Named: GPU 0's default stream (the C API names the current GPU's).
+  Hold hold0(nullptr);
+  e.copy(dst2.p, src.p, n, nullptr, 0);
+  EXPECT_TRUE(untouched(dst2)) << "the copy ran before GPU 0's default stream got to it";
+  hold0.release();
+  cudaStreamSynchronize(nullptr);
+  EXPECT_EQ(std::memcmp(dst2.p, src.p, n), 0);
 }
 
 TEST_F(MultipathSim, DefaultStreamsOfTwoGpusDoNotShareAGate) {
