@@ -9,8 +9,10 @@
 //            memory, on a stream of default or greatest priority made up
 //            front; or a host store (pinned word only);
 //   thread   issued from the waiting thread or from another thread;
-//   kernel   whether a kernel never launched before is launched on the
-//            waiting stream after the wait, before the release (lazy loading).
+//   kernel   whether a kernel never launched before is launched, from a
+//            thread of its own, on the waiting stream or on another one,
+//            after the wait and before the release (lazy loading): does the
+//            launch block, and does the release still work while it does?
 // Each case waits 0.2 s, releases, and reports whether the stream passed
 // within 3 s. A case that hangs is abandoned (its stream stays blocked, so
 // each case uses its own stream and word).
@@ -19,10 +21,12 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -43,7 +47,10 @@ KernelFn kernels[] = {fresh<0>,  fresh<1>,  fresh<2>,  fresh<3>,  fresh<4>,  fre
                       fresh<8>,  fresh<9>,  fresh<10>, fresh<11>, fresh<12>, fresh<13>, fresh<14>, fresh<15>,
                       fresh<16>, fresh<17>, fresh<18>, fresh<19>, fresh<20>, fresh<21>, fresh<22>, fresh<23>,
                       fresh<24>, fresh<25>, fresh<26>, fresh<27>, fresh<28>, fresh<29>, fresh<30>, fresh<31>,
-                      fresh<32>, fresh<33>, fresh<34>, fresh<35>, fresh<36>, fresh<37>, fresh<38>, fresh<39>};
+                      fresh<32>, fresh<33>, fresh<34>, fresh<35>, fresh<36>, fresh<37>, fresh<38>, fresh<39>,
+                      fresh<40>, fresh<41>, fresh<42>, fresh<43>, fresh<44>, fresh<45>, fresh<46>, fresh<47>,
+                      fresh<48>, fresh<49>, fresh<50>, fresh<51>, fresh<52>, fresh<53>, fresh<54>, fresh<55>,
+                      fresh<56>, fresh<57>, fresh<58>, fresh<59>, fresh<60>, fresh<61>, fresh<62>, fresh<63>};
 constexpr int kKernels = sizeof(kernels) / sizeof(kernels[0]);
 
 enum class Memory { kMalloc, kVmm, kPinned };
@@ -97,22 +104,38 @@ int main(int argc, char** argv) {
     for (Release r : {Release::kStreamWrite, Release::kCopy, Release::kHostStore})
       for (int prio : {least, greatest})
         for (bool other_thread : {false, true})
-          for (bool first_launch : {false, true}) {
+          for (int launch : {0, 1, 2}) {  // none, on the waiting stream, on another stream
+            const bool first_launch = launch > 0;
+            const int kernel_stream = launch - 1;
             if (r == Release::kHostStore && (m != Memory::kPinned || prio != least)) continue;
             if (first_launch && next_kernel >= kKernels) continue;
             ++cases;
             uint64_t* host = nullptr;
             uint64_t* w = word_in(m, device, &host);
-            cudaStream_t waiting = nullptr, rescue = nullptr;
+            cudaStream_t waiting = nullptr, rescue = nullptr, other = nullptr;
             FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&waiting, cudaStreamNonBlocking));
+            FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
             FERRY_CUDA_CHECK(cudaStreamCreateWithPriority(&rescue, cudaStreamNonBlocking, prio));
             cudaEvent_t passed = nullptr;
             FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&passed, cudaEventDisableTiming));
             FERRY_CU_CHECK(cu.StreamWaitValue64(reinterpret_cast<CUstream>(waiting), reinterpret_cast<CUdeviceptr>(w),
                                                 1, CU_STREAM_WAIT_VALUE_GEQ));
-            if (first_launch) kernels[next_kernel++]<<<1, 32, 0, waiting>>>(counters);
+            // The first launch from a thread of its own: under lazy loading
+            // it may block until the wait passes, and the release must not
+            // need it. Its event is recorded once it returns.
+            auto launched = std::make_shared<std::atomic<bool>>(!first_launch);
+            if (first_launch) {
+              KernelFn k = kernels[next_kernel++];
+              cudaStream_t on = kernel_stream == 0 ? waiting : other;
+              std::thread([k, on, counters, launched] {
+                k<<<1, 32, 0, on>>>(counters);
+                *launched = true;
+              }).detach();
+              std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            }
             FERRY_CUDA_CHECK(cudaEventRecord(passed, waiting));
             std::this_thread::sleep_for(std::chrono::milliseconds(200));
+            const bool launch_returned_before_release = *launched;
             auto release = [&] {
               if (r == Release::kStreamWrite)
                 cu.StreamWriteValue64(reinterpret_cast<CUstream>(rescue), reinterpret_cast<CUdeviceptr>(w), 1,
@@ -138,9 +161,17 @@ int main(int argc, char** argv) {
             }
             const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
             hung += !ok;
-            std::printf("%-11s %-12s %-8s %-13s %-18s %s\n", name(m), name(r),
+            while (!*launched && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3))
+              std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            std::printf("%-11s %-12s %-8s %-13s %-24s %-34s %s\n", name(m), name(r),
                         prio == greatest ? "greatest" : "default", other_thread ? "other thread" : "same thread",
-                        first_launch ? "new kernel after" : "no kernel",
+                        !first_launch        ? "no kernel"
+                        : kernel_stream == 0 ? "new kernel, waiting strm"
+                                             : "new kernel, other stream",
+                        !first_launch ? ""
+                        : *launched   ? (launch_returned_before_release ? "launch returned at once"
+                                                                        : "launch returned after release")
+                                      : "LAUNCH STILL BLOCKED",
                         ok ? ("passed " + std::to_string(ms) + " ms").c_str() : "STILL BLOCKED");
             std::fflush(stdout);
             if (!ok) {
