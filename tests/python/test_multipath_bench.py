@@ -53,9 +53,14 @@ def test_contention_table_lines():
     from ferry.bench.multipath import contention_table
 
     rows = [
-        {"op": "multipath_foreign", "paths": 2, "gbps": 60.0, "foreign_gbps": 40.0, "share_of_left": 0.88},
+        {"op": "multipath_foreign", "impl": "plain", "paths": 1, "gbps": 25.0, "foreign_gbps": 30.0,
+         "share_of_left": 0.32, "link_shares": [1.0]},
+        {"op": "multipath_foreign", "impl": "ferry", "paths": 2, "gbps": 60.0, "foreign_gbps": 40.0,
+         "share_of_left": 0.88, "link_shares": [0.1, 0.9]},
         {"op": "p2p_beside", "impl": "own-link-first", "alone_gbps": 300.0, "gbps": 250.0},
-    ]
+    ]  # fmt: skip
     text = contention_table(rows)
-    assert "88% of the capacity left" in text and "beside ferry (own-link-first) 250.0" in text
+    assert "plain copy 25.0 GB/s" in text and "32% of the capacity left" in text
+    assert "ferry x2 60.0 GB/s" in text and "88% of the capacity left" in text and "[0.1, 0.9]" in text
+    assert "beside ferry (own-link-first) 250.0" in text
     assert contention_table([]) == ""

@@ -140,9 +140,10 @@ def contention_table(records: Sequence[dict]) -> str:
     lines = []
     for r in records:
         if r["op"] == "multipath_foreign":
+            who = "plain copy" if r["impl"] == "plain" else f"ferry x{r['paths']}"
             lines.append(
-                f"foreign copy on GPU 0's link: ferry x{r['paths']} {r['gbps']:.1f} GB/s, foreign {r['foreign_gbps']:.1f},"
-                f" {r['share_of_left']:.0%} of the capacity left (target 90%)"
+                f"foreign copy on GPU 0's link: {who} {r['gbps']:.1f} GB/s, foreign {r['foreign_gbps']:.1f},"
+                f" {r['share_of_left']:.0%} of the capacity left (target 90%), bytes by link {r.get('link_shares')}"
             )
         elif r["op"] == "p2p_beside":
             lines.append(
@@ -296,16 +297,40 @@ def sleep_wake(torch, name: str, reps: int, gpu: str, date: str, progress=print)
     return out, failures
 
 
+def _cudart():
+    """The CUDA runtime torch loaded, through ctypes: the static split's copies
+    must be exactly cudaMemcpyAsync on the stream named (torch's copy_ between
+    two GPUs adds a barrier with both GPUs' current streams)."""
+    import ctypes
+
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+        try:
+            rt = ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+        except OSError:
+            continue
+        rt.cudaMemcpyAsync.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_int,
+            ctypes.c_void_p,
+        ]
+        rt.cudaMemcpyAsync.restype = ctypes.c_int
+        return rt
+    raise SystemExit("the static split needs the CUDA runtime library (libcudart)")
+
+
 class StaticSplit:
     """The field's static split, re-implemented for comparison: the copy cut by
     fixed ratios (e.g. [1, 2]: GPU 1 relays two bytes for each byte over the
     target's own link); part 0 over the target's link, part i through GPU i
     in chunks with two staging buffers (host to GPU i, then GPU i to the
-    target over NVLink; GPU to host the reverse). Ordered in `stream` like a
-    copy. Target: GPU 0."""
+    target over NVLink; GPU to host the reverse), one cudaMemcpyAsync each.
+    Ordered in `stream` like a copy. Target: GPU 0."""
 
     def __init__(self, torch, ratio: Sequence[int], chunk: int = 8 << 20):
         self.torch, self.ratio, self.chunk = torch, list(ratio), chunk
+        self.rt = _cudart()
         relays = range(1, len(self.ratio))
         self.own = torch.cuda.Stream(0)
         self.stage = {
@@ -319,30 +344,34 @@ class StaticSplit:
     def streams(self) -> list:
         return [self.own] + list(self.pcie.values()) + list(self.nvlink.values())
 
+    def _copy(self, dst: int, src: int, n: int, stream) -> None:
+        with self.torch.cuda.device(stream.device):
+            rc = self.rt.cudaMemcpyAsync(dst, src, n, 4, stream.cuda_stream)  # 4: cudaMemcpyDefault
+        if rc:
+            raise RuntimeError(f"static split: cudaMemcpyAsync returned CUDA error {rc}")
+
     def copy(self, dst, src, to_device: bool, stream) -> None:
-        torch = self.torch
         n = dst.numel()
         total = sum(self.ratio)
         cuts = [0]
         for r in self.ratio:
             cuts.append(min(n, cuts[-1] + n * r // total))
         cuts[-1] = n
+        d, s0 = dst.data_ptr(), src.data_ptr()
         for s in self.streams():
             s.wait_stream(stream)
-        with torch.cuda.stream(self.own):
-            dst[cuts[0] : cuts[1]].copy_(src[cuts[0] : cuts[1]], non_blocking=True)
+        self._copy(d + cuts[0], s0 + cuts[0], cuts[1] - cuts[0], self.own)
         for i in range(1, len(self.ratio)):
             first, second = (self.pcie[i], self.nvlink[i]) if to_device else (self.nvlink[i], self.pcie[i])
             for j, off in enumerate(range(cuts[i], cuts[i + 1], self.chunk)):
                 slot, m = j % 2, min(self.chunk, cuts[i + 1] - off)
+                stage = self.stage[i][slot].data_ptr()
                 first.wait_event(self.free[i][slot])  # the slot's last chunk went on
-                with torch.cuda.stream(first):
-                    self.stage[i][slot][:m].copy_(src[off : off + m], non_blocking=True)
-                    self.hop[i][slot].record(first)
+                self._copy(stage, s0 + off, m, first)
+                self.hop[i][slot].record(first)
                 second.wait_event(self.hop[i][slot])
-                with torch.cuda.stream(second):
-                    dst[off : off + m].copy_(self.stage[i][slot][:m], non_blocking=True)
-                    self.free[i][slot].record(second)
+                self._copy(d + off, stage, m, second)
+                self.free[i][slot].record(second)
         for s in self.streams():
             stream.wait_stream(s)
 
@@ -391,30 +420,42 @@ def contention(
         span = max(hi - lo, 1e-6) * 1e-3
         return reps * nbytes / span / 1e9, inside * nbytes / span / 1e9
 
-    for key, eng in engines.items():
+    def foreign():
+        with torch.cuda.stream(f):
+            f_dev.copy_(f_host, non_blocking=True)
+
+    def plain():
+        with torch.cuda.stream(s):
+            dev.copy_(host, non_blocking=True)
+
+    for key, eng in [(("plain", 1), None)] + list(engines.items()):
+        before = eng.bytes_by_link() if eng else [0]
 
         def fg(eng=eng):
-            eng.copy(dev, host, stream=s)
-
-        def foreign():
-            with torch.cuda.stream(f):
-                f_dev.copy_(f_host, non_blocking=True)
+            eng.copy(dev, host, stream=s) if eng else plain()
 
         fg_gbps, bg_gbps = window(f, foreign, fg, count=4 * reps + 4)
+        moved = [b - a for a, b in zip(before, eng.bytes_by_link())] if eng else [reps * nbytes]
+        shares = [round(m / max(sum(moved), 1), 3) for m in moved]
         left = max(aggregate - bg_gbps, 1e-9)
+        label = "plain copy" if eng is None else f"ferry x{key[1]}"
         progress(
-            f"foreign copy on GPU 0's link: ferry x{key[1]} {fg_gbps:.1f} GB/s, foreign {bg_gbps:.1f}, "
-            f"capacity left {left:.1f}: {fg_gbps / left:.0%} of it"
+            f"foreign copy on GPU 0's link: {label} {fg_gbps:.1f} GB/s, foreign {bg_gbps:.1f}, "
+            f"capacity left {left:.1f}: {fg_gbps / left:.0%} of it; bytes by link {shares}"
         )
-        out.append({"op": "multipath_foreign", "impl": "ferry", "bytes": nbytes, "paths": key[1],
-                    "gbps": round(fg_gbps, 2), "foreign_gbps": round(bg_gbps, 2), "aggregate_gbps": round(aggregate, 2),
-                    "share_of_left": round(fg_gbps / left, 3), "gpu": gpu, "date": date})  # fmt: skip
+        out.append({"op": "multipath_foreign", "impl": "plain" if eng is None else "ferry", "bytes": nbytes,
+                    "paths": key[1], "gbps": round(fg_gbps, 2), "foreign_gbps": round(bg_gbps, 2),
+                    "aggregate_gbps": round(aggregate, 2), "share_of_left": round(fg_gbps / left, 3),
+                    "link_shares": shares, "gpu": gpu, "date": date})  # fmt: skip
+    # The peer copy runs on GPU 1's stream (torch copies between GPUs on the
+    # source's current stream) fenced with GPU 0's current stream p, where the
+    # window's events are: every event of a window on one GPU.
     peer_src = torch.empty(nbytes, dtype=torch.uint8, device="cuda:1")
     peer_dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0")
-    p = torch.cuda.Stream(1)
+    p, p1 = torch.cuda.Stream(0), torch.cuda.Stream(1)
 
     def peer():
-        with torch.cuda.stream(p):
+        with torch.cuda.stream(p), torch.cuda.stream(p1):
             peer_dst.copy_(peer_src, non_blocking=True)
 
     torch.cuda.synchronize()
