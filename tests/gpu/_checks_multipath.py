@@ -259,11 +259,12 @@ def test_relays_through_peer_gpus(own_link_first):
         others = [d for d in devices if d != target]
         assert any(after[d] > before[d] for d in others), (target, before, after)
     # Only GPU 0 may relay: the others carry their own copies only.
-    e2 = mp.Engine(devices=devices, relays=[0], chunk_bytes=2 * MiB, min_bytes=MiB)
+    e2 = mp.Engine(devices=devices, relays=[0], chunk_bytes=2 * MiB, min_bytes=MiB, timeout=10)
     src = rand(n, seed=40).pin_memory()
     dst = torch.full((n,), POISON, dtype=torch.uint8, device=f"cuda:{devices[-1]}")
-    e2.copy(dst, src)
-    torch.cuda.synchronize()
+    assert e2.copy(dst, src)["multipath"]
+    e2.synchronize()  # bounded: raises where a chunk is stuck
+    torch.cuda.synchronize(devices[-1])
     assert torch.equal(dst.cpu(), src)
     used = e2.bytes_by_link()
     assert all(used[d] == 0 for d in devices[1:-1]), used

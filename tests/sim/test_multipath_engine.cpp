@@ -433,3 +433,26 @@ TEST_F(MultipathSim, RandomCopiesStreamsAndHoldsAllLand) {
   EXPECT_EQ(wrong.load(), 0);
   e.synchronize();
 }
+
+// The two-GPU run's hang, replayed: only GPU 0 may relay, the copy goes into
+// GPU 1 on its default stream while GPU 0 is current.
+TEST_F(MultipathSim, OnlySomeGpusRelayIntoAnotherGpusDefaultStream) {
+  MultipathOptions o = options({0, 1}, 2 * MiB, MiB);
+  o.policy.may_relay = {true, false};
+  MultipathEngine e(o);
+  const size_t n = 96 * MiB + 9;
+  Buf src(n, -1), dst(n, 1), back(n, -1);
+  fill(src, 7);
+  cudaSetDevice(0);
+  auto r = e.copy(dst.p, src.p, n, nullptr);
+  EXPECT_TRUE(r.multipath) << r.reason;
+  EXPECT_EQ(r.links, 2);
+  cudaSetDevice(1);
+  ASSERT_TRUE(drained(nullptr, 8)) << "GPU 1's default stream never got past the copy";
+  cudaSetDevice(0);
+  e.check();
+  EXPECT_EQ(std::memcmp(dst.p, src.p, n), 0);
+  const auto used = e.bytes_by_link();
+  EXPECT_GT(used[0], 0u);
+  EXPECT_GT(used[1], 0u);
+}

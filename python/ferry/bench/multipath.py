@@ -43,6 +43,7 @@ from .kv_e2e import MODELS as KV_MODELS
 from .report import _pyplot, format_size, parse_size, size_range
 
 OPS = {"h2d": "multipath_h2d", "d2h": "multipath_d2h"}
+LEAD_S = 0.02  # contention: the background's head start
 
 
 def record(op, impl, nbytes, paths, time_us, aggregate_gbps, host_us, cpu_us, gpu, date) -> dict:
@@ -400,12 +401,24 @@ def contention(
         e.record(stream)
         return e
 
+    # The foreground starts LEAD_S after the background, so that it meets the
+    # background in its steady state (not racing it for the copy engine's
+    # queue). Its sleep kernel runs once here: a kernel's first launch while a
+    # copy holds a stream would wait (lazy loading, docs/multipath.md).
+    lead_cycles = int(LEAD_S * torch.cuda.get_device_properties(0).clock_rate * 1e3)
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(1)
+    torch.cuda.synchronize()
+
     def window(background_stream, background, foreground, count):
-        """`count` background copies and `reps` foreground ones at once:
-        (foreground GB/s, background GB/s within the foreground's window)."""
+        """`count` background copies and, LEAD_S after they began, `reps`
+        foreground ones: (foreground GB/s, background GB/s within the
+        foreground's window)."""
         torch.cuda.synchronize()
         t0 = timed(background_stream)
         s.wait_event(t0)
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(lead_cycles)
         marks = []
         for _ in range(count):
             background()
@@ -471,7 +484,7 @@ def contention(
         def fg(eng=eng):
             eng.copy(dev, host, stream=s)
 
-        _, beside = window(p, peer, fg, count=4 * reps + 4)
+        _, beside = window(p, peer, fg, count=20 * reps + 20)  # peer copies are ~4x faster
         eng.close()
         impl = "own-link-first" if own_first else "relay-first"
         progress(f"GPU 1 -> GPU 0 peer copy: alone {alone:.1f} GB/s, beside ferry ({impl}) {beside:.1f}")
