@@ -356,7 +356,7 @@ void MultipathEngine::submit(Transfer& t, const Assignment& a) {
       return;
     }
   }
-  L.flight.push_back(Link::InFlight{t.id, n, slot});
+  L.flight.push_back(Link::InFlight{t.id, n, slot, steady_seconds()});
 }
 
 // Every chunk of `t` landed: its stream goes on.
@@ -457,7 +457,11 @@ void MultipathEngine::run() {
         cudaEventDestroy(it->start);
         it->start = nullptr;
         // Renewed when idle (ids stay small), keeping the relays given up on.
-        if (sched->idle() && active.empty()) sched = std::make_unique<MultipathScheduler>(n, sched->policy());
+        if (sched->idle() && active.empty()) {
+          auto renewed = std::make_unique<MultipathScheduler>(n, sched->policy());
+          renewed->set_estimates(sched->estimates());  // the links' speeds outlive it
+          sched = std::move(renewed);
+        }
         it->sched = sched->add(it->target, split_chunks(it->bytes, it->chunk));
         it->deadline = t_now + timeout_s_;
         active.push_back(*it);
@@ -467,7 +471,7 @@ void MultipathEngine::run() {
       // Feed: every link with room takes its next chunk.
       for (int l = 0; l < n; ++l) {
         Assignment a;
-        while (sched->next(l, &a)) submit(by_sched(a.transfer), a);
+        while (sched->next(l, &a, t_now)) submit(by_sched(a.transfer), a);
       }
       // Retire what landed, oldest first on each link.
       for (int l = 0; l < n; ++l) {
@@ -480,7 +484,13 @@ void MultipathEngine::run() {
             throw_error(FERRY_ERROR_CUDA, std::string("multipath: a chunk on the link of ") + dev_name(L.device) +
                                               " failed: " + cudaGetErrorName(q) + " (" + cudaGetErrorString(q) + ")");
           }
-          bytes_[l] += L.flight.front().bytes;
+          // The link's speed: from when it could start on the chunk (given,
+          // or its previous chunk landed) to when the chunk was seen landed.
+          const Link::InFlight& f = L.flight.front();
+          const double seen = steady_seconds();
+          sched->observe(l, f.bytes, seen - std::max(f.given, L.last_landed), seen);
+          L.last_landed = seen;
+          bytes_[l] += f.bytes;
           L.flight.pop_front();
           sched->complete(l);
           progress = true;

@@ -125,9 +125,11 @@ class MultipathEngine {
       uint64_t transfer;
       size_t bytes;
       int slot;
+      double given;  // when it was submitted (steady seconds)
     };
     std::deque<InFlight> flight;
     int next_slot = 0;
+    double last_landed = 0;  // when its previous chunk was seen landed
   };
 
   void run();

@@ -77,7 +77,7 @@ int own_link(const std::vector<int>& link_devices, int device) {
 }
 
 MultipathScheduler::MultipathScheduler(int links, MultipathPolicy policy)
-    : policy_(std::move(policy)), waiting_(links), flight_(links) {
+    : policy_(std::move(policy)), est_(links), waiting_bytes_(links, 0), waiting_(links), flight_(links) {
   FERRY_ARG_CHECK(links >= 1, "links must be at least 1");
   FERRY_ARG_CHECK(policy_.outstanding >= 1, "outstanding must be at least 1");
   FERRY_ARG_CHECK(policy_.may_relay.empty() || static_cast<int>(policy_.may_relay.size()) == links,
@@ -90,11 +90,65 @@ int MultipathScheduler::add(int target, const std::vector<Chunk>& chunks) {
   const int id = static_cast<int>(target_of_.size());
   target_of_.push_back(target);
   remaining_.push_back(chunks.size());
-  for (const Chunk& c : chunks) waiting_[target].push_back(Queued{id, c});
+  for (const Chunk& c : chunks) {
+    waiting_[target].push_back(Queued{id, c});
+    waiting_bytes_[target] += c.bytes;
+  }
   return id;
 }
 
-bool MultipathScheduler::next(int link, Assignment* out) {
+void MultipathScheduler::observe(int link, size_t bytes, double seconds, double now) {
+  if (bytes == 0 || !(seconds > 0)) return;
+  Estimate& e = est_.at(link);
+  const double sample = seconds / static_cast<double>(bytes);
+  // A faster sample is believed at once (the link has shown it can go that
+  // fast now); a slower one moves the estimate halfway (it may be one chunk
+  // that queued behind another's command).
+  e.s_per_byte = e.s_per_byte > 0 && sample > e.s_per_byte ? 0.5 * (e.s_per_byte + sample) : sample;
+  e.at = now;
+}
+
+void MultipathScheduler::set_estimates(const std::vector<Estimate>& e) {
+  FERRY_ARG_CHECK(e.size() == est_.size(), "set_estimates: expected one estimate per link");
+  est_ = e;
+}
+
+bool MultipathScheduler::may_carry(int link, int target) const {
+  return link == target || policy_.may_relay.empty() || policy_.may_relay[link];
+}
+
+size_t MultipathScheduler::flight_bytes(int link) const {
+  size_t b = 0;
+  for (const Assignment& a : flight_[link]) b += a.chunk.bytes;
+  return b;
+}
+
+// Earliest finish: `link` takes a chunk of `bytes` of `target`'s queue only
+// where it would land no later than the other links that may carry it would
+// finish that queue with the chunk: the queue's bytes and theirs in flight at
+// their summed speed, and at least the time one of them needs for the chunk
+// (so that of links all idle, the fastest always takes it). Unmeasured links
+// are not judged; a stale estimate lets an idle link try.
+bool MultipathScheduler::lands_in_time(int link, int target, size_t bytes, double now) const {
+  const Estimate& e = est_[link];
+  if (!policy_.earliest_finish || e.s_per_byte <= 0) return true;
+  if (flight_[link].empty() && now - e.at > kProbeAfterS) return true;
+  double rate = 0, backlog = static_cast<double>(waiting_bytes_[target]);
+  double one = std::numeric_limits<double>::infinity();
+  for (int j = 0; j < links(); ++j) {
+    if (j == link || !may_carry(j, target)) continue;
+    if (est_[j].s_per_byte <= 0) return true;
+    const double flying = static_cast<double>(flight_bytes(j));
+    rate += 1.0 / est_[j].s_per_byte;
+    backlog += flying;
+    one = std::min(one, (flying + static_cast<double>(bytes)) * est_[j].s_per_byte);
+  }
+  if (rate <= 0) return true;  // no other link may carry it
+  const double mine = static_cast<double>(flight_bytes(link) + bytes) * e.s_per_byte;
+  return mine <= std::max(backlog / rate, one);
+}
+
+bool MultipathScheduler::next(int link, Assignment* out, double now) {
   if (static_cast<int>(flight_.at(link).size()) >= policy_.outstanding) return false;
   int from = -1;
   const bool relays = policy_.may_relay.empty() || policy_.may_relay[link];
@@ -112,8 +166,10 @@ bool MultipathScheduler::next(int link, Assignment* out) {
     }
   }
   if (from < 0) return false;
+  if (!lands_in_time(link, from, waiting_[from].front().chunk.bytes, now)) return false;
   Queued q = waiting_[from].front();
   waiting_[from].pop_front();
+  waiting_bytes_[from] -= q.chunk.bytes;
   Assignment a;
   a.transfer = q.transfer;
   a.chunk = q.chunk;
@@ -135,6 +191,7 @@ void MultipathScheduler::give_back(int link) {
   const Assignment a = flight_[link].back();
   flight_[link].pop_back();
   waiting_[a.target].push_front(Queued{a.transfer, a.chunk});
+  waiting_bytes_[a.target] += a.chunk.bytes;
   if (policy_.may_relay.empty()) policy_.may_relay.assign(links(), true);
   policy_.may_relay[link] = false;
 }
@@ -151,6 +208,7 @@ namespace {
 
 // When `bytes` starting at `start` have crossed the link, its foreign copy considered.
 double serve_until(const LinkModel& m, double start, double bytes) {
+  if (m.busy_wait_s > 0 && start >= m.busy_from && start < m.busy_until) start += m.busy_wait_s;
   double t = start, left = bytes;
   const bool busy = m.busy_share > 0 && m.busy_until > m.busy_from;
   if (busy && t < m.busy_until) {
@@ -181,21 +239,26 @@ double capacity_until(const LinkModel& m, double t) {
 
 std::vector<SimResult> simulate_processes(const std::vector<LinkModel>& links,
                                           const std::vector<std::vector<SimTransfer>>& processes, size_t chunk_bytes,
-                                          const MultipathPolicy& policy, double relay_seconds_per_byte) {
+                                          const MultipathPolicy& policy, double relay_seconds_per_byte, bool in_order) {
   const int n = static_cast<int>(links.size());
   const size_t procs = processes.size();
   std::vector<MultipathScheduler> sched(procs, MultipathScheduler(n, policy));
   std::vector<SimResult> r(procs);
+  std::vector<size_t> added(procs, 0);  // transfers given to the scheduler so far, by process
   for (size_t p = 0; p < procs; ++p) {
     r[p].bytes_by_link.assign(n, 0);
     r[p].finish_by_transfer.assign(processes[p].size(), 0.0);
-    for (const auto& t : processes[p]) sched[p].add(t.target, split_chunks(t.bytes, chunk_bytes));
+    for (const auto& t : processes[p]) {
+      sched[p].add(t.target, split_chunks(t.bytes, chunk_bytes));
+      if (++added[p]; in_order) break;
+    }
   }
   // Per link: the chunks every process gave it, in the order given (the
   // link's FIFO), and when its current head lands.
   struct Held {
     size_t process;
     Assignment a;
+    double given;  // when the scheduler gave it
   };
   const double never = std::numeric_limits<double>::infinity();
   std::vector<std::deque<Held>> queue(n);
@@ -207,7 +270,7 @@ std::vector<SimResult> simulate_processes(const std::vector<LinkModel>& links,
   };
   auto refill = [&](size_t p, int l, double now) {
     Assignment a;
-    while (sched[p].next(l, &a)) queue[l].push_back(Held{p, a});
+    while (sched[p].next(l, &a, now)) queue[l].push_back(Held{p, a, now});
     start_head(l, now);
   };
   for (int l = 0; l < n; ++l)
@@ -221,6 +284,7 @@ std::vector<SimResult> simulate_processes(const std::vector<LinkModel>& links,
     const Held h = queue[l].front();
     queue[l].pop_front();
     sched[h.process].complete(l);
+    sched[h.process].observe(l, h.a.chunk.bytes, now - std::max(h.given, free_at[l]), now);
     SimResult& res = r[h.process];
     res.bytes_by_link[l] += h.a.chunk.bytes;
     double landed = now;
@@ -232,15 +296,24 @@ std::vector<SimResult> simulate_processes(const std::vector<LinkModel>& links,
     res.seconds = std::max(res.seconds, landed);
     free_at[l] = now;
     head_done[l] = never;
-    refill(h.process, l, now);
+    double at = now;
+    const auto& mine = processes[h.process];
+    if (in_order && sched[h.process].done(h.a.transfer) && added[h.process] < mine.size()) {
+      // The stream gets to the next copy once this one landed.
+      at = res.finish_by_transfer[h.a.transfer];
+      const SimTransfer& t = mine[added[h.process]++];
+      sched[h.process].add(t.target, split_chunks(t.bytes, chunk_bytes));
+    }
+    // Every link: one that declined a chunk may take it now.
+    for (int i = 0; i < n; ++i) refill(h.process, (l + i) % n, at);
     start_head(l, now);
   }
   return r;
 }
 
 SimResult simulate(const std::vector<LinkModel>& links, const std::vector<SimTransfer>& transfers, size_t chunk_bytes,
-                   const MultipathPolicy& policy, double relay_seconds_per_byte) {
-  return simulate_processes(links, {transfers}, chunk_bytes, policy, relay_seconds_per_byte)[0];
+                   const MultipathPolicy& policy, double relay_seconds_per_byte, bool in_order) {
+  return simulate_processes(links, {transfers}, chunk_bytes, policy, relay_seconds_per_byte, in_order)[0];
 }
 
 SimResult simulate_static(const std::vector<LinkModel>& links, const SimTransfer& transfer, size_t chunk_bytes,

@@ -4,11 +4,17 @@
 // same scheduler with completions from the GPU; `simulate` drives it with a
 // model of links, so that the balance can be checked without a GPU.
 //
-// The balancer takes no measurements. Every host link (a GPU's PCIe link) has
-// an outstanding queue of a few chunks; a link whose queue has room takes the
-// next chunk, from its own GPU's transfers first and otherwise as a relay
-// through its GPU for another target. A congested link drains its queue more
-// slowly and so takes fewer chunks: the queues' back-pressure is the signal.
+// Every host link (a GPU's PCIe link) has an outstanding queue of a few
+// chunks; a link whose queue has room takes the next chunk, from its own GPU's
+// transfers first and otherwise as a relay through its GPU for another
+// target. A congested link drains its queue more slowly and so takes fewer
+// chunks: the queues' back-pressure is the signal. Back-pressure alone fails
+// where a copy engine serves a foreign copy's long commands first (FIFO): one
+// chunk there waits milliseconds, and the whole transfer with it. So the
+// scheduler also keeps each link's measured time per byte, and a link takes
+// a chunk only where it would land no later than the other links would
+// finish the rest of that transfer with it (earliest finish); an estimate
+// older than kProbeAfterS lets an idle link try again.
 #pragma once
 
 #include <cstddef>
@@ -67,6 +73,7 @@ struct MultipathPolicy {
   bool own_link_first = true;   // a link serves its own GPU's transfer before relaying
   std::vector<bool> may_relay;  // by link; empty: every link may relay
   enum class Pick { kLongestQueue, kInOrder } pick = Pick::kLongestQueue;
+  bool earliest_finish = true;  // a link declines a chunk it would land after the others finish (see above)
 };
 
 // One chunk given to a link: the transfer's target GPU and whether it relays.
@@ -84,13 +91,26 @@ class MultipathScheduler {
  public:
   MultipathScheduler(int links, MultipathPolicy policy);
 
+  // A link's measured speed: seconds per byte (0: not measured), and when.
+  struct Estimate {
+    double s_per_byte = 0;
+    double at = 0;
+  };
+  static constexpr double kProbeAfterS = 0.1;
+
   // Queues a transfer to or from `target`'s memory; returns its id.
   int add(int target, const std::vector<Chunk>& chunks);
-  // The next chunk for `link` if its outstanding queue has room and any
-  // transfer may use it; the link's queue then holds it until complete().
-  bool next(int link, Assignment* out);
+  // The next chunk for `link` (at time `now`, seconds) if its outstanding
+  // queue has room, a transfer may use it, and it would not be the transfer's
+  // straggler; the link's queue then holds it until complete().
+  bool next(int link, Assignment* out, double now = 0);
   // The oldest chunk in flight on `link` landed.
   void complete(int link);
+  // `link` served `bytes` in `seconds` (from when it could start on them to
+  // when they landed), observed at `now`.
+  void observe(int link, size_t bytes, double seconds, double now);
+  const std::vector<Estimate>& estimates() const { return est_; }
+  void set_estimates(const std::vector<Estimate>& e);
   // The chunk next() just gave `link` could not be submitted there (a relay
   // failing): it goes back to the front of its queue, and `link` relays
   // nothing more (it still carries its own GPU's chunks if it may).
@@ -107,7 +127,13 @@ class MultipathScheduler {
     int transfer;
     Chunk chunk;
   };
+  bool may_carry(int link, int target) const;
+  bool lands_in_time(int link, int target, size_t bytes, double now) const;
+  size_t flight_bytes(int link) const;
+
   MultipathPolicy policy_;
+  std::vector<Estimate> est_;                   // by link
+  std::vector<size_t> waiting_bytes_;           // by target GPU
   std::vector<std::deque<Queued>> waiting_;     // by target GPU
   std::vector<std::deque<Assignment>> flight_;  // by link
   std::vector<int> target_of_;                  // by transfer
@@ -123,6 +149,9 @@ struct LinkModel {
   double busy_share = 0.0;
   double busy_from = 0.0;
   double busy_until = 0.0;
+  // And, where the copy engine serves the foreign copy's long commands first
+  // (FIFO), each chunk that starts then waits this long before it moves.
+  double busy_wait_s = 0.0;
 };
 
 struct SimTransfer {
@@ -140,16 +169,20 @@ struct SimResult {
 // Runs the scheduler against the model: each link serves its outstanding
 // chunks one after another at its bandwidth left by the foreign copy; a relay
 // adds `relay_seconds_per_byte` after the host link (NVLink, overlapped with
-// the next chunk: two pipelines per relay).
+// the next chunk: two pipelines per relay). The scheduler observes each
+// chunk's service time, as the engine's does.
+// With `in_order`, each transfer starts when the one before it landed (a
+// stream of copies); otherwise all start at once.
 SimResult simulate(const std::vector<LinkModel>& links, const std::vector<SimTransfer>& transfers, size_t chunk_bytes,
-                   const MultipathPolicy& policy, double relay_seconds_per_byte = 0.0);
+                   const MultipathPolicy& policy, double relay_seconds_per_byte = 0.0, bool in_order = false);
 
 // Several processes, each with a scheduler of its own, on the same links: a
 // link serves the chunks all of them gave it in the order given (how two
 // programs that both use ferry share the links).
 std::vector<SimResult> simulate_processes(const std::vector<LinkModel>& links,
                                           const std::vector<std::vector<SimTransfer>>& processes, size_t chunk_bytes,
-                                          const MultipathPolicy& policy, double relay_seconds_per_byte = 0.0);
+                                          const MultipathPolicy& policy, double relay_seconds_per_byte = 0.0,
+                                          bool in_order = false);
 
 // The same transfers with every chunk given in advance by fixed ratios (e.g.
 // {1, 2}: link 1 gets two chunks for each of link 0's), the static split the

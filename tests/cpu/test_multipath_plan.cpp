@@ -234,3 +234,74 @@ TEST(MultipathScheduler, AChunkGivenBackGoesToTheOtherLinksAndTheLinkRelaysNoMor
   }
   EXPECT_EQ(order.size(), 5u);  // chunks 1..5 (chunk 0 went to link 2 above)
 }
+
+// What two H100s showed: a foreign copy's long commands go first on the
+// target's copy engine, so each chunk there waits milliseconds (modelled as
+// busy_wait_s), and a stream of copies, each waiting for its slowest chunk,
+// went no faster than a plain copy. With the links' measured speed the
+// target's own link stops taking chunks it would land last.
+TEST(MultipathBalance, AForeignCopyThatHoldsTheEngineFirst) {
+  auto links = equal_links(2);
+  links[0].busy_from = 0;
+  links[0].busy_until = 10;
+  links[0].busy_wait_s = 0.01;
+  links[0].busy_share = 0.5;
+  const std::vector<SimTransfer> copies(8, SimTransfer{0, 256 * kMiB});
+  MultipathPolicy measured, blind;
+  blind.earliest_finish = false;
+  const auto with = simulate(links, copies, 8 * kMiB, measured, 0.0, true);
+  const auto without = simulate(links, copies, 8 * kMiB, blind, 0.0, true);
+  const double relay_alone = 8.0 * 256 * kMiB / 55e9;
+  // Back-pressure alone: every copy waits for a chunk on the held link.
+  EXPECT_GT(without.seconds, 8 * 0.01);
+  // Measured: the first copy learns, the rest go over the relay in the main.
+  EXPECT_LT(with.seconds, relay_alone + 3 * 0.0105) << with.seconds;
+  EXPECT_LT(with.seconds, 0.6 * without.seconds);
+  EXPECT_GT(with.bytes_by_link[1], 6 * with.bytes_by_link[0]);
+}
+
+// Once the foreign copy is gone the own link's old estimate ages out: an idle
+// link tries again and carries its share.
+TEST(MultipathBalance, AHeldLinkIsTriedAgainOnceItsEstimateIsOld) {
+  auto links = equal_links(2);
+  links[0].busy_from = 0;
+  links[0].busy_until = 0.03;
+  links[0].busy_wait_s = 0.01;
+  const std::vector<SimTransfer> copies(120, SimTransfer{0, 256 * kMiB});
+  const auto r = simulate(links, copies, 8 * kMiB, MultipathPolicy{}, 0.0, true);
+  const double ideal = ideal_seconds(links, 120 * 256 * kMiB);
+  EXPECT_LT(r.seconds, 1.25 * ideal) << r.seconds << " against " << ideal;
+  EXPECT_GT(r.bytes_by_link[0], r.bytes_by_link[1] / 2);
+}
+
+// The tail: every link idle and measured equal, one chunk left; one of them
+// takes it (none declines for good), across link counts.
+TEST(MultipathScheduler, EarliestFinishNeverLeavesAChunkBehind) {
+  for (int n : {2, 3, 4, 8}) {
+    MultipathScheduler s(n, MultipathPolicy{});
+    for (int l = 0; l < n; ++l) s.observe(l, 8 * kMiB, 8 * kMiB / 55e9, 0.0);
+    s.add(n - 1, split_chunks(8 * kMiB, 8 * kMiB));
+    Assignment a;
+    int taken = 0;
+    for (int l = 0; l < n; ++l) taken += s.next(l, &a, 0.001);
+    EXPECT_EQ(taken, 1) << n << " links";
+  }
+  // A slow link declines while a fast one can finish sooner, and takes the
+  // chunk when it is the only link that may carry it.
+  MultipathPolicy only_own;
+  only_own.may_relay = {false, false};
+  MultipathScheduler alone(2, only_own);
+  alone.observe(0, 8 * kMiB, 1.0, 0.0);
+  alone.observe(1, 8 * kMiB, 0.001, 0.0);
+  alone.add(0, split_chunks(16 * kMiB, 8 * kMiB));
+  Assignment a;
+  EXPECT_TRUE(alone.next(0, &a, 0.001));
+  MultipathScheduler both(2, MultipathPolicy{});
+  both.observe(0, 8 * kMiB, 1.0, 0.0);
+  both.observe(1, 8 * kMiB, 0.001, 0.0);
+  both.add(0, split_chunks(32 * kMiB, 8 * kMiB));
+  EXPECT_FALSE(both.next(0, &a, 0.001));
+  EXPECT_TRUE(both.next(1, &a, 0.001));
+  EXPECT_TRUE(both.next(1, &a, 0.001));
+  EXPECT_TRUE(both.next(0, &a, 0.5)) << "an idle link with an old estimate tries again";
+}
