@@ -47,6 +47,8 @@ void HostGate::open() { gate::open_from_host(host_, generation_); }
 
 void HostGate::open_on(cudaStream_t stream) { gate::open_on_stream(stream, device_, generation_); }
 
+uint64_t HostGate::value() const { return __atomic_load_n(const_cast<uint64_t*>(host_), __ATOMIC_ACQUIRE); }
+
 bool HostGate::is_open() const {
   return __atomic_load_n(const_cast<uint64_t*>(host_), __ATOMIC_ACQUIRE) >= generation_;
 }

@@ -48,6 +48,8 @@ class HostGate {
   std::pair<uint64_t*, uint64_t> device_trigger() const { return {device_, generation_}; }
   // True once the last arming's generation is in the word (as the host sees it).
   bool is_open() const;
+  // The word as the host sees it (a stream may write it: open_on_stream).
+  uint64_t value() const;
   // Gives up the word without freeing it, for a stream that may still read it.
   void keep() { host_ = nullptr; }
 

@@ -135,6 +135,7 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
     }
   }
   thread_ = std::thread([this] { run(); });
+  watchdog_ = std::thread([this] { watch(); });
 }
 
 MultipathEngine::~MultipathEngine() { close(); }
@@ -148,17 +149,19 @@ void MultipathEngine::close() {
     drained =
         cv_.wait_for(lock, std::chrono::duration<double>(timeout_s_), [&] { return unfinished_.empty() || broken_; });
     stop_ = true;
+    // Every stream that may still wait on a gate is let go before the
+    // engine's thread is joined (it may be held in a CUDA call until then).
+    open_every_gate();
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
-  // Every stream that may still wait on a gate is let go. The gates' words
-  // stay allocated: a stream may not have read its word yet.
+  if (watchdog_.joinable()) watchdog_.join();
+  // The gates' words stay allocated: a stream may not have read them yet.
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& g : gates_) {
-      g.opened = g.gate->generation();
-      g.gate->open_to(g.opened);
       g.gate->keep();
+      g.reached->keep();
     }
   }
   if (!drained)
@@ -225,7 +228,7 @@ MultipathEngine::StreamGate* MultipathEngine::gate_for(int device, cudaStream_t 
   const std::thread::id thread = stream == cudaStreamPerThread ? std::this_thread::get_id() : std::thread::id();
   for (auto& g : gates_)
     if (g.device == device && g.stream == stream && g.thread == thread) return &g;
-  gates_.push_back(StreamGate{device, stream, thread, std::make_unique<HostGate>(), 0});
+  gates_.push_back(StreamGate{device, stream, thread, std::make_unique<HostGate>(), std::make_unique<HostGate>(), 0});
   return &gates_.back();
 }
 
@@ -289,23 +292,19 @@ MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, 
   t.src = static_cast<const char*>(src);
   t.bytes = bytes;
   t.chunk = multipath_chunk_bytes(bytes, relays + 1, policy_.outstanding, chunk_bytes_);
-  FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&t.start, cudaEventDisableTiming));
   {
-    // The start event and the gate's wait go onto the stream together: two
-    // threads copying on one stream can never interleave them.
+    // The reached word's write and the gate's wait go onto the stream
+    // together: two threads copying on one stream can never interleave them.
     std::lock_guard<std::mutex> lock(mu_);
-    try {
-      if (closed_) throw_error(FERRY_ERROR_CLOSED, "the multipath engine is closed");
-      if (!error_.empty()) throw_error(FERRY_ERROR_BROKEN, error_);
-      FERRY_CUDA_CHECK(cudaEventRecord(t.start, stream));
-      t.gate = gate_for(stream_device, stream);
-      t.generation = t.gate->gate->arm(stream);
-    } catch (...) {
-      cudaEventDestroy(t.start);
-      throw;
-    }
+    if (closed_) throw_error(FERRY_ERROR_CLOSED, "the multipath engine is closed");
+    if (!error_.empty()) throw_error(FERRY_ERROR_BROKEN, error_);
+    t.gate = gate_for(stream_device, stream);
+    const uint64_t generation = t.gate->gate->generation() + 1;
+    gate::open_on_stream(stream, t.gate->reached->device_trigger().first, generation);
+    t.generation = t.gate->gate->arm(stream);
     t.id = ++next_id_;
     unfinished_.insert(t.id);
+    watched_[t.id] = Watched{t.gate, t.generation};
     queued_.push_back(t);
   }
   cv_.notify_all();
@@ -315,8 +314,8 @@ MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, 
   return r;
 }
 
-// A chunk is submitted only once its copy's stream got to the copy (the
-// start event completed): a link stream never waits for a caller's stream,
+// A chunk is submitted only once its copy's stream got to the copy (its
+// reached word holds the copy's generation): a link stream never waits for a caller's stream,
 // so copies of different streams can never hold each other up.
 void MultipathEngine::submit(Transfer& t, const Assignment& a) {
   Link& L = link_[a.link];
@@ -368,6 +367,7 @@ void MultipathEngine::land(Transfer& t) {
       t.gate->gate->open_to(t.generation);
     }
     unfinished_.erase(t.id);
+    watched_.erase(t.id);
   }
   cv_.notify_all();
 }
@@ -381,17 +381,51 @@ void MultipathEngine::fail_and_release(const std::string& message, std::deque<Tr
   std::lock_guard<std::mutex> lock(mu_);
   if (error_.empty()) error_ = message;
   broken_ = true;
-  for (auto* list : {&pending, &active, &queued_}) {
-    for (Transfer& t : *list)
-      if (t.start) cudaEventDestroy(t.start);
-    list->clear();
-  }
+  for (auto* list : {&pending, &active, &queued_}) list->clear();
+  for (Link& L : link_) L.flight.clear();
+  open_every_gate();
+  unfinished_.clear();
+  watched_.clear();
+  cv_.notify_all();
+}
+
+void MultipathEngine::open_every_gate() {
   for (auto& g : gates_) {
     g.opened = g.gate->generation();
     g.gate->open_to(g.opened);
   }
-  unfinished_.clear();
-  cv_.notify_all();
+}
+
+// The watchdog's thread makes no CUDA call, so it runs while every CUDA call
+// of the process is blocked. That happens when a kernel is launched for the
+// first time under lazy module loading while a copy holds its stream: the
+// load waits for that stream, and the engine's copies, which would let the
+// stream go, wait for the load. A copy not landed a second past the timeout
+// after its stream got to it lets every stream go (a host store each), and
+// the engine is broken.
+void MultipathEngine::watch() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    cv_.wait_for(lock, std::chrono::milliseconds(20));
+    if (stop_ || broken_) continue;
+    const double now = steady_seconds();
+    for (auto& [id, w] : watched_) {
+      if (w.reached_at == 0 && w.gate->reached->value() >= w.generation) w.reached_at = now;
+      if (w.reached_at == 0 || now - w.reached_at < timeout_s_ + 1.0) continue;
+      error_ = "multipath: a copy did not land within " + std::to_string(timeout_s_) +
+               " s of its stream getting to it, and the engine's thread was held in a CUDA call. A kernel launched "
+               "for the first time while a copy holds its stream does that under lazy module loading "
+               "(CUDA_MODULE_LOADING=LAZY, the default): launch every kernel once before, or set "
+               "CUDA_MODULE_LOADING=EAGER. Every stream was let go; copies not landed then are incomplete";
+      debug_log(error_);
+      broken_ = true;
+      open_every_gate();
+      unfinished_.clear();
+      watched_.clear();
+      cv_.notify_all();
+      break;
+    }
+  }
 }
 
 // The engine's thread: starts copies whose streams got to them, feeds every
@@ -429,7 +463,7 @@ void MultipathEngine::run() {
       if (!in_flight() && pending.empty() && active.empty() && queued_.empty() && !stop_)
         cv_.wait_for(lock, std::chrono::milliseconds(100));
       if (stop_) break;
-      if (broken_) {
+      if (broken_ && !in_flight() && pending.empty() && active.empty()) {
         cv_.wait_for(lock, std::chrono::milliseconds(100));
         continue;
       }
@@ -441,21 +475,17 @@ void MultipathEngine::run() {
     }
     bool progress = false;
     try {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (broken_) throw_error(FERRY_ERROR_BROKEN, error_);  // the watchdog let every stream go
+      }
       const double t_now = steady_seconds();
       // Start: copies whose streams got there, in the order they were made.
       for (auto it = pending.begin(); it != pending.end();) {
-        const cudaError_t q = cudaEventQuery(it->start);
-        if (q == cudaErrorNotReady) {
+        if (it->gate->reached->value() < it->generation) {
           ++it;
           continue;
         }
-        if (q != cudaSuccess) {
-          cudaGetLastError();
-          throw_error(FERRY_ERROR_CUDA, std::string("multipath: the stream of a copy failed before it: ") +
-                                            cudaGetErrorName(q) + " (" + cudaGetErrorString(q) + ")");
-        }
-        cudaEventDestroy(it->start);
-        it->start = nullptr;
         // Renewed when idle (ids stay small), keeping the relays given up on.
         if (sched->idle() && active.empty()) {
           auto renewed = std::make_unique<MultipathScheduler>(n, sched->policy());

@@ -17,6 +17,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -98,7 +99,17 @@ class MultipathEngine {
     cudaStream_t stream;
     std::thread::id thread;
     std::unique_ptr<HostGate> gate;
+    // The stream writes each arming's generation here as it gets to it: the
+    // host sees a copy's start without a CUDA call.
+    std::unique_ptr<HostGate> reached;
     uint64_t opened = 0;  // the highest generation opened: opening never goes back
+  };
+  // A copy the watchdog bounds: its stream's gate and generation, and when
+  // the watchdog first saw the stream get to it.
+  struct Watched {
+    StreamGate* gate;
+    uint64_t generation;
+    double reached_at = 0;
   };
   struct Transfer {
     uint64_t id = 0;
@@ -107,8 +118,7 @@ class MultipathEngine {
     char* dst = nullptr;
     const char* src = nullptr;
     size_t bytes = 0;
-    size_t chunk = 0;  // multipath_chunk_bytes of this copy
-    cudaEvent_t start = nullptr;
+    size_t chunk = 0;            // multipath_chunk_bytes of this copy
     StreamGate* gate = nullptr;  // its stream's gate, and the generation that stream waits for
     uint64_t generation = 0;
     int sched = -1;  // the scheduler's id, once its stream got to it
@@ -133,6 +143,8 @@ class MultipathEngine {
   };
 
   void run();
+  void watch();
+  void open_every_gate();  // under mu_
   void submit(Transfer& t, const Assignment& a);
   void land(Transfer& t);
   bool links_idle(double limit_s);
@@ -145,9 +157,8 @@ class MultipathEngine {
   double timeout_s_ = 0;
   MultipathPolicy policy_;
   std::vector<Link> link_;
-  std::deque<StreamGate> gates_;
-  std::unique_ptr<MultipathScheduler>
-      sched_;  // the engine's thread's only  // a deque: transfers point at its elements
+  std::deque<StreamGate> gates_;               // a deque: transfers point at its elements
+  std::unique_ptr<MultipathScheduler> sched_;  // the engine's thread's only
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -158,8 +169,10 @@ class MultipathEngine {
   bool broken_ = false;  // after an error: every stream let go, no copy taken
   bool stop_ = false;
   bool closed_ = false;
+  std::map<uint64_t, Watched> watched_;  // by copy id, until it lands
   std::vector<std::atomic<size_t>> bytes_;
   std::thread thread_;
+  std::thread watchdog_;
 };
 
 }  // namespace xfer

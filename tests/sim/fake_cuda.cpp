@@ -295,10 +295,14 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
   State& state_ = state();
   sim::Faults f;
   double bps;
-  {
-    std::lock_guard<std::mutex> lock(state_.mu);
-    f = state_.faults;
-    bps = state_.bytes_per_s;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(state_.mu);
+      f = state_.faults;
+      bps = state_.bytes_per_s;
+    }
+    if (!f.hold_copy_calls) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   if (f.fail_on_device == st->device) return fail(cudaErrorLaunchFailure);
   const bool hang = f.hang_on_device == st->device;

@@ -6,6 +6,9 @@ namespace sim {
 struct Faults {
   int fail_on_device = -1;  // cudaMemcpyAsync on a stream of this device fails at once
   int hang_on_device = -1;  // copies on a stream of this device never finish
+  // cudaMemcpyAsync blocks its caller until this is cleared, as every CUDA
+  // call does while a kernel's module loads lazily and waits for a stream.
+  bool hold_copy_calls = false;
 };
 
 // A fresh machine of `devices` GPUs whose copies move `bytes_per_s`.

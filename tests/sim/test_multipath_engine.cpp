@@ -456,3 +456,36 @@ TEST_F(MultipathSim, OnlySomeGpusRelayIntoAnotherGpusDefaultStream) {
   EXPECT_GT(used[0], 0u);
   EXPECT_GT(used[1], 0u);
 }
+
+// What a GPU showed under lazy module loading: a kernel's first launch while
+// a copy holds its stream blocks every CUDA call of the process, the engine's
+// copies included, until that stream goes on. The watchdog, which makes no
+// CUDA call, lets the stream go a second past the timeout, and says why.
+TEST_F(MultipathSim, AWatchdogLetsTheStreamGoWhenTheEnginesCallsAreHeld) {
+  MultipathOptions o = options({0, 1});
+  o.timeout_s = 0.3;
+  MultipathEngine e(o);
+  const size_t n = 8 * MiB + 1;
+  Buf src(n, -1), dst(n, 0);
+  cudaStream_t s = nullptr;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  sim::Faults held;
+  held.hold_copy_calls = true;
+  sim::set_faults(held);
+  const auto t0 = std::chrono::steady_clock::now();
+  e.copy(dst.p, src.p, n, s);
+  const bool went_on = drained(s, 5);
+  const double after = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  sim::set_faults(sim::Faults{});
+  ASSERT_TRUE(went_on) << "the stream stayed held with the engine's thread blocked";
+  EXPECT_GT(after, 1.2);
+  EXPECT_LT(after, 2.5);
+  try {
+    e.check();
+    ADD_FAILURE() << "check() raised nothing";
+  } catch (const ferry::Error& err) {
+    EXPECT_NE(std::string(err.what()).find("CUDA_MODULE_LOADING=EAGER"), std::string::npos) << err.what();
+  }
+  e.close();
+  cudaStreamDestroy(s);
+}
