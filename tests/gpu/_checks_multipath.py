@@ -270,3 +270,43 @@ def test_relays_through_peer_gpus(own_link_first):
     assert all(used[d] == 0 for d in devices[1:-1]), used
     e.close()
     e2.close()
+
+
+LAZY_LAUNCH = r"""
+import sys, time, torch, ferry, ferry.multipath as mp
+e = mp.Engine(devices=[0], loopback=2, chunk_bytes=8 << 20, min_bytes=1 << 20, timeout=2)
+n = 1 << 30
+src = torch.empty(n, dtype=torch.uint8, pin_memory=True).fill_(7)
+dst = torch.zeros(n, dtype=torch.uint8, device="cuda:0")
+x = torch.zeros(1 << 20, device="cuda:0")  # every kernel used below, except cumsum, loaded now
+torch.cuda.synchronize()
+t = time.monotonic()
+e.copy(dst, src)  # holds the current stream for ~20 ms
+x.cumsum(0)  # a kernel's first launch, while the copy holds the stream
+torch.cuda.synchronize()
+took = time.monotonic() - t
+try:
+    e.check()
+    landed = bool((dst == 7).all())
+    print(f"landed={landed} took={took:.2f}s")
+    sys.exit(0 if landed else 3)
+except ferry.BrokenError as err:
+    print(f"broken took={took:.2f}s: {err}")
+    sys.exit(0 if "CUDA_MODULE_LOADING=EAGER" in str(err) else 4)
+"""
+
+
+def test_a_first_kernel_launch_while_a_copy_holds_the_stream_never_hangs():
+    """Lazy module loading: the launch blocks every CUDA call, the engine's too,
+    until the held stream goes on. The copy either lands or, a second past its
+    2 s timeout, the watchdog lets the stream go and the engine says why."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, CUDA_MODULE_LOADING="LAZY")
+    run = subprocess.run(
+        [sys.executable, "-c", LAZY_LAUNCH], env=env, capture_output=True, text=True, timeout=90
+    )
+    print(run.stdout.strip())
+    assert run.returncode == 0, run.stdout + run.stderr[-3000:]
