@@ -377,10 +377,17 @@ void MultipathEngine::land(Transfer& t) {
 void MultipathEngine::fail_and_release(const std::string& message, std::deque<Transfer>& pending,
                                        std::deque<Transfer>& active) {
   debug_log("multipath: " + message + "; every stream waiting on a copy is let go");
-  links_idle(timeout_s_);
+  {
+    // Broken at once: the watchdog stands down, and the first cause stays the one reported.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (error_.empty()) error_ = message;
+    broken_ = true;
+    watched_.clear();
+  }
+  // Chunks on the links finish first where they can (briefly: a link may be
+  // held behind the very stream that waits for it).
+  links_idle(std::min(timeout_s_, 2.0));
   std::lock_guard<std::mutex> lock(mu_);
-  if (error_.empty()) error_ = message;
-  broken_ = true;
   for (auto* list : {&pending, &active, &queued_}) list->clear();
   for (Link& L : link_) L.flight.clear();
   open_every_gate();
@@ -412,10 +419,11 @@ void MultipathEngine::watch() {
     for (auto& [id, w] : watched_) {
       if (w.reached_at == 0 && w.gate->reached->value() >= w.generation) w.reached_at = now;
       if (w.reached_at == 0 || now - w.reached_at < timeout_s_ + 1.0) continue;
+      if (!error_.empty()) break;
       error_ = "multipath: a copy did not land within " + std::to_string(timeout_s_) +
-               " s of its stream getting to it, and the engine's thread was held in a CUDA call. A kernel launched "
-               "for the first time while a copy holds its stream does that under lazy module loading "
-               "(CUDA_MODULE_LOADING=LAZY, the default): launch every kernel once before, or set "
+               " s of its stream getting to it, and the engine's thread was held in a CUDA call meanwhile. One "
+               "known cause: a kernel launched for the first time while a copy holds its stream, under lazy module "
+               "loading (CUDA_MODULE_LOADING=LAZY, the default); launch every kernel once before, or set "
                "CUDA_MODULE_LOADING=EAGER. Every stream was let go; copies not landed then are incomplete";
       debug_log(error_);
       broken_ = true;
