@@ -100,11 +100,15 @@ int MultipathScheduler::add(int target, const std::vector<Chunk>& chunks) {
 void MultipathScheduler::observe(int link, size_t bytes, double seconds, double now) {
   if (bytes == 0 || !(seconds > 0)) return;
   Estimate& e = est_.at(link);
-  const double sample = seconds / static_cast<double>(bytes);
-  // A faster sample is believed at once (the link has shown it can go that
-  // fast now); a slower one moves the estimate halfway (it may be one chunk
-  // that queued behind another's command).
-  e.s_per_byte = e.s_per_byte > 0 && sample > e.s_per_byte ? 0.5 * (e.s_per_byte + sample) : sample;
+  constexpr double kKeep = 0.5;  // each older sample counts half as much as the next
+  if (e.bytes <= 0 || now - e.at > kProbeAfterS) {
+    e.seconds = seconds;
+    e.bytes = static_cast<double>(bytes);
+  } else {
+    e.seconds = kKeep * e.seconds + seconds;
+    e.bytes = kKeep * e.bytes + static_cast<double>(bytes);
+  }
+  e.s_per_byte = e.seconds / e.bytes;
   e.at = now;
 }
 

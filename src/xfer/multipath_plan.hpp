@@ -92,9 +92,15 @@ class MultipathScheduler {
   MultipathScheduler(int links, MultipathPolicy policy);
 
   // A link's measured speed: seconds per byte (0: not measured), and when.
+  // Kept as decaying sums of service time and bytes, so that a burst (one
+  // chunk waits behind a foreign command, the next follows at once) counts
+  // as the slow link it is; a sample after kProbeAfterS without one starts
+  // afresh.
   struct Estimate {
     double s_per_byte = 0;
     double at = 0;
+    double seconds = 0;
+    double bytes = 0;
   };
   static constexpr double kProbeAfterS = 0.1;
 

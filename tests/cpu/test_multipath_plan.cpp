@@ -305,3 +305,24 @@ TEST(MultipathScheduler, EarliestFinishNeverLeavesAChunkBehind) {
   EXPECT_TRUE(both.next(1, &a, 0.001));
   EXPECT_TRUE(both.next(0, &a, 0.5)) << "an idle link with an old estimate tries again";
 }
+
+// On the GPU a chunk that waited behind a foreign command was followed at
+// once by the next one queued behind it: per chunk, one slow and one fast
+// sample. The estimate counts the pair as the slow link it is; after a quiet
+// spell a fresh sample replaces it.
+TEST(MultipathScheduler, ABurstCountsAsTheSlowLinkItIs) {
+  MultipathScheduler s(2, MultipathPolicy{});
+  const size_t chunk = 8 * kMiB;
+  const double clean = chunk / 55e9;
+  s.observe(1, chunk, clean, 0.000);
+  s.observe(1, chunk, clean, 0.001);
+  s.observe(0, chunk, 0.005, 0.005);
+  s.observe(0, chunk, clean, 0.0052);
+  EXPECT_GT(s.estimates()[0].s_per_byte, 5 * s.estimates()[1].s_per_byte);
+  s.add(0, split_chunks(64 * kMiB, chunk));
+  Assignment a;
+  EXPECT_FALSE(s.next(0, &a, 0.006)) << "the held link took a chunk it would land last";
+  EXPECT_TRUE(s.next(1, &a, 0.006));
+  s.observe(0, chunk, clean, 0.5);  // after a quiet spell: afresh
+  EXPECT_NEAR(s.estimates()[0].s_per_byte, 1 / 55e9, 1e-13);
+}
