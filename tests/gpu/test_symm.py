@@ -52,11 +52,6 @@ def test_heap_process_per_rank(world):
     _run("procs", str(world))
 
 
-@pytest.mark.xfail(
-    reason="known defect (docs/symm.md): on two H100s the watcher issues the release past the timeout, and the "
-    "stream still does not go on",
-    strict=False,
-)
 def test_stream_wait_past_the_timeout_is_released():
     _run("stream-timeout", "2", timeout=45)
 
