@@ -136,6 +136,31 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
   }
   thread_ = std::thread([this] { run(); });
   watchdog_ = std::thread([this] { watch(); });
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s_), [&] { return ready_; }))
+    debug_log("multipath: the engine's thread did not finish its first copies within the timeout");
+}
+
+// The links' first work, from the engine's thread, before any stream can wait
+// on the engine: what the runtime and driver do on a thread's first calls and
+// a stream's first work is not documented, and if any of it waits for the
+// device while a caller's stream is held by a gate, it waits for good.
+void MultipathEngine::warm_links() {
+  static const uint64_t word = 0;
+  for (Link& L : link_) {
+    DeviceScope on(L.device);
+    cudaError_t e = cudaMalloc(&L.scratch, 64);
+    if (e == cudaSuccess) e = cudaMemcpyAsync(L.scratch, &word, sizeof(word), cudaMemcpyDefault, L.host);
+    if (e == cudaSuccess)
+      e = cudaMemcpyAsync(static_cast<char*>(L.scratch) + 8, static_cast<char*>(L.scratch) + 16, 8, cudaMemcpyDefault,
+                          L.nvlink);  // bytes the first copy does not touch
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      debug_log(std::string("multipath: a first copy on the link of ") + dev_name(L.device) +
+                " failed: " + cudaGetErrorName(e));
+    }
+  }
+  if (!links_idle(timeout_s_)) debug_log("multipath: the links' first copies did not finish within the timeout");
 }
 
 MultipathEngine::~MultipathEngine() { close(); }
@@ -176,6 +201,7 @@ void MultipathEngine::close() {
     for (char* p : L.staging) cudaFree(p);
     for (auto e : L.hop) cudaEventDestroy(e);
     for (auto e : L.landed) cudaEventDestroy(e);
+    if (L.scratch) cudaFree(L.scratch);
     cudaStreamDestroy(L.host);
     cudaStreamDestroy(L.nvlink);
   }
@@ -447,6 +473,12 @@ void MultipathEngine::run() {
   // Its short sleeps between polls are a copy's latency: Linux's default
   // timer slack (50 us) would stretch each 5 us sleep tenfold.
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+  warm_links();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ready_ = true;
+  }
+  cv_.notify_all();
   const int n = static_cast<int>(links_.size());
   sched_ = std::make_unique<MultipathScheduler>(n, policy_);
   auto& sched = sched_;

@@ -131,6 +131,7 @@ class MultipathEngine {
     std::vector<char*> staging;     // one per outstanding chunk
     std::vector<cudaEvent_t> hop;   // a relay's first hop done, per slot
     std::vector<cudaEvent_t> landed;
+    void* scratch = nullptr;  // 64 bytes for the streams' first copies
     struct InFlight {
       uint64_t transfer;
       size_t bytes;
@@ -143,6 +144,7 @@ class MultipathEngine {
   };
 
   void run();
+  void warm_links();
   void watch();
   void open_every_gate();  // under mu_
   void submit(Transfer& t, const Assignment& a);
@@ -169,6 +171,7 @@ class MultipathEngine {
   bool broken_ = false;  // after an error: every stream let go, no copy taken
   bool stop_ = false;
   bool closed_ = false;
+  bool ready_ = false;                   // the engine's thread made its first CUDA calls
   std::map<uint64_t, Watched> watched_;  // by copy id, until it lands
   std::vector<std::atomic<size_t>> bytes_;
   std::thread thread_;

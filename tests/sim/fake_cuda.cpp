@@ -281,6 +281,10 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
   auto* ev = reinterpret_cast<Event*>(e);
   return ev->completed.load() >= ev->recorded.load() ? cudaSuccess : cudaErrorNotReady;
 }
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  while (cudaEventQuery(e) == cudaErrorNotReady) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  return cudaSuccess;
+}
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
   auto* ev = reinterpret_cast<Event*>(e);
   const uint64_t gen = ev->recorded.load();
