@@ -195,6 +195,9 @@ def test_check_failures_and_report():
     recs[4] = dict(recs[4], kv_equal=True, token_equal=False, token_ref="per-page")
     failures = E.check_failures(recs)
     assert len(failures) == 2 and "batched: kv_equal False" in failures[0] and "per-page" in failures[1]
+    assert "not deterministic" not in failures[1]
+    recs[4] = dict(recs[4], ref_repeatable=False)
+    assert "own two runs differ too" in E.check_failures(recs)[1]
     meta = dict(command="python -m ferry.bench.kv_e2e", gpu="GPU", pcie_peak_gbps=55.2, pcie_bytes=1 << 30)
     meta.update(reps=5, warmup=2, torch="2.11", transformers="5.0")
     skipped = [dict(op="ttft", model="llama-3.1-8b", prompt_tokens=131072, hit=1.0, reason="needs 20 GiB")]

@@ -69,7 +69,9 @@ counts wherever it delays the GPU.
 Records: {op: "ttft"|"throughput", model, prompt_tokens, hit, impl,
 ttft_ms | tokens_per_s, gpu, date} plus kv_bytes, pcie_peak_gbps, the per-rep
 values, fetch_ms (ttft), wall_ms (host clock, same span), and the checks
-(kv_equal, token_equal). A point that does not fit in GPU (or host) memory is
+(kv_equal, token_equal, and ref_repeatable: whether the reference impl's
+tokens were the same in two runs, without which a token mismatch says nothing
+about the fetch). A point that does not fit in GPU (or host) memory is
 skipped and listed. Results: DIR/<date>-<gpu>-kv-e2e[-TAG].json, .txt (the
 table and the ratios: > 1 means ferry is better) and .png (with matplotlib).
 The default run takes about 2-4 minutes on one H100 or H200."""
@@ -401,6 +403,11 @@ def check_failures(records: Sequence[dict]) -> List[str]:
                 + (
                     f" (tokens against {r['token_ref']})"
                     if "token_equal" in bad and r.get("token_ref")
+                    else ""
+                )
+                + (
+                    f"; {r['token_ref']}'s own two runs differ too: the decode is not deterministic here"
+                    if "token_equal" in bad and r.get("ref_repeatable") is False
                     else ""
                 )
             )
@@ -914,10 +921,16 @@ def run_point(torch, point: Point, impls: Sequence[str], warmup: int, reps: int)
             continue
         tokens = res["tokens"].cpu()
         if ref is None:
-            ref = (impl, tokens)
+            # The reference runs twice: if its own tokens differ, the decode
+            # is not deterministic here and a token mismatch says nothing
+            # about the fetch.
+            point.poison()
+            again = point.run(impl)["tokens"].cpu()
+            ref = (impl, tokens, bool(torch.equal(tokens, again)))
         checks[impl] = dict(
-            kv_equal=bool(kv_ok), token_equal=bool(torch.equal(tokens, ref[1])), token_ref=ref[0]
-        )
+            kv_equal=bool(kv_ok), token_equal=bool(torch.equal(tokens, ref[1])), token_ref=ref[0],
+            ref_repeatable=ref[2],
+        )  # fmt: skip
     live = [i for i in impls if i not in failed]
     samples: Dict[str, List[dict]] = {i: [] for i in live}
     for k in range(warmup + reps):
