@@ -117,10 +117,6 @@ void MultipathScheduler::set_estimates(const std::vector<Estimate>& e) {
   est_ = e;
 }
 
-bool MultipathScheduler::may_carry(int link, int target) const {
-  return link == target || policy_.may_relay.empty() || policy_.may_relay[link];
-}
-
 size_t MultipathScheduler::flight_bytes(int link) const {
   size_t b = 0;
   for (const Assignment& a : flight_[link]) b += a.chunk.bytes;
@@ -128,11 +124,12 @@ size_t MultipathScheduler::flight_bytes(int link) const {
 }
 
 // Earliest finish: `link` takes a chunk of `bytes` of `target`'s queue only
-// where it would land no later than the other links that may carry it would
-// finish that queue with the chunk: the queue's bytes and theirs in flight at
-// their summed speed, and at least the time one of them needs for the chunk
-// (so that of links all idle, the fastest always takes it). Unmeasured links
-// are not judged; a stale estimate lets an idle link try.
+// where it would land no later than the other links that would take from
+// that queue next would finish it with the chunk: the queue's bytes and theirs
+// in flight at their summed speed, and at least the time one of them needs
+// for the chunk (so that of links all idle, the fastest always takes it). A
+// link busy with another queue (its own GPU's, or a longer one) is no help.
+// Unmeasured links are not judged; a stale estimate lets an idle link try.
 bool MultipathScheduler::lands_in_time(int link, int target, size_t bytes, double now) const {
   const Estimate& e = est_[link];
   if (!policy_.earliest_finish || e.s_per_byte <= 0) return true;
@@ -140,7 +137,7 @@ bool MultipathScheduler::lands_in_time(int link, int target, size_t bytes, doubl
   double rate = 0, backlog = static_cast<double>(waiting_bytes_[target]);
   double one = std::numeric_limits<double>::infinity();
   for (int j = 0; j < links(); ++j) {
-    if (j == link || !may_carry(j, target)) continue;
+    if (j == link || pick(j) != target) continue;
     if (est_[j].s_per_byte <= 0) return true;
     const double flying = static_cast<double>(flight_bytes(j));
     rate += 1.0 / est_[j].s_per_byte;
@@ -152,8 +149,7 @@ bool MultipathScheduler::lands_in_time(int link, int target, size_t bytes, doubl
   return mine <= std::max(backlog / rate, one);
 }
 
-bool MultipathScheduler::next(int link, Assignment* out, double now) {
-  if (static_cast<int>(flight_.at(link).size()) >= policy_.outstanding) return false;
+int MultipathScheduler::pick(int link) const {
   int from = -1;
   const bool relays = policy_.may_relay.empty() || policy_.may_relay[link];
   if (!waiting_[link].empty() && (policy_.own_link_first || !relays)) {
@@ -169,6 +165,12 @@ bool MultipathScheduler::next(int link, Assignment* out, double now) {
       if (policy_.pick == MultipathPolicy::Pick::kInOrder) break;
     }
   }
+  return from;
+}
+
+bool MultipathScheduler::next(int link, Assignment* out, double now) {
+  if (static_cast<int>(flight_.at(link).size()) >= policy_.outstanding) return false;
+  const int from = pick(link);
   if (from < 0) return false;
   if (!lands_in_time(link, from, waiting_[from].front().chunk.bytes, now)) return false;
   Queued q = waiting_[from].front();

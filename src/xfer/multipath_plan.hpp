@@ -133,7 +133,7 @@ class MultipathScheduler {
     int transfer;
     Chunk chunk;
   };
-  bool may_carry(int link, int target) const;
+  int pick(int link) const;  // the queue `link` would take from next, or -1
   bool lands_in_time(int link, int target, size_t bytes, double now) const;
   size_t flight_bytes(int link) const;
 

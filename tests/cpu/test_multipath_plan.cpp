@@ -326,3 +326,19 @@ TEST(MultipathScheduler, ABurstCountsAsTheSlowLinkItIs) {
   s.observe(0, chunk, clean, 0.5);  // after a quiet spell: afresh
   EXPECT_NEAR(s.estimates()[0].s_per_byte, 1 / 55e9, 1e-13);
 }
+
+// What a review found: link 1 serves its own long copy first, so it is no
+// help to a short copy into GPU 0 whose own link is slow; earliest finish
+// must not make that short copy wait for the long one.
+TEST(MultipathBalance, AShortCopyIsNotLeftBehindALongOneOnAnotherGpu) {
+  auto links = equal_links(2);
+  links[0].bytes_per_s = 11e9;  // held to a fifth by something else
+  const std::vector<SimTransfer> both = {{1, 10 * kGiB}, {0, 32 * kMiB}};
+  MultipathPolicy blind;
+  blind.earliest_finish = false;
+  const auto with = simulate(links, both, 8 * kMiB, MultipathPolicy{});
+  const auto without = simulate(links, both, 8 * kMiB, blind);
+  EXPECT_LT(with.finish_by_transfer[1], 1.5 * without.finish_by_transfer[1])
+      << with.finish_by_transfer[1] << " against " << without.finish_by_transfer[1];
+  EXPECT_LT(with.finish_by_transfer[0], 1.05 * without.finish_by_transfer[0]);
+}
