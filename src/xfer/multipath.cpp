@@ -16,6 +16,10 @@
 
 namespace ferry {
 namespace xfer {
+
+namespace {
+constexpr double kWarmS = 10.0;  // bound on the links' first copies
+}  // namespace
 namespace {
 
 std::string dev_name(int d) { return "cuda:" + std::to_string(d); }
@@ -137,7 +141,7 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
   thread_ = std::thread([this] { run(); });
   watchdog_ = std::thread([this] { watch(); });
   std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s_), [&] { return ready_; }))
+  if (!cv_.wait_for(lock, std::chrono::duration<double>(std::min(timeout_s_, kWarmS)), [&] { return ready_; }))
     debug_log("multipath: the engine's thread did not finish its first copies within the timeout");
 }
 
@@ -146,33 +150,45 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
 // a stream's first work is not documented, and if any of it waits for the
 // device while a caller's stream is held by a gate, it waits for good.
 void MultipathEngine::warm_links() {
-  static const uint64_t word = 0;
-  for (Link& L : link_) {
-    DeviceScope on(L.device);
-    cudaError_t e = cudaMalloc(&L.scratch, 64);
-    if (e == cudaSuccess) e = cudaMemcpyAsync(L.scratch, &word, sizeof(word), cudaMemcpyDefault, L.host);
-    if (e == cudaSuccess)
-      e = cudaMemcpyAsync(static_cast<char*>(L.scratch) + 8, static_cast<char*>(L.scratch) + 16, 8, cudaMemcpyDefault,
-                          L.nvlink);  // bytes the first copy does not touch
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      debug_log(std::string("multipath: a first copy on the link of ") + dev_name(L.device) +
-                " failed: " + cudaGetErrorName(e));
+  try {
+    uint64_t* host = nullptr;  // pinned, as the copies' host side is
+    FERRY_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host), 64, cudaHostAllocPortable));
+    for (Link& L : link_) {
+      DeviceScope on(L.device);
+      FERRY_CUDA_CHECK(cudaMalloc(&L.scratch, 64));
     }
+    // The kinds of copy the engine makes: host to GPU and back on each link's
+    // host stream, and GPU to GPU on its NVLink stream (to the next link's
+    // GPU, as a relay's hop; to itself where there is one GPU).
+    for (size_t i = 0; i < link_.size(); ++i) {
+      Link& L = link_[i];
+      Link& peer = link_[(i + 1) % link_.size()];
+      DeviceScope on(L.device);
+      char* mine = static_cast<char*>(L.scratch);
+      FERRY_CUDA_CHECK(cudaMemcpyAsync(mine, host, 8, cudaMemcpyDefault, L.host));
+      FERRY_CUDA_CHECK(cudaMemcpyAsync(host + 1 + i % 7, mine + 16, 8, cudaMemcpyDefault, L.host));
+      FERRY_CUDA_CHECK(
+          cudaMemcpyAsync(static_cast<char*>(peer.scratch) + 32, mine + 48, 8, cudaMemcpyDefault, L.nvlink));
+    }
+    const bool idle = links_idle(std::min(timeout_s_, kWarmS));
+    if (idle) cudaFreeHost(host);  // else a copy may still write it: kept
+    if (!idle) debug_log("multipath: the links' first copies did not finish in time");
+  } catch (const std::exception& e) {
+    debug_log(std::string("multipath: the links' first copies failed: ") + e.what());
   }
-  if (!links_idle(timeout_s_)) debug_log("multipath: the links' first copies did not finish within the timeout");
 }
 
 MultipathEngine::~MultipathEngine() { close(); }
 
 void MultipathEngine::close() {
-  bool drained = false;
+  bool drained = false, broken = false;
   {
     std::unique_lock<std::mutex> lock(mu_);
     if (closed_) return;
     closed_ = true;
-    drained =
-        cv_.wait_for(lock, std::chrono::duration<double>(timeout_s_), [&] { return unfinished_.empty() || broken_; });
+    cv_.wait_for(lock, std::chrono::duration<double>(timeout_s_), [&] { return unfinished_.empty() || broken_; });
+    drained = unfinished_.empty() && !broken_;
+    broken = broken_;
     stop_ = true;
     // Every stream that may still wait on a gate is let go before the
     // engine's thread is joined (it may be held in a CUDA call until then).
@@ -189,7 +205,7 @@ void MultipathEngine::close() {
       g.reached->keep();
     }
   }
-  if (!drained)
+  if (!drained && !broken)
     std::fprintf(stderr,
                  "ferry: a multipath engine closed with copies not landed after %.0f s; their streams were let go and "
                  "their data is incomplete\n",
@@ -252,9 +268,21 @@ void MultipathEngine::synchronize() {
 
 MultipathEngine::StreamGate* MultipathEngine::gate_for(int device, cudaStream_t stream) {
   const std::thread::id thread = stream == cudaStreamPerThread ? std::this_thread::get_id() : std::thread::id();
-  for (auto& g : gates_)
-    if (g.device == device && g.stream == stream && g.thread == thread) return &g;
-  gates_.push_back(StreamGate{device, stream, thread, std::make_unique<HostGate>(), std::make_unique<HostGate>(), 0});
+  auto find = [&]() -> StreamGate* {
+    for (auto& g : gates_)
+      if (g.device == device && g.stream == stream && g.thread == thread) return &g;
+    return nullptr;
+  };
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (StreamGate* g = find()) return g;
+  }
+  // Pinned allocations are CUDA calls: made outside mu_.
+  auto gate = std::make_unique<HostGate>();
+  auto reached = std::make_unique<HostGate>();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (StreamGate* g = find()) return g;  // another thread made it meanwhile
+  gates_.push_back(StreamGate{device, stream, thread, std::move(gate), std::move(reached), 0, 0});
   return &gates_.back();
 }
 
@@ -318,16 +346,29 @@ MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, 
   t.src = static_cast<const char*>(src);
   t.bytes = bytes;
   t.chunk = multipath_chunk_bytes(bytes, relays + 1, policy_.outstanding, chunk_bytes_);
+  t.gate = gate_for(stream_device, stream);
   {
-    // The reached word's write and the gate's wait go onto the stream
-    // together: two threads copying on one stream can never interleave them.
+    // The reached word's write and the gate's wait go onto the stream in one
+    // batch (both or neither), in the order of their generations: two threads
+    // copying on one stream can never interleave them.
+    std::lock_guard<std::mutex> arm(arm_mu_);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_) throw_error(FERRY_ERROR_CLOSED, "the multipath engine is closed");
+      if (!error_.empty()) throw_error(FERRY_ERROR_BROKEN, error_);
+      t.generation = t.gate->armed + 1;  // only arm_mu_'s holder changes it
+    }
+    dma::mem_ops(stream, {MemOp{MemOp::Kind::kWrite, t.gate->reached->device_trigger().first, t.generation},
+                          MemOp{MemOp::Kind::kWaitAtLeast, t.gate->gate->device_trigger().first, t.generation}});
     std::lock_guard<std::mutex> lock(mu_);
-    if (closed_) throw_error(FERRY_ERROR_CLOSED, "the multipath engine is closed");
-    if (!error_.empty()) throw_error(FERRY_ERROR_BROKEN, error_);
-    t.gate = gate_for(stream_device, stream);
-    const uint64_t generation = t.gate->gate->generation() + 1;
-    gate::open_on_stream(stream, t.gate->reached->device_trigger().first, generation);
-    t.generation = t.gate->gate->arm(stream);
+    t.gate->armed = t.generation;
+    if (broken_ || closed_) {
+      // The engine broke (or closed) while the wait went on: it must not hold the stream.
+      t.gate->opened = std::max(t.gate->opened, t.generation);
+      t.gate->gate->open_to(t.gate->opened);
+      if (closed_) throw_error(FERRY_ERROR_CLOSED, "the multipath engine is closed");
+      throw_error(FERRY_ERROR_BROKEN, error_);
+    }
     t.id = ++next_id_;
     unfinished_.insert(t.id);
     watched_[t.id] = Watched{t.gate, t.generation};
@@ -404,27 +445,30 @@ void MultipathEngine::fail_and_release(const std::string& message, std::deque<Tr
                                        std::deque<Transfer>& active) {
   debug_log("multipath: " + message + "; every stream waiting on a copy is let go");
   {
-    // Broken at once: the watchdog stands down, and the first cause stays the one reported.
+    // Every stream goes on at once (host stores, no CUDA call): the links'
+    // streams may be held behind one of them. The first cause stays the one
+    // reported.
     std::lock_guard<std::mutex> lock(mu_);
     if (error_.empty()) error_ = message;
     broken_ = true;
+    halted_ = true;
+    open_every_gate();
+    unfinished_.clear();
     watched_.clear();
   }
-  // Chunks on the links finish first where they can (briefly: a link may be
-  // held behind the very stream that waits for it).
+  cv_.notify_all();
+  // Chunks on the links finish where they can, briefly, before the copies'
+  // state goes.
   links_idle(std::min(timeout_s_, 2.0));
   std::lock_guard<std::mutex> lock(mu_);
   for (auto* list : {&pending, &active, &queued_}) list->clear();
   for (Link& L : link_) L.flight.clear();
-  open_every_gate();
-  unfinished_.clear();
-  watched_.clear();
   cv_.notify_all();
 }
 
 void MultipathEngine::open_every_gate() {
   for (auto& g : gates_) {
-    g.opened = g.gate->generation();
+    g.opened = std::max(g.opened, g.armed);
     g.gate->open_to(g.opened);
   }
 }
@@ -453,6 +497,7 @@ void MultipathEngine::watch() {
                "CUDA_MODULE_LOADING=EAGER. Every stream was let go; copies not landed then are incomplete";
       debug_log(error_);
       broken_ = true;
+      halted_ = true;
       open_every_gate();
       unfinished_.clear();
       watched_.clear();
@@ -541,7 +586,7 @@ void MultipathEngine::run() {
       // Feed: every link with room takes its next chunk.
       for (int l = 0; l < n; ++l) {
         Assignment a;
-        while (sched->next(l, &a, t_now)) submit(by_sched(a.transfer), a);
+        while (!halted_ && sched->next(l, &a, t_now)) submit(by_sched(a.transfer), a);
       }
       // Retire what landed, oldest first on each link.
       for (int l = 0; l < n; ++l) {

@@ -102,6 +102,7 @@ class MultipathEngine {
     // The stream writes each arming's generation here as it gets to it: the
     // host sees a copy's start without a CUDA call.
     std::unique_ptr<HostGate> reached;
+    uint64_t armed = 0;   // the last generation the stream was made to wait for (under mu_)
     uint64_t opened = 0;  // the highest generation opened: opening never goes back
   };
   // A copy the watchdog bounds: its stream's gate and generation, and when
@@ -151,7 +152,7 @@ class MultipathEngine {
   void land(Transfer& t);
   bool links_idle(double limit_s);
   void fail_and_release(const std::string& message, std::deque<Transfer>& pending, std::deque<Transfer>& active);
-  StreamGate* gate_for(int device, cudaStream_t stream);  // under mu_
+  StreamGate* gate_for(int device, cudaStream_t stream);  // takes mu_; allocates outside it
 
   std::vector<int> links_;
   size_t chunk_bytes_ = 0;
@@ -162,13 +163,17 @@ class MultipathEngine {
   std::deque<StreamGate> gates_;               // a deque: transfers point at its elements
   std::unique_ptr<MultipathScheduler> sched_;  // the engine's thread's only
 
+  // Orders the reached-write-and-wait pairs that copy() enqueues (CUDA calls,
+  // so never under mu_, which the watchdog needs while CUDA calls may hang).
+  std::mutex arm_mu_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Transfer> queued_;    // handed to the thread
   std::set<uint64_t> unfinished_;  // ids of copies not yet landed
   uint64_t next_id_ = 0;
   std::string error_;
-  bool broken_ = false;  // after an error: every stream let go, no copy taken
+  bool broken_ = false;              // after an error: every stream let go, no copy taken
+  std::atomic<bool> halted_{false};  // broken_, for the engine's thread between CUDA calls
   bool stop_ = false;
   bool closed_ = false;
   bool ready_ = false;                   // the engine's thread made its first CUDA calls

@@ -209,6 +209,13 @@ cudaError_t cudaMalloc(void** p, size_t n) {
   return *p ? cudaSuccess : fail(cudaErrorMemoryAllocation);
 }
 cudaError_t cudaHostAlloc(void** p, size_t n, unsigned) {
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(state().mu);
+      if (!state().faults.hold_host_alloc) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   *p = allocate(n, cudaMemoryTypeHost, -1);
   return *p ? cudaSuccess : fail(cudaErrorMemoryAllocation);
 }

@@ -9,6 +9,7 @@ struct Faults {
   // cudaMemcpyAsync blocks its caller until this is cleared, as every CUDA
   // call does while a kernel's module loads lazily and waits for a stream.
   bool hold_copy_calls = false;
+  bool hold_host_alloc = false;  // the same for cudaHostAlloc
 };
 
 // A fresh machine of `devices` GPUs whose copies move `bytes_per_s`.

@@ -489,3 +489,38 @@ TEST_F(MultipathSim, AWatchdogLetsTheStreamGoWhenTheEnginesCallsAreHeld) {
   e.close();
   cudaStreamDestroy(s);
 }
+
+// What a review found: a copy on a new stream makes its gate words with
+// CUDA calls, and made them holding the lock the watchdog needs; with those
+// calls held too the watchdog could never let the first stream go.
+TEST_F(MultipathSim, AWatchdogIsNotHeldByACopyMakingItsGate) {
+  MultipathOptions o = options({0, 1});
+  o.timeout_s = 0.3;
+  MultipathEngine e(o);
+  const size_t n = 8 * MiB + 1;
+  Buf src(n, -1), dst(n, 0), src2(n, -1), dst2(n, 0);
+  cudaStream_t s = nullptr, s2 = nullptr;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking);
+  sim::Faults held;
+  held.hold_copy_calls = true;
+  sim::set_faults(held);
+  e.copy(dst.p, src.p, n, s);
+  held.hold_host_alloc = true;
+  sim::set_faults(held);
+  std::thread other([&] {
+    try {
+      e.copy(dst2.p, src2.p, n, s2);  // a new stream: its gate words are made now, and that call is held
+    } catch (const ferry::Error&) {
+    }
+  });
+  const bool went_on = drained(s, 5);
+  sim::set_faults(sim::Faults{});
+  other.join();
+  ASSERT_TRUE(went_on) << "the watchdog waited for a copy making its gate";
+  EXPECT_THROW(e.check(), ferry::Error);
+  EXPECT_TRUE(drained(s2, 5)) << "a copy enqueued as the engine broke kept its stream";
+  e.close();
+  cudaStreamDestroy(s);
+  cudaStreamDestroy(s2);
+}
