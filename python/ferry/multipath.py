@@ -53,7 +53,9 @@ class Engine:
     of ``chunk_bytes``). ``own_link_first``: a GPU's link serves its own copies
     before relaying. ``loopback`` (testing on one GPU): add this many relay
     links through ``devices[0]`` itself, so that staging and both pipelines
-    run for real over one link."""
+    run for real over one link. ``head_bytes``: the most of a copy's head
+    that the caller's stream copies itself over the target's link while the
+    engine starts the rest (-1: FERRY_MULTIPATH_HEAD_BYTES, default 0: none)."""
 
     def __init__(
         self,
@@ -66,6 +68,7 @@ class Engine:
         own_link_first: bool = True,
         loopback: int = 0,
         timeout: float = 0.0,
+        head_bytes: int = -1,
     ):
         if devices is None:
             devices = list(range(_torch().cuda.device_count()))
@@ -105,6 +108,7 @@ class Engine:
             bool(own_link_first),
             may_relay,
             float(timeout),
+            int(head_bytes),
         )
 
     def _engine(self):

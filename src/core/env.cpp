@@ -73,6 +73,9 @@ const std::vector<Knob>& knobs() {
        "bytes of each chunk a multipath host<->GPU copy is split into (each relay GPU holds 2 such staging buffers)"},
       {"FERRY_MULTIPATH_MIN_BYTES", "int", "8388608",
        "smallest host<->GPU copy that multipath splits over several GPUs' links; smaller ones run as one plain copy"},
+      {"FERRY_MULTIPATH_HEAD_BYTES", "int", "0",
+       "most of a multipath copy's head that the caller's stream copies itself over the target's link while the "
+       "engine starts the rest (0: none)"},
       {"FERRY_SM_BYTES", "int", "1048576",
        "largest block per peer that algo 'sm' (the SM kernel for small collectives) moves; each rank's window "
        "takes 2 x world x (this + 128 KB) of GPU memory, allocated at creation (up to 8 ranks); 0: no window, no 'sm'"},

@@ -67,6 +67,8 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
       options.chunk_bytes ? options.chunk_bytes : static_cast<size_t>(knob_int("FERRY_MULTIPATH_CHUNK_BYTES"));
   threshold_ =
       options.threshold_bytes ? options.threshold_bytes : static_cast<size_t>(knob_int("FERRY_MULTIPATH_MIN_BYTES"));
+  head_bytes_ =
+      options.head_bytes != SIZE_MAX ? options.head_bytes : static_cast<size_t>(knob_int("FERRY_MULTIPATH_HEAD_BYTES"));
   FERRY_ARG_CHECK(options.timeout_s >= 0 && std::isfinite(options.timeout_s),
                   "timeout is " + std::to_string(options.timeout_s) + "; expected seconds, or 0 for FERRY_TIMEOUT_S");
   timeout_s_ = options.timeout_s > 0 ? options.timeout_s : knob_float("FERRY_TIMEOUT_S");
@@ -339,18 +341,24 @@ MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, 
     return r;
   }
 
+  // The head: the caller's own stream copies it over the target's link at
+  // once (only where that stream is the target GPU's), while the engine's
+  // thread starts the rest.
+  const size_t head = stream_device == route.device ? multipath_head_bytes(bytes, relays + 1, head_bytes_) : 0;
   Transfer t;
   t.target = own;
   t.to_device = route.to_device;
-  t.dst = static_cast<char*>(dst);
-  t.src = static_cast<const char*>(src);
-  t.bytes = bytes;
-  t.chunk = multipath_chunk_bytes(bytes, relays + 1, policy_.outstanding, chunk_bytes_);
+  t.dst = static_cast<char*>(dst) + head;
+  t.src = static_cast<const char*>(src) + head;
+  t.bytes = bytes - head;
+  t.chunk = multipath_chunk_bytes(t.bytes, relays + 1, policy_.outstanding, chunk_bytes_);
   t.gate = gate_for(stream_device, stream);
   {
-    // The reached word's write and the gate's wait go onto the stream in one
-    // batch (both or neither), in the order of their generations: two threads
-    // copying on one stream can never interleave them.
+    // The reached word's write, the head and the gate's wait go onto the
+    // stream in the order of their generations: two threads copying on one
+    // stream can never interleave them. Without a head the write and the wait
+    // are one batch (both or neither); if anything fails after the write, its
+    // generation is spent and opened, so no later copy starts on that write.
     std::lock_guard<std::mutex> arm(arm_mu_);
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -358,8 +366,23 @@ MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, 
       if (!error_.empty()) throw_error(FERRY_ERROR_BROKEN, error_);
       t.generation = t.gate->armed + 1;  // only arm_mu_'s holder changes it
     }
-    dma::mem_ops(stream, {MemOp{MemOp::Kind::kWrite, t.gate->reached->device_trigger().first, t.generation},
-                          MemOp{MemOp::Kind::kWaitAtLeast, t.gate->gate->device_trigger().first, t.generation}});
+    const MemOp write{MemOp::Kind::kWrite, t.gate->reached->device_trigger().first, t.generation};
+    const MemOp wait{MemOp::Kind::kWaitAtLeast, t.gate->gate->device_trigger().first, t.generation};
+    if (head == 0) {
+      dma::mem_ops(stream, {write, wait});
+    } else {
+      dma::mem_ops(stream, {write});
+      try {
+        FERRY_CUDA_CHECK(cudaMemcpyAsync(dst, src, head, cudaMemcpyDefault, stream));
+        dma::mem_ops(stream, {wait});
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu_);
+        t.gate->armed = t.generation;
+        t.gate->opened = std::max(t.gate->opened, t.generation);
+        t.gate->gate->open_to(t.gate->opened);
+        throw;
+      }
+    }
     std::lock_guard<std::mutex> lock(mu_);
     t.gate->armed = t.generation;
     if (broken_ || closed_) {
@@ -376,7 +399,7 @@ MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, 
   }
   cv_.notify_all();
   r.multipath = true;
-  r.chunks = static_cast<int>((bytes + t.chunk - 1) / t.chunk);
+  r.chunks = static_cast<int>((t.bytes + t.chunk - 1) / t.chunk) + (head ? 1 : 0);
   r.links = relays + 1;
   return r;
 }

@@ -38,8 +38,11 @@ struct MultipathOptions {
   std::vector<int> link_devices;
   size_t chunk_bytes = 0;      // 0: FERRY_MULTIPATH_CHUNK_BYTES
   size_t threshold_bytes = 0;  // 0: FERRY_MULTIPATH_MIN_BYTES; smaller copies run as one plain copy
-  MultipathPolicy policy;      // outstanding chunks per link, own link first, which links may relay
-  double timeout_s = 0;        // 0: FERRY_TIMEOUT_S; bound on a copy once its stream got to it
+  // The most of a copy's head that the caller's stream moves itself
+  // (multipath_head_bytes); SIZE_MAX: FERRY_MULTIPATH_HEAD_BYTES.
+  size_t head_bytes = SIZE_MAX;
+  MultipathPolicy policy;  // outstanding chunks per link, own link first, which links may relay
+  double timeout_s = 0;    // 0: FERRY_TIMEOUT_S; bound on a copy once its stream got to it
 };
 
 // What a copy() did, for tests, benchmarks and the debug log.
@@ -157,6 +160,7 @@ class MultipathEngine {
   std::vector<int> links_;
   size_t chunk_bytes_ = 0;
   size_t threshold_ = 0;
+  size_t head_bytes_ = 0;
   double timeout_s_ = 0;
   MultipathPolicy policy_;
   std::vector<Link> link_;

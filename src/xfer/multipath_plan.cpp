@@ -24,6 +24,13 @@ size_t multipath_chunk_bytes(size_t bytes, int links, int outstanding, size_t ma
   return std::min(max_chunk, std::max(chunk, min_chunk));
 }
 
+size_t multipath_head_bytes(size_t bytes, int links, size_t head_bytes) {
+  if (head_bytes == 0 || links < 1) return 0;
+  constexpr size_t kStep = size_t{64} << 10;
+  const size_t share = bytes / static_cast<size_t>(links);
+  return std::min(head_bytes, share) / kStep * kStep;
+}
+
 MultipathChoice choose_multipath(size_t bytes, bool host_pinned, int usable_relays, size_t threshold_bytes) {
   MultipathChoice c;
   if (!host_pinned)

@@ -44,6 +44,12 @@ size_t multipath_chunk_bytes(size_t bytes, int links, int outstanding, size_t ma
                              size_t min_chunk = kMultipathMinChunk);
 
 // Whether a copy goes multipath, and why not where it does not.
+// The head of a copy that the caller's own stream moves itself over the
+// target's link, at once, while the engine's thread starts the rest: at most
+// `head_bytes` (0: none) and at most the target link's even share, in steps
+// of 64 KiB.
+size_t multipath_head_bytes(size_t bytes, int links, size_t head_bytes);
+
 struct MultipathChoice {
   bool multipath = false;
   std::string reason;  // for the debug log: why the plain copy runs

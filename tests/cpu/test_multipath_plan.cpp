@@ -342,3 +342,10 @@ TEST(MultipathBalance, AShortCopyIsNotLeftBehindALongOneOnAnotherGpu) {
       << with.finish_by_transfer[1] << " against " << without.finish_by_transfer[1];
   EXPECT_LT(with.finish_by_transfer[0], 1.05 * without.finish_by_transfer[0]);
 }
+
+TEST(MultipathHead, AtMostTheKnobAndTheTargetLinksShareIn64KiBSteps) {
+  EXPECT_EQ(multipath_head_bytes(24 * kMiB, 3, 3 * kMiB), 3 * kMiB);
+  EXPECT_EQ(multipath_head_bytes(2 * kMiB, 3, 3 * kMiB), (2 * kMiB / 3) / (64 << 10) * (64 << 10));
+  EXPECT_EQ(multipath_head_bytes(24 * kMiB, 3, 0), 0u);
+  EXPECT_EQ(multipath_head_bytes(100, 2, 3 * kMiB), 0u);
+}

@@ -64,3 +64,12 @@ def test_contention_table_lines():
     assert "ferry x2 60.0 GB/s" in text and "88% of the capacity left" in text and "[0.1, 0.9]" in text
     assert "beside ferry (own-link-first) 250.0" in text
     assert contention_table([]) == ""
+
+
+def test_head_engines_are_labelled_and_parsed():
+    from ferry.bench.multipath import impl_label, parse_args
+
+    assert impl_label({"impl": "ferry-head", "paths": 2}) == "ferry-head x2"
+    assert impl_label({"impl": "ferry", "paths": 4}) == "ferry x4"
+    assert impl_label({"impl": "static-1:1", "paths": 2}) == "static-1:1"
+    assert parse_args(["--head", "4M"]).head == "4M"

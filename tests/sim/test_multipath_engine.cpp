@@ -524,3 +524,36 @@ TEST_F(MultipathSim, AWatchdogIsNotHeldByACopyMakingItsGate) {
   cudaStreamDestroy(s);
   cudaStreamDestroy(s2);
 }
+
+// A head copied by the caller's own stream (head_bytes): every byte both
+// ways, nothing before the stream gets there, everything before the work
+// after it, the rest still over the relays.
+TEST_F(MultipathSim, AHeadOnTheCallersStreamKeepsOrderAndEveryByte) {
+  MultipathOptions o = options({0, 1, 2});
+  o.head_bytes = 3 * MiB;
+  MultipathEngine e(o);
+  for (size_t n : {2 * MiB, 8 * MiB + 13, 24 * MiB + 7}) {
+    Buf host(n, -1), dev(n, 0), back(n, -1), after(n, -1);
+    fill(host, static_cast<unsigned>(n) + 1);
+    std::memset(dev.p, 0, n);
+    std::memset(back.p, 0xA5, n);
+    cudaStream_t s = new_stream(0);
+    Hold hold(s);
+    const auto before = e.bytes_by_link();
+    auto r = e.copy(dev.p, host.p, n, s);
+    EXPECT_TRUE(r.multipath) << n;
+    cudaMemcpyAsync(after.p, dev.p, n, cudaMemcpyDefault, s);
+    e.copy(back.p, dev.p, n, s);
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    EXPECT_TRUE(std::all_of(dev.b(), dev.b() + n, [](unsigned char c) { return c == 0; }))
+        << n << ": bytes moved before the stream got to the copy";
+    hold.release();
+    cudaStreamSynchronize(s);
+    e.check();
+    EXPECT_EQ(std::memcmp(after.p, host.p, n), 0) << n << ": the work after the copy saw it incomplete";
+    EXPECT_EQ(std::memcmp(back.p, host.p, n), 0) << n;
+    const auto moved = e.bytes_by_link();
+    if (n >= 8 * MiB) EXPECT_GT(moved[1] + moved[2], before[1] + before[2]) << n;
+    cudaStreamDestroy(s);
+  }
+}

@@ -6,6 +6,8 @@
 What it measures, per direction (host to GPU 0, GPU 0 to host) and size:
 - plain: one ``cudaMemcpyAsync`` (``tensor.copy_(non_blocking=True)``) over GPU 0's own link;
 - ferry: ``ferry.multipath.Engine`` over the host links of GPUs 0..paths-1 (paths >= 2);
+- ferry-head (--head SIZE): the same engines with ``head_bytes=SIZE`` (the caller's
+  stream copies that much of the copy's head itself while the engine starts the rest);
 - ferry-loopback: the engine with relays through GPU 0 itself (one physical
   link): what chunking, staging and the stream gate cost over the plain copy;
 - static-1:1, static-1:2 (--static, two GPUs or more): the field's static split
@@ -64,7 +66,7 @@ def record(op, impl, nbytes, paths, time_us, aggregate_gbps, host_us, cpu_us, gp
 
 
 def impl_label(r: dict) -> str:
-    return r["impl"] if r["impl"] != "ferry" else f"ferry x{r['paths']}"
+    return f"{r['impl']} x{r['paths']}" if r["impl"] in ("ferry", "ferry-head") else r["impl"]
 
 
 def break_even(records: Sequence[dict], op: str, impl_paths: tuple) -> int:
@@ -511,7 +513,11 @@ def run(opts: dict, progress=print) -> dict:
     dev = torch.empty(top, dtype=torch.uint8, device="cuda:0")
     ref = torch.randint(0, 256, (top,), dtype=torch.uint8, device="cuda:0")
     stream = torch.cuda.Stream(0)
-    engines = {("ferry", p): mp.Engine(devices=list(range(p))) for p in paths}
+    engines = {("ferry", p): mp.Engine(devices=list(range(p)), head_bytes=0) for p in paths}
+    if opts.get("head", 0) > 0:  # the same engines with a head on the caller's stream, side by side
+        engines.update(
+            {("ferry-head", p): mp.Engine(devices=list(range(p)), head_bytes=opts["head"]) for p in paths}
+        )
     if opts["loopback"] > 0:
         engines[("ferry-loopback", 1)] = mp.Engine(devices=[0], loopback=opts["loopback"])
     statics = {}
@@ -613,6 +619,11 @@ def parse_args(argv=None):
         action="store_true",
         help="also a foreign copy on GPU 0's link, and a peer copy beside",
     )
+    p.add_argument(
+        "--head",
+        default="0",
+        help="also the engines with this head_bytes (e.g. 4M): the caller's stream copies the head itself",
+    )
     p.add_argument("--tag", default="")
     return p.parse_args(argv)
 
@@ -629,6 +640,7 @@ def main(argv=None) -> int:
         "sleep_models": [m for m in args.sleep_models.split(",") if m],
         "static": args.static,
         "contention": args.contention,
+        "head": parse_size(args.head) if args.head not in ("", "0") else 0,
     }
     for m in opts["sleep_models"]:
         if m not in SLEEP_MODELS:
