@@ -71,15 +71,15 @@ def bench_parts(only: str, world: int, collective_args_given: bool):
         if only
         else (["collectives"] if collective_args_given else ["kv", "collectives"])
     )
-    bad = [p for p in parts if p not in ("kv", "collectives")]
+    bad = [p for p in parts if p not in ("kv", "collectives", "multipath")]
     if bad:
-        raise SystemExit(f"--only: unknown {bad}; expected kv and/or collectives")
+        raise SystemExit(f"--only: unknown {bad}; expected kv, collectives and/or multipath")
     run, skipped = [], []
     for p in parts:
         if p == "collectives" and world < 2:
             skipped.append(f"collectives against NCCL: they need at least 2 GPUs; {world} visible")
-        elif p == "kv" and world < 1:
-            skipped.append("KV transfers: no GPU visible")
+        elif p in ("kv", "multipath") and world < 1:
+            skipped.append(("KV transfers" if p == "kv" else "multipath copies") + ": no GPU visible")
         else:
             run.append(p)
     return run, skipped
@@ -102,9 +102,24 @@ def cmd_bench(args) -> int:
         status |= bench_kv(args)
     if "collectives" in parts:
         status |= bench_collectives(args, world)
+    if "multipath" in parts:
+        status |= bench_multipath(args)
     for s in skipped:
         print(f"skipped: {s}")
     return status
+
+
+def bench_multipath(args) -> int:
+    """python -m ferry.bench.multipath with --multipath-args (its own options),
+    its results in --out."""
+    import shlex
+
+    from .bench import multipath
+
+    argv = shlex.split(args.multipath_args) + ["--out", args.out or "bench/results"]
+    if args.tag:
+        argv += ["--tag", args.tag]
+    return multipath.main(argv)
 
 
 def bench_kv(args) -> int:
@@ -288,8 +303,13 @@ def main(argv=None) -> int:
     b.add_argument(
         "--only",
         default="",
-        help="kv and/or collectives (default: both where the machine allows; naming --ops or --impls means "
-        "collectives)",
+        help="kv, collectives and/or multipath (default: kv and collectives where the machine allows; naming "
+        "--ops or --impls means collectives)",
+    )
+    b.add_argument(
+        "--multipath-args",
+        default="--min 1M --max 1G --factor 2",
+        help="options of python -m ferry.bench.multipath, for --only multipath (e.g. '--static --contention')",
     )
     b.add_argument("--kv-pages", default=bench_kv_module.DEFAULT_PAGES, help="KV page sizes")
     b.add_argument("--kv-counts", default=bench_kv_module.DEFAULT_COUNTS, help="KV pages per transfer")

@@ -72,5 +72,10 @@ def test_ferry_bench_runs_what_the_machine_allows():
     assert bench_parts("", 4, False) == (["kv", "collectives"], [])
     assert bench_parts("", 4, True) == (["collectives"], [])  # --ops/--impls name the collectives
     assert bench_parts("kv", 8, True) == (["kv"], [])
+    assert bench_parts("multipath", 2, False) == (["multipath"], [])
+    assert bench_parts("multipath,kv", 0, False) == (
+        [],
+        ["multipath copies: no GPU visible", "KV transfers: no GPU visible"],
+    )
     with pytest.raises(SystemExit, match="--only"):
         bench_parts("nccl", 2, False)
