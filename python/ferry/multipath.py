@@ -97,6 +97,10 @@ class Engine:
                 raise InvalidArgumentError(f"{name} is {v}; expected a positive size, or 0 for the knob's")
         if not (float(timeout) >= 0 and math.isfinite(float(timeout))):
             raise InvalidArgumentError(f"timeout is {timeout}; expected seconds, or 0 for FERRY_TIMEOUT_S")
+        if int(head_bytes) < -1:
+            raise InvalidArgumentError(
+                f"head_bytes is {head_bytes}; expected bytes (0: none), or -1 for FERRY_MULTIPATH_HEAD_BYTES"
+            )
         if not 1 <= int(outstanding) <= 16:
             raise InvalidArgumentError(f"outstanding is {outstanding}; expected 1..16")
         self._e = None

@@ -35,7 +35,7 @@ HostGate::HostGate() {
 }
 
 HostGate::~HostGate() {
-  if (host_) cudaFreeHost(const_cast<uint64_t*>(host_));
+  if (host_ && owned_) cudaFreeHost(const_cast<uint64_t*>(host_));
 }
 
 uint64_t HostGate::arm(cudaStream_t stream) {

@@ -50,11 +50,13 @@ class HostGate {
   bool is_open() const;
   // The word as the host sees it (a stream may write it: open_on_stream).
   uint64_t value() const;
-  // Gives up the word without freeing it, for a stream that may still read it.
-  void keep() { host_ = nullptr; }
+  // Gives up the word without freeing it, for a stream that may still read
+  // it; the gate still opens it.
+  void keep() { owned_ = false; }
 
  private:
   volatile uint64_t* host_ = nullptr;
+  bool owned_ = true;
   uint64_t* device_ = nullptr;
   uint64_t generation_ = 0;
 };

@@ -67,8 +67,9 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
       options.chunk_bytes ? options.chunk_bytes : static_cast<size_t>(knob_int("FERRY_MULTIPATH_CHUNK_BYTES"));
   threshold_ =
       options.threshold_bytes ? options.threshold_bytes : static_cast<size_t>(knob_int("FERRY_MULTIPATH_MIN_BYTES"));
-  head_bytes_ =
-      options.head_bytes != SIZE_MAX ? options.head_bytes : static_cast<size_t>(knob_int("FERRY_MULTIPATH_HEAD_BYTES"));
+  head_bytes_ = options.head_bytes != SIZE_MAX
+                    ? options.head_bytes
+                    : static_cast<size_t>(std::max(0LL, knob_int("FERRY_MULTIPATH_HEAD_BYTES")));
   FERRY_ARG_CHECK(options.timeout_s >= 0 && std::isfinite(options.timeout_s),
                   "timeout is " + std::to_string(options.timeout_s) + "; expected seconds, or 0 for FERRY_TIMEOUT_S");
   timeout_s_ = options.timeout_s > 0 ? options.timeout_s : knob_float("FERRY_TIMEOUT_S");
@@ -143,7 +144,7 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
   thread_ = std::thread([this] { run(); });
   watchdog_ = std::thread([this] { watch(); });
   std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_for(lock, std::chrono::duration<double>(std::min(timeout_s_, kWarmS)), [&] { return ready_; }))
+  if (!cv_.wait_for(lock, std::chrono::duration<double>(std::min(timeout_s_, kWarmS) + 5.0), [&] { return ready_; }))
     debug_log("multipath: the engine's thread did not finish its first copies within the timeout");
 }
 
@@ -192,6 +193,7 @@ void MultipathEngine::close() {
     drained = unfinished_.empty() && !broken_;
     broken = broken_;
     stop_ = true;
+    halted_ = true;  // no chunk after this: streams are let go below
     // Every stream that may still wait on a gate is let go before the
     // engine's thread is joined (it may be held in a CUDA call until then).
     open_every_gate();
@@ -205,6 +207,7 @@ void MultipathEngine::close() {
     for (auto& g : gates_) {
       g.gate->keep();
       g.reached->keep();
+      g.head_done->keep();
     }
   }
   if (!drained && !broken)
@@ -282,9 +285,11 @@ MultipathEngine::StreamGate* MultipathEngine::gate_for(int device, cudaStream_t 
   // Pinned allocations are CUDA calls: made outside mu_.
   auto gate = std::make_unique<HostGate>();
   auto reached = std::make_unique<HostGate>();
+  auto head_done = std::make_unique<HostGate>();
   std::lock_guard<std::mutex> lock(mu_);
   if (StreamGate* g = find()) return g;  // another thread made it meanwhile
-  gates_.push_back(StreamGate{device, stream, thread, std::move(gate), std::move(reached), 0, 0});
+  gates_.push_back(StreamGate{device, stream, thread, std::move(gate), std::move(reached), std::move(head_done),
+                              std::make_unique<std::mutex>(), 0, 0});
   return &gates_.back();
 }
 
@@ -346,6 +351,7 @@ MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, 
   // thread starts the rest.
   const size_t head = stream_device == route.device ? multipath_head_bytes(bytes, relays + 1, head_bytes_) : 0;
   Transfer t;
+  t.head = head;
   t.target = own;
   t.to_device = route.to_device;
   t.dst = static_cast<char*>(dst) + head;
@@ -359,12 +365,12 @@ MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, 
     // stream can never interleave them. Without a head the write and the wait
     // are one batch (both or neither); if anything fails after the write, its
     // generation is spent and opened, so no later copy starts on that write.
-    std::lock_guard<std::mutex> arm(arm_mu_);
+    std::lock_guard<std::mutex> arm(*t.gate->arm_mu);
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (closed_) throw_error(FERRY_ERROR_CLOSED, "the multipath engine is closed");
       if (!error_.empty()) throw_error(FERRY_ERROR_BROKEN, error_);
-      t.generation = t.gate->armed + 1;  // only arm_mu_'s holder changes it
+      t.generation = t.gate->armed + 1;  // only the holder of the gate's arm_mu changes it
     }
     const MemOp write{MemOp::Kind::kWrite, t.gate->reached->device_trigger().first, t.generation};
     const MemOp wait{MemOp::Kind::kWaitAtLeast, t.gate->gate->device_trigger().first, t.generation};
@@ -374,7 +380,8 @@ MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, 
       dma::mem_ops(stream, {write});
       try {
         FERRY_CUDA_CHECK(cudaMemcpyAsync(dst, src, head, cudaMemcpyDefault, stream));
-        dma::mem_ops(stream, {wait});
+        dma::mem_ops(stream,
+                     {MemOp{MemOp::Kind::kWrite, t.gate->head_done->device_trigger().first, t.generation}, wait});
       } catch (...) {
         std::lock_guard<std::mutex> lock(mu_);
         t.gate->armed = t.generation;
@@ -468,22 +475,21 @@ void MultipathEngine::fail_and_release(const std::string& message, std::deque<Tr
                                        std::deque<Transfer>& active) {
   debug_log("multipath: " + message + "; every stream waiting on a copy is let go");
   {
-    // Every stream goes on at once (host stores, no CUDA call): the links'
-    // streams may be held behind one of them. The first cause stays the one
-    // reported.
+    // No chunk after this, and the first cause stays the one reported.
     std::lock_guard<std::mutex> lock(mu_);
     if (error_.empty()) error_ = message;
-    broken_ = true;
     halted_ = true;
-    open_every_gate();
-    unfinished_.clear();
-    watched_.clear();
   }
-  cv_.notify_all();
-  // Chunks on the links finish where they can, briefly, before the copies'
-  // state goes.
+  // The chunks on the links finish first (bounded), so that no copy writes a
+  // buffer after its stream went on: the buffer may be another tensor's by
+  // then. Link streams never wait for callers' streams; should these calls be
+  // held (lazy loading), the watchdog, still watching, lets the streams go.
   links_idle(std::min(timeout_s_, 2.0));
   std::lock_guard<std::mutex> lock(mu_);
+  broken_ = true;
+  open_every_gate();
+  unfinished_.clear();
+  watched_.clear();
   for (auto* list : {&pending, &active, &queued_}) list->clear();
   for (Link& L : link_) L.flight.clear();
   cv_.notify_all();
@@ -512,12 +518,12 @@ void MultipathEngine::watch() {
     for (auto& [id, w] : watched_) {
       if (w.reached_at == 0 && w.gate->reached->value() >= w.generation) w.reached_at = now;
       if (w.reached_at == 0 || now - w.reached_at < timeout_s_ + 1.0) continue;
-      if (!error_.empty()) break;
-      error_ = "multipath: a copy did not land within " + std::to_string(timeout_s_) +
-               " s of its stream getting to it, and the engine's thread was held in a CUDA call meanwhile. One "
-               "known cause: a kernel launched for the first time while a copy holds its stream, under lazy module "
-               "loading (CUDA_MODULE_LOADING=LAZY, the default); launch every kernel once before, or set "
-               "CUDA_MODULE_LOADING=EAGER. Every stream was let go; copies not landed then are incomplete";
+      if (error_.empty())
+        error_ = "multipath: a copy did not land within " + std::to_string(timeout_s_) +
+                 " s of its stream getting to it, and the engine's thread was held in a CUDA call meanwhile. One "
+                 "known cause: a kernel launched for the first time while a copy holds its stream, under lazy module "
+                 "loading (CUDA_MODULE_LOADING=LAZY, the default); launch every kernel once before, or set "
+                 "CUDA_MODULE_LOADING=EAGER. Every stream was let go; copies not landed then are incomplete";
       debug_log(error_);
       broken_ = true;
       halted_ = true;
@@ -636,7 +642,8 @@ void MultipathEngine::run() {
       }
       // Let each finished copy's stream go; a started copy has the timeout to land.
       for (auto it = active.begin(); it != active.end();) {
-        if (sched->done(it->sched)) {
+        if (sched->done(it->sched) && (!it->head || it->gate->head_done->value() >= it->generation)) {
+          bytes_[it->target] += it->head;
           land(*it);
           it = active.erase(it);
           continue;

@@ -105,6 +105,11 @@ class MultipathEngine {
     // The stream writes each arming's generation here as it gets to it: the
     // host sees a copy's start without a CUDA call.
     std::unique_ptr<HostGate> reached;
+    // A copy with a head: the stream writes its generation here once the head landed.
+    std::unique_ptr<HostGate> head_done;
+    // Orders the reached-write-and-wait pairs copy() enqueues on this stream
+    // (CUDA calls, so never under mu_, which the watchdog needs).
+    std::unique_ptr<std::mutex> arm_mu;
     uint64_t armed = 0;   // the last generation the stream was made to wait for (under mu_)
     uint64_t opened = 0;  // the highest generation opened: opening never goes back
   };
@@ -122,8 +127,10 @@ class MultipathEngine {
     char* dst = nullptr;
     const char* src = nullptr;
     size_t bytes = 0;
-    size_t chunk = 0;            // multipath_chunk_bytes of this copy
-    StreamGate* gate = nullptr;  // its stream's gate, and the generation that stream waits for
+    size_t chunk = 0;  // multipath_chunk_bytes of this copy
+    StreamGate* gate = nullptr;
+    size_t head = 0;  // bytes the caller's stream copies itself (over `target`'s link)  // its stream's gate, and the
+                      // generation that stream waits for
     uint64_t generation = 0;
     int sched = -1;  // the scheduler's id, once its stream got to it
     double deadline = 0;
@@ -167,9 +174,6 @@ class MultipathEngine {
   std::deque<StreamGate> gates_;               // a deque: transfers point at its elements
   std::unique_ptr<MultipathScheduler> sched_;  // the engine's thread's only
 
-  // Orders the reached-write-and-wait pairs that copy() enqueues (CUDA calls,
-  // so never under mu_, which the watchdog needs while CUDA calls may hang).
-  std::mutex arm_mu_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Transfer> queued_;    // handed to the thread

@@ -20,6 +20,7 @@ import pytest
         ({"devices": [0], "outstanding": 17}, "outstanding is 17"),
         ({"devices": [0], "timeout": -1.0}, "timeout is -1.0"),
         ({"devices": [0], "timeout": float("nan")}, "timeout is nan"),
+        ({"devices": [0], "head_bytes": -2}, "head_bytes is -2"),
     ],
 )
 def test_bad_engine_arguments_are_named(kwargs, message):

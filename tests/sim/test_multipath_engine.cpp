@@ -557,3 +557,57 @@ TEST_F(MultipathSim, AHeadOnTheCallersStreamKeepsOrderAndEveryByte) {
     cudaStreamDestroy(s);
   }
 }
+
+// From a review: synchronize() must cover a copy's head (the caller's
+// stream copies it), and the head counts in bytes_by_link.
+TEST_F(MultipathSim, SynchronizeAndTheLinksCountCoverTheHead) {
+  MultipathOptions o = options({0, 1});
+  o.head_bytes = 64 * MiB;  // as much as the target link's share allows
+  MultipathEngine e(o);
+  const size_t n = 64 * MiB;
+  Buf dev(n, 0), host(n, -1);
+  fill(dev, 9);
+  std::memset(host.p, 0, n);
+  cudaStream_t s = new_stream(0);
+  const auto before = e.bytes_by_link();
+  e.copy(host.p, dev.p, n, s);
+  e.synchronize();
+  EXPECT_EQ(std::memcmp(host.p, dev.p, n), 0) << "synchronize() returned before the head landed";
+  const auto after = e.bytes_by_link();
+  EXPECT_EQ(after[0] + after[1] - before[0] - before[1], n);
+  cudaStreamSynchronize(s);
+  cudaStreamDestroy(s);
+}
+
+// From a review: close() while another thread's copy is between its reached
+// write and its gate's wait (its head call held) neither crashes nor leaves
+// that stream waiting.
+TEST_F(MultipathSim, CloseWhileACopyIsBeingEnqueued) {
+  MultipathOptions o = options({0, 1});
+  o.head_bytes = 4 * MiB;
+  auto e = std::make_unique<MultipathEngine>(o);
+  const size_t n = 16 * MiB;
+  Buf src(n, -1), dst(n, 0);
+  cudaStream_t s = new_stream(0);
+  sim::Faults held;
+  held.hold_copy_calls = true;
+  sim::set_faults(held);
+  int code = 0;
+  std::thread caller([&] {
+    try {
+      e->copy(dst.p, src.p, n, s);
+    } catch (const ferry::Error& err) {
+      code = err.code();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the caller is in its head's copy call
+  std::thread closer([&] { e->close(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  sim::set_faults(sim::Faults{});
+  caller.join();
+  closer.join();
+  EXPECT_TRUE(drained(s, 5)) << "the stream was left waiting on the gate";
+  EXPECT_TRUE(code == 0 || code == FERRY_ERROR_CLOSED) << code;
+  e.reset();
+  cudaStreamDestroy(s);
+}

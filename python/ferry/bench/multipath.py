@@ -519,7 +519,7 @@ def run(opts: dict, progress=print) -> dict:
             {("ferry-head", p): mp.Engine(devices=list(range(p)), head_bytes=opts["head"]) for p in paths}
         )
     if opts["loopback"] > 0:
-        engines[("ferry-loopback", 1)] = mp.Engine(devices=[0], loopback=opts["loopback"])
+        engines[("ferry-loopback", 1)] = mp.Engine(devices=[0], loopback=opts["loopback"], head_bytes=0)
     statics = {}
     if n_gpu >= 2 and opts.get("static"):
         statics = {(f"static-{a}:{b}", 2): StaticSplit(torch, [a, b]) for a, b in ((1, 1), (1, 2))}
