@@ -412,10 +412,11 @@ def contention(
         torch.cuda._sleep(1)
     torch.cuda.synchronize()
 
-    def window(background_stream, background, foreground, count):
-        """`count` background copies and, LEAD_S after they began, `reps`
-        foreground ones: (foreground GB/s, background GB/s within the
-        foreground's window)."""
+    def window(background_stream, background, foreground, count, bg_bytes):
+        """`count` background copies of `bg_bytes` and, LEAD_S after they
+        began, `reps` foreground ones: (foreground GB/s, background GB/s within
+        the foreground's window, counting the background copies that completed
+        in it)."""
         torch.cuda.synchronize()
         t0 = timed(background_stream)
         s.wait_event(t0)
@@ -433,7 +434,7 @@ def contention(
         lo, hi = t0.elapsed_time(a), t0.elapsed_time(b)
         inside = sum(1 for e in marks if lo < t0.elapsed_time(e) <= hi)
         span = max(hi - lo, 1e-6) * 1e-3
-        return reps * nbytes / span / 1e9, inside * nbytes / span / 1e9
+        return reps * nbytes / span / 1e9, inside * bg_bytes / span / 1e9
 
     def foreign():
         with torch.cuda.stream(f):
@@ -449,7 +450,7 @@ def contention(
         def fg(eng=eng):
             eng.copy(dev, host, stream=s) if eng else plain()
 
-        fg_gbps, bg_gbps = window(f, foreign, fg, count=4 * reps + 4)
+        fg_gbps, bg_gbps = window(f, foreign, fg, count=4 * reps + 4, bg_bytes=nbytes)
         moved = [b - a for a, b in zip(before, eng.bytes_by_link())] if eng else [reps * nbytes]
         shares = [round(m / max(sum(moved), 1), 3) for m in moved]
         left = max(aggregate - bg_gbps, 1e-9)
@@ -465,8 +466,13 @@ def contention(
     # The peer copy runs on GPU 1's stream (torch copies between GPUs on the
     # source's current stream) fenced with GPU 0's current stream p, where the
     # window's events are: every event of a window on one GPU.
-    peer_src = torch.empty(nbytes, dtype=torch.uint8, device="cuda:1")
-    peer_dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0")
+    # Peer copies of 16 MB (a few tens of microseconds each over NVLink), enough
+    # of them to outlast the head start and the engine's copies, so that the
+    # ones completing inside the window measure its rate closely.
+    peer_bytes = min(nbytes, 16 << 20)
+    peer_count = int((LEAD_S + reps * nbytes / 50e9 + 0.01) * 300e9 / peer_bytes) + 1
+    peer_src = torch.empty(peer_bytes, dtype=torch.uint8, device="cuda:1")
+    peer_dst = torch.empty(peer_bytes, dtype=torch.uint8, device="cuda:0")
     p, p1 = torch.cuda.Stream(0), torch.cuda.Stream(1)
 
     def peer():
@@ -474,23 +480,24 @@ def contention(
             peer_dst.copy_(peer_src, non_blocking=True)
 
     torch.cuda.synchronize()
+    peer()  # warm-up
     a = timed(p)
-    for _ in range(reps):
+    for _ in range(50):
         peer()
     b = timed(p)
     torch.cuda.synchronize()
-    alone = reps * nbytes / (a.elapsed_time(b) * 1e-3) / 1e9
+    alone = 50 * peer_bytes / (a.elapsed_time(b) * 1e-3) / 1e9
     for own_first in (True, False):
         eng = mp.Engine(devices=[0, 1], own_link_first=own_first)
 
         def fg(eng=eng):
             eng.copy(dev, host, stream=s)
 
-        _, beside = window(p, peer, fg, count=20 * reps + 20)  # peer copies are ~4x faster
+        _, beside = window(p, peer, fg, count=peer_count, bg_bytes=peer_bytes)
         eng.close()
         impl = "own-link-first" if own_first else "relay-first"
         progress(f"GPU 1 -> GPU 0 peer copy: alone {alone:.1f} GB/s, beside ferry ({impl}) {beside:.1f}")
-        out.append({"op": "p2p_beside", "impl": impl, "bytes": nbytes, "paths": 2, "gbps": round(beside, 2),
+        out.append({"op": "p2p_beside", "impl": impl, "bytes": peer_bytes, "paths": 2, "gbps": round(beside, 2),
                     "alone_gbps": round(alone, 2), "gpu": gpu, "date": date})  # fmt: skip
     return out
 
