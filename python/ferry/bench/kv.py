@@ -42,7 +42,7 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
-from .report import _pyplot, format_size, parse_size
+from .report import _pyplot, format_size, parse_size, save_figure
 
 OPS = ("fetch", "save", "both")
 INLINE = {
@@ -537,10 +537,7 @@ def plot(result: dict, path: str) -> bool:
         ax.set_title(f"{op[3:]}: {count} scattered pages ({result['gpu']})")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7, title="solid: no SM")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return save_figure(plt, fig, path)
 
 
 def save(result: dict, out_dir: str, command: str, tag: str = "", make_plot: bool = True) -> List[str]:

@@ -91,7 +91,7 @@ import time
 import traceback
 from typing import Dict, List, Optional, Sequence
 
-from .report import _pyplot, format_size, parse_size
+from .report import _pyplot, format_size, parse_size, save_figure
 
 PAGE_TOKENS = 16
 BF16_BYTES = 2
@@ -530,10 +530,7 @@ def plot(records: Sequence[dict], path: str, title: str) -> bool:
             if op == "ttft" and ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=7)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return save_figure(plt, fig, path)
 
 
 # ---------------------------------------------------------------- GPU parts

@@ -42,7 +42,7 @@ import time
 from typing import Sequence
 
 from .kv_e2e import MODELS as KV_MODELS
-from .report import _pyplot, format_size, parse_size, size_range
+from .report import _pyplot, format_size, parse_size, save_figure, size_range
 
 OPS = {"h2d": "multipath_h2d", "d2h": "multipath_d2h"}
 LEAD_S = 0.02  # contention: the background's head start
@@ -180,10 +180,7 @@ def plot(records: Sequence[dict], path: str, title: str) -> bool:
         ax.set_title(op)
         ax.legend(fontsize=7)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return save_figure(plt, fig, path)
 
 
 def _median_time(torch, stream, fn, reps: int):

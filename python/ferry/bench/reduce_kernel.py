@@ -23,7 +23,7 @@ import statistics
 import sys
 from typing import List
 
-from .report import _pyplot, format_size, parse_size, size_range
+from .report import _pyplot, format_size, parse_size, save_figure, size_range
 
 
 def hbm_tbps(world: int, result_bytes: int, time_us: float) -> float:
@@ -135,9 +135,7 @@ def plot(records: List[dict], path: str, title: str) -> bool:
             ax.grid(True, alpha=0.3)
     axes[0][0].legend(fontsize=7)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return True
+    return save_figure(plt, fig, path)
 
 
 def main(argv=None) -> int:

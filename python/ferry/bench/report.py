@@ -181,10 +181,7 @@ def plot(records: Sequence[dict], path: str, title: str) -> bool:
             ax.grid(True, which="both", alpha=0.3)
             if ax.get_legend_handles_labels()[0]:  # an op without NCCL has no ratio lines
                 ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return save_figure(plt, fig, path)
 
 
 def chain_table(records: List[dict]) -> List[str]:
@@ -273,6 +270,15 @@ def format_sections(result: dict) -> List[str]:
     return out
 
 
+def save_figure(plt, fig, path: str, rect=None) -> bool:
+    """Lays out, writes (PNG, 110 dpi) and closes a figure; True, for the plot
+    functions to return."""
+    fig.tight_layout(rect=rect) if rect else fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def _pyplot():
     try:
         import matplotlib
@@ -313,10 +319,7 @@ def plot_phases(phases: Sequence[dict], path: str, title: str) -> bool:
         ax.set_xlabel("bytes per rank")
         ax.set_ylabel("% of in-stream time")
         ax.legend(fontsize=8, loc="lower left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return save_figure(plt, fig, path)
 
 
 def slowdown_key(overlap: Sequence[dict]) -> str:
@@ -356,7 +359,4 @@ def plot_overlap(overlap: Sequence[dict], path: str, title: str) -> bool:
     # One legend under both panels: inside them it covered points.
     handles, labels = a1.get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8)
-    fig.tight_layout(rect=(0, 0.12, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return save_figure(plt, fig, path, rect=(0, 0.12, 1, 1))
