@@ -18,32 +18,10 @@ namespace ferry {
 namespace xfer {
 
 namespace {
+
 constexpr double kWarmS = 10.0;  // bound on the links' first copies
-}  // namespace
-namespace {
 
 std::string dev_name(int d) { return "cuda:" + std::to_string(d); }
-
-// What the runtime knows of `p`: pinned or pageable host memory, or a GPU's.
-MemKind kind_of(const void* p, int* device) {
-  cudaPointerAttributes a{};
-  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-    cudaGetLastError();
-    *device = -1;
-    return MemKind::kPageable;
-  }
-  *device = a.device;
-  switch (a.type) {
-    case cudaMemoryTypeDevice:
-      return MemKind::kDevice;
-    case cudaMemoryTypeHost:
-      return MemKind::kPinnedHost;
-    case cudaMemoryTypeManaged:
-      return MemKind::kManaged;
-    default:
-      return MemKind::kPageable;
-  }
-}
 
 bool ranges_overlap(const void* a, const void* b, size_t n) {
   const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
@@ -311,9 +289,8 @@ MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, 
   FERRY_ARG_CHECK(dst != nullptr, "dst is null");
   FERRY_ARG_CHECK(src != nullptr, "src is null");
   FERRY_ARG_CHECK(!ranges_overlap(dst, src, bytes), "dst and src overlap");
-  int dst_dev = -1, src_dev = -1;
-  const MemKind dk = kind_of(dst, &dst_dev), sk = kind_of(src, &src_dev);
-  const MultipathRoute route = route_multipath(dk, dst_dev, sk, src_dev);
+  const PointerKind dk = pointer_kind(dst), sk = pointer_kind(src);
+  const MultipathRoute route = route_multipath(dk.kind, dk.device, sk.kind, sk.device);
   FERRY_ARG_CHECK(route.error.empty(), "multipath copy: " + route.error);
 
   // The stream's own GPU: its event and gate wait go there; the chunks go

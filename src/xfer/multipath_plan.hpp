@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "xfer/pointer_kind.hpp"
+
 namespace ferry {
 namespace xfer {
 
@@ -55,9 +57,6 @@ struct MultipathChoice {
   std::string reason;  // for the debug log: why the plain copy runs
 };
 MultipathChoice choose_multipath(size_t bytes, bool host_pinned, int usable_relays, size_t threshold_bytes);
-
-// What each side of a copy is, as the CUDA runtime reports it.
-enum class MemKind { kPageable, kPinnedHost, kDevice, kManaged };
 
 // A copy's direction and its GPU, or why it cannot be a host<->GPU copy.
 struct MultipathRoute {

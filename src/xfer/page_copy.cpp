@@ -12,6 +12,7 @@
 #include "core/error.hpp"
 #include "dma/engine.hpp"
 #include "xfer/host_pool.hpp"
+#include "xfer/pointer_kind.hpp"
 
 namespace ferry {
 namespace xfer {
@@ -42,33 +43,29 @@ Where where_is(const PageRegion& g, const char* side, size_t r) {
     w.device_address = g.base;  // pools are mapped with unified addressing: same address
     return w;
   }
-  cudaPointerAttributes a{};
-  cudaError_t err = cudaPointerGetAttributes(&a, p);
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    a.type = cudaMemoryTypeUnregistered;
-  }
-  switch (a.type) {
-    case cudaMemoryTypeHost:
+  const PointerKind k = pointer_kind(p);
+  switch (k.kind) {
+    case MemKind::kPinnedHost:
       w.host = true;
-      w.device_address = reinterpret_cast<uint64_t>(a.devicePointer);
+      w.device_address = reinterpret_cast<uint64_t>(k.device_pointer);
       return w;
-    case cudaMemoryTypeDevice:
-      w.device = a.device;
+    case MemKind::kDevice:
+      w.device = k.device;
       w.device_address = g.base;
       return w;
-    case cudaMemoryTypeManaged:
+    case MemKind::kManaged:
       throw_error(FERRY_ERROR_INVALID_ARGUMENT,
                   side_name(side, r) +
                       " is managed (unified) memory; page transfers take pinned host memory or "
                       "GPU memory");
-    default:
-      throw_error(FERRY_ERROR_INVALID_ARGUMENT,
-                  side_name(side, r) +
-                      " is pageable host memory: copy engines cannot read or write it in place (the driver would "
-                      "stage every page through a bounce buffer). Allocate it pinned: ferry.kv.pinned_empty(...), "
-                      "ferry.kv.HostPool, or tensor.pin_memory()");
+    case MemKind::kPageable:
+      break;
   }
+  throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+              side_name(side, r) +
+                  " is pageable host memory: copy engines cannot read or write it in place (the driver would "
+                  "stage every page through a bounce buffer). Allocate it pinned: ferry.kv.pinned_empty(...), "
+                  "ferry.kv.HostPool, or tensor.pin_memory()");
 }
 
 }  // namespace
