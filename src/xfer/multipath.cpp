@@ -86,10 +86,10 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
     Link& L = link_[i];
     L.device = links_[i];
     DeviceScope on(L.device);
-    // The greatest priority: such streams get hardware queues of their own, so
-    // a chunk never queues behind a caller's stream that waits for it (with
-    // CUDA_DEVICE_MAX_CONNECTIONS=1 every default-priority stream shares one
-    // queue). Copy engines ignore priority otherwise.
+    // The greatest priority, meant to keep a chunk from queueing behind a
+    // caller's stream that waits for it where streams share hardware queues
+    // (CUDA_DEVICE_MAX_CONNECTIONS); not verified on a GPU. Copy engines
+    // ignore priority otherwise.
     int least = 0, greatest = 0;
     FERRY_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     FERRY_CUDA_CHECK(cudaStreamCreateWithPriority(&L.host, cudaStreamNonBlocking, greatest));
