@@ -151,9 +151,10 @@ void MultipathEngine::warm_links() {
       FERRY_CUDA_CHECK(
           cudaMemcpyAsync(static_cast<char*>(peer.scratch) + 32, mine + 48, 8, cudaMemcpyDefault, L.nvlink));
     }
-    const bool idle = links_idle(std::min(timeout_s_, kWarmS));
-    if (idle) cudaFreeHost(host);  // else a copy may still write it: kept
-    if (!idle) debug_log("multipath: the links' first copies did not finish in time");
+    if (links_idle(std::min(timeout_s_, kWarmS)))
+      cudaFreeHost(host);
+    else  // a copy may still write it: kept
+      debug_log("multipath: the links' first copies did not finish in time");
   } catch (const std::exception& e) {
     debug_log(std::string("multipath: the links' first copies failed: ") + e.what());
   }
@@ -293,8 +294,8 @@ MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, 
   const MultipathRoute route = route_multipath(dk.kind, dk.device, sk.kind, sk.device);
   FERRY_ARG_CHECK(route.error.empty(), "multipath copy: " + route.error);
 
-  // The stream's own GPU: its event and gate wait go there; the chunks go
-  // to the copy's GPU.
+  // The stream's own GPU: its reached write and gate wait go there; the
+  // chunks go to the copy's GPU.
   const int fallback = default_device >= 0 ? default_device : route.device;
   int stream_device;
   {
@@ -362,8 +363,7 @@ MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, 
       } catch (...) {
         std::lock_guard<std::mutex> lock(mu_);
         t.gate->armed = t.generation;
-        t.gate->opened = std::max(t.gate->opened, t.generation);
-        t.gate->gate->open_to(t.gate->opened);
+        t.gate->open(t.generation);
         throw;
       }
     }
@@ -371,8 +371,7 @@ MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, 
     t.gate->armed = t.generation;
     if (broken_ || closed_) {
       // The engine broke (or closed) while the wait went on: it must not hold the stream.
-      t.gate->opened = std::max(t.gate->opened, t.generation);
-      t.gate->gate->open_to(t.gate->opened);
+      t.gate->open(t.generation);
       if (closed_) throw_error(FERRY_ERROR_CLOSED, "the multipath engine is closed");
       throw_error(FERRY_ERROR_BROKEN, error_);
     }
@@ -436,10 +435,7 @@ void MultipathEngine::submit(Transfer& t, const Assignment& a) {
 void MultipathEngine::land(Transfer& t) {
   {
     std::lock_guard<std::mutex> lock(mu_);  // a waiter checks and sleeps under it: no lost wake-up
-    if (t.generation > t.gate->opened) {
-      t.gate->opened = t.generation;
-      t.gate->gate->open_to(t.generation);
-    }
+    t.gate->open(t.generation);
     unfinished_.erase(t.id);
     watched_.erase(t.id);
   }
@@ -473,10 +469,7 @@ void MultipathEngine::fail_and_release(const std::string& message, std::deque<Tr
 }
 
 void MultipathEngine::open_every_gate() {
-  for (auto& g : gates_) {
-    g.opened = std::max(g.opened, g.armed);
-    g.gate->open_to(g.opened);
-  }
+  for (auto& g : gates_) g.open(g.armed);
 }
 
 // The watchdog's thread makes no CUDA call, so it runs while every CUDA call

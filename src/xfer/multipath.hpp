@@ -13,6 +13,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -112,6 +113,11 @@ class MultipathEngine {
     std::unique_ptr<std::mutex> arm_mu;
     uint64_t armed = 0;   // the last generation the stream was made to wait for (under mu_)
     uint64_t opened = 0;  // the highest generation opened: opening never goes back
+    // Lets every arming up to `generation` go (under mu_).
+    void open(uint64_t generation) {
+      opened = std::max(opened, generation);
+      gate->open_to(opened);
+    }
   };
   // A copy the watchdog bounds: its stream's gate and generation, and when
   // the watchdog first saw the stream get to it.
