@@ -115,7 +115,6 @@ void MultipathScheduler::observe(int link, size_t bytes, double seconds, double 
     e.seconds = kKeep * e.seconds + seconds;
     e.bytes = kKeep * e.bytes + static_cast<double>(bytes);
   }
-  e.s_per_byte = e.seconds / e.bytes;
   e.at = now;
 }
 
@@ -139,20 +138,20 @@ size_t MultipathScheduler::flight_bytes(int link) const {
 // Unmeasured links are not judged; a stale estimate lets an idle link try.
 bool MultipathScheduler::lands_in_time(int link, int target, size_t bytes, double now) const {
   const Estimate& e = est_[link];
-  if (!policy_.earliest_finish || e.s_per_byte <= 0) return true;
+  if (!policy_.earliest_finish || e.s_per_byte() <= 0) return true;
   if (flight_[link].empty() && now - e.at > kProbeAfterS) return true;
   double rate = 0, backlog = static_cast<double>(waiting_bytes_[target]);
   double one = std::numeric_limits<double>::infinity();
   for (int j = 0; j < links(); ++j) {
     if (j == link || pick(j) != target) continue;
-    if (est_[j].s_per_byte <= 0) return true;
+    if (est_[j].s_per_byte() <= 0) return true;
     const double flying = static_cast<double>(flight_bytes(j));
-    rate += 1.0 / est_[j].s_per_byte;
+    rate += 1.0 / est_[j].s_per_byte();
     backlog += flying;
-    one = std::min(one, (flying + static_cast<double>(bytes)) * est_[j].s_per_byte);
+    one = std::min(one, (flying + static_cast<double>(bytes)) * est_[j].s_per_byte());
   }
   if (rate <= 0) return true;  // no other link may carry it
-  const double mine = static_cast<double>(flight_bytes(link) + bytes) * e.s_per_byte;
+  const double mine = static_cast<double>(flight_bytes(link) + bytes) * e.s_per_byte();
   return mine <= std::max(backlog / rate, one);
 }
 

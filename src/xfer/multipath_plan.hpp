@@ -102,10 +102,10 @@ class MultipathScheduler {
   // as the slow link it is; a sample after kProbeAfterS without one starts
   // afresh.
   struct Estimate {
-    double s_per_byte = 0;
-    double at = 0;
-    double seconds = 0;
+    double at = 0;       // when the last sample came
+    double seconds = 0;  // decaying sums of service time and bytes
     double bytes = 0;
+    double s_per_byte() const { return bytes > 0 ? seconds / bytes : 0; }  // 0: not measured
   };
   static constexpr double kProbeAfterS = 0.1;
 

@@ -318,13 +318,13 @@ TEST(MultipathScheduler, ABurstCountsAsTheSlowLinkItIs) {
   s.observe(1, chunk, clean, 0.001);
   s.observe(0, chunk, 0.005, 0.005);
   s.observe(0, chunk, clean, 0.0052);
-  EXPECT_GT(s.estimates()[0].s_per_byte, 5 * s.estimates()[1].s_per_byte);
+  EXPECT_GT(s.estimates()[0].s_per_byte(), 5 * s.estimates()[1].s_per_byte());
   s.add(0, split_chunks(64 * kMiB, chunk));
   Assignment a;
   EXPECT_FALSE(s.next(0, &a, 0.006)) << "the held link took a chunk it would land last";
   EXPECT_TRUE(s.next(1, &a, 0.006));
   s.observe(0, chunk, clean, 0.5);  // after a quiet spell: afresh
-  EXPECT_NEAR(s.estimates()[0].s_per_byte, 1 / 55e9, 1e-13);
+  EXPECT_NEAR(s.estimates()[0].s_per_byte(), 1 / 55e9, 1e-13);
 }
 
 // What a review found: link 1 serves its own long copy first, so it is no
