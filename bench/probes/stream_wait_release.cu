@@ -1,8 +1,7 @@
 // Probe: which ways of writing a word release a stream that waits on it
-// (cuStreamWaitValue64 >= 1)? The symmetric heap's stream waits, released at
-// their timeout from a helper thread, stayed blocked on two H100s although
-// the release was issued; the communicator's gates, released the same way,
-// work. This tries every combination of:
+// (cuStreamWaitValue64 >= 1), from the thread that waits or another one, and
+// with or without a kernel's first launch between (lazy module loading)?
+// This tries every combination of:
 //   memory   the word in cudaMalloc memory, in VMM memory (cuMemCreate +
 //            cuMemMap, as the heap maps it), or in pinned device-mapped host memory;
 //   release  a stream write (cuStreamWriteValue64) or an 8-byte copy from pinned

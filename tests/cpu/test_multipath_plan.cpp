@@ -235,11 +235,11 @@ TEST(MultipathScheduler, AChunkGivenBackGoesToTheOtherLinksAndTheLinkRelaysNoMor
   EXPECT_EQ(order.size(), 5u);  // chunks 1..5 (chunk 0 went to link 2 above)
 }
 
-// What two H100s showed: a foreign copy's long commands go first on the
-// target's copy engine, so each chunk there waits milliseconds (modelled as
-// busy_wait_s), and a stream of copies, each waiting for its slowest chunk,
-// went no faster than a plain copy. With the links' measured speed the
-// target's own link stops taking chunks it would land last.
+// A copy engine that serves a foreign copy's long commands first makes each
+// chunk on the target's link wait milliseconds (busy_wait_s), and a stream
+// of copies, each waiting for its slowest chunk, goes no faster than a plain
+// copy. With the links' measured speed the target's own link stops taking
+// chunks it would land last.
 TEST(MultipathBalance, AForeignCopyThatHoldsTheEngineFirst) {
   auto links = equal_links(2);
   links[0].busy_from = 0;
@@ -327,9 +327,9 @@ TEST(MultipathScheduler, ABurstCountsAsTheSlowLinkItIs) {
   EXPECT_NEAR(s.estimates()[0].s_per_byte(), 1 / 55e9, 1e-13);
 }
 
-// What a review found: link 1 serves its own long copy first, so it is no
-// help to a short copy into GPU 0 whose own link is slow; earliest finish
-// must not make that short copy wait for the long one.
+// Link 1 serves its own long copy first, so it is no help to a short copy
+// into GPU 0 whose own link is slow; earliest finish must not make that
+// short copy wait for the long one.
 TEST(MultipathBalance, AShortCopyIsNotLeftBehindALongOneOnAnotherGpu) {
   auto links = equal_links(2);
   links[0].bytes_per_s = 11e9;  // held to a fifth by something else

@@ -171,9 +171,9 @@ TEST_F(MultipathSim, ACopyWaitingForItsStreamHoldsUpNoOtherStream) {
   EXPECT_EQ(std::memcmp(a_dst.p, a_src.p, n), 0);
 }
 
-// What the first two-GPU run found: with GPU 0 current, a copy into GPU 1
-// on "the default stream" was ordered in GPU 0's, so it ran before GPU 1's
-// default stream got to it.
+// A default stream names no GPU: with GPU 0 current, a copy into GPU 1 on
+// "the default stream" is ordered in GPU 1's, unless the caller names the
+// GPU (as the C API does with the current one).
 TEST_F(MultipathSim, ADefaultStreamIsTheCopysGpusUnlessNamed) {
   MultipathEngine e(options({0, 1}));
   const size_t n = 8 * MiB + 1;
@@ -454,10 +454,10 @@ TEST_F(MultipathSim, OnlySomeGpusRelayIntoAnotherGpusDefaultStream) {
   EXPECT_GT(used[1], 0u);
 }
 
-// What a GPU showed under lazy module loading: a kernel's first launch while
-// a copy holds its stream blocks every CUDA call of the process, the engine's
-// copies included, until that stream goes on. The watchdog, which makes no
-// CUDA call, lets the stream go a second past the timeout, and says why.
+// Under lazy module loading a kernel's first launch while a copy holds its
+// stream blocks every CUDA call of the process, the engine's copies
+// included, until that stream goes on. The watchdog, which makes no CUDA
+// call, lets the stream go a second past the timeout, and says why.
 TEST_F(MultipathSim, AWatchdogLetsTheStreamGoWhenTheEnginesCallsAreHeld) {
   MultipathOptions o = options({0, 1});
   o.timeout_s = 0.3;
@@ -487,9 +487,9 @@ TEST_F(MultipathSim, AWatchdogLetsTheStreamGoWhenTheEnginesCallsAreHeld) {
   cudaStreamDestroy(s);
 }
 
-// What a review found: a copy on a new stream makes its gate words with
-// CUDA calls, and made them holding the lock the watchdog needs; with those
-// calls held too the watchdog could never let the first stream go.
+// A copy on a new stream makes its gate words with CUDA calls; with those
+// calls held too, the watchdog must still get its lock and let the first
+// stream go.
 TEST_F(MultipathSim, AWatchdogIsNotHeldByACopyMakingItsGate) {
   MultipathOptions o = options({0, 1});
   o.timeout_s = 0.3;
@@ -555,8 +555,8 @@ TEST_F(MultipathSim, AHeadOnTheCallersStreamKeepsOrderAndEveryByte) {
   }
 }
 
-// From a review: synchronize() must cover a copy's head (the caller's
-// stream copies it), and the head counts in bytes_by_link.
+// synchronize() covers a copy's head (the caller's stream copies it), and
+// the head counts in bytes_by_link.
 TEST_F(MultipathSim, SynchronizeAndTheLinksCountCoverTheHead) {
   MultipathOptions o = options({0, 1});
   o.head_bytes = 64 * MiB;  // as much as the target link's share allows
@@ -576,9 +576,9 @@ TEST_F(MultipathSim, SynchronizeAndTheLinksCountCoverTheHead) {
   cudaStreamDestroy(s);
 }
 
-// From a review: close() while another thread's copy is between its reached
-// write and its gate's wait (its head call held) neither crashes nor leaves
-// that stream waiting.
+// close() while another thread's copy is between its reached write and its
+// gate's wait (its head call held) neither crashes nor leaves that stream
+// waiting.
 TEST_F(MultipathSim, CloseWhileACopyIsBeingEnqueued) {
   MultipathOptions o = options({0, 1});
   o.head_bytes = 4 * MiB;
