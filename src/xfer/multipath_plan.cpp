@@ -84,18 +84,27 @@ int own_link(const std::vector<int>& link_devices, int device) {
 }
 
 MultipathScheduler::MultipathScheduler(int links, MultipathPolicy policy)
-    : policy_(std::move(policy)), est_(links), waiting_bytes_(links, 0), waiting_(links), flight_(links) {
+    : policy_(std::move(policy)),
+      est_(links),
+      waiting_bytes_(links, 0),
+      waiting_(links),
+      flight_(links),
+      seen_(links, std::vector<double>(kLanes, -std::numeric_limits<double>::infinity())),
+      probing_(links, std::vector<bool>(kLanes, false)),
+      probe_sent_(links, std::vector<double>(kLanes, 0.0)) {
   FERRY_ARG_CHECK(links >= 1, "links must be at least 1");
   FERRY_ARG_CHECK(policy_.outstanding >= 1, "outstanding must be at least 1");
   FERRY_ARG_CHECK(policy_.may_relay.empty() || static_cast<int>(policy_.may_relay.size()) == links,
                   "may_relay must name every link or none");
 }
 
-int MultipathScheduler::add(int target, const std::vector<Chunk>& chunks) {
+int MultipathScheduler::add(int target, const std::vector<Chunk>& chunks, int lane) {
   FERRY_ARG_CHECK(target >= 0 && target < links(),
                   "target is " + std::to_string(target) + "; expected a GPU 0.." + std::to_string(links() - 1));
+  FERRY_ARG_CHECK(lane >= 0 && lane < kLanes, "lane is " + std::to_string(lane) + "; expected 0 or 1");
   const int id = static_cast<int>(target_of_.size());
   target_of_.push_back(target);
+  lane_of_.push_back(lane);
   remaining_.push_back(chunks.size());
   for (const Chunk& c : chunks) {
     waiting_[target].push_back(Queued{id, c});
@@ -143,7 +152,7 @@ bool MultipathScheduler::lands_in_time(int link, int target, size_t bytes, doubl
   double rate = 0, backlog = static_cast<double>(waiting_bytes_[target]);
   double one = std::numeric_limits<double>::infinity();
   for (int j = 0; j < links(); ++j) {
-    if (j == link || pick(j) != target) continue;
+    if (j == link || pick(j, now) != target) continue;
     if (est_[j].s_per_byte() <= 0) return true;
     const double flying = static_cast<double>(flight_bytes(j));
     rate += 1.0 / est_[j].s_per_byte();
@@ -155,16 +164,23 @@ bool MultipathScheduler::lands_in_time(int link, int target, size_t bytes, doubl
   return mine <= std::max(backlog / rate, one);
 }
 
-int MultipathScheduler::pick(int link) const {
+bool MultipathScheduler::clear(int link, int lane, double now) const {
+  if (!policy_.probe || now - seen_[link][lane] <= kClearS) return true;
+  for (const Assignment& a : flight_[link])
+    if (lane_of_[a.transfer] == lane) return true;
+  return false;
+}
+
+int MultipathScheduler::pick(int link, double now) const {
   int from = -1;
   const bool relays = policy_.may_relay.empty() || policy_.may_relay[link];
-  if (!waiting_[link].empty() && (policy_.own_link_first || !relays)) {
+  if (usable(link, link, now) && (policy_.own_link_first || !relays)) {
     from = link;  // its own GPU's transfer first (a link that may not relay carries only those)
   } else if (relays) {
     // A relay: from the longest queue (fewest chunks left over for the other
     // links to relay), or the first target in order.
     for (int t = 0; t < links(); ++t) {
-      if (waiting_[t].empty()) continue;
+      if (!usable(link, t, now)) continue;
       if (from < 0 ||
           (policy_.pick == MultipathPolicy::Pick::kLongestQueue && waiting_[t].size() > waiting_[from].size()))
         from = t;
@@ -176,7 +192,7 @@ int MultipathScheduler::pick(int link) const {
 
 bool MultipathScheduler::next(int link, Assignment* out, double now) {
   if (static_cast<int>(flight_.at(link).size()) >= policy_.outstanding) return false;
-  const int from = pick(link);
+  const int from = pick(link, now);
   if (from < 0) return false;
   if (!lands_in_time(link, from, waiting_[from].front().chunk.bytes, now)) return false;
   Queued q = waiting_[from].front();
@@ -192,10 +208,42 @@ bool MultipathScheduler::next(int link, Assignment* out, double now) {
   return true;
 }
 
-void MultipathScheduler::complete(int link) {
+void MultipathScheduler::complete(int link, double now) {
   FERRY_ARG_CHECK(!flight_.at(link).empty(), "complete: link " + std::to_string(link) + " has nothing in flight");
-  --remaining_[flight_[link].front().transfer];
+  const int transfer = flight_[link].front().transfer;
+  --remaining_[transfer];
+  double& seen = seen_[link][lane_of_[transfer]];
+  seen = std::max(seen, now);
   flight_[link].pop_front();
+}
+
+int MultipathScheduler::start_probe(int link, double now) {
+  if (!policy_.probe || static_cast<int>(flight_.at(link).size()) >= policy_.outstanding) return -1;
+  const bool relays = policy_.may_relay.empty() || policy_.may_relay[link];
+  for (int t = 0; t < links(); ++t) {
+    if (waiting_[t].empty() || (t != link && !relays)) continue;
+    const int lane = lane_of_[waiting_[t].front().transfer];
+    if (clear(link, lane, now) || probing_[link][lane]) continue;
+    probing_[link][lane] = true;
+    probe_sent_[link][lane] = now;
+    return lane;
+  }
+  return -1;
+}
+
+void MultipathScheduler::probe_landed(int link, int lane, double now) {
+  FERRY_ARG_CHECK(probing_.at(link).at(lane), "probe_landed: no probe out on that link and lane");
+  probing_[link][lane] = false;
+  // A late probe waited behind foreign copies: the next chunk may wait behind
+  // more of them, so the lane stays unclear and start_probe() sends another.
+  if (now - probe_sent_[link][lane] <= kPromptS) seen_[link][lane] = std::max(seen_[link][lane], now);
+}
+
+void MultipathScheduler::forget_transfers() {
+  FERRY_ARG_CHECK(idle(), "forget_transfers: chunks are still waiting or in flight");
+  target_of_.clear();
+  lane_of_.clear();
+  remaining_.clear();
 }
 
 void MultipathScheduler::give_back(int link) {
@@ -204,8 +252,12 @@ void MultipathScheduler::give_back(int link) {
   flight_[link].pop_back();
   waiting_[a.target].push_front(Queued{a.transfer, a.chunk});
   waiting_bytes_[a.target] += a.chunk.bytes;
+  stop_relaying(link);
+}
+
+void MultipathScheduler::stop_relaying(int link) {
   if (policy_.may_relay.empty()) policy_.may_relay.assign(links(), true);
-  policy_.may_relay[link] = false;
+  policy_.may_relay.at(link) = false;
 }
 
 bool MultipathScheduler::idle() const {
@@ -275,12 +327,19 @@ std::vector<SimResult> simulate_processes(const std::vector<LinkModel>& links,
   const double never = std::numeric_limits<double>::infinity();
   std::vector<std::deque<Held>> queue(n);
   std::vector<double> head_done(n, never), free_at(n, 0.0);
+  // A probe: a few bytes on the link, landing after the foreign copy's wait
+  // (not after other processes' chunks), by process, link and lane.
+  constexpr double kProbeLatencyS = 5e-6;
+  std::vector<std::vector<std::vector<double>>> probe_done(
+      procs, std::vector<std::vector<double>>(n, std::vector<double>(MultipathScheduler::kLanes, never)));
   auto start_head = [&](int l, double now) {
     if (!queue[l].empty() && head_done[l] == never)
       head_done[l] =
           serve_until(links[l], std::max(now, free_at[l]), static_cast<double>(queue[l].front().a.chunk.bytes));
   };
   auto refill = [&](size_t p, int l, double now) {
+    for (int lane; (lane = sched[p].start_probe(l, now)) >= 0;)
+      probe_done[p][l][lane] = serve_until(links[l], now, 8.0) + kProbeLatencyS;
     Assignment a;
     while (sched[p].next(l, &a, now)) queue[l].push_back(Held{p, a, now});
     start_head(l, now);
@@ -291,11 +350,25 @@ std::vector<SimResult> simulate_processes(const std::vector<LinkModel>& links,
     int l = -1;
     for (int i = 0; i < n; ++i)
       if (!queue[i].empty() && (l < 0 || head_done[i] < head_done[l])) l = i;
+    // A probe that lands before the next chunk: its link may take chunks.
+    size_t pp = 0;
+    int pl = -1, plane = -1;
+    for (size_t p = 0; p < procs; ++p)
+      for (int i = 0; i < n; ++i)
+        for (int k = 0; k < MultipathScheduler::kLanes; ++k)
+          if (probe_done[p][i][k] < (pl < 0 ? never : probe_done[pp][pl][plane])) pp = p, pl = i, plane = k;
+    if (pl >= 0 && (l < 0 || probe_done[pp][pl][plane] < head_done[l])) {
+      const double now = probe_done[pp][pl][plane];
+      probe_done[pp][pl][plane] = never;
+      sched[pp].probe_landed(pl, plane, now);
+      for (int i = 0; i < n; ++i) refill(pp, (pl + i) % n, now);
+      continue;
+    }
     if (l < 0) break;
     const double now = head_done[l];
     const Held h = queue[l].front();
     queue[l].pop_front();
-    sched[h.process].complete(l);
+    sched[h.process].complete(l, now);
     sched[h.process].observe(l, h.a.chunk.bytes, now - std::max(h.given, free_at[l]), now);
     SimResult& res = r[h.process];
     res.bytes_by_link[l] += h.a.chunk.bytes;

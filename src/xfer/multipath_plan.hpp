@@ -15,6 +15,17 @@
 // a chunk only where it would land no later than the other links would
 // finish the rest of that transfer with it (earliest finish); an estimate
 // older than kProbeAfterS lets an idle link try again.
+//
+// Earliest finish still lets the first chunk onto a held link, and a copy is
+// only as early as its last chunk. A GPU's copy engine serves its host-to-GPU
+// copies first in, first out across every stream (priority and hardware
+// queues make no difference), and its GPU-to-host copies the same, beside
+// them: a chunk waits behind every foreign copy queued on its direction
+// before it. So a link that has been idle in a direction (a lane) for
+// kClearS first sends a probe (kMultipathProbeBytes, not part of any copy) there, and
+// takes chunks in that lane only once a probe landed within kPromptS; a late
+// one (foreign copies were queued) is followed by another, and the copy goes
+// over the other links meanwhile.
 #pragma once
 
 #include <cstddef>
@@ -27,6 +38,12 @@
 
 namespace ferry {
 namespace xfer {
+
+// A probe's size. Host-to-GPU copies of 4 KiB and less skip the copy
+// engine's queue (the driver writes their bytes into the command stream), so
+// a probe that small would land at once behind any queue; from 64 KiB they
+// wait in it, as do GPU-to-host copies of every size (measured on H200).
+constexpr size_t kMultipathProbeBytes = size_t{64} << 10;
 
 struct Chunk {
   size_t offset = 0;  // in the transfer
@@ -79,6 +96,7 @@ struct MultipathPolicy {
   std::vector<bool> may_relay;  // by link; empty: every link may relay
   enum class Pick { kLongestQueue, kInOrder } pick = Pick::kLongestQueue;
   bool earliest_finish = true;  // a link declines a chunk it would land after the others finish (see above)
+  bool probe = true;            // a link idle in a lane probes it before it takes chunks there (see above)
 };
 
 // One chunk given to a link: the transfer's target GPU and whether it relays.
@@ -108,15 +126,33 @@ class MultipathScheduler {
     double s_per_byte() const { return bytes > 0 ? seconds / bytes : 0; }  // 0: not measured
   };
   static constexpr double kProbeAfterS = 0.1;
+  // Lanes: 0, copies into a GPU; 1, copies out of one. A lane is clear on a
+  // link while chunks of it are in flight there, or for kClearS after one of
+  // its chunks or prompt probes landed. A probe alone takes about 10 us; one
+  // foreign 4 MB command, about 80.
+  static constexpr int kLanes = 2;
+  static constexpr double kClearS = 1e-3;
+  static constexpr double kPromptS = 100e-6;
 
-  // Queues a transfer to or from `target`'s memory; returns its id.
-  int add(int target, const std::vector<Chunk>& chunks);
+  // Queues a transfer to or from `target`'s memory in `lane`; returns its id.
+  int add(int target, const std::vector<Chunk>& chunks, int lane = 0);
   // The next chunk for `link` (at time `now`, seconds) if its outstanding
-  // queue has room, a transfer may use it, and it would not be the transfer's
-  // straggler; the link's queue then holds it until complete().
+  // queue has room, a transfer in a lane clear there may use it, and it would
+  // not be the transfer's straggler; the link's queue then holds it until
+  // complete().
   bool next(int link, Assignment* out, double now = 0);
-  // The oldest chunk in flight on `link` landed.
-  void complete(int link);
+  // The lane `link` should probe now (it would take chunks there but the lane
+  // is not clear, and no probe is out), marked as probing; or -1. The caller
+  // sends the probe and reports probe_landed().
+  int start_probe(int link, double now);
+  void probe_landed(int link, int lane, double now);
+  bool probing(int link, int lane) const { return probing_.at(link)[lane]; }
+  double probe_sent(int link, int lane) const { return probe_sent_.at(link)[lane]; }
+  // The oldest chunk in flight on `link` landed (seen at `now`).
+  void complete(int link, double now = 0);
+  // When idle: forgets the transfers so far (ids start from 0 again); the
+  // links' speeds and lanes, and the relays given up on, stay.
+  void forget_transfers();
   // `link` served `bytes` in `seconds` (from when it could start on them to
   // when they landed), observed at `now`.
   void observe(int link, size_t bytes, double seconds, double now);
@@ -126,6 +162,9 @@ class MultipathScheduler {
   // failing): it goes back to the front of its queue, and `link` relays
   // nothing more (it still carries its own GPU's chunks if it may).
   void give_back(int link);
+  // `link` relays nothing more (it failed to take work).
+  void stop_relaying(int link);
+  bool waiting(int target) const { return !waiting_.at(target).empty(); }
 
   int in_flight(int link) const { return static_cast<int>(flight_.at(link).size()); }
   bool done(int transfer) const { return remaining_.at(transfer) == 0; }
@@ -138,17 +177,26 @@ class MultipathScheduler {
     int transfer;
     Chunk chunk;
   };
-  int pick(int link) const;  // the queue `link` would take from next, or -1
+  int pick(int link, double now) const;  // the queue `link` would take from next, or -1
   bool lands_in_time(int link, int target, size_t bytes, double now) const;
   size_t flight_bytes(int link) const;
+  bool clear(int link, int lane, double now) const;
+  // `target`'s queue has a chunk whose lane is clear on `link`.
+  bool usable(int link, int target, double now) const {
+    return !waiting_[target].empty() && clear(link, lane_of_[waiting_[target].front().transfer], now);
+  }
 
   MultipathPolicy policy_;
-  std::vector<Estimate> est_;                   // by link
-  std::vector<size_t> waiting_bytes_;           // by target GPU
-  std::vector<std::deque<Queued>> waiting_;     // by target GPU
-  std::vector<std::deque<Assignment>> flight_;  // by link
-  std::vector<int> target_of_;                  // by transfer
-  std::vector<size_t> remaining_;               // chunks not yet landed, by transfer
+  std::vector<Estimate> est_;                    // by link
+  std::vector<size_t> waiting_bytes_;            // by target GPU
+  std::vector<std::deque<Queued>> waiting_;      // by target GPU
+  std::vector<std::deque<Assignment>> flight_;   // by link
+  std::vector<int> target_of_;                   // by transfer
+  std::vector<int> lane_of_;                     // by transfer
+  std::vector<std::vector<double>> seen_;        // by link and lane: when a chunk or probe last landed there
+  std::vector<std::vector<bool>> probing_;       // by link and lane: a probe is out
+  std::vector<std::vector<double>> probe_sent_;  // by link and lane: when it was sent
+  std::vector<size_t> remaining_;                // chunks not yet landed, by transfer
 };
 
 // ---- a model of the links, for the tests and for choosing chunk sizes

@@ -19,6 +19,13 @@ constexpr size_t kGiB = size_t(1) << 30;
 
 std::vector<LinkModel> equal_links(int n, double gbps = 55) { return std::vector<LinkModel>(n, LinkModel{gbps * 1e9}); }
 
+// The scheduler's other rules, with every lane clear from the start.
+MultipathPolicy unprobed() {
+  MultipathPolicy p;
+  p.probe = false;
+  return p;
+}
+
 }  // namespace
 
 TEST(MultipathChoice, PlainCopyWithTheReason) {
@@ -44,8 +51,7 @@ TEST(MultipathChunks, CoverTheCopyInOrder) {
 }
 
 TEST(MultipathScheduler, BoundedOutstandingOwnLinkFirstThenTheLongestQueue) {
-  MultipathPolicy p;
-  MultipathScheduler s(3, p);
+  MultipathScheduler s(3, unprobed());
   const int a = s.add(0, split_chunks(4 * kMiB, kMiB));  // 4 chunks for GPU 0
   const int b = s.add(1, split_chunks(kMiB, kMiB));      // 1 chunk for GPU 1
   Assignment x;
@@ -72,7 +78,7 @@ TEST(MultipathScheduler, BoundedOutstandingOwnLinkFirstThenTheLongestQueue) {
 }
 
 TEST(MultipathScheduler, LinksThatMayNotRelayCarryOnlyTheirOwn) {
-  MultipathPolicy p;
+  MultipathPolicy p = unprobed();
   p.may_relay = {true, false};
   MultipathScheduler s(2, p);
   s.add(0, split_chunks(3 * kMiB, kMiB));
@@ -212,8 +218,7 @@ TEST(MultipathChunkSize, EveryLinksQueueGetsAChunkWithinTheBounds) {
 }
 
 TEST(MultipathScheduler, AChunkGivenBackGoesToTheOtherLinksAndTheLinkRelaysNoMore) {
-  MultipathPolicy policy;
-  MultipathScheduler s(3, policy);
+  MultipathScheduler s(3, unprobed());
   const int t = s.add(0, split_chunks(6, 1));
   Assignment a;
   ASSERT_TRUE(s.next(1, &a));  // a relay takes chunk 0
@@ -239,7 +244,8 @@ TEST(MultipathScheduler, AChunkGivenBackGoesToTheOtherLinksAndTheLinkRelaysNoMor
 // chunk on the target's link wait milliseconds (busy_wait_s), and a stream
 // of copies, each waiting for its slowest chunk, goes no faster than a plain
 // copy. With the links' measured speed the target's own link stops taking
-// chunks it would land last.
+// chunks it would land last, after the first; with probes it takes none, and
+// the copies go at the relay's speed.
 TEST(MultipathBalance, AForeignCopyThatHoldsTheEngineFirst) {
   auto links = equal_links(2);
   links[0].busy_from = 0;
@@ -247,8 +253,9 @@ TEST(MultipathBalance, AForeignCopyThatHoldsTheEngineFirst) {
   links[0].busy_wait_s = 0.01;
   links[0].busy_share = 0.5;
   const std::vector<SimTransfer> copies(8, SimTransfer{0, 256 * kMiB});
-  MultipathPolicy measured, blind;
+  MultipathPolicy measured = unprobed(), blind = unprobed();
   blind.earliest_finish = false;
+  const auto probed = simulate(links, copies, 8 * kMiB, MultipathPolicy{}, 0.0, true);
   const auto with = simulate(links, copies, 8 * kMiB, measured, 0.0, true);
   const auto without = simulate(links, copies, 8 * kMiB, blind, 0.0, true);
   const double relay_alone = 8.0 * 256 * kMiB / 55e9;
@@ -258,6 +265,9 @@ TEST(MultipathBalance, AForeignCopyThatHoldsTheEngineFirst) {
   EXPECT_LT(with.seconds, relay_alone + 3 * 0.0105) << with.seconds;
   EXPECT_LT(with.seconds, 0.6 * without.seconds);
   EXPECT_GT(with.bytes_by_link[1], 6 * with.bytes_by_link[0]);
+  // Probed: no chunk waits behind the foreign copy.
+  EXPECT_LT(probed.seconds, relay_alone + 1e-4) << probed.seconds;
+  EXPECT_EQ(probed.bytes_by_link[0], 0u);
 }
 
 // Once the foreign copy is gone the own link's old estimate ages out: an idle
@@ -278,7 +288,7 @@ TEST(MultipathBalance, AHeldLinkIsTriedAgainOnceItsEstimateIsOld) {
 // takes it (none declines for good), across link counts.
 TEST(MultipathScheduler, EarliestFinishNeverLeavesAChunkBehind) {
   for (int n : {2, 3, 4, 8}) {
-    MultipathScheduler s(n, MultipathPolicy{});
+    MultipathScheduler s(n, unprobed());
     for (int l = 0; l < n; ++l) s.observe(l, 8 * kMiB, 8 * kMiB / 55e9, 0.0);
     s.add(n - 1, split_chunks(8 * kMiB, 8 * kMiB));
     Assignment a;
@@ -288,7 +298,7 @@ TEST(MultipathScheduler, EarliestFinishNeverLeavesAChunkBehind) {
   }
   // A slow link declines while a fast one can finish sooner, and takes the
   // chunk when it is the only link that may carry it.
-  MultipathPolicy only_own;
+  MultipathPolicy only_own = unprobed();
   only_own.may_relay = {false, false};
   MultipathScheduler alone(2, only_own);
   alone.observe(0, 8 * kMiB, 1.0, 0.0);
@@ -296,7 +306,7 @@ TEST(MultipathScheduler, EarliestFinishNeverLeavesAChunkBehind) {
   alone.add(0, split_chunks(16 * kMiB, 8 * kMiB));
   Assignment a;
   EXPECT_TRUE(alone.next(0, &a, 0.001));
-  MultipathScheduler both(2, MultipathPolicy{});
+  MultipathScheduler both(2, unprobed());
   both.observe(0, 8 * kMiB, 1.0, 0.0);
   both.observe(1, 8 * kMiB, 0.001, 0.0);
   both.add(0, split_chunks(32 * kMiB, 8 * kMiB));
@@ -311,7 +321,7 @@ TEST(MultipathScheduler, EarliestFinishNeverLeavesAChunkBehind) {
 // sample. The estimate counts the pair as the slow link it is; after a quiet
 // spell a fresh sample replaces it.
 TEST(MultipathScheduler, ABurstCountsAsTheSlowLinkItIs) {
-  MultipathScheduler s(2, MultipathPolicy{});
+  MultipathScheduler s(2, unprobed());
   const size_t chunk = 8 * kMiB;
   const double clean = chunk / 55e9;
   s.observe(1, chunk, clean, 0.000);
@@ -348,4 +358,62 @@ TEST(MultipathHead, AtMostTheKnobAndTheTargetLinksShareIn64KiBSteps) {
   EXPECT_EQ(multipath_head_bytes(2 * kMiB, 3, 3 * kMiB), (2 * kMiB / 3) / (64 << 10) * (64 << 10));
   EXPECT_EQ(multipath_head_bytes(24 * kMiB, 3, 0), 0u);
   EXPECT_EQ(multipath_head_bytes(100, 2, 3 * kMiB), 0u);
+}
+
+// A link idle in a lane takes chunks there only after a probe landed
+// promptly; the other lane is judged on its own.
+TEST(MultipathProbe, ALaneIsClearOnlyAfterAPromptProbe) {
+  MultipathScheduler s(2, MultipathPolicy{});
+  const int in = s.add(0, split_chunks(4 * kMiB, kMiB), 0);
+  Assignment a;
+  EXPECT_FALSE(s.next(0, &a, 0.0)) << "an unprobed lane took a chunk";
+  EXPECT_EQ(s.start_probe(0, 0.0), 0);
+  EXPECT_EQ(s.start_probe(0, 0.0), -1) << "a second probe while one is out";
+  EXPECT_TRUE(s.probing(0, 0));
+  s.probe_landed(0, 0, 20e-6);
+  ASSERT_TRUE(s.next(0, &a, 20e-6));
+  EXPECT_EQ(a.transfer, in);
+  EXPECT_EQ(s.start_probe(0, 20e-6), -1) << "a clear lane probed";
+  // Link 1 relays only once its own probe landed.
+  EXPECT_FALSE(s.next(1, &a, 20e-6));
+  EXPECT_EQ(s.start_probe(1, 20e-6), 0);
+  s.probe_landed(1, 0, 40e-6);
+  EXPECT_TRUE(s.next(1, &a, 40e-6));
+  EXPECT_TRUE(a.relay());
+  // Copies out of GPU 1: lane 1, not probed on either link yet.
+  MultipathScheduler out(2, MultipathPolicy{});
+  out.add(1, split_chunks(2 * kMiB, kMiB), 0);
+  out.add(1, split_chunks(2 * kMiB, kMiB), 1);
+  EXPECT_EQ(out.start_probe(1, 0.0), 0);
+  out.probe_landed(1, 0, 10e-6);
+  EXPECT_TRUE(out.next(1, &a, 10e-6));
+  EXPECT_TRUE(out.next(1, &a, 10e-6));
+  out.complete(1, 30e-6);
+  out.complete(1, 50e-6);
+  EXPECT_FALSE(out.next(1, &a, 60e-6)) << "lane 1 took a chunk on lane 0's probe";
+  EXPECT_EQ(out.start_probe(1, 60e-6), 1);
+}
+
+// A late probe waited behind foreign copies: the lane stays out and probes
+// again until one is prompt. A clear lane lapses kClearS after its last landing.
+TEST(MultipathProbe, ALateProbeKeepsTheLaneOutAndAClearLaneLapses) {
+  MultipathScheduler s(1, MultipathPolicy{});
+  s.add(0, split_chunks(8 * kMiB, kMiB), 0);
+  Assignment a;
+  ASSERT_EQ(s.start_probe(0, 0.0), 0);
+  s.probe_landed(0, 0, 0.005);
+  EXPECT_FALSE(s.next(0, &a, 0.005));
+  ASSERT_EQ(s.start_probe(0, 0.005), 0);
+  s.probe_landed(0, 0, 0.005 + 30e-6);
+  ASSERT_TRUE(s.next(0, &a, 0.00503));
+  ASSERT_TRUE(s.next(0, &a, 0.00503));
+  s.complete(0, 0.0051);
+  EXPECT_TRUE(s.next(0, &a, 0.0052)) << "in flight: clear";
+  s.complete(0, 0.0053);
+  s.complete(0, 0.0054);
+  EXPECT_TRUE(s.next(0, &a, 0.0054 + MultipathScheduler::kClearS / 2));
+  s.complete(0, 0.0060);
+  EXPECT_FALSE(s.next(0, &a, 0.0060 + 2 * MultipathScheduler::kClearS)) << "idle past kClearS: unprobed";
+  EXPECT_EQ(s.start_probe(0, 0.0080), 0);
+  EXPECT_THROW(s.probe_landed(0, 1, 0.009), ferry::Error);
 }
