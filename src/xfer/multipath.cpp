@@ -19,7 +19,8 @@ namespace xfer {
 
 namespace {
 
-constexpr double kWarmS = 10.0;  // bound on the links' first copies
+constexpr double kWarmS = 10.0;     // bound on the links' first copies
+constexpr size_t kFirstBytes = 64;  // scratch for the links' first copies, before the probes' bytes
 
 std::string dev_name(int d) { return "cuda:" + std::to_string(d); }
 
@@ -81,6 +82,10 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
         FERRY_CUDA_CHECK(e);
     }
 
+  // Pinned, as the copies' host side is: the links' first copies and probes.
+  FERRY_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_scratch_),
+                                 kFirstBytes + 2 * static_cast<size_t>(n) * kMultipathProbeBytes,
+                                 cudaHostAllocPortable));
   link_.resize(n);
   for (int i = 0; i < n; ++i) {
     Link& L = link_[i];
@@ -100,6 +105,8 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
       FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&L.hop[s], cudaEventDisableTiming));
       FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&L.landed[s], cudaEventDisableTiming));
     }
+    for (auto& e : L.probe) FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    FERRY_CUDA_CHECK(cudaMalloc(&L.scratch, kFirstBytes + kMultipathProbeBytes));
     // Staging only where the link may relay; a GPU short of memory relays
     // nothing, and the copy runs over fewer links.
     if (!policy_.may_relay[i]) continue;
@@ -132,12 +139,7 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
 // device while a caller's stream is held by a gate, it waits for good.
 void MultipathEngine::warm_links() {
   try {
-    uint64_t* host = nullptr;  // pinned, as the copies' host side is
-    FERRY_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host), 64, cudaHostAllocPortable));
-    for (Link& L : link_) {
-      DeviceScope on(L.device);
-      FERRY_CUDA_CHECK(cudaMalloc(&L.scratch, 64));
-    }
+    uint64_t* host = host_scratch_;
     // The kinds of copy the engine makes: host to GPU and back on each link's
     // host stream, and GPU to GPU on its NVLink stream (to the next link's
     // GPU, as a relay's hop; to itself where there is one GPU).
@@ -151,9 +153,7 @@ void MultipathEngine::warm_links() {
       FERRY_CUDA_CHECK(
           cudaMemcpyAsync(static_cast<char*>(peer.scratch) + 32, mine + 48, 8, cudaMemcpyDefault, L.nvlink));
     }
-    if (links_idle(std::min(timeout_s_, kWarmS)))
-      cudaFreeHost(host);
-    else  // a copy may still write it: kept
+    if (!links_idle(std::min(timeout_s_, kWarmS)))
       debug_log("multipath: the links' first copies did not finish in time");
   } catch (const std::exception& e) {
     debug_log(std::string("multipath: the links' first copies failed: ") + e.what());
@@ -201,11 +201,14 @@ void MultipathEngine::close() {
     for (char* p : L.staging) cudaFree(p);
     for (auto e : L.hop) cudaEventDestroy(e);
     for (auto e : L.landed) cudaEventDestroy(e);
+    for (auto e : L.probe) cudaEventDestroy(e);
     if (L.scratch) cudaFree(L.scratch);
     cudaStreamDestroy(L.host);
     cudaStreamDestroy(L.nvlink);
   }
   link_.clear();
+  cudaFreeHost(host_scratch_);
+  host_scratch_ = nullptr;
 }
 
 bool MultipathEngine::links_idle(double limit_s) {
@@ -431,6 +434,34 @@ void MultipathEngine::submit(Transfer& t, const Assignment& a) {
   L.flight.push_back(Link::InFlight{t.id, n, slot, steady_seconds()});
 }
 
+// kMultipathProbeBytes over `l`'s host link in `lane`'s direction, on the
+// stream its chunks of that direction cross the link on: it lands once every
+// copy queued before it in that direction on that GPU, from any stream, has.
+void MultipathEngine::probe(int l, int lane) {
+  Link& L = link_[l];
+  DeviceScope on(L.device);
+  char* host = reinterpret_cast<char*>(host_scratch_) + kFirstBytes + (2 * l + lane) * kMultipathProbeBytes;
+  char* dev = static_cast<char*>(L.scratch) + kFirstBytes;
+  const size_t n = kMultipathProbeBytes;
+  cudaError_t e = lane == 0 ? cudaMemcpyAsync(dev, host, n, cudaMemcpyDefault, L.host)
+                            : cudaMemcpyAsync(host, dev, n, cudaMemcpyDefault, L.host);
+  if (e == cudaSuccess) e = cudaEventRecord(L.probe[lane], L.host);
+  if (e == cudaSuccess) return;
+  // As a chunk that a link cannot take: an error of the copy on the target's
+  // own link, and otherwise the link relays no more. Its lane stays probing:
+  // it takes nothing there again.
+  cudaGetLastError();
+  const std::string why = std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")";
+  if (sched_->waiting(l))
+    throw_error(FERRY_ERROR_CUDA, "multipath: the link of " + dev_name(L.device) + " failed: " + why);
+  sched_->stop_relaying(l);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    policy_.may_relay[l] = false;
+  }
+  debug_log("multipath: " + dev_name(L.device) + " relays no more: " + why + "; copies go over the other links");
+}
+
 // Every chunk of `t` landed: its stream goes on.
 void MultipathEngine::land(Transfer& t) {
   {
@@ -570,26 +601,41 @@ void MultipathEngine::run() {
           ++it;
           continue;
         }
-        // Renewed when idle (ids stay small), keeping the relays given up on.
-        if (sched->idle() && active.empty()) {
-          auto renewed = std::make_unique<MultipathScheduler>(n, sched->policy());
-          renewed->set_estimates(sched->estimates());  // the links' speeds outlive it
-          sched = std::move(renewed);
-        }
-        it->sched = sched->add(it->target, split_chunks(it->bytes, it->chunk));
+        if (sched->idle() && active.empty()) sched->forget_transfers();  // ids stay small
+        it->sched = sched->add(it->target, split_chunks(it->bytes, it->chunk), it->to_device ? 0 : 1);
         it->deadline = t_now + timeout_s_;
         active.push_back(*it);
         it = pending.erase(it);
         progress = true;
       }
-      // Feed: every link with room takes its next chunk.
+      // Feed: every link with room takes its next chunk; one idle in the
+      // copy's direction probes it first.
       for (int l = 0; l < n; ++l) {
+        for (int lane; !halted_ && (lane = sched->start_probe(l, t_now)) >= 0;) probe(l, lane);
         Assignment a;
         while (!halted_ && sched->next(l, &a, t_now)) submit(by_sched(a.transfer), a);
       }
-      // Retire what landed, oldest first on each link.
+      // Retire what landed, oldest first on each link, and the probes.
       for (int l = 0; l < n; ++l) {
         Link& L = link_[l];
+        for (int lane = 0; lane < MultipathScheduler::kLanes; ++lane) {
+          if (!sched->probing(l, lane)) continue;
+          const cudaError_t q = cudaEventQuery(L.probe[lane]);
+          if (q == cudaErrorNotReady) continue;
+          if (q != cudaSuccess) {
+            cudaGetLastError();
+            throw_error(FERRY_ERROR_CUDA, std::string("multipath: a probe on the link of ") + dev_name(L.device) +
+                                              " failed: " + cudaGetErrorName(q) + " (" + cudaGetErrorString(q) + ")");
+          }
+          const double seen = steady_seconds();
+          const double waited = seen - sched->probe_sent(l, lane);
+          if (waited > MultipathScheduler::kPromptS && debug_enabled())
+            debug_log("multipath: a probe " + std::string(lane == 0 ? "into " : "out of ") + dev_name(L.device) +
+                      " landed after " + std::to_string(static_cast<long>(waited * 1e6)) +
+                      " us (copies queued there first): that link takes no chunk that way until one is prompt");
+          sched->probe_landed(l, lane, seen);
+          progress = true;
+        }
         while (!L.flight.empty()) {
           const cudaError_t q = cudaEventQuery(L.landed[L.flight.front().slot]);
           if (q == cudaErrorNotReady) break;
@@ -606,7 +652,7 @@ void MultipathEngine::run() {
           L.last_landed = seen;
           bytes_[l] += f.bytes;
           L.flight.pop_front();
-          sched->complete(l);
+          sched->complete(l, seen);
           progress = true;
         }
       }
@@ -635,7 +681,10 @@ void MultipathEngine::run() {
       fail_and_release(e.what(), pending, active);
       continue;
     }
-    if (in_flight()) {
+    bool probes = false;
+    for (int l = 0; l < n; ++l)
+      for (int lane = 0; lane < MultipathScheduler::kLanes; ++lane) probes = probes || sched->probing(l, lane);
+    if (in_flight() || (probes && !active.empty())) {
       idle_us = 5;
       std::this_thread::sleep_for(std::chrono::microseconds(5));
     } else if (!pending.empty()) {

@@ -3,12 +3,13 @@
 // link, or over a relay GPU r's link into a staging buffer on r and on to t
 // over NVLink (device to host: the reverse). Copy engines only, no kernel.
 //
-// Stream order without an SM: the chunks' streams wait on an event recorded
-// on the caller's stream (the copy starts when the stream gets there), and the
-// caller's stream waits on a gate word (src/sync/gate.hpp) that the engine's
-// thread opens once the last chunk landed. Between the two, the thread feeds
-// the links by back-pressure (MultipathScheduler, multipath_plan.hpp): a link
-// takes a chunk when its outstanding queue has room.
+// Stream order without an SM: the caller's stream writes a word as it gets
+// to the copy (the engine's thread reads it, with no CUDA call) and then waits
+// on a gate word (src/sync/gate.hpp) that the thread opens once the last chunk
+// landed. Between the two, the thread feeds the links by back-pressure
+// (MultipathScheduler, multipath_plan.hpp): a link takes a chunk when its
+// outstanding queue has room, its measured speed would not make the chunk the
+// copy's last, and a probe found no foreign copies queued in its direction.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -148,7 +149,8 @@ class MultipathEngine {
     std::vector<char*> staging;     // one per outstanding chunk
     std::vector<cudaEvent_t> hop;   // a relay's first hop done, per slot
     std::vector<cudaEvent_t> landed;
-    void* scratch = nullptr;  // 64 bytes for the streams' first copies
+    void* scratch = nullptr;                             // 64 bytes for the streams' first copies and the probes
+    cudaEvent_t probe[MultipathScheduler::kLanes] = {};  // a probe landed, by lane
     struct InFlight {
       uint64_t transfer;
       size_t bytes;
@@ -165,6 +167,7 @@ class MultipathEngine {
   void watch();
   void open_every_gate();  // under mu_
   void submit(Transfer& t, const Assignment& a);
+  void probe(int link, int lane);
   void land(Transfer& t);
   bool links_idle(double limit_s);
   void fail_and_release(const std::string& message, std::deque<Transfer>& pending, std::deque<Transfer>& active);
@@ -177,6 +180,7 @@ class MultipathEngine {
   double timeout_s_ = 0;
   MultipathPolicy policy_;
   std::vector<Link> link_;
+  uint64_t* host_scratch_ = nullptr;           // pinned: 8 words for the first copies, then 2 per link for probes
   std::deque<StreamGate> gates_;               // a deque: transfers point at its elements
   std::unique_ptr<MultipathScheduler> sched_;  // the engine's thread's only
 

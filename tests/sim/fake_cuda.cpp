@@ -316,7 +316,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   if (f.fail_on_device == st->device) return fail(cudaErrorLaunchFailure);
-  const bool hang = f.hang_on_device == st->device;
+  const bool hang = f.hang_on_device == st->device && n >= f.hang_from_bytes;
   st->push([dst, src, n, bps, hang] {
     if (hang) {
       while (true) std::this_thread::sleep_for(std::chrono::seconds(1));

@@ -1,11 +1,14 @@
 // Controls of the fake CUDA runtime (fake_cuda.cpp) for the simulation tests.
 #pragma once
 
+#include <cstddef>
+
 namespace sim {
 
 struct Faults {
-  int fail_on_device = -1;  // cudaMemcpyAsync on a stream of this device fails at once
-  int hang_on_device = -1;  // copies on a stream of this device never finish
+  int fail_on_device = -1;     // cudaMemcpyAsync on a stream of this device fails at once
+  int hang_on_device = -1;     // copies on a stream of this device never finish
+  size_t hang_from_bytes = 0;  // ... those of at least this many bytes (above kMultipathProbeBytes: not the probes)
   // cudaMemcpyAsync blocks its caller until this is cleared, as every CUDA
   // call does while a kernel's module loads lazily and waits for a stream.
   bool hold_copy_calls = false;

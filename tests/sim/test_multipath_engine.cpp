@@ -309,6 +309,7 @@ TEST_F(MultipathSim, ARelayThatNeverFinishesTimesOutLetsTheStreamGoAndSaysWhere)
   MultipathEngine e(o);
   sim::Faults f;
   f.hang_on_device = 1;
+  f.hang_from_bytes = ferry::xfer::kMultipathProbeBytes + 1;  // its probes land; its chunks do not
   sim::set_faults(f);
   const size_t n = 16 * MiB;
   Buf host(n, -1), dev(n, 0);
@@ -324,6 +325,31 @@ TEST_F(MultipathSim, ARelayThatNeverFinishesTimesOutLetsTheStreamGoAndSaysWhere)
     EXPECT_NE(std::string(err.what()).find("cuda:1"), std::string::npos) << err.what();
   }
   EXPECT_THROW(e.copy(dev.p, host.p, n, s), ferry::Error);  // broken: refused
+  sim::set_faults(sim::Faults{});
+}
+
+// Foreign copies queued on a link hold everything after them there, the
+// engine's probe too: the link carries nothing and the copy goes over the
+// others, on time.
+TEST_F(MultipathSim, ALinkWhoseProbeDoesNotLandCarriesNothing) {
+  MultipathOptions o = options({0, 1, 2});
+  o.timeout_s = 1;
+  MultipathEngine e(o);
+  sim::Faults f;
+  f.hang_on_device = 0;  // the target's own link
+  sim::set_faults(f);
+  const size_t n = 16 * MiB + 5;
+  Buf host(n, -1), dev(n, 0);
+  fill(host, 5);
+  cudaStream_t s = new_stream(0);
+  for (int i = 0; i < 3; ++i) {
+    std::memset(dev.p, 0, n);
+    e.copy(dev.p, host.p, n, s);
+    ASSERT_TRUE(drained(s, 3)) << "copy " << i << " waited for the held link";
+    e.check();
+    EXPECT_EQ(std::memcmp(dev.p, host.p, n), 0);
+  }
+  EXPECT_EQ(e.bytes_by_link()[0], 0u);
   sim::set_faults(sim::Faults{});
 }
 
