@@ -1,0 +1,99 @@
+"""Which condition makes the first 64 MB copy under LD_PRELOAD hang?
+
+Each case is a fresh process (15 s bound) making one 64 MB pinned host ->
+GPU 0 copy and checking every byte; one line per case with its exit status
+and its last words. Cases vary one thing at a time: preload or the Python
+API, EAGER or lazy module loading, the legacy default stream or a stream of
+its own, and a warm-up copy first.
+
+    python bench/probes/preload_cases.py [part of a case's name]
+"""
+
+import os
+import subprocess
+import sys
+
+import ferry.multipath as mp
+
+HEAD = r"""
+import torch
+n = 64 * (1 << 20) + 3
+src = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)).pin_memory()
+dst = torch.empty(n, dtype=torch.uint8, device="cuda:0")  # no kernel before the copy
+torch.cuda.synchronize()
+"""
+COPIES = {
+    "legacy stream, to()": "dst = src.to('cuda')\n",
+    "legacy stream, copy_": "dst.copy_(src, non_blocking=True)\n",
+    "own stream, copy_": "s = torch.cuda.Stream(0)\nwith torch.cuda.stream(s):\n    dst.copy_(src, non_blocking=True)\n",
+    "python API, legacy stream": "import ferry.multipath as mp\nmp.copy(dst, src)\n",
+    "python API, own stream": "import ferry.multipath as mp\ns = torch.cuda.Stream(0)\nmp.copy(dst, src, stream=s)\n",
+    "warm copy first, then to()": "torch.empty(8 << 20, dtype=torch.uint8, pin_memory=True).to('cuda')\n"
+    "torch.cuda.synchronize()\ndst = src.to('cuda')\n",
+    # A kernel queued behind the copy while it holds its stream (the test's program does this).
+    "legacy stream, copy_, kernel after": "dst.copy_(src, non_blocking=True)\nk = dst + 0\n",
+    "own stream, copy_, kernel after": "s = torch.cuda.Stream(0)\nwith torch.cuda.stream(s):\n"
+    "    dst.copy_(src, non_blocking=True)\n    k = dst + 0\n",
+    "legacy stream, copy_, kernel on another stream": "dst.copy_(src, non_blocking=True)\n"
+    "s = torch.cuda.Stream(0)\nwith torch.cuda.stream(s):\n    k = dst + 0\n",
+    "python API, legacy stream, kernel after": "import ferry.multipath as mp\nmp.copy(dst, src)\nk = dst + 0\n",
+    "python API, own stream, kernel after": "import ferry.multipath as mp\ns = torch.cuda.Stream(0)\n"
+    "mp.copy(dst, src, stream=s)\nwith torch.cuda.stream(s):\n    k = dst + 0\n",
+    # Pinned host memory allocated while the copy holds its stream.
+    "legacy stream, copy_, pinned alloc after": "dst.copy_(src, non_blocking=True)\n"
+    "x = torch.empty(n, dtype=torch.uint8).pin_memory()\n",
+    "own stream, copy_, pinned alloc after": "s = torch.cuda.Stream(0)\nwith torch.cuda.stream(s):\n"
+    "    dst.copy_(src, non_blocking=True)\nx = torch.empty(n, dtype=torch.uint8).pin_memory()\n",
+    "python API, own stream, pinned alloc after": "import ferry.multipath as mp\ns = torch.cuda.Stream(0)\n"
+    "mp.copy(dst, src, stream=s)\nx = torch.empty(n, dtype=torch.uint8).pin_memory()\n",
+    "legacy stream, a kernel first, copy_, kernel after": "torch.ones(1, device='cuda')\ntorch.cuda.synchronize()\n"
+    "dst.copy_(src, non_blocking=True)\nk = dst + 0\n",
+    # libferry's own kernel (its runtime, the same context) first: is the stall the context's first launch?
+    "legacy stream, a ferry kernel first, copy_, kernel after": "import ferry.kv as kv\n"
+    "pa = torch.empty(4, 256, dtype=torch.uint8, device='cuda')\npb = torch.empty_like(pa)\n"
+    "kv.copy_blocks(pb, pa, [0, 1], [1, 2], mode='kernel')\ntorch.cuda.synchronize()\n"
+    "dst.copy_(src, non_blocking=True)\nk = dst + 0\n",
+    "legacy stream, copy_, kernel, copy back": "back = torch.empty(n, dtype=torch.uint8).pin_memory()\n"
+    "dst.copy_(src, non_blocking=True)\nk = dst + 1\nback.copy_(k, non_blocking=True)\n",
+}
+TAIL = (
+    "torch.cuda.synchronize()\nassert torch.equal(dst.cpu(), src), 'bytes differ'\nprint('ok')\n"
+    "import sys\nsys.stderr.flush()\n"
+)
+
+
+def main():
+    only = sys.argv[1] if len(sys.argv) > 1 else ""  # run the cases whose name holds it
+    lib = mp.preload_library()
+    base = dict(os.environ, FERRY_DEBUG="1", FERRY_TIMEOUT_S="5")
+    cases = []
+    for name, body in COPIES.items():
+        python_api = name.startswith("python API")
+        for loading in ("EAGER", "LAZY"):
+            if not python_api and loading == "LAZY":
+                continue  # the preload library turns itself off under lazy loading
+            env = dict(base, CUDA_MODULE_LOADING=loading)
+            if not python_api:
+                env["LD_PRELOAD"] = lib
+            cases.append((f"{'preload' if not python_api else 'api'} {loading:5s} {name}", env, body))
+    for label, env, body in cases:
+        if only not in label:
+            continue
+        try:
+            r = subprocess.run(
+                [sys.executable, "-c", HEAD + body + TAIL],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
+            out = (r.stdout + r.stderr).strip().splitlines()
+            keep = [line for line in out if "pageable" not in line and "routing" not in line]
+            last = " | ".join(line.strip()[:200] for line in keep[-3:])
+            print(f"{label:50s} rc={r.returncode}  {last}")
+        except subprocess.TimeoutExpired:
+            print(f"{label:50s} TIMEOUT")
+
+
+if __name__ == "__main__":
+    main()
