@@ -151,6 +151,8 @@ class MultipathEngine {
     std::vector<cudaEvent_t> landed;
     void* scratch = nullptr;                             // 64 bytes for the streams' first copies and the probes
     cudaEvent_t probe[MultipathScheduler::kLanes] = {};  // a probe landed, by lane
+    // FERRY_DEBUG: a probe's start and end on the GPU's clock, by lane, for the debug log.
+    cudaEvent_t probe_timed[MultipathScheduler::kLanes][2] = {};
     struct InFlight {
       uint64_t transfer;
       size_t bytes;

@@ -269,6 +269,11 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
   *e = reinterpret_cast<cudaEvent_t>(new Event);
   return cudaSuccess;
 }
+cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, 0); }
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
+  *ms = 0;  // no clock on these GPUs
+  return cudaSuccess;
+}
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
   // Kept: an operation already queued may still complete it (CUDA defers the release too).
   (void)e;
