@@ -79,7 +79,9 @@ def main():
     copy(back.data_ptr(), b.data_ptr(), n, s1)
     s1.synchronize()
     ok_out = torch.equal(back, host)
-    print(f"every byte: host->GPU 0 by GPU 1's engine {'ok' if ok_in else 'WRONG'}, back {'ok' if ok_out else 'WRONG'}")
+    print(
+        f"every byte: host->GPU 0 by GPU 1's engine {'ok' if ok_in else 'WRONG'}, back {'ok' if ok_out else 'WRONG'}"
+    )
     host2.copy_(host)
 
     for size in (16 * MiB, 256 * MiB, n):

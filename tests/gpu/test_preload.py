@@ -12,7 +12,6 @@ try:
 except ImportError:  # CPU-only machines: the tests are collected, and skipped (and counted) by conftest
     torch = None
 import ferry.multipath as mp  # noqa: E402
-import pytest  # noqa: E402
 
 PROGRAM = r"""
 import torch
@@ -37,11 +36,6 @@ print("preload: ok")
 """
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="open defect (docs/multipath.md, 'Known problems'): on two H200s the first copy's chunks on the "
-    "target's own link never land under LD_PRELOAD; it passed on two H100s",
-)
 def test_unmodified_torch_program_under_ld_preload():
     lib = mp.preload_library()
     env = dict(os.environ, LD_PRELOAD=lib, FERRY_DEBUG="1", CUDA_MODULE_LOADING="EAGER", FERRY_TIMEOUT_S="10")
