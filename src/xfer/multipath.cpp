@@ -13,7 +13,6 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "dma/engine.hpp"
-#include "dma/first_launch.hpp"
 
 namespace ferry {
 namespace xfer {
@@ -92,8 +91,6 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
     Link& L = link_[i];
     L.device = links_[i];
     DeviceScope on(L.device);
-    // Before any copy can hold a stream (dma/first_launch.hpp).
-    dma::complete_first_launch(L.device);
     // The greatest priority, meant to keep a chunk from queueing behind a
     // caller's stream that waits for it where streams share hardware queues
     // (CUDA_DEVICE_MAX_CONNECTIONS); not verified on a GPU. Copy engines

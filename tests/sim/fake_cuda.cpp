@@ -27,7 +27,6 @@
 
 #include "core/error.hpp"
 #include "dma/engine.hpp"
-#include "dma/first_launch.hpp"
 #include "sim.hpp"
 
 namespace {
@@ -341,8 +340,6 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
 
 namespace ferry {
 namespace dma {
-
-void complete_first_launch(int) {}  // these GPUs have no first-launch setup
 
 void mem_ops(cudaStream_t stream, const std::vector<MemOp>& ops) {
   for (const MemOp& op : ops) {
