@@ -22,6 +22,25 @@ import torch
 MiB = 1 << 20
 
 
+def behind(queue, lead_s: float, small):
+    """queue() enqueues the foreign copies and returns an event after the last;
+    lead_s later small() submits the small copy and returns an event after it.
+    Both polled from the host: (the small copy's wait, the queue's drain), in
+    us from the small copy's submission."""
+    last = queue()
+    time.sleep(lead_s)
+    t = time.perf_counter()
+    ev = small()
+    done = {}
+    while len(done) < 2:
+        now = time.perf_counter()
+        if "small" not in done and ev.query():
+            done["small"] = now
+        if "foreign" not in done and last.query():
+            done["foreign"] = now
+    return (done["small"] - t) * 1e6, (done["foreign"] - t) * 1e6
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--queued", type=int, default=8, help="foreign 256 MB copies queued ahead")
@@ -88,32 +107,26 @@ def main():
         alone[name] = (time.perf_counter() - t) * 1e6
     for name, (st, fn) in kinds.items():
         torch.cuda.synchronize()
-        marks = []
-        with torch.cuda.stream(f):
-            for _ in range(args.queued):
-                f_dev.copy_(f_host, non_blocking=True)
+
+        def queue():
+            with torch.cuda.stream(f):
+                for _ in range(args.queued):
+                    f_dev.copy_(f_host, non_blocking=True)
                 e = torch.cuda.Event()
                 e.record(f)
-                marks.append(e)
-        time.sleep(0.02)
-        ev = torch.cuda.Event()
-        t = time.perf_counter()
-        with torch.cuda.stream(st):
-            fn()
-            ev.record(st)
-        done = {}
-        while len(done) < 2:
-            now = time.perf_counter()
-            if "small" not in done and ev.query():
-                done["small"] = now
-            if "foreign" not in done and marks[-1].query():
-                done["foreign"] = now
-        wait, drain = (done["small"] - t) * 1e6, (done["foreign"] - t) * 1e6
-        ahead = sum(1 for e in marks if not e.query())
+            return e
+
+        def small(st=st, fn=fn):
+            ev = torch.cuda.Event()
+            with torch.cuda.stream(st):
+                fn()
+                ev.record(st)
+            return ev
+
+        wait, drain = behind(queue, 0.02, small)
         verdict = "after the queue" if wait > 0.8 * drain else "beside it"
         print(
             f"  {name:44s} alone {alone[name]:7.0f} us  wait {wait:8.0f} us  drain {drain:8.0f} us  -> {verdict}"
-            f"{'' if ahead == 0 else f' ({ahead} queued still)'}"
         )
     torch.cuda.synchronize()
 
@@ -141,29 +154,26 @@ def sweep(direction: str, sizes, queued: int):
             one(n)
     torch.cuda.synchronize()
     for n in sizes:
-        marks = []
-        with torch.cuda.stream(f):
-            for _ in range(queued):
-                f_dev.copy_(f_host, non_blocking=True) if direction == "h2d" else f_host.copy_(
-                    f_dev, non_blocking=True
-                )
+
+        def queue():
+            with torch.cuda.stream(f):
+                for _ in range(queued):
+                    if direction == "h2d":
+                        f_dev.copy_(f_host, non_blocking=True)
+                    else:
+                        f_host.copy_(f_dev, non_blocking=True)
                 e = torch.cuda.Event()
                 e.record(f)
-                marks.append(e)
-        time.sleep(0.005)  # most of the queue still ahead
-        ev = torch.cuda.Event()
-        t = time.perf_counter()
-        with torch.cuda.stream(s):
-            one(n)
-            ev.record(s)
-        done = {}
-        while len(done) < 2:
-            now = time.perf_counter()
-            if "small" not in done and ev.query():
-                done["small"] = now
-            if "foreign" not in done and marks[-1].query():
-                done["foreign"] = now
-        wait, drain = (done["small"] - t) * 1e6, (done["foreign"] - t) * 1e6
+            return e
+
+        def small(n=n):
+            ev = torch.cuda.Event()
+            with torch.cuda.stream(s):
+                one(n)
+                ev.record(s)
+            return ev
+
+        wait, drain = behind(queue, 0.005, small)  # most of the queue still ahead
         verdict = "after the queue" if wait > 0.8 * drain else "beside it"
         print(
             f"  {direction} {n:>9d} B behind a {direction} queue: wait {wait:8.0f} us, drain {drain:8.0f} us -> {verdict}"

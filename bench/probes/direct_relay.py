@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from copy_engine_fifo import behind  # this folder: run as a script
 from ferry.bench.multipath import _cudart
 
 MiB = 1 << 20
@@ -99,29 +100,23 @@ def main():
     big = 256 * MiB
     for name, fn in (("h2d by gpu1", h2d_other), ("h2d own", h2d_own)):
         torch.cuda.synchronize(0)
-        marks = []
-        with torch.cuda.stream(f):
-            for _ in range(8):
-                a[:big].copy_(host[:big], non_blocking=True)
+
+        def queue():
+            with torch.cuda.stream(f):
+                for _ in range(8):
+                    a[:big].copy_(host[:big], non_blocking=True)
                 e = torch.cuda.Event()
                 e.record(f)
-                marks.append(e)
-        time.sleep(0.02)
-        ev = torch.cuda.Event()
-        t = time.perf_counter()
-        fn(4 * MiB)
-        ev.record(s1 if fn is h2d_other else s0)
-        done = {}
-        while len(done) < 2:
-            now = time.perf_counter()
-            if "small" not in done and ev.query():
-                done["small"] = now
-            if "foreign" not in done and marks[-1].query():
-                done["foreign"] = now
-        print(
-            f"queued: 4 MiB {name}: wait {(done['small'] - t) * 1e6:8.0f} us, foreign queue drained after "
-            f"{(done['foreign'] - t) * 1e6:8.0f} us"
-        )
+            return e
+
+        def small(fn=fn):
+            ev = torch.cuda.Event()
+            fn(4 * MiB)
+            ev.record(s1 if fn is h2d_other else s0)
+            return ev
+
+        wait, drain = behind(queue, 0.02, small)
+        print(f"queued: 4 MiB {name}: wait {wait:8.0f} us, foreign queue drained after {drain:8.0f} us")
     torch.cuda.synchronize()
 
 
