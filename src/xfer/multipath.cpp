@@ -680,10 +680,15 @@ void MultipathEngine::run() {
           continue;
         }
         if (t_now > it->deadline) {
-          std::string where;
-          for (int l = 0; l < n; ++l)
+          std::string where, probing;
+          const int lane = it->to_device ? 0 : 1;
+          for (int l = 0; l < n; ++l) {
             for (const auto& f : link_[l].flight)
               if (f.transfer == it->id) where += (where.empty() ? "" : ", ") + dev_name(link_[l].device);
+            if (sched->probing(l, lane)) probing += (probing.empty() ? "" : ", ") + dev_name(link_[l].device);
+          }
+          if (!probing.empty())  // a link kept out because copies queued there first have not drained
+            where += (where.empty() ? "none" : "") + std::string("; probes not landed on the links of ") + probing;
           throw_error(FERRY_ERROR_TIMEOUT, "multipath: a copy of " + std::to_string(it->bytes) + " bytes " +
                                                (it->to_device ? "into " : "from ") + dev_name(links_[it->target]) +
                                                " did not land within " + std::to_string(timeout_s_) +

@@ -353,6 +353,31 @@ TEST_F(MultipathSim, ALinkWhoseProbeDoesNotLandCarriesNothing) {
   sim::set_faults(sim::Faults{});
 }
 
+// With the other link gone (its probe cannot be sent), a copy whose own link
+// stays held times out, and the error says the probe there has not landed.
+TEST_F(MultipathSim, ACopyWhoseOnlyLinkStaysHeldTimesOutNamingTheProbe) {
+  MultipathOptions o = options({0, 1});
+  o.timeout_s = 0.5;
+  MultipathEngine e(o);
+  sim::Faults f;
+  f.hang_on_device = 0;
+  f.fail_on_device = 1;
+  sim::set_faults(f);
+  const size_t n = 16 * MiB;
+  Buf host(n, -1), dev(n, 0);
+  cudaStream_t s = new_stream(0);
+  e.copy(dev.p, host.p, n, s);
+  EXPECT_TRUE(drained(s, 5)) << "the stream stayed held";
+  try {
+    e.check();
+    ADD_FAILURE() << "check() raised nothing";
+  } catch (const ferry::Error& err) {
+    EXPECT_NE(std::string(err.what()).find("probes not landed on the links of cuda:0"), std::string::npos)
+        << err.what();
+  }
+  sim::set_faults(sim::Faults{});
+}
+
 TEST_F(MultipathSim, ARelayThatCannotTakeAChunkLeavesItToTheOtherLinks) {
   MultipathEngine e(options({0, 1, 2}));
   sim::Faults f;
