@@ -105,10 +105,8 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
       FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&L.hop[s], cudaEventDisableTiming));
       FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&L.landed[s], cudaEventDisableTiming));
     }
-    for (auto& e : L.probe) FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    if (debug_enabled())
-      for (auto& pair : L.probe_timed)
-        for (auto& e : pair) FERRY_CUDA_CHECK(cudaEventCreate(&e));
+    for (auto& pair : L.probe)
+      for (auto& e : pair) FERRY_CUDA_CHECK(cudaEventCreate(&e));
     FERRY_CUDA_CHECK(cudaMalloc(&L.scratch, kFirstBytes + kMultipathProbeBytes));
     // Staging only where the link may relay; a GPU short of memory relays
     // nothing, and the copy runs over fewer links.
@@ -204,8 +202,7 @@ void MultipathEngine::close() {
     for (char* p : L.staging) cudaFree(p);
     for (auto e : L.hop) cudaEventDestroy(e);
     for (auto e : L.landed) cudaEventDestroy(e);
-    for (auto e : L.probe) cudaEventDestroy(e);
-    for (auto& pair : L.probe_timed)
+    for (auto& pair : L.probe)
       for (auto e : pair)
         if (e) cudaEventDestroy(e);
     if (L.scratch) cudaFree(L.scratch);
@@ -449,11 +446,11 @@ void MultipathEngine::probe(int l, int lane) {
   char* host = reinterpret_cast<char*>(host_scratch_) + kFirstBytes + (2 * l + lane) * kMultipathProbeBytes;
   char* dev = static_cast<char*>(L.scratch) + kFirstBytes;
   const size_t n = kMultipathProbeBytes;
-  if (L.probe_timed[lane][0]) cudaEventRecord(L.probe_timed[lane][0], L.host);
-  cudaError_t e = lane == 0 ? cudaMemcpyAsync(dev, host, n, cudaMemcpyDefault, L.host)
-                            : cudaMemcpyAsync(host, dev, n, cudaMemcpyDefault, L.host);
-  if (e == cudaSuccess) e = cudaEventRecord(L.probe[lane], L.host);
-  if (e == cudaSuccess && L.probe_timed[lane][1]) e = cudaEventRecord(L.probe_timed[lane][1], L.host);
+  cudaError_t e = cudaEventRecord(L.probe[lane][0], L.host);
+  if (e == cudaSuccess)
+    e = lane == 0 ? cudaMemcpyAsync(dev, host, n, cudaMemcpyDefault, L.host)
+                  : cudaMemcpyAsync(host, dev, n, cudaMemcpyDefault, L.host);
+  if (e == cudaSuccess) e = cudaEventRecord(L.probe[lane][1], L.host);
   if (e == cudaSuccess) return;
   // As a chunk that a link cannot take: an error of the copy on the target's
   // own link, and otherwise the link relays no more. Its lane stays probing:
@@ -628,7 +625,7 @@ void MultipathEngine::run() {
         Link& L = link_[l];
         for (int lane = 0; lane < MultipathScheduler::kLanes; ++lane) {
           if (!sched->probing(l, lane)) continue;
-          const cudaError_t q = cudaEventQuery(L.probe[lane]);
+          const cudaError_t q = cudaEventQuery(L.probe[lane][1]);
           if (q == cudaErrorNotReady) continue;
           if (q != cudaSuccess) {
             cudaGetLastError();
@@ -636,19 +633,18 @@ void MultipathEngine::run() {
                                               " failed: " + cudaGetErrorName(q) + " (" + cudaGetErrorString(q) + ")");
           }
           const double seen = steady_seconds();
-          const double waited = seen - sched->probe_sent(l, lane);
-          if (waited > MultipathScheduler::kPromptS && debug_enabled()) {
-            float gpu_ms = -1;  // the probe's own time on the GPU, from its submission's turn to its end
-            if (L.probe_timed[lane][1] && cudaEventSynchronize(L.probe_timed[lane][1]) == cudaSuccess)
-              cudaEventElapsedTime(&gpu_ms, L.probe_timed[lane][0], L.probe_timed[lane][1]);
-            cudaGetLastError();
+          const double host_s = seen - sched->probe_sent(l, lane);
+          float gpu_ms = 0;
+          const bool timed = cudaEventElapsedTime(&gpu_ms, L.probe[lane][0], L.probe[lane][1]) == cudaSuccess;
+          if (!timed) cudaGetLastError();
+          const double waited = timed ? gpu_ms * 1e-3 : host_s;
+          if (waited > MultipathScheduler::kPromptS && debug_enabled())
             debug_log("multipath: a probe " + std::string(lane == 0 ? "into " : "out of ") + dev_name(L.device) +
-                      " landed after " + std::to_string(static_cast<long>(waited * 1e6)) + " us (" +
-                      std::to_string(static_cast<long>(gpu_ms * 1e3)) +
-                      " us on the GPU; copies queued there first): that link takes no chunk that way until one "
-                      "is prompt");
-          }
-          sched->probe_landed(l, lane, seen);
+                      " took " + std::to_string(static_cast<long>(waited * 1e6)) + " us on the GPU (" +
+                      std::to_string(static_cast<long>(host_s * 1e6)) +
+                      " us as the engine saw it): copies were queued there first; that link takes no chunk that way "
+                      "until one is prompt");
+          sched->probe_landed(l, lane, seen, waited);
           progress = true;
         }
         while (!L.flight.empty()) {

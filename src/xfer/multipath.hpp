@@ -149,10 +149,10 @@ class MultipathEngine {
     std::vector<char*> staging;     // one per outstanding chunk
     std::vector<cudaEvent_t> hop;   // a relay's first hop done, per slot
     std::vector<cudaEvent_t> landed;
-    void* scratch = nullptr;                             // 64 bytes for the streams' first copies and the probes
-    cudaEvent_t probe[MultipathScheduler::kLanes] = {};  // a probe landed, by lane
-    // FERRY_DEBUG: a probe's start and end on the GPU's clock, by lane, for the debug log.
-    cudaEvent_t probe_timed[MultipathScheduler::kLanes][2] = {};
+    void* scratch = nullptr;  // the streams' first copies, then a probe's bytes
+    // A probe's start and end on the GPU's clock, by lane: its time there (not
+    // when the host saw it) says whether copies were queued before it.
+    cudaEvent_t probe[MultipathScheduler::kLanes][2] = {};
     struct InFlight {
       uint64_t transfer;
       size_t bytes;
@@ -182,7 +182,7 @@ class MultipathEngine {
   double timeout_s_ = 0;
   MultipathPolicy policy_;
   std::vector<Link> link_;
-  uint64_t* host_scratch_ = nullptr;           // pinned: 8 words for the first copies, then 2 per link for probes
+  uint64_t* host_scratch_ = nullptr;           // pinned: the first copies' words, then 2 probes' bytes per link
   std::deque<StreamGate> gates_;               // a deque: transfers point at its elements
   std::unique_ptr<MultipathScheduler> sched_;  // the engine's thread's only
 

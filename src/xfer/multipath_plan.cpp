@@ -231,12 +231,12 @@ int MultipathScheduler::start_probe(int link, double now) {
   return -1;
 }
 
-void MultipathScheduler::probe_landed(int link, int lane, double now) {
+void MultipathScheduler::probe_landed(int link, int lane, double now, double waited_s) {
   FERRY_ARG_CHECK(probing_.at(link).at(lane), "probe_landed: no probe out on that link and lane");
   probing_[link][lane] = false;
   // A late probe waited behind foreign copies: the next chunk may wait behind
   // more of them, so the lane stays unclear and start_probe() sends another.
-  if (now - probe_sent_[link][lane] <= kPromptS) seen_[link][lane] = std::max(seen_[link][lane], now);
+  if (waited_s <= kPromptS) seen_[link][lane] = std::max(seen_[link][lane], now);
 }
 
 void MultipathScheduler::forget_transfers() {
@@ -360,7 +360,7 @@ std::vector<SimResult> simulate_processes(const std::vector<LinkModel>& links,
     if (pl >= 0 && (l < 0 || probe_done[pp][pl][plane] < head_done[l])) {
       const double now = probe_done[pp][pl][plane];
       probe_done[pp][pl][plane] = never;
-      sched[pp].probe_landed(pl, plane, now);
+      sched[pp].probe_landed(pl, plane, now, now - sched[pp].probe_sent(pl, plane));
       for (int i = 0; i < n; ++i) refill(pp, (pl + i) % n, now);
       continue;
     }

@@ -145,7 +145,9 @@ class MultipathScheduler {
   // is not clear, and no probe is out), marked as probing; or -1. The caller
   // sends the probe and reports probe_landed().
   int start_probe(int link, double now);
-  void probe_landed(int link, int lane, double now);
+  // `waited_s`: the probe's time on the link (on the GPU's clock: the host
+  // may see it late).
+  void probe_landed(int link, int lane, double now, double waited_s);
   bool probing(int link, int lane) const { return probing_.at(link)[lane]; }
   double probe_sent(int link, int lane) const { return probe_sent_.at(link)[lane]; }
   // The oldest chunk in flight on `link` landed (seen at `now`).

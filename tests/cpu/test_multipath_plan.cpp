@@ -370,14 +370,14 @@ TEST(MultipathProbe, ALaneIsClearOnlyAfterAPromptProbe) {
   EXPECT_EQ(s.start_probe(0, 0.0), 0);
   EXPECT_EQ(s.start_probe(0, 0.0), -1) << "a second probe while one is out";
   EXPECT_TRUE(s.probing(0, 0));
-  s.probe_landed(0, 0, 20e-6);
+  s.probe_landed(0, 0, 20e-6, 20e-6);
   ASSERT_TRUE(s.next(0, &a, 20e-6));
   EXPECT_EQ(a.transfer, in);
   EXPECT_EQ(s.start_probe(0, 20e-6), -1) << "a clear lane probed";
   // Link 1 relays only once its own probe landed.
   EXPECT_FALSE(s.next(1, &a, 20e-6));
   EXPECT_EQ(s.start_probe(1, 20e-6), 0);
-  s.probe_landed(1, 0, 40e-6);
+  s.probe_landed(1, 0, 40e-6, 20e-6);
   EXPECT_TRUE(s.next(1, &a, 40e-6));
   EXPECT_TRUE(a.relay());
   // Copies out of GPU 1: lane 1, not probed on either link yet.
@@ -385,7 +385,7 @@ TEST(MultipathProbe, ALaneIsClearOnlyAfterAPromptProbe) {
   out.add(1, split_chunks(2 * kMiB, kMiB), 0);
   out.add(1, split_chunks(2 * kMiB, kMiB), 1);
   EXPECT_EQ(out.start_probe(1, 0.0), 0);
-  out.probe_landed(1, 0, 10e-6);
+  out.probe_landed(1, 0, 10e-6, 10e-6);
   EXPECT_TRUE(out.next(1, &a, 10e-6));
   EXPECT_TRUE(out.next(1, &a, 10e-6));
   out.complete(1, 30e-6);
@@ -401,10 +401,10 @@ TEST(MultipathProbe, ALateProbeKeepsTheLaneOutAndAClearLaneLapses) {
   s.add(0, split_chunks(8 * kMiB, kMiB), 0);
   Assignment a;
   ASSERT_EQ(s.start_probe(0, 0.0), 0);
-  s.probe_landed(0, 0, 0.005);
+  s.probe_landed(0, 0, 0.005, 0.005);
   EXPECT_FALSE(s.next(0, &a, 0.005));
   ASSERT_EQ(s.start_probe(0, 0.005), 0);
-  s.probe_landed(0, 0, 0.005 + 30e-6);
+  s.probe_landed(0, 0, 0.005 + 30e-6, 30e-6);
   ASSERT_TRUE(s.next(0, &a, 0.00503));
   ASSERT_TRUE(s.next(0, &a, 0.00503));
   s.complete(0, 0.0051);
@@ -415,5 +415,16 @@ TEST(MultipathProbe, ALateProbeKeepsTheLaneOutAndAClearLaneLapses) {
   s.complete(0, 0.0060);
   EXPECT_FALSE(s.next(0, &a, 0.0060 + 2 * MultipathScheduler::kClearS)) << "idle past kClearS: unprobed";
   EXPECT_EQ(s.start_probe(0, 0.0080), 0);
-  EXPECT_THROW(s.probe_landed(0, 1, 0.009), ferry::Error);
+  EXPECT_THROW(s.probe_landed(0, 1, 0.009, 1e-3), ferry::Error);
+}
+
+// Promptness is the probe's own time on the link, not when the host saw it
+// land: a busy host that looks late does not keep a clear link out.
+TEST(MultipathProbe, APromptProbeSeenLateStillClearsTheLane) {
+  MultipathScheduler s(1, MultipathPolicy{});
+  s.add(0, split_chunks(2 * kMiB, kMiB), 0);
+  Assignment a;
+  ASSERT_EQ(s.start_probe(0, 0.0), 0);
+  s.probe_landed(0, 0, 0.004, 15e-6);  // seen 4 ms later; 15 us on the GPU
+  EXPECT_TRUE(s.next(0, &a, 0.004));
 }

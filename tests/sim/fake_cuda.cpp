@@ -34,7 +34,12 @@ namespace {
 struct Event {
   std::atomic<uint64_t> recorded{0};
   std::atomic<uint64_t> completed{0};
+  std::atomic<double> at{0};  // when its stream last got to it (the GPU's clock, here the host's)
 };
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 struct Stream {
   int device = 0;
@@ -270,8 +275,8 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
   return cudaSuccess;
 }
 cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, 0); }
-cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
-  *ms = 0;  // no clock on these GPUs
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
+  *ms = static_cast<float>((reinterpret_cast<Event*>(b)->at - reinterpret_cast<Event*>(a)->at) * 1e3);
   return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
@@ -283,6 +288,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   auto* ev = reinterpret_cast<Event*>(e);
   const uint64_t gen = ++ev->recorded;
   resolve(s)->push([ev, gen] {
+    ev->at = now_s();
     uint64_t cur = ev->completed.load();
     while (cur < gen && !ev->completed.compare_exchange_weak(cur, gen)) {
     }
