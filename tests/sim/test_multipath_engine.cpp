@@ -126,7 +126,7 @@ TEST_F(MultipathSim, EveryByteBothWaysOverOwnLinkAndRelays) {
     e.check();
     EXPECT_EQ(std::memcmp(back.p, host.p, n), 0) << n;
     const auto after = e.bytes_by_link();
-    if (n >= 8 * MiB) {
+    if (n >= 24 * MiB) {  // many chunks: a relay whose probe lands after the first few still takes some
       EXPECT_GT(after[1], before[1]) << n;
       EXPECT_GT(after[2], before[2]) << n;
     }
