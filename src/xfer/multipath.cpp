@@ -456,6 +456,7 @@ void MultipathEngine::probe(int l, int lane) {
   // own link, and otherwise the link relays no more. Its lane stays probing:
   // it takes nothing there again.
   cudaGetLastError();
+  sched_->probe_failed(l, lane);
   const std::string why = std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")";
   if (sched_->waiting(l))
     throw_error(FERRY_ERROR_CUDA, "multipath: the link of " + dev_name(L.device) + " failed: " + why);
@@ -681,10 +682,12 @@ void MultipathEngine::run() {
           for (int l = 0; l < n; ++l) {
             for (const auto& f : link_[l].flight)
               if (f.transfer == it->id) where += (where.empty() ? "" : ", ") + dev_name(link_[l].device);
-            if (sched->probing(l, lane)) probing += (probing.empty() ? "" : ", ") + dev_name(link_[l].device);
+            if (sched->held(l, lane)) probing += (probing.empty() ? "" : ", ") + dev_name(link_[l].device);
           }
-          if (!probing.empty())  // a link kept out because copies queued there first have not drained
-            where += (where.empty() ? "none" : "") + std::string("; probes not landed on the links of ") + probing;
+          if (!probing.empty())  // links kept out: copies queued there first, by their probes
+            where += (where.empty() ? "none" : "") +
+                     std::string("; links kept out by copies queued there first (their probes late or not landed): ") +
+                     probing;
           throw_error(FERRY_ERROR_TIMEOUT, "multipath: a copy of " + std::to_string(it->bytes) + " bytes " +
                                                (it->to_device ? "into " : "from ") + dev_name(links_[it->target]) +
                                                " did not land within " + std::to_string(timeout_s_) +

@@ -86,12 +86,13 @@ int own_link(const std::vector<int>& link_devices, int device) {
 MultipathScheduler::MultipathScheduler(int links, MultipathPolicy policy)
     : policy_(std::move(policy)),
       est_(links),
-      waiting_bytes_(links, 0),
-      waiting_(links),
+      waiting_bytes_(links * kLanes, 0),
+      waiting_(links * kLanes),
       flight_(links),
       seen_(links, std::vector<double>(kLanes, -std::numeric_limits<double>::infinity())),
       probing_(links, std::vector<bool>(kLanes, false)),
-      probe_sent_(links, std::vector<double>(kLanes, 0.0)) {
+      probe_sent_(links, std::vector<double>(kLanes, 0.0)),
+      late_(links, std::vector<bool>(kLanes, false)) {
   FERRY_ARG_CHECK(links >= 1, "links must be at least 1");
   FERRY_ARG_CHECK(policy_.outstanding >= 1, "outstanding must be at least 1");
   FERRY_ARG_CHECK(policy_.may_relay.empty() || static_cast<int>(policy_.may_relay.size()) == links,
@@ -106,9 +107,10 @@ int MultipathScheduler::add(int target, const std::vector<Chunk>& chunks, int la
   target_of_.push_back(target);
   lane_of_.push_back(lane);
   remaining_.push_back(chunks.size());
+  const int q = queue_of(target, lane);
   for (const Chunk& c : chunks) {
-    waiting_[target].push_back(Queued{id, c});
-    waiting_bytes_[target] += c.bytes;
+    waiting_[q].push_back(Queued{id, c});
+    waiting_bytes_[q] += c.bytes;
   }
   return id;
 }
@@ -138,21 +140,21 @@ size_t MultipathScheduler::flight_bytes(int link) const {
   return b;
 }
 
-// Earliest finish: `link` takes a chunk of `bytes` of `target`'s queue only
-// where it would land no later than the other links that would take from
-// that queue next would finish it with the chunk: the queue's bytes and theirs
-// in flight at their summed speed, and at least the time one of them needs
-// for the chunk (so that of links all idle, the fastest always takes it). A
-// link busy with another queue (its own GPU's, or a longer one) is no help.
+// Earliest finish: `link` takes a chunk of `bytes` of queue `q` only where
+// it would land no later than the other links that would take from that
+// queue next would finish it with the chunk: the queue's bytes and theirs in
+// flight at their summed speed, and at least the time one of them needs for
+// the chunk (so that of links all idle, the fastest always takes it). A link
+// busy with another queue (its own GPU's, or a longer one) is no help.
 // Unmeasured links are not judged; a stale estimate lets an idle link try.
-bool MultipathScheduler::lands_in_time(int link, int target, size_t bytes, double now) const {
+bool MultipathScheduler::lands_in_time(int link, int q, size_t bytes, double now) const {
   const Estimate& e = est_[link];
   if (!policy_.earliest_finish || e.s_per_byte() <= 0) return true;
   if (flight_[link].empty() && now - e.at > kProbeAfterS) return true;
-  double rate = 0, backlog = static_cast<double>(waiting_bytes_[target]);
+  double rate = 0, backlog = static_cast<double>(waiting_bytes_[q]);
   double one = std::numeric_limits<double>::infinity();
   for (int j = 0; j < links(); ++j) {
-    if (j == link || pick(j, now) != target) continue;
+    if (j == link || pick(j, now) != q) continue;
     if (est_[j].s_per_byte() <= 0) return true;
     const double flying = static_cast<double>(flight_bytes(j));
     rate += 1.0 / est_[j].s_per_byte();
@@ -171,19 +173,52 @@ bool MultipathScheduler::clear(int link, int lane, double now) const {
   return false;
 }
 
+// `link`'s last probe in the queue's lane came back late, and no other link
+// that may serve the queue is clear there (by a prompt probe) or has a probe
+// out that may still be prompt: then waiting behind the copies queued there
+// is the best there is (the copy would otherwise never go).
+bool MultipathScheduler::last_resort(int link, int q, double now) const {
+  const int lane = q % kLanes;
+  return late_[link][lane] && !probing_[link][lane] && !others_may_do_better(link, q, now);
+}
+
+bool MultipathScheduler::others_may_do_better(int link, int q, double now) const {
+  const int lane = q % kLanes, target = q / kLanes;
+  for (int j = 0; j < links(); ++j)
+    if (j != link && serves(j, target) && clear(j, lane, now) && !late_[j][lane]) return true;
+  return others_probe_young(link, q, now);
+}
+
+// Another link that may serve the queue has a probe out that may yet be
+// prompt (out for less than twice kPromptS; older, it will come back late).
+bool MultipathScheduler::others_probe_young(int link, int q, double now) const {
+  const int lane = q % kLanes, target = q / kLanes;
+  for (int j = 0; j < links(); ++j)
+    if (j != link && serves(j, target) && probing_[j][lane] && now - probe_sent_[j][lane] <= 2 * kPromptS) return true;
+  return false;
+}
+
+bool MultipathScheduler::usable(int link, int q, double now) const {
+  return !waiting_[q].empty() && (clear(link, q % kLanes, now) || last_resort(link, q, now));
+}
+
 int MultipathScheduler::pick(int link, double now) const {
   int from = -1;
   const bool relays = policy_.may_relay.empty() || policy_.may_relay[link];
-  if (usable(link, link, now) && (policy_.own_link_first || !relays)) {
-    from = link;  // its own GPU's transfer first (a link that may not relay carries only those)
-  } else if (relays) {
+  auto longer = [&](int q) {
+    return from < 0 ||
+           (policy_.pick == MultipathPolicy::Pick::kLongestQueue && waiting_[q].size() > waiting_[from].size());
+  };
+  if (policy_.own_link_first ||
+      !relays)  // its own GPU's transfers first (a link that may not relay carries only those)
+    for (int lane = 0; lane < kLanes; ++lane)
+      if (const int q = queue_of(link, lane); usable(link, q, now) && longer(q)) from = q;
+  if (from < 0 && relays) {
     // A relay: from the longest queue (fewest chunks left over for the other
-    // links to relay), or the first target in order.
-    for (int t = 0; t < links(); ++t) {
-      if (!usable(link, t, now)) continue;
-      if (from < 0 ||
-          (policy_.pick == MultipathPolicy::Pick::kLongestQueue && waiting_[t].size() > waiting_[from].size()))
-        from = t;
+    // links to relay), or the first in order.
+    for (int q = 0; q < static_cast<int>(waiting_.size()); ++q) {
+      if (!usable(link, q, now)) continue;
+      if (longer(q)) from = q;
       if (policy_.pick == MultipathPolicy::Pick::kInOrder) break;
     }
   }
@@ -219,11 +254,12 @@ void MultipathScheduler::complete(int link, double now) {
 
 int MultipathScheduler::start_probe(int link, double now) {
   if (!policy_.probe || static_cast<int>(flight_.at(link).size()) >= policy_.outstanding) return -1;
-  const bool relays = policy_.may_relay.empty() || policy_.may_relay[link];
-  for (int t = 0; t < links(); ++t) {
-    if (waiting_[t].empty() || (t != link && !relays)) continue;
-    const int lane = lane_of_[waiting_[t].front().transfer];
-    if (clear(link, lane, now) || probing_[link][lane]) continue;
+  for (int q = 0; q < static_cast<int>(waiting_.size()); ++q) {
+    const int lane = q % kLanes;
+    if (waiting_[q].empty() || !serves(link, q / kLanes)) continue;
+    if (clear(link, lane, now) || probing_[link][lane] || last_resort(link, q, now)) continue;
+    // Late, while another link's probe may yet be prompt: wait for it rather than probe again.
+    if (late_[link][lane] && others_probe_young(link, q, now)) continue;
     probing_[link][lane] = true;
     probe_sent_[link][lane] = now;
     return lane;
@@ -235,8 +271,15 @@ void MultipathScheduler::probe_landed(int link, int lane, double now, double wai
   FERRY_ARG_CHECK(probing_.at(link).at(lane), "probe_landed: no probe out on that link and lane");
   probing_[link][lane] = false;
   // A late probe waited behind foreign copies: the next chunk may wait behind
-  // more of them, so the lane stays unclear and start_probe() sends another.
-  if (waited_s <= kPromptS) seen_[link][lane] = std::max(seen_[link][lane], now);
+  // more of them, so the lane stays unclear and start_probe() sends another
+  // (unless no other link can take the copy: last_resort()).
+  late_[link][lane] = waited_s > kPromptS;
+  if (!late_[link][lane]) seen_[link][lane] = std::max(seen_[link][lane], now);
+}
+
+void MultipathScheduler::probe_failed(int link, int lane) {
+  FERRY_ARG_CHECK(probing_.at(link).at(lane), "probe_failed: no probe out on that link and lane");
+  probing_[link][lane] = false;
 }
 
 void MultipathScheduler::forget_transfers() {
@@ -250,8 +293,9 @@ void MultipathScheduler::give_back(int link) {
   FERRY_ARG_CHECK(!flight_.at(link).empty(), "give_back: link " + std::to_string(link) + " has nothing in flight");
   const Assignment a = flight_[link].back();
   flight_[link].pop_back();
-  waiting_[a.target].push_front(Queued{a.transfer, a.chunk});
-  waiting_bytes_[a.target] += a.chunk.bytes;
+  const int q = queue_of(a.target, lane_of_[a.transfer]);
+  waiting_[q].push_front(Queued{a.transfer, a.chunk});
+  waiting_bytes_[q] += a.chunk.bytes;
   stop_relaying(link);
 }
 
@@ -327,8 +371,9 @@ std::vector<SimResult> simulate_processes(const std::vector<LinkModel>& links,
   const double never = std::numeric_limits<double>::infinity();
   std::vector<std::deque<Held>> queue(n);
   std::vector<double> head_done(n, never), free_at(n, 0.0);
-  // A probe: a few bytes on the link, landing after the foreign copy's wait
-  // (not after other processes' chunks), by process, link and lane.
+  // A probe: kMultipathProbeBytes on the link, landing after the chunks
+  // already on it (every process's) and the foreign copy's wait, by process,
+  // link and lane.
   constexpr double kProbeLatencyS = 5e-6;
   std::vector<std::vector<std::vector<double>>> probe_done(
       procs, std::vector<std::vector<double>>(n, std::vector<double>(MultipathScheduler::kLanes, never)));
@@ -338,8 +383,13 @@ std::vector<SimResult> simulate_processes(const std::vector<LinkModel>& links,
           serve_until(links[l], std::max(now, free_at[l]), static_cast<double>(queue[l].front().a.chunk.bytes));
   };
   auto refill = [&](size_t p, int l, double now) {
-    for (int lane; (lane = sched[p].start_probe(l, now)) >= 0;)
-      probe_done[p][l][lane] = serve_until(links[l], now, 8.0) + kProbeLatencyS;
+    for (int lane; (lane = sched[p].start_probe(l, now)) >= 0;) {
+      double t = std::max(now, free_at[l]);
+      for (size_t k = 0; k < queue[l].size(); ++k)
+        t = k == 0 && head_done[l] != never ? head_done[l]
+                                            : serve_until(links[l], t, static_cast<double>(queue[l][k].a.chunk.bytes));
+      probe_done[p][l][lane] = serve_until(links[l], t, static_cast<double>(kMultipathProbeBytes)) + kProbeLatencyS;
+    }
     Assignment a;
     while (sched[p].next(l, &a, now)) queue[l].push_back(Held{p, a, now});
     start_head(l, now);

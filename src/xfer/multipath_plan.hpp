@@ -148,6 +148,10 @@ class MultipathScheduler {
   // `waited_s`: the probe's time on the link (on the GPU's clock: the host
   // may see it late).
   void probe_landed(int link, int lane, double now, double waited_s);
+  // The probe start_probe() asked for could not be sent.
+  void probe_failed(int link, int lane);
+  // `link`'s lane is kept out: a probe is out, or the last one came back late.
+  bool held(int link, int lane) const { return probing_.at(link)[lane] || late_.at(link)[lane]; }
   bool probing(int link, int lane) const { return probing_.at(link)[lane]; }
   double probe_sent(int link, int lane) const { return probe_sent_.at(link)[lane]; }
   // The oldest chunk in flight on `link` landed (seen at `now`).
@@ -166,7 +170,11 @@ class MultipathScheduler {
   void give_back(int link);
   // `link` relays nothing more (it failed to take work).
   void stop_relaying(int link);
-  bool waiting(int target) const { return !waiting_.at(target).empty(); }
+  bool waiting(int target) const {
+    for (int lane = 0; lane < kLanes; ++lane)
+      if (!waiting_.at(queue_of(target, lane)).empty()) return true;
+    return false;
+  }
 
   int in_flight(int link) const { return static_cast<int>(flight_.at(link).size()); }
   bool done(int transfer) const { return remaining_.at(transfer) == 0; }
@@ -179,25 +187,33 @@ class MultipathScheduler {
     int transfer;
     Chunk chunk;
   };
+  // Chunks wait in one queue per target GPU and lane.
+  static int queue_of(int target, int lane) { return target * kLanes + lane; }
   int pick(int link, double now) const;  // the queue `link` would take from next, or -1
-  bool lands_in_time(int link, int target, size_t bytes, double now) const;
+  bool lands_in_time(int link, int q, size_t bytes, double now) const;
   size_t flight_bytes(int link) const;
   bool clear(int link, int lane, double now) const;
-  // `target`'s queue has a chunk whose lane is clear on `link`.
-  bool usable(int link, int target, double now) const {
-    return !waiting_[target].empty() && clear(link, lane_of_[waiting_[target].front().transfer], now);
+  bool last_resort(int link, int q, double now) const;
+  bool others_may_do_better(int link, int q, double now) const;
+  bool others_probe_young(int link, int q, double now) const;
+  // Queue `q` has a chunk, and its lane is clear on `link` (or `link` is its last resort).
+  bool usable(int link, int q, double now) const;
+  // `link` may carry `target`'s chunks: its own, or as a relay.
+  bool serves(int link, int target) const {
+    return link == target || policy_.may_relay.empty() || policy_.may_relay[link];
   }
 
   MultipathPolicy policy_;
   std::vector<Estimate> est_;                    // by link
-  std::vector<size_t> waiting_bytes_;            // by target GPU
-  std::vector<std::deque<Queued>> waiting_;      // by target GPU
+  std::vector<size_t> waiting_bytes_;            // by queue_of(target, lane)
+  std::vector<std::deque<Queued>> waiting_;      // by queue_of(target, lane)
   std::vector<std::deque<Assignment>> flight_;   // by link
   std::vector<int> target_of_;                   // by transfer
   std::vector<int> lane_of_;                     // by transfer
   std::vector<std::vector<double>> seen_;        // by link and lane: when a chunk or probe last landed there
   std::vector<std::vector<bool>> probing_;       // by link and lane: a probe is out
   std::vector<std::vector<double>> probe_sent_;  // by link and lane: when it was sent
+  std::vector<std::vector<bool>> late_;          // by link and lane: the last probe came back late
   std::vector<size_t> remaining_;                // chunks not yet landed, by transfer
 };
 

@@ -270,6 +270,21 @@ TEST(MultipathBalance, AForeignCopyThatHoldsTheEngineFirst) {
   EXPECT_EQ(probed.bytes_by_link[0], 0u);
 }
 
+// Every link held a little (each chunk that starts waits 150 us): probes find
+// no better link, and the copy goes about as fast as without them.
+TEST(MultipathBalance, EveryLinkHeldCostsProbesLittle) {
+  auto links = equal_links(2);
+  for (auto& m : links) {
+    m.busy_from = 0;
+    m.busy_until = 0.05;
+    m.busy_wait_s = 150e-6;
+  }
+  const std::vector<SimTransfer> copy = {{0, 64 * kMiB}};
+  const auto probed = simulate(links, copy, 8 * kMiB, MultipathPolicy{});
+  const auto unprobed_ = simulate(links, copy, 8 * kMiB, unprobed());
+  EXPECT_LT(probed.seconds, unprobed_.seconds + 0.5e-3) << probed.seconds << " against " << unprobed_.seconds;
+}
+
 // Once the foreign copy is gone the own link's old estimate ages out: an idle
 // link tries again and carries its share.
 TEST(MultipathBalance, AHeldLinkIsTriedAgainOnceItsEstimateIsOld) {
@@ -394,17 +409,22 @@ TEST(MultipathProbe, ALaneIsClearOnlyAfterAPromptProbe) {
   EXPECT_EQ(out.start_probe(1, 60e-6), 1);
 }
 
-// A late probe waited behind foreign copies: the lane stays out and probes
-// again until one is prompt. A clear lane lapses kClearS after its last landing.
+// A late probe waited behind foreign copies: while another link can take the
+// copy, the lane stays out and probes again until one is prompt. A clear lane
+// lapses kClearS after its last landing.
 TEST(MultipathProbe, ALateProbeKeepsTheLaneOutAndAClearLaneLapses) {
-  MultipathScheduler s(1, MultipathPolicy{});
+  MultipathScheduler s(2, MultipathPolicy{});
   s.add(0, split_chunks(8 * kMiB, kMiB), 0);
   Assignment a;
   ASSERT_EQ(s.start_probe(0, 0.0), 0);
+  ASSERT_EQ(s.start_probe(1, 0.0049), 0);
+  s.probe_landed(1, 0, 0.00491, 10e-6);  // link 1: clear
   s.probe_landed(0, 0, 0.005, 0.005);
+  EXPECT_TRUE(s.held(0, 0));
   EXPECT_FALSE(s.next(0, &a, 0.005));
   ASSERT_EQ(s.start_probe(0, 0.005), 0);
   s.probe_landed(0, 0, 0.005 + 30e-6, 30e-6);
+  EXPECT_FALSE(s.held(0, 0));
   ASSERT_TRUE(s.next(0, &a, 0.00503));
   ASSERT_TRUE(s.next(0, &a, 0.00503));
   s.complete(0, 0.0051);
@@ -416,6 +436,52 @@ TEST(MultipathProbe, ALateProbeKeepsTheLaneOutAndAClearLaneLapses) {
   EXPECT_FALSE(s.next(0, &a, 0.0060 + 2 * MultipathScheduler::kClearS)) << "idle past kClearS: unprobed";
   EXPECT_EQ(s.start_probe(0, 0.0080), 0);
   EXPECT_THROW(s.probe_landed(0, 1, 0.009, 1e-3), ferry::Error);
+}
+
+// Where every link that may take a copy came back late, waiting behind the
+// copies queued there is all there is: the copy goes (not never). While
+// another link's probe is out, a late link waits for it.
+TEST(MultipathProbe, WhenEveryLinkIsHeldTheCopyStillGoes) {
+  Assignment a;
+  MultipathScheduler alone(1, MultipathPolicy{});
+  alone.add(0, split_chunks(4 * kMiB, kMiB), 0);
+  ASSERT_EQ(alone.start_probe(0, 0.0), 0);
+  alone.probe_landed(0, 0, 0.01, 0.01);
+  EXPECT_EQ(alone.start_probe(0, 0.01), -1) << "the only link probed again instead of taking the copy";
+  EXPECT_TRUE(alone.next(0, &a, 0.01));
+
+  MultipathScheduler two(2, MultipathPolicy{});
+  two.add(0, split_chunks(4 * kMiB, kMiB), 0);
+  ASSERT_EQ(two.start_probe(0, 0.0), 0);
+  ASSERT_EQ(two.start_probe(1, 0.0), 0);
+  two.probe_landed(0, 0, 150e-6, 150e-6);
+  EXPECT_FALSE(two.next(0, &a, 150e-6)) << "took a chunk while link 1's probe might yet be prompt";
+  EXPECT_EQ(two.start_probe(0, 150e-6), -1) << "probed again while link 1's probe might yet be prompt";
+  two.probe_landed(1, 0, 0.02, 0.02);
+  EXPECT_TRUE(two.next(0, &a, 0.02));
+  EXPECT_TRUE(two.next(1, &a, 0.02)) << "a held link taking the copy shut out the other held one";
+
+  // The engine could not send a probe: the lane is free to be probed again.
+  MultipathScheduler failed(1, MultipathPolicy{});
+  failed.add(0, split_chunks(kMiB, kMiB), 0);
+  ASSERT_EQ(failed.start_probe(0, 0.0), 0);
+  failed.probe_failed(0, 0);
+  EXPECT_FALSE(failed.probing(0, 0));
+  EXPECT_EQ(failed.start_probe(0, 0.0), 0);
+}
+
+// One queue per target and direction: copies into a GPU held behind a late
+// lane do not hold copies out of it.
+TEST(MultipathProbe, AHeldDirectionDoesNotHoldTheOther) {
+  MultipathScheduler s(2, MultipathPolicy{});
+  s.add(0, split_chunks(4 * kMiB, kMiB), 0);  // into GPU 0, first
+  const int out = s.add(0, split_chunks(2 * kMiB, kMiB), 1);
+  EXPECT_EQ(s.start_probe(0, 0.0), 0);
+  EXPECT_EQ(s.start_probe(0, 0.0), 1);
+  s.probe_landed(0, 1, 20e-6, 20e-6);  // lane 1 clear; lane 0's probe still out
+  Assignment a;
+  ASSERT_TRUE(s.next(0, &a, 20e-6));
+  EXPECT_EQ(a.transfer, out);
 }
 
 // Promptness is the probe's own time on the link, not when the host saw it
