@@ -173,19 +173,24 @@ bool MultipathScheduler::clear(int link, int lane, double now) const {
   return false;
 }
 
-// `link`'s last probe in the queue's lane came back late, and no other link
-// that may serve the queue is clear there (by a prompt probe) or has a probe
-// out that may still be prompt: then waiting behind the copies queued there
-// is the best there is (the copy would otherwise never go).
+// `link`'s last probe in the queue's lane came back late, and every other
+// link that may serve the queue is known to be held too: then waiting behind
+// the copies queued there is the best there is (the copy would otherwise
+// never go).
 bool MultipathScheduler::last_resort(int link, int q, double now) const {
   const int lane = q % kLanes;
   return late_[link][lane] && !probing_[link][lane] && !others_may_do_better(link, q, now);
 }
 
+// Another link that may serve the queue is not known to be held: clear by a
+// prompt probe, not yet probed (it gets its turn in the same round), or with
+// a probe out that may yet be prompt.
 bool MultipathScheduler::others_may_do_better(int link, int q, double now) const {
   const int lane = q % kLanes, target = q / kLanes;
-  for (int j = 0; j < links(); ++j)
-    if (j != link && serves(j, target) && clear(j, lane, now) && !late_[j][lane]) return true;
+  for (int j = 0; j < links(); ++j) {
+    if (j == link || !serves(j, target) || late_[j][lane]) continue;
+    if (!probing_[j][lane] || clear(j, lane, now)) return true;
+  }
   return others_probe_young(link, q, now);
 }
 

@@ -461,6 +461,15 @@ TEST(MultipathProbe, WhenEveryLinkIsHeldTheCopyStillGoes) {
   EXPECT_TRUE(two.next(0, &a, 0.02));
   EXPECT_TRUE(two.next(1, &a, 0.02)) << "a held link taking the copy shut out the other held one";
 
+  // At a new copy, a link known to be held waits while another has not been
+  // probed yet (its turn comes in the same round), rather than going first.
+  MultipathScheduler fresh(2, MultipathPolicy{});
+  fresh.add(0, split_chunks(kMiB, kMiB), 0);
+  ASSERT_EQ(fresh.start_probe(0, 0.0), 0);
+  fresh.probe_landed(0, 0, 0.01, 0.01);
+  EXPECT_FALSE(fresh.next(0, &a, 0.01)) << "a held link went first while link 1 was unprobed";
+  EXPECT_EQ(fresh.start_probe(1, 0.01), 0);
+
   // The engine could not send a probe: the lane is free to be probed again.
   MultipathScheduler failed(1, MultipathPolicy{});
   failed.add(0, split_chunks(kMiB, kMiB), 0);
