@@ -92,7 +92,8 @@ MultipathScheduler::MultipathScheduler(int links, MultipathPolicy policy)
       seen_(links, std::vector<double>(kLanes, -std::numeric_limits<double>::infinity())),
       probing_(links, std::vector<bool>(kLanes, false)),
       probe_sent_(links, std::vector<double>(kLanes, 0.0)),
-      late_(links, std::vector<bool>(kLanes, false)) {
+      late_(links, std::vector<bool>(kLanes, false)),
+      resort_(links, std::vector<bool>(kLanes, false)) {
   FERRY_ARG_CHECK(links >= 1, "links must be at least 1");
   FERRY_ARG_CHECK(policy_.outstanding >= 1, "outstanding must be at least 1");
   FERRY_ARG_CHECK(policy_.may_relay.empty() || static_cast<int>(policy_.may_relay.size()) == links,
@@ -167,39 +168,56 @@ bool MultipathScheduler::lands_in_time(int link, int q, size_t bytes, double now
 }
 
 bool MultipathScheduler::clear(int link, int lane, double now) const {
-  if (!policy_.probe || now - seen_[link][lane] <= kClearS) return true;
+  if (!policy_.probe) return true;
+  if (resort_[link][lane]) return false;  // only a prompt probe clears a link taken as a last resort
+  if (now - seen_[link][lane] <= kClearS) return true;
   for (const Assignment& a : flight_[link])
     if (lane_of_[a.transfer] == lane) return true;
   return false;
 }
 
-// `link`'s last probe in the queue's lane came back late, and every other
-// link that may serve the queue is known to be held too: then waiting behind
-// the copies queued there is the best there is (the copy would otherwise
-// never go).
-bool MultipathScheduler::last_resort(int link, int q, double now) const {
-  const int lane = q % kLanes;
-  return late_[link][lane] && !probing_[link][lane] && !others_may_do_better(link, q, now);
+// `link` would take from queue `q` once clear: `q` is its own GPU's, or it
+// relays and has no own work it serves first.
+bool MultipathScheduler::would_serve(int link, int q) const {
+  const int target = q / kLanes;
+  if (link == target) return true;
+  if (!serves(link, target)) return false;
+  if (!policy_.own_link_first) return true;
+  for (int lane = 0; lane < kLanes; ++lane)
+    if (!waiting_[queue_of(link, lane)].empty()) return false;
+  return true;
 }
 
-// Another link that may serve the queue is not known to be held: clear by a
-// prompt probe, not yet probed (it gets its turn in the same round), or with
+// `link`'s last probe in the queue's lane came back late (or it already
+// carries as a last resort), and no other link that would serve the queue may
+// do better: then waiting behind the copies queued there is the best there is
+// (the copy would otherwise never go).
+bool MultipathScheduler::last_resort(int link, int q, double now) const {
+  const int lane = q % kLanes;
+  // A link already carrying as a last resort goes on while its next probe is out.
+  const bool held = resort_[link][lane] || (late_[link][lane] && !probing_[link][lane]);
+  return held && !others_may_do_better(link, q, now);
+}
+
+// Another link that would serve the queue is not known to be held: clear by
+// a prompt probe, not yet probed (its turn comes in the same round), or with
 // a probe out that may yet be prompt.
 bool MultipathScheduler::others_may_do_better(int link, int q, double now) const {
-  const int lane = q % kLanes, target = q / kLanes;
+  const int lane = q % kLanes;
   for (int j = 0; j < links(); ++j) {
-    if (j == link || !serves(j, target) || late_[j][lane]) continue;
+    if (j == link || !would_serve(j, q) || late_[j][lane]) continue;
     if (!probing_[j][lane] || clear(j, lane, now)) return true;
   }
   return others_probe_young(link, q, now);
 }
 
-// Another link that may serve the queue has a probe out that may yet be
-// prompt (out for less than twice kPromptS; older, it will come back late).
+// Another link that would serve the queue has a probe out that may yet be
+// prompt (out for less than twice kPromptS; older, it most likely comes back
+// late; if not, that link takes over once it lands).
 bool MultipathScheduler::others_probe_young(int link, int q, double now) const {
-  const int lane = q % kLanes, target = q / kLanes;
+  const int lane = q % kLanes;
   for (int j = 0; j < links(); ++j)
-    if (j != link && serves(j, target) && probing_[j][lane] && now - probe_sent_[j][lane] <= 2 * kPromptS) return true;
+    if (j != link && would_serve(j, q) && probing_[j][lane] && now - probe_sent_[j][lane] <= 2 * kPromptS) return true;
   return false;
 }
 
@@ -235,6 +253,7 @@ bool MultipathScheduler::next(int link, Assignment* out, double now) {
   const int from = pick(link, now);
   if (from < 0) return false;
   if (!lands_in_time(link, from, waiting_[from].front().chunk.bytes, now)) return false;
+  if (!clear(link, from % kLanes, now)) resort_[link][from % kLanes] = true;  // taken as a last resort
   Queued q = waiting_[from].front();
   waiting_[from].pop_front();
   waiting_bytes_[from] -= q.chunk.bytes;
@@ -258,13 +277,29 @@ void MultipathScheduler::complete(int link, double now) {
 }
 
 int MultipathScheduler::start_probe(int link, double now) {
-  if (!policy_.probe || static_cast<int>(flight_.at(link).size()) >= policy_.outstanding) return -1;
-  for (int q = 0; q < static_cast<int>(waiting_.size()); ++q) {
-    const int lane = q % kLanes;
-    if (waiting_[q].empty() || !serves(link, q / kLanes)) continue;
-    if (clear(link, lane, now) || probing_[link][lane] || last_resort(link, q, now)) continue;
-    // Late, while another link's probe may yet be prompt: wait for it rather than probe again.
-    if (late_[link][lane] && others_probe_young(link, q, now)) continue;
+  if (!policy_.probe) return -1;
+  const bool full = static_cast<int>(flight_.at(link).size()) >= policy_.outstanding;
+  // One probe per lane serves every queue of that direction the link may take.
+  for (int lane = 0; lane < kLanes; ++lane) {
+    if (clear(link, lane, now) || probing_[link][lane]) continue;
+    bool wanted = false, resort = resort_[link][lane], wait = false;
+    for (int t = 0; t < links(); ++t) {
+      const int q = queue_of(t, lane);
+      if (waiting_[q].empty() || !serves(link, t)) continue;
+      wanted = true;
+      resort = resort || last_resort(link, q, now);
+      wait = wait || (late_[link][lane] && others_probe_young(link, q, now));
+    }
+    if (!wanted) continue;
+    if (resort) {
+      // Held, and carrying what no other link will: it probes again now and
+      // then, to see whether the copies queued there are gone.
+      if (now - probe_sent_[link][lane] < kClearS) continue;
+    } else if (full || wait) {
+      // Nothing to take now, or late while another link's probe may yet be
+      // prompt: wait for it rather than probe again.
+      continue;
+    }
     probing_[link][lane] = true;
     probe_sent_[link][lane] = now;
     return lane;
@@ -273,17 +308,22 @@ int MultipathScheduler::start_probe(int link, double now) {
 }
 
 void MultipathScheduler::probe_landed(int link, int lane, double now, double waited_s) {
-  FERRY_ARG_CHECK(probing_.at(link).at(lane), "probe_landed: no probe out on that link and lane");
+  FERRY_ARG_CHECK(link >= 0 && link < links() && lane >= 0 && lane < kLanes && probing_[link][lane],
+                  "probe_landed: no probe out on that link and lane");
   probing_[link][lane] = false;
   // A late probe waited behind foreign copies: the next chunk may wait behind
   // more of them, so the lane stays unclear and start_probe() sends another
   // (unless no other link can take the copy: last_resort()).
   late_[link][lane] = waited_s > kPromptS;
-  if (!late_[link][lane]) seen_[link][lane] = std::max(seen_[link][lane], now);
+  if (!late_[link][lane]) {
+    seen_[link][lane] = std::max(seen_[link][lane], now);
+    resort_[link][lane] = false;
+  }
 }
 
 void MultipathScheduler::probe_failed(int link, int lane) {
-  FERRY_ARG_CHECK(probing_.at(link).at(lane), "probe_failed: no probe out on that link and lane");
+  FERRY_ARG_CHECK(link >= 0 && link < links() && lane >= 0 && lane < kLanes && probing_[link][lane],
+                  "probe_failed: no probe out on that link and lane");
   probing_[link][lane] = false;
 }
 

@@ -151,7 +151,9 @@ class MultipathScheduler {
   // The probe start_probe() asked for could not be sent.
   void probe_failed(int link, int lane);
   // `link`'s lane is kept out: a probe is out, or the last one came back late.
-  bool held(int link, int lane) const { return probing_.at(link)[lane] || late_.at(link)[lane]; }
+  bool held(int link, int lane) const {
+    return probing_.at(link).at(lane) || late_.at(link).at(lane) || resort_.at(link).at(lane);
+  }
   bool probing(int link, int lane) const { return probing_.at(link)[lane]; }
   double probe_sent(int link, int lane) const { return probe_sent_.at(link)[lane]; }
   // The oldest chunk in flight on `link` landed (seen at `now`).
@@ -194,6 +196,7 @@ class MultipathScheduler {
   size_t flight_bytes(int link) const;
   bool clear(int link, int lane, double now) const;
   bool last_resort(int link, int q, double now) const;
+  bool would_serve(int link, int q) const;
   bool others_may_do_better(int link, int q, double now) const;
   bool others_probe_young(int link, int q, double now) const;
   // Queue `q` has a chunk, and its lane is clear on `link` (or `link` is its last resort).
@@ -214,6 +217,7 @@ class MultipathScheduler {
   std::vector<std::vector<bool>> probing_;       // by link and lane: a probe is out
   std::vector<std::vector<double>> probe_sent_;  // by link and lane: when it was sent
   std::vector<std::vector<bool>> late_;          // by link and lane: the last probe came back late
+  std::vector<std::vector<bool>> resort_;        // by link and lane: took chunks while held, until a prompt probe
   std::vector<size_t> remaining_;                // chunks not yet landed, by transfer
 };
 

@@ -447,8 +447,12 @@ TEST(MultipathProbe, WhenEveryLinkIsHeldTheCopyStillGoes) {
   alone.add(0, split_chunks(4 * kMiB, kMiB), 0);
   ASSERT_EQ(alone.start_probe(0, 0.0), 0);
   alone.probe_landed(0, 0, 0.01, 0.01);
-  EXPECT_EQ(alone.start_probe(0, 0.01), -1) << "the only link probed again instead of taking the copy";
-  EXPECT_TRUE(alone.next(0, &a, 0.01));
+  EXPECT_TRUE(alone.next(0, &a, 0.01)) << "the only link did not take the copy";
+  EXPECT_TRUE(alone.held(0, 0));
+  EXPECT_EQ(alone.start_probe(0, 0.01), 0) << "a held link carrying the copy stopped probing";
+  EXPECT_TRUE(alone.next(0, &a, 0.01)) << "the copy stopped while the link's next probe is out";
+  alone.probe_landed(0, 0, 0.0101, 20e-6);  // prompt: the queue there is gone
+  EXPECT_FALSE(alone.held(0, 0));
 
   MultipathScheduler two(2, MultipathPolicy{});
   two.add(0, split_chunks(4 * kMiB, kMiB), 0);
@@ -502,4 +506,49 @@ TEST(MultipathProbe, APromptProbeSeenLateStillClearsTheLane) {
   ASSERT_EQ(s.start_probe(0, 0.0), 0);
   s.probe_landed(0, 0, 0.004, 15e-6);  // seen 4 ms later; 15 us on the GPU
   EXPECT_TRUE(s.next(0, &a, 0.004));
+}
+
+// A held link taken as a last resort stops once another link proves clear.
+TEST(MultipathProbe, AHeldLinkStopsOnceAnotherProvesClear) {
+  MultipathScheduler s(2, MultipathPolicy{});
+  s.add(0, split_chunks(8 * kMiB, kMiB), 0);
+  Assignment a;
+  ASSERT_EQ(s.start_probe(0, 0.0), 0);
+  ASSERT_EQ(s.start_probe(1, 0.0), 0);
+  s.probe_landed(0, 0, 150e-6, 150e-6);
+  ASSERT_TRUE(s.next(0, &a, 250e-6)) << "link 1's probe, out 250 us, will be late: link 0 goes";
+  s.probe_landed(1, 0, 300e-6, 20e-6);  // prompt on the GPU
+  EXPECT_FALSE(s.next(0, &a, 300e-6)) << "the held link went on beside a clear one";
+  EXPECT_TRUE(s.next(1, &a, 300e-6));
+}
+
+// Link 1 serves its own long copy first; link 0 is held for good. A short
+// copy into GPU 0 goes over link 0, behind what is queued there, rather than
+// waiting for GPU 1's copy to end.
+TEST(MultipathBalance, AHeldOwnLinkStillCarriesWhatNoOtherLinkWill) {
+  auto links = equal_links(2);
+  links[0].busy_from = 0;
+  links[0].busy_until = 100;
+  links[0].busy_wait_s = 500e-6;
+  const std::vector<SimTransfer> both = {{1, 10 * kGiB}, {0, 32 * kMiB}};
+  const auto r = simulate(links, both, 8 * kMiB, MultipathPolicy{});
+  EXPECT_LT(r.finish_by_transfer[1], 0.01) << "the short copy waited for the long one";
+}
+
+// Both links held for 10 ms, then link 1 is free and link 0 stays held: once
+// link 1's probe is prompt, link 0 (a last resort until then) stops.
+TEST(MultipathBalance, ProbingResumesAfterEveryLinkWasHeld) {
+  auto links = equal_links(2);
+  for (auto& m : links) {
+    m.busy_from = 0;
+    m.busy_wait_s = 300e-6;
+  }
+  links[0].busy_until = 100;
+  links[1].busy_until = 0.01;
+  const std::vector<SimTransfer> copies(40, SimTransfer{0, 32 * kMiB});
+  const auto r = simulate(links, copies, 8 * kMiB, MultipathPolicy{}, 0.0, true);
+  const double relay_alone = 40.0 * 32 * kMiB / 55e9;
+  EXPECT_LT(r.seconds, relay_alone + 0.008) << r.seconds << " against " << relay_alone;
+  // What link 0 can carry in the 10 ms both were held (a chunk per 450 us), and no more.
+  EXPECT_LE(r.bytes_by_link[0], 200 * kMiB) << r.bytes_by_link[0] / kMiB << " MiB on the held link";
 }
