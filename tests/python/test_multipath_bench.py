@@ -57,11 +57,14 @@ def test_contention_table_lines():
          "share_of_left": 0.32, "link_shares": [1.0]},
         {"op": "multipath_foreign", "impl": "ferry", "paths": 2, "gbps": 60.0, "foreign_gbps": 40.0,
          "share_of_left": 0.88, "link_shares": [0.1, 0.9]},
+        {"op": "multipath_foreign", "impl": "ferry", "paths": 2, "direction": "d2h", "gbps": 50.0,
+         "foreign_gbps": 45.0, "share_of_left": 0.91, "link_shares": [0.0, 1.0]},
         {"op": "p2p_beside", "impl": "own-link-first", "alone_gbps": 300.0, "gbps": 250.0},
     ]  # fmt: skip
     text = contention_table(rows)
     assert "plain copy 25.0 GB/s" in text and "32% of the capacity left" in text
     assert "ferry x2 60.0 GB/s" in text and "88% of the capacity left" in text and "[0.1, 0.9]" in text
+    assert "link (d2h): ferry x2 50.0 GB/s" in text and "91% of the capacity left" in text
     assert "beside ferry (own-link-first) 250.0" in text
     assert contention_table([]) == ""
 

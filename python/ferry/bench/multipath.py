@@ -15,9 +15,9 @@ What it measures, per direction (host to GPU 0, GPU 0 to host) and size:
   chunks, by fixed ratios);
 - aggregate: every GPU copying its own buffer over its own link at once, the
   machine's host bandwidth that multipath can at best reach (same run).
---contention adds a foreign copy hogging GPU 0's link (ferry's share of the
-capacity left) and an unrelated GPU 1 -> GPU 0 peer copy beside ferry with and
-without own link first.
+--contention adds a foreign copy hogging GPU 0's link in each direction
+(ferry's share of the capacity left) and an unrelated GPU 1 -> GPU 0 peer copy
+beside ferry with and without own link first.
 Time: CUDA events on the caller's stream around one copy (the engine's start
 event and gate included), the median of --reps after one warm-up; graphs off.
 host_us is the caller's time in the call; cpu_us the process's CPU time per
@@ -144,8 +144,9 @@ def contention_table(records: Sequence[dict]) -> str:
     for r in records:
         if r["op"] == "multipath_foreign":
             who = "plain copy" if r["impl"] == "plain" else f"ferry x{r['paths']}"
+            way = f" ({r['direction']})" if r.get("direction") else ""
             lines.append(
-                f"foreign copy on GPU 0's link: {who} {r['gbps']:.1f} GB/s, foreign {r['foreign_gbps']:.1f},"
+                f"foreign copy on GPU 0's link{way}: {who} {r['gbps']:.1f} GB/s, foreign {r['foreign_gbps']:.1f},"
                 f" {r['share_of_left']:.0%} of the capacity left (target 90%), bytes by link {r.get('link_shares')}"
             )
         elif r["op"] == "p2p_beside":
@@ -377,15 +378,18 @@ class StaticSplit:
 
 
 def contention(
-    torch, engines: dict, nbytes: int, reps: int, aggregate: float, gpu: str, date: str, progress=print
+    torch, engines: dict, nbytes: int, reps: int, aggregates: dict, gpu: str, date: str, progress=print
 ):
-    """Two contention cases, host to GPU 0, `nbytes` per copy:
-    - a foreign copy (plain, its own stream and buffer) hogging GPU 0's link
-      while ferry copies: ferry's GB/s against the capacity left (all links at
-      once less what the foreign copy took in the same window);
-    - an unrelated GPU 1 -> GPU 0 peer copy beside ferry, with and without own
-      link first: the peer copy's GB/s alone and beside.
-    Records {op: "multipath_foreign"|"p2p_beside", impl, bytes, paths, gbps, ...}."""
+    """Two contention cases, `nbytes` per copy:
+    - a foreign copy (plain, its own stream and buffer) hogging GPU 0's link in
+      one direction while ferry copies the same way, for each direction in
+      `aggregates` ({"h2d"|"d2h": all links at once, GB/s}): ferry's GB/s
+      against the capacity left (all links at once less what the foreign copy
+      took in the same window);
+    - an unrelated GPU 1 -> GPU 0 peer copy beside ferry's host-to-GPU copies,
+      with and without own link first: the peer copy's GB/s alone and beside.
+    Records {op: "multipath_foreign"|"p2p_beside", impl, bytes, paths, gbps,
+    direction, ...}."""
     import ferry.multipath as mp
 
     out = []
@@ -433,33 +437,38 @@ def contention(
         span = max(hi - lo, 1e-6) * 1e-3
         return reps * nbytes / span / 1e9, inside * bg_bytes / span / 1e9
 
-    def foreign():
-        with torch.cuda.stream(f):
-            f_dev.copy_(f_host, non_blocking=True)
+    for direction, aggregate in aggregates.items():
+        to_gpu = direction == "h2d"
 
-    def plain():
-        with torch.cuda.stream(s):
-            dev.copy_(host, non_blocking=True)
+        def foreign(to_gpu=to_gpu):
+            with torch.cuda.stream(f):
+                f_dev.copy_(f_host, non_blocking=True) if to_gpu else f_host.copy_(f_dev, non_blocking=True)
 
-    for key, eng in [(("plain", 1), None)] + list(engines.items()):
-        before = eng.bytes_by_link() if eng else [0]
+        for key, eng in [(("plain", 1), None)] + list(engines.items()):
+            before = eng.bytes_by_link() if eng else [0]
+            dst, src = (dev, host) if to_gpu else (host, dev)
 
-        def fg(eng=eng):
-            eng.copy(dev, host, stream=s) if eng else plain()
+            def fg(eng=eng, dst=dst, src=src):
+                if eng:
+                    eng.copy(dst, src, stream=s)
+                else:
+                    with torch.cuda.stream(s):
+                        dst.copy_(src, non_blocking=True)
 
-        fg_gbps, bg_gbps = window(f, foreign, fg, count=4 * reps + 4, bg_bytes=nbytes)
-        moved = [b - a for a, b in zip(before, eng.bytes_by_link())] if eng else [reps * nbytes]
-        shares = [round(m / max(sum(moved), 1), 3) for m in moved]
-        left = max(aggregate - bg_gbps, 1e-9)
-        label = "plain copy" if eng is None else f"ferry x{key[1]}"
-        progress(
-            f"foreign copy on GPU 0's link: {label} {fg_gbps:.1f} GB/s, foreign {bg_gbps:.1f}, "
-            f"capacity left {left:.1f}: {fg_gbps / left:.0%} of it; bytes by link {shares}"
-        )
-        out.append({"op": "multipath_foreign", "impl": "plain" if eng is None else "ferry", "bytes": nbytes,
-                    "paths": key[1], "gbps": round(fg_gbps, 2), "foreign_gbps": round(bg_gbps, 2),
-                    "aggregate_gbps": round(aggregate, 2), "share_of_left": round(fg_gbps / left, 3),
-                    "link_shares": shares, "gpu": gpu, "date": date})  # fmt: skip
+            fg_gbps, bg_gbps = window(f, foreign, fg, count=4 * reps + 4, bg_bytes=nbytes)
+            moved = [b - a for a, b in zip(before, eng.bytes_by_link())] if eng else [reps * nbytes]
+            shares = [round(m / max(sum(moved), 1), 3) for m in moved]
+            left = max(aggregate - bg_gbps, 1e-9)
+            label = "plain copy" if eng is None else f"ferry x{key[1]}"
+            progress(
+                f"foreign copy on GPU 0's link ({direction}): {label} {fg_gbps:.1f} GB/s, foreign {bg_gbps:.1f}, "
+                f"capacity left {left:.1f}: {fg_gbps / left:.0%} of it; bytes by link {shares}"
+            )
+            out.append({"op": "multipath_foreign", "impl": "plain" if eng is None else "ferry", "bytes": nbytes,
+                        "paths": key[1], "direction": direction, "gbps": round(fg_gbps, 2),
+                        "foreign_gbps": round(bg_gbps, 2), "aggregate_gbps": round(aggregate, 2),
+                        "share_of_left": round(fg_gbps / left, 3), "link_shares": shares, "gpu": gpu,
+                        "date": date})  # fmt: skip
     # The peer copy runs on GPU 1's stream (torch copies between GPUs on the
     # source's current stream) fenced with GPU 0's current stream p, where the
     # window's events are: every event of a window on one GPU.
@@ -580,9 +589,13 @@ def run(opts: dict, progress=print) -> dict:
             )
     extra = []
     if opts.get("contention") and n_gpu >= 2:
-        agg = max(r["aggregate_gbps"] for r in records if r["op"] == "multipath_h2d")
+        aggs = {
+            way: max(r["aggregate_gbps"] for r in records if r["op"] == op)
+            for way, op in OPS.items()
+            if any(r["op"] == op for r in records)
+        }
         ferry_engines = {k: v for k, v in engines.items() if k[0] == "ferry"}
-        extra = contention(torch, ferry_engines, min(top, 256 << 20), reps, agg, gpu, date, progress)
+        extra = contention(torch, ferry_engines, min(top, 256 << 20), reps, aggs, gpu, date, progress)
     for e in engines.values():
         e.close()
     sleeps = []
