@@ -2,7 +2,7 @@
 and the field's approaches, side by side in one process.
 
     python -m ferry.bench.kv [--pages 4K,16K,64K,256K,1M,4M] [--counts 64,256,1024,4096,16384]
-        [--ops fetch,save,both] [--max-bytes 1G] [--reps 5] [--warmup 1] [--gemm] [--urgent]
+        [--ops fetch,save,both] [--max-bytes 1G] [--reps 5] [--warmup 1] [--gemm] [--urgent] [--urgent-pages 16K,64K]
         [--out DIR] [--tag TAG] [--no-plot]
 
 Each point copies `count` scattered pages of `page` bytes (a random sample of
@@ -27,7 +27,8 @@ kernel with index lists on the GPU, submitted ahead).
 --gemm: a bf16 8192^3 GEMM loop alone and beside continuous fetches (zero_sm
 batched, and the kernel), paired alternating runs, median slowdown.
 --urgent: the latency of a small fetch issued while a 1 GiB bulk fetch runs:
-behind it on the same stream, on another stream, and with urgent=True.
+behind it on the same stream, on another stream, and with urgent=True; its
+page sizes from --urgent-pages (default 16K).
 """
 
 from __future__ import annotations
@@ -407,15 +408,29 @@ def measure_gemm(torch, kv, bufs, reps: int, gpu: str, date: str) -> List[dict]:
     return out
 
 
-def measure_urgent(torch, kv, bufs, reps: int, gpu: str, date: str) -> List[dict]:
-    """Latency of a 32 x 16 KB fetch issued 1 ms into a 1 GiB bulk fetch, from
-    its submission (host clock) to its completion seen by the host."""
+def measure_urgent(torch, kv, bufs, reps: int, gpu: str, date: str, page_sizes=(16 << 10,)) -> List[dict]:
+    """Latency of a 32-page fetch (each of `page_sizes`) issued 1 ms into a
+    1 GiB bulk fetch, from its submission (host clock) to its completion seen
+    by the host. The page size matters: the copy engines serve host-to-GPU
+    copies from 64 KiB first in, first out across streams, and smaller ones
+    may skip that queue (docs/multipath.md, "Hazards")."""
     bulk_pages = min(1024, bufs.half // (1 << 20) // 2)
     hb, gb = bufs.pages(0, 1 << 20, 2 * bulk_pages)
-    hs, gsm = bufs.pages(1, 16 << 10, 64)
     bulk_ids = list(range(bulk_pages))
     small_d, small_s = list(range(0, 64, 2)), list(range(1, 64, 2))
     a, b = torch.cuda.Stream(), torch.cuda.Stream()
+    out = []
+    for page_bytes in page_sizes:
+        out += _urgent_at(
+            torch, kv, gb, hb, bufs.pages(1, page_bytes, 64), bulk_ids, small_d, small_s, a, b, reps
+        )
+    for r in out:
+        r.update(bulk_bytes=bulk_pages << 20, gpu=gpu, date=date)
+    return out
+
+
+def _urgent_at(torch, kv, gb, hb, small, bulk_ids, small_d, small_s, a, b, reps: int) -> List[dict]:
+    hs, gsm = small
     out = []
     for impl in ("same-stream", "other-stream", "urgent"):
         lat = []
@@ -436,12 +451,9 @@ def measure_urgent(torch, kv, bufs, reps: int, gpu: str, date: str) -> List[dict
             {
                 "op": "kv_urgent",
                 "impl": impl,
-                "page_bytes": 16 << 10,
+                "page_bytes": hs.shape[1],
                 "pages": 32,
-                "bulk_bytes": bulk_pages << 20,
                 "latency_us": round(statistics.median(lat[1:]), 1),
-                "gpu": gpu,
-                "date": date,
             }
         )
     return out
@@ -502,7 +514,9 @@ def run(opts: dict, progress=print) -> dict:
     if opts.get("gemm"):
         extra += measure_gemm(torch, kv, bufs, opts.get("gemm_reps", 5), gpu, date)
     if opts.get("urgent"):
-        extra += measure_urgent(torch, kv, bufs, opts.get("urgent_reps", 5), gpu, date)
+        extra += measure_urgent(
+            torch, kv, bufs, opts.get("urgent_reps", 5), gpu, date, opts.get("urgent_pages", [16 << 10])
+        )
     return {"gpu": gpu, "date": date, "pcie_peak_gbps": peak, "records": records, "extra": extra}
 
 
@@ -570,7 +584,8 @@ def summary(result: dict) -> str:
             )
         elif e["op"] == "kv_urgent":
             lines.append(
-                f"urgent 32 x 16 KB fetch during a {format_size(e['bulk_bytes'])} bulk fetch, {e['impl']}: "
+                f"urgent 32 x {format_size(e.get('page_bytes', 16 << 10))} fetch during a "
+                f"{format_size(e['bulk_bytes'])} bulk fetch, {e['impl']}: "
                 f"{e['latency_us']:.0f} us"
             )
     host = [r for r in result["records"] if r.get("host_us") is not None]
@@ -598,6 +613,7 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--gemm", action="store_true")
     p.add_argument("--urgent", action="store_true")
+    p.add_argument("--urgent-pages", default="16K", help="page sizes of the urgent fetch (--urgent)")
     p.add_argument("--out", default="")
     p.add_argument("--tag", default="")
     p.add_argument("--no-plot", action="store_true")
@@ -615,6 +631,7 @@ def make_options(
     warmup: int = 1,
     gemm: bool = False,
     urgent: bool = False,
+    urgent_pages: str = "16K",
 ) -> dict:
     """run()'s options from the command line's text forms (also what
     `ferry bench` and `ferry kv-tune` pass); unknown names exit naming the option."""
@@ -636,6 +653,7 @@ def make_options(
         warmup=warmup,
         gemm=gemm,
         urgent=urgent,
+        urgent_pages=[parse_size(x) for x in urgent_pages.split(",") if x],
     )
 
 
@@ -650,6 +668,7 @@ def options(args) -> dict:
         args.warmup,
         args.gemm,
         args.urgent,
+        args.urgent_pages,
     )
 
 
