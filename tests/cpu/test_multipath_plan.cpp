@@ -19,6 +19,13 @@ constexpr size_t kGiB = size_t(1) << 30;
 
 std::vector<LinkModel> equal_links(int n, double gbps = 55) { return std::vector<LinkModel>(n, LinkModel{gbps * 1e9}); }
 
+// Probes on: `links` links and one copy of `bytes` into GPU 0 in `lane`, in 1 MiB chunks.
+MultipathScheduler one_copy(int links, size_t bytes, int lane = 0) {
+  MultipathScheduler s(links, MultipathPolicy{});
+  s.add(0, split_chunks(bytes, kMiB), lane);
+  return s;
+}
+
 // The scheduler's other rules, with every lane clear from the start.
 MultipathPolicy unprobed() {
   MultipathPolicy p;
@@ -413,8 +420,7 @@ TEST(MultipathProbe, ALaneIsClearOnlyAfterAPromptProbe) {
 // copy, the lane stays out and probes again until one is prompt. A clear lane
 // lapses kClearS after its last landing.
 TEST(MultipathProbe, ALateProbeKeepsTheLaneOutAndAClearLaneLapses) {
-  MultipathScheduler s(2, MultipathPolicy{});
-  s.add(0, split_chunks(8 * kMiB, kMiB), 0);
+  MultipathScheduler s = one_copy(2, 8 * kMiB);
   Assignment a;
   ASSERT_EQ(s.start_probe(0, 0.0), 0);
   ASSERT_EQ(s.start_probe(1, 0.0049), 0);
@@ -443,8 +449,7 @@ TEST(MultipathProbe, ALateProbeKeepsTheLaneOutAndAClearLaneLapses) {
 // another link's probe is out, a late link waits for it.
 TEST(MultipathProbe, WhenEveryLinkIsHeldTheCopyStillGoes) {
   Assignment a;
-  MultipathScheduler alone(1, MultipathPolicy{});
-  alone.add(0, split_chunks(4 * kMiB, kMiB), 0);
+  MultipathScheduler alone = one_copy(1, 4 * kMiB);
   ASSERT_EQ(alone.start_probe(0, 0.0), 0);
   alone.probe_landed(0, 0, 0.01, 0.01);
   EXPECT_TRUE(alone.next(0, &a, 0.01)) << "the only link did not take the copy";
@@ -454,8 +459,7 @@ TEST(MultipathProbe, WhenEveryLinkIsHeldTheCopyStillGoes) {
   alone.probe_landed(0, 0, 0.0101, 20e-6);  // prompt: the queue there is gone
   EXPECT_FALSE(alone.held(0, 0));
 
-  MultipathScheduler two(2, MultipathPolicy{});
-  two.add(0, split_chunks(4 * kMiB, kMiB), 0);
+  MultipathScheduler two = one_copy(2, 4 * kMiB);
   ASSERT_EQ(two.start_probe(0, 0.0), 0);
   ASSERT_EQ(two.start_probe(1, 0.0), 0);
   two.probe_landed(0, 0, 150e-6, 150e-6);
@@ -467,16 +471,14 @@ TEST(MultipathProbe, WhenEveryLinkIsHeldTheCopyStillGoes) {
 
   // At a new copy, a link known to be held waits while another has not been
   // probed yet (its turn comes in the same round), rather than going first.
-  MultipathScheduler fresh(2, MultipathPolicy{});
-  fresh.add(0, split_chunks(kMiB, kMiB), 0);
+  MultipathScheduler fresh = one_copy(2, kMiB);
   ASSERT_EQ(fresh.start_probe(0, 0.0), 0);
   fresh.probe_landed(0, 0, 0.01, 0.01);
   EXPECT_FALSE(fresh.next(0, &a, 0.01)) << "a held link went first while link 1 was unprobed";
   EXPECT_EQ(fresh.start_probe(1, 0.01), 0);
 
   // The engine could not send a probe: the lane is free to be probed again.
-  MultipathScheduler failed(1, MultipathPolicy{});
-  failed.add(0, split_chunks(kMiB, kMiB), 0);
+  MultipathScheduler failed = one_copy(1, kMiB);
   ASSERT_EQ(failed.start_probe(0, 0.0), 0);
   failed.probe_failed(0, 0);
   EXPECT_FALSE(failed.probing(0, 0));
@@ -486,8 +488,7 @@ TEST(MultipathProbe, WhenEveryLinkIsHeldTheCopyStillGoes) {
 // One queue per target and direction: copies into a GPU held behind a late
 // lane do not hold copies out of it.
 TEST(MultipathProbe, AHeldDirectionDoesNotHoldTheOther) {
-  MultipathScheduler s(2, MultipathPolicy{});
-  s.add(0, split_chunks(4 * kMiB, kMiB), 0);  // into GPU 0, first
+  MultipathScheduler s = one_copy(2, 4 * kMiB);  // into GPU 0, first
   const int out = s.add(0, split_chunks(2 * kMiB, kMiB), 1);
   EXPECT_EQ(s.start_probe(0, 0.0), 0);
   EXPECT_EQ(s.start_probe(0, 0.0), 1);
@@ -500,8 +501,7 @@ TEST(MultipathProbe, AHeldDirectionDoesNotHoldTheOther) {
 // Promptness is the probe's own time on the link, not when the host saw it
 // land: a busy host that looks late does not keep a clear link out.
 TEST(MultipathProbe, APromptProbeSeenLateStillClearsTheLane) {
-  MultipathScheduler s(1, MultipathPolicy{});
-  s.add(0, split_chunks(2 * kMiB, kMiB), 0);
+  MultipathScheduler s = one_copy(1, 2 * kMiB);
   Assignment a;
   ASSERT_EQ(s.start_probe(0, 0.0), 0);
   s.probe_landed(0, 0, 0.004, 15e-6);  // seen 4 ms later; 15 us on the GPU
@@ -510,8 +510,7 @@ TEST(MultipathProbe, APromptProbeSeenLateStillClearsTheLane) {
 
 // A held link taken as a last resort stops once another link proves clear.
 TEST(MultipathProbe, AHeldLinkStopsOnceAnotherProvesClear) {
-  MultipathScheduler s(2, MultipathPolicy{});
-  s.add(0, split_chunks(8 * kMiB, kMiB), 0);
+  MultipathScheduler s = one_copy(2, 8 * kMiB);
   Assignment a;
   ASSERT_EQ(s.start_probe(0, 0.0), 0);
   ASSERT_EQ(s.start_probe(1, 0.0), 0);

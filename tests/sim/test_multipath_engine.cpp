@@ -114,6 +114,25 @@ void expect_broken_saying(MultipathEngine& e, std::initializer_list<const char*>
   }
 }
 
+// A 16 MiB copy into GPU 0 over `links` under `faults` (timeout 0.5 s): its
+// stream goes on, the engine's error holds every one of `saying`, and the
+// broken engine refuses the next copy.
+void times_out_letting_the_stream_go(const std::vector<int>& links, const sim::Faults& faults,
+                                     std::initializer_list<const char*> saying) {
+  MultipathOptions o = options(links);
+  o.timeout_s = 0.5;
+  MultipathEngine e(o);
+  sim::set_faults(faults);
+  const size_t n = 16 * MiB;
+  Buf host(n, -1), dev(n, 0);
+  cudaStream_t s = new_stream(0);
+  e.copy(dev.p, host.p, n, s);
+  EXPECT_TRUE(drained(s, 20)) << "the stream stayed held";
+  expect_broken_saying(e, saying);
+  EXPECT_THROW(e.copy(dev.p, host.p, n, s), ferry::Error);
+  sim::set_faults(sim::Faults{});
+}
+
 class MultipathSim : public ::testing::Test {
  protected:
   void SetUp() override { sim::reset(3); }
@@ -315,21 +334,10 @@ TEST_F(MultipathSim, BadInputIsNamed) {
 }
 
 TEST_F(MultipathSim, ARelayThatNeverFinishesTimesOutLetsTheStreamGoAndSaysWhere) {
-  MultipathOptions o = options({0, 1});
-  o.timeout_s = 0.5;
-  MultipathEngine e(o);
   sim::Faults f;
   f.hang_on_device = 1;
   f.hang_from_bytes = ferry::xfer::kMultipathProbeBytes + 1;  // its probes land; its chunks do not
-  sim::set_faults(f);
-  const size_t n = 16 * MiB;
-  Buf host(n, -1), dev(n, 0);
-  cudaStream_t s = new_stream(0);
-  e.copy(dev.p, host.p, n, s);
-  EXPECT_TRUE(drained(s, 20)) << "the stream stayed held";
-  expect_broken_saying(e, {"did not land within", "cuda:1"});
-  EXPECT_THROW(e.copy(dev.p, host.p, n, s), ferry::Error);  // broken: refused
-  sim::set_faults(sim::Faults{});
+  times_out_letting_the_stream_go({0, 1}, f, {"did not land within", "cuda:1"});
 }
 
 // Foreign copies queued on a link hold everything after them there, the
@@ -360,20 +368,11 @@ TEST_F(MultipathSim, ALinkWhoseProbeDoesNotLandCarriesNothing) {
 // With the other link gone (its probe cannot be sent), a copy whose own link
 // stays held times out, and the error says the probe there has not landed.
 TEST_F(MultipathSim, ACopyWhoseOnlyLinkStaysHeldTimesOutNamingTheProbe) {
-  MultipathOptions o = options({0, 1});
-  o.timeout_s = 0.5;
-  MultipathEngine e(o);
   sim::Faults f;
   f.hang_on_device = 0;
   f.fail_on_device = 1;
-  sim::set_faults(f);
-  const size_t n = 16 * MiB;
-  Buf host(n, -1), dev(n, 0);
-  cudaStream_t s = new_stream(0);
-  e.copy(dev.p, host.p, n, s);
-  EXPECT_TRUE(drained(s, 5)) << "the stream stayed held";
-  expect_broken_saying(e, {"links kept out by copies queued there first (their probes late or not landed): cuda:0"});
-  sim::set_faults(sim::Faults{});
+  times_out_letting_the_stream_go(
+      {0, 1}, f, {"links kept out by copies queued there first (their probes late or not landed): cuda:0"});
 }
 
 TEST_F(MultipathSim, ARelayThatCannotTakeAChunkLeavesItToTheOtherLinks) {
