@@ -52,8 +52,9 @@ void mem_ops(cudaStream_t stream, const std::vector<MemOp>& ops);
 bool is_capturing(cudaStream_t stream);
 bool is_legacy_default(cudaStream_t stream);
 // The GPU `stream` belongs to. A default stream (null, legacy, per-thread)
-// names no GPU of its own: it is taken as `gpu`'s, the GPU the call's data is
-// on, as torch does; so is a capturing stream, which may not be asked.
+// names no GPU of its own: it is taken as `gpu`'s (the caller's choice: torch
+// takes the tensor's GPU, the CUDA runtime the current one); so is a
+// capturing stream, which may not be asked.
 int stream_device(cudaStream_t stream, int gpu);
 
 }  // namespace dma

@@ -49,8 +49,6 @@ void HostGate::open_on(cudaStream_t stream) { gate::open_on_stream(stream, devic
 
 uint64_t HostGate::value() const { return __atomic_load_n(const_cast<uint64_t*>(host_), __ATOMIC_ACQUIRE); }
 
-bool HostGate::is_open() const {
-  return __atomic_load_n(const_cast<uint64_t*>(host_), __ATOMIC_ACQUIRE) >= generation_;
-}
+bool HostGate::is_open() const { return value() >= generation_; }
 
 }  // namespace ferry

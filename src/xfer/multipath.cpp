@@ -22,6 +22,8 @@ namespace {
 constexpr double kWarmS = 10.0;     // bound on the links' first copies
 constexpr size_t kFirstBytes = 64;  // scratch for the links' first copies, before the probes' bytes
 
+std::string error_text(cudaError_t e) { return std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")"; }
+
 std::string dev_name(int d) { return "cuda:" + std::to_string(d); }
 
 bool ranges_overlap(const void* a, const void* b, size_t n) {
@@ -91,10 +93,10 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
     Link& L = link_[i];
     L.device = links_[i];
     DeviceScope on(L.device);
-    // The greatest priority, meant to keep a chunk from queueing behind a
-    // caller's stream that waits for it where streams share hardware queues
-    // (CUDA_DEVICE_MAX_CONNECTIONS); not verified on a GPU. Copy engines
-    // ignore priority otherwise.
+    // The greatest priority, meant for the stream operations around a chunk
+    // where streams share hardware queues (CUDA_DEVICE_MAX_CONNECTIONS); not
+    // verified. The copy engines ignore it: their order across streams is
+    // first in, first out whatever the priority (measured).
     int least = 0, greatest = 0;
     FERRY_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     FERRY_CUDA_CHECK(cudaStreamCreateWithPriority(&L.host, cudaStreamNonBlocking, greatest));
@@ -429,8 +431,8 @@ void MultipathEngine::submit(Transfer& t, const Assignment& a) {
         std::lock_guard<std::mutex> lock(mu_);
         policy_.may_relay[a.link] = false;  // copy() sizes chunks by the relays left
       }
-      debug_log("multipath: " + dev_name(L.device) + " relays no more: " + cudaGetErrorName(e) + " (" +
-                cudaGetErrorString(e) + "); its chunk goes over the other links");
+      debug_log("multipath: " + dev_name(L.device) + " relays no more: " + error_text(e) +
+                "; its chunk goes over the other links");
       return;
     }
   }
@@ -452,20 +454,17 @@ void MultipathEngine::probe(int l, int lane) {
                   : cudaMemcpyAsync(host, dev, n, cudaMemcpyDefault, L.host);
   if (e == cudaSuccess) e = cudaEventRecord(L.probe[lane][1], L.host);
   if (e == cudaSuccess) return;
-  // As a chunk that a link cannot take: an error of the copy on the target's
-  // own link, and otherwise the link relays no more. Its lane stays probing:
-  // it takes nothing there again.
+  // As a chunk that a link cannot take: an error of the copies on the
+  // target's own link, and otherwise the link relays no more.
   cudaGetLastError();
-  sched_->probe_failed(l, lane);
-  const std::string why = std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")";
-  if (sched_->waiting(l))
-    throw_error(FERRY_ERROR_CUDA, "multipath: the link of " + dev_name(L.device) + " failed: " + why);
-  sched_->stop_relaying(l);
+  if (sched_->probe_failed(l, lane))
+    throw_error(FERRY_ERROR_CUDA, "multipath: the link of " + dev_name(L.device) + " failed: " + error_text(e));
   {
     std::lock_guard<std::mutex> lock(mu_);
     policy_.may_relay[l] = false;
   }
-  debug_log("multipath: " + dev_name(L.device) + " relays no more: " + why + "; copies go over the other links");
+  debug_log("multipath: " + dev_name(L.device) + " relays no more: " + error_text(e) +
+            "; copies go over the other links");
 }
 
 // Every chunk of `t` landed: its stream goes on.
@@ -608,7 +607,7 @@ void MultipathEngine::run() {
           continue;
         }
         if (sched->idle() && active.empty()) sched->forget_transfers();  // ids stay small
-        it->sched = sched->add(it->target, split_chunks(it->bytes, it->chunk), it->to_device ? 0 : 1);
+        it->sched = sched->add(it->target, split_chunks(it->bytes, it->chunk), MultipathScheduler::lane(it->to_device));
         it->deadline = t_now + timeout_s_;
         active.push_back(*it);
         it = pending.erase(it);
@@ -631,7 +630,7 @@ void MultipathEngine::run() {
           if (q != cudaSuccess) {
             cudaGetLastError();
             throw_error(FERRY_ERROR_CUDA, std::string("multipath: a probe on the link of ") + dev_name(L.device) +
-                                              " failed: " + cudaGetErrorName(q) + " (" + cudaGetErrorString(q) + ")");
+                                              " failed: " + error_text(q));
           }
           const double seen = steady_seconds();
           const double host_s = seen - sched->probe_sent(l, lane);
@@ -644,7 +643,7 @@ void MultipathEngine::run() {
                       " took " + std::to_string(static_cast<long>(waited * 1e6)) + " us on the GPU (" +
                       std::to_string(static_cast<long>(host_s * 1e6)) +
                       " us as the engine saw it): copies were queued there first; that link takes no chunk that way "
-                      "until one is prompt");
+                      "until one is prompt, unless no other link will take the copy");
           sched->probe_landed(l, lane, seen, waited);
           progress = true;
         }
@@ -654,7 +653,7 @@ void MultipathEngine::run() {
           if (q != cudaSuccess) {
             cudaGetLastError();
             throw_error(FERRY_ERROR_CUDA, std::string("multipath: a chunk on the link of ") + dev_name(L.device) +
-                                              " failed: " + cudaGetErrorName(q) + " (" + cudaGetErrorString(q) + ")");
+                                              " failed: " + error_text(q));
           }
           // The link's speed: from when it could start on the chunk (given,
           // or its previous chunk landed) to when the chunk was seen landed.
@@ -678,7 +677,7 @@ void MultipathEngine::run() {
         }
         if (t_now > it->deadline) {
           std::string where, probing;
-          const int lane = it->to_device ? 0 : 1;
+          const int lane = MultipathScheduler::lane(it->to_device);
           for (int l = 0; l < n; ++l) {
             for (const auto& f : link_[l].flight)
               if (f.transfer == it->id) where += (where.empty() ? "" : ", ") + dev_name(link_[l].device);
@@ -700,9 +699,7 @@ void MultipathEngine::run() {
       fail_and_release(e.what(), pending, active);
       continue;
     }
-    bool probes = false;
-    for (int l = 0; l < n; ++l)
-      for (int lane = 0; lane < MultipathScheduler::kLanes; ++lane) probes = probes || sched->probing(l, lane);
+    const bool probes = sched->any_probing();
     if (in_flight() || (probes && !active.empty())) {
       idle_us = 5;
       std::this_thread::sleep_for(std::chrono::microseconds(5));

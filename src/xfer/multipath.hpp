@@ -136,10 +136,9 @@ class MultipathEngine {
     size_t bytes = 0;
     size_t chunk = 0;  // multipath_chunk_bytes of this copy
     StreamGate* gate = nullptr;
-    size_t head = 0;  // bytes the caller's stream copies itself (over `target`'s link)  // its stream's gate, and the
-                      // generation that stream waits for
-    uint64_t generation = 0;
-    int sched = -1;  // the scheduler's id, once its stream got to it
+    size_t head = 0;          // bytes the caller's stream copies itself (over `target`'s link)
+    uint64_t generation = 0;  // what its stream's gate waits for
+    int sched = -1;           // the scheduler's id, once its stream got to it
     double deadline = 0;
   };
   struct Link {

@@ -15,10 +15,13 @@ std::vector<Chunk> split_chunks(size_t bytes, size_t chunk_bytes) {
   return out;
 }
 
+namespace {
+constexpr size_t kStep = size_t{64} << 10;  // chunk and head sizes
+}  // namespace
+
 size_t multipath_chunk_bytes(size_t bytes, int links, int outstanding, size_t max_chunk, size_t min_chunk) {
   FERRY_ARG_CHECK(max_chunk > 0, "max_chunk must be positive");
   const size_t slots = static_cast<size_t>(std::max(links, 1)) * static_cast<size_t>(std::max(outstanding, 1));
-  constexpr size_t kStep = size_t{64} << 10;
   size_t chunk = (bytes + slots - 1) / slots;
   chunk = (chunk + kStep - 1) / kStep * kStep;
   return std::min(max_chunk, std::max(chunk, min_chunk));
@@ -26,7 +29,6 @@ size_t multipath_chunk_bytes(size_t bytes, int links, int outstanding, size_t ma
 
 size_t multipath_head_bytes(size_t bytes, int links, size_t head_bytes) {
   if (head_bytes == 0 || links < 1) return 0;
-  constexpr size_t kStep = size_t{64} << 10;
   const size_t share = bytes / static_cast<size_t>(links);
   return std::min(head_bytes, share) / kStep * kStep;
 }
@@ -120,7 +122,7 @@ void MultipathScheduler::observe(int link, size_t bytes, double seconds, double 
   if (bytes == 0 || !(seconds > 0)) return;
   Estimate& e = est_.at(link);
   constexpr double kKeep = 0.5;  // each older sample counts half as much as the next
-  if (e.bytes <= 0 || now - e.at > kProbeAfterS) {
+  if (e.bytes <= 0 || now - e.at > kEstimateStaleS) {
     e.seconds = seconds;
     e.bytes = static_cast<double>(bytes);
   } else {
@@ -128,11 +130,6 @@ void MultipathScheduler::observe(int link, size_t bytes, double seconds, double 
     e.bytes = kKeep * e.bytes + static_cast<double>(bytes);
   }
   e.at = now;
-}
-
-void MultipathScheduler::set_estimates(const std::vector<Estimate>& e) {
-  FERRY_ARG_CHECK(e.size() == est_.size(), "set_estimates: expected one estimate per link");
-  est_ = e;
 }
 
 size_t MultipathScheduler::flight_bytes(int link) const {
@@ -151,7 +148,7 @@ size_t MultipathScheduler::flight_bytes(int link) const {
 bool MultipathScheduler::lands_in_time(int link, int q, size_t bytes, double now) const {
   const Estimate& e = est_[link];
   if (!policy_.earliest_finish || e.s_per_byte() <= 0) return true;
-  if (flight_[link].empty() && now - e.at > kProbeAfterS) return true;
+  if (flight_[link].empty() && now - e.at > kEstimateStaleS) return true;
   double rate = 0, backlog = static_cast<double>(waiting_bytes_[q]);
   double one = std::numeric_limits<double>::infinity();
   for (int j = 0; j < links(); ++j) {
@@ -321,10 +318,20 @@ void MultipathScheduler::probe_landed(int link, int lane, double now, double wai
   }
 }
 
-void MultipathScheduler::probe_failed(int link, int lane) {
+bool MultipathScheduler::probe_failed(int link, int lane) {
   FERRY_ARG_CHECK(link >= 0 && link < links() && lane >= 0 && lane < kLanes && probing_[link][lane],
                   "probe_failed: no probe out on that link and lane");
   probing_[link][lane] = false;
+  if (waiting(link)) return true;
+  stop_relaying(link);
+  return false;
+}
+
+bool MultipathScheduler::any_probing() const {
+  for (const auto& lanes : probing_)
+    for (bool p : lanes)
+      if (p) return true;
+  return false;
 }
 
 void MultipathScheduler::forget_transfers() {

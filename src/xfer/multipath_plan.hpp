@@ -14,7 +14,7 @@
 // scheduler also keeps each link's measured time per byte, and a link takes
 // a chunk only where it would land no later than the other links would
 // finish the rest of that transfer with it (earliest finish); an estimate
-// older than kProbeAfterS lets an idle link try again.
+// older than kEstimateStaleS lets an idle link try again.
 //
 // Earliest finish still lets the first chunk onto a held link, and a copy is
 // only as early as its last chunk. A GPU's copy engine serves its host-to-GPU
@@ -62,13 +62,13 @@ constexpr size_t kMultipathMinChunk = size_t{2} << 20;
 size_t multipath_chunk_bytes(size_t bytes, int links, int outstanding, size_t max_chunk,
                              size_t min_chunk = kMultipathMinChunk);
 
-// Whether a copy goes multipath, and why not where it does not.
 // The head of a copy that the caller's own stream moves itself over the
 // target's link, at once, while the engine's thread starts the rest: at most
 // `head_bytes` (0: none) and at most the target link's even share, in steps
 // of 64 KiB.
 size_t multipath_head_bytes(size_t bytes, int links, size_t head_bytes);
 
+// Whether a copy goes multipath, and why not where it does not.
 struct MultipathChoice {
   bool multipath = false;
   std::string reason;  // for the debug log: why the plain copy runs
@@ -117,7 +117,7 @@ class MultipathScheduler {
   // A link's measured speed: seconds per byte (0: not measured), and when.
   // Kept as decaying sums of service time and bytes, so that a burst (one
   // chunk waits behind a foreign command, the next follows at once) counts
-  // as the slow link it is; a sample after kProbeAfterS without one starts
+  // as the slow link it is; a sample after kEstimateStaleS without one starts
   // afresh.
   struct Estimate {
     double at = 0;       // when the last sample came
@@ -125,7 +125,7 @@ class MultipathScheduler {
     double bytes = 0;
     double s_per_byte() const { return bytes > 0 ? seconds / bytes : 0; }  // 0: not measured
   };
-  static constexpr double kProbeAfterS = 0.1;
+  static constexpr double kEstimateStaleS = 0.1;
   // Lanes: 0, copies into a GPU; 1, copies out of one. A lane is clear on a
   // link while chunks of it are in flight there, or for kClearS after one of
   // its chunks or prompt probes landed. A probe alone takes about 10 us; one
@@ -133,6 +133,7 @@ class MultipathScheduler {
   static constexpr int kLanes = 2;
   static constexpr double kClearS = 1e-3;
   static constexpr double kPromptS = 100e-6;
+  static int lane(bool to_device) { return to_device ? 0 : 1; }
 
   // Queues a transfer to or from `target`'s memory in `lane`; returns its id.
   int add(int target, const std::vector<Chunk>& chunks, int lane = 0);
@@ -148,9 +149,13 @@ class MultipathScheduler {
   // `waited_s`: the probe's time on the link (on the GPU's clock: the host
   // may see it late).
   void probe_landed(int link, int lane, double now, double waited_s);
-  // The probe start_probe() asked for could not be sent.
-  void probe_failed(int link, int lane);
-  // `link`'s lane is kept out: a probe is out, or the last one came back late.
+  // The probe start_probe() asked for could not be sent, as a chunk a link
+  // cannot take: true where `link`'s own GPU has chunks waiting (an error of
+  // those copies); otherwise `link` relays no more and false.
+  bool probe_failed(int link, int lane);
+  bool any_probing() const;
+  // `link`'s lane is kept out: a probe is out, the last one came back late, or
+  // it carries as a last resort until a prompt one.
   bool held(int link, int lane) const {
     return probing_.at(link).at(lane) || late_.at(link).at(lane) || resort_.at(link).at(lane);
   }
@@ -165,7 +170,6 @@ class MultipathScheduler {
   // when they landed), observed at `now`.
   void observe(int link, size_t bytes, double seconds, double now);
   const std::vector<Estimate>& estimates() const { return est_; }
-  void set_estimates(const std::vector<Estimate>& e);
   // The chunk next() just gave `link` could not be submitted there (a relay
   // failing): it goes back to the front of its queue, and `link` relays
   // nothing more (it still carries its own GPU's chunks if it may).
