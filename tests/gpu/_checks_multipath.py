@@ -15,6 +15,7 @@ except ImportError:  # CPU-only machines: the tests are collected, and skipped (
     torch = None
 import ferry  # noqa: E402
 import ferry.multipath as mp  # noqa: E402
+from _checks import rand_bytes  # noqa: E402
 from conftest import GPU_COUNT  # noqa: E402
 
 MiB = 1 << 20
@@ -28,8 +29,7 @@ def pinned(n, fill=None):
 
 
 def rand(n, device="cpu", seed=0):
-    g = torch.Generator().manual_seed(seed)
-    t = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g)
+    t = rand_bytes(torch, seed, n, "cpu")
     return t.to(device) if device != "cpu" else t
 
 
@@ -276,8 +276,8 @@ LAZY_LAUNCH = r"""
 import sys, time, torch, ferry, ferry.multipath as mp
 e = mp.Engine(devices=[0], loopback=2, chunk_bytes=8 << 20, min_bytes=1 << 20, timeout=2)
 n = 1 << 30
-src = torch.empty(n, dtype=torch.uint8, pin_memory=True).fill_(7)
-dst = torch.zeros(n, dtype=torch.uint8, device="cuda:0")
+src = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=torch.Generator().manual_seed(3)).pin_memory()
+dst = torch.full((n,), 0xA5, dtype=torch.uint8, device="cuda:0")  # poisoned
 x = torch.zeros(1 << 20, device="cuda:0")  # every kernel used below, except cumsum, loaded now
 torch.cuda.synchronize()
 t = time.monotonic()
@@ -287,7 +287,7 @@ torch.cuda.synchronize()
 took = time.monotonic() - t
 try:
     e.check()
-    landed = bool((dst == 7).all())
+    landed = torch.equal(dst.cpu(), src)
     print(f"landed={landed} took={took:.2f}s")
     sys.exit(0 if landed else 3)
 except ferry.BrokenError as err:
