@@ -28,13 +28,14 @@ kernel with index lists on the GPU, submitted ahead).
 batched, and the kernel), paired alternating runs, median slowdown.
 --urgent: the latency of a small fetch issued while a 1 GiB bulk fetch runs:
 behind it on the same stream, on another stream, and with urgent=True; its
-page sizes from --urgent-pages (default 16K).
+page sizes from --urgent-pages (default 16K, what earlier runs measured).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import random
@@ -62,6 +63,7 @@ IMPLS = tuple(INLINE) + AHEAD
 # The modes `ferry kv-tune` measures, by the name the auto table gives them.
 TUNED = {"per-page": "per_page", "batched": "batched", "streams": "streams", "kernel": "kernel"}
 DEFAULT_PAGES = "4K,16K,64K,256K,1M,4M"
+DEFAULT_URGENT_PAGES = "16K"
 DEFAULT_COUNTS = "64,256,1024,4096,16384"
 ZERO_SM = ("per-page", "batched", "streams", "auto-zero-sm", "vllm-batched", "ahead-batched")
 CHECK_ALL_BELOW = 64 << 20
@@ -408,7 +410,7 @@ def measure_gemm(torch, kv, bufs, reps: int, gpu: str, date: str) -> List[dict]:
     return out
 
 
-def measure_urgent(torch, kv, bufs, reps: int, gpu: str, date: str, page_sizes=(16 << 10,)) -> List[dict]:
+def measure_urgent(torch, kv, bufs, reps: int, gpu: str, date: str, page_sizes: List[int]) -> List[dict]:
     """Latency of a 32-page fetch (each of `page_sizes`) issued 1 ms into a
     1 GiB bulk fetch, from its submission (host clock) to its completion seen
     by the host. The page size matters: the copy engines serve host-to-GPU
@@ -420,19 +422,8 @@ def measure_urgent(torch, kv, bufs, reps: int, gpu: str, date: str, page_sizes=(
     small_d, small_s = list(range(0, 64, 2)), list(range(1, 64, 2))
     a, b = torch.cuda.Stream(), torch.cuda.Stream()
     out = []
-    for page_bytes in page_sizes:
-        out += _urgent_at(
-            torch, kv, gb, hb, bufs.pages(1, page_bytes, 64), bulk_ids, small_d, small_s, a, b, reps
-        )
-    for r in out:
-        r.update(bulk_bytes=bulk_pages << 20, gpu=gpu, date=date)
-    return out
-
-
-def _urgent_at(torch, kv, gb, hb, small, bulk_ids, small_d, small_s, a, b, reps: int) -> List[dict]:
-    hs, gsm = small
-    out = []
-    for impl in ("same-stream", "other-stream", "urgent"):
+    for page_bytes, impl in itertools.product(page_sizes, ("same-stream", "other-stream", "urgent")):
+        hs, gsm = bufs.pages(1, page_bytes, 64)
         lat = []
         for _ in range(reps + 1):
             torch.cuda.synchronize()
@@ -451,9 +442,12 @@ def _urgent_at(torch, kv, gb, hb, small, bulk_ids, small_d, small_s, a, b, reps:
             {
                 "op": "kv_urgent",
                 "impl": impl,
-                "page_bytes": hs.shape[1],
+                "page_bytes": page_bytes,
                 "pages": 32,
+                "bulk_bytes": bulk_pages << 20,
                 "latency_us": round(statistics.median(lat[1:]), 1),
+                "gpu": gpu,
+                "date": date,
             }
         )
     return out
@@ -514,9 +508,7 @@ def run(opts: dict, progress=print) -> dict:
     if opts.get("gemm"):
         extra += measure_gemm(torch, kv, bufs, opts.get("gemm_reps", 5), gpu, date)
     if opts.get("urgent"):
-        extra += measure_urgent(
-            torch, kv, bufs, opts.get("urgent_reps", 5), gpu, date, opts.get("urgent_pages", [16 << 10])
-        )
+        extra += measure_urgent(torch, kv, bufs, opts.get("urgent_reps", 5), gpu, date, opts["urgent_pages"])
     return {"gpu": gpu, "date": date, "pcie_peak_gbps": peak, "records": records, "extra": extra}
 
 
@@ -584,7 +576,7 @@ def summary(result: dict) -> str:
             )
         elif e["op"] == "kv_urgent":
             lines.append(
-                f"urgent 32 x {format_size(e.get('page_bytes', 16 << 10))} fetch during a "
+                f"urgent 32 x {format_size(e['page_bytes'])} fetch during a "
                 f"{format_size(e['bulk_bytes'])} bulk fetch, {e['impl']}: "
                 f"{e['latency_us']:.0f} us"
             )
@@ -613,7 +605,9 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--gemm", action="store_true")
     p.add_argument("--urgent", action="store_true")
-    p.add_argument("--urgent-pages", default="16K", help="page sizes of the urgent fetch (--urgent)")
+    p.add_argument(
+        "--urgent-pages", default=DEFAULT_URGENT_PAGES, help="page sizes of the urgent fetch (--urgent)"
+    )
     p.add_argument("--out", default="")
     p.add_argument("--tag", default="")
     p.add_argument("--no-plot", action="store_true")
@@ -631,7 +625,7 @@ def make_options(
     warmup: int = 1,
     gemm: bool = False,
     urgent: bool = False,
-    urgent_pages: str = "16K",
+    urgent_pages: str = DEFAULT_URGENT_PAGES,
 ) -> dict:
     """run()'s options from the command line's text forms (also what
     `ferry bench` and `ferry kv-tune` pass); unknown names exit naming the option."""

@@ -445,7 +445,7 @@ def contention(
                 f_dev.copy_(f_host, non_blocking=True) if to_gpu else f_host.copy_(f_dev, non_blocking=True)
 
         for key, eng in [(("plain", 1), None)] + list(engines.items()):
-            before = eng.bytes_by_link() if eng else [0]
+            before = eng.bytes_by_link() if eng else None
             dst, src = (dev, host) if to_gpu else (host, dev)
 
             def fg(eng=eng, dst=dst, src=src):
