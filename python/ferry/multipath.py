@@ -44,6 +44,20 @@ def _side(t, name: str):
     return t
 
 
+_MAX = (1 << 63) - 1
+
+
+def _int(name: str, v, lo: int, hi: int = _MAX) -> int:
+    """`v` as an int in [lo, hi], or an error naming `name`."""
+    try:
+        i = int(v)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"{name} is {v!r}; expected an integer") from None
+    if not lo <= i <= hi:
+        raise InvalidArgumentError(f"{name} is {v}; expected {lo}..{hi}")
+    return i
+
+
 class Engine:
     """Multipath copies over the host links of ``devices`` (default: every
     visible GPU). ``relays``: "all" or the GPUs that may carry other GPUs'
@@ -72,47 +86,41 @@ class Engine:
     ):
         if devices is None:
             devices = list(range(_torch().cuda.device_count()))
-        devices = [int(d) for d in devices]
+        devices = [_int("devices", d, 0) for d in devices]
         if not devices:
             raise InvalidArgumentError("devices: expected at least one GPU")
         if len(set(devices)) != len(devices):
             raise InvalidArgumentError(
                 f"devices: {devices} lists a GPU twice (loopback= adds relays through one GPU)"
             )
-        if int(loopback) < 0:
-            raise InvalidArgumentError(f"loopback is {loopback}; expected 0 or more")
-        links = devices + [devices[0]] * int(loopback)
+        loopback = _int("loopback", loopback, 0, 64)
+        links = devices + [devices[0]] * loopback
         if isinstance(relays, str):
             if relays != "all":
                 raise InvalidArgumentError(f"relays is '{relays}'; expected 'all' or a list of GPUs")
             may_relay = [True] * len(links)
         else:
-            allowed = {int(r) for r in relays}
+            allowed = {_int("relays", r, 0) for r in relays}
             unknown = allowed - set(devices)
             if unknown:
                 raise InvalidArgumentError(f"relays: {sorted(unknown)} are not among devices {devices}")
-            may_relay = [d in allowed for d in devices] + [devices[0] in allowed] * int(loopback)
-        for name, v in (("chunk_bytes", chunk_bytes), ("min_bytes", min_bytes)):
-            if int(v) < 0:
-                raise InvalidArgumentError(f"{name} is {v}; expected a positive size, or 0 for the knob's")
+            may_relay = [d in allowed for d in devices] + [devices[0] in allowed] * loopback
+        chunk_bytes = _int("chunk_bytes", chunk_bytes, 0)  # 0: the knob's
+        min_bytes = _int("min_bytes", min_bytes, 0)
+        head_bytes = _int("head_bytes", head_bytes, -1)  # -1: FERRY_MULTIPATH_HEAD_BYTES, 0: none
+        outstanding = _int("outstanding", outstanding, 1, 16)
         if not (float(timeout) >= 0 and math.isfinite(float(timeout))):
             raise InvalidArgumentError(f"timeout is {timeout}; expected seconds, or 0 for FERRY_TIMEOUT_S")
-        if int(head_bytes) < -1:
-            raise InvalidArgumentError(
-                f"head_bytes is {head_bytes}; expected bytes (0: none), or -1 for FERRY_MULTIPATH_HEAD_BYTES"
-            )
-        if not 1 <= int(outstanding) <= 16:
-            raise InvalidArgumentError(f"outstanding is {outstanding}; expected 1..16")
         self._e = None
         self._e = require().MultipathEngine(
             links,
-            int(chunk_bytes),
-            int(min_bytes),
-            int(outstanding),
+            chunk_bytes,
+            min_bytes,
+            outstanding,
             bool(own_link_first),
             may_relay,
             float(timeout),
-            int(head_bytes),
+            head_bytes,
         )
 
     def _engine(self):
@@ -144,14 +152,14 @@ class Engine:
         if stream is None:
             handle, device = torch.cuda.current_stream(gpu.device).cuda_stream, gpu.device.index
         elif isinstance(stream, int):
-            handle, device = stream, gpu.device.index
+            handle, device = _int("stream", stream, 0), gpu.device.index
         else:
             handle = getattr(stream, "cuda_stream", None)
-            if handle is None:
+            device = getattr(getattr(stream, "device", None), "index", None)
+            if handle is None or device is None:
                 raise InvalidArgumentError(
                     f"stream is a {type(stream).__name__}; expected a torch.cuda.Stream or an int handle"
                 )
-            device = stream.device.index
         multipath, reason, chunks, links = self._engine().copy(
             dst.data_ptr(), src.data_ptr(), nbytes, handle, device
         )

@@ -21,6 +21,10 @@ import pytest
         ({"devices": [0], "timeout": -1.0}, "timeout is -1.0"),
         ({"devices": [0], "timeout": float("nan")}, "timeout is nan"),
         ({"devices": [0], "head_bytes": -2}, "head_bytes is -2"),
+        ({"devices": [0], "head_bytes": "4M"}, "head_bytes is '4M'; expected an integer"),
+        ({"devices": [0], "chunk_bytes": 1 << 70}, "chunk_bytes is"),
+        ({"devices": ["x"]}, "devices is 'x'"),
+        ({"devices": [0], "loopback": 1000}, "loopback is 1000"),
     ],
 )
 def test_bad_engine_arguments_are_named(kwargs, message):
