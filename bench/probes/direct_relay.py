@@ -19,22 +19,16 @@ import time
 import torch
 
 from copy_engine_fifo import behind  # this folder: run as a script
-from ferry.bench.multipath import _cudart
+from ferry.bench.multipath import Runtime
 
 MiB = 1 << 20
-DEFAULT = 4  # cudaMemcpyDefault
 
 
 def main():
     if torch.cuda.device_count() < 2:
         raise SystemExit("direct_relay: needs 2 GPUs")
-    rt = _cudart()
-    for dev, peer in ((0, 1), (1, 0)):
-        rt.cudaSetDevice(dev)
-        rc = rt.cudaDeviceEnablePeerAccess(peer, 0)
-        if rc not in (0, 704):  # 704: already enabled
-            raise SystemExit(f"cudaDeviceEnablePeerAccess({peer}) on {dev}: error {rc}")
-    rt.cudaGetLastError()
+    rt = Runtime()
+    rt.enable_peer_access([0, 1])
     torch.cuda.set_device(0)
     n = 1024 * MiB
     g = torch.Generator().manual_seed(1)
@@ -46,10 +40,7 @@ def main():
     b = torch.empty(n, dtype=torch.uint8, device="cuda:0")
     s0, s1 = torch.cuda.Stream(0), torch.cuda.Stream(1)
 
-    def copy(dst, src, nbytes, stream):
-        rc = rt.cudaMemcpyAsync(dst, src, nbytes, DEFAULT, stream.cuda_stream)
-        if rc:
-            raise RuntimeError(f"cudaMemcpyAsync: error {rc}")
+    copy = rt.copy
 
     def timed(fns, nbytes, reps=5):
         out = []

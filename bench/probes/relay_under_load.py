@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from ferry.bench.multipath import _cudart
+from ferry.bench.multipath import Runtime
 
 MiB = 1 << 20
 
@@ -39,19 +39,9 @@ def main():
         with torch.cuda.stream(a1):
             g1.copy_(host, non_blocking=True)
 
-    rt = _cudart()
-    for dev, other in ((0, 1), (1, 0)):  # NVLink between them, not a bounce through host memory
-        rt.cudaSetDevice(dev)
-        rc = rt.cudaDeviceEnablePeerAccess(other, 0)
-        if rc not in (0, 704):  # 704: already enabled
-            raise SystemExit(f"cudaDeviceEnablePeerAccess({other}) on {dev}: error {rc}")
-    rt.cudaGetLastError()
-    rt.cudaSetDevice(0)
-
-    def peer(dst, src, nbytes, stream):  # exactly one cudaMemcpyAsync on GPU 1's stream (no fences)
-        rc = rt.cudaMemcpyAsync(dst, src, nbytes, 4, stream.cuda_stream)
-        if rc:
-            raise RuntimeError(f"cudaMemcpyAsync: error {rc}")
+    rt = Runtime()
+    rt.enable_peer_access([0, 1])
+    peer = rt.copy  # exactly one cudaMemcpyAsync on GPU 1's stream (no fences)
 
     def hop2():
         peer(g0.data_ptr(), g1.data_ptr(), n, a1)

@@ -298,27 +298,51 @@ def sleep_wake(torch, name: str, reps: int, gpu: str, date: str, progress=print)
     return out, failures
 
 
-def _cudart():
-    """The CUDA runtime torch loaded, through ctypes: the static split's copies
-    must be exactly cudaMemcpyAsync on the stream named (torch's copy_ between
-    two GPUs adds a barrier with both GPUs' current streams)."""
-    import ctypes
+class Runtime:
+    """The CUDA runtime torch loaded, through ctypes, for copies that must be
+    exactly one cudaMemcpyAsync on the stream named (torch's copy_ between two
+    GPUs adds a barrier with both GPUs' current streams)."""
 
-    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
-        try:
-            rt = ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
-        except OSError:
-            continue
-        rt.cudaMemcpyAsync.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-            ctypes.c_size_t,
-            ctypes.c_int,
-            ctypes.c_void_p,
-        ]
-        rt.cudaMemcpyAsync.restype = ctypes.c_int
-        return rt
-    raise SystemExit("the static split needs the CUDA runtime library (libcudart)")
+    def __init__(self):
+        import ctypes
+
+        for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+            try:
+                self.rt = ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+            except OSError:
+                continue
+            self.rt.cudaMemcpyAsync.argtypes = [
+                ctypes.c_void_p,
+                ctypes.c_void_p,
+                ctypes.c_size_t,
+                ctypes.c_int,
+                ctypes.c_void_p,
+            ]
+            self.rt.cudaMemcpyAsync.restype = ctypes.c_int
+            return
+        raise SystemExit("this needs the CUDA runtime library (libcudart)")
+
+    def copy(self, dst: int, src: int, n: int, stream) -> None:
+        rc = self.rt.cudaMemcpyAsync(dst, src, n, 4, stream.cuda_stream)  # 4: cudaMemcpyDefault
+        if rc:
+            raise RuntimeError(f"cudaMemcpyAsync returned CUDA error {rc}")
+
+    def enable_peer_access(self, devices: Sequence[int]) -> None:
+        """Every pair of `devices` peer to peer (copies between them over
+        NVLink, not through host memory); the current GPU is left as it was."""
+        import ctypes
+
+        current = ctypes.c_int()
+        self.rt.cudaGetDevice(ctypes.byref(current))
+        for d in devices:
+            self.rt.cudaSetDevice(d)
+            for other in devices:
+                if other != d:
+                    rc = self.rt.cudaDeviceEnablePeerAccess(other, 0)
+                    if rc not in (0, 704):  # 704: already enabled
+                        raise SystemExit(f"cudaDeviceEnablePeerAccess({other}) on {d}: error {rc}")
+        self.rt.cudaGetLastError()
+        self.rt.cudaSetDevice(current.value)
 
 
 class StaticSplit:
@@ -331,7 +355,7 @@ class StaticSplit:
 
     def __init__(self, torch, ratio: Sequence[int], chunk: int = 8 << 20):
         self.torch, self.ratio, self.chunk = torch, list(ratio), chunk
-        self.rt = _cudart()
+        self.rt = Runtime()
         relays = range(1, len(self.ratio))
         self.own = torch.cuda.Stream(0)
         self.stage = {
@@ -347,9 +371,7 @@ class StaticSplit:
 
     def _copy(self, dst: int, src: int, n: int, stream) -> None:
         with self.torch.cuda.device(stream.device):
-            rc = self.rt.cudaMemcpyAsync(dst, src, n, 4, stream.cuda_stream)  # 4: cudaMemcpyDefault
-        if rc:
-            raise RuntimeError(f"static split: cudaMemcpyAsync returned CUDA error {rc}")
+            self.rt.copy(dst, src, n, stream)
 
     def copy(self, dst, src, to_device: bool, stream) -> None:
         n = dst.numel()
