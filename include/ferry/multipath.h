@@ -43,10 +43,18 @@ FERRY_API ferry_result_t ferry_multipath_create(const int* devices, int count, c
  * one plain copy. */
 FERRY_API ferry_result_t ferry_multipath_copy(ferry_multipath_t engine, void* dst, const void* src, size_t bytes,
                                               ferry_stream_t stream, int* multipath);
+/* `count` copies (dsts[i] <- srcs[i], sizes[i] bytes), all host to one GPU or
+ * all from one GPU to host, as one copy in `stream`'s order: one start, one
+ * finish, the links kept busy across them (e.g. every weight of a model).
+ * Destinations may not overlap. Below the threshold in total, each runs as
+ * one cudaMemcpyAsync. */
+FERRY_API ferry_result_t ferry_multipath_copy_batch(ferry_multipath_t engine, void* const* dsts,
+                                                    const void* const* srcs, const size_t* sizes, size_t count,
+                                                    ferry_stream_t stream, int* multipath);
 /* As cudaMemcpy: the copy on the legacy default stream of the current GPU,
  * returning once that stream has passed it. */
-FERRY_API ferry_result_t ferry_multipath_copy_sync(ferry_multipath_t engine, void* dst, const void* src,
-                                                   size_t bytes, int* multipath);
+FERRY_API ferry_result_t ferry_multipath_copy_sync(ferry_multipath_t engine, void* dst, const void* src, size_t bytes,
+                                                   int* multipath);
 /* Waits (bounded by the timeout) until every multipath copy so far landed. */
 FERRY_API ferry_result_t ferry_multipath_synchronize(ferry_multipath_t engine);
 /* Waits (bounded) for copies in flight and frees the engine. */

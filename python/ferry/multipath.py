@@ -58,6 +58,41 @@ def _int(name: str, v, lo: int, hi: int = _MAX) -> int:
     return i
 
 
+def _pair(dst, src, dst_name: str, src_name: str):
+    """(bytes, the GPU tensor) of one copy, or an error naming the argument."""
+    dst, src = _side(dst, dst_name), _side(src, src_name)
+    nbytes = dst.numel() * dst.element_size()
+    if nbytes != src.numel() * src.element_size():
+        raise InvalidArgumentError(
+            f"{dst_name} holds {nbytes} bytes and {src_name} {src.numel() * src.element_size()}; "
+            "expected the same size"
+        )
+    if dst.is_cuda == src.is_cuda:
+        where = "CUDA" if dst.is_cuda else "CPU"
+        raise InvalidArgumentError(
+            f"{dst_name} and {src_name} are both {where} tensors; a multipath copy moves between host and GPU "
+            "(one side each)"
+        )
+    return nbytes, dst if dst.is_cuda else src
+
+
+def _stream(stream, gpu):
+    """(handle, its GPU) of `stream` for a copy whose GPU side is `gpu`. A
+    default stream's handle (0) names no GPU: it is `gpu`'s."""
+    torch = _torch()
+    if stream is None:
+        return torch.cuda.current_stream(gpu.device).cuda_stream, gpu.device.index
+    if isinstance(stream, int):
+        return _int("stream", stream, 0), gpu.device.index
+    handle = getattr(stream, "cuda_stream", None)
+    device = getattr(getattr(stream, "device", None), "index", None)
+    if handle is None or device is None:
+        raise InvalidArgumentError(
+            f"stream is a {type(stream).__name__}; expected a torch.cuda.Stream or an int handle"
+        )
+    return handle, device
+
+
 class Engine:
     """Multipath copies over the host links of ``devices`` (default: every
     visible GPU). ``relays``: "all" or the GPUs that may carry other GPUs'
@@ -135,33 +170,34 @@ class Engine:
         handle 0 is the GPU tensor's default stream); a GPU not among
         ``devices`` gets one plain copy. Returns ``{"multipath", "reason", "chunks", "links"}``: what ran and,
         for a plain copy, why. Keep both tensors alive until the stream passed it."""
-        dst, src = _side(dst, "dst"), _side(src, "src")
-        nbytes = dst.numel() * dst.element_size()
-        if nbytes != src.numel() * src.element_size():
-            raise InvalidArgumentError(
-                f"dst holds {nbytes} bytes and src {src.numel() * src.element_size()}; expected the same size"
-            )
-        if dst.is_cuda == src.is_cuda:
-            where = "CUDA" if dst.is_cuda else "CPU"
-            raise InvalidArgumentError(
-                f"dst and src are both {where} tensors; a multipath copy moves between host and GPU (one side each)"
-            )
-        gpu = dst if dst.is_cuda else src
-        torch = _torch()
-        # A default stream's handle (0) names no GPU: pass the one it belongs to.
-        if stream is None:
-            handle, device = torch.cuda.current_stream(gpu.device).cuda_stream, gpu.device.index
-        elif isinstance(stream, int):
-            handle, device = _int("stream", stream, 0), gpu.device.index
-        else:
-            handle = getattr(stream, "cuda_stream", None)
-            device = getattr(getattr(stream, "device", None), "index", None)
-            if handle is None or device is None:
-                raise InvalidArgumentError(
-                    f"stream is a {type(stream).__name__}; expected a torch.cuda.Stream or an int handle"
-                )
+        nbytes, gpu = _pair(dst, src, "dst", "src")
+        handle, device = _stream(stream, gpu)
         multipath, reason, chunks, links = self._engine().copy(
             dst.data_ptr(), src.data_ptr(), nbytes, handle, device
+        )
+        return {"multipath": multipath, "reason": reason, "chunks": chunks, "links": links}
+
+    def copy_batch(self, dsts: Sequence[Any], srcs: Sequence[Any], stream=None) -> dict:
+        """Copies ``srcs[i]`` into ``dsts[i]`` for every i as one copy in
+        ``stream``'s order: all host to one GPU, or all from one GPU to host
+        (e.g. every weight of a model). One start and one finish, with the
+        links kept busy from the first byte to the last instead of filled and
+        drained once per tensor. Destinations may not overlap. Below
+        ``min_bytes`` in total, each runs as a plain copy. Returns what
+        ``copy`` returns."""
+        dsts, srcs = list(dsts), list(srcs)
+        if len(dsts) != len(srcs):
+            raise InvalidArgumentError(f"dsts has {len(dsts)} tensors and srcs {len(srcs)}; expected as many")
+        if not dsts:
+            return {"multipath": False, "reason": "zero bytes", "chunks": 0, "links": 0}
+        sizes, gpus = [], []
+        for i, (d, s) in enumerate(zip(dsts, srcs)):
+            nbytes, gpu = _pair(d, s, f"dsts[{i}]", f"srcs[{i}]")
+            sizes.append(nbytes)
+            gpus.append(gpu)
+        handle, device = _stream(stream, gpus[0])
+        multipath, reason, chunks, links = self._engine().copy_batch(
+            [t.data_ptr() for t in dsts], [t.data_ptr() for t in srcs], sizes, handle, device
         )
         return {"multipath": multipath, "reason": reason, "chunks": chunks, "links": links}
 
@@ -242,17 +278,26 @@ def default_engine() -> Engine:
         return _default
 
 
-def copy(dst, src, stream=None) -> dict:
-    """``Engine.copy`` on the default engine (every visible GPU may relay). An
-    error a copy met is raised once; the next call gets a new engine."""
+def _on_default(call):
     global _default
     engine = default_engine()
     try:
         engine.check()
-        return engine.copy(dst, src, stream)
+        return call(engine)
     except BrokenError:
         with _default_lock:
             if _default is engine:
                 _default = None
         engine.close()
         raise
+
+
+def copy(dst, src, stream=None) -> dict:
+    """``Engine.copy`` on the default engine (every visible GPU may relay). An
+    error a copy met is raised once; the next call gets a new engine."""
+    return _on_default(lambda e: e.copy(dst, src, stream))
+
+
+def copy_batch(dsts, srcs, stream=None) -> dict:
+    """``Engine.copy_batch`` on the default engine, as ``copy``."""
+    return _on_default(lambda e: e.copy_batch(dsts, srcs, stream))

@@ -8,7 +8,8 @@ switching, weight swaps in RL loops, serving several models on one GPU).
     state.wake()                           # the same Parameter objects, on the GPU again
     state.sleep()                          # and again: the host memory is kept and reused
 
-The host side is one ``ferry.kv.HostPool`` (pinned, on the GPU's NUMA node,
+Each call is one batched multipath copy of every tensor
+(``Engine.copy_batch``). The host side is one ``ferry.kv.HostPool`` (pinned, on the GPU's NUMA node,
 huge pages where the system has them), carved once at the first sleep. Copies
 run on ``stream`` (default: the current stream of the module's GPU) and both
 calls wait for them before returning, because sleep frees the GPU memory and
@@ -132,7 +133,11 @@ class Offloaded:
                 raise InvalidArgumentError(
                     f"sleep: a tensor changed shape, dtype or device since the first sleep ({e.shape}, {e.dtype})"
                 )
-            self._engine.copy(e.host, e.tensor.data, stream=s)
+        # One batch: the links stay busy across tensors instead of filling
+        # and draining once per tensor.
+        self._engine.copy_batch(
+            [e.host for e in self._entries], [e.tensor.data for e in self._entries], stream=s
+        )
         s.synchronize()
         self._engine.check()
         empty = {}
@@ -153,9 +158,8 @@ class Offloaded:
         fresh = []
         with torch.cuda.stream(s):
             for e in self._entries:
-                g = torch.empty(e.shape, dtype=e.dtype, device=f"cuda:{self.device}")
-                self._engine.copy(g, e.host, stream=s)
-                fresh.append(g)
+                fresh.append(torch.empty(e.shape, dtype=e.dtype, device=f"cuda:{self.device}"))
+            self._engine.copy_batch(fresh, [e.host for e in self._entries], stream=s)
         s.synchronize()
         self._engine.check()
         for e, g in zip(self._entries, fresh):

@@ -12,6 +12,7 @@ namespace nb = nanobind;
 using namespace nb::literals;
 using ferry::xfer::MultipathEngine;
 using ferry::xfer::MultipathOptions;
+using ferry::xfer::MultipathPiece;
 
 void bind_multipath(nb::module_& m) {
   nb::class_<MultipathEngine>(m, "MultipathEngine")
@@ -41,6 +42,17 @@ void bind_multipath(nb::module_& m) {
             return std::make_tuple(r.multipath, r.reason, r.chunks, r.links);
           },
           "dst"_a, "src"_a, "bytes"_a, "stream"_a, "stream_device"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def(
+          "copy_batch",
+          [](MultipathEngine& e, const std::vector<uintptr_t>& dsts, const std::vector<uintptr_t>& srcs,
+             const std::vector<size_t>& sizes, uintptr_t stream, int stream_device) {
+            std::vector<MultipathPiece> pieces(dsts.size());
+            for (size_t i = 0; i < pieces.size(); ++i)
+              pieces[i] = {reinterpret_cast<void*>(dsts[i]), reinterpret_cast<const void*>(srcs.at(i)), sizes.at(i)};
+            auto r = e.copy_batch(pieces, reinterpret_cast<cudaStream_t>(stream), stream_device);
+            return std::make_tuple(r.multipath, r.reason, r.chunks, r.links);
+          },
+          "dsts"_a, "srcs"_a, "sizes"_a, "stream"_a, "stream_device"_a, nb::call_guard<nb::gil_scoped_release>())
       .def("synchronize", &MultipathEngine::synchronize, nb::call_guard<nb::gil_scoped_release>())
       .def("check", &MultipathEngine::check, nb::call_guard<nb::gil_scoped_release>())
       .def("close", &MultipathEngine::close, nb::call_guard<nb::gil_scoped_release>())

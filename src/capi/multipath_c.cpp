@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <memory>
+#include <vector>
 
 #include "capi/guarded.hpp"
 #include "ferry/multipath.h"
@@ -45,6 +46,20 @@ ferry_result_t ferry_multipath_copy(ferry_multipath_t engine, void* dst, const v
     int current = 0;  // a default stream is the current GPU's, as in cudaMemcpyAsync
     FERRY_CUDA_CHECK(cudaGetDevice(&current));
     auto r = engine->impl->copy(dst, src, bytes, static_cast<cudaStream_t>(stream), current);
+    if (multipath) *multipath = r.multipath ? 1 : 0;
+  });
+}
+
+ferry_result_t ferry_multipath_copy_batch(ferry_multipath_t engine, void* const* dsts, const void* const* srcs,
+                                          const size_t* sizes, size_t count, ferry_stream_t stream, int* multipath) {
+  return ferry::capi::guarded([&] {
+    FERRY_ARG_CHECK(engine && engine->impl, "engine is NULL or destroyed");
+    FERRY_ARG_CHECK(count == 0 || (dsts && srcs && sizes), "dsts, srcs and sizes must not be NULL when count > 0");
+    std::vector<ferry::xfer::MultipathPiece> pieces(count);
+    for (size_t i = 0; i < count; ++i) pieces[i] = {dsts[i], srcs[i], sizes[i]};
+    int current = 0;  // a default stream is the current GPU's, as in cudaMemcpyAsync
+    FERRY_CUDA_CHECK(cudaGetDevice(&current));
+    auto r = engine->impl->copy_batch(pieces, static_cast<cudaStream_t>(stream), current);
     if (multipath) *multipath = r.multipath ? 1 : 0;
   });
 }

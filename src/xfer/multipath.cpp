@@ -282,25 +282,66 @@ MultipathEngine::StreamGate* MultipathEngine::gate_for(int device, cudaStream_t 
 
 MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, cudaStream_t stream,
                                       int default_device) {
+  return copy_batch({MultipathPiece{dst, src, bytes}}, stream, default_device);
+}
+
+MultipathReport MultipathEngine::copy_batch(const std::vector<MultipathPiece>& pieces, cudaStream_t stream,
+                                            int default_device) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) throw_error(FERRY_ERROR_CLOSED, "the multipath engine is closed");
   }
   check();
   // The pointer queries below must not invalidate a graph some thread
-  // captures (a captured call itself runs as one plain copy).
+  // captures (a captured call itself runs as plain copies).
   RelaxedCaptureScope relax;
   MultipathReport r;
-  if (bytes == 0) {
+  const bool batch = pieces.size() != 1;
+  auto name = [&](size_t i, const char* what) {
+    return batch ? "pieces[" + std::to_string(i) + "]." + what : std::string(what);
+  };
+  // Every copy checked and routed; a batch's copies share one direction and one GPU.
+  std::vector<Piece> parts;
+  MultipathRoute route;
+  size_t total = 0;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const MultipathPiece& p = pieces[i];
+    if (p.bytes == 0) continue;
+    FERRY_ARG_CHECK(p.dst != nullptr, name(i, "dst") + " is null");
+    FERRY_ARG_CHECK(p.src != nullptr, name(i, "src") + " is null");
+    FERRY_ARG_CHECK(!ranges_overlap(p.dst, p.src, p.bytes), name(i, "dst") + " and " + name(i, "src") + " overlap");
+    const PointerKind dk = pointer_kind(p.dst), sk = pointer_kind(p.src);
+    const MultipathRoute here = route_multipath(dk.kind, dk.device, sk.kind, sk.device);
+    FERRY_ARG_CHECK(here.error.empty(),
+                    "multipath copy" + (batch ? " pieces[" + std::to_string(i) + "]" : "") + ": " + here.error);
+    if (parts.empty()) {
+      route = here;
+    } else {
+      const auto way = [](const MultipathRoute& x) {
+        return (x.to_device ? "host to " : "from ") + dev_name(x.device) + (x.to_device ? "" : " to host");
+      };
+      FERRY_ARG_CHECK(here.to_device == route.to_device && here.device == route.device,
+                      name(i, "dst") + ": copies " + way(here) + "; expected every copy of a batch to go the way " +
+                          "of the first (" + way(route) + ")");
+      route.host_pinned = route.host_pinned && here.host_pinned;
+    }
+    parts.push_back(Piece{static_cast<char*>(p.dst), static_cast<const char*>(p.src), p.bytes, total});
+    total += p.bytes;
+  }
+  if (total == 0) {
     r.reason = "zero bytes";
     return r;
   }
-  FERRY_ARG_CHECK(dst != nullptr, "dst is null");
-  FERRY_ARG_CHECK(src != nullptr, "src is null");
-  FERRY_ARG_CHECK(!ranges_overlap(dst, src, bytes), "dst and src overlap");
-  const PointerKind dk = pointer_kind(dst), sk = pointer_kind(src);
-  const MultipathRoute route = route_multipath(dk.kind, dk.device, sk.kind, sk.device);
-  FERRY_ARG_CHECK(route.error.empty(), "multipath copy: " + route.error);
+  if (parts.size() > 1) {
+    // Two copies writing the same bytes would race: refused, not ordered.
+    std::vector<const Piece*> by_dst;
+    for (const Piece& p : parts) by_dst.push_back(&p);
+    std::sort(by_dst.begin(), by_dst.end(), [](const Piece* a, const Piece* b) { return a->dst < b->dst; });
+    for (size_t i = 1; i < by_dst.size(); ++i)
+      FERRY_ARG_CHECK(by_dst[i - 1]->dst + by_dst[i - 1]->bytes <= by_dst[i]->dst,
+                      "pieces: two destinations overlap (of " + std::to_string(by_dst[i - 1]->bytes) + " and " +
+                          std::to_string(by_dst[i]->bytes) + " bytes); expected disjoint destinations");
+  }
 
   // The stream's own GPU: its reached write and gate wait go there; the
   // chunks go to the copy's GPU.
@@ -317,7 +358,7 @@ MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, 
     for (size_t i = 0; i < links_.size(); ++i)
       if (static_cast<int>(i) != own && policy_.may_relay[i]) ++relays;
   }
-  MultipathChoice choice = choose_multipath(bytes, route.host_pinned, relays, threshold_);
+  MultipathChoice choice = choose_multipath(total, route.host_pinned, relays, threshold_);
   if (own < 0) choice = {false, dev_name(route.device) + " has no link in this engine"};
   DeviceScope on(stream_device);
   if (choice.multipath && dma::is_capturing(stream)) {
@@ -326,24 +367,40 @@ MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, 
               "the links as they drain"};
   }
   if (!choice.multipath) {
-    debug_log("multipath copy of " + std::to_string(bytes) + " bytes runs as one plain copy: " + choice.reason);
-    FERRY_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
+    debug_log("multipath copy of " + std::to_string(total) + " bytes" +
+              (parts.size() > 1 ? " in " + std::to_string(parts.size()) + " pieces" : "") +
+              " runs as plain copies: " + choice.reason);
+    for (const Piece& p : parts) FERRY_CUDA_CHECK(cudaMemcpyAsync(p.dst, p.src, p.bytes, cudaMemcpyDefault, stream));
     r.reason = choice.reason;
     return r;
   }
 
   // The head: the caller's own stream copies it over the target's link at
   // once (only where that stream is the target GPU's), while the engine's
-  // thread starts the rest.
-  const size_t head = stream_device == route.device ? multipath_head_bytes(bytes, relays + 1, head_bytes_) : 0;
+  // thread starts the rest. It is the start of the first copy.
+  const size_t head = stream_device == route.device
+                          ? std::min(multipath_head_bytes(total, relays + 1, head_bytes_), parts.front().bytes)
+                          : 0;
+  void* head_dst = parts.front().dst;
+  const void* head_src = parts.front().src;
   Transfer t;
+  size_t chunks = 0;
   t.head = head;
   t.target = own;
   t.to_device = route.to_device;
-  t.dst = static_cast<char*>(dst) + head;
-  t.src = static_cast<const char*>(src) + head;
-  t.bytes = bytes - head;
-  t.chunk = multipath_chunk_bytes(t.bytes, relays + 1, policy_.outstanding, chunk_bytes_);
+  parts.front().dst += head;
+  parts.front().src += head;
+  parts.front().bytes -= head;
+  std::vector<size_t> sizes;
+  size_t at = 0;
+  for (Piece& p : parts) {
+    p.at = at;
+    at += p.bytes;
+    sizes.push_back(p.bytes);
+  }
+  t.pieces = std::move(parts);
+  t.bytes = total - head;
+  t.chunks = split_batch(sizes, multipath_chunk_bytes(t.bytes, relays + 1, policy_.outstanding, chunk_bytes_));
   t.gate = gate_for(stream_device, stream);
   {
     // The reached word's write, the head and the gate's wait go onto the
@@ -365,7 +422,7 @@ MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, 
     } else {
       dma::mem_ops(stream, {write});
       try {
-        FERRY_CUDA_CHECK(cudaMemcpyAsync(dst, src, head, cudaMemcpyDefault, stream));
+        FERRY_CUDA_CHECK(cudaMemcpyAsync(head_dst, head_src, head, cudaMemcpyDefault, stream));
         dma::mem_ops(stream,
                      {MemOp{MemOp::Kind::kWrite, t.gate->head_done->device_trigger().first, t.generation}, wait});
       } catch (...) {
@@ -386,11 +443,12 @@ MultipathReport MultipathEngine::copy(void* dst, const void* src, size_t bytes, 
     t.id = ++next_id_;
     unfinished_.insert(t.id);
     watched_[t.id] = Watched{t.gate, t.generation};
-    queued_.push_back(t);
+    chunks = t.chunks.size();
+    queued_.push_back(std::move(t));
   }
   cv_.notify_all();
   r.multipath = true;
-  r.chunks = static_cast<int>((t.bytes + t.chunk - 1) / t.chunk) + (head ? 1 : 0);
+  r.chunks = static_cast<int>(chunks) + (head ? 1 : 0);
   r.links = relays + 1;
   return r;
 }
@@ -403,8 +461,11 @@ void MultipathEngine::submit(Transfer& t, const Assignment& a) {
   DeviceScope on(L.device);
   const int slot = L.next_slot;
   L.next_slot = (L.next_slot + 1) % policy_.outstanding;
-  char* dst = t.dst + a.chunk.offset;
-  const char* src = t.src + a.chunk.offset;
+  // The piece the chunk lies in (chunks never cross a piece's end).
+  const auto piece = std::prev(std::upper_bound(t.pieces.begin(), t.pieces.end(), a.chunk.offset,
+                                                [](size_t off, const Piece& p) { return off < p.at; }));
+  char* dst = piece->dst + (a.chunk.offset - piece->at);
+  const char* src = piece->src + (a.chunk.offset - piece->at);
   const size_t n = a.chunk.bytes;
   if (!a.relay()) {
     FERRY_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, L.host));
@@ -468,7 +529,23 @@ void MultipathEngine::probe(int l, int lane) {
 }
 
 // Every chunk of `t` landed: its stream goes on.
-void MultipathEngine::land(Transfer& t) {
+void MultipathEngine::land(Transfer& t, double now) {
+  if (debug_enabled()) {
+    // Where the time went: a link whose last chunk landed well before the
+    // others' was starved or held; a late start is the engine's thread.
+    std::string by_link;
+    for (size_t l = 0; l < link_.size(); ++l) {
+      if (!t.link_bytes[l]) continue;
+      by_link += (by_link.empty() ? "" : ", ") + dev_name(link_[l].device) +
+                 (static_cast<int>(l) == t.target ? " (own) " : " ") + std::to_string(t.link_bytes[l] >> 10) +
+                 " KiB, last at " + std::to_string(static_cast<long>((t.link_last[l] - t.started) * 1e6)) + " us";
+    }
+    debug_log("multipath: a copy of " + std::to_string(t.bytes) + " bytes" +
+              (t.pieces.size() > 1 ? " in " + std::to_string(t.pieces.size()) + " pieces" : "") +
+              (t.to_device ? " into " : " from ") + dev_name(links_[t.target]) + " landed " +
+              std::to_string(static_cast<long>((now - t.started) * 1e6)) +
+              " us after the engine saw its stream get to it; by link: " + by_link);
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);  // a waiter checks and sleeps under it: no lost wake-up
     t.gate->open(t.generation);
@@ -589,7 +666,7 @@ void MultipathEngine::run() {
       }
       if (!queued_.empty()) idle_us = 5;
       while (!queued_.empty()) {
-        pending.push_back(queued_.front());
+        pending.push_back(std::move(queued_.front()));
         queued_.pop_front();
       }
     }
@@ -607,9 +684,13 @@ void MultipathEngine::run() {
           continue;
         }
         if (sched->idle() && active.empty()) sched->forget_transfers();  // ids stay small
-        it->sched = sched->add(it->target, split_chunks(it->bytes, it->chunk), MultipathScheduler::lane(it->to_device));
+        it->sched = sched->add(it->target, it->chunks, MultipathScheduler::lane(it->to_device));
+        it->chunks.clear();
         it->deadline = t_now + timeout_s_;
-        active.push_back(*it);
+        it->started = t_now;
+        it->link_bytes.assign(n, 0);
+        it->link_last.assign(n, 0);
+        active.push_back(std::move(*it));
         it = pending.erase(it);
         progress = true;
       }
@@ -661,6 +742,11 @@ void MultipathEngine::run() {
           const double seen = steady_seconds();
           sched->observe(l, f.bytes, seen - std::max(f.given, L.last_landed), seen);
           L.last_landed = seen;
+          for (Transfer& t : active)
+            if (t.id == f.transfer) {
+              t.link_bytes[l] += f.bytes;
+              t.link_last[l] = seen;
+            }
           bytes_[l] += f.bytes;
           L.flight.pop_front();
           sched->complete(l, seen);
@@ -671,7 +757,7 @@ void MultipathEngine::run() {
       for (auto it = active.begin(); it != active.end();) {
         if (sched->done(it->sched) && (!it->head || it->gate->head_done->value() >= it->generation)) {
           bytes_[it->target] += it->head;
-          land(*it);
+          land(*it, t_now);
           it = active.erase(it);
           continue;
         }

@@ -47,6 +47,13 @@ struct MultipathOptions {
   double timeout_s = 0;    // 0: FERRY_TIMEOUT_S; bound on a copy once its stream got to it
 };
 
+// One copy of a batch: `bytes` from `src` to `dst`.
+struct MultipathPiece {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  size_t bytes = 0;
+};
+
 // What a copy() did, for tests, benchmarks and the debug log.
 struct MultipathReport {
   bool multipath = false;
@@ -68,6 +75,12 @@ class MultipathEngine {
   // with -1, that of the GPU the copy reads or writes. Raises an error an
   // earlier copy met.
   MultipathReport copy(void* dst, const void* src, size_t bytes, cudaStream_t stream, int default_device = -1);
+  // Several copies in one direction for one GPU (e.g. every weight of a
+  // model) as one copy: one start and one finish in `stream`'s order, and the
+  // links kept busy from the first byte to the last rather than refilled
+  // copy after copy. Destinations may not overlap. Below the threshold in
+  // total, for pageable memory or while capturing, each runs as a plain copy.
+  MultipathReport copy_batch(const std::vector<MultipathPiece>& pieces, cudaStream_t stream, int default_device = -1);
   // Waits until every multipath copy so far landed (bounded by the timeout),
   // then raises an error one of them met. Plain copies are ordered in their
   // streams only.
@@ -127,19 +140,30 @@ class MultipathEngine {
     uint64_t generation;
     double reached_at = 0;
   };
+  // A batch's copies laid end to end: a chunk's offset names its copy.
+  struct Piece {
+    char* dst = nullptr;
+    const char* src = nullptr;
+    size_t bytes = 0;
+    size_t at = 0;  // where it starts among the batch's bytes
+  };
   struct Transfer {
     uint64_t id = 0;
     int target = -1;  // its own link
     bool to_device = true;
-    char* dst = nullptr;
-    const char* src = nullptr;
-    size_t bytes = 0;
-    size_t chunk = 0;  // multipath_chunk_bytes of this copy
+    std::vector<Piece> pieces;
+    size_t bytes = 0;           // of every piece
+    std::vector<Chunk> chunks;  // split_batch of the pieces in multipath_chunk_bytes
     StreamGate* gate = nullptr;
     size_t head = 0;          // bytes the caller's stream copies itself (over `target`'s link)
     uint64_t generation = 0;  // what its stream's gate waits for
     int sched = -1;           // the scheduler's id, once its stream got to it
     double deadline = 0;
+    // For the debug log: when the engine saw its stream get to it, and by
+    // link the bytes carried and when its last chunk there was seen landed.
+    double started = 0;
+    std::vector<size_t> link_bytes;
+    std::vector<double> link_last;
   };
   struct Link {
     int device = -1;
@@ -169,7 +193,7 @@ class MultipathEngine {
   void open_every_gate();  // under mu_
   void submit(Transfer& t, const Assignment& a);
   void probe(int link, int lane);
-  void land(Transfer& t);
+  void land(Transfer& t, double now);
   bool links_idle(double limit_s);
   void fail_and_release(const std::string& message, std::deque<Transfer>& pending, std::deque<Transfer>& active);
   StreamGate* gate_for(int device, cudaStream_t stream);  // takes mu_; allocates outside it

@@ -15,6 +15,18 @@ std::vector<Chunk> split_chunks(size_t bytes, size_t chunk_bytes) {
   return out;
 }
 
+std::vector<Chunk> split_batch(const std::vector<size_t>& sizes, size_t chunk_bytes) {
+  FERRY_ARG_CHECK(chunk_bytes > 0, "chunk_bytes must be positive");
+  std::vector<Chunk> out;
+  size_t at = 0;
+  for (size_t bytes : sizes) {
+    for (size_t off = 0; off < bytes; off += chunk_bytes)
+      out.push_back(Chunk{at + off, std::min(chunk_bytes, bytes - off)});
+    at += bytes;
+  }
+  return out;
+}
+
 namespace {
 constexpr size_t kStep = size_t{64} << 10;  // chunk and head sizes
 }  // namespace

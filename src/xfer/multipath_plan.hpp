@@ -53,6 +53,11 @@ struct Chunk {
 // `bytes` as chunks of `chunk_bytes` (the last one shorter), in order.
 std::vector<Chunk> split_chunks(size_t bytes, size_t chunk_bytes);
 
+// The copies of a batch laid end to end (copy i starts at the sum of the
+// sizes before it) as chunks of at most `chunk_bytes` that never cross the
+// end of a copy, in order. Zero sizes give no chunk.
+std::vector<Chunk> split_batch(const std::vector<size_t>& sizes, size_t chunk_bytes);
+
 // The chunk size of one copy: small enough that every link's outstanding
 // queue gets a chunk (a copy of a few chunks would otherwise fill the target's
 // own link alone), at least `min_chunk` (each chunk costs a few microseconds

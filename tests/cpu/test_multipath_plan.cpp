@@ -57,6 +57,26 @@ TEST(MultipathChunks, CoverTheCopyInOrder) {
   EXPECT_THROW(split_chunks(1, 0), ferry::Error);
 }
 
+TEST(MultipathChunks, ABatchsCopiesEndToEndNoChunkCrossingACopysEnd) {
+  // 3 MiB + 1, nothing, 1 MiB - 5, 2 MiB in 2 MiB chunks.
+  auto c = split_batch({3 * kMiB + 1, 0, kMiB - 5, 2 * kMiB}, 2 * kMiB);
+  ASSERT_EQ(c.size(), 4u);
+  EXPECT_EQ(c[0].offset, 0u);
+  EXPECT_EQ(c[0].bytes, 2 * kMiB);
+  EXPECT_EQ(c[1].offset, 2 * kMiB);
+  EXPECT_EQ(c[1].bytes, kMiB + 1);  // the first copy's end, not a whole chunk
+  EXPECT_EQ(c[2].offset, 3 * kMiB + 1);
+  EXPECT_EQ(c[2].bytes, kMiB - 5);
+  EXPECT_EQ(c[3].offset, 4 * kMiB - 4);
+  EXPECT_EQ(c[3].bytes, 2 * kMiB);
+  size_t total = 0;
+  for (const auto& x : c) total += x.bytes;
+  EXPECT_EQ(total, 6 * kMiB - 4);
+  EXPECT_TRUE(split_batch({}, kMiB).empty());
+  EXPECT_TRUE(split_batch({0, 0}, kMiB).empty());
+  EXPECT_THROW(split_batch({1}, 0), ferry::Error);
+}
+
 TEST(MultipathScheduler, BoundedOutstandingOwnLinkFirstThenTheLongestQueue) {
   MultipathScheduler s(3, unprobed());
   const int a = s.add(0, split_chunks(4 * kMiB, kMiB));  // 4 chunks for GPU 0

@@ -194,6 +194,95 @@ def test_bad_input_is_named(eng):
         mp.Engine(devices=[99])
 
 
+# Sizes of a batch's copies: odd, tiny, empty, several chunks, one shorter than a chunk.
+BATCH = [3 * MiB + 7, 1, 0, 4099, 9 * MiB + 1, 5, MiB - 3, 2 * MiB]
+
+
+def batch_round_trip(e, device, sizes, seed, stream=None, head_check=True):
+    """Host -> GPU and back as two batches into poisoned, unaligned slices of
+    one buffer each side; every byte, and the gaps between, compared."""
+    gap = 3  # bytes left poisoned between copies, each copy at an odd offset
+    offs, at = [], gap
+    for n in sizes:
+        offs.append(at)
+        at += n + gap
+    src = pinned(at)
+    for i, (o, n) in enumerate(zip(offs, sizes)):
+        src[o : o + n] = rand(n, seed=seed + i)
+    dev = torch.full((at,), POISON, dtype=torch.uint8, device=f"cuda:{device}")
+    back = pinned(at)
+    r = e.copy_batch([dev[o : o + n] for o, n in zip(offs, sizes)], [src[o : o + n] for o, n in zip(offs, sizes)],
+                     stream=stream)  # fmt: skip
+    r2 = e.copy_batch([back[o : o + n] for o, n in zip(offs, sizes)], [dev[o : o + n] for o, n in zip(offs, sizes)],
+                      stream=stream)  # fmt: skip
+    torch.cuda.synchronize(device)
+    e.check()
+    expect = src.clone()
+    mask = torch.ones(at, dtype=torch.bool)
+    for o, n in zip(offs, sizes):
+        mask[o : o + n] = False
+    expect[mask] = POISON
+    assert torch.equal(back, expect), "a batch's bytes differ, or bytes between its copies were written"
+    assert torch.equal(dev.cpu(), expect)
+    return r, r2
+
+
+def test_batch_of_copies_byte_exact(eng):
+    before = sum(eng.bytes_by_link())
+    r, r2 = batch_round_trip(eng, 0, BATCH, seed=50)
+    assert r["multipath"] and r2["multipath"], (r, r2)
+    assert sum(eng.bytes_by_link()) - before == 2 * sum(BATCH)
+    # Below the threshold in total: plain copies, the same bytes.
+    r, _ = batch_round_trip(eng, 0, [MiB, 5, 77], seed=60)
+    assert not r["multipath"] and "threshold" in r["reason"], r
+    # Many small copies in one batch (a model's norms and biases beside its matrices).
+    r, _ = batch_round_trip(eng, 0, [4096 + i for i in range(300)] + [6 * MiB], seed=70)
+    assert r["multipath"], r
+    # Repeated, with a head on the caller's stream taking the first copy's start.
+    h = mp.Engine(devices=[0], loopback=2, chunk_bytes=MiB + 4097, min_bytes=2 * MiB, head_bytes=MiB)
+    for k in range(3):
+        batch_round_trip(h, 0, [2 * MiB + 1, 16 * MiB + 3, 7], seed=80 + k)
+    batch_round_trip(h, 0, [5, 16 * MiB], seed=90)  # the head longer than the first copy: capped by it
+    h.close()
+
+
+def test_batch_keeps_stream_order(eng):
+    n = 8 * MiB + 1
+    s = torch.cuda.Stream(0)
+    x = rand(n, "cuda:0", seed=11)
+    hosts = [pinned(n), pinned(n)]
+    ys = [torch.full((n,), POISON, dtype=torch.uint8, device="cuda:0") for _ in range(2)]
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(1)
+        x.flip(0).clone()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(200_000_000)
+        hosts[0].copy_(x, non_blocking=True)
+        hosts[1].copy_(x.flip(0), non_blocking=True)
+        assert eng.copy_batch(ys, hosts, stream=s)["multipath"]
+        z = [y.clone() for y in ys]  # consumers right after (no kernel loaded for the first time here)
+    s.synchronize()
+    eng.check()
+    assert torch.equal(z[0], x) and torch.equal(z[1], x.flip(0))
+
+
+def test_batch_bad_input_is_named(eng):
+    a = torch.zeros(4 * MiB, dtype=torch.uint8, device="cuda:0")
+    h = pinned(4 * MiB)
+    with pytest.raises(ferry.InvalidArgumentError, match="dsts has 2 tensors and srcs 1"):
+        eng.copy_batch([a, a], [h])
+    with pytest.raises(ferry.InvalidArgumentError, match=r"dsts\[1\] holds 16 bytes and srcs\[1\] 8"):
+        eng.copy_batch([a, a[:16]], [h, h[:8]])
+    with pytest.raises(ferry.InvalidArgumentError, match=r"pieces\[1\].dst: copies from cuda:0 to host"):
+        eng.copy_batch([a[: 2 * MiB], h[: 2 * MiB]], [h[: 2 * MiB], a[2 * MiB :]])
+    with pytest.raises(ferry.InvalidArgumentError, match="two destinations overlap"):
+        eng.copy_batch([a[: 2 * MiB], a[MiB : 3 * MiB]], [h[: 2 * MiB], h[2 * MiB :]])
+    assert eng.copy_batch([], [])["reason"] == "zero bytes"
+    torch.cuda.synchronize()
+    eng.check()
+
+
 def test_synchronize_is_bounded_and_the_engine_goes_on():
     e = mp.Engine(devices=[0], loopback=1, chunk_bytes=MiB, min_bytes=MiB, timeout=0.5)
     n = 4 * MiB
@@ -268,6 +357,10 @@ def test_relays_through_peer_gpus(own_link_first):
     assert torch.equal(dst.cpu(), src)
     used = e2.bytes_by_link()
     assert all(used[d] == 0 for d in devices[1:-1]), used
+    # A batch into each GPU over every link.
+    for target in devices:
+        r, _ = batch_round_trip(e, target, [33 * MiB + 1, 7, 12 * MiB, 4097], seed=100 + target)
+        assert r["multipath"] and r["links"] == len(devices), r
     e.close()
     e2.close()
 

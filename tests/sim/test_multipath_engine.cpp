@@ -20,6 +20,7 @@
 
 using ferry::xfer::MultipathEngine;
 using ferry::xfer::MultipathOptions;
+using ferry::xfer::MultipathPiece;
 
 namespace {
 
@@ -654,5 +655,61 @@ TEST_F(MultipathSim, CloseWhileACopyIsBeingEnqueued) {
   EXPECT_TRUE(drained(s, 5)) << "the stream was left waiting on the gate";
   EXPECT_TRUE(code == 0 || code == FERRY_ERROR_CLOSED) << code;
   e.reset();
+  cudaStreamDestroy(s);
+}
+
+// A batch: copies at odd offsets of one buffer each side, with gaps that must
+// stay poisoned; one start and one finish in the stream's order; the head
+// takes the first copy's start; bad batches are named.
+TEST_F(MultipathSim, ABatchIsOneCopyInStreamOrderEveryByteAndNoGapWritten) {
+  MultipathOptions o = options({0, 1, 2});
+  o.head_bytes = MiB;
+  MultipathEngine e(o);
+  const std::vector<size_t> sizes = {3 * MiB + 7, 1, 0, 4099, 9 * MiB + 1, 5, 2 * MiB};
+  std::vector<size_t> at;
+  size_t total = 3;
+  for (size_t n : sizes) {
+    at.push_back(total);
+    total += n + 3;
+  }
+  Buf host(total, -1), dev(total, 0), back(total, -1), after(total, -1);
+  fill(host, 77);
+  std::memset(dev.p, 0xA5, total);
+  std::memset(back.p, 0xA5, total);
+  std::vector<MultipathPiece> in, out;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    in.push_back({dev.b() + at[i], host.b() + at[i], sizes[i]});
+    out.push_back({back.b() + at[i], dev.b() + at[i], sizes[i]});
+  }
+  cudaStream_t s = new_stream(0);
+  Hold hold(s);
+  auto r = e.copy_batch(in, s);
+  EXPECT_TRUE(r.multipath);
+  cudaMemcpyAsync(after.p, dev.p, total, cudaMemcpyDefault, s);
+  e.copy_batch(out, s);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_TRUE(std::all_of(dev.b(), dev.b() + total, [](unsigned char c) { return c == 0xA5; }))
+      << "bytes moved before the stream got to the batch";
+  hold.release();
+  cudaStreamSynchronize(s);
+  e.check();
+  std::vector<unsigned char> expect(total, 0xA5);
+  for (size_t i = 0; i < sizes.size(); ++i) std::memcpy(expect.data() + at[i], host.b() + at[i], sizes[i]);
+  EXPECT_EQ(std::memcmp(after.p, expect.data(), total), 0) << "the work after the batch saw it incomplete";
+  EXPECT_EQ(std::memcmp(back.p, expect.data(), total), 0);
+  // Mixed directions, overlapping destinations and null pointers are named.
+  auto says = [&](const std::vector<MultipathPiece>& bad, const char* text) {
+    try {
+      e.copy_batch(bad, s);
+      ADD_FAILURE() << "no error for: " << text;
+    } catch (const ferry::Error& err) {
+      EXPECT_NE(std::string(err.what()).find(text), std::string::npos) << err.what();
+    }
+  };
+  says({in[0], out[1]}, "pieces[1].dst: copies from cuda:0 to host; expected every copy of a batch");
+  says({in[0], {dev.b() + at[0] + 5, host.b() + at[4], 64}}, "two destinations overlap");
+  says({in[0], {nullptr, host.p, 64}}, "pieces[1].dst is null");
+  EXPECT_EQ(e.copy_batch({}, s).reason, "zero bytes");
+  e.check();
   cudaStreamDestroy(s);
 }
