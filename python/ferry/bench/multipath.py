@@ -147,7 +147,7 @@ def contention_table(records: Sequence[dict]) -> str:
             way = f" ({r['direction']})" if r.get("direction") else ""
             lines.append(
                 f"foreign copy on GPU 0's link{way}: {who} {r['gbps']:.1f} GB/s, foreign {r['foreign_gbps']:.1f},"
-                f" {r['share_of_left']:.0%} of the capacity left (target 90%), bytes by link {r.get('link_shares')}"
+                f" {r['share_of_left']:.0%} of the capacity left on its links (target 90%), bytes by link {r.get('link_shares')}"
             )
         elif r["op"] == "p2p_beside":
             lines.append(
@@ -206,27 +206,31 @@ def _median_time(torch, stream, fn, reps: int):
     return statistics.median(times), statistics.median(host), cpu
 
 
-def _aggregate(torch, nbytes: int, direction: str, reps: int) -> float:
-    """Every GPU's own link at once: bytes moved by all / time until the last landed."""
-    n = torch.cuda.device_count()
+def _aggregates(torch, nbytes: int, direction: str, reps: int, counts) -> dict:
+    """The first p GPUs' own links at once, for each p in `counts`: {p: bytes
+    moved by all / time until the last landed, GB/s}."""
+    n = max(counts)
     hosts = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=True) for _ in range(n)]
     devs = [torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{d}") for d in range(n)]
     streams = [torch.cuda.Stream(d) for d in range(n)]
-    best = []
-    for rep in range(reps + 1):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for d in range(n):
-            with torch.cuda.stream(streams[d]):
-                if direction == "h2d":
-                    devs[d].copy_(hosts[d], non_blocking=True)
-                else:
-                    hosts[d].copy_(devs[d], non_blocking=True)
-        for s in streams:
-            s.synchronize()
-        if rep:
-            best.append(time.perf_counter() - t)
-    return n * nbytes / statistics.median(best) / 1e9
+    out = {}
+    for p in counts:
+        best = []
+        for rep in range(reps + 1):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for d in range(p):
+                with torch.cuda.stream(streams[d]):
+                    if direction == "h2d":
+                        devs[d].copy_(hosts[d], non_blocking=True)
+                    else:
+                        hosts[d].copy_(devs[d], non_blocking=True)
+            for st in streams[:p]:
+                st.synchronize()
+            if rep:
+                best.append(time.perf_counter() - t)
+        out[p] = p * nbytes / statistics.median(best) / 1e9
+    return out
 
 
 # Shapes of public models' configs for the sleep/wake case (weights random):
@@ -405,9 +409,10 @@ def contention(
     """Two contention cases, `nbytes` per copy:
     - a foreign copy (plain, its own stream and buffer) hogging GPU 0's link in
       one direction while ferry copies the same way, for each direction in
-      `aggregates` ({"h2d"|"d2h": all links at once, GB/s}): ferry's GB/s
-      against the capacity left (all links at once less what the foreign copy
-      took in the same window);
+      `aggregates` ({"h2d"|"d2h": {p: the first p GPUs' links at once,
+      GB/s}}): its GB/s against the capacity left on the links it may use
+      (those links at once, less what the foreign copy took in the same
+      window; the plain copy's is GPU 0's link);
     - an unrelated GPU 1 -> GPU 0 peer copy beside ferry's host-to-GPU copies,
       with and without own link first: the peer copy's GB/s alone and beside.
     Records {op: "multipath_foreign"|"p2p_beside", impl, bytes, paths, gbps,
@@ -459,7 +464,7 @@ def contention(
         span = max(hi - lo, 1e-6) * 1e-3
         return reps * nbytes / span / 1e9, inside * bg_bytes / span / 1e9
 
-    for direction, aggregate in aggregates.items():
+    for direction, by_paths in aggregates.items():
         to_gpu = direction == "h2d"
 
         def foreign(to_gpu=to_gpu):
@@ -480,6 +485,7 @@ def contention(
             fg_gbps, bg_gbps = window(f, foreign, fg, count=4 * reps + 4, bg_bytes=nbytes)
             moved = [b - a for a, b in zip(before, eng.bytes_by_link())] if eng else [reps * nbytes]
             shares = [round(m / max(sum(moved), 1), 3) for m in moved]
+            aggregate = by_paths[key[1]]
             left = max(aggregate - bg_gbps, 1e-9)
             label = "plain copy" if eng is None else f"ferry x{key[1]}"
             progress(
@@ -559,9 +565,18 @@ def run(opts: dict, progress=print) -> dict:
     if n_gpu >= 2 and opts.get("static"):
         statics = {(f"static-{a}:{b}", 2): StaticSplit(torch, [a, b]) for a, b in ((1, 1), (1, 2))}
     records, failures = [], []
+    # With contention, also the links of each path count at once: the capacity a copy over them has.
+    counts = sorted({1, n_gpu, *paths}) if opts.get("contention") else [n_gpu]
+    link_aggs = {}
     for direction, op in OPS.items():
-        agg = _aggregate(torch, min(top, 1 << 30), direction, reps)
-        progress(f"{op}: every GPU's own link at once {agg:.1f} GB/s")
+        link_aggs[direction] = _aggregates(torch, min(top, 1 << 30), direction, reps, counts)
+        agg = link_aggs[direction][n_gpu]
+        progress(
+            f"{op}: every GPU's own link at once {agg:.1f} GB/s"
+            + "".join(
+                f"; the first {p} at once {g:.1f}" for p, g in link_aggs[direction].items() if p != n_gpu
+            )
+        )
         impls = [("plain", 1)] + list(engines) + list(statics)
         for size in sizes:
             h, d = host[:size], dev[:size]
@@ -611,13 +626,8 @@ def run(opts: dict, progress=print) -> dict:
             )
     extra = []
     if opts.get("contention") and n_gpu >= 2:
-        aggs = {
-            way: max(r["aggregate_gbps"] for r in records if r["op"] == op)
-            for way, op in OPS.items()
-            if any(r["op"] == op for r in records)
-        }
         ferry_engines = {k: v for k, v in engines.items() if k[0] == "ferry"}
-        extra = contention(torch, ferry_engines, min(top, 256 << 20), reps, aggs, gpu, date, progress)
+        extra = contention(torch, ferry_engines, min(top, 256 << 20), reps, link_aggs, gpu, date, progress)
     for e in engines.values():
         e.close()
     sleeps = []
