@@ -694,10 +694,13 @@ void MultipathEngine::run() {
         it = pending.erase(it);
         progress = true;
       }
-      // Feed: every link with room takes its next chunk; one idle in the
-      // copy's direction probes it first.
-      for (int l = 0; l < n; ++l) {
+      // Feed: every link idle in a direction where chunks wait probes it
+      // first, then every link with room takes its next chunks. Probes go
+      // before any chunk: a link that probed only after the clear links took
+      // every chunk would sit out copy after copy of a stream of short ones.
+      for (int l = 0; l < n; ++l)
         for (int lane; !halted_ && (lane = sched->start_probe(l, t_now)) >= 0;) probe(l, lane);
+      for (int l = 0; l < n; ++l) {
         Assignment a;
         while (!halted_ && sched->next(l, &a, t_now)) submit(by_sched(a.transfer), a);
       }

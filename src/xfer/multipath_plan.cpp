@@ -261,11 +261,20 @@ bool MultipathScheduler::next(int link, Assignment* out, double now) {
   if (static_cast<int>(flight_.at(link).size()) >= policy_.outstanding) return false;
   const int from = pick(link, now);
   if (from < 0) return false;
-  if (!lands_in_time(link, from, waiting_[from].front().chunk.bytes, now)) return false;
+  const size_t bytes = take_bytes(link, from, now);
+  if (!lands_in_time(link, from, bytes, now)) return false;
   if (!clear(link, from % kLanes, now)) resort_[link][from % kLanes] = true;  // taken as a last resort
-  Queued q = waiting_[from].front();
-  waiting_[from].pop_front();
-  waiting_bytes_[from] -= q.chunk.bytes;
+  Queued& front = waiting_[from].front();
+  Queued q = front;
+  if (bytes < front.chunk.bytes) {  // the chunk's start; its rest stays first in the queue
+    q.chunk.bytes = bytes;
+    front.chunk.offset += bytes;
+    front.chunk.bytes -= bytes;
+    ++remaining_[q.transfer];
+  } else {
+    waiting_[from].pop_front();
+  }
+  waiting_bytes_[from] -= bytes;
   Assignment a;
   a.transfer = q.transfer;
   a.chunk = q.chunk;
@@ -274,6 +283,13 @@ bool MultipathScheduler::next(int link, Assignment* out, double now) {
   flight_[link].push_back(a);
   *out = a;
   return true;
+}
+
+size_t MultipathScheduler::take_bytes(int link, int q, double now) const {
+  const size_t whole = waiting_[q].front().chunk.bytes;
+  const size_t tail = policy_.tail_chunk;
+  if (tail == 0 || whole < 2 * tail || !clear(link, q % kLanes, now)) return whole;
+  return waiting_bytes_[q] <= static_cast<size_t>(links()) * whole ? tail : whole;
 }
 
 void MultipathScheduler::complete(int link, double now) {
@@ -446,20 +462,28 @@ std::vector<SimResult> simulate_processes(const std::vector<LinkModel>& links,
       head_done[l] =
           serve_until(links[l], std::max(now, free_at[l]), static_cast<double>(queue[l].front().a.chunk.bytes));
   };
-  auto refill = [&](size_t p, int l, double now) {
-    for (int lane; (lane = sched[p].start_probe(l, now)) >= 0;) {
-      double t = std::max(now, free_at[l]);
-      for (size_t k = 0; k < queue[l].size(); ++k)
-        t = k == 0 && head_done[l] != never ? head_done[l]
-                                            : serve_until(links[l], t, static_cast<double>(queue[l][k].a.chunk.bytes));
-      probe_done[p][l][lane] = serve_until(links[l], t, static_cast<double>(kMultipathProbeBytes)) + kProbeLatencyS;
+  // As the engine feeds the links: every link probes where it should, then
+  // every link takes chunks, starting from link `first`.
+  auto refill = [&](size_t p, int first, double now) {
+    for (int i = 0; i < n; ++i) {
+      const int l = (first + i) % n;
+      for (int lane; (lane = sched[p].start_probe(l, now)) >= 0;) {
+        double t = std::max(now, free_at[l]);
+        for (size_t k = 0; k < queue[l].size(); ++k)
+          t = k == 0 && head_done[l] != never
+                  ? head_done[l]
+                  : serve_until(links[l], t, static_cast<double>(queue[l][k].a.chunk.bytes));
+        probe_done[p][l][lane] = serve_until(links[l], t, static_cast<double>(kMultipathProbeBytes)) + kProbeLatencyS;
+      }
     }
-    Assignment a;
-    while (sched[p].next(l, &a, now)) queue[l].push_back(Held{p, a, now});
-    start_head(l, now);
+    for (int i = 0; i < n; ++i) {
+      const int l = (first + i) % n;
+      Assignment a;
+      while (sched[p].next(l, &a, now)) queue[l].push_back(Held{p, a, now});
+      start_head(l, now);
+    }
   };
-  for (int l = 0; l < n; ++l)
-    for (size_t p = 0; p < procs; ++p) refill(p, l, 0.0);
+  for (size_t p = 0; p < procs; ++p) refill(p, 0, 0.0);
   for (;;) {
     int l = -1;
     for (int i = 0; i < n; ++i)
@@ -475,7 +499,7 @@ std::vector<SimResult> simulate_processes(const std::vector<LinkModel>& links,
       const double now = probe_done[pp][pl][plane];
       probe_done[pp][pl][plane] = never;
       sched[pp].probe_landed(pl, plane, now, now - sched[pp].probe_sent(pl, plane));
-      for (int i = 0; i < n; ++i) refill(pp, (pl + i) % n, now);
+      refill(pp, pl, now);
       continue;
     }
     if (l < 0) break;
@@ -504,7 +528,7 @@ std::vector<SimResult> simulate_processes(const std::vector<LinkModel>& links,
       sched[h.process].add(t.target, split_chunks(t.bytes, chunk_bytes));
     }
     // Every link: one that declined a chunk may take it now.
-    for (int i = 0; i < n; ++i) refill(h.process, (l + i) % n, at);
+    refill(h.process, l, at);
     start_head(l, now);
   }
   return r;

@@ -326,18 +326,34 @@ TEST(MultipathBalance, AHeldLinkIsTriedAgainOnceItsEstimateIsOld) {
   EXPECT_GT(r.bytes_by_link[0], r.bytes_by_link[1] / 2);
 }
 
-// The tail: every link idle and measured equal, one chunk left; one of them
-// takes it (none declines for good), across link counts.
+// The tail: every link idle and measured equal, one chunk left; it is taken
+// whole by one link, or, split at the tail, in 2 MiB parts by several (none
+// declines for good), across link counts.
 TEST(MultipathScheduler, EarliestFinishNeverLeavesAChunkBehind) {
-  for (int n : {2, 3, 4, 8}) {
-    MultipathScheduler s(n, unprobed());
-    for (int l = 0; l < n; ++l) s.observe(l, 8 * kMiB, 8 * kMiB / 55e9, 0.0);
-    s.add(n - 1, split_chunks(8 * kMiB, 8 * kMiB));
-    Assignment a;
-    int taken = 0;
-    for (int l = 0; l < n; ++l) taken += s.next(l, &a, 0.001);
-    EXPECT_EQ(taken, 1) << n << " links";
-  }
+  for (size_t tail : {size_t{0}, 2 * kMiB})
+    for (int n : {2, 3, 4, 8}) {
+      MultipathPolicy p = unprobed();
+      p.tail_chunk = tail;
+      MultipathScheduler s(n, p);
+      for (int l = 0; l < n; ++l) s.observe(l, 8 * kMiB, 8 * kMiB / 55e9, 0.0);
+      const int t = s.add(n - 1, split_chunks(8 * kMiB, 8 * kMiB));
+      Assignment a;
+      int taken = 0;
+      size_t given = 0, next_offset = 0;
+      for (int l = 0; l < n; ++l)
+        while (s.next(l, &a, 0.001)) {
+          ++taken;
+          EXPECT_EQ(a.chunk.offset, next_offset) << "parts in order, none lost";
+          next_offset += a.chunk.bytes;
+          given += a.chunk.bytes;
+        }
+      EXPECT_EQ(given, 8 * kMiB) << n << " links, tail " << tail;
+      if (tail == 0) EXPECT_EQ(taken, 1) << n << " links";
+      if (tail > 0) EXPECT_EQ(taken, 4) << n << " links";
+      for (int l = 0; l < n; ++l)
+        while (s.in_flight(l)) s.complete(l, 0.002);
+      EXPECT_TRUE(s.done(t)) << "every part counted";
+    }
   // A slow link declines while a fast one can finish sooner, and takes the
   // chunk when it is the only link that may carry it.
   MultipathPolicy only_own = unprobed();
