@@ -1,6 +1,7 @@
 #include "xfer/multipath_plan.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "core/error.hpp"
@@ -158,21 +159,28 @@ size_t MultipathScheduler::flight_bytes(int link) const {
 // busy with another queue (its own GPU's, or a longer one) is no help.
 // Unmeasured links are not judged; a stale estimate lets an idle link try.
 bool MultipathScheduler::lands_in_time(int link, int q, size_t bytes, double now) const {
+  // A link not measured yet counts as fast as the fastest one measured: were
+  // it to count for nothing, the measured links would take every chunk and
+  // it would never be measured.
+  double fastest = std::numeric_limits<double>::infinity();
+  for (const Estimate& x : est_)
+    if (x.s_per_byte() > 0) fastest = std::min(fastest, x.s_per_byte());
   const Estimate& e = est_[link];
-  if (!policy_.earliest_finish || e.s_per_byte() <= 0) return true;
+  const double own = e.s_per_byte() > 0 ? e.s_per_byte() : fastest;
+  if (!policy_.earliest_finish || !std::isfinite(own)) return true;
   if (flight_[link].empty() && now - e.at > kEstimateStaleS) return true;
   double rate = 0, backlog = static_cast<double>(waiting_bytes_[q]);
   double one = std::numeric_limits<double>::infinity();
   for (int j = 0; j < links(); ++j) {
     if (j == link || pick(j, now) != q) continue;
-    if (est_[j].s_per_byte() <= 0) return true;
+    const double s = est_[j].s_per_byte() > 0 ? est_[j].s_per_byte() : fastest;
     const double flying = static_cast<double>(flight_bytes(j));
-    rate += 1.0 / est_[j].s_per_byte();
+    rate += 1.0 / s;
     backlog += flying;
-    one = std::min(one, (flying + static_cast<double>(bytes)) * est_[j].s_per_byte());
+    one = std::min(one, (flying + static_cast<double>(bytes)) * s);
   }
   if (rate <= 0) return true;  // no other link may carry it
-  const double mine = static_cast<double>(flight_bytes(link) + bytes) * e.s_per_byte();
+  const double mine = static_cast<double>(flight_bytes(link) + bytes) * own;
   return mine <= std::max(backlog / rate, one);
 }
 

@@ -378,6 +378,21 @@ TEST(MultipathScheduler, EarliestFinishNeverLeavesAChunkBehind) {
 // once by the next one queued behind it: per chunk, one slow and one fast
 // sample. The estimate counts the pair as the slow link it is; after a quiet
 // spell a fresh sample replaces it.
+// Two links measured, two never used: the measured ones do not take every
+// chunk of a short copy between them, so the other two take some and are
+// measured (a stream of 4-chunk copies had run over two of four links).
+TEST(MultipathScheduler, LinksNotMeasuredYetStillGetChunks) {
+  MultipathScheduler s(4, unprobed());
+  s.observe(0, 2 * kMiB, 2 * kMiB / 44e9, 0.0);
+  s.observe(1, 2 * kMiB, 2 * kMiB / 44e9, 0.0);
+  s.add(0, split_chunks(8 * kMiB, 2 * kMiB));
+  Assignment a;
+  std::vector<int> taken(4, 0);
+  for (int l = 0; l < 4; ++l)
+    while (s.next(l, &a, 0.001)) ++taken[l];
+  EXPECT_EQ(taken, (std::vector<int>{1, 1, 1, 1}));
+}
+
 TEST(MultipathScheduler, ABurstCountsAsTheSlowLinkItIs) {
   MultipathScheduler s(2, unprobed());
   const size_t chunk = 8 * kMiB;
