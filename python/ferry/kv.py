@@ -200,6 +200,7 @@ def copy_blocks(
     kernel_blocks: int = 0,
     kernel_threads: int = 0,
     kernel_chunk: int = 0,
+    slice_bytes: int = 0,
 ) -> dict:
     """Copies page ``src_ids[i]`` of ``src`` to page ``dst_ids[i]`` of ``dst``, for every i,
     in every tensor of the two sides. Returns what ran: ``{"strategy", "direction",
@@ -212,8 +213,18 @@ def copy_blocks(
 
     ``settled_source=True`` lets a fetch's copy engine read the host pages out
     of stream order: only when nothing queued before still writes them.
+
+    ``slice_bytes`` (copy-engine modes): submit the copies in slices of about
+    this many bytes, at most two on the copy engine at a time (0: all at
+    once). A GPU's copy engine serves host-to-GPU copies first in, first out
+    across streams whatever their priority, so a fetch issued on another
+    stream (``urgent=True``) during a bulk fetch waits behind every copy the
+    bulk already queued; behind a sliced bulk it waits for two slices at most.
+    docs/kv.md has the measured cost and the latency.
     """
     _check_mode(mode)
+    if isinstance(slice_bytes, bool) or not isinstance(slice_bytes, int) or slice_bytes < 0:
+        raise ValueError(f"slice_bytes is {slice_bytes!r}; expected a byte count >= 0 (0: no slices)")
     if zero_sm and mode == "kernel":
         raise ValueError("mode='kernel' launches a kernel, which zero_sm=True forbids")
     native = require()
@@ -260,6 +271,7 @@ def copy_blocks(
         kernel_blocks,
         kernel_threads,
         kernel_chunk,
+        slice_bytes,
         h,
     )
     return {"strategy": strategy, "direction": direction, "copies": copies, "bytes": nbytes, "sms": sms}

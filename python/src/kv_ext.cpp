@@ -32,7 +32,7 @@ PageSide side_of(const std::vector<RegionTuple>& regions) {
 }
 
 PageCopyOptions options_of(const std::string& mode, bool zero_sm, bool urgent, bool settled, bool merge, int blocks,
-                           int threads, size_t chunk) {
+                           int threads, size_t chunk, size_t slice_bytes) {
   PageCopyOptions o;
   if (mode != "auto") o.strategy = parse_strategy(mode, "mode");
   o.zero_sm = zero_sm;
@@ -42,6 +42,7 @@ PageCopyOptions options_of(const std::string& mode, bool zero_sm, bool urgent, b
   o.kernel_blocks = blocks;
   o.kernel_threads = threads;
   o.kernel_chunk = chunk;
+  o.slice_bytes = slice_bytes;
   return o;
 }
 
@@ -62,9 +63,10 @@ void bind_kv(nb::module_& m) {
       "kv_copy",
       [](int device, const std::vector<RegionTuple>& dst, const std::vector<RegionTuple>& src, uintptr_t dst_ids,
          uintptr_t src_ids, size_t count, bool ids_64, bool ids_on_device, const std::string& mode, bool zero_sm,
-         bool urgent, bool settled, bool merge, int blocks, int threads, size_t chunk, uintptr_t stream) {
+         bool urgent, bool settled, bool merge, int blocks, int threads, size_t chunk, size_t slice_bytes,
+         uintptr_t stream) {
         PageCopier& c = PageCopier::on(device);
-        PageCopyOptions o = options_of(mode, zero_sm, urgent, settled, merge, blocks, threads, chunk);
+        PageCopyOptions o = options_of(mode, zero_sm, urgent, settled, merge, blocks, threads, chunk, slice_bytes);
         if (ids_on_device)
           return report(c.copy_device_ids(
               side_of(dst), side_of(src),
@@ -74,7 +76,7 @@ void bind_kv(nb::module_& m) {
                              PageIds{reinterpret_cast<const void*>(src_ids), count, ids_64}, o, as_stream(stream)));
       },
       "device"_a, "dst"_a, "src"_a, "dst_ids"_a, "src_ids"_a, "count"_a, "ids_64"_a, "ids_on_device"_a, "mode"_a,
-      "zero_sm"_a, "urgent"_a, "settled"_a, "merge"_a, "blocks"_a, "threads"_a, "chunk"_a, "stream"_a,
+      "zero_sm"_a, "urgent"_a, "settled"_a, "merge"_a, "blocks"_a, "threads"_a, "chunk"_a, "slice_bytes"_a, "stream"_a,
       nb::call_guard<nb::gil_scoped_release>());
   m.def(
       "kv_direction",

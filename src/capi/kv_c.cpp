@@ -1,8 +1,10 @@
 // The C API of paged KV transfers (include/ferry/kv.h): a thin shim over
 // src/xfer/.
+#include <algorithm>
 #include <memory>
 
 #include "capi/guarded.hpp"
+#include "core/env.hpp"
 #include "ferry/kv.h"
 #include "xfer/host_pool.hpp"
 #include "xfer/page_copy.hpp"
@@ -39,6 +41,8 @@ ferry_result_t ferry_kv_copy_blocks(int device, const ferry_kv_region_t* dst, co
     o.zero_sm = flags & FERRY_KV_ZERO_SM;
     o.urgent = flags & FERRY_KV_URGENT;
     o.settled_source = flags & FERRY_KV_SETTLED_SOURCE;
+    if (flags & FERRY_KV_SLICED)
+      o.slice_bytes = static_cast<size_t>(std::max<long long>(1, ferry::knob_int("FERRY_KV_SLICE_BYTES")));
     ferry::xfer::PageCopier::on(device).copy(
         side_of(dst, regions, "dst"), side_of(src, regions, "src"), ferry::xfer::PageIds{dst_ids, count, true},
         ferry::xfer::PageIds{src_ids, count, true}, o, static_cast<cudaStream_t>(stream));

@@ -18,6 +18,9 @@ const std::vector<Knob>& knobs() {
        "page transfers' auto table: a `ferry kv-tune` JSON file; empty: the table shipped for this GPU model, else "
        "the built-in default"},
       {"FERRY_KV_STREAMS", "int", "4", "streams the 'streams' page-transfer strategy spreads its batched copies over"},
+      {"FERRY_KV_SLICE_BYTES", "int", "4194304",
+       "slice size of page transfers submitted in slices (FERRY_KV_SLICED in C; slice_bytes in Python): at most 2 "
+       "slices wait on the copy engine, so an urgent fetch from another stream waits for that much at most"},
       {"FERRY_KV_ARMED_MAX", "int", "16384",
        "most copies a prepared page transfer may hold behind its gate (a stream's queue is finite; past it the host "
        "blocks while enqueueing)"},

@@ -85,6 +85,10 @@ PageCopier::PageCopier(int device) : device_(device) {
   int least = 0, greatest = 0;
   FERRY_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   FERRY_CUDA_CHECK(cudaStreamCreateWithPriority(&urgent_, cudaStreamNonBlocking, greatest));
+  for (int i = 0; i < kSliceStreams; ++i) {
+    FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&slice_streams_[i], cudaStreamNonBlocking));
+    FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&slice_done_[i], cudaEventDisableTiming));
+  }
   engines_ =
       std::make_unique<EngineSet>(device, static_cast<int>(std::max<long long>(1, knob_int("FERRY_KV_STREAMS"))));
   slots_.resize(kSlots);
@@ -109,6 +113,10 @@ PageCopier::~PageCopier() {
   }
   for (void* p : captured_staging_) cudaFreeHost(p);
   if (urgent_) cudaStreamDestroy(urgent_);
+  for (int i = 0; i < kSliceStreams; ++i) {
+    if (slice_streams_[i]) cudaStreamDestroy(slice_streams_[i]);
+    if (slice_done_[i]) cudaEventDestroy(slice_done_[i]);
+  }
   if (kernel_error_) cudaFreeHost(const_cast<uint64_t*>(kernel_error_));
 }
 
@@ -202,6 +210,10 @@ void PageCopier::run_copies(PageStrategy s, const std::vector<Copy>& copies, con
   // Any order only for a source no earlier stream work can still write: host
   // memory read by a fetch, when the caller vouches for it.
   const bool any_order = o.settled_source && d == Direction::kHostToDevice;
+  if (o.slice_bytes > 0 && s != PageStrategy::kKernel) {
+    run_sliced(s, copies, o.slice_bytes, any_order, stream);
+    return;
+  }
   switch (s) {
     case PageStrategy::kPerPage:
       for (const auto& c : copies) dma::copy_one(stream, c);
@@ -228,6 +240,34 @@ void PageCopier::run_copies(PageStrategy s, const std::vector<Copy>& copies, con
       break;
   }
   throw_error(FERRY_ERROR_INTERNAL, "run_copies: the kernel strategy takes no copy list");
+}
+
+// One slice after another over kSliceStreams streams, each slice waiting for
+// the one kSlicesQueued before it: at most that many slices are on the copy
+// engine at once, and the engine is never idle while slices are left. The
+// 'streams' strategy's spread makes no sense here: its slices are batched.
+void PageCopier::run_sliced(PageStrategy s, const std::vector<Copy>& copies, size_t slice_bytes, bool any_order,
+                            cudaStream_t stream) {
+  const auto slices = slice_copies(copies, slice_bytes);
+  if (slices.size() <= 1) {
+    if (s == PageStrategy::kPerPage)
+      for (const auto& c : copies) dma::copy_one(stream, c);
+    else
+      dma::copy_batch(stream, copies, any_order);
+    return;
+  }
+  for (cudaStream_t st : slice_streams_) engines_->order(stream, st);
+  for (size_t k = 0; k < slices.size(); ++k) {
+    cudaStream_t st = slice_streams_[k % kSliceStreams];
+    if (k >= kSlicesQueued)
+      FERRY_CUDA_CHECK(cudaStreamWaitEvent(st, slice_done_[(k - kSlicesQueued) % kSliceStreams], 0));
+    if (s == PageStrategy::kPerPage)
+      for (const auto& c : slices[k]) dma::copy_one(st, c);
+    else
+      dma::copy_batch(st, slices[k], any_order);
+    FERRY_CUDA_CHECK(cudaEventRecord(slice_done_[k % kSliceStreams], st));
+  }
+  for (cudaStream_t st : slice_streams_) engines_->order(st, stream);
 }
 
 void* PageCopier::stage(size_t bytes, cudaStream_t stream, bool capturing) {

@@ -26,7 +26,13 @@ struct PageCopyOptions {
   bool urgent = false;                   // run on ferry's urgent stream, not behind bulk work on the caller's
   bool settled_source = false;           // nothing in the stream still writes the source (srcAccessOrder=Any)
   bool merge = true;                     // merge runs of adjacent pages into one copy
-  int kernel_blocks = 0;                 // kernel grid; 0: ferry's choice
+  // Copy-engine work submitted in slices of this many bytes, at most
+  // kSlicesQueued of them on the copy engine at a time, so that an urgent
+  // fetch from another stream waits behind that much and no more (0: all at
+  // once). A copy engine serves host-to-GPU copies first in, first out across
+  // streams, whatever their priority.
+  size_t slice_bytes = 0;
+  int kernel_blocks = 0;  // kernel grid; 0: ferry's choice
   int kernel_threads = 0;
   size_t kernel_chunk = 0;  // bytes per warp task; 0: ferry's choice (SIZE_MAX: whole pages)
 };
@@ -83,6 +89,8 @@ class PageCopier {
   Located locate(const PageSide& dst, const PageSide& src, cudaStream_t stream);
   void run_copies(PageStrategy s, const std::vector<Copy>& copies, const PageCopyOptions& o, Direction d,
                   cudaStream_t stream);
+  void run_sliced(PageStrategy s, const std::vector<Copy>& copies, size_t slice_bytes, bool any_order,
+                  cudaStream_t stream);
   int run_kernel(Located& where, const PageSide& dst, const PageSide& src, const void* dst_ids, const void* src_ids,
                  bool is_64, size_t n, const PageCopyOptions& o, cudaStream_t stream, const void* host_dst_ids,
                  const void* host_src_ids);
@@ -95,6 +103,13 @@ class PageCopier {
   mutable std::mutex mu_;
   std::vector<PageRule> rules_;
   cudaStream_t urgent_ = nullptr;
+  // Sliced submission: slice k runs on stream k % kSliceStreams once slice
+  // k - kSlicesQueued is done (a stream waiting on another's event holds its
+  // copies back from the copy engine; on its own stream it would not).
+  static constexpr int kSlicesQueued = 2;
+  static constexpr int kSliceStreams = kSlicesQueued + 1;
+  cudaStream_t slice_streams_[kSliceStreams] = {};
+  cudaEvent_t slice_done_[kSliceStreams] = {};
   // The streams the 'streams' strategy spreads copies over (its peer engines)
   // and the events that order them with the caller's stream.
   std::unique_ptr<EngineSet> engines_;

@@ -160,6 +160,27 @@ std::vector<std::pair<size_t, size_t>> split_by_bytes(const std::vector<Copy>& c
   return out;
 }
 
+std::vector<std::vector<Copy>> slice_copies(const std::vector<Copy>& copies, size_t slice_bytes) {
+  std::vector<std::vector<Copy>> out;
+  if (copies.empty()) return out;
+  if (slice_bytes == 0) return {copies};
+  out.emplace_back();
+  size_t room = slice_bytes;
+  for (const Copy& c : copies) {
+    for (size_t off = 0; off < c.bytes;) {
+      if (room == 0) {
+        out.emplace_back();
+        room = slice_bytes;
+      }
+      const size_t n = std::min(room, c.bytes - off);
+      out.back().push_back(Copy{static_cast<char*>(c.dst) + off, static_cast<const char*>(c.src) + off, n});
+      off += n;
+      room -= n;
+    }
+  }
+  return out;
+}
+
 size_t request_bytes(const PageSide& side, size_t pages) {
   size_t b = 0;
   for (const auto& g : side.regions) b += g.bytes;

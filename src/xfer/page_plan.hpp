@@ -61,6 +61,13 @@ std::vector<Copy> plan_page_copies(const PageSide& dst, const PageSide& src, con
 // (for submission on several streams). Empty groups are dropped.
 std::vector<std::pair<size_t, size_t>> split_by_bytes(const std::vector<Copy>& copies, size_t parts);
 
+// `copies` in order as slices of at most `slice_bytes` each (a copy larger
+// than that is cut into pieces), for a bulk transfer submitted a few slices
+// at a time: a copy engine serves host-to-GPU copies first in, first out
+// across streams, so a small urgent fetch waits behind whatever is queued on
+// it, and no more than that. `slice_bytes` 0: one slice.
+std::vector<std::vector<Copy>> slice_copies(const std::vector<Copy>& copies, size_t slice_bytes);
+
 // Bytes moved by a request: pages * sum of region page bytes.
 size_t request_bytes(const PageSide& side, size_t pages);
 

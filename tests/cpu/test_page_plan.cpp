@@ -184,6 +184,38 @@ TEST(PagePlan, SplitByBytesCoversEverythingOnce) {
   EXPECT_TRUE(split_by_bytes({}, 4).empty());
 }
 
+// Every byte of every copy once, in order, each slice at most the bound and
+// only the last one short; a copy longer than a slice cut into pieces.
+TEST(PagePlan, SlicesCoverEveryByteOnceInOrderWithinTheBound) {
+  std::vector<Copy> copies;
+  uintptr_t d = 1 << 20, s = 1 << 28;
+  for (size_t bytes : {size_t{3000}, size_t{16}, size_t{10000}, size_t{0}, size_t{4096}, size_t{1}}) {
+    copies.push_back(Copy{reinterpret_cast<void*>(d), reinterpret_cast<const void*>(s), bytes});
+    d += bytes + 64;
+    s += bytes + 128;
+  }
+  for (size_t slice : {size_t{1}, size_t{7}, size_t{4096}, size_t{5000}, size_t{1} << 30}) {
+    auto slices = slice_copies(copies, slice);
+    std::vector<std::pair<uintptr_t, uintptr_t>> got, want;
+    for (size_t i = 0; i < slices.size(); ++i) {
+      size_t total = 0;
+      for (const Copy& c : slices[i]) {
+        total += c.bytes;
+        for (size_t b = 0; b < c.bytes; ++b)
+          got.emplace_back(reinterpret_cast<uintptr_t>(c.dst) + b, reinterpret_cast<uintptr_t>(c.src) + b);
+      }
+      EXPECT_LE(total, slice);
+      if (i + 1 < slices.size()) EXPECT_EQ(total, slice) << "only the last slice is short";
+    }
+    for (const Copy& c : copies)
+      for (size_t b = 0; b < c.bytes; ++b)
+        want.emplace_back(reinterpret_cast<uintptr_t>(c.dst) + b, reinterpret_cast<uintptr_t>(c.src) + b);
+    EXPECT_EQ(got, want) << slice;
+  }
+  EXPECT_EQ(slice_copies(copies, 0).size(), 1u);
+  EXPECT_TRUE(slice_copies({}, 4096).empty());
+}
+
 TEST(PageSelect, TableThenDefault) {
   std::vector<PageRule> rules = {
       {Direction::kHostToDevice, 16 << 10, SIZE_MAX, PageStrategy::kKernel, PageStrategy::kStreams},

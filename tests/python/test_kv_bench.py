@@ -60,11 +60,13 @@ def test_tables_and_targets_read_the_records():
 def test_urgent_page_sizes_parse_and_print():
     opts = kv.options(kv.parse_args(["--urgent", "--urgent-pages", "16K,64K"]))
     assert opts["urgent"] and opts["urgent_pages"] == [16 << 10, 64 << 10]
-    assert kv.options(kv.parse_args([]))["urgent_pages"] == [16 << 10]
+    assert kv.options(kv.parse_args([]))["urgent_pages"] == [16 << 10, 64 << 10, 256 << 10]
     extra = [{"op": "kv_urgent", "impl": "other-stream", "page_bytes": 64 << 10, "pages": 32,
-              "latency_us": 18000.0, "bulk_bytes": 1 << 30}]  # fmt: skip
+              "latency_us": 18000.0, "bulk_bytes": 1 << 30, "bulk": "bulk at once"},
+             {"op": "kv_bulk", "impl": "bulk in 4M slices", "bytes": 1 << 30, "gbps": 53.25}]  # fmt: skip
     text = kv.summary({"gpu": "G", "date": "d", "pcie_peak_gbps": 55, "records": [], "extra": extra})
-    assert "urgent 32 x 64K fetch during a 1G bulk fetch, other-stream: 18000 us" in text
+    assert "urgent 32 x 64K fetch during a 1G bulk at once fetch, other-stream: 18000 us" in text
+    assert "1G fetch of 1 MB pages, bulk in 4M slices: 53.2 GB/s" in text
 
 
 def test_options_refuse_unknown_names():

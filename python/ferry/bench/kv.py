@@ -27,8 +27,10 @@ kernel with index lists on the GPU, submitted ahead).
 --gemm: a bf16 8192^3 GEMM loop alone and beside continuous fetches (zero_sm
 batched, and the kernel), paired alternating runs, median slowdown.
 --urgent: the latency of a small fetch issued while a 1 GiB bulk fetch runs:
-behind it on the same stream, on another stream, and with urgent=True; its
-page sizes from --urgent-pages (default 16K, what earlier runs measured).
+behind it on the same stream, on another stream, and with urgent=True, the
+bulk submitted at once and in 4 MiB slices (slice_bytes); its page sizes from
+--urgent-pages (default 16K,64K,256K: below and above the size from which
+host-to-GPU copies queue behind each other); and the bulk's GB/s both ways.
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ IMPLS = tuple(INLINE) + AHEAD
 # The modes `ferry kv-tune` measures, by the name the auto table gives them.
 TUNED = {"per-page": "per_page", "batched": "batched", "streams": "streams", "kernel": "kernel"}
 DEFAULT_PAGES = "4K,16K,64K,256K,1M,4M"
-DEFAULT_URGENT_PAGES = "16K"
+DEFAULT_SLICE = 4 << 20  # FERRY_KV_SLICE_BYTES's default
+DEFAULT_URGENT_PAGES = "16K,64K,256K"
 DEFAULT_COUNTS = "64,256,1024,4096,16384"
 ZERO_SM = ("per-page", "batched", "streams", "auto-zero-sm", "vllm-batched", "ahead-batched")
 CHECK_ALL_BELOW = 64 << 20
@@ -410,24 +413,45 @@ def measure_gemm(torch, kv, bufs, reps: int, gpu: str, date: str) -> List[dict]:
     return out
 
 
-def measure_urgent(torch, kv, bufs, reps: int, gpu: str, date: str, page_sizes: List[int]) -> List[dict]:
+def measure_urgent(
+    torch, kv, bufs, reps: int, gpu: str, date: str, page_sizes: List[int], slice_bytes: int = DEFAULT_SLICE
+) -> List[dict]:
     """Latency of a 32-page fetch (each of `page_sizes`) issued 1 ms into a
     1 GiB bulk fetch, from its submission (host clock) to its completion seen
-    by the host. The page size matters: the copy engines serve host-to-GPU
+    by the host: behind the bulk on its stream, on another stream, and with
+    urgent=True; the bulk submitted all at once and in slices of
+    `slice_bytes`. The page size matters: the copy engines serve host-to-GPU
     copies from 64 KiB first in, first out across streams, and smaller ones
-    may skip that queue (docs/multipath.md, "Hazards")."""
+    may skip that queue (docs/multipath.md, "Hazards"). Also the bulk's own
+    GB/s alone, all at once and sliced."""
     bulk_pages = min(1024, bufs.half // (1 << 20) // 2)
     hb, gb = bufs.pages(0, 1 << 20, 2 * bulk_pages)
     bulk_ids = list(range(bulk_pages))
     small_d, small_s = list(range(0, 64, 2)), list(range(1, 64, 2))
     a, b = torch.cuda.Stream(), torch.cuda.Stream()
+    bulks = {"bulk at once": 0, f"bulk in {format_size(slice_bytes)} slices": slice_bytes}
     out = []
-    for page_bytes, impl in itertools.product(page_sizes, ("same-stream", "other-stream", "urgent")):
+    for bulk, sl in bulks.items():
+        ts = []
+        for _ in range(reps + 1):
+            torch.cuda.synchronize()
+            start, end = _events(torch)
+            start.record(a)
+            kv.copy_blocks(gb, hb, bulk_ids, bulk_ids, stream=a, mode="batched", zero_sm=True, slice_bytes=sl)
+            end.record(a)
+            end.synchronize()
+            ts.append(start.elapsed_time(end) * 1e-3)
+        gbps = bulk_pages * (1 << 20) / statistics.median(ts[1:]) / 1e9
+        out.append({"op": "kv_bulk", "impl": bulk, "slice_bytes": sl, "bytes": bulk_pages << 20,
+                    "gbps": round(gbps, 2), "gpu": gpu, "date": date})  # fmt: skip
+    for page_bytes, (bulk, sl), impl in itertools.product(
+        page_sizes, bulks.items(), ("same-stream", "other-stream", "urgent")
+    ):
         hs, gsm = bufs.pages(1, page_bytes, 64)
         lat = []
         for _ in range(reps + 1):
             torch.cuda.synchronize()
-            kv.copy_blocks(gb, hb, bulk_ids, bulk_ids, stream=a, mode="batched", zero_sm=True)
+            kv.copy_blocks(gb, hb, bulk_ids, bulk_ids, stream=a, mode="batched", zero_sm=True, slice_bytes=sl)
             time.sleep(0.001)
             st = a if impl == "same-stream" else b
             done = torch.cuda.Event()
@@ -442,6 +466,8 @@ def measure_urgent(torch, kv, bufs, reps: int, gpu: str, date: str, page_sizes: 
             {
                 "op": "kv_urgent",
                 "impl": impl,
+                "bulk": bulk,
+                "slice_bytes": sl,
                 "page_bytes": page_bytes,
                 "pages": 32,
                 "bulk_bytes": bulk_pages << 20,
@@ -577,9 +603,11 @@ def summary(result: dict) -> str:
         elif e["op"] == "kv_urgent":
             lines.append(
                 f"urgent 32 x {format_size(e['page_bytes'])} fetch during a "
-                f"{format_size(e['bulk_bytes'])} bulk fetch, {e['impl']}: "
+                f"{format_size(e['bulk_bytes'])} {e.get('bulk', 'bulk')} fetch, {e['impl']}: "
                 f"{e['latency_us']:.0f} us"
             )
+        elif e["op"] == "kv_bulk":
+            lines.append(f"{format_size(e['bytes'])} fetch of 1 MB pages, {e['impl']}: {e['gbps']:.1f} GB/s")
     host = [r for r in result["records"] if r.get("host_us") is not None]
     if host:
         lines.append("")
