@@ -6,7 +6,7 @@ more: a 1 GiB pinned host -> GPU 0 copy through ferry.multipath on a stream
 of its own (about 10 ms over every link), then, at once, one action on the
 host; every byte checked. Every kernel the cases use runs once before the
 copy, so that lazy module loading is not the cause; each case also runs
-under CUDA_MODULE_LOADING=EAGER.
+under CUDA_MODULE_LOADING=EAGER, and on the legacy default stream.
 
     python bench/probes/gated_alloc.py [part of a case's name]
 """
@@ -26,7 +26,7 @@ torch.empty(1, device="cuda:0").fill_(1)
 keep = torch.empty(256 << 20, dtype=torch.uint8, device="cuda:0")
 del keep  # a cached 256 MiB block
 eng = mp.Engine()
-s = torch.cuda.Stream(0)
+s = STREAM
 torch.cuda.synchronize()
 from ferry.bench.multipath import Runtime
 rt = Runtime().rt
@@ -46,7 +46,12 @@ ACTIONS = {
     "rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(1 << 20))\nrt.cudaFree(p)\n",
     "pinned host alloc": "x = torch.empty(256 << 20, dtype=torch.uint8).pin_memory()\n",
     "a kernel launched for the first time": "torch.arange(10, device='cuda:0').cumsum(0)\n",
+    # The preload test's program after its copy: new allocations and kernels on the copy's stream.
+    "casts and an add on new memory": "with torch.cuda.stream(s):\n    c = (dst.to(torch.int16) + 1).to(torch.uint8)\n",
 }
+# The copy's stream: one of its own, or the legacy default stream (torch's
+# default), with which every blocking stream, the driver's too, synchronizes.
+STREAMS = {"own": "torch.cuda.Stream(0)", "legacy": "torch.cuda.default_stream(0)"}
 TAIL = r"""
 s.synchronize()
 took = time.monotonic() - t
@@ -60,25 +65,25 @@ except ferry.BrokenError as e:
 
 
 def main():
-    only = sys.argv[1] if len(sys.argv) > 1 else ""
+    only = sys.argv[1] if len(sys.argv) > 1 else ""  # the cases whose label holds it
     for name, body in ACTIONS.items():
         for loading in ("LAZY", "EAGER"):
-            label = f"{loading:5s} {name}"
-            if only not in label:
-                continue
-            env = dict(os.environ, CUDA_MODULE_LOADING=loading, FERRY_TIMEOUT_S="4")
-            try:
-                r = subprocess.run(
-                    [sys.executable, "-c", HEAD + body + TAIL],
-                    env=env,
-                    capture_output=True,
-                    text=True,
-                    timeout=20,
-                )
-                last = " | ".join(x.strip()[:200] for x in (r.stdout + r.stderr).strip().splitlines()[-2:])
-                print(f"{label:45s} rc={r.returncode}  {last}", flush=True)
-            except subprocess.TimeoutExpired:
-                print(f"{label:45s} TIMEOUT", flush=True)
+            for stream, make in STREAMS.items():
+                label = f"{loading:5s} {stream:6s} {name}"
+                if only not in label:
+                    continue
+                env = dict(os.environ, CUDA_MODULE_LOADING=loading, FERRY_TIMEOUT_S="4")
+                program = HEAD.replace("STREAM", make) + body + TAIL
+                try:
+                    r = subprocess.run(
+                        [sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=20
+                    )
+                    last = " | ".join(
+                        x.strip()[:200] for x in (r.stdout + r.stderr).strip().splitlines()[-2:]
+                    )
+                    print(f"{label:52s} rc={r.returncode}  {last}", flush=True)
+                except subprocess.TimeoutExpired:
+                    print(f"{label:52s} TIMEOUT", flush=True)
 
 
 if __name__ == "__main__":
