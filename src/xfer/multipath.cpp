@@ -358,14 +358,16 @@ MultipathReport MultipathEngine::copy_batch(const std::vector<MultipathPiece>& p
     for (size_t i = 0; i < links_.size(); ++i)
       if (static_cast<int>(i) != own && policy_.may_relay[i]) ++relays;
   }
-  MultipathChoice choice = choose_multipath(total, route.host_pinned, relays, threshold_);
-  if (own < 0) choice = {false, dev_name(route.device) + " has no link in this engine"};
   DeviceScope on(stream_device);
-  if (choice.multipath && dma::is_capturing(stream)) {
-    choice = {false,
-              "the stream is capturing a CUDA graph: a graph cannot hold the engine's schedule, which follows "
-              "the links as they drain"};
-  }
+  MultipathCase facts;
+  facts.bytes = total;
+  facts.host_pinned = route.host_pinned;
+  facts.usable_relays = relays;
+  facts.threshold_bytes = threshold_;
+  facts.device = route.device;
+  facts.own_link = own >= 0;
+  facts.capturing = dma::is_capturing(stream);
+  const MultipathChoice choice = choose_multipath(facts);
   if (!choice.multipath) {
     debug_log("multipath copy of " + std::to_string(total) + " bytes" +
               (parts.size() > 1 ? " in " + std::to_string(parts.size()) + " pieces" : "") +

@@ -46,16 +46,23 @@ size_t multipath_head_bytes(size_t bytes, int links, size_t head_bytes) {
   return std::min(head_bytes, share) / kStep * kStep;
 }
 
-MultipathChoice choose_multipath(size_t bytes, bool host_pinned, int usable_relays, size_t threshold_bytes) {
+MultipathChoice choose_multipath(const MultipathCase& k) {
   MultipathChoice c;
-  if (!host_pinned)
+  if (!k.own_link)
+    c.reason = "cuda:" + std::to_string(k.device) + " has no link in this engine";
+  else if (!k.host_pinned)
     c.reason =
         "the host memory is pageable: the driver stages it through its own buffer, and a peer's copy engine "
         "cannot read it";
-  else if (usable_relays <= 0)
+  else if (k.usable_relays <= 0)
     c.reason = "no peer GPU may relay (none reachable, none allowed, or none with room for its staging buffers)";
-  else if (bytes < threshold_bytes)
-    c.reason = std::to_string(bytes) + " bytes is below the multipath threshold of " + std::to_string(threshold_bytes);
+  else if (k.bytes < k.threshold_bytes)
+    c.reason =
+        std::to_string(k.bytes) + " bytes is below the multipath threshold of " + std::to_string(k.threshold_bytes);
+  else if (k.capturing)
+    c.reason =
+        "the stream is capturing a CUDA graph: a graph cannot hold the engine's schedule, which follows the links "
+        "as they drain";
   else
     c.multipath = true;
   return c;

@@ -78,7 +78,17 @@ struct MultipathChoice {
   bool multipath = false;
   std::string reason;  // for the debug log: why the plain copy runs
 };
-MultipathChoice choose_multipath(size_t bytes, bool host_pinned, int usable_relays, size_t threshold_bytes);
+// What decides it, gathered by the engine.
+struct MultipathCase {
+  size_t bytes = 0;
+  bool host_pinned = false;
+  int usable_relays = 0;  // links other than the copy's GPU's own that may relay
+  size_t threshold_bytes = 0;
+  int device = -1;         // the copy's GPU
+  bool own_link = true;    // the copy's GPU has a link in the engine
+  bool capturing = false;  // the stream captures a CUDA graph
+};
+MultipathChoice choose_multipath(const MultipathCase& c);
 
 // A copy's direction and its GPU, or why it cannot be a host<->GPU copy.
 struct MultipathRoute {

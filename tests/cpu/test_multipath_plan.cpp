@@ -36,16 +36,36 @@ MultipathPolicy unprobed() {
 }  // namespace
 
 TEST(MultipathChoice, PlainCopyWithTheReason) {
-  EXPECT_TRUE(choose_multipath(64 * kMiB, true, 3, 8 * kMiB).multipath);
-  auto small = choose_multipath(4 * kMiB, true, 3, 8 * kMiB);
-  EXPECT_FALSE(small.multipath);
-  EXPECT_NE(small.reason.find("below the multipath threshold"), std::string::npos);
-  auto pageable = choose_multipath(kGiB, false, 3, 8 * kMiB);
-  EXPECT_FALSE(pageable.multipath);
-  EXPECT_NE(pageable.reason.find("pageable"), std::string::npos);
-  auto alone = choose_multipath(kGiB, true, 0, 8 * kMiB);
-  EXPECT_FALSE(alone.multipath);
-  EXPECT_NE(alone.reason.find("no peer GPU may relay"), std::string::npos);
+  MultipathCase k;
+  k.bytes = 64 * kMiB;
+  k.host_pinned = true;
+  k.usable_relays = 3;
+  k.threshold_bytes = 8 * kMiB;
+  k.device = 2;
+  EXPECT_TRUE(choose_multipath(k).multipath);
+  auto says = [](MultipathCase c, const char* text) {
+    const auto r = choose_multipath(c);
+    EXPECT_FALSE(r.multipath) << text;
+    EXPECT_NE(r.reason.find(text), std::string::npos) << r.reason;
+  };
+  auto small = k;
+  small.bytes = 4 * kMiB;
+  says(small, "below the multipath threshold");
+  auto pageable = k;
+  pageable.host_pinned = false;
+  says(pageable, "pageable");
+  auto alone = k;
+  alone.usable_relays = 0;
+  says(alone, "no peer GPU may relay");
+  auto foreign = k;
+  foreign.own_link = false;
+  foreign.host_pinned = false;  // the missing link is said first
+  says(foreign, "cuda:2 has no link in this engine");
+  auto captured = k;
+  captured.capturing = true;
+  says(captured, "capturing a CUDA graph");
+  captured.bytes = 4 * kMiB;  // a small copy in a graph: the threshold is the reason
+  says(captured, "below the multipath threshold");
 }
 
 TEST(MultipathChunks, CoverTheCopyInOrder) {
