@@ -542,7 +542,7 @@ void MultipathEngine::land(Transfer& t, double now) {
                  (static_cast<int>(l) == t.target ? " (own) " : " ") + std::to_string(t.link_bytes[l] >> 10) +
                  " KiB, last at " + std::to_string(static_cast<long>((t.link_last[l] - t.started) * 1e6)) + " us";
     }
-    debug_log("multipath: a copy of " + std::to_string(t.bytes) + " bytes" +
+    debug_log("multipath: a copy of " + std::to_string(t.bytes + t.head) + " bytes" +
               (t.pieces.size() > 1 ? " in " + std::to_string(t.pieces.size()) + " pieces" : "") +
               (t.to_device ? " into " : " from ") + dev_name(links_[t.target]) + " landed " +
               std::to_string(static_cast<long>((now - t.started) * 1e6)) +
@@ -762,7 +762,7 @@ void MultipathEngine::run() {
       for (auto it = active.begin(); it != active.end();) {
         if (sched->done(it->sched) && (!it->head || it->gate->head_done->value() >= it->generation)) {
           bytes_[it->target] += it->head;
-          land(*it, t_now);
+          land(*it, steady_seconds());
           it = active.erase(it);
           continue;
         }

@@ -163,8 +163,8 @@ size_t MultipathScheduler::flight_bytes(int link) const {
 // queue next would finish it with the chunk: the queue's bytes and theirs in
 // flight at their summed speed, and at least the time one of them needs for
 // the chunk (so that of links all idle, the fastest always takes it). A link
-// busy with another queue (its own GPU's, or a longer one) is no help.
-// Unmeasured links are not judged; a stale estimate lets an idle link try.
+// busy with another queue (its own GPU's, or a longer one) is no help. A
+// stale estimate lets an idle link try.
 bool MultipathScheduler::lands_in_time(int link, int q, size_t bytes, double now) const {
   // A link not measured yet counts as fast as the fastest one measured: were
   // it to count for nothing, the measured links would take every chunk and

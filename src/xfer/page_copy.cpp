@@ -257,15 +257,27 @@ void PageCopier::run_sliced(PageStrategy s, const std::vector<Copy>& copies, siz
     return;
   }
   for (cudaStream_t st : slice_streams_) engines_->order(stream, st);
-  for (size_t k = 0; k < slices.size(); ++k) {
-    cudaStream_t st = slice_streams_[k % kSliceStreams];
-    if (k >= kSlicesQueued)
-      FERRY_CUDA_CHECK(cudaStreamWaitEvent(st, slice_done_[(k - kSlicesQueued) % kSliceStreams], 0));
-    if (s == PageStrategy::kPerPage)
-      for (const auto& c : slices[k]) dma::copy_one(st, c);
-    else
-      dma::copy_batch(st, slices[k], any_order);
-    FERRY_CUDA_CHECK(cudaEventRecord(slice_done_[k % kSliceStreams], st));
+  try {
+    for (size_t k = 0; k < slices.size(); ++k) {
+      cudaStream_t st = slice_streams_[k % kSliceStreams];
+      if (k >= kSlicesQueued)
+        FERRY_CUDA_CHECK(cudaStreamWaitEvent(st, slice_done_[(k - kSlicesQueued) % kSliceStreams], 0));
+      if (s == PageStrategy::kPerPage)
+        for (const auto& c : slices[k]) dma::copy_one(st, c);
+      else
+        dma::copy_batch(st, slices[k], any_order);
+      FERRY_CUDA_CHECK(cudaEventRecord(slice_done_[k % kSliceStreams], st));
+    }
+  } catch (...) {
+    // The slices already queued still run: the caller's stream waits for
+    // them, so that no later work reuses their buffers under them.
+    for (cudaStream_t st : slice_streams_) {
+      try {
+        engines_->order(st, stream);
+      } catch (...) {
+      }
+    }
+    throw;
   }
   for (cudaStream_t st : slice_streams_) engines_->order(st, stream);
 }
@@ -370,11 +382,22 @@ PageCopyReport PageCopier::copy(const PageSide& dst, const PageSide& src, const 
     engines_->order(stream, urgent_);
     run = urgent_;
   }
-  if (s == PageStrategy::kKernel) {
-    rep.sms =
-        run_kernel(where, dst, src, nullptr, nullptr, dst_ids.is_64, dst_ids.count, o, run, dst_ids.data, src_ids.data);
-  } else {
-    run_copies(s, copies, o, where.direction, run);
+  try {
+    if (s == PageStrategy::kKernel) {
+      rep.sms = run_kernel(where, dst, src, nullptr, nullptr, dst_ids.is_64, dst_ids.count, o, run, dst_ids.data,
+                           src_ids.data);
+    } else {
+      run_copies(s, copies, o, where.direction, run);
+    }
+  } catch (...) {
+    // Copies queued before the failure still run: their pools stay in use
+    // until the stream passes them.
+    try {
+      if (o.urgent) engines_->order(urgent_, stream);
+      note_pools(where, stream);
+    } catch (...) {
+    }
+    throw;
   }
   if (o.urgent) engines_->order(urgent_, stream);
   note_pools(where, stream);

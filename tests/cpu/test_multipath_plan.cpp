@@ -5,6 +5,7 @@
 // one of them).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
 
 #include "core/error.hpp"
@@ -411,6 +412,34 @@ TEST(MultipathScheduler, LinksNotMeasuredYetStillGetChunks) {
   for (int l = 0; l < 4; ++l)
     while (s.next(l, &a, 0.001)) ++taken[l];
   EXPECT_EQ(taken, (std::vector<int>{1, 1, 1, 1}));
+}
+
+// A tail part given back (its relay failed) goes first again, ahead of the
+// rest of its chunk: the copy's bytes are all given once, in order, and the
+// copy completes.
+TEST(MultipathScheduler, ATailPartGivenBackKeepsTheCopyWhole) {
+  MultipathPolicy p = unprobed();
+  MultipathScheduler s(3, p);
+  const int t = s.add(0, split_chunks(8 * kMiB, 8 * kMiB));
+  Assignment a;
+  ASSERT_TRUE(s.next(1, &a, 0.0));
+  EXPECT_EQ(a.chunk.bytes, 2 * kMiB) << "a tail part";
+  s.give_back(1);  // link 1 could not submit it and relays no more
+  std::vector<std::pair<size_t, size_t>> given;
+  for (int round = 0; round < 8 && !s.done(t); ++round) {
+    for (int l = 0; l < 3; ++l)
+      while (s.next(l, &a, 0.0)) given.emplace_back(a.chunk.offset, a.chunk.bytes);
+    for (int l = 0; l < 3; ++l)
+      while (s.in_flight(l)) s.complete(l, 0.0);
+  }
+  EXPECT_TRUE(s.done(t));
+  std::sort(given.begin(), given.end());
+  size_t next = 0;
+  for (auto [off, n] : given) {
+    EXPECT_EQ(off, next);
+    next += n;
+  }
+  EXPECT_EQ(next, 8 * kMiB);
 }
 
 TEST(MultipathScheduler, ABurstCountsAsTheSlowLinkItIs) {

@@ -713,3 +713,45 @@ TEST_F(MultipathSim, ABatchIsOneCopyInStreamOrderEveryByteAndNoGapWritten) {
   e.check();
   cudaStreamDestroy(s);
 }
+
+// The tail split into parts through the engine (8 MiB chunks, 512 KiB parts):
+// a batch of odd copies whose first is shorter than the head lands every
+// byte both ways, also while a relay fails to take chunks mid-copy.
+TEST_F(MultipathSim, TailPartsAndAHeadLongerThanTheFirstCopyLandEveryByte) {
+  for (int failing : {-1, 1}) {
+    MultipathOptions o = options({0, 1, 2}, 8 * MiB);
+    o.head_bytes = MiB;
+    o.policy.tail_chunk = 512 << 10;
+    MultipathEngine e(o);
+    sim::Faults f;
+    f.fail_on_device = failing;
+    sim::set_faults(f);
+    const std::vector<size_t> sizes = {5, 40 * MiB + 3, 7 * MiB + 1, 1};
+    size_t total = 0;
+    for (size_t n : sizes) total += n;
+    Buf host(total, -1), dev(total, 0), back(total, -1);
+    fill(host, 31 + static_cast<unsigned>(failing + 1));
+    std::memset(dev.p, 0xA5, total);
+    std::memset(back.p, 0xA5, total);
+    std::vector<MultipathPiece> in, out;
+    size_t at = 0;
+    for (size_t n : sizes) {
+      in.push_back({dev.b() + at, host.b() + at, n});
+      out.push_back({back.b() + at, dev.b() + at, n});
+      at += n;
+    }
+    cudaStream_t s = new_stream(0);
+    EXPECT_TRUE(e.copy_batch(in, s).multipath);
+    e.copy_batch(out, s);
+    ASSERT_TRUE(drained(s)) << failing;
+    e.check();
+    EXPECT_EQ(std::memcmp(dev.p, host.p, total), 0) << failing;
+    EXPECT_EQ(std::memcmp(back.p, host.p, total), 0) << failing;
+    size_t moved = 0;
+    for (size_t b : e.bytes_by_link()) moved += b;
+    EXPECT_EQ(moved, 2 * total) << "every byte counted once on some link";
+    if (failing == 1) EXPECT_FALSE(e.may_relay()[1]);
+    sim::set_faults(sim::Faults{});
+    cudaStreamDestroy(s);
+  }
+}
