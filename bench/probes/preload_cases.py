@@ -56,6 +56,39 @@ COPIES = {
     "legacy stream, copy_, kernel, copy back": "back = torch.empty(n, dtype=torch.uint8).pin_memory()\n"
     "dst.copy_(src, non_blocking=True)\nk = dst + 1\nback.copy_(k, non_blocking=True)\n",
 }
+# test_preload.py's program, whole and with one thing changed each: which of
+# its steps after the second copy holds that copy's own-link chunks (it failed
+# with and without a kernel launched first, on four H200s).
+PROGRAM = r"""
+torch.ones(1, device="cuda"); torch.cuda.synchronize()
+a = src.to("cuda")
+b = torch.empty(n, dtype=torch.uint8, device="cuda")
+b.copy_(src, non_blocking=True)
+c = (b.to(torch.int16) + 1).to(torch.uint8)
+back = PINNED
+back.copy_(c, non_blocking=True)
+SYNC
+assert torch.equal(a.cpu(), src) and torch.equal(back, (src.to(torch.int16) + 1).to(torch.uint8))
+"""
+VARIANTS = {
+    "program as tested": {},
+    "program, back pinned before the copies": {"PINNED": "back_early", "SYNC": "torch.cuda.synchronize()"},
+    "program, no copy back": {"back.copy_(c, non_blocking=True)": "back.copy_(c.cpu())"},
+    "program, stream sync instead of device sync": {"SYNC": "torch.cuda.current_stream().synchronize()"},
+    "program, no kernels after the copy": {"c = (b.to(torch.int16) + 1).to(torch.uint8)": "c = b"},
+}
+for name, edits in VARIANTS.items():
+    body = PROGRAM
+    defaults = {
+        "PINNED": "torch.empty(n, dtype=torch.uint8).pin_memory()",
+        "SYNC": "torch.cuda.synchronize()",
+    }
+    for old_text, new_text in {**defaults, **edits}.items():
+        body = body.replace(old_text, new_text)
+    if "back_early" in body:
+        body = "back_early = torch.empty(n, dtype=torch.uint8).pin_memory()\n" + body
+    COPIES[name] = body + "dst.copy_(src)\n"  # the common tail's check: the program asserts its own
+
 TAIL = (
     "torch.cuda.synchronize()\nassert torch.equal(dst.cpu(), src), 'bytes differ'\nprint('ok')\n"
     "import sys\nsys.stderr.flush()\n"
