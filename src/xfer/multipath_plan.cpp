@@ -9,12 +9,7 @@
 namespace ferry {
 namespace xfer {
 
-std::vector<Chunk> split_chunks(size_t bytes, size_t chunk_bytes) {
-  FERRY_ARG_CHECK(chunk_bytes > 0, "chunk_bytes must be positive");
-  std::vector<Chunk> out;
-  for (size_t off = 0; off < bytes; off += chunk_bytes) out.push_back(Chunk{off, std::min(chunk_bytes, bytes - off)});
-  return out;
-}
+std::vector<Chunk> split_chunks(size_t bytes, size_t chunk_bytes) { return split_batch({bytes}, chunk_bytes); }
 
 std::vector<Chunk> split_batch(const std::vector<size_t>& sizes, size_t chunk_bytes) {
   FERRY_ARG_CHECK(chunk_bytes > 0, "chunk_bytes must be positive");
