@@ -113,7 +113,7 @@ struct MultipathPolicy {
   bool earliest_finish = true;  // a link declines a chunk it would land after the others finish (see above)
   bool probe = true;            // a link idle in a lane probes it before it takes chunks there (see above)
   // The tail of a copy in finer chunks: links finish a copy together only to
-  // within a chunk's time (about 180 us for 8 MiB at 44 GB/s, a tenth of a
+  // within a chunk's time (about 190 us for 8 MiB at 44 GB/s, a tenth of a
   // 256 MiB copy over four links). Once no more than a chunk per link is
   // left, a clear link takes `tail_chunk` bytes of the next chunk rather than
   // all of it (0: never); a held link, whose every chunk waits behind foreign

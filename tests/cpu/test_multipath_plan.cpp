@@ -395,13 +395,9 @@ TEST(MultipathScheduler, EarliestFinishNeverLeavesAChunkBehind) {
   EXPECT_TRUE(both.next(0, &a, 0.5)) << "an idle link with an old estimate tries again";
 }
 
-// On the GPU a chunk that waited behind a foreign command was followed at
-// once by the next one queued behind it: per chunk, one slow and one fast
-// sample. The estimate counts the pair as the slow link it is; after a quiet
-// spell a fresh sample replaces it.
 // Two links measured, two never used: the measured ones do not take every
 // chunk of a short copy between them, so the other two take some and are
-// measured (a stream of 4-chunk copies had run over two of four links).
+// measured (were they not, every later short copy would leave them out too).
 TEST(MultipathScheduler, LinksNotMeasuredYetStillGetChunks) {
   MultipathScheduler s(4, unprobed());
   s.observe(0, 2 * kMiB, 2 * kMiB / 44e9, 0.0);
@@ -442,6 +438,10 @@ TEST(MultipathScheduler, ATailPartGivenBackKeepsTheCopyWhole) {
   EXPECT_EQ(next, 8 * kMiB);
 }
 
+// On the GPU a chunk that waited behind a foreign command was followed at
+// once by the next one queued behind it: per chunk, one slow and one fast
+// sample. The estimate counts the pair as the slow link it is; after a quiet
+// spell a fresh sample replaces it.
 TEST(MultipathScheduler, ABurstCountsAsTheSlowLinkItIs) {
   MultipathScheduler s(2, unprobed());
   const size_t chunk = 8 * kMiB;
