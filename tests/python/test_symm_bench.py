@@ -1,6 +1,10 @@
 """The symmetric heap benchmark's pure parts: records, the table, the targets."""
 
-from ferry.bench import symm
+import os
+import sys
+
+import pytest
+from ferry.bench import nvshmem, symm
 
 
 def _rec(op, impl, nbytes, time_us):
@@ -45,3 +49,65 @@ def test_targets_met_and_missed():
     assert "all-reduce 8K <= 6 us: met (5.0 us)" in lines
     assert "all-reduce 4M <= 25 us: missed (40.0 us)" in lines
     assert not any("512K" in x for x in lines)  # not measured, not claimed
+
+
+def test_targets_against_nvshmem_compare_the_fastest_of_each():
+    recs = [
+        _rec("signal_half_rtt", "ferry-device", 8, 1.2),
+        _rec("signal_half_rtt", "nvshmem-device", 8, 1.0),
+        _rec("barrier", "ferry-device", 0, 1.5),
+        _rec("barrier", "nvshmem-device", 0, 2.5),
+        _rec("barrier", "ferry-stream", 0, 4.0),
+    ]
+    lines = symm.target_lines(recs)
+    assert "signal half round trip no slower than NVSHMEM: missed (1.20 us against 1.00 us)" in lines
+    assert "barrier in a kernel no slower than NVSHMEM: met (1.50 us against 2.50 us)" in lines
+    # No NVSHMEM number on a stream: no comparison claimed.
+    assert not any("on a stream no slower" in line for line in lines)
+
+
+def test_nvshmem_output_parsed_and_checks_judged():
+    out = [
+        "some NVSHMEM banner",
+        "record put nvshmem-device-8b 1048576 2.500 block",
+        "record barrier nvshmem-stream 0 3.250 stream",
+        "record too few fields",
+        "check put 268435456 bytes: 0 wrong",
+        "check all_reduce nvshmem-stream 8192 bytes: 17 wrong",
+    ]
+    records, checks = nvshmem.parse(out)
+    assert records == [
+        {"op": "put", "impl": "nvshmem-device-8b", "bytes": 1 << 20, "time_us": 2.5, "scope": "block"},
+        {"op": "barrier", "impl": "nvshmem-stream", "bytes": 0, "time_us": 3.25, "scope": "stream"},
+    ]
+    assert len(checks) == 2
+    assert nvshmem.failed_checks(checks) == ["check all_reduce nvshmem-stream 8192 bytes: 17 wrong"]
+
+
+def test_nvshmem_children_keep_multicast_off_whatever_the_caller_set():
+    env = nvshmem.child_env(
+        {"NVSHMEM_DISABLE_NVLS": "0", "NCCL_NVLS_ENABLE": "1", "LD_LIBRARY_PATH": "/a"}, "/nv/lib", 1 << 30
+    )
+    assert env["NVSHMEM_DISABLE_NVLS"] == "1" and env["NCCL_NVLS_ENABLE"] == "0"
+    assert env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
+    assert env["LD_LIBRARY_PATH"] == "/nv/lib" + os.pathsep + "/a"
+    assert env["NVSHMEM_SYMMETRIC_SIZE"] == str(1 << 30)
+    assert env["NVSHMEM_REMOTE_TRANSPORT"] == "none"
+    # A caller's own choices for the rest stay.
+    assert nvshmem.child_env({"NVSHMEM_SYMMETRIC_SIZE": "5G"}, "/l", 1)["NVSHMEM_SYMMETRIC_SIZE"] == "5G"
+
+
+def test_nvshmem_found_in_nvshmem_home_or_explained(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "nvidia.nvshmem", None)  # no wheel: NVSHMEM_HOME alone
+    with pytest.raises(nvshmem.Unavailable, match="NVSHMEM_HOME"):
+        nvshmem.find({"NVSHMEM_HOME": str(tmp_path)})
+    (tmp_path / "include").mkdir()
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "include" / "nvshmem.h").write_text("")
+    (tmp_path / "lib" / "libnvshmem_device.a").write_text("")
+    (tmp_path / "lib" / "libnvshmem_host.so.3").write_text("")
+    inc, lib = nvshmem.find({"NVSHMEM_HOME": str(tmp_path)})
+    assert (inc, lib) == (str(tmp_path / "include"), str(tmp_path / "lib"))
+    cmd = nvshmem.build_command(inc, lib, "90", "/tmp/x")
+    assert "-rdc=true" in cmd and "-gencode=arch=compute_90,code=sm_90" in cmd
+    assert "-l:libnvshmem_host.so.3" in cmd and "-lnvshmem_device" in cmd

@@ -11,10 +11,11 @@ after a warm-up launch; the median of --reps launches; graphs off):
 - barrier latency: the device API in a kernel, barrier_on_stream;
 - bf16 all-reduce latency by size: the device API's all_reduce (1 and 8
   blocks) against NCCL (torch.distributed) and PyTorch SymmetricMemory's
-  one-shot and two-shot all-reduce, where torchrun gives one process per GPU.
-NVSHMEM is not measured yet (it needs its device library linked into the
-kernels; docs/symm.md). Records: {op, impl, world, bytes, time_us, gbps,
-scope, graph, gpu, date}. Ranks sharing a GPU (FERRY_SHARED_GPUS) say nothing
+  one-shot and two-shot all-reduce, where torchrun gives one process per GPU;
+- NVSHMEM, the same measurements written against its API
+  (nvshmem_bench.cu, built against the nvidia-nvshmem wheel and run after
+  ferry's part, one process per GPU; --no-nvshmem skips it).
+Records: {op, impl, world, bytes, time_us, gbps, scope, graph, gpu, date}. Ranks sharing a GPU (FERRY_SHARED_GPUS) say nothing
 about speed: the run refuses them.
 """
 
@@ -29,6 +30,7 @@ import statistics
 import sys
 from typing import Dict, List, Sequence
 
+from . import nvshmem
 from .report import format_size, parse_size, size_range
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -105,6 +107,19 @@ def target_lines(records: Sequence[dict]) -> List[str]:
             ok = min(got) <= TARGETS[key]
             lines.append(
                 f"barrier {what} <= {TARGETS[key]:.0f} us: {'met' if ok else 'missed'} ({min(got):.2f} us)"
+            )
+    for op, ours, theirs, what in (
+        ("signal_half_rtt", "ferry-device", "nvshmem-device", "signal half round trip"),
+        ("barrier", "ferry-device", "nvshmem-device", "barrier in a kernel"),
+        ("barrier", "ferry-stream", "nvshmem-stream", "barrier on a stream"),
+    ):
+        a = [r["time_us"] for r in records if r["op"] == op and r["impl"] == ours]
+        b = [r["time_us"] for r in records if r["op"] == op and r["impl"] == theirs]
+        if a and b:
+            ok = min(a) <= min(b)
+            lines.append(
+                f"{what} no slower than NVSHMEM: {'met' if ok else 'missed'} "
+                f"({min(a):.2f} us against {min(b):.2f} us)"
             )
     for nbytes, limit in TARGETS["all_reduce_us"].items():
         got = [
@@ -331,7 +346,33 @@ def run(opts: dict, progress=print) -> dict:
     bad = [i for i in range(n) if int(oks[i].item()) != 1]
     heap.close()
     comm.close()
-    return {"records": records, "gpu": gpu, "world": W, "date": date, "failed_ranks": bad}
+    checks: List[str] = []
+    if opts.get("nvshmem", True) and int(os.environ.get("RANK", "0")) == 0:
+        major, minor = torch.cuda.get_device_capability(comm.device)
+        try:
+            got, checks = nvshmem.measure(
+                W,
+                opts["min_bytes"],
+                opts["max_bytes"],
+                iters,
+                reps,
+                opts["all_reduce_sizes"],
+                arch=f"{major}{minor}",
+            )
+            records += [
+                record(g["op"], g["impl"], W, g["bytes"], g["time_us"], g["scope"], gpu, date) for g in got
+            ]
+            progress("NVSHMEM: " + "; ".join(checks))
+        except nvshmem.Unavailable as exc:
+            progress(f"ferry.bench.symm: NVSHMEM not measured: {exc}")
+    return {
+        "records": records,
+        "gpu": gpu,
+        "world": W,
+        "date": date,
+        "failed_ranks": bad,
+        "nvshmem_checks": checks,
+    }
 
 
 def _field_all_reduce(torch, nbytes, world, reps, iters, gpu, date) -> List[dict]:
@@ -403,6 +444,7 @@ def parse_args(argv=None):
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--iters", type=int, default=20, help="operations per timed launch")
     p.add_argument("--library", default="", help="a build of symm_kernels.cu (default: build it now)")
+    p.add_argument("--no-nvshmem", action="store_true", help="measure ferry and the field without NVSHMEM")
     p.add_argument("--tag", default="")
     return p.parse_args(argv)
 
@@ -415,6 +457,7 @@ def main(argv=None) -> int:
         "reps": args.reps,
         "iters": args.iters,
         "library": args.library,
+        "nvshmem": not args.no_nvshmem,
         "all_reduce_sizes": [parse_size(s) for s in args.all_reduce_sizes.split(",")],
     }
     result = run(opts)
@@ -436,7 +479,7 @@ def main(argv=None) -> int:
     with open(stem + ".txt", "w") as f:
         f.write(table + "\n\n" + "\n".join(lines) + "\n")
     print(f"wrote {stem}.json, {stem}.txt")
-    return 1 if result["failed_ranks"] else 0
+    return 1 if result["failed_ranks"] or nvshmem.failed_checks(result["nvshmem_checks"]) else 0
 
 
 if __name__ == "__main__":
