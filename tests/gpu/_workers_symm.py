@@ -400,8 +400,9 @@ class Suite:
             g.manual_seed(zlib.crc32(f"{rank}/{salt}".encode()))
             return torch.randint(-8, 9, (W * count,), device=dev, generator=g).to(dtype)
 
+        # 7, 8, 9: all_reduce asking for the low-latency, one-shot and two-shot algorithms.
         cases = [(c, 3, 0) for c in (0, 1, 2, 6)] + [
-            (c, d, op) for c in (3, 4, 5) for d, _ in dtypes for op in (0, 1, 2)
+            (c, d, op) for c in (3, 4, 5, 7, 8, 9) for d, _ in dtypes for op in (0, 1, 2)
         ]
         for start, stride, size in teams:
             members = [start + i * stride for i in range(size)]
@@ -455,7 +456,7 @@ class Suite:
                         elif coll == 2:
                             for j, m in enumerate(members):
                                 exp[j * count : (j + 1) * count] = ins[m][my * count : (my + 1) * count]
-                        elif coll in (3, 4, 5):
+                        elif coll in (3, 4, 5, 7, 8, 9):
                             blk = slice(my * count, (my + 1) * count) if coll == 5 else slice(0, count)
                             stack = torch.stack([ins[m][blk].double() for m in members])
                             red = (
@@ -465,9 +466,77 @@ class Suite:
                                 if op == 1
                                 else stack.min(0).values
                             )
-                            if coll == 4 or coll == 5 or my == root:
+                            if coll != 3 or my == root:
                                 exp[:count] = red.to(dtype)
                         self.expect_equal(label, got, exp)
+        self.heap.free(src if self.local else src[0])
+        self.heap.free(dst if self.local else dst[0])
+
+    def all_reduce_algorithms(self):
+        """Each all_reduce algorithm at sizes past the low-latency limit and
+        on buffers off 16-byte boundaries (the element paths), over the world,
+        small random integers (sums exact in bf16 up to 8 ranks); three calls
+        back to back with the source raised by one before each later call, in
+        stream order and without a barrier, so a member may run a call ahead
+        of another and a stale round would show."""
+        torch, W = self.torch, self.world
+        big = 70001  # 280 KB of float: past the low-latency limit, past the two-shot threshold
+        src = self.each(self.heap.empty((big + 8,), torch.float32))
+        dst = self.each(self.heap.empty((big + 8,), torch.float32))
+        for dcode, dtype in ((0, torch.float32), (2, torch.bfloat16)):
+            for count, offset in ((big, 0), (3001, 1), (big, 3), (1, 0), (0, 0)):
+                for coll in (4, 7, 8, 9):
+                    salt = f"allreduce/{dcode}/{count}/{offset}/{coll}"
+                    label = f"all_reduce algo {coll} dtype {dtype} count {count} offset {offset}"
+                    ins = {}
+                    oks = []
+                    for i, r in enumerate(self.ranks):
+                        g = torch.Generator(device=self.devs[i])
+                        g.manual_seed(zlib.crc32(f"{r}/{salt}".encode()))
+                        ins[r] = torch.randint(-30, 31, (count,), device=self.devs[i], generator=g).to(dtype)
+                        src[i].view(dtype)[offset : offset + count].copy_(ins[r])
+                        dst[i].view(dtype).fill_(77)
+                        oks.append(torch.full((4,), -1, dtype=torch.int32, device=self.devs[i]))
+                    self.barrier()
+                    for rep in range(3):
+                        for i, r in enumerate(self.ranks):
+                            if rep:
+                                with torch.cuda.stream(self.streams[i]):
+                                    src[i].view(dtype)[offset : offset + count].add_(1)
+                            d_ptr = self.ptr(dst[i]) + offset * dtype.itemsize
+                            s_ptr = self.ptr(src[i]) + offset * dtype.itemsize
+                            self.k.coll(
+                                self.raw[i],
+                                coll,
+                                dcode,
+                                0,
+                                d_ptr,
+                                s_ptr,
+                                count,
+                                0,
+                                0,
+                                1,
+                                W,
+                                4,
+                                self.ptr(oks[i]),
+                                self.streams[i].cuda_stream,
+                            )
+                    self.barrier()
+                    for i, r in enumerate(self.ranks):
+                        self.expect(
+                            f"rank {r} {label}: returned {oks[i].tolist()}", oks[i].tolist() == [1] * 4
+                        )
+                        dev = self.devs[i]
+                        total = torch.zeros(count, dtype=torch.float64, device=dev)
+                        for m in range(W):
+                            g = torch.Generator(device=dev)
+                            g.manual_seed(zlib.crc32(f"{m}/{salt}".encode()))
+                            total += (
+                                torch.randint(-30, 31, (count,), device=dev, generator=g).to(dtype).double()
+                            )
+                        exp = torch.full((big + 8,), 77, dtype=dtype, device=dev)
+                        exp[offset : offset + count] = (total + 2 * W).to(dtype)
+                        self.expect_equal(f"rank {r} {label}", dst[i].view(dtype)[: big + 8], exp)
         self.heap.free(src if self.local else src[0])
         self.heap.free(dst if self.local else dst[0])
 
@@ -849,6 +918,7 @@ CHECKS = [
     "atomics",
     "barriers",
     "collectives",
+    "all_reduce_algorithms",
     "stream_ops",
     "views_and_sizes",
     "bad_input",

@@ -14,7 +14,9 @@
  * overlap; root is a team rank. T: float, __half, __nv_bfloat16, int32_t (reductions; halves
  * add in float), any trivially copyable T for the others. Each call starts
  * and ends with barrier_all: on return dst is complete here and src may be
- * written again. Returns false when a wait gave up (h.timeout_ns; heap.check()
+ * written again (all_reduce's low-latency algorithm, coll_algo.cuh, has no
+ * barriers: it returns once its own dst is complete, and src may be written
+ * again at once). Returns false when a wait gave up (h.timeout_ns; heap.check()
  * names the peer) or the grid is larger than kMaxGridBlocks; dst is then
  * undefined, and the heap's barrier words are out of step: close the heap (a
  * later barrier could pass early). Pushes (broadcast, fcollect, alltoall) are stores over NVLink
@@ -26,6 +28,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "ferry/device/coll_algo.cuh"
 #include "ferry/device/heap.cuh"
 #include "ferry/device/impl/spin.cuh"
 #include "ferry/device/rma.cuh"
@@ -60,26 +63,30 @@ __device__ inline bool local_grid_sync(const Heap& h) {
       h, [&] { return load_acquire(&own->grid_local_generation) != gen; }, WaitKind::kBarrier, h.rank);
 }
 
-/* Thread 0 of one block: every block of this rank arrived; then this block
- * meets the same block of every other member, each of which passed the same
- * two steps there. Counters are per (peer, block): they stay in step because
- * every member runs the same grid. */
-__device__ inline bool grid_sync_block(const Heap& h, const Team& t) {
-  const unsigned me_block = grid_block();
+/* Thread 0 of one block: the grid and the team are usable, and every block of this rank arrived. */
+__device__ inline bool grid_sync_local(const Heap& h, const Team& t) {
   if (grid_blocks() > unsigned(kMaxGridBlocks) || !team_usable(t, h.world) || team_world_rank(t, t.my) != h.rank) {
     report(h, WaitKind::kBadTeam, -1);
     return false;
   }
-  if (!local_grid_sync(h)) return false;
+  return local_grid_sync(h);
+}
+
+/* Lane `lane` of `lanes` (after grid_sync_local): this block meets the same
+ * block of members lane, lane + lanes, ..., each of which passed
+ * grid_sync_local there. Counters are per (peer, block): they stay in step
+ * because every member runs the same grid. */
+__device__ inline bool grid_sync_peers(const Heap& h, const Team& t, unsigned lane, unsigned lanes) {
+  const unsigned me_block = grid_block();
   HeapSync* own = h.sync(h.rank);
   __threadfence_system();
-  for (int i = 0; i < t.size; ++i) {
+  for (int i = int(lane); i < t.size; i += int(lanes)) {
     const int peer = team_world_rank(t, i);
     if (peer == h.rank) continue;
     const uint64_t round = ++own->grid_rounds[peer][me_block];
     store_release(&h.sync(peer)->grid_arrivals[h.rank][me_block], round);
   }
-  for (int i = 0; i < t.size; ++i) {
+  for (int i = int(lane); i < t.size; i += int(lanes)) {
     const int peer = team_world_rank(t, i);
     if (peer == h.rank) continue;
     const uint64_t round = own->grid_rounds[peer][me_block];
@@ -129,18 +136,209 @@ __device__ __forceinline__ A combine(A a, A b, ReduceOp op) {
   }
 }
 
-/* dst[i] = op over members m of (m's copy of src)[i], for this block's slice of [0, count). */
+/* [begin, end) of the items [from, to) for this block. */
+__device__ __forceinline__ void block_slice(uint64_t from, uint64_t to, uint64_t* begin, uint64_t* end) {
+  block_slice(to - from, begin, end);
+  *begin += from;
+  *end += from;
+}
+
+/* dst[i] = op over members, in team order, of (member's copy of src)[i] for i in [begin, end), by elements. */
 template <class T>
-__device__ inline void reduce_slice(const Heap& h, const Team& t, T* dst, const T* src, uint64_t count, ReduceOp op) {
+__device__ inline void reduce_elements(const Heap& h, const Team& t, T* dst, const T* src, uint64_t begin, uint64_t end,
+                                       ReduceOp op) {
   using A = typename Acc<T>::type;
-  uint64_t begin, end;
-  block_slice(count, &begin, &end);
   const unsigned lane = scope_lane<Scope::kBlock>(), lanes = scope_size<Scope::kBlock>();
   for (uint64_t i = begin + lane; i < end; i += lanes) {
     A acc = Acc<T>::in(h.peer_ptr(src, team_world_rank(t, 0))[i]);
     for (int m = 1; m < t.size; ++m) acc = combine(acc, Acc<T>::in(h.peer_ptr(src, team_world_rank(t, m))[i]), op);
     dst[i] = Acc<T>::out(acc);
   }
+}
+
+/* 16-byte vectors of T, reduced in the accumulating type. */
+template <class T>
+struct Vec {
+  static constexpr int kLanes = 16 / sizeof(T);
+  using A = typename Acc<T>::type;
+  static __device__ __forceinline__ void first(const uint4& v, A* a) {
+    const T* e = reinterpret_cast<const T*>(&v);
+#pragma unroll
+    for (int k = 0; k < kLanes; ++k) a[k] = Acc<T>::in(e[k]);
+  }
+  static __device__ __forceinline__ void add(const uint4& v, A* a, ReduceOp op) {
+    const T* e = reinterpret_cast<const T*>(&v);
+#pragma unroll
+    for (int k = 0; k < kLanes; ++k) a[k] = combine(a[k], Acc<T>::in(e[k]), op);
+  }
+  static __device__ __forceinline__ uint4 out(const A* a) {
+    uint4 v;
+    T* e = reinterpret_cast<T*>(&v);
+#pragma unroll
+    for (int k = 0; k < kLanes; ++k) e[k] = Acc<T>::out(a[k]);
+    return v;
+  }
+};
+
+/* Vector v of op over the members' src, in team order (every member computes
+ * the same bits); up to eight members' loads in flight at once. */
+template <class T>
+__device__ __forceinline__ uint4 reduce_vector(const Heap& h, const Team& t, const uint4* src, uint64_t v,
+                                               ReduceOp op) {
+  typename Vec<T>::A acc[Vec<T>::kLanes];
+  for (int m0 = 0; m0 < t.size; m0 += 8) {
+    uint4 x[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      if (m0 + k < t.size) x[k] = __ldcg(h.peer_ptr(src, team_world_rank(t, m0 + k)) + v);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      if (m0 + k >= t.size) break;
+      if (m0 + k == 0)
+        Vec<T>::first(x[k], acc);
+      else
+        Vec<T>::add(x[k], acc, op);
+    }
+  }
+  return Vec<T>::out(acc);
+}
+
+/* One-shot: this block's share of dst[i] = op over members' src[i], i < count. */
+template <class T>
+__device__ inline void reduce_slice(const Heap& h, const Team& t, T* dst, const T* src, uint64_t count, ReduceOp op) {
+  uint64_t begin, end;
+  if (((uintptr_t(dst) | uintptr_t(src)) & 15) != 0) {
+    block_slice(count, &begin, &end);
+    reduce_elements(h, t, dst, src, begin, end, op);
+    return;
+  }
+  constexpr int N = Vec<T>::kLanes;
+  const uint64_t vectors = count / N;
+  block_slice(vectors, &begin, &end);
+  const unsigned lane = scope_lane<Scope::kBlock>(), lanes = scope_size<Scope::kBlock>();
+  const uint4* s = reinterpret_cast<const uint4*>(src);
+  uint4* d = reinterpret_cast<uint4*>(dst);
+  for (uint64_t v = begin + lane; v < end; v += lanes) d[v] = reduce_vector<T>(h, t, s, v, op);
+  if (grid_block() == grid_blocks() - 1) reduce_elements(h, t, dst, src, vectors * N, count, op);
+}
+
+/* Two-shot: member i reduces the i-th part of the vectors and stores it into
+ * every member's dst; each member reduces the tail (fewer than one vector)
+ * itself. dst and src on 16-byte boundaries. */
+template <class T>
+__device__ inline void reduce_and_push(const Heap& h, const Team& t, T* dst, const T* src, uint64_t count,
+                                       ReduceOp op) {
+  constexpr int N = Vec<T>::kLanes;
+  const uint64_t vectors = count / N, part = (vectors + t.size - 1) / t.size;
+  const uint64_t from = part * t.my < vectors ? part * t.my : vectors;
+  const uint64_t to = from + part < vectors ? from + part : vectors;
+  uint64_t begin, end;
+  block_slice(from, to, &begin, &end);
+  const unsigned lane = scope_lane<Scope::kBlock>(), lanes = scope_size<Scope::kBlock>();
+  const uint4* s = reinterpret_cast<const uint4*>(src);
+  uint4* d = reinterpret_cast<uint4*>(dst);
+  for (uint64_t v = begin + lane; v < end; v += lanes) {
+    const uint4 r = reduce_vector<T>(h, t, s, v, op);
+    for (int k = 0; k < t.size; ++k) h.peer_ptr(d, team_world_rank(t, (t.my + k) % t.size))[v] = r;
+  }
+  if (grid_block() == grid_blocks() - 1) reduce_elements(h, t, dst, src, vectors * N, count, op);
+}
+
+__device__ __forceinline__ void store_line(uint64_t* p, uint64_t v) {
+  asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ uint64_t load_line(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+/* Elements [u * E, u * E + E) of src (E = 4 / sizeof(T)) as one 4-byte word, zeros past count. */
+template <class T>
+__device__ __forceinline__ uint32_t pack_unit(const T* src, uint64_t u, uint64_t count) {
+  if constexpr (sizeof(T) == 4) {
+    return *reinterpret_cast<const uint32_t*>(src + u);
+  } else {
+    const uint32_t lo = *reinterpret_cast<const uint16_t*>(src + 2 * u);
+    const uint32_t hi = 2 * u + 1 < count ? *reinterpret_cast<const uint16_t*>(src + 2 * u + 1) : 0u;
+    return lo | (hi << 16);
+  }
+}
+
+/* Low latency: each block pushes its slice of src, one 4-byte unit per
+ * 8-byte line with this call's round (per peer and block) beside it, into
+ * every member's receive slot for this rank; then reduces the lines that
+ * carry the round, in team order. A slot's two parities let a member run
+ * one call ahead of another: a member writes the slot of round r + 2 only
+ * after it received the peer's round r + 1, which the peer sent after
+ * reading round r. */
+template <class T>
+__device__ inline bool low_latency_all_reduce(const Heap& h, const Team& t, T* dst, const T* src, uint64_t count,
+                                              ReduceOp op) {
+  static_assert(sizeof(T) == 2 || sizeof(T) == 4, "the low-latency format carries 2- and 4-byte elements");
+  using A = typename Acc<T>::type;
+  constexpr int E = 4 / sizeof(T);
+  __shared__ uint32_t rounds[kLowLatencyMaxRanks];
+  __shared__ int usable;
+  const unsigned block = grid_block();
+  __syncthreads();  // the block's earlier reads of its receive slots are done before new rounds go out
+  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
+    usable = grid_blocks() <= unsigned(kMaxGridBlocks) && h.world <= kLowLatencyMaxRanks && team_usable(t, h.world) &&
+             team_world_rank(t, t.my) == h.rank;
+    if (!usable) {
+      report(h, WaitKind::kBadTeam, -1);
+    } else {
+      HeapSync* own = h.sync(h.rank);
+      for (int i = 0; i < t.size; ++i) {
+        const int p = team_world_rank(t, i);
+        if (p != h.rank) rounds[p] = ++own->low_latency_rounds[p][block];
+      }
+    }
+  }
+  __syncthreads();
+  if (!usable) return false;
+  const uint64_t units = (count + E - 1) / E;
+  uint64_t begin, end;
+  block_slice(units, &begin, &end);
+  const unsigned lane = scope_lane<Scope::kBlock>(), lanes = scope_size<Scope::kBlock>();
+  for (uint64_t u = begin + lane; u < end; u += lanes) {
+    const uint64_t word = pack_unit(src, u, count);
+    for (int i = 0; i < t.size; ++i) {
+      const int p = team_world_rank(t, (t.my + i) % t.size);
+      if (p == h.rank) continue;
+      store_line(h.low_latency_slot(p, rounds[p] & 1, h.rank) + u, (uint64_t(rounds[p]) << 32) | word);
+    }
+  }
+  bool good = true;
+  for (uint64_t u = begin + lane; u < end && good; u += lanes) {
+    A acc[E];
+    for (int i = 0; i < t.size && good; ++i) {
+      const int p = team_world_rank(t, i);
+      uint32_t word;
+      if (p == h.rank) {
+        word = pack_unit(src, u, count);
+      } else {
+        const uint64_t* line = h.low_latency_slot(h.rank, rounds[p] & 1, p) + u;
+        uint64_t v = 0;
+        good = spin(
+            h,
+            [&] {
+              v = load_line(line);
+              return uint32_t(v >> 32) == rounds[p];
+            },
+            WaitKind::kBarrier, p);
+        word = uint32_t(v);
+      }
+      const T* e = reinterpret_cast<const T*>(&word);
+#pragma unroll
+      for (int k = 0; k < E; ++k) acc[k] = i == 0 ? Acc<T>::in(e[k]) : combine(acc[k], Acc<T>::in(e[k]), op);
+    }
+    if (!good) break;
+#pragma unroll
+    for (int k = 0; k < E; ++k)
+      if (u * E + k < count) dst[u * E + k] = Acc<T>::out(acc[k]);
+  }
+  return __syncthreads_and(good ? 1 : 0) != 0;
 }
 
 /* This block's slice of `bytes` from src into `peer`'s copy of dst. */
@@ -154,11 +352,18 @@ __device__ inline void push_slice(const Heap& h, char* dst, const char* src, uin
 
 /* Every block of every member of the team arrived (and its earlier stores landed). */
 __device__ inline bool barrier_all(const Heap& h, const Team& t) {
-  __shared__ int ok;
+  __shared__ int ok, failed;
+  const unsigned tid = impl::scope_lane<Scope::kBlock>(), size = impl::scope_size<Scope::kBlock>();
   __syncthreads();
-  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) ok = impl::grid_sync_block(h, t);
+  if (tid == 0) {
+    ok = impl::grid_sync_local(h, t);
+    failed = 0;
+  }
   __syncthreads();
-  return ok != 0;
+  // The first warp's lanes take a peer each.
+  if (ok && tid < 32 && !impl::grid_sync_peers(h, t, tid, size < 32 ? size : 32)) failed = 1;
+  __syncthreads();
+  return ok && !failed;
 }
 
 template <class T>
@@ -202,10 +407,19 @@ __device__ inline bool reduce(const Heap& h, const Team& t, T* dst, const T* src
   return barrier_all(h, t);
 }
 
+/* `algo` (coll_algo.cuh): kAuto picks by size; another is taken where the call allows it. */
 template <class T>
-__device__ inline bool all_reduce(const Heap& h, const Team& t, T* dst, const T* src, uint64_t count, ReduceOp op) {
+__device__ inline bool all_reduce(const Heap& h, const Team& t, T* dst, const T* src, uint64_t count, ReduceOp op,
+                                  AllReduceAlgo algo = AllReduceAlgo::kAuto) {
+  const bool aligned = ((uintptr_t(dst) | uintptr_t(src)) & 15) == 0;
+  const AllReduceAlgo run = choose_all_reduce(count * sizeof(T), h.world, t.size, aligned, algo);
+  if constexpr (sizeof(T) == 2 || sizeof(T) == 4)
+    if (run == AllReduceAlgo::kLowLatency) return impl::low_latency_all_reduce(h, t, dst, src, count, op);
   if (!barrier_all(h, t)) return false;
-  impl::reduce_slice(h, t, dst, src, count, op);
+  if (run == AllReduceAlgo::kTwoShot)
+    impl::reduce_and_push(h, t, dst, src, count, op);
+  else
+    impl::reduce_slice(h, t, dst, src, count, op);
   return barrier_all(h, t);
 }
 

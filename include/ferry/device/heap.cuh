@@ -29,9 +29,17 @@ namespace device {
 constexpr int kMaxHeapRanks = 64;
 constexpr int kStagingSlots = 1024;
 constexpr int kMaxGridBlocks = 32; /* most blocks of one grid-wide barrier or collective (coll.cuh) */
+/* The low-latency format of the collectives (coll.cuh): data and its round
+ * travel together in 8-byte lines into a receive area of every rank, one slot
+ * per sending rank and per round's parity. It serves worlds of at most
+ * kLowLatencyMaxRanks ranks and calls of at most kLowLatencyMaxBytes per rank. */
+constexpr int kLowLatencyMaxRanks = 8;
+constexpr uint64_t kLowLatencyMaxBytes = 32768;
+constexpr uint64_t kLowLatencySlotBytes = 2 * kLowLatencyMaxBytes; /* 4 data bytes per 8-byte line */
+constexpr uint64_t kLowLatencyOffset = 65536;                      /* from the start of a rank's heap */
 
-/* At offset 0 of every rank's heap: ferry's own words. User allocations
- * start at kHeapReservedBytes. */
+/* At offset 0 of every rank's heap: ferry's own words, then the low-latency
+ * receive area. User allocations start at kHeapReservedBytes. */
 struct HeapSync {
   uint64_t arrivals[kMaxHeapRanks];        /* [src]: device barriers src announced to this rank */
   uint64_t completed[kMaxHeapRanks];       /* [src]: device barriers this rank finished with src */
@@ -45,9 +53,11 @@ struct HeapSync {
   /* The barrier among this rank's own blocks: arrivals of the current round, and its generation. */
   uint64_t grid_local_count;
   uint64_t grid_local_generation;
+  /* [peer][block]: low-latency collectives block `block` of this rank has done with peer. */
+  uint32_t low_latency_rounds[kMaxHeapRanks][kMaxGridBlocks];
 };
-constexpr uint64_t kHeapReservedBytes = 65536;
-static_assert(sizeof(HeapSync) <= kHeapReservedBytes, "HeapSync must fit the heap's reserved front");
+static_assert(sizeof(HeapSync) <= kLowLatencyOffset, "HeapSync must fit in front of the low-latency area");
+constexpr uint64_t kHeapReservedBytes = kLowLatencyOffset + 2 * kLowLatencyMaxRanks * kLowLatencySlotBytes;
 
 /* What a bounded wait that gave up was waiting for. */
 enum class WaitKind : uint32_t {
@@ -77,6 +87,12 @@ struct Heap {
   FERRY_DEVICE_HD char* rank_base(int r) const { return base + uint64_t(r) * stride; }
   FERRY_DEVICE_HD char* own_base() const { return rank_base(rank); }
   FERRY_DEVICE_HD HeapSync* sync(int r) const { return reinterpret_cast<HeapSync*>(rank_base(r)); }
+  /* Rank r's receive slot for low-latency lines from rank `from` in rounds of parity `parity`. */
+  FERRY_DEVICE_HD uint64_t* low_latency_slot(int r, int parity, int from) const {
+    return reinterpret_cast<uint64_t*>(rank_base(r) + kLowLatencyOffset +
+                                       (uint64_t(parity) * kLowLatencyMaxRanks + uint64_t(from)) *
+                                           kLowLatencySlotBytes);
+  }
   /* `p` (an address in this rank's heap) as `peer`'s copy of the same object. */
   template <class T>
   FERRY_DEVICE_HD T* peer_ptr(T* p, int peer) const {

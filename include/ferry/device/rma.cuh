@@ -32,7 +32,16 @@ __device__ __forceinline__ void copy_bytes(char* dst, const char* src, uint64_t 
     const uint64_t words = (bytes - head) / 16;
     uint4* d = reinterpret_cast<uint4*>(dst + head);
     const uint4* s = reinterpret_cast<const uint4*>(src + head);
-    for (uint64_t i = lane; i < words; i += n) d[i] = s[i];
+    // Four words per thread in flight: one load at a time leaves the link idle while it waits.
+    uint64_t i = lane;
+    for (; i + 3 * uint64_t(n) < words; i += 4 * uint64_t(n)) {
+      const uint4 a = s[i], b = s[i + n], c = s[i + 2 * n], e = s[i + 3 * n];
+      d[i] = a;
+      d[i + n] = b;
+      d[i + 2 * n] = c;
+      d[i + 3 * n] = e;
+    }
+    for (; i < words; i += n) d[i] = s[i];
     for (uint64_t i = head + words * 16 + lane; i < bytes; i += n) dst[i] = src[i];
   } else {
     head = bytes;

@@ -28,25 +28,29 @@ __device__ __forceinline__ void quiet() { __threadfence_system(); }
 
 namespace impl {
 
-/* One thread's part of sync(): announce to every member, then wait for each. */
-__device__ inline bool sync_members(const Heap& h, const Team& t) {
+/* Lane `lane` of `lanes` announces to, then waits for, members lane,
+ * lane + lanes, ...: with a warp or a block every peer's trip overlaps the
+ * others'. Each rank counts the barriers it did with each peer
+ * (completed[peer]) and stores that count into the peer's arrivals[rank]:
+ * one writer per word, so a plain release store does. */
+__device__ inline bool sync_members(const Heap& h, const Team& t, unsigned lane, unsigned lanes) {
   if (!team_usable(t, h.world) || team_world_rank(t, t.my) != h.rank) {
-    report(h, WaitKind::kBadTeam, -1);
+    if (lane == 0) report(h, WaitKind::kBadTeam, -1);
     return false;
   }
   HeapSync* own = h.sync(h.rank);
   // The scope's other threads synchronized with this one before it got here;
   // the fence makes their earlier stores precede the announcements too.
   __threadfence_system();
-  for (int i = 0; i < t.size; ++i) {
+  for (int i = int(lane); i < t.size; i += int(lanes)) {
     const int peer = team_world_rank(t, i);
-    if (peer != h.rank) atomicAdd_system(reinterpret_cast<unsigned long long*>(&h.sync(peer)->arrivals[h.rank]), 1ull);
+    if (peer != h.rank) store_release(&h.sync(peer)->arrivals[h.rank], ++own->completed[peer]);
   }
   bool ok = true;
-  for (int i = 0; i < t.size && ok; ++i) {
+  for (int i = int(lane); i < t.size && ok; i += int(lanes)) {
     const int peer = team_world_rank(t, i);
     if (peer == h.rank) continue;
-    const uint64_t want = ++own->completed[peer];
+    const uint64_t want = own->completed[peer];
     ok = spin(
         h, [&] { return load_acquire(&own->arrivals[peer]) >= want; }, WaitKind::kBarrier, peer);
   }
@@ -57,19 +61,22 @@ __device__ inline bool sync_members(const Heap& h, const Team& t) {
 
 template <Scope S = Scope::kThread>
 __device__ inline bool sync(const Heap& h, const Team& t) {
-  __shared__ int ok_shared;
-  bool ok = true;
+  __shared__ int failed_shared;
   impl::scope_sync<S>();
-  if (impl::scope_lane<S>() == 0) ok = impl::sync_members(h, t);
-  if constexpr (S == Scope::kThread) return ok;
+  if constexpr (S == Scope::kThread) return impl::sync_members(h, t, 0, 1);
   if constexpr (S == Scope::kWarp) {
-    const bool all = __shfl_sync(0xffffffffu, ok ? 1 : 0, 0) != 0;
-    __syncwarp();  // a shuffle orders no memory: the other lanes' later loads follow lane 0's acquire
+    const bool ok = impl::sync_members(h, t, impl::scope_lane<S>(), 32);
+    const bool all = __all_sync(0xffffffffu, ok);
+    __syncwarp();  // a vote orders no memory: every lane's later loads follow every lane's acquire
     return all;
   }
-  if (impl::scope_lane<S>() == 0) ok_shared = ok;
+  // A block: its first warp's lanes take a peer each.
+  const unsigned lane = impl::scope_lane<S>(), size = impl::scope_size<S>();
+  if (lane == 0) failed_shared = 0;
   __syncthreads();
-  return ok_shared != 0;
+  if (lane < 32 && !impl::sync_members(h, t, lane, size < 32 ? size : 32)) failed_shared = 1;
+  __syncthreads();
+  return failed_shared == 0;
 }
 
 template <Scope S = Scope::kThread>

@@ -44,6 +44,15 @@ TARGETS = {
 }
 
 
+PUT_BLOCKS = (1, 8, 32)
+ALL_REDUCE_BLOCKS = (1, 8, 32)
+# AllReduceAlgo's values (include/ferry/device/coll_algo.cuh) and their names in the records.
+ALL_REDUCE_ALGOS = ((1, "ll"), (2, "1shot"), (3, "2shot"))
+LOW_LATENCY_MAX_BYTES = 32768
+# How long streams sleep before "-ahead" timings start: longer than the host takes to queue a launch's calls.
+AHEAD_US = 5000.0
+
+
 def record(op, impl, world, nbytes, time_us, scope, gpu, date, graph=False) -> dict:
     gbps = nbytes / (time_us * 1e-6) / 1e9 if time_us > 0 and nbytes else 0.0
     return {
@@ -101,6 +110,7 @@ def target_lines(records: Sequence[dict]) -> List[str]:
     for impl, key, what in (
         ("ferry-device", "barrier_kernel_us", "in a kernel"),
         ("ferry-stream", "barrier_stream_us", "on a stream"),
+        ("ferry-stream-ahead", "barrier_stream_us", "on a stream, queued ahead"),
     ):
         got = [r["time_us"] for r in records if r["op"] == "barrier" and r["impl"] == impl]
         if got:
@@ -152,7 +162,7 @@ def _load(path: str):
         ("bench_put", [P, P, P, U, I, I, I, P]),
         ("bench_pingpong", [P, P, U, I, P, P]),
         ("bench_barrier", [P, I, P, P]),
-        ("bench_all_reduce", [P, P, P, U, I, I, P, P]),
+        ("bench_all_reduce", [P, P, P, U, I, I, I, P, P]),
     ):
         getattr(lib, name).argtypes = args
         getattr(lib, name).restype = I
@@ -181,9 +191,11 @@ class _Ranks:
             s.synchronize()
         self.heap.check()
 
-    def timed(self, launch, reps: int) -> float:
+    def timed(self, launch, reps: int, ahead_us: float = 0.0) -> float:
         """Median over `reps` of rank 0's (or this process's first rank's) event
-        time of `launch(i, stream)` run on every local rank at once, after a barrier."""
+        time of `launch(i, stream)` run on every local rank at once, after a barrier.
+        ahead_us > 0: each stream first sleeps that long (one SM spinning), so the
+        host has queued everything before the first start event: GPU time alone."""
         torch, times = self.torch, []
         for _ in range(reps + 1):  # the first is the warm-up
             self.barrier()
@@ -191,6 +203,10 @@ class _Ranks:
                 (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                 for _ in self.ranks
             ]
+            if ahead_us > 0:
+                for i in range(len(self.ranks)):
+                    with torch.cuda.stream(self.streams[i]):
+                        torch.cuda._sleep(int(ahead_us * 2000))  # cycles at up to 2 GHz
             for i in range(len(self.ranks)):
                 ev[i][0].record(self.streams[i])
                 launch(i, self.streams[i])
@@ -210,6 +226,9 @@ def _ok(lib_call):
 
 def run(opts: dict, progress=print) -> dict:
     import torch
+
+    if int(os.environ.get("RANK", "0")) != 0:
+        progress = lambda *_: None  # one table, from rank 0
 
     import ferry
     import ferry.symm
@@ -241,7 +260,7 @@ def run(opts: dict, progress=print) -> dict:
     dst = R.each(heap.empty((opts["max_bytes"],), torch.uint8))
     src = [torch.randint(0, 256, (opts["max_bytes"],), dtype=torch.uint8, device=d) for d in R.devs]
     for nbytes in size_range(opts["min_bytes"], opts["max_bytes"], 4):
-        for blocks in (1, 8):
+        for blocks in PUT_BLOCKS:
             t = R.timed(
                 lambda i, s: _ok(
                     lib.bench_put(
@@ -266,9 +285,18 @@ def run(opts: dict, progress=print) -> dict:
             reps,
         )
         records.append(record("put", "ferry-copy-engine", W, nbytes, t / iters, "stream", gpu, date))
+        t = R.timed(
+            lambda i, s: [
+                heap.put(dst[i][:nbytes], src[i][:nbytes], (R.ranks[i] + 1) % W, stream=s)
+                for _ in range(iters)
+            ],
+            reps,
+            ahead_us=AHEAD_US,
+        )
+        records.append(record("put", "ferry-copy-engine-ahead", W, nbytes, t / iters, "stream", gpu, date))
         progress(
             f"put {format_size(nbytes)}: "
-            + ", ".join(f"{r['impl']} {r['gbps']:.0f} GB/s" for r in records[-3:])
+            + ", ".join(f"{r['impl']} {r['gbps']:.0f} GB/s" for r in records[-2 - len(PUT_BLOCKS) :])
         )
 
     # Signal half round trip between ranks 0 and 1; barriers.
@@ -301,38 +329,76 @@ def run(opts: dict, progress=print) -> dict:
         reps,
     )
     records.append(record("barrier", "ferry-stream", W, 0, t / iters, "stream", gpu, date))
+    t = R.timed(
+        lambda i, s: (
+            [heap.barrier_on_stream(R.streams if R.local else s) for _ in range(iters)]
+            if i == 0 or not R.local
+            else None
+        ),
+        reps,
+        ahead_us=AHEAD_US,
+    )
+    records.append(record("barrier", "ferry-stream-ahead", W, 0, t / iters, "stream", gpu, date))
     progress(
-        f"signal half round trip {records[-3]['time_us']:.2f} us, barrier in a kernel "
-        f"{records[-2]['time_us']:.2f} us, on a stream {records[-1]['time_us']:.2f} us"
+        f"signal half round trip {records[-4]['time_us']:.2f} us, barrier in a kernel "
+        f"{records[-3]['time_us']:.2f} us, on a stream {records[-2]['time_us']:.2f} us "
+        f"({records[-1]['time_us']:.2f} us queued ahead)"
     )
 
     # bf16 all-reduce by size.
     ar_max = max(opts["all_reduce_sizes"])
     a_src = R.each(heap.empty((ar_max // 2,), torch.bfloat16))
     a_dst = R.each(heap.empty((ar_max // 2,), torch.bfloat16))
+
+    def ar_input(rank, dev):
+        g = torch.Generator(device=dev)
+        g.manual_seed(1000 + rank)
+        return torch.randint(-4, 5, (ar_max // 2,), device=dev, generator=g).to(torch.bfloat16)
+
     for i in range(n):
-        a_src[i].copy_(torch.randint(-4, 5, (ar_max // 2,), device=R.devs[i]).to(torch.bfloat16))
+        a_src[i].copy_(ar_input(R.ranks[i], R.devs[i]))
+    # Every rank's expected sum, made here from the same seeds (exact in bf16).
+    ar_expected = [sum(ar_input(r, d).double() for r in range(W)).to(torch.bfloat16) for d in R.devs]
+    wrong: List[str] = []
     for nbytes in opts["all_reduce_sizes"]:
         count = nbytes // 2
-        for blocks in (1, 8):
-            t = R.timed(
-                lambda i, s: _ok(
-                    lib.bench_all_reduce(
-                        R.handles[i],
-                        a_dst[i].data_ptr(),
-                        a_src[i].data_ptr(),
-                        count,
-                        iters,
-                        blocks,
-                        oks[i].data_ptr(),
-                        s.cuda_stream,
+        for algo, name in ALL_REDUCE_ALGOS:
+            if algo == 1 and nbytes > LOW_LATENCY_MAX_BYTES:
+                continue
+            for blocks in ALL_REDUCE_BLOCKS:
+                t = R.timed(
+                    lambda i, s: _ok(
+                        lib.bench_all_reduce(
+                            R.handles[i],
+                            a_dst[i].data_ptr(),
+                            a_src[i].data_ptr(),
+                            count,
+                            iters,
+                            blocks,
+                            algo,
+                            oks[i].data_ptr(),
+                            s.cuda_stream,
+                        )
+                    ),
+                    reps,
+                )
+                records.append(
+                    record(
+                        "all_reduce",
+                        f"ferry-device-{name}-{blocks}b",
+                        W,
+                        nbytes,
+                        t / iters,
+                        "grid",
+                        gpu,
+                        date,
                     )
-                ),
-                reps,
-            )
-            records.append(
-                record("all_reduce", f"ferry-device-{blocks}b", W, nbytes, t / iters, "grid", gpu, date)
-            )
+                )
+                for i in range(n):
+                    bad_elems = int((a_dst[i][:count] != ar_expected[i][:count]).sum().item())
+                    if bad_elems:
+                        wrong.append(f"rank {R.ranks[i]} {records[-1]['impl']} {nbytes}: {bad_elems} wrong")
+                    a_dst[i].fill_(float("nan"))
         if torchrun:
             records += _field_all_reduce(torch, nbytes, W, reps, iters, gpu, date)
         progress(
@@ -344,11 +410,11 @@ def run(opts: dict, progress=print) -> dict:
             )
         )
     bad = [i for i in range(n) if int(oks[i].item()) != 1]
+    major, minor = torch.cuda.get_device_capability(R.devs[0])
     heap.close()
     comm.close()
     checks: List[str] = []
     if opts.get("nvshmem", True) and int(os.environ.get("RANK", "0")) == 0:
-        major, minor = torch.cuda.get_device_capability(comm.device)
         try:
             got, checks = nvshmem.measure(
                 W,
@@ -371,6 +437,7 @@ def run(opts: dict, progress=print) -> dict:
         "world": W,
         "date": date,
         "failed_ranks": bad,
+        "wrong_results": wrong,
         "nvshmem_checks": checks,
     }
 
@@ -479,7 +546,12 @@ def main(argv=None) -> int:
     with open(stem + ".txt", "w") as f:
         f.write(table + "\n\n" + "\n".join(lines) + "\n")
     print(f"wrote {stem}.json, {stem}.txt")
-    return 1 if result["failed_ranks"] or nvshmem.failed_checks(result["nvshmem_checks"]) else 0
+    for w in result["wrong_results"]:
+        print(f"WRONG {w}")
+    failed = (
+        result["failed_ranks"] or result["wrong_results"] or nvshmem.failed_checks(result["nvshmem_checks"])
+    )
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -57,10 +57,10 @@ __global__ void barrier_kernel(Heap h, int iters, int* ok) {
 }
 
 __global__ void all_reduce_kernel(Heap h, __nv_bfloat16* dst, const __nv_bfloat16* src, uint64_t count, int iters,
-                                  int* ok) {
+                                  AllReduceAlgo algo, int* ok) {
   const Team t = world_team(h);
   for (int i = 0; i < iters; ++i)
-    if (!all_reduce(h, t, dst, src, count, ReduceOp::kSum)) {
+    if (!all_reduce(h, t, dst, src, count, ReduceOp::kSum, algo)) {
       if (threadIdx.x == 0) *ok = 0;
       return;
     }
@@ -87,10 +87,12 @@ int bench_barrier(const void* heap, int iters, int* ok, cudaStream_t s) {
   return cudaGetLastError();
 }
 
-int bench_all_reduce(const void* heap, void* dst, const void* src, uint64_t count, int iters, int blocks, int* ok,
-                     cudaStream_t s) {
+// algo: AllReduceAlgo's value (0 auto, 1 low latency, 2 one-shot, 3 two-shot).
+int bench_all_reduce(const void* heap, void* dst, const void* src, uint64_t count, int iters, int blocks, int algo,
+                     int* ok, cudaStream_t s) {
   all_reduce_kernel<<<blocks, 512, 0, s>>>(heap_from_bytes(heap), static_cast<__nv_bfloat16*>(dst),
-                                           static_cast<const __nv_bfloat16*>(src), count, iters, ok);
+                                           static_cast<const __nv_bfloat16*>(src), count, iters,
+                                           static_cast<AllReduceAlgo>(algo), ok);
   return cudaGetLastError();
 }
 

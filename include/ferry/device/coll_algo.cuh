@@ -1,0 +1,51 @@
+/* Which algorithm a device all-reduce (coll.cuh) runs: a pure function of
+ * the call, the same on every member, so every member picks the same one.
+ *
+ *   kLowLatency  each member pushes its data with the round into every
+ *                member's receive area (8-byte lines: 4 bytes of data, 4 of
+ *                round) and reduces what arrives: no barrier, one trip over
+ *                the links; worlds of at most kLowLatencyMaxRanks, calls of at
+ *                most kLowLatencyMaxBytes per rank
+ *   kOneShot     barrier; every member reads every member's src and reduces
+ *                all of it; barrier
+ *   kTwoShot     barrier; member i reduces the i-th part and stores it into
+ *                every member's dst; barrier (half the traffic of one-shot
+ *                per rank once the team has more than two members); needs
+ *                dst and src on 16-byte boundaries
+ *
+ * The size limits were measured on four H200s (docs/symm.md). */
+#ifndef FERRY_DEVICE_COLL_ALGO_CUH_
+#define FERRY_DEVICE_COLL_ALGO_CUH_
+
+#include <stdint.h>
+
+#include "ferry/device/heap.cuh"
+
+namespace ferry {
+namespace device {
+
+enum class AllReduceAlgo { kAuto = 0, kLowLatency = 1, kOneShot = 2, kTwoShot = 3 };
+
+/* From this many bytes per rank kAuto takes two-shot (where it can). */
+constexpr uint64_t kTwoShotMinBytes = 262144;
+
+/* The algorithm a call runs: `asked` where the call allows it, else the
+ * nearest one that does (low latency past its limits: one-shot; two-shot on
+ * unaligned buffers: one-shot). `aligned`: dst and src both on 16-byte
+ * boundaries. */
+FERRY_DEVICE_HD AllReduceAlgo choose_all_reduce(uint64_t bytes, int world, int team_size, bool aligned,
+                                                AllReduceAlgo asked) {
+  const bool low_latency_fits = bytes <= kLowLatencyMaxBytes && world <= kLowLatencyMaxRanks;
+  if (asked == AllReduceAlgo::kAuto) {
+    if (low_latency_fits) return AllReduceAlgo::kLowLatency;
+    return aligned && team_size > 2 && bytes >= kTwoShotMinBytes ? AllReduceAlgo::kTwoShot : AllReduceAlgo::kOneShot;
+  }
+  if (asked == AllReduceAlgo::kLowLatency && !low_latency_fits) return AllReduceAlgo::kOneShot;
+  if (asked == AllReduceAlgo::kTwoShot && !aligned) return AllReduceAlgo::kOneShot;
+  return asked;
+}
+
+}  // namespace device
+}  // namespace ferry
+
+#endif /* FERRY_DEVICE_COLL_ALGO_CUH_ */
