@@ -417,11 +417,13 @@ void SymmetricHeap::barrier_on_stream(const std::vector<cudaStream_t>& streams) 
     uint64_t* slot =
         &reinterpret_cast<device::HeapSync*>(at(me, 0))->staging[staging_next_[i]++ % device::kStagingSlots];
     dma::mem_ops(streams[i], {MemOp{MemOp::Kind::kWrite, slot, gen}});
+    std::vector<Copy> announce;  // one submission for every peer: the host's time per barrier is most of it
     for (int p = 0; p < world(); ++p) {
       if (p == me) continue;
       auto* peer_sync = reinterpret_cast<device::HeapSync*>(at(p, 0));
-      dma::copy_one(streams[i], Copy{&peer_sync->stream_arrivals[me], slot, sizeof(uint64_t)});
+      announce.push_back(Copy{&peer_sync->stream_arrivals[me], slot, sizeof(uint64_t)});
     }
+    if (!announce.empty()) dma::copy_batch(streams[i], announce);
   }
   for (int i = 0; i < local_count(); ++i) {
     DeviceScope on(group_.devices[i]);

@@ -111,3 +111,17 @@ def test_nvshmem_found_in_nvshmem_home_or_explained(tmp_path, monkeypatch):
     cmd = nvshmem.build_command(inc, lib, "90", "/tmp/x")
     assert "-rdc=true" in cmd and "-gencode=arch=compute_90,code=sm_90" in cmd
     assert "-l:libnvshmem_host.so.3" in cmd and "-lnvshmem_device" in cmd
+
+
+def test_nvshmem_records_with_wrong_results_are_left_out():
+    recs = [
+        {"op": "all_reduce", "impl": "nvshmem-device-1b", "bytes": 8192, "time_us": 0.2, "scope": "grid"},
+        {"op": "all_reduce", "impl": "nvshmem-stream", "bytes": 8192, "time_us": 10.0, "scope": "stream"},
+        {"op": "put", "impl": "nvshmem-device-8b", "bytes": 4096, "time_us": 1.0, "scope": "block"},
+    ]
+    checks = [
+        "check all_reduce nvshmem-device-1b 8192 bytes: 3641 wrong",
+        "check all_reduce nvshmem-stream 8192 bytes: 0 wrong",
+        "check put 4096 bytes: 0 wrong",
+    ]
+    assert [r["impl"] for r in nvshmem.checked(recs, checks)] == ["nvshmem-stream", "nvshmem-device-8b"]

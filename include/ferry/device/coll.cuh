@@ -59,8 +59,10 @@ __device__ inline bool local_grid_sync(const Heap& h) {
     store_release(&own->grid_local_generation, gen + 1);
     return true;
   }
-  return spin(
-      h, [&] { return load_acquire(&own->grid_local_generation) != gen; }, WaitKind::kBarrier, h.rank);
+  const bool ok = spin(
+      h, [&] { return load_relaxed(&own->grid_local_generation) != gen; }, WaitKind::kBarrier, h.rank);
+  fence_acquire();
+  return ok;
 }
 
 /* Thread 0 of one block: the grid and the team are usable, and every block of this rank arrived. */
@@ -79,22 +81,23 @@ __device__ inline bool grid_sync_local(const Heap& h, const Team& t) {
 __device__ inline bool grid_sync_peers(const Heap& h, const Team& t, unsigned lane, unsigned lanes) {
   const unsigned me_block = grid_block();
   HeapSync* own = h.sync(h.rank);
-  __threadfence_system();
+  __threadfence_system();  // cumulative: the grid's stores this thread saw arrive land before the announcements
   for (int i = int(lane); i < t.size; i += int(lanes)) {
     const int peer = team_world_rank(t, i);
     if (peer == h.rank) continue;
     const uint64_t round = ++own->grid_rounds[peer][me_block];
-    store_release(&h.sync(peer)->grid_arrivals[h.rank][me_block], round);
+    store_relaxed(&h.sync(peer)->grid_arrivals[h.rank][me_block], round);
   }
-  for (int i = int(lane); i < t.size; i += int(lanes)) {
+  bool ok = true;
+  for (int i = int(lane); i < t.size && ok; i += int(lanes)) {
     const int peer = team_world_rank(t, i);
     if (peer == h.rank) continue;
     const uint64_t round = own->grid_rounds[peer][me_block];
-    if (!spin(
-            h, [&] { return load_acquire(&own->grid_arrivals[peer][me_block]) >= round; }, WaitKind::kBarrier, peer))
-      return false;
+    ok = spin(
+        h, [&] { return load_relaxed(&own->grid_arrivals[peer][me_block]) >= round; }, WaitKind::kBarrier, peer);
   }
-  return true;
+  fence_acquire();
+  return ok;
 }
 
 /* [begin, end) of `count` items for this block. */

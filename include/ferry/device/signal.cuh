@@ -59,9 +59,16 @@ __device__ inline bool wait_until(const Heap& h, const T* ivar, Cmp cmp, T value
 
 __device__ inline bool signal_wait_until(const Heap& h, const uint64_t* sig, Cmp cmp, uint64_t value, int from = -1,
                                          uint64_t* seen = nullptr) {
+  uint64_t v = 0;
   const bool ok = impl::spin(
-      h, [&] { return impl::compare(impl::load_acquire(sig), cmp, value); }, WaitKind::kSignal, from);
-  if (seen) *seen = impl::load_acquire(sig);
+      h,
+      [&] {
+        v = impl::load_relaxed(sig);
+        return impl::compare(v, cmp, value);
+      },
+      WaitKind::kSignal, from);
+  impl::fence_acquire();
+  if (seen) *seen = v;
   return ok;
 }
 

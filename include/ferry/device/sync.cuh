@@ -40,11 +40,12 @@ __device__ inline bool sync_members(const Heap& h, const Team& t, unsigned lane,
   }
   HeapSync* own = h.sync(h.rank);
   // The scope's other threads synchronized with this one before it got here;
-  // the fence makes their earlier stores precede the announcements too.
+  // the fence (cumulative) makes their earlier stores, and this thread's,
+  // land before the announcements: it is the barrier's quiet as well.
   __threadfence_system();
   for (int i = int(lane); i < t.size; i += int(lanes)) {
     const int peer = team_world_rank(t, i);
-    if (peer != h.rank) store_release(&h.sync(peer)->arrivals[h.rank], ++own->completed[peer]);
+    if (peer != h.rank) store_relaxed(&h.sync(peer)->arrivals[h.rank], ++own->completed[peer]);
   }
   bool ok = true;
   for (int i = int(lane); i < t.size && ok; i += int(lanes)) {
@@ -52,8 +53,9 @@ __device__ inline bool sync_members(const Heap& h, const Team& t, unsigned lane,
     if (peer == h.rank) continue;
     const uint64_t want = own->completed[peer];
     ok = spin(
-        h, [&] { return load_acquire(&own->arrivals[peer]) >= want; }, WaitKind::kBarrier, peer);
+        h, [&] { return load_relaxed(&own->arrivals[peer]) >= want; }, WaitKind::kBarrier, peer);
   }
+  fence_acquire();
   return ok;
 }
 
@@ -79,9 +81,10 @@ __device__ inline bool sync(const Heap& h, const Team& t) {
   return failed_shared == 0;
 }
 
+/* The quiet is the fence each announcing lane makes after the scope met
+ * (sync_members): one fence on the way, not one per thread and another per lane. */
 template <Scope S = Scope::kThread>
 __device__ inline bool barrier(const Heap& h, const Team& t) {
-  quiet();
   return sync<S>(h, t);
 }
 

@@ -128,6 +128,16 @@ def failed_checks(checks: Sequence[str]) -> List[str]:
     return [c for c in checks if not c.endswith(": 0 wrong")]
 
 
+def checked(records: Sequence[dict], checks: Sequence[str]) -> List[dict]:
+    """The records whose results were right: a failed "check OP IMPL BYTES bytes: N wrong" drops that record."""
+    bad = set()
+    for c in failed_checks(checks):
+        parts = c.split()
+        if len(parts) >= 6 and parts[4] == "bytes:":
+            bad.add((parts[1], parts[2], int(parts[3])))
+    return [r for r in records if (r["op"], r["impl"], r["bytes"]) not in bad]
+
+
 def measure(
     world: int,
     min_bytes: int,

@@ -264,6 +264,7 @@ int main(int argc, char** argv) {
   // Every element of the last result against the sum computed here; poisoned before the next impl runs.
   auto check_all_reduce = [&](size_t count, const char* impl) {
     CHECK_CUDA(cudaStreamSynchronize(s));
+    nvshmem_barrier_all();  // every member's part has landed here
     std::vector<__nv_bfloat16> got(count);
     CHECK_CUDA(cudaMemcpy(got.data(), a_dst, count * 2, cudaMemcpyDeviceToHost));
     uint64_t wrong = 0;
@@ -278,6 +279,7 @@ int main(int argc, char** argv) {
     failures += wrong != 0;
     CHECK_CUDA(cudaMemsetAsync(a_dst, 0xff, count * 2, s));
     CHECK_CUDA(cudaStreamSynchronize(s));
+    nvshmem_barrier_all();  // no member writes here again before the poison is in place
   };
   for (uint64_t bytes : ar_sizes) {
     const size_t count = bytes / 2;

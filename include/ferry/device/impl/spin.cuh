@@ -55,6 +55,19 @@ __device__ __forceinline__ T load_acquire_as(const T* p) {
   }
 }
 
+/* A wait polls with relaxed loads and, once it sees the value, makes them an
+ * acquire with one fence: an acquire load in the loop would fence every look. */
+__device__ __forceinline__ uint64_t load_relaxed(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void fence_acquire() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+/* A strong store that is a release only after a fence of the caller's (no fence of its own). */
+__device__ __forceinline__ void store_relaxed(uint64_t* p, uint64_t v) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
 __device__ __forceinline__ void store_release(uint64_t* p, uint64_t v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
