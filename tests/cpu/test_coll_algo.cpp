@@ -10,7 +10,7 @@ using ferry::device::choose_all_reduce;
 
 namespace {
 
-constexpr uint64_t kLL = ferry::device::kLowLatencyMaxBytes;
+constexpr uint64_t kLL = ferry::device::kLowLatencyAutoBytes;
 constexpr uint64_t kTwo = ferry::device::kTwoShotMinBytes;
 
 }  // namespace
@@ -32,7 +32,9 @@ TEST(AllReduceAlgo, AutoTakesLowLatencyUpToItsLimitsThenOneShotThenTwoShot) {
 }
 
 TEST(AllReduceAlgo, AskedIsTakenWhereTheCallAllowsItElseTheNearest) {
-  EXPECT_EQ(choose_all_reduce(kTwo, 4, 4, true, AllReduceAlgo::kLowLatency), AllReduceAlgo::kOneShot);
+  constexpr uint64_t kMax = ferry::device::kLowLatencyMaxBytes;
+  EXPECT_EQ(choose_all_reduce(kMax, 4, 4, true, AllReduceAlgo::kLowLatency), AllReduceAlgo::kLowLatency);
+  EXPECT_EQ(choose_all_reduce(kMax + 2, 4, 4, true, AllReduceAlgo::kLowLatency), AllReduceAlgo::kOneShot);
   EXPECT_EQ(choose_all_reduce(64, 16, 4, true, AllReduceAlgo::kLowLatency), AllReduceAlgo::kOneShot);
   EXPECT_EQ(choose_all_reduce(64, 4, 4, true, AllReduceAlgo::kLowLatency), AllReduceAlgo::kLowLatency);
   EXPECT_EQ(choose_all_reduce(64, 4, 4, true, AllReduceAlgo::kTwoShot), AllReduceAlgo::kTwoShot);

@@ -480,11 +480,12 @@ class Suite:
         stream order and without a barrier, so a member may run a call ahead
         of another and a stale round would show."""
         torch, W = self.torch, self.world
-        big = 70001  # 280 KB of float: past the low-latency limit, past the two-shot threshold
+        big = 70001  # 280 KB of float: past the low-latency limit and the two-shot threshold
         src = self.each(self.heap.empty((big + 8,), torch.float32))
         dst = self.each(self.heap.empty((big + 8,), torch.float32))
         for dcode, dtype in ((0, torch.float32), (2, torch.bfloat16)):
-            for count, offset in ((big, 0), (3001, 1), (big, 3), (1, 0), (0, 0)):
+            # 60000 floats: the low-latency format near its limit (kLowLatencyMaxBytes).
+            for count, offset in ((big, 0), (60000, 0), (3001, 1), (big, 3), (1, 0), (0, 0)):
                 for coll in (4, 7, 8, 9):
                     salt = f"allreduce/{dcode}/{count}/{offset}/{coll}"
                     label = f"all_reduce algo {coll} dtype {dtype} count {count} offset {offset}"
@@ -691,11 +692,11 @@ class Suite:
             IA,
         )
         # Heap exhausted: a small heap, a request larger than it.
-        small = ferry.symm.Heap(self.comm, capacity=8 << 20)
+        small = ferry.symm.Heap(self.comm, capacity=16 << 20)
         self.expect_error(
             "heap exhausted",
             "FERRY_SYMM_HEAP_BYTES",
-            lambda: small.empty((16 << 20,), torch.uint8),
+            lambda: small.empty((32 << 20,), torch.uint8),
             ferry.OutOfMemoryError,
         )
         small.close()

@@ -26,6 +26,9 @@ namespace device {
 
 enum class AllReduceAlgo { kAuto = 0, kLowLatency = 1, kOneShot = 2, kTwoShot = 3 };
 
+/* Up to this many bytes per rank kAuto takes the low-latency format (where it can). */
+constexpr uint64_t kLowLatencyAutoBytes = 65536;
+static_assert(kLowLatencyAutoBytes <= kLowLatencyMaxBytes, "auto stays inside the receive area");
 /* From this many bytes per rank kAuto takes two-shot (where it can). */
 constexpr uint64_t kTwoShotMinBytes = 262144;
 
@@ -37,7 +40,7 @@ FERRY_DEVICE_HD AllReduceAlgo choose_all_reduce(uint64_t bytes, int world, int t
                                                 AllReduceAlgo asked) {
   const bool low_latency_fits = bytes <= kLowLatencyMaxBytes && world <= kLowLatencyMaxRanks;
   if (asked == AllReduceAlgo::kAuto) {
-    if (low_latency_fits) return AllReduceAlgo::kLowLatency;
+    if (low_latency_fits && bytes <= kLowLatencyAutoBytes) return AllReduceAlgo::kLowLatency;
     return aligned && team_size > 2 && bytes >= kTwoShotMinBytes ? AllReduceAlgo::kTwoShot : AllReduceAlgo::kOneShot;
   }
   if (asked == AllReduceAlgo::kLowLatency && !low_latency_fits) return AllReduceAlgo::kOneShot;

@@ -34,7 +34,7 @@ constexpr int kMaxGridBlocks = 32; /* most blocks of one grid-wide barrier or co
  * per sending rank and per round's parity. It serves worlds of at most
  * kLowLatencyMaxRanks ranks and calls of at most kLowLatencyMaxBytes per rank. */
 constexpr int kLowLatencyMaxRanks = 8;
-constexpr uint64_t kLowLatencyMaxBytes = 32768;
+constexpr uint64_t kLowLatencyMaxBytes = 262144;
 constexpr uint64_t kLowLatencySlotBytes = 2 * kLowLatencyMaxBytes; /* 4 data bytes per 8-byte line */
 constexpr uint64_t kLowLatencyOffset = 65536;                      /* from the start of a rank's heap */
 

@@ -48,7 +48,7 @@ PUT_BLOCKS = (1, 8, 32)
 ALL_REDUCE_BLOCKS = (1, 8, 32)
 # AllReduceAlgo's values (include/ferry/device/coll_algo.cuh) and their names in the records.
 ALL_REDUCE_ALGOS = ((1, "ll"), (2, "1shot"), (3, "2shot"))
-LOW_LATENCY_MAX_BYTES = 32768
+LOW_LATENCY_MAX_BYTES = 262144
 # How long streams sleep before "-ahead" timings start: longer than the host takes to queue a launch's calls.
 AHEAD_US = 5000.0
 
@@ -509,7 +509,7 @@ def parse_args(argv=None):
     p.add_argument("--out", default="bench/results", help="folder for the JSON and the table")
     p.add_argument("--min", default="4K", help="smallest put")
     p.add_argument("--max", default="256M", help="largest put")
-    p.add_argument("--all-reduce-sizes", default="8K,512K,4M")
+    p.add_argument("--all-reduce-sizes", default="8K,64K,256K,512K,4M")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--iters", type=int, default=20, help="operations per timed launch")
     p.add_argument("--library", default="", help="a build of symm_kernels.cu (default: build it now)")
