@@ -10,36 +10,38 @@ using ferry::device::choose_all_reduce;
 
 namespace {
 
-constexpr uint64_t kLL = ferry::device::kLowLatencyAutoBytes;
+constexpr uint64_t kPerBlock = ferry::device::kLowLatencyAutoBytesPerBlock;
+constexpr uint64_t kMax = ferry::device::kLowLatencyMaxBytes;
 constexpr uint64_t kTwo = ferry::device::kTwoShotMinBytes;
+constexpr AllReduceAlgo kAuto = AllReduceAlgo::kAuto;
 
 }  // namespace
 
-TEST(AllReduceAlgo, AutoTakesLowLatencyUpToItsLimitsThenOneShotThenTwoShot) {
-  EXPECT_EQ(choose_all_reduce(0, 4, 4, true, AllReduceAlgo::kAuto), AllReduceAlgo::kLowLatency);
-  EXPECT_EQ(choose_all_reduce(kLL, 4, 4, true, AllReduceAlgo::kAuto), AllReduceAlgo::kLowLatency);
-  EXPECT_EQ(choose_all_reduce(kLL + 2, 4, 4, true, AllReduceAlgo::kAuto), AllReduceAlgo::kOneShot);
-  EXPECT_EQ(choose_all_reduce(kTwo - 2, 4, 4, true, AllReduceAlgo::kAuto), AllReduceAlgo::kOneShot);
-  EXPECT_EQ(choose_all_reduce(kTwo, 4, 4, true, AllReduceAlgo::kAuto), AllReduceAlgo::kTwoShot);
+TEST(AllReduceAlgo, AutoTakesLowLatencyWhileEachBlockHasLittleThenOneShotThenTwoShot) {
+  EXPECT_EQ(choose_all_reduce(0, 4, 4, 1, true, kAuto), AllReduceAlgo::kLowLatency);
+  EXPECT_EQ(choose_all_reduce(kPerBlock, 4, 4, 1, true, kAuto), AllReduceAlgo::kLowLatency);
+  EXPECT_EQ(choose_all_reduce(kPerBlock + 2, 4, 4, 1, true, kAuto), AllReduceAlgo::kOneShot);
+  EXPECT_EQ(choose_all_reduce(8 * kPerBlock, 4, 4, 8, true, kAuto), AllReduceAlgo::kLowLatency);
+  // More blocks never take it past the receive area.
+  EXPECT_EQ(choose_all_reduce(kMax, 4, 4, 32, true, kAuto), AllReduceAlgo::kLowLatency);
+  EXPECT_EQ(choose_all_reduce(kMax + 16, 4, 4, 32, true, kAuto), AllReduceAlgo::kTwoShot);
+  EXPECT_EQ(choose_all_reduce(kTwo - 16, 4, 4, 1, true, kAuto), AllReduceAlgo::kOneShot);
+  EXPECT_EQ(choose_all_reduce(kTwo, 4, 4, 1, true, kAuto), AllReduceAlgo::kTwoShot);
   // Unaligned buffers, or two members (the same traffic either way): one-shot.
-  EXPECT_EQ(choose_all_reduce(kTwo, 4, 4, false, AllReduceAlgo::kAuto), AllReduceAlgo::kOneShot);
-  EXPECT_EQ(choose_all_reduce(kTwo, 4, 2, true, AllReduceAlgo::kAuto), AllReduceAlgo::kOneShot);
+  EXPECT_EQ(choose_all_reduce(kTwo, 4, 4, 1, false, kAuto), AllReduceAlgo::kOneShot);
+  EXPECT_EQ(choose_all_reduce(kTwo, 4, 2, 1, true, kAuto), AllReduceAlgo::kOneShot);
   // Worlds past the receive area's slots never take the low-latency format, whatever the team.
-  EXPECT_EQ(choose_all_reduce(64, ferry::device::kLowLatencyMaxRanks + 1, 2, true, AllReduceAlgo::kAuto),
-            AllReduceAlgo::kOneShot);
-  EXPECT_EQ(choose_all_reduce(64, ferry::device::kLowLatencyMaxRanks, 8, true, AllReduceAlgo::kAuto),
-            AllReduceAlgo::kLowLatency);
+  EXPECT_EQ(choose_all_reduce(64, ferry::device::kLowLatencyMaxRanks + 1, 2, 1, true, kAuto), AllReduceAlgo::kOneShot);
+  EXPECT_EQ(choose_all_reduce(64, ferry::device::kLowLatencyMaxRanks, 8, 1, true, kAuto), AllReduceAlgo::kLowLatency);
 }
 
 TEST(AllReduceAlgo, AskedIsTakenWhereTheCallAllowsItElseTheNearest) {
-  constexpr uint64_t kMax = ferry::device::kLowLatencyMaxBytes;
-  EXPECT_EQ(choose_all_reduce(kMax, 4, 4, true, AllReduceAlgo::kLowLatency), AllReduceAlgo::kLowLatency);
-  EXPECT_EQ(choose_all_reduce(kMax + 2, 4, 4, true, AllReduceAlgo::kLowLatency), AllReduceAlgo::kOneShot);
-  EXPECT_EQ(choose_all_reduce(64, 16, 4, true, AllReduceAlgo::kLowLatency), AllReduceAlgo::kOneShot);
-  EXPECT_EQ(choose_all_reduce(64, 4, 4, true, AllReduceAlgo::kLowLatency), AllReduceAlgo::kLowLatency);
-  EXPECT_EQ(choose_all_reduce(64, 4, 4, true, AllReduceAlgo::kTwoShot), AllReduceAlgo::kTwoShot);
-  EXPECT_EQ(choose_all_reduce(64, 4, 4, false, AllReduceAlgo::kTwoShot), AllReduceAlgo::kOneShot);
-  EXPECT_EQ(choose_all_reduce(1 << 30, 4, 4, true, AllReduceAlgo::kOneShot), AllReduceAlgo::kOneShot);
+  EXPECT_EQ(choose_all_reduce(kMax, 4, 4, 1, true, AllReduceAlgo::kLowLatency), AllReduceAlgo::kLowLatency);
+  EXPECT_EQ(choose_all_reduce(kMax + 2, 4, 4, 1, true, AllReduceAlgo::kLowLatency), AllReduceAlgo::kOneShot);
+  EXPECT_EQ(choose_all_reduce(64, 16, 4, 1, true, AllReduceAlgo::kLowLatency), AllReduceAlgo::kOneShot);
+  EXPECT_EQ(choose_all_reduce(64, 4, 4, 1, true, AllReduceAlgo::kTwoShot), AllReduceAlgo::kTwoShot);
+  EXPECT_EQ(choose_all_reduce(64, 4, 4, 1, false, AllReduceAlgo::kTwoShot), AllReduceAlgo::kOneShot);
+  EXPECT_EQ(choose_all_reduce(1 << 30, 4, 4, 32, true, AllReduceAlgo::kOneShot), AllReduceAlgo::kOneShot);
 }
 
 TEST(LowLatencyArea, SlotsFollowTheSyncWordsAndEndWhereUserAllocationsBegin) {

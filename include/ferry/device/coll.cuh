@@ -52,7 +52,7 @@ __device__ inline bool local_grid_sync(const Heap& h) {
   HeapSync* own = h.sync(h.rank);
   auto* count = reinterpret_cast<unsigned long long*>(&own->grid_local_count);
   const uint64_t gen = load_acquire(&own->grid_local_generation);
-  __threadfence_system();
+  fence_release();
   if (atomicAdd(count, 1ull) == grid_blocks() - 1) {
     __threadfence();  // acquire the other blocks' arrivals before releasing the generation
     *reinterpret_cast<volatile uint64_t*>(count) = 0;
@@ -61,7 +61,7 @@ __device__ inline bool local_grid_sync(const Heap& h) {
   }
   const bool ok = spin(
       h, [&] { return load_relaxed(&own->grid_local_generation) != gen; }, WaitKind::kBarrier, h.rank);
-  fence_acquire();
+  load_acquire(&own->grid_local_generation);
   return ok;
 }
 
@@ -81,7 +81,7 @@ __device__ inline bool grid_sync_local(const Heap& h, const Team& t) {
 __device__ inline bool grid_sync_peers(const Heap& h, const Team& t, unsigned lane, unsigned lanes) {
   const unsigned me_block = grid_block();
   HeapSync* own = h.sync(h.rank);
-  __threadfence_system();  // cumulative: the grid's stores this thread saw arrive land before the announcements
+  fence_release();  // cumulative: the grid's stores this thread saw arrive land before the announcements
   for (int i = int(lane); i < t.size; i += int(lanes)) {
     const int peer = team_world_rank(t, i);
     if (peer == h.rank) continue;
@@ -95,8 +95,8 @@ __device__ inline bool grid_sync_peers(const Heap& h, const Team& t, unsigned la
     const uint64_t round = own->grid_rounds[peer][me_block];
     ok = spin(
         h, [&] { return load_relaxed(&own->grid_arrivals[peer][me_block]) >= round; }, WaitKind::kBarrier, peer);
+    load_acquire(&own->grid_arrivals[peer][me_block]);
   }
-  fence_acquire();
   return ok;
 }
 
@@ -415,7 +415,7 @@ template <class T>
 __device__ inline bool all_reduce(const Heap& h, const Team& t, T* dst, const T* src, uint64_t count, ReduceOp op,
                                   AllReduceAlgo algo = AllReduceAlgo::kAuto) {
   const bool aligned = ((uintptr_t(dst) | uintptr_t(src)) & 15) == 0;
-  const AllReduceAlgo run = choose_all_reduce(count * sizeof(T), h.world, t.size, aligned, algo);
+  const AllReduceAlgo run = choose_all_reduce(count * sizeof(T), h.world, t.size, impl::grid_blocks(), aligned, algo);
   if constexpr (sizeof(T) == 2 || sizeof(T) == 4)
     if (run == AllReduceAlgo::kLowLatency) return impl::low_latency_all_reduce(h, t, dst, src, count, op);
   if (!barrier_all(h, t)) return false;

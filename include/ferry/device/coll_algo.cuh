@@ -13,7 +13,7 @@
  *                per rank once the team has more than two members); needs
  *                dst and src on 16-byte boundaries
  *
- * The size limits were measured on four H200s (docs/symm.md). */
+ * The limits come from measurements on four H200s (docs/symm.md). */
 #ifndef FERRY_DEVICE_COLL_ALGO_CUH_
 #define FERRY_DEVICE_COLL_ALGO_CUH_
 
@@ -26,21 +26,22 @@ namespace device {
 
 enum class AllReduceAlgo { kAuto = 0, kLowLatency = 1, kOneShot = 2, kTwoShot = 3 };
 
-/* Up to this many bytes per rank kAuto takes the low-latency format (where it can). */
-constexpr uint64_t kLowLatencyAutoBytes = 65536;
-static_assert(kLowLatencyAutoBytes <= kLowLatencyMaxBytes, "auto stays inside the receive area");
+/* kAuto takes the low-latency format up to this many bytes per rank for
+ * each block of the grid (where it fits the receive area): each block's
+ * threads push and unpack its share line by line, so few blocks make it slow. */
+constexpr uint64_t kLowLatencyAutoBytesPerBlock = 8192;
 /* From this many bytes per rank kAuto takes two-shot (where it can). */
 constexpr uint64_t kTwoShotMinBytes = 262144;
 
 /* The algorithm a call runs: `asked` where the call allows it, else the
  * nearest one that does (low latency past its limits: one-shot; two-shot on
- * unaligned buffers: one-shot). `aligned`: dst and src both on 16-byte
- * boundaries. */
-FERRY_DEVICE_HD AllReduceAlgo choose_all_reduce(uint64_t bytes, int world, int team_size, bool aligned,
+ * unaligned buffers: one-shot). `blocks`: the grid's; `aligned`: dst and src
+ * both on 16-byte boundaries. */
+FERRY_DEVICE_HD AllReduceAlgo choose_all_reduce(uint64_t bytes, int world, int team_size, unsigned blocks, bool aligned,
                                                 AllReduceAlgo asked) {
   const bool low_latency_fits = bytes <= kLowLatencyMaxBytes && world <= kLowLatencyMaxRanks;
   if (asked == AllReduceAlgo::kAuto) {
-    if (low_latency_fits && bytes <= kLowLatencyAutoBytes) return AllReduceAlgo::kLowLatency;
+    if (low_latency_fits && bytes <= kLowLatencyAutoBytesPerBlock * blocks) return AllReduceAlgo::kLowLatency;
     return aligned && team_size > 2 && bytes >= kTwoShotMinBytes ? AllReduceAlgo::kTwoShot : AllReduceAlgo::kOneShot;
   }
   if (asked == AllReduceAlgo::kLowLatency && !low_latency_fits) return AllReduceAlgo::kOneShot;

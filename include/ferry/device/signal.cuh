@@ -30,7 +30,7 @@ __device__ __forceinline__ void signal_op(const Heap& h, uint64_t* sig, uint64_t
   if (op == SignalOp::kSet) {
     impl::store_release(remote, value);
   } else {
-    __threadfence_system();
+    impl::fence_release();
     atomicAdd_system(reinterpret_cast<unsigned long long*>(remote), (unsigned long long)value);
   }
 }
@@ -38,11 +38,10 @@ __device__ __forceinline__ void signal_op(const Heap& h, uint64_t* sig, uint64_t
 template <Scope S = Scope::kThread>
 __device__ __forceinline__ void put_signal(const Heap& h, void* dst, const void* src, uint64_t bytes, uint64_t* sig,
                                            uint64_t value, SignalOp op, int peer) {
-  put<S>(h, dst, src, bytes, peer);  // ends with the scope's barrier: every lane's stores precede the signal
-  if (impl::scope_lane<S>() == 0) {
-    __threadfence_system();
-    signal_op(h, sig, value, op, peer);
-  }
+  // put ends with the scope's barrier; the signal's release is cumulative over
+  // every lane's stores this lane saw there.
+  put<S>(h, dst, src, bytes, peer);
+  if (impl::scope_lane<S>() == 0) signal_op(h, sig, value, op, peer);
   impl::scope_sync<S>();
 }
 
@@ -53,21 +52,18 @@ __device__ __forceinline__ bool test(const T* ivar, Cmp cmp, T value) {
 
 template <class T>
 __device__ inline bool wait_until(const Heap& h, const T* ivar, Cmp cmp, T value, int from = -1) {
-  return impl::spin(
-      h, [&] { return test(ivar, cmp, value); }, WaitKind::kWaitUntil, from);
+  const bool ok = impl::spin(
+      h, [&] { return impl::compare(*reinterpret_cast<const volatile T*>(ivar), cmp, value); }, WaitKind::kWaitUntil,
+      from);
+  impl::load_acquire_as(ivar);
+  return ok;
 }
 
 __device__ inline bool signal_wait_until(const Heap& h, const uint64_t* sig, Cmp cmp, uint64_t value, int from = -1,
                                          uint64_t* seen = nullptr) {
-  uint64_t v = 0;
   const bool ok = impl::spin(
-      h,
-      [&] {
-        v = impl::load_relaxed(sig);
-        return impl::compare(v, cmp, value);
-      },
-      WaitKind::kSignal, from);
-  impl::fence_acquire();
+      h, [&] { return impl::compare(impl::load_relaxed(sig), cmp, value); }, WaitKind::kSignal, from);
+  const uint64_t v = impl::load_acquire(sig);
   if (seen) *seen = v;
   return ok;
 }

@@ -42,7 +42,7 @@ __device__ inline bool sync_members(const Heap& h, const Team& t, unsigned lane,
   // The scope's other threads synchronized with this one before it got here;
   // the fence (cumulative) makes their earlier stores, and this thread's,
   // land before the announcements: it is the barrier's quiet as well.
-  __threadfence_system();
+  fence_release();
   for (int i = int(lane); i < t.size; i += int(lanes)) {
     const int peer = team_world_rank(t, i);
     if (peer != h.rank) store_relaxed(&h.sync(peer)->arrivals[h.rank], ++own->completed[peer]);
@@ -54,8 +54,8 @@ __device__ inline bool sync_members(const Heap& h, const Team& t, unsigned lane,
     const uint64_t want = own->completed[peer];
     ok = spin(
         h, [&] { return load_relaxed(&own->arrivals[peer]) >= want; }, WaitKind::kBarrier, peer);
+    load_acquire(&own->arrivals[peer]);
   }
-  fence_acquire();
   return ok;
 }
 

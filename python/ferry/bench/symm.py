@@ -123,7 +123,9 @@ def target_lines(records: Sequence[dict]) -> List[str]:
         ("barrier", "ferry-device", "nvshmem-device", "barrier in a kernel"),
         ("barrier", "ferry-stream", "nvshmem-stream", "barrier on a stream"),
     ):
-        a = [r["time_us"] for r in records if r["op"] == op and r["impl"] == ours]
+        a = [
+            r["time_us"] for r in records if r["op"] == op and (r["impl"] == ours or r["impl"] == ours + "-p")
+        ]
         b = [r["time_us"] for r in records if r["op"] == op and r["impl"] == theirs]
         if a and b:
             ok = min(a) <= min(b)
@@ -161,6 +163,7 @@ def _load(path: str):
     for name, args in (
         ("bench_put", [P, P, P, U, I, I, I, P]),
         ("bench_pingpong", [P, P, U, I, P, P]),
+        ("bench_pingpong_p", [P, P, U, I, P, P]),
         ("bench_barrier", [P, I, P, P]),
         ("bench_all_reduce", [P, P, P, U, I, I, I, P, P]),
     ):
@@ -316,6 +319,21 @@ def run(opts: dict, progress=print) -> dict:
 
     t = R.timed(pingpong, reps)
     records.append(record("signal_half_rtt", "ferry-device", W, 8, t / (2 * iters), "thread", gpu, date))
+    sig_p = R.each(heap.zeros((1,), torch.int64))
+    launches_p = [0] * n
+
+    def pingpong_p(i, s):
+        base = launches_p[i] * iters
+        launches_p[i] += 1
+        if R.ranks[i] < 2:
+            _ok(
+                lib.bench_pingpong_p(
+                    R.handles[i], sig_p[i].data_ptr(), base, iters, oks[i].data_ptr(), s.cuda_stream
+                )
+            )
+
+    t = R.timed(pingpong_p, reps)
+    records.append(record("signal_half_rtt", "ferry-device-p", W, 8, t / (2 * iters), "thread", gpu, date))
     t = R.timed(
         lambda i, s: _ok(lib.bench_barrier(R.handles[i], iters, oks[i].data_ptr(), s.cuda_stream)), reps
     )
@@ -340,7 +358,7 @@ def run(opts: dict, progress=print) -> dict:
     )
     records.append(record("barrier", "ferry-stream-ahead", W, 0, t / iters, "stream", gpu, date))
     progress(
-        f"signal half round trip {records[-4]['time_us']:.2f} us, barrier in a kernel "
+        f"signal half round trip {records[-5]['time_us']:.2f} us (p: {records[-4]['time_us']:.2f}), barrier in a kernel "
         f"{records[-3]['time_us']:.2f} us, on a stream {records[-2]['time_us']:.2f} us "
         f"({records[-1]['time_us']:.2f} us queued ahead)"
     )

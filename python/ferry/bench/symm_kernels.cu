@@ -47,6 +47,22 @@ __global__ void pingpong_kernel(Heap h, uint64_t* sig, uint64_t base, int iters,
   if (!good) *ok = 0;
 }
 
+// The same with p() (a plain strong store, no release: NVSHMEM's signal_op orders nothing either) and wait_until.
+__global__ void pingpong_p_kernel(Heap h, uint64_t* sig, uint64_t base, int iters, int* ok) {
+  const int peer = 1 - h.rank;
+  bool good = true;
+  for (uint64_t i = base + 1; i <= base + iters && good; ++i) {
+    if (h.rank == 0) {
+      p(h, sig, i, peer);
+      good = wait_until(h, sig, Cmp::kGe, i, peer);
+    } else {
+      good = wait_until(h, sig, Cmp::kGe, i, peer);
+      p(h, sig, i, peer);
+    }
+  }
+  if (!good) *ok = 0;
+}
+
 __global__ void barrier_kernel(Heap h, int iters, int* ok) {
   const Team t = world_team(h);
   for (int i = 0; i < iters; ++i)
@@ -79,6 +95,11 @@ int bench_put(const void* heap, void* dst, const void* src, uint64_t bytes, int 
 
 int bench_pingpong(const void* heap, uint64_t* sig, uint64_t base, int iters, int* ok, cudaStream_t s) {
   pingpong_kernel<<<1, 1, 0, s>>>(heap_from_bytes(heap), sig, base, iters, ok);
+  return cudaGetLastError();
+}
+
+int bench_pingpong_p(const void* heap, uint64_t* sig, uint64_t base, int iters, int* ok, cudaStream_t s) {
+  pingpong_p_kernel<<<1, 1, 0, s>>>(heap_from_bytes(heap), sig, base, iters, ok);
   return cudaGetLastError();
 }
 

@@ -55,15 +55,18 @@ __device__ __forceinline__ T load_acquire_as(const T* p) {
   }
 }
 
-/* A wait polls with relaxed loads and, once it sees the value, makes them an
- * acquire with one fence: an acquire load in the loop would fence every look. */
+/* A wait polls with relaxed loads and, once it sees the value, reads the
+ * word once more with acquire: an acquire load is a load plus an L1
+ * invalidation, cheaper than a fence, and too costly to repeat every look. */
 __device__ __forceinline__ uint64_t load_relaxed(const uint64_t* p) {
   uint64_t v;
   asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
-__device__ __forceinline__ void fence_acquire() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
-/* A strong store that is a release only after a fence of the caller's (no fence of its own). */
+/* Makes this thread's earlier stores, and those it has seen, precede its
+ * later ones for every observer (cumulative); lighter than __threadfence_system(), which is sequentially consistent. */
+__device__ __forceinline__ void fence_release() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+/* A strong store that is a release only after fence_release(). */
 __device__ __forceinline__ void store_relaxed(uint64_t* p, uint64_t v) {
   asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
