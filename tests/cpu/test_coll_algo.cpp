@@ -20,11 +20,19 @@ constexpr AllReduceAlgo kAuto = AllReduceAlgo::kAuto;
 TEST(AllReduceAlgo, AutoTakesLowLatencyWhileEachBlockHasLittleThenOneShotThenTwoShot) {
   EXPECT_EQ(choose_all_reduce(0, 4, 4, 1, true, kAuto), AllReduceAlgo::kLowLatency);
   EXPECT_EQ(choose_all_reduce(kPerBlock, 4, 4, 1, true, kAuto), AllReduceAlgo::kLowLatency);
-  EXPECT_EQ(choose_all_reduce(kPerBlock + 2, 4, 4, 1, true, kAuto), AllReduceAlgo::kOneShot);
+  EXPECT_EQ(choose_all_reduce(kPerBlock + 2, 4, 4, 1, true, kAuto), AllReduceAlgo::kLowLatencyTwoShot);
+  EXPECT_EQ(choose_all_reduce(ferry::device::kLowLatencyTwoShotAutoBytesPerBlock + 2, 4, 4, 1, true, kAuto),
+            AllReduceAlgo::kOneShot);
+  EXPECT_EQ(choose_all_reduce(kPerBlock + 2, 4, 2, 1, true, kAuto), AllReduceAlgo::kOneShot);  // two members
   EXPECT_EQ(choose_all_reduce(8 * kPerBlock, 4, 4, 8, true, kAuto), AllReduceAlgo::kLowLatency);
   // More blocks never take it past the receive area.
   EXPECT_EQ(choose_all_reduce(kMax, 4, 4, 32, true, kAuto), AllReduceAlgo::kLowLatency);
-  EXPECT_EQ(choose_all_reduce(kMax + 16, 4, 4, 32, true, kAuto), AllReduceAlgo::kTwoShot);
+  // Past it, the low-latency two-shot while each member's part fits half a slot and each block has little.
+  EXPECT_EQ(choose_all_reduce(kMax + 16, 4, 4, 32, true, kAuto), AllReduceAlgo::kLowLatencyTwoShot);
+  EXPECT_EQ(choose_all_reduce(4 * (kMax / 2), 4, 4, 32, true, kAuto), AllReduceAlgo::kLowLatencyTwoShot);
+  EXPECT_EQ(choose_all_reduce(4 * (kMax / 2) + 16, 4, 4, 32, true, kAuto), AllReduceAlgo::kTwoShot);
+  EXPECT_EQ(choose_all_reduce(kMax + 16, 4, 4, 8, true, kAuto), AllReduceAlgo::kTwoShot);
+  EXPECT_EQ(choose_all_reduce(kMax + 16, 8, 8, 32, true, kAuto), AllReduceAlgo::kLowLatencyTwoShot);
   EXPECT_EQ(choose_all_reduce(kTwo - 16, 4, 4, 1, true, kAuto), AllReduceAlgo::kOneShot);
   EXPECT_EQ(choose_all_reduce(kTwo, 4, 4, 1, true, kAuto), AllReduceAlgo::kTwoShot);
   // Unaligned buffers, or two members (the same traffic either way): one-shot.
@@ -42,6 +50,11 @@ TEST(AllReduceAlgo, AskedIsTakenWhereTheCallAllowsItElseTheNearest) {
   EXPECT_EQ(choose_all_reduce(64, 4, 4, 1, true, AllReduceAlgo::kTwoShot), AllReduceAlgo::kTwoShot);
   EXPECT_EQ(choose_all_reduce(64, 4, 4, 1, false, AllReduceAlgo::kTwoShot), AllReduceAlgo::kOneShot);
   EXPECT_EQ(choose_all_reduce(1 << 30, 4, 4, 32, true, AllReduceAlgo::kOneShot), AllReduceAlgo::kOneShot);
+  const auto ll2 = AllReduceAlgo::kLowLatencyTwoShot;
+  EXPECT_EQ(choose_all_reduce(2 * (kMax / 2), 4, 2, 1, true, ll2), ll2);  // a part per member: half a slot each
+  EXPECT_EQ(choose_all_reduce(2 * (kMax / 2) + 2, 4, 2, 1, true, ll2), AllReduceAlgo::kOneShot);
+  EXPECT_EQ(choose_all_reduce(64, 16, 4, 1, true, ll2), AllReduceAlgo::kOneShot);
+  EXPECT_EQ(choose_all_reduce(64, 4, 1, 1, true, ll2), AllReduceAlgo::kOneShot);
 }
 
 TEST(LowLatencyArea, SlotsFollowTheSyncWordsAndEndWhereUserAllocationsBegin) {

@@ -400,9 +400,9 @@ class Suite:
             g.manual_seed(zlib.crc32(f"{rank}/{salt}".encode()))
             return torch.randint(-8, 9, (W * count,), device=dev, generator=g).to(dtype)
 
-        # 7, 8, 9: all_reduce asking for the low-latency, one-shot and two-shot algorithms.
+        # 7, 8, 9, 10: all_reduce asking for the low-latency, one-shot, two-shot and low-latency two-shot algorithms.
         cases = [(c, 3, 0) for c in (0, 1, 2, 6)] + [
-            (c, d, op) for c in (3, 4, 5, 7, 8, 9) for d, _ in dtypes for op in (0, 1, 2)
+            (c, d, op) for c in (3, 4, 5, 7, 8, 9, 10) for d, _ in dtypes for op in (0, 1, 2)
         ]
         for start, stride, size in teams:
             members = [start + i * stride for i in range(size)]
@@ -456,7 +456,7 @@ class Suite:
                         elif coll == 2:
                             for j, m in enumerate(members):
                                 exp[j * count : (j + 1) * count] = ins[m][my * count : (my + 1) * count]
-                        elif coll in (3, 4, 5, 7, 8, 9):
+                        elif coll in (3, 4, 5, 7, 8, 9, 10):
                             blk = slice(my * count, (my + 1) * count) if coll == 5 else slice(0, count)
                             stack = torch.stack([ins[m][blk].double() for m in members])
                             red = (
@@ -480,13 +480,15 @@ class Suite:
         stream order and without a barrier, so a member may run a call ahead
         of another and a stale round would show."""
         torch, W = self.torch, self.world
-        big = 70001  # 280 KB of float: past the low-latency limit and the two-shot threshold
+        # 280 KB of float: past the low-latency limit and the two-shot threshold, inside the low-latency
+        # two-shot's with 4 ranks or more.
+        big = 70001
         src = self.each(self.heap.empty((big + 8,), torch.float32))
         dst = self.each(self.heap.empty((big + 8,), torch.float32))
         for dcode, dtype in ((0, torch.float32), (2, torch.bfloat16)):
             # 60000 floats: the low-latency format near its limit (kLowLatencyMaxBytes).
             for count, offset in ((big, 0), (60000, 0), (3001, 1), (big, 3), (1, 0), (0, 0)):
-                for coll in (4, 7, 8, 9):
+                for coll in (4, 7, 8, 9, 10):
                     salt = f"allreduce/{dcode}/{count}/{offset}/{coll}"
                     label = f"all_reduce algo {coll} dtype {dtype} count {count} offset {offset}"
                     ins = {}

@@ -117,7 +117,7 @@ __global__ void barrier_kernel(Heap h, int start, int stride, int size, uint64_t
 }
 
 // coll: 0 broadcast, 1 fcollect, 2 alltoall, 3 reduce, 4 all_reduce, 5 reduce_scatter, 6 barrier_all,
-// 7/8/9 all_reduce asking for the low-latency / one-shot / two-shot algorithm
+// 7/8/9/10 all_reduce asking for the low-latency / one-shot / two-shot / low-latency two-shot algorithm
 template <class T>
 __device__ bool run_coll(const Heap& h, const Team& t, int coll, void* dst, const void* src, uint64_t count, int root,
                          ReduceOp op) {
@@ -142,6 +142,8 @@ __device__ bool run_coll(const Heap& h, const Team& t, int coll, void* dst, cons
       return all_reduce(h, t, d, s, count, op, AllReduceAlgo::kOneShot);
     case 9:
       return all_reduce(h, t, d, s, count, op, AllReduceAlgo::kTwoShot);
+    case 10:
+      return all_reduce(h, t, d, s, count, op, AllReduceAlgo::kLowLatencyTwoShot);
     default:
       return barrier_all(h, t);
   }

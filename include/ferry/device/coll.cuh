@@ -268,24 +268,57 @@ __device__ __forceinline__ uint32_t pack_unit(const T* src, uint64_t u, uint64_t
   }
 }
 
-/* Low latency: each block pushes its slice of src, one 4-byte unit per
- * 8-byte line with this call's round (per peer and block) beside it, into
- * every member's receive slot for this rank; then reduces the lines that
- * carry the round, in team order. A slot's two parities let a member run
- * one call ahead of another: a member writes the slot of round r + 2 only
- * after it received the peer's round r + 1, which the peer sent after
- * reading round r. */
+/* One line of the low-latency format: waits until `line` carries `round`, returns its data word. */
+__device__ __forceinline__ uint32_t wait_line(const Heap& h, const uint64_t* line, uint32_t round, int peer,
+                                              bool* good) {
+  uint64_t v = 0;
+  *good = spin(
+      h,
+      [&] {
+        v = load_line(line);
+        return uint32_t(v >> 32) == round;
+      },
+      WaitKind::kBarrier, peer);
+  return uint32_t(v);
+}
+
+/* acc (E accumulators) combined with the elements of `word`, or set to them when `first`. */
 template <class T>
-__device__ inline bool low_latency_all_reduce(const Heap& h, const Team& t, T* dst, const T* src, uint64_t count,
-                                              ReduceOp op) {
-  static_assert(sizeof(T) == 2 || sizeof(T) == 4, "the low-latency format carries 2- and 4-byte elements");
-  using A = typename Acc<T>::type;
+__device__ __forceinline__ void combine_unit(typename Acc<T>::type* acc, uint32_t word, bool first, ReduceOp op) {
+  const T* e = reinterpret_cast<const T*>(&word);
+#pragma unroll
+  for (int k = 0; k < int(4 / sizeof(T)); ++k)
+    acc[k] = first ? Acc<T>::in(e[k]) : combine(acc[k], Acc<T>::in(e[k]), op);
+}
+
+template <class T>
+__device__ __forceinline__ uint32_t pack_acc(const typename Acc<T>::type* acc) {
+  uint32_t word = 0;
+  T* e = reinterpret_cast<T*>(&word);
+#pragma unroll
+  for (int k = 0; k < int(4 / sizeof(T)); ++k) e[k] = Acc<T>::out(acc[k]);
+  return word;
+}
+
+/* The elements of unit u (those below count) from `word` into dst. */
+template <class T>
+__device__ __forceinline__ void unpack_unit(T* dst, uint64_t u, uint64_t count, uint32_t word) {
   constexpr int E = 4 / sizeof(T);
-  __shared__ uint32_t rounds[kLowLatencyMaxRanks];
+  const T* e = reinterpret_cast<const T*>(&word);
+#pragma unroll
+  for (int k = 0; k < E; ++k)
+    if (u * E + k < count) dst[u * E + k] = e[k];
+}
+
+/* The start of a low-latency call, by the whole block: this call's round
+ * with each member (per peer and block) into `rounds` (by world rank), and
+ * this block's token, the round, to each member. Returns false, with the
+ * fault word set, when the grid, world or team does not fit. */
+__device__ inline bool low_latency_begin(const Heap& h, const Team& t, uint32_t* rounds) {
   __shared__ int usable;
-  const unsigned block = grid_block();
+  const unsigned block = grid_block(), lane = scope_lane<Scope::kBlock>();
   __syncthreads();  // the block's earlier reads of its receive slots are done before new rounds go out
-  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
+  if (lane == 0) {
     usable = grid_blocks() <= unsigned(kMaxGridBlocks) && h.world <= kLowLatencyMaxRanks && team_usable(t, h.world) &&
              team_world_rank(t, t.my) == h.rank;
     if (!usable) {
@@ -300,15 +333,51 @@ __device__ inline bool low_latency_all_reduce(const Heap& h, const Team& t, T* d
   }
   __syncthreads();
   if (!usable) return false;
+  for (int i = int(lane); i < t.size; i += int(scope_size<Scope::kBlock>())) {
+    const int p = team_world_rank(t, i);
+    if (p != h.rank) store_line(&h.sync(p)->low_latency_tokens[h.rank][block], rounds[p]);
+  }
+  return true;
+}
+
+/* The end of a low-latency call, by the whole block: each member's token of
+ * this round has arrived. A member sends it only after finishing the call
+ * before, so once it is here this block may write that member's slots of
+ * the next round's parity, whatever lines this call had. */
+__device__ inline bool low_latency_end(const Heap& h, const Team& t, const uint32_t* rounds, bool good) {
+  const unsigned block = grid_block(), lane = scope_lane<Scope::kBlock>();
+  for (int i = int(lane); i < t.size && good; i += int(scope_size<Scope::kBlock>())) {
+    const int p = team_world_rank(t, i);
+    if (p == h.rank) continue;
+    const uint64_t* token = &h.sync(h.rank)->low_latency_tokens[p][block];
+    good = spin(
+        h, [&] { return load_line(token) >= rounds[p]; }, WaitKind::kBarrier, p);
+  }
+  return __syncthreads_and(good ? 1 : 0) != 0;
+}
+
+/* Low latency, one shot: each block pushes its slice of src, one 4-byte unit
+ * per 8-byte line with this call's round (per peer and block) beside it,
+ * into every member's receive slot for this rank; then reduces the lines
+ * that carry the round, in team order. A slot's two parities let a member
+ * run one call ahead of another; the tokens (low_latency_end) keep it from
+ * running two ahead. */
+template <class T>
+__device__ inline bool low_latency_all_reduce(const Heap& h, const Team& t, T* dst, const T* src, uint64_t count,
+                                              ReduceOp op) {
+  static_assert(sizeof(T) == 2 || sizeof(T) == 4, "the low-latency format carries 2- and 4-byte elements");
+  using A = typename Acc<T>::type;
+  constexpr int E = 4 / sizeof(T);
+  __shared__ uint32_t rounds[kLowLatencyMaxRanks];
+  if (!low_latency_begin(h, t, rounds)) return false;
   const uint64_t units = (count + E - 1) / E;
   uint64_t begin, end;
   block_slice(units, &begin, &end);
   const unsigned lane = scope_lane<Scope::kBlock>(), lanes = scope_size<Scope::kBlock>();
   for (uint64_t u = begin + lane; u < end; u += lanes) {
     const uint64_t word = pack_unit(src, u, count);
-    for (int i = 0; i < t.size; ++i) {
+    for (int i = 1; i < t.size; ++i) {
       const int p = team_world_rank(t, (t.my + i) % t.size);
-      if (p == h.rank) continue;
       store_line(h.low_latency_slot(p, rounds[p] & 1, h.rank) + u, (uint64_t(rounds[p]) << 32) | word);
     }
   }
@@ -317,31 +386,72 @@ __device__ inline bool low_latency_all_reduce(const Heap& h, const Team& t, T* d
     A acc[E];
     for (int i = 0; i < t.size && good; ++i) {
       const int p = team_world_rank(t, i);
-      uint32_t word;
-      if (p == h.rank) {
-        word = pack_unit(src, u, count);
-      } else {
-        const uint64_t* line = h.low_latency_slot(h.rank, rounds[p] & 1, p) + u;
-        uint64_t v = 0;
-        good = spin(
-            h,
-            [&] {
-              v = load_line(line);
-              return uint32_t(v >> 32) == rounds[p];
-            },
-            WaitKind::kBarrier, p);
-        word = uint32_t(v);
-      }
-      const T* e = reinterpret_cast<const T*>(&word);
-#pragma unroll
-      for (int k = 0; k < E; ++k) acc[k] = i == 0 ? Acc<T>::in(e[k]) : combine(acc[k], Acc<T>::in(e[k]), op);
+      const uint32_t word = p == h.rank
+                                ? pack_unit(src, u, count)
+                                : wait_line(h, h.low_latency_slot(h.rank, rounds[p] & 1, p) + u, rounds[p], p, &good);
+      combine_unit<T>(acc, word, i == 0, op);
+    }
+    if (good) unpack_unit(dst, u, count, pack_acc<T>(acc));
+  }
+  return low_latency_end(h, t, rounds, good);
+}
+
+/* Low latency, two shots: member i's part of the units (parts of `part`
+ * units, in team order) goes from every member into the first half of
+ * member i's slot for it; member i reduces its part and sends the result
+ * into the second half of every member's slot for i; each member unpacks
+ * the parts it receives. Each block takes the same slice of every part.
+ * A part fits half a slot: at most team size x kLowLatencyMaxBytes / 2 bytes per rank. */
+template <class T>
+__device__ inline bool low_latency_two_shot(const Heap& h, const Team& t, T* dst, const T* src, uint64_t count,
+                                            ReduceOp op) {
+  static_assert(sizeof(T) == 2 || sizeof(T) == 4, "the low-latency format carries 2- and 4-byte elements");
+  using A = typename Acc<T>::type;
+  constexpr int E = 4 / sizeof(T);
+  constexpr uint64_t kHalf = kLowLatencySlotBytes / 2 / sizeof(uint64_t);  // lines in half a slot
+  __shared__ uint32_t rounds[kLowLatencyMaxRanks];
+  if (!low_latency_begin(h, t, rounds)) return false;
+  const uint64_t units = (count + E - 1) / E, part = (units + t.size - 1) / t.size;
+  uint64_t b0, b1;
+  block_slice(part, &b0, &b1);
+  const unsigned lane = scope_lane<Scope::kBlock>(), lanes = scope_size<Scope::kBlock>();
+  // Each member's part of this rank's src, to that member.
+  for (int k = 1; k < t.size; ++k) {
+    const int m = (t.my + k) % t.size, p = team_world_rank(t, m);
+    uint64_t* slot = h.low_latency_slot(p, rounds[p] & 1, h.rank);
+    for (uint64_t j = b0 + lane; j < b1 && m * part + j < units; j += lanes)
+      store_line(slot + j, (uint64_t(rounds[p]) << 32) | pack_unit(src, m * part + j, count));
+  }
+  // This rank's part, reduced in team order, into dst here and to every member.
+  bool good = true;
+  for (uint64_t j = b0 + lane; j < b1 && t.my * part + j < units && good; j += lanes) {
+    const uint64_t u = t.my * part + j;
+    A acc[E];
+    for (int i = 0; i < t.size && good; ++i) {
+      const int p = team_world_rank(t, i);
+      const uint32_t word = p == h.rank
+                                ? pack_unit(src, u, count)
+                                : wait_line(h, h.low_latency_slot(h.rank, rounds[p] & 1, p) + j, rounds[p], p, &good);
+      combine_unit<T>(acc, word, i == 0, op);
     }
     if (!good) break;
-#pragma unroll
-    for (int k = 0; k < E; ++k)
-      if (u * E + k < count) dst[u * E + k] = Acc<T>::out(acc[k]);
+    const uint32_t out = pack_acc<T>(acc);
+    unpack_unit(dst, u, count, out);
+    for (int k = 1; k < t.size; ++k) {
+      const int p = team_world_rank(t, (t.my + k) % t.size);
+      store_line(h.low_latency_slot(p, rounds[p] & 1, h.rank) + kHalf + j, (uint64_t(rounds[p]) << 32) | out);
+    }
   }
-  return __syncthreads_and(good ? 1 : 0) != 0;
+  // The other members' parts, reduced there.
+  for (int k = 1; k < t.size && good; ++k) {
+    const int m = (t.my + k) % t.size, p = team_world_rank(t, m);
+    const uint64_t* slot = h.low_latency_slot(h.rank, rounds[p] & 1, p) + kHalf;
+    for (uint64_t j = b0 + lane; j < b1 && m * part + j < units && good; j += lanes) {
+      const uint32_t word = wait_line(h, slot + j, rounds[p], p, &good);
+      if (good) unpack_unit(dst, m * part + j, count, word);
+    }
+  }
+  return low_latency_end(h, t, rounds, good);
 }
 
 /* This block's slice of `bytes` from src into `peer`'s copy of dst. */
@@ -416,8 +526,10 @@ __device__ inline bool all_reduce(const Heap& h, const Team& t, T* dst, const T*
                                   AllReduceAlgo algo = AllReduceAlgo::kAuto) {
   const bool aligned = ((uintptr_t(dst) | uintptr_t(src)) & 15) == 0;
   const AllReduceAlgo run = choose_all_reduce(count * sizeof(T), h.world, t.size, impl::grid_blocks(), aligned, algo);
-  if constexpr (sizeof(T) == 2 || sizeof(T) == 4)
+  if constexpr (sizeof(T) == 2 || sizeof(T) == 4) {
     if (run == AllReduceAlgo::kLowLatency) return impl::low_latency_all_reduce(h, t, dst, src, count, op);
+    if (run == AllReduceAlgo::kLowLatencyTwoShot) return impl::low_latency_two_shot(h, t, dst, src, count, op);
+  }
   if (!barrier_all(h, t)) return false;
   if (run == AllReduceAlgo::kTwoShot)
     impl::reduce_and_push(h, t, dst, src, count, op);

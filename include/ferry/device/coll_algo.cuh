@@ -12,6 +12,10 @@
  *                every member's dst; barrier (half the traffic of one-shot
  *                per rank once the team has more than two members); needs
  *                dst and src on 16-byte boundaries
+ *   kLowLatencyTwoShot  two-shot in the low-latency format: member i's part
+ *                of every member's data goes to member i in lines, member i
+ *                sends the reduced part back in lines: no barrier; calls of at
+ *                most team size x kLowLatencyMaxBytes / 2 bytes per rank
  *
  * The limits come from measurements on four H200s (docs/symm.md). */
 #ifndef FERRY_DEVICE_COLL_ALGO_CUH_
@@ -24,12 +28,14 @@
 namespace ferry {
 namespace device {
 
-enum class AllReduceAlgo { kAuto = 0, kLowLatency = 1, kOneShot = 2, kTwoShot = 3 };
+enum class AllReduceAlgo { kAuto = 0, kLowLatency = 1, kOneShot = 2, kTwoShot = 3, kLowLatencyTwoShot = 4 };
 
 /* kAuto takes the low-latency format up to this many bytes per rank for
  * each block of the grid (where it fits the receive area): each block's
  * threads push and unpack its share line by line, so few blocks make it slow. */
 constexpr uint64_t kLowLatencyAutoBytesPerBlock = 8192;
+/* The same for the low-latency two-shot, past the one-shot's range. */
+constexpr uint64_t kLowLatencyTwoShotAutoBytesPerBlock = 16384;
 /* From this many bytes per rank kAuto takes two-shot (where it can). */
 constexpr uint64_t kTwoShotMinBytes = 262144;
 
@@ -39,12 +45,17 @@ constexpr uint64_t kTwoShotMinBytes = 262144;
  * both on 16-byte boundaries. */
 FERRY_DEVICE_HD AllReduceAlgo choose_all_reduce(uint64_t bytes, int world, int team_size, unsigned blocks, bool aligned,
                                                 AllReduceAlgo asked) {
-  const bool low_latency_fits = bytes <= kLowLatencyMaxBytes && world <= kLowLatencyMaxRanks;
+  const bool ll_world = world <= kLowLatencyMaxRanks;
+  const bool ll_fits = ll_world && bytes <= kLowLatencyMaxBytes;
+  const bool ll_two_fits = ll_world && team_size >= 2 && bytes <= uint64_t(team_size) * (kLowLatencyMaxBytes / 2);
   if (asked == AllReduceAlgo::kAuto) {
-    if (low_latency_fits && bytes <= kLowLatencyAutoBytesPerBlock * blocks) return AllReduceAlgo::kLowLatency;
+    if (ll_fits && bytes <= kLowLatencyAutoBytesPerBlock * blocks) return AllReduceAlgo::kLowLatency;
+    if (ll_two_fits && team_size > 2 && bytes <= kLowLatencyTwoShotAutoBytesPerBlock * blocks)
+      return AllReduceAlgo::kLowLatencyTwoShot;
     return aligned && team_size > 2 && bytes >= kTwoShotMinBytes ? AllReduceAlgo::kTwoShot : AllReduceAlgo::kOneShot;
   }
-  if (asked == AllReduceAlgo::kLowLatency && !low_latency_fits) return AllReduceAlgo::kOneShot;
+  if (asked == AllReduceAlgo::kLowLatency && !ll_fits) return AllReduceAlgo::kOneShot;
+  if (asked == AllReduceAlgo::kLowLatencyTwoShot && !ll_two_fits) return AllReduceAlgo::kOneShot;
   if (asked == AllReduceAlgo::kTwoShot && !aligned) return AllReduceAlgo::kOneShot;
   return asked;
 }

@@ -36,7 +36,7 @@ constexpr int kMaxGridBlocks = 32; /* most blocks of one grid-wide barrier or co
 constexpr int kLowLatencyMaxRanks = 8;
 constexpr uint64_t kLowLatencyMaxBytes = 262144;
 constexpr uint64_t kLowLatencySlotBytes = 2 * kLowLatencyMaxBytes; /* 4 data bytes per 8-byte line */
-constexpr uint64_t kLowLatencyOffset = 65536;                      /* from the start of a rank's heap */
+constexpr uint64_t kLowLatencyOffset = 131072;                     /* from the start of a rank's heap */
 
 /* At offset 0 of every rank's heap: ferry's own words, then the low-latency
  * receive area. User allocations start at kHeapReservedBytes. */
@@ -55,6 +55,8 @@ struct HeapSync {
   uint64_t grid_local_generation;
   /* [peer][block]: low-latency collectives block `block` of this rank has done with peer. */
   uint32_t low_latency_rounds[kMaxHeapRanks][kMaxGridBlocks];
+  /* [src][block]: the latest low-latency round block `block` of rank src began with this rank. */
+  uint64_t low_latency_tokens[kMaxHeapRanks][kMaxGridBlocks];
 };
 static_assert(sizeof(HeapSync) <= kLowLatencyOffset, "HeapSync must fit in front of the low-latency area");
 constexpr uint64_t kHeapReservedBytes = kLowLatencyOffset + 2 * kLowLatencyMaxRanks * kLowLatencySlotBytes;

@@ -46,8 +46,9 @@ TARGETS = {
 
 PUT_BLOCKS = (1, 8, 32)
 ALL_REDUCE_BLOCKS = (1, 8, 32)
-# AllReduceAlgo's values (include/ferry/device/coll_algo.cuh) and their names in the records.
-ALL_REDUCE_ALGOS = ((1, "ll"), (2, "1shot"), (3, "2shot"))
+# AllReduceAlgo's values (include/ferry/device/coll_algo.cuh) and their names in the records;
+# the low-latency ones only where they fit (kLowLatencyMaxBytes, its half times the world).
+ALL_REDUCE_ALGOS = ((1, "ll"), (4, "ll2shot"), (2, "1shot"), (3, "2shot"))
 LOW_LATENCY_MAX_BYTES = 262144
 # How long streams sleep before "-ahead" timings start: longer than the host takes to queue a launch's calls.
 AHEAD_US = 5000.0
@@ -382,6 +383,8 @@ def run(opts: dict, progress=print) -> dict:
         count = nbytes // 2
         for algo, name in ALL_REDUCE_ALGOS:
             if algo == 1 and nbytes > LOW_LATENCY_MAX_BYTES:
+                continue
+            if algo == 4 and (nbytes > W * LOW_LATENCY_MAX_BYTES // 2 or W > 8):
                 continue
             for blocks in ALL_REDUCE_BLOCKS:
                 t = R.timed(
