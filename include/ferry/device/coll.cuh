@@ -183,27 +183,36 @@ struct Vec {
   }
 };
 
-/* Vector v of op over the members' src, in team order (every member computes
- * the same bits); up to eight members' loads in flight at once. */
+/* Vectors v and v + stride (the second where `two`) of op over the
+ * members' src, in team order (every member computes the same bits); the
+ * loads of up to four members for both vectors are in flight at once. */
 template <class T>
-__device__ __forceinline__ uint4 reduce_vector(const Heap& h, const Team& t, const uint4* src, uint64_t v,
-                                               ReduceOp op) {
-  typename Vec<T>::A acc[Vec<T>::kLanes];
-  for (int m0 = 0; m0 < t.size; m0 += 8) {
-    uint4 x[8];
+__device__ __forceinline__ void reduce_vectors(const Heap& h, const Team& t, const uint4* src, uint64_t v,
+                                               uint64_t stride, bool two, ReduceOp op, uint4* r0, uint4* r1) {
+  typename Vec<T>::A a0[Vec<T>::kLanes], a1[Vec<T>::kLanes];
+  for (int m0 = 0; m0 < t.size; m0 += 4) {
+    uint4 x0[4], x1[4];
 #pragma unroll
-    for (int k = 0; k < 8; ++k)
-      if (m0 + k < t.size) x[k] = __ldcg(h.peer_ptr(src, team_world_rank(t, m0 + k)) + v);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
+    for (int k = 0; k < 4; ++k) {
       if (m0 + k >= t.size) break;
-      if (m0 + k == 0)
-        Vec<T>::first(x[k], acc);
-      else
-        Vec<T>::add(x[k], acc, op);
+      const uint4* from = h.peer_ptr(src, team_world_rank(t, m0 + k));
+      x0[k] = __ldcg(from + v);
+      if (two) x1[k] = __ldcg(from + v + stride);
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (m0 + k >= t.size) break;
+      if (m0 + k == 0) {
+        Vec<T>::first(x0[k], a0);
+        if (two) Vec<T>::first(x1[k], a1);
+      } else {
+        Vec<T>::add(x0[k], a0, op);
+        if (two) Vec<T>::add(x1[k], a1, op);
+      }
     }
   }
-  return Vec<T>::out(acc);
+  *r0 = Vec<T>::out(a0);
+  if (two) *r1 = Vec<T>::out(a1);
 }
 
 /* One-shot: this block's share of dst[i] = op over members' src[i], i < count. */
@@ -221,7 +230,13 @@ __device__ inline void reduce_slice(const Heap& h, const Team& t, T* dst, const 
   const unsigned lane = scope_lane<Scope::kBlock>(), lanes = scope_size<Scope::kBlock>();
   const uint4* s = reinterpret_cast<const uint4*>(src);
   uint4* d = reinterpret_cast<uint4*>(dst);
-  for (uint64_t v = begin + lane; v < end; v += lanes) d[v] = reduce_vector<T>(h, t, s, v, op);
+  for (uint64_t v = begin + lane; v < end; v += 2 * uint64_t(lanes)) {
+    const bool two = v + lanes < end;
+    uint4 r0, r1;
+    reduce_vectors<T>(h, t, s, v, lanes, two, op, &r0, &r1);
+    d[v] = r0;
+    if (two) d[v + lanes] = r1;
+  }
   if (grid_block() == grid_blocks() - 1) reduce_elements(h, t, dst, src, vectors * N, count, op);
 }
 
@@ -240,9 +255,15 @@ __device__ inline void reduce_and_push(const Heap& h, const Team& t, T* dst, con
   const unsigned lane = scope_lane<Scope::kBlock>(), lanes = scope_size<Scope::kBlock>();
   const uint4* s = reinterpret_cast<const uint4*>(src);
   uint4* d = reinterpret_cast<uint4*>(dst);
-  for (uint64_t v = begin + lane; v < end; v += lanes) {
-    const uint4 r = reduce_vector<T>(h, t, s, v, op);
-    for (int k = 0; k < t.size; ++k) h.peer_ptr(d, team_world_rank(t, (t.my + k) % t.size))[v] = r;
+  for (uint64_t v = begin + lane; v < end; v += 2 * uint64_t(lanes)) {
+    const bool two = v + lanes < end;
+    uint4 r0, r1;
+    reduce_vectors<T>(h, t, s, v, lanes, two, op, &r0, &r1);
+    for (int k = 0; k < t.size; ++k) {
+      uint4* to = h.peer_ptr(d, team_world_rank(t, (t.my + k) % t.size));
+      to[v] = r0;
+      if (two) to[v + lanes] = r1;
+    }
   }
   if (grid_block() == grid_blocks() - 1) reduce_elements(h, t, dst, src, vectors * N, count, op);
 }
