@@ -90,6 +90,7 @@ std::unique_ptr<SymmetricHeap> SymmetricHeap::create(const Group& g, size_t capa
     }
     h->barrier_generation_.assign(g.local_count(), 0);
     h->staging_next_.assign(g.local_count(), 0);
+    h->spare_events_.assign(g.local_count(), {});
     h->grow(device::kHeapReservedBytes);
     // ferry's words start at zero on every rank before any peer may touch them.
     // A stream of its own: the device may hold work that waits for the host
@@ -129,6 +130,14 @@ void SymmetricHeap::close() {
   watch_cv_.notify_all();
   if (watcher_.joinable()) watcher_.join();
   watched_.clear();  // the watcher took and let go every wait before it ended
+  for (size_t i = 0; i < spare_events_.size(); ++i) {
+    try {
+      DeviceScope on(group_.devices[i]);
+      for (cudaEvent_t e : spare_events_[i]) cudaEventDestroy(e);
+    } catch (const std::exception&) {  // a broken device: its events went with its context
+    }
+  }
+  spare_events_.clear();
   if (!driver_available()) return;
   const DriverApi& cu = driver();
   for (auto& c : chunks_) {
@@ -444,8 +453,17 @@ void SymmetricHeap::watch(int local, const uint64_t* word, uint64_t value, int f
   // The clock starts when the stream reaches the wait (`reached`), not when it
   // is enqueued: work queued before it may take longer than the timeout.
   Watched w{local, nullptr, nullptr, const_cast<uint64_t*>(word), value, from, what, 0};
-  FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&w.reached, cudaEventDisableTiming));
-  FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&w.passed, cudaEventDisableTiming));
+  {
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    auto& spare = spare_events_[local];
+    for (cudaEvent_t* e : {&w.reached, &w.passed}) {
+      if (spare.empty()) break;
+      *e = spare.back();
+      spare.pop_back();
+    }
+  }
+  if (!w.reached) FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&w.reached, cudaEventDisableTiming));
+  if (!w.passed) FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&w.passed, cudaEventDisableTiming));
   FERRY_CUDA_CHECK(cudaEventRecord(w.reached, stream));
   dma::mem_ops(stream, {MemOp{MemOp::Kind::kWaitAtLeast, word, value}});
   FERRY_CUDA_CHECK(cudaEventRecord(w.passed, stream));
@@ -521,8 +539,14 @@ void SymmetricHeap::watcher_loop() {
         }
         release(w, false);
       }
-      cudaEventDestroy(w.reached);
-      cudaEventDestroy(w.passed);
+      if (stopping) {
+        cudaEventDestroy(w.reached);
+        cudaEventDestroy(w.passed);
+      } else {
+        std::lock_guard<std::mutex> lock(watch_mu_);
+        spare_events_[w.local].push_back(w.reached);
+        spare_events_[w.local].push_back(w.passed);
+      }
       mine.erase(mine.begin() + static_cast<long>(i));
     }
   }

@@ -132,6 +132,9 @@ class SymmetricHeap {
   std::mutex watch_mu_;
   std::condition_variable watch_cv_;
   std::vector<Watched> watched_;
+  // By local rank: events of finished waits, reused: a barrier on a stream
+  // watches one wait per peer, and making two events for each was most of its host time.
+  std::vector<std::vector<cudaEvent_t>> spare_events_;
   bool stop_watcher_ = false;
   std::thread watcher_;
   // By local rank: the stream that releases a wait past its deadline (made with

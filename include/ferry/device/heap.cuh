@@ -28,7 +28,7 @@ namespace device {
 
 constexpr int kMaxHeapRanks = 64;
 constexpr int kStagingSlots = 1024;
-constexpr int kMaxGridBlocks = 32; /* most blocks of one grid-wide barrier or collective (coll.cuh) */
+constexpr int kMaxGridBlocks = 64; /* most blocks of one grid-wide barrier or collective (coll.cuh) */
 /* The low-latency format of the collectives (coll.cuh): data and its round
  * travel together in 8-byte lines into a receive area of every rank, one slot
  * per sending rank and per round's parity. It serves worlds of at most

@@ -45,7 +45,7 @@ TARGETS = {
 
 
 PUT_BLOCKS = (1, 8, 32)
-ALL_REDUCE_BLOCKS = (1, 8, 32)
+ALL_REDUCE_BLOCKS = (8, 32, 64)
 # AllReduceAlgo's values (include/ferry/device/coll_algo.cuh) and their names in the records;
 # the low-latency ones only where they fit (kLowLatencyMaxBytes, its half times the world).
 ALL_REDUCE_ALGOS = ((1, "ll"), (4, "ll2shot"), (2, "1shot"), (3, "2shot"))
