@@ -26,9 +26,10 @@ TEST(AllReduceAlgo, AutoTakesLowLatencyWhileEachBlockHasLittleThenOneShotThenTwo
   EXPECT_EQ(choose_all_reduce(kPerBlock + 2, 4, 2, 1, true, kAuto), AllReduceAlgo::kOneShot);  // two members
   EXPECT_EQ(choose_all_reduce(8 * kPerBlock, 4, 4, 8, true, kAuto), AllReduceAlgo::kLowLatency);
   // More blocks never take it past the receive area.
-  EXPECT_EQ(choose_all_reduce(kMax, 4, 4, 32, true, kAuto), AllReduceAlgo::kLowLatency);
+  EXPECT_EQ(choose_all_reduce(kMax, 4, 4, 64, true, kAuto), AllReduceAlgo::kLowLatency);
+  EXPECT_EQ(choose_all_reduce(kMax, 4, 4, 32, true, kAuto), AllReduceAlgo::kLowLatencyTwoShot);
   // Past it, the low-latency two-shot while each member's part fits half a slot and each block has little.
-  EXPECT_EQ(choose_all_reduce(kMax + 16, 4, 4, 32, true, kAuto), AllReduceAlgo::kLowLatencyTwoShot);
+  EXPECT_EQ(choose_all_reduce(kMax + 16, 4, 4, 64, true, kAuto), AllReduceAlgo::kLowLatencyTwoShot);
   EXPECT_EQ(choose_all_reduce(4 * (kMax / 2), 4, 4, 32, true, kAuto), AllReduceAlgo::kLowLatencyTwoShot);
   EXPECT_EQ(choose_all_reduce(4 * (kMax / 2) + 16, 4, 4, 32, true, kAuto), AllReduceAlgo::kTwoShot);
   EXPECT_EQ(choose_all_reduce(kMax + 16, 4, 4, 8, true, kAuto), AllReduceAlgo::kTwoShot);

@@ -33,7 +33,7 @@ enum class AllReduceAlgo { kAuto = 0, kLowLatency = 1, kOneShot = 2, kTwoShot = 
 /* kAuto takes the low-latency format up to this many bytes per rank for
  * each block of the grid (where it fits the receive area): each block's
  * threads push and unpack its share line by line, so few blocks make it slow. */
-constexpr uint64_t kLowLatencyAutoBytesPerBlock = 8192;
+constexpr uint64_t kLowLatencyAutoBytesPerBlock = 4096;
 /* The same for the low-latency two-shot, past the one-shot's range. */
 constexpr uint64_t kLowLatencyTwoShotAutoBytesPerBlock = 16384;
 /* From this many bytes per rank kAuto takes two-shot (where it can). */
