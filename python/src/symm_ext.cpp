@@ -104,10 +104,10 @@ void bind_symm(nb::module_& m) {
           "local"_a, "sig"_a, "value"_a, "from_rank"_a, "stream"_a, nb::call_guard<nb::gil_scoped_release>())
       .def(
           "barrier_on_stream",
-          [](SymmetricHeap& h, const std::vector<uintptr_t>& streams) {
+          [](SymmetricHeap& h, const std::vector<uintptr_t>& streams, bool kernel) {
             std::vector<cudaStream_t> s;
             for (uintptr_t x : streams) s.push_back(stream(x));
-            h.barrier_on_stream(s);
+            h.barrier_on_stream(s, kernel);
           },
-          "streams"_a, nb::call_guard<nb::gil_scoped_release>());
+          "streams"_a, "kernel"_a = false, nb::call_guard<nb::gil_scoped_release>());
 }

@@ -12,6 +12,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "dma/engine.hpp"
+#include "symm/barrier_kernel.hpp"
 #include "symm/peer_buffer.hpp"
 
 namespace ferry {
@@ -100,6 +101,7 @@ std::unique_ptr<SymmetricHeap> SymmetricHeap::create(const Group& g, size_t capa
       cudaStream_t s = nullptr;
       FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
       cudaError_t err = cudaMemsetAsync(h->at(g.ranks[i], 0), 0, device::kHeapReservedBytes, s);
+      if (err == cudaSuccess) err = launch_barrier_kernel(h->handle(i), s, false);  // loaded before any spins
       if (err == cudaSuccess) err = cudaStreamSynchronize(s);
       cudaStreamDestroy(s);
       FERRY_CUDA_CHECK(err);
@@ -407,10 +409,17 @@ void SymmetricHeap::wait(int local, const uint64_t* sig, uint64_t value, int fro
   watch(local, sig, value, from, "wait", stream);
 }
 
-void SymmetricHeap::barrier_on_stream(const std::vector<cudaStream_t>& streams) {
+void SymmetricHeap::barrier_on_stream(const std::vector<cudaStream_t>& streams, bool kernel) {
   FERRY_ARG_CHECK(!closed_, "barrier_on_stream: the heap is closed");
   FERRY_ARG_CHECK(static_cast<int>(streams.size()) == local_count(),
                   "barrier_on_stream: expected one stream per local rank (" + std::to_string(local_count()) + ")");
+  if (kernel) {
+    for (int i = 0; i < local_count(); ++i) {
+      DeviceScope on(group_.devices[i]);
+      FERRY_CUDA_CHECK(launch_barrier_kernel(handle(i), streams[i]));
+    }
+    return;
+  }
   for (int i = 0; i < local_count(); ++i) {
     DeviceScope on(group_.devices[i]);
     // Its generation is a value of this call: a graph replaying it would wait

@@ -85,8 +85,10 @@ class SymmetricHeap {
   // timeout the wait is released and check() raises, naming `from` (-1: any).
   void wait(int local, const uint64_t* sig, uint64_t value, int from, cudaStream_t stream);
   // Holds each local rank's stream until every rank's stream reached its
-  // barrier_on_stream. Collective; one stream per local rank; not capturable.
-  void barrier_on_stream(const std::vector<cudaStream_t>& streams);
+  // barrier_on_stream. Collective; one stream per local rank. With copy
+  // engines (no kernel) it cannot be captured; with `kernel`, one warp per
+  // rank runs the device API's barrier (capturable).
+  void barrier_on_stream(const std::vector<cudaStream_t>& streams, bool kernel = false);
 
  private:
   struct Chunk {

@@ -593,6 +593,61 @@ class Suite:
         for t in (buf, back, sig):
             self.heap.free(t if self.local else t[0])
 
+    def stream_barrier_order(self):
+        """barrier_on_stream with copy engines and with its kernel: each rank
+        writes the round into its word after sleeping longer the higher its
+        rank, then every rank copies every rank's word through peer views
+        after the barrier. Without the barrier the slower ranks' words would
+        still hold the round before. Then (one process per rank) the kernel
+        form captured in a CUDA graph and replayed three times."""
+        torch, W = self.torch, self.world
+        word = self.each(self.heap.zeros((1,), torch.int64))
+        streams = self.streams if self.local else self.streams[0]
+        self.barrier()
+        views = [[self.heap.peer(word[i], p) for p in range(W)] for i in range(len(self.ranks))]
+        for kernel in (False, True):
+            for rnd in range(1, 4):
+                value = rnd + (100 if kernel else 0)
+                for i, r in enumerate(self.ranks):
+                    with torch.cuda.stream(self.streams[i]):
+                        torch.cuda._sleep(100000 * (r + 1))
+                        word[i].fill_(value)
+                self.heap.barrier_on_stream(streams, kernel=kernel)
+                seen = []
+                for i in range(len(self.ranks)):
+                    with torch.cuda.stream(self.streams[i]):
+                        seen.append(torch.cat(views[i]))
+                self.sync()
+                for i, r in enumerate(self.ranks):
+                    got = seen[i].tolist()
+                    self.expect(
+                        f"rank {r} barrier_on_stream(kernel={kernel}) round {rnd}: saw {got}",
+                        got == [value] * W,
+                    )
+                self.barrier()  # every rank read this round before any writes the next
+        # The kernel form captured in a graph (one rank per process: one stream
+        # per call), replayed three times: add one, barrier, read every word.
+        if not self.local:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=self.streams[0]):
+                torch.cuda._sleep(100000 * (self.ranks[0] + 1))
+                word[0].add_(1)
+                self.heap.barrier_on_stream(self.streams[0], kernel=True)
+                out = torch.cat(views[0])
+            self.sync()
+            self.barrier()
+            start = int(word[0].item())
+            for rep in range(3):
+                g.replay()
+                self.barrier()  # every rank's replay done (its reads too) before any replays again
+                got = out.tolist()
+                self.expect(
+                    f"rank {self.ranks[0]} captured barrier_on_stream(kernel=True) replay {rep}: saw {got}",
+                    got == [start + rep + 1] * W,
+                )
+        self.heap.check()
+        self.heap.free(word if self.local else word[0])
+
     def views_and_sizes(self):
         """peer() and peer_ptrs(); zero-size and > 2 GiB allocations; used and mapped."""
         torch, W = self.torch, self.world
@@ -923,6 +978,7 @@ CHECKS = [
     "collectives",
     "all_reduce_algorithms",
     "stream_ops",
+    "stream_barrier_order",
     "views_and_sizes",
     "bad_input",
 ]
