@@ -112,6 +112,8 @@ def target_lines(records: Sequence[dict]) -> List[str]:
         ("ferry-device", "barrier_kernel_us", "in a kernel"),
         ("ferry-stream", "barrier_stream_us", "on a stream"),
         ("ferry-stream-ahead", "barrier_stream_us", "on a stream, queued ahead"),
+        ("ferry-stream-kernel", "barrier_stream_us", "on a stream, kernel form"),
+        ("ferry-stream-kernel-ahead", "barrier_stream_us", "on a stream, kernel form queued ahead"),
     ):
         got = [r["time_us"] for r in records if r["op"] == "barrier" and r["impl"] == impl]
         if got:
@@ -123,6 +125,7 @@ def target_lines(records: Sequence[dict]) -> List[str]:
         ("signal_half_rtt", "ferry-device", "nvshmem-device", "signal half round trip"),
         ("barrier", "ferry-device", "nvshmem-device", "barrier in a kernel"),
         ("barrier", "ferry-stream", "nvshmem-stream", "barrier on a stream"),
+        ("barrier", "ferry-stream-kernel", "nvshmem-stream", "barrier on a stream, kernel form"),
     ):
         a = [
             r["time_us"] for r in records if r["op"] == op and (r["impl"] == ours or r["impl"] == ours + "-p")
@@ -358,10 +361,22 @@ def run(opts: dict, progress=print) -> dict:
         ahead_us=AHEAD_US,
     )
     records.append(record("barrier", "ferry-stream-ahead", W, 0, t / iters, "stream", gpu, date))
+    for ahead, name in ((0.0, "ferry-stream-kernel"), (AHEAD_US, "ferry-stream-kernel-ahead")):
+        t = R.timed(
+            lambda i, s: (
+                [heap.barrier_on_stream(R.streams if R.local else s, kernel=True) for _ in range(iters)]
+                if i == 0 or not R.local
+                else None
+            ),
+            reps,
+            ahead_us=ahead,
+        )
+        records.append(record("barrier", name, W, 0, t / iters, "stream", gpu, date))
     progress(
-        f"signal half round trip {records[-5]['time_us']:.2f} us (p: {records[-4]['time_us']:.2f}), barrier in a kernel "
-        f"{records[-3]['time_us']:.2f} us, on a stream {records[-2]['time_us']:.2f} us "
-        f"({records[-1]['time_us']:.2f} us queued ahead)"
+        f"signal half round trip {records[-7]['time_us']:.2f} us (p: {records[-6]['time_us']:.2f}), barrier in a kernel "
+        f"{records[-5]['time_us']:.2f} us, on a stream {records[-4]['time_us']:.2f} us "
+        f"({records[-3]['time_us']:.2f} us queued ahead; kernel form {records[-2]['time_us']:.2f}, "
+        f"{records[-1]['time_us']:.2f})"
     )
 
     # bf16 all-reduce by size.
