@@ -579,10 +579,12 @@ def main(argv=None) -> int:
         f"{result['date']}-{result['gpu'].replace(' ', '-')}-x{result['world']}-symm"
         + (f"-{args.tag}" if args.tag else ""),
     )
+    launcher = f"torchrun --nproc-per-node {result['world']} " if "RANK" in os.environ else "python "
+    command = launcher + "-m ferry.bench.symm " + " ".join(argv if argv is not None else sys.argv[1:])
     with open(stem + ".json", "w") as f:
-        json.dump({"command": " ".join(sys.argv), **result}, f, indent=1)
+        json.dump({"command": command, **result}, f, indent=1)
     with open(stem + ".txt", "w") as f:
-        f.write(table + "\n\n" + "\n".join(lines) + "\n")
+        f.write(command + "\n\n" + table + "\n\n" + "\n".join(lines) + "\n")
     print(f"wrote {stem}.json, {stem}.txt")
     for w in result["wrong_results"]:
         print(f"WRONG {w}")
