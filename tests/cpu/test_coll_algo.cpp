@@ -10,52 +10,38 @@ using ferry::device::choose_all_reduce;
 
 namespace {
 
-constexpr uint64_t kPerBlock = ferry::device::kLowLatencyAutoBytesPerBlock;
 constexpr uint64_t kMax = ferry::device::kLowLatencyMaxBytes;
 constexpr uint64_t kTwo = ferry::device::kTwoShotMinBytes;
 constexpr AllReduceAlgo kAuto = AllReduceAlgo::kAuto;
 
 }  // namespace
 
-TEST(AllReduceAlgo, AutoTakesLowLatencyWhileEachBlockHasLittleThenOneShotThenTwoShot) {
-  EXPECT_EQ(choose_all_reduce(0, 4, 4, 1, true, kAuto), AllReduceAlgo::kLowLatency);
-  EXPECT_EQ(choose_all_reduce(kPerBlock, 4, 4, 1, true, kAuto), AllReduceAlgo::kLowLatency);
-  EXPECT_EQ(choose_all_reduce(kPerBlock + 2, 4, 4, 1, true, kAuto), AllReduceAlgo::kLowLatencyTwoShot);
-  EXPECT_EQ(choose_all_reduce(ferry::device::kLowLatencyTwoShotAutoBytesPerBlock + 2, 4, 4, 1, true, kAuto),
-            AllReduceAlgo::kOneShot);
-  EXPECT_EQ(choose_all_reduce(kPerBlock + 2, 4, 2, 1, true, kAuto), AllReduceAlgo::kOneShot);  // two members
-  EXPECT_EQ(choose_all_reduce(8 * kPerBlock, 4, 4, 8, true, kAuto), AllReduceAlgo::kLowLatency);
-  // More blocks never take it past the receive area.
-  EXPECT_EQ(choose_all_reduce(kMax, 4, 4, 64, true, kAuto), AllReduceAlgo::kLowLatency);
-  EXPECT_EQ(choose_all_reduce(kMax, 4, 4, 32, true, kAuto), AllReduceAlgo::kLowLatencyTwoShot);
-  // Past it, the low-latency two-shot while each member's part fits half a slot and each block has little.
-  EXPECT_EQ(choose_all_reduce(kMax + 16, 4, 4, 64, true, kAuto), AllReduceAlgo::kLowLatencyTwoShot);
-  EXPECT_EQ(choose_all_reduce(4 * (kMax / 2), 4, 4, 32, true, kAuto), AllReduceAlgo::kLowLatencyTwoShot);
-  EXPECT_EQ(choose_all_reduce(4 * (kMax / 2) + 16, 4, 4, 32, true, kAuto), AllReduceAlgo::kTwoShot);
-  EXPECT_EQ(choose_all_reduce(kMax + 16, 4, 4, 8, true, kAuto), AllReduceAlgo::kTwoShot);
-  EXPECT_EQ(choose_all_reduce(kMax + 16, 8, 8, 32, true, kAuto), AllReduceAlgo::kLowLatencyTwoShot);
-  EXPECT_EQ(choose_all_reduce(kTwo - 16, 4, 4, 1, true, kAuto), AllReduceAlgo::kOneShot);
-  EXPECT_EQ(choose_all_reduce(kTwo, 4, 4, 1, true, kAuto), AllReduceAlgo::kTwoShot);
+TEST(AllReduceAlgo, AutoTakesOneShotThenTwoShotNeverTheLowLatencyOnes) {
+  for (uint64_t bytes : {uint64_t(0), uint64_t(2), uint64_t(8192), uint64_t(65536), kTwo - 16})
+    EXPECT_EQ(choose_all_reduce(bytes, 4, 4, true, kAuto), AllReduceAlgo::kOneShot) << bytes;
+  EXPECT_EQ(choose_all_reduce(kTwo, 4, 4, true, kAuto), AllReduceAlgo::kTwoShot);
+  EXPECT_EQ(choose_all_reduce(uint64_t(1) << 32, 8, 8, true, kAuto), AllReduceAlgo::kTwoShot);
   // Unaligned buffers, or two members (the same traffic either way): one-shot.
-  EXPECT_EQ(choose_all_reduce(kTwo, 4, 4, 1, false, kAuto), AllReduceAlgo::kOneShot);
-  EXPECT_EQ(choose_all_reduce(kTwo, 4, 2, 1, true, kAuto), AllReduceAlgo::kOneShot);
-  // Worlds past the receive area's slots never take the low-latency format, whatever the team.
-  EXPECT_EQ(choose_all_reduce(64, ferry::device::kLowLatencyMaxRanks + 1, 2, 1, true, kAuto), AllReduceAlgo::kOneShot);
-  EXPECT_EQ(choose_all_reduce(64, ferry::device::kLowLatencyMaxRanks, 8, 1, true, kAuto), AllReduceAlgo::kLowLatency);
+  EXPECT_EQ(choose_all_reduce(kTwo, 4, 4, false, kAuto), AllReduceAlgo::kOneShot);
+  EXPECT_EQ(choose_all_reduce(kTwo, 4, 2, true, kAuto), AllReduceAlgo::kOneShot);
 }
 
 TEST(AllReduceAlgo, AskedIsTakenWhereTheCallAllowsItElseTheNearest) {
-  EXPECT_EQ(choose_all_reduce(kMax, 4, 4, 1, true, AllReduceAlgo::kLowLatency), AllReduceAlgo::kLowLatency);
-  EXPECT_EQ(choose_all_reduce(kMax + 2, 4, 4, 1, true, AllReduceAlgo::kLowLatency), AllReduceAlgo::kOneShot);
-  EXPECT_EQ(choose_all_reduce(64, 16, 4, 1, true, AllReduceAlgo::kLowLatency), AllReduceAlgo::kOneShot);
-  EXPECT_EQ(choose_all_reduce(64, 4, 4, 1, true, AllReduceAlgo::kTwoShot), AllReduceAlgo::kTwoShot);
-  EXPECT_EQ(choose_all_reduce(64, 4, 4, 1, false, AllReduceAlgo::kTwoShot), AllReduceAlgo::kOneShot);
-  EXPECT_EQ(choose_all_reduce(1 << 30, 4, 4, 32, true, AllReduceAlgo::kOneShot), AllReduceAlgo::kOneShot);
+  EXPECT_EQ(choose_all_reduce(kMax, 4, 4, true, AllReduceAlgo::kLowLatency), AllReduceAlgo::kLowLatency);
+  EXPECT_EQ(choose_all_reduce(kMax + 2, 4, 4, true, AllReduceAlgo::kLowLatency), AllReduceAlgo::kOneShot);
+  EXPECT_EQ(choose_all_reduce(64, 16, 4, true, AllReduceAlgo::kLowLatency), AllReduceAlgo::kOneShot);
+  EXPECT_EQ(choose_all_reduce(64, ferry::device::kLowLatencyMaxRanks, 8, true, AllReduceAlgo::kLowLatency),
+            AllReduceAlgo::kLowLatency);
+  EXPECT_EQ(choose_all_reduce(64, 4, 4, true, AllReduceAlgo::kTwoShot), AllReduceAlgo::kTwoShot);
+  EXPECT_EQ(choose_all_reduce(64, 4, 4, false, AllReduceAlgo::kTwoShot), AllReduceAlgo::kOneShot);
+  EXPECT_EQ(choose_all_reduce(1 << 30, 4, 4, true, AllReduceAlgo::kOneShot), AllReduceAlgo::kOneShot);
   const auto ll2 = AllReduceAlgo::kLowLatencyTwoShot;
-  EXPECT_EQ(choose_all_reduce(2 * (kMax / 2), 4, 2, 1, true, ll2), ll2);  // a part per member: half a slot each
-  EXPECT_EQ(choose_all_reduce(2 * (kMax / 2) + 2, 4, 2, 1, true, ll2), AllReduceAlgo::kOneShot);
-  EXPECT_EQ(choose_all_reduce(64, 16, 4, 1, true, ll2), AllReduceAlgo::kOneShot);
-  EXPECT_EQ(choose_all_reduce(64, 4, 1, 1, true, ll2), AllReduceAlgo::kOneShot);
+  EXPECT_EQ(choose_all_reduce(4 * (kMax / 2), 4, 4, true, ll2), ll2);  // a part per member: half a slot each
+  EXPECT_EQ(choose_all_reduce(4 * (kMax / 2) + 16, 4, 4, true, ll2), AllReduceAlgo::kOneShot);
+  EXPECT_EQ(choose_all_reduce(2 * (kMax / 2), 4, 2, true, ll2), ll2);
+  EXPECT_EQ(choose_all_reduce(2 * (kMax / 2) + 2, 4, 2, true, ll2), AllReduceAlgo::kOneShot);
+  EXPECT_EQ(choose_all_reduce(64, 16, 4, true, ll2), AllReduceAlgo::kOneShot);
+  EXPECT_EQ(choose_all_reduce(64, 4, 1, true, ll2), AllReduceAlgo::kOneShot);
 }
 
 TEST(LowLatencyArea, SlotsFollowTheSyncWordsAndEndWhereUserAllocationsBegin) {

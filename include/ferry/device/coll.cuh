@@ -14,9 +14,9 @@
  * overlap; root is a team rank. T: float, __half, __nv_bfloat16, int32_t (reductions; halves
  * add in float), any trivially copyable T for the others. Each call starts
  * and ends with barrier_all: on return dst is complete here and src may be
- * written again (all_reduce's low-latency algorithm, coll_algo.cuh, has no
- * barriers: it returns once its own dst is complete, and src may be written
- * again at once). Returns false when a wait gave up (h.timeout_ns; heap.check()
+ * written again (all_reduce's low-latency algorithms, coll_algo.cuh, have
+ * no barriers: a block returns once its share of dst is complete, and may
+ * write its share of src again at once). Returns false when a wait gave up (h.timeout_ns; heap.check()
  * names the peer) or the grid is larger than kMaxGridBlocks; dst is then
  * undefined, and the heap's barrier words are out of step: close the heap (a
  * later barrier could pass early). Pushes (broadcast, fcollect, alltoall) are stores over NVLink
@@ -541,12 +541,14 @@ __device__ inline bool reduce(const Heap& h, const Team& t, T* dst, const T* src
   return barrier_all(h, t);
 }
 
-/* `algo` (coll_algo.cuh): kAuto picks by size; another is taken where the call allows it. */
+/* `algo` (coll_algo.cuh): kAuto picks one-shot or two-shot by size; another
+ * is taken where the call allows it (read coll_algo.cuh before asking for a
+ * low-latency one). */
 template <class T>
 __device__ inline bool all_reduce(const Heap& h, const Team& t, T* dst, const T* src, uint64_t count, ReduceOp op,
                                   AllReduceAlgo algo = AllReduceAlgo::kAuto) {
   const bool aligned = ((uintptr_t(dst) | uintptr_t(src)) & 15) == 0;
-  const AllReduceAlgo run = choose_all_reduce(count * sizeof(T), h.world, t.size, impl::grid_blocks(), aligned, algo);
+  const AllReduceAlgo run = choose_all_reduce(count * sizeof(T), h.world, t.size, aligned, algo);
   if constexpr (sizeof(T) == 2 || sizeof(T) == 4) {
     if (run == AllReduceAlgo::kLowLatency) return impl::low_latency_all_reduce(h, t, dst, src, count, op);
     if (run == AllReduceAlgo::kLowLatencyTwoShot) return impl::low_latency_two_shot(h, t, dst, src, count, op);
