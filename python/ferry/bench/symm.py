@@ -307,37 +307,20 @@ def run(opts: dict, progress=print) -> dict:
         )
 
     # Signal half round trip between ranks 0 and 1; barriers.
-    sig = R.each(heap.zeros((1,), torch.int64))
     oks = [torch.ones(1, dtype=torch.int32, device=d) for d in R.devs]
-    launches = [0] * n
+    # signal_op (a release) and p (no release, as NVSHMEM's signal_op), each on a word of its own.
+    for kernel, impl in ((lib.bench_pingpong, "ferry-device"), (lib.bench_pingpong_p, "ferry-device-p")):
+        sig = R.each(heap.zeros((1,), torch.int64))
+        launches = [0] * n
 
-    def pingpong(i, s):
-        base = launches[i] * iters  # every launch of a rank goes on counting where the last stopped
-        launches[i] += 1
-        if R.ranks[i] < 2:
-            _ok(
-                lib.bench_pingpong(
-                    R.handles[i], sig[i].data_ptr(), base, iters, oks[i].data_ptr(), s.cuda_stream
-                )
-            )
+        def pingpong(i, s, kernel=kernel, sig=sig, launches=launches):
+            base = launches[i] * iters  # every launch of a rank goes on counting where the last stopped
+            launches[i] += 1
+            if R.ranks[i] < 2:
+                _ok(kernel(R.handles[i], sig[i].data_ptr(), base, iters, oks[i].data_ptr(), s.cuda_stream))
 
-    t = R.timed(pingpong, reps)
-    records.append(record("signal_half_rtt", "ferry-device", W, 8, t / (2 * iters), "thread", gpu, date))
-    sig_p = R.each(heap.zeros((1,), torch.int64))
-    launches_p = [0] * n
-
-    def pingpong_p(i, s):
-        base = launches_p[i] * iters
-        launches_p[i] += 1
-        if R.ranks[i] < 2:
-            _ok(
-                lib.bench_pingpong_p(
-                    R.handles[i], sig_p[i].data_ptr(), base, iters, oks[i].data_ptr(), s.cuda_stream
-                )
-            )
-
-    t = R.timed(pingpong_p, reps)
-    records.append(record("signal_half_rtt", "ferry-device-p", W, 8, t / (2 * iters), "thread", gpu, date))
+        t = R.timed(pingpong, reps)
+        records.append(record("signal_half_rtt", impl, W, 8, t / (2 * iters), "thread", gpu, date))
     t = R.timed(
         lambda i, s: _ok(lib.bench_barrier(R.handles[i], iters, oks[i].data_ptr(), s.cuda_stream)), reps
     )
