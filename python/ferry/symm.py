@@ -306,9 +306,8 @@ class Heap:
         barrier (collective; with init_local, one stream per local rank or
         None). By default copy engines carry it and no kernel runs; it cannot
         be captured in a CUDA graph. kernel=True: one warp per rank runs the
-        device API's barrier instead (an SM for a few microseconds; about a
-        third of the GPU time and a tenth of the host's on four H200s), which
-        can be captured."""
+        device API's barrier instead (an SM for a few microseconds; on four
+        H200s 5.6 us a call against 14.7), which can be captured."""
         self._open("barrier_on_stream")
         devices = self._comm.devices
         if self._local:

@@ -1,7 +1,7 @@
 // The symmetric heap's barrier on a stream in its kernel form: one warp runs
 // the device API's barrier over the world. An SM for a few microseconds
-// instead of copy engines: a third of their time on the GPU, a tenth of the
-// host's, and it can be captured in a CUDA graph.
+// instead of copy engines: on four H200s 4.5 us of GPU time against 13.7, and
+// it can be captured in a CUDA graph.
 #pragma once
 
 #include <cuda_runtime.h>

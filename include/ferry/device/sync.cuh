@@ -3,7 +3,7 @@
  *   fence()              this thread's earlier puts and atomics to each peer land before its later ones to that peer
  *   quiet()              this thread's earlier puts and atomics have landed and are visible to every peer
  *   barrier<S>(h, team)  quiet, then wait until every member of `team` reached the same barrier
- *   sync<S>(h, team)     the same without the quiet (orders execution, not memory)
+ *   sync<S>(h, team)     the same as barrier: the release each announcement needs is the quiet's fence
  *
  * barrier and sync are collective over the team's members: each calls them the
  * same number of times, in the same order with respect to every other team

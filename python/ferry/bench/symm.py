@@ -284,23 +284,16 @@ def run(opts: dict, progress=print) -> dict:
                 reps,
             )
             records.append(record("put", f"ferry-device-{blocks}b", W, nbytes, t / iters, "block", gpu, date))
-        t = R.timed(
-            lambda i, s: [
-                heap.put(dst[i][:nbytes], src[i][:nbytes], (R.ranks[i] + 1) % W, stream=s)
-                for _ in range(iters)
-            ],
-            reps,
-        )
-        records.append(record("put", "ferry-copy-engine", W, nbytes, t / iters, "stream", gpu, date))
-        t = R.timed(
-            lambda i, s: [
-                heap.put(dst[i][:nbytes], src[i][:nbytes], (R.ranks[i] + 1) % W, stream=s)
-                for _ in range(iters)
-            ],
-            reps,
-            ahead_us=AHEAD_US,
-        )
-        records.append(record("put", "ferry-copy-engine-ahead", W, nbytes, t / iters, "stream", gpu, date))
+        for ahead, impl in ((0.0, "ferry-copy-engine"), (AHEAD_US, "ferry-copy-engine-ahead")):
+            t = R.timed(
+                lambda i, s: [
+                    heap.put(dst[i][:nbytes], src[i][:nbytes], (R.ranks[i] + 1) % W, stream=s)
+                    for _ in range(iters)
+                ],
+                reps,
+                ahead_us=ahead,
+            )
+            records.append(record("put", impl, W, nbytes, t / iters, "stream", gpu, date))
         progress(
             f"put {format_size(nbytes)}: "
             + ", ".join(f"{r['impl']} {r['gbps']:.0f} GB/s" for r in records[-2 - len(PUT_BLOCKS) :])
@@ -325,36 +318,22 @@ def run(opts: dict, progress=print) -> dict:
         lambda i, s: _ok(lib.bench_barrier(R.handles[i], iters, oks[i].data_ptr(), s.cuda_stream)), reps
     )
     records.append(record("barrier", "ferry-device", W, 0, t / iters, "block", gpu, date))
-    t = R.timed(
-        lambda i, s: (
-            [heap.barrier_on_stream(R.streams if R.local else s) for _ in range(iters)]
-            if i == 0 or not R.local
-            else None
-        ),
-        reps,
-    )
-    records.append(record("barrier", "ferry-stream", W, 0, t / iters, "stream", gpu, date))
-    t = R.timed(
-        lambda i, s: (
-            [heap.barrier_on_stream(R.streams if R.local else s) for _ in range(iters)]
-            if i == 0 or not R.local
-            else None
-        ),
-        reps,
-        ahead_us=AHEAD_US,
-    )
-    records.append(record("barrier", "ferry-stream-ahead", W, 0, t / iters, "stream", gpu, date))
-    for ahead, name in ((0.0, "ferry-stream-kernel"), (AHEAD_US, "ferry-stream-kernel-ahead")):
+    for kernel, ahead, impl in (
+        (False, 0.0, "ferry-stream"),
+        (False, AHEAD_US, "ferry-stream-ahead"),
+        (True, 0.0, "ferry-stream-kernel"),
+        (True, AHEAD_US, "ferry-stream-kernel-ahead"),
+    ):
         t = R.timed(
             lambda i, s: (
-                [heap.barrier_on_stream(R.streams if R.local else s, kernel=True) for _ in range(iters)]
+                [heap.barrier_on_stream(R.streams if R.local else s, kernel=kernel) for _ in range(iters)]
                 if i == 0 or not R.local
                 else None
             ),
             reps,
             ahead_us=ahead,
         )
-        records.append(record("barrier", name, W, 0, t / iters, "stream", gpu, date))
+        records.append(record("barrier", impl, W, 0, t / iters, "stream", gpu, date))
     progress(
         f"signal half round trip {records[-7]['time_us']:.2f} us (p: {records[-6]['time_us']:.2f}), barrier in a kernel "
         f"{records[-5]['time_us']:.2f} us, on a stream {records[-4]['time_us']:.2f} us "
