@@ -10,52 +10,61 @@ using ferry::device::choose_all_reduce;
 
 namespace {
 
-constexpr uint64_t kMax = ferry::device::kLowLatencyMaxBytes;
+constexpr uint64_t kLines = ferry::device::kLowLatencyBlockLines;
+constexpr uint64_t kPerBlock = ferry::device::kLowLatencyAutoBytesPerBlock;
 constexpr uint64_t kTwo = ferry::device::kTwoShotMinBytes;
 constexpr AllReduceAlgo kAuto = AllReduceAlgo::kAuto;
 
 }  // namespace
 
-TEST(AllReduceAlgo, AutoTakesOneShotThenTwoShotNeverTheLowLatencyOnes) {
-  for (uint64_t bytes : {uint64_t(0), uint64_t(2), uint64_t(8192), uint64_t(65536), kTwo - 16})
-    EXPECT_EQ(choose_all_reduce(bytes, 4, 4, true, kAuto), AllReduceAlgo::kOneShot) << bytes;
-  EXPECT_EQ(choose_all_reduce(kTwo, 4, 4, true, kAuto), AllReduceAlgo::kTwoShot);
-  EXPECT_EQ(choose_all_reduce(uint64_t(1) << 32, 8, 8, true, kAuto), AllReduceAlgo::kTwoShot);
-  // Unaligned buffers, or two members (the same traffic either way): one-shot.
-  EXPECT_EQ(choose_all_reduce(kTwo, 4, 4, false, kAuto), AllReduceAlgo::kOneShot);
-  EXPECT_EQ(choose_all_reduce(kTwo, 4, 2, true, kAuto), AllReduceAlgo::kOneShot);
+TEST(AllReduceAlgo, AutoTakesLowLatencyWhileEachBlockHasLittleThenOneShotThenTwoShot) {
+  EXPECT_EQ(choose_all_reduce(0, 4, 4, 1, true, kAuto), AllReduceAlgo::kLowLatency);
+  EXPECT_EQ(choose_all_reduce(kPerBlock, 4, 4, 1, true, kAuto), AllReduceAlgo::kLowLatency);
+  EXPECT_EQ(choose_all_reduce(kPerBlock + 2, 4, 4, 1, true, kAuto), AllReduceAlgo::kLowLatencyTwoShot);
+  EXPECT_EQ(choose_all_reduce(ferry::device::kLowLatencyTwoShotAutoBytesPerBlock + 2, 4, 4, 1, true, kAuto),
+            AllReduceAlgo::kOneShot);
+  EXPECT_EQ(choose_all_reduce(kPerBlock + 2, 4, 2, 1, true, kAuto), AllReduceAlgo::kOneShot);  // two members
+  EXPECT_EQ(choose_all_reduce(64 * kPerBlock, 4, 4, 64, true, kAuto), AllReduceAlgo::kLowLatency);
+  EXPECT_EQ(choose_all_reduce(512 << 10, 4, 4, 64, true, kAuto), AllReduceAlgo::kLowLatencyTwoShot);
+  EXPECT_EQ(choose_all_reduce(512 << 10, 4, 4, 8, true, kAuto), AllReduceAlgo::kTwoShot);
+  EXPECT_EQ(choose_all_reduce(kTwo - 16, 4, 4, 1, true, kAuto), AllReduceAlgo::kOneShot);
+  EXPECT_EQ(choose_all_reduce(4 << 20, 4, 4, 64, true, kAuto), AllReduceAlgo::kTwoShot);
+  EXPECT_EQ(choose_all_reduce(kTwo, 4, 4, 1, false, kAuto), AllReduceAlgo::kOneShot);
+  EXPECT_EQ(choose_all_reduce(kTwo, 4, 2, 1, true, kAuto), AllReduceAlgo::kOneShot);
+  // Worlds past the receive area's slots never take the low-latency format, whatever the team.
+  EXPECT_EQ(choose_all_reduce(64, ferry::device::kLowLatencyMaxRanks + 1, 2, 1, true, kAuto), AllReduceAlgo::kOneShot);
+  EXPECT_EQ(choose_all_reduce(64, ferry::device::kLowLatencyMaxRanks, 8, 1, true, kAuto), AllReduceAlgo::kLowLatency);
 }
 
-TEST(AllReduceAlgo, AskedIsTakenWhereTheCallAllowsItElseTheNearest) {
-  EXPECT_EQ(choose_all_reduce(kMax, 4, 4, true, AllReduceAlgo::kLowLatency), AllReduceAlgo::kLowLatency);
-  EXPECT_EQ(choose_all_reduce(kMax + 2, 4, 4, true, AllReduceAlgo::kLowLatency), AllReduceAlgo::kOneShot);
-  EXPECT_EQ(choose_all_reduce(64, 16, 4, true, AllReduceAlgo::kLowLatency), AllReduceAlgo::kOneShot);
-  EXPECT_EQ(choose_all_reduce(64, ferry::device::kLowLatencyMaxRanks, 8, true, AllReduceAlgo::kLowLatency),
-            AllReduceAlgo::kLowLatency);
-  EXPECT_EQ(choose_all_reduce(64, 4, 4, true, AllReduceAlgo::kTwoShot), AllReduceAlgo::kTwoShot);
-  EXPECT_EQ(choose_all_reduce(64, 4, 4, false, AllReduceAlgo::kTwoShot), AllReduceAlgo::kOneShot);
-  EXPECT_EQ(choose_all_reduce(1 << 30, 4, 4, true, AllReduceAlgo::kOneShot), AllReduceAlgo::kOneShot);
-  const auto ll2 = AllReduceAlgo::kLowLatencyTwoShot;
-  EXPECT_EQ(choose_all_reduce(4 * (kMax / 2), 4, 4, true, ll2), ll2);  // a part per member: half a slot each
-  EXPECT_EQ(choose_all_reduce(4 * (kMax / 2) + 16, 4, 4, true, ll2), AllReduceAlgo::kOneShot);
-  EXPECT_EQ(choose_all_reduce(2 * (kMax / 2), 4, 2, true, ll2), ll2);
-  EXPECT_EQ(choose_all_reduce(2 * (kMax / 2) + 2, 4, 2, true, ll2), AllReduceAlgo::kOneShot);
-  EXPECT_EQ(choose_all_reduce(64, 16, 4, true, ll2), AllReduceAlgo::kOneShot);
-  EXPECT_EQ(choose_all_reduce(64, 4, 1, true, ll2), AllReduceAlgo::kOneShot);
+TEST(AllReduceAlgo, LowLatencyAskedRunsOnlyWhereEachBlocksLinesFitItsRegion) {
+  const auto ll = AllReduceAlgo::kLowLatency, ll2 = AllReduceAlgo::kLowLatencyTwoShot;
+  EXPECT_EQ(choose_all_reduce(kLines * 4, 4, 4, 1, true, ll), ll);
+  EXPECT_EQ(choose_all_reduce(kLines * 4 + 2, 4, 4, 1, true, ll), AllReduceAlgo::kOneShot);
+  EXPECT_EQ(choose_all_reduce(kLines * 4 * 64, 4, 4, 64, true, ll), ll);
+  EXPECT_EQ(choose_all_reduce(kLines * 4 * 64 + 4, 4, 4, 64, true, ll), AllReduceAlgo::kOneShot);
+  EXPECT_EQ(choose_all_reduce(64, 4, 4, ferry::device::kMaxGridBlocks + 1, true, ll), AllReduceAlgo::kOneShot);
+  EXPECT_EQ(choose_all_reduce(64, 16, 4, 1, true, ll), AllReduceAlgo::kOneShot);
+  // Two-shot: each member's part, half a region per block.
+  EXPECT_EQ(choose_all_reduce(4 * (kLines / 2) * 4, 4, 4, 1, true, ll2), ll2);
+  EXPECT_EQ(choose_all_reduce(4 * (kLines / 2) * 4 + 16, 4, 4, 1, true, ll2), AllReduceAlgo::kOneShot);
+  EXPECT_EQ(choose_all_reduce(64, 4, 1, 1, true, ll2), AllReduceAlgo::kOneShot);
+  EXPECT_EQ(choose_all_reduce(64, 4, 4, 1, true, AllReduceAlgo::kTwoShot), AllReduceAlgo::kTwoShot);
+  EXPECT_EQ(choose_all_reduce(64, 4, 4, 1, false, AllReduceAlgo::kTwoShot), AllReduceAlgo::kOneShot);
+  EXPECT_EQ(choose_all_reduce(1 << 30, 4, 4, 32, true, AllReduceAlgo::kOneShot), AllReduceAlgo::kOneShot);
 }
 
-TEST(LowLatencyArea, SlotsFollowTheSyncWordsAndEndWhereUserAllocationsBegin) {
+TEST(LowLatencyArea, EachBlockHasARegionOfEverySlotAndTheAreaEndsWhereUserAllocationsBegin) {
   using namespace ferry::device;
   char* base = reinterpret_cast<char*>(uint64_t(1) << 40);
   const Heap h{base, uint64_t(1) << 30, 1, 4, nullptr, 0};
   EXPECT_GE(kLowLatencyOffset, sizeof(HeapSync));
-  EXPECT_EQ(reinterpret_cast<char*>(h.low_latency_slot(2, 0, 0)), h.rank_base(2) + kLowLatencyOffset);
-  EXPECT_EQ(reinterpret_cast<char*>(h.low_latency_slot(2, 0, 3)) - reinterpret_cast<char*>(h.low_latency_slot(2, 0, 2)),
-            int64_t(kLowLatencySlotBytes));
-  // The last slot's last line is the last byte before user allocations.
-  const char* last = reinterpret_cast<char*>(h.low_latency_slot(0, 1, kLowLatencyMaxRanks - 1)) + kLowLatencySlotBytes;
-  EXPECT_EQ(last, h.rank_base(0) + kHeapReservedBytes);
-  // A full call's lines fit a slot: one 8-byte line per 4 bytes of data.
-  EXPECT_EQ(kLowLatencyMaxBytes / 4 * 8, kLowLatencySlotBytes);
+  EXPECT_EQ(reinterpret_cast<char*>(h.low_latency_slot(2, 0, 0, 0)), h.rank_base(2) + kLowLatencyOffset);
+  EXPECT_EQ(h.low_latency_slot(2, 0, 0, 1) - h.low_latency_slot(2, 0, 0, 0), int64_t(kLowLatencyBlockLines));
+  EXPECT_EQ(
+      reinterpret_cast<char*>(h.low_latency_slot(2, 0, 3, 0)) - reinterpret_cast<char*>(h.low_latency_slot(2, 0, 2, 0)),
+      int64_t(kLowLatencySlotBytes));
+  // The last block's region of the last slot ends where user allocations begin.
+  const uint64_t* last = h.low_latency_slot(0, 1, kLowLatencyMaxRanks - 1, kMaxGridBlocks - 1) + kLowLatencyBlockLines;
+  EXPECT_EQ(reinterpret_cast<const char*>(last), h.rank_base(0) + kHeapReservedBytes);
   EXPECT_EQ(kHeapReservedBytes % 256, 0u);
 }

@@ -480,13 +480,14 @@ class Suite:
         stream order and without a barrier, so a member may run a call ahead
         of another and a stale round would show."""
         torch, W = self.torch, self.world
+        blocks = 32  # the low-latency algorithms fit 8 KB of lines per block and peer
         # 280 KB of float: past the low-latency limit and the two-shot threshold, inside the low-latency
         # two-shot's with 4 ranks or more.
         big = 70001
         src = self.each(self.heap.empty((big + 8,), torch.float32))
         dst = self.each(self.heap.empty((big + 8,), torch.float32))
         for dcode, dtype in ((0, torch.float32), (2, torch.bfloat16)):
-            # 60000 floats: the low-latency format near its limit (kLowLatencyMaxBytes).
+            # 60000 floats: the low-latency one-shot near its limit with 32 blocks (kLowLatencyBlockLines).
             for count, offset in ((big, 0), (60000, 0), (3001, 1), (big, 3), (1, 0), (0, 0)):
                 for coll in (4, 7, 8, 9, 10):
                     salt = f"allreduce/{dcode}/{count}/{offset}/{coll}"
@@ -499,7 +500,7 @@ class Suite:
                         ins[r] = torch.randint(-30, 31, (count,), device=self.devs[i], generator=g).to(dtype)
                         src[i].view(dtype)[offset : offset + count].copy_(ins[r])
                         dst[i].view(dtype).fill_(77)
-                        oks.append(torch.full((4,), -1, dtype=torch.int32, device=self.devs[i]))
+                        oks.append(torch.full((blocks,), -1, dtype=torch.int32, device=self.devs[i]))
                     self.barrier()
                     for rep in range(3):
                         for i, r in enumerate(self.ranks):
@@ -520,14 +521,14 @@ class Suite:
                                 0,
                                 1,
                                 W,
-                                4,
+                                blocks,
                                 self.ptr(oks[i]),
                                 self.streams[i].cuda_stream,
                             )
                     self.barrier()
                     for i, r in enumerate(self.ranks):
                         self.expect(
-                            f"rank {r} {label}: returned {oks[i].tolist()}", oks[i].tolist() == [1] * 4
+                            f"rank {r} {label}: returned {oks[i].tolist()}", oks[i].tolist() == [1] * blocks
                         )
                         dev = self.devs[i]
                         total = torch.zeros(count, dtype=torch.float64, device=dev)
@@ -540,6 +541,69 @@ class Suite:
                         exp = torch.full((big + 8,), 77, dtype=dtype, device=dev)
                         exp[offset : offset + count] = (total + 2 * W).to(dtype)
                         self.expect_equal(f"rank {r} {label}", dst[i].view(dtype)[: big + 8], exp)
+        self.heap.free(src if self.local else src[0])
+        self.heap.free(dst if self.local else dst[0])
+
+    def low_latency_shapes(self):
+        """The low-latency all-reduces, one call after another with no barrier
+        between them, the grid, the count and the algorithm changing from each
+        call to the next (a region of each receive slot per block keeps the
+        rounds apart); each call with its own source and destination, every
+        element checked."""
+        torch, W = self.torch, self.world
+        calls = [
+            (7, 1, 1024),
+            (7, 2, 1024),
+            (10, 2, 2048),
+            (7, 4, 512),
+            (10, 1, 4096),
+            (7, 4, 4096),
+            (10, 4, 777),
+        ]
+        top = max(c for _, _, c in calls)
+        src = self.each(self.heap.empty((len(calls) * top,), torch.float32))
+        dst = self.each(self.heap.empty((len(calls) * top,), torch.float32))
+
+        def values(rank, k, dev):
+            g = torch.Generator(device=dev)
+            g.manual_seed(zlib.crc32(f"{rank}/shapes/{k}".encode()))
+            return torch.randint(-30, 31, (calls[k][2],), device=dev, generator=g).float()
+
+        for i, r in enumerate(self.ranks):
+            for k, (_, _, count) in enumerate(calls):
+                src[i][k * top : k * top + count].copy_(values(r, k, self.devs[i]))
+            dst[i].fill_(77)
+        oks = [torch.full((len(calls), 4), -1, dtype=torch.int32, device=d) for d in self.devs]
+        self.barrier()
+        for k, (coll, blocks, count) in enumerate(calls):
+            for i in range(len(self.ranks)):
+                off = k * top * 4
+                self.k.coll(
+                    self.raw[i],
+                    coll,
+                    0,
+                    0,
+                    self.ptr(dst[i]) + off,
+                    self.ptr(src[i]) + off,
+                    count,
+                    0,
+                    0,
+                    1,
+                    W,
+                    blocks,
+                    self.ptr(oks[i]) + k * 16,
+                    self.streams[i].cuda_stream,
+                )
+        self.barrier()
+        for i, r in enumerate(self.ranks):
+            dev = self.devs[i]
+            for k, (coll, blocks, count) in enumerate(calls):
+                label = f"rank {r} low-latency call {k} (algo {coll}, {blocks} blocks, {count} floats)"
+                self.expect(
+                    f"{label}: returned {oks[i][k].tolist()}", oks[i][k, :blocks].tolist() == [1] * blocks
+                )
+                exp = sum(values(m, k, dev) for m in range(W))
+                self.expect_equal(label, dst[i][k * top : k * top + count], exp)
         self.heap.free(src if self.local else src[0])
         self.heap.free(dst if self.local else dst[0])
 
@@ -977,6 +1041,7 @@ CHECKS = [
     "barriers",
     "collectives",
     "all_reduce_algorithms",
+    "low_latency_shapes",
     "stream_ops",
     "stream_barrier_order",
     "views_and_sizes",

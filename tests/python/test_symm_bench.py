@@ -125,3 +125,14 @@ def test_nvshmem_records_with_wrong_results_are_left_out():
         "check put 4096 bytes: 0 wrong",
     ]
     assert [r["impl"] for r in nvshmem.checked(recs, checks)] == ["nvshmem-stream", "nvshmem-device-8b"]
+
+
+def test_low_latency_fits_as_the_device_decides():
+    # One-shot: 2048 lines of 4 bytes per block.
+    assert symm.low_latency_fits(1, 8192 * 8, 4, 8)
+    assert not symm.low_latency_fits(1, 8192 * 8 + 4, 4, 8)
+    assert symm.low_latency_fits(1, 512 << 10, 4, 64)
+    # Two-shot: each member's part, 1024 lines per block.
+    assert symm.low_latency_fits(4, 4 * 4096 * 64, 4, 64)
+    assert not symm.low_latency_fits(4, 4 * 4096 * 64 + 16, 4, 64)
+    assert not symm.low_latency_fits(1, 64, 9, 1)  # past the receive area's ranks

@@ -15,8 +15,8 @@
  * add in float), any trivially copyable T for the others. Each call starts
  * and ends with barrier_all: on return dst is complete here and src may be
  * written again (all_reduce's low-latency algorithms, coll_algo.cuh, have
- * no barriers: a block returns once its share of dst is complete, and may
- * write its share of src again at once). Returns false when a wait gave up (h.timeout_ns; heap.check()
+ * no barrier with the other members: they return once this rank's dst is
+ * complete, and src may be written again at once). Returns false when a wait gave up (h.timeout_ns; heap.check()
  * names the peer) or the grid is larger than kMaxGridBlocks; dst is then
  * undefined, and the heap's barrier words are out of step: close the heap (a
  * later barrier could pass early). Pushes (broadcast, fcollect, alltoall) are stores over NVLink
@@ -289,15 +289,19 @@ __device__ __forceinline__ uint32_t pack_unit(const T* src, uint64_t u, uint64_t
   }
 }
 
-/* One line of the low-latency format: waits until `line` carries `round`, returns its data word. */
-__device__ __forceinline__ uint32_t wait_line(const Heap& h, const uint64_t* line, uint32_t round, int peer,
-                                              bool* good) {
+/* The 32 bits of a round that travel beside the data: never 0 (what a line
+ * never written holds), and different for the rounds r and r + 2 that share
+ * a parity. */
+__device__ __forceinline__ uint32_t low_latency_tag(uint64_t round) { return uint32_t(round % 0xffffffffull) + 1u; }
+
+/* One line of the low-latency format: waits until `line` carries `tag` (its round's), returns its data word. */
+__device__ __forceinline__ uint32_t wait_line(const Heap& h, const uint64_t* line, uint32_t tag, int peer, bool* good) {
   uint64_t v = 0;
   *good = spin(
       h,
       [&] {
         v = load_line(line);
-        return uint32_t(v >> 32) == round;
+        return uint32_t(v >> 32) == tag;
       },
       WaitKind::kBarrier, peer);
   return uint32_t(v);
@@ -335,7 +339,7 @@ __device__ __forceinline__ void unpack_unit(T* dst, uint64_t u, uint64_t count, 
  * with each member (per peer and block) into `rounds` (by world rank), and
  * this block's token, the round, to each member. Returns false, with the
  * fault word set, when the grid, world or team does not fit. */
-__device__ inline bool low_latency_begin(const Heap& h, const Team& t, uint32_t* rounds) {
+__device__ inline bool low_latency_begin(const Heap& h, const Team& t, uint64_t* rounds) {
   __shared__ int usable;
   const unsigned block = grid_block(), lane = scope_lane<Scope::kBlock>();
   __syncthreads();  // the block's earlier reads of its receive slots are done before new rounds go out
@@ -362,10 +366,12 @@ __device__ inline bool low_latency_begin(const Heap& h, const Team& t, uint32_t*
 }
 
 /* The end of a low-latency call, by the whole block: each member's token of
- * this round has arrived. A member sends it only after finishing the call
- * before, so once it is here this block may write that member's slots of
- * the next round's parity, whatever lines this call had. */
-__device__ inline bool low_latency_end(const Heap& h, const Team& t, const uint32_t* rounds, bool good) {
+ * this round has arrived. A member's block sends it only after finishing the
+ * call before, so once it is here this block may write its region of that
+ * member's slots in the next round's parity, whatever lines this call had;
+ * a region is only ever written by the block of the same index, so a change
+ * of grid or count between calls cannot mix rounds. */
+__device__ inline bool low_latency_end(const Heap& h, const Team& t, const uint64_t* rounds, bool good) {
   const unsigned block = grid_block(), lane = scope_lane<Scope::kBlock>();
   for (int i = int(lane); i < t.size && good; i += int(scope_size<Scope::kBlock>())) {
     const int p = team_world_rank(t, i);
@@ -374,13 +380,22 @@ __device__ inline bool low_latency_end(const Heap& h, const Team& t, const uint3
     good = spin(
         h, [&] { return load_line(token) >= rounds[p]; }, WaitKind::kBarrier, p);
   }
-  return __syncthreads_and(good ? 1 : 0) != 0;
+  // Every block's share of dst is complete before any block returns (callers
+  // may read all of dst, or write all of src, once the call returns).
+  __shared__ int all_good;
+  if (lane == 0) all_good = 1;
+  __syncthreads();
+  if (!good) all_good = 0;
+  __syncthreads();
+  if (lane == 0 && grid_blocks() > 1 && !local_grid_sync(h)) all_good = 0;
+  __syncthreads();
+  return all_good != 0;
 }
 
 /* Low latency, one shot: each block pushes its slice of src, one 4-byte unit
  * per 8-byte line with this call's round (per peer and block) beside it,
- * into every member's receive slot for this rank; then reduces the lines
- * that carry the round, in team order. A slot's two parities let a member
+ * into its region of every member's receive slot for this rank; then
+ * reduces the lines that carry the round, in team order. A slot's two parities let a member
  * run one call ahead of another; the tokens (low_latency_end) keep it from
  * running two ahead. */
 template <class T>
@@ -389,17 +404,19 @@ __device__ inline bool low_latency_all_reduce(const Heap& h, const Team& t, T* d
   static_assert(sizeof(T) == 2 || sizeof(T) == 4, "the low-latency format carries 2- and 4-byte elements");
   using A = typename Acc<T>::type;
   constexpr int E = 4 / sizeof(T);
-  __shared__ uint32_t rounds[kLowLatencyMaxRanks];
+  __shared__ uint64_t rounds[kLowLatencyMaxRanks];
   if (!low_latency_begin(h, t, rounds)) return false;
+  const unsigned block = grid_block();
   const uint64_t units = (count + E - 1) / E;
   uint64_t begin, end;
-  block_slice(units, &begin, &end);
+  block_slice(units, &begin, &end);  // at most kLowLatencyBlockLines (choose_all_reduce)
   const unsigned lane = scope_lane<Scope::kBlock>(), lanes = scope_size<Scope::kBlock>();
   for (uint64_t u = begin + lane; u < end; u += lanes) {
     const uint64_t word = pack_unit(src, u, count);
     for (int i = 1; i < t.size; ++i) {
       const int p = team_world_rank(t, (t.my + i) % t.size);
-      store_line(h.low_latency_slot(p, rounds[p] & 1, h.rank) + u, (uint64_t(rounds[p]) << 32) | word);
+      store_line(h.low_latency_slot(p, rounds[p] & 1, h.rank, block) + (u - begin),
+                 (uint64_t(low_latency_tag(rounds[p])) << 32) | word);
     }
   }
   bool good = true;
@@ -409,7 +426,8 @@ __device__ inline bool low_latency_all_reduce(const Heap& h, const Team& t, T* d
       const int p = team_world_rank(t, i);
       const uint32_t word = p == h.rank
                                 ? pack_unit(src, u, count)
-                                : wait_line(h, h.low_latency_slot(h.rank, rounds[p] & 1, p) + u, rounds[p], p, &good);
+                                : wait_line(h, h.low_latency_slot(h.rank, rounds[p] & 1, p, block) + (u - begin),
+                                            low_latency_tag(rounds[p]), p, &good);
       combine_unit<T>(acc, word, i == 0, op);
     }
     if (good) unpack_unit(dst, u, count, pack_acc<T>(acc));
@@ -421,27 +439,30 @@ __device__ inline bool low_latency_all_reduce(const Heap& h, const Team& t, T* d
  * units, in team order) goes from every member into the first half of
  * member i's slot for it; member i reduces its part and sends the result
  * into the second half of every member's slot for i; each member unpacks
- * the parts it receives. Each block takes the same slice of every part.
- * A part fits half a slot: at most team size x kLowLatencyMaxBytes / 2 bytes per rank. */
+ * the parts it receives. Each block takes the same slice of every part and
+ * keeps its lines in its own region of each slot: the first half for the
+ * parts coming in, the second for the reduced parts coming back. */
 template <class T>
 __device__ inline bool low_latency_two_shot(const Heap& h, const Team& t, T* dst, const T* src, uint64_t count,
                                             ReduceOp op) {
   static_assert(sizeof(T) == 2 || sizeof(T) == 4, "the low-latency format carries 2- and 4-byte elements");
   using A = typename Acc<T>::type;
   constexpr int E = 4 / sizeof(T);
-  constexpr uint64_t kHalf = kLowLatencySlotBytes / 2 / sizeof(uint64_t);  // lines in half a slot
-  __shared__ uint32_t rounds[kLowLatencyMaxRanks];
+  constexpr uint64_t kHalf = kLowLatencyBlockLines / 2;  // lines in half a block's region
+  __shared__ uint64_t rounds[kLowLatencyMaxRanks];
   if (!low_latency_begin(h, t, rounds)) return false;
+  const unsigned block = grid_block();
   const uint64_t units = (count + E - 1) / E, part = (units + t.size - 1) / t.size;
   uint64_t b0, b1;
-  block_slice(part, &b0, &b1);
+  block_slice(part, &b0, &b1);  // at most kHalf (choose_all_reduce)
   const unsigned lane = scope_lane<Scope::kBlock>(), lanes = scope_size<Scope::kBlock>();
   // Each member's part of this rank's src, to that member.
   for (int k = 1; k < t.size; ++k) {
     const int m = (t.my + k) % t.size, p = team_world_rank(t, m);
-    uint64_t* slot = h.low_latency_slot(p, rounds[p] & 1, h.rank);
+    uint64_t* region = h.low_latency_slot(p, rounds[p] & 1, h.rank, block);
+    const uint64_t tag = low_latency_tag(rounds[p]);
     for (uint64_t j = b0 + lane; j < b1 && m * part + j < units; j += lanes)
-      store_line(slot + j, (uint64_t(rounds[p]) << 32) | pack_unit(src, m * part + j, count));
+      store_line(region + (j - b0), (tag << 32) | pack_unit(src, m * part + j, count));
   }
   // This rank's part, reduced in team order, into dst here and to every member.
   bool good = true;
@@ -450,9 +471,9 @@ __device__ inline bool low_latency_two_shot(const Heap& h, const Team& t, T* dst
     A acc[E];
     for (int i = 0; i < t.size && good; ++i) {
       const int p = team_world_rank(t, i);
-      const uint32_t word = p == h.rank
-                                ? pack_unit(src, u, count)
-                                : wait_line(h, h.low_latency_slot(h.rank, rounds[p] & 1, p) + j, rounds[p], p, &good);
+      const uint32_t word = p == h.rank ? pack_unit(src, u, count)
+                                        : wait_line(h, h.low_latency_slot(h.rank, rounds[p] & 1, p, block) + (j - b0),
+                                                    low_latency_tag(rounds[p]), p, &good);
       combine_unit<T>(acc, word, i == 0, op);
     }
     if (!good) break;
@@ -460,15 +481,16 @@ __device__ inline bool low_latency_two_shot(const Heap& h, const Team& t, T* dst
     unpack_unit(dst, u, count, out);
     for (int k = 1; k < t.size; ++k) {
       const int p = team_world_rank(t, (t.my + k) % t.size);
-      store_line(h.low_latency_slot(p, rounds[p] & 1, h.rank) + kHalf + j, (uint64_t(rounds[p]) << 32) | out);
+      store_line(h.low_latency_slot(p, rounds[p] & 1, h.rank, block) + kHalf + (j - b0),
+                 (uint64_t(low_latency_tag(rounds[p])) << 32) | out);
     }
   }
   // The other members' parts, reduced there.
   for (int k = 1; k < t.size && good; ++k) {
     const int m = (t.my + k) % t.size, p = team_world_rank(t, m);
-    const uint64_t* slot = h.low_latency_slot(h.rank, rounds[p] & 1, p) + kHalf;
+    const uint64_t* region = h.low_latency_slot(h.rank, rounds[p] & 1, p, block) + kHalf;
     for (uint64_t j = b0 + lane; j < b1 && m * part + j < units && good; j += lanes) {
-      const uint32_t word = wait_line(h, slot + j, rounds[p], p, &good);
+      const uint32_t word = wait_line(h, region + (j - b0), low_latency_tag(rounds[p]), p, &good);
       if (good) unpack_unit(dst, m * part + j, count, word);
     }
   }
@@ -548,7 +570,7 @@ template <class T>
 __device__ inline bool all_reduce(const Heap& h, const Team& t, T* dst, const T* src, uint64_t count, ReduceOp op,
                                   AllReduceAlgo algo = AllReduceAlgo::kAuto) {
   const bool aligned = ((uintptr_t(dst) | uintptr_t(src)) & 15) == 0;
-  const AllReduceAlgo run = choose_all_reduce(count * sizeof(T), h.world, t.size, aligned, algo);
+  const AllReduceAlgo run = choose_all_reduce(count * sizeof(T), h.world, t.size, impl::grid_blocks(), aligned, algo);
   if constexpr (sizeof(T) == 2 || sizeof(T) == 4) {
     if (run == AllReduceAlgo::kLowLatency) return impl::low_latency_all_reduce(h, t, dst, src, count, op);
     if (run == AllReduceAlgo::kLowLatencyTwoShot) return impl::low_latency_two_shot(h, t, dst, src, count, op);

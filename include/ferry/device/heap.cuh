@@ -30,13 +30,15 @@ constexpr int kMaxHeapRanks = 64;
 constexpr int kStagingSlots = 1024;
 constexpr int kMaxGridBlocks = 64; /* most blocks of one grid-wide barrier or collective (coll.cuh) */
 /* The low-latency format of the collectives (coll.cuh): data and its round
- * travel together in 8-byte lines into a receive area of every rank, one slot
- * per sending rank and per round's parity. It serves worlds of at most
- * kLowLatencyMaxRanks ranks and calls of at most kLowLatencyMaxBytes per rank. */
+ * travel together in 8-byte lines into a receive area of every rank: a slot
+ * per sending rank and per round's parity, each slot a region of
+ * kLowLatencyBlockLines lines per block of the grid, so that a line is only
+ * ever written by one block. It serves worlds of at most kLowLatencyMaxRanks
+ * ranks. */
 constexpr int kLowLatencyMaxRanks = 8;
-constexpr uint64_t kLowLatencyMaxBytes = 262144;
-constexpr uint64_t kLowLatencySlotBytes = 2 * kLowLatencyMaxBytes; /* 4 data bytes per 8-byte line */
-constexpr uint64_t kLowLatencyOffset = 131072;                     /* from the start of a rank's heap */
+constexpr uint64_t kLowLatencyBlockLines = 2048; /* 8 KB of data per block and peer */
+constexpr uint64_t kLowLatencySlotBytes = kLowLatencyBlockLines * sizeof(uint64_t) * kMaxGridBlocks;
+constexpr uint64_t kLowLatencyOffset = 262144; /* from the start of a rank's heap */
 
 /* At offset 0 of every rank's heap: ferry's own words, then the low-latency
  * receive area. User allocations start at kHeapReservedBytes. */
@@ -54,7 +56,7 @@ struct HeapSync {
   uint64_t grid_local_count;
   uint64_t grid_local_generation;
   /* [peer][block]: low-latency collectives block `block` of this rank has done with peer. */
-  uint32_t low_latency_rounds[kMaxHeapRanks][kMaxGridBlocks];
+  uint64_t low_latency_rounds[kMaxHeapRanks][kMaxGridBlocks];
   /* [src][block]: the latest low-latency round block `block` of rank src began with this rank. */
   uint64_t low_latency_tokens[kMaxHeapRanks][kMaxGridBlocks];
 };
@@ -89,11 +91,12 @@ struct Heap {
   FERRY_DEVICE_HD char* rank_base(int r) const { return base + uint64_t(r) * stride; }
   FERRY_DEVICE_HD char* own_base() const { return rank_base(rank); }
   FERRY_DEVICE_HD HeapSync* sync(int r) const { return reinterpret_cast<HeapSync*>(rank_base(r)); }
-  /* Rank r's receive slot for low-latency lines from rank `from` in rounds of parity `parity`. */
-  FERRY_DEVICE_HD uint64_t* low_latency_slot(int r, int parity, int from) const {
+  /* Rank r's receive region for block `block`'s low-latency lines from rank `from` in rounds of parity `parity`. */
+  FERRY_DEVICE_HD uint64_t* low_latency_slot(int r, int parity, int from, unsigned block) const {
     return reinterpret_cast<uint64_t*>(rank_base(r) + kLowLatencyOffset +
                                        (uint64_t(parity) * kLowLatencyMaxRanks + uint64_t(from)) *
-                                           kLowLatencySlotBytes);
+                                           kLowLatencySlotBytes) +
+           uint64_t(block) * kLowLatencyBlockLines;
   }
   /* `p` (an address in this rank's heap) as `peer`'s copy of the same object. */
   template <class T>

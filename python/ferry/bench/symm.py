@@ -47,9 +47,24 @@ TARGETS = {
 PUT_BLOCKS = (1, 8, 32)
 ALL_REDUCE_BLOCKS = (8, 32, 64)
 # AllReduceAlgo's values (include/ferry/device/coll_algo.cuh) and their names in the records;
-# the low-latency ones only where they fit (kLowLatencyMaxBytes, its half times the world).
+# the low-latency ones only where they fit (low_latency_fits).
 ALL_REDUCE_ALGOS = ((1, "ll"), (4, "ll2shot"), (2, "1shot"), (3, "2shot"))
-LOW_LATENCY_MAX_BYTES = 262144
+LOW_LATENCY_BLOCK_LINES = 2048  # kLowLatencyBlockLines
+LOW_LATENCY_MAX_RANKS = 8
+
+
+def low_latency_fits(algo: int, nbytes: int, world: int, blocks: int) -> bool:
+    """Whether a low-latency algorithm (1: one-shot, 4: two-shot) runs as asked, as choose_all_reduce decides:
+    its lines per block fit a block's region of a receive slot (4 data bytes a line)."""
+    units = (nbytes + 3) // 4
+    if world > LOW_LATENCY_MAX_RANKS:
+        return False
+    if algo == 1:
+        return -(-units // blocks) <= LOW_LATENCY_BLOCK_LINES
+    part = -(-units // world)
+    return world >= 2 and -(-part // blocks) <= LOW_LATENCY_BLOCK_LINES // 2
+
+
 # How long streams sleep before "-ahead" timings start: longer than the host takes to queue a launch's calls.
 AHEAD_US = 5000.0
 
@@ -359,11 +374,9 @@ def run(opts: dict, progress=print) -> dict:
     for nbytes in opts["all_reduce_sizes"]:
         count = nbytes // 2
         for algo, name in ALL_REDUCE_ALGOS:
-            if algo == 1 and nbytes > LOW_LATENCY_MAX_BYTES:
-                continue
-            if algo == 4 and (nbytes > W * LOW_LATENCY_MAX_BYTES // 2 or W > 8):
-                continue
             for blocks in ALL_REDUCE_BLOCKS:
+                if algo in (1, 4) and not low_latency_fits(algo, nbytes, W, blocks):
+                    continue
                 t = R.timed(
                     lambda i, s: _ok(
                         lib.bench_all_reduce(
