@@ -813,11 +813,11 @@ class Suite:
             IA,
         )
         # Heap exhausted: a small heap, a request larger than it.
-        small = ferry.symm.Heap(self.comm, capacity=16 << 20)
+        small = ferry.symm.Heap(self.comm, capacity=32 << 20)
         self.expect_error(
             "heap exhausted",
             "FERRY_SYMM_HEAP_BYTES",
-            lambda: small.empty((32 << 20,), torch.uint8),
+            lambda: small.empty((64 << 20,), torch.uint8),
             ferry.OutOfMemoryError,
         )
         small.close()
