@@ -339,7 +339,7 @@ __device__ __forceinline__ void unpack_unit(T* dst, uint64_t u, uint64_t count, 
  * with each member (per peer and block) into `rounds` (by world rank), and
  * this block's token, the round, to each member. Returns false, with the
  * fault word set, when the grid, world or team does not fit. */
-__device__ inline bool low_latency_begin(const Heap& h, const Team& t, uint64_t* rounds) {
+__device__ inline bool low_latency_begin(const Heap& h, const Team& t, uint64_t* rounds, uint32_t* tags) {
   __shared__ int usable;
   const unsigned block = grid_block(), lane = scope_lane<Scope::kBlock>();
   __syncthreads();  // the block's earlier reads of its receive slots are done before new rounds go out
@@ -352,7 +352,9 @@ __device__ inline bool low_latency_begin(const Heap& h, const Team& t, uint64_t*
       HeapSync* own = h.sync(h.rank);
       for (int i = 0; i < t.size; ++i) {
         const int p = team_world_rank(t, i);
-        if (p != h.rank) rounds[p] = ++own->low_latency_rounds[p][block];
+        if (p == h.rank) continue;
+        rounds[p] = ++own->low_latency_rounds[p][block];
+        tags[p] = tags[p];
       }
     }
   }
@@ -405,7 +407,8 @@ __device__ inline bool low_latency_all_reduce(const Heap& h, const Team& t, T* d
   using A = typename Acc<T>::type;
   constexpr int E = 4 / sizeof(T);
   __shared__ uint64_t rounds[kLowLatencyMaxRanks];
-  if (!low_latency_begin(h, t, rounds)) return false;
+  __shared__ uint32_t tags[kLowLatencyMaxRanks];
+  if (!low_latency_begin(h, t, rounds, tags)) return false;
   const unsigned block = grid_block();
   const uint64_t units = (count + E - 1) / E;
   uint64_t begin, end;
@@ -415,8 +418,7 @@ __device__ inline bool low_latency_all_reduce(const Heap& h, const Team& t, T* d
     const uint64_t word = pack_unit(src, u, count);
     for (int i = 1; i < t.size; ++i) {
       const int p = team_world_rank(t, (t.my + i) % t.size);
-      store_line(h.low_latency_slot(p, rounds[p] & 1, h.rank, block) + (u - begin),
-                 (uint64_t(low_latency_tag(rounds[p])) << 32) | word);
+      store_line(h.low_latency_slot(p, rounds[p] & 1, h.rank, block) + (u - begin), (uint64_t(tags[p]) << 32) | word);
     }
   }
   bool good = true;
@@ -424,10 +426,10 @@ __device__ inline bool low_latency_all_reduce(const Heap& h, const Team& t, T* d
     A acc[E];
     for (int i = 0; i < t.size && good; ++i) {
       const int p = team_world_rank(t, i);
-      const uint32_t word = p == h.rank
-                                ? pack_unit(src, u, count)
-                                : wait_line(h, h.low_latency_slot(h.rank, rounds[p] & 1, p, block) + (u - begin),
-                                            low_latency_tag(rounds[p]), p, &good);
+      const uint32_t word =
+          p == h.rank
+              ? pack_unit(src, u, count)
+              : wait_line(h, h.low_latency_slot(h.rank, rounds[p] & 1, p, block) + (u - begin), tags[p], p, &good);
       combine_unit<T>(acc, word, i == 0, op);
     }
     if (good) unpack_unit(dst, u, count, pack_acc<T>(acc));
@@ -450,7 +452,8 @@ __device__ inline bool low_latency_two_shot(const Heap& h, const Team& t, T* dst
   constexpr int E = 4 / sizeof(T);
   constexpr uint64_t kHalf = kLowLatencyBlockLines / 2;  // lines in half a block's region
   __shared__ uint64_t rounds[kLowLatencyMaxRanks];
-  if (!low_latency_begin(h, t, rounds)) return false;
+  __shared__ uint32_t tags[kLowLatencyMaxRanks];
+  if (!low_latency_begin(h, t, rounds, tags)) return false;
   const unsigned block = grid_block();
   const uint64_t units = (count + E - 1) / E, part = (units + t.size - 1) / t.size;
   uint64_t b0, b1;
@@ -460,7 +463,7 @@ __device__ inline bool low_latency_two_shot(const Heap& h, const Team& t, T* dst
   for (int k = 1; k < t.size; ++k) {
     const int m = (t.my + k) % t.size, p = team_world_rank(t, m);
     uint64_t* region = h.low_latency_slot(p, rounds[p] & 1, h.rank, block);
-    const uint64_t tag = low_latency_tag(rounds[p]);
+    const uint64_t tag = tags[p];
     for (uint64_t j = b0 + lane; j < b1 && m * part + j < units; j += lanes)
       store_line(region + (j - b0), (tag << 32) | pack_unit(src, m * part + j, count));
   }
@@ -471,9 +474,9 @@ __device__ inline bool low_latency_two_shot(const Heap& h, const Team& t, T* dst
     A acc[E];
     for (int i = 0; i < t.size && good; ++i) {
       const int p = team_world_rank(t, i);
-      const uint32_t word = p == h.rank ? pack_unit(src, u, count)
-                                        : wait_line(h, h.low_latency_slot(h.rank, rounds[p] & 1, p, block) + (j - b0),
-                                                    low_latency_tag(rounds[p]), p, &good);
+      const uint32_t word =
+          p == h.rank ? pack_unit(src, u, count)
+                      : wait_line(h, h.low_latency_slot(h.rank, rounds[p] & 1, p, block) + (j - b0), tags[p], p, &good);
       combine_unit<T>(acc, word, i == 0, op);
     }
     if (!good) break;
@@ -482,7 +485,7 @@ __device__ inline bool low_latency_two_shot(const Heap& h, const Team& t, T* dst
     for (int k = 1; k < t.size; ++k) {
       const int p = team_world_rank(t, (t.my + k) % t.size);
       store_line(h.low_latency_slot(p, rounds[p] & 1, h.rank, block) + kHalf + (j - b0),
-                 (uint64_t(low_latency_tag(rounds[p])) << 32) | out);
+                 (uint64_t(tags[p]) << 32) | out);
     }
   }
   // The other members' parts, reduced there.
@@ -490,7 +493,7 @@ __device__ inline bool low_latency_two_shot(const Heap& h, const Team& t, T* dst
     const int m = (t.my + k) % t.size, p = team_world_rank(t, m);
     const uint64_t* region = h.low_latency_slot(h.rank, rounds[p] & 1, p, block) + kHalf;
     for (uint64_t j = b0 + lane; j < b1 && m * part + j < units && good; j += lanes) {
-      const uint32_t word = wait_line(h, region + (j - b0), low_latency_tag(rounds[p]), p, &good);
+      const uint32_t word = wait_line(h, region + (j - b0), tags[p], p, &good);
       if (good) unpack_unit(dst, m * part + j, count, word);
     }
   }
@@ -563,9 +566,10 @@ __device__ inline bool reduce(const Heap& h, const Team& t, T* dst, const T* src
   return barrier_all(h, t);
 }
 
-/* `algo` (coll_algo.cuh): kAuto picks one-shot or two-shot by size; another
- * is taken where the call allows it (read coll_algo.cuh before asking for a
- * low-latency one). */
+/* `algo` (coll_algo.cuh): kAuto picks by size and grid; another is taken
+ * where the call allows it. The low-latency algorithms end without a barrier
+ * with the other members: when this rank returns, a peer may still be
+ * writing its own dst (barrier_all before touching peers' copies). */
 template <class T>
 __device__ inline bool all_reduce(const Heap& h, const Team& t, T* dst, const T* src, uint64_t count, ReduceOp op,
                                   AllReduceAlgo algo = AllReduceAlgo::kAuto) {
