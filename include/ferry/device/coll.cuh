@@ -215,6 +215,22 @@ __device__ __forceinline__ void reduce_vectors(const Heap& h, const Team& t, con
   if (two) *r1 = Vec<T>::out(a1);
 }
 
+/* Vectors [begin, end) of op over the members' src, this block's threads
+ * taking two at a time (both vectors' loads in flight); store(v, r) puts
+ * vector v's result where it goes. */
+template <class T, class Store>
+__device__ inline void reduce_vector_range(const Heap& h, const Team& t, const uint4* src, uint64_t begin, uint64_t end,
+                                           ReduceOp op, Store store) {
+  const unsigned lane = scope_lane<Scope::kBlock>(), lanes = scope_size<Scope::kBlock>();
+  for (uint64_t v = begin + lane; v < end; v += 2 * uint64_t(lanes)) {
+    const bool two = v + lanes < end;
+    uint4 r0, r1;
+    reduce_vectors<T>(h, t, src, v, lanes, two, op, &r0, &r1);
+    store(v, r0);
+    if (two) store(v + lanes, r1);
+  }
+}
+
 /* One-shot: this block's share of dst[i] = op over members' src[i], i < count. */
 template <class T>
 __device__ inline void reduce_slice(const Heap& h, const Team& t, T* dst, const T* src, uint64_t count, ReduceOp op) {
@@ -227,16 +243,9 @@ __device__ inline void reduce_slice(const Heap& h, const Team& t, T* dst, const 
   constexpr int N = Vec<T>::kLanes;
   const uint64_t vectors = count / N;
   block_slice(vectors, &begin, &end);
-  const unsigned lane = scope_lane<Scope::kBlock>(), lanes = scope_size<Scope::kBlock>();
-  const uint4* s = reinterpret_cast<const uint4*>(src);
   uint4* d = reinterpret_cast<uint4*>(dst);
-  for (uint64_t v = begin + lane; v < end; v += 2 * uint64_t(lanes)) {
-    const bool two = v + lanes < end;
-    uint4 r0, r1;
-    reduce_vectors<T>(h, t, s, v, lanes, two, op, &r0, &r1);
-    d[v] = r0;
-    if (two) d[v + lanes] = r1;
-  }
+  reduce_vector_range<T>(h, t, reinterpret_cast<const uint4*>(src), begin, end, op,
+                         [&](uint64_t v, const uint4& r) { d[v] = r; });
   if (grid_block() == grid_blocks() - 1) reduce_elements(h, t, dst, src, vectors * N, count, op);
 }
 
@@ -252,19 +261,10 @@ __device__ inline void reduce_and_push(const Heap& h, const Team& t, T* dst, con
   const uint64_t to = from + part < vectors ? from + part : vectors;
   uint64_t begin, end;
   block_slice(from, to, &begin, &end);
-  const unsigned lane = scope_lane<Scope::kBlock>(), lanes = scope_size<Scope::kBlock>();
-  const uint4* s = reinterpret_cast<const uint4*>(src);
   uint4* d = reinterpret_cast<uint4*>(dst);
-  for (uint64_t v = begin + lane; v < end; v += 2 * uint64_t(lanes)) {
-    const bool two = v + lanes < end;
-    uint4 r0, r1;
-    reduce_vectors<T>(h, t, s, v, lanes, two, op, &r0, &r1);
-    for (int k = 0; k < t.size; ++k) {
-      uint4* to = h.peer_ptr(d, team_world_rank(t, (t.my + k) % t.size));
-      to[v] = r0;
-      if (two) to[v + lanes] = r1;
-    }
-  }
+  reduce_vector_range<T>(h, t, reinterpret_cast<const uint4*>(src), begin, end, op, [&](uint64_t v, const uint4& r) {
+    for (int k = 0; k < t.size; ++k) h.peer_ptr(d, team_world_rank(t, (t.my + k) % t.size))[v] = r;
+  });
   if (grid_block() == grid_blocks() - 1) reduce_elements(h, t, dst, src, vectors * N, count, op);
 }
 
