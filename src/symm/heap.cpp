@@ -36,6 +36,8 @@ const char* kind_name(uint32_t kind) {
       return "a stream's wait (heap.wait)";
     case device::WaitKind::kStreamBarrier:
       return "barrier_on_stream";
+    case device::WaitKind::kBadGrid:
+      return "a collective with a grid of more blocks than it takes";
   }
   return "a wait";
 }
@@ -335,6 +337,10 @@ void SymmetricHeap::check() {
     const uint32_t kind = static_cast<uint32_t>((w >> 32) & 0xff);
     const int peer = static_cast<int>(static_cast<uint32_t>(w));
     std::string who = peer < 0 ? std::string("a signal from any rank") : "rank " + std::to_string(peer);
+    if (kind == static_cast<uint32_t>(device::WaitKind::kBadGrid))
+      throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                  "rank " + std::to_string(group_.ranks[i]) + " called " + kind_name(kind) + " (at most " +
+                      std::to_string(device::kMaxGridBlocks) + " blocks, ferry::device::kMaxGridBlocks)");
     if (kind == static_cast<uint32_t>(device::WaitKind::kBadTeam))
       throw_error(FERRY_ERROR_INVALID_ARGUMENT, "rank " + std::to_string(group_.ranks[i]) + " called " +
                                                     kind_name(kind) + " (a split that did not fit its parent, or " +
@@ -471,11 +477,19 @@ void SymmetricHeap::watch(int local, const uint64_t* word, uint64_t value, int f
       spare.pop_back();
     }
   }
-  if (!w.reached) FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&w.reached, cudaEventDisableTiming));
-  if (!w.passed) FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&w.passed, cudaEventDisableTiming));
-  FERRY_CUDA_CHECK(cudaEventRecord(w.reached, stream));
-  dma::mem_ops(stream, {MemOp{MemOp::Kind::kWaitAtLeast, word, value}});
-  FERRY_CUDA_CHECK(cudaEventRecord(w.passed, stream));
+  try {
+    if (!w.reached) FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&w.reached, cudaEventDisableTiming));
+    if (!w.passed) FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&w.passed, cudaEventDisableTiming));
+    FERRY_CUDA_CHECK(cudaEventRecord(w.reached, stream));
+    dma::mem_ops(stream, {MemOp{MemOp::Kind::kWaitAtLeast, word, value}});
+    FERRY_CUDA_CHECK(cudaEventRecord(w.passed, stream));
+  } catch (...) {
+    // An event is recorded afresh each time it is taken again: back to the pool.
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    for (cudaEvent_t e : {w.reached, w.passed})
+      if (e) spare_events_[local].push_back(e);
+    throw;
+  }
   std::lock_guard<std::mutex> lock(watch_mu_);
   watched_.push_back(w);
   watch_cv_.notify_all();

@@ -621,6 +621,34 @@ class Suite:
             self.fails.append(f"low-latency shapes: {exc}")
         heap.close()
 
+    def grid_too_large(self):
+        """A collective on a grid past kMaxGridBlocks returns false at once on
+        every block and check() names the limit (on a heap of its own: the
+        fault stays with the heap)."""
+        torch, W = self.torch, self.world
+        heap = self.ferry.symm.Heap(self.comm, capacity=64 << 20)
+        raw = [
+            ctypes.create_string_buffer(heap.handle(i).as_bytes(), self.k.handle_size)
+            for i in range(len(self.ranks))
+        ]
+        blocks = 65
+        buf = self.each(heap.zeros((1024,), torch.float32))
+        oks = [torch.full((blocks,), -1, dtype=torch.int32, device=d) for d in self.devs]
+        for i in range(len(self.ranks)):
+            p = self.ptr(buf[i])
+            self.k.coll(
+                raw[i], 4, 0, 0, p, p, 256, 0, 0, 1, W, blocks, self.ptr(oks[i]), self.streams[i].cuda_stream
+            )
+        self.sync()
+        for i, r in enumerate(self.ranks):
+            self.expect(
+                f"rank {r} all_reduce on {blocks} blocks returned false", oks[i].tolist() == [0] * blocks
+            )
+        self.expect_error(
+            "a grid past kMaxGridBlocks", "kMaxGridBlocks", heap.check, self.ferry.InvalidArgumentError
+        )
+        heap.close()
+
     def stream_ops(self):
         """put, get, signal and wait on streams (copy engines): a kernel writes
         the source just before the put, another reads the result just after the
@@ -1056,6 +1084,7 @@ CHECKS = [
     "collectives",
     "all_reduce_algorithms",
     "low_latency_shapes",
+    "grid_too_large",
     "stream_ops",
     "stream_barrier_order",
     "views_and_sizes",

@@ -67,7 +67,11 @@ __device__ inline bool local_grid_sync(const Heap& h) {
 
 /* Thread 0 of one block: the grid and the team are usable, and every block of this rank arrived. */
 __device__ inline bool grid_sync_local(const Heap& h, const Team& t) {
-  if (grid_blocks() > unsigned(kMaxGridBlocks) || !team_usable(t, h.world) || team_world_rank(t, t.my) != h.rank) {
+  if (grid_blocks() > unsigned(kMaxGridBlocks)) {
+    report(h, WaitKind::kBadGrid, -1);
+    return false;
+  }
+  if (!team_usable(t, h.world) || team_world_rank(t, t.my) != h.rank) {
     report(h, WaitKind::kBadTeam, -1);
     return false;
   }
@@ -344,10 +348,11 @@ __device__ inline bool low_latency_begin(const Heap& h, const Team& t, uint64_t*
   const unsigned block = grid_block(), lane = scope_lane<Scope::kBlock>();
   __syncthreads();  // the block's earlier reads of its receive slots are done before new rounds go out
   if (lane == 0) {
-    usable = grid_blocks() <= unsigned(kMaxGridBlocks) && h.world <= kLowLatencyMaxRanks && team_usable(t, h.world) &&
-             team_world_rank(t, t.my) == h.rank;
+    const bool grid_fits = grid_blocks() <= unsigned(kMaxGridBlocks);
+    usable =
+        grid_fits && h.world <= kLowLatencyMaxRanks && team_usable(t, h.world) && team_world_rank(t, t.my) == h.rank;
     if (!usable) {
-      report(h, WaitKind::kBadTeam, -1);
+      report(h, grid_fits ? WaitKind::kBadTeam : WaitKind::kBadGrid, -1);
     } else {
       HeapSync* own = h.sync(h.rank);
       for (int i = 0; i < t.size; ++i) {

@@ -69,8 +69,9 @@ enum class WaitKind : uint32_t {
   kSignal = 2,
   kWaitUntil = 3,
   kBadTeam = 4,
-  kStreamWait = 5,   /* the host API's wait on a stream */
-  kStreamBarrier = 6 /* barrier_on_stream */
+  kStreamWait = 5,    /* the host API's wait on a stream */
+  kStreamBarrier = 6, /* barrier_on_stream */
+  kBadGrid = 7        /* a collective's grid larger than kMaxGridBlocks */
 };
 
 /* The word such a wait leaves in Heap::fault (the first one stays):
