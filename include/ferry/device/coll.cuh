@@ -359,7 +359,7 @@ __device__ inline bool low_latency_begin(const Heap& h, const Team& t, uint64_t*
         const int p = team_world_rank(t, i);
         if (p == h.rank) continue;
         rounds[p] = ++own->low_latency_rounds[p][block];
-        tags[p] = tags[p];
+        tags[p] = low_latency_tag(rounds[p]);
       }
     }
   }
