@@ -116,6 +116,8 @@ class Suite:
             self.k.atomic(raw, 0, 64, w + 24, 0, r, 0, 1, 1, 0, s)
             self.k.atomic(raw, 0, 32, w + 24, 0, r, 0, 1, 1, 0, s)
             self.k.coll(raw, 6, 0, 0, w, w, 0, 0, r, 1, 1, 1, o, s)  # barrier_all over a team of one
+            with torch.cuda.stream(self.streams[i]):
+                torch.cuda._sleep(1)  # the tests' late ranks sleep while other ranks' kernels spin
         self.sync()
         self.heap.free(scratch if self.local else scratch[0])
 
@@ -400,10 +402,13 @@ class Suite:
             g.manual_seed(zlib.crc32(f"{rank}/{salt}".encode()))
             return torch.randint(-8, 9, (W * count,), device=dev, generator=g).to(dtype)
 
-        # 7, 8, 9, 10: all_reduce asking for the low-latency, one-shot, two-shot and low-latency two-shot algorithms.
-        cases = [(c, 3, 0) for c in (0, 1, 2, 6)] + [
-            (c, d, op) for c in (3, 4, 5, 7, 8, 9, 10) for d, _ in dtypes for op in (0, 1, 2)
-        ]
+        # 7, 8, 9, 10: all_reduce asking for the low-latency, one-shot, two-shot and low-latency two-shot algorithms;
+        # 11: kAuto, after which the last block copies all of dst in the same kernel.
+        cases = (
+            [(c, 3, 0) for c in (0, 1, 2, 6)]
+            + [(c, d, op) for c in (3, 4, 5, 7, 8, 9, 10) for d, _ in dtypes for op in (0, 1, 2)]
+            + [(11, d, 0) for d, _ in dtypes]
+        )
         for start, stride, size in teams:
             members = [start + i * stride for i in range(size)]
             for blocks in (1, 4):
@@ -456,7 +461,7 @@ class Suite:
                         elif coll == 2:
                             for j, m in enumerate(members):
                                 exp[j * count : (j + 1) * count] = ins[m][my * count : (my + 1) * count]
-                        elif coll in (3, 4, 5, 7, 8, 9, 10):
+                        elif coll in (3, 4, 5, 7, 8, 9, 10, 11):
                             blk = slice(my * count, (my + 1) * count) if coll == 5 else slice(0, count)
                             stack = torch.stack([ins[m][blk].double() for m in members])
                             red = (
@@ -468,6 +473,8 @@ class Suite:
                             )
                             if coll != 3 or my == root:
                                 exp[:count] = red.to(dtype)
+                            if coll == 11:  # the copy made in the kernel right after the call
+                                exp[count : 2 * count] = red.to(dtype)
                         self.expect_equal(label, got, exp)
         self.heap.free(src if self.local else src[0])
         self.heap.free(dst if self.local else dst[0])

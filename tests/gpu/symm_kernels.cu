@@ -118,6 +118,7 @@ __global__ void barrier_kernel(Heap h, int start, int stride, int size, uint64_t
 
 // coll: 0 broadcast, 1 fcollect, 2 alltoall, 3 reduce, 4 all_reduce, 5 reduce_scatter, 6 barrier_all,
 // 7/8/9/10 all_reduce asking for the low-latency / one-shot / two-shot / low-latency two-shot algorithm
+// 11 all_reduce (kAuto), then the last block copies dst[0, count) to dst[count, 2 count)
 template <class T>
 __device__ bool run_coll(const Heap& h, const Team& t, int coll, void* dst, const void* src, uint64_t count, int root,
                          ReduceOp op) {
@@ -144,6 +145,14 @@ __device__ bool run_coll(const Heap& h, const Team& t, int coll, void* dst, cons
       return all_reduce(h, t, d, s, count, op, AllReduceAlgo::kTwoShot);
     case 10:
       return all_reduce(h, t, d, s, count, op, AllReduceAlgo::kLowLatencyTwoShot);
+    case 11: {
+      // kAuto returns with all of dst: the grid's last block copies all of it
+      // to dst + count right away (other blocks' shares included).
+      if (!all_reduce(h, t, d, s, count, op)) return false;
+      if (blockIdx.x == gridDim.x - 1)
+        for (uint64_t i = threadIdx.x; i < count; i += blockDim.x) d[count + i] = d[i];
+      return true;
+    }
     default:
       return barrier_all(h, t);
   }

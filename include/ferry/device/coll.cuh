@@ -377,8 +377,11 @@ __device__ inline bool low_latency_begin(const Heap& h, const Team& t, uint64_t*
  * call before, so once it is here this block may write its region of that
  * member's slots in the next round's parity, whatever lines this call had;
  * a region is only ever written by the block of the same index, so a change
- * of grid or count between calls cannot mix rounds. */
-__device__ inline bool low_latency_end(const Heap& h, const Team& t, const uint64_t* rounds, bool good) {
+ * of grid or count between calls cannot mix rounds. With `whole_grid`, it
+ * returns only once every block of this rank's grid has its share of dst;
+ * without, once this block has. */
+__device__ inline bool low_latency_end(const Heap& h, const Team& t, const uint64_t* rounds, bool good,
+                                       bool whole_grid) {
   const unsigned block = grid_block(), lane = scope_lane<Scope::kBlock>();
   for (int i = int(lane); i < t.size && good; i += int(scope_size<Scope::kBlock>())) {
     const int p = team_world_rank(t, i);
@@ -387,14 +390,12 @@ __device__ inline bool low_latency_end(const Heap& h, const Team& t, const uint6
     good = spin(
         h, [&] { return load_line(token) >= rounds[p]; }, WaitKind::kBarrier, p);
   }
-  // Every block's share of dst is complete before any block returns (callers
-  // may read all of dst, or write all of src, once the call returns).
   __shared__ int all_good;
   if (lane == 0) all_good = 1;
   __syncthreads();
   if (!good) all_good = 0;
   __syncthreads();
-  if (lane == 0 && grid_blocks() > 1 && !local_grid_sync(h)) all_good = 0;
+  if (whole_grid && lane == 0 && grid_blocks() > 1 && !local_grid_sync(h)) all_good = 0;
   __syncthreads();
   return all_good != 0;
 }
@@ -407,7 +408,7 @@ __device__ inline bool low_latency_end(const Heap& h, const Team& t, const uint6
  * running two ahead. */
 template <class T>
 __device__ inline bool low_latency_all_reduce(const Heap& h, const Team& t, T* dst, const T* src, uint64_t count,
-                                              ReduceOp op) {
+                                              ReduceOp op, bool whole_grid) {
   static_assert(sizeof(T) == 2 || sizeof(T) == 4, "the low-latency format carries 2- and 4-byte elements");
   using A = typename Acc<T>::type;
   constexpr int E = 4 / sizeof(T);
@@ -439,7 +440,7 @@ __device__ inline bool low_latency_all_reduce(const Heap& h, const Team& t, T* d
     }
     if (good) unpack_unit(dst, u, count, pack_acc<T>(acc));
   }
-  return low_latency_end(h, t, rounds, good);
+  return low_latency_end(h, t, rounds, good, whole_grid);
 }
 
 /* Low latency, two shots: member i's part of the units (parts of `part`
@@ -451,7 +452,7 @@ __device__ inline bool low_latency_all_reduce(const Heap& h, const Team& t, T* d
  * parts coming in, the second for the reduced parts coming back. */
 template <class T>
 __device__ inline bool low_latency_two_shot(const Heap& h, const Team& t, T* dst, const T* src, uint64_t count,
-                                            ReduceOp op) {
+                                            ReduceOp op, bool whole_grid) {
   static_assert(sizeof(T) == 2 || sizeof(T) == 4, "the low-latency format carries 2- and 4-byte elements");
   using A = typename Acc<T>::type;
   constexpr int E = 4 / sizeof(T);
@@ -502,7 +503,7 @@ __device__ inline bool low_latency_two_shot(const Heap& h, const Team& t, T* dst
       if (good) unpack_unit(dst, m * part + j, count, word);
     }
   }
-  return low_latency_end(h, t, rounds, good);
+  return low_latency_end(h, t, rounds, good, whole_grid);
 }
 
 /* This block's slice of `bytes` from src into `peer`'s copy of dst. */
@@ -572,17 +573,28 @@ __device__ inline bool reduce(const Heap& h, const Team& t, T* dst, const T* src
 }
 
 /* `algo` (coll_algo.cuh): kAuto picks by size and grid; another is taken
- * where the call allows it. The low-latency algorithms end without a barrier
- * with the other members: when this rank returns, a peer may still be
- * writing its own dst (barrier_all before touching peers' copies). */
+ * where the call allows it. What is done when a block returns:
+ *   kAuto, kOneShot, kTwoShot   all of this rank's dst, and this rank's src
+ *                               may be written again
+ *   kLowLatency, kLowLatencyTwoShot asked by name
+ *                               this block's share of dst only: synchronize
+ *                               the grid (or end the kernel) before reading the
+ *                               rest of dst, writing src, or calling with
+ *                               another count or grid on an overlapping dst;
+ *                               no grid-wide wait is why one asks for them
+ * The low-latency algorithms (also under kAuto) end without a barrier with
+ * the other members: when this rank returns, a peer may still be writing its
+ * own dst (barrier_all before touching peers' copies). */
 template <class T>
 __device__ inline bool all_reduce(const Heap& h, const Team& t, T* dst, const T* src, uint64_t count, ReduceOp op,
                                   AllReduceAlgo algo = AllReduceAlgo::kAuto) {
   const bool aligned = ((uintptr_t(dst) | uintptr_t(src)) & 15) == 0;
   const AllReduceAlgo run = choose_all_reduce(count * sizeof(T), h.world, t.size, impl::grid_blocks(), aligned, algo);
   if constexpr (sizeof(T) == 2 || sizeof(T) == 4) {
-    if (run == AllReduceAlgo::kLowLatency) return impl::low_latency_all_reduce(h, t, dst, src, count, op);
-    if (run == AllReduceAlgo::kLowLatencyTwoShot) return impl::low_latency_two_shot(h, t, dst, src, count, op);
+    const bool whole_grid = algo == AllReduceAlgo::kAuto;
+    if (run == AllReduceAlgo::kLowLatency) return impl::low_latency_all_reduce(h, t, dst, src, count, op, whole_grid);
+    if (run == AllReduceAlgo::kLowLatencyTwoShot)
+      return impl::low_latency_two_shot(h, t, dst, src, count, op, whole_grid);
   }
   if (!barrier_all(h, t)) return false;
   if (run == AllReduceAlgo::kTwoShot)
