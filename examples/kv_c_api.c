@@ -1,6 +1,7 @@
 /* Paged KV transfers from C: fetch scattered pages from a pinned host pool
- * into GPU pages and save them back, with every mode, each checked byte for
- * byte; then the errors bad input gets.
+ * into GPU pages and save them back, with every mode, whole and in slices
+ * (FERRY_KV_SLICED; FERRY_KV_SLICE_BYTES sets their size), each checked byte
+ * for byte; then the errors bad input gets.
  *
  *   build/ferry_example_kv_c        (built by CMake beside libferry)
  */
@@ -62,17 +63,21 @@ int main(void) {
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
   const ferry_kv_mode_t modes[] = {FERRY_KV_AUTO, FERRY_KV_PER_PAGE, FERRY_KV_BATCHED, FERRY_KV_STREAMS,
                                    FERRY_KV_KERNEL};
-  for (int m = 0; m < 5; ++m) {
+  /* The kernel mode is never sliced (the flag only applies to copy engines). */
+  const unsigned flag_sets[] = {0u, FERRY_KV_SLICED, FERRY_KV_SLICED | FERRY_KV_URGENT};
+  for (int run = 0; run < 15; ++run) {
+    const int m = run % 5;
+    const unsigned flags = flag_sets[run / 5];
     cudaMemsetAsync(gpu, 0xA5, PAGES * PAGE_BYTES, stream);
     memset(back, 0x5A, PAGES * PAGE_BYTES);
     /* Fetch host -> GPU, then save GPU -> host (same ids reversed), in one stream. */
-    check(ferry_kv_copy_blocks(device, &gpu_side, &host_side, 1, dst_ids, src_ids, N, modes[m], 0, stream) ==
+    check(ferry_kv_copy_blocks(device, &gpu_side, &host_side, 1, dst_ids, src_ids, N, modes[m], flags, stream) ==
               FERRY_SUCCESS,
           "fetch");
-    check(ferry_kv_copy_blocks(device, &back_side, &gpu_side, 1, src_ids, dst_ids, 0, modes[m], 0, stream) ==
+    check(ferry_kv_copy_blocks(device, &back_side, &gpu_side, 1, src_ids, dst_ids, 0, modes[m], flags, stream) ==
               FERRY_SUCCESS,
           "save of zero pages");
-    check(ferry_kv_copy_blocks(device, &back_side, &gpu_side, 1, dst_ids, dst_ids, N, modes[m], 0, stream) ==
+    check(ferry_kv_copy_blocks(device, &back_side, &gpu_side, 1, dst_ids, dst_ids, N, modes[m], flags, stream) ==
               FERRY_SUCCESS,
           "save");
     cudaMemcpyAsync(check_buf, gpu, PAGES * PAGE_BYTES, cudaMemcpyDeviceToHost, stream);
@@ -86,7 +91,8 @@ int main(void) {
     int untouched = 1;
     for (int i = N; i < PAGES; ++i)
       for (int b = 0; b < PAGE_BYTES; b += 997) untouched &= back[perm[i] * PAGE_BYTES + b] == 0x5A;
-    printf("mode %d: %d wrong pages, untouched pages %s\n", (int)modes[m], wrong, untouched ? "intact" : "CHANGED");
+    printf("mode %d flags %u: %d wrong pages, untouched pages %s\n", (int)modes[m], flags, wrong,
+           untouched ? "intact" : "CHANGED");
     check(wrong == 0 && untouched, "byte check");
   }
   /* Bad input: each refused with a message naming the argument, nothing copied. */

@@ -32,7 +32,9 @@ typedef struct {
 } ferry_multipath_options_t;
 
 /* An engine over the host links of `devices` (count GPUs; NULL and 0: every
- * visible GPU), every one of which may relay. `options` may be NULL. */
+ * visible GPU), every one of which may relay. A GPU listed again adds a relay
+ * through that same GPU: a testing mode on one GPU, where chunks, staging and
+ * reassembly run for real over its one link. `options` may be NULL. */
 FERRY_API ferry_result_t ferry_multipath_create(const int* devices, int count, const ferry_multipath_options_t* options,
                                                 ferry_multipath_t* engine);
 /* Copies `bytes` from `src` to `dst` (one pinned or pageable host memory, the

@@ -3,8 +3,10 @@ all_gather with host and stream triggers, a refused call; every byte checked)
 built with CMake and run on every visible GPU, from one process
 (ferry_comm_init_local) and from one process per GPU (ferry_comm_init with the
 example's own all-gather); examples/kv_c_api.c (paged KV transfers in every
-mode, every page checked, and the errors bad input gets) on GPU 0;
-examples/symm_ring.cu (the symmetric heap's C API and the device API from a
+mode, whole and in slices, every page checked, and the errors bad input
+gets) on GPU 0; examples/multipath_c.c (multipath copies, batches and the
+synchronous form, every byte checked) over 1 GPU with two relays on itself,
+2 and 4 GPUs; examples/symm_ring.cu (the symmetric heap's C API and the device API from a
 CUDA program of one's own) with 2 and 4 ranks."""
 
 import os
@@ -34,14 +36,35 @@ def test_c_api_end_to_end(mode):
 
 
 def test_kv_c_api_end_to_end():
-    env = dict(os.environ, **_checks.SAFE_ENV)
+    # 64 KiB slices: the 1.6 MB of pages of each sliced call go in 25 of them.
+    env = dict(os.environ, **_checks.SAFE_ENV, FERRY_KV_SLICE_BYTES="65536")
     run = subprocess.run(
         [_example_binary("ferry_example_kv_c")], env=env, capture_output=True, text=True, timeout=300
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "kv_c_api: all checks passed" in run.stdout, run.stdout
-    # Every mode ran and left the pages it was not asked to touch alone.
-    assert run.stdout.count("0 wrong pages, untouched pages intact") == 5, run.stdout
+    # Every mode, whole and sliced, ran and left the pages it was not asked to touch alone.
+    assert run.stdout.count("0 wrong pages, untouched pages intact") == 15, run.stdout
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 4])
+def test_multipath_c_api_end_to_end(gpus):
+    """examples/multipath_c.c: copies, batches and the synchronous form each
+    way, checked byte for byte; with one GPU through two relays on that GPU."""
+    if gpus > 1 and gpus > GPU_COUNT:
+        pytest.skip(f"needs {gpus} GPUs")
+    env = dict(os.environ, **_checks.SAFE_ENV)
+    run = subprocess.run(
+        [_example_binary("ferry_example_multipath_c"), str(gpus)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    links = 3 if gpus == 1 else gpus
+    assert f"multipath_c: all checks passed ({links} links)" in run.stdout, run.stdout
+    assert run.stdout.count(" 0 wrong bytes of ") == 5, run.stdout
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
