@@ -125,7 +125,9 @@ def main():
             )
             out = (r.stdout + r.stderr).strip().splitlines()
             keep = [line for line in out if "pageable" not in line and "routing" not in line]
-            last = " | ".join(line.strip()[:200] for line in keep[-3:])
+            # The error's own line first (torch's advice about CUDA_LAUNCH_BLOCKING comes after it).
+            errors = [line for line in keep if "Error" in line or "error:" in line][-2:]
+            last = " | ".join(line.strip()[:200] for line in errors + keep[-3:])
             print(f"{label:50s} rc={r.returncode}  {last}")
         except subprocess.TimeoutExpired:
             print(f"{label:50s} TIMEOUT")

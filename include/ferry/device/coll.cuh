@@ -46,23 +46,27 @@ __device__ __forceinline__ unsigned grid_block() {
   return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
 }
 
-/* Thread 0 of each block: every block of this rank's grid arrived (a
- * generation barrier, so grids of any size may follow each other). */
+/* Thread 0 of each block: every block of this rank's grid arrived, with the
+ * stores its block made before (the caller's __syncthreads). A grid of
+ * `blocks` counts on its own word, raised only by grids of that size, whole
+ * (one grid per rank at a time), so a round ends at the next multiple of
+ * `blocks`: one atomic and a poll, nothing to reset. */
 __device__ inline bool local_grid_sync(const Heap& h) {
-  HeapSync* own = h.sync(h.rank);
-  auto* count = reinterpret_cast<unsigned long long*>(&own->grid_local_count);
-  const uint64_t gen = load_acquire(&own->grid_local_generation);
-  fence_release();
-  if (atomicAdd(count, 1ull) == grid_blocks() - 1) {
-    __threadfence();  // acquire the other blocks' arrivals before releasing the generation
-    *reinterpret_cast<volatile uint64_t*>(count) = 0;
-    store_release(&own->grid_local_generation, gen + 1);
-    return true;
-  }
-  const bool ok = spin(
-      h, [&] { return load_relaxed(&own->grid_local_generation) != gen; }, WaitKind::kBarrier, h.rank);
-  load_acquire(&own->grid_local_generation);
-  return ok;
+  const unsigned blocks = grid_blocks();
+  if (blocks == 1) return true;
+  unsigned long long* count = reinterpret_cast<unsigned long long*>(&h.sync(h.rank)->grid_local_arrivals[blocks]);
+  unsigned long long old;
+  // A release on the way in (cumulative: the block's stores this thread saw), acquires on the polls.
+  asm volatile("atom.add.release.gpu.global.u64 %0, [%1], 1;" : "=l"(old) : "l"(count) : "memory");
+  const unsigned long long target = old - old % blocks + blocks;
+  return spin(
+      h,
+      [&] {
+        unsigned long long v;
+        asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(count) : "memory");
+        return v >= target;
+      },
+      WaitKind::kBarrier, h.rank);
 }
 
 /* Thread 0 of one block: the grid and the team are usable, and every block of this rank arrived. */

@@ -52,9 +52,8 @@ struct HeapSync {
    * block `block` has done with peer. */
   uint64_t grid_arrivals[kMaxHeapRanks][kMaxGridBlocks];
   uint64_t grid_rounds[kMaxHeapRanks][kMaxGridBlocks];
-  /* The barrier among this rank's own blocks: arrivals of the current round, and its generation. */
-  uint64_t grid_local_count;
-  uint64_t grid_local_generation;
+  /* [blocks]: arrivals at barriers among this rank's own blocks, by grids of that many blocks. */
+  uint64_t grid_local_arrivals[kMaxGridBlocks + 1];
   /* [peer][block]: low-latency collectives block `block` of this rank has done with peer. */
   uint64_t low_latency_rounds[kMaxHeapRanks][kMaxGridBlocks];
   /* [src][block]: the latest low-latency round block `block` of rank src began with this rank. */
