@@ -112,6 +112,14 @@ def main():
             if not python_api:
                 env["LD_PRELOAD"] = lib
             cases.append((f"{'preload' if not python_api else 'api'} {loading:5s} {name}", env, body))
+    # PRELOAD_CONNECTIONS="1,32": each case also under those CUDA_DEVICE_MAX_CONNECTIONS (hardware queues
+    # that streams share: a stream waiting at the head of one holds the work of the others behind it).
+    conns = [c for c in os.environ.get("PRELOAD_CONNECTIONS", "").split(",") if c]
+    cases += [
+        (f"{label} conn={c}", dict(env, CUDA_DEVICE_MAX_CONNECTIONS=c), body)
+        for c in conns
+        for label, env, body in list(cases)
+    ]
     for label, env, body in cases:
         if only not in label:
             continue
@@ -126,7 +134,7 @@ def main():
             out = (r.stdout + r.stderr).strip().splitlines()
             keep = [line for line in out if "pageable" not in line and "routing" not in line]
             # The error's own line first (torch's advice about CUDA_LAUNCH_BLOCKING comes after it).
-            errors = [line for line in keep if "Error" in line or "error:" in line][-2:]
+            errors = [line for line in keep if "Error" in line or "error:" in line or "failed" in line][-3:]
             last = " | ".join(line.strip()[:200] for line in errors + keep[-3:])
             print(f"{label:50s} rc={r.returncode}  {last}")
         except subprocess.TimeoutExpired:
