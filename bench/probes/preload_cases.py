@@ -6,7 +6,7 @@ and its last words. Cases vary one thing at a time: preload or the Python
 API, EAGER or lazy module loading, the legacy default stream or a stream of
 its own, and a warm-up copy first.
 
-    python bench/probes/preload_cases.py [part of a case's name]
+    python bench/probes/preload_cases.py [part of a case's name[|another part...]]
 """
 
 import os
@@ -99,7 +99,9 @@ TAIL = (
 
 
 def main():
-    only = sys.argv[1] if len(sys.argv) > 1 else ""  # run the cases whose name holds it
+    only = (sys.argv[1] if len(sys.argv) > 1 else "").split(
+        "|"
+    )  # run the cases whose name holds one of these
     lib = mp.preload_library()
     base = dict(os.environ, FERRY_DEBUG="1", FERRY_TIMEOUT_S="5")
     cases = []
@@ -121,7 +123,7 @@ def main():
         for label, env, body in list(cases)
     ]
     for label, env, body in cases:
-        if only not in label:
+        if not any(part in label for part in only):
             continue
         try:
             r = subprocess.run(
