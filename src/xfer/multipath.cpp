@@ -605,10 +605,13 @@ void MultipathEngine::watch() {
       if (w.reached_at == 0 || now - w.reached_at < timeout_s_ + 1.0) continue;
       if (error_.empty())
         error_ = "multipath: a copy did not land within " + std::to_string(timeout_s_) +
-                 " s of its stream getting to it, and the engine's thread was held in a CUDA call meanwhile. One "
-                 "known cause: a kernel launched for the first time while a copy holds its stream, under lazy module "
-                 "loading (CUDA_MODULE_LOADING=LAZY, the default); launch every kernel once before, or set "
-                 "CUDA_MODULE_LOADING=EAGER. Every stream was let go; copies not landed then are incomplete";
+                 " s of its stream getting to it (the engine's thread held in a CUDA call, or its copies held "
+                 "behind the waiting stream). Known causes: a kernel launched for the first time while a copy "
+                 "holds its stream, under lazy module loading (CUDA_MODULE_LOADING=LAZY, the default: launch every "
+                 "kernel once before, or set CUDA_MODULE_LOADING=EAGER), and under eager loading with streams "
+                 "sharing few hardware queues (CUDA_DEVICE_MAX_CONNECTIONS 8, the default, or less: 32 makes it "
+                 "rarer); cudaFree while a copy is in flight. Every stream was let go; copies not landed then are "
+                 "incomplete";
       debug_log(error_);
       broken_ = true;
       halted_ = true;
