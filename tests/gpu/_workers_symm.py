@@ -403,11 +403,13 @@ class Suite:
             return torch.randint(-8, 9, (W * count,), device=dev, generator=g).to(dtype)
 
         # 7, 8, 9, 10: all_reduce asking for the low-latency, one-shot, two-shot and low-latency two-shot algorithms;
-        # 11: kAuto, after which the last block copies all of dst in the same kernel.
+        # 11: kAuto, after which the last block copies all of dst in the same kernel; 12: two low-latency calls
+        # by name back to back, grid_sync, then kAuto over the first one's result (float and int32: exact sums).
         cases = (
             [(c, 3, 0) for c in (0, 1, 2, 6)]
             + [(c, d, op) for c in (3, 4, 5, 7, 8, 9, 10) for d, _ in dtypes for op in (0, 1, 2)]
             + [(11, d, 0) for d, _ in dtypes]
+            + [(12, d, 0) for d in (0, 3)]
         )
         for start, stride, size in teams:
             members = [start + i * stride for i in range(size)]
@@ -461,6 +463,12 @@ class Suite:
                         elif coll == 2:
                             for j, m in enumerate(members):
                                 exp[j * count : (j + 1) * count] = ins[m][my * count : (my + 1) * count]
+                        elif coll == 12:
+                            n = count // 2
+                            red = torch.stack([ins[m][:n].double() for m in members]).sum(0)
+                            exp[:n] = red.to(dtype)
+                            exp[n : 2 * n] = red.to(dtype)
+                            exp[2 * n : 3 * n] = (red * len(members)).to(dtype)
                         elif coll in (3, 4, 5, 7, 8, 9, 10, 11):
                             blk = slice(my * count, (my + 1) * count) if coll == 5 else slice(0, count)
                             stack = torch.stack([ins[m][blk].double() for m in members])

@@ -119,6 +119,8 @@ __global__ void barrier_kernel(Heap h, int start, int stride, int size, uint64_t
 // coll: 0 broadcast, 1 fcollect, 2 alltoall, 3 reduce, 4 all_reduce, 5 reduce_scatter, 6 barrier_all,
 // 7/8/9/10 all_reduce asking for the low-latency / one-shot / two-shot / low-latency two-shot algorithm
 // 11 all_reduce (kAuto), then the last block copies dst[0, count) to dst[count, 2 count)
+// 12 (n = count / 2) two low-latency all_reduces by name back to back into dst[0, n) and dst[n, 2n), grid_sync,
+//    then kAuto over dst[0, n) into dst[2n, 3n)
 template <class T>
 __device__ bool run_coll(const Heap& h, const Team& t, int coll, void* dst, const void* src, uint64_t count, int root,
                          ReduceOp op) {
@@ -145,6 +147,16 @@ __device__ bool run_coll(const Heap& h, const Team& t, int coll, void* dst, cons
       return all_reduce(h, t, d, s, count, op, AllReduceAlgo::kTwoShot);
     case 10:
       return all_reduce(h, t, d, s, count, op, AllReduceAlgo::kLowLatencyTwoShot);
+    case 12: {
+      // n = count / 2: two low-latency calls by name back to back (same
+      // shape, no grid sync between them) into dst[0, n) and dst[n, 2n);
+      // grid_sync; then kAuto over dst[0, n) into dst[2n, 3n).
+      const uint64_t n = count / 2;
+      if (!all_reduce(h, t, d, s, n, op, AllReduceAlgo::kLowLatency)) return false;
+      if (!all_reduce(h, t, d + n, s, n, op, AllReduceAlgo::kLowLatency)) return false;
+      if (!grid_sync(h)) return false;
+      return all_reduce(h, t, d + 2 * n, d, n, op);
+    }
     case 11: {
       // kAuto returns with all of dst: the grid's last block copies all of it
       // to dst + count right away (other blocks' shares included).

@@ -1,26 +1,30 @@
+// clang-format off
 /* Collectives over a team, run by whole grids: every block of a kernel on
  * every member calls them, with the same grid size (at most kMaxGridBlocks
  * blocks) and the same arguments, and the blocks split the work.
  *
- *   barrier_all(h, team)                                   every block of every member arrived
- *   broadcast(h, team, dst, src, count, root)              root's src into every member's dst
- *   fcollect(h, team, dst, src, count)                     all-gather: member i's src into dst[i * count ...]
- *   alltoall(h, team, dst, src, count)                     member i's src[j * count ...] into member j's dst[i * count
- * ...] reduce(h, team, dst, src, count, op, root)             root's dst = op over members' src all_reduce(h, team,
- * dst, src, count, op)               every member's dst = op over members' src reduce_scatter(h, team, dst, src, count,
- * op)           member i's dst = op over members' src[i * count ...]
+ *   grid_sync(h)                                   every block of this rank's grid arrived (no peers)
+ *   barrier_all(h, team)                           every block of every member arrived
+ *   broadcast(h, team, dst, src, count, root)      root's src into every member's dst
+ *   fcollect(h, team, dst, src, count)             all-gather: member i's src into dst[i * count ...]
+ *   alltoall(h, team, dst, src, count)             member i's src[j * count ...] into member j's dst[i * count ...]
+ *   reduce(h, team, dst, src, count, op, root)     root's dst = op over members' src
+ *   all_reduce(h, team, dst, src, count, op, algo) every member's dst = op over members' src
+ *   reduce_scatter(h, team, dst, src, count, op)   member i's dst = op over members' src[i * count ...]
  *
  * dst and src are on the heap (the same objects on every member) and do not
- * overlap; root is a team rank. T: float, __half, __nv_bfloat16, int32_t (reductions; halves
- * add in float), any trivially copyable T for the others. Each call starts
- * and ends with barrier_all: on return dst is complete here and src may be
- * written again (all_reduce's low-latency algorithms, coll_algo.cuh, have
- * no barrier with the other members: they return once this rank's dst is
- * complete, and src may be written again at once). Returns false when a wait gave up (h.timeout_ns; heap.check()
- * names the peer) or the grid is larger than kMaxGridBlocks; dst is then
- * undefined, and the heap's barrier words are out of step: close the heap (a
- * later barrier could pass early). Pushes (broadcast, fcollect, alltoall) are stores over NVLink
- * from SMs; reductions read every member's src. */
+ * overlap; root is a team rank. T: float, __half, __nv_bfloat16, int32_t
+ * (reductions; halves add in float), any trivially copyable T for the others.
+ * Each call starts and ends with barrier_all: on return dst is complete here
+ * and src may be written again. all_reduce's low-latency algorithms
+ * (coll_algo.cuh) have no barrier with the other members; what they leave
+ * done on return is above all_reduce. Returns false when a wait gave up
+ * (h.timeout_ns; heap.check() names the peer) or the grid is larger than
+ * kMaxGridBlocks; dst is then undefined, and the heap's barrier words are out
+ * of step: close the heap (a later barrier could pass early). Pushes
+ * (broadcast, fcollect, alltoall) are stores over NVLink from SMs; reductions
+ * read every member's src. */
+// clang-format on
 #ifndef FERRY_DEVICE_COLL_CUH_
 #define FERRY_DEVICE_COLL_CUH_
 
@@ -46,8 +50,9 @@ __device__ __forceinline__ unsigned grid_block() {
   return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
 }
 
-/* Thread 0 of each block: every block of this rank's grid arrived, with the
- * stores its block made before (the caller's __syncthreads). A grid of
+/* Thread 0 of each block (grids of at most kMaxGridBlocks): every block of
+ * this rank's grid arrived, with the stores its block made before (the
+ * caller's __syncthreads). A grid of
  * `blocks` counts on its own word, raised only by grids of that size, whole
  * (one grid per rank at a time), so a round ends at the next multiple of
  * `blocks`: one atomic and a poll, nothing to reset. */
@@ -519,6 +524,24 @@ __device__ inline void push_slice(const Heap& h, char* dst, const char* src, uin
 
 }  // namespace impl
 
+/* Every block of this rank's grid arrived, and each block's earlier stores
+ * are visible to the others; no peer takes part. Called by every thread of
+ * every block. Between collectives that split buffers differently (above
+ * all_reduce), or before a block reads what another block wrote. */
+__device__ inline bool grid_sync(const Heap& h) {
+  __shared__ int ok;
+  __syncthreads();
+  if (impl::scope_lane<Scope::kBlock>() == 0) {
+    ok = impl::grid_blocks() <= unsigned(kMaxGridBlocks);
+    if (!ok)
+      impl::report(h, WaitKind::kBadGrid, -1);
+    else
+      ok = impl::local_grid_sync(h);
+  }
+  __syncthreads();
+  return ok != 0;
+}
+
 /* Every block of every member of the team arrived (and its earlier stores landed). */
 __device__ inline bool barrier_all(const Heap& h, const Team& t) {
   __shared__ int ok, failed;
@@ -581,11 +604,15 @@ __device__ inline bool reduce(const Heap& h, const Team& t, T* dst, const T* src
  *   kAuto, kOneShot, kTwoShot   all of this rank's dst, and this rank's src
  *                               may be written again
  *   kLowLatency, kLowLatencyTwoShot asked by name
- *                               this block's share of dst only: synchronize
- *                               the grid (or end the kernel) before reading the
- *                               rest of dst, writing src, or calling with
- *                               another count or grid on an overlapping dst;
- *                               no grid-wide wait is why one asks for them
+ *                               this block's share of dst only. The blocks
+ *                               split the work by algorithm, element type,
+ *                               count and grid: call grid_sync(h) (or end the
+ *                               kernel) before reading the rest of dst,
+ *                               writing src, or a next collective on
+ *                               overlapping buffers that differs in any of
+ *                               these (kAuto on the same count may pick the
+ *                               other low-latency form); no grid-wide wait is
+ *                               why one asks for them
  * The low-latency algorithms (also under kAuto) end without a barrier with
  * the other members: when this rank returns, a peer may still be writing its
  * own dst (barrier_all before touching peers' copies). */
