@@ -48,16 +48,25 @@ DEFECT = pytest.mark.xfail(
 )
 
 
+# With 32 hardware queues per GPU (CUDA_DEVICE_MAX_CONNECTIONS) the probe's
+# case nearest the defect passed where 8 and 1 failed (docs/multipath.md): an
+# expected failure too until runs of this program say otherwise (XPASS).
+QUEUES_32 = pytest.mark.xfail(strict=False, reason="open defect; 32 hardware queues passed once in a probe")
+
+
 @pytest.mark.parametrize(
-    "first",
+    "first,queues",
     [
-        pytest.param("", id="copy-first", marks=DEFECT),
-        pytest.param(KERNEL_FIRST, id="kernel-first", marks=DEFECT),
+        pytest.param("", None, id="copy-first", marks=DEFECT),
+        pytest.param(KERNEL_FIRST, None, id="kernel-first", marks=DEFECT),
+        pytest.param("", "32", id="copy-first-32-queues", marks=QUEUES_32),
     ],
 )
-def test_unmodified_torch_program_under_ld_preload(first):
+def test_unmodified_torch_program_under_ld_preload(first, queues):
     lib = mp.preload_library()
     env = dict(os.environ, LD_PRELOAD=lib, FERRY_DEBUG="1", CUDA_MODULE_LOADING="EAGER", FERRY_TIMEOUT_S="10")
+    if queues:
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = queues
     run = subprocess.run(
         [sys.executable, "-c", first + PROGRAM], env=env, capture_output=True, text=True, timeout=180
     )
