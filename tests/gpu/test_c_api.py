@@ -22,29 +22,31 @@ def _example_binary(name: str = "ferry_example_c") -> str:
     return cmake_target(name, name)
 
 
+def _run_example(name: str, *args: str, **env_extra: str) -> str:
+    """Runs example `name` (built by CMake) with `args`; its stdout, once it exited 0."""
+    env = dict(os.environ, **_checks.SAFE_ENV, **env_extra)
+    run = subprocess.run([_example_binary(name), *args], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return run.stdout
+
+
 @pytest.mark.parametrize("mode", ["one-process", "process-per-gpu"])
 def test_c_api_end_to_end(mode):
     if mode == "process-per-gpu" and GPU_COUNT < 2:
         pytest.skip("one process per GPU needs 2 GPUs")
     args = [] if mode == "one-process" else ["--processes", str(min(GPU_COUNT, 8))]
-    env = dict(os.environ, **_checks.SAFE_ENV)
-    if GPU_COUNT < 2:
-        env["FERRY_SHARED_GPUS"] = "1"  # two ranks on the one GPU (testing only)
-    run = subprocess.run([_example_binary(), *args], env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert run.stdout.startswith("ok"), run.stdout
+    # Two ranks on the one GPU (testing only) where there is one.
+    shared = {"FERRY_SHARED_GPUS": "1"} if GPU_COUNT < 2 else {}
+    out = _run_example("ferry_example_c", *args, **shared)
+    assert out.startswith("ok"), out
 
 
 def test_kv_c_api_end_to_end():
     # 64 KiB slices: the 1.6 MB of pages of each sliced call go in 25 of them.
-    env = dict(os.environ, **_checks.SAFE_ENV, FERRY_KV_SLICE_BYTES="65536")
-    run = subprocess.run(
-        [_example_binary("ferry_example_kv_c")], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "kv_c_api: all checks passed" in run.stdout, run.stdout
+    out = _run_example("ferry_example_kv_c", FERRY_KV_SLICE_BYTES="65536")
+    assert "kv_c_api: all checks passed" in out, out
     # Every mode, whole and sliced, ran and left the pages it was not asked to touch alone.
-    assert run.stdout.count("0 wrong pages, untouched pages intact") == 15, run.stdout
+    assert out.count("0 wrong pages, untouched pages intact") == 15, out
 
 
 @pytest.mark.parametrize("gpus", [1, 2, 4])
@@ -53,31 +55,15 @@ def test_multipath_c_api_end_to_end(gpus):
     way, checked byte for byte; with one GPU through two relays on that GPU."""
     if gpus > 1 and gpus > GPU_COUNT:
         pytest.skip(f"needs {gpus} GPUs")
-    env = dict(os.environ, **_checks.SAFE_ENV)
-    run = subprocess.run(
-        [_example_binary("ferry_example_multipath_c"), str(gpus)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    out = _run_example("ferry_example_multipath_c", str(gpus))
     links = 3 if gpus == 1 else gpus
-    assert f"multipath_c: all checks passed ({links} links)" in run.stdout, run.stdout
-    assert run.stdout.count(" 0 wrong bytes of ") == 5, run.stdout
+    assert f"multipath_c: all checks passed ({links} links)" in out, out
+    assert out.count(" 0 wrong bytes of ") == 5, out
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_symm_ring_example(ranks):
-    env = dict(os.environ, **_checks.SAFE_ENV)
-    if ranks > GPU_COUNT:
-        env["FERRY_SHARED_GPUS"] = "1"  # several ranks on one GPU (testing only)
-    run = subprocess.run(
-        [_example_binary("ferry_example_symm_ring"), str(ranks)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "symm_ring: ok" in run.stdout, run.stdout
+    # Several ranks on one GPU (testing only) where there are fewer GPUs.
+    shared = {"FERRY_SHARED_GPUS": "1"} if ranks > GPU_COUNT else {}
+    out = _run_example("ferry_example_symm_ring", str(ranks), **shared)
+    assert "symm_ring: ok" in out, out
