@@ -38,6 +38,8 @@ const char* kind_name(uint32_t kind) {
       return "barrier_on_stream";
     case device::WaitKind::kBadGrid:
       return "a collective with a grid of more blocks than it takes";
+    case device::WaitKind::kGridSync:
+      return "the wait among its own grid's blocks (grid_sync, or a collective's first step)";
   }
   return "a wait";
 }
@@ -337,6 +339,10 @@ void SymmetricHeap::check() {
     const uint32_t kind = static_cast<uint32_t>((w >> 32) & 0xff);
     const int peer = static_cast<int>(static_cast<uint32_t>(w));
     std::string who = peer < 0 ? std::string("a signal from any rank") : "rank " + std::to_string(peer);
+    if (kind == static_cast<uint32_t>(device::WaitKind::kGridSync))
+      who =
+          "every block of its grid to arrive (all of them must run at once: at most kMaxGridBlocks, and no block "
+          "returning before the others)";
     if (kind == static_cast<uint32_t>(device::WaitKind::kBadGrid))
       throw_error(FERRY_ERROR_INVALID_ARGUMENT,
                   "rank " + std::to_string(group_.ranks[i]) + " called " + kind_name(kind) + " (at most " +

@@ -71,7 +71,7 @@ __device__ inline bool local_grid_sync(const Heap& h) {
         asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(count) : "memory");
         return v >= target;
       },
-      WaitKind::kBarrier, h.rank);
+      WaitKind::kGridSync, -1);
 }
 
 /* Thread 0 of one block: the grid and the team are usable, and every block of this rank arrived. */

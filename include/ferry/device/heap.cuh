@@ -70,7 +70,8 @@ enum class WaitKind : uint32_t {
   kBadTeam = 4,
   kStreamWait = 5,    /* the host API's wait on a stream */
   kStreamBarrier = 6, /* barrier_on_stream */
-  kBadGrid = 7        /* a collective's grid larger than kMaxGridBlocks */
+  kBadGrid = 7,       /* a collective's grid larger than kMaxGridBlocks */
+  kGridSync = 8       /* the wait among this rank's own blocks (grid_sync, and the collectives' first step) */
 };
 
 /* The word such a wait leaves in Heap::fault (the first one stays):
