@@ -348,6 +348,25 @@ __device__ __forceinline__ void unpack_unit(T* dst, uint64_t u, uint64_t count, 
     if (u * E + k < count) dst[u * E + k] = e[k];
 }
 
+/* Unit u reduced in team order: this rank's from src, each peer's from line
+ * `line` of its region of this rank's receive slot (this block's, the
+ * round's parity), once it carries the round's tag. Clears *good when a wait
+ * gave up. */
+template <class T>
+__device__ inline uint32_t reduce_unit_lines(const Heap& h, const Team& t, const T* src, uint64_t u, uint64_t count,
+                                             const uint64_t* rounds, const uint32_t* tags, unsigned block,
+                                             uint64_t line, ReduceOp op, bool* good) {
+  typename Acc<T>::type acc[4 / sizeof(T)];
+  for (int i = 0; i < t.size && *good; ++i) {
+    const int p = team_world_rank(t, i);
+    const uint32_t word =
+        p == h.rank ? pack_unit(src, u, count)
+                    : wait_line(h, h.low_latency_slot(h.rank, rounds[p] & 1, p, block) + line, tags[p], p, good);
+    combine_unit<T>(acc, word, i == 0, op);
+  }
+  return pack_acc<T>(acc);
+}
+
 /* The start of a low-latency call, by the whole block: this call's round
  * with each member (per peer and block) into `rounds` (by world rank), and
  * this block's token, the round, to each member. Returns false, with the
@@ -399,14 +418,14 @@ __device__ inline bool low_latency_end(const Heap& h, const Team& t, const uint6
     good = spin(
         h, [&] { return load_line(token) >= rounds[p]; }, WaitKind::kBarrier, p);
   }
-  __shared__ int all_good;
-  if (lane == 0) all_good = 1;
-  __syncthreads();
-  if (!good) all_good = 0;
-  __syncthreads();
-  if (whole_grid && lane == 0 && grid_blocks() > 1 && !local_grid_sync(h)) all_good = 0;
-  __syncthreads();
-  return all_good != 0;
+  bool all_good = __syncthreads_and(good ? 1 : 0) != 0;  // also: the block's share of dst is written
+  if (whole_grid) {                                      // the same on every thread of the block
+    __shared__ int grid_good;
+    if (lane == 0) grid_good = local_grid_sync(h);
+    __syncthreads();
+    all_good = all_good && grid_good;
+  }
+  return all_good;
 }
 
 /* Low latency, one shot: each block pushes its slice of src, one 4-byte unit
@@ -419,7 +438,6 @@ template <class T>
 __device__ inline bool low_latency_all_reduce(const Heap& h, const Team& t, T* dst, const T* src, uint64_t count,
                                               ReduceOp op, bool whole_grid) {
   static_assert(sizeof(T) == 2 || sizeof(T) == 4, "the low-latency format carries 2- and 4-byte elements");
-  using A = typename Acc<T>::type;
   constexpr int E = 4 / sizeof(T);
   __shared__ uint64_t rounds[kLowLatencyMaxRanks];
   __shared__ uint32_t tags[kLowLatencyMaxRanks];
@@ -438,16 +456,8 @@ __device__ inline bool low_latency_all_reduce(const Heap& h, const Team& t, T* d
   }
   bool good = true;
   for (uint64_t u = begin + lane; u < end && good; u += lanes) {
-    A acc[E];
-    for (int i = 0; i < t.size && good; ++i) {
-      const int p = team_world_rank(t, i);
-      const uint32_t word =
-          p == h.rank
-              ? pack_unit(src, u, count)
-              : wait_line(h, h.low_latency_slot(h.rank, rounds[p] & 1, p, block) + (u - begin), tags[p], p, &good);
-      combine_unit<T>(acc, word, i == 0, op);
-    }
-    if (good) unpack_unit(dst, u, count, pack_acc<T>(acc));
+    const uint32_t out = reduce_unit_lines(h, t, src, u, count, rounds, tags, block, u - begin, op, &good);
+    if (good) unpack_unit(dst, u, count, out);
   }
   return low_latency_end(h, t, rounds, good, whole_grid);
 }
@@ -463,7 +473,6 @@ template <class T>
 __device__ inline bool low_latency_two_shot(const Heap& h, const Team& t, T* dst, const T* src, uint64_t count,
                                             ReduceOp op, bool whole_grid) {
   static_assert(sizeof(T) == 2 || sizeof(T) == 4, "the low-latency format carries 2- and 4-byte elements");
-  using A = typename Acc<T>::type;
   constexpr int E = 4 / sizeof(T);
   constexpr uint64_t kHalf = kLowLatencyBlockLines / 2;  // lines in half a block's region
   __shared__ uint64_t rounds[kLowLatencyMaxRanks];
@@ -486,16 +495,8 @@ __device__ inline bool low_latency_two_shot(const Heap& h, const Team& t, T* dst
   bool good = true;
   for (uint64_t j = b0 + lane; j < b1 && t.my * part + j < units && good; j += lanes) {
     const uint64_t u = t.my * part + j;
-    A acc[E];
-    for (int i = 0; i < t.size && good; ++i) {
-      const int p = team_world_rank(t, i);
-      const uint32_t word =
-          p == h.rank ? pack_unit(src, u, count)
-                      : wait_line(h, h.low_latency_slot(h.rank, rounds[p] & 1, p, block) + (j - b0), tags[p], p, &good);
-      combine_unit<T>(acc, word, i == 0, op);
-    }
+    const uint32_t out = reduce_unit_lines(h, t, src, u, count, rounds, tags, block, j - b0, op, &good);
     if (!good) break;
-    const uint32_t out = pack_acc<T>(acc);
     unpack_unit(dst, u, count, out);
     for (int k = 1; k < t.size; ++k) {
       const int p = team_world_rank(t, (t.my + k) % t.size);
