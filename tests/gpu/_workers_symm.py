@@ -50,6 +50,7 @@ class Kernels:
             "ft_atomic": [P, I, I, P, U, I, I, I, I, P, P],
             "ft_barrier": [P, I, I, I, I, P, I, P, P],
             "ft_coll": [P, I, I, I, P, P, U, I, I, I, I, I, P, P],
+            "ft_grid_sync_fault": [P, P, P],
         }
         for name, args in sig.items():
             getattr(lib, name).argtypes = args
@@ -1043,6 +1044,20 @@ def timeouts(ferry, torch, world: int, stream_wait: bool) -> list:
     if out.tolist()[1] != 1:
         fails.append(f"a barrier without rank 1 returned {out.tolist()}")
     expect_fault(heap, r"a barrier on rank 0 waited for rank 1", ferry.PeerTimeoutError, "device barrier", t0)
+    heap.close()
+
+    # A grid whose second block returns before grid_sync: the first block gives up.
+    heap = ferry.symm.Heap(comm, capacity=64 << 20)
+    out = torch.full((1,), -1, dtype=torch.int32, device=devs[0])
+    torch.cuda.synchronize()
+    t0 = time.monotonic()
+    k.grid_sync_fault(raw(heap, 0), out.data_ptr(), streams[0].cuda_stream)
+    streams[0].synchronize()
+    if out.tolist() != [0]:
+        fails.append(f"grid_sync without the grid's second block returned {out.tolist()}")
+    expect_fault(
+        heap, r"on rank 0 waited for every block of its grid", ferry.PeerTimeoutError, "grid sync", t0
+    )
     heap.close()
 
     # A team this rank is not in.

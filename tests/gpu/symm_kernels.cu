@@ -116,6 +116,13 @@ __global__ void barrier_kernel(Heap h, int start, int stride, int size, uint64_t
   }
 }
 
+// A grid whose block 1 returns at once: block 0's grid_sync gives up and reports kGridSync.
+__global__ void grid_sync_fault_kernel(Heap h, int* out) {
+  if (blockIdx.x == 1) return;
+  const bool ok = grid_sync(h);
+  if (threadIdx.x == 0) out[0] = ok;
+}
+
 // coll: 0 broadcast, 1 fcollect, 2 alltoall, 3 reduce, 4 all_reduce, 5 reduce_scatter, 6 barrier_all,
 // 7/8/9/10 all_reduce asking for the low-latency / one-shot / two-shot / low-latency two-shot algorithm
 // 11 all_reduce (kAuto), then the last block copies dst[0, count) to dst[count, 2 count)
@@ -262,6 +269,11 @@ int ft_coll(const void* raw, int coll, int dtype, int redop, void* dst, const vo
             int start, int stride, int size, int blocks, int* ok, cudaStream_t s) {
   coll_kernel<<<blocks, 256, 0, s>>>(heap_from_bytes(raw), coll, dtype, redop, dst, src, count, root, start, stride,
                                      size, ok);
+  return cudaGetLastError();
+}
+
+int ft_grid_sync_fault(const void* raw, int* out, cudaStream_t s) {
+  grid_sync_fault_kernel<<<2, 64, 0, s>>>(heap_from_bytes(raw), out);
   return cudaGetLastError();
 }
 
