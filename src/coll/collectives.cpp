@@ -186,7 +186,7 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
 
   // Before any per-rank check that could fail on one rank only: growing the
   // scratch is itself collective.
-  const Registration* scr = nullptr;
+  const ScratchBlock* scr = nullptr;
   if (scratch_need) {
     scr = find_scratch(scratch_need);
     if (!scr && capturing)
@@ -199,7 +199,7 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
   }
   std::vector<char*> scratch_by_rank(world_, nullptr);
   if (scr)
-    for (int p = 0; p < world_; ++p) scratch_by_rank[p] = scr->base[p];
+    for (int p = 0; p < world_; ++p) scratch_by_rank[p] = heap_->at(p, scr->offset);
 
   std::vector<Built> out(n);
   for (int i = 0; i < n; ++i) {
@@ -339,21 +339,18 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
   return out;
 }
 
-const Communicator::Registration* Communicator::find_scratch(size_t bytes) const {
-  for (const auto& reg : registrations_)
-    if (reg.id == scratch_registration_ && reg.size[rank(0)] >= bytes) return &reg;
-  return nullptr;
+const Communicator::ScratchBlock* Communicator::find_scratch(size_t bytes) const {
+  return !scratch_.empty() && scratch_.back().bytes >= bytes ? &scratch_.back() : nullptr;
 }
 
-const Communicator::Registration& Communicator::scratch(size_t bytes) {
-  if (const Registration* reg = find_scratch(bytes)) return *reg;
+const Communicator::ScratchBlock& Communicator::scratch(size_t bytes) {
+  if (const ScratchBlock* s = find_scratch(bytes)) return *s;
   // Grow (collective: every rank makes the same call, the collective that
-  // needs it or reserve_scratch()). The old scratch stays mapped until close:
-  // graphs and prepared collectives may still point at it.
-  Registration& reg = allocate_registration(round_up(bytes, size_t(2) << 20));
-  reg.scratch = true;
-  scratch_registration_ = reg.id;
-  return reg;
+  // needs it or reserve_scratch()). The old block stays allocated until
+  // close: graphs and prepared collectives may still point at it.
+  const size_t size = round_up(bytes, size_t(2) << 20);
+  scratch_.push_back(ScratchBlock{heap_->alloc(size, size_t(2) << 20, {}), size});
+  return scratch_.back();
 }
 
 void Communicator::reserve_scratch(size_t bytes) {

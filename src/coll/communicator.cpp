@@ -69,14 +69,25 @@ void Communicator::init_common(double timeout_s, int device) {
 }
 
 namespace {
-// This rank's ready and done flags: zeroed GPU memory that the GPUs in `access` can write.
-VmmMapping new_device_flags(int device, bool exportable, const std::vector<int>& access, cudaStream_t stream) {
-  VmmMapping m = vmm_allocate(device, sizeof(DeviceFlags), exportable, access);
-  FERRY_CUDA_CHECK(cudaMemsetAsync(reinterpret_cast<void*>(m.ptr), 0, m.size, stream));
-  FERRY_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return m;
-}
+// ferry's heap maps what its allocations need, one granule at a time: ranks
+// sharing a GPU (FERRY_SHARED_GPUS) map no more than they use.
+constexpr size_t kOwnHeapChunk = size_t(2) << 20;
+// Scratch and the SM path's windows start on a granule, as the buffers they
+// were before the heap held them did.
+constexpr size_t kOwnHeapAlign = size_t(2) << 20;
 }  // namespace
+
+void Communicator::create_heap() {
+  heap_ = SymmetricHeap::create(group(), 0, kOwnHeapChunk);
+  // This rank's ready and done flags, zeroed before any peer may write them:
+  // in create(), peers start calling only after the setup's last all-gather.
+  device_flags_offset_ = heap_->alloc(sizeof(DeviceFlags), 4096, {});
+  for (auto& L : locals_) {
+    FERRY_CUDA_CHECK(cudaSetDevice(L->device));
+    FERRY_CUDA_CHECK(cudaMemsetAsync(device_flags(L->rank), 0, sizeof(DeviceFlags), L->engines->main()));
+    FERRY_CUDA_CHECK(cudaStreamSynchronize(L->engines->main()));
+  }
+}
 
 std::unique_ptr<Communicator::Local> Communicator::make_local(int rank, int device, int world) {
   FERRY_CUDA_CHECK(cudaSetDevice(device));
@@ -115,8 +126,6 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int world, int devi
   c->fds_ = std::make_unique<FdExchange>(rank, knob_string("FERRY_SOCKET_DIR"));
   c->flag_mem_.resize(world);
   c->flag_mem_[rank] = SharedHostMemory::create(sizeof(HostFlags));
-  c->device_flag_mem_.resize(world);
-  c->device_flag_mem_[rank] = new_device_flags(device, true, {device}, c->locals_[0]->engines->main());
 
   std::string mine =
       hostname() + "\n" + std::to_string(getpid()) + "\n" + pci_bus_id(device) + "\n" + c->fds_->socket_path() + "\n";
@@ -146,23 +155,18 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int world, int devi
         throw_error(FERRY_ERROR_INVALID_ARGUMENT, "ranks " + std::to_string(q) + " and " + std::to_string(p) +
                                                       " both drive GPU " + bus[p] + "; expected one GPU per rank");
   }
-  // Share the flag blocks: each rank sends its memfd and its device flags' fd to every peer.
-  for (int p = 0; p < world; ++p) {
-    if (p == rank) continue;
-    int device_fd = vmm_export_fd(c->device_flag_mem_[rank]);
-    c->fds_->send(c->socket_paths_[p], p, 1, {c->flag_mem_[rank].fd(), device_fd}, "", c->timeout_s_);
-    ::close(device_fd);
-  }
+  // Share the host flag blocks: each rank sends its memfd to every peer.
+  for (int p = 0; p < world; ++p)
+    if (p != rank) c->fds_->send(c->socket_paths_[p], p, 1, {c->flag_mem_[rank].fd()}, "", c->timeout_s_);
   std::vector<int> peers;
   for (int p = 0; p < world; ++p)
     if (p != rank) peers.push_back(p);
   auto got = c->fds_->receive(peers, 1, c->timeout_s_, "their flag memory");
   for (auto& [p, msg] : got) {
-    if (msg.fds.size() != 2) throw_error(FERRY_ERROR_INTERNAL, "rank " + std::to_string(p) + " sent no flag memory");
+    if (msg.fds.size() != 1) throw_error(FERRY_ERROR_INTERNAL, "rank " + std::to_string(p) + " sent no flag memory");
     c->flag_mem_[p] = SharedHostMemory::import(msg.fds[0], sizeof(HostFlags));
-    c->device_flag_mem_[p] = vmm_import(msg.fds[1], c->device_flag_mem_[rank].size, device);
-    ::close(msg.fds[1]);
   }
+  c->create_heap();
   c->create_one_shot_windows();
   c->allgather("ready", "communicator setup (mapping peers)");
   c->start_watchdog();
@@ -203,9 +207,9 @@ std::unique_ptr<Communicator> Communicator::create_local(const std::vector<int>&
     }
     c->locals_.push_back(make_local(i, devices[i], n));
     c->flag_mem_.push_back(SharedHostMemory::create(sizeof(HostFlags)));
-    c->device_flag_mem_.push_back(new_device_flags(devices[i], false, devices, c->locals_.back()->engines->main()));
     c->pids_.push_back(getpid());
   }
+  c->create_heap();
   c->create_one_shot_windows();
   c->start_watchdog();
   return c;
@@ -260,7 +264,7 @@ const Communicator::Registration* Communicator::find_registration(int local, con
   int r = rank(local);
   auto p = static_cast<const char*>(ptr);
   for (const auto& reg : registrations_)
-    if (!reg.scratch && p >= reg.base[r] && p + bytes <= reg.base[r] + reg.size[r]) return &reg;
+    if (p >= reg.base[r] && p + bytes <= reg.base[r] + reg.size[r]) return &reg;
   return nullptr;
 }
 
@@ -396,7 +400,7 @@ void Communicator::deregister(const std::vector<void*>& ptrs) {
   ensure_open("deregister");
   FERRY_ARG_CHECK(static_cast<int>(ptrs.size()) == local_count(), "deregister: expected one pointer per local rank");
   for (auto it = registrations_.begin(); it != registrations_.end(); ++it) {
-    if (it->scratch || it->base[rank(0)] != ptrs[0]) continue;
+    if (it->base[rank(0)] != ptrs[0]) continue;
     FERRY_ARG_CHECK(!it->owned, "deregister: this buffer came from alloc(); release it with free()");
     check_not_prepared(it->id, "deregister");
     refuse_if_armed("deregister");
@@ -413,7 +417,7 @@ void Communicator::free(const std::vector<void*>& ptrs) {
   ensure_open("free");
   FERRY_ARG_CHECK(static_cast<int>(ptrs.size()) == local_count(), "free: expected one pointer per local rank");
   for (auto it = registrations_.begin(); it != registrations_.end(); ++it) {
-    if (it->scratch || it->base[rank(0)] != ptrs[0]) continue;
+    if (it->base[rank(0)] != ptrs[0]) continue;
     FERRY_ARG_CHECK(it->owned, "free: this buffer was registered, not allocated by ferry; use deregister()");
     check_not_prepared(it->id, "free");
     refuse_if_armed("free");
@@ -441,18 +445,18 @@ void Communicator::create_one_shot_windows() {
   FERRY_ARG_CHECK(slot >= 0, "FERRY_SM_BYTES=" + std::to_string(slot) + ": expected 0 (off) or a byte count");
   if (slot == 0 || world_ > kOneShotMaxRanks) return;
   one_shot_slot_bytes_ = (static_cast<size_t>(slot) + 255) / 256 * 256;
-  Registration& reg = allocate_registration(one_shot_window_bytes(world_, one_shot_slot_bytes_));
-  reg.scratch = true;
-  for (int p = 0; p < world_; ++p) one_shot_windows_.base[p] = reg.base[p];
+  const size_t offset = heap_->alloc(one_shot_window_bytes(world_, one_shot_slot_bytes_), kOwnHeapAlign, {});
+  for (int p = 0; p < world_; ++p) one_shot_windows_.base[p] = heap_->at(p, offset);
   // The header and the low-latency slots (whatever holds a flag) zeroed before
   // any peer can write one: in create(), peers start calling only after the
   // setup's last all-gather, which comes after this.
   const size_t ll_begin = one_shot_ll_slot_offset(world_, one_shot_slot_bytes_, 0, 0);
   for (auto& L : locals_) {
     FERRY_CUDA_CHECK(cudaSetDevice(L->device));
-    FERRY_CUDA_CHECK(cudaMemsetAsync(reg.base[L->rank], 0, kOneShotHeaderBytes, L->engines->main()));
+    char* window = one_shot_windows_.base[L->rank];
+    FERRY_CUDA_CHECK(cudaMemsetAsync(window, 0, kOneShotHeaderBytes, L->engines->main()));
     FERRY_CUDA_CHECK(
-        cudaMemsetAsync(reg.base[L->rank] + ll_begin, 0, 2 * world_ * kOneShotLowLatencySlotBytes, L->engines->main()));
+        cudaMemsetAsync(window + ll_begin, 0, 2 * world_ * kOneShotLowLatencySlotBytes, L->engines->main()));
     FERRY_CUDA_CHECK(cudaStreamSynchronize(L->engines->main()));
   }
 }
@@ -563,8 +567,8 @@ void Communicator::close() {
   registrations_.clear();
   locals_.clear();
   flag_mem_.clear();
-  for (auto& m : device_flag_mem_) vmm_release(m);
-  device_flag_mem_.clear();
+  if (heap_) heap_->close();
+  heap_.reset();
   fds_.reset();
   closed_ = true;
 }

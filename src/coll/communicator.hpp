@@ -1,5 +1,7 @@
 // A communicator: the ranks, their flags, their registered buffers, and the
-// watchdog that bounds every wait. One process per GPU (create) or one process
+// watchdog that bounds every wait. ferry's own device memory (the flags, the
+// SM path's windows, scratch) lives on a symmetric heap of its own
+// (symm/heap.hpp). One process per GPU (create) or one process
 // driving several GPUs (create_local); the collectives below serve both, with
 // one entry per local rank in every array argument.
 #pragma once
@@ -31,6 +33,7 @@
 #include "coll/selector.hpp"
 #include "coll/signal_round.hpp"
 #include "dma/engine.hpp"
+#include "symm/heap.hpp"
 #include "symm/peer_buffer.hpp"
 #include "symm/shared_host_memory.hpp"
 
@@ -185,7 +188,6 @@ class Communicator {
   struct Registration {
     uint32_t id = 0;
     bool owned = false;           // from alloc(): ferry frees it
-    bool scratch = false;         // ferry's own (scratch, the SM path's windows)
     std::vector<char*> base;      // by rank, as mapped in this process
     std::vector<size_t> size;     // by rank
     std::vector<VmmMapping> vmm;  // to unmap/release on close
@@ -216,8 +218,13 @@ class Communicator {
   // selector's (the tuning table), else FERRY_SIGNALS for the signals.
   Resolved resolve(const CollectiveArgs& args) const;
   Expectation expectation(uint64_t seq, const CollectiveArgs& args, const Built& b) const;
-  const Registration* find_scratch(size_t bytes) const;
-  const Registration& scratch(size_t bytes);
+  // A block of the heap at the same offset on every rank.
+  struct ScratchBlock {
+    size_t offset = 0;
+    size_t bytes = 0;
+  };
+  const ScratchBlock* find_scratch(size_t bytes) const;
+  const ScratchBlock& scratch(size_t bytes);
   Registration& allocate_registration(size_t bytes);
   void check_not_prepared(uint32_t registration, const char* what) const;
   // Throws, naming `what`, while a prepared collective is armed and not triggered.
@@ -225,6 +232,9 @@ class Communicator {
   // synchronize() without refusing armed handles: the bounded wait, then
   // check() (close() drains armed runs whose gates it opened itself).
   void wait_for_enqueued();
+  // ferry's heap and the device flags on it (collective, at creation, once
+  // the group can exchange descriptors).
+  void create_heap();
   // The SM path's windows (collective, at creation; none with FERRY_SM_BYTES=0).
   void create_one_shot_windows();
   // Reports a ferry kernel (SM path, signal round) that gave up waiting (the watchdog looks).
@@ -276,7 +286,9 @@ class Communicator {
 
   HostFlags* host_flags(int rank) const { return static_cast<HostFlags*>(flag_mem_[rank].host()); }
   // `rank`'s ready and done flags, mapped in this process (GPU memory).
-  DeviceFlags* device_flags(int rank) const { return reinterpret_cast<DeviceFlags*>(device_flag_mem_[rank].ptr); }
+  DeviceFlags* device_flags(int rank) const {
+    return reinterpret_cast<DeviceFlags*>(heap_->at(rank, device_flags_offset_));
+  }
   // Copies this rank's ready flags into L.ready_snapshot on the rescue stream;
   // false when that cannot be done now (an earlier rescue still queued).
   bool snapshot_ready(int local);
@@ -298,9 +310,10 @@ class Communicator {
   double timeout_s_ = 300;
   AllGatherFn allgather_;
   std::vector<std::unique_ptr<Local>> locals_;
-  std::vector<SharedHostMemory> flag_mem_;   // by rank (HostFlags); peers' blocks imported
-  std::vector<VmmMapping> device_flag_mem_;  // by rank (DeviceFlags); peers' blocks imported
-  std::vector<int> pids_;                    // by rank
+  std::vector<SharedHostMemory> flag_mem_;  // by rank (HostFlags); peers' blocks imported
+  std::unique_ptr<SymmetricHeap> heap_;     // ferry's own device memory, every rank's mapped
+  size_t device_flags_offset_ = 0;          // DeviceFlags, on the heap
+  std::vector<int> pids_;                   // by rank
   std::unique_ptr<FdExchange> fds_;
   std::vector<std::string> socket_paths_;
   std::list<Registration> registrations_;  // a list: references stay valid
@@ -311,10 +324,12 @@ class Communicator {
   std::vector<SelectorRule> table_;
   std::vector<SelectorRule> startup_table_;  // what an empty set_selector_table restores
   std::string gpu_name_;                     // the GPU model, which picks shipped tables
-  uint32_t scratch_registration_ = 0;        // 0: none yet
-  bool signals_by_kernel_ = false;           // FERRY_SIGNALS=sm: what a call's signals="auto" means
-  size_t one_shot_slot_bytes_ = 0;           // bytes per source slot in a window (FERRY_SM_BYTES)
-  OneShotWindows one_shot_windows_{};        // by rank, as mapped in this process
+  // Scratch, largest last; earlier blocks stay allocated until close (graphs
+  // and prepared collectives may still point at them).
+  std::vector<ScratchBlock> scratch_;
+  bool signals_by_kernel_ = false;     // FERRY_SIGNALS=sm: what a call's signals="auto" means
+  size_t one_shot_slot_bytes_ = 0;     // bytes per source slot in a window (FERRY_SM_BYTES)
+  OneShotWindows one_shot_windows_{};  // by rank, as mapped in this process
   std::map<int, Prepared> prepared_;
   int next_handle_ = 1;
   std::mutex captured_mu_;

@@ -46,7 +46,7 @@ const char* kind_name(uint32_t kind) {
 
 }  // namespace
 
-std::unique_ptr<SymmetricHeap> SymmetricHeap::create(const Group& g, size_t capacity) {
+std::unique_ptr<SymmetricHeap> SymmetricHeap::create(const Group& g, size_t capacity, size_t min_chunk) {
   FERRY_ARG_CHECK(g.world >= 1 && g.world <= device::kMaxHeapRanks, "the heap's world is " + std::to_string(g.world) +
                                                                         " ranks; expected 1.." +
                                                                         std::to_string(device::kMaxHeapRanks));
@@ -58,12 +58,13 @@ std::unique_ptr<SymmetricHeap> SymmetricHeap::create(const Group& g, size_t capa
   CUmemAllocationProp prop = vmm_prop(g.devices[0], g.multi_process());
   FERRY_CU_CHECK(cu.MemGetAllocationGranularity(&h->granularity_, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
   h->capacity_ = heap_capacity(capacity, static_cast<size_t>(knob_int("FERRY_SYMM_HEAP_BYTES")), h->granularity_);
-  h->min_chunk_ = static_cast<size_t>(knob_int("FERRY_SYMM_CHUNK_BYTES"));
+  h->min_chunk_ = min_chunk ? min_chunk : static_cast<size_t>(knob_int("FERRY_SYMM_CHUNK_BYTES"));
   FERRY_ARG_CHECK(h->capacity_ > device::kHeapReservedBytes, "capacity is " + std::to_string(h->capacity_) +
                                                                  " bytes; expected more than " +
                                                                  std::to_string(device::kHeapReservedBytes));
   // Every rank must take the same capacity: it is the stride kernels use.
-  h->agree("create(capacity " + std::to_string(h->capacity_) + " bytes per rank)");
+  h->agree("create(capacity " + std::to_string(h->capacity_) + " bytes per rank, chunks of at least " +
+           std::to_string(h->min_chunk_) + " bytes)");
   h->allocator_ = HeapAllocator(h->capacity_, device::kHeapReservedBytes);
   const size_t range = h->capacity_ * static_cast<size_t>(g.world);
   CUresult r = cu.MemAddressReserve(&h->base_, range, h->granularity_, 0, 0);

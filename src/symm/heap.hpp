@@ -33,8 +33,10 @@ class SymmetricHeap {
  public:
   // Collective over the group. `capacity`: bytes of each rank's heap (0:
   // FERRY_SYMM_HEAP_BYTES); address space only, physical memory comes as
-  // allocations need it. The group's bootstrap must outlive the heap.
-  static std::unique_ptr<SymmetricHeap> create(const Group& group, size_t capacity);
+  // allocations need it. `min_chunk`: the least physical memory one growth
+  // maps (0: FERRY_SYMM_CHUNK_BYTES); the same on every rank. The group's
+  // bootstrap must outlive the heap.
+  static std::unique_ptr<SymmetricHeap> create(const Group& group, size_t capacity, size_t min_chunk = 0);
   ~SymmetricHeap();
   SymmetricHeap(const SymmetricHeap&) = delete;
   SymmetricHeap& operator=(const SymmetricHeap&) = delete;
