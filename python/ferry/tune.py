@@ -43,7 +43,7 @@ def selection_bytes(op: str, n: int, world: int) -> int:
     return n // world if op in ("all_to_all", "all_to_allv", "reduce_scatter", "all_reduce") else n
 
 
-# Ops the SM path runs (coll/one_shot.hpp); the others never take an "sm" rule.
+# Ops the SM path runs (coll/sm_path.hpp); the others never take an "sm" rule.
 SM_OPS = ("all_gather", "all_to_all", "all_to_allv", "broadcast", "reduce_scatter", "all_reduce")
 
 

@@ -17,7 +17,7 @@
 
 #include "coll/communicator.hpp"
 #include "coll/local_copy.hpp"
-#include "coll/one_shot.hpp"
+#include "coll/sm_path.hpp"
 #include "coll/reduce.hpp"
 #include "coll/selector.hpp"
 #include "coll/sm_holder.hpp"
@@ -231,7 +231,7 @@ NB_MODULE(_ferry, m) {
   m.def(
       "sm_path_refuses",
       [](const std::string& op, int world, size_t largest_block, size_t slot_bytes) {
-        return ferry::one_shot_unsupported(parse_op(op), world, largest_block, slot_bytes);
+        return ferry::sm_path_unsupported(parse_op(op), world, largest_block, slot_bytes);
       },
       "op"_a, "world"_a, "largest_block"_a, "slot_bytes"_a);
   m.def("split_batches", &ferry::split_batches, "count"_a, "batch_max"_a);

@@ -67,17 +67,17 @@ size_t Communicator::selection_bytes(const CollectiveArgs& a) const {
 
 Communicator::Resolved Communicator::choose(CollOp op, size_t bytes_per_rank) const {
   const Selection s =
-      select_variant_with_sm(op, world_, bytes_per_rank, bytes_per_rank, one_shot_slot_bytes_, forced_algo_, table_);
-  return {s.algo, kernel_signals(Signals::kAuto, s.signals, signals_by_kernel_)};
+      select_variant_with_sm(op, world_, bytes_per_rank, bytes_per_rank, sm_path_slot_bytes_, forced_algo_, table_);
+  return {s.algo, kernel_signals(Signals::kAuto, s.signals, kernel_signals_default_)};
 }
 
 size_t Communicator::sm_largest_block(const CollectiveArgs& a) const {
   const bool reduction = a.op == CollOp::kReduceScatter || a.op == CollOp::kAllReduce;
-  return one_shot_largest_block(a.op, reduction ? a.count * dtype_bytes(a.dtype) : a.bytes_per_rank, a.counts);
+  return sm_path_largest_block(a.op, reduction ? a.count * dtype_bytes(a.dtype) : a.bytes_per_rank, a.counts);
 }
 
 bool Communicator::sm_path_takes(CollOp op, size_t largest_block) const {
-  return one_shot_unsupported(op, world_, largest_block, one_shot_slot_bytes_).empty();
+  return sm_path_unsupported(op, world_, largest_block, sm_path_slot_bytes_).empty();
 }
 
 // An explicit algo wins (build() explains an "sm" the call cannot take),
@@ -86,8 +86,8 @@ Communicator::Resolved Communicator::resolve(const CollectiveArgs& a) const {
   const Selection s = a.algo != Algo::kAuto
                           ? Selection{a.algo, Signals::kAuto}
                           : select_variant_with_sm(a.op, world_, selection_bytes(a), sm_largest_block(a),
-                                                   one_shot_slot_bytes_, forced_algo_, table_);
-  return {s.algo, kernel_signals(a.signals, s.signals, signals_by_kernel_)};
+                                                   sm_path_slot_bytes_, forced_algo_, table_);
+  return {s.algo, kernel_signals(a.signals, s.signals, kernel_signals_default_)};
 }
 
 void Communicator::set_selector_table(const std::vector<SelectorRule>& rules) {
@@ -157,7 +157,7 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
   if (shape == 0) return {};
   const bool sm = resolve(a).algo == Algo::kSm;
   if (sm) {
-    const std::string why = one_shot_unsupported(a.op, world_, sm_largest_block(a), one_shot_slot_bytes_);
+    const std::string why = sm_path_unsupported(a.op, world_, sm_largest_block(a), sm_path_slot_bytes_);
     FERRY_ARG_CHECK(why.empty(), name + ": " + why);
   }
 
@@ -292,9 +292,9 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
     s.registration = reg_id;
     b.record = locals_[i]->records->intern(s);
     if (sm) {
-      b.program.add_one_shot(plan_one_shot(a.op, r, world_, in, o, shape, a.root, a.counts, sig,
-                                           reduction ? static_cast<uint32_t>(a.dtype) : 0,
-                                           reduction ? static_cast<uint32_t>(a.red_op) : 0));
+      b.program.add_sm_path(plan_sm_path(a.op, r, world_, in, o, shape, a.root, a.counts, sig,
+                                         reduction ? static_cast<uint32_t>(a.dtype) : 0,
+                                         reduction ? static_cast<uint32_t>(a.red_op) : 0));
       continue;
     }
     switch (a.op) {

@@ -65,7 +65,7 @@ void Communicator::init_common(double timeout_s, int device) {
                        .value_or(default_selector_table());
   table_ = startup_table_;
   forced_algo_ = parse_algo(knob_string("FERRY_ALGO"), "FERRY_ALGO");
-  signals_by_kernel_ = signals_by_kernel(knob_string("FERRY_SIGNALS"));
+  kernel_signals_default_ = kernel_signals_default(knob_string("FERRY_SIGNALS"));
 }
 
 namespace {
@@ -104,7 +104,7 @@ std::unique_ptr<Communicator::Local> Communicator::make_local(int rank, int devi
   local->kernel_fault = local->records->word();
   load_local_copy_kernels();
   load_reduce_kernels();
-  load_one_shot_kernels();
+  load_sm_path_kernels();
   load_signal_round_kernels();
   return local;
 }
@@ -167,7 +167,7 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int world, int devi
     c->flag_mem_[p] = SharedHostMemory::import(msg.fds[0], sizeof(HostFlags));
   }
   c->create_heap();
-  c->create_one_shot_windows();
+  c->create_sm_path_windows();
   c->allgather("ready", "communicator setup (mapping peers)");
   c->start_watchdog();
   return c;
@@ -210,7 +210,7 @@ std::unique_ptr<Communicator> Communicator::create_local(const std::vector<int>&
     c->pids_.push_back(getpid());
   }
   c->create_heap();
-  c->create_one_shot_windows();
+  c->create_sm_path_windows();
   c->start_watchdog();
   return c;
 }
@@ -430,7 +430,7 @@ void Communicator::free(const std::vector<void*>& ptrs) {
   throw_error(FERRY_ERROR_NOT_REGISTERED, "free: the pointer did not come from this communicator's alloc()");
 }
 
-void Communicator::create_one_shot_windows() {
+void Communicator::create_sm_path_windows() {
   const long long slot = knob_int("FERRY_SM_BYTES");
   if (multi_process_) {
     // Every rank computes peers' slot addresses from its own setting: they must agree.
@@ -443,20 +443,20 @@ void Communicator::create_one_shot_windows() {
   }
   // After the agreement check, so that every rank raises it.
   FERRY_ARG_CHECK(slot >= 0, "FERRY_SM_BYTES=" + std::to_string(slot) + ": expected 0 (off) or a byte count");
-  if (slot == 0 || world_ > kOneShotMaxRanks) return;
-  one_shot_slot_bytes_ = (static_cast<size_t>(slot) + 255) / 256 * 256;
-  const size_t offset = heap_->alloc(one_shot_window_bytes(world_, one_shot_slot_bytes_), kOwnHeapAlign, {});
-  for (int p = 0; p < world_; ++p) one_shot_windows_.base[p] = heap_->at(p, offset);
+  if (slot == 0 || world_ > kSmPathMaxRanks) return;
+  sm_path_slot_bytes_ = (static_cast<size_t>(slot) + 255) / 256 * 256;
+  const size_t offset = heap_->alloc(sm_path_window_bytes(world_, sm_path_slot_bytes_), kOwnHeapAlign, {});
+  for (int p = 0; p < world_; ++p) sm_path_windows_.base[p] = heap_->at(p, offset);
   // The header and the low-latency slots (whatever holds a flag) zeroed before
   // any peer can write one: in create(), peers start calling only after the
   // setup's last all-gather, which comes after this.
-  const size_t ll_begin = one_shot_ll_slot_offset(world_, one_shot_slot_bytes_, 0, 0);
+  const size_t ll_begin = sm_path_ll_slot_offset(world_, sm_path_slot_bytes_, 0, 0);
   for (auto& L : locals_) {
     FERRY_CUDA_CHECK(cudaSetDevice(L->device));
-    char* window = one_shot_windows_.base[L->rank];
-    FERRY_CUDA_CHECK(cudaMemsetAsync(window, 0, kOneShotHeaderBytes, L->engines->main()));
+    char* window = sm_path_windows_.base[L->rank];
+    FERRY_CUDA_CHECK(cudaMemsetAsync(window, 0, kSmPathHeaderBytes, L->engines->main()));
     FERRY_CUDA_CHECK(
-        cudaMemsetAsync(window + ll_begin, 0, 2 * world_ * kOneShotLowLatencySlotBytes, L->engines->main()));
+        cudaMemsetAsync(window + ll_begin, 0, 2 * world_ * kSmPathLowLatencySlotBytes, L->engines->main()));
     FERRY_CUDA_CHECK(cudaStreamSynchronize(L->engines->main()));
   }
 }

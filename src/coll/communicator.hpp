@@ -26,12 +26,12 @@
 #include "coll/flags.hpp"
 #include "coll/in_flight.hpp"
 #include "coll/local_copy.hpp"
-#include "coll/one_shot_kernel.hpp"
 #include "coll/program.hpp"
 #include "coll/record_pool.hpp"
 #include "coll/replay_cache.hpp"
 #include "coll/selector.hpp"
 #include "coll/signal_round.hpp"
+#include "coll/sm_path_kernel.hpp"
 #include "dma/engine.hpp"
 #include "symm/heap.hpp"
 #include "symm/peer_buffer.hpp"
@@ -115,7 +115,7 @@ class Communicator {
   // Whether algo "sm" takes `op` when the largest block one rank sends one
   // peer is `largest_block` bytes (this communicator's window and world).
   bool sm_path_takes(CollOp op, size_t largest_block) const;
-  // The largest block one rank sends one peer on the SM path (one_shot_largest_block).
+  // The largest block one rank sends one peer on the SM path (sm_path_largest_block).
   size_t sm_largest_block(const CollectiveArgs& a) const;
 
   // Throws the first asynchronous error (FERRY_ERROR_BROKEN after it was seen once).
@@ -236,7 +236,7 @@ class Communicator {
   // the group can exchange descriptors).
   void create_heap();
   // The SM path's windows (collective, at creation; none with FERRY_SM_BYTES=0).
-  void create_one_shot_windows();
+  void create_sm_path_windows();
   // Reports a ferry kernel (SM path, signal round) that gave up waiting (the watchdog looks).
   void check_kernel_fault(int local);
   Prepared& prepared(int handle, const char* what);
@@ -327,9 +327,9 @@ class Communicator {
   // Scratch, largest last; earlier blocks stay allocated until close (graphs
   // and prepared collectives may still point at them).
   std::vector<ScratchBlock> scratch_;
-  bool signals_by_kernel_ = false;     // FERRY_SIGNALS=sm: what a call's signals="auto" means
-  size_t one_shot_slot_bytes_ = 0;     // bytes per source slot in a window (FERRY_SM_BYTES)
-  OneShotWindows one_shot_windows_{};  // by rank, as mapped in this process
+  bool kernel_signals_default_ = false;  // FERRY_SIGNALS=sm: what a call's signals="auto" means
+  size_t sm_path_slot_bytes_ = 0;        // bytes per source slot in a window (FERRY_SM_BYTES)
+  SmPathWindows sm_path_windows_{};      // by rank, as mapped in this process
   std::map<int, Prepared> prepared_;
   int next_handle_ = 1;
   std::mutex captured_mu_;

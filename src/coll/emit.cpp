@@ -8,7 +8,7 @@
 //   5. one batch: wait for every source's done, reset those flags to 0
 // No kernel runs here unless the program has a reduction, the local block
 // is copied with the SM kernel, the call runs on the SM path (algo "sm",
-// one kernel instead of all of the above: coll/one_shot.hpp), or
+// one kernel instead of all of the above: coll/sm_path.hpp), or
 // the call signals by kernel (signals "sm": steps 1-2 and 4-5 as one
 // single-block kernel each: coll/signal_round.hpp).
 #include <algorithm>
@@ -52,14 +52,14 @@ void Communicator::emit(int local, const Built& b, const Emission& e) {
       case Step::Kind::kUnpack:
         dma::copy_batch(s, step.unpack);
         break;
-      case Step::Kind::kOneShot:
+      case Step::Kind::kSmPath:
         // A prepared call's kernel waits for the gate itself (launched now, it
         // is resident when the trigger comes).
         // The kernel's own bound comes a second after the watchdog's, which
         // names late peers from their progress; it is what bounds a kernel
         // replayed from a graph, which the watchdog cannot follow (test:
         // kernel_gives_up_in_a_graph, where this bound named the peer).
-        launch_one_shot(step.one_shot, one_shot_windows_, one_shot_slot_bytes_, kernel_wait(local, e.gate), s);
+        launch_sm_path(step.sm_path, sm_path_windows_, sm_path_slot_bytes_, kernel_wait(local, e.gate), s);
         break;
     }
   }

@@ -1,6 +1,6 @@
 // What a ferry kernel that waits for peers needs from the host: how to give
 // up, where to say so, and (prepared calls) which gate to wait for. Shared by
-// the SM path's kernel (coll/one_shot.hpp) and the signal rounds
+// the SM path's kernel (coll/sm_path.hpp) and the signal rounds
 // (coll/signal_round.hpp).
 #pragma once
 

@@ -26,12 +26,12 @@ void Program::add_unpack(std::vector<Copy> copies) {
   steps.push_back(std::move(s));
 }
 
-void Program::add_one_shot(const OneShotStep& o) {
+void Program::add_sm_path(const SmPathStep& o) {
   for (int p = 0; p < o.world; ++p)
     if (p != o.rank) targets_mask |= uint64_t(1) << p, sources_mask |= uint64_t(1) << p;
   Step s;
-  s.kind = Step::Kind::kOneShot;
-  s.one_shot = o;
+  s.kind = Step::Kind::kSmPath;
+  s.sm_path = o;
   steps.push_back(std::move(s));
 }
 

@@ -7,19 +7,19 @@
 #include <cstdint>
 #include <vector>
 
-#include "coll/one_shot.hpp"
 #include "coll/plan.hpp"
 #include "coll/reduce.hpp"
+#include "coll/sm_path.hpp"
 
 namespace ferry {
 
 struct Step {
-  enum class Kind { kExchange, kReduce, kUnpack, kOneShot };
+  enum class Kind { kExchange, kReduce, kUnpack, kSmPath };
   Kind kind = Kind::kExchange;
   Exchange exchange;         // kExchange
   ReduceStep reduce{};       // kReduce: an SM kernel
   std::vector<Copy> unpack;  // kUnpack: local copy-engine copies (in-place all-to-all)
-  OneShotStep one_shot;      // kOneShot: the whole collective as one SM kernel (algo "sm")
+  SmPathStep sm_path;        // kSmPath: the whole collective as one SM kernel (algo "sm")
   // kReduce: runs on a side stream after everything before it, so that the
   // next round's exchange goes on meanwhile. The next step that is not an
   // exchange, and the end of the call, wait for the side stream.
@@ -36,7 +36,7 @@ struct Program {
   void add_reduce(const ReduceStep& r, bool beside_next = false);
   void add_unpack(std::vector<Copy> copies);
   // Every peer both writes into this rank's window and is written to.
-  void add_one_shot(const OneShotStep& o);
+  void add_sm_path(const SmPathStep& o);
 };
 
 }  // namespace ferry

@@ -1,5 +1,5 @@
 // The arithmetic of ferry's reductions, shared by the reduction kernel after
-// copy-engine moves (coll/reduce.cu) and the SM path (coll/one_shot.cu):
+// copy-engine moves (coll/reduce.cu) and the SM path (coll/sm_path.cu):
 //   out[i] = src[0][i] op src[1][i] op ... op src[n-1][i]
 // with the sources in rank order, so every rank and every variant computes
 // the same bits; accumulated in float for 16-bit floats, rounded once.

@@ -62,10 +62,10 @@ std::string emission_key(const Program& program, const void* record, Algo algo, 
         put(key, s.unpack.size());
         for (const auto& c : s.unpack) put_copy(key, c);
         break;
-      case Step::Kind::kOneShot:
+      case Step::Kind::kSmPath:
         // Plain data without padding (asserted): its bytes are the key.
-        static_assert(std::has_unique_object_representations_v<OneShotStep>, "OneShotStep has padding");
-        put(key, s.one_shot);
+        static_assert(std::has_unique_object_representations_v<SmPathStep>, "SmPathStep has padding");
+        put(key, s.sm_path);
         break;
     }
   }
@@ -75,7 +75,7 @@ std::string emission_key(const Program& program, const void* record, Algo algo, 
 bool worth_capturing(uint64_t times_seen) { return times_seen >= 2; }
 
 bool replayable(const Program& program) {
-  return !(program.steps.size() == 1 && program.steps[0].kind == Step::Kind::kOneShot);
+  return !(program.steps.size() == 1 && program.steps[0].kind == Step::Kind::kSmPath);
 }
 
 ReplayCache::~ReplayCache() {

@@ -12,7 +12,7 @@
 
 namespace ferry {
 
-// kSm: not a copy-engine variant: one SM kernel moves the data (coll/one_shot.hpp).
+// kSm: not a copy-engine variant: one SM kernel moves the data (coll/sm_path.hpp).
 enum class Algo { kAuto = 0, kPcpy = 1, kB2b = 2, kSeq = 3, kSm = 4 };
 
 const char* algo_name(Algo a);

@@ -32,7 +32,7 @@ inline const char* signals_name(Signals s) {
 
 // FERRY_SIGNALS, the communicator's default: true for "sm", false for "copy";
 // anything else is refused, naming the knob.
-inline bool signals_by_kernel(const std::string& setting) {
+inline bool kernel_signals_default(const std::string& setting) {
   FERRY_ARG_CHECK(setting == "copy" || setting == "sm", "FERRY_SIGNALS=" + setting + ": expected 'copy' or 'sm'");
   return setting == "sm";
 }

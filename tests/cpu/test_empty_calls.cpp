@@ -9,7 +9,7 @@
 #include <map>
 #include <vector>
 
-#include "coll/one_shot.hpp"
+#include "coll/sm_path.hpp"
 #include "coll/plan.hpp"
 
 using namespace ferry;
@@ -143,21 +143,21 @@ TEST(EmptyCalls, TheSmPathMovesNothingThroughANullPointer) {
                                       4, 0, 8,  //
                                       2, 0, 1};
   char* out = reinterpret_cast<char*>(uintptr_t(1) << 40);
-  OneShotStep quiet = plan_one_shot(CollOp::kAllToAllv, 0, world, nullptr, out, 0, 0, counts, 7);
+  SmPathStep quiet = plan_sm_path(CollOp::kAllToAllv, 0, world, nullptr, out, 0, 0, counts, 7);
   for (int p = 0; p < world; ++p) EXPECT_EQ(quiet.send_bytes[p], 0u);
   EXPECT_EQ(quiet.own_bytes, 0u);
   EXPECT_EQ(quiet.recv_bytes[1], 4u);
-  OneShotStep deaf = plan_one_shot(CollOp::kAllToAllv, 1, world, out, nullptr, 0, 0, counts, 7);
+  SmPathStep deaf = plan_sm_path(CollOp::kAllToAllv, 1, world, out, nullptr, 0, 0, counts, 7);
   for (int p = 0; p < world; ++p) EXPECT_EQ(deaf.recv_bytes[p], 0u);
   EXPECT_EQ(deaf.own_bytes, 0u);
   EXPECT_EQ(deaf.send_bytes[2], 8u);
-  EXPECT_EQ(one_shot_ll_units(0), 1u);
-  const OneShotUnitData d = one_shot_ll_pack(nullptr, 0);  // reads nothing
+  EXPECT_EQ(sm_path_ll_units(0), 1u);
+  const SmPathUnitData d = sm_path_ll_pack(nullptr, 0);  // reads nothing
   EXPECT_EQ(d.lo, 0u);
   EXPECT_EQ(d.hi, 0u);
-  one_shot_ll_unpack(nullptr, d, 0);  // writes nothing
+  sm_path_ll_unpack(nullptr, d, 0);  // writes nothing
   size_t begin = 99;
-  EXPECT_EQ(one_shot_span_share(0, 4, 2, &begin), 0u);
+  EXPECT_EQ(sm_path_span_share(0, 4, 2, &begin), 0u);
 }
 
 TEST(EmptyCalls, EmptyRangesNeverOverlap) {

@@ -52,11 +52,11 @@ TEST(EmissionKey, AnyDifferenceInWhatIsEnqueuedChangesTheKey) {
 
 TEST(ReplayCache, ASingleKernelLaunchIsNotReplayed) {
   EXPECT_TRUE(replayable(all_gather_like(64)));
-  Program one_shot;
-  OneShotStep s;
+  Program sm_path;
+  SmPathStep s;
   s.world = 4;
-  one_shot.add_one_shot(s);
-  EXPECT_FALSE(replayable(one_shot));
+  sm_path.add_sm_path(s);
+  EXPECT_FALSE(replayable(sm_path));
 }
 
 TEST(ReplayCache, CapturesOnlyCallsThatRepeat) {

@@ -91,10 +91,10 @@ TEST(Signals, TheCallWinsThenTheRuleThenTheCommunicator) {
 }
 
 TEST(Signals, TheCommunicatorsSettingIsParsedAndABadOneNamesTheKnob) {
-  EXPECT_TRUE(signals_by_kernel("sm"));
-  EXPECT_FALSE(signals_by_kernel("copy"));
+  EXPECT_TRUE(kernel_signals_default("sm"));
+  EXPECT_FALSE(kernel_signals_default("copy"));
   try {
-    signals_by_kernel("kernel");
+    kernel_signals_default("kernel");
     FAIL() << "no error for FERRY_SIGNALS=kernel";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("FERRY_SIGNALS=kernel"), std::string::npos) << e.what();

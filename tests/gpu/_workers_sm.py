@@ -23,7 +23,7 @@ def _sm_span_format_stress(torch, comm, buf, rank, world, check, calls=50, repla
     """20,000 back-to-back SM-path broadcasts of 1 MiB (the format with one
     flag per peer and block) from a CUDA graph: a rank that finishes a call
     goes straight into the next and overwrites its flags, which a slower
-    peer's block must still accept (one_shot_flag_passes; without that, a
+    peer's block must still accept (sm_path_flag_passes; without that, a
     sweep stopped once in about 10,000 calls). Bounded by the kernel's own
     timeout; the output is checked at the end."""
     import time

@@ -296,7 +296,7 @@ def has_empty_part(op: Op, world: int) -> bool:
 
 
 def sm_blocks(largest: int) -> int:
-    """Blocks of the SM path's kernel (one_shot_blocks in coll/one_shot_plan.cpp)."""
+    """Blocks of the SM path's kernel (sm_path_blocks in coll/sm_path_plan.cpp)."""
     if largest <= 64 << 10:
         b = (max(1, (largest + 7) // 8) + 1023) // 1024
     else:
@@ -305,7 +305,7 @@ def sm_blocks(largest: int) -> int:
 
 
 def largest_block(op: Op) -> int:
-    """What the SM path's window must hold per peer (one_shot_largest_block)."""
+    """What the SM path's window must hold per peer (sm_path_largest_block)."""
     if op.op == "all_to_allv":
         return max(max(row) for row in op.counts) * op.es
     return op.n * op.es

@@ -1,31 +1,31 @@
-#include "coll/one_shot.hpp"
+#include "coll/sm_path.hpp"
 
 namespace ferry {
 
-int one_shot_blocks(size_t bytes) {
+int sm_path_blocks(size_t bytes) {
   // Low-latency format: each thread stores, then waits for, its units one
   // after another; two per thread keeps that row short.
   // Else 32 KB per block: one block moves a few KB in about a microsecond
   // over NVLink; more blocks only pay off once the bytes keep them busy.
-  constexpr size_t kUnitsPerBlock = 2 * kOneShotThreads;
+  constexpr size_t kUnitsPerBlock = 2 * kSmPathThreads;
   constexpr size_t kPerBlock = 32 << 10;
-  size_t b = one_shot_low_latency(bytes) ? (one_shot_ll_units(bytes) + kUnitsPerBlock - 1) / kUnitsPerBlock
-                                         : (bytes + kPerBlock - 1) / kPerBlock;
+  size_t b = sm_path_low_latency(bytes) ? (sm_path_ll_units(bytes) + kUnitsPerBlock - 1) / kUnitsPerBlock
+                                        : (bytes + kPerBlock - 1) / kPerBlock;
   if (b < 1) b = 1;
-  return static_cast<int>(b < size_t(kOneShotMaxBlocks) ? b : kOneShotMaxBlocks);
+  return static_cast<int>(b < size_t(kSmPathMaxBlocks) ? b : kSmPathMaxBlocks);
 }
 
-size_t one_shot_largest_block(CollOp op, size_t bytes, const std::vector<size_t>& counts) {
+size_t sm_path_largest_block(CollOp op, size_t bytes, const std::vector<size_t>& counts) {
   if (op != CollOp::kAllToAllv) return bytes;
   size_t largest = 0;
   for (size_t c : counts) largest = c > largest ? c : largest;
   return largest;
 }
 
-std::string one_shot_unsupported(CollOp /* every op runs on the SM path */, int world, size_t largest_block,
-                                 size_t slot_bytes) {
-  if (world > kOneShotMaxRanks)
-    return "algo 'sm' runs on at most " + std::to_string(kOneShotMaxRanks) + " ranks; this communicator has " +
+std::string sm_path_unsupported(CollOp /* every op runs on the SM path */, int world, size_t largest_block,
+                                size_t slot_bytes) {
+  if (world > kSmPathMaxRanks)
+    return "algo 'sm' runs on at most " + std::to_string(kSmPathMaxRanks) + " ranks; this communicator has " +
            std::to_string(world);
   if (slot_bytes == 0) return "algo 'sm' is off (FERRY_SM_BYTES=0: no window was allocated)";
   if (largest_block > slot_bytes)
@@ -37,23 +37,23 @@ std::string one_shot_unsupported(CollOp /* every op runs on the SM path */, int 
 
 Selection select_variant_with_sm(CollOp op, int world, size_t selection_bytes, size_t largest_block, size_t slot_bytes,
                                  Algo forced, const std::vector<SelectorRule>& table) {
-  const bool sm_possible = one_shot_unsupported(op, world, largest_block, slot_bytes).empty();
+  const bool sm_possible = sm_path_unsupported(op, world, largest_block, slot_bytes).empty();
   if (forced == Algo::kSm && !sm_possible) forced = Algo::kAuto;
   return select_variant(op, world, selection_bytes, forced, table, sm_possible);
 }
 
-OneShotStep plan_one_shot(CollOp op, int rank, int world, const char* in, char* out, size_t bytes, int root,
-                          const std::vector<size_t>& counts, uint32_t tag, uint32_t dtype, uint32_t red_op) {
-  OneShotStep s;
+SmPathStep plan_sm_path(CollOp op, int rank, int world, const char* in, char* out, size_t bytes, int root,
+                        const std::vector<size_t>& counts, uint32_t tag, uint32_t dtype, uint32_t red_op) {
+  SmPathStep s;
   s.dtype = dtype;
   s.red_op = red_op;
   s.in = in;
   s.out = out;
   s.rank = rank;
   s.world = world;
-  const size_t largest = one_shot_largest_block(op, bytes, counts);
-  s.blocks = one_shot_blocks(largest);
-  s.low_latency = one_shot_low_latency(largest);
+  const size_t largest = sm_path_largest_block(op, bytes, counts);
+  s.blocks = sm_path_blocks(largest);
+  s.low_latency = sm_path_low_latency(largest);
   s.tag = tag;
   const auto W = static_cast<size_t>(world);
   const auto r = static_cast<size_t>(rank);

@@ -6,7 +6,7 @@
 // several microseconds each (docs/performance.md, "Where the small-size latency goes").
 //
 // all_gather, all_to_all(v), broadcast, reduce_scatter and all_reduce, as
-// tables of spans (OneShotStep). It uses SMs: up to kOneShotMaxBlocks blocks for the whole call, including
+// tables of spans (SmPathStep). It uses SMs: up to kSmPathMaxBlocks blocks for the whole call, including
 // the time spent waiting for the slowest peer. It exists for collectives on
 // the critical path between kernels, where a few microseconds of one SM cost
 // less than 20 us of waiting; beside compute, the copy-engine variants are
@@ -19,8 +19,8 @@
 // reader of that slot. Flags carry (call number << 32 | call tag), so they are
 // never reset and a peer that made another call never satisfies the wait.
 //
-// Blocks up to kOneShotLowLatencyMaxBytes travel in the low-latency format
-// instead (coll/one_shot_ll.hpp), into slots of their own: the flags ride in
+// Blocks up to kSmPathLowLatencyMaxBytes travel in the low-latency format
+// instead (coll/sm_path_ll.hpp), into slots of their own: the flags ride in
 // the data, which saves the release fence (a round trip over NVLink before a
 // flag may go) at the price of twice the bytes.
 #pragma once
@@ -30,44 +30,44 @@
 #include <string>
 #include <vector>
 
-#include "coll/one_shot_ll.hpp"
 #include "coll/plan.hpp"
 #include "coll/selector.hpp"
+#include "coll/sm_path_ll.hpp"
 
 namespace ferry {
 
-constexpr int kOneShotMaxRanks = 8;
-constexpr int kOneShotMaxBlocks = 32;
-constexpr size_t kOneShotHeaderBytes = 4096;
-constexpr int kOneShotThreads = 512;  // per block
+constexpr int kSmPathMaxRanks = 8;
+constexpr int kSmPathMaxBlocks = 32;
+constexpr size_t kSmPathHeaderBytes = 4096;
+constexpr int kSmPathThreads = 512;  // per block
 
 // At the start of each rank's window (GPU memory, zeroed at creation).
-struct OneShotHeader {
-  uint64_t flags[kOneShotMaxRanks][kOneShotMaxBlocks];  // [source][block]
-  uint64_t calls;                                       // calls completed on this path
+struct SmPathHeader {
+  uint64_t flags[kSmPathMaxRanks][kSmPathMaxBlocks];  // [source][block]
+  uint64_t calls;                                     // calls completed on this path
   uint64_t opened;    // a prepared call's number once its gate opened (block 0 tells the others)
   uint32_t arrivals;  // blocks of the running call that finished
 };
-static_assert(sizeof(OneShotHeader) <= kOneShotHeaderBytes, "one-shot header too large");
+static_assert(sizeof(SmPathHeader) <= kSmPathHeaderBytes, "the SM path's header too large");
 
 // One rank's part of a call, as spans: what goes to peer p is
 // send_bytes[p] at in + send_offset[p]; what comes from source q lands at
 // out + recv_offset[q] (recv_bytes[q]); this rank's own block, own_bytes from
 // in + send_offset[rank] to out + recv_offset[rank] (0: nothing to copy, e.g.
 // in place). Every collective the path runs is one such table.
-struct OneShotStep {
+struct SmPathStep {
   const char* in = nullptr;
   char* out = nullptr;
-  size_t send_offset[kOneShotMaxRanks] = {};
-  size_t send_bytes[kOneShotMaxRanks] = {};
-  size_t recv_offset[kOneShotMaxRanks] = {};
-  size_t recv_bytes[kOneShotMaxRanks] = {};
+  size_t send_offset[kSmPathMaxRanks] = {};
+  size_t send_bytes[kSmPathMaxRanks] = {};
+  size_t recv_offset[kSmPathMaxRanks] = {};
+  size_t recv_bytes[kSmPathMaxRanks] = {};
   size_t own_bytes = 0;
   int rank = 0;
   int world = 1;
   int blocks = 1;            // the same on every rank: from the largest block of the call
   uint32_t tag = 0;          // the call's signature: peers must agree
-  uint32_t low_latency = 0;  // 1: the low-latency format (one_shot_low_latency)
+  uint32_t low_latency = 0;  // 1: the low-latency format (sm_path_low_latency)
   // Reductions (reduce_scatter, all_reduce): the DType and RedOp values; 0:
   // none. Then every source's recv_bytes land in the window only, and `out`
   // gets the reduction of every rank's span in rank order (this rank's from
@@ -79,31 +79,31 @@ struct OneShotStep {
 
 // Window bytes per rank: the header, two slots per source rank, then two
 // low-latency slots per source rank.
-inline size_t one_shot_window_bytes(int world, size_t slot_bytes) {
-  return kOneShotHeaderBytes + 2 * static_cast<size_t>(world) * (slot_bytes + kOneShotLowLatencySlotBytes);
+inline size_t sm_path_window_bytes(int world, size_t slot_bytes) {
+  return kSmPathHeaderBytes + 2 * static_cast<size_t>(world) * (slot_bytes + kSmPathLowLatencySlotBytes);
 }
 // Offset of the slot that `source` writes on calls of parity `parity` (the kernel uses it too).
-FERRY_HOST_DEVICE inline size_t one_shot_slot_offset(int world, size_t slot_bytes, int parity, int source) {
-  return kOneShotHeaderBytes + (static_cast<size_t>(parity) * world + source) * slot_bytes;
+FERRY_HOST_DEVICE inline size_t sm_path_slot_offset(int world, size_t slot_bytes, int parity, int source) {
+  return kSmPathHeaderBytes + (static_cast<size_t>(parity) * world + source) * slot_bytes;
 }
 // The same for the low-latency slots, after all the others.
-FERRY_HOST_DEVICE inline size_t one_shot_ll_slot_offset(int world, size_t slot_bytes, int parity, int source) {
-  return kOneShotHeaderBytes + 2 * static_cast<size_t>(world) * slot_bytes +
-         (static_cast<size_t>(parity) * world + source) * kOneShotLowLatencySlotBytes;
+FERRY_HOST_DEVICE inline size_t sm_path_ll_slot_offset(int world, size_t slot_bytes, int parity, int source) {
+  return kSmPathHeaderBytes + 2 * static_cast<size_t>(world) * slot_bytes +
+         (static_cast<size_t>(parity) * world + source) * kSmPathLowLatencySlotBytes;
 }
 // The bytes [*begin, *begin + returned) of a `len`-byte span that block
 // `block` of `blocks` moves in the span format, sending and receiving alike
 // (a receiver's block waits for the same block's flag, so both sides must cut
 // alike): chunks of 16-byte multiples, so a chunk keeps its span's alignment.
-FERRY_HOST_DEVICE inline size_t one_shot_span_share(size_t len, int blocks, int block, size_t* begin) {
+FERRY_HOST_DEVICE inline size_t sm_path_span_share(size_t len, int blocks, int block, size_t* begin) {
   const size_t per = ((len + blocks - 1) / blocks + 15) / 16 * 16;
   const size_t b = per * static_cast<size_t>(block);
   *begin = b < len ? b : len;
   return (*begin + per < len ? *begin + per : len) - *begin;
 }
 // The span format's flag: what a rank stores into each peer's
-// OneShotHeader::flags[rank][block] once its block's data is there.
-FERRY_HOST_DEVICE inline uint64_t one_shot_flag_value(uint64_t call, uint32_t tag) { return call << 32 | tag; }
+// SmPathHeader::flags[rank][block] once its block's data is there.
+FERRY_HOST_DEVICE inline uint64_t sm_path_flag_value(uint64_t call, uint32_t tag) { return call << 32 | tag; }
 // Whether a peer's flag `seen` lets a block go on in call `call` of signature
 // `tag`: the peer's flag of this call, or of its next call. There is one flag
 // per peer and block, and the peer may finish this call (it needs only this
@@ -112,20 +112,20 @@ FERRY_HOST_DEVICE inline uint64_t one_shot_flag_value(uint64_t call, uint32_t ta
 // then waited for good). Reaching its next call also proves that the peer's
 // tag matched ours, and its data of this call stays in its slot, which it
 // rewrites only two calls on, after our next flag.
-FERRY_HOST_DEVICE inline bool one_shot_flag_passes(uint64_t seen, uint64_t call, uint32_t tag) {
-  return seen == one_shot_flag_value(call, tag) || seen >> 32 == ((call + 1) & 0xffffffffu);
+FERRY_HOST_DEVICE inline bool sm_path_flag_passes(uint64_t seen, uint64_t call, uint32_t tag) {
+  return seen == sm_path_flag_value(call, tag) || seen >> 32 == ((call + 1) & 0xffffffffu);
 }
 // Blocks for a call whose largest block is `bytes` (the same on every rank):
 // in the low-latency format two units per thread and peer, else about 32 KB
-// each; at least 1, at most kOneShotMaxBlocks.
-int one_shot_blocks(size_t bytes);
+// each; at least 1, at most kSmPathMaxBlocks.
+int sm_path_blocks(size_t bytes);
 // The largest block one rank sends one peer: `bytes` (all_gather's input,
 // an all_to_all block, a broadcast, reduce_scatter's result, all_reduce's
 // whole buffer), or the largest entry of all_to_allv's counts (bytes from
 // rank s to rank d at [s * world + d]).
-size_t one_shot_largest_block(CollOp op, size_t bytes, const std::vector<size_t>& counts);
+size_t sm_path_largest_block(CollOp op, size_t bytes, const std::vector<size_t>& counts);
 // Empty when the call can take the SM path; else why not (for the error of an explicit algo="sm").
-std::string one_shot_unsupported(CollOp op, int world, size_t largest_block, size_t slot_bytes);
+std::string sm_path_unsupported(CollOp op, int world, size_t largest_block, size_t slot_bytes);
 // The selector for a call without an explicit algo: `forced` (FERRY_ALGO)
 // and table rules naming "sm" apply only where the SM path can take the call.
 Selection select_variant_with_sm(CollOp op, int world, size_t selection_bytes, size_t largest_block, size_t slot_bytes,
@@ -136,7 +136,7 @@ Selection select_variant_with_sm(CollOp op, int world, size_t selection_bytes, s
 // sends block p of `in` to rank p; all_reduce (`bytes`: the whole buffer)
 // sends all of `in` to every peer, and every rank reduces every rank's copy
 // (one round of signals instead of the two exchanges of the copy-engine path).
-OneShotStep plan_one_shot(CollOp op, int rank, int world, const char* in, char* out, size_t bytes, int root,
-                          const std::vector<size_t>& counts, uint32_t tag, uint32_t dtype = 0, uint32_t red_op = 0);
+SmPathStep plan_sm_path(CollOp op, int rank, int world, const char* in, char* out, size_t bytes, int root,
+                        const std::vector<size_t>& counts, uint32_t tag, uint32_t dtype = 0, uint32_t red_op = 0);
 
 }  // namespace ferry

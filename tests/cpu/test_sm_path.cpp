@@ -4,67 +4,67 @@
 #include <limits>
 #include <vector>
 
-#include "coll/one_shot.hpp"
 #include "coll/reduce.hpp"
 #include "coll/selector.hpp"
+#include "coll/sm_path.hpp"
 
 using namespace ferry;
 
-TEST(OneShot, BlocksGrowWithBytesUpToTheCap) {
+TEST(SmPath, BlocksGrowWithBytesUpToTheCap) {
   // Low-latency format: two 8-byte units per thread.
-  EXPECT_EQ(one_shot_blocks(0), 1);
-  EXPECT_EQ(one_shot_blocks(1), 1);
-  EXPECT_EQ(one_shot_blocks(16 * kOneShotThreads), 1);
-  EXPECT_EQ(one_shot_blocks(16 * kOneShotThreads + 1), 2);
-  EXPECT_EQ(one_shot_blocks(kOneShotLowLatencyMaxBytes), int(kOneShotLowLatencyMaxBytes / (16 * kOneShotThreads)));
+  EXPECT_EQ(sm_path_blocks(0), 1);
+  EXPECT_EQ(sm_path_blocks(1), 1);
+  EXPECT_EQ(sm_path_blocks(16 * kSmPathThreads), 1);
+  EXPECT_EQ(sm_path_blocks(16 * kSmPathThreads + 1), 2);
+  EXPECT_EQ(sm_path_blocks(kSmPathLowLatencyMaxBytes), int(kSmPathLowLatencyMaxBytes / (16 * kSmPathThreads)));
   // Past it: 32 KB per block.
-  EXPECT_EQ(one_shot_blocks(kOneShotLowLatencyMaxBytes + 1), int(kOneShotLowLatencyMaxBytes / (32 << 10)) + 1);
-  EXPECT_EQ(one_shot_blocks(1 << 20), kOneShotMaxBlocks);
-  EXPECT_EQ(one_shot_blocks(size_t(1) << 30), kOneShotMaxBlocks);
+  EXPECT_EQ(sm_path_blocks(kSmPathLowLatencyMaxBytes + 1), int(kSmPathLowLatencyMaxBytes / (32 << 10)) + 1);
+  EXPECT_EQ(sm_path_blocks(1 << 20), kSmPathMaxBlocks);
+  EXPECT_EQ(sm_path_blocks(size_t(1) << 30), kSmPathMaxBlocks);
 }
 
-TEST(OneShot, SlotsFollowTheHeaderAndNeverOverlap) {
+TEST(SmPath, SlotsFollowTheHeaderAndNeverOverlap) {
   const size_t slot = 1 << 20;
   for (int world : {1, 2, 4, 8}) {
-    const size_t window = one_shot_window_bytes(world, slot);
-    EXPECT_EQ(window, kOneShotHeaderBytes + 2 * world * (slot + kOneShotLowLatencySlotBytes));
-    size_t expected = kOneShotHeaderBytes;
+    const size_t window = sm_path_window_bytes(world, slot);
+    EXPECT_EQ(window, kSmPathHeaderBytes + 2 * world * (slot + kSmPathLowLatencySlotBytes));
+    size_t expected = kSmPathHeaderBytes;
     for (int parity : {0, 1})
       for (int src = 0; src < world; ++src) {
-        EXPECT_EQ(one_shot_slot_offset(world, slot, parity, src), expected);
-        EXPECT_EQ(one_shot_slot_offset(world, slot, parity, src) % 16, 0u);  // the kernel's 16-byte words
+        EXPECT_EQ(sm_path_slot_offset(world, slot, parity, src), expected);
+        EXPECT_EQ(sm_path_slot_offset(world, slot, parity, src) % 16, 0u);  // the kernel's 16-byte words
         expected += slot;
       }
     for (int parity : {0, 1})
       for (int src = 0; src < world; ++src) {
-        EXPECT_EQ(one_shot_ll_slot_offset(world, slot, parity, src), expected);
-        EXPECT_EQ(one_shot_ll_slot_offset(world, slot, parity, src) % 16, 0u);  // one unit per store
-        expected += kOneShotLowLatencySlotBytes;
+        EXPECT_EQ(sm_path_ll_slot_offset(world, slot, parity, src), expected);
+        EXPECT_EQ(sm_path_ll_slot_offset(world, slot, parity, src) % 16, 0u);  // one unit per store
+        expected += kSmPathLowLatencySlotBytes;
       }
     EXPECT_EQ(expected, window);
   }
 }
 
-TEST(OneShot, LowLatencyUnitsCarryEveryByteAndFitTheirSlot) {
-  EXPECT_EQ(one_shot_ll_units(0), 1u);  // a peer with nothing to send still signals
-  EXPECT_EQ(one_shot_ll_units(1), 1u);
-  EXPECT_EQ(one_shot_ll_units(8), 1u);
-  EXPECT_EQ(one_shot_ll_units(9), 2u);
-  EXPECT_EQ(one_shot_ll_units(kOneShotLowLatencyMaxBytes) * 16, kOneShotLowLatencySlotBytes);
-  EXPECT_TRUE(one_shot_low_latency(0));
-  EXPECT_TRUE(one_shot_low_latency(kOneShotLowLatencyMaxBytes));
-  EXPECT_FALSE(one_shot_low_latency(kOneShotLowLatencyMaxBytes + 1));
+TEST(SmPath, LowLatencyUnitsCarryEveryByteAndFitTheirSlot) {
+  EXPECT_EQ(sm_path_ll_units(0), 1u);  // a peer with nothing to send still signals
+  EXPECT_EQ(sm_path_ll_units(1), 1u);
+  EXPECT_EQ(sm_path_ll_units(8), 1u);
+  EXPECT_EQ(sm_path_ll_units(9), 2u);
+  EXPECT_EQ(sm_path_ll_units(kSmPathLowLatencyMaxBytes) * 16, kSmPathLowLatencySlotBytes);
+  EXPECT_TRUE(sm_path_low_latency(0));
+  EXPECT_TRUE(sm_path_low_latency(kSmPathLowLatencyMaxBytes));
+  EXPECT_FALSE(sm_path_low_latency(kSmPathLowLatencyMaxBytes + 1));
   // The plan picks the format from the call's largest block.
   std::vector<char> in(64), out(64);
-  EXPECT_EQ(plan_one_shot(CollOp::kAllGather, 0, 2, in.data(), out.data(), 16, 0, {}, 7).low_latency, 1u);
-  EXPECT_EQ(plan_one_shot(CollOp::kAllGather, 0, 2, in.data(), out.data(), kOneShotLowLatencyMaxBytes + 1, 0, {}, 7)
+  EXPECT_EQ(plan_sm_path(CollOp::kAllGather, 0, 2, in.data(), out.data(), 16, 0, {}, 7).low_latency, 1u);
+  EXPECT_EQ(plan_sm_path(CollOp::kAllGather, 0, 2, in.data(), out.data(), kSmPathLowLatencyMaxBytes + 1, 0, {}, 7)
                 .low_latency,
             0u);
-  const std::vector<size_t> counts = {0, kOneShotLowLatencyMaxBytes + 1, 8, 0};  // one block too large for the format
-  EXPECT_EQ(plan_one_shot(CollOp::kAllToAllv, 0, 2, in.data(), out.data(), 0, 0, counts, 7).low_latency, 0u);
+  const std::vector<size_t> counts = {0, kSmPathLowLatencyMaxBytes + 1, 8, 0};  // one block too large for the format
+  EXPECT_EQ(plan_sm_path(CollOp::kAllToAllv, 0, 2, in.data(), out.data(), 0, 0, counts, 7).low_latency, 0u);
 }
 
-TEST(OneShot, LowLatencyUnitsPackAndUnpackEveryByteAtAnyAlignment) {
+TEST(SmPath, LowLatencyUnitsPackAndUnpackEveryByteAtAnyAlignment) {
   // A span of odd length at every offset, through units and back, as the
   // kernel moves it (sender packs from the input, receiver unpacks to the
   // output); bytes past the span stay untouched.
@@ -74,9 +74,9 @@ TEST(OneShot, LowLatencyUnitsPackAndUnpackEveryByteAtAnyAlignment) {
     for (size_t dst_at : {0, 5, 8, 15})
       for (size_t n : {0, 1, 7, 8, 9, 23, 64}) {
         std::fill(dst.begin(), dst.end(), char(0x5a));
-        for (size_t u = 0; u < one_shot_ll_units(n); ++u) {
+        for (size_t u = 0; u < sm_path_ll_units(n); ++u) {
           const size_t avail = n > 8 * u ? n - 8 * u : 0;
-          one_shot_ll_unpack(dst.data() + dst_at + 8 * u, one_shot_ll_pack(src.data() + src_at + 8 * u, avail), avail);
+          sm_path_ll_unpack(dst.data() + dst_at + 8 * u, sm_path_ll_pack(src.data() + src_at + 8 * u, avail), avail);
         }
         for (size_t i = 0; i < dst.size(); ++i) {
           const bool inside = i >= dst_at && i < dst_at + n;
@@ -85,22 +85,22 @@ TEST(OneShot, LowLatencyUnitsPackAndUnpackEveryByteAtAnyAlignment) {
         }
       }
   // Bytes past the span read as 0 (the tail of the last unit).
-  const OneShotUnitData d = one_shot_ll_pack(src.data(), 3);
+  const SmPathUnitData d = sm_path_ll_pack(src.data(), 3);
   EXPECT_EQ(d.hi, 0u);
   EXPECT_EQ(d.lo >> 24, 0u);
 }
 
-TEST(OneShot, LowLatencyFlagsAreNeverZeroAndChangeFromOneUseOfASlotToTheNext) {
+TEST(SmPath, LowLatencyFlagsAreNeverZeroAndChangeFromOneUseOfASlotToTheNext) {
   for (uint32_t tag : {0u, 7u, 0xffffffffu, 2654435761u})
     for (uint64_t call = 1; call < 5000; ++call) {
-      EXPECT_NE(one_shot_ll_flag(call, tag), 0u);
-      EXPECT_NE(one_shot_ll_flag(call, tag), one_shot_ll_flag(call + 2, tag));  // same slot, next use
-      EXPECT_NE(one_shot_ll_flag(call, tag), one_shot_ll_flag(call, tag ^ 1));  // a peer with another call
+      EXPECT_NE(sm_path_ll_flag(call, tag), 0u);
+      EXPECT_NE(sm_path_ll_flag(call, tag), sm_path_ll_flag(call + 2, tag));  // same slot, next use
+      EXPECT_NE(sm_path_ll_flag(call, tag), sm_path_ll_flag(call, tag ^ 1));  // a peer with another call
     }
   // The flag that would be 0 is replaced; the call numbers around it keep theirs.
   const uint32_t tag = 2654435761u;  // call 1 * constant ^ tag == 0
-  EXPECT_EQ(one_shot_ll_flag(1, tag), 0x9e3779b9u);
-  EXPECT_NE(one_shot_ll_flag(3, tag), one_shot_ll_flag(1, tag));
+  EXPECT_EQ(sm_path_ll_flag(1, tag), 0x9e3779b9u);
+  EXPECT_NE(sm_path_ll_flag(3, tag), sm_path_ll_flag(1, tag));
 }
 
 namespace {
@@ -113,10 +113,10 @@ namespace {
 std::vector<std::vector<char>> simulate(CollOp op, int world, size_t bytes, int root, const std::vector<size_t>& counts,
                                         std::vector<std::vector<char>> ins, std::vector<std::vector<char>> outs,
                                         bool in_place = false, bool spans = false) {
-  std::vector<OneShotStep> steps;
+  std::vector<SmPathStep> steps;
   for (int r = 0; r < world; ++r) {
     const char* in = in_place ? outs[r].data() + (op == CollOp::kAllGather ? r * bytes : 0) : ins[r].data();
-    steps.push_back(plan_one_shot(op, r, world, in, outs[r].data(), bytes, root, counts, 7));
+    steps.push_back(plan_sm_path(op, r, world, in, outs[r].data(), bytes, root, counts, 7));
     if (spans) steps.back().low_latency = 0;
   }
   // slots[dst][src]: bytes (span format, with the block that wrote each
@@ -124,13 +124,13 @@ std::vector<std::vector<char>> simulate(CollOp op, int world, size_t bytes, int 
   std::vector<std::vector<std::vector<char>>> slots(world, std::vector<std::vector<char>>(world));
   std::vector<std::vector<std::vector<int>>> writer(world, std::vector<std::vector<int>>(world));
   struct Unit {
-    OneShotUnitData data;
+    SmPathUnitData data;
     uint32_t flag = 0;
   };
   std::vector<std::vector<std::vector<Unit>>> units(world, std::vector<std::vector<Unit>>(world));
-  const uint32_t flag = one_shot_ll_flag(1, 7);
+  const uint32_t flag = sm_path_ll_flag(1, 7);
   for (int r = 0; r < world; ++r) {  // pushes
-    const OneShotStep& s = steps[r];
+    const SmPathStep& s = steps[r];
     for (int p = 0; p < world; ++p) {
       if (p == r) continue;
       const size_t n = s.send_bytes[p];
@@ -139,33 +139,33 @@ std::vector<std::vector<char>> simulate(CollOp op, int world, size_t bytes, int 
         writer[p][r].assign(n, -1);
         for (int b = 0; b < s.blocks; ++b) {  // each block its share, then its flag
           size_t begin = 0;
-          const size_t len = one_shot_span_share(n, s.blocks, b, &begin);
+          const size_t len = sm_path_span_share(n, s.blocks, b, &begin);
           std::copy(s.in + s.send_offset[p] + begin, s.in + s.send_offset[p] + begin + len,
                     slots[p][r].begin() + begin);
           std::fill(writer[p][r].begin() + begin, writer[p][r].begin() + begin + len, b);
         }
         continue;
       }
-      units[p][r].resize(one_shot_ll_units(n));
+      units[p][r].resize(sm_path_ll_units(n));
       for (int b = 0; b < s.blocks; ++b) {  // each block its share, as in the kernel
         size_t u0 = 0;
-        const size_t end = one_shot_ll_share(one_shot_ll_units(n), s.blocks, b, &u0);
+        const size_t end = sm_path_ll_share(sm_path_ll_units(n), s.blocks, b, &u0);
         for (size_t u = u0; u < end; ++u)
-          units[p][r][u] = Unit{one_shot_ll_pack(s.in + s.send_offset[p] + 8 * u, n > 8 * u ? n - 8 * u : 0), flag};
+          units[p][r][u] = Unit{sm_path_ll_pack(s.in + s.send_offset[p] + 8 * u, n > 8 * u ? n - 8 * u : 0), flag};
       }
     }
   }
   for (int r = 0; r < world; ++r) {  // own block, each block its share
-    const OneShotStep& s = steps[r];
+    const SmPathStep& s = steps[r];
     for (int b = 0; b < s.blocks; ++b) {
       size_t begin = 0;
-      const size_t len = one_shot_span_share(s.own_bytes, s.blocks, b, &begin);
+      const size_t len = sm_path_span_share(s.own_bytes, s.blocks, b, &begin);
       std::copy(s.in + s.send_offset[r] + begin, s.in + s.send_offset[r] + begin + len,
                 s.out + s.recv_offset[r] + begin);
     }
   }
   for (int r = 0; r < world; ++r) {  // out of the window
-    const OneShotStep& s = steps[r];
+    const SmPathStep& s = steps[r];
     for (int q = 0; q < world; ++q) {
       if (q == r) continue;
       const size_t n = s.recv_bytes[q];
@@ -175,7 +175,7 @@ std::vector<std::vector<char>> simulate(CollOp op, int world, size_t bytes, int 
         EXPECT_EQ(n, slots[r][q].size()) << "rank " << r << " from " << q;
         for (int b = 0; b < s.blocks; ++b) {
           size_t begin = 0;
-          const size_t len = one_shot_span_share(n, s.blocks, b, &begin);
+          const size_t len = sm_path_span_share(n, s.blocks, b, &begin);
           for (size_t i = begin; i < begin + len && i < slots[r][q].size(); ++i) {
             EXPECT_EQ(writer[r][q][i], b) << "rank " << r << " from " << q << ", byte " << i;
             s.out[s.recv_offset[q] + i] = slots[r][q][i];
@@ -184,13 +184,13 @@ std::vector<std::vector<char>> simulate(CollOp op, int world, size_t bytes, int 
         continue;
       }
       // The receiver waits for exactly the units the sender sent, each with the call's flag.
-      EXPECT_EQ(one_shot_ll_units(n), units[r][q].size()) << "rank " << r << " from " << q;
+      EXPECT_EQ(sm_path_ll_units(n), units[r][q].size()) << "rank " << r << " from " << q;
       for (int b = 0; b < s.blocks; ++b) {
         size_t u0 = 0;
-        const size_t end = one_shot_ll_share(one_shot_ll_units(n), s.blocks, b, &u0);
+        const size_t end = sm_path_ll_share(sm_path_ll_units(n), s.blocks, b, &u0);
         for (size_t u = u0; u < end && u < units[r][q].size(); ++u) {
           EXPECT_EQ(units[r][q][u].flag, flag) << "rank " << r << " from " << q << ", unit " << u << " never sent";
-          one_shot_ll_unpack(s.out + s.recv_offset[q] + 8 * u, units[r][q][u].data, n > 8 * u ? n - 8 * u : 0);
+          sm_path_ll_unpack(s.out + s.recv_offset[q] + 8 * u, units[r][q][u].data, n > 8 * u ? n - 8 * u : 0);
         }
       }
     }
@@ -206,7 +206,7 @@ std::vector<char> pattern(size_t n, int seed) {
 
 }  // namespace
 
-TEST(OneShot, AllGatherAllToAllBroadcastMoveTheRightBytes) {
+TEST(SmPath, AllGatherAllToAllBroadcastMoveTheRightBytes) {
   // Both formats; sizes from one unit to several blocks in each (37 B: one
   // block; 40,001 B: low-latency, 5 blocks; 70,001 B: past it, 3 blocks).
   const int W = 4;
@@ -226,32 +226,32 @@ TEST(OneShot, AllGatherAllToAllBroadcastMoveTheRightBytes) {
         ASSERT_EQ(bc[r], ins[2]) << n << " B, spans " << spans;
       }
     }
-  EXPECT_EQ(one_shot_blocks(40001), 5);
-  EXPECT_EQ(one_shot_blocks(70001), 3);
+  EXPECT_EQ(sm_path_blocks(40001), 5);
+  EXPECT_EQ(sm_path_blocks(70001), 3);
 }
 
-TEST(OneShot, AFlagPassesForThisCallOrThePeersNextOne) {
+TEST(SmPath, AFlagPassesForThisCallOrThePeersNextOne) {
   const uint32_t tag = 0xabcd1234u;
   const uint64_t call = 9816;
-  EXPECT_TRUE(one_shot_flag_passes(one_shot_flag_value(call, tag), call, tag));
+  EXPECT_TRUE(sm_path_flag_passes(sm_path_flag_value(call, tag), call, tag));
   // Overwritten by the peer's next call (any tag: it got there only by matching ours).
-  EXPECT_TRUE(one_shot_flag_passes(one_shot_flag_value(call + 1, tag), call, tag));
-  EXPECT_TRUE(one_shot_flag_passes(one_shot_flag_value(call + 1, 7), call, tag));
+  EXPECT_TRUE(sm_path_flag_passes(sm_path_flag_value(call + 1, tag), call, tag));
+  EXPECT_TRUE(sm_path_flag_passes(sm_path_flag_value(call + 1, 7), call, tag));
   // Not yet sent, another call of the peer, a zeroed window, two calls on.
-  EXPECT_FALSE(one_shot_flag_passes(one_shot_flag_value(call - 1, tag), call, tag));
-  EXPECT_FALSE(one_shot_flag_passes(one_shot_flag_value(call, tag ^ 1), call, tag));
-  EXPECT_FALSE(one_shot_flag_passes(0, call, tag));
-  EXPECT_FALSE(one_shot_flag_passes(0, 1, 0));
-  EXPECT_FALSE(one_shot_flag_passes(one_shot_flag_value(call + 2, tag), call, tag));
+  EXPECT_FALSE(sm_path_flag_passes(sm_path_flag_value(call - 1, tag), call, tag));
+  EXPECT_FALSE(sm_path_flag_passes(sm_path_flag_value(call, tag ^ 1), call, tag));
+  EXPECT_FALSE(sm_path_flag_passes(0, call, tag));
+  EXPECT_FALSE(sm_path_flag_passes(0, 1, 0));
+  EXPECT_FALSE(sm_path_flag_passes(sm_path_flag_value(call + 2, tag), call, tag));
 }
 
-TEST(OneShot, SpanSharesTileTheSpanIn16ByteChunks) {
+TEST(SmPath, SpanSharesTileTheSpanIn16ByteChunks) {
   for (size_t len : {size_t(0), size_t(1), size_t(15), size_t(16), size_t(100), size_t(70001), size_t(1) << 20})
-    for (int blocks : {1, 3, 5, kOneShotMaxBlocks}) {
+    for (int blocks : {1, 3, 5, kSmPathMaxBlocks}) {
       size_t next = 0;
       for (int b = 0; b < blocks; ++b) {
         size_t begin = 0;
-        const size_t n = one_shot_span_share(len, blocks, b, &begin);
+        const size_t n = sm_path_span_share(len, blocks, b, &begin);
         ASSERT_EQ(begin, next) << len << " B, " << blocks << " blocks, block " << b;
         if (n > 0 && begin + n < len) EXPECT_EQ(n % 16, 0u) << len << " B, block " << b;
         EXPECT_EQ(begin % 16 == 0 || n == 0, true) << len << " B, block " << b;
@@ -261,7 +261,7 @@ TEST(OneShot, SpanSharesTileTheSpanIn16ByteChunks) {
     }
 }
 
-TEST(OneShot, InPlaceCallsCopyNothingLocally) {
+TEST(SmPath, InPlaceCallsCopyNothingLocally) {
   const int W = 3;
   const size_t n = 16;
   for (bool spans : {false, true}) {
@@ -270,9 +270,9 @@ TEST(OneShot, InPlaceCallsCopyNothingLocally) {
     auto ag = simulate(CollOp::kAllGather, W, n, 0, {}, {}, outs, true, spans);
     auto a2a = simulate(CollOp::kAllToAll, W, n, 0, {}, {}, outs, true, spans);
     for (int r = 0; r < W; ++r) {
-      EXPECT_EQ(plan_one_shot(CollOp::kAllGather, r, W, outs[r].data() + r * n, outs[r].data(), n, 0, {}, 7).own_bytes,
+      EXPECT_EQ(plan_sm_path(CollOp::kAllGather, r, W, outs[r].data() + r * n, outs[r].data(), n, 0, {}, 7).own_bytes,
                 0u);
-      EXPECT_EQ(plan_one_shot(CollOp::kAllToAll, r, W, outs[r].data(), outs[r].data(), n, 0, {}, 7).own_bytes, 0u);
+      EXPECT_EQ(plan_sm_path(CollOp::kAllToAll, r, W, outs[r].data(), outs[r].data(), n, 0, {}, 7).own_bytes, 0u);
       for (int q = 0; q < W; ++q)
         for (size_t i = 0; i < n; ++i) {
           EXPECT_EQ(ag[r][q * n + i], outs[q][q * n + i]);
@@ -281,11 +281,11 @@ TEST(OneShot, InPlaceCallsCopyNothingLocally) {
     }
   }
   char buf[16];
-  EXPECT_EQ(plan_one_shot(CollOp::kBroadcast, 1, W, buf, buf, 16, 1, {}, 7).own_bytes, 0u);      // root in place
-  EXPECT_EQ(plan_one_shot(CollOp::kBroadcast, 0, W, nullptr, buf, 16, 1, {}, 7).own_bytes, 0u);  // not the root
+  EXPECT_EQ(plan_sm_path(CollOp::kBroadcast, 1, W, buf, buf, 16, 1, {}, 7).own_bytes, 0u);      // root in place
+  EXPECT_EQ(plan_sm_path(CollOp::kBroadcast, 0, W, nullptr, buf, 16, 1, {}, 7).own_bytes, 0u);  // not the root
 }
 
-TEST(OneShot, AllToAllvPacksBySourceAndDestination) {
+TEST(SmPath, AllToAllvPacksBySourceAndDestination) {
   const int W = 3;
   // counts[s * W + d]: bytes from s to d, zeros included.
   const std::vector<size_t> counts = {3, 0, 5, 7, 1, 0, 2, 4, 6};
@@ -308,16 +308,16 @@ TEST(OneShot, AllToAllvPacksBySourceAndDestination) {
       }
     }
   }
-  EXPECT_EQ(one_shot_largest_block(CollOp::kAllToAllv, 0, counts), 7u);
-  EXPECT_EQ(plan_one_shot(CollOp::kAllToAllv, 0, W, ins[0].data(), outs[0].data(), 0, 0, counts, 7).blocks, 1);
-  EXPECT_EQ(one_shot_largest_block(CollOp::kAllGather, 99, counts), 99u);
+  EXPECT_EQ(sm_path_largest_block(CollOp::kAllToAllv, 0, counts), 7u);
+  EXPECT_EQ(plan_sm_path(CollOp::kAllToAllv, 0, W, ins[0].data(), outs[0].data(), 0, 0, counts, 7).blocks, 1);
+  EXPECT_EQ(sm_path_largest_block(CollOp::kAllGather, 99, counts), 99u);
 }
 
-TEST(OneShot, ReductionsSendTheirBlocksAndReduceInsteadOfCopying) {
+TEST(SmPath, ReductionsSendTheirBlocksAndReduceInsteadOfCopying) {
   std::vector<char> in(3 * 100), out(100);
   const auto dt = static_cast<uint32_t>(DType::kBFloat16), op = static_cast<uint32_t>(RedOp::kMax);
   // reduce_scatter: block p of the input to rank p, a result of one block.
-  OneShotStep rs = plan_one_shot(CollOp::kReduceScatter, 1, 3, in.data(), out.data(), 100, 0, {}, 7, dt, op);
+  SmPathStep rs = plan_sm_path(CollOp::kReduceScatter, 1, 3, in.data(), out.data(), 100, 0, {}, 7, dt, op);
   EXPECT_EQ(rs.dtype, dt);
   EXPECT_EQ(rs.red_op, op);
   EXPECT_EQ(rs.own_bytes, 0u);  // nothing copied: the own block is read where it is
@@ -328,7 +328,7 @@ TEST(OneShot, ReductionsSendTheirBlocksAndReduceInsteadOfCopying) {
     EXPECT_EQ(rs.recv_offset[p], 0u);
   }
   // all_reduce: the whole input to every rank, also in place.
-  OneShotStep ar = plan_one_shot(CollOp::kAllReduce, 2, 3, out.data(), out.data(), 100, 0, {}, 7, dt, op);
+  SmPathStep ar = plan_sm_path(CollOp::kAllReduce, 2, 3, out.data(), out.data(), 100, 0, {}, 7, dt, op);
   EXPECT_EQ(ar.own_bytes, 0u);
   for (int p = 0; p < 3; ++p) {
     EXPECT_EQ(ar.send_offset[p], 0u);
@@ -336,24 +336,24 @@ TEST(OneShot, ReductionsSendTheirBlocksAndReduceInsteadOfCopying) {
     EXPECT_EQ(ar.recv_bytes[p], 100u);
   }
   EXPECT_EQ(ar.low_latency, 1u);
-  EXPECT_EQ(plan_one_shot(CollOp::kAllGather, 0, 2, in.data(), out.data(), 16, 0, {}, 7).dtype, 0u);
+  EXPECT_EQ(plan_sm_path(CollOp::kAllGather, 0, 2, in.data(), out.data(), 16, 0, {}, 7).dtype, 0u);
 }
 
-TEST(OneShot, UnsupportedCallsSayWhy) {
+TEST(SmPath, UnsupportedCallsSayWhy) {
   const size_t slot = 1 << 20;
-  EXPECT_EQ(one_shot_unsupported(CollOp::kAllGather, 8, slot, slot), "");
-  EXPECT_EQ(one_shot_unsupported(CollOp::kAllToAll, 2, 1, slot), "");
-  EXPECT_EQ(one_shot_unsupported(CollOp::kBroadcast, 1, 0, slot), "");
-  EXPECT_EQ(one_shot_unsupported(CollOp::kAllToAllv, 2, 1, slot), "");
-  EXPECT_EQ(one_shot_unsupported(CollOp::kReduceScatter, 2, 1, slot), "");
-  EXPECT_EQ(one_shot_unsupported(CollOp::kAllReduce, 2, slot, slot), "");
-  EXPECT_NE(one_shot_unsupported(CollOp::kAllGather, 9, 1, slot).find("at most 8 ranks"), std::string::npos);
-  EXPECT_NE(one_shot_unsupported(CollOp::kAllGather, 2, 1, 0).find("FERRY_SM_BYTES=0"), std::string::npos);
-  EXPECT_NE(one_shot_unsupported(CollOp::kAllGather, 2, slot + 1, slot).find("this call moves 1048577"),
+  EXPECT_EQ(sm_path_unsupported(CollOp::kAllGather, 8, slot, slot), "");
+  EXPECT_EQ(sm_path_unsupported(CollOp::kAllToAll, 2, 1, slot), "");
+  EXPECT_EQ(sm_path_unsupported(CollOp::kBroadcast, 1, 0, slot), "");
+  EXPECT_EQ(sm_path_unsupported(CollOp::kAllToAllv, 2, 1, slot), "");
+  EXPECT_EQ(sm_path_unsupported(CollOp::kReduceScatter, 2, 1, slot), "");
+  EXPECT_EQ(sm_path_unsupported(CollOp::kAllReduce, 2, slot, slot), "");
+  EXPECT_NE(sm_path_unsupported(CollOp::kAllGather, 9, 1, slot).find("at most 8 ranks"), std::string::npos);
+  EXPECT_NE(sm_path_unsupported(CollOp::kAllGather, 2, 1, 0).find("FERRY_SM_BYTES=0"), std::string::npos);
+  EXPECT_NE(sm_path_unsupported(CollOp::kAllGather, 2, slot + 1, slot).find("this call moves 1048577"),
             std::string::npos);
 }
 
-TEST(OneShot, SelectorSkipsSmRulesWhereTheCallCannotTakeThem) {
+TEST(SmPath, SelectorSkipsSmRulesWhereTheCallCannotTakeThem) {
   constexpr size_t kAny = std::numeric_limits<size_t>::max();
   std::vector<SelectorRule> table = {{CollOp::kAllGather, 0, 1 << 20, Algo::kSm},
                                      {CollOp::kAllGather, 0, kAny, Algo::kSeq}};
@@ -365,14 +365,14 @@ TEST(OneShot, SelectorSkipsSmRulesWhereTheCallCannotTakeThem) {
   EXPECT_STREQ(algo_name(Algo::kSm), "sm");
 }
 
-TEST(OneShot, DefaultTableNeverPicksTheSmPath) {
+TEST(SmPath, DefaultTableNeverPicksTheSmPath) {
   auto table = default_selector_table();
   for (size_t bytes = 1; bytes <= (size_t(1) << 32); bytes *= 2)
     for (CollOp op : {CollOp::kAllGather, CollOp::kAllToAll, CollOp::kBroadcast})
       EXPECT_NE(select_variant(op, 2, bytes, Algo::kAuto, table).algo, Algo::kSm);
 }
 
-TEST(OneShot, SelectionHonoursTheWindowForForcedAndTabledSm) {
+TEST(SmPath, SelectionHonoursTheWindowForForcedAndTabledSm) {
   constexpr size_t kAny = std::numeric_limits<size_t>::max();
   const size_t slot = 1 << 20;
   std::vector<SelectorRule> table = {{CollOp::kAllToAllv, 0, 1 << 20, Algo::kSm},

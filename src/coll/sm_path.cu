@@ -1,17 +1,17 @@
 // The SM path's kernel: pushes by stores, one flag per peer, waits by
-// spinning, copy out of the window (coll/one_shot.hpp says why it is safe).
+// spinning, copy out of the window (coll/sm_path.hpp says why it is safe).
 #include <cstring>
 
 #include "coll/copy_words.cuh"
 #include "coll/kernel_wait.cuh"
-#include "coll/one_shot_kernel.hpp"
 #include "coll/reduce_math.cuh"
+#include "coll/sm_path_kernel.hpp"
 #include "core/error.hpp"
 
 namespace ferry {
 namespace {
 
-constexpr int kThreads = kOneShotThreads;
+constexpr int kThreads = kSmPathThreads;
 // 16-byte words each thread has in flight (as in the local copy kernel).
 constexpr int kUnroll = 4;
 // The whole block copies n bytes; 16-byte words when both ends allow it.
@@ -41,21 +41,21 @@ constexpr bool is_reduction = !std::is_same_v<R, NoReduction>;
 
 // Every rank's contribution in rank order: this rank's from its input, the
 // peers' from their slots of this rank's window.
-struct OneShotSources {
-  const char* src[kOneShotMaxRanks];
+struct SmPathSources {
+  const char* src[kSmPathMaxRanks];
 };
 
-// ---- the low-latency format (coll/one_shot_ll.hpp)
+// ---- the low-latency format (coll/sm_path_ll.hpp)
 
 // One unit: data word, flag, data word, flag, in one 16-byte store. Each
 // 8-byte half lands whole, so a half whose flag is current holds current data.
-__device__ void ll_store(char* unit, OneShotUnitData v, uint32_t flag) {
+__device__ void ll_store(char* unit, SmPathUnitData v, uint32_t flag) {
   asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(unit), "r"(v.lo), "r"(flag), "r"(v.hi),
                "r"(flag)
                : "memory");
 }
 
-__device__ bool ll_load(const char* unit, uint32_t flag, OneShotUnitData* v) {
+__device__ bool ll_load(const char* unit, uint32_t flag, SmPathUnitData* v) {
   uint32_t d0, f0, d1, f1;
   asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
@@ -72,23 +72,23 @@ __device__ bool ll_load(const char* unit, uint32_t flag, OneShotUnitData* v) {
 // the one that sent it (same share, same stride), so an in-place all_reduce
 // overwrites only input this thread has already sent.
 template <typename T, RedOp Op>
-__device__ void reduce_low_latency(const OneShotStep& s, const OneShotWindows& w, size_t slot_bytes,
-                                   const KernelWait& c, uint64_t call, int parity, uint32_t flag) {
+__device__ void reduce_low_latency(const SmPathStep& s, const SmPathWindows& w, size_t slot_bytes, const KernelWait& c,
+                                   uint64_t call, int parity, uint32_t flag) {
   using A = typename Acc<T>::type;
   constexpr int E = 8 / sizeof(T);
   const size_t n = s.recv_bytes[s.rank];  // every rank's span is this long
   const char* own = s.in + s.send_offset[s.rank];
   size_t u0 = 0;
-  const size_t end = one_shot_ll_share(one_shot_ll_units(n), s.blocks, blockIdx.x, &u0);
+  const size_t end = sm_path_ll_share(sm_path_ll_units(n), s.blocks, blockIdx.x, &u0);
   for (size_t u = u0 + threadIdx.x; u < end; u += blockDim.x) {
     const size_t avail = n > 8 * u ? n - 8 * u : 0;
     A acc[E];
     for (int q = 0; q < s.world; ++q) {
-      OneShotUnitData v;
+      SmPathUnitData v;
       if (q == s.rank) {
-        v = one_shot_ll_pack(own + 8 * u, avail);
+        v = sm_path_ll_pack(own + 8 * u, avail);
       } else {
-        const char* slot = w.base[s.rank] + one_shot_ll_slot_offset(s.world, slot_bytes, parity, q);
+        const char* slot = w.base[s.rank] + sm_path_ll_slot_offset(s.world, slot_bytes, parity, q);
         if (!wait_for([&] { return ll_load(slot + 16 * u, flag, &v); }, c, q, call)) return;
       }
       T e[E];
@@ -99,9 +99,9 @@ __device__ void reduce_low_latency(const OneShotStep& s, const OneShotWindows& w
     T e[E];
 #pragma unroll
     for (int k = 0; k < E; ++k) e[k] = static_cast<T>(acc[k]);
-    OneShotUnitData r;
+    SmPathUnitData r;
     memcpy(&r, e, 8);
-    one_shot_ll_unpack(s.out + 8 * u, r, avail);
+    sm_path_ll_unpack(s.out + 8 * u, r, avail);
   }
 }
 
@@ -110,36 +110,36 @@ __device__ void reduce_low_latency(const OneShotStep& s, const OneShotWindows& w
 // writes their data (or, for a reduction, the reduced data) out. No barrier
 // and no fence: each unit is its own flag.
 template <typename R>
-__device__ void exchange_low_latency(const OneShotStep& s, const OneShotWindows& w, size_t slot_bytes,
+__device__ void exchange_low_latency(const SmPathStep& s, const SmPathWindows& w, size_t slot_bytes,
                                      const KernelWait& c, uint64_t call, int parity) {
-  const uint32_t flag = one_shot_ll_flag(call, s.tag);
+  const uint32_t flag = sm_path_ll_flag(call, s.tag);
   size_t u0 = 0;
   for (int k = 1; k < s.world; ++k) {
     const int p = (s.rank + k) % s.world;
     const char* src = s.in + s.send_offset[p];
-    char* slot = w.base[p] + one_shot_ll_slot_offset(s.world, slot_bytes, parity, s.rank);
+    char* slot = w.base[p] + sm_path_ll_slot_offset(s.world, slot_bytes, parity, s.rank);
     const size_t n = s.send_bytes[p];
-    const size_t end = one_shot_ll_share(one_shot_ll_units(n), s.blocks, blockIdx.x, &u0);
+    const size_t end = sm_path_ll_share(sm_path_ll_units(n), s.blocks, blockIdx.x, &u0);
     for (size_t u = u0 + threadIdx.x; u < end; u += blockDim.x)
-      ll_store(slot + 16 * u, one_shot_ll_pack(src + 8 * u, n > 8 * u ? n - 8 * u : 0), flag);
+      ll_store(slot + 16 * u, sm_path_ll_pack(src + 8 * u, n > 8 * u ? n - 8 * u : 0), flag);
   }
   if constexpr (is_reduction<R>) {
     reduce_low_latency<typename R::type, R::op>(s, w, slot_bytes, c, call, parity, flag);
     return;
   }
   size_t begin = 0, len = 0;
-  if ((len = one_shot_span_share(s.own_bytes, s.blocks, blockIdx.x, &begin)) > 0)
+  if ((len = sm_path_span_share(s.own_bytes, s.blocks, blockIdx.x, &begin)) > 0)
     copy_span(s.out + s.recv_offset[s.rank] + begin, s.in + s.send_offset[s.rank] + begin, len);
   for (int k = 1; k < s.world; ++k) {
     const int q = (s.rank - k + s.world) % s.world;  // the peer that wrote to us first
-    const char* slot = w.base[s.rank] + one_shot_ll_slot_offset(s.world, slot_bytes, parity, q);
+    const char* slot = w.base[s.rank] + sm_path_ll_slot_offset(s.world, slot_bytes, parity, q);
     char* dst = s.out + s.recv_offset[q];
     const size_t n = s.recv_bytes[q];
-    const size_t end = one_shot_ll_share(one_shot_ll_units(n), s.blocks, blockIdx.x, &u0);
+    const size_t end = sm_path_ll_share(sm_path_ll_units(n), s.blocks, blockIdx.x, &u0);
     for (size_t u = u0 + threadIdx.x; u < end; u += blockDim.x) {
-      OneShotUnitData v;
+      SmPathUnitData v;
       if (!wait_for([&] { return ll_load(slot + 16 * u, flag, &v); }, c, q, call)) return;
-      one_shot_ll_unpack(dst + 8 * u, v, n > 8 * u ? n - 8 * u : 0);
+      sm_path_ll_unpack(dst + 8 * u, v, n > 8 * u ? n - 8 * u : 0);
     }
   }
 }
@@ -147,36 +147,36 @@ __device__ void exchange_low_latency(const OneShotStep& s, const OneShotWindows&
 // A reduction's last step with flags: this block's share of the result from
 // every rank's span in rank order (16-byte words where everything is aligned).
 template <typename T, RedOp Op>
-__device__ void reduce_out(const OneShotStep& s, const OneShotWindows& w, size_t slot_bytes, int parity) {
+__device__ void reduce_out(const SmPathStep& s, const SmPathWindows& w, size_t slot_bytes, int parity) {
   size_t begin = 0;
-  const size_t len = one_shot_span_share(s.recv_bytes[s.rank], s.blocks, blockIdx.x, &begin);
+  const size_t len = sm_path_span_share(s.recv_bytes[s.rank], s.blocks, blockIdx.x, &begin);
   if (len == 0) return;
-  OneShotSources in;
+  SmPathSources in;
   for (int q = 0; q < s.world; ++q)
-    in.src[q] = (q == s.rank ? s.in + s.send_offset[q]
-                             : w.base[s.rank] + one_shot_slot_offset(s.world, slot_bytes, parity, q)) +
-                begin;
+    in.src[q] =
+        (q == s.rank ? s.in + s.send_offset[q] : w.base[s.rank] + sm_path_slot_offset(s.world, slot_bytes, parity, q)) +
+        begin;
   reduce_range<T, Op, kUnroll>(reinterpret_cast<T*>(s.out + begin), in, s.world, len / sizeof(T), 0, 1);
 }
 
 // The exchange with one flag per peer and block (blocks above
-// kOneShotLowLatencyMaxBytes): pushes, a barrier, the flags, waits, copy out
+// kSmPathLowLatencyMaxBytes): pushes, a barrier, the flags, waits, copy out
 // (or reduce).
 template <typename R>
-__device__ void exchange_with_flags(const OneShotStep& s, const OneShotWindows& w, size_t slot_bytes,
-                                    const KernelWait& c, uint64_t call, int parity) {
-  auto* mine = reinterpret_cast<OneShotHeader*>(w.base[s.rank]);
-  const uint64_t value = one_shot_flag_value(call, s.tag);
+__device__ void exchange_with_flags(const SmPathStep& s, const SmPathWindows& w, size_t slot_bytes, const KernelWait& c,
+                                    uint64_t call, int parity) {
+  auto* mine = reinterpret_cast<SmPathHeader*>(w.base[s.rank]);
+  const uint64_t value = sm_path_flag_value(call, s.tag);
 
   // 1. Pushes into the peers' windows, in cyclic-shift order, and the own block.
   size_t begin = 0, len = 0;
   for (int k = 1; k < s.world; ++k) {
     const int p = (s.rank + k) % s.world;
-    if ((len = one_shot_span_share(s.send_bytes[p], s.blocks, blockIdx.x, &begin)) > 0)
-      copy_span(w.base[p] + one_shot_slot_offset(s.world, slot_bytes, parity, s.rank) + begin,
+    if ((len = sm_path_span_share(s.send_bytes[p], s.blocks, blockIdx.x, &begin)) > 0)
+      copy_span(w.base[p] + sm_path_slot_offset(s.world, slot_bytes, parity, s.rank) + begin,
                 s.in + s.send_offset[p] + begin, len);
   }
-  if ((len = one_shot_span_share(s.own_bytes, s.blocks, blockIdx.x, &begin)) > 0)
+  if ((len = sm_path_span_share(s.own_bytes, s.blocks, blockIdx.x, &begin)) > 0)
     copy_span(s.out + s.recv_offset[s.rank] + begin, s.in + s.send_offset[s.rank] + begin, len);
   __syncthreads();
 
@@ -189,16 +189,16 @@ __device__ void exchange_with_flags(const OneShotStep& s, const OneShotWindows& 
   if (threadIdx.x == 0) {
     for (int k = 1; k < s.world; ++k) {
       const int p = (s.rank + k) % s.world;
-      store_release(&reinterpret_cast<OneShotHeader*>(w.base[p])->flags[s.rank][blockIdx.x], value);
+      store_release(&reinterpret_cast<SmPathHeader*>(w.base[p])->flags[s.rank][blockIdx.x], value);
     }
   }
 
   // 3. Wait for each peer's flag for this chunk (or its next call's, which
-  // may have replaced it: one_shot_flag_passes), bounded.
+  // may have replaced it: sm_path_flag_passes), bounded.
   bool gave_up = false;
   if (threadIdx.x < s.world && threadIdx.x != s.rank) {
     const uint64_t* flag = &mine->flags[threadIdx.x][blockIdx.x];
-    gave_up = !wait_for([&] { return one_shot_flag_passes(load_acquire(flag), call, s.tag); }, c, threadIdx.x, call);
+    gave_up = !wait_for([&] { return sm_path_flag_passes(load_acquire(flag), call, s.tag); }, c, threadIdx.x, call);
   }
   gave_up = __syncthreads_or(gave_up);
 
@@ -210,15 +210,15 @@ __device__ void exchange_with_flags(const OneShotStep& s, const OneShotWindows& 
   }
   if (!gave_up)
     for (int q = 0; q < s.world; ++q)
-      if (q != s.rank && (len = one_shot_span_share(s.recv_bytes[q], s.blocks, blockIdx.x, &begin)) > 0)
+      if (q != s.rank && (len = sm_path_span_share(s.recv_bytes[q], s.blocks, blockIdx.x, &begin)) > 0)
         copy_span(s.out + s.recv_offset[q] + begin,
-                  w.base[s.rank] + one_shot_slot_offset(s.world, slot_bytes, parity, q) + begin, len);
+                  w.base[s.rank] + sm_path_slot_offset(s.world, slot_bytes, parity, q) + begin, len);
 }
 
 template <typename R>
 __global__ void __launch_bounds__(kThreads)
-    one_shot_kernel(OneShotStep s, OneShotWindows w, size_t slot_bytes, KernelWait c) {
-  auto* mine = reinterpret_cast<OneShotHeader*>(w.base[s.rank]);
+    sm_path_kernel(SmPathStep s, SmPathWindows w, size_t slot_bytes, KernelWait c) {
+  auto* mine = reinterpret_cast<SmPathHeader*>(w.base[s.rank]);
   // Every block reads the count before any block can have raised it (the
   // last block to finish does, below); the next call's kernel starts after
   // this one ends.
@@ -258,29 +258,29 @@ __global__ void __launch_bounds__(kThreads)
 
 // The kernel for a step: copies, or a reduction of the step's type and operation.
 template <typename F>
-void with_kernel(const OneShotStep& s, F&& f) {
-  if (s.dtype == 0) return f(one_shot_kernel<NoReduction>);
+void with_kernel(const SmPathStep& s, F&& f) {
+  if (s.dtype == 0) return f(sm_path_kernel<NoReduction>);
   with_reduction(static_cast<DType>(s.dtype), static_cast<RedOp>(s.red_op), [&](auto type, auto red) {
-    f(one_shot_kernel<Reduction<typename decltype(type)::type, decltype(red)::value>>);
+    f(sm_path_kernel<Reduction<typename decltype(type)::type, decltype(red)::value>>);
   });
 }
 
 }  // namespace
 
-void load_one_shot_kernels() {
+void load_sm_path_kernels() {
   cudaFuncAttributes a;
-  FERRY_CUDA_CHECK(cudaFuncGetAttributes(&a, one_shot_kernel<NoReduction>));
+  FERRY_CUDA_CHECK(cudaFuncGetAttributes(&a, sm_path_kernel<NoReduction>));
   for (DType t : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kInt32, DType::kFloat64, DType::kInt64})
     for (RedOp op : {RedOp::kSum, RedOp::kMax, RedOp::kMin}) {
-      OneShotStep s;
+      SmPathStep s;
       s.dtype = static_cast<uint32_t>(t);
       s.red_op = static_cast<uint32_t>(op);
       with_kernel(s, [&](auto kernel) { FERRY_CUDA_CHECK(cudaFuncGetAttributes(&a, kernel)); });
     }
 }
 
-void launch_one_shot(const OneShotStep& s, const OneShotWindows& w, size_t slot_bytes, const KernelWait& c,
-                     cudaStream_t stream) {
+void launch_sm_path(const SmPathStep& s, const SmPathWindows& w, size_t slot_bytes, const KernelWait& c,
+                    cudaStream_t stream) {
   with_kernel(s, [&](auto kernel) { kernel<<<s.blocks, kThreads, 0, stream>>>(s, w, slot_bytes, c); });
   FERRY_CUDA_CHECK(cudaGetLastError());
 }
