@@ -2,6 +2,7 @@
 // local rank before anything is enqueued (no half-issued collective), then
 // turned into a Program of exchanges, reductions and local copies (plan.hpp).
 #include "coll/communicator.hpp"
+#include "coll/planner.hpp"
 #include "coll/signature.hpp"
 #include "coll/tuning.hpp"
 #include "core/env.hpp"
@@ -16,53 +17,10 @@ size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
 std::string bytes_str(size_t b) { return std::to_string(b) + " bytes"; }
 
-// Reduce-scatter's data movement and reduction, in rounds (reduce_round_bytes):
-// round j pushes bytes [begin, begin + len) of every peer's block into that
-// peer's slot for this rank, then reduces the same bytes of this rank's block
-// into `result`. Every round's reduction but the last runs beside the next
-// round's pushes. `blocks`: the block each rank ends with, as parts of `in`.
-void add_reduce_scatter(Program& program, int rank, const std::vector<Block>& blocks, const char* in, char* result,
-                        const std::vector<char*>& scratch_by_rank, size_t slot_stride, const CollectiveArgs& a) {
-  const int world = static_cast<int>(blocks.size());
-  const size_t largest = largest_block(blocks);
-  const long long forced = knob_int("FERRY_REDUCE_ROUND_BYTES");
-  FERRY_ARG_CHECK(forced >= 0, "FERRY_REDUCE_ROUND_BYTES=" + std::to_string(forced) +
-                                   "; expected 0 (ferry's rule) or the bytes of each round");
-  const auto rounds = plan_rounds(largest, reduce_round_bytes(largest, static_cast<size_t>(forced)));
-  const long long grid = knob_int("FERRY_REDUCE_BLOCKS");
-  FERRY_ARG_CHECK(grid >= 1 && grid <= 1024,
-                  "FERRY_REDUCE_BLOCKS=" + std::to_string(grid) + "; expected 1..1024 blocks");
-  for (size_t j = 0; j < rounds.size(); ++j) {
-    std::vector<Block> part;
-    std::vector<char*> slots;
-    for (int p = 0; p < world; ++p) {
-      part.push_back(block_round(blocks[p], rounds[j]));
-      slots.push_back(scratch_by_rank[p] + rounds[j].begin);
-    }
-    program.add_exchange(plan_scatter_to_scratch(rank, world, slots, in, part, slot_stride));
-    const Block& mine = part[rank];
-    program.add_reduce(ReduceStep{result + rounds[j].begin, in + mine.offset, slots[rank], slot_stride, rank, world,
-                                  mine.bytes / dtype_bytes(a.dtype), a.dtype, a.red_op, static_cast<int>(grid)},
-                       j + 1 < rounds.size());
-  }
-}
-
 }  // namespace
 
 size_t Communicator::selection_bytes(const CollectiveArgs& a) const {
-  switch (a.op) {
-    case CollOp::kAllToAllv: {
-      size_t total = 0;
-      for (size_t c : a.counts) total += c;
-      return total / (static_cast<size_t>(world_) * world_);
-    }
-    case CollOp::kReduceScatter:
-      return a.count * dtype_bytes(a.dtype);
-    case CollOp::kAllReduce:
-      return a.count * dtype_bytes(a.dtype) / world_;
-    default:
-      return a.bytes_per_rank;
-  }
+  return planner_for(a.op).selection_bytes(a, world_);
 }
 
 Communicator::Resolved Communicator::choose(CollOp op, size_t bytes_per_rank) const {
@@ -117,41 +75,14 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
   FERRY_ARG_CHECK(static_cast<int>(a.outs.size()) == n && static_cast<int>(a.ins.size()) == n &&
                       static_cast<int>(a.streams.size()) == n,
                   name + ": expected one out, in and stream per local rank (" + std::to_string(n) + ")");
-  const size_t W = static_cast<size_t>(world_);
   const bool reduction = a.op == CollOp::kReduceScatter || a.op == CollOp::kAllReduce;
-  const size_t esize = reduction ? dtype_bytes(a.dtype) : 1;
-  if (reduction) FERRY_ARG_CHECK(esize > 0, name + ": dtype is not one ferry reduces");
+  if (reduction) FERRY_ARG_CHECK(dtype_bytes(a.dtype) > 0, name + ": dtype is not one ferry reduces");
+  const CollectivePlanner& planner = planner_for(a.op);
 
   // The shape that must match on every rank (what each rank's `out` and `in`
   // hold: rank_bytes).
-  size_t shape = 0;
-  uint64_t extra = 0;
-  switch (a.op) {
-    case CollOp::kAllGather:
-    case CollOp::kAllToAll:
-      shape = a.bytes_per_rank;
-      break;
-    case CollOp::kAllToAllv: {
-      FERRY_ARG_CHECK(a.counts.size() == W * W, name + ": counts must hold world * world = " + std::to_string(W * W) +
-                                                    " entries (bytes from rank s to rank d at [s * world + d]), got " +
-                                                    std::to_string(a.counts.size()));
-      std::vector<uint64_t> c(a.counts.begin(), a.counts.end());
-      extra = hash_values(c.data(), c.size());
-      for (size_t x : a.counts) shape += x;
-      break;
-    }
-    case CollOp::kBroadcast:
-      FERRY_ARG_CHECK(a.root >= 0 && a.root < world_,
-                      name + ": root is " + std::to_string(a.root) + "; expected 0.." + std::to_string(world_ - 1));
-      shape = a.bytes_per_rank;
-      extra = static_cast<uint64_t>(a.root);
-      break;
-    case CollOp::kReduceScatter:
-    case CollOp::kAllReduce:
-      shape = a.count * esize;
-      extra = uint64_t(a.dtype) << 8 | uint64_t(a.red_op);
-      break;
-  }
+  const CallShape call = planner.shape(a, world_);
+  const size_t shape = call.bytes;
   // Nothing moves anywhere: nothing to enqueue, so nothing to order in the
   // streams (a prepared call arms and triggers as usual; a capture records nothing).
   if (shape == 0) return {};
@@ -161,28 +92,24 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
     FERRY_ARG_CHECK(why.empty(), name + ": " + why);
   }
 
-  const size_t scratch_cap = static_cast<size_t>(std::max<long long>(4096, knob_int("FERRY_SCRATCH_BYTES")));
-  // Scratch, when the call needs it; sized the same on every rank (the call is collective).
-  size_t slot_stride = 0, chunk = 0;
-  const bool in_place_a2a = a.op == CollOp::kAllToAll && a.ins[0] == a.outs[0];
-  if (in_place_a2a && !sm) {
-    chunk = in_place_chunk(shape, world_, scratch_cap);
-    slot_stride = scratch_slot_stride(chunk);
-  } else if (a.op == CollOp::kReduceScatter && !sm) {
-    slot_stride = scratch_slot_stride(shape);
-  } else if (a.op == CollOp::kAllReduce && !sm) {
-    slot_stride = scratch_slot_stride(largest_block(all_reduce_blocks(a.count, esize, world_)));
-  }
+  PlanKnobs knobs;
+  knobs.scratch_cap = static_cast<size_t>(std::max<long long>(4096, knob_int("FERRY_SCRATCH_BYTES")));
+  const long long forced = knob_int("FERRY_REDUCE_ROUND_BYTES");
+  FERRY_ARG_CHECK(forced >= 0, "FERRY_REDUCE_ROUND_BYTES=" + std::to_string(forced) +
+                                   "; expected 0 (ferry's rule) or the bytes of each round");
+  knobs.reduce_round_bytes = static_cast<size_t>(forced);
+  const long long grid = knob_int("FERRY_REDUCE_BLOCKS");
+  FERRY_ARG_CHECK(grid >= 1 && grid <= 1024,
+                  "FERRY_REDUCE_BLOCKS=" + std::to_string(grid) + "; expected 1..1024 blocks");
+  knobs.reduce_blocks = static_cast<int>(grid);
 
-  // all_to_all(v) out of place: the own block may bounce through the next
-  // rank's scratch (own_block_bounce_bytes).
+  // Scratch, when the call needs it; sized the same on every rank (the call is collective).
   const bool capturing = dma::is_capturing(a.streams[0]);
-  size_t bounce_bytes = 0;
-  if (!sm && ((a.op == CollOp::kAllToAll && !in_place_a2a) || a.op == CollOp::kAllToAllv)) {
-    const size_t own = a.op == CollOp::kAllToAll ? shape : all_to_allv_largest_own(world_, a.counts);
-    bounce_bytes = own_block_bounce_bytes(a.local_copy, own, world_, !capturing || find_scratch(own));
-  }
-  const size_t scratch_need = slot_stride ? slot_stride * W : bounce_bytes;
+  const bool in_place = planner.in_place(a);
+  const ScratchPlan scratch_plan =
+      sm ? ScratchPlan{}
+         : planner.scratch(a, world_, shape, knobs, [&](size_t bytes) { return !capturing || find_scratch(bytes); });
+  const size_t scratch_need = scratch_plan.bytes(world_);
 
   // Before any per-rank check that could fail on one rank only: growing the
   // scratch is itself collective.
@@ -197,9 +124,10 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
                       std::to_string(scratch_need) + ") on every rank before capturing");
     if (!scr) scr = &scratch(scratch_need);
   }
-  std::vector<char*> scratch_by_rank(world_, nullptr);
+  PlanBuffers buffers;
+  buffers.world = world_;
   if (scr)
-    for (int p = 0; p < world_; ++p) scratch_by_rank[p] = heap_->at(p, scr->offset);
+    for (int p = 0; p < world_; ++p) buffers.scratch_by_rank.push_back(heap_->at(p, scr->offset));
 
   std::vector<Built> out(n);
   for (int i = 0; i < n; ++i) {
@@ -213,11 +141,10 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
     if (mine.in) check_device_pointer(in, device(i), "in");
 
     // Where peers write: `out` (registered) or ferry's scratch.
-    const bool writes_out = a.op != CollOp::kReduceScatter && !in_place_a2a;
     const Registration* reg = nullptr;
     uint64_t offset = 0;
-    std::vector<char*> out_by_rank(world_, nullptr);
-    if (writes_out) {
+    buffers.out_by_rank.clear();
+    if (planner.writes_out(a)) {
       // Only all_to_allv lets a rank's out be empty while others' are not:
       // this rank still writes into its peers' outputs, found at its own
       // out's offset in its registered buffer, which a null pointer lacks.
@@ -241,48 +168,25 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
                       name + ": out needs " + bytes_str(need) + " at offset " + std::to_string(offset) +
                           " of buffer #" + std::to_string(reg->id) + " on rank " + std::to_string(p) +
                           ", but that rank registered only " + bytes_str(reg->size[p]) + " for it");
-        out_by_rank[p] = reg->base[p] + offset;
+        buffers.out_by_rank.push_back(reg->base[p] + offset);
       }
       if (regs_used) regs_used->push_back(reg->id);
     }
 
-    // Overlap between in and out: only the documented in-place forms.
+    // Overlap between in and out: only the collective's in-place form.
     if (mine.in) {
-      bool allowed = false;
-      std::string rule;
-      switch (a.op) {
-        case CollOp::kAllGather:
-          allowed = in == o + static_cast<size_t>(r) * shape;
-          rule = "in may only be this rank's own block of out (in-place)";
-          break;
-        case CollOp::kAllToAll:
-          allowed = in == o;
-          rule = "in may only be out itself (in-place)";
-          break;
-        case CollOp::kReduceScatter:
-          allowed = in + static_cast<size_t>(r) * shape == o;
-          rule = "out may only be this rank's own block of in";
-          break;
-        case CollOp::kBroadcast:
-        case CollOp::kAllReduce:
-          allowed = in == o;
-          rule = "in may only be out itself (in-place)";
-          break;
-        case CollOp::kAllToAllv:
-          rule = "all_to_allv is out-of-place";
-          break;
-      }
-      if (!allowed && ranges_overlap(o, mine.out, in, mine.in))
+      const std::string rule = planner.overlap_error(in, o, r, shape, mine.in, mine.out);
+      if (!rule.empty())
         throw_error(FERRY_ERROR_INVALID_ARGUMENT,
                     name + ": in and out overlap on rank " + std::to_string(r) + "; " + rule);
     }
-    if (in_place_a2a && a.ins[i] != a.outs[i])
+    if (in_place && a.ins[i] != a.outs[i])
       throw_error(FERRY_ERROR_INVALID_ARGUMENT,
                   name + ": in-place on some local ranks and not on others; pass in == out on all or none");
 
     Built& b = out[i];
     const uint32_t reg_id = reg ? reg->id : 0;
-    const uint32_t sig = call_signature(a.op, shape, reg_id, offset, extra);
+    const uint32_t sig = call_signature(a.op, shape, reg_id, offset, call.extra);
     b.value = flag_value(sig);
     ReadyRecord s{};
     s.value = b.value;
@@ -297,44 +201,10 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
                                          reduction ? static_cast<uint32_t>(a.red_op) : 0));
       continue;
     }
-    switch (a.op) {
-      case CollOp::kAllGather:
-        b.program.add_exchange(plan_all_gather(r, world_, out_by_rank, in, shape));
-        break;
-      case CollOp::kAllToAll:
-        if (!in_place_a2a) {
-          b.program.add_exchange(
-              plan_all_to_all(r, world_, out_by_rank, in, shape, bounce_bytes ? &scratch_by_rank : nullptr));
-          break;
-        }
-        for (const auto& round : plan_rounds(shape, chunk)) {
-          b.program.add_exchange(plan_in_place_round(r, world_, scratch_by_rank, o, shape, round, slot_stride));
-          b.program.add_unpack(plan_in_place_unpack(r, world_, o, scratch_by_rank[r], shape, round, slot_stride));
-        }
-        break;
-      case CollOp::kAllToAllv:
-        b.program.add_exchange(
-            plan_all_to_allv(r, world_, out_by_rank, in, a.counts, bounce_bytes ? &scratch_by_rank : nullptr));
-        break;
-      case CollOp::kBroadcast:
-        b.program.add_exchange(plan_broadcast(r, world_, a.root, out_by_rank, in, shape));
-        break;
-      case CollOp::kReduceScatter: {
-        std::vector<Block> blocks;
-        for (int p = 0; p < world_; ++p) blocks.push_back(Block{static_cast<size_t>(p) * shape, shape});
-        add_reduce_scatter(b.program, r, blocks, in, o, scratch_by_rank, slot_stride, a);
-        break;
-      }
-      case CollOp::kAllReduce: {
-        // Blocks of the whole buffer (one exchange: nothing left to gather),
-        // or one block per rank, reduced by its owner and gathered.
-        const auto blocks = all_reduce_blocks(a.count, esize, world_);
-        add_reduce_scatter(b.program, r, blocks, in, o + blocks[r].offset, scratch_by_rank, slot_stride, a);
-        if (!all_reduce_one_exchange(world_, shape))
-          b.program.add_exchange(plan_gather_blocks(r, world_, out_by_rank, blocks));
-        break;
-      }
-    }
+    buffers.rank = r;
+    buffers.out = o;
+    buffers.in = in;
+    b.program = planner.plan(a, buffers, shape, scratch_plan, knobs);
   }
   return out;
 }

@@ -1,0 +1,480 @@
+// Every collective's planner (coll/planner.hpp), end to end without a GPU:
+// every rank's program runs on byte arrays standing for its buffers, step by
+// step in lockstep (an exchange's pushes, then its own-block copies, then its
+// read-backs; a reduction; an unpack), and every byte of every output is
+// compared with a reference computed from the inputs. Within an exchange no
+// byte may be written twice or written while it is read, and a reduction
+// that runs beside the next exchange may share no byte with it.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "coll/planner.hpp"
+
+using namespace ferry;
+
+namespace {
+
+using Bytes = std::vector<unsigned char>;
+
+struct Range {
+  uintptr_t begin, end;
+};
+bool overlap(const Range& a, const Range& b) { return a.begin < b.end && b.begin < a.end; }
+Range range(const void* p, size_t n) { return {reinterpret_cast<uintptr_t>(p), reinterpret_cast<uintptr_t>(p) + n}; }
+
+// Byte arrays at fake, far-apart addresses: buffer `kind` of rank p at kind << 44 | p << 36.
+struct Memory {
+  std::map<uintptr_t, Bytes> arrays;
+  char* make(int kind, int rank, size_t bytes, unsigned char fill) {
+    const uintptr_t base = uintptr_t(kind) << 44 | uintptr_t(rank) << 36;
+    arrays[base].assign(bytes, fill);
+    return reinterpret_cast<char*>(base);
+  }
+  Bytes& of(const void* base) { return arrays.at(reinterpret_cast<uintptr_t>(base)); }
+  unsigned char* at(const void* p, size_t n) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    auto it = arrays.upper_bound(a);
+    EXPECT_NE(it, arrays.begin()) << "address outside every buffer";
+    --it;
+    EXPECT_LE(a + n, it->first + it->second.size()) << "a copy runs past the end of its buffer";
+    return it->second.data() + (a - it->first);
+  }
+};
+
+template <typename T>
+T combine(T a, T b, RedOp op) {
+  return op == RedOp::kSum ? a + b : op == RedOp::kMax ? (a > b ? a : b) : (a < b ? a : b);
+}
+
+template <typename T>
+void reduce_into(Memory& m, const ReduceStep& r) {
+  const size_t n = r.count * sizeof(T);
+  if (!n) return;
+  std::vector<T> acc(r.count);
+  std::memcpy(acc.data(), m.at(r.own, n), n);
+  for (int p = 0; p < r.world; ++p) {
+    if (p == r.rank) continue;
+    std::vector<T> slot(r.count);
+    std::memcpy(slot.data(), m.at(r.scratch + p * r.slot_stride, n), n);
+    for (size_t i = 0; i < r.count; ++i) acc[i] = combine(acc[i], slot[i], r.op);
+  }
+  std::memcpy(m.at(r.out, n), acc.data(), n);
+}
+
+std::vector<Range> reduce_ranges(const ReduceStep& r) {
+  const size_t n = r.count * dtype_bytes(r.dtype);
+  std::vector<Range> out{range(r.out, n), range(r.own, n)};
+  for (int p = 0; p < r.world; ++p) out.push_back(range(r.scratch + p * r.slot_stride, n));
+  return out;
+}
+
+// Runs every rank's program in lockstep; failures name `what`.
+void run_programs(Memory& m, const std::vector<Program>& programs, const std::string& what) {
+  const size_t steps = programs[0].steps.size();
+  for (const auto& p : programs) ASSERT_EQ(p.steps.size(), steps) << what << ": ranks plan different step counts";
+  std::vector<Range> beside;  // what a reduction running beside the next exchange touches
+  for (size_t k = 0; k < steps; ++k) {
+    const Step::Kind kind = programs[0].steps[k].kind;
+    for (const auto& p : programs) ASSERT_EQ(p.steps[k].kind, kind) << what << ": step " << k;
+    if (kind == Step::Kind::kExchange) {
+      // Reads first, then writes: copies of one exchange run concurrently.
+      std::vector<Range> reads, writes;
+      std::vector<std::pair<void*, Bytes>> landed;
+      for (const auto& p : programs) {
+        const Exchange& x = p.steps[k].exchange;
+        std::vector<Copy> copies;
+        for (const auto& pc : x.pushes) copies.push_back(pc.copy);
+        if (x.local.bytes) copies.push_back(x.local);
+        for (const Copy& c : copies) {
+          if (!c.bytes) continue;
+          reads.push_back(range(c.src, c.bytes));
+          writes.push_back(range(c.dst, c.bytes));
+          const unsigned char* src = m.at(c.src, c.bytes);
+          landed.emplace_back(c.dst, Bytes(src, src + c.bytes));
+        }
+      }
+      for (size_t i = 0; i < writes.size(); ++i) {
+        for (size_t j = 0; j < i; ++j) ASSERT_FALSE(overlap(writes[i], writes[j])) << what << ": step " << k;
+        for (const Range& r : reads)
+          ASSERT_FALSE(overlap(writes[i], r)) << what << ": step " << k << " reads a byte it writes";
+        for (const Range& r : beside)
+          ASSERT_FALSE(overlap(writes[i], r)) << what << ": step " << k << " writes what the reduction beside it uses";
+      }
+      for (auto& [dst, bytes] : landed) std::memcpy(m.at(dst, bytes.size()), bytes.data(), bytes.size());
+      for (const auto& p : programs) {
+        const Copy& c = p.steps[k].exchange.local_pull.copy;
+        if (p.steps[k].exchange.local_pull.peer >= 0 && c.bytes)
+          std::memmove(m.at(c.dst, c.bytes), m.at(c.src, c.bytes), c.bytes);
+      }
+      beside.clear();
+    } else if (kind == Step::Kind::kReduce) {
+      for (const auto& p : programs) {
+        const ReduceStep& r = p.steps[k].reduce;
+        switch (r.dtype) {
+          case DType::kInt32:
+            reduce_into<int32_t>(m, r);
+            break;
+          case DType::kFloat32:
+            reduce_into<float>(m, r);
+            break;
+          default:
+            FAIL() << what << ": the test reduces int32 and float32 only";
+        }
+        if (p.steps[k].beside_next)
+          for (const Range& x : reduce_ranges(r)) beside.push_back(x);
+      }
+    } else if (kind == Step::Kind::kUnpack) {
+      for (const auto& p : programs)
+        for (const Copy& c : p.steps[k].unpack)
+          if (c.bytes) std::memmove(m.at(c.dst, c.bytes), m.at(c.src, c.bytes), c.bytes);
+      beside.clear();
+    } else {
+      FAIL() << what << ": a planner returned an SM-path step";
+    }
+  }
+}
+
+Bytes random_bytes(std::mt19937& rng, size_t n) {
+  Bytes b(n);
+  for (auto& x : b) x = static_cast<unsigned char>(rng());
+  return b;
+}
+
+// One call on every rank: buffers, programs, then the outputs.
+struct Call {
+  CollectiveArgs a;
+  PlanKnobs knobs;
+  bool scratch_possible = true;
+  int world = 1;
+  Memory m;
+  std::vector<char*> outs, ins, scratch;
+
+  // in_bytes / out_bytes: per rank; in_place: in is (part of) out.
+  void run(const std::vector<Bytes>& in_data, size_t out_bytes, bool in_place, size_t in_offset,
+           const std::string& what) {
+    const CollectivePlanner& planner = planner_for(a.op);
+    outs.clear();
+    ins.clear();
+    scratch.clear();
+    a.outs.clear();
+    a.ins.clear();
+    for (int r = 0; r < world; ++r) {
+      outs.push_back(m.make(1, r, out_bytes, 0xEE));  // poisoned
+      if (in_place) {
+        std::memcpy(m.of(outs[r]).data() + in_offset, in_data[r].data(), in_data[r].size());
+        ins.push_back(outs[r] + in_offset);
+      } else {
+        ins.push_back(m.make(2, r, in_data[r].size(), 0));
+        std::memcpy(m.of(ins[r]).data(), in_data[r].data(), in_data[r].size());
+      }
+      a.outs.push_back(outs[r]);
+      a.ins.push_back(ins[r]);
+    }
+    const CallShape shape = planner.shape(a, world);
+    ASSERT_GT(shape.bytes, 0u);
+    const ScratchPlan s = planner.scratch(a, world, shape.bytes, knobs, [&](size_t) { return scratch_possible; });
+    if (s.bytes(world))
+      for (int r = 0; r < world; ++r) scratch.push_back(m.make(3, r, s.bytes(world), 0xCC));
+    std::vector<Program> programs;
+    for (int r = 0; r < world; ++r) {
+      PlanBuffers b;
+      b.rank = r;
+      b.world = world;
+      b.out = outs[r];
+      b.in = ins[r];
+      if (planner.writes_out(a)) b.out_by_rank = outs;
+      b.scratch_by_rank = scratch;
+      programs.push_back(planner.plan(a, b, shape.bytes, s, knobs));
+    }
+    run_programs(m, programs, what);
+  }
+  const Bytes& out(int r) { return m.of(outs[r]); }
+};
+
+std::string label(const char* op, int world, size_t bytes, const std::string& more = "") {
+  return std::string(op) + " world " + std::to_string(world) + " bytes " + std::to_string(bytes) + more;
+}
+
+}  // namespace
+
+TEST(Planner, AllGatherEveryRankGetsEveryBlock) {
+  std::mt19937 rng(1);
+  for (int world = 1; world <= 8; ++world)
+    for (size_t bytes : {size_t(1), size_t(13), size_t(4099)})
+      for (bool in_place : {false, true}) {
+        Call c;
+        c.world = world;
+        c.a.op = CollOp::kAllGather;
+        c.a.bytes_per_rank = bytes;
+        std::vector<Bytes> in;
+        for (int r = 0; r < world; ++r) in.push_back(random_bytes(rng, bytes));
+        const std::string what = label("all_gather", world, bytes, in_place ? " in place" : "");
+        if (!in_place) {
+          c.run(in, bytes * world, false, 0, what);
+        } else {
+          // In place, each rank's input is its own block of out (Call::run puts every rank's at one offset).
+          const CollectivePlanner& planner = planner_for(CollOp::kAllGather);
+          for (int r = 0; r < world; ++r) {
+            c.outs.push_back(c.m.make(1, r, bytes * world, 0xEE));
+            std::memcpy(c.m.of(c.outs[r]).data() + r * bytes, in[r].data(), bytes);
+            c.a.outs.push_back(c.outs[r]);
+            c.a.ins.push_back(c.outs[r] + r * bytes);
+          }
+          std::vector<Program> programs;
+          for (int r = 0; r < world; ++r) {
+            PlanBuffers b;
+            b.rank = r;
+            b.world = world;
+            b.out = c.outs[r];
+            b.in = c.outs[r] + r * bytes;
+            b.out_by_rank = c.outs;
+            EXPECT_EQ(planner.overlap_error(b.in, b.out, r, bytes, bytes, bytes * world), "");
+            programs.push_back(planner.plan(c.a, b, bytes, ScratchPlan{}, c.knobs));
+          }
+          run_programs(c.m, programs, what);
+        }
+        for (int r = 0; r < world; ++r)
+          for (int p = 0; p < world; ++p)
+            ASSERT_EQ(0, std::memcmp(c.out(r).data() + p * bytes, in[p].data(), bytes))
+                << what << " rank " << r << " block " << p;
+      }
+}
+
+TEST(Planner, AllToAllEveryBlockReachesItsRankWithOrWithoutBounceAndInPlaceInRounds) {
+  std::mt19937 rng(2);
+  for (int world = 1; world <= 8; ++world)
+    for (size_t bytes : {size_t(1), size_t(37), size_t(5000)})
+      for (int variant = 0; variant < 4; ++variant) {
+        // 0: out of place, own block by kernel; 1: bounced through the next rank; 2: in place, one round;
+        // 3: in place through a scratch too small for one round.
+        Call c;
+        c.world = world;
+        c.a.op = CollOp::kAllToAll;
+        c.a.bytes_per_rank = bytes;
+        c.a.local_copy = variant == 1 ? LocalCopy::kPeer : LocalCopy::kKernel;
+        c.knobs.scratch_cap = variant == 3 ? std::max<size_t>(world * 7, 1) : size_t(64) << 20;
+        std::vector<Bytes> in;
+        for (int r = 0; r < world; ++r) in.push_back(random_bytes(rng, bytes * world));
+        const std::string what = label("all_to_all", world, bytes, " variant " + std::to_string(variant));
+        c.run(in, bytes * world, variant >= 2, 0, what);
+        if (variant == 1 && world > 1) EXPECT_FALSE(c.scratch.empty()) << what << ": no bounce area";
+        for (int r = 0; r < world; ++r)
+          for (int p = 0; p < world; ++p)
+            ASSERT_EQ(0, std::memcmp(c.out(r).data() + p * bytes, in[p].data() + r * bytes, bytes))
+                << what << " rank " << r << " block from " << p;
+      }
+}
+
+TEST(Planner, AllToAllvPacksBySourceIncludingEmptyParts) {
+  std::mt19937 rng(3);
+  for (int world = 1; world <= 8; ++world)
+    for (int trial = 0; trial < 3; ++trial)
+      for (LocalCopy lc : {LocalCopy::kKernel, LocalCopy::kPeer}) {
+        Call c;
+        c.world = world;
+        c.a.op = CollOp::kAllToAllv;
+        c.a.local_copy = lc;
+        c.a.counts.resize(world * world);
+        for (auto& x : c.a.counts) x = rng() % 4 == 0 ? 0 : rng() % 700;  // some parts empty
+        c.a.counts[0] += 1;                                               // never all empty
+        std::vector<Bytes> in;
+        size_t out_max = 1;
+        for (int r = 0; r < world; ++r) {
+          in.push_back(random_bytes(rng, std::max<size_t>(1, all_to_allv_send_total(world, c.a.counts, r))));
+          out_max = std::max(out_max, all_to_allv_recv_total(world, c.a.counts, r));
+        }
+        const std::string what = label("all_to_allv", world, out_max, " trial " + std::to_string(trial));
+        c.run(in, out_max, false, 0, what);
+        for (int d = 0; d < world; ++d)
+          for (int s = 0; s < world; ++s) {
+            const size_t n = c.a.counts[s * world + d];
+            ASSERT_EQ(0, std::memcmp(c.out(d).data() + all_to_allv_recv_offset(world, c.a.counts, s, d),
+                                     in[s].data() + all_to_allv_send_offset(world, c.a.counts, s, d), n))
+                << what << " from " << s << " to " << d;
+          }
+      }
+}
+
+TEST(Planner, BroadcastFromEveryRoot) {
+  std::mt19937 rng(4);
+  for (int world = 1; world <= 8; ++world)
+    for (int root = 0; root < world; ++root)
+      for (bool in_place : {false, true}) {
+        const size_t bytes = 1 + rng() % 3000;
+        Call c;
+        c.world = world;
+        c.a.op = CollOp::kBroadcast;
+        c.a.root = root;
+        c.a.bytes_per_rank = bytes;
+        std::vector<Bytes> in;
+        for (int r = 0; r < world; ++r) in.push_back(random_bytes(rng, bytes));
+        const std::string what = label("broadcast", world, bytes, " root " + std::to_string(root));
+        c.run(in, bytes, in_place, 0, what);
+        for (int r = 0; r < world; ++r) ASSERT_EQ(c.out(r), in[root]) << what << " rank " << r;
+      }
+  Call bad;
+  bad.world = 3;
+  bad.a.op = CollOp::kBroadcast;
+  bad.a.root = 3;
+  EXPECT_THROW(planner_for(CollOp::kBroadcast).shape(bad.a, 3), Error);
+}
+
+namespace {
+template <typename T>
+std::vector<Bytes> reduction_inputs(std::mt19937& rng, int world, size_t count) {
+  std::vector<Bytes> in;
+  for (int r = 0; r < world; ++r) {
+    std::vector<T> v(count);
+    // Small integers: float sums are exact in any order.
+    for (auto& x : v) x = static_cast<T>(static_cast<int>(rng() % 2001) - 1000);
+    Bytes b(count * sizeof(T));
+    std::memcpy(b.data(), v.data(), b.size());
+    in.push_back(b);
+  }
+  return in;
+}
+
+template <typename T>
+T element(const Bytes& b, size_t i) {
+  T x;
+  std::memcpy(&x, b.data() + i * sizeof(T), sizeof(T));
+  return x;
+}
+
+template <typename T>
+void check_reduce_scatter(DType dtype, RedOp op, int world, size_t count, size_t round_bytes, bool in_place,
+                          std::mt19937& rng) {
+  Call c;
+  c.world = world;
+  c.a.op = CollOp::kReduceScatter;
+  c.a.count = count;
+  c.a.dtype = dtype;
+  c.a.red_op = op;
+  c.knobs.reduce_round_bytes = round_bytes;
+  const auto in = reduction_inputs<T>(rng, world, count * world);
+  const std::string what = label("reduce_scatter", world, count * sizeof(T),
+                                 " rounds of " + std::to_string(round_bytes) + (in_place ? " in place" : ""));
+  if (!in_place) {
+    c.run(in, count * sizeof(T), false, 0, what);
+  } else {
+    // In place: out is this rank's own block of in.
+    const CollectivePlanner& planner = planner_for(CollOp::kReduceScatter);
+    std::vector<char*> bufs;
+    for (int r = 0; r < world; ++r) {
+      bufs.push_back(c.m.make(2, r, in[r].size(), 0));
+      std::memcpy(c.m.of(bufs[r]).data(), in[r].data(), in[r].size());
+    }
+    const size_t shape = count * sizeof(T);
+    const ScratchPlan s = planner.scratch(c.a, world, shape, c.knobs, [](size_t) { return true; });
+    std::vector<char*> scratch;
+    for (int r = 0; r < world; ++r) scratch.push_back(c.m.make(3, r, s.bytes(world), 0xCC));
+    std::vector<Program> programs;
+    for (int r = 0; r < world; ++r) {
+      PlanBuffers b;
+      b.rank = r;
+      b.world = world;
+      b.in = bufs[r];
+      b.out = bufs[r] + r * shape;
+      b.scratch_by_rank = scratch;
+      EXPECT_EQ(planner.overlap_error(b.in, b.out, r, shape, shape * world, shape), "") << what;
+      programs.push_back(planner.plan(c.a, b, shape, s, c.knobs));
+    }
+    run_programs(c.m, programs, what);
+    for (int r = 0; r < world; ++r) c.outs.push_back(bufs[r] + r * shape);
+  }
+  for (int r = 0; r < world; ++r) {
+    const unsigned char* got = c.m.at(c.outs[r], count * sizeof(T));
+    for (size_t i = 0; i < count; ++i) {
+      T want = element<T>(in[0], r * count + i);
+      for (int p = 1; p < world; ++p) want = combine(want, element<T>(in[p], r * count + i), op);
+      T x;
+      std::memcpy(&x, got + i * sizeof(T), sizeof(T));
+      ASSERT_EQ(x, want) << what << " rank " << r << " element " << i;
+    }
+  }
+}
+
+template <typename T>
+void check_all_reduce(DType dtype, RedOp op, int world, size_t count, size_t round_bytes, bool in_place,
+                      std::mt19937& rng) {
+  Call c;
+  c.world = world;
+  c.a.op = CollOp::kAllReduce;
+  c.a.count = count;
+  c.a.dtype = dtype;
+  c.a.red_op = op;
+  c.knobs.reduce_round_bytes = round_bytes;
+  const auto in = reduction_inputs<T>(rng, world, count);
+  const std::string what = label("all_reduce", world, count * sizeof(T),
+                                 " rounds of " + std::to_string(round_bytes) + (in_place ? " in place" : ""));
+  c.run(in, count * sizeof(T), in_place, 0, what);
+  for (int r = 0; r < world; ++r)
+    for (size_t i = 0; i < count; ++i) {
+      T want = element<T>(in[0], i);
+      for (int p = 1; p < world; ++p) want = combine(want, element<T>(in[p], i), op);
+      ASSERT_EQ(element<T>(c.out(r), i), want) << what << " rank " << r << " element " << i;
+    }
+}
+}  // namespace
+
+TEST(Planner, ReduceScatterInOneRoundAndInManyInAndOutOfPlace) {
+  std::mt19937 rng(5);
+  for (int world = 1; world <= 8; ++world)
+    for (size_t count : {size_t(1), size_t(7), size_t(1000)})
+      for (size_t round_bytes : {size_t(0), size_t(256)})
+        for (bool in_place : {false, true}) {
+          check_reduce_scatter<float>(DType::kFloat32, RedOp::kSum, world, count, round_bytes, in_place, rng);
+          check_reduce_scatter<int32_t>(DType::kInt32, RedOp::kMax, world, count, round_bytes, in_place, rng);
+        }
+}
+
+TEST(Planner, AllReduceAsOneExchangeOrReduceScatterAndGatherInAndOutOfPlace) {
+  std::mt19937 rng(6);
+  for (int world = 1; world <= 8; ++world)
+    for (size_t count : {size_t(1), size_t(5), size_t(1003)})
+      for (size_t round_bytes : {size_t(0), size_t(256)})
+        for (bool in_place : {false, true}) {
+          check_all_reduce<float>(DType::kFloat32, RedOp::kSum, world, count, round_bytes, in_place, rng);
+          check_all_reduce<int32_t>(DType::kInt32, RedOp::kMin, world, count, round_bytes, in_place, rng);
+        }
+}
+
+TEST(Planner, OverlapsOtherThanTheInPlaceFormsAreNamed) {
+  char buf[64];
+  // all_gather: in may be this rank's own block of out, nothing else.
+  EXPECT_EQ(planner_for(CollOp::kAllGather).overlap_error(buf + 8, buf, 1, 8, 8, 32), "");
+  EXPECT_NE(planner_for(CollOp::kAllGather).overlap_error(buf + 4, buf, 1, 8, 8, 32), "");
+  // reduce_scatter: out may be this rank's own block of in.
+  EXPECT_EQ(planner_for(CollOp::kReduceScatter).overlap_error(buf, buf + 16, 2, 8, 32, 8), "");
+  EXPECT_NE(planner_for(CollOp::kReduceScatter).overlap_error(buf, buf + 8, 2, 8, 32, 8), "");
+  // all_to_allv is out of place only; disjoint buffers are always fine.
+  EXPECT_NE(planner_for(CollOp::kAllToAllv).overlap_error(buf, buf, 0, 8, 8, 8), "");
+  EXPECT_EQ(planner_for(CollOp::kAllToAllv).overlap_error(buf, buf + 8, 0, 8, 8, 8), "");
+  for (CollOp op : {CollOp::kAllToAll, CollOp::kBroadcast, CollOp::kAllReduce}) {
+    EXPECT_EQ(planner_for(op).overlap_error(buf, buf, 0, 8, 8, 8), "") << coll_op_name(op);
+    EXPECT_NE(planner_for(op).overlap_error(buf + 1, buf, 0, 8, 8, 8), "") << coll_op_name(op);
+  }
+}
+
+TEST(Planner, SelectionBytesAreBytesPerRank) {
+  CollectiveArgs a;
+  a.op = CollOp::kAllReduce;
+  a.count = 1024;
+  a.dtype = DType::kFloat32;
+  EXPECT_EQ(planner_for(a.op).selection_bytes(a, 4), 1024u);
+  a.op = CollOp::kReduceScatter;
+  EXPECT_EQ(planner_for(a.op).selection_bytes(a, 4), 4096u);
+  a.op = CollOp::kAllToAllv;
+  a.counts.assign(4, 100);
+  EXPECT_EQ(planner_for(a.op).selection_bytes(a, 2), 100u);
+  a.counts.assign(3, 100);
+  EXPECT_THROW(planner_for(a.op).shape(a, 2), Error);
+  a.op = CollOp::kAllGather;
+  a.bytes_per_rank = 77;
+  EXPECT_EQ(planner_for(a.op).selection_bytes(a, 8), 77u);
+}
