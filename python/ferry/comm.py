@@ -14,10 +14,6 @@ from ._native import require
 from .bootstrap import AllGather, TcpStore, TorchStore, group_allgather, read_launch_env, store_allgather
 from .errors import ClosedError, InvalidArgumentError
 
-_ALGOS = ("auto", "pcpy", "b2b", "seq", "sm")
-_LOCAL_COPIES = ("auto", "peer", "sm", "driver")
-_SIGNALS = ("auto", "copy", "sm")
-
 
 @dataclass
 class _Buffer:
@@ -199,10 +195,6 @@ class Communicator:
     def __init__(self, native_comm, local: bool):
         self._c = native_comm
         self._local = local
-        # GPUs driven by more than one rank (FERRY_SHARED_GPUS, testing only):
-        # those ranks' collectives must not share a stream.
-        devices = [native_comm.device(i) for i in range(native_comm.local_count)] if local else []
-        self._shared_gpus = len(set(devices)) < len(devices)
         self._allocs: dict = {}
         self._store = None  # ferry's own TCP store, kept for later collective calls
         self._heaps: list = []  # symmetric heaps over this communicator (ferry.symm), closed before it
@@ -352,28 +344,12 @@ class Communicator:
         root=0,
         counts=None,
         red_op="sum",
-        own_streams=True,
     ) -> dict:
-        """Checks the Python-visible parts of a call (sizes, dtypes, devices) and
-        turns it into the native call's arguments. `own_streams`: check that
-        ranks sharing a GPU have streams of their own (not for prepare(), whose
-        streams come with arm())."""
+        """Checks what only the tensors tell (devices, dtypes, sizes) and turns
+        the call into the native call's arguments; the native layer checks the
+        rest for Python and C alike (the option strings, root, counts, buffers,
+        and, where ranks share a GPU, that each has a stream of its own)."""
         self._check_open(op)
-        if algo not in _ALGOS:
-            raise InvalidArgumentError(f"algo is {algo!r}; expected one of {', '.join(_ALGOS)}")
-        if local_copy not in _LOCAL_COPIES:
-            why = f"local_copy is {local_copy!r}; expected one of {', '.join(_LOCAL_COPIES)}"
-            if local_copy == "ce":
-                why += (
-                    " ('ce' was removed: a copy within one GPU runs on SMs whatever call makes it,"
-                    " see docs/architecture.md; 'driver' is the path it named)"
-                )
-            raise InvalidArgumentError(why)
-        if signals not in _SIGNALS:
-            raise InvalidArgumentError(
-                f"signals is {signals!r}; expected 'auto' (FERRY_SIGNALS, default 'copy'), 'copy' (copy engines,"
-                " no SM) or 'sm' (a one-block kernel per round)"
-            )
         world = self._c.world
         outs = self._per_rank(outs, f"{op}: out")
         ins = [None] * len(outs) if ins is None else self._per_rank(ins, f"{op}: in")
@@ -399,24 +375,8 @@ class Communicator:
                 f"{op}: the GPUs' tensors differ in size; expected the same on every GPU"
             )
         args.update(shapes[0])
-        streams = self._streams(stream, op)
-        if self._shared_gpus and own_streams:
-            self._check_own_streams(op, streams)
-        args.update(outs=out_ptrs, ins=in_ptrs, streams=streams)
+        args.update(outs=out_ptrs, ins=in_ptrs, streams=self._streams(stream, op))
         return args
-
-    def _check_own_streams(self, op: str, streams: List[int]) -> None:
-        """Two ranks of one GPU on one stream: the second rank's part would wait
-        behind the first's, which waits for it, until the timeout."""
-        seen = {}
-        for i, s in enumerate(streams):
-            key = (self._c.device(i), s)
-            if key in seen:
-                raise InvalidArgumentError(
-                    f"{op}: stream: ranks {self._c.rank(seen[key])} and {self._c.rank(i)} share GPU {key[0]} and "
-                    "one stream; with FERRY_SHARED_GPUS every rank needs a stream of its own (pass stream=[...])"
-                )
-            seen[key] = i
 
     @staticmethod
     def _shape(op, ob: _Buffer, ib: _Buffer, world: int, rank: int, counts, root) -> dict:
@@ -444,7 +404,6 @@ class Communicator:
             need(ob.nbytes >= got, f"out has {ob.nbytes} bytes; counts send {got} to rank {rank}")
             return dict(counts=[c * ib.itemsize for c in flat])
         if op == "broadcast":
-            need(0 <= root < world, f"root is {root}; expected 0..{world - 1}")
             need(ib.nbytes == ob.nbytes, f"in has {ib.nbytes} bytes; expected {ob.nbytes} like out")
             return dict(bytes=ob.nbytes)
         dtype = _reduction_dtype(ob, op)
@@ -460,7 +419,7 @@ class Communicator:
     def _run(self, prepare: bool, op: str, outs, ins, stream, **options):
         """Runs (or, with `prepare`, prepares) `op`; `options` are the
         method's keyword arguments (algo, local_copy, signals, root, ...)."""
-        args = self._native_args(op, outs, ins, stream, own_streams=not prepare, **options)
+        args = self._native_args(op, outs, ins, stream, **options)
         if prepare:
             return PreparedCollective(self, self._c.prepare(**args), op)
         self._c.run(**args)
@@ -668,10 +627,7 @@ class PreparedCollective:
         self._comm, self._h, self.op = comm, handle, op
 
     def _streams(self, stream, what):
-        streams = self._comm._streams(stream, what)
-        if self._comm._shared_gpus:
-            self._comm._check_own_streams(what, streams)
-        return streams
+        return self._comm._streams(stream, what)
 
     @property
     def armed(self) -> bool:

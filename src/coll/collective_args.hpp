@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #include "coll/local_copy.hpp"
@@ -33,5 +34,12 @@ struct CollectiveArgs {
   LocalCopy local_copy = LocalCopy::kAuto;
   Signals signals = Signals::kAuto;
 };
+
+// Ranks that share a GPU (FERRY_SHARED_GPUS) need a stream each: one rank's
+// part of a call on a stream behind another's, which waits for it, would
+// wait until the timeout. Throws naming `op`, both ranks and the GPU.
+// `ranks`, `devices`, `streams`: by local rank.
+void check_own_streams(const char* op, const std::vector<int>& ranks, const std::vector<int>& devices,
+                       const std::vector<cudaStream_t>& streams);
 
 }  // namespace ferry

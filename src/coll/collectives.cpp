@@ -253,6 +253,14 @@ void Communicator::run(const CollectiveArgs& a) {
   FERRY_ARG_CHECK(
       static_cast<int>(a.streams.size()) == local_count(),
       std::string(coll_op_name(a.op)) + ": expected one stream per local rank (" + std::to_string(local_count()) + ")");
+  if (shares_gpus_) {
+    std::vector<int> ranks, devices;
+    for (const auto& L : locals_) {
+      ranks.push_back(L->rank);
+      devices.push_back(L->device);
+    }
+    check_own_streams(coll_op_name(a.op), ranks, devices, a.streams);
+  }
   const bool capturing = dma::is_capturing(a.streams[0]);
   std::shared_ptr<const PlannedCall> call;
   {

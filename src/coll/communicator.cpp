@@ -188,6 +188,8 @@ std::unique_ptr<Communicator> Communicator::create_local(const std::vector<int>&
   }
   std::unique_ptr<Communicator> c(new Communicator());
   c->world_ = n;
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < i; ++j) c->shares_gpus_ = c->shares_gpus_ || devices[i] == devices[j];
   c->init_common(timeout_s, devices[0]);
   for (int i = 0; i < n; ++i) {
     FERRY_CUDA_CHECK(cudaSetDevice(devices[i]));

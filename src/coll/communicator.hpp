@@ -307,6 +307,7 @@ class Communicator {
 
   int world_ = 0;
   bool multi_process_ = false;
+  bool shares_gpus_ = false;  // some local ranks share a GPU (FERRY_SHARED_GPUS)
   double timeout_s_ = 300;
   AllGatherFn allgather_;
   std::vector<std::unique_ptr<Local>> locals_;

@@ -122,8 +122,8 @@ def test_new_collectives_are_checked():
         c.all_to_allv(Cai(16), Cai(16), [[10, 10], [1, 1]])
     c.all_to_allv(Cai(16, "<f4"), Cai(16, "<f4"), [[1, 2], [3, 4]])
     assert c._c.calls[-1]["counts"] == [4, 8, 12, 16]  # bytes
-    with pytest.raises(InvalidArgumentError, match="root is 5"):
-        c.broadcast(Cai(16), root=5)
+    c.broadcast(Cai(16), root=1)
+    assert c._c.calls[-1]["root"] == 1  # root's range: the native layer's (tests/cpu/test_planner.cpp)
     with pytest.raises(InvalidArgumentError, match="cannot be reduced"):
         c.all_reduce(Cai(16))
     with pytest.raises(InvalidArgumentError, match="expected world x out"):
@@ -137,16 +137,12 @@ def test_new_collectives_are_checked():
         c.prepare("gather", Cai(16))
 
 
-def test_options_are_checked():
+def test_options_pass_through_to_the_native_layer():
+    # The native layer checks the option strings for Python and C alike
+    # (tests/cpu/test_selector.cpp, test_plan.cpp).
     c = Communicator(FakeNative(), local=False)
-    with pytest.raises(InvalidArgumentError, match="algo is 'ring'; expected one of .*seq, sm"):
-        c.all_gather(Cai(64), Cai(16), algo="ring")
-    c.all_gather(Cai(64), Cai(16), algo="sm")  # the SM path: passed through to the native layer
-    assert c._c.calls[-1]["algo"] == "sm"
-    with pytest.raises(InvalidArgumentError, match="local_copy is 'dma'"):
-        c.all_gather(Cai(64), Cai(16), local_copy="dma")
-    with pytest.raises(InvalidArgumentError, match="'ce' was removed.*'driver'"):
-        c.all_gather(Cai(64), Cai(16), local_copy="ce")
+    c.all_gather(Cai(64), Cai(16), algo="sm", local_copy="peer")
+    assert (c._c.calls[-1]["algo"], c._c.calls[-1]["local_copy"]) == ("sm", "peer")
     with pytest.raises(InvalidArgumentError, match="stream is a str"):
         c.all_gather(Cai(64), Cai(16), stream="s")
     assert c._c.calls[-1]["signals"] == "auto"  # the communicator's FERRY_SIGNALS
@@ -154,8 +150,6 @@ def test_options_are_checked():
     assert c._c.calls[-1]["signals"] == "sm"
     c.reduce_scatter(Cai(16, "<f4"), Cai(64, "<f4"), signals="copy")
     assert c._c.calls[-1]["signals"] == "copy"
-    with pytest.raises(InvalidArgumentError, match="signals is 'kernel'; expected 'auto'.*'copy'.*'sm'"):
-        c.broadcast(Cai(64), signals="kernel")
 
 
 def test_local_communicator_wants_lists():
@@ -166,20 +160,16 @@ def test_local_communicator_wants_lists():
         c.all_gather([Cai(32), Cai(64)], [Cai(16), Cai(32)], stream=[1, 2])
 
 
-def test_ranks_sharing_a_gpu_need_streams_of_their_own():
+def test_streams_pass_through_by_rank():
+    # Whether ranks sharing a GPU have streams of their own is the native
+    # layer's check (tests/cpu/test_collective_args.cpp).
     class SharedGpus(FakeNative):
         def device(self, i):
             return i % 2  # FERRY_SHARED_GPUS: ranks 0 and 2 on GPU 0, 1 and 3 on GPU 1
 
     c = Communicator(SharedGpus(world=4, local_count=4), local=True)
-    outs, ins = [Cai(64)] * 4, [Cai(16)] * 4
-    with pytest.raises(InvalidArgumentError, match="ranks 1 and 3 share GPU 1 and one stream"):
-        c.all_gather(outs, ins, stream=[5, 6, 7, 6])
-    c.all_gather(outs, ins, stream=[5, 6, 7, 8])
+    c.all_gather([Cai(64)] * 4, [Cai(16)] * 4, stream=[5, 6, 7, 8])
     assert c._c.calls[-1]["streams"] == [5, 6, 7, 8]
-    # One rank per GPU: the same stream handle on two GPUs is no conflict.
-    d = Communicator(FakeNative(world=2, local_count=2), local=True)
-    d.all_gather([Cai(32)] * 2, [Cai(16)] * 2, stream=[5, 5])
 
 
 def test_closed_communicator():
@@ -251,10 +241,6 @@ def test_prepare_checks_like_the_call():
     c = Communicator(FakePreparing(world=4), local=False)
     with pytest.raises(InvalidArgumentError, match="all_gather: out has 100 bytes"):
         c.prepare("all_gather", Cai(100), Cai(16))
-    with pytest.raises(InvalidArgumentError, match="algo is 'ring'"):
-        c.prepare("all_to_all", Cai(16), Cai(16), algo="ring")
-    with pytest.raises(InvalidArgumentError, match="signals is 'fast'"):
-        c.prepare("all_to_all", Cai(16), Cai(16), signals="fast")
     c.prepare("all_gather", Cai(64), Cai(16), signals="sm")
     assert c._c.calls[-1][1]["signals"] == "sm"
 
