@@ -13,8 +13,6 @@
 namespace ferry {
 namespace {
 
-size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
-
 std::string bytes_str(size_t b) { return std::to_string(b) + " bytes"; }
 
 }  // namespace
@@ -106,28 +104,28 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
   // Scratch, when the call needs it; sized the same on every rank (the call is collective).
   const bool capturing = dma::is_capturing(a.streams[0]);
   const bool in_place = planner.in_place(a);
-  const ScratchPlan scratch_plan =
-      sm ? ScratchPlan{}
-         : planner.scratch(a, world_, shape, knobs, [&](size_t bytes) { return !capturing || find_scratch(bytes); });
+  const ScratchPlan scratch_plan = sm ? ScratchPlan{} : planner.scratch(a, world_, shape, knobs, [&](size_t bytes) {
+    return !capturing || memory_->find_scratch(bytes);
+  });
   const size_t scratch_need = scratch_plan.bytes(world_);
 
   // Before any per-rank check that could fail on one rank only: growing the
   // scratch is itself collective.
   const ScratchBlock* scr = nullptr;
   if (scratch_need) {
-    scr = find_scratch(scratch_need);
+    scr = memory_->find_scratch(scratch_need);
     if (!scr && capturing)
       throw_error(FERRY_ERROR_INVALID_ARGUMENT,
                   name + ": needs " + bytes_str(scratch_need) +
                       " of scratch per rank, and allocating it is a collective step that must not happen while a "
                       "CUDA graph is being captured; call comm.reserve_scratch(" +
                       std::to_string(scratch_need) + ") on every rank before capturing");
-    if (!scr) scr = &scratch(scratch_need);
+    if (!scr) scr = &memory_->scratch(scratch_need);
   }
   PlanBuffers buffers;
   buffers.world = world_;
   if (scr)
-    for (int p = 0; p < world_; ++p) buffers.scratch_by_rank.push_back(heap_->at(p, scr->offset));
+    for (int p = 0; p < world_; ++p) buffers.scratch_by_rank.push_back(memory_->scratch_at(p, *scr));
 
   std::vector<Built> out(n);
   for (int i = 0; i < n; ++i) {
@@ -154,7 +152,7 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
                         " is empty and has no address (a null pointer: a zero-element tensor of its own, not a "
                         "view of a registered buffer); peers' outputs are found at the offset of this rank's out "
                         "in its registered buffer, so pass an empty slice of that buffer (e.g. out_buffer[:0])");
-      reg = find_registration(i, o, mine.out);
+      reg = memory_->find(r, o, mine.out);
       if (!reg)
         throw_error(FERRY_ERROR_NOT_REGISTERED,
                     name + ": out (" + bytes_str(mine.out) + " on rank " + std::to_string(r) +
@@ -209,24 +207,10 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
   return out;
 }
 
-const Communicator::ScratchBlock* Communicator::find_scratch(size_t bytes) const {
-  return !scratch_.empty() && scratch_.back().bytes >= bytes ? &scratch_.back() : nullptr;
-}
-
-const Communicator::ScratchBlock& Communicator::scratch(size_t bytes) {
-  if (const ScratchBlock* s = find_scratch(bytes)) return *s;
-  // Grow (collective: every rank makes the same call, the collective that
-  // needs it or reserve_scratch()). The old block stays allocated until
-  // close: graphs and prepared collectives may still point at it.
-  const size_t size = round_up(bytes, size_t(2) << 20);
-  scratch_.push_back(ScratchBlock{heap_->alloc(size, size_t(2) << 20, {}), size});
-  return scratch_.back();
-}
-
 void Communicator::reserve_scratch(size_t bytes) {
   ensure_open("reserve_scratch");
   FERRY_ARG_CHECK(bytes > 0, "reserve_scratch: bytes must be positive");
-  scratch(bytes);
+  memory_->scratch(bytes);
 }
 
 std::shared_ptr<const Communicator::PlannedCall> Communicator::plan_call(const CollectiveArgs& a, bool capturing) {

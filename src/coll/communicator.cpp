@@ -68,25 +68,9 @@ void Communicator::init_common(double timeout_s, int device) {
   kernel_signals_default_ = kernel_signals_default(knob_string("FERRY_SIGNALS"));
 }
 
-namespace {
-// ferry's heap maps what its allocations need, one granule at a time: ranks
-// sharing a GPU (FERRY_SHARED_GPUS) map no more than they use.
-constexpr size_t kOwnHeapChunk = size_t(2) << 20;
-// Scratch and the SM path's windows start on a granule, as the buffers they
-// were before the heap held them did.
-constexpr size_t kOwnHeapAlign = size_t(2) << 20;
-}  // namespace
-
-void Communicator::create_heap() {
-  heap_ = SymmetricHeap::create(group(), 0, kOwnHeapChunk);
-  // This rank's ready and done flags, zeroed before any peer may write them:
-  // in create(), peers start calling only after the setup's last all-gather.
-  device_flags_offset_ = heap_->alloc(sizeof(DeviceFlags), 4096, {});
-  for (auto& L : locals_) {
-    FERRY_CUDA_CHECK(cudaSetDevice(L->device));
-    FERRY_CUDA_CHECK(cudaMemsetAsync(device_flags(L->rank), 0, sizeof(DeviceFlags), L->engines->main()));
-    FERRY_CUDA_CHECK(cudaStreamSynchronize(L->engines->main()));
-  }
+void Communicator::create_memory() {
+  memory_ = CollectiveMemory::create(group());
+  sm_path_slot_bytes_ = memory_->sm_path_slot_bytes();
 }
 
 std::unique_ptr<Communicator::Local> Communicator::make_local(int rank, int device, int world) {
@@ -166,8 +150,7 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int world, int devi
     if (msg.fds.size() != 1) throw_error(FERRY_ERROR_INTERNAL, "rank " + std::to_string(p) + " sent no flag memory");
     c->flag_mem_[p] = SharedHostMemory::import(msg.fds[0], sizeof(HostFlags));
   }
-  c->create_heap();
-  c->create_sm_path_windows();
+  c->create_memory();
   c->allgather("ready", "communicator setup (mapping peers)");
   c->start_watchdog();
   return c;
@@ -211,8 +194,7 @@ std::unique_ptr<Communicator> Communicator::create_local(const std::vector<int>&
     c->flag_mem_.push_back(SharedHostMemory::create(sizeof(HostFlags)));
     c->pids_.push_back(getpid());
   }
-  c->create_heap();
-  c->create_sm_path_windows();
+  c->create_memory();
   c->start_watchdog();
   return c;
 }
@@ -262,78 +244,14 @@ void Communicator::ensure_open(const char* what) {
 
 // ---------------------------------------------------------------- buffers
 
-const Communicator::Registration* Communicator::find_registration(int local, const void* ptr, size_t bytes) const {
-  int r = rank(local);
-  auto p = static_cast<const char*>(ptr);
-  for (const auto& reg : registrations_)
-    if (p >= reg.base[r] && p + bytes <= reg.base[r] + reg.size[r]) return &reg;
-  return nullptr;
-}
-
 std::vector<void*> Communicator::alloc(size_t bytes) {
   ensure_open("alloc");
   FERRY_ARG_CHECK(bytes > 0, "alloc: bytes must be positive");
-  Registration& reg = allocate_registration(bytes);
+  const Registration& reg = memory_->allocate(bytes);
+  recent_calls_.clear();
   std::vector<void*> out;
   for (auto& L : locals_) out.push_back(reg.base[L->rank]);
   return out;
-}
-
-Communicator::Registration& Communicator::allocate_registration(size_t bytes) {
-  Registration reg;
-  reg.id = next_registration_++;
-  reg.owned = true;
-  reg.base.assign(world_, nullptr);
-  reg.size.assign(world_, bytes);
-  try {
-    if (multi_process_) {
-      Local& L = *locals_[0];
-      FERRY_CUDA_CHECK(cudaSetDevice(L.device));
-      reg.vmm.push_back(vmm_allocate(L.device, bytes, true, {L.device}));
-      reg.base[L.rank] = reinterpret_cast<char*>(reg.vmm.back().ptr);
-      int fd = vmm_export_fd(reg.vmm.back());
-      int tag = next_fd_tag_++;
-      std::vector<int> peers;
-      try {
-        for (int p = 0; p < world_; ++p)
-          if (p != L.rank) {
-            fds_->send(socket_paths_[p], p, tag, {fd}, std::to_string(reg.vmm.back().size), timeout_s_);
-            peers.push_back(p);
-          }
-      } catch (...) {
-        ::close(fd);
-        throw;
-      }
-      ::close(fd);
-      auto got = fds_->receive(peers, tag, timeout_s_, "their buffer handles for alloc()");
-      for (auto& [p, msg] : got) {
-        if (msg.fds.size() != 1) throw_error(FERRY_ERROR_INTERNAL, "rank " + std::to_string(p) + " sent no buffer");
-        size_t mapped = std::stoull(msg.payload);
-        try {
-          reg.vmm.push_back(vmm_import(msg.fds[0], mapped, L.device));
-        } catch (...) {
-          ::close(msg.fds[0]);
-          throw;
-        }
-        ::close(msg.fds[0]);
-        reg.base[p] = reinterpret_cast<char*>(reg.vmm.back().ptr);
-      }
-    } else {
-      std::vector<int> all_devices;
-      for (auto& L : locals_) all_devices.push_back(L->device);
-      for (auto& L : locals_) {
-        FERRY_CUDA_CHECK(cudaSetDevice(L->device));
-        reg.vmm.push_back(vmm_allocate(L->device, bytes, false, all_devices));
-        reg.base[L->rank] = reinterpret_cast<char*>(reg.vmm.back().ptr);
-      }
-    }
-  } catch (...) {
-    release(reg);
-    throw;
-  }
-  registrations_.push_back(std::move(reg));
-  recent_calls_.clear();
-  return registrations_.back();
 }
 
 void Communicator::register_buffers(const std::vector<void*>& ptrs, const std::vector<size_t>& sizes) {
@@ -343,124 +261,35 @@ void Communicator::register_buffers(const std::vector<void*>& ptrs, const std::v
   for (int i = 0; i < local_count(); ++i) {
     check_device_pointer(ptrs[i], device(i), "register: buffer");
     FERRY_ARG_CHECK(sizes[i] > 0, "register: size must be positive");
-    for (const auto& reg : registrations_)
-      FERRY_ARG_CHECK(!ranges_overlap(ptrs[i], sizes[i], reg.base[rank(i)], reg.size[rank(i)]),
-                      "register: the buffer overlaps one already registered (buffers from alloc() are registered "
-                      "already); deregister that one first");
   }
-  Registration reg;
-  reg.id = next_registration_++;
-  reg.base.assign(world_, nullptr);
-  reg.size.assign(world_, 0);
-  try {
-    if (multi_process_) {
-      Local& L = *locals_[0];
-      FERRY_CUDA_CHECK(cudaSetDevice(L.device));
-      IpcExport e = ipc_export(ptrs[0]);
-      unsigned long long size = sizes[0];
-      std::string mine(reinterpret_cast<const char*>(&e), sizeof(e));
-      mine.append(reinterpret_cast<const char*>(&size), sizeof(size));
-      auto all = allgather(mine, "register");
-      for (int p = 0; p < world_; ++p) {
-        if (all[p].size() != mine.size())
-          throw_error(FERRY_ERROR_INTERNAL, "register: malformed record from rank " + std::to_string(p));
-        IpcExport pe;
-        std::memcpy(&pe, all[p].data(), sizeof(pe));
-        std::memcpy(&size, all[p].data() + sizeof(pe), sizeof(size));
-        reg.size[p] = size;
-        if (p == L.rank) {
-          reg.base[p] = static_cast<char*>(ptrs[0]);
-          continue;
-        }
-        void* base = ipc_open(pe.handle);
-        reg.ipc.push_back(base);
-        reg.base[p] = static_cast<char*>(base) + pe.offset;
-      }
-    } else {
-      for (int i = 0; i < local_count(); ++i) {
-        reg.base[rank(i)] = static_cast<char*>(ptrs[i]);
-        reg.size[rank(i)] = sizes[i];
-      }
-    }
-  } catch (...) {
-    release(reg);
-    throw;
-  }
-  registrations_.push_back(std::move(reg));
+  memory_->register_buffers(ptrs, sizes);
   recent_calls_.clear();
-}
-
-void Communicator::release(Registration& reg) {
-  if (!locals_.empty()) cudaSetDevice(locals_[0]->device);
-  for (auto& m : reg.vmm) vmm_release(m);
-  for (void* base : reg.ipc) ipc_close(base);
-  reg.vmm.clear();
-  reg.ipc.clear();
 }
 
 void Communicator::deregister(const std::vector<void*>& ptrs) {
   ensure_open("deregister");
   FERRY_ARG_CHECK(static_cast<int>(ptrs.size()) == local_count(), "deregister: expected one pointer per local rank");
-  for (auto it = registrations_.begin(); it != registrations_.end(); ++it) {
-    if (it->base[rank(0)] != ptrs[0]) continue;
-    FERRY_ARG_CHECK(!it->owned, "deregister: this buffer came from alloc(); release it with free()");
-    check_not_prepared(it->id, "deregister");
-    refuse_if_armed("deregister");
-    synchronize();
-    release(*it);
-    registrations_.erase(it);
-    recent_calls_.clear();
-    return;
-  }
-  throw_error(FERRY_ERROR_NOT_REGISTERED, "deregister: the pointer is not the start of a registered buffer");
+  const Registration* reg = memory_->starting_at(ptrs[0]);
+  if (!reg) throw_error(FERRY_ERROR_NOT_REGISTERED, "deregister: the pointer is not the start of a registered buffer");
+  FERRY_ARG_CHECK(!reg->owned, "deregister: this buffer came from alloc(); release it with free()");
+  check_not_prepared(reg->id, "deregister");
+  refuse_if_armed("deregister");
+  synchronize();
+  memory_->release(reg->id);
+  recent_calls_.clear();
 }
 
 void Communicator::free(const std::vector<void*>& ptrs) {
   ensure_open("free");
   FERRY_ARG_CHECK(static_cast<int>(ptrs.size()) == local_count(), "free: expected one pointer per local rank");
-  for (auto it = registrations_.begin(); it != registrations_.end(); ++it) {
-    if (it->base[rank(0)] != ptrs[0]) continue;
-    FERRY_ARG_CHECK(it->owned, "free: this buffer was registered, not allocated by ferry; use deregister()");
-    check_not_prepared(it->id, "free");
-    refuse_if_armed("free");
-    synchronize();
-    release(*it);
-    registrations_.erase(it);
-    recent_calls_.clear();
-    return;
-  }
-  throw_error(FERRY_ERROR_NOT_REGISTERED, "free: the pointer did not come from this communicator's alloc()");
-}
-
-void Communicator::create_sm_path_windows() {
-  const long long slot = knob_int("FERRY_SM_BYTES");
-  if (multi_process_) {
-    // Every rank computes peers' slot addresses from its own setting: they must agree.
-    auto all = allgather(std::to_string(slot), "communicator setup (FERRY_SM_BYTES)");
-    for (int p = 0; p < world_; ++p)
-      if (all[p] != std::to_string(slot))
-        throw_error(FERRY_ERROR_INVALID_ARGUMENT, "FERRY_SM_BYTES is " + std::to_string(slot) + " on rank " +
-                                                      std::to_string(rank(0)) + " and " + all[p] + " on rank " +
-                                                      std::to_string(p) + "; set the same value on every rank");
-  }
-  // After the agreement check, so that every rank raises it.
-  FERRY_ARG_CHECK(slot >= 0, "FERRY_SM_BYTES=" + std::to_string(slot) + ": expected 0 (off) or a byte count");
-  if (slot == 0 || world_ > kSmPathMaxRanks) return;
-  sm_path_slot_bytes_ = (static_cast<size_t>(slot) + 255) / 256 * 256;
-  const size_t offset = heap_->alloc(sm_path_window_bytes(world_, sm_path_slot_bytes_), kOwnHeapAlign, {});
-  for (int p = 0; p < world_; ++p) sm_path_windows_.base[p] = heap_->at(p, offset);
-  // The header and the low-latency slots (whatever holds a flag) zeroed before
-  // any peer can write one: in create(), peers start calling only after the
-  // setup's last all-gather, which comes after this.
-  const size_t ll_begin = sm_path_ll_slot_offset(world_, sm_path_slot_bytes_, 0, 0);
-  for (auto& L : locals_) {
-    FERRY_CUDA_CHECK(cudaSetDevice(L->device));
-    char* window = sm_path_windows_.base[L->rank];
-    FERRY_CUDA_CHECK(cudaMemsetAsync(window, 0, kSmPathHeaderBytes, L->engines->main()));
-    FERRY_CUDA_CHECK(
-        cudaMemsetAsync(window + ll_begin, 0, 2 * world_ * kSmPathLowLatencySlotBytes, L->engines->main()));
-    FERRY_CUDA_CHECK(cudaStreamSynchronize(L->engines->main()));
-  }
+  const Registration* reg = memory_->starting_at(ptrs[0]);
+  if (!reg) throw_error(FERRY_ERROR_NOT_REGISTERED, "free: the pointer did not come from this communicator's alloc()");
+  FERRY_ARG_CHECK(reg->owned, "free: this buffer was registered, not allocated by ferry; use deregister()");
+  check_not_prepared(reg->id, "free");
+  refuse_if_armed("free");
+  synchronize();
+  memory_->release(reg->id);
+  recent_calls_.clear();
 }
 
 // ---------------------------------------------------------------- errors and lifetime
@@ -565,12 +394,10 @@ void Communicator::close() {
     cudaSetDevice(L->device);
     for (auto& [slot, ev] : L->retiring_gates) cudaEventDestroy(ev);
   }
-  for (auto& reg : registrations_) release(reg);
-  registrations_.clear();
+  if (memory_) memory_->close();
   locals_.clear();
   flag_mem_.clear();
-  if (heap_) heap_->close();
-  heap_.reset();
+  memory_.reset();
   fds_.reset();
   closed_ = true;
 }

@@ -1,7 +1,6 @@
 // A communicator: the ranks, their flags, their registered buffers, and the
-// watchdog that bounds every wait. ferry's own device memory (the flags, the
-// SM path's windows, scratch) lives on a symmetric heap of its own
-// (symm/heap.hpp). One process per GPU (create) or one process
+// watchdog that bounds every wait. Its device memory (flags, the SM path's
+// windows, scratch, registered buffers) is a CollectiveMemory. One process per GPU (create) or one process
 // driving several GPUs (create_local); the collectives below serve both, with
 // one entry per local rank in every array argument.
 #pragma once
@@ -23,6 +22,7 @@
 #include "bootstrap/group.hpp"
 #include "bootstrap/unix_socket.hpp"
 #include "coll/call_memo.hpp"
+#include "coll/collective_memory.hpp"
 #include "coll/flags.hpp"
 #include "coll/in_flight.hpp"
 #include "coll/local_copy.hpp"
@@ -185,14 +185,8 @@ class Communicator {
     const ValueWait* gate = nullptr;       // waited on after the first exchange's ready handshake
     const uint64_t* state_word = nullptr;  // device address, for captured calls
   };
-  struct Registration {
-    uint32_t id = 0;
-    bool owned = false;           // from alloc(): ferry frees it
-    std::vector<char*> base;      // by rank, as mapped in this process
-    std::vector<size_t> size;     // by rank
-    std::vector<VmmMapping> vmm;  // to unmap/release on close
-    std::vector<void*> ipc;       // to close on close
-  };
+  using Registration = CollectiveMemory::Registration;
+  using ScratchBlock = CollectiveMemory::ScratchBlock;
 
   Communicator() = default;
   void init_common(double timeout_s, int device);
@@ -200,8 +194,6 @@ class Communicator {
   void start_watchdog();
   void ensure_open(const char* what);
   std::vector<std::string> allgather(const std::string& mine, const char* what);
-  const Registration* find_registration(int local, const void* ptr, size_t bytes) const;
-  void release(Registration& reg);
 
   // Validates the call on every local rank (nothing is enqueued when any is
   // wrong) and plans it. May allocate scratch (collective, like the call).
@@ -218,25 +210,15 @@ class Communicator {
   // selector's (the tuning table), else FERRY_SIGNALS for the signals.
   Resolved resolve(const CollectiveArgs& args) const;
   Expectation expectation(uint64_t seq, const CollectiveArgs& args, const Built& b) const;
-  // A block of the heap at the same offset on every rank.
-  struct ScratchBlock {
-    size_t offset = 0;
-    size_t bytes = 0;
-  };
-  const ScratchBlock* find_scratch(size_t bytes) const;
-  const ScratchBlock& scratch(size_t bytes);
-  Registration& allocate_registration(size_t bytes);
   void check_not_prepared(uint32_t registration, const char* what) const;
   // Throws, naming `what`, while a prepared collective is armed and not triggered.
   void refuse_if_armed(const char* what) const;
   // synchronize() without refusing armed handles: the bounded wait, then
   // check() (close() drains armed runs whose gates it opened itself).
   void wait_for_enqueued();
-  // ferry's heap and the device flags on it (collective, at creation, once
-  // the group can exchange descriptors).
-  void create_heap();
-  // The SM path's windows (collective, at creation; none with FERRY_SM_BYTES=0).
-  void create_sm_path_windows();
+  // The collective memory (collective, at creation, once the group can
+  // exchange descriptors).
+  void create_memory();
   // Reports a ferry kernel (SM path, signal round) that gave up waiting (the watchdog looks).
   void check_kernel_fault(int local);
   Prepared& prepared(int handle, const char* what);
@@ -286,9 +268,7 @@ class Communicator {
 
   HostFlags* host_flags(int rank) const { return static_cast<HostFlags*>(flag_mem_[rank].host()); }
   // `rank`'s ready and done flags, mapped in this process (GPU memory).
-  DeviceFlags* device_flags(int rank) const {
-    return reinterpret_cast<DeviceFlags*>(heap_->at(rank, device_flags_offset_));
-  }
+  DeviceFlags* device_flags(int rank) const { return memory_->device_flags(rank); }
   // Copies this rank's ready flags into L.ready_snapshot on the rescue stream;
   // false when that cannot be done now (an earlier rescue still queued).
   bool snapshot_ready(int local);
@@ -312,25 +292,18 @@ class Communicator {
   AllGatherFn allgather_;
   std::vector<std::unique_ptr<Local>> locals_;
   std::vector<SharedHostMemory> flag_mem_;  // by rank (HostFlags); peers' blocks imported
-  std::unique_ptr<SymmetricHeap> heap_;     // ferry's own device memory, every rank's mapped
-  size_t device_flags_offset_ = 0;          // DeviceFlags, on the heap
-  std::vector<int> pids_;                   // by rank
+  std::unique_ptr<CollectiveMemory> memory_;
+  std::vector<int> pids_;  // by rank
   std::unique_ptr<FdExchange> fds_;
   std::vector<std::string> socket_paths_;
-  std::list<Registration> registrations_;  // a list: references stay valid
-  uint32_t next_registration_ = 1;
   int next_fd_tag_ = 100;
   uint64_t seq_ = 0;
   uint64_t gate_generation_ = 0;  // the value of each arming, unique per communicator
   std::vector<SelectorRule> table_;
   std::vector<SelectorRule> startup_table_;  // what an empty set_selector_table restores
   std::string gpu_name_;                     // the GPU model, which picks shipped tables
-  // Scratch, largest last; earlier blocks stay allocated until close (graphs
-  // and prepared collectives may still point at them).
-  std::vector<ScratchBlock> scratch_;
-  bool kernel_signals_default_ = false;  // FERRY_SIGNALS=sm: what a call's signals="auto" means
-  size_t sm_path_slot_bytes_ = 0;        // bytes per source slot in a window (FERRY_SM_BYTES)
-  SmPathWindows sm_path_windows_{};      // by rank, as mapped in this process
+  bool kernel_signals_default_ = false;      // FERRY_SIGNALS=sm: what a call's signals="auto" means
+  size_t sm_path_slot_bytes_ = 0;            // bytes per source slot in a window (FERRY_SM_BYTES)
   std::map<int, Prepared> prepared_;
   int next_handle_ = 1;
   std::mutex captured_mu_;

@@ -1,0 +1,257 @@
+#include "coll/collective_memory.hpp"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+
+#include "coll/plan.hpp"
+#include "core/cuda_scope.hpp"
+#include "core/env.hpp"
+#include "core/error.hpp"
+
+namespace ferry {
+namespace {
+
+// The heap maps what its allocations need, one granule at a time: ranks
+// sharing a GPU (FERRY_SHARED_GPUS) map no more than they use.
+constexpr size_t kHeapChunk = size_t(2) << 20;
+// Scratch and the SM path's windows start on a granule, as the buffers they
+// were before the heap held them did.
+constexpr size_t kBlockAlign = size_t(2) << 20;
+
+size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
+
+// Zeroes `bytes` at `p` on `device` and waits for it, on a stream of its own:
+// the device may hold work that waits for the host (an armed collective),
+// which a device-wide synchronize would wait for.
+void zero(int device, void* p, size_t bytes) {
+  DeviceScope on(device);
+  cudaStream_t s = nullptr;
+  FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaError_t err = cudaMemsetAsync(p, 0, bytes, s);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(s);
+  cudaStreamDestroy(s);
+  FERRY_CUDA_CHECK(err);
+}
+
+}  // namespace
+
+std::unique_ptr<CollectiveMemory> CollectiveMemory::create(const Group& group) {
+  std::unique_ptr<CollectiveMemory> m(new CollectiveMemory());
+  m->group_ = group;
+  m->heap_ = SymmetricHeap::create(group, 0, kHeapChunk);
+  // Every rank's flags zeroed before any peer may write them: in a world of
+  // processes, peers start calling only after the setup's last all-gather.
+  m->device_flags_offset_ = m->heap_->alloc(sizeof(DeviceFlags), 4096, {});
+  for (int i = 0; i < group.local_count(); ++i)
+    zero(group.devices[i], m->device_flags(group.ranks[i]), sizeof(DeviceFlags));
+  m->create_sm_path_windows();
+  return m;
+}
+
+CollectiveMemory::~CollectiveMemory() {
+  try {
+    close();
+  } catch (...) {
+  }
+}
+
+void CollectiveMemory::close() {
+  if (closed_) return;
+  closed_ = true;
+  for (auto& reg : registrations_) unmap(reg);
+  registrations_.clear();
+  if (heap_) heap_->close();
+  heap_.reset();
+}
+
+std::vector<std::string> CollectiveMemory::allgather(const std::string& mine, const char* what) const {
+  auto all = group_.allgather(mine);
+  if (static_cast<int>(all.size()) != group_.world)
+    throw_error(FERRY_ERROR_INTERNAL, std::string(what) + ": the bootstrap all-gather returned " +
+                                          std::to_string(all.size()) + " records for " + std::to_string(group_.world) +
+                                          " ranks");
+  return all;
+}
+
+void CollectiveMemory::create_sm_path_windows() {
+  const int world = group_.world;
+  const long long slot = knob_int("FERRY_SM_BYTES");
+  if (group_.multi_process()) {
+    // Every rank computes peers' slot addresses from its own setting: they must agree.
+    auto all = allgather(std::to_string(slot), "communicator setup (FERRY_SM_BYTES)");
+    for (int p = 0; p < world; ++p)
+      if (all[p] != std::to_string(slot))
+        throw_error(FERRY_ERROR_INVALID_ARGUMENT, "FERRY_SM_BYTES is " + std::to_string(slot) + " on rank " +
+                                                      std::to_string(group_.ranks[0]) + " and " + all[p] + " on rank " +
+                                                      std::to_string(p) + "; set the same value on every rank");
+  }
+  // After the agreement check, so that every rank raises it.
+  FERRY_ARG_CHECK(slot >= 0, "FERRY_SM_BYTES=" + std::to_string(slot) + ": expected 0 (off) or a byte count");
+  if (slot == 0 || world > kSmPathMaxRanks) return;
+  sm_path_slot_bytes_ = round_up(static_cast<size_t>(slot), 256);
+  const size_t offset = heap_->alloc(sm_path_window_bytes(world, sm_path_slot_bytes_), kBlockAlign, {});
+  for (int p = 0; p < world; ++p) sm_path_windows_.base[p] = heap_->at(p, offset);
+  // The header and the low-latency slots (whatever holds a flag) zeroed before
+  // any peer can write one.
+  const size_t ll_begin = sm_path_ll_slot_offset(world, sm_path_slot_bytes_, 0, 0);
+  for (int i = 0; i < group_.local_count(); ++i) {
+    char* window = sm_path_windows_.base[group_.ranks[i]];
+    zero(group_.devices[i], window, kSmPathHeaderBytes);
+    zero(group_.devices[i], window + ll_begin, 2 * world * kSmPathLowLatencySlotBytes);
+  }
+}
+
+const CollectiveMemory::ScratchBlock* CollectiveMemory::find_scratch(size_t bytes) const {
+  return !scratch_.empty() && scratch_.back().bytes >= bytes ? &scratch_.back() : nullptr;
+}
+
+const CollectiveMemory::ScratchBlock& CollectiveMemory::scratch(size_t bytes) {
+  if (const ScratchBlock* s = find_scratch(bytes)) return *s;
+  const size_t size = round_up(bytes, kBlockAlign);
+  scratch_.push_back(ScratchBlock{heap_->alloc(size, kBlockAlign, {}), size});
+  return scratch_.back();
+}
+
+const CollectiveMemory::Registration* CollectiveMemory::find(int rank, const void* ptr, size_t bytes) const {
+  auto p = static_cast<const char*>(ptr);
+  for (const auto& reg : registrations_)
+    if (p >= reg.base[rank] && p + bytes <= reg.base[rank] + reg.size[rank]) return &reg;
+  return nullptr;
+}
+
+CollectiveMemory::Registration* CollectiveMemory::starting_at(const void* ptr) {
+  for (auto& reg : registrations_)
+    if (reg.base[group_.ranks[0]] == ptr) return &reg;
+  return nullptr;
+}
+
+CollectiveMemory::Registration& CollectiveMemory::allocate(size_t bytes) {
+  const int world = group_.world;
+  Registration reg;
+  reg.id = next_registration_++;
+  reg.owned = true;
+  reg.base.assign(world, nullptr);
+  reg.size.assign(world, bytes);
+  try {
+    if (group_.multi_process()) {
+      const int me = group_.ranks[0], device = group_.devices[0];
+      DeviceScope on(device);
+      reg.vmm.push_back(vmm_allocate(device, bytes, true, {device}));
+      reg.base[me] = reinterpret_cast<char*>(reg.vmm.back().ptr);
+      int fd = vmm_export_fd(reg.vmm.back());
+      const int tag = group_.next_tag();
+      std::vector<int> peers;
+      try {
+        for (int p = 0; p < world; ++p)
+          if (p != me) {
+            group_.fds->send(group_.socket_paths[p], p, tag, {fd}, std::to_string(reg.vmm.back().size),
+                             group_.timeout_s);
+            peers.push_back(p);
+          }
+      } catch (...) {
+        ::close(fd);
+        throw;
+      }
+      ::close(fd);
+      auto got = group_.fds->receive(peers, tag, group_.timeout_s, "their buffer handles for alloc()");
+      for (auto& [p, msg] : got) {
+        if (msg.fds.size() != 1) throw_error(FERRY_ERROR_INTERNAL, "rank " + std::to_string(p) + " sent no buffer");
+        const size_t mapped = std::stoull(msg.payload);
+        try {
+          reg.vmm.push_back(vmm_import(msg.fds[0], mapped, device));
+        } catch (...) {
+          ::close(msg.fds[0]);
+          throw;
+        }
+        ::close(msg.fds[0]);
+        reg.base[p] = reinterpret_cast<char*>(reg.vmm.back().ptr);
+      }
+    } else {
+      for (int i = 0; i < group_.local_count(); ++i) {
+        DeviceScope on(group_.devices[i]);
+        reg.vmm.push_back(vmm_allocate(group_.devices[i], bytes, false, group_.devices));
+        reg.base[group_.ranks[i]] = reinterpret_cast<char*>(reg.vmm.back().ptr);
+      }
+    }
+  } catch (...) {
+    unmap(reg);
+    throw;
+  }
+  registrations_.push_back(std::move(reg));
+  return registrations_.back();
+}
+
+CollectiveMemory::Registration& CollectiveMemory::register_buffers(const std::vector<void*>& ptrs,
+                                                                   const std::vector<size_t>& sizes) {
+  const int world = group_.world;
+  for (int i = 0; i < group_.local_count(); ++i)
+    for (const auto& reg : registrations_)
+      FERRY_ARG_CHECK(!ranges_overlap(ptrs[i], sizes[i], reg.base[group_.ranks[i]], reg.size[group_.ranks[i]]),
+                      "register: the buffer overlaps one already registered (buffers from alloc() are registered "
+                      "already); deregister that one first");
+  Registration reg;
+  reg.id = next_registration_++;
+  reg.base.assign(world, nullptr);
+  reg.size.assign(world, 0);
+  try {
+    if (group_.multi_process()) {
+      const int me = group_.ranks[0];
+      DeviceScope on(group_.devices[0]);
+      IpcExport e = ipc_export(ptrs[0]);
+      unsigned long long size = sizes[0];
+      std::string mine(reinterpret_cast<const char*>(&e), sizeof(e));
+      mine.append(reinterpret_cast<const char*>(&size), sizeof(size));
+      auto all = allgather(mine, "register");
+      for (int p = 0; p < world; ++p) {
+        if (all[p].size() != mine.size())
+          throw_error(FERRY_ERROR_INTERNAL, "register: malformed record from rank " + std::to_string(p));
+        IpcExport pe;
+        std::memcpy(&pe, all[p].data(), sizeof(pe));
+        std::memcpy(&size, all[p].data() + sizeof(pe), sizeof(size));
+        reg.size[p] = size;
+        if (p == me) {
+          reg.base[p] = static_cast<char*>(ptrs[0]);
+          continue;
+        }
+        void* base = ipc_open(pe.handle);
+        reg.ipc.push_back(base);
+        reg.base[p] = static_cast<char*>(base) + pe.offset;
+      }
+    } else {
+      for (int i = 0; i < group_.local_count(); ++i) {
+        reg.base[group_.ranks[i]] = static_cast<char*>(ptrs[i]);
+        reg.size[group_.ranks[i]] = sizes[i];
+      }
+    }
+  } catch (...) {
+    unmap(reg);
+    throw;
+  }
+  registrations_.push_back(std::move(reg));
+  return registrations_.back();
+}
+
+void CollectiveMemory::release(uint32_t id) {
+  for (auto it = registrations_.begin(); it != registrations_.end(); ++it)
+    if (it->id == id) {
+      unmap(*it);
+      registrations_.erase(it);
+      return;
+    }
+}
+
+// Never throws: it also runs on the way out of a failure.
+void CollectiveMemory::unmap(Registration& reg) {
+  int previous = 0;
+  cudaGetDevice(&previous);
+  cudaSetDevice(group_.devices[0]);
+  for (auto& m : reg.vmm) vmm_release(m);
+  for (void* base : reg.ipc) ipc_close(base);
+  reg.vmm.clear();
+  reg.ipc.clear();
+  cudaSetDevice(previous);
+}
+
+}  // namespace ferry
