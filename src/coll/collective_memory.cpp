@@ -16,6 +16,10 @@ namespace {
 // The heap maps what its allocations need, one granule at a time: ranks
 // sharing a GPU (FERRY_SHARED_GPUS) map no more than they use.
 constexpr size_t kHeapChunk = size_t(2) << 20;
+// Address space per rank, the same on every rank (not FERRY_SYMM_HEAP_BYTES,
+// which sizes users' heaps): more than any GPU's memory, so that scratch
+// (older blocks included) runs out of GPU memory before it runs out of room.
+constexpr size_t kHeapCapacity = size_t(256) << 30;
 // Scratch and the SM path's windows start on a granule, as the buffers they
 // were before the heap held them did.
 constexpr size_t kBlockAlign = size_t(2) << 20;
@@ -40,7 +44,7 @@ void zero(int device, void* p, size_t bytes) {
 std::unique_ptr<CollectiveMemory> CollectiveMemory::create(const Group& group) {
   std::unique_ptr<CollectiveMemory> m(new CollectiveMemory());
   m->group_ = group;
-  m->heap_ = SymmetricHeap::create(group, 0, kHeapChunk);
+  m->heap_ = SymmetricHeap::create(group, kHeapCapacity, kHeapChunk);
   // Every rank's flags zeroed before any peer may write them: in a world of
   // processes, peers start calling only after the setup's last all-gather.
   m->device_flags_offset_ = m->heap_->alloc(sizeof(DeviceFlags), 4096, {});

@@ -92,14 +92,6 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
 
   PlanKnobs knobs;
   knobs.scratch_cap = static_cast<size_t>(std::max<long long>(4096, knob_int("FERRY_SCRATCH_BYTES")));
-  const long long forced = knob_int("FERRY_REDUCE_ROUND_BYTES");
-  FERRY_ARG_CHECK(forced >= 0, "FERRY_REDUCE_ROUND_BYTES=" + std::to_string(forced) +
-                                   "; expected 0 (ferry's rule) or the bytes of each round");
-  knobs.reduce_round_bytes = static_cast<size_t>(forced);
-  const long long grid = knob_int("FERRY_REDUCE_BLOCKS");
-  FERRY_ARG_CHECK(grid >= 1 && grid <= 1024,
-                  "FERRY_REDUCE_BLOCKS=" + std::to_string(grid) + "; expected 1..1024 blocks");
-  knobs.reduce_blocks = static_cast<int>(grid);
 
   // Scratch, when the call needs it; sized the same on every rank (the call is collective).
   const bool capturing = dma::is_capturing(a.streams[0]);
@@ -120,7 +112,24 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
                       " of scratch per rank, and allocating it is a collective step that must not happen while a "
                       "CUDA graph is being captured; call comm.reserve_scratch(" +
                       std::to_string(scratch_need) + ") on every rank before capturing");
-    if (!scr) scr = &memory_->scratch(scratch_need);
+    if (!scr) {
+      scr = &memory_->scratch(scratch_need);
+      // Every rank's cached plans then point at the old block; all of them
+      // plan again, so that no two ranks use different blocks for one call.
+      recent_calls_.clear();
+    }
+  }
+  // Knobs that can fail on one rank only: after the collective step above,
+  // and only where a reduction on copy engines reads them.
+  if (reduction && !sm) {
+    const long long forced = knob_int("FERRY_REDUCE_ROUND_BYTES");
+    FERRY_ARG_CHECK(forced >= 0, "FERRY_REDUCE_ROUND_BYTES=" + std::to_string(forced) +
+                                     "; expected 0 (ferry's rule) or the bytes of each round");
+    knobs.reduce_round_bytes = static_cast<size_t>(forced);
+    const long long grid = knob_int("FERRY_REDUCE_BLOCKS");
+    FERRY_ARG_CHECK(grid >= 1 && grid <= 1024,
+                    "FERRY_REDUCE_BLOCKS=" + std::to_string(grid) + "; expected 1..1024 blocks");
+    knobs.reduce_blocks = static_cast<int>(grid);
   }
   PlanBuffers buffers;
   buffers.world = world_;
@@ -210,7 +219,9 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
 void Communicator::reserve_scratch(size_t bytes) {
   ensure_open("reserve_scratch");
   FERRY_ARG_CHECK(bytes > 0, "reserve_scratch: bytes must be positive");
+  if (memory_->find_scratch(bytes)) return;
   memory_->scratch(bytes);
+  recent_calls_.clear();  // plans made before point at the old block (see build)
 }
 
 std::shared_ptr<const Communicator::PlannedCall> Communicator::plan_call(const CollectiveArgs& a, bool capturing) {
