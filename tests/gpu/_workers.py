@@ -213,6 +213,24 @@ def more_collectives(rank: int, world: int, port: int) -> list:
                 comm.all_reduce(ar, op="max")  # in place
                 mx = torch.stack([x.to(torch.float64) for x in ins]).max(0).values
                 check(f"all_reduce max in-place {dtype}", ar, mx.to(dtype))
+        # A call planned before the scratch grew, then planned again on one
+        # rank only (set_tuning([]) clears that rank's cached plans): every
+        # rank must use the same scratch block, so growing it drops every
+        # rank's plans.
+        count = 1000
+        xs = [ints(torch, 900 + s, world * count, dev, torch.float32) for s in range(world)]
+        out = torch.full((count,), 99, dtype=torch.float32, device=dev)
+        comm.reduce_scatter(out, xs[rank])
+        comm.reserve_scratch(128 << 20)
+        if rank == 0:
+            comm.set_tuning([])
+        out.fill_(99)
+        comm.reduce_scatter(out, xs[rank])
+        check(
+            "reduce_scatter after the scratch grew and one rank planned again",
+            out,
+            torch.stack(xs).sum(0)[rank * count : (rank + 1) * count],
+        )
         # uneven all_reduce (count not a multiple of world)
         count = world * 1000 + 3
         x = ints(torch, 5 + rank, count, dev, torch.float32)
