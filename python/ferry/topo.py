@@ -188,7 +188,9 @@ def doctor_checks(d: dict) -> List[Tuple[str, str]]:
         out.append(
             (
                 "warn",
-                f"GPU(s) {no_fd} cannot export VMM memory as file descriptors: use comm.register() (CUDA IPC)",
+                f"GPU(s) {no_fd} cannot export VMM memory as file descriptors: a communicator of one process per GPU "
+                "(and a symmetric heap across processes) cannot run there; one process driving every GPU "
+                "(ferry.init_local) can",
             )
         )
     missing = [(i, j) for i in range(len(gpus)) for j in range(len(gpus)) if i != j and not d["p2p"][i][j]]

@@ -8,8 +8,9 @@
 //
 // What is not checked again: that an input pointer still points to device
 // memory of its GPU (a freed and reused address is not noticed; NCCL checks
-// none). What is: anything that changes registrations or the selector clears
-// the memo (Communicator), so an out buffer deregistered since is refused.
+// none). What is: anything that changes registrations, the selector or the
+// scratch clears the memo (Communicator), so an out buffer deregistered since
+// is refused and no plan points at an older scratch block.
 #pragma once
 
 #include <cstddef>

@@ -311,7 +311,7 @@ class Communicator {
   // capturing the same call again reuses its entry and state word.
   std::map<std::pair<int, const ReadyRecord*>, Captured> captured_;
   Algo forced_algo_ = Algo::kAuto;
-  // Recent eager calls' plans; cleared when registrations or the selector change.
+  // Recent eager calls' plans; cleared when registrations, the selector or the scratch change.
   CallMemo<PlannedCall> recent_calls_{256};
 
   bool closed_ = false;

@@ -35,7 +35,8 @@ const std::vector<Knob>& knobs() {
        "capacity of each rank's symmetric heap when ferry.symm.Heap is given none (address space: physical memory "
        "is mapped only as allocations need it); every rank must use the same"},
       {"FERRY_SYMM_CHUNK_BYTES", "int", "268435456",
-       "least physical memory the symmetric heap maps at a time when an allocation needs more (one descriptor per "
+       "least physical memory a user's symmetric heap (ferry.symm.Heap) maps at a time when an allocation needs more "
+       "(one descriptor per "
        "rank and chunk is exchanged)"},
       {"FERRY_WATCHDOG_MS", "int", "10", "how often the watchdog looks at unfinished collectives"},
       {"FERRY_EXIT_AFTER_S", "float", "0",

@@ -69,10 +69,13 @@ std::unique_ptr<SymmetricHeap> SymmetricHeap::create(const Group& g, size_t capa
   const size_t range = h->capacity_ * static_cast<size_t>(g.world);
   CUresult r = cu.MemAddressReserve(&h->base_, range, h->granularity_, 0, 0);
   if (r != CUDA_SUCCESS)
-    throw_error(FERRY_ERROR_OUT_OF_MEMORY, "the symmetric heap could not reserve " + std::to_string(range) +
-                                               " bytes of address space (" + std::to_string(g.world) + " ranks x " +
-                                               std::to_string(h->capacity_) + " bytes: " + driver_error_name(r) +
-                                               "); create it with a smaller capacity (FERRY_SYMM_HEAP_BYTES)");
+    throw_error(FERRY_ERROR_OUT_OF_MEMORY,
+                "the symmetric heap could not reserve " + std::to_string(range) + " bytes of address space (" +
+                    std::to_string(g.world) + " ranks x " + std::to_string(h->capacity_) +
+                    " bytes: " + driver_error_name(r) +
+                    "); create it with a smaller capacity (FERRY_SYMM_HEAP_BYTES or the capacity argument; a "
+                    "communicator's own heap takes 256 GiB per rank, so fewer ranks per "
+                    "process)");
   try {
     for (int i = 0; i < g.local_count(); ++i) {
       void* word = nullptr;
