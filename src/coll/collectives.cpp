@@ -187,7 +187,7 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
         throw_error(FERRY_ERROR_INVALID_ARGUMENT,
                     name + ": in and out overlap on rank " + std::to_string(r) + "; " + rule);
     }
-    if (in_place && a.ins[i] != a.outs[i])
+    if (planner.in_place(a, i) != in_place)
       throw_error(FERRY_ERROR_INVALID_ARGUMENT,
                   name + ": in-place on some local ranks and not on others; pass in == out on all or none");
 

@@ -62,8 +62,9 @@ class CollectivePlanner {
   virtual CallShape shape(const CollectiveArgs& a, int world) const = 0;
   // The bytes per rank the selector's rules are written for.
   virtual size_t selection_bytes(const CollectiveArgs& a, int world) const;
-  // Whether this call works in place (all_to_all: in == out, asked of local rank 0).
-  virtual bool in_place(const CollectiveArgs&) const { return false; }
+  // Whether local rank `local`'s part of this call works in place (all_to_all:
+  // in == out); the call's form is local rank 0's, and every local rank must share it.
+  virtual bool in_place(const CollectiveArgs&, int /*local*/ = 0) const { return false; }
   // The copy-engine form's scratch. `scratch_possible(bytes)`: whether that
   // much scratch exists or may be grown now (not while a graph is captured).
   virtual ScratchPlan scratch(const CollectiveArgs&, int /*world*/, size_t /*shape*/, const PlanKnobs&,

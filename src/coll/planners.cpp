@@ -56,7 +56,9 @@ class AllGather final : public CollectivePlanner {
 class AllToAll final : public CollectivePlanner {
  public:
   CallShape shape(const CollectiveArgs& a, int) const override { return {a.bytes_per_rank, 0}; }
-  bool in_place(const CollectiveArgs& a) const override { return !a.ins.empty() && a.ins[0] == a.outs[0]; }
+  bool in_place(const CollectiveArgs& a, int local = 0) const override {
+    return static_cast<int>(a.ins.size()) > local && a.ins[local] == a.outs[local];
+  }
   ScratchPlan scratch(const CollectiveArgs& a, int world, size_t shape, const PlanKnobs& k,
                       const std::function<bool(size_t)>& scratch_possible) const override {
     ScratchPlan s;

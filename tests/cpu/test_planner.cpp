@@ -478,3 +478,23 @@ TEST(Planner, SelectionBytesAreBytesPerRank) {
   a.bytes_per_rank = 77;
   EXPECT_EQ(planner_for(a.op).selection_bytes(a, 8), 77u);
 }
+
+TEST(Planner, AllToAllInPlaceIsAskedOfEveryLocalRank) {
+  // build() refuses a call in place on some local ranks and not on others,
+  // whichever local rank is the odd one out (an out-of-place rank 1 beside an
+  // in-place rank 0, or the other way round).
+  char a0[8], a1[8], b1[8];
+  CollectiveArgs a;
+  a.op = CollOp::kAllToAll;
+  a.outs = {a0, a1};
+  a.ins = {a0, b1};
+  const CollectivePlanner& p = planner_for(CollOp::kAllToAll);
+  EXPECT_TRUE(p.in_place(a, 0));
+  EXPECT_FALSE(p.in_place(a, 1));
+  EXPECT_TRUE(p.in_place(a));
+  a.ins = {b1, a1};
+  EXPECT_FALSE(p.in_place(a, 0));
+  EXPECT_TRUE(p.in_place(a, 1));
+  for (CollOp op : {CollOp::kAllGather, CollOp::kBroadcast, CollOp::kAllReduce})
+    EXPECT_FALSE(planner_for(op).in_place(a, 1)) << coll_op_name(op);
+}
