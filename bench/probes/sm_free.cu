@@ -24,9 +24,9 @@
 #include <thread>
 #include <vector>
 
-#include "coll/sm_holder.hpp"
 #include "core/error.hpp"
 #include "dma/engine.hpp"
+#include "sm_holder.hpp"
 
 using ferry::Copy;
 using ferry::MemOp;

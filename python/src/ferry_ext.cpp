@@ -17,11 +17,9 @@
 
 #include "coll/communicator.hpp"
 #include "coll/local_copy.hpp"
-#include "coll/sm_path.hpp"
 #include "coll/reduce.hpp"
 #include "coll/selector.hpp"
-#include "coll/sm_holder.hpp"
-#include "coll/trigger_kernel.hpp"
+#include "coll/sm_path.hpp"
 #include "coll/tuning.hpp"
 #include "core/driver.hpp"
 #include "core/env.hpp"
@@ -157,8 +155,8 @@ auto call_with_args(Fn fn) {
 
 }  // namespace
 
-void bind_kv(nb::module_& m);  // python/src/kv_ext.cpp
-void bind_symm(nb::module_& m);  // python/src/symm_ext.cpp
+void bind_kv(nb::module_& m);         // python/src/kv_ext.cpp
+void bind_symm(nb::module_& m);       // python/src/symm_ext.cpp
 void bind_multipath(nb::module_& m);  // python/src/multipath_ext.cpp
 
 NB_MODULE(_ferry, m) {
@@ -264,60 +262,6 @@ NB_MODULE(_ferry, m) {
         return std::string(bus);
       },
       "device"_a);
-  // Tests and `ferry bench --prelaunch`: a kernel that spins, then fires a device trigger.
-  m.def(
-      "launch_trigger_kernel",
-      [](uintptr_t word, uint64_t value, long long spin_ns, uintptr_t stream) {
-        ferry::launch_trigger_kernel(reinterpret_cast<uint64_t*>(word), value, spin_ns,
-                                     reinterpret_cast<cudaStream_t>(stream));
-      },
-      "word"_a, "value"_a, "spin_ns"_a, "stream"_a);
-  // Tests: every SM of the current GPU held by spinning blocks (coll/sm_holder.hpp).
-  nb::class_<ferry::SmHolder>(m, "SmHolder")
-      .def(nb::init<>())
-      .def(
-          "hold",
-          [](ferry::SmHolder& h, uintptr_t stream, double max_s) {
-            nb::gil_scoped_release release;
-            h.hold(reinterpret_cast<cudaStream_t>(stream), max_s);
-          },
-          "stream"_a, "max_s"_a)
-      .def("release", &ferry::SmHolder::release)
-      .def_prop_ro("blocks", &ferry::SmHolder::blocks);
-  // For measurements (ferry bench --local-copy): one copy within a GPU, by `how`.
-  m.def(
-      "copy_local",
-      [](uintptr_t dst, uintptr_t src, size_t bytes, const std::string& how, uintptr_t stream) {
-        ferry::copy_local(ferry::Copy{reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes},
-                          ferry::parse_local_copy(how, "how"), reinterpret_cast<cudaStream_t>(stream));
-      },
-      "dst"_a, "src"_a, "bytes"_a, "how"_a, "stream"_a);
-  // For measurements (python -m ferry.bench.reduce_kernel): the reduction
-  // kernel of reduce_scatter and all_reduce on one GPU, `world` sources in
-  // rank order (`own` for this rank's, slots of `scratch` for the others).
-  m.def(
-      "reduce_local",
-      [](uintptr_t out, uintptr_t own, uintptr_t scratch, size_t slot_stride, int rank, int world, size_t count,
-         const std::string& dtype, const std::string& op, uintptr_t stream, int max_blocks) {
-        FERRY_ARG_CHECK(world >= 1 && world <= ferry::kMaxRanks,
-                        "world is " + std::to_string(world) + "; expected 1.." + std::to_string(ferry::kMaxRanks));
-        FERRY_ARG_CHECK(rank >= 0 && rank < world,
-                        "rank is " + std::to_string(rank) + "; expected 0.." + std::to_string(world - 1));
-        ferry::ReduceStep s{reinterpret_cast<void*>(out),
-                            reinterpret_cast<const void*>(own),
-                            reinterpret_cast<const char*>(scratch),
-                            slot_stride,
-                            rank,
-                            world,
-                            count,
-                            ferry::parse_dtype(dtype, "dtype"),
-                            ferry::parse_red_op(op, "op"),
-                            max_blocks};
-        ferry::launch_reduce(s, reinterpret_cast<cudaStream_t>(stream));
-      },
-      "out"_a, "own"_a, "scratch"_a, "slot_stride"_a, "rank"_a, "world"_a, "count"_a, "dtype"_a, "op"_a, "stream"_a,
-      "max_blocks"_a);
-
   nb::class_<Communicator> comm(m, "Communicator");
   comm.def_static(
           "create",

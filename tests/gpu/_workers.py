@@ -348,7 +348,7 @@ def which_calls_need_sms(rank: int, world: int, port: int) -> list:
     reduced = torch.empty(n // 4, dtype=torch.float32, device=dev)
     addends = torch.empty(world * (n // 4), dtype=torch.float32, device=dev)
     work, spin = torch.cuda.Stream(device=dev), torch.cuda.Stream(device=dev)
-    holder = ferry.native.SmHolder()
+    holder = ferry._native.hooks().SmHolder()
 
     def step(seed: int, signals: str):
         """Fresh inputs and poisoned outputs (before the SMs are held: torch's

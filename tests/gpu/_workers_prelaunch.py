@@ -46,7 +46,7 @@ def run_prepared_all_gather(torch, ferry, h, out, inp, side, rank, world, steps,
                 h.trigger(side)
             elif how == "device":
                 word, value = h.device_trigger()
-                ferry.native.launch_trigger_kernel(word, value, 20000, side.cuda_stream)
+                ferry._native.hooks().launch_trigger_kernel(word, value, 20000, side.cuda_stream)
         if how == "host":
             side.synchronize()
             h.trigger()
@@ -153,7 +153,7 @@ def prelaunch_and_graphs(rank: int, world: int, port: int) -> list:
         with torch.cuda.stream(side):
             inp.copy_(rand_bytes(torch, 0, n, dev))
             word = torch.zeros(1, dtype=torch.int64, device=dev)
-            ferry.native.launch_trigger_kernel(word.data_ptr(), 1, 1, side.cuda_stream)
+            ferry._native.hooks().launch_trigger_kernel(word.data_ptr(), 1, 1, side.cuda_stream)
         side.synchronize()
         h = comm.prepare("all_gather", out, inp)
         expect("not armed", h.trigger)

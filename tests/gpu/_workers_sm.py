@@ -138,7 +138,7 @@ def sm_path(rank: int, world: int, port: int) -> list:
         side = torch.cuda.Stream(device=dev)
         with torch.cuda.stream(side):
             word = torch.zeros(1, dtype=torch.int64, device=dev)
-            ferry.native.launch_trigger_kernel(word.data_ptr(), 1, 1, side.cuda_stream)
+            ferry._native.hooks().launch_trigger_kernel(word.data_ptr(), 1, 1, side.cuda_stream)
         side.synchronize()
         h = comm.prepare("all_gather", ag_out, ag_in, algo="sm")
         run_prepared_all_gather(torch, ferry, h, ag_out, ag_in, side, rank, world, 15, "smpre", check)

@@ -482,7 +482,9 @@ class Fuzzer:
         # lazy loading). The copies are the batches' own; the trigger kernel:
         for k, d in enumerate(devs):
             with torch.cuda.device(d):
-                ferry.native.launch_trigger_kernel(self.marker[k].data_ptr(), 0, 0, self.main[k].cuda_stream)
+                ferry._native.hooks().launch_trigger_kernel(
+                    self.marker[k].data_ptr(), 0, 0, self.main[k].cuda_stream
+                )
         # Scratch for every call up front: captures cannot grow it, and a
         # rank's death must not find the others in a collective allocation.
         comm.reserve_scratch(cfg.world * (cfg.max_bytes + 4096))
@@ -790,7 +792,7 @@ class Fuzzer:
             pairs = h.device_trigger()
             pairs = pairs if self.local else [pairs]
             for (word, value), s in zip(pairs, streams):
-                self.ferry.native.launch_trigger_kernel(word, value, op.spin_ns, s.cuda_stream)
+                self.ferry._native.hooks().launch_trigger_kernel(word, value, op.spin_ns, s.cuda_stream)
         h.wait(self.one(streams))
 
     def run_graph(self, op: Op, outs, ins, streams, graphs: list) -> None:

@@ -313,9 +313,10 @@ def test_prepared_transfer_host_stream_and_kernel_triggers(kv):
     t = kv.prepare(gpu, host, dst_ids, src_ids)
     assert t.copies == 200 and t.direction == "h2d"
     native = ferry._native.require()
+    hooks = ferry._native.hooks()
     # The trigger kernel's module loads now, not while a transfer is armed.
     warm = native.HostPool.create(64, -1, -1, -1)
-    native.launch_trigger_kernel(warm.data_ptr, 1, 1000, torch.cuda.current_stream().cuda_stream)
+    hooks.launch_trigger_kernel(warm.data_ptr, 1, 1000, torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
     del warm
     for trigger in ("host", "stream", "kernel"):
@@ -331,7 +332,7 @@ def test_prepared_transfer_host_stream_and_kernel_triggers(kv):
             t.trigger_on()
         else:
             word, value = t.device_trigger()
-            native.launch_trigger_kernel(word, value, 100_000, torch.cuda.current_stream().cuda_stream)
+            hooks.launch_trigger_kernel(word, value, 100_000, torch.cuda.current_stream().cuda_stream)
         t.wait()
         got = gpu.cpu()
         want = torch.full_like(host, POISON)

@@ -277,9 +277,9 @@ def _local_copy_probe(dev, opts) -> list:
     copy kernel) and ferry's SM kernel (32 blocks)."""
     import torch
 
-    from ferry._native import require
+    from ferry._native import hooks as load_hooks
 
-    native = require()
+    hooks = load_hooks()
     out = []
     stream = torch.cuda.Stream(device=dev)
     for n in (4096, 1 << 20, 16 << 20, 256 << 20):
@@ -292,7 +292,7 @@ def _local_copy_probe(dev, opts) -> list:
                     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     s.record(stream)
                     for _ in range(10):
-                        native.copy_local(dst.data_ptr() + off, src.data_ptr(), n, how, stream.cuda_stream)
+                        hooks.copy_local(dst.data_ptr() + off, src.data_ptr(), n, how, stream.cuda_stream)
                     e.record(stream)
                     e.synchronize()
                     times.append(s.elapsed_time(e) * 100.0)  # us per copy

@@ -174,14 +174,14 @@ def chain(ctx, out_all, inp_all) -> list:
     from ferry.bench.report import format_size
 
     torch, opts, s = ctx.torch, ctx.opts, ctx.stream
-    from ferry._native import require
+    from ferry._native import hooks as load_hooks
 
-    lib = require()
+    hooks = load_hooks()
     word = torch.zeros(1, dtype=torch.int64, device=ctx.dev)
     runs = max(3, opts["runs"])
 
     def produce(w=word.data_ptr(), value=1):
-        lib.launch_trigger_kernel(w, value, CHAIN_SPIN_NS, s.cuda_stream)
+        hooks.launch_trigger_kernel(w, value, CHAIN_SPIN_NS, s.cuda_stream)
 
     base = ctx.slowest(_chain_time(ctx, produce, runs))
     ctx.log(f"  chain: producer kernel alone {base:.1f} us per iteration")

@@ -51,9 +51,9 @@ def measure(
 ) -> List[dict]:
     import torch
 
-    from ferry._native import require
+    from ferry._native import hooks as load_hooks
 
-    native = require()
+    hooks = load_hooks()
     dtype = getattr(torch, dtype_name)
     elem = torch.empty((), dtype=dtype).element_size()
     count = result_bytes // elem
@@ -78,7 +78,7 @@ def measure(
 
         def ferry_launch(b=b):
             # Rank 0's own contribution is slot 0 itself: one buffer of `world` slots.
-            native.reduce_local(
+            hooks.reduce_local(
                 out.data_ptr(), sources.data_ptr(), sources.data_ptr(), count * elem, 0, world, count,
                 dtype_name, "sum", stream, b,
             )  # fmt: skip

@@ -2,8 +2,8 @@
 #include <string>
 #include <thread>
 
-#include "coll/sm_holder.hpp"
 #include "core/error.hpp"
+#include "sm_holder.hpp"
 
 namespace ferry {
 namespace {

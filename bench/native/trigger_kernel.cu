@@ -1,6 +1,6 @@
-#include "coll/trigger_kernel.hpp"
 #include "core/error.hpp"
 #include "ferry/device.cuh"
+#include "trigger_kernel.hpp"
 
 namespace ferry {
 namespace {
