@@ -11,7 +11,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
-#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -33,8 +32,6 @@
 #include "coll/signal_round.hpp"
 #include "coll/sm_path_kernel.hpp"
 #include "dma/engine.hpp"
-#include "symm/heap.hpp"
-#include "symm/peer_buffer.hpp"
 #include "symm/shared_host_memory.hpp"
 
 namespace ferry {
