@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <map>
 #include <random>
 #include <string>
@@ -145,6 +146,10 @@ Bytes random_bytes(std::mt19937& rng, size_t n) {
   return b;
 }
 
+// Where a rank's in and out sit: apart, or one inside the other at a per-rank
+// offset (the collectives' in-place forms).
+enum class Layout { kApart, kInInsideOut, kOutInsideIn };
+
 // One call on every rank: buffers, programs, then the outputs.
 struct Call {
   CollectiveArgs a;
@@ -153,25 +158,33 @@ struct Call {
   int world = 1;
   Memory m;
   std::vector<char*> outs, ins, scratch;
+  size_t out_bytes = 0;
 
-  // in_bytes / out_bytes: per rank; in_place: in is (part of) out.
-  void run(const std::vector<Bytes>& in_data, size_t out_bytes, bool in_place, size_t in_offset,
-           const std::string& what) {
+  // `in_data`: each rank's input; `out_bytes`: each rank's output. In place,
+  // the inner buffer sits at offset(rank) of the outer one, and the planner
+  // must accept that overlap.
+  void run(const std::vector<Bytes>& in_data, size_t out_size, const std::string& what, Layout layout = Layout::kApart,
+           const std::function<size_t(int)>& offset = nullptr) {
     const CollectivePlanner& planner = planner_for(a.op);
+    out_bytes = out_size;
     outs.clear();
     ins.clear();
     scratch.clear();
     a.outs.clear();
     a.ins.clear();
     for (int r = 0; r < world; ++r) {
-      outs.push_back(m.make(1, r, out_bytes, 0xEE));  // poisoned
-      if (in_place) {
-        std::memcpy(m.of(outs[r]).data() + in_offset, in_data[r].data(), in_data[r].size());
-        ins.push_back(outs[r] + in_offset);
+      const size_t in_bytes = in_data[r].size();
+      if (layout == Layout::kOutInsideIn) {
+        ins.push_back(m.make(2, r, in_bytes, 0));
+        outs.push_back(ins[r] + offset(r));
       } else {
-        ins.push_back(m.make(2, r, in_data[r].size(), 0));
-        std::memcpy(m.of(ins[r]).data(), in_data[r].data(), in_data[r].size());
+        outs.push_back(m.make(1, r, out_bytes, 0xEE));  // poisoned
+        ins.push_back(layout == Layout::kInInsideOut ? outs[r] + offset(r) : m.make(2, r, in_bytes, 0));
       }
+      std::memcpy(m.at(ins[r], in_bytes), in_data[r].data(), in_bytes);
+      if (layout != Layout::kApart)
+        EXPECT_EQ(planner.overlap_error(ins[r], outs[r], r, planner.shape(a, world).bytes, in_bytes, out_bytes), "")
+            << what;
       a.outs.push_back(outs[r]);
       a.ins.push_back(ins[r]);
     }
@@ -193,7 +206,10 @@ struct Call {
     }
     run_programs(m, programs, what);
   }
-  const Bytes& out(int r) { return m.of(outs[r]); }
+  Bytes out(int r) {
+    const unsigned char* p = m.at(outs[r], out_bytes);
+    return Bytes(p, p + out_bytes);
+  }
 };
 
 std::string label(const char* op, int world, size_t bytes, const std::string& more = "") {
@@ -214,30 +230,10 @@ TEST(Planner, AllGatherEveryRankGetsEveryBlock) {
         std::vector<Bytes> in;
         for (int r = 0; r < world; ++r) in.push_back(random_bytes(rng, bytes));
         const std::string what = label("all_gather", world, bytes, in_place ? " in place" : "");
-        if (!in_place) {
-          c.run(in, bytes * world, false, 0, what);
-        } else {
-          // In place, each rank's input is its own block of out (Call::run puts every rank's at one offset).
-          const CollectivePlanner& planner = planner_for(CollOp::kAllGather);
-          for (int r = 0; r < world; ++r) {
-            c.outs.push_back(c.m.make(1, r, bytes * world, 0xEE));
-            std::memcpy(c.m.of(c.outs[r]).data() + r * bytes, in[r].data(), bytes);
-            c.a.outs.push_back(c.outs[r]);
-            c.a.ins.push_back(c.outs[r] + r * bytes);
-          }
-          std::vector<Program> programs;
-          for (int r = 0; r < world; ++r) {
-            PlanBuffers b;
-            b.rank = r;
-            b.world = world;
-            b.out = c.outs[r];
-            b.in = c.outs[r] + r * bytes;
-            b.out_by_rank = c.outs;
-            EXPECT_EQ(planner.overlap_error(b.in, b.out, r, bytes, bytes, bytes * world), "");
-            programs.push_back(planner.plan(c.a, b, bytes, ScratchPlan{}, c.knobs));
-          }
-          run_programs(c.m, programs, what);
-        }
+        if (in_place)  // each rank's input is its own block of out
+          c.run(in, bytes * world, what, Layout::kInInsideOut, [&](int r) { return r * bytes; });
+        else
+          c.run(in, bytes * world, what);
         for (int r = 0; r < world; ++r)
           for (int p = 0; p < world; ++p)
             ASSERT_EQ(0, std::memcmp(c.out(r).data() + p * bytes, in[p].data(), bytes))
@@ -261,7 +257,10 @@ TEST(Planner, AllToAllEveryBlockReachesItsRankWithOrWithoutBounceAndInPlaceInRou
         std::vector<Bytes> in;
         for (int r = 0; r < world; ++r) in.push_back(random_bytes(rng, bytes * world));
         const std::string what = label("all_to_all", world, bytes, " variant " + std::to_string(variant));
-        c.run(in, bytes * world, variant >= 2, 0, what);
+        if (variant >= 2)
+          c.run(in, bytes * world, what, Layout::kInInsideOut, [](int) { return size_t(0); });
+        else
+          c.run(in, bytes * world, what);
         if (variant == 1 && world > 1) EXPECT_FALSE(c.scratch.empty()) << what << ": no bounce area";
         for (int r = 0; r < world; ++r)
           for (int p = 0; p < world; ++p)
@@ -289,7 +288,7 @@ TEST(Planner, AllToAllvPacksBySourceIncludingEmptyParts) {
           out_max = std::max(out_max, all_to_allv_recv_total(world, c.a.counts, r));
         }
         const std::string what = label("all_to_allv", world, out_max, " trial " + std::to_string(trial));
-        c.run(in, out_max, false, 0, what);
+        c.run(in, out_max, what);
         for (int d = 0; d < world; ++d)
           for (int s = 0; s < world; ++s) {
             const size_t n = c.a.counts[s * world + d];
@@ -314,7 +313,10 @@ TEST(Planner, BroadcastFromEveryRoot) {
         std::vector<Bytes> in;
         for (int r = 0; r < world; ++r) in.push_back(random_bytes(rng, bytes));
         const std::string what = label("broadcast", world, bytes, " root " + std::to_string(root));
-        c.run(in, bytes, in_place, 0, what);
+        if (in_place)
+          c.run(in, bytes, what, Layout::kInInsideOut, [](int) { return size_t(0); });
+        else
+          c.run(in, bytes, what);
         for (int r = 0; r < world; ++r) ASSERT_EQ(c.out(r), in[root]) << what << " rank " << r;
       }
   Call bad;
@@ -346,79 +348,39 @@ T element(const Bytes& b, size_t i) {
   return x;
 }
 
+// reduce_scatter (each rank's result: its block of the reduction of every
+// rank's `count * world` elements) or all_reduce (the reduction of every
+// rank's `count` elements), in place or not, in rounds of `round_bytes`.
 template <typename T>
-void check_reduce_scatter(DType dtype, RedOp op, int world, size_t count, size_t round_bytes, bool in_place,
-                          std::mt19937& rng) {
+void check_reduction(CollOp coll, DType dtype, RedOp op, int world, size_t count, size_t round_bytes, bool in_place,
+                     std::mt19937& rng) {
+  const bool scatter = coll == CollOp::kReduceScatter;
   Call c;
   c.world = world;
-  c.a.op = CollOp::kReduceScatter;
+  c.a.op = coll;
   c.a.count = count;
   c.a.dtype = dtype;
   c.a.red_op = op;
   c.knobs.reduce_round_bytes = round_bytes;
-  const auto in = reduction_inputs<T>(rng, world, count * world);
-  const std::string what = label("reduce_scatter", world, count * sizeof(T),
+  const auto in = reduction_inputs<T>(rng, world, scatter ? count * world : count);
+  const size_t bytes = count * sizeof(T);
+  const std::string what = label(coll_op_name(coll), world, bytes,
                                  " rounds of " + std::to_string(round_bytes) + (in_place ? " in place" : ""));
-  if (!in_place) {
-    c.run(in, count * sizeof(T), false, 0, what);
-  } else {
-    // In place: out is this rank's own block of in.
-    const CollectivePlanner& planner = planner_for(CollOp::kReduceScatter);
-    std::vector<char*> bufs;
-    for (int r = 0; r < world; ++r) {
-      bufs.push_back(c.m.make(2, r, in[r].size(), 0));
-      std::memcpy(c.m.of(bufs[r]).data(), in[r].data(), in[r].size());
-    }
-    const size_t shape = count * sizeof(T);
-    const ScratchPlan s = planner.scratch(c.a, world, shape, c.knobs, [](size_t) { return true; });
-    std::vector<char*> scratch;
-    for (int r = 0; r < world; ++r) scratch.push_back(c.m.make(3, r, s.bytes(world), 0xCC));
-    std::vector<Program> programs;
-    for (int r = 0; r < world; ++r) {
-      PlanBuffers b;
-      b.rank = r;
-      b.world = world;
-      b.in = bufs[r];
-      b.out = bufs[r] + r * shape;
-      b.scratch_by_rank = scratch;
-      EXPECT_EQ(planner.overlap_error(b.in, b.out, r, shape, shape * world, shape), "") << what;
-      programs.push_back(planner.plan(c.a, b, shape, s, c.knobs));
-    }
-    run_programs(c.m, programs, what);
-    for (int r = 0; r < world; ++r) c.outs.push_back(bufs[r] + r * shape);
-  }
+  if (!in_place)
+    c.run(in, bytes, what);
+  else if (scatter)  // out is this rank's own block of in
+    c.run(in, bytes, what, Layout::kOutInsideIn, [&](int r) { return r * bytes; });
+  else
+    c.run(in, bytes, what, Layout::kInInsideOut, [](int) { return size_t(0); });
   for (int r = 0; r < world; ++r) {
-    const unsigned char* got = c.m.at(c.outs[r], count * sizeof(T));
+    const Bytes got = c.out(r);
     for (size_t i = 0; i < count; ++i) {
-      T want = element<T>(in[0], r * count + i);
-      for (int p = 1; p < world; ++p) want = combine(want, element<T>(in[p], r * count + i), op);
-      T x;
-      std::memcpy(&x, got + i * sizeof(T), sizeof(T));
-      ASSERT_EQ(x, want) << what << " rank " << r << " element " << i;
+      const size_t at = scatter ? r * count + i : i;
+      T want = element<T>(in[0], at);
+      for (int p = 1; p < world; ++p) want = combine(want, element<T>(in[p], at), op);
+      ASSERT_EQ(element<T>(got, i), want) << what << " rank " << r << " element " << i;
     }
   }
-}
-
-template <typename T>
-void check_all_reduce(DType dtype, RedOp op, int world, size_t count, size_t round_bytes, bool in_place,
-                      std::mt19937& rng) {
-  Call c;
-  c.world = world;
-  c.a.op = CollOp::kAllReduce;
-  c.a.count = count;
-  c.a.dtype = dtype;
-  c.a.red_op = op;
-  c.knobs.reduce_round_bytes = round_bytes;
-  const auto in = reduction_inputs<T>(rng, world, count);
-  const std::string what = label("all_reduce", world, count * sizeof(T),
-                                 " rounds of " + std::to_string(round_bytes) + (in_place ? " in place" : ""));
-  c.run(in, count * sizeof(T), in_place, 0, what);
-  for (int r = 0; r < world; ++r)
-    for (size_t i = 0; i < count; ++i) {
-      T want = element<T>(in[0], i);
-      for (int p = 1; p < world; ++p) want = combine(want, element<T>(in[p], i), op);
-      ASSERT_EQ(element<T>(c.out(r), i), want) << what << " rank " << r << " element " << i;
-    }
 }
 }  // namespace
 
@@ -428,8 +390,10 @@ TEST(Planner, ReduceScatterInOneRoundAndInManyInAndOutOfPlace) {
     for (size_t count : {size_t(1), size_t(7), size_t(1000)})
       for (size_t round_bytes : {size_t(0), size_t(256)})
         for (bool in_place : {false, true}) {
-          check_reduce_scatter<float>(DType::kFloat32, RedOp::kSum, world, count, round_bytes, in_place, rng);
-          check_reduce_scatter<int32_t>(DType::kInt32, RedOp::kMax, world, count, round_bytes, in_place, rng);
+          check_reduction<float>(CollOp::kReduceScatter, DType::kFloat32, RedOp::kSum, world, count, round_bytes,
+                                 in_place, rng);
+          check_reduction<int32_t>(CollOp::kReduceScatter, DType::kInt32, RedOp::kMax, world, count, round_bytes,
+                                   in_place, rng);
         }
 }
 
@@ -439,8 +403,10 @@ TEST(Planner, AllReduceAsOneExchangeOrReduceScatterAndGatherInAndOutOfPlace) {
     for (size_t count : {size_t(1), size_t(5), size_t(1003)})
       for (size_t round_bytes : {size_t(0), size_t(256)})
         for (bool in_place : {false, true}) {
-          check_all_reduce<float>(DType::kFloat32, RedOp::kSum, world, count, round_bytes, in_place, rng);
-          check_all_reduce<int32_t>(DType::kInt32, RedOp::kMin, world, count, round_bytes, in_place, rng);
+          check_reduction<float>(CollOp::kAllReduce, DType::kFloat32, RedOp::kSum, world, count, round_bytes, in_place,
+                                 rng);
+          check_reduction<int32_t>(CollOp::kAllReduce, DType::kInt32, RedOp::kMin, world, count, round_bytes, in_place,
+                                   rng);
         }
 }
 
