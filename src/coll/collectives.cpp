@@ -22,8 +22,8 @@ size_t Communicator::selection_bytes(const CollectiveArgs& a) const {
 }
 
 Communicator::Resolved Communicator::choose(CollOp op, size_t bytes_per_rank) const {
-  const Selection s =
-      select_variant_with_sm(op, world_, bytes_per_rank, bytes_per_rank, sm_path_slot_bytes_, forced_algo_, table_);
+  const Selection s = select_variant_with_sm(op, world_, bytes_per_rank, bytes_per_rank, memory_->sm_path_slot_bytes(),
+                                             forced_algo_, table_);
   return {s.algo, kernel_signals(Signals::kAuto, s.signals, kernel_signals_default_)};
 }
 
@@ -33,7 +33,7 @@ size_t Communicator::sm_largest_block(const CollectiveArgs& a) const {
 }
 
 bool Communicator::sm_path_takes(CollOp op, size_t largest_block) const {
-  return sm_path_unsupported(op, world_, largest_block, sm_path_slot_bytes_).empty();
+  return sm_path_unsupported(op, world_, largest_block, memory_->sm_path_slot_bytes()).empty();
 }
 
 // An explicit algo wins (build() explains an "sm" the call cannot take),
@@ -42,7 +42,7 @@ Communicator::Resolved Communicator::resolve(const CollectiveArgs& a) const {
   const Selection s = a.algo != Algo::kAuto
                           ? Selection{a.algo, Signals::kAuto}
                           : select_variant_with_sm(a.op, world_, selection_bytes(a), sm_largest_block(a),
-                                                   sm_path_slot_bytes_, forced_algo_, table_);
+                                                   memory_->sm_path_slot_bytes(), forced_algo_, table_);
   return {s.algo, kernel_signals(a.signals, s.signals, kernel_signals_default_)};
 }
 
@@ -86,7 +86,7 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
   if (shape == 0) return {};
   const bool sm = resolve(a).algo == Algo::kSm;
   if (sm) {
-    const std::string why = sm_path_unsupported(a.op, world_, sm_largest_block(a), sm_path_slot_bytes_);
+    const std::string why = sm_path_unsupported(a.op, world_, sm_largest_block(a), memory_->sm_path_slot_bytes());
     FERRY_ARG_CHECK(why.empty(), name + ": " + why);
   }
 
@@ -112,12 +112,7 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
                       " of scratch per rank, and allocating it is a collective step that must not happen while a "
                       "CUDA graph is being captured; call comm.reserve_scratch(" +
                       std::to_string(scratch_need) + ") on every rank before capturing");
-    if (!scr) {
-      scr = &memory_->scratch(scratch_need);
-      // Every rank's cached plans then point at the old block; all of them
-      // plan again, so that no two ranks use different blocks for one call.
-      recent_calls_.clear();
-    }
+    if (!scr) scr = &scratch(scratch_need);
   }
   // Knobs that can fail on one rank only: after the collective step above,
   // and only where a reduction on copy engines reads them.
@@ -219,9 +214,14 @@ std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, st
 void Communicator::reserve_scratch(size_t bytes) {
   ensure_open("reserve_scratch");
   FERRY_ARG_CHECK(bytes > 0, "reserve_scratch: bytes must be positive");
-  if (memory_->find_scratch(bytes)) return;
-  memory_->scratch(bytes);
-  recent_calls_.clear();  // plans made before point at the old block (see build)
+  scratch(bytes);
+}
+
+const Communicator::ScratchBlock& Communicator::scratch(size_t bytes) {
+  if (const ScratchBlock* s = memory_->find_scratch(bytes)) return *s;
+  const ScratchBlock& s = memory_->scratch(bytes);
+  recent_calls_.clear();
+  return s;
 }
 
 std::shared_ptr<const Communicator::PlannedCall> Communicator::plan_call(const CollectiveArgs& a, bool capturing) {

@@ -68,11 +68,6 @@ void Communicator::init_common(double timeout_s, int device) {
   kernel_signals_default_ = kernel_signals_default(knob_string("FERRY_SIGNALS"));
 }
 
-void Communicator::create_memory() {
-  memory_ = CollectiveMemory::create(group());
-  sm_path_slot_bytes_ = memory_->sm_path_slot_bytes();
-}
-
 std::unique_ptr<Communicator::Local> Communicator::make_local(int rank, int device, int world) {
   FERRY_CUDA_CHECK(cudaSetDevice(device));
   auto local = std::make_unique<Local>();
@@ -150,7 +145,7 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int world, int devi
     if (msg.fds.size() != 1) throw_error(FERRY_ERROR_INTERNAL, "rank " + std::to_string(p) + " sent no flag memory");
     c->flag_mem_[p] = SharedHostMemory::import(msg.fds[0], sizeof(HostFlags));
   }
-  c->create_memory();
+  c->memory_ = CollectiveMemory::create(c->group());
   c->allgather("ready", "communicator setup (mapping peers)");
   c->start_watchdog();
   return c;
@@ -194,7 +189,7 @@ std::unique_ptr<Communicator> Communicator::create_local(const std::vector<int>&
     c->flag_mem_.push_back(SharedHostMemory::create(sizeof(HostFlags)));
     c->pids_.push_back(getpid());
   }
-  c->create_memory();
+  c->memory_ = CollectiveMemory::create(c->group());
   c->start_watchdog();
   return c;
 }
@@ -394,10 +389,10 @@ void Communicator::close() {
     cudaSetDevice(L->device);
     for (auto& [slot, ev] : L->retiring_gates) cudaEventDestroy(ev);
   }
+  // Closed, not dropped: what it says of the SM path stays readable (choose()).
   if (memory_) memory_->close();
   locals_.clear();
   flag_mem_.clear();
-  memory_.reset();
   fds_.reset();
   closed_ = true;
 }

@@ -213,9 +213,10 @@ class Communicator {
   // synchronize() without refusing armed handles: the bounded wait, then
   // check() (close() drains armed runs whose gates it opened itself).
   void wait_for_enqueued();
-  // The collective memory (collective, at creation, once the group can
-  // exchange descriptors).
-  void create_memory();
+  // The scratch, grown when it holds less than `bytes` (collective); a growth
+  // drops every cached plan: they point at the old block, and no two ranks
+  // may use different blocks for one call.
+  const ScratchBlock& scratch(size_t bytes);
   // Reports a ferry kernel (SM path, signal round) that gave up waiting (the watchdog looks).
   void check_kernel_fault(int local);
   Prepared& prepared(int handle, const char* what);
@@ -300,7 +301,6 @@ class Communicator {
   std::vector<SelectorRule> startup_table_;  // what an empty set_selector_table restores
   std::string gpu_name_;                     // the GPU model, which picks shipped tables
   bool kernel_signals_default_ = false;      // FERRY_SIGNALS=sm: what a call's signals="auto" means
-  size_t sm_path_slot_bytes_ = 0;            // bytes per source slot in a window (FERRY_SM_BYTES)
   std::map<int, Prepared> prepared_;
   int next_handle_ = 1;
   std::mutex captured_mu_;

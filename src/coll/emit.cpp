@@ -59,7 +59,8 @@ void Communicator::emit(int local, const Built& b, const Emission& e) {
         // names late peers from their progress; it is what bounds a kernel
         // replayed from a graph, which the watchdog cannot follow (test:
         // kernel_gives_up_in_a_graph, where this bound named the peer).
-        launch_sm_path(step.sm_path, memory_->sm_path_windows(), sm_path_slot_bytes_, kernel_wait(local, e.gate), s);
+        launch_sm_path(step.sm_path, memory_->sm_path_windows(), memory_->sm_path_slot_bytes(),
+                       kernel_wait(local, e.gate), s);
         break;
     }
   }
