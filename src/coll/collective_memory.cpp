@@ -20,8 +20,8 @@ constexpr size_t kHeapChunk = size_t(2) << 20;
 // which sizes users' heaps): more than any GPU's memory, so that scratch
 // (older blocks included) runs out of GPU memory before it runs out of room.
 constexpr size_t kHeapCapacity = size_t(256) << 30;
-// Scratch and the SM path's windows start on a granule, as the buffers they
-// were before the heap held them did.
+// Scratch and the SM path's windows start on a granule: a block never shares
+// a page with another, and its start is aligned for any copy or vector load.
 constexpr size_t kBlockAlign = size_t(2) << 20;
 
 size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
