@@ -94,10 +94,12 @@ __device__ inline bool grid_sync_local(const Heap& h, const Team& t) {
 __device__ inline bool grid_sync_peers(const Heap& h, const Team& t, unsigned lane, unsigned lanes) {
   const unsigned me_block = grid_block();
   HeapSync* own = h.sync(h.rank);
-  fence_release();  // cumulative: the grid's stores this thread saw arrive land before the announcements
+  bool fenced = false;  // only a lane that announces fences (sync.cuh's sync_members says why)
   for (int i = int(lane); i < t.size; i += int(lanes)) {
     const int peer = team_world_rank(t, i);
     if (peer == h.rank) continue;
+    // Cumulative: the grid's stores this thread saw arrive land before the announcements.
+    if (!fenced) fence_release(), fenced = true;
     const uint64_t round = ++own->grid_rounds[peer][me_block];
     store_relaxed(&h.sync(peer)->grid_arrivals[h.rank][me_block], round);
   }
@@ -107,8 +109,7 @@ __device__ inline bool grid_sync_peers(const Heap& h, const Team& t, unsigned la
     if (peer == h.rank) continue;
     const uint64_t round = own->grid_rounds[peer][me_block];
     ok = spin(
-        h, [&] { return load_relaxed(&own->grid_arrivals[peer][me_block]) >= round; }, WaitKind::kBarrier, peer);
-    load_acquire(&own->grid_arrivals[peer][me_block]);
+        h, [&] { return load_acquire(&own->grid_arrivals[peer][me_block]) >= round; }, WaitKind::kBarrier, peer);
   }
   return ok;
 }

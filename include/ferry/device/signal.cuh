@@ -52,18 +52,15 @@ __device__ __forceinline__ bool test(const T* ivar, Cmp cmp, T value) {
 
 template <class T>
 __device__ inline bool wait_until(const Heap& h, const T* ivar, Cmp cmp, T value, int from = -1) {
-  const bool ok = impl::spin(
-      h, [&] { return impl::compare(*reinterpret_cast<const volatile T*>(ivar), cmp, value); }, WaitKind::kWaitUntil,
-      from);
-  impl::load_acquire_as(ivar);
-  return ok;
+  return impl::spin(
+      h, [&] { return impl::compare(impl::load_acquire_as(ivar), cmp, value); }, WaitKind::kWaitUntil, from);
 }
 
 __device__ inline bool signal_wait_until(const Heap& h, const uint64_t* sig, Cmp cmp, uint64_t value, int from = -1,
                                          uint64_t* seen = nullptr) {
+  uint64_t v = 0;
   const bool ok = impl::spin(
-      h, [&] { return impl::compare(impl::load_relaxed(sig), cmp, value); }, WaitKind::kSignal, from);
-  const uint64_t v = impl::load_acquire(sig);
+      h, [&] { return impl::compare(v = impl::load_acquire(sig), cmp, value); }, WaitKind::kSignal, from);
   if (seen) *seen = v;
   return ok;
 }

@@ -41,20 +41,23 @@ __device__ inline bool sync_members(const Heap& h, const Team& t, unsigned lane,
   HeapSync* own = h.sync(h.rank);
   // The scope's other threads synchronized with this one before it got here;
   // the fence (cumulative) makes their earlier stores, and this thread's,
-  // land before the announcements: it is the barrier's quiet as well.
-  fence_release();
+  // land before the announcements: it is the barrier's quiet as well. Only a
+  // lane that announces needs it.
+  bool fenced = false;
   for (int i = int(lane); i < t.size; i += int(lanes)) {
     const int peer = team_world_rank(t, i);
-    if (peer != h.rank) store_relaxed(&h.sync(peer)->arrivals[h.rank], ++own->completed[peer]);
+    if (peer == h.rank) continue;
+    if (!fenced) fence_release(), fenced = true;
+    store_relaxed(&h.sync(peer)->arrivals[h.rank], ++own->completed[peer]);
   }
+  if (t.size == 1 && lane == 0) fence_release();  // no one to wait for: the quiet alone
   bool ok = true;
   for (int i = int(lane); i < t.size && ok; i += int(lanes)) {
     const int peer = team_world_rank(t, i);
     if (peer == h.rank) continue;
     const uint64_t want = own->completed[peer];
     ok = spin(
-        h, [&] { return load_relaxed(&own->arrivals[peer]) >= want; }, WaitKind::kBarrier, peer);
-    load_acquire(&own->arrivals[peer]);
+        h, [&] { return load_acquire(&own->arrivals[peer]) >= want; }, WaitKind::kBarrier, peer);
   }
   return ok;
 }
@@ -63,7 +66,6 @@ __device__ inline bool sync_members(const Heap& h, const Team& t, unsigned lane,
 
 template <Scope S = Scope::kThread>
 __device__ inline bool sync(const Heap& h, const Team& t) {
-  __shared__ int failed_shared;
   impl::scope_sync<S>();
   if constexpr (S == Scope::kThread) return impl::sync_members(h, t, 0, 1);
   if constexpr (S == Scope::kWarp) {
@@ -72,13 +74,11 @@ __device__ inline bool sync(const Heap& h, const Team& t) {
     __syncwarp();  // a vote orders no memory: every lane's later loads follow every lane's acquire
     return all;
   }
-  // A block: its first warp's lanes take a peer each.
+  // A block: its first warp's lanes take a peer each; one block barrier
+  // both ends the wait and tells every thread whether a lane failed.
   const unsigned lane = impl::scope_lane<S>(), size = impl::scope_size<S>();
-  if (lane == 0) failed_shared = 0;
-  __syncthreads();
-  if (lane < 32 && !impl::sync_members(h, t, lane, size < 32 ? size : 32)) failed_shared = 1;
-  __syncthreads();
-  return failed_shared == 0;
+  const bool failed = lane < 32 && !impl::sync_members(h, t, lane, size < 32 ? size : 32);
+  return __syncthreads_or(failed) == 0;
 }
 
 /* The quiet is the fence each announcing lane makes after the scope met

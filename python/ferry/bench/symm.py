@@ -183,7 +183,10 @@ def _load(path: str):
         ("bench_put", [P, P, P, U, I, I, I, P]),
         ("bench_pingpong", [P, P, U, I, P, P]),
         ("bench_pingpong_p", [P, P, U, I, P, P]),
+        ("bench_pingpong_p_relaxed_poll", [P, P, U, I, P, P]),
         ("bench_barrier", [P, I, P, P]),
+        ("bench_barrier_relaxed_poll", [P, I, P, P]),
+        ("bench_barrier_reference_acquire_poll", [P, I, P, P]),
         ("bench_all_reduce", [P, P, P, U, I, I, I, P, P]),
     ):
         getattr(lib, name).argtypes = args
@@ -317,7 +320,12 @@ def run(opts: dict, progress=print) -> dict:
     # Signal half round trip between ranks 0 and 1; barriers.
     oks = [torch.ones(1, dtype=torch.int32, device=d) for d in R.devs]
     # signal_op (a release) and p (no release, as NVSHMEM's signal_op), each on a word of its own.
-    for kernel, impl in ((lib.bench_pingpong, "ferry-device"), (lib.bench_pingpong_p, "ferry-device-p")):
+    # "-relaxed-poll": the waits as they were (relaxed looks, then one acquire load), for the A/B.
+    for kernel, impl in (
+        (lib.bench_pingpong, "ferry-device"),
+        (lib.bench_pingpong_p, "ferry-device-p"),
+        (lib.bench_pingpong_p_relaxed_poll, "ferry-device-p-relaxed-poll"),
+    ):
         sig = R.each(heap.zeros((1,), torch.int64))
         launches = [0] * n
 
@@ -329,10 +337,17 @@ def run(opts: dict, progress=print) -> dict:
 
         t = R.timed(pingpong, reps)
         records.append(record("signal_half_rtt", impl, W, 8, t / (2 * iters), "thread", gpu, date))
-    t = R.timed(
-        lambda i, s: _ok(lib.bench_barrier(R.handles[i], iters, oks[i].data_ptr(), s.cuda_stream)), reps
-    )
-    records.append(record("barrier", "ferry-device", W, 0, t / iters, "block", gpu, date))
+    # "-reference": a plain one-block barrier (bench code) polling as the API did before, and with acquire loads.
+    for kernel, impl in (
+        (lib.bench_barrier, "ferry-device"),
+        (lib.bench_barrier_relaxed_poll, "ferry-device-reference-relaxed-poll"),
+        (lib.bench_barrier_reference_acquire_poll, "ferry-device-reference-acquire-poll"),
+    ):
+        t = R.timed(
+            lambda i, s, kernel=kernel: _ok(kernel(R.handles[i], iters, oks[i].data_ptr(), s.cuda_stream)),
+            reps,
+        )
+        records.append(record("barrier", impl, W, 0, t / iters, "block", gpu, date))
     for kernel, ahead, impl in (
         (False, 0.0, "ferry-stream"),
         (False, AHEAD_US, "ferry-stream-ahead"),
@@ -349,11 +364,15 @@ def run(opts: dict, progress=print) -> dict:
             ahead_us=ahead,
         )
         records.append(record("barrier", impl, W, 0, t / iters, "stream", gpu, date))
+    got = {(r["op"], r["impl"]): r["time_us"] for r in records}
     progress(
-        f"signal half round trip {records[-7]['time_us']:.2f} us (p: {records[-6]['time_us']:.2f}), barrier in a kernel "
-        f"{records[-5]['time_us']:.2f} us, on a stream {records[-4]['time_us']:.2f} us "
-        f"({records[-3]['time_us']:.2f} us queued ahead; kernel form {records[-2]['time_us']:.2f}, "
-        f"{records[-1]['time_us']:.2f})"
+        f"signal half round trip {got['signal_half_rtt', 'ferry-device']:.2f} us (p: "
+        f"{got['signal_half_rtt', 'ferry-device-p']:.2f}, polled as before: "
+        f"{got['signal_half_rtt', 'ferry-device-p-relaxed-poll']:.2f}), barrier in a kernel "
+        f"{got['barrier', 'ferry-device']:.2f} us (polled as before: {got['barrier', 'ferry-device-reference-relaxed-poll']:.2f}, "
+        f"that with acquire polls: {got['barrier', 'ferry-device-reference-acquire-poll']:.2f}), "
+        f"on a stream {got['barrier', 'ferry-stream']:.2f} us ({got['barrier', 'ferry-stream-ahead']:.2f} us queued "
+        f"ahead; kernel form {got['barrier', 'ferry-stream-kernel']:.2f}, {got['barrier', 'ferry-stream-kernel-ahead']:.2f})"
     )
 
     # bf16 all-reduce by size.
@@ -518,8 +537,12 @@ def _field_all_reduce(torch, nbytes, world, reps, iters, gpu, date) -> List[dict
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="bench/results", help="folder for the JSON and the table")
-    p.add_argument("--min", default="4K", help="smallest put")
-    p.add_argument("--max", default="256M", help="largest put")
+    p.add_argument(
+        "--put-min",
+        default="4K",
+        help="smallest put (not --min: torchrun takes that for its own --max-restarts and the like)",
+    )
+    p.add_argument("--put-max", default="256M", help="largest put")
     p.add_argument("--all-reduce-sizes", default="8K,64K,256K,512K,4M")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--iters", type=int, default=20, help="operations per timed launch")
@@ -532,8 +555,8 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     opts = {
-        "min_bytes": parse_size(args.min),
-        "max_bytes": parse_size(args.max),
+        "min_bytes": parse_size(args.put_min),
+        "max_bytes": parse_size(args.put_max),
         "reps": args.reps,
         "iters": args.iters,
         "library": args.library,

@@ -63,6 +63,59 @@ __global__ void pingpong_p_kernel(Heap h, uint64_t* sig, uint64_t base, int iter
   if (!good) *ok = 0;
 }
 
+// References for the A/B of the device API's waits: the waits as they were
+// before they polled with acquire loads (relaxed looks, then one acquire load
+// of the word once seen), p + wait_until and a one-block barrier; and that
+// barrier polling with acquire loads.
+__device__ __forceinline__ uint64_t ref_load_relaxed(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint64_t ref_load_acquire(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__global__ void pingpong_p_relaxed_poll_kernel(Heap h, uint64_t* sig, uint64_t base, int iters, int* ok) {
+  const int peer = 1 - h.rank;
+  for (uint64_t i = base + 1; i <= base + iters; ++i) {
+    if (h.rank == 0) p(h, sig, i, peer);
+    const uint64_t t0 = clock64();
+    while (ref_load_relaxed(sig) < i)
+      if (clock64() - t0 > (1ull << 36)) {  // about 30 s: a reference, not the API (no fault word)
+        *ok = 0;
+        return;
+      }
+    (void)ref_load_acquire(sig);
+    if (h.rank == 1) p(h, sig, i, peer);
+  }
+}
+
+// kAcquirePoll: the same barrier polling with acquire loads (the poll apart from the rest of the barrier's shape).
+template <bool kAcquirePoll>
+__global__ void barrier_reference_kernel(Heap h, int iters, int* ok) {
+  HeapSync* own = h.sync(h.rank);
+  for (int it = 0; it < iters; ++it) {
+    __syncthreads();
+    const int lane = threadIdx.x;
+    if (lane < h.world && lane != h.rank) {
+      asm volatile("fence.acq_rel.sys;" ::: "memory");
+      const uint64_t want = ++own->completed[lane];
+      asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(&h.sync(lane)->arrivals[h.rank]), "l"(want) : "memory");
+      const uint64_t t0 = clock64();
+      while ((kAcquirePoll ? ref_load_acquire(&own->arrivals[lane]) : ref_load_relaxed(&own->arrivals[lane])) < want)
+        if (clock64() - t0 > (1ull << 36)) {
+          *ok = 0;
+          break;
+        }
+      if (!kAcquirePoll) (void)ref_load_acquire(&own->arrivals[lane]);
+    }
+    __syncthreads();
+  }
+}
+
 __global__ void barrier_kernel(Heap h, int iters, int* ok) {
   const Team t = world_team(h);
   for (int i = 0; i < iters; ++i)
@@ -100,6 +153,21 @@ int bench_pingpong(const void* heap, uint64_t* sig, uint64_t base, int iters, in
 
 int bench_pingpong_p(const void* heap, uint64_t* sig, uint64_t base, int iters, int* ok, cudaStream_t s) {
   pingpong_p_kernel<<<1, 1, 0, s>>>(heap_from_bytes(heap), sig, base, iters, ok);
+  return cudaGetLastError();
+}
+
+int bench_pingpong_p_relaxed_poll(const void* heap, uint64_t* sig, uint64_t base, int iters, int* ok, cudaStream_t s) {
+  pingpong_p_relaxed_poll_kernel<<<1, 1, 0, s>>>(heap_from_bytes(heap), sig, base, iters, ok);
+  return cudaGetLastError();
+}
+
+int bench_barrier_relaxed_poll(const void* heap, int iters, int* ok, cudaStream_t s) {
+  barrier_reference_kernel<false><<<1, 32, 0, s>>>(heap_from_bytes(heap), iters, ok);
+  return cudaGetLastError();
+}
+
+int bench_barrier_reference_acquire_poll(const void* heap, int iters, int* ok, cudaStream_t s) {
+  barrier_reference_kernel<true><<<1, 32, 0, s>>>(heap_from_bytes(heap), iters, ok);
   return cudaGetLastError();
 }
 

@@ -33,6 +33,9 @@ __device__ __forceinline__ bool compare(T a, Cmp c, T b) {
   }
 }
 
+/* Waits poll with acquire loads: the look that sees the value is the
+ * acquire. Polling relaxed and reading the word once more with acquire
+ * after it costs that second trip to memory on every wait. */
 __device__ __forceinline__ uint64_t load_acquire(const uint64_t* p) {
   uint64_t v;
   asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -55,14 +58,6 @@ __device__ __forceinline__ T load_acquire_as(const T* p) {
   }
 }
 
-/* A wait polls with relaxed loads and, once it sees the value, reads the
- * word once more with acquire: an acquire load is a load plus an L1
- * invalidation, cheaper than a fence, and too costly to repeat every look. */
-__device__ __forceinline__ uint64_t load_relaxed(const uint64_t* p) {
-  uint64_t v;
-  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
 /* Makes this thread's earlier stores, and those it has seen, precede its
  * later ones for every observer (cumulative); lighter than __threadfence_system(), which is sequentially consistent. */
 __device__ __forceinline__ void fence_release() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
