@@ -237,7 +237,7 @@ ferry_result_t ferry_comm_choose(ferry_comm_t comm, ferry_op_t op, size_t bytes_
   return guarded([&] {
     FERRY_ARG_CHECK(algo && signals, "algo and signals must not be NULL");
     FERRY_ARG_CHECK(op >= FERRY_OP_ALL_GATHER && op <= FERRY_OP_ALL_REDUCE, "op is not a ferry_op_t");
-    const ferry::Communicator::Resolved r = get(comm).choose(static_cast<ferry::CollOp>(op), bytes_per_rank);
+    const ferry::Resolved r = get(comm).choose(static_cast<ferry::CollOp>(op), bytes_per_rank);
     *algo = static_cast<ferry_algo_t>(r.algo);
     *signals = r.kernel_signals ? FERRY_SIGNALS_SM : FERRY_SIGNALS_COPY;
   });

@@ -4,7 +4,6 @@
 #include "coll/communicator.hpp"
 #include "coll/planner.hpp"
 #include "coll/signature.hpp"
-#include "coll/tuning.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/host_trace.hpp"
@@ -21,38 +20,26 @@ size_t Communicator::selection_bytes(const CollectiveArgs& a) const {
   return planner_for(a.op).selection_bytes(a, world_);
 }
 
-Communicator::Resolved Communicator::choose(CollOp op, size_t bytes_per_rank) const {
-  const Selection s = select_variant_with_sm(op, world_, bytes_per_rank, bytes_per_rank, memory_->sm_path_slot_bytes(),
-                                             forced_algo_, table_);
-  return {s.algo, kernel_signals(Signals::kAuto, s.signals, kernel_signals_default_)};
-}
-
-size_t Communicator::sm_largest_block(const CollectiveArgs& a) const {
-  const bool reduction = a.op == CollOp::kReduceScatter || a.op == CollOp::kAllReduce;
-  return sm_path_largest_block(a.op, reduction ? a.count * dtype_bytes(a.dtype) : a.bytes_per_rank, a.counts);
+Resolved Communicator::choose(CollOp op, size_t bytes_per_rank) const {
+  return selector_.choose(op, bytes_per_rank, memory_->sm_path_slot_bytes());
 }
 
 bool Communicator::sm_path_takes(CollOp op, size_t largest_block) const {
   return sm_path_unsupported(op, world_, largest_block, memory_->sm_path_slot_bytes()).empty();
 }
 
-// An explicit algo wins (build() explains an "sm" the call cannot take),
-// and then the table's rule says nothing about signals.
-Communicator::Resolved Communicator::resolve(const CollectiveArgs& a) const {
-  const Selection s = a.algo != Algo::kAuto
-                          ? Selection{a.algo, Signals::kAuto}
-                          : select_variant_with_sm(a.op, world_, selection_bytes(a), sm_largest_block(a),
-                                                   memory_->sm_path_slot_bytes(), forced_algo_, table_);
-  return {s.algo, kernel_signals(a.signals, s.signals, kernel_signals_default_)};
+Resolved Communicator::resolve(const CollectiveArgs& a) const {
+  return selector_.resolve(a, selection_bytes(a), memory_->sm_path_slot_bytes());
 }
 
 void Communicator::set_selector_table(const std::vector<SelectorRule>& rules) {
-  table_ = rules.empty() ? startup_table_ : rules;
+  selector_.set_table(rules);
   recent_calls_.clear();  // their variants were chosen with the old table
 }
 
 void Communicator::set_selector_preset(const std::string& preset) {
-  set_selector_table(shipped_preset(shipped_tables(), gpu_name_, world_, preset));
+  selector_.set_preset(preset);
+  recent_calls_.clear();
 }
 
 Expectation Communicator::expectation(uint64_t seq, const CollectiveArgs& a, const Built& b) const {

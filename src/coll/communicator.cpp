@@ -61,11 +61,11 @@ void Communicator::init_common(double timeout_s, int device) {
   cudaDeviceProp prop{};
   FERRY_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   gpu_name_ = prop.name;
-  startup_table_ = startup_rules(shipped_tables(), gpu_name_, world_, knob_string("FERRY_TUNING"))
-                       .value_or(default_selector_table());
-  table_ = startup_table_;
-  forced_algo_ = parse_algo(knob_string("FERRY_ALGO"), "FERRY_ALGO");
-  kernel_signals_default_ = kernel_signals_default(knob_string("FERRY_SIGNALS"));
+  selector_ = Selector(gpu_name_, world_,
+                       startup_rules(shipped_tables(), gpu_name_, world_, knob_string("FERRY_TUNING"))
+                           .value_or(default_selector_table()),
+                       parse_algo(knob_string("FERRY_ALGO"), "FERRY_ALGO"),
+                       kernel_signals_default(knob_string("FERRY_SIGNALS")));
 }
 
 std::unique_ptr<Communicator::Local> Communicator::make_local(int rank, int device, int world) {

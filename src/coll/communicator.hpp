@@ -102,18 +102,11 @@ class Communicator {
   // Sets the table of a shipped preset ("sm-free", "latency") for this GPU
   // model; an unknown preset, or none shipped for this GPU, is an error.
   void set_selector_preset(const std::string& preset);
-  // What runs a call: the variant, and whether its signal rounds are kernels.
-  struct Resolved {
-    Algo algo = Algo::kAuto;
-    bool kernel_signals = false;
-  };
   // What a call of this shape with algo and signals "auto" would use.
   Resolved choose(CollOp op, size_t bytes_per_rank) const;
   // Whether algo "sm" takes `op` when the largest block one rank sends one
   // peer is `largest_block` bytes (this communicator's window and world).
   bool sm_path_takes(CollOp op, size_t largest_block) const;
-  // The largest block one rank sends one peer on the SM path (sm_path_largest_block).
-  size_t sm_largest_block(const CollectiveArgs& a) const;
 
   // Throws the first asynchronous error (FERRY_ERROR_BROKEN after it was seen once).
   void check();
@@ -297,17 +290,14 @@ class Communicator {
   int next_fd_tag_ = 100;
   uint64_t seq_ = 0;
   uint64_t gate_generation_ = 0;  // the value of each arming, unique per communicator
-  std::vector<SelectorRule> table_;
-  std::vector<SelectorRule> startup_table_;  // what an empty set_selector_table restores
-  std::string gpu_name_;                     // the GPU model, which picks shipped tables
-  bool kernel_signals_default_ = false;      // FERRY_SIGNALS=sm: what a call's signals="auto" means
+  std::string gpu_name_;
+  Selector selector_;
   std::map<int, Prepared> prepared_;
   int next_handle_ = 1;
   std::mutex captured_mu_;
   // One per local rank and distinct call (their records are interned), so
   // capturing the same call again reuses its entry and state word.
   std::map<std::pair<int, const ReadyRecord*>, Captured> captured_;
-  Algo forced_algo_ = Algo::kAuto;
   // Recent eager calls' plans; cleared when registrations, the selector or the scratch change.
   CallMemo<PlannedCall> recent_calls_{256};
 

@@ -2,6 +2,9 @@
 
 #include <limits>
 
+#include "coll/collective_args.hpp"
+#include "coll/sm_path.hpp"
+#include "coll/tuning.hpp"
 #include "core/error.hpp"
 
 namespace ferry {
@@ -58,6 +61,39 @@ Selection select_variant(CollOp op, int world, size_t bytes_per_rank, Algo force
         (r.algo != Algo::kSm || sm_possible))
       return {r.algo, r.signals};
   return {};
+}
+
+Selector::Selector(std::string gpu_name, int world, std::vector<SelectorRule> startup_table, Algo forced,
+                   bool kernel_signals_default)
+    : gpu_name_(std::move(gpu_name)),
+      world_(world),
+      table_(startup_table),
+      startup_table_(std::move(startup_table)),
+      forced_(forced),
+      kernel_signals_default_(kernel_signals_default) {}
+
+Resolved Selector::resolve(const CollectiveArgs& a, size_t selection_bytes, size_t sm_slot_bytes) const {
+  const Selection s = a.algo != Algo::kAuto ? Selection{a.algo, Signals::kAuto}
+                                            : select_variant_with_sm(a.op, world_, selection_bytes, sm_largest_block(a),
+                                                                     sm_slot_bytes, forced_, table_);
+  return {s.algo, kernel_signals(a.signals, s.signals, kernel_signals_default_)};
+}
+
+Resolved Selector::choose(CollOp op, size_t bytes_per_rank, size_t sm_slot_bytes) const {
+  const Selection s =
+      select_variant_with_sm(op, world_, bytes_per_rank, bytes_per_rank, sm_slot_bytes, forced_, table_);
+  return {s.algo, kernel_signals(Signals::kAuto, s.signals, kernel_signals_default_)};
+}
+
+void Selector::set_table(const std::vector<SelectorRule>& rules) { table_ = rules.empty() ? startup_table_ : rules; }
+
+void Selector::set_preset(const std::string& preset) {
+  set_table(shipped_preset(shipped_tables(), gpu_name_, world_, preset));
+}
+
+size_t sm_largest_block(const CollectiveArgs& a) {
+  const bool reduction = a.op == CollOp::kReduceScatter || a.op == CollOp::kAllReduce;
+  return sm_path_largest_block(a.op, reduction ? a.count * dtype_bytes(a.dtype) : a.bytes_per_rank, a.counts);
 }
 
 }  // namespace ferry

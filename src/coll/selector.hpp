@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "coll/plan.hpp"
@@ -44,5 +45,46 @@ std::vector<SelectorRule> default_selector_table();
 // cannot take the SM path).
 Selection select_variant(CollOp op, int world, size_t bytes_per_rank, Algo forced,
                          const std::vector<SelectorRule>& table, bool sm_possible = true);
+
+struct CollectiveArgs;
+
+// What runs a call: the variant, and whether its signal rounds are kernels.
+struct Resolved {
+  Algo algo = Algo::kAuto;
+  bool kernel_signals = false;
+};
+
+// A communicator's selector: its table (the startup one, or one set later)
+// and its knobs (FERRY_ALGO, FERRY_SIGNALS) applied to calls. Pure: no CUDA;
+// the caller passes the SM path's window size, which the SM path's rules need.
+class Selector {
+ public:
+  Selector() = default;
+  Selector(std::string gpu_name, int world, std::vector<SelectorRule> startup_table, Algo forced,
+           bool kernel_signals_default);
+  // The call's algo and signals where they are not "auto", else the table's,
+  // else FERRY_SIGNALS for the signals. An explicit algo wins (the planner
+  // explains an "sm" the call cannot take), and then the table says nothing
+  // about signals.
+  Resolved resolve(const CollectiveArgs& args, size_t selection_bytes, size_t sm_slot_bytes) const;
+  // What a call of this shape with algo and signals "auto" would use.
+  Resolved choose(CollOp op, size_t bytes_per_rank, size_t sm_slot_bytes) const;
+  // Empty: the startup table.
+  void set_table(const std::vector<SelectorRule>& rules);
+  // A shipped preset ("sm-free", "latency") for this GPU model; an unknown
+  // preset, or none shipped for this GPU, is an error.
+  void set_preset(const std::string& preset);
+
+ private:
+  std::string gpu_name_;  // picks shipped tables
+  int world_ = 0;
+  std::vector<SelectorRule> table_;
+  std::vector<SelectorRule> startup_table_;  // what an empty set_table restores
+  Algo forced_ = Algo::kAuto;                // FERRY_ALGO
+  bool kernel_signals_default_ = false;      // FERRY_SIGNALS=sm: what a call's signals="auto" means
+};
+
+// The largest block one rank sends one peer on the SM path (sm_path_largest_block).
+size_t sm_largest_block(const CollectiveArgs& args);
 
 }  // namespace ferry

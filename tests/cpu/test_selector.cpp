@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include "coll/collective_args.hpp"
 #include "coll/selector.hpp"
 #include "core/error.hpp"
 
@@ -100,4 +101,71 @@ TEST(Signals, TheCommunicatorsSettingIsParsedAndABadOneNamesTheKnob) {
     EXPECT_NE(std::string(e.what()).find("FERRY_SIGNALS=kernel"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("'copy' or 'sm'"), std::string::npos) << e.what();
   }
+}
+
+namespace {
+
+CollectiveArgs call(CollOp op, size_t bytes, Algo algo = Algo::kAuto, Signals signals = Signals::kAuto) {
+  CollectiveArgs a;
+  a.op = op;
+  a.bytes_per_rank = bytes;
+  a.algo = algo;
+  a.signals = signals;
+  return a;
+}
+
+}  // namespace
+
+TEST(SelectorTable, TheCallWinsThenTheKnobThenTheTable) {
+  const std::vector<SelectorRule> startup = {{CollOp::kAllGather, 0, 1 << 20, Algo::kB2b, Signals::kKernel},
+                                             {CollOp::kAllGather, 0, size_t(1) << 40, Algo::kSeq}};
+  const size_t window = 1 << 20;
+  Selector table("NVIDIA H200", 4, startup, Algo::kAuto, false);
+  Resolved r = table.resolve(call(CollOp::kAllGather, 4096), 4096, window);
+  EXPECT_EQ(r.algo, Algo::kB2b);
+  EXPECT_TRUE(r.kernel_signals);  // the rule's signals
+  r = table.resolve(call(CollOp::kAllGather, 4096, Algo::kPcpy), 4096, window);
+  EXPECT_EQ(r.algo, Algo::kPcpy);
+  EXPECT_FALSE(r.kernel_signals);  // an explicit algo: the rule says nothing, FERRY_SIGNALS=copy
+  r = table.resolve(call(CollOp::kAllGather, 4096, Algo::kAuto, Signals::kCopy), 4096, window);
+  EXPECT_FALSE(r.kernel_signals);  // the call's signals win over the rule's
+  EXPECT_EQ(table.resolve(call(CollOp::kAllGather, 8 << 20), 8 << 20, window).algo, Algo::kSeq);
+
+  Selector forced("NVIDIA H200", 4, startup, Algo::kPcpy, true);  // FERRY_ALGO=pcpy FERRY_SIGNALS=sm
+  r = forced.resolve(call(CollOp::kAllGather, 4096), 4096, window);
+  EXPECT_EQ(r.algo, Algo::kPcpy);
+  EXPECT_TRUE(r.kernel_signals);
+  EXPECT_EQ(forced.resolve(call(CollOp::kAllGather, 4096, Algo::kSeq), 4096, window).algo, Algo::kSeq);
+}
+
+TEST(SelectorTable, AnSmRuleNeedsTheWindow) {
+  const std::vector<SelectorRule> startup = {{CollOp::kAllReduce, 0, 64 << 10, Algo::kSm},
+                                             {CollOp::kAllReduce, 0, size_t(1) << 40, Algo::kB2b}};
+  Selector table("NVIDIA H200", 4, startup, Algo::kAuto, false);
+  CollectiveArgs a = call(CollOp::kAllReduce, 0);
+  a.count = 1024;
+  a.dtype = DType::kFloat32;
+  EXPECT_EQ(table.resolve(a, 4096, 1 << 20).algo, Algo::kSm);
+  EXPECT_EQ(table.resolve(a, 4096, 0).algo, Algo::kB2b);     // FERRY_SM_BYTES=0: no window
+  EXPECT_EQ(table.resolve(a, 4096, 1024).algo, Algo::kB2b);  // a 4 KB block does not fit a 1 KB window
+  EXPECT_EQ(table.choose(CollOp::kAllReduce, 4096, 1 << 20).algo, Algo::kSm);
+  EXPECT_EQ(table.choose(CollOp::kAllReduce, 4096, 0).algo, Algo::kB2b);
+  Selector forced_sm("NVIDIA H200", 4, startup, Algo::kSm, false);  // FERRY_ALGO=sm where the call cannot take it
+  EXPECT_EQ(forced_sm.resolve(a, 4096, 0).algo, Algo::kB2b);
+}
+
+TEST(SelectorTable, AnEmptyTableRestoresTheStartupOneAndAnUnknownPresetIsRefused) {
+  const std::vector<SelectorRule> startup = {{CollOp::kBroadcast, 0, size_t(1) << 40, Algo::kSeq}};
+  Selector table("NVIDIA H200", 4, startup, Algo::kAuto, false);
+  table.set_table({{CollOp::kBroadcast, 0, size_t(1) << 40, Algo::kB2b}});
+  EXPECT_EQ(table.choose(CollOp::kBroadcast, 4096, 0).algo, Algo::kB2b);
+  table.set_table({});
+  EXPECT_EQ(table.choose(CollOp::kBroadcast, 4096, 0).algo, Algo::kSeq);
+  try {
+    table.set_preset("fastest");
+    FAIL() << "no error for an unknown preset";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'fastest'"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(table.choose(CollOp::kBroadcast, 4096, 0).algo, Algo::kSeq);  // unchanged by the refusal
 }
