@@ -390,7 +390,7 @@ NB_MODULE(_ferry, m) {
       .def(
           "choose",
           [](const Communicator& c, const std::string& op, size_t bytes) {
-            const Communicator::Resolved r = c.choose(parse_op(op), bytes);
+            const ferry::Resolved r = c.choose(parse_op(op), bytes);
             return std::make_pair(std::string(ferry::algo_name(r.algo)), std::string(r.kernel_signals ? "sm" : "copy"));
           },
           "op"_a, "bytes_per_rank"_a)

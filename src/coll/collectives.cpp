@@ -53,7 +53,7 @@ Expectation Communicator::expectation(uint64_t seq, const CollectiveArgs& a, con
   return x;
 }
 
-std::vector<Communicator::Built> Communicator::build(const CollectiveArgs& a, std::vector<uint32_t>* regs_used) {
+std::vector<Built> Communicator::build(const CollectiveArgs& a, std::vector<uint32_t>* regs_used) {
   const std::string name = coll_op_name(a.op);
   ensure_open(name.c_str());
   const int n = local_count();

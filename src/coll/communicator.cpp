@@ -267,8 +267,8 @@ void Communicator::deregister(const std::vector<void*>& ptrs) {
   const Registration* reg = memory_->starting_at(ptrs[0]);
   if (!reg) throw_error(FERRY_ERROR_NOT_REGISTERED, "deregister: the pointer is not the start of a registered buffer");
   FERRY_ARG_CHECK(!reg->owned, "deregister: this buffer came from alloc(); release it with free()");
-  check_not_prepared(reg->id, "deregister");
-  refuse_if_armed("deregister");
+  prepared_.refuse_if_uses(reg->id, "deregister");
+  prepared_.refuse_if_armed("deregister");
   synchronize();
   memory_->release(reg->id);
   recent_calls_.clear();
@@ -280,8 +280,8 @@ void Communicator::free(const std::vector<void*>& ptrs) {
   const Registration* reg = memory_->starting_at(ptrs[0]);
   if (!reg) throw_error(FERRY_ERROR_NOT_REGISTERED, "free: the pointer did not come from this communicator's alloc()");
   FERRY_ARG_CHECK(reg->owned, "free: this buffer was registered, not allocated by ferry; use deregister()");
-  check_not_prepared(reg->id, "free");
-  refuse_if_armed("free");
+  prepared_.refuse_if_uses(reg->id, "free");
+  prepared_.refuse_if_armed("free");
   synchronize();
   memory_->release(reg->id);
   recent_calls_.clear();
@@ -318,19 +318,10 @@ void Communicator::check() {
               "the communicator is broken by an earlier error (" + error_ + "); close it and create a new one");
 }
 
-void Communicator::refuse_if_armed(const char* what) const {
-  for (const auto& [id, p] : prepared_)
-    if (p.armed)
-      throw_error(FERRY_ERROR_INVALID_ARGUMENT,
-                  std::string(what) + ": prepared collective " + std::to_string(id) +
-                      " is armed and not triggered, so waiting for every collective would wait for its trigger "
-                      "until the timeout; trigger it first (from the host, a stream or a kernel)");
-}
-
 void Communicator::synchronize() {
   if (closed_) throw_error(FERRY_ERROR_CLOSED, "synchronize: the communicator is closed");
   check();
-  refuse_if_armed("synchronize");
+  prepared_.refuse_if_armed("synchronize");
   wait_for_enqueued();
 }
 
@@ -358,7 +349,7 @@ void Communicator::close() {
   host_trace_report();
   // A handle left armed holds ferry's armed stream in a wait: open its gate so
   // the stream drains (its collective runs, as on every rank that does the same).
-  for (auto& [id, p] : prepared_)
+  for (auto& [id, p] : prepared_.calls())
     if (p.armed)
       for (int i = 0; i < local_count(); ++i) open_gate(i, watched_gate(p, i));
   try {
@@ -379,12 +370,12 @@ void Communicator::close() {
   // blocked now stays blocked (its memory is then released under it, which
   // CUDA reports on that stream, not here).
   for (auto& L : locals_) L->engines->synchronize(timeout_s_);
-  for (auto& [id, p] : prepared_)
+  for (auto& [id, p] : prepared_.calls())
     for (int i = 0; i < local_count() && i < static_cast<int>(p.finished.size()); ++i) {
       cudaSetDevice(device(i));
       cudaEventDestroy(p.finished[i]);
     }
-  prepared_.clear();
+  prepared_.calls().clear();
   for (auto& L : locals_) {
     cudaSetDevice(L->device);
     for (auto& [slot, ev] : L->retiring_gates) cudaEventDestroy(ev);

@@ -25,6 +25,7 @@
 #include "coll/flags.hpp"
 #include "coll/in_flight.hpp"
 #include "coll/local_copy.hpp"
+#include "coll/prepared_table.hpp"
 #include "coll/program.hpp"
 #include "coll/record_pool.hpp"
 #include "coll/replay_cache.hpp"
@@ -136,28 +137,6 @@ class Communicator {
     Pinned<uint64_t> kernel_abort;
     Pinned<uint64_t> kernel_fault;
   };
-  // A validated, planned call as one local rank runs it.
-  struct Built {
-    Program program;
-    Record record;
-    uint64_t value = 0;
-  };
-  struct Prepared {
-    CollectiveArgs args;
-    std::vector<Built> built;  // by local rank
-    Resolved how;
-    // By local rank: the host gate, the slot of the device gate in this
-    // rank's DeviceFlags::gates, and the watchdog's host copy of the device
-    // gate (its own word: a late copy never lands in the host gate).
-    std::vector<Pinned<uint64_t>> host_gate;
-    std::vector<int> device_gate;
-    std::vector<Pinned<uint64_t>> device_gate_copy;
-    bool gate_on_device = false;          // where the last arming waits
-    std::vector<cudaEvent_t> finished;    // by local rank: the last armed run's end
-    std::vector<uint32_t> registrations;  // buffers it refers to
-    uint64_t generation = 0;
-    bool armed = false;
-  };
   // A call captured into a CUDA graph: the watchdog cannot see its runs end, so
   // the captured commands write a state word (1 while running, 0 after).
   struct Captured {
@@ -200,9 +179,6 @@ class Communicator {
   // selector's (the tuning table), else FERRY_SIGNALS for the signals.
   Resolved resolve(const CollectiveArgs& args) const;
   Expectation expectation(uint64_t seq, const CollectiveArgs& args, const Built& b) const;
-  void check_not_prepared(uint32_t registration, const char* what) const;
-  // Throws, naming `what`, while a prepared collective is armed and not triggered.
-  void refuse_if_armed(const char* what) const;
   // synchronize() without refusing armed handles: the bounded wait, then
   // check() (close() drains armed runs whose gates it opened itself).
   void wait_for_enqueued();
@@ -212,7 +188,6 @@ class Communicator {
   const ScratchBlock& scratch(size_t bytes);
   // Reports a ferry kernel (SM path, signal round) that gave up waiting (the watchdog looks).
   void check_kernel_fault(int local);
-  Prepared& prepared(int handle, const char* what);
 
   // Enqueues a built program on one local rank's stream.
   void emit(int local, const Built& b, const Emission& e);
@@ -244,12 +219,12 @@ class Communicator {
   SignalRound signal_round(int local, const Exchange& x, const Built& b, bool done);
 
   // The word a prepared collective's armed stream waits on (device address).
-  uint64_t* gate_address(const Prepared& p, int local) const;
+  uint64_t* gate_address(const PreparedCall& p, int local) const;
   // A device gate slot for a new handle on local rank `local`.
   int take_device_gate(int local);
   void reclaim_gates(int local);
   // The gate local rank `local` of the handle's last arming waits on, as the host sees it.
-  Gate watched_gate(const Prepared& p, int local) const;
+  Gate watched_gate(const PreparedCall& p, int local) const;
   // Refreshes a device gate's host copy from GPU memory (rescue stream, not waited for).
   void mirror_gate(int local, const Gate& gate);
   // Opens a gate without its trigger (a failure, close): stores the value in
@@ -289,11 +264,9 @@ class Communicator {
   std::vector<std::string> socket_paths_;
   int next_fd_tag_ = 100;
   uint64_t seq_ = 0;
-  uint64_t gate_generation_ = 0;  // the value of each arming, unique per communicator
   std::string gpu_name_;
   Selector selector_;
-  std::map<int, Prepared> prepared_;
-  int next_handle_ = 1;
+  PreparedTable prepared_;
   std::mutex captured_mu_;
   // One per local rank and distinct call (their records are interned), so
   // capturing the same call again reuses its entry and state word.

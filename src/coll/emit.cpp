@@ -103,7 +103,7 @@ bool Communicator::gpu_may_wait_for_host(int local) {
     // waits for this one.
     if (i != local && !locals_[i]->in_flight->idle()) return true;
     // An armed run: its trigger may come after this call.
-    for (const auto& [id, p] : prepared_)
+    for (const auto& [id, p] : prepared_.calls())
       if (p.generation > 0 && cudaEventQuery(p.finished[i]) == cudaErrorNotReady) return true;
   }
   return false;

@@ -16,17 +16,8 @@
 
 namespace ferry {
 
-Communicator::Prepared& Communicator::prepared(int handle, const char* what) {
-  auto it = prepared_.find(handle);
-  if (it == prepared_.end())
-    throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(what) + ": handle " + std::to_string(handle) +
-                                                  " is not a prepared collective of this "
-                                                  "communicator (released already?)");
-  return it->second;
-}
-
 int Communicator::prepare(const CollectiveArgs& args) {
-  Prepared p;
+  PreparedCall p;
   p.args = args;
   p.built = build(args, &p.registrations);
   p.how = resolve(args);
@@ -40,9 +31,7 @@ int Communicator::prepare(const CollectiveArgs& args) {
     FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
     p.finished.push_back(ev);
   }
-  int id = next_handle_++;
-  prepared_.emplace(id, std::move(p));
-  return id;
+  return prepared_.add(std::move(p));
 }
 
 // Gates of released handles come back once their last run has finished: only
@@ -75,19 +64,19 @@ int Communicator::take_device_gate(int local) {
   return slot;
 }
 
-uint64_t* Communicator::gate_address(const Prepared& p, int local) const {
+uint64_t* Communicator::gate_address(const PreparedCall& p, int local) const {
   if (!p.gate_on_device) return p.host_gate[local].device;
   return &device_flags(locals_[local]->rank)->gates[p.device_gate[local]].value;
 }
 
-Gate Communicator::watched_gate(const Prepared& p, int local) const {
+Gate Communicator::watched_gate(const PreparedCall& p, int local) const {
   if (!p.gate_on_device) return Gate{p.host_gate[local].host, nullptr, p.generation};
   return Gate{p.device_gate_copy[local].host, gate_address(p, local), p.generation};
 }
 
 void Communicator::arm(int handle, const std::vector<cudaStream_t>& after, bool gate_on_device) {
   ensure_open("arm");
-  Prepared& p = prepared(handle, "arm");
+  PreparedCall& p = prepared_.get(handle, "arm");
   if (p.armed)
     throw_error(FERRY_ERROR_INVALID_ARGUMENT,
                 "arm: handle " + std::to_string(handle) + " is armed already; trigger it before arming it again");
@@ -102,7 +91,7 @@ void Communicator::arm(int handle, const std::vector<cudaStream_t>& after, bool 
     p.armed = true;  // zero bytes: nothing to enqueue, but arm/trigger keep their rules
     return;
   }
-  const uint64_t gen = p.generation = ++gate_generation_;
+  const uint64_t gen = p.generation = prepared_.next_generation();
   const uint64_t seq = ++seq_;
   for (int i = 0; i < local_count(); ++i) {
     Local& L = *locals_[i];
@@ -130,7 +119,7 @@ void Communicator::arm(int handle, const std::vector<cudaStream_t>& after, bool 
 }
 
 void Communicator::trigger(int handle) {
-  Prepared& p = prepared(handle, "trigger");
+  PreparedCall& p = prepared_.get(handle, "trigger");
   if (!p.armed)
     throw_error(FERRY_ERROR_INVALID_ARGUMENT,
                 "trigger: handle " + std::to_string(handle) + " is not armed; call arm() first");
@@ -144,7 +133,7 @@ void Communicator::trigger(int handle) {
 }
 
 void Communicator::trigger_on(int handle, const std::vector<cudaStream_t>& streams) {
-  Prepared& p = prepared(handle, "trigger_on");
+  PreparedCall& p = prepared_.get(handle, "trigger_on");
   if (!p.armed)
     throw_error(FERRY_ERROR_INVALID_ARGUMENT,
                 "trigger_on: handle " + std::to_string(handle) + " is not armed; call arm() first");
@@ -158,7 +147,7 @@ void Communicator::trigger_on(int handle, const std::vector<cudaStream_t>& strea
 }
 
 std::pair<uint64_t*, uint64_t> Communicator::device_trigger(int handle, int local) {
-  Prepared& p = prepared(handle, "device_trigger");
+  PreparedCall& p = prepared_.get(handle, "device_trigger");
   if (!p.armed)
     throw_error(FERRY_ERROR_INVALID_ARGUMENT,
                 "device_trigger: handle " + std::to_string(handle) + " is not armed; call arm() first");
@@ -169,7 +158,7 @@ std::pair<uint64_t*, uint64_t> Communicator::device_trigger(int handle, int loca
 }
 
 void Communicator::wait(int handle, const std::vector<cudaStream_t>& streams) {
-  Prepared& p = prepared(handle, "wait");
+  PreparedCall& p = prepared_.get(handle, "wait");
   FERRY_ARG_CHECK(static_cast<int>(streams.size()) == local_count(),
                   "wait: expected one stream per local rank (" + std::to_string(local_count()) + ")");
   if (p.generation == 0) return;
@@ -180,38 +169,21 @@ void Communicator::wait(int handle, const std::vector<cudaStream_t>& streams) {
 }
 
 cudaEvent_t Communicator::finished_event(int handle, int local) {
-  Prepared& p = prepared(handle, "finished_event");
+  PreparedCall& p = prepared_.get(handle, "finished_event");
   FERRY_ARG_CHECK(local >= 0 && local < local_count(), "finished_event: local rank out of range");
   return p.finished[local];
 }
 
-bool Communicator::armed(int handle) const {
-  auto it = prepared_.find(handle);
-  return it != prepared_.end() && it->second.armed;
-}
+bool Communicator::armed(int handle) const { return prepared_.armed(handle); }
 
 void Communicator::release_prepared(int handle) {
-  Prepared& p = prepared(handle, "release");
-  if (p.armed)
-    throw_error(FERRY_ERROR_INVALID_ARGUMENT,
-                "release: handle " + std::to_string(handle) +
-                    " is armed; trigger it first (its commands already wait in the stream)");
+  PreparedCall p = prepared_.release(handle, "release");
   for (int i = 0; i < local_count(); ++i) {
     cudaSetDevice(device(i));
     // The gate comes back once this event (its last run's end) completes; see reclaim_gates.
     locals_[i]->retiring_gates.emplace_back(p.device_gate[i], p.finished[i]);
     reclaim_gates(i);
   }
-  prepared_.erase(handle);
-}
-
-void Communicator::check_not_prepared(uint32_t registration, const char* what) const {
-  for (const auto& [id, p] : prepared_)
-    for (uint32_t r : p.registrations)
-      if (r == registration)
-        throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(what) + ": buffer #" + std::to_string(registration) +
-                                                      " is used by prepared collective " + std::to_string(id) +
-                                                      "; release that handle first");
 }
 
 }  // namespace ferry

@@ -1,0 +1,59 @@
+#include "coll/prepared_table.hpp"
+
+#include <string>
+#include <utility>
+
+#include "core/error.hpp"
+
+namespace ferry {
+
+int PreparedTable::add(PreparedCall call) {
+  const int handle = next_handle_++;
+  calls_.emplace(handle, std::move(call));
+  return handle;
+}
+
+PreparedCall& PreparedTable::get(int handle, const char* what) {
+  auto it = calls_.find(handle);
+  if (it == calls_.end())
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(what) + ": handle " + std::to_string(handle) +
+                                                  " is not a prepared collective of this communicator (released "
+                                                  "already?)");
+  return it->second;
+}
+
+bool PreparedTable::armed(int handle) const {
+  auto it = calls_.find(handle);
+  return it != calls_.end() && it->second.armed;
+}
+
+PreparedCall PreparedTable::release(int handle, const char* what) {
+  PreparedCall& call = get(handle, what);
+  if (call.armed)
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(what) + ": handle " + std::to_string(handle) +
+                                                  " is armed; trigger it first (its commands already wait in the "
+                                                  "stream)");
+  PreparedCall out = std::move(call);
+  calls_.erase(handle);
+  return out;
+}
+
+void PreparedTable::refuse_if_armed(const char* what) const {
+  for (const auto& [id, call] : calls_)
+    if (call.armed)
+      throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                  std::string(what) + ": prepared collective " + std::to_string(id) +
+                      " is armed and not triggered, so waiting for every collective would wait for its trigger "
+                      "until the timeout; trigger it first (from the host, a stream or a kernel)");
+}
+
+void PreparedTable::refuse_if_uses(uint32_t registration, const char* what) const {
+  for (const auto& [id, call] : calls_)
+    for (uint32_t r : call.registrations)
+      if (r == registration)
+        throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(what) + ": buffer #" + std::to_string(registration) +
+                                                      " is used by prepared collective " + std::to_string(id) +
+                                                      "; release that handle first");
+}
+
+}  // namespace ferry

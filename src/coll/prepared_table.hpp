@@ -1,0 +1,70 @@
+// The communicator's prepared collectives (prelaunch) by handle: what each
+// was planned as, where its gates are, and whether it is armed. Arming,
+// triggering and waiting enqueue work and stay with the communicator
+// (coll/prepared.cpp); this keeps the handles and the rules about them.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "coll/collective_args.hpp"
+#include "coll/program.hpp"
+#include "coll/record_pool.hpp"
+#include "coll/selector.hpp"
+
+namespace ferry {
+
+// A validated, planned call as one local rank runs it.
+struct Built {
+  Program program;
+  Record record;
+  uint64_t value = 0;
+};
+
+struct PreparedCall {
+  CollectiveArgs args;
+  std::vector<Built> built;  // by local rank
+  Resolved how;
+  // By local rank: the host gate, the slot of the device gate in this
+  // rank's DeviceFlags::gates, and the watchdog's host copy of the device
+  // gate (its own word: a late copy never lands in the host gate).
+  std::vector<Pinned<uint64_t>> host_gate;
+  std::vector<int> device_gate;
+  std::vector<Pinned<uint64_t>> device_gate_copy;
+  bool gate_on_device = false;          // where the last arming waits
+  std::vector<cudaEvent_t> finished;    // by local rank: the last armed run's end
+  std::vector<uint32_t> registrations;  // buffers it refers to
+  uint64_t generation = 0;              // the last arming's gate value; 0: never armed
+  bool armed = false;
+};
+
+class PreparedTable {
+ public:
+  // Its handle: ids from 1, never reused.
+  int add(PreparedCall call);
+  // Throws, naming `what`, for a handle this table does not hold.
+  PreparedCall& get(int handle, const char* what);
+  bool armed(int handle) const;
+  // Removes the handle; throws, naming `what`, while it is armed (its commands already wait in the stream).
+  PreparedCall release(int handle, const char* what);
+  // The value of the next arming's gate: unique per table, so a late trigger
+  // of an earlier arming never opens a later one.
+  uint64_t next_generation() { return ++generation_; }
+  // Throw, naming `what`, while some handle is armed and not triggered, or
+  // refers to the buffer registration `registration`.
+  void refuse_if_armed(const char* what) const;
+  void refuse_if_uses(uint32_t registration, const char* what) const;
+
+  std::map<int, PreparedCall>& calls() { return calls_; }
+  const std::map<int, PreparedCall>& calls() const { return calls_; }
+
+ private:
+  std::map<int, PreparedCall> calls_;
+  int next_handle_ = 1;
+  uint64_t generation_ = 0;
+};
+
+}  // namespace ferry
