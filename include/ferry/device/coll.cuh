@@ -103,6 +103,7 @@ __device__ inline bool grid_sync_peers(const Heap& h, const Team& t, unsigned la
     const uint64_t round = ++own->grid_rounds[peer][me_block];
     store_relaxed(&h.sync(peer)->grid_arrivals[h.rank][me_block], round);
   }
+  if (t.size == 1 && lane == 0) fence_release();  // no one to wait for: the quiet alone
   bool ok = true;
   for (int i = int(lane); i < t.size && ok; i += int(lanes)) {
     const int peer = team_world_rank(t, i);

@@ -5,6 +5,11 @@
  *   barrier<S>(h, team)  quiet, then wait until every member of `team` reached the same barrier
  *   sync<S>(h, team)     the same as barrier: the release each announcement needs is the quiet's fence
  *
+ * The barrier's quiet is the scope's, not each thread's: the stores every
+ * thread of the scope made before it are visible to every member once that
+ * member's barrier returns. A thread that afterwards tells a peer something
+ * with a relaxed atomic (which orders nothing) calls quiet() first.
+ *
  * barrier and sync are collective over the team's members: each calls them the
  * same number of times, in the same order with respect to every other team
  * they share members with. One scope per rank calls them at a time. Each wait
