@@ -349,7 +349,7 @@ void Communicator::close() {
   host_trace_report();
   // A handle left armed holds ferry's armed stream in a wait: open its gate so
   // the stream drains (its collective runs, as on every rank that does the same).
-  for (auto& [id, p] : prepared_.calls())
+  for (const auto& [id, p] : prepared_.calls())
     if (p.armed)
       for (int i = 0; i < local_count(); ++i) open_gate(i, watched_gate(p, i));
   try {
@@ -370,12 +370,12 @@ void Communicator::close() {
   // blocked now stays blocked (its memory is then released under it, which
   // CUDA reports on that stream, not here).
   for (auto& L : locals_) L->engines->synchronize(timeout_s_);
-  for (auto& [id, p] : prepared_.calls())
+  for (const auto& [id, p] : prepared_.calls())
     for (int i = 0; i < local_count() && i < static_cast<int>(p.finished.size()); ++i) {
       cudaSetDevice(device(i));
       cudaEventDestroy(p.finished[i]);
     }
-  prepared_.calls().clear();
+  prepared_.clear();
   for (auto& L : locals_) {
     cudaSetDevice(L->device);
     for (auto& [slot, ev] : L->retiring_gates) cudaEventDestroy(ev);

@@ -58,8 +58,9 @@ class PreparedTable {
   void refuse_if_armed(const char* what) const;
   void refuse_if_uses(uint32_t registration, const char* what) const;
 
-  std::map<int, PreparedCall>& calls() { return calls_; }
   const std::map<int, PreparedCall>& calls() const { return calls_; }
+  // Forgets every handle (close(), after their events are destroyed).
+  void clear() { calls_.clear(); }
 
  private:
   std::map<int, PreparedCall> calls_;

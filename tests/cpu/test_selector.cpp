@@ -146,6 +146,9 @@ TEST(SelectorTable, AnSmRuleNeedsTheWindow) {
   a.count = 1024;
   a.dtype = DType::kFloat32;
   EXPECT_EQ(table.resolve(a, 4096, 1 << 20).algo, Algo::kSm);
+  // The rule reads the selection bytes, the window the largest block (count x 4 bytes here):
+  // a call selected as 128 KB takes the b2b rule even though its 4 KB block fits the window.
+  EXPECT_EQ(table.resolve(a, 128 << 10, 1 << 20).algo, Algo::kB2b);
   EXPECT_EQ(table.resolve(a, 4096, 0).algo, Algo::kB2b);     // FERRY_SM_BYTES=0: no window
   EXPECT_EQ(table.resolve(a, 4096, 1024).algo, Algo::kB2b);  // a 4 KB block does not fit a 1 KB window
   EXPECT_EQ(table.choose(CollOp::kAllReduce, 4096, 1 << 20).algo, Algo::kSm);
