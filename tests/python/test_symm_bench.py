@@ -51,6 +51,18 @@ def test_targets_met_and_missed():
     assert not any("512K" in x for x in lines)  # not measured, not claimed
 
 
+def test_experiments_and_references_are_not_the_api():
+    recs = [
+        _rec("put", "ferry-device-8b", 1 << 20, 4.0),  # 262 GB/s
+        _rec("put", "experiment-tma-8b", 1 << 20, 2.0),  # 524 GB/s: not the device API's put
+        _rec("barrier", "ferry-device", 0, 2.5),
+        _rec("barrier", "ferry-device-reference-relaxed-poll", 0, 1.5),
+    ]
+    lines = symm.target_lines(recs)
+    assert lines[0].endswith("missed (slowest size 262 GB/s)")
+    assert "barrier in a kernel <= 2 us: missed (2.50 us)" in lines
+
+
 def test_targets_against_nvshmem_compare_the_fastest_of_each():
     recs = [
         _rec("signal_half_rtt", "ferry-device", 8, 1.2),

@@ -181,6 +181,7 @@ def _load(path: str):
     P, I, U = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64
     for name, args in (
         ("bench_put", [P, P, P, U, I, I, I, P]),
+        ("bench_put_bulk", [P, P, P, U, I, I, I, P]),
         ("bench_pingpong", [P, P, U, I, P, P]),
         ("bench_pingpong_p", [P, P, U, I, P, P]),
         ("bench_pingpong_p_relaxed_poll", [P, P, U, I, P, P]),
@@ -243,6 +244,44 @@ class _Ranks:
         return statistics.median(times[1:])
 
 
+def _bulk_put(torch, R, lib, dst, src, put_source, nbytes, W, iters, reps, gpu, date, records) -> List[str]:
+    """The experiment of symm_kernels.cu's put_bulk_kernel: timed as the device
+    put is, then once more into a poisoned dst and every byte checked on the
+    receiving rank against the sender's bytes."""
+    wrong = []
+    for blocks in PUT_BLOCKS:
+
+        def launch(i, s, n_iters, blocks=blocks):
+            _ok(
+                lib.bench_put_bulk(
+                    R.handles[i],
+                    dst[i].data_ptr(),
+                    src[i].data_ptr(),
+                    nbytes,
+                    (R.ranks[i] + 1) % W,
+                    n_iters,
+                    blocks,
+                    s.cuda_stream,
+                )
+            )
+
+        t = R.timed(lambda i, s: launch(i, s, iters), reps)
+        records.append(record("put", f"experiment-tma-{blocks}b", W, nbytes, t / iters, "block", gpu, date))
+        for i in range(len(R.ranks)):
+            dst[i][:nbytes].fill_(0xA5)
+        R.barrier()
+        for i in range(len(R.ranks)):
+            launch(i, R.streams[i], 1)
+        R.barrier()
+        for i in range(len(R.ranks)):
+            sender = (R.ranks[i] - 1) % W
+            expected = put_source(sender, R.devs[i])[:nbytes]
+            bad = int((dst[i][:nbytes] != expected).sum().item())
+            if bad:
+                wrong.append(f"rank {R.ranks[i]} experiment-tma-{blocks}b put {nbytes}: {bad} bytes wrong")
+    return wrong
+
+
 def _ok(lib_call):
     err = lib_call
     if err:
@@ -283,7 +322,14 @@ def run(opts: dict, progress=print) -> dict:
 
     # Put bandwidth to the next rank.
     dst = R.each(heap.empty((opts["max_bytes"],), torch.uint8))
-    src = [torch.randint(0, 256, (opts["max_bytes"],), dtype=torch.uint8, device=d) for d in R.devs]
+
+    def put_source(rank, dev):  # the same bytes wherever they are made, so the receiver can check them
+        g = torch.Generator(device=dev)
+        g.manual_seed(500 + rank)
+        return torch.randint(0, 256, (opts["max_bytes"],), dtype=torch.uint8, device=dev, generator=g)
+
+    src = [put_source(R.ranks[i], d) for i, d in enumerate(R.devs)]
+    put_wrong: List[str] = []
     for nbytes in size_range(opts["min_bytes"], opts["max_bytes"], 4):
         for blocks in PUT_BLOCKS:
             t = R.timed(
@@ -316,6 +362,14 @@ def run(opts: dict, progress=print) -> dict:
             f"put {format_size(nbytes)}: "
             + ", ".join(f"{r['impl']} {r['gbps']:.0f} GB/s" for r in records[-2 - len(PUT_BLOCKS) :])
         )
+        if opts.get("bulk_put"):
+            put_wrong += _bulk_put(
+                torch, R, lib, dst, src, put_source, nbytes, W, iters, reps, gpu, date, records
+            )
+            progress(
+                f"put {format_size(nbytes)}, TMA bulk copies: "
+                + ", ".join(f"{r['impl']} {r['gbps']:.0f} GB/s" for r in records[-len(PUT_BLOCKS) :])
+            )
 
     # Signal half round trip between ranks 0 and 1; barriers.
     oks = [torch.ones(1, dtype=torch.int32, device=d) for d in R.devs]
@@ -389,7 +443,7 @@ def run(opts: dict, progress=print) -> dict:
         a_src[i].copy_(ar_input(R.ranks[i], R.devs[i]))
     # Every rank's expected sum, made here from the same seeds (exact in bf16).
     ar_expected = [sum(ar_input(r, d).double() for r in range(W)).to(torch.bfloat16) for d in R.devs]
-    wrong: List[str] = []
+    wrong: List[str] = list(put_wrong)
     for nbytes in opts["all_reduce_sizes"]:
         count = nbytes // 2
         for algo, name in ALL_REDUCE_ALGOS:
@@ -548,6 +602,11 @@ def parse_args(argv=None):
     p.add_argument("--iters", type=int, default=20, help="operations per timed launch")
     p.add_argument("--library", default="", help="a build of symm_kernels.cu (default: build it now)")
     p.add_argument("--no-nvshmem", action="store_true", help="measure ferry and the field without NVSHMEM")
+    p.add_argument(
+        "--bulk-put",
+        action="store_true",
+        help="also time an experimental put by TMA bulk copies (symm_kernels.cu), every byte checked",
+    )
     p.add_argument("--tag", default="")
     return p.parse_args(argv)
 
@@ -561,6 +620,7 @@ def main(argv=None) -> int:
         "iters": args.iters,
         "library": args.library,
         "nvshmem": not args.no_nvshmem,
+        "bulk_put": args.bulk_put,
         "all_reduce_sizes": [parse_size(s) for s in args.all_reduce_sizes.split(",")],
     }
     result = run(opts)

@@ -63,6 +63,77 @@ __global__ void pingpong_p_kernel(Heap h, uint64_t* sig, uint64_t base, int iter
   if (!good) *ok = 0;
 }
 
+// An experiment, not the device API: a put whose NVLink writes are TMA bulk
+// copies (cp.async.bulk) from shared memory, to see whether they beat the SM
+// stores' ~350 GB/s ceiling (the copy engines reach 390). One thread per block
+// drives a pipeline of kBulkStages chunks: a bulk load from src into shared
+// memory, then a bulk store from there into the peer. Needs 16-byte aligned
+// dst, src and a 16-byte multiple of bytes per block (the benchmark's sizes).
+constexpr int kBulkStages = 4;
+constexpr uint32_t kBulkChunk = 16384;
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__global__ void put_bulk_kernel(Heap h, char* dst, const char* src, uint64_t bytes, int peer, int iters) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) char stage[];
+  __shared__ __align__(8) uint64_t full[kBulkStages];
+  if (threadIdx.x != 0) return;
+  const uint64_t per = ((bytes + gridDim.x - 1) / gridDim.x + 15) / 16 * 16;
+  const uint64_t begin = per * blockIdx.x < bytes ? per * blockIdx.x : bytes;
+  const uint64_t end = begin + per < bytes ? begin + per : bytes;
+  char* remote = h.peer_ptr(dst, peer);
+  for (int s = 0; s < kBulkStages; ++s)
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&full[s])) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  uint32_t parity[kBulkStages] = {};
+  const uint64_t len = end - begin, chunks = (len + kBulkChunk - 1) / kBulkChunk;
+  auto load = [&](uint64_t c) {
+    const int s = int(c % kBulkStages);
+    const uint64_t off = begin + c * kBulkChunk;
+    const uint32_t n = uint32_t(len - c * kBulkChunk < kBulkChunk ? len - c * kBulkChunk : kBulkChunk);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(&full[s])), "r"(n)
+                 : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_addr(stage + s * kBulkChunk)),
+                 "l"(src + off), "r"(n), "r"(smem_addr(&full[s]))
+                 : "memory");
+  };
+  for (int it = 0; it < iters; ++it) {
+    for (uint64_t c = 0; c < chunks && c < kBulkStages; ++c) load(c);
+    for (uint64_t c = 0; c < chunks; ++c) {
+      const int s = int(c % kBulkStages);
+      uint32_t done = 0;
+      while (!done)
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done)
+                     : "r"(smem_addr(&full[s])), "r"(parity[s])
+                     : "memory");
+      parity[s] ^= 1u;
+      const uint64_t off = begin + c * kBulkChunk;
+      const uint32_t n = uint32_t(len - c * kBulkChunk < kBulkChunk ? len - c * kBulkChunk : kBulkChunk);
+      asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(remote + off),
+                   "r"(smem_addr(stage + s * kBulkChunk)), "r"(n)
+                   : "memory");
+      asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+      // Refill the stage of the chunk before this one once its store has read it
+      // (every group but the newest), so this store overlaps that load.
+      if (c >= 1 && c - 1 + kBulkStages < chunks) {
+        asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+        load(c - 1 + kBulkStages);
+      }
+    }
+    // Every store read its stage before the next iteration loads into it again.
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+  }
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  quiet();
+#endif
+}
+
 // References for the A/B of the device API's waits: the waits as they were
 // before they polled with acquire loads (relaxed looks, then one acquire load
 // of the word once seen), p + wait_until and a one-block barrier; and that
@@ -143,6 +214,17 @@ int bench_put(const void* heap, void* dst, const void* src, uint64_t bytes, int 
               cudaStream_t s) {
   put_kernel<<<blocks, 512, 0, s>>>(heap_from_bytes(heap), static_cast<char*>(dst), static_cast<const char*>(src),
                                     bytes, peer, iters);
+  return cudaGetLastError();
+}
+
+int bench_put_bulk(const void* heap, void* dst, const void* src, uint64_t bytes, int peer, int iters, int blocks,
+                   cudaStream_t s) {
+  // More than the 48 KB of shared memory a launch gets without asking.
+  const cudaError_t err =
+      cudaFuncSetAttribute(put_bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBulkStages * kBulkChunk);
+  if (err != cudaSuccess) return err;
+  put_bulk_kernel<<<blocks, 32, kBulkStages * kBulkChunk, s>>>(heap_from_bytes(heap), static_cast<char*>(dst),
+                                                               static_cast<const char*>(src), bytes, peer, iters);
   return cudaGetLastError();
 }
 
