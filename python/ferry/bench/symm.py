@@ -189,6 +189,8 @@ def _load(path: str):
         ("bench_barrier_relaxed_poll", [P, I, P, P]),
         ("bench_barrier_reference_acquire_poll", [P, I, P, P]),
         ("bench_all_reduce", [P, P, P, U, I, I, I, P, P]),
+        ("bench_grid_barrier", [P, I, I, P, P]),
+        ("bench_two_shot_data", [P, P, P, U, I, I, P]),
     ):
         getattr(lib, name).argtypes = args
         getattr(lib, name).restype = I
@@ -280,6 +282,55 @@ def _bulk_put(torch, R, lib, dst, src, put_source, nbytes, W, iters, reps, gpu, 
             if bad:
                 wrong.append(f"rank {R.ranks[i]} experiment-tma-{blocks}b put {nbytes}: {bad} bytes wrong")
     return wrong
+
+
+def _two_shot_phases(R, lib, oks, a_dst, a_src, sizes, W, iters, reps, gpu, date) -> List[dict]:
+    """The experiment of --two-shot-phases: the grid-wide barrier a two-shot
+    all-reduce runs twice, and its data phase with no barrier around it
+    (timing only: without the barriers its result is not an all-reduce)."""
+    out = []
+    for blocks in ALL_REDUCE_BLOCKS:
+        t = R.timed(
+            lambda i, s, blocks=blocks: _ok(
+                lib.bench_grid_barrier(R.handles[i], iters, blocks, oks[i].data_ptr(), s.cuda_stream)
+            ),
+            reps,
+        )
+        out.append(
+            record(
+                "all_reduce_phase", f"experiment-grid-barrier-{blocks}b", W, 0, t / iters, "grid", gpu, date
+            )
+        )
+        for nbytes in sizes:
+            if nbytes < 256 << 10:
+                continue
+            t = R.timed(
+                lambda i, s, blocks=blocks, nbytes=nbytes: _ok(
+                    lib.bench_two_shot_data(
+                        R.handles[i],
+                        a_dst[i].data_ptr(),
+                        a_src[i].data_ptr(),
+                        nbytes // 2,
+                        iters,
+                        blocks,
+                        s.cuda_stream,
+                    )
+                ),
+                reps,
+            )
+            out.append(
+                record(
+                    "all_reduce_phase",
+                    f"experiment-two-shot-data-{blocks}b",
+                    W,
+                    nbytes,
+                    t / iters,
+                    "grid",
+                    gpu,
+                    date,
+                )
+            )
+    return out
 
 
 def _ok(lib_call):
@@ -493,6 +544,18 @@ def run(opts: dict, progress=print) -> dict:
                 if r["op"] == "all_reduce" and r["bytes"] == nbytes
             )
         )
+    if opts.get("two_shot_phases"):
+        records += _two_shot_phases(
+            R, lib, oks, a_dst, a_src, opts["all_reduce_sizes"], W, iters, reps, gpu, date
+        )
+        progress(
+            "two-shot phases: "
+            + ", ".join(
+                f"{r['impl']} {format_size(r['bytes']) if r['bytes'] else ''} {r['time_us']:.1f} us"
+                for r in records
+                if r["op"] == "all_reduce_phase"
+            )
+        )
     bad = [i for i in range(n) if int(oks[i].item()) != 1]
     major, minor = torch.cuda.get_device_capability(R.devs[0])
     heap.close()
@@ -603,6 +666,11 @@ def parse_args(argv=None):
     p.add_argument("--library", default="", help="a build of symm_kernels.cu (default: build it now)")
     p.add_argument("--no-nvshmem", action="store_true", help="measure ferry and the field without NVSHMEM")
     p.add_argument(
+        "--two-shot-phases",
+        action="store_true",
+        help="also time the two-shot all-reduce's grid barrier and its data phase apart (an experiment)",
+    )
+    p.add_argument(
         "--bulk-put",
         action="store_true",
         help="also time an experimental put by TMA bulk copies (symm_kernels.cu), every byte checked",
@@ -621,6 +689,7 @@ def main(argv=None) -> int:
         "library": args.library,
         "nvshmem": not args.no_nvshmem,
         "bulk_put": args.bulk_put,
+        "two_shot_phases": args.two_shot_phases,
         "all_reduce_sizes": [parse_size(s) for s in args.all_reduce_sizes.split(",")],
     }
     result = run(opts)

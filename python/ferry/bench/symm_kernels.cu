@@ -196,6 +196,24 @@ __global__ void barrier_kernel(Heap h, int iters, int* ok) {
     }
 }
 
+// Where a two-shot all-reduce's time goes (an experiment: --two-shot-phases):
+// its grid-wide barrier alone, and its data phase alone (reduce this rank's
+// part from every member's src, push it into every member's dst) with no
+// barrier around it, so its result is not checked.
+__global__ void grid_barrier_kernel(Heap h, int iters, int* ok) {
+  const Team t = world_team(h);
+  for (int i = 0; i < iters; ++i)
+    if (!barrier_all(h, t)) {
+      if (threadIdx.x == 0) *ok = 0;
+      return;
+    }
+}
+
+__global__ void two_shot_data_kernel(Heap h, __nv_bfloat16* dst, const __nv_bfloat16* src, uint64_t count, int iters) {
+  const Team t = world_team(h);
+  for (int i = 0; i < iters; ++i) impl::reduce_and_push(h, t, dst, src, count, ReduceOp::kSum);
+}
+
 __global__ void all_reduce_kernel(Heap h, __nv_bfloat16* dst, const __nv_bfloat16* src, uint64_t count, int iters,
                                   AllReduceAlgo algo, int* ok) {
   const Team t = world_team(h);
@@ -259,6 +277,18 @@ int bench_barrier(const void* heap, int iters, int* ok, cudaStream_t s) {
 }
 
 // algo: AllReduceAlgo's value (0 auto, 1 low latency, 2 one-shot, 3 two-shot, 4 low-latency two-shot).
+int bench_grid_barrier(const void* heap, int iters, int blocks, int* ok, cudaStream_t s) {
+  grid_barrier_kernel<<<blocks, 512, 0, s>>>(heap_from_bytes(heap), iters, ok);
+  return cudaGetLastError();
+}
+
+int bench_two_shot_data(const void* heap, void* dst, const void* src, uint64_t count, int iters, int blocks,
+                        cudaStream_t s) {
+  two_shot_data_kernel<<<blocks, 512, 0, s>>>(heap_from_bytes(heap), static_cast<__nv_bfloat16*>(dst),
+                                              static_cast<const __nv_bfloat16*>(src), count, iters);
+  return cudaGetLastError();
+}
+
 int bench_all_reduce(const void* heap, void* dst, const void* src, uint64_t count, int iters, int blocks, int algo,
                      int* ok, cudaStream_t s) {
   all_reduce_kernel<<<blocks, 512, 0, s>>>(heap_from_bytes(heap), static_cast<__nv_bfloat16*>(dst),
