@@ -131,6 +131,8 @@ __global__ void put_bulk_kernel(Heap h, char* dst, const char* src, uint64_t byt
   }
   asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   quiet();
+#else
+  __trap();  // no bulk copies before sm_90: fail loudly rather than time an empty kernel
 #endif
 }
 
@@ -237,10 +239,14 @@ int bench_put(const void* heap, void* dst, const void* src, uint64_t bytes, int 
 
 int bench_put_bulk(const void* heap, void* dst, const void* src, uint64_t bytes, int peer, int iters, int blocks,
                    cudaStream_t s) {
-  // More than the 48 KB of shared memory a launch gets without asking.
-  const cudaError_t err =
+  // Bulk copies take 16-byte aligned addresses and sizes; a misaligned one is a sticky fault.
+  if (bytes % 16 || reinterpret_cast<uintptr_t>(dst) % 16 || reinterpret_cast<uintptr_t>(src) % 16)
+    return cudaErrorInvalidValue;
+  // More than the 48 KB of shared memory a launch gets without asking; set on every launch, since each
+  // GPU (one process may drive several) keeps its own.
+  const cudaError_t attr =
       cudaFuncSetAttribute(put_bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBulkStages * kBulkChunk);
-  if (err != cudaSuccess) return err;
+  if (attr != cudaSuccess) return attr;
   put_bulk_kernel<<<blocks, 32, kBulkStages * kBulkChunk, s>>>(heap_from_bytes(heap), static_cast<char*>(dst),
                                                                static_cast<const char*>(src), bytes, peer, iters);
   return cudaGetLastError();
