@@ -92,8 +92,13 @@ for name, edits in VARIANTS.items():
         body = "back_early = torch.empty(n, dtype=torch.uint8).pin_memory()\n" + body
     COPIES[name] = body + "dst.copy_(src)\n"  # the common tail's check: the program asserts its own
 
+# The Python API's engine reports a copy that timed out (its stream let go) only
+# on its next call: ask it, or such a case would pass once the late chunks land.
 TAIL = (
-    "torch.cuda.synchronize()\nassert torch.equal(dst.cpu(), src), 'bytes differ'\nprint('ok')\n"
+    "torch.cuda.synchronize()\n"
+    "import ferry.multipath as _mp\n"
+    "_mp._default is None or _mp._default.check()\n"
+    "assert torch.equal(dst.cpu(), src), 'bytes differ'\nprint('ok')\n"
     "import sys\nsys.stderr.flush()\n"
 )
 
@@ -138,9 +143,12 @@ def main():
             # The error's own line first (torch's advice about CUDA_LAUNCH_BLOCKING comes after it).
             errors = [line for line in keep if "Error" in line or "error:" in line or "failed" in line][-3:]
             last = " | ".join(line.strip()[:200] for line in errors + keep[-3:])
-            print(f"{label:50s} rc={r.returncode}  {last}")
+            # A chunk that "did not land" is a failure even where the process ended well.
+            stuck = any("did not land" in line for line in out)
+            verdict = "FAIL" if r.returncode != 0 or stuck else "pass"
+            print(f"{verdict} {label:50s} rc={r.returncode}{' stuck' if stuck else ''}  {last}")
         except subprocess.TimeoutExpired:
-            print(f"{label:50s} TIMEOUT")
+            print(f"FAIL {label:50s} TIMEOUT")
 
 
 if __name__ == "__main__":
