@@ -104,7 +104,11 @@ class Engine:
     links through ``devices[0]`` itself, so that staging and both pipelines
     run for real over one link. ``head_bytes``: the most of a copy's head
     that the caller's stream copies itself over the target's link while the
-    engine starts the rest (-1: FERRY_MULTIPATH_HEAD_BYTES, default 0: none)."""
+    engine starts the rest (-1: FERRY_MULTIPATH_HEAD_BYTES, default 0: none).
+    ``own_share_on_stream``: the caller's stream copies the target link's
+    whole even share itself and the relays carry the rest, so nothing reaches
+    the target GPU after ``copy`` returns (None: FERRY_MULTIPATH_OWN_SHARE_ON_STREAM,
+    default off; docs/multipath.md, "Known problems")."""
 
     def __init__(
         self,
@@ -118,6 +122,7 @@ class Engine:
         loopback: int = 0,
         timeout: float = 0.0,
         head_bytes: int = -1,
+        own_share_on_stream: Optional[bool] = None,
     ):
         if devices is None:
             devices = list(range(_torch().cuda.device_count()))
@@ -156,6 +161,7 @@ class Engine:
             may_relay,
             float(timeout),
             head_bytes,
+            -1 if own_share_on_stream is None else int(bool(own_share_on_stream)),
         )
 
     def _engine(self):

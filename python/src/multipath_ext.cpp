@@ -20,9 +20,10 @@ void bind_multipath(nb::module_& m) {
           "__init__",
           [](MultipathEngine* self, const std::vector<int>& links, size_t chunk_bytes, size_t threshold_bytes,
              int outstanding, bool own_link_first, const std::vector<bool>& may_relay, double timeout_s,
-             long long head_bytes) {
+             long long head_bytes, int own_share_on_stream) {
             MultipathOptions o;
             o.head_bytes = head_bytes < 0 ? SIZE_MAX : static_cast<size_t>(head_bytes);
+            o.own_share_on_stream = own_share_on_stream;
             o.link_devices = links;
             o.chunk_bytes = chunk_bytes;
             o.threshold_bytes = threshold_bytes;
@@ -33,7 +34,7 @@ void bind_multipath(nb::module_& m) {
             new (self) MultipathEngine(o);
           },
           "links"_a, "chunk_bytes"_a, "threshold_bytes"_a, "outstanding"_a, "own_link_first"_a, "may_relay"_a,
-          "timeout_s"_a, "head_bytes"_a, nb::call_guard<nb::gil_scoped_release>())
+          "timeout_s"_a, "head_bytes"_a, "own_share_on_stream"_a = -1, nb::call_guard<nb::gil_scoped_release>())
       .def(
           "copy",
           [](MultipathEngine& e, uintptr_t dst, uintptr_t src, size_t bytes, uintptr_t stream, int stream_device) {

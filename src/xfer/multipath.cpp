@@ -51,6 +51,11 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
   head_bytes_ = options.head_bytes != SIZE_MAX
                     ? options.head_bytes
                     : static_cast<size_t>(std::max(0LL, knob_int("FERRY_MULTIPATH_HEAD_BYTES")));
+  FERRY_ARG_CHECK(options.own_share_on_stream >= -1 && options.own_share_on_stream <= 1,
+                  "own_share_on_stream is " + std::to_string(options.own_share_on_stream) +
+                      "; expected 0, 1 or -1 (FERRY_MULTIPATH_OWN_SHARE_ON_STREAM)");
+  policy_.own_share_on_stream = options.own_share_on_stream >= 0 ? options.own_share_on_stream == 1
+                                                                 : knob_int("FERRY_MULTIPATH_OWN_SHARE_ON_STREAM") != 0;
   FERRY_ARG_CHECK(options.timeout_s >= 0 && std::isfinite(options.timeout_s),
                   "timeout is " + std::to_string(options.timeout_s) + "; expected seconds, or 0 for FERRY_TIMEOUT_S");
   timeout_s_ = options.timeout_s > 0 ? options.timeout_s : knob_float("FERRY_TIMEOUT_S");
@@ -379,9 +384,12 @@ MultipathReport MultipathEngine::copy_batch(const std::vector<MultipathPiece>& p
 
   // The head: the caller's own stream copies it over the target's link at
   // once (only where that stream is the target GPU's), while the engine's
-  // thread starts the rest. It is the start of the first copy.
+  // thread starts the rest. It is the start of the first copy. With
+  // own_share_on_stream it is the target link's whole even share: the
+  // scheduler gives that link none of the rest.
+  const size_t head_cap = policy_.own_share_on_stream ? SIZE_MAX : head_bytes_;
   const size_t head = stream_device == route.device
-                          ? std::min(multipath_head_bytes(total, relays + 1, head_bytes_), parts.front().bytes)
+                          ? std::min(multipath_head_bytes(total, relays + 1, head_cap), parts.front().bytes)
                           : 0;
   void* head_dst = parts.front().dst;
   const void* head_src = parts.front().src;

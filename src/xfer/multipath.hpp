@@ -43,6 +43,9 @@ struct MultipathOptions {
   // The most of a copy's head that the caller's stream moves itself
   // (multipath_head_bytes); SIZE_MAX: FERRY_MULTIPATH_HEAD_BYTES.
   size_t head_bytes = SIZE_MAX;
+  // policy.own_share_on_stream from FERRY_MULTIPATH_OWN_SHARE_ON_STREAM where
+  // this is -1; 0 or 1 set it.
+  int own_share_on_stream = -1;
   MultipathPolicy policy;  // outstanding chunks per link, own link first, which links may relay
   double timeout_s = 0;    // 0: FERRY_TIMEOUT_S; bound on a copy once its stream got to it
 };

@@ -197,11 +197,18 @@ bool MultipathScheduler::clear(int link, int lane, double now) const {
 
 // `link` would take from queue `q` once clear: `q` is its own GPU's, or it
 // relays and has no own work it serves first.
+bool MultipathScheduler::carries_own(int link) const {
+  if (!policy_.own_share_on_stream) return true;
+  for (int j = 0; j < links(); ++j)
+    if (j != link && (policy_.may_relay.empty() || policy_.may_relay[j])) return false;
+  return true;
+}
+
 bool MultipathScheduler::would_serve(int link, int q) const {
   const int target = q / kLanes;
-  if (link == target) return true;
+  if (link == target) return carries_own(link);
   if (!serves(link, target)) return false;
-  if (!policy_.own_link_first) return true;
+  if (!policy_.own_link_first || !carries_own(link)) return true;
   for (int lane = 0; lane < kLanes; ++lane)
     if (!waiting_[queue_of(link, lane)].empty()) return false;
   return true;
@@ -251,15 +258,15 @@ int MultipathScheduler::pick(int link, double now) const {
     return from < 0 ||
            (policy_.pick == MultipathPolicy::Pick::kLongestQueue && waiting_[q].size() > waiting_[from].size());
   };
-  if (policy_.own_link_first ||
-      !relays)  // its own GPU's transfers first (a link that may not relay carries only those)
+  if ((policy_.own_link_first || !relays) &&
+      carries_own(link))  // its own GPU's transfers first (a link that may not relay carries only those)
     for (int lane = 0; lane < kLanes; ++lane)
       if (const int q = queue_of(link, lane); usable(link, q, now) && longer(q)) from = q;
   if (from < 0 && relays) {
     // A relay: from the longest queue (fewest chunks left over for the other
     // links to relay), or the first in order.
     for (int q = 0; q < static_cast<int>(waiting_.size()); ++q) {
-      if (!usable(link, q, now)) continue;
+      if (!serves(link, q / kLanes) || !usable(link, q, now)) continue;
       if (longer(q)) from = q;
       if (policy_.pick == MultipathPolicy::Pick::kInOrder) break;
     }

@@ -119,6 +119,13 @@ struct MultipathPolicy {
   // all of it (0: never); a held link, whose every chunk waits behind foreign
   // copies, still takes whole ones.
   size_t tail_chunk = size_t{2} << 20;
+  // A link carries none of its own GPU's chunks while another link may relay
+  // them: the engine then copies the own link's share on the caller's stream
+  // before the gate (the head), and nothing reaches the target GPU after
+  // copy() returns, so later work the program puts on that GPU cannot hold
+  // the copy's own chunks behind the gate that waits for them (the LD_PRELOAD
+  // hazard, docs/multipath.md). Static for the own link, dynamic for the rest.
+  bool own_share_on_stream = false;
 };
 
 // One chunk given to a link: the transfer's target GPU and whether it relays.
@@ -230,8 +237,12 @@ class MultipathScheduler {
   bool usable(int link, int q, double now) const;
   // `link` may carry `target`'s chunks: its own, or as a relay.
   bool serves(int link, int target) const {
-    return link == target || policy_.may_relay.empty() || policy_.may_relay[link];
+    if (link == target) return carries_own(link);
+    return policy_.may_relay.empty() || policy_.may_relay[link];
   }
+  // `link` carries its own GPU's chunks: always, except with own_share_on_stream
+  // while another link may relay them (then it is their last resort only).
+  bool carries_own(int link) const;
 
   MultipathPolicy policy_;
   std::vector<Estimate> est_;                    // by link

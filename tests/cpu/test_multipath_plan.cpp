@@ -135,6 +135,57 @@ TEST(MultipathScheduler, LinksThatMayNotRelayCarryOnlyTheirOwn) {
   EXPECT_TRUE(s.next(0, &x));
 }
 
+// own_share_on_stream: the engine copies the target's share on the caller's
+// stream itself, so the scheduler gives the target's link none of its chunks
+// while another link may relay them, and the link still relays for others.
+TEST(MultipathScheduler, WithTheOwnShareOnTheStreamAGpusLinkCarriesNoneOfItsChunks) {
+  MultipathPolicy p = unprobed();
+  p.own_share_on_stream = true;
+  MultipathScheduler s(3, p);
+  const int into0 = s.add(0, split_chunks(4 * kMiB, kMiB));
+  Assignment x;
+  EXPECT_FALSE(s.next(0, &x)) << "link 0 took a chunk of its own GPU's copy";
+  ASSERT_TRUE(s.next(1, &x));
+  EXPECT_EQ(x.transfer, into0);
+  EXPECT_TRUE(x.relay());
+  const int into1 = s.add(1, split_chunks(kMiB, kMiB));
+  ASSERT_TRUE(s.next(0, &x));  // link 0 relays GPU 1's chunk
+  EXPECT_EQ(x.transfer, into1);
+  EXPECT_EQ(x.link, 0);
+  EXPECT_TRUE(x.relay());
+  EXPECT_FALSE(s.next(1, &x) && x.target == 1) << "link 1 took a chunk of its own GPU's copy";
+  // Every chunk of both copies still goes.
+  for (int round = 0; round < 20 && !(s.done(into0) && s.done(into1)); ++round)
+    for (int l = 0; l < 3; ++l) {
+      while (s.next(l, &x)) EXPECT_NE(x.link, x.target);
+      if (s.in_flight(l)) s.complete(l);
+    }
+  EXPECT_TRUE(s.done(into0));
+  EXPECT_TRUE(s.done(into1));
+}
+
+// With no link left that may relay, the target's own link carries its chunks
+// after all: the copy never waits for a relay that will not come.
+TEST(MultipathScheduler, WithTheOwnShareOnTheStreamTheOwnLinkIsTheLastResort) {
+  MultipathPolicy p = unprobed();
+  p.own_share_on_stream = true;
+  p.may_relay = {true, false};
+  MultipathScheduler only(2, p);
+  only.add(0, split_chunks(2 * kMiB, kMiB));
+  Assignment x;
+  ASSERT_TRUE(only.next(0, &x));
+  EXPECT_FALSE(x.relay());
+
+  p.may_relay = {true, true};
+  MultipathScheduler s(2, p);
+  s.add(0, split_chunks(3 * kMiB, kMiB));
+  EXPECT_FALSE(s.next(0, &x));
+  ASSERT_TRUE(s.next(1, &x));
+  s.give_back(1);  // the relay fails: it relays no more
+  ASSERT_TRUE(s.next(0, &x)) << "the own link did not take over";
+  EXPECT_FALSE(x.relay());
+}
+
 // The comparison's first case: two equal paths, no foreign traffic. The dynamic
 // split is as good as the even static one; a 1:2 split is not.
 TEST(MultipathBalance, TwoEqualPaths) {
