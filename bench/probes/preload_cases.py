@@ -127,6 +127,13 @@ def main():
         for c in conns
         for label, env, body in list(cases)
     ]
+    # PRELOAD_OWN_SHARE=1: each case also with FERRY_MULTIPATH_OWN_SHARE_ON_STREAM=1 (the target link's share
+    # copied by the caller's stream before the gate; nothing reaches that GPU after the copy returns).
+    if os.environ.get("PRELOAD_OWN_SHARE") == "1":
+        cases += [
+            (f"{label} own-share", dict(env, FERRY_MULTIPATH_OWN_SHARE_ON_STREAM="1"), body)
+            for label, env, body in list(cases)
+        ]
     for label, env, body in cases:
         if not any(part in label for part in only):
             continue
