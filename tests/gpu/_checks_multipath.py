@@ -246,6 +246,36 @@ def test_batch_of_copies_byte_exact(eng):
     h.close()
 
 
+def test_own_share_on_the_callers_stream_byte_exact():
+    """own_share_on_stream: the caller's stream copies the target link's even
+    share (in 64 KiB steps) before the gate; the relays carry all the rest."""
+    e = mp.Engine(
+        devices=[0], loopback=2, chunk_bytes=MiB + 4097, min_bytes=2 * MiB, own_share_on_stream=True
+    )
+    try:
+        for nbytes, offset in [(2 * MiB, 0), (8 * MiB + 13, 5), (64 * MiB + 7, 1)]:
+            src = pinned(nbytes + offset)
+            src[offset:] = rand(nbytes, seed=200 + nbytes)
+            dev = torch.full((nbytes + offset,), POISON, dtype=torch.uint8, device="cuda:0")
+            back = pinned(nbytes + offset)
+            before = e.bytes_by_link()
+            r = e.copy(dev[offset:], src[offset:])
+            r2 = e.copy(back[offset:], dev[offset:])
+            assert r["multipath"] and r2["multipath"], (r, r2)
+            torch.cuda.current_stream(0).synchronize()
+            e.check()
+            assert torch.equal(back[offset:], src[offset:])
+            assert torch.all(dev[:offset].cpu() == POISON) and torch.all(back[:offset] == POISON)
+            after = e.bytes_by_link()
+            share = nbytes // 3 // (64 << 10) * (64 << 10)  # three links: the own and two relays
+            assert after[0] - before[0] == 2 * share, (nbytes, before, after)
+            assert sum(after) - sum(before) == 2 * nbytes
+        r, r2 = batch_round_trip(e, 0, BATCH, seed=210)
+        assert r["multipath"] and r2["multipath"], (r, r2)
+    finally:
+        e.close()
+
+
 def test_batch_keeps_stream_order(eng):
     n = 8 * MiB + 1
     s = torch.cuda.Stream(0)
