@@ -410,7 +410,9 @@ MultipathReport MultipathEngine::copy_batch(const std::vector<MultipathPiece>& p
   }
   t.pieces = std::move(parts);
   t.bytes = total - head;
-  t.chunks = split_batch(sizes, multipath_chunk_bytes(t.bytes, relays + 1, policy_.outstanding, chunk_bytes_));
+  // The links the rest goes over: the relays alone where the own link carried its share as the head.
+  const int rest_links = policy_.own_share_on_stream && head > 0 ? relays : relays + 1;
+  t.chunks = split_batch(sizes, multipath_chunk_bytes(t.bytes, rest_links, policy_.outstanding, chunk_bytes_));
   t.gate = gate_for(stream_device, stream);
   {
     // The reached word's write, the head and the gate's wait go onto the
@@ -543,7 +545,7 @@ void MultipathEngine::land(Transfer& t, double now) {
   if (debug_enabled()) {
     // Where the time went: a link whose last chunk landed well before the
     // others' was starved or held; a late start is the engine's thread.
-    std::string by_link;
+    std::string by_link = t.head ? "the caller's stream (head) " + std::to_string(t.head >> 10) + " KiB" : "";
     for (size_t l = 0; l < link_.size(); ++l) {
       if (!t.link_bytes[l]) continue;
       by_link += (by_link.empty() ? "" : ", ") + dev_name(link_[l].device) +

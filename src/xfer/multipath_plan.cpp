@@ -335,8 +335,10 @@ int MultipathScheduler::start_probe(int link, double now) {
     if (!wanted) continue;
     if (resort) {
       // Held, and carrying what no other link will: it probes again now and
-      // then, to see whether the copies queued there are gone.
-      if (now - probe_sent_[link][lane] < kClearS) continue;
+      // then, to see whether the copies queued there are gone. A link that
+      // only became the last resort takes a chunk first: with a probe out it
+      // would take none, and the links waiting for that probe none either.
+      if (!resort_[link][lane] || now - probe_sent_[link][lane] < kClearS) continue;
     } else if (full || wait) {
       // Nothing to take now, or late while another link's probe may yet be
       // prompt: wait for it rather than probe again.
@@ -367,7 +369,7 @@ bool MultipathScheduler::probe_failed(int link, int lane) {
   FERRY_ARG_CHECK(link >= 0 && link < links() && lane >= 0 && lane < kLanes && probing_[link][lane],
                   "probe_failed: no probe out on that link and lane");
   probing_[link][lane] = false;
-  if (waiting(link)) return true;
+  if (waiting(link) && carries_own(link)) return true;
   stop_relaying(link);
   return false;
 }

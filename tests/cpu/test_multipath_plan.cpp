@@ -186,6 +186,25 @@ TEST(MultipathScheduler, WithTheOwnShareOnTheStreamTheOwnLinkIsTheLastResort) {
   EXPECT_FALSE(x.relay());
 }
 
+// With probes on: relays whose every chunk waits 2 ms behind foreign copies
+// for a second, and the target's own link keeping out of its GPU's copy.
+// Each held relay becomes the last resort and takes chunks rather than only
+// probing again (before that rule the copy took the whole second).
+TEST(MultipathBalance, WithTheOwnShareOnTheStreamHeldRelaysStillCarry) {
+  std::vector<LinkModel> links = equal_links(3);
+  for (int l : {1, 2}) {
+    links[l].busy_share = 0.5;
+    links[l].busy_until = 1.0;
+    links[l].busy_wait_s = 2e-3;
+  }
+  MultipathPolicy p;
+  p.own_share_on_stream = true;
+  const auto r = simulate(links, {SimTransfer{0, 64 * kMiB}}, 4 * kMiB, p);
+  EXPECT_LT(r.seconds, 0.1);
+  EXPECT_EQ(r.bytes_by_link[0], 0u) << "the own link carried its GPU's chunks";
+  EXPECT_EQ(r.bytes_by_link[1] + r.bytes_by_link[2], 64 * kMiB);
+}
+
 // The comparison's first case: two equal paths, no foreign traffic. The dynamic
 // split is as good as the even static one; a 1:2 split is not.
 TEST(MultipathBalance, TwoEqualPaths) {
