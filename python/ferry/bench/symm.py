@@ -190,7 +190,8 @@ def _load(path: str):
         ("bench_barrier_reference_acquire_poll", [P, I, P, P]),
         ("bench_all_reduce", [P, P, P, U, I, I, I, P, P]),
         ("bench_grid_barrier", [P, I, I, P, P]),
-        ("bench_two_shot_data", [P, P, P, U, I, I, P]),
+        ("bench_two_shot_data", [P, P, P, U, I, I, I, P]),
+        ("bench_all_reduce_threads", [P, P, P, U, I, I, I, I, P, P]),
     ):
         getattr(lib, name).argtypes = args
         getattr(lib, name).restype = I
@@ -284,10 +285,19 @@ def _bulk_put(torch, R, lib, dst, src, put_source, nbytes, W, iters, reps, gpu, 
     return wrong
 
 
-def _two_shot_phases(R, lib, oks, a_dst, a_src, sizes, W, iters, reps, gpu, date) -> List[dict]:
+TWO_SHOT_THREADS = (128, 256, 512)
+
+
+def _two_shot_phases(
+    R, lib, oks, a_dst, a_src, expected, sizes, W, iters, reps, gpu, date, wrong
+) -> List[dict]:
     """The experiment of --two-shot-phases: the grid-wide barrier a two-shot
-    all-reduce runs twice, and its data phase with no barrier around it
-    (timing only: without the barriers its result is not an all-reduce)."""
+    all-reduce runs twice; its data phase with no barrier around it (timing
+    only: without the barriers its result is not an all-reduce); and the whole
+    two-shot with 128, 256 and 512 threads per block (checked against
+    `expected`; mismatches go into `wrong`): with 512 threads and 64 blocks
+    each thread takes one pair of vectors at 4 MB, so its loads and its
+    stores never overlap."""
     out = []
     for blocks in ALL_REDUCE_BLOCKS:
         t = R.timed(
@@ -304,32 +314,59 @@ def _two_shot_phases(R, lib, oks, a_dst, a_src, sizes, W, iters, reps, gpu, date
         for nbytes in sizes:
             if nbytes < 256 << 10:
                 continue
-            t = R.timed(
-                lambda i, s, blocks=blocks, nbytes=nbytes: _ok(
-                    lib.bench_two_shot_data(
-                        R.handles[i],
-                        a_dst[i].data_ptr(),
-                        a_src[i].data_ptr(),
-                        nbytes // 2,
-                        iters,
-                        blocks,
-                        s.cuda_stream,
-                    )
-                ),
-                reps,
-            )
-            out.append(
-                record(
-                    "all_reduce_phase",
-                    f"experiment-two-shot-data-{blocks}b",
-                    W,
-                    nbytes,
-                    t / iters,
-                    "grid",
-                    gpu,
-                    date,
+            count = nbytes // 2
+            for threads in TWO_SHOT_THREADS:
+                t = R.timed(
+                    lambda i, s, blocks=blocks, count=count, threads=threads: _ok(
+                        lib.bench_two_shot_data(
+                            R.handles[i],
+                            a_dst[i].data_ptr(),
+                            a_src[i].data_ptr(),
+                            count,
+                            iters,
+                            blocks,
+                            threads,
+                            s.cuda_stream,
+                        )
+                    ),
+                    reps,
                 )
-            )
+                out.append(
+                    record(
+                        "all_reduce_phase",
+                        f"experiment-two-shot-data-{blocks}b-{threads}t",
+                        W,
+                        nbytes,
+                        t / iters,
+                        "grid",
+                        gpu,
+                        date,
+                    )
+                )
+                t = R.timed(
+                    lambda i, s, blocks=blocks, count=count, threads=threads: _ok(
+                        lib.bench_all_reduce_threads(
+                            R.handles[i],
+                            a_dst[i].data_ptr(),
+                            a_src[i].data_ptr(),
+                            count,
+                            iters,
+                            blocks,
+                            threads,
+                            3,  # two-shot
+                            oks[i].data_ptr(),
+                            s.cuda_stream,
+                        )
+                    ),
+                    reps,
+                )
+                impl = f"experiment-2shot-{blocks}b-{threads}t"
+                out.append(record("all_reduce", impl, W, nbytes, t / iters, "grid", gpu, date))
+                for i in range(len(R.ranks)):
+                    bad = int((a_dst[i][:count] != expected[i][:count]).sum().item())
+                    if bad:
+                        wrong.append(f"rank {R.ranks[i]} {impl} {nbytes}: {bad} wrong")
+                    a_dst[i].fill_(float("nan"))
     return out
 
 
@@ -546,14 +583,14 @@ def run(opts: dict, progress=print) -> dict:
         )
     if opts.get("two_shot_phases"):
         records += _two_shot_phases(
-            R, lib, oks, a_dst, a_src, opts["all_reduce_sizes"], W, iters, reps, gpu, date
+            R, lib, oks, a_dst, a_src, ar_expected, opts["all_reduce_sizes"], W, iters, reps, gpu, date, wrong
         )
         progress(
             "two-shot phases: "
             + ", ".join(
                 f"{r['impl']} {format_size(r['bytes']) if r['bytes'] else ''} {r['time_us']:.1f} us"
                 for r in records
-                if r["op"] == "all_reduce_phase"
+                if r["op"] == "all_reduce_phase" or r["impl"].startswith("experiment-2shot")
             )
         )
     bad = [i for i in range(n) if int(oks[i].item()) != 1]

@@ -289,9 +289,19 @@ int bench_grid_barrier(const void* heap, int iters, int blocks, int* ok, cudaStr
 }
 
 int bench_two_shot_data(const void* heap, void* dst, const void* src, uint64_t count, int iters, int blocks,
-                        cudaStream_t s) {
-  two_shot_data_kernel<<<blocks, 512, 0, s>>>(heap_from_bytes(heap), static_cast<__nv_bfloat16*>(dst),
-                                              static_cast<const __nv_bfloat16*>(src), count, iters);
+                        int threads, cudaStream_t s) {
+  two_shot_data_kernel<<<blocks, threads, 0, s>>>(heap_from_bytes(heap), static_cast<__nv_bfloat16*>(dst),
+                                                  static_cast<const __nv_bfloat16*>(src), count, iters);
+  return cudaGetLastError();
+}
+
+// The all-reduce with `threads` per block instead of 512 (--two-shot-phases): with fewer threads each one
+// takes several vectors in turn, so its next loads go out while its last stores drain.
+int bench_all_reduce_threads(const void* heap, void* dst, const void* src, uint64_t count, int iters, int blocks,
+                             int threads, int algo, int* ok, cudaStream_t s) {
+  all_reduce_kernel<<<blocks, threads, 0, s>>>(heap_from_bytes(heap), static_cast<__nv_bfloat16*>(dst),
+                                               static_cast<const __nv_bfloat16*>(src), count, iters,
+                                               static_cast<AllReduceAlgo>(algo), ok);
   return cudaGetLastError();
 }
 
