@@ -17,9 +17,13 @@
 // Order: the gate's wait goes on stream `waiting`; a thread launches the
 // kernel on stream `other`; 50 ms later another thread submits an 8 MiB
 // pinned host-to-GPU copy on stream `copy` followed by a stream write into a
-// pinned word; the main thread polls that word for 1 s, then opens the gate
-// (a host store) and polls the waiting stream's own word. No CUDA call on the
-// main thread after the setup. Prints one line; exits at once.
+// pinned word. The main thread opens the gate (a host store) at 1 s whatever
+// happened, then polls for 2 s more. Both threads exist, and made a CUDA
+// call, before the gate holds (a thread's first CUDA call may do more than
+// the engine's long-lived threads ever do). No CUDA call on the main thread
+// after the setup. Prints one line with the times of each event; exits 0
+// when the copy landed before the release, 1 when it landed only after it
+// (held), 2 when it never landed or the waiting stream never passed.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <unistd.h>
@@ -54,21 +58,16 @@ double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-bool poll(const uint64_t* word, double ms) {
-  const auto t = std::chrono::steady_clock::now();
-  while (since(t) < ms) {
-    if (__atomic_load_n(word, __ATOMIC_ACQUIRE)) return true;
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  return false;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string kernel = "fresh";
   for (int i = 1; i + 1 < argc; ++i)
     if (!std::strcmp(argv[i], "--kernel")) kernel = argv[i + 1];
+  if (kernel != "fresh" && kernel != "local" && kernel != "local-reserved" && kernel != "none") {
+    std::fprintf(stderr, "--kernel %s: expected fresh, local, local-reserved or none\n", kernel.c_str());
+    return 3;
+  }
   FERRY_CUDA_CHECK(cudaSetDevice(0));
   const ferry::DriverApi& cu = ferry::driver();
   if (kernel == "local-reserved")
@@ -79,7 +78,8 @@ int main(int argc, char** argv) {
   void *src = nullptr, *dst = nullptr;
   FERRY_CUDA_CHECK(cudaHostAlloc(&src, kBytes, cudaHostAllocPortable));
   FERRY_CUDA_CHECK(cudaMalloc(&dst, kBytes));
-  uint64_t* words = nullptr;  // [0] the gate, [8] the waiting stream passed, [16] the copy landed
+  // [0] the gate, [8] the waiting stream passed, [16] the copy landed, [24] a warm-up write
+  uint64_t* words = nullptr;
   FERRY_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&words), 256, cudaHostAllocMapped | cudaHostAllocPortable));
   std::memset(words, 0, 256);
   uint64_t* dev_words = nullptr;
@@ -90,49 +90,82 @@ int main(int argc, char** argv) {
   FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&waiting, cudaStreamNonBlocking));
   FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
   FERRY_CUDA_CHECK(cudaStreamCreateWithPriority(&copy, cudaStreamNonBlocking, greatest));
-  // Every stream's first work before the gate holds anything (a stream's first use may itself wait).
+  // Every stream's first work, and the copy and its stream write as the test will make them, before the gate holds.
   for (cudaStream_t s : {waiting, other, copy}) {
     FERRY_CUDA_CHECK(cudaMemsetAsync(counters, 0, 4, s));
     FERRY_CUDA_CHECK(cudaStreamSynchronize(s));
   }
-  FERRY_CUDA_CHECK(cudaMemcpyAsync(dst, src, 4096, cudaMemcpyHostToDevice, copy));
+  FERRY_CUDA_CHECK(cudaMemcpyAsync(dst, src, kBytes, cudaMemcpyHostToDevice, copy));
+  FERRY_CU_CHECK(cu.StreamWriteValue64(reinterpret_cast<CUstream>(copy), reinterpret_cast<CUdeviceptr>(dev_words + 24),
+                                       1, CU_STREAM_WRITE_VALUE_DEFAULT));
   FERRY_CUDA_CHECK(cudaStreamSynchronize(copy));
+  size_t free_before = 0, total = 0;
+  FERRY_CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
+
+  // The two helper threads, each past its first CUDA call, waiting for their turn.
+  std::atomic<int> step{0};
+  std::atomic<double> launched_ms{-1}, submitted_ms{-1};
+  std::atomic<int> launch_err{0}, copy_err{0}, write_err{0};
+  std::atomic<long long> free_after{-1};
+  std::chrono::steady_clock::time_point t0;
+  std::thread launcher([&] {
+    cudaSetDevice(0);
+    cudaStreamQuery(other);
+    while (step.load() < 1) std::this_thread::yield();
+    if (kernel == "fresh")
+      fresh<<<1, 32, 0, other>>>(counters);
+    else if (kernel != "none")
+      local_heavy<<<132, 256, 0, other>>>(counters, 7);
+    launch_err = static_cast<int>(cudaGetLastError());
+    launched_ms = since(t0);
+    size_t f = 0, t = 0;
+    if (cudaMemGetInfo(&f, &t) == cudaSuccess) free_after = static_cast<long long>(f);
+  });
+  std::thread submitter([&] {
+    cudaSetDevice(0);
+    cudaStreamQuery(copy);
+    while (step.load() < 2) std::this_thread::yield();
+    copy_err = static_cast<int>(cudaMemcpyAsync(dst, src, kBytes, cudaMemcpyHostToDevice, copy));
+    write_err = static_cast<int>(cu.StreamWriteValue64(reinterpret_cast<CUstream>(copy),
+                                                       reinterpret_cast<CUdeviceptr>(dev_words + 16), 1,
+                                                       CU_STREAM_WRITE_VALUE_DEFAULT));
+    submitted_ms = since(t0);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // both threads past their first call
+
   FERRY_CU_CHECK(cu.StreamWaitValue64(reinterpret_cast<CUstream>(waiting), reinterpret_cast<CUdeviceptr>(dev_words), 1,
                                       CU_STREAM_WAIT_VALUE_GEQ));
   FERRY_CU_CHECK(cu.StreamWriteValue64(reinterpret_cast<CUstream>(waiting),
                                        reinterpret_cast<CUdeviceptr>(dev_words + 8), 1, CU_STREAM_WRITE_VALUE_DEFAULT));
-  const auto t0 = std::chrono::steady_clock::now();
-  std::atomic<double> launched_ms{-1}, submitted_ms{-1};
-  if (kernel != "none") {
-    std::thread([&] {
-      if (kernel == "fresh")
-        fresh<<<1, 32, 0, other>>>(counters);
-      else
-        local_heavy<<<132, 256, 0, other>>>(counters, 7);
-      launched_ms = since(t0);
-    }).detach();
-  }
+  t0 = std::chrono::steady_clock::now();
+  step = 1;  // the launch
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  std::thread([&] {
-    cudaMemcpyAsync(dst, src, kBytes, cudaMemcpyHostToDevice, copy);
-    cu.StreamWriteValue64(reinterpret_cast<CUstream>(copy), reinterpret_cast<CUdeviceptr>(dev_words + 16), 1,
-                          CU_STREAM_WRITE_VALUE_DEFAULT);
-    submitted_ms = since(t0);
-  }).detach();
-  const bool landed_before = poll(words + 16, 1000);
-  const double launch_at_release = launched_ms, submit_at_release = submitted_ms;
+  step = 2;  // the copy
+  double landed_ms = -1;
+  while (since(t0) < 1000) {  // the gate opens at 1 s, whatever happened
+    if (landed_ms < 0 && __atomic_load_n(words + 16, __ATOMIC_ACQUIRE)) landed_ms = since(t0);
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  const double released_ms = since(t0);
   __atomic_store_n(words, 1, __ATOMIC_RELEASE);
-  const bool passed = poll(words + 8, 2000);
-  const bool landed_after = landed_before || poll(words + 16, 1000);
-  auto show = [](double ms) { return ms < 0 ? std::string("not yet") : std::to_string(ms).substr(0, 6) + " ms"; };
+  double passed_ms = -1;
+  while (since(t0) < 3000 && (passed_ms < 0 || landed_ms < 0)) {
+    if (landed_ms < 0 && __atomic_load_n(words + 16, __ATOMIC_ACQUIRE)) landed_ms = since(t0);
+    if (passed_ms < 0 && __atomic_load_n(words + 8, __ATOMIC_ACQUIRE)) passed_ms = since(t0);
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  auto show = [](double ms) { return ms < 0 ? std::string("never") : std::to_string(ms).substr(0, 7) + " ms"; };
+  const long long fa = free_after;
   std::printf(
-      "kernel %-14s | launch returned %-9s copy submitted %-9s (at the gate's release) | copy landed %s | "
-      "waiting stream passed %s\n",
-      kernel.c_str(), show(launch_at_release).c_str(), show(submit_at_release).c_str(),
-      landed_before  ? "before the release"
-      : landed_after ? "only after the release (HELD)"
-                     : "never",
-      passed ? "yes" : "no");
+      "kernel %-14s | launch returned %-11s (error %d; %s MiB reserved by it) | copy submitted %-11s (errors %d, %d) | "
+      "copy landed %-11s | gate opened %s | waiting stream passed %-11s | %s\n",
+      kernel.c_str(), show(launched_ms).c_str(), static_cast<int>(launch_err),
+      fa < 0 ? "?" : std::to_string((static_cast<long long>(free_before) - fa) >> 20).c_str(),
+      show(submitted_ms).c_str(), static_cast<int>(copy_err), static_cast<int>(write_err), show(landed_ms).c_str(),
+      show(released_ms).c_str(), show(passed_ms).c_str(),
+      landed_ms >= 0 && landed_ms < released_ms ? "copy not held"
+      : landed_ms >= 0                          ? "HELD until the gate opened"
+                                                : "copy never landed");
   std::fflush(stdout);
-  _exit(landed_before ? 0 : 1);
+  _exit(landed_ms < 0 || passed_ms < 0 ? 2 : landed_ms < released_ms ? 0 : 1);
 }
