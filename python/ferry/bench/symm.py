@@ -316,21 +316,28 @@ def _two_shot_phases(
                 continue
             count = nbytes // 2
             for threads in TWO_SHOT_THREADS:
-                t = R.timed(
-                    lambda i, s, blocks=blocks, count=count, threads=threads: _ok(
-                        lib.bench_two_shot_data(
-                            R.handles[i],
-                            a_dst[i].data_ptr(),
-                            a_src[i].data_ptr(),
-                            count,
-                            iters,
-                            blocks,
-                            threads,
-                            s.cuda_stream,
-                        )
-                    ),
-                    reps,
-                )
+
+                def timed(kernel, *tail, blocks=blocks, count=count, threads=threads):
+                    """kernel(handle, dst, src, count, iters, blocks, threads, *tail, stream) on every rank,
+                    timed; each of `tail` gives an argument by local rank."""
+                    return R.timed(
+                        lambda i, s: _ok(
+                            kernel(
+                                R.handles[i],
+                                a_dst[i].data_ptr(),
+                                a_src[i].data_ptr(),
+                                count,
+                                iters,
+                                blocks,
+                                threads,
+                                *[arg(i) for arg in tail],
+                                s.cuda_stream,
+                            )
+                        ),
+                        reps,
+                    )
+
+                t = timed(lib.bench_two_shot_data)
                 out.append(
                     record(
                         "all_reduce_phase",
@@ -343,23 +350,8 @@ def _two_shot_phases(
                         date,
                     )
                 )
-                t = R.timed(
-                    lambda i, s, blocks=blocks, count=count, threads=threads: _ok(
-                        lib.bench_all_reduce_threads(
-                            R.handles[i],
-                            a_dst[i].data_ptr(),
-                            a_src[i].data_ptr(),
-                            count,
-                            iters,
-                            blocks,
-                            threads,
-                            3,  # two-shot
-                            oks[i].data_ptr(),
-                            s.cuda_stream,
-                        )
-                    ),
-                    reps,
-                )
+                two_shot = 3  # AllReduceAlgo::kTwoShot
+                t = timed(lib.bench_all_reduce_threads, lambda i: two_shot, lambda i: oks[i].data_ptr())
                 impl = f"experiment-2shot-{blocks}b-{threads}t"
                 out.append(record("all_reduce", impl, W, nbytes, t / iters, "grid", gpu, date))
                 for i in range(len(R.ranks)):
