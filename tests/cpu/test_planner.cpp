@@ -12,6 +12,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "coll/planner.hpp"
@@ -384,30 +385,18 @@ void check_reduction(CollOp coll, DType dtype, RedOp op, int world, size_t count
 }
 }  // namespace
 
-TEST(Planner, ReduceScatterInOneRoundAndInManyInAndOutOfPlace) {
+// reduce_scatter, and all_reduce (one exchange, or reduce-scatter then gather),
+// in one round and in many, in place and out: a float sum and an int32 max or min.
+TEST(Planner, ReductionsInOneRoundAndInManyInAndOutOfPlace) {
   std::mt19937 rng(5);
-  for (int world = 1; world <= 8; ++world)
-    for (size_t count : {size_t(1), size_t(7), size_t(1000)})
-      for (size_t round_bytes : {size_t(0), size_t(256)})
-        for (bool in_place : {false, true}) {
-          check_reduction<float>(CollOp::kReduceScatter, DType::kFloat32, RedOp::kSum, world, count, round_bytes,
-                                 in_place, rng);
-          check_reduction<int32_t>(CollOp::kReduceScatter, DType::kInt32, RedOp::kMax, world, count, round_bytes,
-                                   in_place, rng);
-        }
-}
-
-TEST(Planner, AllReduceAsOneExchangeOrReduceScatterAndGatherInAndOutOfPlace) {
-  std::mt19937 rng(6);
-  for (int world = 1; world <= 8; ++world)
-    for (size_t count : {size_t(1), size_t(5), size_t(1003)})
-      for (size_t round_bytes : {size_t(0), size_t(256)})
-        for (bool in_place : {false, true}) {
-          check_reduction<float>(CollOp::kAllReduce, DType::kFloat32, RedOp::kSum, world, count, round_bytes, in_place,
-                                 rng);
-          check_reduction<int32_t>(CollOp::kAllReduce, DType::kInt32, RedOp::kMin, world, count, round_bytes, in_place,
-                                   rng);
-        }
+  for (auto [op, int_op] : {std::pair{CollOp::kReduceScatter, RedOp::kMax}, std::pair{CollOp::kAllReduce, RedOp::kMin}})
+    for (int world = 1; world <= 8; ++world)
+      for (size_t count : {size_t(1), size_t(5), size_t(7), size_t(1000), size_t(1003)})
+        for (size_t round_bytes : {size_t(0), size_t(256)})
+          for (bool in_place : {false, true}) {
+            check_reduction<float>(op, DType::kFloat32, RedOp::kSum, world, count, round_bytes, in_place, rng);
+            check_reduction<int32_t>(op, DType::kInt32, int_op, world, count, round_bytes, in_place, rng);
+          }
 }
 
 TEST(Planner, OverlapsOtherThanTheInPlaceFormsAreNamed) {
