@@ -247,27 +247,34 @@ class _Ranks:
         return statistics.median(times[1:])
 
 
-def _bulk_put(torch, R, lib, dst, src, put_source, nbytes, W, iters, reps, gpu, date, records) -> List[str]:
+def _put_launch(kernel, R, dst, src, nbytes, W, blocks):
+    """launch(i, stream, iters): `kernel` (bench_put or bench_put_bulk) putting
+    `nbytes` from local rank i's src into the next rank's dst."""
+
+    def launch(i, s, iters):
+        _ok(
+            kernel(
+                R.handles[i],
+                dst[i].data_ptr(),
+                src[i].data_ptr(),
+                nbytes,
+                (R.ranks[i] + 1) % W,
+                iters,
+                blocks,
+                s.cuda_stream,
+            )
+        )
+
+    return launch
+
+
+def _bulk_put(R, lib, dst, src, put_source, nbytes, W, iters, reps, gpu, date, records) -> List[str]:
     """The experiment of symm_kernels.cu's put_bulk_kernel: timed as the device
     put is, then once more into a poisoned dst and every byte checked on the
     receiving rank against the sender's bytes."""
     wrong = []
     for blocks in PUT_BLOCKS:
-
-        def launch(i, s, n_iters, blocks=blocks):
-            _ok(
-                lib.bench_put_bulk(
-                    R.handles[i],
-                    dst[i].data_ptr(),
-                    src[i].data_ptr(),
-                    nbytes,
-                    (R.ranks[i] + 1) % W,
-                    n_iters,
-                    blocks,
-                    s.cuda_stream,
-                )
-            )
-
+        launch = _put_launch(lib.bench_put_bulk, R, dst, src, nbytes, W, blocks)
         t = R.timed(lambda i, s: launch(i, s, iters), reps)
         records.append(record("put", f"experiment-tma-{blocks}b", W, nbytes, t / iters, "block", gpu, date))
         for i in range(len(R.ranks)):
@@ -412,21 +419,8 @@ def run(opts: dict, progress=print) -> dict:
     put_wrong: List[str] = []
     for nbytes in size_range(opts["min_bytes"], opts["max_bytes"], 4):
         for blocks in PUT_BLOCKS:
-            t = R.timed(
-                lambda i, s: _ok(
-                    lib.bench_put(
-                        R.handles[i],
-                        dst[i].data_ptr(),
-                        src[i].data_ptr(),
-                        nbytes,
-                        (R.ranks[i] + 1) % W,
-                        iters,
-                        blocks,
-                        s.cuda_stream,
-                    )
-                ),
-                reps,
-            )
+            launch = _put_launch(lib.bench_put, R, dst, src, nbytes, W, blocks)
+            t = R.timed(lambda i, s: launch(i, s, iters), reps)
             records.append(record("put", f"ferry-device-{blocks}b", W, nbytes, t / iters, "block", gpu, date))
         for ahead, impl in ((0.0, "ferry-copy-engine"), (AHEAD_US, "ferry-copy-engine-ahead")):
             t = R.timed(
@@ -443,9 +437,7 @@ def run(opts: dict, progress=print) -> dict:
             + ", ".join(f"{r['impl']} {r['gbps']:.0f} GB/s" for r in records[-2 - len(PUT_BLOCKS) :])
         )
         if opts.get("bulk_put"):
-            put_wrong += _bulk_put(
-                torch, R, lib, dst, src, put_source, nbytes, W, iters, reps, gpu, date, records
-            )
+            put_wrong += _bulk_put(R, lib, dst, src, put_source, nbytes, W, iters, reps, gpu, date, records)
             progress(
                 f"put {format_size(nbytes)}, TMA bulk copies: "
                 + ", ".join(f"{r['impl']} {r['gbps']:.0f} GB/s" for r in records[-len(PUT_BLOCKS) :])
@@ -454,7 +446,7 @@ def run(opts: dict, progress=print) -> dict:
     # Signal half round trip between ranks 0 and 1; barriers.
     oks = [torch.ones(1, dtype=torch.int32, device=d) for d in R.devs]
     # signal_op (a release) and p (no release, as NVSHMEM's signal_op), each on a word of its own.
-    # "-relaxed-poll": the waits as they were (relaxed looks, then one acquire load), for the A/B.
+    # "-relaxed-poll": a reference wait (relaxed looks, then one acquire read), for the A/B.
     for kernel, impl in (
         (lib.bench_pingpong, "ferry-device"),
         (lib.bench_pingpong_p, "ferry-device-p"),

@@ -136,20 +136,16 @@ __global__ void put_bulk_kernel(Heap h, char* dst, const char* src, uint64_t byt
 #endif
 }
 
-// References for the A/B of the device API's waits: the waits as they were
-// before they polled with acquire loads (relaxed looks, then one acquire load
-// of the word once seen), p + wait_until and a one-block barrier; and that
-// barrier polling with acquire loads.
+// References for the A/B of the device API's waits: a wait that looks with
+// relaxed loads and reads the word once more with acquire once it sees the
+// value (the form the API's acquire polls replaced), p + wait_until and a
+// one-block barrier; and that barrier polling with acquire loads.
 __device__ __forceinline__ uint64_t ref_load_relaxed(const uint64_t* p) {
   uint64_t v;
   asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
-__device__ __forceinline__ uint64_t ref_load_acquire(const uint64_t* p) {
-  uint64_t v;
-  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
+using ferry::device::impl::load_acquire;
 
 __global__ void pingpong_p_relaxed_poll_kernel(Heap h, uint64_t* sig, uint64_t base, int iters, int* ok) {
   const int peer = 1 - h.rank;
@@ -161,7 +157,7 @@ __global__ void pingpong_p_relaxed_poll_kernel(Heap h, uint64_t* sig, uint64_t b
         *ok = 0;
         return;
       }
-    (void)ref_load_acquire(sig);
+    (void)load_acquire(sig);
     if (h.rank == 1) p(h, sig, i, peer);
   }
 }
@@ -178,12 +174,12 @@ __global__ void barrier_reference_kernel(Heap h, int iters, int* ok) {
       const uint64_t want = ++own->completed[lane];
       asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(&h.sync(lane)->arrivals[h.rank]), "l"(want) : "memory");
       const uint64_t t0 = clock64();
-      while ((kAcquirePoll ? ref_load_acquire(&own->arrivals[lane]) : ref_load_relaxed(&own->arrivals[lane])) < want)
+      while ((kAcquirePoll ? load_acquire(&own->arrivals[lane]) : ref_load_relaxed(&own->arrivals[lane])) < want)
         if (clock64() - t0 > (1ull << 36)) {
           *ok = 0;
           break;
         }
-      if (!kAcquirePoll) (void)ref_load_acquire(&own->arrivals[lane]);
+      if (!kAcquirePoll) (void)load_acquire(&own->arrivals[lane]);
     }
     __syncthreads();
   }
