@@ -20,6 +20,7 @@
 
 #include "bootstrap/group.hpp"
 #include "bootstrap/unix_socket.hpp"
+#include "coll/built.hpp"
 #include "coll/call_memo.hpp"
 #include "coll/collective_memory.hpp"
 #include "coll/flags.hpp"

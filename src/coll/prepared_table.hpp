@@ -10,19 +10,12 @@
 #include <map>
 #include <vector>
 
+#include "coll/built.hpp"
 #include "coll/collective_args.hpp"
-#include "coll/program.hpp"
 #include "coll/record_pool.hpp"
 #include "coll/selector.hpp"
 
 namespace ferry {
-
-// A validated, planned call as one local rank runs it.
-struct Built {
-  Program program;
-  Record record;
-  uint64_t value = 0;
-};
 
 struct PreparedCall {
   CollectiveArgs args;

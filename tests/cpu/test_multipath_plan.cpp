@@ -189,7 +189,8 @@ TEST(MultipathScheduler, WithTheOwnShareOnTheStreamTheOwnLinkIsTheLastResort) {
 // With probes on: relays whose every chunk waits 2 ms behind foreign copies
 // for a second, and the target's own link keeping out of its GPU's copy.
 // Each held relay becomes the last resort and takes chunks rather than only
-// probing again (before that rule the copy took the whole second).
+// probing again (a relay that only probes would leave the copy waiting out
+// the whole second).
 TEST(MultipathBalance, WithTheOwnShareOnTheStreamHeldRelaysStillCarry) {
   std::vector<LinkModel> links = equal_links(3);
   for (int l : {1, 2}) {
