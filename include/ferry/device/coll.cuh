@@ -34,6 +34,7 @@
 
 #include "ferry/device/coll_algo.cuh"
 #include "ferry/device/heap.cuh"
+#include "ferry/device/impl/meet.cuh"
 #include "ferry/device/impl/spin.cuh"
 #include "ferry/device/rma.cuh"
 #include "ferry/device/team.cuh"
@@ -94,25 +95,9 @@ __device__ inline bool grid_sync_local(const Heap& h, const Team& t) {
 __device__ inline bool grid_sync_peers(const Heap& h, const Team& t, unsigned lane, unsigned lanes) {
   const unsigned me_block = grid_block();
   HeapSync* own = h.sync(h.rank);
-  bool fenced = false;  // only a lane that announces fences (sync.cuh's sync_members says why)
-  for (int i = int(lane); i < t.size; i += int(lanes)) {
-    const int peer = team_world_rank(t, i);
-    if (peer == h.rank) continue;
-    // Cumulative: the grid's stores this thread saw arrive land before the announcements.
-    if (!fenced) fence_release(), fenced = true;
-    const uint64_t round = ++own->grid_rounds[peer][me_block];
-    store_relaxed(&h.sync(peer)->grid_arrivals[h.rank][me_block], round);
-  }
-  if (t.size == 1 && lane == 0) fence_release();  // no one to wait for: the quiet alone
-  bool ok = true;
-  for (int i = int(lane); i < t.size && ok; i += int(lanes)) {
-    const int peer = team_world_rank(t, i);
-    if (peer == h.rank) continue;
-    const uint64_t round = own->grid_rounds[peer][me_block];
-    ok = spin(
-        h, [&] { return load_acquire(&own->grid_arrivals[peer][me_block]) >= round; }, WaitKind::kBarrier, peer);
-  }
-  return ok;
+  return meet_members(
+      h, t, lane, lanes, [&](int peer) -> uint64_t& { return own->grid_rounds[peer][me_block]; },
+      [&](int r, int from) { return &h.sync(r)->grid_arrivals[from][me_block]; });
 }
 
 /* [begin, end) of `count` items for this block. */

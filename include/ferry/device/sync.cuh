@@ -21,6 +21,7 @@
 #define FERRY_DEVICE_SYNC_CUH_
 
 #include "ferry/device/heap.cuh"
+#include "ferry/device/impl/meet.cuh"
 #include "ferry/device/impl/spin.cuh"
 #include "ferry/device/scope.cuh"
 #include "ferry/device/team.cuh"
@@ -33,38 +34,18 @@ __device__ __forceinline__ void quiet() { __threadfence_system(); }
 
 namespace impl {
 
-/* Lane `lane` of `lanes` announces to, then waits for, members lane,
- * lane + lanes, ...: with a warp or a block every peer's trip overlaps the
- * others'. Each rank counts the barriers it did with each peer
- * (completed[peer]) and stores that count into the peer's arrivals[rank]:
- * one writer per word, so a plain release store does. */
+/* The scope's lanes meet the team's other members: each rank counts the
+ * barriers it did with each peer (completed[peer]) and announces that count
+ * in the peer's arrivals[rank]. */
 __device__ inline bool sync_members(const Heap& h, const Team& t, unsigned lane, unsigned lanes) {
   if (!team_usable(t, h.world) || team_world_rank(t, t.my) != h.rank) {
     if (lane == 0) report(h, WaitKind::kBadTeam, -1);
     return false;
   }
   HeapSync* own = h.sync(h.rank);
-  // The scope's other threads synchronized with this one before it got here;
-  // the fence (cumulative) makes their earlier stores, and this thread's,
-  // land before the announcements: it is the barrier's quiet as well. Only a
-  // lane that announces needs it.
-  bool fenced = false;
-  for (int i = int(lane); i < t.size; i += int(lanes)) {
-    const int peer = team_world_rank(t, i);
-    if (peer == h.rank) continue;
-    if (!fenced) fence_release(), fenced = true;
-    store_relaxed(&h.sync(peer)->arrivals[h.rank], ++own->completed[peer]);
-  }
-  if (t.size == 1 && lane == 0) fence_release();  // no one to wait for: the quiet alone
-  bool ok = true;
-  for (int i = int(lane); i < t.size && ok; i += int(lanes)) {
-    const int peer = team_world_rank(t, i);
-    if (peer == h.rank) continue;
-    const uint64_t want = own->completed[peer];
-    ok = spin(
-        h, [&] { return load_acquire(&own->arrivals[peer]) >= want; }, WaitKind::kBarrier, peer);
-  }
-  return ok;
+  return meet_members(
+      h, t, lane, lanes, [&](int peer) -> uint64_t& { return own->completed[peer]; },
+      [&](int r, int from) { return &h.sync(r)->arrivals[from]; });
 }
 
 }  // namespace impl
