@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "error_of.hpp"
 #include "xfer/page_plan.hpp"
 #include "xfer/page_select.hpp"
 
@@ -25,16 +26,6 @@ PageSide side(uintptr_t base, size_t stride, size_t bytes, size_t pages, int reg
 }
 
 PageIds ids(const std::vector<int64_t>& v) { return PageIds{v.data(), v.size(), true}; }
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), FERRY_ERROR_INVALID_ARGUMENT);
-    return e.what();
-  }
-  return "";
-}
 
 }  // namespace
 

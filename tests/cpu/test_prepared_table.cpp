@@ -7,21 +7,11 @@
 
 #include "coll/prepared_table.hpp"
 #include "core/error.hpp"
+#include "error_of.hpp"
 
 using namespace ferry;
 
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), FERRY_ERROR_INVALID_ARGUMENT);
-    return e.what();
-  }
-  ADD_FAILURE() << "no error";
-  return {};
-}
 
 bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
