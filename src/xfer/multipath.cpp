@@ -387,10 +387,9 @@ MultipathReport MultipathEngine::copy_batch(const std::vector<MultipathPiece>& p
   // thread starts the rest. It is the start of the first copy. With
   // own_share_on_stream it is the target link's whole even share: the
   // scheduler gives that link none of the rest.
-  const size_t head_cap = policy_.own_share_on_stream ? SIZE_MAX : head_bytes_;
-  const size_t head = stream_device == route.device
-                          ? std::min(multipath_head_bytes(total, relays + 1, head_cap), parts.front().bytes)
-                          : 0;
+  const MultipathSplit split = multipath_split(total, relays, head_bytes_, policy_.own_share_on_stream,
+                                               parts.front().bytes, stream_device == route.device);
+  const size_t head = split.head;
   void* head_dst = parts.front().dst;
   const void* head_src = parts.front().src;
   Transfer t;
@@ -410,9 +409,7 @@ MultipathReport MultipathEngine::copy_batch(const std::vector<MultipathPiece>& p
   }
   t.pieces = std::move(parts);
   t.bytes = total - head;
-  // The links the rest goes over: the relays alone where the own link carried its share as the head.
-  const int rest_links = policy_.own_share_on_stream && head > 0 ? relays : relays + 1;
-  t.chunks = split_batch(sizes, multipath_chunk_bytes(t.bytes, rest_links, policy_.outstanding, chunk_bytes_));
+  t.chunks = split_batch(sizes, multipath_chunk_bytes(t.bytes, split.rest_links, policy_.outstanding, chunk_bytes_));
   t.gate = gate_for(stream_device, stream);
   {
     // The reached word's write, the head and the gate's wait go onto the

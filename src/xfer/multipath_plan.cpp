@@ -41,6 +41,16 @@ size_t multipath_head_bytes(size_t bytes, int links, size_t head_bytes) {
   return std::min(head_bytes, share) / kStep * kStep;
 }
 
+MultipathSplit multipath_split(size_t bytes, int relays, size_t head_bytes, bool own_share_on_stream,
+                               size_t first_piece, bool stream_on_target) {
+  MultipathSplit s;
+  const size_t cap = own_share_on_stream ? SIZE_MAX : head_bytes;
+  s.head = stream_on_target ? std::min(multipath_head_bytes(bytes, relays + 1, cap), first_piece) : 0;
+  // With the own share on the stream the target's link takes none of the rest, head or not.
+  s.rest_links = own_share_on_stream ? std::max(relays, 1) : relays + 1;
+  return s;
+}
+
 MultipathChoice choose_multipath(const MultipathCase& k) {
   MultipathChoice c;
   if (!k.own_link)

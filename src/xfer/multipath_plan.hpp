@@ -73,6 +73,19 @@ size_t multipath_chunk_bytes(size_t bytes, int links, int outstanding, size_t ma
 // of 64 KiB.
 size_t multipath_head_bytes(size_t bytes, int links, size_t head_bytes);
 
+// How a copy of `bytes` over the target's link and `relays` relays splits:
+// the head the caller's stream copies (only where that stream is the
+// target's, `stream_on_target`; at most `first_piece`, the batch's first
+// copy), and how many links share the rest. With own_share_on_stream the head
+// is the target link's whole even share and the relays alone share the rest
+// (all of it where there is no head).
+struct MultipathSplit {
+  size_t head = 0;
+  int rest_links = 1;
+};
+MultipathSplit multipath_split(size_t bytes, int relays, size_t head_bytes, bool own_share_on_stream,
+                               size_t first_piece, bool stream_on_target);
+
 // Whether a copy goes multipath, and why not where it does not.
 struct MultipathChoice {
   bool multipath = false;

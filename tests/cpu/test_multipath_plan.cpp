@@ -553,6 +553,24 @@ TEST(MultipathHead, AtMostTheKnobAndTheTargetLinksShareIn64KiBSteps) {
   EXPECT_EQ(multipath_head_bytes(100, 2, 3 * kMiB), 0u);
 }
 
+TEST(MultipathHead, TheOwnShareOnTheStreamIsTheWholeEvenShareAndTheRelaysShareTheRest) {
+  // Three links (two relays), 24 MiB: the knob's head, and the rest over all three.
+  MultipathSplit s = multipath_split(24 * kMiB, 2, 3 * kMiB, false, 24 * kMiB, true);
+  EXPECT_EQ(s.head, 3 * kMiB);
+  EXPECT_EQ(s.rest_links, 3);
+  s = multipath_split(24 * kMiB, 2, 0, true, 24 * kMiB, true);
+  EXPECT_EQ(s.head, 8 * kMiB);
+  EXPECT_EQ(s.rest_links, 2);
+  s = multipath_split(24 * kMiB, 2, 0, true, kMiB + 5, true);  // a batch whose first copy is short
+  EXPECT_EQ(s.head, kMiB + 5);
+  EXPECT_EQ(s.rest_links, 2);
+  s = multipath_split(24 * kMiB, 2, 0, true, 24 * kMiB, false);  // the stream is another GPU's: no head
+  EXPECT_EQ(s.head, 0u);
+  EXPECT_EQ(s.rest_links, 2);
+  s = multipath_split(24 * kMiB, 2, 3 * kMiB, false, 24 * kMiB, false);
+  EXPECT_EQ(s.head, 0u);
+}
+
 // A link idle in a lane takes chunks there only after a probe landed
 // promptly; the other lane is judged on its own.
 TEST(MultipathProbe, ALaneIsClearOnlyAfterAPromptProbe) {
