@@ -106,9 +106,9 @@ class Engine:
     that the caller's stream copies itself over the target's link while the
     engine starts the rest (-1: FERRY_MULTIPATH_HEAD_BYTES, default 0: none).
     ``own_share_on_stream``: the caller's stream copies the target link's
-    whole even share itself and the relays carry the rest, so nothing reaches
-    the target GPU after ``copy`` returns (None: FERRY_MULTIPATH_OWN_SHARE_ON_STREAM,
-    default off; docs/multipath.md, "Known problems")."""
+    share itself and the relays carry the rest, so nothing reaches the target
+    GPU after ``copy`` returns (None: FERRY_MULTIPATH_OWN_SHARE_ON_STREAM,
+    default off, on under the LD_PRELOAD library; docs/multipath.md, "Hazards")."""
 
     def __init__(
         self,

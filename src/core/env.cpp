@@ -81,9 +81,11 @@ const std::vector<Knob>& knobs() {
        "most of a multipath copy's head that the caller's stream copies itself over the target's link while the "
        "engine starts the rest (0: none)"},
       {"FERRY_MULTIPATH_OWN_SHARE_ON_STREAM", "int", "0",
-       "1: the caller's stream copies the target link's whole even share of a multipath copy itself, before the "
-       "gate, and the engine sends the rest over the relays only, so that nothing reaches the target GPU after the "
-       "call returns (a candidate cure for copies held under LD_PRELOAD; the own link then no longer balances)"},
+       "1: the caller's stream copies the target link's share of a multipath copy itself, before the gate, and "
+       "the relays carry the rest, so that nothing of the copy reaches the target GPU after the call returns (a "
+       "first launch of a kernel there can hold such work behind the gate's wait); the share is sized from the "
+       "links' last measured speeds. 0: the engine schedules the own link's chunks too, and that link balances "
+       "against foreign copies on it. The LD_PRELOAD library sets 1 where it is unset"},
       {"FERRY_SM_BYTES", "int", "1048576",
        "largest block per peer that algo 'sm' (the SM kernel for small collectives) moves; each rank's window "
        "takes 2 x world x (this + 128 KB) of GPU memory, allocated at creation (up to 8 ranks); 0: no window, no 'sm'"},

@@ -65,6 +65,8 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
   const int n = static_cast<int>(links_.size());
   if (policy_.may_relay.empty()) policy_.may_relay.assign(n, true);
   FERRY_ARG_CHECK(static_cast<int>(policy_.may_relay.size()) == n, "may_relay: expected one entry per link");
+  link_rate_.assign(n, 0);
+  link_late_.assign(n, {});
 
   // A relay's copy engine writes into (or reads from) the target over
   // NVLink: peer access both ways between every two GPUs. A GPU that cannot
@@ -358,10 +360,14 @@ MultipathReport MultipathEngine::copy_batch(const std::vector<MultipathPiece>& p
   }
   const int own = own_link(links_, route.device);
   int relays = 0;
+  double own_fraction = -1;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t i = 0; i < links_.size(); ++i)
       if (static_cast<int>(i) != own && policy_.may_relay[i]) ++relays;
+    if (own >= 0)
+      own_fraction = multipath_own_fraction(link_rate_, policy_.may_relay, own,
+                                            link_late_[own][MultipathScheduler::lane(route.to_device)]);
   }
   DeviceScope on(stream_device);
   MultipathCase facts;
@@ -388,13 +394,14 @@ MultipathReport MultipathEngine::copy_batch(const std::vector<MultipathPiece>& p
   // own_share_on_stream it is the target link's whole even share: the
   // scheduler gives that link none of the rest.
   const MultipathSplit split = multipath_split(total, relays, head_bytes_, policy_.own_share_on_stream,
-                                               parts.front().bytes, stream_device == route.device);
+                                               parts.front().bytes, stream_device == route.device, own_fraction);
   const size_t head = split.head;
   void* head_dst = parts.front().dst;
   const void* head_src = parts.front().src;
   Transfer t;
   size_t chunks = 0;
   t.head = head;
+  t.own_share_on_stream = split.own_share_on_stream;
   t.target = own;
   t.to_device = route.to_device;
   parts.front().dst += head;
@@ -696,7 +703,8 @@ void MultipathEngine::run() {
           continue;
         }
         if (sched->idle() && active.empty()) sched->forget_transfers();  // ids stay small
-        it->sched = sched->add(it->target, it->chunks, MultipathScheduler::lane(it->to_device));
+        it->sched =
+            sched->add(it->target, it->chunks, MultipathScheduler::lane(it->to_device), it->own_share_on_stream);
         it->chunks.clear();
         it->deadline = t_now + timeout_s_;
         it->started = t_now;
@@ -766,6 +774,22 @@ void MultipathEngine::run() {
           L.flight.pop_front();
           sched->complete(l, seen);
           progress = true;
+        }
+      }
+      // An own share's time on the target's link, as that link's speed.
+      for (Transfer& t : active)
+        if (t.own_share_on_stream && t.head && !t.head_seen && t.gate->head_done->value() >= t.generation) {
+          const double seen = steady_seconds();
+          sched->observe(t.target, t.head, seen - t.started, seen);
+          t.head_seen = true;
+          progress = true;
+        }
+      if (progress) {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (int l = 0; l < n; ++l) {
+          const double s_per_byte = sched->estimates()[l].s_per_byte();
+          link_rate_[l] = s_per_byte > 0 ? 1 / s_per_byte : 0;
+          for (int lane = 0; lane < MultipathScheduler::kLanes; ++lane) link_late_[l][lane] = sched->late(l, lane);
         }
       }
       // Let each finished copy's stream go; a started copy has the timeout to land.

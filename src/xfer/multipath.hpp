@@ -15,6 +15,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -158,13 +159,16 @@ class MultipathEngine {
     size_t bytes = 0;           // of every piece
     std::vector<Chunk> chunks;  // split_batch of the pieces in multipath_chunk_bytes
     StreamGate* gate = nullptr;
-    size_t head = 0;          // bytes the caller's stream copies itself (over `target`'s link)
-    uint64_t generation = 0;  // what its stream's gate waits for
-    int sched = -1;           // the scheduler's id, once its stream got to it
+    size_t head = 0;                   // bytes the caller's stream copies itself (over `target`'s link)
+    bool own_share_on_stream = false;  // the head is the target link's share: that link takes no chunk
+    uint64_t generation = 0;           // what its stream's gate waits for
+    int sched = -1;                    // the scheduler's id, once its stream got to it
     double deadline = 0;
-    // For the debug log: when the engine saw its stream get to it, and by
-    // link the bytes carried and when its last chunk there was seen landed.
+    // When the engine saw its stream get to it (for the debug log, and the
+    // head's time), and by link the bytes carried and when its last chunk
+    // there was seen landed.
     double started = 0;
+    bool head_seen = false;  // the head's landing was seen and timed
     std::vector<size_t> link_bytes;
     std::vector<double> link_last;
   };
@@ -224,6 +228,11 @@ class MultipathEngine {
   bool closed_ = false;
   bool ready_ = false;                   // the engine's thread made its first CUDA calls
   std::map<uint64_t, Watched> watched_;  // by copy id, until it lands
+  // What copy() sizes an own share by, from the engine's thread: each link's
+  // measured speed (bytes/s, 0: not measured) and, by lane, whether its last
+  // probe came back late.
+  std::vector<double> link_rate_;
+  std::vector<std::array<bool, MultipathScheduler::kLanes>> link_late_;
   std::vector<std::atomic<size_t>> bytes_;
   std::thread thread_;
   std::thread watchdog_;

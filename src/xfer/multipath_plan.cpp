@@ -42,13 +42,42 @@ size_t multipath_head_bytes(size_t bytes, int links, size_t head_bytes) {
 }
 
 MultipathSplit multipath_split(size_t bytes, int relays, size_t head_bytes, bool own_share_on_stream,
-                               size_t first_piece, bool stream_on_target) {
+                               size_t first_piece, bool stream_on_target, double own_fraction) {
   MultipathSplit s;
-  const size_t cap = own_share_on_stream ? SIZE_MAX : head_bytes;
-  s.head = stream_on_target ? std::min(multipath_head_bytes(bytes, relays + 1, cap), first_piece) : 0;
-  // With the own share on the stream the target's link takes none of the rest, head or not.
-  s.rest_links = own_share_on_stream ? std::max(relays, 1) : relays + 1;
+  size_t head = 0;
+  if (own_share_on_stream && own_fraction >= 0)
+    head = static_cast<size_t>(static_cast<double>(bytes) * std::min(own_fraction, 1.0)) / kStep * kStep;
+  else
+    head = multipath_head_bytes(bytes, relays + 1, own_share_on_stream ? SIZE_MAX : head_bytes);
+  s.head = stream_on_target ? std::min(head, first_piece) : 0;
+  // With the own share on the stream the target's link takes none of the rest,
+  // head or not. A stream on another GPU cannot take the share (nothing the
+  // program later puts on the target GPU holds what that stream waits for):
+  // the target's link then carries its chunks as usual.
+  s.own_share_on_stream = own_share_on_stream && stream_on_target;
+  s.rest_links = s.own_share_on_stream ? std::max(relays, 1) : relays + 1;
   return s;
+}
+
+double multipath_own_fraction(const std::vector<double>& rate, const std::vector<bool>& relays, int own,
+                              bool own_late) {
+  FERRY_ARG_CHECK(own >= 0 && own < static_cast<int>(rate.size()) && relays.size() == rate.size(),
+                  "multipath_own_fraction: a rate and a relay flag per link, and the own link among them");
+  if (own_late) return 0;
+  int n = 0, measured = 0;
+  double sum = 0;
+  for (size_t l = 0; l < rate.size(); ++l) {
+    if (static_cast<int>(l) == own || !relays[l]) continue;
+    ++n;
+    if (rate[l] > 0) {
+      ++measured;
+      sum += rate[l];
+    }
+  }
+  if (n == 0 || rate[own] <= 0 || measured == 0) return -1;
+  const double relaying = sum / measured * n;
+  const double even = 1.0 / (n + 1);
+  return std::clamp(rate[own] / (rate[own] + relaying), even / 4, std::min(2 * even, 1.0));
 }
 
 MultipathChoice choose_multipath(const MultipathCase& k) {
@@ -127,13 +156,15 @@ MultipathScheduler::MultipathScheduler(int links, MultipathPolicy policy)
                   "may_relay must name every link or none");
 }
 
-int MultipathScheduler::add(int target, const std::vector<Chunk>& chunks, int lane) {
+int MultipathScheduler::add(int target, const std::vector<Chunk>& chunks, int lane,
+                            std::optional<bool> own_share_on_stream) {
   FERRY_ARG_CHECK(target >= 0 && target < links(),
                   "target is " + std::to_string(target) + "; expected a GPU 0.." + std::to_string(links() - 1));
   FERRY_ARG_CHECK(lane >= 0 && lane < kLanes, "lane is " + std::to_string(lane) + "; expected 0 or 1");
   const int id = static_cast<int>(target_of_.size());
   target_of_.push_back(target);
   lane_of_.push_back(lane);
+  own_on_stream_.push_back(own_share_on_stream.value_or(policy_.own_share_on_stream));
   remaining_.push_back(chunks.size());
   const int q = queue_of(target, lane);
   for (const Chunk& c : chunks) {
@@ -205,22 +236,23 @@ bool MultipathScheduler::clear(int link, int lane, double now) const {
   return false;
 }
 
-// `link` would take from queue `q` once clear: `q` is its own GPU's, or it
-// relays and has no own work it serves first.
-bool MultipathScheduler::carries_own(int link) const {
-  if (!policy_.own_share_on_stream) return true;
+bool MultipathScheduler::carries_own(int link, int lane) const {
+  const std::deque<Queued>& w = waiting_[queue_of(link, lane)];
+  if (!(w.empty() ? policy_.own_share_on_stream : own_on_stream_[w.front().transfer])) return true;
   for (int j = 0; j < links(); ++j)
     if (j != link && (policy_.may_relay.empty() || policy_.may_relay[j])) return false;
   return true;
 }
 
+// `link` would take from queue `q` once clear: `q` is its own GPU's, or it
+// relays and has no own work it serves first.
 bool MultipathScheduler::would_serve(int link, int q) const {
   const int target = q / kLanes;
-  if (link == target) return carries_own(link);
-  if (!serves(link, target)) return false;
-  if (!policy_.own_link_first || !carries_own(link)) return true;
+  if (link == target) return carries_own(link, q % kLanes);
+  if (!serves(link, target, q % kLanes)) return false;
+  if (!policy_.own_link_first) return true;
   for (int lane = 0; lane < kLanes; ++lane)
-    if (!waiting_[queue_of(link, lane)].empty()) return false;
+    if (!waiting_[queue_of(link, lane)].empty() && carries_own(link, lane)) return false;
   return true;
 }
 
@@ -268,15 +300,15 @@ int MultipathScheduler::pick(int link, double now) const {
     return from < 0 ||
            (policy_.pick == MultipathPolicy::Pick::kLongestQueue && waiting_[q].size() > waiting_[from].size());
   };
-  if ((policy_.own_link_first || !relays) &&
-      carries_own(link))  // its own GPU's transfers first (a link that may not relay carries only those)
+  if (policy_.own_link_first ||
+      !relays)  // its own GPU's transfers first (a link that may not relay carries only those)
     for (int lane = 0; lane < kLanes; ++lane)
-      if (const int q = queue_of(link, lane); usable(link, q, now) && longer(q)) from = q;
+      if (const int q = queue_of(link, lane); carries_own(link, lane) && usable(link, q, now) && longer(q)) from = q;
   if (from < 0 && relays) {
     // A relay: from the longest queue (fewest chunks left over for the other
     // links to relay), or the first in order.
     for (int q = 0; q < static_cast<int>(waiting_.size()); ++q) {
-      if (!serves(link, q / kLanes) || !usable(link, q, now)) continue;
+      if (!serves(link, q / kLanes, q % kLanes) || !usable(link, q, now)) continue;
       if (longer(q)) from = q;
       if (policy_.pick == MultipathPolicy::Pick::kInOrder) break;
     }
@@ -337,7 +369,10 @@ int MultipathScheduler::start_probe(int link, double now) {
     bool wanted = false, resort = resort_[link][lane], wait = false;
     for (int t = 0; t < links(); ++t) {
       const int q = queue_of(t, lane);
-      if (waiting_[q].empty() || !serves(link, t)) continue;
+      // A link also probes while its GPU's copy has the own share on the
+      // caller's stream: the next copy's share follows what the probe finds.
+      if (t == link && !waiting_[q].empty() && !carries_own(link, lane)) wanted = true;
+      if (waiting_[q].empty() || !serves(link, t, lane)) continue;
       wanted = true;
       resort = resort || last_resort(link, q, now);
       wait = wait || (late_[link][lane] && others_probe_young(link, q, now));
@@ -379,7 +414,8 @@ bool MultipathScheduler::probe_failed(int link, int lane) {
   FERRY_ARG_CHECK(link >= 0 && link < links() && lane >= 0 && lane < kLanes && probing_[link][lane],
                   "probe_failed: no probe out on that link and lane");
   probing_[link][lane] = false;
-  if (waiting(link) && carries_own(link)) return true;
+  for (int own = 0; own < kLanes; ++own)
+    if (!waiting_[queue_of(link, own)].empty() && carries_own(link, own)) return true;
   stop_relaying(link);
   return false;
 }
@@ -395,6 +431,7 @@ void MultipathScheduler::forget_transfers() {
   FERRY_ARG_CHECK(idle(), "forget_transfers: chunks are still waiting or in flight");
   target_of_.clear();
   lane_of_.clear();
+  own_on_stream_.clear();
   remaining_.clear();
 }
 

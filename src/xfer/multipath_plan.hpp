@@ -31,6 +31,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -76,15 +77,29 @@ size_t multipath_head_bytes(size_t bytes, int links, size_t head_bytes);
 // How a copy of `bytes` over the target's link and `relays` relays splits:
 // the head the caller's stream copies (only where that stream is the
 // target's, `stream_on_target`; at most `first_piece`, the batch's first
-// copy), and how many links share the rest. With own_share_on_stream the head
-// is the target link's whole even share and the relays alone share the rest
-// (all of it where there is no head).
+// copy), and how many links share the rest. With own_share_on_stream and the
+// stream on the target the head is the target link's whole even share and the
+// relays alone share the rest; with the stream on another GPU there is no head
+// and the target's link shares the rest as usual.
 struct MultipathSplit {
   size_t head = 0;
   int rest_links = 1;
+  bool own_share_on_stream = false;  // this copy's own share is on the caller's stream
 };
+// `own_fraction`: the part of the copy the own share is (multipath_own_fraction;
+// negative: an even share).
 MultipathSplit multipath_split(size_t bytes, int relays, size_t head_bytes, bool own_share_on_stream,
-                               size_t first_piece, bool stream_on_target);
+                               size_t first_piece, bool stream_on_target, double own_fraction = -1);
+
+// The part of a copy the caller's stream takes over the target's link where
+// the own share is on the stream. None while that link's last probe came back
+// late: the share would wait behind every copy queued there first, and the
+// relays carry the whole copy. Otherwise the own link's measured speed
+// against all the links' (`rate` in bytes/s by link, 0: not measured; a relay
+// not yet measured counts as the measured relays' mean), kept between a
+// quarter of and twice the even share; an even share (-1) where the own link,
+// or every relay, is unmeasured, or no link relays.
+double multipath_own_fraction(const std::vector<double>& rate, const std::vector<bool>& relays, int own, bool own_late);
 
 // Whether a copy goes multipath, and why not where it does not.
 struct MultipathChoice {
@@ -178,7 +193,11 @@ class MultipathScheduler {
   static int lane(bool to_device) { return to_device ? 0 : 1; }
 
   // Queues a transfer to or from `target`'s memory in `lane`; returns its id.
-  int add(int target, const std::vector<Chunk>& chunks, int lane = 0);
+  // `own_share_on_stream` (default: the policy's): the caller's stream copies
+  // the target link's share, so that link takes none of these chunks while
+  // another link may relay them.
+  int add(int target, const std::vector<Chunk>& chunks, int lane = 0,
+          std::optional<bool> own_share_on_stream = std::nullopt);
   // The next chunk for `link` (at time `now`, seconds) if its outstanding
   // queue has room, a transfer in a lane clear there may use it, and it would
   // not be the transfer's straggler; the link's queue then holds it until
@@ -202,6 +221,8 @@ class MultipathScheduler {
     return probing_.at(link).at(lane) || late_.at(link).at(lane) || resort_.at(link).at(lane);
   }
   bool probing(int link, int lane) const { return probing_.at(link)[lane]; }
+  // `link`'s last probe in `lane` came back late (copies were queued there first).
+  bool late(int link, int lane) const { return late_.at(link).at(lane); }
   double probe_sent(int link, int lane) const { return probe_sent_.at(link)[lane]; }
   // The oldest chunk in flight on `link` landed (seen at `now`).
   void complete(int link, double now = 0);
@@ -248,14 +269,15 @@ class MultipathScheduler {
   bool others_probe_young(int link, int q, double now) const;
   // Queue `q` has a chunk, and its lane is clear on `link` (or `link` is its last resort).
   bool usable(int link, int q, double now) const;
-  // `link` may carry `target`'s chunks: its own, or as a relay.
-  bool serves(int link, int target) const {
-    if (link == target) return carries_own(link);
+  // `link` may carry `target`'s chunks in `lane`: its own, or as a relay.
+  bool serves(int link, int target, int lane) const {
+    if (link == target) return carries_own(link, lane);
     return policy_.may_relay.empty() || policy_.may_relay[link];
   }
-  // `link` carries its own GPU's chunks: always, except with own_share_on_stream
-  // while another link may relay them (then it is their last resort only).
-  bool carries_own(int link) const;
+  // `link` carries its own GPU's next chunk in `lane`: always, except where
+  // that chunk's transfer has its own share on the caller's stream and
+  // another link may relay it.
+  bool carries_own(int link, int lane) const;
 
   MultipathPolicy policy_;
   std::vector<Estimate> est_;                    // by link
@@ -264,6 +286,7 @@ class MultipathScheduler {
   std::vector<std::deque<Assignment>> flight_;   // by link
   std::vector<int> target_of_;                   // by transfer
   std::vector<int> lane_of_;                     // by transfer
+  std::vector<bool> own_on_stream_;              // by transfer: its own share is on the caller's stream
   std::vector<std::vector<double>> seen_;        // by link and lane: when a chunk or probe last landed there
   std::vector<std::vector<bool>> probing_;       // by link and lane: a probe is out
   std::vector<std::vector<double>> probe_sent_;  // by link and lane: when it was sent

@@ -164,6 +164,33 @@ TEST(MultipathScheduler, WithTheOwnShareOnTheStreamAGpusLinkCarriesNoneOfItsChun
   EXPECT_TRUE(s.done(into1));
 }
 
+// The setting is per copy: a copy whose stream could not take the own share
+// (a stream on another GPU) is carried by the target's link as usual, and the
+// link keeps out of the next copy, whose share is on its stream, once it is
+// the front of the queue.
+TEST(MultipathScheduler, TheOwnShareOnTheStreamIsPerCopy) {
+  MultipathPolicy p = unprobed();
+  p.own_share_on_stream = true;
+  MultipathScheduler s(2, p);
+  const int plain = s.add(0, split_chunks(kMiB, kMiB), 0, false);
+  const int shared = s.add(0, split_chunks(kMiB, kMiB), 0);  // the policy's: on the stream
+  Assignment x;
+  ASSERT_TRUE(s.next(0, &x)) << "the target's link did not carry a copy without its share on the stream";
+  EXPECT_EQ(x.transfer, plain);
+  EXPECT_FALSE(x.relay());
+  EXPECT_FALSE(s.next(0, &x)) << "the target's link took a chunk of a copy whose share is on the stream";
+  ASSERT_TRUE(s.next(1, &x));
+  EXPECT_EQ(x.transfer, shared);
+  EXPECT_TRUE(x.relay());
+  s.complete(0);
+  s.complete(1);
+  EXPECT_TRUE(s.done(plain) && s.done(shared));
+  s.forget_transfers();
+  const int off = s.add(0, split_chunks(kMiB, kMiB), 0, false);  // the flag is kept by transfer, not by id reuse
+  ASSERT_TRUE(s.next(0, &x));
+  EXPECT_EQ(x.transfer, off);
+}
+
 // With no link left that may relay, the target's own link carries its chunks
 // after all: the copy never waits for a relay that will not come.
 TEST(MultipathScheduler, WithTheOwnShareOnTheStreamTheOwnLinkIsTheLastResort) {
@@ -564,11 +591,68 @@ TEST(MultipathHead, TheOwnShareOnTheStreamIsTheWholeEvenShareAndTheRelaysShareTh
   s = multipath_split(24 * kMiB, 2, 0, true, kMiB + 5, true);  // a batch whose first copy is short
   EXPECT_EQ(s.head, kMiB + 5);
   EXPECT_EQ(s.rest_links, 2);
-  s = multipath_split(24 * kMiB, 2, 0, true, 24 * kMiB, false);  // the stream is another GPU's: no head
+  EXPECT_TRUE(s.own_share_on_stream);
+  // The stream is another GPU's: no head, and the target's link shares the rest.
+  s = multipath_split(24 * kMiB, 2, 0, true, 24 * kMiB, false);
   EXPECT_EQ(s.head, 0u);
-  EXPECT_EQ(s.rest_links, 2);
+  EXPECT_EQ(s.rest_links, 3);
+  EXPECT_FALSE(s.own_share_on_stream);
   s = multipath_split(24 * kMiB, 2, 3 * kMiB, false, 24 * kMiB, false);
   EXPECT_EQ(s.head, 0u);
+  EXPECT_FALSE(s.own_share_on_stream);
+}
+
+// The own share follows the links' measured speeds: none while the own
+// link's probe came back late, an even share until the links are measured,
+// and otherwise its speed's part, within a quarter of and twice the even share.
+TEST(MultipathHead, TheOwnShareFollowsTheLinksMeasuredSpeeds) {
+  const std::vector<bool> all(4, true);
+  EXPECT_EQ(multipath_own_fraction({40e9, 40e9, 40e9, 40e9}, all, 0, true), 0);
+  EXPECT_EQ(multipath_own_fraction({0, 40e9, 40e9, 40e9}, all, 0, false), -1);
+  EXPECT_EQ(multipath_own_fraction({40e9, 0, 0, 0}, all, 0, false), -1);
+  EXPECT_EQ(multipath_own_fraction({40e9, 0, 0, 0}, {true, false, false, false}, 0, false), -1);  // no relay
+  EXPECT_DOUBLE_EQ(multipath_own_fraction({40e9, 40e9, 40e9, 40e9}, all, 0, false), 0.25);
+  // A relay not measured yet counts as the others' mean.
+  EXPECT_DOUBLE_EQ(multipath_own_fraction({40e9, 40e9, 0, 40e9}, all, 0, false), 0.25);
+  // A link that may not relay does not count.
+  EXPECT_DOUBLE_EQ(multipath_own_fraction({40e9, 40e9, 40e9, 40e9}, {true, true, false, true}, 0, false), 1.0 / 3);
+  EXPECT_NEAR(multipath_own_fraction({60e9, 40e9, 40e9, 40e9}, all, 0, false), 60.0 / 180, 1e-12);
+  // A foreign copy on the own link: its part shrinks, down to a quarter of the even share.
+  EXPECT_NEAR(multipath_own_fraction({12e9, 40e9, 40e9, 40e9}, all, 0, false), 12.0 / 132, 1e-12);
+  EXPECT_DOUBLE_EQ(multipath_own_fraction({1e9, 40e9, 40e9, 40e9}, all, 0, false), 0.25 / 4);
+  EXPECT_DOUBLE_EQ(multipath_own_fraction({400e9, 40e9, 40e9, 40e9}, all, 0, false), 0.5);
+  EXPECT_THROW(multipath_own_fraction({1, 1}, all, 0, false), ferry::Error);
+  EXPECT_THROW(multipath_own_fraction({1, 1}, {true, true}, 2, false), ferry::Error);
+  // In the split: the fraction sizes the head (in whole steps); none leaves the relays all of it.
+  MultipathSplit s = multipath_split(64 * kMiB, 3, 0, true, 64 * kMiB, true, 0.125);
+  EXPECT_EQ(s.head, 8 * kMiB);
+  EXPECT_EQ(s.rest_links, 3);
+  s = multipath_split(64 * kMiB, 3, 0, true, 64 * kMiB, true, 0);
+  EXPECT_EQ(s.head, 0u);
+  EXPECT_EQ(s.rest_links, 3);
+  EXPECT_TRUE(s.own_share_on_stream);
+  s = multipath_split(64 * kMiB, 3, 0, true, 64 * kMiB, true, -1);
+  EXPECT_EQ(s.head, 16 * kMiB);
+  s = multipath_split(64 * kMiB, 3, 2 * kMiB, false, 64 * kMiB, true, 0.5);  // the fraction is the own share's only
+  EXPECT_EQ(s.head, 2 * kMiB);
+}
+
+// While its GPU's copy has the own share on the stream, the own link probes
+// (what it finds sizes the next copy's share) but takes no chunk.
+TEST(MultipathProbe, AnOwnLinkProbesWhileItsShareIsOnTheStream) {
+  MultipathPolicy p;
+  p.own_share_on_stream = true;
+  MultipathScheduler s(2, p);
+  s.add(0, split_chunks(4 * kMiB, kMiB), 0);
+  EXPECT_EQ(s.start_probe(0, 0.0), 0);
+  s.probe_landed(0, 0, 1e-3, 5e-3);  // late: copies were queued there
+  EXPECT_TRUE(s.late(0, 0));
+  Assignment a;
+  EXPECT_FALSE(s.next(0, &a, 1e-3));
+  EXPECT_EQ(s.start_probe(0, 2e-3), 0);  // and again while the copy waits
+  s.probe_landed(0, 0, 3e-3, 10e-6);
+  EXPECT_FALSE(s.late(0, 0));
+  EXPECT_FALSE(s.next(0, &a, 3e-3)) << "the own link took a chunk of a copy whose share is on the stream";
 }
 
 // A link idle in a lane takes chunks there only after a probe landed

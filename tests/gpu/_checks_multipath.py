@@ -247,8 +247,11 @@ def test_batch_of_copies_byte_exact(eng):
 
 
 def test_own_share_on_the_callers_stream_byte_exact():
-    """own_share_on_stream: the caller's stream copies the target link's even
-    share (in 64 KiB steps) before the gate; the relays carry all the rest."""
+    """own_share_on_stream: the caller's stream copies the target link's share
+    (in 64 KiB steps) before the gate; the relays carry all the rest. The
+    share is even until the links are measured, then follows their speeds
+    (planned and tested on the CPU), at most twice the even share: the own
+    link never takes chunks of the rest."""
     e = mp.Engine(
         devices=[0], loopback=2, chunk_bytes=MiB + 4097, min_bytes=2 * MiB, own_share_on_stream=True
     )
@@ -268,7 +271,7 @@ def test_own_share_on_the_callers_stream_byte_exact():
             assert torch.all(dev[:offset].cpu() == POISON) and torch.all(back[:offset] == POISON)
             after = e.bytes_by_link()
             share = nbytes // 3 // (64 << 10) * (64 << 10)  # three links: the own and two relays
-            assert after[0] - before[0] == 2 * share, (nbytes, before, after)
+            assert after[0] - before[0] <= 2 * (2 * share + (64 << 10)), (nbytes, before, after)
             assert sum(after) - sum(before) == 2 * nbytes
         r, r2 = batch_round_trip(e, 0, BATCH, seed=210)
         assert r["multipath"] and r2["multipath"], (r, r2)

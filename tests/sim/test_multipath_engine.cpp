@@ -119,9 +119,10 @@ void expect_broken_saying(MultipathEngine& e, std::initializer_list<const char*>
 // stream goes on, the engine's error holds every one of `saying`, and the
 // broken engine refuses the next copy.
 void times_out_letting_the_stream_go(const std::vector<int>& links, const sim::Faults& faults,
-                                     std::initializer_list<const char*> saying) {
+                                     std::initializer_list<const char*> saying, int own_share_on_stream = -1) {
   MultipathOptions o = options(links);
   o.timeout_s = 0.5;
+  o.own_share_on_stream = own_share_on_stream;
   MultipathEngine e(o);
   sim::set_faults(faults);
   const size_t n = 16 * MiB;
@@ -352,6 +353,7 @@ TEST_F(MultipathSim, ARelayThatNeverFinishesTimesOutLetsTheStreamGoAndSaysWhere)
 TEST_F(MultipathSim, ALinkWhoseProbeDoesNotLandCarriesNothing) {
   MultipathOptions o = options({0, 1, 2});
   o.timeout_s = 1;
+  o.own_share_on_stream = 0;  // the engine schedules the own link: it keeps out of the held one
   MultipathEngine e(o);
   sim::Faults f;
   f.hang_on_device = 0;  // the target's own link
@@ -378,7 +380,8 @@ TEST_F(MultipathSim, ACopyWhoseOnlyLinkStaysHeldTimesOutNamingTheProbe) {
   f.hang_on_device = 0;
   f.fail_on_device = 1;
   times_out_letting_the_stream_go(
-      {0, 1}, f, {"links kept out by copies queued there first (their probes late or not landed): cuda:0"});
+      {0, 1}, f, {"links kept out by copies queued there first (their probes late or not landed): cuda:0"},
+      0);  // the engine schedules the own link (with the own share on the stream, the stream holds it)
 }
 
 TEST_F(MultipathSim, ARelayThatCannotTakeAChunkLeavesItToTheOtherLinks) {
@@ -401,7 +404,9 @@ TEST_F(MultipathSim, ARelayThatCannotTakeAChunkLeavesItToTheOtherLinks) {
 }
 
 TEST_F(MultipathSim, TheTargetsOwnLinkFailingIsAClearErrorAndTheStreamGoesOn) {
-  MultipathEngine e(options({0, 1}));
+  MultipathOptions o = options({0, 1});
+  o.own_share_on_stream = 0;  // the engine's own copies on that link fail (the caller's stream copies none)
+  MultipathEngine e(o);
   sim::Faults f;
   f.fail_on_device = 0;
   sim::set_faults(f);
@@ -515,6 +520,7 @@ TEST_F(MultipathSim, OnlySomeGpusRelayIntoAnotherGpusDefaultStream) {
 TEST_F(MultipathSim, AWatchdogLetsTheStreamGoWhenTheEnginesCallsAreHeld) {
   MultipathOptions o = options({0, 1});
   o.timeout_s = 0.3;
+  o.own_share_on_stream = 0;  // else copy() itself makes a held call, as a plain copy would
   MultipathEngine e(o);
   const size_t n = 8 * MiB + 1;
   Buf src(n, -1), dst(n, 0);
@@ -542,6 +548,7 @@ TEST_F(MultipathSim, AWatchdogLetsTheStreamGoWhenTheEnginesCallsAreHeld) {
 TEST_F(MultipathSim, AWatchdogIsNotHeldByACopyMakingItsGate) {
   MultipathOptions o = options({0, 1});
   o.timeout_s = 0.3;
+  o.own_share_on_stream = 0;  // else copy() itself makes a held call, as a plain copy would
   MultipathEngine e(o);
   const size_t n = 8 * MiB + 1;
   Buf src(n, -1), dst(n, 0), src2(n, -1), dst2(n, 0);
