@@ -69,10 +69,13 @@ def test_contention_table_lines():
     assert contention_table([]) == ""
 
 
-def test_head_engines_are_labelled_and_parsed():
+def test_engine_variants_are_labelled_and_parsed():
     from ferry.bench.multipath import impl_label, parse_args
 
     assert impl_label({"impl": "ferry-head", "paths": 2}) == "ferry-head x2"
     assert impl_label({"impl": "ferry", "paths": 4}) == "ferry x4"
     assert impl_label({"impl": "static-1:1", "paths": 2}) == "static-1:1"
+    assert impl_label({"impl": "ferry-own-share-on", "paths": 4}) == "ferry-own-share-on x4"
+    assert impl_label({"impl": "ferry-loopback", "paths": 1}) == "ferry-loopback"
     assert parse_args(["--head", "4M"]).head == "4M"
+    assert parse_args(["--own-share"]).own_share and not parse_args([]).own_share

@@ -8,6 +8,9 @@ What it measures, per direction (host to GPU 0, GPU 0 to host) and size:
 - ferry: ``ferry.multipath.Engine`` over the host links of GPUs 0..paths-1 (paths >= 2);
 - ferry-head (--head SIZE): the same engines with ``head_bytes=SIZE`` (the caller's
   stream copies that much of the copy's head itself while the engine starts the rest);
+- ferry-own-share-on, ferry-own-share-off (--own-share): the same engines with
+  ``own_share_on_stream`` set either way (the caller's stream copies the target
+  link's even share, or the engine schedules that link's chunks), side by side;
 - ferry-loopback: the engine with relays through GPU 0 itself (one physical
   link): what chunking, staging and the stream gate cost over the plain copy;
 - static-1:1, static-1:2 (--static, two GPUs or more): the field's static split
@@ -66,7 +69,11 @@ def record(op, impl, nbytes, paths, time_us, aggregate_gbps, host_us, cpu_us, gp
 
 
 def impl_label(r: dict) -> str:
-    return f"{r['impl']} x{r['paths']}" if r["impl"] in ("ferry", "ferry-head") else r["impl"]
+    return (
+        f"{r['impl']} x{r['paths']}"
+        if r["impl"].startswith("ferry") and r["impl"] != "ferry-loopback"
+        else r["impl"]
+    )
 
 
 def break_even(records: Sequence[dict], op: str, impl_paths: tuple) -> int:
@@ -143,7 +150,7 @@ def contention_table(records: Sequence[dict]) -> str:
     lines = []
     for r in records:
         if r["op"] == "multipath_foreign":
-            who = "plain copy" if r["impl"] == "plain" else f"ferry x{r['paths']}"
+            who = "plain copy" if r["impl"] == "plain" else f"{r['impl']} x{r['paths']}"
             way = f" ({r['direction']})" if r.get("direction") else ""
             lines.append(
                 f"foreign copy on GPU 0's link{way}: {who} {r['gbps']:.1f} GB/s, foreign {r['foreign_gbps']:.1f},"
@@ -487,12 +494,12 @@ def contention(
             shares = [round(m / max(sum(moved), 1), 3) for m in moved]
             aggregate = by_paths[key[1]]
             left = max(aggregate - bg_gbps, 1e-9)
-            label = "plain copy" if eng is None else f"ferry x{key[1]}"
+            label = "plain copy" if eng is None else f"{key[0]} x{key[1]}"
             progress(
                 f"foreign copy on GPU 0's link ({direction}): {label} {fg_gbps:.1f} GB/s, foreign {bg_gbps:.1f}, "
                 f"capacity left {left:.1f}: {fg_gbps / left:.0%} of it; bytes by link {shares}"
             )
-            out.append({"op": "multipath_foreign", "impl": "plain" if eng is None else "ferry", "bytes": nbytes,
+            out.append({"op": "multipath_foreign", "impl": "plain" if eng is None else key[0], "bytes": nbytes,
                         "paths": key[1], "direction": direction, "gbps": round(fg_gbps, 2),
                         "foreign_gbps": round(bg_gbps, 2), "aggregate_gbps": round(aggregate, 2),
                         "share_of_left": round(fg_gbps / left, 3), "link_shares": shares, "gpu": gpu,
@@ -559,6 +566,16 @@ def run(opts: dict, progress=print) -> dict:
         engines.update(
             {("ferry-head", p): mp.Engine(devices=list(range(p)), head_bytes=opts["head"]) for p in paths}
         )
+    if opts.get("own_share"):  # both settings of own_share_on_stream, whatever the default
+        for on in (True, False):
+            engines.update(
+                {
+                    (f"ferry-own-share-{'on' if on else 'off'}", p): mp.Engine(
+                        devices=list(range(p)), head_bytes=0, own_share_on_stream=on
+                    )
+                    for p in paths
+                }
+            )
     if opts["loopback"] > 0:
         engines[("ferry-loopback", 1)] = mp.Engine(devices=[0], loopback=opts["loopback"], head_bytes=0)
     statics = {}
@@ -626,7 +643,9 @@ def run(opts: dict, progress=print) -> dict:
             )
     extra = []
     if opts.get("contention") and n_gpu >= 2:
-        ferry_engines = {k: v for k, v in engines.items() if k[0] == "ferry"}
+        ferry_engines = {
+            k: v for k, v in engines.items() if k[0].startswith("ferry") and k[0] != "ferry-loopback"
+        }
         extra = contention(torch, ferry_engines, min(top, 256 << 20), reps, link_aggs, gpu, date, progress)
     for e in engines.values():
         e.close()
@@ -673,6 +692,11 @@ def parse_args(argv=None):
         default="0",
         help="also the engines with this head_bytes (e.g. 4M): the caller's stream copies the head itself",
     )
+    p.add_argument(
+        "--own-share",
+        action="store_true",
+        help="also the engines with own_share_on_stream on and off, side by side",
+    )
     p.add_argument("--tag", default="")
     return p.parse_args(argv)
 
@@ -690,6 +714,7 @@ def main(argv=None) -> int:
         "static": args.static,
         "contention": args.contention,
         "head": parse_size(args.head) if args.head not in ("", "0") else 0,
+        "own_share": args.own_share,
     }
     for m in opts["sleep_models"]:
         if m not in SLEEP_MODELS:
