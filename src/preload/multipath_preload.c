@@ -100,6 +100,15 @@ static void child_after_fork(void) {
   pthread_mutex_init(&g_mu, NULL);
 }
 
+/* Under this library the caller's stream copies the own link's share of a
+ * multipath copy (unless the user chose): the program's kernels are not known,
+ * and a first launch of one while a copy holds its stream would hold the
+ * engine's own-link chunks behind that stream (docs/multipath.md, "Hazards").
+ * Set before main, while the process has one thread. */
+__attribute__((constructor)) static void own_share_default(void) {
+  setenv("FERRY_MULTIPATH_OWN_SHARE_ON_STREAM", "1", 0);
+}
+
 static void init(void) {
   pthread_atfork(NULL, NULL, child_after_fork);
   const char* d = getenv("FERRY_DEBUG");

@@ -31,6 +31,20 @@ def test_no_effect_without_cuda_copies(cmd):
     assert "ferry" not in run.stderr, run.stderr  # nothing was opened or said
 
 
+@pytest.mark.parametrize("chosen", [None, "0", "1"])
+def test_the_own_share_on_the_stream_is_the_default_unless_chosen(chosen):
+    """The library makes FERRY_MULTIPATH_OWN_SHARE_ON_STREAM 1 for the
+    program's engines where the user left it unset, and keeps a choice."""
+    env = dict(os.environ, LD_PRELOAD=_library())
+    env.pop("FERRY_MULTIPATH_OWN_SHARE_ON_STREAM", None)
+    if chosen is not None:
+        env["FERRY_MULTIPATH_OWN_SHARE_ON_STREAM"] = chosen
+    code = "import os; print(os.environ.get('FERRY_MULTIPATH_OWN_SHARE_ON_STREAM'))"
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == (chosen or "1"), run.stdout
+
+
 FAKE_RUNTIME = r"""
 #include <stddef.h>
 int cudaMemcpyAsync(void* d, const void* s, size_t n, int k, void* st) { return RESULT; }
