@@ -32,6 +32,11 @@ def test_table_has_a_row_per_op_and_size_and_a_column_per_impl():
     assert table[3].startswith("| all_reduce | 8K |") and "20.00 us" in table[3]
 
 
+def test_get_rows_show_bandwidth_as_put_rows_do():
+    table = symm.format_table([_rec("get", "ferry-device-8b", 1 << 20, 7.0)]).splitlines()
+    assert table[2].startswith("| get | 1M |") and "7.0 us, 150 GB/s" in table[2], table
+
+
 def test_targets_met_and_missed():
     recs = [
         _rec("put", "ferry-device-8b", 1 << 20, 2.0),  # 524 GB/s

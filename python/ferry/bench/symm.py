@@ -5,8 +5,10 @@
 
 What it measures (CUDA events around one launch that repeats the operation,
 after a warm-up launch; the median of --reps launches; graphs off):
-- put bandwidth to one peer by size: the device API (block scope, 1 and 8
-  blocks) and the copy engines (heap.put on a stream);
+- put and get bandwidth to and from one peer by size: the device API (block
+  scope, 1, 8 and 32 blocks; a get loads over NVLink where a put stores) and
+  the copy engines (heap.put and heap.get on a stream); every device get's
+  bytes checked;
 - half round trip of a signal between ranks 0 and 1 (kernels ping-ponging);
 - barrier latency: the device API in a kernel, barrier_on_stream;
 - bf16 all-reduce latency by size: the device API's all_reduce (1 and 8
@@ -100,7 +102,7 @@ def format_table(records: Sequence[dict]) -> str:
             r = by.get(impl)
             if r is None:
                 cells.append("")
-            elif op == "put":
+            elif op in ("put", "get"):
                 cells.append(f"{r['time_us']:.1f} us, {r['gbps']:.0f} GB/s")
             else:
                 cells.append(f"{r['time_us']:.2f} us")
@@ -182,6 +184,7 @@ def _load(path: str):
     for name, args in (
         ("bench_put", [P, P, P, U, I, I, I, P]),
         ("bench_put_bulk", [P, P, P, U, I, I, I, P]),
+        ("bench_get", [P, P, P, U, I, I, I, P]),
         ("bench_pingpong", [P, P, U, I, P, P]),
         ("bench_pingpong_p", [P, P, U, I, P, P]),
         ("bench_pingpong_p_relaxed_poll", [P, P, U, I, P, P]),
@@ -249,7 +252,8 @@ class _Ranks:
 
 def _put_launch(kernel, R, dst, src, nbytes, W, blocks):
     """launch(i, stream, iters): `kernel` (bench_put or bench_put_bulk) putting
-    `nbytes` from local rank i's src into the next rank's dst."""
+    `nbytes` from local rank i's src into the next rank's dst; with bench_get,
+    getting the next rank's src into local rank i's dst."""
 
     def launch(i, s, iters):
         _ok(
@@ -289,6 +293,49 @@ def _bulk_put(R, lib, dst, src, put_source, nbytes, W, iters, reps, gpu, date, r
             bad = int((dst[i][:nbytes] != expected).sum().item())
             if bad:
                 wrong.append(f"rank {R.ranks[i]} experiment-tma-{blocks}b put {nbytes}: {bad} bytes wrong")
+    return wrong
+
+
+def _gets(R, lib, heap, src, put_source, W, iters, reps, gpu, date, records, opts, progress) -> List[str]:
+    """Get from the next rank by size: the device API's block get with each
+    of PUT_BLOCKS blocks and the heap's copy-engine get, timed as the put is;
+    then each size once more into a poisoned dst, every byte checked against
+    the next rank's bytes."""
+    torch = R.torch
+    gsrc = R.each(heap.empty((opts["max_bytes"],), torch.uint8))
+    for i in range(len(R.ranks)):
+        gsrc[i].copy_(src[i])
+    gdst = [torch.empty(opts["max_bytes"], dtype=torch.uint8, device=d) for d in R.devs]
+    R.barrier()
+    wrong = []
+    for nbytes in size_range(opts["min_bytes"], opts["max_bytes"], 4):
+        for blocks in PUT_BLOCKS:
+            launch = _put_launch(lib.bench_get, R, gdst, gsrc, nbytes, W, blocks)
+            t = R.timed(lambda i, s: launch(i, s, iters), reps)
+            records.append(record("get", f"ferry-device-{blocks}b", W, nbytes, t / iters, "block", gpu, date))
+            for i in range(len(R.ranks)):
+                gdst[i][:nbytes].fill_(0xA5)
+            R.barrier()
+            for i in range(len(R.ranks)):
+                launch(i, R.streams[i], 1)
+            R.barrier()
+            for i in range(len(R.ranks)):
+                expected = put_source((R.ranks[i] + 1) % W, R.devs[i])[:nbytes]
+                bad = int((gdst[i][:nbytes] != expected).sum().item())
+                if bad:
+                    wrong.append(f"rank {R.ranks[i]} ferry-device-{blocks}b get {nbytes}: {bad} bytes wrong")
+        t = R.timed(
+            lambda i, s: [
+                heap.get(gdst[i][:nbytes], gsrc[i][:nbytes], (R.ranks[i] + 1) % W, stream=s)
+                for _ in range(iters)
+            ],
+            reps,
+        )
+        records.append(record("get", "ferry-copy-engine", W, nbytes, t / iters, "stream", gpu, date))
+        progress(
+            f"get {format_size(nbytes)}: "
+            + ", ".join(f"{r['impl']} {r['gbps']:.0f} GB/s" for r in records[-1 - len(PUT_BLOCKS) :])
+        )
     return wrong
 
 
@@ -442,6 +489,9 @@ def run(opts: dict, progress=print) -> dict:
                 f"put {format_size(nbytes)}, TMA bulk copies: "
                 + ", ".join(f"{r['impl']} {r['gbps']:.0f} GB/s" for r in records[-len(PUT_BLOCKS) :])
             )
+
+    # Get bandwidth from the next rank: loads over NVLink, and the copy engine.
+    put_wrong += _gets(R, lib, heap, src, put_source, W, iters, reps, gpu, date, records, opts, progress)
 
     # Signal half round trip between ranks 0 and 1; barriers.
     oks = [torch.ones(1, dtype=torch.int32, device=d) for d in R.devs]

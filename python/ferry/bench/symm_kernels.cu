@@ -29,6 +29,16 @@ __global__ void put_kernel(Heap h, char* dst, const char* src, uint64_t bytes, i
   quiet();
 }
 
+// Block b gets its slice of `bytes` (split evenly over the grid) from the
+// peer's src into local dst, `iters` times: loads over NVLink, where put stores.
+__global__ void get_kernel(Heap h, char* dst, const char* src, uint64_t bytes, int peer, int iters) {
+  const uint64_t per = (bytes + gridDim.x - 1) / gridDim.x;
+  const uint64_t begin = per * blockIdx.x < bytes ? per * blockIdx.x : bytes;
+  const uint64_t end = begin + per < bytes ? begin + per : bytes;
+  for (int i = 0; i < iters; ++i)
+    if (end > begin) get<Scope::kBlock>(h, dst + begin, src + begin, end - begin, peer);
+}
+
 // Ranks 0 and 1: rank 0 sets rank 1's word to base + i, rank 1 answers;
 // iters round trips. `base` grows from launch to launch, so the words never
 // need resetting.
@@ -229,6 +239,13 @@ extern "C" {
 int bench_put(const void* heap, void* dst, const void* src, uint64_t bytes, int peer, int iters, int blocks,
               cudaStream_t s) {
   put_kernel<<<blocks, 512, 0, s>>>(heap_from_bytes(heap), static_cast<char*>(dst), static_cast<const char*>(src),
+                                    bytes, peer, iters);
+  return cudaGetLastError();
+}
+
+int bench_get(const void* heap, void* dst, const void* src, uint64_t bytes, int peer, int iters, int blocks,
+              cudaStream_t s) {
+  get_kernel<<<blocks, 512, 0, s>>>(heap_from_bytes(heap), static_cast<char*>(dst), static_cast<const char*>(src),
                                     bytes, peer, iters);
   return cudaGetLastError();
 }
