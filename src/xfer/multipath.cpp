@@ -197,6 +197,9 @@ void MultipathEngine::close() {
       g.gate->keep();
       g.reached->keep();
       g.head_done->keep();
+      for (auto& pair : g.head_time)  // a pending event is released once it completes
+        for (auto e : pair)
+          if (e) cudaEventDestroy(e);
     }
   }
   if (!drained && !broken)
@@ -280,10 +283,23 @@ MultipathEngine::StreamGate* MultipathEngine::gate_for(int device, cudaStream_t 
   auto gate = std::make_unique<HostGate>();
   auto reached = std::make_unique<HostGate>();
   auto head_done = std::make_unique<HostGate>();
+  std::array<std::array<cudaEvent_t, 2>, kHeadTimes> head_time{};
+  for (auto& pair : head_time)
+    for (auto& e : pair)
+      if (cudaEventCreate(&e) != cudaSuccess) {
+        cudaGetLastError();
+        e = nullptr;  // that slot's heads go untimed
+      }
   std::lock_guard<std::mutex> lock(mu_);
-  if (StreamGate* g = find()) return g;  // another thread made it meanwhile
+  if (StreamGate* g = find()) {  // another thread made it meanwhile
+    for (auto& pair : head_time)
+      for (auto e : pair)
+        if (e) cudaEventDestroy(e);
+    return g;
+  }
   gates_.push_back(StreamGate{device, stream, thread, std::move(gate), std::move(reached), std::move(head_done),
-                              std::make_unique<std::mutex>(), 0, 0});
+                              std::make_unique<std::mutex>(), 0, 0, head_time,
+                              std::make_unique<std::atomic<uint64_t>>(0)});
   return &gates_.back();
 }
 
@@ -438,7 +454,18 @@ MultipathReport MultipathEngine::copy_batch(const std::vector<MultipathPiece>& p
     } else {
       dma::mem_ops(stream, {write});
       try {
+        // An own share is timed on the GPU: its time is the own link's speed.
+        auto& slot = t.gate->head_time[t.generation % kHeadTimes];
+        if (t.own_share_on_stream && slot[0] && slot[1]) {
+          t.gate->timing->store(t.generation);
+          t.head_timed = cudaEventRecord(slot[0], stream) == cudaSuccess;
+          if (!t.head_timed) cudaGetLastError();
+        }
         FERRY_CUDA_CHECK(cudaMemcpyAsync(head_dst, head_src, head, cudaMemcpyDefault, stream));
+        if (t.head_timed && cudaEventRecord(slot[1], stream) != cudaSuccess) {
+          cudaGetLastError();
+          t.head_timed = false;
+        }
         dma::mem_ops(stream,
                      {MemOp{MemOp::Kind::kWrite, t.gate->head_done->device_trigger().first, t.generation}, wait});
       } catch (...) {
@@ -458,7 +485,7 @@ MultipathReport MultipathEngine::copy_batch(const std::vector<MultipathPiece>& p
     }
     t.id = ++next_id_;
     unfinished_.insert(t.id);
-    watched_[t.id] = Watched{t.gate, t.generation};
+    watched_[t.id] = Watched{t.gate, t.generation, steady_seconds()};
     chunks = t.chunks.size();
     queued_.push_back(std::move(t));
   }
@@ -616,7 +643,21 @@ void MultipathEngine::watch() {
     const double now = steady_seconds();
     for (auto& [id, w] : watched_) {
       if (w.reached_at == 0 && w.gate->reached->value() >= w.generation) w.reached_at = now;
-      if (w.reached_at == 0 || now - w.reached_at < timeout_s_ + 1.0) continue;
+      if (w.reached_at == 0) {
+        // Its stream has not got to it: the work before it on that stream is
+        // the program's, and may take any time; the debug log says so once.
+        if (!w.said && now - w.queued_at > timeout_s_ && debug_enabled()) {
+          w.said = true;
+          debug_log("multipath: copy " + std::to_string(id) + " was armed " +
+                    std::to_string(static_cast<long>(now - w.queued_at)) +
+                    " s ago and its stream has not got to it (reached word " +
+                    std::to_string(w.gate->reached->value()) + ", its generation " + std::to_string(w.generation) +
+                    ", head done " + std::to_string(w.gate->head_done->value()) + ", gate opened to " +
+                    std::to_string(w.gate->opened) + ")");
+        }
+        continue;
+      }
+      if (now - w.reached_at < timeout_s_ + 1.0) continue;
       if (error_.empty())
         error_ = "multipath: a copy did not land within " + std::to_string(timeout_s_) +
                  " s of its stream getting to it (the engine's thread held in a CUDA call, or its copies held "
@@ -703,8 +744,8 @@ void MultipathEngine::run() {
           continue;
         }
         if (sched->idle() && active.empty()) sched->forget_transfers();  // ids stay small
-        it->sched =
-            sched->add(it->target, it->chunks, MultipathScheduler::lane(it->to_device), it->own_share_on_stream);
+        it->sched = sched->add(it->target, it->chunks, MultipathScheduler::lane(it->to_device), it->own_share_on_stream,
+                               it->own_share_on_stream && it->head > 0);
         it->chunks.clear();
         it->deadline = t_now + timeout_s_;
         it->started = t_now;
@@ -776,20 +817,34 @@ void MultipathEngine::run() {
           progress = true;
         }
       }
-      // An own share's time on the target's link, as that link's speed.
+      // An own share landed: its time on the GPU's clock is the target
+      // link's speed, and that link may probe again.
       for (Transfer& t : active)
         if (t.own_share_on_stream && t.head && !t.head_seen && t.gate->head_done->value() >= t.generation) {
-          const double seen = steady_seconds();
-          sched->observe(t.target, t.head, seen - t.started, seen);
           t.head_seen = true;
+          sched->head_landed(t.sched);
           progress = true;
+          if (!t.head_timed) continue;
+          const auto& slot = t.gate->head_time[t.generation % kHeadTimes];
+          float ms = 0;
+          const bool timed = cudaEventElapsedTime(&ms, slot[0], slot[1]) == cudaSuccess;
+          if (!timed) cudaGetLastError();
+          // Not if a later copy on that stream recorded the slot again meanwhile.
+          if (timed && ms > 0 && t.gate->timing->load() < t.generation + kHeadTimes)
+            sched->observe(t.target, t.head, ms * 1e-3, steady_seconds());
         }
       if (progress) {
+        // What copy() sizes the next own share by: speeds measured within
+        // the last second, and a link late while its probe is out too long.
         std::lock_guard<std::mutex> lock(mu_);
         for (int l = 0; l < n; ++l) {
-          const double s_per_byte = sched->estimates()[l].s_per_byte();
-          link_rate_[l] = s_per_byte > 0 ? 1 / s_per_byte : 0;
-          for (int lane = 0; lane < MultipathScheduler::kLanes; ++lane) link_late_[l][lane] = sched->late(l, lane);
+          const auto& e = sched->estimates()[l];
+          const double s_per_byte = e.s_per_byte();
+          link_rate_[l] = s_per_byte > 0 && t_now - e.at <= kRateFreshS ? 1 / s_per_byte : 0;
+          for (int lane = 0; lane < MultipathScheduler::kLanes; ++lane)
+            link_late_[l][lane] =
+                sched->late(l, lane) ||
+                (sched->probing(l, lane) && t_now - sched->probe_sent(l, lane) > MultipathScheduler::kPromptS);
         }
       }
       // Let each finished copy's stream go; a started copy has the timeout to land.

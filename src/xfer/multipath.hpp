@@ -116,6 +116,8 @@ class MultipathEngine {
   // copy held up on one stream never holds up another stream's. A stream is
   // its handle on its device (handle 0 is a different stream on each GPU),
   // and the calling thread's for cudaStreamPerThread.
+  static constexpr int kHeadTimes = 8;
+  static constexpr double kRateFreshS = 1.0;  // an own share is sized only by speeds measured this recently
   struct StreamGate {
     int device;
     cudaStream_t stream;
@@ -131,6 +133,11 @@ class MultipathEngine {
     std::unique_ptr<std::mutex> arm_mu;
     uint64_t armed = 0;   // the last generation the stream was made to wait for (under mu_)
     uint64_t opened = 0;  // the highest generation opened: opening never goes back
+    // An own share's start and end on the GPU's clock, by generation %
+    // kHeadTimes: the own link's speed. `timing` is the generation last
+    // recorded, so that a slot recorded again meanwhile is not read.
+    std::array<std::array<cudaEvent_t, 2>, kHeadTimes> head_time{};
+    std::unique_ptr<std::atomic<uint64_t>> timing;
     // Lets every arming up to `generation` go (under mu_).
     void open(uint64_t generation) {
       opened = std::max(opened, generation);
@@ -142,7 +149,9 @@ class MultipathEngine {
   struct Watched {
     StreamGate* gate;
     uint64_t generation;
+    double queued_at = 0;  // when copy() armed it
     double reached_at = 0;
+    bool said = false;  // FERRY_DEBUG said that its stream had not got to it after the timeout
   };
   // A batch's copies laid end to end: a chunk's offset names its copy.
   struct Piece {
@@ -168,7 +177,8 @@ class MultipathEngine {
     // head's time), and by link the bytes carried and when its last chunk
     // there was seen landed.
     double started = 0;
-    bool head_seen = false;  // the head's landing was seen and timed
+    bool head_seen = false;   // the head's landing was seen
+    bool head_timed = false;  // its start and end were recorded (head_time's slot of its generation)
     std::vector<size_t> link_bytes;
     std::vector<double> link_last;
   };

@@ -64,17 +64,18 @@ double multipath_own_fraction(const std::vector<double>& rate, const std::vector
   FERRY_ARG_CHECK(own >= 0 && own < static_cast<int>(rate.size()) && relays.size() == rate.size(),
                   "multipath_own_fraction: a rate and a relay flag per link, and the own link among them");
   if (own_late) return 0;
+  auto known = [](double r) { return r > 0 && std::isfinite(r); };
   int n = 0, measured = 0;
   double sum = 0;
   for (size_t l = 0; l < rate.size(); ++l) {
     if (static_cast<int>(l) == own || !relays[l]) continue;
     ++n;
-    if (rate[l] > 0) {
+    if (known(rate[l])) {
       ++measured;
       sum += rate[l];
     }
   }
-  if (n == 0 || rate[own] <= 0 || measured == 0) return -1;
+  if (n == 0 || !known(rate[own]) || measured == 0) return -1;
   const double relaying = sum / measured * n;
   const double even = 1.0 / (n + 1);
   return std::clamp(rate[own] / (rate[own] + relaying), even / 4, std::min(2 * even, 1.0));
@@ -157,7 +158,7 @@ MultipathScheduler::MultipathScheduler(int links, MultipathPolicy policy)
 }
 
 int MultipathScheduler::add(int target, const std::vector<Chunk>& chunks, int lane,
-                            std::optional<bool> own_share_on_stream) {
+                            std::optional<bool> own_share_on_stream, bool head_pending) {
   FERRY_ARG_CHECK(target >= 0 && target < links(),
                   "target is " + std::to_string(target) + "; expected a GPU 0.." + std::to_string(links() - 1));
   FERRY_ARG_CHECK(lane >= 0 && lane < kLanes, "lane is " + std::to_string(lane) + "; expected 0 or 1");
@@ -165,6 +166,7 @@ int MultipathScheduler::add(int target, const std::vector<Chunk>& chunks, int la
   target_of_.push_back(target);
   lane_of_.push_back(lane);
   own_on_stream_.push_back(own_share_on_stream.value_or(policy_.own_share_on_stream));
+  head_pending_.push_back(head_pending);
   remaining_.push_back(chunks.size());
   const int q = queue_of(target, lane);
   for (const Chunk& c : chunks) {
@@ -370,8 +372,10 @@ int MultipathScheduler::start_probe(int link, double now) {
     for (int t = 0; t < links(); ++t) {
       const int q = queue_of(t, lane);
       // A link also probes while its GPU's copy has the own share on the
-      // caller's stream: the next copy's share follows what the probe finds.
-      if (t == link && !waiting_[q].empty() && !carries_own(link, lane)) wanted = true;
+      // caller's stream, once that share landed (a probe behind it would only
+      // time it): the next copy's share follows what the probe finds.
+      if (t == link && !waiting_[q].empty() && !carries_own(link, lane) && !head_pending_[waiting_[q].front().transfer])
+        wanted = true;
       if (waiting_[q].empty() || !serves(link, t, lane)) continue;
       wanted = true;
       resort = resort || last_resort(link, q, now);
@@ -432,6 +436,7 @@ void MultipathScheduler::forget_transfers() {
   target_of_.clear();
   lane_of_.clear();
   own_on_stream_.clear();
+  head_pending_.clear();
   remaining_.clear();
 }
 

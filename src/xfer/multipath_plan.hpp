@@ -95,7 +95,7 @@ MultipathSplit multipath_split(size_t bytes, int relays, size_t head_bytes, bool
 // the own share is on the stream. None while that link's last probe came back
 // late: the share would wait behind every copy queued there first, and the
 // relays carry the whole copy. Otherwise the own link's measured speed
-// against all the links' (`rate` in bytes/s by link, 0: not measured; a relay
+// against all the links' (`rate` in bytes/s by link, 0 or not finite: not measured; a relay
 // not yet measured counts as the measured relays' mean), kept between a
 // quarter of and twice the even share; an even share (-1) where the own link,
 // or every relay, is unmeasured, or no link relays.
@@ -196,8 +196,13 @@ class MultipathScheduler {
   // `own_share_on_stream` (default: the policy's): the caller's stream copies
   // the target link's share, so that link takes none of these chunks while
   // another link may relay them.
+  // `head_pending`: the caller's stream is copying that share now, ahead of
+  // anything else into the target in that direction (copy engines serve a
+  // direction first in, first out): the own link does not probe behind it
+  // until head_landed().
   int add(int target, const std::vector<Chunk>& chunks, int lane = 0,
-          std::optional<bool> own_share_on_stream = std::nullopt);
+          std::optional<bool> own_share_on_stream = std::nullopt, bool head_pending = false);
+  void head_landed(int transfer) { head_pending_.at(transfer) = false; }
   // The next chunk for `link` (at time `now`, seconds) if its outstanding
   // queue has room, a transfer in a lane clear there may use it, and it would
   // not be the transfer's straggler; the link's queue then holds it until
@@ -287,6 +292,7 @@ class MultipathScheduler {
   std::vector<int> target_of_;                   // by transfer
   std::vector<int> lane_of_;                     // by transfer
   std::vector<bool> own_on_stream_;              // by transfer: its own share is on the caller's stream
+  std::vector<bool> head_pending_;               // by transfer: that share has not landed yet
   std::vector<std::vector<double>> seen_;        // by link and lane: when a chunk or probe last landed there
   std::vector<std::vector<bool>> probing_;       // by link and lane: a probe is out
   std::vector<std::vector<double>> probe_sent_;  // by link and lane: when it was sent

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "core/error.hpp"
@@ -621,6 +623,8 @@ TEST(MultipathHead, TheOwnShareFollowsTheLinksMeasuredSpeeds) {
   EXPECT_NEAR(multipath_own_fraction({12e9, 40e9, 40e9, 40e9}, all, 0, false), 12.0 / 132, 1e-12);
   EXPECT_DOUBLE_EQ(multipath_own_fraction({1e9, 40e9, 40e9, 40e9}, all, 0, false), 0.25 / 4);
   EXPECT_DOUBLE_EQ(multipath_own_fraction({400e9, 40e9, 40e9, 40e9}, all, 0, false), 0.5);
+  EXPECT_EQ(multipath_own_fraction({std::numeric_limits<double>::infinity(), 40e9, 40e9, 40e9}, all, 0, false), -1);
+  EXPECT_EQ(multipath_own_fraction({40e9, std::nan(""), 0, 0}, all, 0, false), -1);
   EXPECT_THROW(multipath_own_fraction({1, 1}, all, 0, false), ferry::Error);
   EXPECT_THROW(multipath_own_fraction({1, 1}, {true, true}, 2, false), ferry::Error);
   // In the split: the fraction sizes the head (in whole steps); none leaves the relays all of it.
@@ -638,12 +642,15 @@ TEST(MultipathHead, TheOwnShareFollowsTheLinksMeasuredSpeeds) {
 }
 
 // While its GPU's copy has the own share on the stream, the own link probes
-// (what it finds sizes the next copy's share) but takes no chunk.
+// (what it finds sizes the next copy's share) once that share landed (a
+// probe queued behind it would time only it), but takes no chunk.
 TEST(MultipathProbe, AnOwnLinkProbesWhileItsShareIsOnTheStream) {
   MultipathPolicy p;
   p.own_share_on_stream = true;
   MultipathScheduler s(2, p);
-  s.add(0, split_chunks(4 * kMiB, kMiB), 0);
+  const int t = s.add(0, split_chunks(4 * kMiB, kMiB), 0, std::nullopt, true);
+  EXPECT_EQ(s.start_probe(0, 0.0), -1) << "the own link probed behind its copy's share";
+  s.head_landed(t);
   EXPECT_EQ(s.start_probe(0, 0.0), 0);
   s.probe_landed(0, 0, 1e-3, 5e-3);  // late: copies were queued there
   EXPECT_TRUE(s.late(0, 0));

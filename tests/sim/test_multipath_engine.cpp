@@ -611,6 +611,35 @@ TEST_F(MultipathSim, AHeadOnTheCallersStreamKeepsOrderAndEveryByte) {
   }
 }
 
+// With the own share on the stream: every byte both ways, copy after copy;
+// the target's link carries each copy's share alone (timed on the stream's
+// events), at most twice the even share, and the relays the rest.
+TEST_F(MultipathSim, TheOwnShareOnTheStreamCopyAfterCopy) {
+  MultipathOptions o = options({0, 1, 2});
+  o.own_share_on_stream = 1;
+  MultipathEngine e(o);
+  cudaStream_t s = new_stream(0);
+  for (int i = 0; i < 6; ++i) {
+    const size_t n = 24 * MiB + 7 * i;
+    Buf host(n, -1), dev(n, 0), back(n, -1);
+    fill(host, 40 + i);
+    std::memset(back.p, 0xA5, n);
+    const auto before = e.bytes_by_link();
+    EXPECT_TRUE(e.copy(dev.p, host.p, n, s).multipath);
+    EXPECT_TRUE(e.copy(back.p, dev.p, n, s).multipath);
+    cudaStreamSynchronize(s);
+    e.check();
+    ASSERT_EQ(std::memcmp(back.p, host.p, n), 0) << "copy " << i;
+    const auto after = e.bytes_by_link();
+    size_t all = 0;
+    for (size_t l = 0; l < after.size(); ++l) all += after[l] - before[l];
+    EXPECT_EQ(all, 2 * n) << "copy " << i;
+    EXPECT_LE(after[0] - before[0], 2 * (2 * (n / 3) + (64 << 10))) << "copy " << i;
+    EXPECT_GT(after[1] - before[1] + after[2] - before[2], n) << "copy " << i;
+  }
+  cudaStreamDestroy(s);
+}
+
 // synchronize() covers a copy's head (the caller's stream copies it), and
 // the head counts in bytes_by_link.
 TEST_F(MultipathSim, SynchronizeAndTheLinksCountCoverTheHead) {
