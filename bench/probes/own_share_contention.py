@@ -1,28 +1,61 @@
-"""One multipath copy at a time while a foreign copy hogs the target's own link.
+"""One multipath copy at a time while foreign copies load the target's own link.
 
-    python bench/probes/own_share_contention.py [MiB per copy, default 256] [on,off]
+    python bench/probes/own_share_contention.py            # every case, each in a process of its own
+    python bench/probes/own_share_contention.py on off     # the cases named
+    python bench/probes/own_share_contention.py --case on  # one case, in this process
 
-A thread keeps four host-to-GPU copies of the same size queued on a second
-stream of GPU 0; 50 ms after it starts, ferry copies into GPU 0 one at a time
-(each waited for), with own_share_on_stream on and then off. Per copy: GB/s
-(CUDA events on the caller's stream) and the share of its bytes each link
-carried, and the foreign copies' GB/s over the same span. With the share on
-the stream, a copy's share is planned when copy() is called, from what the
-engine measured before: the first copy meets the foreign copies with an even
-share, and the later ones should shrink it (or drop it while the own link's
-probe comes back late).
+A thread keeps four host-to-GPU copies queued on a second stream of GPU 0
+(--mib each, default 64); 50 ms after it starts, the main thread makes 8
+multipath copies into GPU 0 one at a time (each waited for). Per copy: GB/s
+(CUDA events on the caller's stream) and each link's share of its bytes; then
+the foreign copies' GB/s over the same span. Each case runs in a process of
+its own, bounded (--timeout, default 40 s; a hung case prints its threads'
+Python stacks and "HUNG").
+
+With own_share_on_stream on, the first copy after the thread started never
+landed in three runs on four H200s (and the watchdog said nothing: the
+stream never got to the copy); off, every copy landed. The cases tell the
+explanations apart:
+- on, off: the two settings;
+- head-off: own share off, but a 16 MiB head on the caller's stream
+  (head_bytes): a copy on the stream between the engine's stream writes and
+  its wait, without the scheduler's own-share rules;
+- on-1q, on-32q: on, with CUDA_DEVICE_MAX_CONNECTIONS 1 and 32 (how many
+  hardware queues the streams share);
+- on-noevent: on, the foreign thread without event records (it paces
+  itself with stream queries);
+- on-locked: on, one Python lock around each multipath copy and around each
+  foreign copy with its event record (no two threads submitting at once);
+- on-debug: on, FERRY_DEBUG=1 and a 5 s timeout (what the engine saw).
 """
 
+import argparse
+import os
+import subprocess
 import sys
 import threading
 import time
 
-import ferry.multipath as mp
-import torch
+CASES = {
+    "on": ({}, {"own_share_on_stream": True}),
+    "off": ({}, {"own_share_on_stream": False}),
+    "head-off": ({}, {"own_share_on_stream": False, "head_bytes": 16 << 20}),
+    "on-1q": ({"CUDA_DEVICE_MAX_CONNECTIONS": "1"}, {"own_share_on_stream": True}),
+    "on-32q": ({"CUDA_DEVICE_MAX_CONNECTIONS": "32"}, {"own_share_on_stream": True}),
+    "on-noevent": ({}, {"own_share_on_stream": True}),
+    "on-locked": ({}, {"own_share_on_stream": True}),
+    "on-debug": ({"FERRY_DEBUG": "1", "FERRY_TIMEOUT_S": "5"}, {"own_share_on_stream": True}),
+}
 
 
-def main():
-    n = int(sys.argv[1] if len(sys.argv) > 1 else 256) << 20
+def run_case(name: str, mib: int) -> None:
+    import faulthandler
+
+    import ferry.multipath as mp
+    import torch
+
+    faulthandler.register(15, all_threads=True)  # SIGTERM from the runner: every thread's stack
+    n = mib << 20
     gpus = torch.cuda.device_count()
     if gpus < 2:
         raise SystemExit("needs two GPUs or more")
@@ -31,54 +64,99 @@ def main():
     f_host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
     f_dev = torch.empty(n, dtype=torch.uint8, device="cuda:0")
     s, f = torch.cuda.Stream(0), torch.cuda.Stream(0)
-    settings = [x == "on" for x in (sys.argv[2] if len(sys.argv) > 2 else "on,off").split(",")]
-    for on in settings:
-        e = mp.Engine(devices=list(range(gpus)), own_share_on_stream=on)
-        for _ in range(3):  # measured before the foreign copies start
-            e.copy(dev, host, stream=s)
-            s.synchronize()
-        # Four queued at a time: queueing many at once can block the host
-        # until most of them have run.
-        stop = threading.Event()
-        done = []
+    e = mp.Engine(devices=list(range(gpus)), **CASES[name][1])
+    for _ in range(3):  # measured before the foreign copies start
+        e.copy(dev, host, stream=s)
+        s.synchronize()
+    lock = threading.Lock() if name == "on-locked" else None
+    stop = threading.Event()
+    done = []
 
-        def foreign(stop=stop, done=done):
-            torch.cuda.set_device(0)
-            marks = []
-            while not stop.is_set():
-                with torch.cuda.stream(f):
-                    f_dev.copy_(f_host, non_blocking=True)
+    def foreign():
+        torch.cuda.set_device(0)
+        marks = []
+        while not stop.is_set():
+            if lock:
+                lock.acquire()
+            with torch.cuda.stream(f):
+                f_dev.copy_(f_host, non_blocking=True)
+            if name != "on-noevent":
                 marks.append(torch.cuda.Event())
                 marks[-1].record(f)
-                if len(marks) >= 4:
-                    marks.pop(0).synchronize()
-                    done.append(time.perf_counter())
-            f.synchronize()
+            if lock:
+                lock.release()
+            if name == "on-noevent":
+                while not f.query() and not stop.is_set():
+                    time.sleep(1e-4)
+                done.append(time.perf_counter())
+            elif len(marks) >= 4:
+                marks.pop(0).synchronize()
+                done.append(time.perf_counter())
+        f.synchronize()
 
-        t = threading.Thread(target=foreign)
-        t.start()
-        time.sleep(0.05)
-        t0 = time.perf_counter()
-        for i in range(8):
-            before = e.bytes_by_link()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record(s)
-            e.copy(dev, host, stream=s)
-            b.record(s)
-            s.synchronize()
-            moved = [y - x for x, y in zip(before, e.bytes_by_link())]
-            shares = [round(m / max(sum(moved), 1), 3) for m in moved]
-            gbps = n / (a.elapsed_time(b) * 1e-3) / 1e9
-            print(f"own_share_on_stream={on} copy {i}: {gbps:6.1f} GB/s, bytes by link {shares}", flush=True)
-        t1 = time.perf_counter()
-        stop.set()
-        t.join()
-        inside = sum(1 for x in done if t0 < x <= t1)
-        print(f"own_share_on_stream={on}: foreign copies {inside * n / (t1 - t0) / 1e9:.1f} GB/s meanwhile")
-        torch.cuda.synchronize()
-        e.check()
-        e.close()
+    t = threading.Thread(target=foreign)
+    t.start()
+    time.sleep(0.05)
+    t0 = time.perf_counter()
+    for i in range(8):
+        before = e.bytes_by_link()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if lock:
+            lock.acquire()
+        a.record(s)
+        e.copy(dev, host, stream=s)
+        b.record(s)
+        if lock:
+            lock.release()
+        s.synchronize()
+        moved = [y - x for x, y in zip(before, e.bytes_by_link())]
+        shares = [round(m / max(sum(moved), 1), 3) for m in moved]
+        gbps = n / (a.elapsed_time(b) * 1e-3) / 1e9
+        print(f"{name} copy {i}: {gbps:6.1f} GB/s, bytes by link {shares}", flush=True)
+    t1 = time.perf_counter()
+    stop.set()
+    t.join()
+    inside = sum(1 for x in done if t0 < x <= t1)
+    print(f"{name}: foreign copies {inside * n / (t1 - t0) / 1e9:.1f} GB/s meanwhile", flush=True)
+    torch.cuda.synchronize()
+    e.check()
+    e.close()
+    print(f"{name}: ok", flush=True)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("cases", nargs="*", help=f"of {', '.join(CASES)} (default: all)")
+    p.add_argument("--case", help="run this one case in this process")
+    p.add_argument("--mib", type=int, default=64)
+    p.add_argument("--timeout", type=float, default=40)
+    args = p.parse_args()
+    if args.case:
+        run_case(args.case, args.mib)
+        return 0
+    bad = [c for c in args.cases if c not in CASES]
+    if bad:
+        raise SystemExit(f"unknown cases {bad}; known: {', '.join(CASES)}")
+    for name in args.cases or list(CASES):
+        env = dict(os.environ, **CASES[name][0])
+        cmd = [sys.executable, "-u", __file__, "--case", name, "--mib", str(args.mib)]
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            out, _ = proc.communicate(timeout=args.timeout)
+            verdict = "ok" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"
+        except subprocess.TimeoutExpired:
+            proc.terminate()  # faulthandler prints the stacks
+            try:
+                out, _ = proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, _ = proc.communicate()
+            verdict = f"HUNG (no end in {args.timeout:.0f} s)"
+        keep = [line for line in out.splitlines() if "routing" not in line and "UserWarning" not in line]
+        print(f"== {name}: {verdict}")
+        print("\n".join(keep[-40:]), flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
