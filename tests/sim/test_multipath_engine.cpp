@@ -635,7 +635,7 @@ TEST_F(MultipathSim, TheOwnShareOnTheStreamCopyAfterCopy) {
     for (size_t l = 0; l < after.size(); ++l) all += after[l] - before[l];
     EXPECT_EQ(all, 2 * n) << "copy " << i;
     EXPECT_LE(after[0] - before[0], 2 * (2 * (n / 3) + (64 << 10))) << "copy " << i;
-    EXPECT_GT(after[1] - before[1] + after[2] - before[2], n) << "copy " << i;
+    EXPECT_GE(after[1] - before[1] + after[2] - before[2], 2 * (n - 2 * (n / 3))) << "copy " << i;
   }
   cudaStreamDestroy(s);
 }
