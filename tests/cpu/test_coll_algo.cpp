@@ -53,6 +53,18 @@ TEST(AllReduceAlgo, LowLatencyAskedRunsOnlyWhereEachBlocksLinesFitItsRegion) {
   EXPECT_EQ(choose_all_reduce(1 << 30, 4, 4, 32, true, AllReduceAlgo::kOneShot), AllReduceAlgo::kOneShot);
 }
 
+// The per-block two-shot: asked by name on 16-byte boundaries, at any size and
+// grid; one-shot off them; kAuto never picks it.
+TEST(AllReduceAlgo, PerBlockTwoShotOnlyByNameAndOnAlignedBuffers) {
+  const auto pb = AllReduceAlgo::kTwoShotPerBlock;
+  EXPECT_EQ(choose_all_reduce(4 << 20, 4, 4, 64, true, pb), pb);
+  EXPECT_EQ(choose_all_reduce(64, 4, 2, 1, true, pb), pb);
+  EXPECT_EQ(choose_all_reduce(4 << 20, 4, 4, 64, false, pb), AllReduceAlgo::kOneShot);
+  for (uint64_t bytes : {uint64_t(64), uint64_t(512) << 10, uint64_t(4) << 20, uint64_t(1) << 30})
+    for (unsigned blocks : {1u, 8u, 64u})
+      EXPECT_NE(choose_all_reduce(bytes, 4, 4, blocks, true, AllReduceAlgo::kAuto), pb) << bytes << " " << blocks;
+}
+
 TEST(LowLatencyArea, EachBlockHasARegionOfEverySlotAndTheAreaEndsWhereUserAllocationsBegin) {
   using namespace ferry::device;
   char* base = reinterpret_cast<char*>(uint64_t(1) << 40);

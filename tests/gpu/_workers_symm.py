@@ -403,12 +403,13 @@ class Suite:
             g.manual_seed(zlib.crc32(f"{rank}/{salt}".encode()))
             return torch.randint(-8, 9, (W * count,), device=dev, generator=g).to(dtype)
 
-        # 7, 8, 9, 10: all_reduce asking for the low-latency, one-shot, two-shot and low-latency two-shot algorithms;
+        # 7, 8, 9, 10, 13: all_reduce asking for the low-latency, one-shot, two-shot, low-latency two-shot and
+        # per-block two-shot algorithms;
         # 11: kAuto, after which the last block copies all of dst in the same kernel; 12: two low-latency calls
         # by name back to back, grid_sync, then kAuto over the first one's result (float and int32: exact sums).
         cases = (
             [(c, 3, 0) for c in (0, 1, 2, 6)]
-            + [(c, d, op) for c in (3, 4, 5, 7, 8, 9, 10) for d, _ in dtypes for op in (0, 1, 2)]
+            + [(c, d, op) for c in (3, 4, 5, 7, 8, 9, 10, 13) for d, _ in dtypes for op in (0, 1, 2)]
             + [(11, d, 0) for d, _ in dtypes]
             + [(12, d, 0) for d in (0, 3)]
         )
@@ -470,7 +471,7 @@ class Suite:
                             exp[:n] = red.to(dtype)
                             exp[n : 2 * n] = red.to(dtype)
                             exp[2 * n : 3 * n] = (red * len(members)).to(dtype)
-                        elif coll in (3, 4, 5, 7, 8, 9, 10, 11):
+                        elif coll in (3, 4, 5, 7, 8, 9, 10, 11, 13):
                             blk = slice(my * count, (my + 1) * count) if coll == 5 else slice(0, count)
                             stack = torch.stack([ins[m][blk].double() for m in members])
                             red = (
@@ -505,7 +506,7 @@ class Suite:
         for dcode, dtype in ((0, torch.float32), (2, torch.bfloat16)):
             # 60000 floats: the low-latency one-shot near its limit with 32 blocks (kLowLatencyBlockLines).
             for count, offset in ((big, 0), (60000, 0), (3001, 1), (big, 3), (1, 0), (0, 0)):
-                for coll in (4, 7, 8, 9, 10):
+                for coll in (4, 7, 8, 9, 10, 13):
                     salt = f"allreduce/{dcode}/{count}/{offset}/{coll}"
                     label = f"all_reduce algo {coll} dtype {dtype} count {count} offset {offset}"
                     ins = {}

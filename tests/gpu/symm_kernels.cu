@@ -128,6 +128,7 @@ __global__ void grid_sync_fault_kernel(Heap h, int* out) {
 // 11 all_reduce (kAuto), then the last block copies dst[0, count) to dst[count, 2 count)
 // 12 (n = count / 2) two low-latency all_reduces by name back to back into dst[0, n) and dst[n, 2n), grid_sync,
 //    then kAuto over dst[0, n) into dst[2n, 3n)
+// 13 all_reduce asking for the per-block two-shot
 template <class T>
 __device__ bool run_coll(const Heap& h, const Team& t, int coll, void* dst, const void* src, uint64_t count, int root,
                          ReduceOp op) {
@@ -154,6 +155,8 @@ __device__ bool run_coll(const Heap& h, const Team& t, int coll, void* dst, cons
       return all_reduce(h, t, d, s, count, op, AllReduceAlgo::kTwoShot);
     case 10:
       return all_reduce(h, t, d, s, count, op, AllReduceAlgo::kLowLatencyTwoShot);
+    case 13:
+      return all_reduce(h, t, d, s, count, op, AllReduceAlgo::kTwoShotPerBlock);
     case 12: {
       // n = count / 2: two low-latency calls by name back to back (same
       // shape, no grid sync between them) into dst[0, n) and dst[n, 2n);

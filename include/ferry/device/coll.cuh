@@ -17,8 +17,9 @@
  * (reductions; halves add in float), any trivially copyable T for the others.
  * Each call starts and ends with barrier_all: on return dst is complete here
  * and src may be written again. all_reduce's low-latency algorithms
- * (coll_algo.cuh) have no barrier with the other members; what they leave
- * done on return is above all_reduce. Returns false when a wait gave up
+ * (coll_algo.cuh) have no barrier with the other members, and its per-block
+ * two-shot meets them block by block; what they leave done on return is
+ * above all_reduce. Returns false when a wait gave up
  * (h.timeout_ns; heap.check() names the peer) or the grid is larger than
  * kMaxGridBlocks; dst is then undefined, and the heap's barrier words are out
  * of step: close the heap (a later barrier could pass early). Pushes
@@ -503,6 +504,45 @@ __device__ inline bool low_latency_two_shot(const Heap& h, const Team& t, T* dst
   return low_latency_end(h, t, rounds, good, whole_grid);
 }
 
+/* This block meets the same block of every other member of the team, and no
+ * other block of this rank's grid: the block's earlier stores land first
+ * (meet_members' fence). Called by every thread of the block. */
+__device__ inline bool block_meet(const Heap& h, const Team& t) {
+  __shared__ int ok;
+  const unsigned tid = scope_lane<Scope::kBlock>(), size = scope_size<Scope::kBlock>();
+  __syncthreads();
+  if (tid == 0) {
+    ok = 1;
+    if (grid_blocks() > unsigned(kMaxGridBlocks)) {
+      report(h, WaitKind::kBadGrid, -1);
+      ok = 0;
+    } else if (!team_usable(t, h.world) || team_world_rank(t, t.my) != h.rank) {
+      report(h, WaitKind::kBadTeam, -1);
+      ok = 0;
+    }
+  }
+  __syncthreads();
+  if (!ok) return false;
+  // The first warp's lanes take a peer each.
+  const bool met = tid >= 32 || grid_sync_peers(h, t, tid, size < 32 ? size : 32);
+  return __syncthreads_and(met ? 1 : 0) != 0;
+}
+
+/* Two-shot with per-block meetings (AllReduceAlgo::kTwoShotPerBlock): block
+ * b reads slice b of this member's part from every member's src once the
+ * same block of each has started the call (src was written before), stores
+ * the sums into every member's dst, and returns once the same block of
+ * every member has stored its slices here: this block's share of dst (slice
+ * b of every part) is complete, and its share of src (the same slices) is
+ * read by every member. */
+template <class T>
+__device__ inline bool two_shot_per_block(const Heap& h, const Team& t, T* dst, const T* src, uint64_t count,
+                                          ReduceOp op) {
+  if (!block_meet(h, t)) return false;
+  reduce_and_push(h, t, dst, src, count, op);
+  return block_meet(h, t);
+}
+
 /* This block's slice of `bytes` from src into `peer`'s copy of dst. */
 __device__ inline void push_slice(const Heap& h, char* dst, const char* src, uint64_t bytes, int peer) {
   uint64_t begin, end;
@@ -591,7 +631,7 @@ __device__ inline bool reduce(const Heap& h, const Team& t, T* dst, const T* src
  * where the call allows it. What is done when a block returns:
  *   kAuto, kOneShot, kTwoShot   all of this rank's dst, and this rank's src
  *                               may be written again
- *   kLowLatency, kLowLatencyTwoShot asked by name
+ *   kLowLatency, kLowLatencyTwoShot, kTwoShotPerBlock asked by name
  *                               this block's share of dst only. The blocks
  *                               split the work by algorithm, element type,
  *                               count and grid: call grid_sync(h) (or end the
@@ -615,6 +655,7 @@ __device__ inline bool all_reduce(const Heap& h, const Team& t, T* dst, const T*
     if (run == AllReduceAlgo::kLowLatencyTwoShot)
       return impl::low_latency_two_shot(h, t, dst, src, count, op, whole_grid);
   }
+  if (run == AllReduceAlgo::kTwoShotPerBlock) return impl::two_shot_per_block(h, t, dst, src, count, op);
   if (!barrier_all(h, t)) return false;
   if (run == AllReduceAlgo::kTwoShot)
     impl::reduce_and_push(h, t, dst, src, count, op);

@@ -16,6 +16,11 @@
  *                of every member's data goes to member i in lines, member i
  *                sends the reduced part back in lines: no barrier; each
  *                member's part at most kLowLatencyBlockLines / 2 x 4 bytes per block
+ *   kTwoShotPerBlock  kTwoShot whose two meetings are per block: each block
+ *                meets the same block of every other member, before and
+ *                after, and never waits for the rest of its own grid; asked
+ *                by name only (kAuto never takes it); src written before
+ *                the kernel (or grid_sync(h) first); 16-byte boundaries
  *
  * The limits of kAuto come from measurements on four H200s (docs/symm.md). */
 #ifndef FERRY_DEVICE_COLL_ALGO_CUH_
@@ -28,7 +33,14 @@
 namespace ferry {
 namespace device {
 
-enum class AllReduceAlgo { kAuto = 0, kLowLatency = 1, kOneShot = 2, kTwoShot = 3, kLowLatencyTwoShot = 4 };
+enum class AllReduceAlgo {
+  kAuto = 0,
+  kLowLatency = 1,
+  kOneShot = 2,
+  kTwoShot = 3,
+  kLowLatencyTwoShot = 4,
+  kTwoShotPerBlock = 5
+};
 
 /* kAuto takes the low-latency format up to this many bytes per rank for
  * each block of the grid: each block's threads push and unpack its share
@@ -40,8 +52,8 @@ constexpr uint64_t kLowLatencyTwoShotAutoBytesPerBlock = 16384;
 constexpr uint64_t kTwoShotMinBytes = 262144;
 
 /* The algorithm a call runs: `asked` where the call allows it, else the
- * nearest one that does (low latency past its limits: one-shot; two-shot on
- * unaligned buffers: one-shot). `blocks`: the grid's; `aligned`: dst and src
+ * nearest one that does (low latency past its limits: one-shot; either
+ * two-shot on unaligned buffers: one-shot). `blocks`: the grid's; `aligned`: dst and src
  * both on 16-byte boundaries. */
 FERRY_DEVICE_HD AllReduceAlgo choose_all_reduce(uint64_t bytes, int world, int team_size, unsigned blocks, bool aligned,
                                                 AllReduceAlgo asked) {
@@ -59,7 +71,8 @@ FERRY_DEVICE_HD AllReduceAlgo choose_all_reduce(uint64_t bytes, int world, int t
   }
   if (asked == AllReduceAlgo::kLowLatency && !ll_fits) return AllReduceAlgo::kOneShot;
   if (asked == AllReduceAlgo::kLowLatencyTwoShot && !ll_two_fits) return AllReduceAlgo::kOneShot;
-  if (asked == AllReduceAlgo::kTwoShot && !aligned) return AllReduceAlgo::kOneShot;
+  if ((asked == AllReduceAlgo::kTwoShot || asked == AllReduceAlgo::kTwoShotPerBlock) && !aligned)
+    return AllReduceAlgo::kOneShot;
   return asked;
 }
 

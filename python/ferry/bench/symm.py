@@ -50,7 +50,7 @@ PUT_BLOCKS = (1, 8, 32)
 ALL_REDUCE_BLOCKS = (8, 32, 64)
 # AllReduceAlgo's values (include/ferry/device/coll_algo.cuh) and their names in the records;
 # the low-latency ones only where they fit (low_latency_fits).
-ALL_REDUCE_ALGOS = ((0, "auto"), (1, "ll"), (4, "ll2shot"), (2, "1shot"), (3, "2shot"))
+ALL_REDUCE_ALGOS = ((0, "auto"), (1, "ll"), (4, "ll2shot"), (2, "1shot"), (3, "2shot"), (5, "2shot-blocks"))
 LOW_LATENCY_BLOCK_LINES = 2048  # kLowLatencyBlockLines
 LOW_LATENCY_MAX_RANKS = 8
 
