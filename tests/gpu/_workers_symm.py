@@ -406,12 +406,13 @@ class Suite:
         # 7, 8, 9, 10, 13: all_reduce asking for the low-latency, one-shot, two-shot, low-latency two-shot and
         # per-block two-shot algorithms;
         # 11: kAuto, after which the last block copies all of dst in the same kernel; 12: two low-latency calls
-        # by name back to back, grid_sync, then kAuto over the first one's result (float and int32: exact sums).
+        # by name back to back, grid_sync, then kAuto over the first one's result; 14: two per-block two-shots back
+        # to back, then kTwoShot over the first one's result (float and int32: exact sums).
         cases = (
             [(c, 3, 0) for c in (0, 1, 2, 6)]
             + [(c, d, op) for c in (3, 4, 5, 7, 8, 9, 10, 13) for d, _ in dtypes for op in (0, 1, 2)]
             + [(11, d, 0) for d, _ in dtypes]
-            + [(12, d, 0) for d in (0, 3)]
+            + [(c, d, 0) for c in (12, 14) for d in (0, 3)]
         )
         for start, stride, size in teams:
             members = [start + i * stride for i in range(size)]
@@ -465,7 +466,7 @@ class Suite:
                         elif coll == 2:
                             for j, m in enumerate(members):
                                 exp[j * count : (j + 1) * count] = ins[m][my * count : (my + 1) * count]
-                        elif coll == 12:
+                        elif coll in (12, 14):
                             n = count // 2
                             red = torch.stack([ins[m][:n].double() for m in members]).sum(0)
                             exp[:n] = red.to(dtype)

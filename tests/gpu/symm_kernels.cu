@@ -129,6 +129,8 @@ __global__ void grid_sync_fault_kernel(Heap h, int* out) {
 // 12 (n = count / 2) two low-latency all_reduces by name back to back into dst[0, n) and dst[n, 2n), grid_sync,
 //    then kAuto over dst[0, n) into dst[2n, 3n)
 // 13 all_reduce asking for the per-block two-shot
+// 14 (n = count / 2) two per-block two-shots back to back into dst[0, n) and dst[n, 2n), then kTwoShot over
+//    dst[0, n) into dst[2n, 3n)
 template <class T>
 __device__ bool run_coll(const Heap& h, const Team& t, int coll, void* dst, const void* src, uint64_t count, int root,
                          ReduceOp op) {
@@ -166,6 +168,16 @@ __device__ bool run_coll(const Heap& h, const Team& t, int coll, void* dst, cons
       if (!all_reduce(h, t, d + n, s, n, op, AllReduceAlgo::kLowLatency)) return false;
       if (!grid_sync(h)) return false;
       return all_reduce(h, t, d + 2 * n, d, n, op);
+    }
+    case 14: {
+      // n = count / 2: two per-block two-shots back to back into dst[0, n)
+      // and dst[n, 2n) (the same shape: nothing between them), then kTwoShot,
+      // whose barriers come first, over dst[0, n) into dst[2n, 3n): the
+      // per-block meetings and the barriers raise the same counters.
+      const uint64_t n = count / 2;
+      if (!all_reduce(h, t, d, s, n, op, AllReduceAlgo::kTwoShotPerBlock)) return false;
+      if (!all_reduce(h, t, d + n, s, n, op, AllReduceAlgo::kTwoShotPerBlock)) return false;
+      return all_reduce(h, t, d + 2 * n, d, n, op, AllReduceAlgo::kTwoShot);
     }
     case 11: {
       // kAuto returns with all of dst: the grid's last block copies all of it

@@ -51,9 +51,28 @@ def test_targets_met_and_missed():
     assert lines[0].startswith("put to one peer from 1 MiB >= 370 GB/s: missed (slowest size 210 GB/s)")
     assert "barrier in a kernel <= 2 us: met (1.50 us)" in lines
     assert "barrier on a stream <= 4 us: missed (9.00 us)" in lines
-    assert "all-reduce 8K <= 6 us: met (5.0 us)" in lines
-    assert "all-reduce 4M <= 25 us: missed (40.0 us)" in lines
+    assert "all-reduce 8K <= 6 us: met (5.0 us, ferry-device-8b)" in lines
+    assert "all-reduce 4M <= 25 us: missed (40.0 us, ferry-device-8b)" in lines
     assert not any("512K" in x for x in lines)  # not measured, not claimed
+
+
+def test_an_all_reduce_target_met_by_name_says_so():
+    recs = [
+        _rec("all_reduce", "ferry-device-2shot-64b", 4 << 20, 27.0),
+        _rec("all_reduce", "ferry-device-2shot-blocks-64b", 4 << 20, 24.0),
+        _rec("all_reduce", "ferry-device-ll2shot-64b", 512 << 10, 8.0),
+        _rec("all_reduce", "ferry-device-auto-64b", 8 << 10, 5.0),
+    ]
+    lines = symm.target_lines(recs)
+    assert (
+        "all-reduce 4M <= 25 us: met (24.0 us, ferry-device-2shot-blocks-64b, asked by name: each block's share of dst)"
+        in lines
+    ), lines
+    assert any(
+        x.startswith("all-reduce 512K <= 9 us: met (8.0 us, ferry-device-ll2shot-64b, asked by name")
+        for x in lines
+    )
+    assert "all-reduce 8K <= 6 us: met (5.0 us, ferry-device-auto-64b)" in lines
 
 
 def test_experiments_and_references_are_not_the_api():

@@ -76,8 +76,9 @@ __device__ inline bool local_grid_sync(const Heap& h) {
       WaitKind::kGridSync, -1);
 }
 
-/* Thread 0 of one block: the grid and the team are usable, and every block of this rank arrived. */
-__device__ inline bool grid_sync_local(const Heap& h, const Team& t) {
+/* One thread: the grid is at most kMaxGridBlocks blocks and the team is one
+ * this rank is in; otherwise the fault word says which, and false. */
+__device__ inline bool grid_and_team_usable(const Heap& h, const Team& t) {
   if (grid_blocks() > unsigned(kMaxGridBlocks)) {
     report(h, WaitKind::kBadGrid, -1);
     return false;
@@ -86,7 +87,12 @@ __device__ inline bool grid_sync_local(const Heap& h, const Team& t) {
     report(h, WaitKind::kBadTeam, -1);
     return false;
   }
-  return local_grid_sync(h);
+  return true;
+}
+
+/* Thread 0 of one block: the grid and the team are usable, and every block of this rank arrived. */
+__device__ inline bool grid_sync_local(const Heap& h, const Team& t) {
+  return grid_and_team_usable(h, t) && local_grid_sync(h);
 }
 
 /* Lane `lane` of `lanes` (after grid_sync_local): this block meets the same
@@ -511,16 +517,7 @@ __device__ inline bool block_meet(const Heap& h, const Team& t) {
   __shared__ int ok;
   const unsigned tid = scope_lane<Scope::kBlock>(), size = scope_size<Scope::kBlock>();
   __syncthreads();
-  if (tid == 0) {
-    ok = 1;
-    if (grid_blocks() > unsigned(kMaxGridBlocks)) {
-      report(h, WaitKind::kBadGrid, -1);
-      ok = 0;
-    } else if (!team_usable(t, h.world) || team_world_rank(t, t.my) != h.rank) {
-      report(h, WaitKind::kBadTeam, -1);
-      ok = 0;
-    }
-  }
+  if (tid == 0) ok = grid_and_team_usable(h, t);
   __syncthreads();
   if (!ok) return false;
   // The first warp's lanes take a peer each.
@@ -533,8 +530,12 @@ __device__ inline bool block_meet(const Heap& h, const Team& t) {
  * same block of each has started the call (src was written before), stores
  * the sums into every member's dst, and returns once the same block of
  * every member has stored its slices here: this block's share of dst (slice
- * b of every part) is complete, and its share of src (the same slices) is
- * read by every member. */
+ * b of every part, and for the grid's last block the tail of fewer than 16
+ * bytes) is complete, and its share of src (the same elements) is read by
+ * every member. The shares follow the team's size, T, count and the grid.
+ * Members that run different grids are not detected (the low-latency
+ * algorithms' limit too): the same block of each meets, and the blocks one
+ * grid has and another lacks wait out the timeout on their own rank. */
 template <class T>
 __device__ inline bool two_shot_per_block(const Heap& h, const Team& t, T* dst, const T* src, uint64_t count,
                                           ReduceOp op) {
@@ -634,16 +635,20 @@ __device__ inline bool reduce(const Heap& h, const Team& t, T* dst, const T* src
  *   kLowLatency, kLowLatencyTwoShot, kTwoShotPerBlock asked by name
  *                               this block's share of dst only. The blocks
  *                               split the work by algorithm, element type,
- *                               count and grid: call grid_sync(h) (or end the
+ *                               count, team and grid: call grid_sync(h) (or end the
  *                               kernel) before reading the rest of dst,
  *                               writing src, or a next collective on
  *                               overlapping buffers that differs in any of
  *                               these (kAuto on the same count may pick the
  *                               other low-latency form); no grid-wide wait is
  *                               why one asks for them
- * The low-latency algorithms (also under kAuto) end without a barrier with
- * the other members: when this rank returns, a peer may still be writing its
- * own dst (barrier_all before touching peers' copies). */
+ * The low-latency algorithms (also under kAuto) and kTwoShotPerBlock end
+ * without a barrier with the other members: when this rank returns, a peer
+ * may still be writing its own dst, and other blocks of the peers may still
+ * be storing into this rank's (barrier_all before touching peers' copies).
+ * If a block touched another block's share of dst or src since a call asked
+ * by name, grid_sync(h) again before the next one: its first stores into a
+ * member wait only for the same block there. */
 template <class T>
 __device__ inline bool all_reduce(const Heap& h, const Team& t, T* dst, const T* src, uint64_t count, ReduceOp op,
                                   AllReduceAlgo algo = AllReduceAlgo::kAuto) {

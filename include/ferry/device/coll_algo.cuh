@@ -20,7 +20,8 @@
  *                meets the same block of every other member, before and
  *                after, and never waits for the rest of its own grid; asked
  *                by name only (kAuto never takes it); src written before
- *                the kernel (or grid_sync(h) first); 16-byte boundaries
+ *                the kernel (or grid_sync(h) first); 16-byte boundaries,
+ *                else one-shot, with one-shot's whole-grid contract
  *
  * The limits of kAuto come from measurements on four H200s (docs/symm.md). */
 #ifndef FERRY_DEVICE_COLL_ALGO_CUH_

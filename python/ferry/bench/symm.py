@@ -110,6 +110,12 @@ def format_table(records: Sequence[dict]) -> str:
     return "\n".join(out)
 
 
+def _by_name(impl: str) -> bool:
+    """An all-reduce row of an algorithm asked by name whose contract is each
+    block's share of dst (the low-latency ones and the per-block two-shot)."""
+    return any(f"-{name}-" in impl for name in ("ll", "ll2shot", "2shot-blocks"))
+
+
 def target_lines(records: Sequence[dict]) -> List[str]:
     """The issue's targets against this run (met or missed, with the numbers)."""
     lines = []
@@ -156,15 +162,19 @@ def target_lines(records: Sequence[dict]) -> List[str]:
             )
     for nbytes, limit in TARGETS["all_reduce_us"].items():
         got = [
-            r["time_us"]
+            r
             for r in records
             if r["op"] == "all_reduce" and r["bytes"] == nbytes and r["impl"].startswith("ferry-device")
         ]
         if got:
-            ok = min(got) <= limit
+            best = min(got, key=lambda r: r["time_us"])
+            # Named: an algorithm asked by name leaves only each block's share of dst done on return.
+            ok = best["time_us"] <= limit
             lines.append(
                 f"all-reduce {format_size(nbytes)} <= {limit:.0f} us: {'met' if ok else 'missed'} "
-                f"({min(got):.1f} us)"
+                f"({best['time_us']:.1f} us, {best['impl']}"
+                + (", asked by name: each block's share of dst" if _by_name(best["impl"]) else "")
+                + ")"
             )
     return lines
 

@@ -295,8 +295,6 @@ int bench_barrier(const void* heap, int iters, int* ok, cudaStream_t s) {
   return cudaGetLastError();
 }
 
-// algo: AllReduceAlgo's value (0 auto, 1 low latency, 2 one-shot, 3 two-shot, 4 low-latency two-shot,
-// 5 per-block two-shot).
 int bench_grid_barrier(const void* heap, int iters, int blocks, int* ok, cudaStream_t s) {
   grid_barrier_kernel<<<blocks, 512, 0, s>>>(heap_from_bytes(heap), iters, ok);
   return cudaGetLastError();
@@ -319,6 +317,8 @@ int bench_all_reduce_threads(const void* heap, void* dst, const void* src, uint6
   return cudaGetLastError();
 }
 
+// algo: AllReduceAlgo's value (0 auto, 1 low latency, 2 one-shot, 3 two-shot, 4 low-latency two-shot,
+// 5 per-block two-shot).
 int bench_all_reduce(const void* heap, void* dst, const void* src, uint64_t count, int iters, int blocks, int algo,
                      int* ok, cudaStream_t s) {
   all_reduce_kernel<<<blocks, 512, 0, s>>>(heap_from_bytes(heap), static_cast<__nv_bfloat16*>(dst),
