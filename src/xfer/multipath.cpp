@@ -407,8 +407,8 @@ MultipathReport MultipathEngine::copy_batch(const std::vector<MultipathPiece>& p
   // The head: the caller's own stream copies it over the target's link at
   // once (only where that stream is the target GPU's), while the engine's
   // thread starts the rest. It is the start of the first copy. With
-  // own_share_on_stream it is the target link's whole even share: the
-  // scheduler gives that link none of the rest.
+  // own_share_on_stream it is the target link's share (multipath_own_fraction):
+  // the scheduler gives that link none of the rest.
   const MultipathSplit split = multipath_split(total, relays, head_bytes_, policy_.own_share_on_stream,
                                                parts.front().bytes, stream_device == route.device, own_fraction);
   const size_t head = split.head;

@@ -78,9 +78,10 @@ size_t multipath_head_bytes(size_t bytes, int links, size_t head_bytes);
 // the head the caller's stream copies (only where that stream is the
 // target's, `stream_on_target`; at most `first_piece`, the batch's first
 // copy), and how many links share the rest. With own_share_on_stream and the
-// stream on the target the head is the target link's whole even share and the
-// relays alone share the rest; with the stream on another GPU there is no head
-// and the target's link shares the rest as usual.
+// stream on the target the head is the target link's share (`own_fraction`
+// of the copy, or an even share) and the relays alone share the rest; with
+// the stream on another GPU there is no head and the target's link shares
+// the rest as usual.
 struct MultipathSplit {
   size_t head = 0;
   int rest_links = 1;
