@@ -291,18 +291,33 @@ def _bulk_put(R, lib, dst, src, put_source, nbytes, W, iters, reps, gpu, date, r
         launch = _put_launch(lib.bench_put_bulk, R, dst, src, nbytes, W, blocks)
         t = R.timed(lambda i, s: launch(i, s, iters), reps)
         records.append(record("put", f"experiment-tma-{blocks}b", W, nbytes, t / iters, "block", gpu, date))
-        for i in range(len(R.ranks)):
-            dst[i][:nbytes].fill_(0xA5)
-        R.barrier()
-        for i in range(len(R.ranks)):
-            launch(i, R.streams[i], 1)
-        R.barrier()
-        for i in range(len(R.ranks)):
-            sender = (R.ranks[i] - 1) % W
-            expected = put_source(sender, R.devs[i])[:nbytes]
-            bad = int((dst[i][:nbytes] != expected).sum().item())
-            if bad:
-                wrong.append(f"rank {R.ranks[i]} experiment-tma-{blocks}b put {nbytes}: {bad} bytes wrong")
+        wrong += _checked_once(
+            R,
+            launch,
+            dst,
+            nbytes,
+            lambda r: (r - 1) % W,
+            put_source,
+            f"experiment-tma-{blocks}b put {nbytes}",
+        )
+    return wrong
+
+
+def _checked_once(R, launch, dst, nbytes, source_rank, put_source, what) -> List[str]:
+    """`launch` once more into a poisoned dst on every local rank; every byte
+    checked against put_source(source_rank(rank))."""
+    for i in range(len(R.ranks)):
+        dst[i][:nbytes].fill_(0xA5)
+    R.barrier()
+    for i in range(len(R.ranks)):
+        launch(i, R.streams[i], 1)
+    R.barrier()
+    wrong = []
+    for i in range(len(R.ranks)):
+        expected = put_source(source_rank(R.ranks[i]), R.devs[i])[:nbytes]
+        bad = int((dst[i][:nbytes] != expected).sum().item())
+        if bad:
+            wrong.append(f"rank {R.ranks[i]} {what}: {bad} bytes wrong")
     return wrong
 
 
@@ -323,17 +338,15 @@ def _gets(R, lib, heap, src, put_source, W, iters, reps, gpu, date, records, opt
             launch = _put_launch(lib.bench_get, R, gdst, gsrc, nbytes, W, blocks)
             t = R.timed(lambda i, s: launch(i, s, iters), reps)
             records.append(record("get", f"ferry-device-{blocks}b", W, nbytes, t / iters, "block", gpu, date))
-            for i in range(len(R.ranks)):
-                gdst[i][:nbytes].fill_(0xA5)
-            R.barrier()
-            for i in range(len(R.ranks)):
-                launch(i, R.streams[i], 1)
-            R.barrier()
-            for i in range(len(R.ranks)):
-                expected = put_source((R.ranks[i] + 1) % W, R.devs[i])[:nbytes]
-                bad = int((gdst[i][:nbytes] != expected).sum().item())
-                if bad:
-                    wrong.append(f"rank {R.ranks[i]} ferry-device-{blocks}b get {nbytes}: {bad} bytes wrong")
+            wrong += _checked_once(
+                R,
+                launch,
+                gdst,
+                nbytes,
+                lambda r: (r + 1) % W,
+                put_source,
+                f"ferry-device-{blocks}b get {nbytes}",
+            )
         t = R.timed(
             lambda i, s: [
                 heap.get(gdst[i][:nbytes], gsrc[i][:nbytes], (R.ranks[i] + 1) % W, stream=s)

@@ -21,9 +21,8 @@ namespace {
 
 // Block b puts its slice of `bytes` (split evenly over the grid) into the peer, `iters` times; then quiet.
 __global__ void put_kernel(Heap h, char* dst, const char* src, uint64_t bytes, int peer, int iters) {
-  const uint64_t per = (bytes + gridDim.x - 1) / gridDim.x;
-  const uint64_t begin = per * blockIdx.x < bytes ? per * blockIdx.x : bytes;
-  const uint64_t end = begin + per < bytes ? begin + per : bytes;
+  uint64_t begin, end;
+  impl::block_slice(bytes, &begin, &end);
   for (int i = 0; i < iters; ++i)
     if (end > begin) put<Scope::kBlock>(h, dst + begin, src + begin, end - begin, peer);
   quiet();
@@ -32,9 +31,8 @@ __global__ void put_kernel(Heap h, char* dst, const char* src, uint64_t bytes, i
 // Block b gets its slice of `bytes` (split evenly over the grid) from the
 // peer's src into local dst, `iters` times: loads over NVLink, where put stores.
 __global__ void get_kernel(Heap h, char* dst, const char* src, uint64_t bytes, int peer, int iters) {
-  const uint64_t per = (bytes + gridDim.x - 1) / gridDim.x;
-  const uint64_t begin = per * blockIdx.x < bytes ? per * blockIdx.x : bytes;
-  const uint64_t end = begin + per < bytes ? begin + per : bytes;
+  uint64_t begin, end;
+  impl::block_slice(bytes, &begin, &end);
   for (int i = 0; i < iters; ++i)
     if (end > begin) get<Scope::kBlock>(h, dst + begin, src + begin, end - begin, peer);
 }
