@@ -197,9 +197,7 @@ void MultipathEngine::close() {
       g.gate->keep();
       g.reached->keep();
       g.head_done->keep();
-      for (auto& pair : g.head_time)  // a pending event is released once it completes
-        for (auto e : pair)
-          if (e) cudaEventDestroy(e);
+      destroy_events(g.head_time);  // a pending event is released once it completes
     }
   }
   if (!drained && !broken)
@@ -283,7 +281,7 @@ MultipathEngine::StreamGate* MultipathEngine::gate_for(int device, cudaStream_t 
   auto gate = std::make_unique<HostGate>();
   auto reached = std::make_unique<HostGate>();
   auto head_done = std::make_unique<HostGate>();
-  std::array<std::array<cudaEvent_t, 2>, kHeadTimes> head_time{};
+  HeadTimes head_time{};
   for (auto& pair : head_time)
     for (auto& e : pair)
       if (cudaEventCreate(&e) != cudaSuccess) {
@@ -292,9 +290,7 @@ MultipathEngine::StreamGate* MultipathEngine::gate_for(int device, cudaStream_t 
       }
   std::lock_guard<std::mutex> lock(mu_);
   if (StreamGate* g = find()) {  // another thread made it meanwhile
-    for (auto& pair : head_time)
-      for (auto e : pair)
-        if (e) cudaEventDestroy(e);
+    destroy_events(head_time);
     return g;
   }
   gates_.push_back(StreamGate{device, stream, thread, std::move(gate), std::move(reached), std::move(head_done),
@@ -834,17 +830,12 @@ void MultipathEngine::run() {
             sched->observe(t.target, t.head, ms * 1e-3, steady_seconds());
         }
       if (progress) {
-        // What copy() sizes the next own share by: speeds measured within
-        // the last second, and a link late while its probe is out too long.
+        // What copy() sizes the next own share by (the scheduler is this thread's only).
         std::lock_guard<std::mutex> lock(mu_);
         for (int l = 0; l < n; ++l) {
-          const auto& e = sched->estimates()[l];
-          const double s_per_byte = e.s_per_byte();
-          link_rate_[l] = s_per_byte > 0 && t_now - e.at <= kRateFreshS ? 1 / s_per_byte : 0;
+          link_rate_[l] = sched->share_rate(l, t_now);
           for (int lane = 0; lane < MultipathScheduler::kLanes; ++lane)
-            link_late_[l][lane] =
-                sched->late(l, lane) ||
-                (sched->probing(l, lane) && t_now - sched->probe_sent(l, lane) > MultipathScheduler::kPromptS);
+            link_late_[l][lane] = sched->share_late(l, lane, t_now);
         }
       }
       // Let each finished copy's stream go; a started copy has the timeout to land.

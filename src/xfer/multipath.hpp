@@ -117,7 +117,12 @@ class MultipathEngine {
   // its handle on its device (handle 0 is a different stream on each GPU),
   // and the calling thread's for cudaStreamPerThread.
   static constexpr int kHeadTimes = 8;
-  static constexpr double kRateFreshS = 1.0;  // an own share is sized only by speeds measured this recently
+  using HeadTimes = std::array<std::array<cudaEvent_t, 2>, kHeadTimes>;
+  static void destroy_events(HeadTimes& events) {
+    for (auto& pair : events)
+      for (auto& e : pair)
+        if (e) cudaEventDestroy(e), e = nullptr;
+  }
   struct StreamGate {
     int device;
     cudaStream_t stream;
@@ -136,7 +141,7 @@ class MultipathEngine {
     // An own share's start and end on the GPU's clock, by generation %
     // kHeadTimes: the own link's speed. `timing` is the generation last
     // recorded, so that a slot recorded again meanwhile is not read.
-    std::array<std::array<cudaEvent_t, 2>, kHeadTimes> head_time{};
+    HeadTimes head_time{};
     std::unique_ptr<std::atomic<uint64_t>> timing;
     // Lets every arming up to `generation` go (under mu_).
     void open(uint64_t generation) {

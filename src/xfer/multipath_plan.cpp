@@ -400,6 +400,16 @@ int MultipathScheduler::start_probe(int link, double now) {
   return -1;
 }
 
+double MultipathScheduler::share_rate(int link, double now) const {
+  const Estimate& e = est_.at(link);
+  const double s_per_byte = e.s_per_byte();
+  return s_per_byte > 0 && now - e.at <= kShareRateFreshS ? 1 / s_per_byte : 0;
+}
+
+bool MultipathScheduler::share_late(int link, int lane, double now) const {
+  return late(link, lane) || (probing(link, lane) && now - probe_sent(link, lane) > kPromptS);
+}
+
 void MultipathScheduler::probe_landed(int link, int lane, double now, double waited_s) {
   FERRY_ARG_CHECK(link >= 0 && link < links() && lane >= 0 && lane < kLanes && probing_[link][lane],
                   "probe_landed: no probe out on that link and lane");

@@ -229,6 +229,13 @@ class MultipathScheduler {
   bool probing(int link, int lane) const { return probing_.at(link)[lane]; }
   // `link`'s last probe in `lane` came back late (copies were queued there first).
   bool late(int link, int lane) const { return late_.at(link).at(lane); }
+  // What sizes an own share (multipath_own_fraction), at `now`: `link`'s
+  // speed in bytes/s if measured within kShareRateFreshS (else 0), and
+  // whether `lane` counts as late there (its last probe came back late, or
+  // one has been out longer than a prompt one takes).
+  static constexpr double kShareRateFreshS = 1.0;
+  double share_rate(int link, double now) const;
+  bool share_late(int link, int lane, double now) const;
   double probe_sent(int link, int lane) const { return probe_sent_.at(link)[lane]; }
   // The oldest chunk in flight on `link` landed (seen at `now`).
   void complete(int link, double now = 0);

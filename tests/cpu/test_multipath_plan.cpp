@@ -662,6 +662,28 @@ TEST(MultipathProbe, AnOwnLinkProbesWhileItsShareIsOnTheStream) {
   EXPECT_FALSE(s.next(0, &a, 3e-3)) << "the own link took a chunk of a copy whose share is on the stream";
 }
 
+// What sizes the next own share: a speed only while fresh, and a lane late
+// after a late probe or while a probe is out longer than a prompt one takes.
+TEST(MultipathProbe, TheShareIsSizedByFreshSpeedsAndLateProbes) {
+  MultipathPolicy p;
+  p.own_share_on_stream = true;
+  MultipathScheduler s(2, p);
+  EXPECT_EQ(s.share_rate(0, 0.0), 0) << "an unmeasured link has a speed";
+  s.observe(0, 4 * kMiB, 1e-4, 1.0);
+  EXPECT_NEAR(s.share_rate(0, 1.5), 4.0 * kMiB / 1e-4, 1);
+  EXPECT_EQ(s.share_rate(0, 1.0 + MultipathScheduler::kShareRateFreshS + 0.01), 0) << "a stale speed counts";
+  s.add(0, split_chunks(4 * kMiB, kMiB), 0);
+  ASSERT_EQ(s.start_probe(0, 2.0), 0);
+  EXPECT_FALSE(s.share_late(0, 0, 2.0 + MultipathScheduler::kPromptS / 2));
+  EXPECT_TRUE(s.share_late(0, 0, 2.0 + 2 * MultipathScheduler::kPromptS)) << "a probe out too long is not late";
+  EXPECT_FALSE(s.share_late(0, 1, 2.0 + 2 * MultipathScheduler::kPromptS)) << "the other lane was judged too";
+  s.probe_landed(0, 0, 2.01, 5e-3);
+  EXPECT_TRUE(s.share_late(0, 0, 2.01));
+  ASSERT_EQ(s.start_probe(0, 2.02), 0);
+  s.probe_landed(0, 0, 2.03, 10e-6);
+  EXPECT_FALSE(s.share_late(0, 0, 2.03));
+}
+
 // A link idle in a lane takes chunks there only after a probe landed
 // promptly; the other lane is judged on its own.
 TEST(MultipathProbe, ALaneIsClearOnlyAfterAPromptProbe) {
