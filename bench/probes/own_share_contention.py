@@ -12,10 +12,9 @@ the foreign copies' GB/s over the same span. Each case runs in a process of
 its own, bounded (--timeout, default 40 s; a hung case prints its threads'
 Python stacks and "HUNG").
 
-With own_share_on_stream on, the first copy after the thread started never
-landed in three runs on four H200s (and the watchdog said nothing: the
-stream never got to the copy); off, every copy landed. The cases tell the
-explanations apart:
+It looks at the hang under docs/multipath.md, "Known problems" (with
+own_share_on_stream on, a copy whose stream never gets to it). The cases
+tell the explanations apart:
 - on, off: the two settings;
 - head-off: own share off, but a 16 MiB head on the caller's stream
   (head_bytes): a copy on the stream between the engine's stream writes and

@@ -42,8 +42,8 @@ KERNEL_FIRST = "import torch\ntorch.ones(1, device='cuda')\ntorch.cuda.synchroni
 
 # With the engine scheduling the own link's chunks (the library's default
 # changed by hand), a kernel's first launch after a copy can hold those chunks
-# behind the stream the copy holds (docs/multipath.md, "Hazards"); in runs of
-# this program it failed in some runs and passed in others.
+# behind the stream the copy holds (docs/multipath.md, "Hazards"): a race, so
+# a pass proves nothing.
 OWN_LINK_SCHEDULED = pytest.mark.xfail(
     strict=False,
     reason="known hazard (docs/multipath.md, 'Hazards'): the own link's chunks, submitted after the copy "
