@@ -12,8 +12,9 @@ the foreign copies' GB/s over the same span. Each case runs in a process of
 its own, bounded (--timeout, default 40 s; a hung case prints its threads'
 Python stacks and "HUNG").
 
-It looks at the hang under docs/multipath.md, "Known problems" (with
-own_share_on_stream on, a copy whose stream never gets to it). The cases
+It shows, in ferry, the starvation under docs/multipath.md, "Hazards" (a
+stream that keeps host-to-GPU copies queued starves other streams' copies
+on that link; bench/probes/head_wait_hang.cu shows it without ferry). The cases
 tell the explanations apart:
 - on, off: the two settings;
 - head-off: own share off, but a 16 MiB head on the caller's stream
