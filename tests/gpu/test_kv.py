@@ -128,6 +128,38 @@ def test_modes_directions_layouts_byte_exact(kv, mode, direction, layout):
     assert (rep["sms"] > 0) == (rep["strategy"] == "kernel")
 
 
+@pytest.mark.parametrize("direction", ["h2d", "d2h", "d2d"])
+def test_kernel_many_tasks_per_warp_byte_exact(kv, direction):
+    """Requests with more warp tasks than warps, as a long prefix makes:
+    several in a row on two streams (the kernel's staging slots are reused),
+    each checked against the reference; then odd page bytes with a single
+    warp taking every task."""
+    torch = _torch()
+    rng = random.Random(hash(("many", direction)) & 0xFFFF)
+    pages = 700
+    src_where, dst_where = {"h2d": ("host", "gpu"), "d2h": ("gpu", "host"), "d2d": ("gpu", "gpu")}[direction]
+    src, src_list = make_side("vllm", src_where, pages, (16, 2, 8), torch.bfloat16)
+    dst, dst_list = make_side("vllm", dst_where, pages + 50, (16, 2, 8), torch.bfloat16)
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for i in range(4):
+        n = rng.choice([pages, 333, 513])
+        dst_ids = rng.sample(range(pages + 50), n)
+        src_ids = [rng.randrange(pages) for _ in range(n)]
+        with torch.cuda.stream(streams[i % 2]):
+            rep = check_copy(kv, dst_list, src_list, dst_ids, src_ids, mode="kernel")
+        assert rep["strategy"] == "kernel" and rep["sms"] > 0
+    u8 = {
+        "host": lambda n: pinned((n, 4099), torch.uint8),
+        "gpu": lambda n: torch.empty((n, 4099), dtype=torch.uint8, device="cuda"),
+    }
+    s8, d8 = u8[src_where](40), u8[dst_where](45)
+    fill_random(s8)
+    dst_ids = rng.sample(range(45), 30)
+    src_ids = [rng.randrange(40) for _ in range(30)]
+    rep = check_copy(kv, [d8], [s8], dst_ids, src_ids, mode="kernel", kernel_blocks=1, kernel_threads=32)
+    assert rep["sms"] == 1
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_odd_sizes_unaligned_pages_and_runs(kv, mode):
     torch = _torch()

@@ -133,7 +133,14 @@ def _records():
         op, "llama-3.1-8b", prompt, hit, impl, v, "GPU", "2026-11-25", **kw
     )
     out = [
-        rec("ttft", i, t, kv_bytes=4 << 30, pcie_bound_ms=80.0)
+        rec(
+            "ttft",
+            i,
+            t,
+            kv_bytes=4 << 30,
+            pcie_bound_ms=80.0,
+            **({"fetch_ms": 84.0} if i == "ferry-auto" else {}),
+        )
         for i, t in (
             ("ferry-auto", 90.0),
             ("ferry-zero-sm", 100.0),
@@ -164,7 +171,9 @@ def test_ratio_rows():
     assert auto["vs"]["per-page"] == pytest.approx(300 / 90)
     assert auto["best_alt"] == "kernel" and auto["vs_best"] == pytest.approx(95 / 90)
     assert auto["over_pcie_bound"] == pytest.approx(90 / 80)
+    assert auto["fetch_over_pcie_bound"] == pytest.approx(84 / 80)
     zero = rows[("ttft", 1.0, "ferry-zero-sm")]
+    assert "fetch_over_pcie_bound" not in zero  # no fetch time recorded
     assert zero["vs_best"] == pytest.approx(0.95)  # slower than the kernel: below 1
     half = rows[("ttft", 0.5, "ferry-auto")]
     assert half["vs"] == {"per-page": pytest.approx(1.3)} and "over_pcie_bound" not in half
@@ -183,8 +192,8 @@ def test_tables():
     assert "1100.0" in lines[3] and "tok/s" in lines[3]
     ratios = E.format_ratios(recs)
     assert (
-        "3.33" in ratios and "1.06" in ratios and "1.12" in ratios
-    )  # x per-page, x best (kernel), TTFT/bound
+        "3.33" in ratios and "1.06" in ratios and "1.12" in ratios and "1.05" in ratios
+    )  # x per-page, x best (kernel), TTFT/bound, fetch/bound
     assert "kernel" in ratios
 
 

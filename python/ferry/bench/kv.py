@@ -22,7 +22,8 @@ Impls: ferry's modes (per-page, batched, streams, kernel, auto, auto-zero-sm,
 ahead-batched) and the field's, re-implemented: vllm-batched (one batched call,
 one copy per page, source order Any for fetches), sglang-kernel (2 CTAs x 1024
 threads, a warp per page), vllm-kernel (12 blocks), kernel-gpu-ids (ferry's
-kernel with index lists on the GPU, submitted ahead).
+kernel with index lists on the GPU, submitted ahead); asked by name only:
+kernel-32b, kernel-64b, kernel-132b (ferry's kernel on that many blocks).
 
 --gemm: a bf16 8192^3 GEMM loop alone and beside continuous fetches (zero_sm
 batched, and the kernel), paired alternating runs, median slowdown.
@@ -59,9 +60,14 @@ INLINE = {
     "vllm-batched": dict(mode="batched", merge=False, settled_fetch=True),
     "sglang-kernel": dict(mode="kernel", kernel_blocks=2, kernel_threads=1024, kernel_chunk=1 << 62),
     "vllm-kernel": dict(mode="kernel", kernel_blocks=12, kernel_threads=512),
+    # ferry's kernel on more SMs than its default 16: how many host reads in flight the link needs.
+    "kernel-32b": dict(mode="kernel", kernel_blocks=32),
+    "kernel-64b": dict(mode="kernel", kernel_blocks=64),
+    "kernel-132b": dict(mode="kernel", kernel_blocks=132),
 }
 AHEAD = ("ahead-batched", "kernel-gpu-ids")
-IMPLS = tuple(INLINE) + AHEAD
+# By default, all but the kernel's grid-size experiment (--impls names them).
+IMPLS = tuple(k for k in INLINE if not k.startswith("kernel-")) + AHEAD
 # The modes `ferry kv-tune` measures, by the name the auto table gives them.
 TUNED = {"per-page": "per_page", "batched": "batched", "streams": "streams", "kernel": "kernel"}
 DEFAULT_PAGES = "4K,16K,64K,256K,1M,4M"
@@ -662,9 +668,10 @@ def make_options(
     if bad:
         raise SystemExit(f"--ops: unknown {bad}; expected some of {','.join(OPS)}")
     impl_list = [i for i in impls.split(",") if i]
-    bad = [i for i in impl_list if i not in IMPLS]
+    known = tuple(INLINE) + AHEAD
+    bad = [i for i in impl_list if i not in known]
     if bad:
-        raise SystemExit(f"--impls: unknown {bad}; expected some of {','.join(IMPLS)}")
+        raise SystemExit(f"--impls: unknown {bad}; expected some of {','.join(known)}")
     return dict(
         pages=[parse_size(x) for x in pages.split(",") if x],
         counts=[int(x) for x in counts.split(",") if x],
