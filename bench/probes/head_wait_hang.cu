@@ -37,21 +37,21 @@
 
 #include "core/driver.hpp"
 
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
+#define CK(x)                                                                                 \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
       std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      _exit(3);                                                                        \
-    }                                                                                  \
+      _exit(3);                                                                               \
+    }                                                                                         \
   } while (0)
-#define CU(x)                                                      \
-  do {                                                             \
-    CUresult r_ = (x);                                             \
-    if (r_ != CUDA_SUCCESS) {                                      \
+#define CU(x)                                                                  \
+  do {                                                                         \
+    CUresult r_ = (x);                                                         \
+    if (r_ != CUDA_SUCCESS) {                                                  \
       std::fprintf(stderr, "%s:%d %s: %d\n", __FILE__, __LINE__, #x, int(r_)); \
-      _exit(3);                                                    \
-    }                                                              \
+      _exit(3);                                                                \
+    }                                                                          \
   } while (0)
 
 namespace {
@@ -85,11 +85,16 @@ int main(int argc, char** argv) {
   double patience_ms = 5000;
   size_t foreign_mib = 64;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--shape") && i + 1 < argc) shape = argv[++i];
-    else if (!std::strcmp(argv[i], "--foreign") && i + 1 < argc) foreign = argv[++i];
-    else if (!std::strcmp(argv[i], "--head-events")) head_events = true;
-    else if (!std::strcmp(argv[i], "--foreign-mib") && i + 1 < argc) foreign_mib = std::stoul(argv[++i]);
-    else if (!std::strcmp(argv[i], "--patience") && i + 1 < argc) patience_ms = 1000 * std::stod(argv[++i]);
+    if (!std::strcmp(argv[i], "--shape") && i + 1 < argc)
+      shape = argv[++i];
+    else if (!std::strcmp(argv[i], "--foreign") && i + 1 < argc)
+      foreign = argv[++i];
+    else if (!std::strcmp(argv[i], "--head-events"))
+      head_events = true;
+    else if (!std::strcmp(argv[i], "--foreign-mib") && i + 1 < argc)
+      foreign_mib = std::stoul(argv[++i]);
+    else if (!std::strcmp(argv[i], "--patience") && i + 1 < argc)
+      patience_ms = 1000 * std::stod(argv[++i]);
   }
   if ((shape != "head" && shape != "side" && shape != "none" && shape != "plain") ||
       (foreign != "events" && foreign != "query" && foreign != "none")) {
@@ -129,8 +134,9 @@ int main(int argc, char** argv) {
   std::thread engine([&] {
     uint64_t opened = 0;
     while (!quit.load()) {
-      const uint64_t seen = shape == "plain" ? 0 : shape == "none" ? __atomic_load_n(&h[0], __ATOMIC_ACQUIRE)
-                                            : __atomic_load_n(&h[8], __ATOMIC_ACQUIRE);
+      const uint64_t seen = shape == "plain"  ? 0
+                            : shape == "none" ? __atomic_load_n(&h[0], __ATOMIC_ACQUIRE)
+                                              : __atomic_load_n(&h[8], __ATOMIC_ACQUIRE);
       if (seen > opened) {
         opened = seen;
         __atomic_store_n(&h[16], opened, __ATOMIC_RELEASE);
