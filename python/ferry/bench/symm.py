@@ -592,7 +592,7 @@ def run(opts: dict, progress=print) -> dict:
     for nbytes in opts["all_reduce_sizes"]:
         count = nbytes // 2
         for algo, name in ALL_REDUCE_ALGOS:
-            for blocks in ALL_REDUCE_BLOCKS:
+            for blocks in opts["all_reduce_blocks"]:
                 if algo in (1, 4) and not low_latency_fits(algo, nbytes, W, blocks):
                     continue
                 t = R.timed(
@@ -755,6 +755,11 @@ def parse_args(argv=None):
     )
     p.add_argument("--put-max", default="256M", help="largest put")
     p.add_argument("--all-reduce-sizes", default="8K,64K,256K,512K,4M")
+    p.add_argument(
+        "--all-reduce-blocks",
+        default=",".join(str(b) for b in ALL_REDUCE_BLOCKS),
+        help="grid sizes of the device all-reduces, each timed",
+    )
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--iters", type=int, default=20, help="operations per timed launch")
     p.add_argument("--library", default="", help="a build of symm_kernels.cu (default: build it now)")
@@ -785,6 +790,7 @@ def main(argv=None) -> int:
         "bulk_put": args.bulk_put,
         "two_shot_phases": args.two_shot_phases,
         "all_reduce_sizes": [parse_size(s) for s in args.all_reduce_sizes.split(",")],
+        "all_reduce_blocks": [int(b) for b in args.all_reduce_blocks.split(",")],
     }
     result = run(opts)
     if int(os.environ.get("RANK", "0")) != 0:

@@ -28,13 +28,19 @@ __global__ void put_kernel(Heap h, char* dst, const char* src, uint64_t bytes, i
   quiet();
 }
 
-// Block b gets its slice of `bytes` (split evenly over the grid) from the
-// peer's src into local dst, `iters` times: loads over NVLink, where put stores.
+// Block b gets a slice of `bytes` (split evenly over the grid) from the
+// peer's src into local dst, `iters` times: loads over NVLink, where put
+// stores. Each round a block takes the next block's slice: the same slice
+// again would come from the SM's L1 (plain loads cache there, and a slice of
+// 1-4 MiB over 32 blocks fits), which no real get of new data does.
 __global__ void get_kernel(Heap h, char* dst, const char* src, uint64_t bytes, int peer, int iters) {
-  uint64_t begin, end;
-  impl::block_slice(bytes, &begin, &end);
-  for (int i = 0; i < iters; ++i)
+  const uint64_t per = (bytes + gridDim.x - 1) / gridDim.x;
+  for (int i = 0; i < iters; ++i) {
+    const uint64_t b = (blockIdx.x + uint64_t(i)) % gridDim.x;
+    const uint64_t begin = per * b < bytes ? per * b : bytes;
+    const uint64_t end = begin + per < bytes ? begin + per : bytes;
     if (end > begin) get<Scope::kBlock>(h, dst + begin, src + begin, end - begin, peer);
+  }
 }
 
 // Ranks 0 and 1: rank 0 sets rank 1's word to base + i, rank 1 answers;
