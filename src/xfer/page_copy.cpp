@@ -378,10 +378,11 @@ PageCopyReport PageCopier::copy(const PageSide& dst, const PageSide& src, const 
   rep.strategy = s;
   if (copies.empty()) return rep;
   cudaStream_t run = stream;
-  if (o.urgent) {
-    engines_->order(stream, urgent_);
+  if (o.urgent)
     run = urgent_;
-  }
+  else if (runs_on_own_stream(s, dma::is_legacy_default(stream)))
+    run = engines_->main();
+  if (run != stream) engines_->order(stream, run);
   try {
     if (s == PageStrategy::kKernel) {
       rep.sms = run_kernel(where, dst, src, nullptr, nullptr, dst_ids.is_64, dst_ids.count, o, run, dst_ids.data,
@@ -393,13 +394,13 @@ PageCopyReport PageCopier::copy(const PageSide& dst, const PageSide& src, const 
     // Copies queued before the failure still run: their pools stay in use
     // until the stream passes them.
     try {
-      if (o.urgent) engines_->order(urgent_, stream);
+      if (run != stream) engines_->order(run, stream);
       note_pools(where, stream);
     } catch (...) {
     }
     throw;
   }
-  if (o.urgent) engines_->order(urgent_, stream);
+  if (run != stream) engines_->order(run, stream);
   note_pools(where, stream);
   return rep;
 }

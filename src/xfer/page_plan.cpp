@@ -213,6 +213,10 @@ int kernel_blocks(uint64_t tasks, int threads, int requested, int cap, int sms) 
       std::min<uint64_t>({wanted, static_cast<uint64_t>(std::max(1, cap)), static_cast<uint64_t>(std::max(1, sms))}));
 }
 
+bool runs_on_own_stream(PageStrategy s, bool legacy_default_stream) {
+  return legacy_default_stream && (s == PageStrategy::kBatched || s == PageStrategy::kStreams);
+}
+
 const char* strategy_name(PageStrategy s) {
   switch (s) {
     case PageStrategy::kPerPage:

@@ -224,6 +224,17 @@ TEST(PageSelect, TableThenDefault) {
       EXPECT_FALSE(uses_sm(select_page_strategy({}, d, 10, 10 * b, true)));
 }
 
+// Batched submission is refused on the legacy default stream: there the
+// copy-engine strategies run on ferry's own stream, joined by events.
+TEST(PageSelect, LegacyDefaultStreamMovesBatchedCopiesToOwnStream) {
+  EXPECT_TRUE(runs_on_own_stream(PageStrategy::kBatched, true));
+  EXPECT_TRUE(runs_on_own_stream(PageStrategy::kStreams, true));
+  EXPECT_FALSE(runs_on_own_stream(PageStrategy::kPerPage, true));  // the baseline stays what it is
+  EXPECT_FALSE(runs_on_own_stream(PageStrategy::kKernel, true));   // a launch is fine there
+  for (auto s : {PageStrategy::kPerPage, PageStrategy::kBatched, PageStrategy::kStreams, PageStrategy::kKernel})
+    EXPECT_FALSE(runs_on_own_stream(s, false));
+}
+
 TEST(PageSelect, JsonTablesAreCheckedByField) {
   auto t = page_table_from_json(
       R"({"gpu": "H100", "rules": [{"direction": "d2h", "max_copy_bytes": 65536, "max_copies": null,

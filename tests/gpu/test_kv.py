@@ -210,10 +210,13 @@ def test_index_list_kinds_and_zero_pages(kv, mode):
     torch.cuda.synchronize()
 
 
+@pytest.mark.parametrize("where", ["own", "default"])
 @pytest.mark.parametrize("mode", ["batched", "streams", "kernel", "per_page"])
-def test_stream_order_save_sees_writes_and_fetch_feeds_next_kernel(kv, mode):
+def test_stream_order_save_sees_writes_and_fetch_feeds_next_kernel(kv, mode, where):
+    """On a stream of the caller's, and on torch's default stream (the legacy
+    one, where copy-engine strategies run on ferry's stream joined by events)."""
     torch = _torch()
-    s = torch.cuda.Stream()
+    s = torch.cuda.Stream() if where == "own" else torch.cuda.default_stream()
     pages, shape = 256, (16, 8, 64)
     gpu = torch.zeros((pages, *shape), dtype=torch.float16, device="cuda")
     host = pinned((pages, *shape), torch.float16)

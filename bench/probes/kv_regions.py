@@ -1,0 +1,78 @@
+"""Copy-engine page transfers with many tensors per side: the cost per copy.
+
+    python bench/probes/kv_regions.py [--pages 2048] [--page-bytes 32768] [--regions 1,8,64] [--modes batched]
+                                      [--streams own,default]
+
+The end-to-end benchmark's Llama-3.1-8B fetch (2048 pages of 32 KB in each
+of 64 per-layer tensors, 131,072 copies) took about 3.4 us a copy with
+mode="batched", while `python -m ferry.bench.kv` (one tensor a side) took
+about 0.65 us. The difference was the stream: the end-to-end benchmark
+copies on torch's default stream, the legacy one, where batched copies
+cannot be submitted and each page went as a copy of its own; ferry now runs
+the copy-engine strategies there on a stream of its own, joined by events.
+This times one host-to-GPU copy_blocks call per case with the
+same random page ids in every tensor, as the end-to-end benchmark makes
+them (CPU int64 tensors), and prints the host time of the call, the GPU
+time from before the call to after it (CUDA events on the stream), and
+both per copy; median of --reps after a warm-up. Every destination page of
+the last call is checked against its source.
+"""
+
+import argparse
+import random
+import statistics
+import time
+
+import ferry.kv as kv
+import torch
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--pages", type=int, default=2048)
+    p.add_argument("--page-bytes", type=int, default=32768)
+    p.add_argument("--regions", default="1,8,64")
+    p.add_argument("--modes", default="batched")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--streams", default="own,default", help="a stream of the probe's, torch's default stream")
+    args = p.parse_args()
+    n, pb = args.pages, args.page_bytes
+    rng = random.Random(1)
+    own = torch.cuda.Stream()
+    for regions in (int(x) for x in args.regions.split(",")):
+        host = [kv.pinned_empty((n, pb), torch.uint8) for _ in range(regions)]
+        for h in host:
+            h.copy_(torch.randint(0, 256, (n, pb), dtype=torch.uint8))
+        gpu = [torch.empty((n, pb), dtype=torch.uint8, device="cuda") for _ in range(regions)]
+        src_ids = torch.tensor(rng.sample(range(n), n), dtype=torch.int64)
+        dst_ids = torch.tensor(rng.sample(range(n), n), dtype=torch.int64)
+        copies = n * regions
+        for mode, where in ((m, w) for m in args.modes.split(",") for w in args.streams.split(",")):
+            s = own if where == "own" else torch.cuda.default_stream()
+            host_s, gpu_ms = [], []
+            for rep in range(args.reps + 1):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda.synchronize()
+                a.record(s)
+                t0 = time.perf_counter()
+                rep_info = kv.copy_blocks(gpu, host, dst_ids, src_ids, stream=s, mode=mode)
+                t1 = time.perf_counter()
+                b.record(s)
+                b.synchronize()
+                if rep:
+                    host_s.append(t1 - t0)
+                    gpu_ms.append(a.elapsed_time(b))
+            bad = sum(int((g[dst_ids] != h[src_ids].cuda()).any(dim=1).sum()) for g, h in zip(gpu, host))
+            h, g = statistics.median(host_s) * 1e6, statistics.median(gpu_ms) * 1e3
+            print(
+                f"regions {regions:3d} x {n} pages of {pb} B, {mode} ({rep_info['strategy']}), {where} stream: "
+                f"{copies} copies, host {h:9.0f} us ({h / copies:.2f} a copy), "
+                f"GPU {g:9.0f} us ({g / copies:.2f} a copy, {copies * pb / g / 1e3:.1f} GB/s), {bad} pages wrong",
+                flush=True,
+            )
+        del host, gpu
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
