@@ -500,7 +500,7 @@ class Suite:
         torch, W = self.torch, self.world
         blocks = 32  # the low-latency one-shot fits 8 KB of data per block and peer
         # 280 KB of float: past the low-latency one-shot's limit on 32 blocks and the two-shot threshold,
-        # inside the low-latency two-shot's with 3 ranks or more.
+        # inside the low-latency two-shot's (asked by name) with 3 ranks or more.
         big = 70001
         src = self.each(self.heap.empty((big + 8,), torch.float32))
         dst = self.each(self.heap.empty((big + 8,), torch.float32))

@@ -639,8 +639,7 @@ __device__ inline bool reduce(const Heap& h, const Team& t, T* dst, const T* src
  *                               kernel) before reading the rest of dst,
  *                               writing src, or a next collective on
  *                               overlapping buffers that differs in any of
- *                               these (kAuto on the same count may pick the
- *                               other low-latency form); no grid-wide wait is
+ *                               these; no grid-wide wait is
  *                               why one asks for them
  * The low-latency algorithms (also under kAuto) and kTwoShotPerBlock end
  * without a barrier with the other members: when this rank returns, a peer

@@ -15,7 +15,10 @@
  *   kLowLatencyTwoShot  two-shot in the low-latency format: member i's part
  *                of every member's data goes to member i in lines, member i
  *                sends the reduced part back in lines: no barrier; each
- *                member's part at most kLowLatencyBlockLines / 2 x 4 bytes per block
+ *                member's part at most kLowLatencyBlockLines / 2 x 4 bytes per block;
+ *                asked by name only: with the wait for the whole grid that
+ *                kAuto's contract adds, it was never faster than one-shot or
+ *                two-shot
  *   kTwoShotPerBlock  kTwoShot whose two meetings are per block: each block
  *                meets the same block of every other member, before and
  *                after, and never waits for the rest of its own grid; asked
@@ -47,8 +50,6 @@ enum class AllReduceAlgo {
  * each block of the grid: each block's threads push and unpack its share
  * line by line, so few blocks make it slow. */
 constexpr uint64_t kLowLatencyAutoBytesPerBlock = 4096;
-/* The same for the low-latency two-shot, past the one-shot's range. */
-constexpr uint64_t kLowLatencyTwoShotAutoBytesPerBlock = 16384;
 /* From this many bytes per rank kAuto takes two-shot (where it can). */
 constexpr uint64_t kTwoShotMinBytes = 262144;
 
@@ -66,8 +67,6 @@ FERRY_DEVICE_HD AllReduceAlgo choose_all_reduce(uint64_t bytes, int world, int t
   const bool ll_two_fits = ll_world && team_size >= 2 && part_per_block <= kLowLatencyBlockLines / 2;
   if (asked == AllReduceAlgo::kAuto) {
     if (ll_fits && bytes <= kLowLatencyAutoBytesPerBlock * blocks) return AllReduceAlgo::kLowLatency;
-    if (ll_two_fits && team_size > 2 && bytes <= kLowLatencyTwoShotAutoBytesPerBlock * blocks)
-      return AllReduceAlgo::kLowLatencyTwoShot;
     return aligned && team_size > 2 && bytes >= kTwoShotMinBytes ? AllReduceAlgo::kTwoShot : AllReduceAlgo::kOneShot;
   }
   if (asked == AllReduceAlgo::kLowLatency && !ll_fits) return AllReduceAlgo::kOneShot;
