@@ -237,3 +237,48 @@ def test_skip_label():
     point = dict(op="ttft", model="qwen2.5-0.5b", prompt_tokens=32768, hit=0.5, reason="x")
     assert E.skip_label(point) == "ttft qwen2.5-0.5b 32768 tokens hit 0.5"
     assert E.skip_label(dict(point, impl="kernel")).endswith("hit 0.5 kernel")
+
+
+def test_fetch_thread_runs_each_fetch_only_once_allowed():
+    import threading
+    import types
+
+    fake_torch = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(current_device=lambda: 0, set_device=lambda d: None)
+    )
+    done, gate = [], threading.Event()
+
+    def fetch(w):
+        done.append(w)
+        if w == 1:
+            gate.set()
+
+    t = E._FetchThread(fake_torch, fetch, 3)
+    t.allow(0)
+    t.recorded(0)
+    assert done == [0]  # 1 not allowed yet
+    t.allow(1)
+    assert gate.wait(5) and done == [0, 1]
+    t.allow(2)
+    t.recorded(2)
+    t.join()
+    assert done == [0, 1, 2]
+    t.allow(5)  # past the last wave: nothing
+
+
+def test_fetch_thread_hands_its_error_to_the_caller():
+    import types
+
+    fake_torch = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(current_device=lambda: 0, set_device=lambda d: None)
+    )
+
+    def fetch(w):
+        raise RuntimeError(f"wave {w} failed")
+
+    t = E._FetchThread(fake_torch, fetch, 2)
+    t.allow(0)
+    with pytest.raises(RuntimeError, match="wave 0 failed"):
+        t.recorded(0)
+    with pytest.raises(RuntimeError):
+        t.recorded(1)  # never submitted: the first error again, not a wait

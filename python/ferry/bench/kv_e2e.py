@@ -64,7 +64,11 @@ counts wherever it delays the GPU.
    (launch-bound at small batches), so this measures what a fetch strategy costs
    a model that is busy, in SMs (kernel) and in host time (per-page), not a
    tuned serving engine's throughput. Its records' prompt_tokens is the
-   request prefix, hit 1.0, kv_bytes all requests' KV.
+   request prefix, hit 1.0, kv_bytes all requests' KV. --fetch-thread
+   submits every wave's fetch from a thread of its own instead (as a serving
+   engine's transfer thread would; copy_blocks releases the GIL), each once
+   the decode that frees its buffer has been queued: the submission's host
+   time then overlaps the decode's launches (records: fetch_thread).
 
 Records: {op: "ttft"|"throughput", model, prompt_tokens, hit, impl,
 ttft_ms | tokens_per_s, gpu, date} plus kv_bytes, pcie_peak_gbps, the per-rep
@@ -154,6 +158,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--request-prefix", type=int, default=2048, help="throughput: prefix tokens per request")
     ap.add_argument("--batch", type=int, default=4, help="throughput: requests decoded together (a wave)")
     ap.add_argument("--decode-tokens", type=int, default=4, help="throughput: tokens decoded per request")
+    ap.add_argument(
+        "--fetch-thread",
+        action="store_true",
+        help="throughput: submit each wave's fetch from a thread of its own, as a serving engine's transfer "
+        "thread would, instead of on the decoding thread",
+    )
     ap.add_argument("--pcie-bytes", default="1G", help="size of the host->GPU copy that measures the peak")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="bench/results")
@@ -884,9 +894,16 @@ class ThroughputPoint(Point):
             self.fetched[w].record(side)
 
         out = []
-        fetch(0)
+        if ctx.fetch_thread:
+            fetcher = _FetchThread(torch, fetch, self.waves)
+            fetcher.allow(0)
+            fetcher.allow(1)
+        else:
+            fetch(0)
         for w in range(self.waves):
-            if w + 1 < self.waves:
+            if ctx.fetch_thread:
+                fetcher.recorded(w)  # fetched[w] is recorded: the wait below is on it, not a no-op
+            elif w + 1 < self.waves:
                 fetch(w + 1)  # overlaps wave w's decode below
             cur.wait_event(self.fetched[w])
             cache = make_cache(self.pairs[w % 2], allow_copy=False)
@@ -895,13 +912,69 @@ class ThroughputPoint(Point):
                 ids = next_token(ctx.model, ctx.cache_kw, ids, cache).unsqueeze(-1)
                 out.append(ids)
             self.freed[w].record(cur)
+            if ctx.fetch_thread:
+                fetcher.allow(w + 2)  # its fetch waits for freed[w], now recorded
             del cache
+        if ctx.fetch_thread:
+            fetcher.join()
         self.end.record(cur)
         self.end.synchronize()
         wall = (time.perf_counter() - t0) * 1e3
         return dict(
             time_ms=self.start.elapsed_time(self.end), wall_ms=wall, tokens=torch.cat(out, dim=1).flatten()
         )
+
+
+class _FetchThread:
+    """Runs fetch(0), fetch(1), ... on a thread of its own, each once the
+    decoding thread allows it (after recording the event that fetch's stream
+    waits for: a wait on an event not yet recorded would not wait), and lets
+    the decoding thread wait until a fetch's own event is recorded. Bounded:
+    an error or a stall on either side is raised in the decoding thread."""
+
+    LIMIT_S = 120.0
+
+    def __init__(self, torch, fetch, waves: int):
+        import threading
+
+        self.waves = waves
+        self._allowed = [threading.Event() for _ in range(waves + 2)]
+        self._done = [threading.Event() for _ in range(waves)]
+        self._error: List[BaseException] = []
+        device = torch.cuda.current_device()
+
+        def work():
+            try:
+                torch.cuda.set_device(device)
+                for w in range(waves):
+                    if not self._allowed[w].wait(self.LIMIT_S):
+                        raise TimeoutError(
+                            f"fetch thread: wave {w} was not allowed within {self.LIMIT_S:.0f} s"
+                        )
+                    fetch(w)
+                    self._done[w].set()
+            except BaseException as e:  # handed to the decoding thread
+                self._error.append(e)
+                for d in self._done:
+                    d.set()
+
+        self._thread = threading.Thread(target=work, name="kv-e2e-fetch", daemon=True)
+        self._thread.start()
+
+    def allow(self, w: int) -> None:
+        if w < len(self._allowed):
+            self._allowed[w].set()
+
+    def recorded(self, w: int) -> None:
+        if not self._done[w].wait(self.LIMIT_S):
+            raise TimeoutError(f"fetch thread: wave {w}'s fetch not submitted within {self.LIMIT_S:.0f} s")
+        if self._error:
+            raise self._error[0]
+
+    def join(self) -> None:
+        self._thread.join(self.LIMIT_S)
+        if self._error:
+            raise self._error[0]
 
 
 def run_point(torch, point: Point, impls: Sequence[str], warmup: int, reps: int):
@@ -964,6 +1037,7 @@ def run_model(
         return
     ctx = _Ctx()
     ctx.torch, ctx.kv, ctx.spec, ctx.seed, ctx.pool_pages = torch, kv, spec, args.seed, pool_pages
+    ctx.fetch_thread = bool(getattr(args, "fetch_thread", False))
     ctx.model = ctx.gate = ctx.host = None
     try:
         _run_points(ctx, name, args, peak_gbps, gpu, date, records, skipped, log)
@@ -1057,7 +1131,7 @@ def _run_points(ctx, name: str, args, peak_gbps: float, gpu: str, date: str, rec
         def tp_extra(t):
             return dict(
                 kv_bytes=kv_bytes(spec, r * p), requests=r, batch=b, decode_tokens=d,
-                tokens=r * d, elapsed_ms=t,
+                tokens=r * d, elapsed_ms=t, fetch_thread=ctx.fetch_thread,
             )  # fmt: skip
 
         measure(
