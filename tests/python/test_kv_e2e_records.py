@@ -26,6 +26,9 @@ def test_defaults():
     assert (a.reps, a.warmup, a.tag, a.no_plot) == (5, 2, "", False)
     assert (a.requests, a.request_prefix, a.batch, a.decode_tokens) == (16, 2048, 4, 4)
     assert a.pcie_bytes == 1 << 30
+    assert (a.layerwise, a.fetch_thread) == (False, False)
+    b = E.parse_args(["--layerwise", "--fetch-thread"])
+    assert (b.layerwise, b.fetch_thread) == (True, True)
 
 
 def test_options():

@@ -43,6 +43,9 @@ counts wherever it delays the GPU.
    fetch start -> fetch done in the stream. pcie_bound_ms: kv_bytes over the
    host->GPU peak measured at the start of the run (one pinned copy of
    --pcie-bytes, default 1 GiB, median of 5); over_pcie_bound = ttft_ms / pcie_bound_ms.
+   --layerwise: the fetch goes layer by layer on a side stream and each
+   decoder layer waits for its own pages, as at hit 0.5 below, so the
+   one-token step overlaps the fetch (records: layerwise).
 2. ttft, hit 0.5: the first P/2 tokens' KV is in the host pool, the last P/2
    tokens are prefilled. On a side stream, one copy_blocks call per layer (its
    K and V) followed by an event; a forward pre-hook on decoder layer i makes
@@ -158,6 +161,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--request-prefix", type=int, default=2048, help="throughput: prefix tokens per request")
     ap.add_argument("--batch", type=int, default=4, help="throughput: requests decoded together (a wave)")
     ap.add_argument("--decode-tokens", type=int, default=4, help="throughput: tokens decoded per request")
+    ap.add_argument(
+        "--layerwise",
+        action="store_true",
+        help="ttft at hit 1.0: fetch layer by layer on a side stream, each decoder layer waiting for its own "
+        "pages (as the 0.5 hit does), instead of the whole fetch before the one-token step",
+    )
     ap.add_argument(
         "--fetch-thread",
         action="store_true",
@@ -794,7 +803,7 @@ class TtftPoint(Point):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         self.start.record(cur)
-        if self.hit == 1.0:
+        if self.hit == 1.0 and not ctx.layerwise:
             _fetch(kv, self.dst, host, self.dst_ids, self.src_ids, cur, impl)
             self.fetched.record(cur)
             cache = make_cache(self.pairs, allow_copy=True)
@@ -1038,6 +1047,7 @@ def run_model(
     ctx = _Ctx()
     ctx.torch, ctx.kv, ctx.spec, ctx.seed, ctx.pool_pages = torch, kv, spec, args.seed, pool_pages
     ctx.fetch_thread = bool(getattr(args, "fetch_thread", False))
+    ctx.layerwise = bool(getattr(args, "layerwise", False))
     ctx.model = ctx.gate = ctx.host = None
     try:
         _run_points(ctx, name, args, peak_gbps, gpu, date, records, skipped, log)
@@ -1119,6 +1129,7 @@ def _run_points(ctx, name: str, args, peak_gbps: float, gpu: str, date: str, rec
                     out = dict(kv_bytes=kvb, pcie_bound_ms=bound)
                     if hit == 1.0:  # at 0.5 the prefill is in the TTFT too
                         out["over_pcie_bound"] = t / bound
+                        out["layerwise"] = ctx.layerwise
                     return out
 
                 measure(
