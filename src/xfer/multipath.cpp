@@ -649,7 +649,9 @@ void MultipathEngine::watch() {
                     " s ago and its stream has not got to it (reached word " +
                     std::to_string(w.gate->reached->value()) + ", its generation " + std::to_string(w.generation) +
                     ", head done " + std::to_string(w.gate->head_done->value()) + ", gate opened to " +
-                    std::to_string(w.gate->opened) + ")");
+                    std::to_string(w.gate->opened) +
+                    "); where its stream copied earlier, another stream that keeps copies queued to the same GPU "
+                    "can hold it there as long as it does (docs/multipath.md, Hazards)");
         }
         continue;
       }
