@@ -1,7 +1,7 @@
 """Copy-engine page transfers with many tensors per side: the cost per copy.
 
     python bench/probes/kv_regions.py [--pages 2048] [--page-bytes 32768] [--regions 1,8,64] [--modes batched]
-                                      [--streams own,default]
+                                      [--streams own,default] [--pool-pages 2048,65536] [--huge-pages auto,off]
 
 The end-to-end benchmark's Llama-3.1-8B fetch (2048 pages of 32 KB in each
 of 64 per-layer tensors, 131,072 copies) took about 3.4 us a copy with
@@ -10,6 +10,10 @@ about 0.65 us. The difference was the stream: the end-to-end benchmark
 copies on torch's default stream, the legacy one, where batched copies
 cannot be submitted and each page went as a copy of its own; ferry now runs
 the copy-engine strategies there on a stream of its own, joined by events.
+--pool-pages and --huge-pages ask whether the host pool's size and its
+pages change the cost of a copy: each region's host tensor holds that many
+pages (the ids drawn from all of them), from a HostPool with huge pages
+where the system allows (auto) or without (off); its backing is printed.
 This times one host-to-GPU copy_blocks call per case with the
 same random page ids in every tensor, as the end-to-end benchmark makes
 them (CPU int64 tensors), and prints the host time of the call, the GPU
@@ -35,17 +39,29 @@ def main() -> int:
     p.add_argument("--modes", default="batched")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--streams", default="own,default", help="a stream of the probe's, torch's default stream")
+    p.add_argument("--pool-pages", default="", help="host pages per region (default: --pages)")
+    p.add_argument("--huge-pages", default="auto", help="auto (where available) and/or off")
     args = p.parse_args()
     n, pb = args.pages, args.page_bytes
     rng = random.Random(1)
     own = torch.cuda.Stream()
-    for regions in (int(x) for x in args.regions.split(",")):
-        host = [kv.pinned_empty((n, pb), torch.uint8) for _ in range(regions)]
+    pools = [int(x) for x in args.pool_pages.split(",") if x] or [n]
+    cases = [(r, pp, hp) for r in (int(x) for x in args.regions.split(",")) for pp in pools
+             for hp in args.huge_pages.split(",")]  # fmt: skip
+    for regions, pool_pages, huge in cases:
+        if pool_pages < n:
+            raise SystemExit(f"--pool-pages {pool_pages}: at least --pages ({n})")
+        pool = kv.HostPool(regions * pool_pages * pb, huge_pages=None if huge == "auto" else False)
+        whole = pool.tensor((regions, pool_pages, pb), torch.uint8)
+        host = [whole[r] for r in range(regions)]
         for h in host:
-            h.copy_(torch.randint(0, 256, (n, pb), dtype=torch.uint8))
+            h.copy_(torch.randint(0, 256, (pool_pages, pb), dtype=torch.uint8))
         gpu = [torch.empty((n, pb), dtype=torch.uint8, device="cuda") for _ in range(regions)]
-        src_ids = torch.tensor(rng.sample(range(n), n), dtype=torch.int64)
+        src_ids = torch.tensor(rng.sample(range(pool_pages), n), dtype=torch.int64)
         dst_ids = torch.tensor(rng.sample(range(n), n), dtype=torch.int64)
+        where_pool = (
+            f"pool {regions * pool_pages * pb >> 20} MiB ({pool.backing}, huge pages {pool.huge_pages})"
+        )
         copies = n * regions
         for mode, where in ((m, w) for m in args.modes.split(",") for w in args.streams.split(",")):
             s = own if where == "own" else torch.cuda.default_stream()
@@ -65,12 +81,13 @@ def main() -> int:
             bad = sum(int((g[dst_ids] != h[src_ids].cuda()).any(dim=1).sum()) for g, h in zip(gpu, host))
             h, g = statistics.median(host_s) * 1e6, statistics.median(gpu_ms) * 1e3
             print(
-                f"regions {regions:3d} x {n} pages of {pb} B, {mode} ({rep_info['strategy']}), {where} stream: "
+                f"regions {regions:3d} x {n} pages of {pb} B, {where_pool}, {mode} ({rep_info['strategy']}), {where} stream: "
                 f"{copies} copies, host {h:9.0f} us ({h / copies:.2f} a copy), "
                 f"GPU {g:9.0f} us ({g / copies:.2f} a copy, {copies * pb / g / 1e3:.1f} GB/s), {bad} pages wrong",
                 flush=True,
             )
-        del host, gpu
+        del host, gpu, whole
+        pool.close()
     return 0
 
 
