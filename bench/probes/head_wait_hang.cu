@@ -3,7 +3,8 @@
 // ferry code: the engine is a host thread that opens the gate once the
 // stream says the head landed. One case per process:
 //
-//   ferry_probe_head_wait --shape head|side|none --foreign events|query|none [--head-events]
+//   ferry_probe_head_wait --shape head|side|none|plain --foreign events|query|none [--head-events]
+//                         [--foreign-mib N] [--patience S]
 //
 // shapes, on the caller's stream s (all words pinned, device-mapped host memory):
 //   head  s: write reached=i; copy 16 MiB H2D; {write head_done=i; wait gate>=i}
@@ -12,7 +13,7 @@
 //         a stream of its own: wait reached>=i; copy 16 MiB H2D; write head_done=i
 //   none  s: {write reached=i; wait gate>=i}; the host opens on reached
 //   plain s: copy 16 MiB H2D (no words: what any program's copy meets)
-// foreign: a thread keeps four 64 MiB H2D copies queued on stream f, each
+// foreign: a thread keeps three or four 64 MiB H2D copies queued on stream f, each
 //   followed by an event record, and waits for the oldest (events); or polls
 //   f with cudaStreamQuery (query); or does nothing (none).
 // --head-events: timing events recorded on s around the head (head shape).

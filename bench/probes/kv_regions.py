@@ -1,7 +1,8 @@
 """Copy-engine page transfers with many tensors per side: the cost per copy.
 
     python bench/probes/kv_regions.py [--pages 2048] [--page-bytes 32768] [--regions 1,8,64] [--modes batched]
-                                      [--streams own,default] [--pool-pages 2048,65536] [--huge-pages auto,off]
+                                      [--streams own,default] [--pool-pages N,...] [--huge-pages auto,off]
+    python bench/probes/kv_regions.py --regions 1 --pages 4096 --pool-pages 4096,65536 --huge-pages auto,off
 
 The end-to-end benchmark's Llama-3.1-8B fetch (2048 pages of 32 KB in each
 of 64 per-layer tensors, 131,072 copies) took about 3.4 us a copy with
@@ -41,6 +42,7 @@ def main() -> int:
     p.add_argument("--streams", default="own,default", help="a stream of the probe's, torch's default stream")
     p.add_argument("--pool-pages", default="", help="host pages per region (default: --pages)")
     p.add_argument("--huge-pages", default="auto", help="auto (where available) and/or off")
+    p.add_argument("--max-pool-gib", type=float, default=16, help="refuse cases whose host pool is larger")
     args = p.parse_args()
     n, pb = args.pages, args.page_bytes
     rng = random.Random(1)
@@ -51,6 +53,11 @@ def main() -> int:
     for regions, pool_pages, huge in cases:
         if pool_pages < n:
             raise SystemExit(f"--pool-pages {pool_pages}: at least --pages ({n})")
+        if huge not in ("auto", "off"):
+            raise SystemExit(f"--huge-pages {huge}: expected auto or off")
+        if regions * pool_pages * pb > args.max_pool_gib * 2**30:
+            print(f"regions {regions} x {pool_pages} pages: pool over --max-pool-gib, skipped", flush=True)
+            continue
         pool = kv.HostPool(regions * pool_pages * pb, huge_pages=None if huge == "auto" else False)
         whole = pool.tensor((regions, pool_pages, pb), torch.uint8)
         host = [whole[r] for r in range(regions)]
@@ -62,11 +69,13 @@ def main() -> int:
         where_pool = (
             f"pool {regions * pool_pages * pb >> 20} MiB ({pool.backing}, huge pages {pool.huge_pages})"
         )
-        copies = n * regions
         for mode, where in ((m, w) for m in args.modes.split(",") for w in args.streams.split(",")):
             s = own if where == "own" else torch.cuda.default_stream()
             host_s, gpu_ms = [], []
             for rep in range(args.reps + 1):
+                if rep == args.reps:  # the last call lands on poison: the check below is of it alone
+                    for g in gpu:
+                        g.fill_(0xA5)
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 torch.cuda.synchronize()
                 a.record(s)
@@ -80,6 +89,7 @@ def main() -> int:
                     gpu_ms.append(a.elapsed_time(b))
             bad = sum(int((g[dst_ids] != h[src_ids].cuda()).any(dim=1).sum()) for g, h in zip(gpu, host))
             h, g = statistics.median(host_s) * 1e6, statistics.median(gpu_ms) * 1e3
+            copies = rep_info["copies"]
             print(
                 f"regions {regions:3d} x {n} pages of {pb} B, {where_pool}, {mode} ({rep_info['strategy']}), {where} stream: "
                 f"{copies} copies, host {h:9.0f} us ({h / copies:.2f} a copy), "

@@ -110,8 +110,10 @@ class PageCopier {
   static constexpr int kSliceStreams = kSlicesQueued + 1;
   cudaStream_t slice_streams_[kSliceStreams] = {};
   cudaEvent_t slice_done_[kSliceStreams] = {};
-  // The streams the 'streams' strategy spreads copies over (its peer engines)
-  // and the events that order them with the caller's stream.
+  // The streams the 'streams' strategy spreads copies over (its peer engines),
+  // the one copy-engine strategies run on instead of the legacy default stream
+  // (its main stream: runs_on_own_stream), and the events that order them
+  // with the caller's stream.
   std::unique_ptr<EngineSet> engines_;
   struct Slot {
     void* host = nullptr;

@@ -57,6 +57,18 @@ def test_tables_and_targets_read_the_records():
     assert "<= 1 at 1 of 1" in lines
 
 
+def test_kernel_grid_experiment_shows_but_sets_no_target():
+    recs = [
+        rec("fetch", "kernel", 4096, 64, 30),
+        rec("fetch", "kernel-132b", 4096, 64, 20),  # faster, on every SM
+        rec("fetch", "auto", 4096, 64, 31),
+    ]
+    head, row = kv.format_table(recs).splitlines()[1:3]
+    assert "kernel-132b" in head and "*" in row  # its column, and the best of the point marked there
+    assert "within 10% at 1 of 1" in "\n".join(kv.target_lines(recs))  # auto against the 16-block kernel
+    assert "kernel-132b" not in kv.IMPLS and "kernel-132b" in kv.ALL_IMPLS
+
+
 def test_urgent_page_sizes_parse_and_print():
     opts = kv.options(kv.parse_args(["--urgent", "--urgent-pages", "16K,64K"]))
     assert opts["urgent"] and opts["urgent_pages"] == [16 << 10, 64 << 10]

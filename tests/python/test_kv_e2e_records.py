@@ -242,13 +242,19 @@ def test_skip_label():
     assert E.skip_label(dict(point, impl="kernel")).endswith("hit 0.5 kernel")
 
 
-def test_fetch_thread_runs_each_fetch_only_once_allowed():
-    import threading
+def _fake_torch():
     import types
 
-    fake_torch = types.SimpleNamespace(
+    return types.SimpleNamespace(
         cuda=types.SimpleNamespace(current_device=lambda: 0, set_device=lambda d: None)
     )
+
+
+def test_fetch_thread_runs_each_fetch_only_once_allowed(monkeypatch):
+    import threading
+    import time
+
+    monkeypatch.setattr(E._FetchThread, "LIMIT_S", 5.0)
     done, gate = [], threading.Event()
 
     def fetch(w):
@@ -256,10 +262,11 @@ def test_fetch_thread_runs_each_fetch_only_once_allowed():
         if w == 1:
             gate.set()
 
-    t = E._FetchThread(fake_torch, fetch, 3)
+    t = E._FetchThread(_fake_torch(), fetch, 3)
     t.allow(0)
     t.recorded(0)
-    assert done == [0]  # 1 not allowed yet
+    time.sleep(0.2)  # a thread that ignored the missing allow(1) would have run fetch(1) by now
+    assert done == [0]
     t.allow(1)
     assert gate.wait(5) and done == [0, 1]
     t.allow(2)
@@ -269,19 +276,33 @@ def test_fetch_thread_runs_each_fetch_only_once_allowed():
     t.allow(5)  # past the last wave: nothing
 
 
-def test_fetch_thread_hands_its_error_to_the_caller():
-    import types
-
-    fake_torch = types.SimpleNamespace(
-        cuda=types.SimpleNamespace(current_device=lambda: 0, set_device=lambda d: None)
-    )
+def test_fetch_thread_hands_its_error_to_the_caller(monkeypatch):
+    monkeypatch.setattr(E._FetchThread, "LIMIT_S", 5.0)
 
     def fetch(w):
         raise RuntimeError(f"wave {w} failed")
 
-    t = E._FetchThread(fake_torch, fetch, 2)
+    t = E._FetchThread(_fake_torch(), fetch, 2)
     t.allow(0)
     with pytest.raises(RuntimeError, match="wave 0 failed"):
         t.recorded(0)
     with pytest.raises(RuntimeError):
         t.recorded(1)  # never submitted: the first error again, not a wait
+    with pytest.raises(RuntimeError):
+        t.join()
+
+
+def test_fetch_thread_join_stops_before_fetches_not_allowed(monkeypatch):
+    """The decoding thread failed after allowing wave 0: join() must leave
+    wave 1 unsubmitted (a late fetch would write into freed buffers)."""
+    monkeypatch.setattr(E._FetchThread, "LIMIT_S", 5.0)
+    done = []
+    t = E._FetchThread(_fake_torch(), done.append, 3)
+    t.allow(0)
+    t.recorded(0)
+    t.join()
+    t.allow(1)
+    import time
+
+    time.sleep(0.2)
+    assert done == [0]

@@ -172,3 +172,11 @@ def test_low_latency_fits_as_the_device_decides():
     assert symm.low_latency_fits(4, 4 * 4096 * 64, 4, 64)
     assert not symm.low_latency_fits(4, 4 * 4096 * 64 + 16, 4, 64)
     assert not symm.low_latency_fits(1, 64, 9, 1)  # past the receive area's ranks
+
+
+def test_all_reduce_grids_are_checked():
+    assert symm.parse_args(["--all-reduce-blocks", "8,64"]).all_reduce_blocks == "8,64"
+    assert symm._grid_sizes("8,16,64") == [8, 16, 64]
+    for bad in ("0", "65", "8,x", ""):
+        with pytest.raises(SystemExit, match="all-reduce-blocks"):
+            symm._grid_sizes(bad)

@@ -641,7 +641,7 @@ __device__ inline bool reduce(const Heap& h, const Team& t, T* dst, const T* src
  *                               overlapping buffers that differs in any of
  *                               these; no grid-wide wait is
  *                               why one asks for them
- * The low-latency algorithms (also under kAuto) and kTwoShotPerBlock end
+ * The low-latency algorithms (the one-shot form also under kAuto) and kTwoShotPerBlock end
  * without a barrier with the other members: when this rank returns, a peer
  * may still be writing its own dst, and other blocks of the peers may still
  * be storing into this rank's (barrier_all before touching peers' copies).

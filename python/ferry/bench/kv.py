@@ -66,8 +66,10 @@ INLINE = {
     "kernel-132b": dict(mode="kernel", kernel_blocks=132),
 }
 AHEAD = ("ahead-batched", "kernel-gpu-ids")
-# By default, all but the kernel's grid-size experiment (--impls names them).
-IMPLS = tuple(k for k in INLINE if not k.startswith("kernel-")) + AHEAD
+# Every impl, in table order; by default all but the kernel's grid-size
+# experiment (--impls names them), which no target compares against.
+ALL_IMPLS = tuple(INLINE) + AHEAD
+IMPLS = tuple(k for k in ALL_IMPLS if not k.startswith("kernel-"))
 # The modes `ferry kv-tune` measures, by the name the auto table gives them.
 TUNED = {"per-page": "per_page", "batched": "batched", "streams": "streams", "kernel": "kernel"}
 DEFAULT_PAGES = "4K,16K,64K,256K,1M,4M"
@@ -114,7 +116,7 @@ def best_by_point(records: Sequence[dict], impls: Optional[Sequence[str]] = None
 
 def format_table(records: Sequence[dict]) -> str:
     """GB/s per point and impl, with the best marked."""
-    impls = [i for i in IMPLS if any(r["impl"] == i for r in records)]
+    impls = [i for i in ALL_IMPLS if any(r["impl"] == i for r in records)]
     by = {(r["op"], r["page_bytes"], r["pages"], r["impl"]): r for r in records}
     keys = sorted({(r["op"], r["page_bytes"], r["pages"]) for r in records})
     head = f"{'op':<8} {'page':>6} {'pages':>6} " + " ".join(f"{i[:14]:>14}" for i in impls)
@@ -139,7 +141,7 @@ def target_lines(records: Sequence[dict]) -> List[str]:
     by = {(r["op"], r["page_bytes"], r["pages"], r["impl"]): r for r in records}
     keys = sorted({(r["op"], r["page_bytes"], r["pages"]) for r in records})
     out = []
-    inline = [i for i in INLINE if i not in ("auto", "auto-zero-sm")]
+    inline = [i for i in INLINE if i not in ("auto", "auto-zero-sm") and not i.startswith("kernel-")]
     best_inline = best_by_point(records, inline)
     auto_gap, zs_vs_page, ahead_vs_kernel, ahead_gbps = [], [], [], []
     for k in keys:
@@ -554,7 +556,7 @@ def plot(result: dict, path: str) -> bool:
     count = 1024 if 1024 in counts else counts[len(counts) // 2]
     fig, axes = plt.subplots(1, len(ops), figsize=(6 * len(ops), 4.5), squeeze=False)
     for ax, op in zip(axes[0], ops):
-        for impl in IMPLS:
+        for impl in ALL_IMPLS:
             rs = sorted(
                 (r for r in recs if r["op"] == op and r["impl"] == impl and r["pages"] == count),
                 key=lambda r: r["page_bytes"],
@@ -668,10 +670,9 @@ def make_options(
     if bad:
         raise SystemExit(f"--ops: unknown {bad}; expected some of {','.join(OPS)}")
     impl_list = [i for i in impls.split(",") if i]
-    known = tuple(INLINE) + AHEAD
-    bad = [i for i in impl_list if i not in known]
+    bad = [i for i in impl_list if i not in ALL_IMPLS]
     if bad:
-        raise SystemExit(f"--impls: unknown {bad}; expected some of {','.join(known)}")
+        raise SystemExit(f"--impls: unknown {bad}; expected some of {','.join(ALL_IMPLS)}")
     return dict(
         pages=[parse_size(x) for x in pages.split(",") if x],
         counts=[int(x) for x in counts.split(",") if x],

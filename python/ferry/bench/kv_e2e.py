@@ -891,10 +891,6 @@ class ThroughputPoint(Point):
         ctx = self.ctx
         torch, kv, side = ctx.torch, ctx.kv, ctx.side
         cur = torch.cuda.current_stream()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        self.start.record(cur)
-        side.wait_event(self.start)
 
         def fetch(w: int) -> None:
             if w >= 2:
@@ -902,30 +898,37 @@ class ThroughputPoint(Point):
             _fetch(kv, self.bufs[w % 2], ctx.host, self.dst_ids, self.src_ids[w], side, impl)
             self.fetched[w].record(side)
 
+        # The thread starts before the clock: its start-up is not the fetch's cost.
+        fetcher = _FetchThread(torch, fetch, self.waves) if ctx.fetch_thread else None
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        self.start.record(cur)
+        side.wait_event(self.start)
         out = []
-        if ctx.fetch_thread:
-            fetcher = _FetchThread(torch, fetch, self.waves)
-            fetcher.allow(0)
-            fetcher.allow(1)
-        else:
-            fetch(0)
-        for w in range(self.waves):
-            if ctx.fetch_thread:
-                fetcher.recorded(w)  # fetched[w] is recorded: the wait below is on it, not a no-op
-            elif w + 1 < self.waves:
-                fetch(w + 1)  # overlaps wave w's decode below
-            cur.wait_event(self.fetched[w])
-            cache = make_cache(self.pairs[w % 2], allow_copy=False)
-            ids = self.first_ids[w]
-            for _ in range(self.decode_tokens):
-                ids = next_token(ctx.model, ctx.cache_kw, ids, cache).unsqueeze(-1)
-                out.append(ids)
-            self.freed[w].record(cur)
-            if ctx.fetch_thread:
-                fetcher.allow(w + 2)  # its fetch waits for freed[w], now recorded
-            del cache
-        if ctx.fetch_thread:
-            fetcher.join()
+        try:
+            if fetcher:
+                fetcher.allow(0)
+                fetcher.allow(1)
+            else:
+                fetch(0)
+            for w in range(self.waves):
+                if fetcher:
+                    fetcher.recorded(w)  # fetched[w] is recorded: the wait below is on it, not a no-op
+                elif w + 1 < self.waves:
+                    fetch(w + 1)  # overlaps wave w's decode below
+                cur.wait_event(self.fetched[w])
+                cache = make_cache(self.pairs[w % 2], allow_copy=False)
+                ids = self.first_ids[w]
+                for _ in range(self.decode_tokens):
+                    ids = next_token(ctx.model, ctx.cache_kw, ids, cache).unsqueeze(-1)
+                    out.append(ids)
+                self.freed[w].record(cur)
+                if fetcher:
+                    fetcher.allow(w + 2)  # its fetch waits for freed[w], now recorded
+                del cache
+        finally:
+            if fetcher:
+                fetcher.join()  # on an error too: no fetch may be submitted after this run
         self.end.record(cur)
         self.end.synchronize()
         wall = (time.perf_counter() - t0) * 1e3
@@ -939,7 +942,8 @@ class _FetchThread:
     decoding thread allows it (after recording the event that fetch's stream
     waits for: a wait on an event not yet recorded would not wait), and lets
     the decoding thread wait until a fetch's own event is recorded. Bounded:
-    an error or a stall on either side is raised in the decoding thread."""
+    an error or a stall on either side is raised in the decoding thread;
+    join() stops the thread before any fetch not yet allowed."""
 
     LIMIT_S = 120.0
 
@@ -949,6 +953,7 @@ class _FetchThread:
         self.waves = waves
         self._allowed = [threading.Event() for _ in range(waves + 2)]
         self._done = [threading.Event() for _ in range(waves)]
+        self._stop = threading.Event()
         self._error: List[BaseException] = []
         device = torch.cuda.current_device()
 
@@ -956,14 +961,16 @@ class _FetchThread:
             try:
                 torch.cuda.set_device(device)
                 for w in range(waves):
-                    if not self._allowed[w].wait(self.LIMIT_S):
-                        raise TimeoutError(
-                            f"fetch thread: wave {w} was not allowed within {self.LIMIT_S:.0f} s"
-                        )
+                    while not self._allowed[w].wait(0.05):
+                        if self._stop.is_set():
+                            return
+                    if self._stop.is_set():
+                        return
                     fetch(w)
                     self._done[w].set()
             except BaseException as e:  # handed to the decoding thread
                 self._error.append(e)
+            finally:
                 for d in self._done:
                     d.set()
 
@@ -981,7 +988,12 @@ class _FetchThread:
             raise self._error[0]
 
     def join(self) -> None:
+        """Stops the thread before its next fetch not yet allowed, waits for it
+        (bounded) and raises its error."""
+        self._stop.set()
         self._thread.join(self.LIMIT_S)
+        if self._thread.is_alive():
+            raise TimeoutError(f"fetch thread: still running {self.LIMIT_S:.0f} s after it was told to stop")
         if self._error:
             raise self._error[0]
 

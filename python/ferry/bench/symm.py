@@ -745,6 +745,20 @@ def _field_all_reduce(torch, nbytes, world, reps, iters, gpu, date) -> List[dict
     return out
 
 
+def _grid_sizes(text: str) -> List[int]:
+    """--all-reduce-blocks: grid sizes from 1 to 64 (kMaxGridBlocks)."""
+    try:
+        sizes = [int(b) for b in text.split(",") if b]
+    except ValueError:
+        raise SystemExit(f"--all-reduce-blocks {text!r}: expected comma-separated integers") from None
+    bad = [b for b in sizes if not 1 <= b <= 64]
+    if not sizes or bad:
+        raise SystemExit(
+            f"--all-reduce-blocks {text!r}: each grid from 1 to 64 blocks (the device API's most)"
+        )
+    return sizes
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="bench/results", help="folder for the JSON and the table")
@@ -790,7 +804,7 @@ def main(argv=None) -> int:
         "bulk_put": args.bulk_put,
         "two_shot_phases": args.two_shot_phases,
         "all_reduce_sizes": [parse_size(s) for s in args.all_reduce_sizes.split(",")],
-        "all_reduce_blocks": [int(b) for b in args.all_reduce_blocks.split(",")],
+        "all_reduce_blocks": _grid_sizes(args.all_reduce_blocks),
     }
     result = run(opts)
     if int(os.environ.get("RANK", "0")) != 0:
