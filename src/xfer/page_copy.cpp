@@ -227,25 +227,24 @@ void PageCopier::run_copies(PageStrategy s, const std::vector<Copy>& copies, con
         dma::copy_batch(stream, copies, any_order);
         return;
       }
-      size_t forked = 0;
+      const int n = static_cast<int>(parts.size());
+      engines_->fork(stream, n);
       try {
-        for (size_t i = 0; i < parts.size(); ++i) {
-          engines_->order(stream, engines_->peer(static_cast<int>(i)));
-          ++forked;
+        for (int i = 0; i < n; ++i) {
           std::vector<Copy> part(copies.begin() + static_cast<long>(parts[i].first),
                                  copies.begin() + static_cast<long>(parts[i].second));
-          dma::copy_batch(engines_->peer(static_cast<int>(i)), part, any_order);
+          dma::copy_batch(engines_->peer(i), part, any_order);
         }
       } catch (...) {
         // What was queued still runs: the caller's stream waits for it, so
         // the pools it reads stay in use until then.
         try {
-          for (size_t i = 0; i < forked; ++i) engines_->order(engines_->peer(static_cast<int>(i)), stream);
+          engines_->join(stream, n);
         } catch (...) {
         }
         throw;
       }
-      for (size_t i = 0; i < parts.size(); ++i) engines_->order(engines_->peer(static_cast<int>(i)), stream);
+      engines_->join(stream, n);
       return;
     }
     case PageStrategy::kKernel:
