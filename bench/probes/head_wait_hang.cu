@@ -22,7 +22,7 @@
 // Every copy on s is bracketed by timing events, as a benchmark's are.
 // Three copies before the foreign thread starts, eight after; each copy is
 // polled for --patience seconds at most. Exit 0 when all landed, 2 on a hang (the words
-// and which streams are done are printed).
+// and which streams are done are printed); a failed CUDA call throws, naming it.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <unistd.h>
@@ -37,23 +37,7 @@
 #include <thread>
 
 #include "core/driver.hpp"
-
-#define CK(x)                                                                                 \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      _exit(3);                                                                               \
-    }                                                                                         \
-  } while (0)
-#define CU(x)                                                                  \
-  do {                                                                         \
-    CUresult r_ = (x);                                                         \
-    if (r_ != CUDA_SUCCESS) {                                                  \
-      std::fprintf(stderr, "%s:%d %s: %d\n", __FILE__, __LINE__, #x, int(r_)); \
-      _exit(3);                                                                \
-    }                                                                          \
-  } while (0)
+#include "core/error.hpp"
 
 namespace {
 
@@ -104,31 +88,31 @@ int main(int argc, char** argv) {
                  "[--patience S]\n");
     return 3;
   }
-  CK(cudaSetDevice(0));
+  FERRY_CUDA_CHECK(cudaSetDevice(0));
   const ferry::DriverApi& cu = ferry::driver();
   const size_t kHead = size_t(16) << 20, kForeign = foreign_mib << 20;
   void *hsrc, *hdst, *fsrc, *fdst;
-  CK(cudaHostAlloc(&hsrc, kHead, cudaHostAllocPortable));
-  CK(cudaMalloc(&hdst, kHead));
-  CK(cudaHostAlloc(&fsrc, kForeign, cudaHostAllocPortable));
-  CK(cudaMalloc(&fdst, kForeign));
+  FERRY_CUDA_CHECK(cudaHostAlloc(&hsrc, kHead, cudaHostAllocPortable));
+  FERRY_CUDA_CHECK(cudaMalloc(&hdst, kHead));
+  FERRY_CUDA_CHECK(cudaHostAlloc(&fsrc, kForeign, cudaHostAllocPortable));
+  FERRY_CUDA_CHECK(cudaMalloc(&fdst, kForeign));
   // [0] reached, [8] head_done, [16] gate (64-bit words, 64 bytes apart)
   uint64_t* words;
-  CK(cudaHostAlloc(reinterpret_cast<void**>(&words), 256, cudaHostAllocMapped | cudaHostAllocPortable));
+  FERRY_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&words), 256, cudaHostAllocMapped | cudaHostAllocPortable));
   std::memset(words, 0, 256);
   uint64_t* dw;
-  CK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dw), words, 0));
+  FERRY_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dw), words, 0));
   uint64_t *reached = dw, *head_done = dw + 8, *gate = dw + 16;
   volatile uint64_t* h = words;
   cudaStream_t s, side, f;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  CK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
-  CK(cudaStreamCreateWithFlags(&f, cudaStreamNonBlocking));
+  FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&f, cudaStreamNonBlocking));
   cudaEvent_t a, b, he[2];
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  CK(cudaEventCreate(&he[0]));
-  CK(cudaEventCreate(&he[1]));
+  FERRY_CUDA_CHECK(cudaEventCreate(&a));
+  FERRY_CUDA_CHECK(cudaEventCreate(&b));
+  FERRY_CUDA_CHECK(cudaEventCreate(&he[0]));
+  FERRY_CUDA_CHECK(cudaEventCreate(&he[1]));
 
   // The engine: opens the gate for generation i once the head landed (or, without a head, once reached).
   std::atomic<bool> quit{false};
@@ -147,39 +131,39 @@ int main(int argc, char** argv) {
   });
 
   auto copy = [&](uint64_t i) {
-    CK(cudaEventRecord(a, s));
+    FERRY_CUDA_CHECK(cudaEventRecord(a, s));
     if (shape == "plain") {
-      CK(cudaMemcpyAsync(hdst, hsrc, kHead, cudaMemcpyHostToDevice, s));
+      FERRY_CUDA_CHECK(cudaMemcpyAsync(hdst, hsrc, kHead, cudaMemcpyHostToDevice, s));
     } else if (shape == "head") {
       CUstreamBatchMemOpParams w = write_op(reached, i);
-      CU(cu.StreamBatchMemOp(reinterpret_cast<CUstream>(s), 1, &w, 0));
-      if (head_events) CK(cudaEventRecord(he[0], s));
-      CK(cudaMemcpyAsync(hdst, hsrc, kHead, cudaMemcpyHostToDevice, s));
-      if (head_events) CK(cudaEventRecord(he[1], s));
+      FERRY_CU_CHECK(cu.StreamBatchMemOp(reinterpret_cast<CUstream>(s), 1, &w, 0));
+      if (head_events) FERRY_CUDA_CHECK(cudaEventRecord(he[0], s));
+      FERRY_CUDA_CHECK(cudaMemcpyAsync(hdst, hsrc, kHead, cudaMemcpyHostToDevice, s));
+      if (head_events) FERRY_CUDA_CHECK(cudaEventRecord(he[1], s));
       CUstreamBatchMemOpParams ops[2] = {write_op(head_done, i), wait_op(gate, i)};
-      CU(cu.StreamBatchMemOp(reinterpret_cast<CUstream>(s), 2, ops, 0));
+      FERRY_CU_CHECK(cu.StreamBatchMemOp(reinterpret_cast<CUstream>(s), 2, ops, 0));
     } else {
       CUstreamBatchMemOpParams ops[2] = {write_op(reached, i), wait_op(gate, i)};
-      CU(cu.StreamBatchMemOp(reinterpret_cast<CUstream>(s), 2, ops, 0));
+      FERRY_CU_CHECK(cu.StreamBatchMemOp(reinterpret_cast<CUstream>(s), 2, ops, 0));
       if (shape == "side") {
         CUstreamBatchMemOpParams w = wait_op(reached, i);
-        CU(cu.StreamBatchMemOp(reinterpret_cast<CUstream>(side), 1, &w, 0));
-        CK(cudaMemcpyAsync(hdst, hsrc, kHead, cudaMemcpyHostToDevice, side));
+        FERRY_CU_CHECK(cu.StreamBatchMemOp(reinterpret_cast<CUstream>(side), 1, &w, 0));
+        FERRY_CUDA_CHECK(cudaMemcpyAsync(hdst, hsrc, kHead, cudaMemcpyHostToDevice, side));
         CUstreamBatchMemOpParams d = write_op(head_done, i);
-        CU(cu.StreamBatchMemOp(reinterpret_cast<CUstream>(side), 1, &d, 0));
+        FERRY_CU_CHECK(cu.StreamBatchMemOp(reinterpret_cast<CUstream>(side), 1, &d, 0));
       }
     }
-    CK(cudaEventRecord(b, s));
+    FERRY_CUDA_CHECK(cudaEventRecord(b, s));
     const auto t0 = std::chrono::steady_clock::now();
     for (;;) {
       cudaError_t q = cudaStreamQuery(s);
       if (q == cudaSuccess) break;
-      if (q != cudaErrorNotReady) CK(q);
+      if (q != cudaErrorNotReady) FERRY_CUDA_CHECK(q);
       if (since(t0) > patience_ms) return -1.0;
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
     float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
+    FERRY_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
     return double(ms);
   };
 
@@ -195,15 +179,15 @@ int main(int argc, char** argv) {
     if (foreign == "none") return;
     std::deque<cudaEvent_t> marks;
     while (!stop.load()) {
-      CK(cudaMemcpyAsync(fdst, fsrc, kForeign, cudaMemcpyHostToDevice, f));
+      FERRY_CUDA_CHECK(cudaMemcpyAsync(fdst, fsrc, kForeign, cudaMemcpyHostToDevice, f));
       if (foreign == "events") {
         cudaEvent_t e;
-        CK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-        CK(cudaEventRecord(e, f));
+        FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        FERRY_CUDA_CHECK(cudaEventRecord(e, f));
         marks.push_back(e);
         if (marks.size() >= 4) {
-          CK(cudaEventSynchronize(marks.front()));
-          CK(cudaEventDestroy(marks.front()));
+          FERRY_CUDA_CHECK(cudaEventSynchronize(marks.front()));
+          FERRY_CUDA_CHECK(cudaEventDestroy(marks.front()));
           marks.pop_front();
           ++foreign_done;
         }
@@ -235,7 +219,7 @@ int main(int argc, char** argv) {
   feeder.join();
   quit = true;
   engine.join();
-  CK(cudaDeviceSynchronize());
+  FERRY_CUDA_CHECK(cudaDeviceSynchronize());
   std::printf("shape %s foreign %s%s: ok, foreign copies done %ld\n", shape.c_str(), foreign.c_str(),
               head_events ? " head-events" : "", foreign_done.load());
   return 0;
