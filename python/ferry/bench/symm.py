@@ -286,20 +286,25 @@ def _bulk_put(R, lib, dst, src, put_source, nbytes, W, iters, reps, gpu, date, r
     """The experiment of symm_kernels.cu's put_bulk_kernel: timed as the device
     put is, then once more into a poisoned dst and every byte checked on the
     receiving rank against the sender's bytes."""
+    return _timed_and_checked(
+        R, lib.bench_put_bulk, dst, src, put_source, "put", "experiment-tma", lambda r: (r - 1) % W,
+        nbytes, W, iters, reps, gpu, date, records,
+    )  # fmt: skip
+
+
+def _timed_and_checked(
+    R, kernel, dst, src, put_source, op, name, source_rank, nbytes, W, iters, reps, gpu, date, records
+) -> List[str]:
+    """`kernel` with each of PUT_BLOCKS blocks, timed as the put is (records
+    `op`, impl `name-<blocks>b`), then once more into a poisoned dst, every
+    byte checked against put_source(source_rank(rank)) (_checked_once)."""
     wrong = []
     for blocks in PUT_BLOCKS:
-        launch = _put_launch(lib.bench_put_bulk, R, dst, src, nbytes, W, blocks)
+        launch = _put_launch(kernel, R, dst, src, nbytes, W, blocks)
         t = R.timed(lambda i, s: launch(i, s, iters), reps)
-        records.append(record("put", f"experiment-tma-{blocks}b", W, nbytes, t / iters, "block", gpu, date))
-        wrong += _checked_once(
-            R,
-            launch,
-            dst,
-            nbytes,
-            lambda r: (r - 1) % W,
-            put_source,
-            f"experiment-tma-{blocks}b put {nbytes}",
-        )
+        impl = f"{name}-{blocks}b"
+        records.append(record(op, impl, W, nbytes, t / iters, "block", gpu, date))
+        wrong += _checked_once(R, launch, dst, nbytes, source_rank, put_source, f"{impl} {op} {nbytes}")
     return wrong
 
 
@@ -334,19 +339,10 @@ def _gets(R, lib, heap, src, put_source, W, iters, reps, gpu, date, records, opt
     R.barrier()
     wrong = []
     for nbytes in size_range(opts["min_bytes"], opts["max_bytes"], 4):
-        for blocks in PUT_BLOCKS:
-            launch = _put_launch(lib.bench_get, R, gdst, gsrc, nbytes, W, blocks)
-            t = R.timed(lambda i, s: launch(i, s, iters), reps)
-            records.append(record("get", f"ferry-device-{blocks}b", W, nbytes, t / iters, "block", gpu, date))
-            wrong += _checked_once(
-                R,
-                launch,
-                gdst,
-                nbytes,
-                lambda r: (r + 1) % W,
-                put_source,
-                f"ferry-device-{blocks}b get {nbytes}",
-            )
+        wrong += _timed_and_checked(
+            R, lib.bench_get, gdst, gsrc, put_source, "get", "ferry-device", lambda r: (r + 1) % W,
+            nbytes, W, iters, reps, gpu, date, records,
+        )  # fmt: skip
         t = R.timed(
             lambda i, s: [
                 heap.get(gdst[i][:nbytes], gsrc[i][:nbytes], (R.ranks[i] + 1) % W, stream=s)
