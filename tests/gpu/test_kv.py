@@ -131,9 +131,9 @@ def test_modes_directions_layouts_byte_exact(kv, mode, direction, layout):
 @pytest.mark.parametrize("direction", ["h2d", "d2h", "d2d"])
 def test_kernel_many_tasks_per_warp_byte_exact(kv, direction):
     """Requests with more warp tasks than warps, as a long prefix makes:
-    several in a row on two streams (the kernel's staging slots are reused),
-    each checked against the reference; then odd page bytes with a single
-    warp taking every task."""
+    four in a row, on two streams in turn, each checked against the
+    reference before the next; then odd page bytes with a single warp taking
+    every task."""
     torch = _torch()
     rng = random.Random(hash(("many", direction)) & 0xFFFF)
     pages = 700
