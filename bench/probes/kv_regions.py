@@ -4,13 +4,11 @@
                                       [--streams own,default] [--pool-pages N,...] [--huge-pages auto,off]
     python bench/probes/kv_regions.py --regions 1 --pages 4096 --pool-pages 4096,65536 --huge-pages auto,off
 
-The end-to-end benchmark's Llama-3.1-8B fetch (2048 pages of 32 KB in each
-of 64 per-layer tensors, 131,072 copies) took about 3.4 us a copy with
-mode="batched", while `python -m ferry.bench.kv` (one tensor a side) took
-about 0.65 us. The difference was the stream: the end-to-end benchmark
-copies on torch's default stream, the legacy one, where batched copies
-cannot be submitted and each page went as a copy of its own; ferry now runs
-the copy-engine strategies there on a stream of its own, joined by events.
+Batched copies cannot be submitted on torch's default stream, the legacy
+one, so there each page would go as a copy of its own (the end-to-end
+benchmark's Llama-3.1-8B fetch, 131,072 copies of 32 KB, copies there);
+ferry runs its copy-engine strategies there on a stream of its own, joined
+by events. --streams compares the two streams.
 --pool-pages and --huge-pages ask whether the host pool's size and its
 pages change the cost of a copy: each region's host tensor holds that many
 pages (the ids drawn from all of them), from a HostPool with huge pages
