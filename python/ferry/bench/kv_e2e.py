@@ -173,6 +173,20 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="throughput: submit each wave's fetch from a thread of its own, as a serving engine's transfer "
         "thread would, instead of on the decoding thread",
     )
+    ap.add_argument(
+        "--cache",
+        choices=("in-place", "copy"),
+        default="in-place",
+        help="in-place: new tokens' KV written into spare room in the fetched pages, as a serving engine does; "
+        "copy: transformers' DynamicCache, which concatenates (copies the whole past) at every step",
+    )
+    ap.add_argument(
+        "--attention",
+        choices=("decode", "sdpa"),
+        default="decode",
+        help="one-token steps: decode (each K and V read once by two batched products over the whole GPU) "
+        "or transformers' sdpa as it is",
+    )
     ap.add_argument("--pcie-bytes", default="1G", help="size of the host->GPU copy that measures the peak")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="bench/results")
@@ -625,14 +639,18 @@ def _cache_kwarg(model) -> str:
 _COPY_WARNED = []
 
 
-def make_cache(pairs, allow_copy: bool):
+def make_cache(pairs, allow_copy: bool, room=None):
     """A DynamicCache whose layer i holds pairs[i] = (K, V) [batch, kv heads,
     tokens, head dim] as they are (views of the fetched pages, not copies):
     built from empty slices, then the layers' tensors replaced. Nothing reads
     the tensors here, so pages still in flight on another stream are fine.
-    Where a transformers version keeps its tensors elsewhere, allow_copy
-    builds it the documented way (one copy, reading the pages now); otherwise
-    that is an error."""
+    With room[i] = (K, V) views of the same pages that go on past the fetched
+    tokens, the model's new tokens are written into that room in place (as a
+    serving engine writes them into its pages) instead of DynamicCache's
+    concatenation, which copies the whole cache at every step. Where a
+    transformers version keeps its tensors elsewhere, allow_copy builds it the
+    documented way (one copy, reading the pages now); otherwise that is an
+    error."""
     from transformers import DynamicCache
 
     tokens = pairs[0][0].shape[-2]
@@ -642,11 +660,14 @@ def make_cache(pairs, allow_copy: bool):
         for layer, (k, v) in zip(layers, pairs):
             layer.keys, layer.values = k, v
         if cache.get_seq_length() == tokens and layers[0].keys is pairs[0][0]:
+            if room is not None:
+                for layer, (k, v) in zip(layers, room):
+                    layer.update = _in_place_update(layer, k, v)
             return cache
-    if not allow_copy:
+    if not allow_copy or room is not None:
         raise RuntimeError(
             "this transformers version's DynamicCache does not keep the layers' tensors in "
-            "cache.layers[i].keys/.values; the overlapped fetch needs a cache that does not read them at once"
+            "cache.layers[i].keys/.values; the overlapped fetch and the in-place cache need one that does"
         )
     if not _COPY_WARNED:
         _COPY_WARNED.append(True)
@@ -654,6 +675,60 @@ def make_cache(pairs, allow_copy: bool):
             "note: DynamicCache built by copying the fetched KV (one more HBM copy in TTFT)", file=sys.stderr
         )
     return DynamicCache(list(pairs))
+
+
+def _in_place_update(layer, k_room, v_room):
+    """DynamicLayer.update that writes the new tokens' K and V into the room
+    after the ones it holds and returns views: no copy of the past."""
+
+    def update(key_states, value_states, *args, **kwargs):
+        t, n = layer.keys.shape[-2], key_states.shape[-2]
+        if t + n > k_room.shape[-2]:
+            raise RuntimeError(f"in-place cache: {t} + {n} tokens do not fit its room of {k_room.shape[-2]}")
+        k_room[:, :, t : t + n].copy_(key_states)
+        v_room[:, :, t : t + n].copy_(value_states)
+        layer.keys, layer.values = k_room[:, :, : t + n], v_room[:, :, : t + n]
+        return layer.keys, layer.values
+
+    return update
+
+
+_SDPA = []
+_DECODE_CALLS = [0]  # one-token steps decode_attention served itself (the runs check that it did)
+
+
+def use_decode_attention(on: bool = True) -> None:
+    """Routes transformers' "sdpa" attention through decode_attention for
+    one-token steps without a mask (everything else goes to transformers'
+    own sdpa function, unchanged); on=False puts transformers' back.
+    Process-wide."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if not _SDPA:
+        _SDPA.append(sdpa_attention_forward)
+    AttentionInterface.register("sdpa", decode_attention if on else _SDPA[0])
+
+
+def decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """Attention of one new token per sequence over its whole past, as a
+    serving engine's decode kernel does it: each K and V read once, by two
+    batched matrix products spread over the whole GPU (sdpa's kernels run one
+    block per head here, which on a 32K-token past leaves most SMs idle).
+    Query head h uses KV head h // (heads / kv heads), as transformers'
+    repeat_kv orders them. Anything else (several new tokens, a mask,
+    dropout, a soft cap, a position bias) goes to transformers' sdpa."""
+    b, heads, q_len, d = query.shape
+    plain = q_len == 1 and attention_mask is None and not dropout
+    if not plain or kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None:
+        return _SDPA[0](module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    kv_heads = key.shape[1]
+    scale = scaling if scaling is not None else d**-0.5
+    q = query.reshape(b, kv_heads, heads // kv_heads, d)
+    _DECODE_CALLS[0] += 1
+    scores = (q @ key.transpose(-1, -2)).float().mul_(scale)  # [b, kv heads, group, past]
+    out = scores.softmax(dim=-1).to(value.dtype) @ value  # [b, kv heads, group, d]
+    return out.reshape(b, 1, heads, d), None
 
 
 def next_token(model, cache_kw: str, input_ids, cache):
@@ -779,10 +854,14 @@ class TtftPoint(Point):
         ids = host_page_ids(ctx.pool_pages, n_all, seed=ctx.seed * 1000003 + prompt)[:n]
         self.src_ids = torch.tensor(ids, dtype=torch.int64)
         self.dst_ids = torch.arange(n, dtype=torch.int64)
-        shape = (n, PAGE_TOKENS, spec["kv_heads"], spec["head_dim"])
-        self.dst = [torch.empty(shape, dtype=torch.bfloat16, device=DEVICE) for _ in range(2 * L)]
-        self.pairs = [(as_bhsd(self.dst[2 * i]), as_bhsd(self.dst[2 * i + 1])) for i in range(L)]
         new_tokens = 1 if hit == 1.0 else prompt - n * PAGE_TOKENS
+        spare = -(-new_tokens // PAGE_TOKENS) if ctx.in_place else 0  # room for the new tokens' KV
+        shape = (n + spare, PAGE_TOKENS, spec["kv_heads"], spec["head_dim"])
+        self.dst = [torch.empty(shape, dtype=torch.bfloat16, device=DEVICE) for _ in range(2 * L)]
+        full = [(as_bhsd(self.dst[2 * i]), as_bhsd(self.dst[2 * i + 1])) for i in range(L)]
+        past = n * PAGE_TOKENS
+        self.pairs = [(k[:, :, :past], v[:, :, :past]) for k, v in full]
+        self.room = full if ctx.in_place else None
         g = torch.Generator(device=DEVICE).manual_seed(ctx.seed + prompt)
         self.input_ids = torch.randint(spec["vocab"], (1, new_tokens), device=DEVICE, generator=g)
         self.kv_bytes = kv_bytes(spec, n * PAGE_TOKENS)
@@ -806,7 +885,7 @@ class TtftPoint(Point):
         if self.hit == 1.0 and not ctx.layerwise:
             _fetch(kv, self.dst, host, self.dst_ids, self.src_ids, cur, impl)
             self.fetched.record(cur)
-            cache = make_cache(self.pairs, allow_copy=True)
+            cache = make_cache(self.pairs, allow_copy=True, room=self.room)
             token = next_token(ctx.model, ctx.cache_kw, self.input_ids, cache)
             fetch_done = self.fetched
         else:
@@ -825,7 +904,7 @@ class TtftPoint(Point):
                 e.record(side)
             ctx.gate.events, ctx.gate.waits = self.layer_events, 0
             try:
-                cache = make_cache(self.pairs, allow_copy=False)
+                cache = make_cache(self.pairs, allow_copy=False, room=self.room)
                 token = next_token(ctx.model, ctx.cache_kw, self.input_ids, cache)
             finally:
                 ctx.gate.events = None
@@ -859,15 +938,21 @@ class ThroughputPoint(Point):
             torch.tensor(ids[w * wave_pages : (w + 1) * wave_pages], dtype=torch.int64)
             for w in range(self.waves)
         ]
-        self.dst_ids = torch.arange(wave_pages, dtype=torch.int64)
-        shape = (wave_pages, PAGE_TOKENS, spec["kv_heads"], spec["head_dim"])
+        # Each request's pages are followed by room for its decoded tokens' KV (in place).
+        per_request = npp + (-(-decode_tokens // PAGE_TOKENS) if ctx.in_place else 0)
+        self.dst_ids = torch.tensor(
+            [r * per_request + j for r in range(batch) for j in range(npp)], dtype=torch.int64
+        )
+        shape = (batch * per_request, PAGE_TOKENS, spec["kv_heads"], spec["head_dim"])
         self.bufs = [
             [torch.empty(shape, dtype=torch.bfloat16, device=DEVICE) for _ in range(2 * L)]
             for _ in range(min(2, self.waves))
         ]
-        self.pairs = [
+        full = [
             [(as_bhsd(b[2 * i], batch), as_bhsd(b[2 * i + 1], batch)) for i in range(L)] for b in self.bufs
         ]
+        self.pairs = [[(k[:, :, :prefix], v[:, :, :prefix]) for k, v in f] for f in full]
+        self.room = full if ctx.in_place else [None] * len(full)
         g = torch.Generator(device=DEVICE).manual_seed(ctx.seed + 99)
         self.first_ids = torch.randint(spec["vocab"], (self.waves, batch, 1), device=DEVICE, generator=g)
         self.kv_bytes = kv_bytes(spec, requests * prefix)
@@ -917,7 +1002,7 @@ class ThroughputPoint(Point):
                 elif w + 1 < self.waves:
                     fetch(w + 1)  # overlaps wave w's decode below
                 cur.wait_event(self.fetched[w])
-                cache = make_cache(self.pairs[w % 2], allow_copy=False)
+                cache = make_cache(self.pairs[w % 2], allow_copy=False, room=self.room[w % 2])
                 ids = self.first_ids[w]
                 for _ in range(self.decode_tokens):
                     ids = next_token(ctx.model, ctx.cache_kw, ids, cache).unsqueeze(-1)
@@ -1060,6 +1145,7 @@ def run_model(
     ctx.torch, ctx.kv, ctx.spec, ctx.seed, ctx.pool_pages = torch, kv, spec, args.seed, pool_pages
     ctx.fetch_thread = bool(getattr(args, "fetch_thread", False))
     ctx.layerwise = bool(getattr(args, "layerwise", False))
+    ctx.in_place = getattr(args, "cache", "copy") == "in-place"
     ctx.model = ctx.gate = ctx.host = None
     try:
         _run_points(ctx, name, args, peak_gbps, gpu, date, records, skipped, log)
@@ -1076,6 +1162,9 @@ def _run_points(ctx, name: str, args, peak_gbps: float, gpu: str, date: str, rec
     t0 = time.perf_counter()
     ctx.model = build_model(torch, spec)
     ctx.cache_kw = _cache_kwarg(ctx.model)
+    if getattr(args, "attention", "sdpa") == "decode":
+        use_decode_attention()
+    decode_calls = _DECODE_CALLS[0]
     ctx.gate = LayerGate(torch, ctx.model)
     ctx.side = torch.cuda.Stream()
     log(
@@ -1161,6 +1250,8 @@ def _run_points(ctx, name: str, args, peak_gbps: float, gpu: str, date: str, rec
             "throughput", p, 1.0, lambda: ThroughputPoint(ctx, r, p, b, d),
             throughput_bytes_needed(spec, b, p, d), tp_extra,
         )  # fmt: skip
+    if getattr(args, "attention", "sdpa") == "decode":
+        log(f"{name}: decode_attention served {_DECODE_CALLS[0] - decode_calls} one-token layer steps")
 
 
 def main(argv=None) -> int:
@@ -1205,6 +1296,7 @@ def main(argv=None) -> int:
         gpu=gpu, date=date, command=command, sms=props.multi_processor_count, reps=args.reps,
         warmup=args.warmup, pcie_peak_gbps=peak, pcie_peak_gbps_samples=samples, pcie_bytes=args.pcie_bytes,
         page_tokens=PAGE_TOKENS, torch=torch.__version__, transformers=transformers.__version__,
+        cache=args.cache, attention=args.attention,
         impls={i: IMPLS[i] for i in args.impls}, models={m: MODELS[m] for m in args.models},
         throughput=dict(
             requests=args.requests, request_prefix=args.request_prefix, batch=args.batch,
