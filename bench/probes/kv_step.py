@@ -6,11 +6,12 @@ time goes, for each cache and attention the end-to-end benchmark offers.
 Builds the model as ferry.bench.kv_e2e does (random weights, bf16), fills a
 past of --tokens tokens of random KV on the GPU in 16-token pages, and times
 one next_token call per variant: DynamicCache's concatenation or the
-in-place cache, transformers' sdpa or decode_attention. Median of --reps
-after two warm-ups (CUDA events, no graphs). The variants' tokens are
-compared (sdpa and decode_attention round differently, so a mismatch is
-printed, not fatal), and decode_attention's output is checked against sdpa's
-on one layer's tensors. --profile prints each variant's ten costliest
+in-place cache, transformers' sdpa or the split-past decode attention
+(ferry.bench.decode_attention). Median of --reps after two warm-ups (CUDA
+events, no graphs). The variants' tokens are compared (they round
+differently, so a mismatch is printed, not fatal), and the decode
+attention's output is checked first against an fp32 reference on one
+layer's tensors (exit 1 if it disagrees). --profile prints each variant's ten costliest
 kernels.
 """
 

@@ -694,6 +694,7 @@ def _in_place_update(layer, k_room, v_room):
 
 
 _SDPA = []
+_SMS = []
 _DECODE_CALLS = [0]  # one-token steps decode_attention served itself (the runs check that it did)
 
 
@@ -711,24 +712,26 @@ def use_decode_attention(on: bool = True) -> None:
 
 
 def decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """Attention of one new token per sequence over its whole past, as a
-    serving engine's decode kernel does it: each K and V read once, by two
-    batched matrix products spread over the whole GPU (sdpa's kernels run one
-    block per head here, which on a 32K-token past leaves most SMs idle).
-    Query head h uses KV head h // (heads / kv heads), as transformers'
-    repeat_kv orders them. Anything else (several new tokens, a mask,
-    dropout, a soft cap, a position bias) goes to transformers' sdpa."""
-    b, heads, q_len, d = query.shape
+    """transformers' attention function for one new token per sequence over
+    its whole past as a serving engine's decode kernel does it
+    (ferry.bench.decode_attention: the past split over the whole GPU, K and V
+    read once in place). Anything else (several new tokens, a mask, dropout,
+    a soft cap, a position bias) goes to transformers' sdpa."""
+    import torch
+
+    from .decode_attention import decode_attention as split_past
+
+    q_len = query.shape[2]
     plain = q_len == 1 and attention_mask is None and not dropout
     if not plain or kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None:
         return _SDPA[0](module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-    kv_heads = key.shape[1]
-    scale = scaling if scaling is not None else d**-0.5
-    q = query.reshape(b, kv_heads, heads // kv_heads, d)
     _DECODE_CALLS[0] += 1
-    scores = (q @ key.transpose(-1, -2)).float().mul_(scale)  # [b, kv heads, group, past]
-    out = scores.softmax(dim=-1).to(value.dtype) @ value  # [b, kv heads, group, d]
-    return out.reshape(b, 1, heads, d), None
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if not _SMS:
+        _SMS.append(
+            torch.cuda.get_device_properties(query.device).multi_processor_count if query.is_cuda else 8
+        )
+    return split_past(torch, query, key, value, scale, _SMS[0]), None
 
 
 def next_token(model, cache_kw: str, input_ids, cache):
