@@ -37,9 +37,12 @@ counts wherever it delays the GPU.
    is in the host pool. One copy_blocks call fetches all of it (a list of
    2 x layers tensors, one page mapping) in the current stream; then the model
    runs one token at position P with that KV as its past (a DynamicCache whose
-   layers hold the fetched GPU pages as views; the model's own cache update then
-   copies the KV once more, as DynamicCache always does) and the argmax of its
-   logits is the first token. ttft_ms: fetch start -> first token. fetch_ms:
+   layers hold the fetched GPU pages as views) and the argmax of its logits is
+   the first token. --cache in-place (the default) writes the new tokens' KV
+   into room left after the fetched pages, as a serving engine writes into its
+   pages; --cache copy keeps DynamicCache's own update, which concatenates and
+   so copies the whole past at every step (on Llama-3.1-8B at 32K, 13 ms of
+   the step's 20 ms of GPU time, bench/probes/kv_step.py). ttft_ms: fetch start -> first token. fetch_ms:
    fetch start -> fetch done in the stream. pcie_bound_ms: kv_bytes over the
    host->GPU peak measured at the start of the run (one pinned copy of
    --pcie-bytes, default 1 GiB, median of 5); over_pcie_bound = ttft_ms / pcie_bound_ms.
@@ -179,13 +182,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         default="in-place",
         help="in-place: new tokens' KV written into spare room in the fetched pages, as a serving engine does; "
         "copy: transformers' DynamicCache, which concatenates (copies the whole past) at every step",
-    )
-    ap.add_argument(
-        "--attention",
-        choices=("decode", "sdpa"),
-        default="decode",
-        help="one-token steps: decode (each K and V read once by two batched products over the whole GPU) "
-        "or transformers' sdpa as it is",
     )
     ap.add_argument("--pcie-bytes", default="1G", help="size of the host->GPU copy that measures the peak")
     ap.add_argument("--seed", type=int, default=0)
@@ -693,47 +689,6 @@ def _in_place_update(layer, k_room, v_room):
     return update
 
 
-_SDPA = []
-_SMS = []
-_DECODE_CALLS = [0]  # one-token steps decode_attention served itself (the runs check that it did)
-
-
-def use_decode_attention(on: bool = True) -> None:
-    """Routes transformers' "sdpa" attention through decode_attention for
-    one-token steps without a mask (everything else goes to transformers'
-    own sdpa function, unchanged); on=False puts transformers' back.
-    Process-wide."""
-    from transformers import AttentionInterface
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    if not _SDPA:
-        _SDPA.append(sdpa_attention_forward)
-    AttentionInterface.register("sdpa", decode_attention if on else _SDPA[0])
-
-
-def decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """transformers' attention function for one new token per sequence over
-    its whole past as a serving engine's decode kernel does it
-    (ferry.bench.decode_attention: the past split over the whole GPU, K and V
-    read once in place). Anything else (several new tokens, a mask, dropout,
-    a soft cap, a position bias) goes to transformers' sdpa."""
-    import torch
-
-    from .decode_attention import decode_attention as split_past
-
-    q_len = query.shape[2]
-    plain = q_len == 1 and attention_mask is None and not dropout
-    if not plain or kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None:
-        return _SDPA[0](module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-    _DECODE_CALLS[0] += 1
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    if not _SMS:
-        _SMS.append(
-            torch.cuda.get_device_properties(query.device).multi_processor_count if query.is_cuda else 8
-        )
-    return split_past(torch, query, key, value, scale, _SMS[0]), None
-
-
 def next_token(model, cache_kw: str, input_ids, cache):
     """Run the decoder on input_ids [batch, n] with `cache` as the past; the
     argmax of the logits at the last position, [batch]. The LM head runs on
@@ -1165,9 +1120,6 @@ def _run_points(ctx, name: str, args, peak_gbps: float, gpu: str, date: str, rec
     t0 = time.perf_counter()
     ctx.model = build_model(torch, spec)
     ctx.cache_kw = _cache_kwarg(ctx.model)
-    if getattr(args, "attention", "sdpa") == "decode":
-        use_decode_attention()
-    decode_calls = _DECODE_CALLS[0]
     ctx.gate = LayerGate(torch, ctx.model)
     ctx.side = torch.cuda.Stream()
     log(
@@ -1253,8 +1205,6 @@ def _run_points(ctx, name: str, args, peak_gbps: float, gpu: str, date: str, rec
             "throughput", p, 1.0, lambda: ThroughputPoint(ctx, r, p, b, d),
             throughput_bytes_needed(spec, b, p, d), tp_extra,
         )  # fmt: skip
-    if getattr(args, "attention", "sdpa") == "decode":
-        log(f"{name}: decode_attention served {_DECODE_CALLS[0] - decode_calls} one-token layer steps")
 
 
 def main(argv=None) -> int:
@@ -1299,7 +1249,7 @@ def main(argv=None) -> int:
         gpu=gpu, date=date, command=command, sms=props.multi_processor_count, reps=args.reps,
         warmup=args.warmup, pcie_peak_gbps=peak, pcie_peak_gbps_samples=samples, pcie_bytes=args.pcie_bytes,
         page_tokens=PAGE_TOKENS, torch=torch.__version__, transformers=transformers.__version__,
-        cache=args.cache, attention=args.attention,
+        cache=args.cache,
         impls={i: IMPLS[i] for i in args.impls}, models={m: MODELS[m] for m in args.models},
         throughput=dict(
             requests=args.requests, request_prefix=args.request_prefix, batch=args.batch,
