@@ -27,6 +27,7 @@ def test_defaults():
     assert (a.requests, a.request_prefix, a.batch, a.decode_tokens) == (16, 2048, 4, 4)
     assert a.pcie_bytes == 1 << 30
     assert (a.layerwise, a.fetch_thread) == (False, False)
+    assert (a.cache, a.graph, a.trace) == ("in-place", False, False)
     b = E.parse_args(["--layerwise", "--fetch-thread"])
     assert (b.layerwise, b.fetch_thread) == (True, True)
 
@@ -306,3 +307,46 @@ def test_fetch_thread_join_stops_before_fetches_not_allowed(monkeypatch):
 
     time.sleep(0.2)
     assert done == [0]
+
+
+def test_graph_needs_the_in_place_cache():
+    assert E.parse_args(["--graph"]).graph
+    with pytest.raises(SystemExit):
+        E.parse_args(["--graph", "--cache", "copy"])
+
+
+def _ev(cat, name, ts, dur):
+    return dict(ph="X", cat=cat, name=name, ts=ts, dur=dur)
+
+
+def test_timeline_summary_splits_fetch_from_model():
+    trace = {
+        "traceEvents": [
+            _ev("cuda_runtime", "cudaLaunchKernel", 990, 5),
+            _ev("kernel", "page_gather(PageKernelArgs)", 1000, 4000),  # fetch: 0-4 ms
+            _ev("kernel", "nvjet_gemm", 2000, 1000),  # model, before the fetch's end: 1 ms
+            _ev("kernel", "nvjet_gemm", 5000, 1000),  # model, after: 1 ms
+            _ev("kernel", "sdpa", 4500, 1000),  # straddles: 0.5 before, 0.5 after
+            _ev("cuda_runtime", "cudaLaunchKernel", 3000, 5),
+            dict(ph="i", cat="kernel", name="instant", ts=0),  # not a complete event: ignored
+        ]
+    }
+    t = E.timeline_summary(trace)
+    assert t["fetch_end_ms"] == 4.0 and t["end_ms"] == 5.0 and t["tail_ms"] == 1.0
+    assert t["after_busy_ms"] == 1.5 and t["before_busy_ms"] == 1.5
+    assert t["model_events"] == 3 and t["model_events_after"] == 2
+    assert t["last_launch_ms"] == 2.0
+
+
+def test_timeline_summary_copy_engine_fetch_and_empty():
+    trace = {
+        "traceEvents": [
+            _ev("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 0, 3000),
+            _ev("gpu_memcpy", "Memcpy DtoD (Device -> Device)", 3000, 100),  # the model's own copy
+            _ev("kernel", "gemm", 3100, 900),
+        ]
+    }
+    t = E.timeline_summary(trace)
+    assert t["fetch_end_ms"] == 3.0 and t["tail_ms"] == 1.0 and t["after_busy_ms"] == 1.0
+    assert t["last_launch_ms"] is None
+    assert E.timeline_summary({"traceEvents": []}) == {}

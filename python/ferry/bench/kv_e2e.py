@@ -183,6 +183,18 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="in-place: new tokens' KV written into spare room in the fetched pages, as a serving engine does; "
         "copy: transformers' DynamicCache, which concatenates (copies the whole past) at every step",
     )
+    ap.add_argument(
+        "--graph",
+        action="store_true",
+        help="ttft at hit 1.0 (not --layerwise): the one-token step is a CUDA graph captured before the runs, as a "
+        "serving engine captures its decode step (needs --cache in-place)",
+    )
+    ap.add_argument(
+        "--trace",
+        action="store_true",
+        help="ttft: run each impl once more under torch.profiler; its chrome trace goes next to the results "
+        "and a summary of its timeline (when the fetch ended, what the model ran after it) into its record",
+    )
     ap.add_argument("--pcie-bytes", default="1G", help="size of the host->GPU copy that measures the peak")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="bench/results")
@@ -222,6 +234,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                 f"--prompts: {p} is not a positive multiple of {step} "
                 f"({'half a prompt must be whole 16-token pages' if step > PAGE_TOKENS else 'whole pages'})"
             )
+    if args.graph and args.cache != "in-place":
+        ap.error("--graph needs --cache in-place (the graph writes the token's KV into the pages' room)")
     if args.reps < 1 or args.warmup < 0:
         ap.error("--reps must be at least 1 and --warmup at least 0")
     if "throughput" in args.ops:
@@ -447,6 +461,46 @@ def check_failures(records: Sequence[dict]) -> List[str]:
                 )
             )
     return out
+
+
+FETCH_KERNELS = ("page_gather",)  # ferry's kv kernel; copy-engine fetches show as memcpys
+
+
+def timeline_summary(trace: dict) -> dict:
+    """Where a run's GPU time went, from a torch.profiler chrome trace: its GPU
+    events (kernels, memcpys, memsets) split into the fetch (host-to-GPU
+    copies and ferry's page kernel) and the rest (the model), times in ms
+    from the first GPU event. fetch_end: the last fetch event's end;
+    tail_ms: from there to the last event's end; after_busy_ms: the model's
+    GPU time after fetch_end; before_busy_ms: the model's GPU time before it;
+    last_launch_ms: when the host made its last launch or copy call."""
+    gpu, host = [], []
+    for e in trace.get("traceEvents", []):
+        if e.get("ph") != "X" or "ts" not in e:
+            continue
+        cat = e.get("cat", "")
+        if cat in ("kernel", "gpu_memcpy", "gpu_memset"):
+            fetch = (cat == "gpu_memcpy" and "HtoD" in e.get("name", "")) or any(
+                k in e.get("name", "") for k in FETCH_KERNELS
+            )
+            gpu.append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), fetch))
+        elif cat == "cuda_runtime" or cat == "cuda_driver":
+            host.append(float(e["ts"]))
+    if not gpu:
+        return {}
+    t0 = min(g[0] for g in gpu)
+    fetch_end = max((g[1] for g in gpu if g[2]), default=t0)
+    end = max(g[1] for g in gpu)
+    model = [g for g in gpu if not g[2]]
+    after = sum(max(0.0, b - max(a, fetch_end)) for a, b, _ in model)
+    before = sum(max(0.0, min(b, fetch_end) - a) for a, b, _ in model)
+    ms = lambda us: round(us / 1e3, 3)  # noqa: E731
+    return dict(
+        fetch_end_ms=ms(fetch_end - t0), end_ms=ms(end - t0), tail_ms=ms(end - fetch_end),
+        after_busy_ms=ms(after), before_busy_ms=ms(before),
+        model_events=len(model), model_events_after=sum(1 for g in model if g[1] > fetch_end),
+        last_launch_ms=ms(max(host) - t0) if host else None,
+    )  # fmt: skip
 
 
 def result_stem(out_dir: str, date: str, gpu: str, tag: str = "") -> str:
@@ -826,6 +880,47 @@ class TtftPoint(Point):
         ev = lambda: torch.cuda.Event(enable_timing=True)
         self.start, self.fetched, self.end = ev(), ev(), ev()
         self.layer_events = [ev() for _ in range(L)]
+        if ctx.graph and hit == 1.0 and not ctx.layerwise:
+            self._capture_step()
+
+    def _capture_step(self) -> None:
+        """The one-token step as a CUDA graph, captured once before any timed
+        run (as a serving engine captures its decode step at start-up): it
+        reads the fetched pages and writes its token's KV into their room in
+        place, whatever was fetched into them."""
+        ctx, torch = self.ctx, self.ctx.torch
+
+        def step():
+            return next_token(
+                ctx.model,
+                ctx.cache_kw,
+                self.input_ids,
+                make_cache(self.pairs, allow_copy=False, room=self.room),
+            )
+
+        import transformers.masking_utils as masking
+
+        warm = torch.cuda.Stream()
+        warm.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(warm):
+            for _ in range(2):
+                step()
+        torch.cuda.current_stream().wait_stream(warm)
+        self.step_graph = torch.cuda.CUDAGraph()
+        # While a graph is captured transformers builds a causal mask even
+        # where none is needed (it cannot look at a padding mask then), and
+        # with a mask its sdpa repeats the KV to every head. There is no
+        # padding mask here and one new token sees the whole past, so the
+        # capture keeps the mask-free path it takes outside a capture.
+        tracing = getattr(masking, "is_tracing", None)
+        if tracing is not None:
+            masking.is_tracing = lambda tensor=None: False
+        try:
+            with torch.cuda.graph(self.step_graph):
+                self.graph_token = step()
+        finally:
+            if tracing is not None:
+                masking.is_tracing = tracing
 
     def poison(self) -> None:
         _poison(self.ctx.torch, self.dst)
@@ -843,8 +938,12 @@ class TtftPoint(Point):
         if self.hit == 1.0 and not ctx.layerwise:
             _fetch(kv, self.dst, host, self.dst_ids, self.src_ids, cur, impl)
             self.fetched.record(cur)
-            cache = make_cache(self.pairs, allow_copy=True, room=self.room)
-            token = next_token(ctx.model, ctx.cache_kw, self.input_ids, cache)
+            if ctx.graph:
+                self.step_graph.replay()
+                cache, token = None, self.graph_token
+            else:
+                cache = make_cache(self.pairs, allow_copy=True, room=self.room)
+                token = next_token(ctx.model, ctx.cache_kw, self.input_ids, cache)
             fetch_done = self.fetched
         else:
             side = ctx.side
@@ -1041,10 +1140,13 @@ class _FetchThread:
             raise self._error[0]
 
 
-def run_point(torch, point: Point, impls: Sequence[str], warmup: int, reps: int):
+def run_point(torch, point: Point, impls: Sequence[str], warmup: int, reps: int, trace: Optional[str] = None):
     """The untimed checking run of every impl (destination poisoned first),
     then warmup + reps rounds of every impl, alternating. Returns (timed
-    results per impl, checks per impl, error text per impl that failed)."""
+    results per impl, checks per impl, error text per impl that failed).
+    trace: a path prefix; each impl then runs once more under torch.profiler,
+    its chrome trace is written to <trace>-<impl>.json and its
+    timeline_summary is added to its checks as "timeline"."""
     checks: Dict[str, dict] = {}
     failed: Dict[str, str] = {}
     ref = None
@@ -1079,6 +1181,16 @@ def run_point(torch, point: Point, impls: Sequence[str], warmup: int, reps: int)
             res.pop("tokens")
             if k >= warmup:
                 samples[impl].append(res)
+    if trace:
+        from torch.profiler import ProfilerActivity, profile
+
+        for impl in live:
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                point.run(impl)
+            path = f"{trace}-{impl}.json"
+            prof.export_chrome_trace(path)
+            with open(path) as f:
+                checks[impl]["timeline"] = timeline_summary(json.load(f))
     return samples, checks, failed
 
 
@@ -1104,6 +1216,7 @@ def run_model(
     ctx.fetch_thread = bool(getattr(args, "fetch_thread", False))
     ctx.layerwise = bool(getattr(args, "layerwise", False))
     ctx.in_place = getattr(args, "cache", "copy") == "in-place"
+    ctx.graph = bool(getattr(args, "graph", False))
     ctx.model = ctx.gate = ctx.host = None
     try:
         _run_points(ctx, name, args, peak_gbps, gpu, date, records, skipped, log)
@@ -1141,7 +1254,10 @@ def _run_points(ctx, name: str, args, peak_gbps: float, gpu: str, date: str, rec
         log(f"{name} {op} {prompt} tokens, hit {hit}")
         oom = None
         try:
-            samples, checks, failed = run_point(torch, make(), args.impls, args.warmup, args.reps)
+            trace = None
+            if getattr(args, "trace", False) and op == "ttft":
+                trace = result_stem(args.out, date, gpu, args.tag) + f"-trace-{name}-{prompt}-{hit}"
+            samples, checks, failed = run_point(torch, make(), args.impls, args.warmup, args.reps, trace)
         except Exception as e:
             if not _is_oom(torch, e):
                 raise
@@ -1173,6 +1289,8 @@ def _run_points(ctx, name: str, args, peak_gbps: float, gpu: str, date: str, rec
                 rec["tokens_per_s_reps"] = [rec["tokens"] / (x * 1e-3) for x in times]
             records.append(make_record(op, name, prompt, hit, impl, value, gpu, date, **rec))
             log(f"  {impl:<14} {value:10.1f} {UNIT[op]}")
+            if "timeline" in rec:
+                log(f"    timeline {rec['timeline']}")
 
     if "ttft" in args.ops:
         for prompt in args.prompts:
@@ -1186,6 +1304,7 @@ def _run_points(ctx, name: str, args, peak_gbps: float, gpu: str, date: str, rec
                     if hit == 1.0:  # at 0.5 the prefill is in the TTFT too
                         out["over_pcie_bound"] = t / bound
                         out["layerwise"] = ctx.layerwise
+                        out["graph"] = ctx.graph and not ctx.layerwise
                     return out
 
                 measure(
@@ -1249,7 +1368,7 @@ def main(argv=None) -> int:
         gpu=gpu, date=date, command=command, sms=props.multi_processor_count, reps=args.reps,
         warmup=args.warmup, pcie_peak_gbps=peak, pcie_peak_gbps_samples=samples, pcie_bytes=args.pcie_bytes,
         page_tokens=PAGE_TOKENS, torch=torch.__version__, transformers=transformers.__version__,
-        cache=args.cache,
+        cache=args.cache, graph=args.graph,
         impls={i: IMPLS[i] for i in args.impls}, models={m: MODELS[m] for m in args.models},
         throughput=dict(
             requests=args.requests, request_prefix=args.request_prefix, batch=args.batch,
