@@ -328,6 +328,7 @@ def test_timeline_summary_splits_fetch_from_model():
             _ev("kernel", "nvjet_gemm", 5000, 1000),  # model, after: 1 ms
             _ev("kernel", "sdpa", 4500, 1000),  # straddles: 0.5 before, 0.5 after
             _ev("cuda_runtime", "cudaLaunchKernel", 3000, 5),
+            _ev("cuda_runtime", "cudaEventSynchronize", 9000, 5),  # not a launch: ignored
             dict(ph="i", cat="kernel", name="instant", ts=0),  # not a complete event: ignored
         ]
     }

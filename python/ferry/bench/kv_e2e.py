@@ -186,8 +186,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument(
         "--graph",
         action="store_true",
-        help="ttft at hit 1.0 (not --layerwise): the one-token step is a CUDA graph captured before the runs, as a "
-        "serving engine captures its decode step (needs --cache in-place)",
+        help="ttft at hit 1.0: the one-token step is a CUDA graph captured before the runs, as a serving engine "
+        "captures its decode step (with --layerwise, each layer's part waits for its pages; needs --cache in-place)",
     )
     ap.add_argument(
         "--trace",
@@ -473,7 +473,8 @@ def timeline_summary(trace: dict) -> dict:
     from the first GPU event. fetch_end: the last fetch event's end;
     tail_ms: from there to the last event's end; after_busy_ms: the model's
     GPU time after fetch_end; before_busy_ms: the model's GPU time before it;
-    last_launch_ms: when the host made its last launch or copy call."""
+    last_launch_ms: when the host made its last launch or copy call (graph
+    launches included)."""
     gpu, host = [], []
     for e in trace.get("traceEvents", []):
         if e.get("ph") != "X" or "ts" not in e:
@@ -484,7 +485,9 @@ def timeline_summary(trace: dict) -> dict:
                 k in e.get("name", "") for k in FETCH_KERNELS
             )
             gpu.append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), fetch))
-        elif cat == "cuda_runtime" or cat == "cuda_driver":
+        elif cat in ("cuda_runtime", "cuda_driver") and any(
+            k in e.get("name", "") for k in ("Launch", "Memcpy")
+        ):
             host.append(float(e["ts"]))
     if not gpu:
         return {}
@@ -760,10 +763,13 @@ def as_bhsd(pages, batch: int = 1):
 
 class LayerGate:
     """Forward pre-hooks on every decoder layer: while `events` is set, layer
-    i's forward makes the current stream wait for events[i] first."""
+    i's forward makes the current stream wait for events[i] first. With
+    `external` set (while a CUDA graph is captured) the wait becomes an
+    event-wait node of the graph: each replay then waits for the event's
+    latest record, made outside the graph by that replay's fetch."""
 
     def __init__(self, torch, model):
-        self.torch, self.events, self.waits = torch, None, 0
+        self.torch, self.events, self.waits, self.external = torch, None, 0, False
         self.handles = [
             layer.register_forward_pre_hook(self._hook(i)) for i, layer in enumerate(model.model.layers)
         ]
@@ -771,7 +777,11 @@ class LayerGate:
     def _hook(self, index: int):
         def pre_hook(module, args):
             if self.events is not None:
-                self.torch.cuda.current_stream().wait_event(self.events[index])
+                stream = self.torch.cuda.current_stream()
+                if self.external:
+                    _wait_external(stream, self.events[index])
+                else:
+                    stream.wait_event(self.events[index])
                 self.waits += 1
 
         return pre_hook
@@ -780,6 +790,23 @@ class LayerGate:
         for h in self.handles:
             h.remove()
         self.handles = []
+
+
+_LIBCUDA = []
+
+
+def _wait_external(stream, event) -> None:
+    """cuStreamWaitEvent(stream, event, CU_EVENT_WAIT_EXTERNAL) (torch does
+    not pass that flag): under stream capture, an event-wait node."""
+    import ctypes
+
+    if not _LIBCUDA:
+        _LIBCUDA.append(ctypes.CDLL("libcuda.so.1"))
+    rc = _LIBCUDA[0].cuStreamWaitEvent(
+        ctypes.c_void_p(stream.cuda_stream), ctypes.c_void_p(event.cuda_event), ctypes.c_uint(1)
+    )
+    if rc != 0:
+        raise RuntimeError(f"cuStreamWaitEvent(CU_EVENT_WAIT_EXTERNAL) failed: CUresult {rc}")
 
 
 def measure_pcie_peak(torch, kv, nbytes: int, reps: int = 5) -> List[float]:
@@ -880,15 +907,20 @@ class TtftPoint(Point):
         ev = lambda: torch.cuda.Event(enable_timing=True)
         self.start, self.fetched, self.end = ev(), ev(), ev()
         self.layer_events = [ev() for _ in range(L)]
-        if ctx.graph and hit == 1.0 and not ctx.layerwise:
+        if ctx.graph and hit == 1.0:
             self._capture_step()
 
     def _capture_step(self) -> None:
         """The one-token step as a CUDA graph, captured once before any timed
         run (as a serving engine captures its decode step at start-up): it
         reads the fetched pages and writes its token's KV into their room in
-        place, whatever was fetched into them."""
+        place, whatever was fetched into them. --layerwise: each decoder
+        layer's part of it first waits for its layer's event, recorded by
+        each run's fetch (an event-wait node)."""
         ctx, torch = self.ctx, self.ctx.torch
+        if ctx.layerwise:
+            for e in self.layer_events:  # created and complete: the warm-up steps' waits pass
+                e.record(torch.cuda.current_stream())
 
         def step():
             return next_token(
@@ -915,12 +947,19 @@ class TtftPoint(Point):
         tracing = getattr(masking, "is_tracing", None)
         if tracing is not None:
             masking.is_tracing = lambda tensor=None: False
+        if ctx.layerwise:
+            ctx.gate.events, ctx.gate.waits, ctx.gate.external = self.layer_events, 0, True
         try:
             with torch.cuda.graph(self.step_graph):
                 self.graph_token = step()
         finally:
             if tracing is not None:
                 masking.is_tracing = tracing
+            ctx.gate.events, ctx.gate.external = None, False
+        if ctx.layerwise and ctx.gate.waits != len(self.layer_events):
+            raise RuntimeError(
+                f"the captured step waits for {ctx.gate.waits} layers' events, not {len(self.layer_events)}"
+            )
 
     def poison(self) -> None:
         _poison(self.ctx.torch, self.dst)
@@ -959,12 +998,17 @@ class TtftPoint(Point):
                     impl,
                 )
                 e.record(side)
-            ctx.gate.events, ctx.gate.waits = self.layer_events, 0
-            try:
-                cache = make_cache(self.pairs, allow_copy=False, room=self.room)
-                token = next_token(ctx.model, ctx.cache_kw, self.input_ids, cache)
-            finally:
-                ctx.gate.events = None
+            if ctx.graph and self.hit == 1.0:  # its event-wait nodes wait for the records above
+                self.step_graph.replay()
+                cache, token = None, self.graph_token
+                ctx.gate.waits = len(self.layer_events)
+            else:
+                ctx.gate.events, ctx.gate.waits = self.layer_events, 0
+                try:
+                    cache = make_cache(self.pairs, allow_copy=False, room=self.room)
+                    token = next_token(ctx.model, ctx.cache_kw, self.input_ids, cache)
+                finally:
+                    ctx.gate.events = None
             if ctx.gate.waits != len(self.layer_events):
                 raise RuntimeError(
                     f"the decoder layers' pre-hooks waited {ctx.gate.waits} times, not "
@@ -1304,7 +1348,7 @@ def _run_points(ctx, name: str, args, peak_gbps: float, gpu: str, date: str, rec
                     if hit == 1.0:  # at 0.5 the prefill is in the TTFT too
                         out["over_pcie_bound"] = t / bound
                         out["layerwise"] = ctx.layerwise
-                        out["graph"] = ctx.graph and not ctx.layerwise
+                        out["graph"] = ctx.graph
                     return out
 
                 measure(
