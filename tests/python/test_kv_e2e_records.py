@@ -27,7 +27,7 @@ def test_defaults():
     assert (a.requests, a.request_prefix, a.batch, a.decode_tokens) == (16, 2048, 4, 4)
     assert a.pcie_bytes == 1 << 30
     assert (a.layerwise, a.fetch_thread) == (False, False)
-    assert (a.cache, a.graph, a.trace) == ("in-place", False, False)
+    assert (a.cache, a.graph, a.trace) == ("in-place", True, False)
     b = E.parse_args(["--layerwise", "--fetch-thread"])
     assert (b.layerwise, b.fetch_thread) == (True, True)
 
@@ -311,6 +311,8 @@ def test_fetch_thread_join_stops_before_fetches_not_allowed(monkeypatch):
 
 def test_graph_needs_the_in_place_cache():
     assert E.parse_args(["--graph"]).graph
+    assert not E.parse_args(["--no-graph"]).graph
+    assert not E.parse_args(["--cache", "copy"]).graph  # off by default there
     with pytest.raises(SystemExit):
         E.parse_args(["--graph", "--cache", "copy"])
 

@@ -42,13 +42,20 @@ counts wherever it delays the GPU.
    into room left after the fetched pages, as a serving engine writes into its
    pages; --cache copy keeps DynamicCache's own update, which concatenates and
    so copies the whole past at every step (on Llama-3.1-8B at 32K, 13 ms of
-   the step's 20 ms of GPU time, bench/probes/kv_step.py). ttft_ms: fetch start -> first token. fetch_ms:
-   fetch start -> fetch done in the stream. pcie_bound_ms: kv_bytes over the
-   host->GPU peak measured at the start of the run (one pinned copy of
-   --pcie-bytes, default 1 GiB, median of 5); over_pcie_bound = ttft_ms / pcie_bound_ms.
+   the step's 20 ms of GPU time, bench/probes/kv_step.py). With the in-place
+   cache the step is a CUDA graph captured before the runs (--graph, the
+   default there), as a serving engine captures its decode step: the eager
+   step's host time (about 33 ms on the 8B model) no longer decides when the
+   GPU can run it. ttft_ms: fetch start -> first token. fetch_ms: fetch start
+   -> fetch done in the stream. pcie_bound_ms: kv_bytes over the host->GPU
+   peak measured at the start of the run (one pinned copy of --pcie-bytes,
+   default 1 GiB, median of 5); over_pcie_bound = ttft_ms / pcie_bound_ms.
    --layerwise: the fetch goes layer by layer on a side stream and each
    decoder layer waits for its own pages, as at hit 0.5 below, so the
-   one-token step overlaps the fetch (records: layerwise).
+   one-token step overlaps the fetch (records: layerwise); in the graph each
+   layer's part waits on its layer's event (an event-wait node).
+   --trace: each impl once more under torch.profiler, its timeline summed up
+   in its record (timeline_summary).
 2. ttft, hit 0.5: the first P/2 tokens' KV is in the host pool, the last P/2
    tokens are prefilled. On a side stream, one copy_blocks call per layer (its
    K and V) followed by an event; a forward pre-hook on decoder layer i makes
@@ -185,9 +192,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     ap.add_argument(
         "--graph",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="ttft at hit 1.0: the one-token step is a CUDA graph captured before the runs, as a serving engine "
-        "captures its decode step (with --layerwise, each layer's part waits for its pages; needs --cache in-place)",
+        "captures its decode step (with --layerwise, each layer's part waits for its pages). Default: on with "
+        "--cache in-place, which it needs",
     )
     ap.add_argument(
         "--trace",
@@ -236,6 +245,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             )
     if args.graph and args.cache != "in-place":
         ap.error("--graph needs --cache in-place (the graph writes the token's KV into the pages' room)")
+    if args.graph is None:
+        args.graph = args.cache == "in-place"
     if args.reps < 1 or args.warmup < 0:
         ap.error("--reps must be at least 1 and --warmup at least 0")
     if "throughput" in args.ops:
