@@ -882,7 +882,9 @@ def _fetch(kv, dst, src, dst_ids, src_ids, stream, impl: str) -> None:
 class Point:
     """One measured point: `run(impl)` times one fetch + model run and returns
     dict(time_ms, fetch_ms, wall_ms, tokens); `poison()` and `check()` wrap
-    the untimed checking run."""
+    the untimed checking run, during which `verify` is set."""
+
+    verify = False
 
     def poison(self) -> None:
         raise NotImplementedError
@@ -1072,15 +1074,19 @@ class ThroughputPoint(Point):
         ev = lambda: torch.cuda.Event(enable_timing=True)
         self.start, self.end = ev(), ev()
         self.fetched = [torch.cuda.Event() for _ in range(self.waves)]
+        self.waves_equal: List[bool] = []
         self.freed = [torch.cuda.Event() for _ in range(self.waves)]
 
     def poison(self) -> None:
         for b in self.bufs:
             _poison(self.ctx.torch, b)
+        self.waves_equal = []
 
     def check(self) -> bool:
+        """Every wave's fetched KV as its decode saw it (checked after that
+        decode, in the checking run), and the last wave's again at the end."""
         last = self.waves - 1  # its buffer still holds it after the run
-        return fetched_equal(
+        return all(self.waves_equal) and fetched_equal(
             self.ctx.torch, self.bufs[last % 2], self.ctx.host, self.dst_ids, self.src_ids[last]
         )
 
@@ -1119,6 +1125,10 @@ class ThroughputPoint(Point):
                 for _ in range(self.decode_tokens):
                     ids = next_token(ctx.model, ctx.cache_kw, ids, cache).unsqueeze(-1)
                     out.append(ids)
+                if self.verify:  # before the buffer is freed for the fetch two waves on
+                    self.waves_equal.append(
+                        fetched_equal(torch, self.bufs[w % 2], ctx.host, self.dst_ids, self.src_ids[w])
+                    )
                 self.freed[w].record(cur)
                 if fetcher:
                     fetcher.allow(w + 2)  # its fetch waits for freed[w], now recorded
@@ -1208,8 +1218,12 @@ def run_point(torch, point: Point, impls: Sequence[str], warmup: int, reps: int,
     for impl in check_order(impls):
         try:
             point.poison()
-            res = point.run(impl)
-            kv_ok = point.check()
+            point.verify = True
+            try:
+                res = point.run(impl)
+                kv_ok = point.check()
+            finally:
+                point.verify = False
         except Exception as e:  # an impl that cannot run: reported, the others go on
             if _is_oom(torch, e):
                 raise
