@@ -199,6 +199,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--cache in-place, which it needs",
     )
     ap.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="torch.use_deterministic_algorithms(True) and CUBLAS_WORKSPACE_CONFIG=:4096:8: tells whether tokens "
+        "that differ between impls come from the model's own kernels rather than from the fetch",
+    )
+    ap.add_argument(
         "--trace",
         action="store_true",
         help="ttft: run each impl once more under torch.profiler; its chrome trace goes next to the results "
@@ -1397,7 +1403,12 @@ def _run_points(ctx, name: str, args, peak_gbps: float, gpu: str, date: str, rec
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.deterministic:  # before torch starts cuBLAS
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     import torch
+
+    if args.deterministic:
+        torch.use_deterministic_algorithms(True)
 
     if not torch.cuda.is_available():
         print("ferry.bench.kv_e2e needs a GPU", file=sys.stderr)
@@ -1437,7 +1448,7 @@ def main(argv=None) -> int:
         gpu=gpu, date=date, command=command, sms=props.multi_processor_count, reps=args.reps,
         warmup=args.warmup, pcie_peak_gbps=peak, pcie_peak_gbps_samples=samples, pcie_bytes=args.pcie_bytes,
         page_tokens=PAGE_TOKENS, torch=torch.__version__, transformers=transformers.__version__,
-        cache=args.cache, graph=args.graph,
+        cache=args.cache, graph=args.graph, deterministic=args.deterministic,
         impls={i: IMPLS[i] for i in args.impls}, models={m: MODELS[m] for m in args.models},
         throughput=dict(
             requests=args.requests, request_prefix=args.request_prefix, batch=args.batch,
