@@ -73,10 +73,12 @@ counts wherever it delays the GPU.
    compute stream. The fetch of wave w+1 is submitted before wave w's decode,
    so it overlaps that decode; a buffer is refilled only after the wave that
    used it is done (an event). tokens_per_s = requests x decode tokens / (first
-   fetch start -> last token). The decode is Hugging Face's eager decode
-   (launch-bound at small batches), so this measures what a fetch strategy costs
-   a model that is busy, in SMs (kernel) and in host time (per-page), not a
-   tuned serving engine's throughput. Its records' prompt_tokens is the
+   fetch start -> last token). With --graph (the default) a wave's whole
+   decode is one CUDA graph per buffer, captured before the runs, as a serving
+   engine captures its decode; with --no-graph it is Hugging Face's eager
+   decode (launch-bound at small batches). Either way this measures what a
+   fetch strategy costs a model that is busy, in SMs (kernel) and in host time
+   (per-page), not a tuned serving engine's throughput. Its records' prompt_tokens is the
    request prefix, hit 1.0, kv_bytes all requests' KV. --fetch-thread
    submits every wave's fetch from a thread of its own instead (as a serving
    engine's transfer thread would; copy_blocks releases the GIL), each once
@@ -195,8 +197,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="ttft at hit 1.0: the one-token step is a CUDA graph captured before the runs, as a serving engine "
-        "captures its decode step (with --layerwise, each layer's part waits for its pages). Default: on with "
-        "--cache in-place, which it needs",
+        "captures its decode step (with --layerwise, each layer's part waits for its pages); throughput: each "
+        "buffer's wave decode is one graph. Default: on with --cache in-place, which it needs",
     )
     ap.add_argument(
         "--deterministic",
@@ -885,6 +887,41 @@ def _fetch(kv, dst, src, dst_ids, src_ids, stream, impl: str) -> None:
     kv.copy_blocks(dst, src, dst_ids, src_ids, stream=stream, mode=m["mode"], zero_sm=m["zero_sm"])
 
 
+def capture_graph(torch, fn, gate=None, events=None):
+    """fn() captured as a CUDA graph after two warm-up calls on a side stream;
+    returns (graph, what fn returned in the capture: static tensors each
+    replay rewrites). With `gate` (a LayerGate), the capture's decoder layers
+    wait on `events` as event-wait nodes."""
+    import transformers.masking_utils as masking
+
+    warm = torch.cuda.Stream()
+    warm.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(warm):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(warm)
+    graph = torch.cuda.CUDAGraph()
+    # While a graph is captured transformers builds a causal mask even where
+    # none is needed (it cannot look at a padding mask then), and with a mask
+    # its sdpa repeats the KV to every head. Here there is no padding mask
+    # and each new token sees the whole past, so the capture keeps the
+    # mask-free path it takes outside a capture.
+    tracing = getattr(masking, "is_tracing", None)
+    if tracing is not None:
+        masking.is_tracing = lambda tensor=None: False
+    if gate is not None:
+        gate.events, gate.waits, gate.external = events, 0, True
+    try:
+        with torch.cuda.graph(graph):
+            out = fn()
+    finally:
+        if tracing is not None:
+            masking.is_tracing = tracing
+        if gate is not None:
+            gate.events, gate.external = None, False
+    return graph, out
+
+
 class Point:
     """One measured point: `run(impl)` times one fetch + model run and returns
     dict(time_ms, fetch_ms, wall_ms, tokens); `poison()` and `check()` wrap
@@ -949,32 +986,8 @@ class TtftPoint(Point):
                 make_cache(self.pairs, allow_copy=False, room=self.room),
             )
 
-        import transformers.masking_utils as masking
-
-        warm = torch.cuda.Stream()
-        warm.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(warm):
-            for _ in range(2):
-                step()
-        torch.cuda.current_stream().wait_stream(warm)
-        self.step_graph = torch.cuda.CUDAGraph()
-        # While a graph is captured transformers builds a causal mask even
-        # where none is needed (it cannot look at a padding mask then), and
-        # with a mask its sdpa repeats the KV to every head. There is no
-        # padding mask here and one new token sees the whole past, so the
-        # capture keeps the mask-free path it takes outside a capture.
-        tracing = getattr(masking, "is_tracing", None)
-        if tracing is not None:
-            masking.is_tracing = lambda tensor=None: False
-        if ctx.layerwise:
-            ctx.gate.events, ctx.gate.waits, ctx.gate.external = self.layer_events, 0, True
-        try:
-            with torch.cuda.graph(self.step_graph):
-                self.graph_token = step()
-        finally:
-            if tracing is not None:
-                masking.is_tracing = tracing
-            ctx.gate.events, ctx.gate.external = None, False
+        gate = ctx.gate if ctx.layerwise else None
+        self.step_graph, self.graph_token = capture_graph(torch, step, gate=gate, events=self.layer_events)
         if ctx.layerwise and ctx.gate.waits != len(self.layer_events):
             raise RuntimeError(
                 f"the captured step waits for {ctx.gate.waits} layers' events, not {len(self.layer_events)}"
@@ -1073,6 +1086,13 @@ class ThroughputPoint(Point):
         ]
         self.pairs = [[(k[:, :, :prefix], v[:, :, :prefix]) for k, v in f] for f in full]
         self.room = full if ctx.in_place else [None] * len(full)
+        # One graph per buffer: a wave's whole decode, its first ids copied in before each replay.
+        self.decode_graphs = []
+        if ctx.graph:
+            for b in range(len(self.bufs)):
+                first = torch.zeros((batch, 1), dtype=torch.int64, device=DEVICE)
+                graph, outs = capture_graph(torch, lambda b=b, first=first: self._decode(b, first))
+                self.decode_graphs.append((graph, first, outs))
         g = torch.Generator(device=DEVICE).manual_seed(ctx.seed + 99)
         self.first_ids = torch.randint(spec["vocab"], (self.waves, batch, 1), device=DEVICE, generator=g)
         self.kv_bytes = kv_bytes(spec, requests * prefix)
@@ -1082,6 +1102,17 @@ class ThroughputPoint(Point):
         self.fetched = [torch.cuda.Event() for _ in range(self.waves)]
         self.waves_equal: List[bool] = []
         self.freed = [torch.cuda.Event() for _ in range(self.waves)]
+
+    def _decode(self, b: int, ids) -> list:
+        """--decode-tokens greedy steps of the wave in buffer b from ids
+        [batch, 1]: each step's ids."""
+        ctx = self.ctx
+        cache = make_cache(self.pairs[b], allow_copy=False, room=self.room[b])
+        out = []
+        for _ in range(self.decode_tokens):
+            ids = next_token(ctx.model, ctx.cache_kw, ids, cache).unsqueeze(-1)
+            out.append(ids)
+        return out
 
     def poison(self) -> None:
         for b in self.bufs:
@@ -1126,11 +1157,13 @@ class ThroughputPoint(Point):
                 elif w + 1 < self.waves:
                     fetch(w + 1)  # overlaps wave w's decode below
                 cur.wait_event(self.fetched[w])
-                cache = make_cache(self.pairs[w % 2], allow_copy=False, room=self.room[w % 2])
-                ids = self.first_ids[w]
-                for _ in range(self.decode_tokens):
-                    ids = next_token(ctx.model, ctx.cache_kw, ids, cache).unsqueeze(-1)
-                    out.append(ids)
+                if self.decode_graphs:
+                    graph, first, outs = self.decode_graphs[w % 2]
+                    first.copy_(self.first_ids[w])
+                    graph.replay()
+                    out.extend(o.clone() for o in outs)  # the next replay of this graph rewrites them
+                else:
+                    out.extend(self._decode(w % 2, self.first_ids[w]))
                 if self.verify:  # before the buffer is freed for the fetch two waves on
                     self.waves_equal.append(
                         fetched_equal(torch, self.bufs[w % 2], ctx.host, self.dst_ids, self.src_ids[w])
@@ -1138,7 +1171,6 @@ class ThroughputPoint(Point):
                 self.freed[w].record(cur)
                 if fetcher:
                     fetcher.allow(w + 2)  # its fetch waits for freed[w], now recorded
-                del cache
         finally:
             if fetcher:
                 fetcher.join()  # on an error too: no fetch may be submitted after this run
@@ -1392,7 +1424,7 @@ def _run_points(ctx, name: str, args, peak_gbps: float, gpu: str, date: str, rec
         def tp_extra(t):
             return dict(
                 kv_bytes=kv_bytes(spec, r * p), requests=r, batch=b, decode_tokens=d,
-                tokens=r * d, elapsed_ms=t, fetch_thread=ctx.fetch_thread,
+                tokens=r * d, elapsed_ms=t, fetch_thread=ctx.fetch_thread, graph=ctx.graph,
             )  # fmt: skip
 
         measure(
