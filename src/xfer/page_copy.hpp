@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "dma/engine.hpp"
+#include "dma/submit_threads.hpp"
 #include "sync/gate.hpp"
 #include "xfer/page_kernel.hpp"
 #include "xfer/page_plan.hpp"
@@ -115,6 +116,8 @@ class PageCopier {
   // (its main stream: runs_on_own_stream), and the events that order them
   // with the caller's stream.
   std::unique_ptr<EngineSet> engines_;
+  // The 'streams' strategy's submitting threads: one per stream it uses.
+  std::unique_ptr<SubmitThreads> submit_;
   struct Slot {
     void* host = nullptr;
     size_t capacity = 0;
