@@ -19,7 +19,8 @@ Modes (docs/kv.md says which to use when):
   auto      ferry's table for this GPU picks per direction and page size
   per_page  one cudaMemcpyAsync per page (the baseline)
   batched   cudaMemcpyBatchAsync in bounded batches, runs of adjacent pages merged
-  streams   the batched copies spread over several of ferry's streams
+  streams   the batched copies spread over several of ferry's streams, each
+            stream's part submitted by a host thread of its own
   kernel    an SM kernel gathering the pages (uses SMs; reads pinned host memory in place)
 
 ``zero_sm=True`` never launches a kernel (``auto`` then picks among the
