@@ -640,6 +640,9 @@ def parse_args(argv=None):
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--gemm", action="store_true")
+    p.add_argument(
+        "--gemm-reps", type=int, default=5, help="paired GEMM runs (alone, beside) per impl (--gemm)"
+    )
     p.add_argument("--urgent", action="store_true")
     p.add_argument(
         "--urgent-pages", default=DEFAULT_URGENT_PAGES, help="page sizes of the urgent fetch (--urgent)"
@@ -662,6 +665,7 @@ def make_options(
     gemm: bool = False,
     urgent: bool = False,
     urgent_pages: str = DEFAULT_URGENT_PAGES,
+    gemm_reps: int = 5,
 ) -> dict:
     """run()'s options from the command line's text forms (also what
     `ferry bench` and `ferry kv-tune` pass); unknown names exit naming the option."""
@@ -669,6 +673,8 @@ def make_options(
     bad = [o for o in op_list if o not in OPS]
     if bad:
         raise SystemExit(f"--ops: unknown {bad}; expected some of {','.join(OPS)}")
+    if gemm_reps < 1:
+        raise SystemExit(f"--gemm-reps: {gemm_reps}; expected at least 1")
     impl_list = [i for i in impls.split(",") if i]
     bad = [i for i in impl_list if i not in ALL_IMPLS]
     if bad:
@@ -684,6 +690,7 @@ def make_options(
         gemm=gemm,
         urgent=urgent,
         urgent_pages=[parse_size(x) for x in urgent_pages.split(",") if x],
+        gemm_reps=gemm_reps,
     )
 
 
@@ -699,6 +706,7 @@ def options(args) -> dict:
         args.gemm,
         args.urgent,
         args.urgent_pages,
+        args.gemm_reps,
     )
 
 
