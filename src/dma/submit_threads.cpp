@@ -29,10 +29,12 @@ void SubmitThreads::run(int n, const std::function<void(int)>& task) {
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (busy_) throw_error(FERRY_ERROR_INTERNAL, "SubmitThreads::run: called while another run is in progress");
     while (static_cast<int>(threads_.size()) < n - 1) {
       const int index = static_cast<int>(threads_.size());
       threads_.emplace_back([this, index] { loop(index); });
     }
+    busy_ = true;
     task_ = &task;
     n_ = n;
     pending_ = n - 1;
@@ -51,6 +53,7 @@ void SubmitThreads::run(int n, const std::function<void(int)>& task) {
   // refers to live in the caller's frame.
   done_cv_.wait(lock, [this] { return pending_ == 0; });
   task_ = nullptr;
+  busy_ = false;
   std::exception_ptr theirs = error_;
   error_ = nullptr;
   lock.unlock();

@@ -26,8 +26,8 @@ class SubmitThreads {
 
   // Runs task(i) for every i in [0, n) at once: task(0) on the calling
   // thread, the others on pool threads. Returns when all have returned; then
-  // rethrows the first exception any of them threw. Not reentrant: one run
-  // at a time per pool (the caller serializes).
+  // rethrows the first exception any of them threw. One run at a time per
+  // pool: a second caller while one runs gets FERRY_ERROR_INTERNAL.
   void run(int n, const std::function<void(int)>& task);
 
   int threads() const;  // pool threads made so far
@@ -45,6 +45,7 @@ class SubmitThreads {
   int pending_ = 0;
   uint64_t generation_ = 0;
   std::exception_ptr error_;
+  bool busy_ = false;
   bool stop_ = false;
 };
 

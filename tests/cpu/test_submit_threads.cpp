@@ -6,6 +6,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/error.hpp"
 #include "dma/submit_threads.hpp"
 
 using namespace ferry;
@@ -21,7 +22,8 @@ TEST(SubmitThreads, RunsEveryTaskOnceOnItsOwnThread) {
     });
     for (int i = 0; i < n; ++i) EXPECT_EQ(ran[static_cast<size_t>(i)].load(), 1) << "n " << n << " task " << i;
     if (n > 0) EXPECT_EQ(who[0], std::this_thread::get_id());
-    for (int i = 1; i < n; ++i) EXPECT_NE(who[static_cast<size_t>(i)], std::this_thread::get_id());
+    for (int i = 1; i < n; ++i)
+      for (int j = 0; j < i; ++j) EXPECT_NE(who[static_cast<size_t>(i)], who[static_cast<size_t>(j)]);
   }
   EXPECT_EQ(pool.threads(), 7);
 }
@@ -66,4 +68,30 @@ TEST(SubmitThreads, ManyRunsInARow) {
   for (int r = 0; r < 2000; ++r)
     for (int i = 0; i < 1 + r % 4; ++i) expect += i + 1;
   EXPECT_EQ(sum.load(), expect);
+}
+
+TEST(SubmitThreads, ASecondRunWhileOneRunsIsRefused) {
+  SubmitThreads pool(-1);
+  std::atomic<bool> inside{false}, release{false}, refused{false};
+  std::thread other([&] {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!inside.load() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+    try {
+      pool.run(2, [](int) {});
+    } catch (const Error&) {
+      refused = true;
+    }
+    release = true;
+  });
+  pool.run(2, [&](int i) {
+    if (i != 0) return;
+    inside = true;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!release.load() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  });
+  other.join();
+  EXPECT_TRUE(refused.load());
+  std::atomic<int> ran{0};
+  pool.run(3, [&](int) { ran++; });  // free again
+  EXPECT_EQ(ran.load(), 3);
 }

@@ -459,11 +459,12 @@ def format_ratios(records: Sequence[dict]) -> str:
 
 
 def check_failures(records: Sequence[dict]) -> List[str]:
-    """Records whose fetched KV differed from the host pool or whose tokens
-    differed from the reference impl's, as lines to print."""
+    """Records whose fetched KV differed from the host pool, whose tokens
+    differed from the reference impl's or whose logits were not finite (a
+    step that read poisoned pages), as lines to print."""
     out = []
     for r in records:
-        bad = [k for k in ("kv_equal", "token_equal") if r.get(k) is False]
+        bad = [k for k in ("kv_equal", "token_equal", "finite") if r.get(k) is False]
         if bad:
             out.append(
                 f"{r['op']} {r['model']} {r['prompt_tokens']} hit {r['hit']} {r['impl']}: "
@@ -500,7 +501,8 @@ def timeline_summary(trace: dict) -> dict:
             continue
         cat = e.get("cat", "")
         if cat in ("kernel", "gpu_memcpy", "gpu_memset"):
-            fetch = (cat == "gpu_memcpy" and "HtoD" in e.get("name", "")) or any(
+            name = e.get("name", "")
+            fetch = (cat == "gpu_memcpy" and "HtoD" in name and "Pinned" in name) or any(
                 k in e.get("name", "") for k in FETCH_KERNELS
             )
             gpu.append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), fetch))
@@ -765,13 +767,19 @@ def _in_place_update(layer, k_room, v_room):
     return update
 
 
-def next_token(model, cache_kw: str, input_ids, cache):
+def next_token(model, cache_kw: str, input_ids, cache, finite=None):
     """Run the decoder on input_ids [batch, n] with `cache` as the past; the
     argmax of the logits at the last position, [batch]. The LM head runs on
-    the last position only (no [n, vocab] logits)."""
+    the last position only (no [n, vocab] logits). `finite`: a bool tensor
+    that stays True only while every step's logits are finite (pages read
+    before they landed hold the poison, NaN, which argmax would turn into an
+    ordinary-looking token)."""
     out = model.model(input_ids=input_ids, use_cache=True, **{cache_kw: cache})
     hidden = out.last_hidden_state[:, -1, :]
-    return model.lm_head(hidden).argmax(dim=-1)
+    logits = model.lm_head(hidden)
+    if finite is not None:
+        finite.logical_and_(logits.isfinite().all())
+    return logits.argmax(dim=-1)
 
 
 def as_bhsd(pages, batch: int = 1):
@@ -887,6 +895,9 @@ def _fetch(kv, dst, src, dst_ids, src_ids, stream, impl: str) -> None:
     kv.copy_blocks(dst, src, dst_ids, src_ids, stream=stream, mode=m["mode"], zero_sm=m["zero_sm"])
 
 
+_MASK_WARNED: List[bool] = []
+
+
 def capture_graph(torch, fn, gate=None, events=None):
     """fn() captured as a CUDA graph after two warm-up calls on a side stream;
     returns (graph, what fn returned in the capture: static tensors each
@@ -909,6 +920,13 @@ def capture_graph(torch, fn, gate=None, events=None):
     tracing = getattr(masking, "is_tracing", None)
     if tracing is not None:
         masking.is_tracing = lambda tensor=None: False
+    elif not _MASK_WARNED:
+        _MASK_WARNED.append(True)
+        print(
+            "note: transformers.masking_utils has no is_tracing here: captured steps may build a causal mask "
+            "and repeat the KV to every head (slower than outside a capture)",
+            file=sys.stderr,
+        )
     if gate is not None:
         gate.events, gate.waits, gate.external = events, 0, True
     try:
@@ -928,6 +946,10 @@ class Point:
     the untimed checking run, during which `verify` is set."""
 
     verify = False
+    finite = None  # a bool tensor on the GPU: every step's logits finite since the last poison()
+
+    def all_finite(self) -> bool:
+        return self.finite is None or bool(self.finite.item())
 
     def poison(self) -> None:
         raise NotImplementedError
@@ -963,6 +985,7 @@ class TtftPoint(Point):
         ev = lambda: torch.cuda.Event(enable_timing=True)
         self.start, self.fetched, self.end = ev(), ev(), ev()
         self.layer_events = [ev() for _ in range(L)]
+        self.finite = torch.ones((), dtype=torch.bool, device=DEVICE)
         if ctx.graph and hit == 1.0:
             self._capture_step()
 
@@ -975,7 +998,9 @@ class TtftPoint(Point):
         each run's fetch (an event-wait node)."""
         ctx, torch = self.ctx, self.ctx.torch
         if ctx.layerwise:
-            for e in self.layer_events:  # created and complete: the warm-up steps' waits pass
+            for e in (
+                self.layer_events
+            ):  # torch creates an event at its first record; the capture needs its handle
                 e.record(torch.cuda.current_stream())
 
         def step():
@@ -984,6 +1009,7 @@ class TtftPoint(Point):
                 ctx.cache_kw,
                 self.input_ids,
                 make_cache(self.pairs, allow_copy=False, room=self.room),
+                self.finite,
             )
 
         gate = ctx.gate if ctx.layerwise else None
@@ -995,6 +1021,7 @@ class TtftPoint(Point):
 
     def poison(self) -> None:
         _poison(self.ctx.torch, self.dst)
+        self.finite.fill_(True)
 
     def check(self) -> bool:
         return fetched_equal(self.ctx.torch, self.dst, self.ctx.host, self.dst_ids, self.src_ids)
@@ -1014,7 +1041,7 @@ class TtftPoint(Point):
                 cache, token = None, self.graph_token
             else:
                 cache = make_cache(self.pairs, allow_copy=True, room=self.room)
-                token = next_token(ctx.model, ctx.cache_kw, self.input_ids, cache)
+                token = next_token(ctx.model, ctx.cache_kw, self.input_ids, cache, self.finite)
             fetch_done = self.fetched
         else:
             side = ctx.side
@@ -1033,15 +1060,14 @@ class TtftPoint(Point):
             if ctx.graph and self.hit == 1.0:  # its event-wait nodes wait for the records above
                 self.step_graph.replay()
                 cache, token = None, self.graph_token
-                ctx.gate.waits = len(self.layer_events)
             else:
                 ctx.gate.events, ctx.gate.waits = self.layer_events, 0
                 try:
                     cache = make_cache(self.pairs, allow_copy=False, room=self.room)
-                    token = next_token(ctx.model, ctx.cache_kw, self.input_ids, cache)
+                    token = next_token(ctx.model, ctx.cache_kw, self.input_ids, cache, self.finite)
                 finally:
                     ctx.gate.events = None
-            if ctx.gate.waits != len(self.layer_events):
+            if not (ctx.graph and self.hit == 1.0) and ctx.gate.waits != len(self.layer_events):
                 raise RuntimeError(
                     f"the decoder layers' pre-hooks waited {ctx.gate.waits} times, not "
                     f"{len(self.layer_events)}: the prefill did not wait for the fetch"
@@ -1086,6 +1112,7 @@ class ThroughputPoint(Point):
         ]
         self.pairs = [[(k[:, :, :prefix], v[:, :, :prefix]) for k, v in f] for f in full]
         self.room = full if ctx.in_place else [None] * len(full)
+        self.finite = torch.ones((), dtype=torch.bool, device=DEVICE)
         # One graph per buffer: a wave's whole decode, its first ids copied in before each replay.
         self.decode_graphs = []
         if ctx.graph:
@@ -1110,7 +1137,7 @@ class ThroughputPoint(Point):
         cache = make_cache(self.pairs[b], allow_copy=False, room=self.room[b])
         out = []
         for _ in range(self.decode_tokens):
-            ids = next_token(ctx.model, ctx.cache_kw, ids, cache).unsqueeze(-1)
+            ids = next_token(ctx.model, ctx.cache_kw, ids, cache, self.finite).unsqueeze(-1)
             out.append(ids)
         return out
 
@@ -1118,13 +1145,20 @@ class ThroughputPoint(Point):
         for b in self.bufs:
             _poison(self.ctx.torch, b)
         self.waves_equal = []
+        self.finite.fill_(True)
 
     def check(self) -> bool:
-        """Every wave's fetched KV as its decode saw it (checked after that
-        decode, in the checking run), and the last wave's again at the end."""
+        """Every wave's fetched KV, checked right after that wave's decode (in
+        the checking run: the decode did not overwrite it, nor did a later
+        fetch), and the last wave's again at the end. That the decode read the
+        pages after they landed shows in all_finite (the poison is NaN)."""
         last = self.waves - 1  # its buffer still holds it after the run
-        return all(self.waves_equal) and fetched_equal(
-            self.ctx.torch, self.bufs[last % 2], self.ctx.host, self.dst_ids, self.src_ids[last]
+        return (
+            len(self.waves_equal) == self.waves
+            and all(self.waves_equal)
+            and fetched_equal(
+                self.ctx.torch, self.bufs[last % 2], self.ctx.host, self.dst_ids, self.src_ids[last]
+            )
         )
 
     def run(self, impl: str) -> dict:
@@ -1260,6 +1294,7 @@ def run_point(torch, point: Point, impls: Sequence[str], warmup: int, reps: int,
             try:
                 res = point.run(impl)
                 kv_ok = point.check()
+                finite = point.all_finite()
             finally:
                 point.verify = False
         except Exception as e:  # an impl that cannot run: reported, the others go on
@@ -1278,7 +1313,7 @@ def run_point(torch, point: Point, impls: Sequence[str], warmup: int, reps: int,
             ref = (impl, tokens, bool(torch.equal(tokens, again)))
         checks[impl] = dict(
             kv_equal=bool(kv_ok), token_equal=bool(torch.equal(tokens, ref[1])), token_ref=ref[0],
-            ref_repeatable=ref[2],
+            ref_repeatable=ref[2], finite=finite,
         )  # fmt: skip
     live = [i for i in impls if i not in failed]
     samples: Dict[str, List[dict]] = {i: [] for i in live}
@@ -1322,8 +1357,12 @@ def run_model(
     ctx.torch, ctx.kv, ctx.spec, ctx.seed, ctx.pool_pages = torch, kv, spec, args.seed, pool_pages
     ctx.fetch_thread = bool(getattr(args, "fetch_thread", False))
     ctx.layerwise = bool(getattr(args, "layerwise", False))
-    ctx.in_place = getattr(args, "cache", "copy") == "in-place"
-    ctx.graph = bool(getattr(args, "graph", False))
+    ctx.in_place = getattr(args, "cache", "in-place") == "in-place"
+    ctx.graph = bool(getattr(args, "graph", ctx.in_place))
+    if ctx.graph and not ctx.in_place:
+        raise ValueError(
+            "the captured step needs the in-place cache (it writes the token's KV into the pages' room)"
+        )
     ctx.model = ctx.gate = ctx.host = None
     try:
         _run_points(ctx, name, args, peak_gbps, gpu, date, records, skipped, log)
@@ -1456,6 +1495,7 @@ def main(argv=None) -> int:
 
     props = torch.cuda.get_device_properties(0)
     gpu, date = props.name, datetime.date.today().isoformat()
+    os.makedirs(args.out, exist_ok=True)  # --trace writes there during the runs
     records: List[dict] = []
     skipped: List[dict] = []
     errors = 0
