@@ -8,8 +8,10 @@ pages).
 
 Builds the model as ferry.bench.kv_e2e does (random weights, bf16, sdpa),
 fills a past of --tokens tokens of random KV on the GPU in 16-token pages,
-and times one next_token call per cache: GPU time (CUDA events) and host
-time (until the call returns, before any sync). Median of --reps after two
+and times one next_token call per cache: from an event before to one
+recorded after the call returns (so the later of the GPU's and the host's
+time) and the host's time alone. The GPU's own time is the profiler's
+total (--profile). Median of --reps after two
 warm-ups, no graphs. The two caches' tokens must match. --profile prints
 each one's ten costliest kernels and their total.
 """
@@ -72,7 +74,7 @@ def main() -> int:
                     host.append((t1 - t0) * 1e3)
             tokens[cache_kind] = tok.item()
             print(
-                f"cache {cache_kind:<8} step {statistics.median(times):7.2f} ms GPU, host "
+                f"cache {cache_kind:<8} step {statistics.median(times):7.2f} ms (events: the later of GPU and host), host "
                 f"{statistics.median(host):6.2f} ms (samples {', '.join(f'{t:.2f}' for t in times)}); "
                 f"token {tok.item()}"
             )
