@@ -20,12 +20,7 @@ import statistics
 
 import ferry.kv as kv
 import torch
-
-
-def parse_size(text: str) -> int:
-    text = text.strip().upper()
-    mult = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
-    return int(text[:-1] if mult > 1 else text) * mult
+from ferry.bench.report import parse_size
 
 
 def split(ids, parts):

@@ -2,7 +2,7 @@
 and the field's approaches, side by side in one process.
 
     python -m ferry.bench.kv [--pages 4K,16K,64K,256K,1M,4M] [--counts 64,256,1024,4096,16384]
-        [--ops fetch,save,both] [--max-bytes 1G] [--reps 5] [--warmup 1] [--gemm] [--urgent] [--urgent-pages 16K,64K]
+        [--ops fetch,save,both] [--max-bytes 1G] [--reps 5] [--warmup 1] [--gemm] [--gemm-reps 5] [--urgent] [--urgent-pages 16K,64K]
         [--out DIR] [--tag TAG] [--no-plot]
 
 Each point copies `count` scattered pages of `page` bytes (a random sample of

@@ -44,9 +44,9 @@ counts wherever it delays the GPU.
    so copies the whole past at every step (on Llama-3.1-8B at 32K, 13 ms of
    the step's 20 ms of GPU time, bench/probes/kv_step.py). With the in-place
    cache the step is a CUDA graph captured before the runs (--graph, the
-   default there), as a serving engine captures its decode step: the eager
-   step's host time (about 33 ms on the 8B model) no longer decides when the
-   GPU can run it. ttft_ms: fetch start -> first token. fetch_ms: fetch start
+   default there), as a serving engine captures its decode step, so that the
+   eager step's host time (about 33 ms on the 8B model) does not decide when
+   the GPU can run it. ttft_ms: fetch start -> first token. fetch_ms: fetch start
    -> fetch done in the stream. pcie_bound_ms: kv_bytes over the host->GPU
    peak measured at the start of the run (one pinned copy of --pcie-bytes,
    default 1 GiB, median of 5); over_pcie_bound = ttft_ms / pcie_bound_ms.
