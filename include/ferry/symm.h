@@ -48,6 +48,17 @@ FERRY_API ferry_result_t ferry_heap_alloc(ferry_heap_t heap, size_t bytes, size_
 FERRY_API ferry_result_t ferry_heap_free(ferry_heap_t heap, const void* ptr);
 /* Collective: maps memory under the first `bytes` of the heap. */
 FERRY_API ferry_result_t ferry_heap_reserve(ferry_heap_t heap, size_t bytes);
+/* Collective: maps each local rank's existing buffer buffers[i] of `bytes`
+ * into the heap at the same offset on every rank; ptrs[i] receives local rank
+ * i's heap address of it (the same memory). The memory must come from CUDA's
+ * virtual memory management (cuMemCreate; with one process per rank, made
+ * exportable as a POSIX file descriptor) and start at the same offset within
+ * its granule on every rank; memory from cudaMalloc is refused
+ * (FERRY_ERROR_INVALID_ARGUMENT). The heap holds it until deregistered. */
+FERRY_API ferry_result_t ferry_heap_register(ferry_heap_t heap, void* const* buffers, size_t bytes,
+                                             ferry_stream_t stream, void** ptrs);
+/* Collective: unmaps the registered buffer at `ptr` (what ferry_heap_register wrote). */
+FERRY_API ferry_result_t ferry_heap_deregister(ferry_heap_t heap, const void* ptr);
 
 /* Writes local rank `local`'s ferry::device::Heap into `handle`; `size` must be
  * at least ferry_heap_handle_size(). */

@@ -181,6 +181,45 @@ class Heap:
         self._open("reserve")
         self._h.reserve(int(nbytes))
 
+    def register(self, tensors):
+        """Maps existing GPU memory into the heap (collective): returns tensor(s)
+        at the heap's addresses over the same memory, of the same shape and
+        dtype, at the same offset on every rank, usable with put/get/peer and
+        in kernels. Writes through either tensor are writes to the one memory.
+
+        The memory must come from CUDA's virtual memory management
+        (``cuMemCreate``): PyTorch's allocator with
+        ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, or a ferry heap;
+        memory from ``cudaMalloc`` (PyTorch's default) cannot be mapped twice
+        and is refused. Each rank's tensor must have the same size and start
+        at the same offset within its 2 MiB granule. The heap keeps the memory
+        until :meth:`deregister`, even if its owner frees it first. With
+        init_local, one tensor per local rank. Refused while the current stream
+        captures a CUDA graph."""
+        self._open("register")
+        ts = self._comm._per_rank(tensors, "register")
+        bufs = [_describe(t, "register: tensor") for t in ts]
+        if len({b.nbytes for b in bufs}) != 1:
+            raise InvalidArgumentError(
+                f"register: the tensors have {[b.nbytes for b in bufs]} bytes; expected the same size on every rank"
+            )
+        streams = [_stream_handle(None, d) for d in self._comm.devices]
+        offset = self._h.register_memory([b.ptr for b in bufs], bufs[0].nbytes, streams)
+        out = [
+            self._tensor(
+                self._h.rank(i), offset, bufs[i].nbytes, self._comm.devices[i], t.dtype, tuple(t.shape)
+            )
+            for i, t in enumerate(ts)
+        ]
+        return out if self._local else out[0]
+
+    def deregister(self, tensors) -> None:
+        """Unmaps what register() returned (collective); the owner's tensor stays valid."""
+        self._open("deregister")
+        first = self._comm._per_rank(tensors, "deregister")[0]
+        _, offset, _ = self._where(first, "deregister: tensor")
+        self._h.deregister(offset)
+
     def _tensor(self, rank: int, offset: int, nbytes: int, device: int, dtype, shape):
         import torch
 

@@ -54,6 +54,18 @@ void bind_symm(nb::module_& m) {
       .def("free", &SymmetricHeap::free, "offset"_a, nb::call_guard<nb::gil_scoped_release>())
       .def("reserve", &SymmetricHeap::reserve, "bytes"_a, nb::call_guard<nb::gil_scoped_release>())
       .def(
+          "register_memory",
+          [](SymmetricHeap& h, const std::vector<uintptr_t>& buffers, size_t bytes,
+             const std::vector<uintptr_t>& streams) {
+            std::vector<void*> b;
+            for (uintptr_t x : buffers) b.push_back(ptr<void>(x));
+            std::vector<cudaStream_t> s;
+            for (uintptr_t x : streams) s.push_back(stream(x));
+            return h.register_memory(b, bytes, s);
+          },
+          "buffers"_a, "bytes"_a, "streams"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def("deregister", &SymmetricHeap::deregister, "offset"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def(
           "at",
           [](const SymmetricHeap& h, int rank, size_t offset) {
             return reinterpret_cast<uintptr_t>(h.at(rank, offset));

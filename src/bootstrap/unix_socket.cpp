@@ -18,7 +18,6 @@ namespace ferry {
 namespace {
 
 constexpr unsigned kMagic = 0xFE44A001u;
-constexpr int kMaxFds = 16;
 constexpr size_t kMaxPayload = 4096;
 
 struct Header {
@@ -77,7 +76,7 @@ FdExchange::~FdExchange() {
 
 void FdExchange::send(const std::string& peer_path, int peer_rank, int tag, const std::vector<int>& fds,
                       const std::string& payload, double timeout_s) const {
-  FERRY_ARG_CHECK(fds.size() <= static_cast<size_t>(kMaxFds), "too many file descriptors in one message");
+  FERRY_ARG_CHECK(fds.size() <= static_cast<size_t>(kMaxFdsPerMessage), "too many file descriptors in one message");
   FERRY_ARG_CHECK(payload.size() <= kMaxPayload, "payload too large for one message");
   sockaddr_un addr = make_addr(peer_path);
   auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
@@ -97,7 +96,7 @@ void FdExchange::send(const std::string& peer_path, int peer_rank, int tag, cons
   }
   Header h{kMagic, rank_, tag, static_cast<int>(fds.size()), static_cast<unsigned>(payload.size())};
   iovec iov[2] = {{&h, sizeof(h)}, {const_cast<char*>(payload.data()), payload.size()}};
-  char control[CMSG_SPACE(sizeof(int) * kMaxFds)];
+  char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
   std::memset(control, 0, sizeof(control));
   msghdr msg{};
   msg.msg_iov = iov;
@@ -157,7 +156,7 @@ std::map<int, FdMessage> FdExchange::receive(const std::vector<int>& senders, in
       continue;
     }
     Header h{};
-    char control[CMSG_SPACE(sizeof(int) * kMaxFds)];
+    char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
     iovec iov{&h, sizeof(h)};
     msghdr msg{};
     msg.msg_iov = &iov;

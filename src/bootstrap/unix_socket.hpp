@@ -10,6 +10,9 @@
 
 namespace ferry {
 
+// The most descriptors one message carries.
+constexpr int kMaxFdsPerMessage = 16;
+
 struct FdMessage {
   int sender = -1;
   int tag = 0;
@@ -28,7 +31,7 @@ class FdExchange {
 
   const std::string& socket_path() const { return socket_path_; }
 
-  // Sends `fds` (and `payload`) to the socket at `peer_path`, retrying until it
+  // Sends `fds` (at most kMaxFdsPerMessage) and `payload` to the socket at `peer_path`, retrying until it
   // accepts or `timeout_s` passes; the error names `peer_rank`.
   void send(const std::string& peer_path, int peer_rank, int tag, const std::vector<int>& fds,
             const std::string& payload, double timeout_s) const;

@@ -1,6 +1,7 @@
 // The C API of the symmetric heap (include/ferry/symm.h): a thin shim over src/symm/.
 #include <cstring>
 #include <memory>
+#include <vector>
 
 #include "capi/comm_handle.hpp"
 #include "capi/guarded.hpp"
@@ -53,6 +54,28 @@ ferry_result_t ferry_heap_free(ferry_heap_t heap, const void* ptr) {
 
 ferry_result_t ferry_heap_reserve(ferry_heap_t heap, size_t bytes) {
   return guarded([&] { get_heap(heap).reserve(bytes); });
+}
+
+ferry_result_t ferry_heap_register(ferry_heap_t heap, void* const* buffers, size_t bytes, ferry_stream_t stream,
+                                   void** ptrs) {
+  return guarded([&] {
+    ferry::SymmetricHeap& h = get_heap(heap);
+    FERRY_ARG_CHECK(buffers != nullptr, "buffers is NULL");
+    FERRY_ARG_CHECK(ptrs != nullptr, "ptrs is NULL");
+    const size_t offset = h.register_memory(std::vector<void*>(buffers, buffers + h.local_count()), bytes,
+                                            {static_cast<cudaStream_t>(stream)});
+    for (int i = 0; i < h.local_count(); ++i) ptrs[i] = h.at(h.rank(i), offset);
+  });
+}
+
+ferry_result_t ferry_heap_deregister(ferry_heap_t heap, const void* ptr) {
+  return guarded([&] {
+    ferry::SymmetricHeap& h = get_heap(heap);
+    int rank = 0;
+    size_t offset = 0;
+    h.locate(ptr, 1, "ptr", &rank, &offset);
+    h.deregister(offset);
+  });
 }
 
 ferry_result_t ferry_heap_handle(ferry_heap_t heap, int local, void* handle, size_t size) {

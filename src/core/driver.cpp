@@ -43,6 +43,8 @@ DriverApi load() {
   resolve("cuMemExportToShareableHandle", &api.MemExportToShareableHandle);
   resolve("cuMemImportFromShareableHandle", &api.MemImportFromShareableHandle);
   resolve("cuMemGetAddressRange", &api.MemGetAddressRange);
+  resolve("cuMemRetainAllocationHandle", &api.MemRetainAllocationHandle);
+  resolve("cuMemGetAllocationPropertiesFromHandle", &api.MemGetAllocationPropertiesFromHandle);
   resolve("cuPointerGetAttribute", &api.PointerGetAttribute);
   resolve("cuStreamWaitValue64", &api.StreamWaitValue64);
   resolve("cuStreamWriteValue64", &api.StreamWriteValue64);

@@ -23,6 +23,8 @@ struct DriverApi {
   decltype(&::cuMemExportToShareableHandle) MemExportToShareableHandle;
   decltype(&::cuMemImportFromShareableHandle) MemImportFromShareableHandle;
   decltype(&::cuMemGetAddressRange) MemGetAddressRange;
+  decltype(&::cuMemRetainAllocationHandle) MemRetainAllocationHandle;
+  decltype(&::cuMemGetAllocationPropertiesFromHandle) MemGetAllocationPropertiesFromHandle;
   decltype(&::cuPointerGetAttribute) PointerGetAttribute;
   decltype(&::cuStreamWaitValue64) StreamWaitValue64;
   decltype(&::cuStreamWriteValue64) StreamWriteValue64;

@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <cstring>
+#include <sstream>
+#include <utility>
 
 #include "core/clock.hpp"
 #include "core/cuda_scope.hpp"
@@ -14,6 +16,7 @@
 #include "dma/engine.hpp"
 #include "symm/barrier_kernel.hpp"
 #include "symm/peer_buffer.hpp"
+#include "symm/registration.hpp"
 
 namespace ferry {
 
@@ -150,11 +153,9 @@ void SymmetricHeap::close() {
   spare_events_.clear();
   if (!driver_available()) return;
   const DriverApi& cu = driver();
-  for (auto& c : chunks_) {
-    cu.MemUnmap(c.ptr, c.size);
-    cu.MemRelease(c.handle);
-  }
-  chunks_.clear();
+  for (auto& [region, reg] : registrations_) unmap_chunks(reg.chunks);
+  registrations_.clear();
+  unmap_chunks(chunks_);
   if (base_) cu.MemAddressFree(base_, capacity_ * static_cast<size_t>(group_.world));
   base_ = 0;
   for (auto* w : fault_) cudaFreeHost(w);
@@ -176,23 +177,41 @@ void SymmetricHeap::agree(const std::string& what) {
   if (!mismatch.empty()) throw_error(FERRY_ERROR_INVALID_ARGUMENT, mismatch);
 }
 
+void SymmetricHeap::map_chunk(std::vector<Chunk>& into, CUdeviceptr at, size_t size,
+                              CUmemGenericAllocationHandle handle, const std::vector<int>& access) {
+  const DriverApi& cu = driver();
+  Chunk c;
+  c.handle = handle;
+  c.size = size;
+  c.ptr = at;
+  CUresult res = cu.MemMap(c.ptr, size, 0, handle, 0);
+  if (res != CUDA_SUCCESS) {
+    cu.MemRelease(handle);
+    FERRY_CU_CHECK(res);
+  }
+  into.push_back(c);  // before set_access: a failure there is undone with the rest
+  vmm_set_access(c.ptr, size, access);
+}
+
+void SymmetricHeap::unmap_chunks(std::vector<Chunk>& chunks) {
+  if (!driver_available()) return;
+  const DriverApi& cu = driver();
+  while (!chunks.empty()) {
+    cu.MemUnmap(chunks.back().ptr, chunks.back().size);
+    cu.MemRelease(chunks.back().handle);
+    chunks.pop_back();
+  }
+}
+
+size_t SymmetricHeap::ceiling() const { return registrations_.empty() ? capacity_ : registrations_.begin()->first; }
+
 void SymmetricHeap::grow(size_t end) {
-  const size_t new_end = heap_mapped_end(mapped_, end, granularity_, min_chunk_, capacity_);
+  const size_t new_end = heap_mapped_end(mapped_, end, granularity_, min_chunk_, ceiling());
   if (new_end <= mapped_) return;
   const size_t size = new_end - mapped_;
   const DriverApi& cu = driver();
   auto map_chunk = [&](int r, CUmemGenericAllocationHandle handle, const std::vector<int>& access) {
-    Chunk c;
-    c.handle = handle;
-    c.size = size;
-    c.ptr = base_ + static_cast<CUdeviceptr>(r) * capacity_ + mapped_;
-    CUresult res = cu.MemMap(c.ptr, size, 0, handle, 0);
-    if (res != CUDA_SUCCESS) {
-      cu.MemRelease(handle);
-      FERRY_CU_CHECK(res);
-    }
-    chunks_.push_back(c);  // before set_access: a failure there is undone with the rest
-    vmm_set_access(c.ptr, size, access);
+    this->map_chunk(chunks_, base_ + static_cast<CUdeviceptr>(r) * capacity_ + mapped_, size, handle, access);
   };
   auto create_chunk = [&](int device) {
     CUmemAllocationProp prop = vmm_prop(device, group_.multi_process());
@@ -259,6 +278,14 @@ size_t SymmetricHeap::alloc(size_t bytes, size_t align, const std::vector<cudaSt
   agree("alloc(" + std::to_string(bytes) + " bytes, align " + std::to_string(align) + ")");
   const size_t offset = allocator_.alloc(bytes, align);
   const size_t end = offset + heap_rounded_bytes(bytes);
+  if (end > ceiling()) {
+    allocator_.free(offset);
+    throw_error(FERRY_ERROR_OUT_OF_MEMORY,
+                "alloc: " + std::to_string(bytes) + " bytes do not fit below the registered memory at offset " +
+                    std::to_string(ceiling()) +
+                    " of the heap (registered buffers sit at its top); deregister some, or create the heap with a "
+                    "larger capacity (FERRY_SYMM_HEAP_BYTES, or the capacity argument)");
+  }
   if (end > mapped_) {
     bool capturing = false;
     for (size_t i = 0; i < streams.size() && static_cast<int>(i) < local_count() && !capturing; ++i) {
@@ -285,6 +312,9 @@ size_t SymmetricHeap::alloc(size_t bytes, size_t align, const std::vector<cudaSt
 
 void SymmetricHeap::free(size_t offset) {
   FERRY_ARG_CHECK(!closed_, "free: the heap is closed");
+  size_t start = 0;
+  FERRY_ARG_CHECK(!allocator_.find(offset, 1, &start, nullptr) || !registrations_.count(start),
+                  "free: offset " + std::to_string(offset) + " is a registered buffer; deregister it instead");
   agree("free(offset " + std::to_string(offset) + ")");
   allocator_.free(offset);
 }
@@ -294,8 +324,177 @@ void SymmetricHeap::reserve(size_t bytes) {
   FERRY_ARG_CHECK(bytes <= capacity_ - device::kHeapReservedBytes,
                   "reserve: " + std::to_string(bytes) + " bytes; the heap holds at most " +
                       std::to_string(capacity_ - device::kHeapReservedBytes) + " (FERRY_SYMM_HEAP_BYTES)");
+  FERRY_ARG_CHECK(device::kHeapReservedBytes + bytes <= ceiling(),
+                  "reserve: " + std::to_string(bytes) + " bytes reach the registered memory at offset " +
+                      std::to_string(ceiling()) + "; reserve less, or before registering");
   agree("reserve(" + std::to_string(bytes) + " bytes)");
   grow(device::kHeapReservedBytes + bytes);
+}
+
+size_t SymmetricHeap::register_memory(const std::vector<void*>& buffers, size_t bytes,
+                                      const std::vector<cudaStream_t>& streams) {
+  FERRY_ARG_CHECK(!closed_, "register: the heap is closed");
+  FERRY_ARG_CHECK(static_cast<int>(buffers.size()) == local_count(),
+                  "register: " + std::to_string(buffers.size()) + " buffers for " + std::to_string(local_count()) +
+                      " local ranks; expected one per local rank");
+  FERRY_ARG_CHECK(bytes > 0, "register: bytes is 0; expected a buffer of at least one byte");
+  agree("register(" + std::to_string(bytes) + " bytes)");
+  const DriverApi& cu = driver();
+  // What each local rank found, or why it cannot: every rank learns every
+  // rank's answer before anything is mapped, so that all refuse together.
+  std::vector<VmmBuffer> mine(local_count());
+  std::vector<std::string> problems(local_count());
+  for (int i = 0; i < local_count(); ++i) {
+    DeviceScope on(group_.devices[i]);
+    try {
+      if (i < static_cast<int>(streams.size()) && dma::is_capturing(streams[i]))
+        throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                    "register maps memory, which cannot be done while a CUDA graph is being captured; register "
+                    "before capturing");
+      mine[i] = find_vmm_buffer(buffers[i], bytes, group_.devices[i], "register: the buffer");
+      if (group_.multi_process() && !mine[i].exportable)
+        throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                    "register: the buffer's memory was made without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, so "
+                    "no other process can map it (PyTorch's expandable segments and ferry's heaps are exportable)");
+    } catch (const Error& e) {
+      problems[i] = e.what();
+    }
+  }
+  auto release_mine = [&] {
+    for (auto& b : mine) release_vmm_buffer(b);
+  };
+  auto record = [](const VmmBuffer& b, const std::string& problem) {
+    if (!problem.empty()) return "!" + problem;
+    std::string r = std::to_string(b.lead);
+    for (const auto& p : b.pieces) r += " " + std::to_string(p.size);
+    return r;
+  };
+  std::vector<std::string> records(world());
+  try {
+    if (group_.multi_process())
+      records = group_.allgather(record(mine[0], problems[0]));
+    else
+      for (int i = 0; i < local_count(); ++i) records[rank(i)] = record(mine[i], problems[i]);
+  } catch (...) {
+    release_mine();
+    throw;
+  }
+  std::vector<RegistrationSpan> spans(world());
+  for (int r = 0; r < world(); ++r) {
+    if (!records[r].empty() && records[r][0] == '!') {
+      release_mine();
+      throw_error(FERRY_ERROR_INVALID_ARGUMENT, "rank " + std::to_string(r) + ": " + records[r].substr(1));
+    }
+    std::istringstream in(records[r]);
+    in >> spans[r].lead;
+    for (size_t piece = 0; in >> piece;) spans[r].pieces.push_back(piece);
+  }
+  const RegistrationPlan plan = plan_registration(spans, bytes, granularity_);
+  if (!plan.error.empty()) {
+    release_mine();
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT, "register: " + plan.error);
+  }
+  size_t region = 0;
+  try {
+    region = allocator_.alloc_top(plan.region_bytes, granularity_);
+  } catch (...) {
+    release_mine();
+    throw;
+  }
+  if (region < mapped_) {
+    allocator_.free(region);
+    release_mine();
+    throw_error(FERRY_ERROR_OUT_OF_MEMORY,
+                "register: " + std::to_string(plan.region_bytes) +
+                    " bytes of heap addresses are needed above its mapped part, and there are fewer; create the "
+                    "heap with a larger capacity (FERRY_SYMM_HEAP_BYTES, or the capacity argument)");
+  }
+  Registration reg;
+  reg.data_offset = plan.data_offset;
+  reg.bytes = bytes;
+  std::vector<int> received;
+  auto piece_at = [&](int r, size_t k) {
+    size_t at = region + plan.shift[r];
+    for (size_t j = 0; j < k; ++j) at += spans[r].pieces[j];
+    return static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(this->at(r, at)));
+  };
+  try {
+    if (!group_.multi_process()) {
+      for (int i = 0; i < local_count(); ++i) {
+        DeviceScope on(group_.devices[i]);
+        for (size_t k = 0; k < mine[i].pieces.size(); ++k) {
+          VmmPiece& p = mine[i].pieces[k];
+          const CUmemGenericAllocationHandle h = std::exchange(p.handle, 0);  // the chunk owns it now
+          map_chunk(reg.chunks, piece_at(rank(i), k), p.size, h, group_.devices);
+        }
+      }
+    } else {
+      const int me = rank(0), dev = group_.devices[0];
+      DeviceScope on(dev);
+      std::vector<int> out_fds;
+      for (const VmmPiece& p : mine[0].pieces) {
+        int fd = -1;
+        FERRY_CU_CHECK(cu.MemExportToShareableHandle(&fd, p.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+        out_fds.push_back(fd);
+      }
+      received = out_fds;  // closed with the received ones
+      for (size_t k = 0; k < mine[0].pieces.size(); ++k) {
+        VmmPiece& p = mine[0].pieces[k];
+        map_chunk(reg.chunks, piece_at(me, k), p.size, std::exchange(p.handle, 0), {dev});
+      }
+      size_t most = 0;
+      for (const auto& sp : spans) most = std::max(most, sp.pieces.size());
+      std::vector<int> peers;
+      for (int p = 0; p < world(); ++p)
+        if (p != me) peers.push_back(p);
+      for (size_t first = 0; first < most; first += kMaxFdsPerMessage) {
+        const int tag = group_.next_tag();
+        std::vector<int> batch;
+        for (size_t k = first; k < out_fds.size() && k < first + kMaxFdsPerMessage; ++k) batch.push_back(out_fds[k]);
+        for (int p : peers) group_.fds->send(group_.socket_paths[p], p, tag, batch, "", group_.timeout_s);
+        auto got = group_.fds->receive(peers, tag, group_.timeout_s, "their registered memory");
+        for (auto& [p, msg] : got) received.insert(received.end(), msg.fds.begin(), msg.fds.end());
+        for (auto& [p, msg] : got) {
+          const size_t expect =
+              spans[p].pieces.size() > first ? std::min<size_t>(kMaxFdsPerMessage, spans[p].pieces.size() - first) : 0;
+          FERRY_ARG_CHECK(msg.fds.size() == expect,
+                          "rank " + std::to_string(p) + " sent " + std::to_string(msg.fds.size()) +
+                              " descriptors for its registered memory; expected " + std::to_string(expect));
+          for (size_t j = 0; j < msg.fds.size(); ++j) {
+            CUmemGenericAllocationHandle h = 0;
+            FERRY_CU_CHECK(cu.MemImportFromShareableHandle(&h,
+                                                           reinterpret_cast<void*>(static_cast<intptr_t>(msg.fds[j])),
+                                                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+            map_chunk(reg.chunks, piece_at(p, first + j), spans[p].pieces[first + j], h, {dev});
+          }
+        }
+      }
+    }
+  } catch (...) {
+    for (int fd : received) ::close(fd);
+    unmap_chunks(reg.chunks);
+    release_mine();
+    allocator_.free(region);
+    throw;
+  }
+  for (int fd : received) ::close(fd);
+  release_mine();  // what was not handed to a chunk (nothing, unless a rank's pieces were empty)
+  registrations_[region] = std::move(reg);
+  return region + plan.data_offset;
+}
+
+void SymmetricHeap::deregister(size_t offset) {
+  FERRY_ARG_CHECK(!closed_, "deregister: the heap is closed");
+  size_t start = 0;
+  auto it = allocator_.find(offset, 1, &start, nullptr) ? registrations_.find(start) : registrations_.end();
+  FERRY_ARG_CHECK(it != registrations_.end() && start + it->second.data_offset == offset,
+                  "deregister: offset " + std::to_string(offset) +
+                      " is not a registered buffer's (what register returned; memory from alloc() is freed with "
+                      "free())");
+  agree("deregister(offset " + std::to_string(offset) + ")");
+  unmap_chunks(it->second.chunks);
+  registrations_.erase(it);
+  allocator_.free(start);
 }
 
 char* SymmetricHeap::at(int rank, size_t offset) const {

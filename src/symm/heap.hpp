@@ -17,6 +17,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -57,6 +58,18 @@ class SymmetricHeap {
   // Collective: maps physical memory under the first `bytes` of the heap's
   // usable space, so that allocations within it map nothing.
   void reserve(size_t bytes);
+  // Collective: maps each local rank's existing buffer of `bytes` (by local
+  // rank) into the heap at the same offset on every rank, which it returns;
+  // the buffer and its heap address are then one memory. The buffer must be
+  // CUDA VMM memory (cuMemCreate; exportable as a POSIX file descriptor with
+  // one process per rank) starting at the same offset within its granule on
+  // every rank. The heap holds the memory until deregister(), even if its
+  // owner frees it first. Registered regions sit at the top of the heap, so
+  // they cap how far alloc() can grow. Refused while a stream in `streams`
+  // captures a CUDA graph.
+  size_t register_memory(const std::vector<void*>& buffers, size_t bytes, const std::vector<cudaStream_t>& streams);
+  // Collective: unmaps the registered buffer at `offset` (what register_memory returned).
+  void deregister(size_t offset);
 
   int world() const { return group_.world; }
   int local_count() const { return group_.local_count(); }
@@ -98,6 +111,12 @@ class SymmetricHeap {
     CUdeviceptr ptr = 0;
     size_t size = 0;
   };
+  // A registered buffer: its region in the allocator and every rank's pieces mapped there.
+  struct Registration {
+    size_t data_offset = 0;  // the buffer's offset, from the region's start
+    size_t bytes = 0;
+    std::vector<Chunk> chunks;
+  };
   // A stream wait the watcher bounds.
   struct Watched {
     int local;
@@ -113,6 +132,10 @@ class SymmetricHeap {
   SymmetricHeap() = default;
   void agree(const std::string& what);  // the collective call check
   void grow(size_t end);                // maps [mapped_, end) on every rank
+  size_t ceiling() const;               // how far the mapped prefix may grow: below every registration
+  void map_chunk(std::vector<Chunk>& into, CUdeviceptr at, size_t size, CUmemGenericAllocationHandle handle,
+                 const std::vector<int>& access);
+  static void unmap_chunks(std::vector<Chunk>& chunks);
   void check_local(int local, const char* what) const;
   // The offset of [p, p + bytes) in local rank `local`'s own heap; throws naming `what` elsewhere.
   size_t own_offset(int local, const void* p, size_t bytes, const char* what) const;
@@ -127,9 +150,10 @@ class SymmetricHeap {
   CUdeviceptr base_ = 0;
   HeapAllocator allocator_{2 * device::kHeapReservedBytes, device::kHeapReservedBytes};
   std::vector<Chunk> chunks_;
-  std::vector<unsigned long long*> fault_;    // by local rank, pinned host words
-  std::vector<uint64_t> barrier_generation_;  // by local rank, barrier_on_stream
-  std::vector<unsigned> staging_next_;        // by local rank
+  std::map<size_t, Registration> registrations_;  // by region start
+  std::vector<unsigned long long*> fault_;        // by local rank, pinned host words
+  std::vector<uint64_t> barrier_generation_;      // by local rank, barrier_on_stream
+  std::vector<unsigned> staging_next_;            // by local rank
   uint64_t calls_ = 0;
   bool closed_ = false;
 

@@ -1,5 +1,7 @@
 #include "symm/heap_plan.hpp"
 
+#include <algorithm>
+
 #include "core/error.hpp"
 
 namespace ferry {
@@ -28,6 +30,25 @@ HeapAllocator::HeapAllocator(size_t capacity, size_t reserved_front) : capacity_
   free_[front_] = capacity_ - front_;
 }
 
+size_t HeapAllocator::take(std::map<size_t, size_t>::iterator it, size_t start, size_t need) {
+  const size_t free_start = it->first, end_free = it->first + it->second;
+  free_.erase(it);
+  if (start > free_start) free_[free_start] = start - free_start;
+  if (start + need < end_free) free_[start + need] = end_free - (start + need);
+  live_[start] = need;
+  used_ += need;
+  return start;
+}
+
+void HeapAllocator::exhausted(size_t bytes, size_t align) const {
+  throw_error(FERRY_ERROR_OUT_OF_MEMORY,
+              "the symmetric heap has no room for " + std::to_string(bytes) + " bytes (aligned to " +
+                  std::to_string(align) + "): " + mib(used_) + " of its " + mib(capacity_ - front_) +
+                  " are in use by " + std::to_string(live_.size()) +
+                  " allocations; create the heap with a larger capacity (FERRY_SYMM_HEAP_BYTES, or the capacity "
+                  "argument)");
+}
+
 size_t HeapAllocator::alloc(size_t bytes, size_t align) {
   FERRY_ARG_CHECK(align != 0 && (align & (align - 1)) == 0,
                   "align is " + std::to_string(align) + "; expected a power of two");
@@ -38,21 +59,27 @@ size_t HeapAllocator::alloc(size_t bytes, size_t align) {
       const size_t start = align_up(it->first, align);
       const size_t end_free = it->first + it->second;
       if (start >= end_free || end_free - start < need) continue;
-      const size_t free_start = it->first;
-      free_.erase(it);
-      if (start > free_start) free_[free_start] = start - free_start;
-      if (start + need < end_free) free_[start + need] = end_free - (start + need);
-      live_[start] = need;
-      used_ += need;
-      return start;
+      return take(it, start, need);
     }
   }
-  throw_error(FERRY_ERROR_OUT_OF_MEMORY,
-              "the symmetric heap has no room for " + std::to_string(bytes) + " bytes (aligned to " +
-                  std::to_string(align) + "): " + mib(used_) + " of its " + mib(capacity_ - front_) +
-                  " are in use by " + std::to_string(live_.size()) +
-                  " allocations; create the heap with a larger capacity (FERRY_SYMM_HEAP_BYTES, or the capacity "
-                  "argument)");
+  exhausted(bytes, align);
+}
+
+size_t HeapAllocator::alloc_top(size_t bytes, size_t align) {
+  FERRY_ARG_CHECK(align != 0 && (align & (align - 1)) == 0,
+                  "align is " + std::to_string(align) + "; expected a power of two");
+  if (align < kHeapUnit) align = kHeapUnit;
+  const size_t need = heap_rounded_bytes(bytes);
+  if (need != 0) {
+    for (auto it = free_.rbegin(); it != free_.rend(); ++it) {
+      const size_t end_free = it->first + it->second;
+      if (it->second < need) continue;
+      const size_t start = (end_free - need) / align * align;
+      if (start < it->first) continue;
+      return take(std::next(it).base(), start, need);
+    }
+  }
+  exhausted(bytes, align);
 }
 
 void HeapAllocator::free(size_t offset) {
@@ -99,6 +126,54 @@ size_t heap_capacity(size_t requested, size_t knob_default, size_t granularity) 
   FERRY_ARG_CHECK(want > 0, "capacity must be positive");
   FERRY_ARG_CHECK(want <= (size_t(1) << 46), "capacity is " + std::to_string(want) + " bytes; expected at most 64 TiB");
   return align_up(want, granularity);
+}
+
+RegistrationPlan plan_registration(const std::vector<RegistrationSpan>& spans, size_t bytes, size_t granularity) {
+  RegistrationPlan plan;
+  if (spans.empty() || granularity == 0) {
+    plan.error = "no ranks to register";
+    return plan;
+  }
+  const size_t g = granularity;
+  size_t q_max = 0;
+  for (size_t r = 0; r < spans.size(); ++r) {
+    const RegistrationSpan& s = spans[r];
+    const std::string who = "rank " + std::to_string(r) + "'s buffer";
+    if (s.pieces.empty()) {
+      plan.error = who + " lies in no allocation";
+      return plan;
+    }
+    size_t span = 0;
+    for (size_t piece : s.pieces) {
+      if (piece == 0 || piece % g != 0) {
+        plan.error = who + " lies in an allocation of " + std::to_string(piece) +
+                     " bytes, which is not a whole number of " + std::to_string(g) + "-byte granules";
+        return plan;
+      }
+      span += piece;
+    }
+    if (s.lead >= s.pieces[0] || bytes > span - s.lead) {
+      plan.error = who + " (" + std::to_string(bytes) + " bytes, " + std::to_string(s.lead) +
+                   " bytes into its first allocation) does not lie inside the allocations found under it";
+      return plan;
+    }
+    if (s.lead % g != spans[0].lead % g) {
+      plan.error = "the buffers start at different offsets within their " + std::to_string(g) +
+                   "-byte granules (rank 0: " + std::to_string(spans[0].lead % g) + " bytes in, rank " +
+                   std::to_string(r) + ": " + std::to_string(s.lead % g) +
+                   "); every rank's buffer must start at the same offset modulo " + std::to_string(g) + " bytes";
+      return plan;
+    }
+    q_max = std::max(q_max, s.lead / g);
+  }
+  plan.data_offset = q_max * g + spans[0].lead % g;
+  for (const RegistrationSpan& s : spans) {
+    size_t span = 0;
+    for (size_t piece : s.pieces) span += piece;
+    plan.shift.push_back((q_max - s.lead / g) * g);
+    plan.region_bytes = std::max(plan.region_bytes, plan.shift.back() + span);
+  }
+  return plan;
 }
 
 std::string heap_call_record(uint64_t call, const std::string& what) {

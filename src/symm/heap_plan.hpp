@@ -30,6 +30,9 @@ class HeapAllocator {
   // the capacity knob when nothing fits, FERRY_ERROR_INVALID_ARGUMENT for a bad
   // alignment. Returns the offset.
   size_t alloc(size_t bytes, size_t align);
+  // As alloc(), at the highest offset that fits (registered memory goes to
+  // the top, away from the mapped prefix that alloc() grows).
+  size_t alloc_top(size_t bytes, size_t align);
   // `offset` must be the start of a live allocation (else INVALID_ARGUMENT).
   void free(size_t offset);
   // The live allocation holding [offset, offset + bytes): true and its start
@@ -41,6 +44,9 @@ class HeapAllocator {
   size_t live_count() const { return live_.size(); }
 
  private:
+  [[noreturn]] void exhausted(size_t bytes, size_t align) const;
+  size_t take(std::map<size_t, size_t>::iterator it, size_t start, size_t need);
+
   size_t capacity_;
   size_t front_;
   size_t used_ = 0;
@@ -59,6 +65,27 @@ size_t heap_mapped_end(size_t mapped, size_t need_end, size_t granularity, size_
 
 // The heap's capacity: `requested` (0: `knob_default`) rounded up to `granularity`.
 size_t heap_capacity(size_t requested, size_t knob_default, size_t granularity);
+
+// Registering memory that CUDA's virtual memory management made (not the
+// heap's own): each rank's buffer lies in one or more whole physical
+// allocations ("pieces", mapped only whole), and its first byte `lead` bytes
+// into the first. The heap maps every rank's pieces back to back into one
+// region at the same offset of each rank's heap, each rank's shifted by whole
+// granules so that the buffer's first byte sits at the same offset on every
+// rank.
+struct RegistrationSpan {
+  size_t lead = 0;             // the buffer's first byte, from the first piece's start
+  std::vector<size_t> pieces;  // sizes of the allocations under the buffer, in address order
+};
+struct RegistrationPlan {
+  size_t region_bytes = 0;    // the heap region every rank's pieces go into
+  size_t data_offset = 0;     // the buffer's first byte, from the region's start, on every rank
+  std::vector<size_t> shift;  // by rank: where its first piece goes, from the region's start
+  std::string error;          // non-empty: why it cannot be registered, naming ranks
+};
+// `spans` by rank; `bytes`: the buffer's size on every rank; `granularity`:
+// the alignment a mapping needs.
+RegistrationPlan plan_registration(const std::vector<RegistrationSpan>& spans, size_t bytes, size_t granularity);
 
 // The record a rank gives for a collective heap call, and the check that
 // every rank gave the same one. `records` is by rank; returns "" when they

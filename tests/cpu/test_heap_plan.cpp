@@ -115,6 +115,101 @@ TEST(HeapGrowth, MappedPrefixGrowsByWholeChunksNeverPastCapacity) {
   EXPECT_EQ(code_of([&] { heap_capacity(0, 0, g); }), FERRY_ERROR_INVALID_ARGUMENT);
 }
 
+TEST(HeapAllocator, AllocTopTakesTheHighestFitAndLeavesTheRestToAlloc) {
+  const size_t g = 2 << 20, cap = 64 << 20;
+  HeapAllocator a(cap, 16384);
+  const size_t top = a.alloc_top(5 << 20, g);  // ends at 63 MiB: its start is aligned down to 58
+  EXPECT_EQ(top % g, 0u);
+  EXPECT_EQ(top, cap - (6u << 20));
+  EXPECT_EQ(a.used(), 5u << 20);
+  const size_t next = a.alloc_top(1, g);
+  EXPECT_EQ(next, cap - (8u << 20));  // below the first, aligned down
+  // alloc() still fills from the bottom and finds the gap left above `top`.
+  EXPECT_EQ(a.alloc(1000, 256), 16384u);
+  size_t s = 0;
+  EXPECT_TRUE(a.find(top + (5 << 20) - 1, 1, &s, nullptr));
+  EXPECT_EQ(s, top);
+  a.free(top);
+  a.free(next);
+  EXPECT_EQ(a.alloc_top(cap - (2 << 20), g) % g, 0u);  // nearly all: the one block that fits
+  EXPECT_EQ(code_of([&] { a.alloc_top(4 << 20, g); }), FERRY_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(code_of([&] { a.alloc_top(1, 3); }), FERRY_ERROR_INVALID_ARGUMENT);
+}
+
+TEST(HeapAllocator, AllocTopMatchesAnExhaustiveSearch) {
+  std::mt19937 rng(7);
+  const size_t cap = 1 << 18;
+  HeapAllocator a(cap, 256);
+  std::vector<size_t> live;
+  for (int i = 0; i < 400; ++i) {
+    if (!live.empty() && rng() % 3 == 0) {
+      size_t k = rng() % live.size();
+      a.free(live[k]);
+      live.erase(live.begin() + k);
+      continue;
+    }
+    const size_t bytes = 1 + rng() % 12000, align = size_t(256) << (rng() % 5);
+    // The highest aligned start whose rounded range is free, by brute force over the live set.
+    const size_t need = heap_rounded_bytes(bytes);
+    size_t best = SIZE_MAX;
+    for (size_t start = (cap - need) / align * align; start >= 256 && start + need <= cap; start -= align) {
+      bool clear = true;
+      for (size_t o : live) {
+        size_t st = 0, sz = 0;
+        a.find(o, 1, &st, &sz);
+        if (start < st + sz && st < start + need) clear = false;
+      }
+      if (clear) {
+        best = start;
+        break;
+      }
+      if (start < align) break;
+    }
+    if (best == SIZE_MAX) {
+      EXPECT_EQ(code_of([&] { a.alloc_top(bytes, align); }), FERRY_ERROR_OUT_OF_MEMORY);
+      continue;
+    }
+    size_t got = a.alloc_top(bytes, align);
+    EXPECT_EQ(got, best) << "bytes " << bytes << " align " << align;
+    live.push_back(got);
+  }
+}
+
+TEST(Registration, EveryRanksBufferLandsAtOneOffset) {
+  const size_t g = 2 << 20;
+  // Rank 0: one 8 MiB allocation, the buffer 3 granules and 4 KiB in; rank 1:
+  // two allocations of 2 and 20 MiB, the buffer 4 KiB in; rank 2: 6 MiB, 1 granule in.
+  std::vector<RegistrationSpan> spans = {{3 * g + 4096, {8 * g}}, {4096, {g, 10 * g}}, {g + 4096, {3 * g}}};
+  RegistrationPlan p = plan_registration(spans, g, g);
+  ASSERT_EQ(p.error, "");
+  EXPECT_EQ(p.data_offset, 3 * g + 4096);
+  ASSERT_EQ(p.shift.size(), 3u);
+  EXPECT_EQ(p.shift[0], 0u);
+  EXPECT_EQ(p.shift[1], 3 * g);
+  EXPECT_EQ(p.shift[2], 2 * g);
+  for (size_t r = 0; r < 3; ++r) EXPECT_EQ(p.shift[r] + spans[r].lead, p.data_offset);
+  EXPECT_EQ(p.region_bytes, 14 * g);  // rank 1: 3 granules of shift and 11 of pieces
+}
+
+TEST(Registration, RefusalsNameTheRankAndTheReason) {
+  const size_t g = 2 << 20;
+  auto error = [&](std::vector<RegistrationSpan> spans, size_t bytes) {
+    return plan_registration(spans, bytes, g).error;
+  };
+  std::string e = error({{0, {g}}, {4096, {g}}}, 100);
+  EXPECT_NE(e.find("different offsets"), std::string::npos) << e;
+  EXPECT_NE(e.find("rank 1: 4096"), std::string::npos) << e;
+  e = error({{0, {g}}, {0, {g + 4096}}}, 100);
+  EXPECT_NE(e.find("rank 1's buffer lies in an allocation of"), std::string::npos) << e;
+  e = error({{0, {g}}, {0, {g}}}, g + 1);  // longer than what lies under it
+  EXPECT_NE(e.find("rank 0's buffer"), std::string::npos) << e;
+  EXPECT_NE(e.find("does not lie inside"), std::string::npos) << e;
+  e = error({{0, {g}}, {0, {}}}, 1);
+  EXPECT_NE(e.find("rank 1's buffer lies in no allocation"), std::string::npos) << e;
+  EXPECT_NE(error({}, 1), "");
+  EXPECT_EQ(error({{g - 1, {g, g}}, {g - 1, {2 * g}}}, g + 1), "");  // exactly to the end
+}
+
 TEST(HeapCalls, AgreementAndTheStrayRankIsNamed) {
   std::vector<std::string> r(4, heap_call_record(3, "alloc(1024 bytes, align 256)"));
   EXPECT_EQ(heap_calls_mismatch(r), "");

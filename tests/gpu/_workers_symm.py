@@ -4,6 +4,8 @@
     python _workers_symm.py procs WORLD   # one process per rank (ferry.init), spawned here
     python _workers_symm.py stream-timeout WORLD   # a stream wait nobody signals is released
 
+SYMM_CHECKS=a,b runs only those checks.
+
 Ranks share the visible GPUs (rank r on GPU r % N; FERRY_SHARED_GPUS=1 where
 the world is larger), so every check runs on one GPU. Every rank's data is
 random bytes from a seed of (rank, salt), which any process can make again:
@@ -836,6 +838,176 @@ class Suite:
             )
         big_heap.close()
 
+    def registered(self):
+        """Existing VMM memory registered into the heap: each rank's buffer in
+        one or two physical allocations, starting whole granules apart; a copy
+        engine put and a kernel put into the peer's buffer seen through the
+        owner's own tensor; peer views; the memory outliving its owner's
+        mapping; the refusals."""
+        import _vmm
+
+        ferry, torch, W = self.ferry, self.torch, self.world
+        IA = ferry.InvalidArgumentError
+        n = (1 << 20) + 12345
+        half = n // 2
+        vm, own = [], []
+        for i, r in enumerate(self.ranks):
+            g = 2 << 20
+            # Odd ranks: two allocations, the buffer one granule further in.
+            b = _vmm.VmmBuffer(torch, self.devs[i].index, [4 * g] if r % 2 == 0 else [2 * g, 2 * g])
+            vm.append(b)
+            t = b.tensor(4096 + (r % 2) * b.granule, n)
+            t.copy_(data(torch, r, "registered", n, self.devs[i]))
+            own.append(t)
+        self.sync()
+        used = self.heap.used
+        views = self.each(self.heap.register(own if self.local else own[0]))
+        self.expect(f"used grew by the region: {used} -> {self.heap.used}", self.heap.used > used + n)
+        for i, r in enumerate(self.ranks):
+            self.expect_equal(
+                f"rank {r} heap view of its buffer", views[i], data(torch, r, "registered", n, self.devs[i])
+            )
+            for p in range(W):
+                self.expect_equal(
+                    f"rank {r} peer({p}) of a registered buffer",
+                    self.heap.peer(views[i], p),
+                    data(torch, p, "registered", n, self.devs[i]),
+                )
+        self.barrier()
+        # Copy engines: my first half into the right neighbour's second half.
+        for i, r in enumerate(self.ranks):
+            with torch.cuda.stream(self.streams[i]):
+                self.heap.put(views[i][half : 2 * half], views[i][:half], (r + 1) % W)
+        self.barrier()
+        for i, r in enumerate(self.ranks):
+            self.expect_equal(
+                f"rank {r} owner's tensor after a peer's put",
+                own[i][half : 2 * half],
+                data(torch, (r - 1) % W, "registered", n, self.devs[i])[:half],
+            )
+        # A kernel (block scope): fresh data into the right neighbour's first half.
+        for i, r in enumerate(self.ranks):
+            src = data(torch, r, "registered-kernel", half, self.devs[i])
+            self.k.put(
+                self.raw[i],
+                2,
+                self.ptr(views[i]),
+                self.ptr(src),
+                half,
+                (r + 1) % W,
+                0,
+                self.streams[i].cuda_stream,
+            )
+            self.streams[i].synchronize()
+        self.barrier()
+        for i, r in enumerate(self.ranks):
+            self.expect_equal(
+                f"rank {r} owner's tensor after a peer's kernel put",
+                own[i][:half],
+                data(torch, (r - 1) % W, "registered-kernel", half, self.devs[i]),
+            )
+        self.expect_error(
+            "free() of a registered buffer",
+            "deregister it instead",
+            lambda: self.heap.free(views if self.local else views[0]),
+            IA,
+        )
+        plain = self.each(self.heap.empty((16,), torch.uint8))
+        self.expect_error(
+            "deregister of an allocation",
+            "not a registered buffer",
+            lambda: self.heap.deregister(plain if self.local else plain[0]),
+            IA,
+        )
+        self.heap.free(plain if self.local else plain[0])
+        self.heap.deregister(views if self.local else views[0])
+        self.expect(f"used after deregister: {self.heap.used} (before {used})", self.heap.used == used)
+        for i, r in enumerate(self.ranks):
+            self.expect_equal(
+                f"rank {r} owner's tensor after deregister",
+                own[i][half : 2 * half],
+                data(torch, (r - 1) % W, "registered", n, self.devs[i])[:half],
+            )
+        # The heap holds the memory after its owner let go of it.
+        views = self.each(self.heap.register(own if self.local else own[0]))
+        for b in vm:
+            b.free()
+        for i, r in enumerate(self.ranks):
+            self.expect_equal(
+                f"rank {r} registered memory after its owner freed it",
+                views[i][:half],
+                data(torch, (r - 1) % W, "registered-kernel", half, self.devs[i]),
+            )
+        self.barrier()
+        self.heap.deregister(views if self.local else views[0])
+        # Refusals: every rank is told, naming the rank at fault.
+        expandable = "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        if not expandable:  # torch's memory is cudaMalloc's
+            plain = [torch.empty(n, dtype=torch.uint8, device=d) for d in self.devs]
+            self.expect_error(
+                "register of cudaMalloc memory",
+                "not memory that CUDA's virtual memory management made",
+                lambda: self.heap.register(plain if self.local else plain[0]),
+                IA,
+            )
+        vm = [_vmm.VmmBuffer(torch, d.index, [2 << 20]) for d in self.devs]
+        skew = [b.tensor(4096 * (r == W - 1), 1000) for b, r in zip(vm, self.ranks)]
+        self.expect_error(
+            "buffers at different offsets in their granules",
+            f"different offsets.*rank {W - 1}",
+            lambda: self.heap.register(skew if self.local else skew[0]),
+            IA,
+        )
+        tail = [b.tensor((2 << 20) - 1000, 1000) for b in vm]
+        if self.local:
+            self.expect_error(
+                "tensors of different sizes",
+                "the same size on every rank",
+                lambda: self.heap.register([tail[0][:999]] + tail[1:]),
+                IA,
+            )
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(self.streams[0]):
+            g.capture_begin(capture_error_mode="relaxed")
+            try:
+                self.expect_error(
+                    "register while capturing",
+                    "captured",
+                    lambda: self.heap.register(tail if self.local else tail[0]),
+                    IA,
+                )
+            finally:
+                try:
+                    g.capture_end()
+                except Exception as exc:  # noqa: BLE001 - an empty graph
+                    if "empty" not in str(exc).lower():
+                        self.fails.append(f"capture: {exc}")
+        self.sync()
+        self.expect(f"used after the refusals: {self.heap.used} (before {used})", self.heap.used == used)
+        for b in vm:
+            b.free()
+        if expandable:
+            self.registered_torch()
+
+    def registered_torch(self):
+        """A tensor from PyTorch's allocator with expandable segments, registered and put into."""
+        torch, W = self.torch, self.world
+        n = 48 << 20
+        own = [data(torch, r, "expandable", n, self.devs[i]) for i, r in enumerate(self.ranks)]
+        views = self.each(self.heap.register(own if self.local else own[0]))
+        self.barrier()
+        for i, r in enumerate(self.ranks):
+            with torch.cuda.stream(self.streams[i]):
+                self.heap.put(views[i][n // 2 :], views[i][: n // 2], (r + 1) % W)
+        self.barrier()
+        for i, r in enumerate(self.ranks):
+            self.expect_equal(
+                f"rank {r} torch tensor (expandable segments) after a peer's put",
+                own[i][n // 2 :],
+                data(torch, (r - 1) % W, "expandable", n, self.devs[i])[: n // 2],
+            )
+        self.heap.deregister(views if self.local else views[0])
+
     def bad_input(self):
         ferry, torch, W = self.ferry, self.torch, self.world
         IA = ferry.InvalidArgumentError
@@ -1120,8 +1292,14 @@ CHECKS = [
     "stream_ops",
     "stream_barrier_order",
     "views_and_sizes",
+    "registered",
     "bad_input",
 ]
+
+
+def _selected() -> list:
+    """SYMM_CHECKS: a comma-separated subset of the checks to run instead of all."""
+    return [c for c in os.environ.get("SYMM_CHECKS", "").split(",") if c]
 
 
 def report(fails, checks) -> int:
@@ -1138,7 +1316,7 @@ def local_main(world: int) -> int:
     n = torch.cuda.device_count()
     comm = ferry.init_local([r % n for r in range(world)], timeout=30.0)
     suite = Suite(ferry, torch, comm, world, local=True)
-    names = CHECKS + (["large"] if world == 2 else [])
+    names = _selected() or CHECKS + (["large"] if world == 2 else [])
     fails = suite.run(names)
     checks = suite.checks
     suite.heap.close()
@@ -1163,7 +1341,7 @@ def rank_main(rank: int, world: int, port: int) -> int:
     torch.cuda.set_device(dev)
     comm = ferry.init(rank=rank, world=world, device=dev, timeout=30.0)
     suite = Suite(ferry, torch, comm, world, local=False)
-    names = CHECKS + ["mismatch"]
+    names = _selected() or CHECKS + ["mismatch"]
     fails = suite.run(names)
     suite.heap.close()
     comm.close()

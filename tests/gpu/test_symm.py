@@ -16,7 +16,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _run(*args, timeout=240):
+def _run(*args, timeout=240, **extra_env):
     # A run that hangs prints its stacks and ends itself before the timeout, so
     # a failure costs minutes, not the whole tier's time.
     env = dict(
@@ -25,6 +25,7 @@ def _run(*args, timeout=240):
         CUDA_DEVICE_MAX_CONNECTIONS="32",
         SYMM_STACKS_AFTER_S=str(timeout - 30),
         **_checks.SAFE_ENV,
+        **extra_env,
     )
     run = subprocess.run(
         [sys.executable, os.path.join(HERE, "_workers_symm.py"), *args],
@@ -50,6 +51,13 @@ def test_heap_one_process(world):
 @pytest.mark.parametrize("world", [2, 4])
 def test_heap_process_per_rank(world):
     _run("procs", str(world))
+
+
+@pytest.mark.parametrize("mode", ["local", "procs"])
+def test_register_torch_expandable_segments(mode):
+    """Tensors from PyTorch's allocator with expandable segments (CUDA VMM)
+    registered into the heap, besides the registered check's own VMM buffers."""
+    _run(mode, "2", PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True", SYMM_CHECKS="registered")
 
 
 def test_stream_wait_past_the_timeout_is_released():

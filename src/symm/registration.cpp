@@ -1,0 +1,106 @@
+#include "symm/registration.hpp"
+
+#include <string>
+
+#include "core/driver.hpp"
+#include "core/error.hpp"
+
+namespace ferry {
+
+namespace {
+
+// True and a retained handle when `a` is mapped VMM memory.
+bool retain(CUdeviceptr a, CUmemGenericAllocationHandle* h) {
+  return driver().MemRetainAllocationHandle(h, reinterpret_cast<void*>(a)) == CUDA_SUCCESS;
+}
+
+// The handle's allocation lives on GPU `device`; whether it is exportable.
+bool check_piece(CUmemGenericAllocationHandle h, int device, const std::string& what) {
+  CUmemAllocationProp prop{};
+  FERRY_CU_CHECK(driver().MemGetAllocationPropertiesFromHandle(&prop, h));
+  if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != device)
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                what + " is memory of " +
+                    (prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE ? "GPU " + std::to_string(prop.location.id)
+                                                                       : std::string("the host")) +
+                    "; expected memory of GPU " + std::to_string(device));
+  return (prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
+}
+
+}  // namespace
+
+VmmBuffer find_vmm_buffer(const void* ptr, size_t bytes, int device, const char* what_c) {
+  const std::string what(what_c);
+  const DriverApi& cu = driver();
+  FERRY_ARG_CHECK(ptr != nullptr, what + " is a null pointer");
+  FERRY_ARG_CHECK(bytes > 0, what + " has 0 bytes; expected at least one");
+  // Every allocation is a whole number of this device's smallest granules
+  // and mapped at a multiple of it, so a walk in such steps sees every piece.
+  CUmemAllocationProp probe{};
+  probe.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  probe.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  probe.location.id = device;
+  size_t step = 0;
+  FERRY_CU_CHECK(cu.MemGetAllocationGranularity(&step, &probe, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  const CUdeviceptr a0 = reinterpret_cast<CUdeviceptr>(ptr), end = a0 + bytes;
+  VmmBuffer b;
+  VmmPiece cur;
+  if (!retain(a0, &cur.handle))
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                what +
+                    " is not memory that CUDA's virtual memory management made (cuMemCreate: PyTorch's allocator "
+                    "with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, or a ferry heap); memory from "
+                    "cudaMalloc cannot be mapped at a second address: allocate it on the heap instead");
+  try {
+    b.exportable = check_piece(cur.handle, device, what);
+    // Back to where this allocation's mapping starts.
+    cur.start = a0 / step * step;
+    for (;;) {
+      CUmemGenericAllocationHandle h = 0;
+      if (cur.start < step || !retain(cur.start - step, &h)) break;
+      cu.MemRelease(h);
+      if (h != cur.handle) break;
+      cur.start -= step;
+    }
+    // Forward, piece by piece, to the end of the allocation under the last byte.
+    CUdeviceptr a = a0 / step * step + step;
+    for (;;) {
+      CUmemGenericAllocationHandle h = 0;
+      const bool mapped = retain(a, &h);
+      if (mapped && h == cur.handle) {
+        cu.MemRelease(h);
+        a += step;
+        continue;
+      }
+      cur.size = a - cur.start;
+      b.pieces.push_back(cur);
+      cur = VmmPiece{};
+      if (a >= end) {
+        if (mapped) cu.MemRelease(h);
+        break;
+      }
+      if (!mapped)
+        throw_error(FERRY_ERROR_INVALID_ARGUMENT, what + " is not mapped throughout: nothing is mapped " +
+                                                      std::to_string(a - a0) + " bytes after its start");
+      cur.handle = h;
+      cur.start = a;
+      if (!check_piece(h, device, what)) b.exportable = false;
+      a += step;
+    }
+  } catch (...) {
+    if (cur.handle) cu.MemRelease(cur.handle);
+    release_vmm_buffer(b);
+    throw;
+  }
+  b.lead = a0 - b.pieces[0].start;
+  return b;
+}
+
+void release_vmm_buffer(VmmBuffer& b) {
+  if (driver_available())
+    for (VmmPiece& p : b.pieces)
+      if (p.handle) driver().MemRelease(p.handle);
+  b.pieces.clear();
+}
+
+}  // namespace ferry

@@ -1,0 +1,34 @@
+// Device memory that CUDA's virtual memory management made (cuMemCreate:
+// PyTorch's allocator with expandable segments, NCCL's, a ferry heap's), as
+// the physical allocations under a buffer, so that the symmetric heap can map
+// them a second time at its own addresses (SymmetricHeap::register_memory).
+// Memory from cudaMalloc has no such handle and cannot be mapped twice.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <vector>
+
+namespace ferry {
+
+struct VmmPiece {
+  CUmemGenericAllocationHandle handle = 0;  // retained: one cuMemRelease owed
+  CUdeviceptr start = 0;                    // where the owner mapped it
+  size_t size = 0;
+};
+
+struct VmmBuffer {
+  std::vector<VmmPiece> pieces;  // in address order, back to back
+  size_t lead = 0;               // the buffer's first byte, from the first piece's start
+  bool exportable = false;       // every piece can travel as a POSIX file descriptor
+};
+
+// The allocations under [ptr, ptr + bytes), each retained. Throws
+// FERRY_ERROR_INVALID_ARGUMENT naming `what` when the memory is not VMM
+// memory of GPU `device`, or not mapped throughout.
+VmmBuffer find_vmm_buffer(const void* ptr, size_t bytes, int device, const char* what);
+// Releases the retained handles (nothing else: the owner's mapping stays).
+void release_vmm_buffer(VmmBuffer& b);
+
+}  // namespace ferry
