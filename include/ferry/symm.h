@@ -57,7 +57,8 @@ FERRY_API ferry_result_t ferry_heap_reserve(ferry_heap_t heap, size_t bytes);
  * (FERRY_ERROR_INVALID_ARGUMENT). The heap holds it until deregistered. */
 FERRY_API ferry_result_t ferry_heap_register(ferry_heap_t heap, void* const* buffers, size_t bytes,
                                              ferry_stream_t stream, void** ptrs);
-/* Collective: unmaps the registered buffer at `ptr` (what ferry_heap_register wrote). */
+/* Collective: unmaps the registered buffer at `ptr` (what ferry_heap_register
+ * wrote); work that uses it must be finished. The owner's mapping stays. */
 FERRY_API ferry_result_t ferry_heap_deregister(ferry_heap_t heap, const void* ptr);
 
 /* Writes local rank `local`'s ferry::device::Heap into `handle`; `size` must be

@@ -214,11 +214,13 @@ class Heap:
         return out if self._local else out[0]
 
     def deregister(self, tensors) -> None:
-        """Unmaps what register() returned (collective); the owner's tensor stays valid."""
+        """Unmaps what register() returned (collective); the owner's tensor
+        stays valid. Work queued on the heap's addresses of it must be
+        finished first (as for free()). Refused during graph capture."""
         self._open("deregister")
         first = self._comm._per_rank(tensors, "deregister")[0]
         _, offset, _ = self._where(first, "deregister: tensor")
-        self._h.deregister(offset)
+        self._h.deregister(offset, [_stream_handle(None, d) for d in self._comm.devices])
 
     def _tensor(self, rank: int, offset: int, nbytes: int, device: int, dtype, shape):
         import torch

@@ -64,7 +64,14 @@ void bind_symm(nb::module_& m) {
             return h.register_memory(b, bytes, s);
           },
           "buffers"_a, "bytes"_a, "streams"_a, nb::call_guard<nb::gil_scoped_release>())
-      .def("deregister", &SymmetricHeap::deregister, "offset"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def(
+          "deregister",
+          [](SymmetricHeap& h, size_t offset, const std::vector<uintptr_t>& streams) {
+            std::vector<cudaStream_t> s;
+            for (uintptr_t x : streams) s.push_back(stream(x));
+            h.deregister(offset, s);
+          },
+          "offset"_a, "streams"_a, nb::call_guard<nb::gil_scoped_release>())
       .def(
           "at",
           [](const SymmetricHeap& h, int rank, size_t offset) {

@@ -74,7 +74,7 @@ ferry_result_t ferry_heap_deregister(ferry_heap_t heap, const void* ptr) {
     int rank = 0;
     size_t offset = 0;
     h.locate(ptr, 1, "ptr", &rank, &offset);
-    h.deregister(offset);
+    h.deregister(offset, {});
   });
 }
 

@@ -3,8 +3,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
-#include <sstream>
 #include <utility>
 
 #include "core/clock.hpp"
@@ -344,6 +344,7 @@ size_t SymmetricHeap::register_memory(const std::vector<void*>& buffers, size_t 
   // rank's answer before anything is mapped, so that all refuse together.
   std::vector<VmmBuffer> mine(local_count());
   std::vector<std::string> problems(local_count());
+  std::vector<int> out_fds;  // with one process per rank: this rank's pieces, exported
   for (int i = 0; i < local_count(); ++i) {
     DeviceScope on(group_.devices[i]);
     try {
@@ -352,16 +353,26 @@ size_t SymmetricHeap::register_memory(const std::vector<void*>& buffers, size_t 
                     "register maps memory, which cannot be done while a CUDA graph is being captured; register "
                     "before capturing");
       mine[i] = find_vmm_buffer(buffers[i], bytes, group_.devices[i], "register: the buffer");
-      if (group_.multi_process() && !mine[i].exportable)
-        throw_error(FERRY_ERROR_INVALID_ARGUMENT,
-                    "register: the buffer's memory was made without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, so "
-                    "no other process can map it (PyTorch's expandable segments and ferry's heaps are exportable)");
-    } catch (const Error& e) {
+      if (group_.multi_process()) {
+        if (!mine[i].exportable)
+          throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                      "register: the buffer's memory was made without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, so "
+                      "no other process can map it (PyTorch's expandable segments and ferry's heaps are "
+                      "exportable)");
+        for (const VmmPiece& p : mine[i].pieces) {
+          int fd = -1;
+          FERRY_CU_CHECK(cu.MemExportToShareableHandle(&fd, p.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+          out_fds.push_back(fd);
+        }
+      }
+    } catch (const std::exception& e) {
       problems[i] = e.what();
     }
   }
   auto release_mine = [&] {
     for (auto& b : mine) release_vmm_buffer(b);
+    for (int fd : out_fds) ::close(fd);
+    out_fds.clear();
   };
   auto record = [](const VmmBuffer& b, const std::string& problem) {
     if (!problem.empty()) return "!" + problem;
@@ -385,11 +396,23 @@ size_t SymmetricHeap::register_memory(const std::vector<void*>& buffers, size_t 
       release_mine();
       throw_error(FERRY_ERROR_INVALID_ARGUMENT, "rank " + std::to_string(r) + ": " + records[r].substr(1));
     }
-    std::istringstream in(records[r]);
-    in >> spans[r].lead;
-    for (size_t piece = 0; in >> piece;) spans[r].pieces.push_back(piece);
+    // Numbers parsed by hand: a stream extraction of a number (its locale)
+    // spun forever inside a Python process on the GPU machine.
+    const char* p = records[r].c_str();
+    char* next = nullptr;
+    spans[r].lead = std::strtoull(p, &next, 10);
+    for (p = next;; p = next) {
+      const size_t piece = std::strtoull(p, &next, 10);
+      if (next == p) break;
+      spans[r].pieces.push_back(piece);
+    }
   }
-  const RegistrationPlan plan = plan_registration(spans, bytes, granularity_);
+  // Pieces are whole multiples of the device's smallest granule and are
+  // mapped at multiples of it; the region itself starts on the heap's granule.
+  CUmemAllocationProp prop = vmm_prop(group_.devices[0], group_.multi_process());
+  size_t granule = 0;
+  FERRY_CU_CHECK(cu.MemGetAllocationGranularity(&granule, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  const RegistrationPlan plan = plan_registration(spans, bytes, granule);
   if (!plan.error.empty()) {
     release_mine();
     throw_error(FERRY_ERROR_INVALID_ARGUMENT, "register: " + plan.error);
@@ -405,9 +428,11 @@ size_t SymmetricHeap::register_memory(const std::vector<void*>& buffers, size_t 
     allocator_.free(region);
     release_mine();
     throw_error(FERRY_ERROR_OUT_OF_MEMORY,
-                "register: " + std::to_string(plan.region_bytes) +
-                    " bytes of heap addresses are needed above its mapped part, and there are fewer; create the "
-                    "heap with a larger capacity (FERRY_SYMM_HEAP_BYTES, or the capacity argument)");
+                "register: " + std::to_string(plan.region_bytes) + " bytes of heap addresses are needed above the " +
+                    std::to_string(mapped_) +
+                    " bytes the heap has mapped for its allocations, and fewer are free "
+                    "there; register before large allocations or reserve(), or create the heap with a larger "
+                    "capacity (FERRY_SYMM_HEAP_BYTES, or the capacity argument)");
   }
   Registration reg;
   reg.data_offset = plan.data_offset;
@@ -431,13 +456,6 @@ size_t SymmetricHeap::register_memory(const std::vector<void*>& buffers, size_t 
     } else {
       const int me = rank(0), dev = group_.devices[0];
       DeviceScope on(dev);
-      std::vector<int> out_fds;
-      for (const VmmPiece& p : mine[0].pieces) {
-        int fd = -1;
-        FERRY_CU_CHECK(cu.MemExportToShareableHandle(&fd, p.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
-        out_fds.push_back(fd);
-      }
-      received = out_fds;  // closed with the received ones
       for (size_t k = 0; k < mine[0].pieces.size(); ++k) {
         VmmPiece& p = mine[0].pieces[k];
         map_chunk(reg.chunks, piece_at(me, k), p.size, std::exchange(p.handle, 0), {dev});
@@ -478,13 +496,19 @@ size_t SymmetricHeap::register_memory(const std::vector<void*>& buffers, size_t 
     throw;
   }
   for (int fd : received) ::close(fd);
-  release_mine();  // what was not handed to a chunk (nothing, unless a rank's pieces were empty)
+  release_mine();  // the exported descriptors; every handle went to a chunk  // what was not handed to a chunk
+                   // (nothing, unless a rank's pieces were empty)
   registrations_[region] = std::move(reg);
   return region + plan.data_offset;
 }
 
-void SymmetricHeap::deregister(size_t offset) {
+void SymmetricHeap::deregister(size_t offset, const std::vector<cudaStream_t>& streams) {
   FERRY_ARG_CHECK(!closed_, "deregister: the heap is closed");
+  for (size_t i = 0; i < streams.size() && static_cast<int>(i) < local_count(); ++i) {
+    DeviceScope on(group_.devices[i]);
+    FERRY_ARG_CHECK(!dma::is_capturing(streams[i]),
+                    "deregister unmaps memory, which cannot be done while a CUDA graph is being captured");
+  }
   size_t start = 0;
   auto it = allocator_.find(offset, 1, &start, nullptr) ? registrations_.find(start) : registrations_.end();
   FERRY_ARG_CHECK(it != registrations_.end() && start + it->second.data_offset == offset,
@@ -505,14 +529,29 @@ void SymmetricHeap::locate(const void* p, size_t bytes, const char* what, int* r
   const uintptr_t a = reinterpret_cast<uintptr_t>(p), b = static_cast<uintptr_t>(base_);
   const size_t range = capacity_ * static_cast<size_t>(group_.world);
   if (closed_ || a < b || a - b >= range)
-    throw_error(FERRY_ERROR_INVALID_ARGUMENT,
-                std::string(what) + " is not on the symmetric heap; expected memory from the heap's alloc()");
+    throw_error(
+        FERRY_ERROR_INVALID_ARGUMENT,
+        std::string(what) +
+            " is not on the symmetric heap; expected memory from the heap's alloc(), or the heap address register() "
+            "gave");
   const int r = static_cast<int>((a - b) / capacity_);
   const size_t off = (a - b) % capacity_;
-  if (!allocator_.find(off, bytes, nullptr, nullptr))
+  size_t start = 0;
+  if (!allocator_.find(off, bytes, &start, nullptr))
     throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(what) + ": [offset " + std::to_string(off) + ", +" +
                                                   std::to_string(bytes) +
                                                   ") does not lie inside one live allocation of the heap");
+  // Of a registered region only the buffer is the same on every rank (the
+  // pieces around it differ, or are not mapped).
+  auto reg = registrations_.find(start);
+  if (reg != registrations_.end()) {
+    const size_t first = start + reg->second.data_offset;
+    if (off < first || off - first > reg->second.bytes || bytes > reg->second.bytes - (off - first))
+      throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                  std::string(what) + ": [offset " + std::to_string(off) + ", +" + std::to_string(bytes) +
+                      ") is not inside the registered buffer at offset " + std::to_string(first) + " (" +
+                      std::to_string(reg->second.bytes) + " bytes)");
+  }
   *rank = r;
   *offset = off;
 }

@@ -68,8 +68,11 @@ class SymmetricHeap {
   // they cap how far alloc() can grow. Refused while a stream in `streams`
   // captures a CUDA graph.
   size_t register_memory(const std::vector<void*>& buffers, size_t bytes, const std::vector<cudaStream_t>& streams);
-  // Collective: unmaps the registered buffer at `offset` (what register_memory returned).
-  void deregister(size_t offset);
+  // Collective: unmaps the registered buffer at `offset` (what
+  // register_memory returned); the owner's own mapping stays. Work that still
+  // uses the heap's addresses of it must be finished. Refused while a stream
+  // in `streams` captures a CUDA graph.
+  void deregister(size_t offset, const std::vector<cudaStream_t>& streams = {});
 
   int world() const { return group_.world; }
   int local_count() const { return group_.local_count(); }

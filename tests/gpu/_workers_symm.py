@@ -840,7 +840,7 @@ class Suite:
 
     def registered(self):
         """Existing VMM memory registered into the heap: each rank's buffer in
-        one or two physical allocations, starting whole granules apart; a copy
+        one or many physical allocations, starting whole granules apart; a copy
         engine put and a kernel put into the peer's buffer seen through the
         owner's own tensor; peer views; the memory outliving its owner's
         mapping; the refusals."""
@@ -848,15 +848,18 @@ class Suite:
 
         ferry, torch, W = self.ferry, self.torch, self.world
         IA = ferry.InvalidArgumentError
-        n = (1 << 20) + 12345
+        n = (40 << 20) + 12345
         half = n // 2
         vm, own = [], []
+        g = 2 << 20
+        # By rank % 3: one 48 MiB allocation; 24 of 2 MiB (more than one
+        # message of descriptors); 8 of 6 MiB. The buffer starts a granule
+        # further in on each, so the ranks' regions are shifted.
+        layouts = [[24 * g], [g] * 24, [3 * g] * 8]
         for i, r in enumerate(self.ranks):
-            g = 2 << 20
-            # Odd ranks: two allocations, the buffer one granule further in.
-            b = _vmm.VmmBuffer(torch, self.devs[i].index, [4 * g] if r % 2 == 0 else [2 * g, 2 * g])
+            b = _vmm.VmmBuffer(torch, self.devs[i].index, layouts[r % 3])
             vm.append(b)
-            t = b.tensor(4096 + (r % 2) * b.granule, n)
+            t = b.tensor(4096 + (r % 3) * b.granule, n)
             t.copy_(data(torch, r, "registered", n, self.devs[i]))
             own.append(t)
         self.sync()
@@ -959,6 +962,22 @@ class Suite:
             IA,
         )
         tail = [b.tensor((2 << 20) - 1000, 1000) for b in vm]
+        # Memory no other process can map: refused with one process per rank, fine in one process.
+        closed = [_vmm.VmmBuffer(torch, d.index, [2 << 20], exportable=False) for d in self.devs]
+        private = [b.tensor(0, 1000) for b in closed]
+        if self.local:
+            got = self.heap.register(private)
+            self.heap.deregister(got)
+            self.checks += 1
+        else:
+            self.expect_error(
+                "register of memory that cannot be exported",
+                "POSIX_FILE_DESCRIPTOR",
+                lambda: self.heap.register(private[0]),
+                IA,
+            )
+        for b in closed:
+            b.free()
         if self.local:
             self.expect_error(
                 "tensors of different sizes",
