@@ -818,6 +818,7 @@ class Suite:
         self.barrier()
         for i, r in enumerate(self.ranks):
             src = data(torch, r, "large", tail, self.devs[i])
+            self.streams[i].wait_stream(torch.cuda.current_stream(self.devs[i]))  # src is made there
             self.k.put(
                 raw[i],
                 2,
@@ -891,6 +892,7 @@ class Suite:
         # A kernel (block scope): fresh data into the right neighbour's first half.
         for i, r in enumerate(self.ranks):
             src = data(torch, r, "registered-kernel", half, self.devs[i])
+            self.streams[i].wait_stream(torch.cuda.current_stream(self.devs[i]))  # src is made there
             self.k.put(
                 self.raw[i],
                 2,
