@@ -6,7 +6,12 @@
 //
 //   ./ferry_example_symm_ring [ranks]
 //
+// Then the same ring runs through memory the program made itself with CUDA's
+// virtual memory management (cuMemCreate), registered into the heap; memory
+// from cudaMalloc is refused.
+//
 // Prints "symm_ring: ok" and exits 0 when every byte arrived.
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -58,6 +63,41 @@ __global__ void ring(Heap h, unsigned char* src, unsigned char* buf, uint64_t by
     if (buf[i] != static_cast<unsigned char>(prev * 31 + i * 7 + round)) atomicAdd(wrong, 1ull);
 }
 
+// `bytes` (rounded up to the granule) of this device's memory made with
+// cuMemCreate and mapped, as an allocator built on CUDA's virtual memory
+// management makes it. The driver entry points come through the runtime, so
+// the program need not link libcuda.
+void* vmm_alloc(int device, size_t bytes) {
+  auto entry = [](const char* name) {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    CHECK_CUDA(cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q));
+    return fn;
+  };
+  auto granularity = reinterpret_cast<decltype(&cuMemGetAllocationGranularity)>(entry("cuMemGetAllocationGranularity"));
+  auto reserve = reinterpret_cast<decltype(&cuMemAddressReserve)>(entry("cuMemAddressReserve"));
+  auto create = reinterpret_cast<decltype(&cuMemCreate)>(entry("cuMemCreate"));
+  auto map = reinterpret_cast<decltype(&cuMemMap)>(entry("cuMemMap"));
+  auto access = reinterpret_cast<decltype(&cuMemSetAccess)>(entry("cuMemSetAccess"));
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, device};
+  size_t g = 0;
+  CUdeviceptr p = 0;
+  CUmemGenericAllocationHandle h = 0;
+  bool ok = granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS;
+  bytes = (bytes + g - 1) / g * g;
+  ok = ok && reserve(&p, bytes, g, 0, 0) == CUDA_SUCCESS && create(&h, bytes, &prop, 0) == CUDA_SUCCESS &&
+       map(p, bytes, 0, h, 0) == CUDA_SUCCESS;
+  CUmemAccessDesc rw{{CU_MEM_LOCATION_TYPE_DEVICE, device}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  ok = ok && access(p, bytes, &rw, 1) == CUDA_SUCCESS;
+  if (!ok) {
+    std::fprintf(stderr, "making VMM memory failed\n");
+    std::exit(1);
+  }
+  return reinterpret_cast<void*>(p);  // kept until the program ends
+}
+
 int main(int argc, char** argv) {
   int gpus = 0;
   CHECK_CUDA(cudaGetDeviceCount(&gpus));
@@ -101,6 +141,35 @@ int main(int argc, char** argv) {
     }
     for (int r = 0; r < ranks; ++r) CHECK_CUDA(cudaStreamSynchronize(streams[r]));
   }
+  // The ring again, through each rank's own VMM memory registered into the
+  // heap: reg[r] is its heap address, the same memory as mine[r].
+  std::vector<void*> mine(ranks), reg(ranks);
+  for (int r = 0; r < ranks; ++r) mine[r] = vmm_alloc(devices[r], bytes);
+  std::vector<void*> plain(src.begin(), src.end());  // from cudaMalloc
+  if (ferry_heap_register(heap, plain.data(), bytes, nullptr, reg.data()) != FERRY_ERROR_INVALID_ARGUMENT) {
+    std::printf("registering cudaMalloc memory was not refused\n");
+    return 1;
+  }
+  CHECK_FERRY(ferry_heap_register(heap, mine.data(), bytes, nullptr, reg.data()));
+  for (int r = 0; r < ranks; ++r) {
+    CHECK_CUDA(cudaSetDevice(devices[r]));
+    ring<<<1, 256, 0, streams[r]>>>(handles[r], src[r], static_cast<unsigned char*>(reg[r]), bytes,
+                                    static_cast<uint64_t*>(sig[r]), 4, wrong[r]);
+    CHECK_CUDA(cudaGetLastError());
+  }
+  for (int r = 0; r < ranks; ++r) CHECK_CUDA(cudaStreamSynchronize(streams[r]));
+  CHECK_FERRY(ferry_heap_deregister(heap, reg[0]));
+  // What arrived, read through the program's own addresses of the memory.
+  std::vector<unsigned char> got(bytes);
+  for (int r = 0; r < ranks; ++r) {
+    CHECK_CUDA(cudaMemcpy(got.data(), mine[r], bytes, cudaMemcpyDeviceToHost));
+    const int prev = (r + ranks - 1) % ranks;
+    for (uint64_t i = 0; i < bytes; ++i)
+      if (got[i] != static_cast<unsigned char>(prev * 31 + i * 7 + 4)) {
+        std::printf("rank %d: registered memory differs at byte %llu\n", r, static_cast<unsigned long long>(i));
+        return 1;
+      }
+  }
   CHECK_FERRY(ferry_heap_check(heap));
   unsigned long long bad = 0;
   for (int r = 0; r < ranks; ++r) {
@@ -119,7 +188,7 @@ int main(int argc, char** argv) {
   CHECK_FERRY(ferry_heap_free(heap, sig[0]));
   ferry_heap_destroy(heap);
   ferry_comm_destroy(comm);
-  std::printf(bad ? "symm_ring: FAILED\n" : "symm_ring: ok (%d ranks, 3 rounds of %llu bytes)\n", ranks,
-              static_cast<unsigned long long>(bytes));
+  std::printf(bad ? "symm_ring: FAILED\n" : "symm_ring: ok (%d ranks, 4 rounds of %llu bytes, the last registered)\n",
+              ranks, static_cast<unsigned long long>(bytes));
   return bad ? 1 : 0;
 }
