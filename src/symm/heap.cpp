@@ -437,7 +437,6 @@ size_t SymmetricHeap::register_memory(const std::vector<void*>& buffers, size_t 
   Registration reg;
   reg.data_offset = plan.data_offset;
   reg.bytes = bytes;
-  std::vector<int> received;
   auto piece_at = [&](int r, size_t k) {
     size_t at = region + plan.shift[r];
     for (size_t j = 0; j < k; ++j) at += spans[r].pieces[j];
@@ -460,44 +459,19 @@ size_t SymmetricHeap::register_memory(const std::vector<void*>& buffers, size_t 
         VmmPiece& p = mine[0].pieces[k];
         map_chunk(reg.chunks, piece_at(me, k), p.size, std::exchange(p.handle, 0), {dev});
       }
-      size_t most = 0;
-      for (const auto& sp : spans) most = std::max(most, sp.pieces.size());
-      std::vector<int> peers;
-      for (int p = 0; p < world(); ++p)
-        if (p != me) peers.push_back(p);
-      for (size_t first = 0; first < most; first += kMaxFdsPerMessage) {
-        const int tag = group_.next_tag();
-        std::vector<int> batch;
-        for (size_t k = first; k < out_fds.size() && k < first + kMaxFdsPerMessage; ++k) batch.push_back(out_fds[k]);
-        for (int p : peers) group_.fds->send(group_.socket_paths[p], p, tag, batch, "", group_.timeout_s);
-        auto got = group_.fds->receive(peers, tag, group_.timeout_s, "their registered memory");
-        for (auto& [p, msg] : got) received.insert(received.end(), msg.fds.begin(), msg.fds.end());
-        for (auto& [p, msg] : got) {
-          const size_t expect =
-              spans[p].pieces.size() > first ? std::min<size_t>(kMaxFdsPerMessage, spans[p].pieces.size() - first) : 0;
-          FERRY_ARG_CHECK(msg.fds.size() == expect,
-                          "rank " + std::to_string(p) + " sent " + std::to_string(msg.fds.size()) +
-                              " descriptors for its registered memory; expected " + std::to_string(expect));
-          for (size_t j = 0; j < msg.fds.size(); ++j) {
-            CUmemGenericAllocationHandle h = 0;
-            FERRY_CU_CHECK(cu.MemImportFromShareableHandle(&h,
-                                                           reinterpret_cast<void*>(static_cast<intptr_t>(msg.fds[j])),
-                                                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
-            map_chunk(reg.chunks, piece_at(p, first + j), spans[p].pieces[first + j], h, {dev});
-          }
-        }
-      }
+      std::vector<size_t> counts;
+      for (const auto& sp : spans) counts.push_back(sp.pieces.size());
+      exchange_vmm_pieces(group_, out_fds, counts, [&](int p, size_t k, CUmemGenericAllocationHandle h) {
+        map_chunk(reg.chunks, piece_at(p, k), spans[p].pieces[k], h, {dev});
+      });
     }
   } catch (...) {
-    for (int fd : received) ::close(fd);
     unmap_chunks(reg.chunks);
     release_mine();
     allocator_.free(region);
     throw;
   }
-  for (int fd : received) ::close(fd);
-  release_mine();  // the exported descriptors; every handle went to a chunk  // what was not handed to a chunk
-                   // (nothing, unless a rank's pieces were empty)
+  release_mine();  // the exported descriptors; every handle went to a chunk
   registrations_[region] = std::move(reg);
   return region + plan.data_offset;
 }

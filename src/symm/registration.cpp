@@ -1,5 +1,8 @@
 #include "symm/registration.hpp"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <string>
 
 #include "core/driver.hpp"
@@ -101,6 +104,44 @@ void release_vmm_buffer(VmmBuffer& b) {
     for (VmmPiece& p : b.pieces)
       if (p.handle) driver().MemRelease(p.handle);
   b.pieces.clear();
+}
+
+void exchange_vmm_pieces(const Group& g, const std::vector<int>& mine, const std::vector<size_t>& counts,
+                         const std::function<void(int, size_t, CUmemGenericAllocationHandle)>& take) {
+  const DriverApi& cu = driver();
+  const int me = g.ranks[0];
+  size_t most = 0;
+  for (size_t c : counts) most = std::max(most, c);
+  std::vector<int> peers;
+  for (int p = 0; p < g.world; ++p)
+    if (p != me) peers.push_back(p);
+  for (size_t first = 0; first < most; first += kMaxFdsPerMessage) {
+    const int tag = g.next_tag();
+    std::vector<int> batch;
+    for (size_t k = first; k < mine.size() && k < first + kMaxFdsPerMessage; ++k) batch.push_back(mine[k]);
+    for (int p : peers) g.fds->send(g.socket_paths[p], p, tag, batch, "", g.timeout_s);
+    auto got = g.fds->receive(peers, tag, g.timeout_s, "their registered memory");
+    std::vector<int> received;
+    for (auto& [p, msg] : got) received.insert(received.end(), msg.fds.begin(), msg.fds.end());
+    try {
+      for (auto& [p, msg] : got) {
+        const size_t expect = counts[p] > first ? std::min<size_t>(kMaxFdsPerMessage, counts[p] - first) : 0;
+        FERRY_ARG_CHECK(msg.fds.size() == expect,
+                        "rank " + std::to_string(p) + " sent " + std::to_string(msg.fds.size()) +
+                            " descriptors for its registered memory; expected " + std::to_string(expect));
+        for (size_t j = 0; j < msg.fds.size(); ++j) {
+          CUmemGenericAllocationHandle h = 0;
+          FERRY_CU_CHECK(cu.MemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<intptr_t>(msg.fds[j])),
+                                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+          take(p, first + j, h);
+        }
+      }
+    } catch (...) {
+      for (int fd : received) ::close(fd);
+      throw;
+    }
+    for (int fd : received) ::close(fd);
+  }
 }
 
 }  // namespace ferry

@@ -8,7 +8,10 @@
 #include <cuda.h>
 
 #include <cstddef>
+#include <functional>
 #include <vector>
+
+#include "bootstrap/group.hpp"
 
 namespace ferry {
 
@@ -30,5 +33,15 @@ struct VmmBuffer {
 VmmBuffer find_vmm_buffer(const void* ptr, size_t bytes, int device, const char* what);
 // Releases the retained handles (nothing else: the owner's mapping stays).
 void release_vmm_buffer(VmmBuffer& b);
+
+// With one process per rank, collective over the group: sends `mine` (this
+// rank's pieces exported as POSIX file descriptors, in order; the caller
+// keeps them) to every peer and imports every peer's, in messages of at most
+// kMaxFdsPerMessage. `counts`, by rank: how many pieces each rank sends (the
+// same vector on every rank, so every rank exchanges the same number of
+// messages). `take(rank, index, handle)` receives each imported piece and owns
+// its handle from then on. Every descriptor received is closed here.
+void exchange_vmm_pieces(const Group& group, const std::vector<int>& mine, const std::vector<size_t>& counts,
+                         const std::function<void(int, size_t, CUmemGenericAllocationHandle)>& take);
 
 }  // namespace ferry
