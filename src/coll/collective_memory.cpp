@@ -2,11 +2,13 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
 #include "coll/plan.hpp"
 #include "core/cuda_scope.hpp"
+#include "core/driver.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
 
@@ -201,28 +203,103 @@ CollectiveMemory::Registration& CollectiveMemory::register_buffers(const std::ve
   reg.size.assign(world, 0);
   try {
     if (group_.multi_process()) {
-      const int me = group_.ranks[0];
-      DeviceScope on(group_.devices[0]);
-      IpcExport e = ipc_export(ptrs[0]);
-      unsigned long long size = sizes[0];
-      std::string mine(reinterpret_cast<const char*>(&e), sizeof(e));
-      mine.append(reinterpret_cast<const char*>(&size), sizeof(size));
-      auto all = allgather(mine, "register");
-      for (int p = 0; p < world; ++p) {
-        if (all[p].size() != mine.size())
-          throw_error(FERRY_ERROR_INTERNAL, "register: malformed record from rank " + std::to_string(p));
-        IpcExport pe;
-        std::memcpy(&pe, all[p].data(), sizeof(pe));
-        std::memcpy(&size, all[p].data() + sizeof(pe), sizeof(size));
-        reg.size[p] = size;
-        if (p == me) {
-          reg.base[p] = static_cast<char*>(ptrs[0]);
-          continue;
+      const int me = group_.ranks[0], device = group_.devices[0];
+      DeviceScope on(device);
+      // VMM memory (PyTorch's expandable segments, say) travels as file
+      // descriptors of its pieces; cudaMalloc memory through CUDA IPC. Each
+      // rank says which it has (or why neither works) before anything moves,
+      // so that all refuse together.
+      std::string mine;
+      VmmBuffer vb;
+      std::vector<int> fds;
+      try {
+        if (is_vmm_memory(ptrs[0])) {
+          vb = find_vmm_buffer(ptrs[0], sizes[0], device, "register: buffer");
+          if (!vb.exportable)
+            throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                        "register: the buffer is VMM memory made without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, so "
+                        "no other process can map it");
+          mine = "V " + std::to_string(sizes[0]) + " " + std::to_string(vb.lead);
+          for (const VmmPiece& p : vb.pieces) {
+            int fd = -1;
+            FERRY_CU_CHECK(
+                driver().MemExportToShareableHandle(&fd, p.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+            fds.push_back(fd);
+            mine += " " + std::to_string(p.size);
+          }
+        } else {
+          IpcExport e = ipc_export(ptrs[0]);
+          unsigned long long size = sizes[0];
+          mine = "I";
+          mine.append(reinterpret_cast<const char*>(&e), sizeof(e));
+          mine.append(reinterpret_cast<const char*>(&size), sizeof(size));
         }
-        void* base = ipc_open(pe.handle);
-        reg.ipc.push_back(base);
-        reg.base[p] = static_cast<char*>(base) + pe.offset;
+      } catch (const std::exception& e) {
+        mine = std::string("!") + e.what();
       }
+      release_vmm_buffer(vb);  // the descriptors keep the pieces alive until peers import them
+      auto close_fds = [&] {
+        for (int fd : fds) ::close(fd);
+        fds.clear();
+      };
+      std::vector<std::string> all;
+      try {
+        all = allgather(mine, "register");
+      } catch (...) {
+        close_fds();
+        throw;
+      }
+      std::vector<size_t> counts(world, 0), leads(world, 0);
+      std::vector<std::vector<size_t>> pieces(world);
+      for (int p = 0; p < world; ++p) {
+        const std::string& rec = all[p];
+        if (rec.empty() || rec[0] == '!') {
+          close_fds();
+          throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                      "rank " + std::to_string(p) + ": " + (rec.empty() ? std::string("no record") : rec.substr(1)));
+        }
+        if (rec[0] == 'V') {
+          const char* c = rec.c_str() + 1;
+          char* next = nullptr;
+          reg.size[p] = std::strtoull(c, &next, 10);
+          leads[p] = std::strtoull(next, &next, 10);
+          for (c = next;; c = next) {
+            const size_t piece = std::strtoull(c, &next, 10);
+            if (next == c) break;
+            pieces[p].push_back(piece);
+          }
+          counts[p] = pieces[p].size();
+        } else {
+          IpcExport pe;
+          unsigned long long size = 0;
+          if (rec.size() != 1 + sizeof(pe) + sizeof(size)) {
+            close_fds();
+            throw_error(FERRY_ERROR_INTERNAL, "register: malformed record from rank " + std::to_string(p));
+          }
+          std::memcpy(&pe, rec.data() + 1, sizeof(pe));
+          std::memcpy(&size, rec.data() + 1 + sizeof(pe), sizeof(size));
+          reg.size[p] = size;
+          if (p == me) continue;
+          void* base = ipc_open(pe.handle);
+          reg.ipc.push_back(base);
+          reg.base[p] = static_cast<char*>(base) + pe.offset;
+        }
+      }
+      reg.base[me] = static_cast<char*>(ptrs[0]);
+      reg.views.resize(world);
+      try {
+        for (int p = 0; p < world; ++p)
+          if (p != me && counts[p]) reg.views[p] = vmm_view_reserve(pieces[p]);
+        exchange_vmm_pieces(group_, fds, counts, [&](int p, size_t, CUmemGenericAllocationHandle h) {
+          vmm_view_map(reg.views[p], h, pieces[p][reg.views[p].pieces.size()], device);
+        });
+      } catch (...) {
+        close_fds();
+        throw;
+      }
+      close_fds();
+      for (int p = 0; p < world; ++p)
+        if (p != me && counts[p]) reg.base[p] = reinterpret_cast<char*>(reg.views[p].base) + leads[p];
     } else {
       for (int i = 0; i < group_.local_count(); ++i) {
         reg.base[group_.ranks[i]] = static_cast<char*>(ptrs[i]);
@@ -253,8 +330,10 @@ void CollectiveMemory::unmap(Registration& reg) {
   cudaSetDevice(group_.devices[0]);
   for (auto& m : reg.vmm) vmm_release(m);
   for (void* base : reg.ipc) ipc_close(base);
+  for (auto& v : reg.views) vmm_view_release(v);
   reg.vmm.clear();
   reg.ipc.clear();
+  reg.views.clear();
   cudaSetDevice(previous);
 }
 

@@ -16,13 +16,16 @@
 #include "coll/sm_path_kernel.hpp"
 #include "symm/heap.hpp"
 #include "symm/peer_buffer.hpp"
+#include "symm/registration.hpp"
 
 namespace ferry {
 
 class CollectiveMemory {
  public:
   // A buffer peers write into: from allocate() (VMM, ferry frees it) or
-  // register_buffers() (the caller's memory, opened by CUDA IPC).
+  // register_buffers() (the caller's memory: with one process per rank,
+  // peers' VMM memory is imported piece by piece, cudaMalloc memory opened
+  // by CUDA IPC).
   struct Registration {
     uint32_t id = 0;
     bool owned = false;           // from allocate(): ferry frees it
@@ -30,6 +33,7 @@ class CollectiveMemory {
     std::vector<size_t> size;     // by rank
     std::vector<VmmMapping> vmm;  // to unmap/release on close
     std::vector<void*> ipc;       // to close on close
+    std::vector<VmmView> views;   // peers' registered VMM memory, to unmap on close
   };
   // A block of the heap at the same offset on every rank.
   struct ScratchBlock {

@@ -98,8 +98,8 @@ IpcExport ipc_export(const void* ptr) {
     throw_error(FERRY_ERROR_INVALID_ARGUMENT,
                 std::string("register: the memory at this pointer cannot be shared with CUDA IPC (") +
                     cudaGetErrorString(err) +
-                    "); it is not plain cudaMalloc memory (PyTorch's expandable_segments allocator, for one, "
-                    "is not). Allocate it with comm.alloc() instead");
+                    "); it is neither cudaMalloc memory nor memory that CUDA's virtual memory management made. "
+                    "Allocate it with comm.alloc() instead");
   }
   e.offset = reinterpret_cast<CUdeviceptr>(ptr) - base;
   e.base_size = size;

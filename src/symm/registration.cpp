@@ -7,6 +7,7 @@
 
 #include "core/driver.hpp"
 #include "core/error.hpp"
+#include "symm/peer_buffer.hpp"
 
 namespace ferry {
 
@@ -31,6 +32,13 @@ bool check_piece(CUmemGenericAllocationHandle h, int device, const std::string& 
 }
 
 }  // namespace
+
+bool is_vmm_memory(const void* ptr) {
+  CUmemGenericAllocationHandle h = 0;
+  if (!retain(reinterpret_cast<CUdeviceptr>(ptr), &h)) return false;
+  driver().MemRelease(h);
+  return true;
+}
 
 VmmBuffer find_vmm_buffer(const void* ptr, size_t bytes, int device, const char* what_c) {
   const std::string what(what_c);
@@ -104,6 +112,44 @@ void release_vmm_buffer(VmmBuffer& b) {
     for (VmmPiece& p : b.pieces)
       if (p.handle) driver().MemRelease(p.handle);
   b.pieces.clear();
+}
+
+VmmView vmm_view_reserve(const std::vector<size_t>& sizes) {
+  VmmView v;
+  for (size_t s : sizes) v.size += s;
+  if (v.size) FERRY_CU_CHECK(driver().MemAddressReserve(&v.base, v.size, 0, 0, 0));
+  return v;
+}
+
+void vmm_view_map(VmmView& v, CUmemGenericAllocationHandle handle, size_t size, int device) {
+  const DriverApi& cu = driver();
+  if (v.mapped + size > v.size) {
+    cu.MemRelease(handle);
+    throw_error(FERRY_ERROR_INTERNAL, "a registered piece does not fit the range reserved for it");
+  }
+  const CUdeviceptr at = v.base + v.mapped;
+  CUresult r = cu.MemMap(at, size, 0, handle, 0);
+  if (r != CUDA_SUCCESS) {
+    cu.MemRelease(handle);
+    FERRY_CU_CHECK(r);
+  }
+  v.pieces.emplace_back(handle, size);
+  v.mapped += size;
+  vmm_set_access(at, size, {device});
+}
+
+void vmm_view_release(VmmView& v) {
+  if (driver_available() && v.base) {
+    const DriverApi& cu = driver();
+    CUdeviceptr at = v.base;
+    for (auto& [h, size] : v.pieces) {
+      cu.MemUnmap(at, size);
+      cu.MemRelease(h);
+      at += size;
+    }
+    cu.MemAddressFree(v.base, v.size);
+  }
+  v = VmmView{};
 }
 
 void exchange_vmm_pieces(const Group& g, const std::vector<int>& mine, const std::vector<size_t>& counts,

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "bootstrap/group.hpp"
@@ -27,12 +28,29 @@ struct VmmBuffer {
   bool exportable = false;       // every piece can travel as a POSIX file descriptor
 };
 
+// Whether `ptr` lies in memory that CUDA's virtual memory management mapped.
+bool is_vmm_memory(const void* ptr);
 // The allocations under [ptr, ptr + bytes), each retained. Throws
 // FERRY_ERROR_INVALID_ARGUMENT naming `what` when the memory is not VMM
 // memory of GPU `device`, or not mapped throughout.
 VmmBuffer find_vmm_buffer(const void* ptr, size_t bytes, int device, const char* what);
 // Releases the retained handles (nothing else: the owner's mapping stays).
 void release_vmm_buffer(VmmBuffer& b);
+
+// A peer's registered buffer as mapped in this process: its pieces back to
+// back in an address range of their own (the buffer starts `lead` bytes in).
+struct VmmView {
+  CUdeviceptr base = 0;
+  size_t size = 0;    // the range reserved: every piece's size
+  size_t mapped = 0;  // the pieces mapped so far
+  std::vector<std::pair<CUmemGenericAllocationHandle, size_t>> pieces;
+};
+// Reserves the range for pieces of `sizes`.
+VmmView vmm_view_reserve(const std::vector<size_t>& sizes);
+// Maps the next piece (its handle now owned by the view) for `device`.
+void vmm_view_map(VmmView& v, CUmemGenericAllocationHandle handle, size_t size, int device);
+// Unmaps and releases every piece and frees the range; never throws.
+void vmm_view_release(VmmView& v);
 
 // With one process per rank, collective over the group: sends `mine` (this
 // rank's pieces exported as POSIX file descriptors, in order; the caller

@@ -1010,6 +1010,46 @@ class Suite:
         if expandable:
             self.registered_torch()
 
+    def comm_registered(self):
+        """The communicator's register() on VMM memory (imported piece by piece
+        with one process per rank): an all-gather into it, every byte checked
+        through the owner's tensor; with expandable segments, a torch tensor too."""
+        import _vmm
+
+        torch, W, comm = self.torch, self.world, self.comm
+        n = 1000003
+        g = 2 << 20
+        layouts = [[4 * g], [g] * 4, [3 * g] * 2]
+        vm = [_vmm.VmmBuffer(torch, d.index, layouts[r % 3]) for d, r in zip(self.devs, self.ranks)]
+        outs = [b.tensor(4096 + (r % 3) * b.granule, W * n) for b, r in zip(vm, self.ranks)]
+        expandable = "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        cases = [("VMM buffer", outs)]
+        if expandable:
+            cases.append(
+                (
+                    "torch tensor (expandable segments)",
+                    [torch.empty(W * n, dtype=torch.uint8, device=d) for d in self.devs],
+                )
+            )
+        for label, out in cases:
+            comm.register(out if self.local else out[0])
+            inp = [data(torch, r, "comm-registered", n, self.devs[i]) for i, r in enumerate(self.ranks)]
+            for o in out:
+                o.fill_(POISON)
+            self.sync()
+            comm.all_gather(out if self.local else out[0], inp if self.local else inp[0])
+            self.sync()
+            for i, r in enumerate(self.ranks):
+                for p in range(W):
+                    self.expect_equal(
+                        f"rank {r} all_gather into a registered {label}, block {p}",
+                        out[i][p * n : (p + 1) * n],
+                        data(torch, p, "comm-registered", n, self.devs[i]),
+                    )
+            comm.deregister(out if self.local else out[0])
+        for b in vm:
+            b.free()
+
     def registered_torch(self):
         """A tensor from PyTorch's allocator with expandable segments, registered and put into."""
         torch, W = self.torch, self.world
@@ -1314,6 +1354,7 @@ CHECKS = [
     "stream_barrier_order",
     "views_and_sizes",
     "registered",
+    "comm_registered",
     "bad_input",
 ]
 

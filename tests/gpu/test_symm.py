@@ -57,7 +57,12 @@ def test_heap_process_per_rank(world):
 def test_register_torch_expandable_segments(mode):
     """Tensors from PyTorch's allocator with expandable segments (CUDA VMM)
     registered into the heap, besides the registered check's own VMM buffers."""
-    _run(mode, "2", PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True", SYMM_CHECKS="registered")
+    _run(
+        mode,
+        "2",
+        PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True",
+        SYMM_CHECKS="registered,comm_registered",
+    )
 
 
 def test_stream_wait_past_the_timeout_is_released():
