@@ -1037,7 +1037,12 @@ class Suite:
             for o in out:
                 o.fill_(POISON)
             self.sync()
-            comm.all_gather(out if self.local else out[0], inp if self.local else inp[0])
+            # One stream per rank: with several ranks on one GPU each needs its own.
+            comm.all_gather(
+                out if self.local else out[0],
+                inp if self.local else inp[0],
+                stream=self.streams if self.local else self.streams[0],
+            )
             self.sync()
             for i, r in enumerate(self.ranks):
                 for p in range(W):
