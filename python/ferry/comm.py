@@ -304,8 +304,10 @@ class Communicator:
         self._allocs.pop(ptrs[0], None)
 
     def register(self, tensors) -> None:
-        """Makes existing device tensors (cudaMalloc memory, e.g. PyTorch's
-        default allocator) peer-visible, through CUDA IPC. Collective.
+        """Makes existing device tensors peer-visible (collective): cudaMalloc
+        memory (PyTorch's default allocator) through CUDA IPC; memory from
+        CUDA's virtual memory management (PyTorch with
+        expandable_segments:True) by exporting its physical allocations.
         Deregister before the memory is freed."""
         bufs = [_describe(t, "register: tensor") for t in self._per_rank(tensors, "register")]
         self._c.register_buffers([b.ptr for b in bufs], [b.nbytes for b in bufs])
