@@ -83,6 +83,16 @@ int main(int argc, char** argv) {
 """
 
 
+def _driver_present() -> bool:
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        return True
+    except OSError:
+        return False
+
+
 @pytest.mark.parametrize("loading", ["", "EAGER"])
 def test_copies_reach_the_programs_runtime_without_a_gpu(tmp_path, loading):
     """Fake CUDA runtimes answer 78/178 (linked by a program) and 79/179 (a
@@ -117,4 +127,8 @@ def test_copies_reach_the_programs_runtime_without_a_gpu(tmp_path, loading):
         run = subprocess.run(program, env=env, capture_output=True, text=True, timeout=60)
         assert run.returncode == 0, run.stdout + run.stderr
         assert run.stdout.strip() == want, (program, run.stdout, run.stderr)
-        assert "ferry preload: off" in run.stderr, run.stderr
+        # Off where no driver can be loaded; with eager loading on a machine that
+        # has one, the preload finds the real driver and says it routes.
+        assert "ferry preload: off" in run.stderr or (
+            loading == "EAGER" and _driver_present() and "routing host<->GPU copies" in run.stderr
+        ), run.stderr
