@@ -1,7 +1,11 @@
 """Prepared (submitted-ahead) page transfers split over several streams: do
 more streams move small pages faster once the gate opens?
 
-    python bench/probes/kv_ahead_split.py [--pages 16K,64K] [--counts 1024,4096] [--parts 1,2,4] [--reps 7]
+    CUDA_DEVICE_MAX_CONNECTIONS=32 python bench/probes/kv_ahead_split.py [--pages 16K,64K] [--counts 1024,4096] [--parts 1,2,4] [--reps 7]
+
+Many parts arm many streams; with more armed streams than CUDA's hardware
+queues (8 by default) a trigger can queue behind an armed stream and wait
+for itself, hence the larger setting.
 
 A prepared transfer runs its copies on a stream of its own behind a gate.
 Here the pages are split into `parts` prepared transfers (each its own
