@@ -462,10 +462,11 @@ __device__ inline bool low_latency_all_reduce(const Heap& h, const Team& t, T* d
  * into the second half of every member's slot for i; each member unpacks
  * the parts it receives. Each block takes the same slice of every part and
  * keeps its lines in its own region of each slot: the first half for the
- * parts coming in, the second for the reduced parts coming back. */
+ * parts coming in, the second for the reduced parts coming back. Only run
+ * when asked by name, so it ends when this block has its share of dst. */
 template <class T>
 __device__ inline bool low_latency_two_shot(const Heap& h, const Team& t, T* dst, const T* src, uint64_t count,
-                                            ReduceOp op, bool whole_grid) {
+                                            ReduceOp op) {
   static_assert(sizeof(T) == 2 || sizeof(T) == 4, "the low-latency format carries 2- and 4-byte elements");
   constexpr int E = 4 / sizeof(T);
   constexpr uint64_t kHalf = kLowLatencyBlockLines / 2;  // lines in half a block's region
@@ -507,7 +508,7 @@ __device__ inline bool low_latency_two_shot(const Heap& h, const Team& t, T* dst
       if (good) unpack_unit(dst, m * part + j, count, word);
     }
   }
-  return low_latency_end(h, t, rounds, good, whole_grid);
+  return low_latency_end(h, t, rounds, good, false);
 }
 
 /* This block meets the same block of every other member of the team, and no
@@ -656,8 +657,7 @@ __device__ inline bool all_reduce(const Heap& h, const Team& t, T* dst, const T*
   if constexpr (sizeof(T) == 2 || sizeof(T) == 4) {
     const bool whole_grid = algo == AllReduceAlgo::kAuto;
     if (run == AllReduceAlgo::kLowLatency) return impl::low_latency_all_reduce(h, t, dst, src, count, op, whole_grid);
-    if (run == AllReduceAlgo::kLowLatencyTwoShot)
-      return impl::low_latency_two_shot(h, t, dst, src, count, op, whole_grid);
+    if (run == AllReduceAlgo::kLowLatencyTwoShot) return impl::low_latency_two_shot(h, t, dst, src, count, op);
   }
   if (run == AllReduceAlgo::kTwoShotPerBlock) return impl::two_shot_per_block(h, t, dst, src, count, op);
   if (!barrier_all(h, t)) return false;
