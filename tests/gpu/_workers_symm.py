@@ -1012,8 +1012,9 @@ class Suite:
 
     def comm_registered(self):
         """The communicator's register() on VMM memory (imported piece by piece
-        with one process per rank): an all-gather into it, every byte checked
-        through the owner's tensor; with expandable segments, a torch tensor too."""
+        with one process per rank) and on cudaMalloc memory (CUDA IPC): an
+        all-gather into each, every byte checked through the owner's tensor;
+        with expandable segments, a torch tensor from them too."""
         import _vmm
 
         torch, W, comm = self.torch, self.world, self.comm
@@ -1024,6 +1025,10 @@ class Suite:
         outs = [b.tensor(4096 + (r % 3) * b.granule, W * n) for b, r in zip(vm, self.ranks)]
         expandable = "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
         cases = [("VMM buffer", outs)]
+        if not expandable:  # torch's memory is cudaMalloc's: CUDA IPC shares it
+            cases.append(
+                ("cudaMalloc tensor", [torch.empty(W * n, dtype=torch.uint8, device=d) for d in self.devs])
+            )
         if expandable:
             cases.append(
                 (
