@@ -302,6 +302,21 @@ CollectiveMemory::Registration& CollectiveMemory::register_buffers(const std::ve
         if (p != me && counts[p]) reg.base[p] = reinterpret_cast<char*>(reg.views[p].base) + leads[p];
     } else {
       for (int i = 0; i < group_.local_count(); ++i) {
+        // Peer access reaches cudaMalloc memory of an enabled peer, but VMM
+        // memory only where its mapping grants it: grant every GPU of the
+        // communicator read and write on the pieces under the buffer (the
+        // owner's own access stays).
+        if (is_vmm_memory(ptrs[i])) {
+          DeviceScope on(group_.devices[i]);
+          VmmBuffer b = find_vmm_buffer(ptrs[i], sizes[i], group_.devices[i], "register: buffer");
+          try {
+            for (const VmmPiece& p : b.pieces) vmm_set_access(p.start, p.size, group_.devices);
+          } catch (...) {
+            release_vmm_buffer(b);
+            throw;
+          }
+          release_vmm_buffer(b);
+        }
         reg.base[group_.ranks[i]] = static_cast<char*>(ptrs[i]);
         reg.size[group_.ranks[i]] = sizes[i];
       }
