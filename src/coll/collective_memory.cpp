@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 
 #include "coll/plan.hpp"
@@ -209,7 +210,7 @@ CollectiveMemory::Registration& CollectiveMemory::register_buffers(const std::ve
       // descriptors of its pieces; cudaMalloc memory through CUDA IPC. Each
       // rank says which it has (or why neither works) before anything moves,
       // so that all refuse together.
-      std::string mine;
+      RegistrationRecord mine;
       VmmBuffer vb;
       std::vector<int> fds;
       try {
@@ -219,95 +220,99 @@ CollectiveMemory::Registration& CollectiveMemory::register_buffers(const std::ve
             throw_error(FERRY_ERROR_INVALID_ARGUMENT,
                         "register: the buffer is VMM memory made without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, so "
                         "no other process can map it");
-          mine = "V " + std::to_string(sizes[0]) + " " + std::to_string(vb.lead);
+          mine.kind = 'V';
+          mine.span.lead = vb.lead;
           for (const VmmPiece& p : vb.pieces) {
             int fd = -1;
             FERRY_CU_CHECK(
                 driver().MemExportToShareableHandle(&fd, p.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
             fds.push_back(fd);
-            mine += " " + std::to_string(p.size);
+            mine.span.pieces.push_back(p.size);
           }
         } else {
-          IpcExport e = ipc_export(ptrs[0]);
-          unsigned long long size = sizes[0];
-          mine = "I";
-          mine.append(reinterpret_cast<const char*>(&e), sizeof(e));
-          mine.append(reinterpret_cast<const char*>(&size), sizeof(size));
+          const IpcExport e = ipc_export(ptrs[0]);
+          mine.kind = 'I';
+          mine.ipc.assign(reinterpret_cast<const char*>(&e), sizeof(e));
         }
+        mine.bytes = sizes[0];
       } catch (const std::exception& e) {
-        mine = std::string("!") + e.what();
+        mine.kind = '!';
+        mine.error = e.what();
       }
       release_vmm_buffer(vb);  // the descriptors keep the pieces alive until peers import them
       auto close_fds = [&] {
         for (int fd : fds) ::close(fd);
         fds.clear();
       };
-      std::vector<std::string> all;
+      std::vector<RegistrationRecord> all(world);
       try {
-        all = allgather(mine, "register");
+        const std::vector<std::string> records = allgather(encode_registration(mine), "register");
+        for (int p = 0; p < world; ++p) {
+          all[p] = decode_registration(records[p], p);
+          if (all[p].kind == '!')
+            throw_error(FERRY_ERROR_INVALID_ARGUMENT, "rank " + std::to_string(p) + ": " + all[p].error);
+          if (all[p].kind == 'I' && all[p].ipc.size() != sizeof(IpcExport))
+            throw_error(FERRY_ERROR_INTERNAL, "register: malformed record from rank " + std::to_string(p));
+        }
       } catch (...) {
         close_fds();
         throw;
       }
-      std::vector<size_t> counts(world, 0), leads(world, 0);
-      std::vector<std::vector<size_t>> pieces(world);
-      for (int p = 0; p < world; ++p) {
-        const std::string& rec = all[p];
-        if (rec.empty() || rec[0] == '!') {
-          close_fds();
-          throw_error(FERRY_ERROR_INVALID_ARGUMENT,
-                      "rank " + std::to_string(p) + ": " + (rec.empty() ? std::string("no record") : rec.substr(1)));
-        }
-        if (rec[0] == 'V') {
-          const char* c = rec.c_str() + 1;
-          char* next = nullptr;
-          reg.size[p] = std::strtoull(c, &next, 10);
-          leads[p] = std::strtoull(next, &next, 10);
-          for (c = next;; c = next) {
-            const size_t piece = std::strtoull(c, &next, 10);
-            if (next == c) break;
-            pieces[p].push_back(piece);
-          }
-          counts[p] = pieces[p].size();
-        } else {
-          IpcExport pe;
-          unsigned long long size = 0;
-          if (rec.size() != 1 + sizeof(pe) + sizeof(size)) {
-            close_fds();
-            throw_error(FERRY_ERROR_INTERNAL, "register: malformed record from rank " + std::to_string(p));
-          }
-          std::memcpy(&pe, rec.data() + 1, sizeof(pe));
-          std::memcpy(&size, rec.data() + 1 + sizeof(pe), sizeof(size));
-          reg.size[p] = size;
-          if (p == me) continue;
-          void* base = ipc_open(pe.handle);
-          reg.ipc.push_back(base);
-          reg.base[p] = static_cast<char*>(base) + pe.offset;
-        }
-      }
+      std::vector<size_t> counts(world, 0);
+      for (int p = 0; p < world; ++p)
+        if (all[p].kind == 'V') counts[p] = all[p].span.pieces.size();
       reg.base[me] = static_cast<char*>(ptrs[0]);
       reg.views.resize(world);
+      // From here a failure is this rank's alone: it still takes part in
+      // every exchange, then all ranks learn of it and refuse together.
+      std::string failed;
+      auto local = [&](const std::function<void()>& step) {
+        if (!failed.empty()) return;
+        try {
+          step();
+        } catch (const std::exception& e) {
+          failed = e.what();
+        }
+      };
+      local([&] {
+        for (int p = 0; p < world; ++p) {
+          reg.size[p] = all[p].bytes;
+          if (p == me) continue;
+          if (all[p].kind == 'V') {
+            reg.views[p] = vmm_view_reserve(all[p].span.pieces);
+          } else {
+            IpcExport pe;
+            std::memcpy(&pe, all[p].ipc.data(), sizeof(pe));
+            void* base = ipc_open(pe.handle);
+            reg.ipc.push_back(base);
+            reg.base[p] = static_cast<char*>(base) + pe.offset;
+          }
+        }
+      });
       try {
-        for (int p = 0; p < world; ++p)
-          if (p != me && counts[p]) reg.views[p] = vmm_view_reserve(pieces[p]);
-        exchange_vmm_pieces(group_, fds, counts, [&](int p, size_t, CUmemGenericAllocationHandle h) {
-          vmm_view_map(reg.views[p], h, pieces[p][reg.views[p].pieces.size()], device);
+        exchange_vmm_pieces(group_, fds, counts, [&](int p, size_t k, CUmemGenericAllocationHandle h) {
+          if (!failed.empty() || !reg.views[p].base) {
+            driver().MemRelease(h);
+            return;
+          }
+          local([&] { vmm_view_map(reg.views[p], h, all[p].span.pieces[k], device); });
         });
       } catch (...) {
         close_fds();
         throw;
       }
       close_fds();
+      agree_on_outcome(group_, failed, "register");
       for (int p = 0; p < world; ++p)
-        if (p != me && counts[p]) reg.base[p] = reinterpret_cast<char*>(reg.views[p].base) + leads[p];
+        if (p != me && counts[p]) reg.base[p] = reinterpret_cast<char*>(reg.views[p].base) + all[p].span.lead;
     } else {
       for (int i = 0; i < group_.local_count(); ++i) {
         // Peer access reaches cudaMalloc memory of an enabled peer, but VMM
         // memory only where its mapping grants it: grant every GPU of the
         // communicator read and write on the pieces under the buffer (the
         // owner's own access stays).
+        DeviceScope on(group_.devices[i]);
         if (is_vmm_memory(ptrs[i])) {
-          DeviceScope on(group_.devices[i]);
           VmmBuffer b = find_vmm_buffer(ptrs[i], sizes[i], group_.devices[i], "register: buffer");
           try {
             for (const VmmPiece& p : b.pieces) vmm_set_access(p.start, p.size, group_.devices);

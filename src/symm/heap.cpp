@@ -3,8 +3,8 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <utility>
 
 #include "core/clock.hpp"
@@ -374,11 +374,14 @@ size_t SymmetricHeap::register_memory(const std::vector<void*>& buffers, size_t 
     for (int fd : out_fds) ::close(fd);
     out_fds.clear();
   };
-  auto record = [](const VmmBuffer& b, const std::string& problem) {
-    if (!problem.empty()) return "!" + problem;
-    std::string r = std::to_string(b.lead);
-    for (const auto& p : b.pieces) r += " " + std::to_string(p.size);
-    return r;
+  auto record = [&](const VmmBuffer& b, const std::string& problem) {
+    RegistrationRecord r;
+    r.kind = problem.empty() ? 'V' : '!';
+    r.error = problem;
+    r.bytes = bytes;
+    r.span.lead = b.lead;
+    for (const auto& p : b.pieces) r.span.pieces.push_back(p.size);
+    return encode_registration(r);
   };
   std::vector<std::string> records(world());
   try {
@@ -392,20 +395,20 @@ size_t SymmetricHeap::register_memory(const std::vector<void*>& buffers, size_t 
   }
   std::vector<RegistrationSpan> spans(world());
   for (int r = 0; r < world(); ++r) {
-    if (!records[r].empty() && records[r][0] == '!') {
+    RegistrationRecord rec;
+    try {
+      rec = decode_registration(records[r], r);
+      if (rec.kind != '!' && (rec.kind != 'V' || rec.bytes != bytes))
+        throw_error(FERRY_ERROR_INTERNAL, "rank " + std::to_string(r) + " sent a record of another registration");
+    } catch (...) {
       release_mine();
-      throw_error(FERRY_ERROR_INVALID_ARGUMENT, "rank " + std::to_string(r) + ": " + records[r].substr(1));
+      throw;
     }
-    // Numbers parsed by hand: a stream extraction of a number (its locale)
-    // spun forever inside a Python process on the GPU machine.
-    const char* p = records[r].c_str();
-    char* next = nullptr;
-    spans[r].lead = std::strtoull(p, &next, 10);
-    for (p = next;; p = next) {
-      const size_t piece = std::strtoull(p, &next, 10);
-      if (next == p) break;
-      spans[r].pieces.push_back(piece);
+    if (rec.kind == '!') {
+      release_mine();
+      throw_error(FERRY_ERROR_INVALID_ARGUMENT, "rank " + std::to_string(r) + ": " + rec.error);
     }
+    spans[r] = rec.span;
   }
   // Pieces are whole multiples of the device's smallest granule and are
   // mapped at multiples of it; the region itself starts on the heap's granule.
@@ -455,15 +458,31 @@ size_t SymmetricHeap::register_memory(const std::vector<void*>& buffers, size_t 
     } else {
       const int me = rank(0), dev = group_.devices[0];
       DeviceScope on(dev);
+      // A failure to map is this rank's alone: it still takes part in every
+      // exchange, then all ranks learn of it and refuse together.
+      std::string failed;
+      auto local = [&](const std::function<void()>& step) {
+        if (!failed.empty()) return;
+        try {
+          step();
+        } catch (const std::exception& e) {
+          failed = e.what();
+        }
+      };
       for (size_t k = 0; k < mine[0].pieces.size(); ++k) {
         VmmPiece& p = mine[0].pieces[k];
-        map_chunk(reg.chunks, piece_at(me, k), p.size, std::exchange(p.handle, 0), {dev});
+        local([&] { map_chunk(reg.chunks, piece_at(me, k), p.size, std::exchange(p.handle, 0), {dev}); });
       }
       std::vector<size_t> counts;
       for (const auto& sp : spans) counts.push_back(sp.pieces.size());
       exchange_vmm_pieces(group_, out_fds, counts, [&](int p, size_t k, CUmemGenericAllocationHandle h) {
-        map_chunk(reg.chunks, piece_at(p, k), spans[p].pieces[k], h, {dev});
+        if (!failed.empty()) {
+          cu.MemRelease(h);
+          return;
+        }
+        local([&] { map_chunk(reg.chunks, piece_at(p, k), spans[p].pieces[k], h, {dev}); });
       });
+      agree_on_outcome(group_, failed, "register");
     }
   } catch (...) {
     unmap_chunks(reg.chunks);

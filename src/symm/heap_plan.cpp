@@ -1,6 +1,7 @@
 #include "symm/heap_plan.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 #include "core/error.hpp"
 
@@ -174,6 +175,67 @@ RegistrationPlan plan_registration(const std::vector<RegistrationSpan>& spans, s
     plan.region_bytes = std::max(plan.region_bytes, plan.shift.back() + span);
   }
   return plan;
+}
+
+std::string encode_registration(const RegistrationRecord& r) {
+  if (r.kind == '!') return "!" + r.error;
+  if (r.kind == 'I') {
+    const uint64_t bytes = r.bytes;
+    std::string out = "I";
+    out.append(reinterpret_cast<const char*>(&bytes), sizeof bytes);
+    return out + r.ipc;
+  }
+  FERRY_ARG_CHECK(r.kind == 'V', std::string("registration record of kind '") + r.kind + "'");
+  std::string out = "V " + std::to_string(r.bytes) + " " + std::to_string(r.span.lead);
+  for (size_t p : r.span.pieces) out += " " + std::to_string(p);
+  return out;
+}
+
+RegistrationRecord decode_registration(const std::string& s, int rank) {
+  auto malformed = [&] {
+    throw_error(FERRY_ERROR_INTERNAL, "rank " + std::to_string(rank) + " sent a malformed registration record");
+  };
+  RegistrationRecord r;
+  if (s.empty()) malformed();
+  r.kind = s[0];
+  if (r.kind == '!') {
+    r.error = s.substr(1);
+  } else if (r.kind == 'I') {
+    uint64_t bytes = 0;
+    if (s.size() < 1 + sizeof bytes) malformed();
+    std::memcpy(&bytes, s.data() + 1, sizeof bytes);
+    r.bytes = bytes;
+    r.ipc = s.substr(1 + sizeof bytes);
+  } else if (r.kind == 'V') {
+    // Numbers parsed by hand: a stream extraction of a number (its locale)
+    // spun forever inside a Python process on the GPU machine.
+    std::vector<size_t> numbers;
+    size_t i = 1;
+    while (i < s.size()) {
+      if (s[i] != ' ') malformed();
+      ++i;
+      size_t v = 0, digits = 0;
+      for (; i < s.size() && s[i] >= '0' && s[i] <= '9'; ++i, ++digits) {
+        if (v > (SIZE_MAX - 9) / 10) malformed();
+        v = v * 10 + static_cast<size_t>(s[i] - '0');
+      }
+      if (digits == 0) malformed();
+      numbers.push_back(v);
+    }
+    if (numbers.size() < 3) malformed();  // the size, the lead and at least one piece
+    r.bytes = numbers[0];
+    r.span.lead = numbers[1];
+    r.span.pieces.assign(numbers.begin() + 2, numbers.end());
+    size_t span = 0;
+    for (size_t p : r.span.pieces) {
+      if (p == 0 || span > SIZE_MAX - p) malformed();
+      span += p;
+    }
+    if (r.span.lead >= r.span.pieces[0] || r.bytes > span - r.span.lead) malformed();
+  } else {
+    malformed();
+  }
+  return r;
 }
 
 std::string heap_call_record(uint64_t call, const std::string& what) {

@@ -87,6 +87,21 @@ struct RegistrationPlan {
 // the alignment a mapping needs.
 RegistrationPlan plan_registration(const std::vector<RegistrationSpan>& spans, size_t bytes, size_t granularity);
 
+// What a rank tells its peers about a buffer it registers, as one string
+// (the unit of the bootstrap's all-gather): memory that CUDA's virtual memory
+// management made ('V': its size and span), memory shared through CUDA IPC
+// ('I': the handle's bytes, opaque), or why it cannot be registered ('!').
+struct RegistrationRecord {
+  char kind = 0;  // 'V', 'I' or '!'
+  size_t bytes = 0;
+  RegistrationSpan span;  // 'V'
+  std::string ipc;        // 'I'
+  std::string error;      // '!'
+};
+std::string encode_registration(const RegistrationRecord& r);
+// Throws FERRY_ERROR_INTERNAL naming `rank` when `s` is not a record.
+RegistrationRecord decode_registration(const std::string& s, int rank);
+
 // The record a rank gives for a collective heap call, and the check that
 // every rank gave the same one. `records` is by rank; returns "" when they
 // agree, else a message naming the ranks that differ and what each called.

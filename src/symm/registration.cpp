@@ -152,6 +152,15 @@ void vmm_view_release(VmmView& v) {
   v = VmmView{};
 }
 
+void agree_on_outcome(const Group& g, const std::string& error, const char* what) {
+  const std::vector<std::string> all = g.allgather(error.empty() ? std::string("ok") : "!" + error);
+  for (size_t r = 0; r < all.size(); ++r)
+    if (all[r] != "ok")
+      throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(what) + ": rank " + std::to_string(r) +
+                                                    " could not map every rank's memory: " +
+                                                    (all[r].empty() ? std::string("no answer") : all[r].substr(1)));
+}
+
 void exchange_vmm_pieces(const Group& g, const std::vector<int>& mine, const std::vector<size_t>& counts,
                          const std::function<void(int, size_t, CUmemGenericAllocationHandle)>& take) {
   const DriverApi& cu = driver();

@@ -30,7 +30,9 @@ struct VmmBuffer {
 
 // Whether `ptr` lies in memory that CUDA's virtual memory management mapped.
 bool is_vmm_memory(const void* ptr);
-// The allocations under [ptr, ptr + bytes), each retained. Throws
+// The allocations under [ptr, ptr + bytes), each retained. Each is taken to
+// be mapped whole from its start, as PyTorch, NCCL and ferry map theirs (a
+// mapping of part of an allocation would be mapped again from its start). Throws
 // FERRY_ERROR_INVALID_ARGUMENT naming `what` when the memory is not VMM
 // memory of GPU `device`, or not mapped throughout.
 VmmBuffer find_vmm_buffer(const void* ptr, size_t bytes, int device, const char* what);
@@ -51,6 +53,11 @@ VmmView vmm_view_reserve(const std::vector<size_t>& sizes);
 void vmm_view_map(VmmView& v, CUmemGenericAllocationHandle handle, size_t size, int device);
 // Unmaps and releases every piece and frees the range; never throws.
 void vmm_view_release(VmmView& v);
+
+// With one process per rank, collective over the group: every rank says
+// whether its part of a registration went well (`error` empty) and all throw
+// together, naming the first rank that failed, if one did.
+void agree_on_outcome(const Group& group, const std::string& error, const char* what);
 
 // With one process per rank, collective over the group: sends `mine` (this
 // rank's pieces exported as POSIX file descriptors, in order; the caller

@@ -210,6 +210,39 @@ TEST(Registration, RefusalsNameTheRankAndTheReason) {
   EXPECT_EQ(error({{g - 1, {g, g}}, {g - 1, {2 * g}}}, g + 1), "");  // exactly to the end
 }
 
+TEST(Registration, RecordsRoundTripAndMalformedOnesAreNamed) {
+  RegistrationRecord v;
+  v.kind = 'V';
+  v.bytes = (size_t(40) << 20) + 12345;
+  v.span = {4096, std::vector<size_t>(24, size_t(2) << 20)};
+  RegistrationRecord got = decode_registration(encode_registration(v), 1);
+  EXPECT_EQ(got.kind, 'V');
+  EXPECT_EQ(got.bytes, v.bytes);
+  EXPECT_EQ(got.span.lead, v.span.lead);
+  EXPECT_EQ(got.span.pieces, v.span.pieces);
+  // An IPC handle is opaque bytes, NULs included.
+  RegistrationRecord i;
+  i.kind = 'I';
+  i.bytes = 1000003;
+  i.ipc = std::string("\0\x01\xff\0handle", 10);
+  got = decode_registration(encode_registration(i), 2);
+  EXPECT_EQ(got.kind, 'I');
+  EXPECT_EQ(got.bytes, 1000003u);
+  EXPECT_EQ(got.ipc, i.ipc);
+  RegistrationRecord e;
+  e.kind = '!';
+  e.error = "register: the buffer is not VMM memory";
+  got = decode_registration(encode_registration(e), 3);
+  EXPECT_EQ(got.kind, '!');
+  EXPECT_EQ(got.error, e.error);
+  for (const char* bad : {"", "V", "V 12", "V 12 x", "V 12  3", "V 12 3 ", "X 1 2", "I\x01",
+                          "V 99999999999999999999999 0", "V 12 3", "V 12 0 0", "V 12 4096 4096", "V 5000 0 4096"}) {
+    std::string m;
+    EXPECT_EQ(code_of([&] { decode_registration(bad, 5); }, &m), FERRY_ERROR_INTERNAL) << bad;
+    EXPECT_NE(m.find("rank 5"), std::string::npos) << m;
+  }
+}
+
 TEST(HeapCalls, AgreementAndTheStrayRankIsNamed) {
   std::vector<std::string> r(4, heap_call_record(3, "alloc(1024 bytes, align 256)"));
   EXPECT_EQ(heap_calls_mismatch(r), "");
