@@ -265,16 +265,8 @@ CollectiveMemory::Registration& CollectiveMemory::register_buffers(const std::ve
       reg.views.resize(world);
       // From here a failure is this rank's alone: it still takes part in
       // every exchange, then all ranks learn of it and refuse together.
-      std::string failed;
-      auto local = [&](const std::function<void()>& step) {
-        if (!failed.empty()) return;
-        try {
-          step();
-        } catch (const std::exception& e) {
-          failed = e.what();
-        }
-      };
-      local([&] {
+      LocalFailure failure;
+      failure.run([&] {
         for (int p = 0; p < world; ++p) {
           reg.size[p] = all[p].bytes;
           if (p == me) continue;
@@ -290,19 +282,18 @@ CollectiveMemory::Registration& CollectiveMemory::register_buffers(const std::ve
         }
       });
       try {
-        exchange_vmm_pieces(group_, fds, counts, [&](int p, size_t k, CUmemGenericAllocationHandle h) {
-          if (!failed.empty() || !reg.views[p].base) {
-            driver().MemRelease(h);
-            return;
-          }
-          local([&] { vmm_view_map(reg.views[p], h, all[p].span.pieces[k], device); });
-        });
+        exchange_vmm_pieces(
+            group_, fds, counts,
+            [&](int p, size_t k, CUmemGenericAllocationHandle h) {
+              vmm_view_map(reg.views[p], h, all[p].span.pieces[k], device);
+            },
+            failure);
       } catch (...) {
         close_fds();
         throw;
       }
       close_fds();
-      agree_on_outcome(group_, failed, "register");
+      failure.agree(group_, "register");
       for (int p = 0; p < world; ++p)
         if (p != me && counts[p]) reg.base[p] = reinterpret_cast<char*>(reg.views[p].base) + all[p].span.lead;
     } else {

@@ -460,29 +460,20 @@ size_t SymmetricHeap::register_memory(const std::vector<void*>& buffers, size_t 
       DeviceScope on(dev);
       // A failure to map is this rank's alone: it still takes part in every
       // exchange, then all ranks learn of it and refuse together.
-      std::string failed;
-      auto local = [&](const std::function<void()>& step) {
-        if (!failed.empty()) return;
-        try {
-          step();
-        } catch (const std::exception& e) {
-          failed = e.what();
-        }
-      };
+      LocalFailure failure;
       for (size_t k = 0; k < mine[0].pieces.size(); ++k) {
         VmmPiece& p = mine[0].pieces[k];
-        local([&] { map_chunk(reg.chunks, piece_at(me, k), p.size, std::exchange(p.handle, 0), {dev}); });
+        failure.run([&] { map_chunk(reg.chunks, piece_at(me, k), p.size, std::exchange(p.handle, 0), {dev}); });
       }
       std::vector<size_t> counts;
       for (const auto& sp : spans) counts.push_back(sp.pieces.size());
-      exchange_vmm_pieces(group_, out_fds, counts, [&](int p, size_t k, CUmemGenericAllocationHandle h) {
-        if (!failed.empty()) {
-          cu.MemRelease(h);
-          return;
-        }
-        local([&] { map_chunk(reg.chunks, piece_at(p, k), spans[p].pieces[k], h, {dev}); });
-      });
-      agree_on_outcome(group_, failed, "register");
+      exchange_vmm_pieces(
+          group_, out_fds, counts,
+          [&](int p, size_t k, CUmemGenericAllocationHandle h) {
+            map_chunk(reg.chunks, piece_at(p, k), spans[p].pieces[k], h, {dev});
+          },
+          failure);
+      failure.agree(group_, "register");
     }
   } catch (...) {
     unmap_chunks(reg.chunks);

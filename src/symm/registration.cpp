@@ -152,8 +152,26 @@ void vmm_view_release(VmmView& v) {
   v = VmmView{};
 }
 
-void agree_on_outcome(const Group& g, const std::string& error, const char* what) {
-  const std::vector<std::string> all = g.allgather(error.empty() ? std::string("ok") : "!" + error);
+void LocalFailure::run(const std::function<void()>& step) {
+  if (error_) return;
+  try {
+    step();
+  } catch (const std::exception& e) {
+    error_ = std::current_exception();
+    message_ = e.what();
+  } catch (...) {
+    error_ = std::current_exception();
+    message_ = "an unknown error";
+  }
+}
+
+void LocalFailure::agree(const Group& g, const char* what) const {
+  const std::vector<std::string> all = g.allgather(error_ ? "!" + message_ : std::string("ok"));
+  if (static_cast<int>(all.size()) != g.world)
+    throw_error(FERRY_ERROR_INTERNAL, std::string(what) + ": the bootstrap all-gather returned " +
+                                          std::to_string(all.size()) + " answers for " + std::to_string(g.world) +
+                                          " ranks");
+  if (error_) std::rethrow_exception(error_);
   for (size_t r = 0; r < all.size(); ++r)
     if (all[r] != "ok")
       throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(what) + ": rank " + std::to_string(r) +
@@ -162,7 +180,8 @@ void agree_on_outcome(const Group& g, const std::string& error, const char* what
 }
 
 void exchange_vmm_pieces(const Group& g, const std::vector<int>& mine, const std::vector<size_t>& counts,
-                         const std::function<void(int, size_t, CUmemGenericAllocationHandle)>& take) {
+                         const std::function<void(int, size_t, CUmemGenericAllocationHandle)>& take,
+                         LocalFailure& failure) {
   const DriverApi& cu = driver();
   const int me = g.ranks[0];
   size_t most = 0;
@@ -176,26 +195,23 @@ void exchange_vmm_pieces(const Group& g, const std::vector<int>& mine, const std
     for (size_t k = first; k < mine.size() && k < first + kMaxFdsPerMessage; ++k) batch.push_back(mine[k]);
     for (int p : peers) g.fds->send(g.socket_paths[p], p, tag, batch, "", g.timeout_s);
     auto got = g.fds->receive(peers, tag, g.timeout_s, "their registered memory");
-    std::vector<int> received;
-    for (auto& [p, msg] : got) received.insert(received.end(), msg.fds.begin(), msg.fds.end());
-    try {
-      for (auto& [p, msg] : got) {
-        const size_t expect = counts[p] > first ? std::min<size_t>(kMaxFdsPerMessage, counts[p] - first) : 0;
+    for (auto& [p, msg] : got) {
+      const size_t expect = counts[p] > first ? std::min<size_t>(kMaxFdsPerMessage, counts[p] - first) : 0;
+      failure.run([&] {
         FERRY_ARG_CHECK(msg.fds.size() == expect,
                         "rank " + std::to_string(p) + " sent " + std::to_string(msg.fds.size()) +
                             " descriptors for its registered memory; expected " + std::to_string(expect));
-        for (size_t j = 0; j < msg.fds.size(); ++j) {
+      });
+      for (size_t j = 0; j < msg.fds.size(); ++j)
+        failure.run([&] {
           CUmemGenericAllocationHandle h = 0;
           FERRY_CU_CHECK(cu.MemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<intptr_t>(msg.fds[j])),
                                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
           take(p, first + j, h);
-        }
-      }
-    } catch (...) {
-      for (int fd : received) ::close(fd);
-      throw;
+        });
     }
-    for (int fd : received) ::close(fd);
+    for (auto& [p, msg] : got)
+      for (int fd : msg.fds) ::close(fd);
   }
 }
 

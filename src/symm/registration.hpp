@@ -8,7 +8,9 @@
 #include <cuda.h>
 
 #include <cstddef>
+#include <exception>
 #include <functional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -54,10 +56,22 @@ void vmm_view_map(VmmView& v, CUmemGenericAllocationHandle handle, size_t size, 
 // Unmaps and releases every piece and frees the range; never throws.
 void vmm_view_release(VmmView& v);
 
-// With one process per rank, collective over the group: every rank says
-// whether its part of a registration went well (`error` empty) and all throw
-// together, naming the first rank that failed, if one did.
-void agree_on_outcome(const Group& group, const std::string& error, const char* what);
+// A failure on this rank alone while every rank maps what it received: the
+// rank keeps taking part in the exchange, then all learn of it together.
+class LocalFailure {
+ public:
+  // Runs `step` unless an earlier one failed; keeps the first failure.
+  void run(const std::function<void()>& step);
+  bool failed() const { return static_cast<bool>(error_); }
+  // With one process per rank, collective: every rank says how it went. The
+  // rank that failed throws its own error; the others throw one naming the
+  // first rank that failed (FERRY_ERROR_INVALID_ARGUMENT).
+  void agree(const Group& group, const char* what) const;
+
+ private:
+  std::exception_ptr error_;
+  std::string message_;
+};
 
 // With one process per rank, collective over the group: sends `mine` (this
 // rank's pieces exported as POSIX file descriptors, in order; the caller
@@ -65,8 +79,11 @@ void agree_on_outcome(const Group& group, const std::string& error, const char* 
 // kMaxFdsPerMessage. `counts`, by rank: how many pieces each rank sends (the
 // same vector on every rank, so every rank exchanges the same number of
 // messages). `take(rank, index, handle)` receives each imported piece and owns
-// its handle from then on. Every descriptor received is closed here.
+// its handle from then on. Every descriptor received is closed here. A piece
+// that cannot be imported or taken is `failure`'s: the exchange goes on, and
+// nothing more is imported or taken.
 void exchange_vmm_pieces(const Group& group, const std::vector<int>& mine, const std::vector<size_t>& counts,
-                         const std::function<void(int, size_t, CUmemGenericAllocationHandle)>& take);
+                         const std::function<void(int, size_t, CUmemGenericAllocationHandle)>& take,
+                         LocalFailure& failure);
 
 }  // namespace ferry
