@@ -117,6 +117,7 @@ void release_vmm_buffer(VmmBuffer& b) {
 VmmView vmm_view_reserve(const std::vector<size_t>& sizes) {
   VmmView v;
   for (size_t s : sizes) v.size += s;
+  v.pieces.reserve(sizes.size());  // so that recording a mapped piece cannot throw
   if (v.size) FERRY_CU_CHECK(driver().MemAddressReserve(&v.base, v.size, 0, 0, 0));
   return v;
 }
@@ -158,7 +159,10 @@ void LocalFailure::run(const std::function<void()>& step) {
     step();
   } catch (const std::exception& e) {
     error_ = std::current_exception();
-    message_ = e.what();
+    try {
+      message_ = e.what();
+    } catch (...) {  // out of memory for the message: the rank still answers agree()
+    }
   } catch (...) {
     error_ = std::current_exception();
     message_ = "an unknown error";
