@@ -173,6 +173,26 @@ class Suite:
     def ptr(self, t) -> int:
         return t.data_ptr()
 
+    def put_right(self, raws, dsts, salt: str, nbytes: int):
+        """Each rank's data(salt) put by a block-scope kernel into its right
+        neighbour's copy of dsts[i] (an address in this rank's heap), then a barrier."""
+        torch = self.torch
+        for i, r in enumerate(self.ranks):
+            src = data(torch, r, salt, nbytes, self.devs[i])
+            self.streams[i].wait_stream(torch.cuda.current_stream(self.devs[i]))  # src is made there
+            self.k.put(
+                raws[i],
+                2,
+                dsts[i],
+                self.ptr(src),
+                nbytes,
+                (r + 1) % self.world,
+                0,
+                self.streams[i].cuda_stream,
+            )
+            self.streams[i].synchronize()
+        self.barrier()
+
     # ------------------------------------------------------------ checks
 
     def rma(self):
@@ -816,21 +836,7 @@ class Suite:
         for i, r in enumerate(self.ranks):
             big[i][n - tail :].fill_(POISON)
         self.barrier()
-        for i, r in enumerate(self.ranks):
-            src = data(torch, r, "large", tail, self.devs[i])
-            self.streams[i].wait_stream(torch.cuda.current_stream(self.devs[i]))  # src is made there
-            self.k.put(
-                raw[i],
-                2,
-                self.ptr(big[i]) + n - tail,
-                self.ptr(src),
-                tail,
-                (r + 1) % W,
-                0,
-                self.streams[i].cuda_stream,
-            )
-            self.streams[i].synchronize()
-        self.barrier()
+        self.put_right(raw, [self.ptr(b) + n - tail for b in big], "large", tail)
         for i, r in enumerate(self.ranks):
             self.expect_equal(
                 f"rank {r} 3 GiB allocation, last MiB",
@@ -890,21 +896,7 @@ class Suite:
                 data(torch, (r - 1) % W, "registered", n, self.devs[i])[:half],
             )
         # A kernel (block scope): fresh data into the right neighbour's first half.
-        for i, r in enumerate(self.ranks):
-            src = data(torch, r, "registered-kernel", half, self.devs[i])
-            self.streams[i].wait_stream(torch.cuda.current_stream(self.devs[i]))  # src is made there
-            self.k.put(
-                self.raw[i],
-                2,
-                self.ptr(views[i]),
-                self.ptr(src),
-                half,
-                (r + 1) % W,
-                0,
-                self.streams[i].cuda_stream,
-            )
-            self.streams[i].synchronize()
-        self.barrier()
+        self.put_right(self.raw, [self.ptr(v) for v in views], "registered-kernel", half)
         for i, r in enumerate(self.ranks):
             self.expect_equal(
                 f"rank {r} owner's tensor after a peer's kernel put",
