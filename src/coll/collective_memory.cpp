@@ -191,13 +191,17 @@ CollectiveMemory::Registration& CollectiveMemory::allocate(size_t bytes) {
 }
 
 CollectiveMemory::Registration& CollectiveMemory::register_buffers(const std::vector<void*>& ptrs,
-                                                                   const std::vector<size_t>& sizes) {
+                                                                   const std::vector<size_t>& sizes,
+                                                                   const std::string& problem) {
   const int world = group_.world;
-  for (int i = 0; i < group_.local_count(); ++i)
-    for (const auto& reg : registrations_)
-      FERRY_ARG_CHECK(!ranges_overlap(ptrs[i], sizes[i], reg.base[group_.ranks[i]], reg.size[group_.ranks[i]]),
-                      "register: the buffer overlaps one already registered (buffers from alloc() are registered "
-                      "already); deregister that one first");
+  auto check_overlap = [&] {
+    for (int i = 0; i < group_.local_count(); ++i)
+      for (const auto& reg : registrations_)
+        FERRY_ARG_CHECK(!ranges_overlap(ptrs[i], sizes[i], reg.base[group_.ranks[i]], reg.size[group_.ranks[i]]),
+                        "register: the buffer overlaps one already registered (buffers from alloc() are registered "
+                        "already); deregister that one first");
+  };
+  if (!group_.multi_process()) check_overlap();
   Registration reg;
   reg.id = next_registration_++;
   reg.base.assign(world, nullptr);
@@ -214,6 +218,8 @@ CollectiveMemory::Registration& CollectiveMemory::register_buffers(const std::ve
       VmmBuffer vb;
       std::vector<int> fds;
       try {
+        if (!problem.empty()) throw_error(FERRY_ERROR_INVALID_ARGUMENT, problem);
+        check_overlap();
         if (is_vmm_memory(ptrs[0])) {
           vb = find_vmm_buffer(ptrs[0], sizes[0], device, "register: buffer");
           if (!vb.exportable)

@@ -75,8 +75,12 @@ class CollectiveMemory {
   Registration* starting_at(const void* ptr);
   // Collective: `bytes` on every rank, mapped for every rank.
   Registration& allocate(size_t bytes);
-  // Collective: the callers' buffers (one per local rank), opened for every rank.
-  Registration& register_buffers(const std::vector<void*>& ptrs, const std::vector<size_t>& sizes);
+  // Collective: the callers' buffers (one per local rank), opened for every
+  // rank. `problem`: why this rank refuses (one process per rank: every rank
+  // then refuses, naming it).
+  Registration& register_buffers(const std::vector<void*>& ptrs, const std::vector<size_t>& sizes,
+                                 const std::string& problem = "");
+  bool multi_process() const { return group_.multi_process(); }
   // Not collective: unmaps and forgets the registration.
   void release(uint32_t id);
 

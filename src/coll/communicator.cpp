@@ -253,11 +253,19 @@ void Communicator::register_buffers(const std::vector<void*>& ptrs, const std::v
   ensure_open("register");
   FERRY_ARG_CHECK(static_cast<int>(ptrs.size()) == local_count() && sizes.size() == ptrs.size(),
                   "register: expected one buffer and size per local rank (" + std::to_string(local_count()) + ")");
-  for (int i = 0; i < local_count(); ++i) {
-    check_device_pointer(ptrs[i], device(i), "register: buffer");
-    FERRY_ARG_CHECK(sizes[i] > 0, "register: size must be positive");
+  // With one process per rank a refusal travels to the peers, which are
+  // already in the collective part of the call, so that all refuse together.
+  std::string problem;
+  try {
+    for (int i = 0; i < local_count(); ++i) {
+      check_device_pointer(ptrs[i], device(i), "register: buffer");
+      FERRY_ARG_CHECK(sizes[i] > 0, "register: size must be positive");
+    }
+  } catch (const Error& e) {
+    if (!memory_->multi_process()) throw;
+    problem = e.what();
   }
-  memory_->register_buffers(ptrs, sizes);
+  memory_->register_buffers(ptrs, sizes, problem);
   recent_calls_.clear();
 }
 

@@ -1028,6 +1028,23 @@ class Suite:
                     [torch.empty(W * n, dtype=torch.uint8, device=d) for d in self.devs],
                 )
             )
+        # Refusals reach every rank, also when one rank alone passes a bad buffer.
+        IA = self.ferry.InvalidArgumentError
+        one_empty = [o[:0] if r == W - 1 else o for o, r in zip(outs, self.ranks)]
+        self.expect_error(
+            "register with an empty buffer on the last rank",
+            "size must be positive",
+            lambda: comm.register(one_empty if self.local else one_empty[0]),
+            IA,
+        )
+        comm.register(outs if self.local else outs[0])
+        self.expect_error(
+            "register of a buffer registered already",
+            "overlaps one already registered",
+            lambda: comm.register(outs if self.local else outs[0]),
+            IA,
+        )
+        comm.deregister(outs if self.local else outs[0])
         for label, out in cases:
             comm.register(out if self.local else out[0])
             inp = [data(torch, r, "comm-registered", n, self.devs[i]) for i, r in enumerate(self.ranks)]
