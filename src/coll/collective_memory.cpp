@@ -2,9 +2,7 @@
 
 #include <unistd.h>
 
-#include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <string>
 
 #include "coll/plan.hpp"

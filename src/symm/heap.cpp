@@ -4,7 +4,6 @@
 
 #include <chrono>
 #include <cstring>
-#include <functional>
 #include <utility>
 
 #include "core/clock.hpp"
