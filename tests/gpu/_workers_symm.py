@@ -19,6 +19,7 @@ Prints "symm: N checks, 0 failed" and exits 0 when every check passed.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import subprocess
@@ -172,6 +173,23 @@ class Suite:
 
     def ptr(self, t) -> int:
         return t.data_ptr()
+
+    @contextlib.contextmanager
+    def capturing(self, stream):
+        """Inside: `stream` captures a CUDA graph (relaxed mode, so that the
+        calls' pointer queries are allowed); the capture is ended after,
+        whether or not anything was captured."""
+        g = self.torch.cuda.CUDAGraph()
+        with self.torch.cuda.stream(stream):
+            g.capture_begin(capture_error_mode="relaxed")
+            try:
+                yield
+            finally:
+                try:
+                    g.capture_end()
+                except Exception as exc:  # noqa: BLE001 - an empty graph
+                    if "empty" not in str(exc).lower():
+                        self.fails.append(f"capture: {exc}")
 
     def put_right(self, raws, dsts, salt: str, nbytes: int):
         """Each rank's data(salt) put by a block-scope kernel into its right
@@ -979,22 +997,13 @@ class Suite:
                 lambda: self.heap.register([tail[0][:999]] + tail[1:]),
                 IA,
             )
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(self.streams[0]):
-            g.capture_begin(capture_error_mode="relaxed")
-            try:
-                self.expect_error(
-                    "register while capturing",
-                    "captured",
-                    lambda: self.heap.register(tail if self.local else tail[0]),
-                    IA,
-                )
-            finally:
-                try:
-                    g.capture_end()
-                except Exception as exc:  # noqa: BLE001 - an empty graph
-                    if "empty" not in str(exc).lower():
-                        self.fails.append(f"capture: {exc}")
+        with self.capturing(self.streams[0]):
+            self.expect_error(
+                "register while capturing",
+                "captured",
+                lambda: self.heap.register(tail if self.local else tail[0]),
+                IA,
+            )
         self.sync()
         self.expect(f"used after the refusals: {self.heap.used} (before {used})", self.heap.used == used)
         for b in vm:
@@ -1141,26 +1150,17 @@ class Suite:
         for reserved in (False, True):
             if reserved:
                 roomy.reserve(need + (1 << 20))
-            g = torch.cuda.CUDAGraph()
             got = None
-            with torch.cuda.stream(cap):
-                g.capture_begin(capture_error_mode="relaxed")
-                try:
-                    if reserved:
-                        got = roomy.empty((need,), torch.uint8)
-                    else:
-                        self.expect_error(
-                            "allocation during capture",
-                            r"captured; call reserve\(",
-                            lambda: roomy.empty((need,), torch.uint8),
-                            IA,
-                        )
-                finally:
-                    try:
-                        g.capture_end()
-                    except Exception as exc:  # noqa: BLE001 - an empty graph
-                        if "empty" not in str(exc).lower():
-                            self.fails.append(f"capture: {exc}")
+            with self.capturing(cap):
+                if reserved:
+                    got = roomy.empty((need,), torch.uint8)
+                else:
+                    self.expect_error(
+                        "allocation during capture",
+                        r"captured; call reserve\(",
+                        lambda: roomy.empty((need,), torch.uint8),
+                        IA,
+                    )
             if reserved:
                 self.expect(
                     "allocation during capture after reserve()",
@@ -1168,23 +1168,14 @@ class Suite:
                 )
         roomy.close()
         # barrier_on_stream cannot be captured (its generation is a value of the call).
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(cap):
-            g.capture_begin(capture_error_mode="relaxed")
-            try:
-                streams = [cap] + self.streams[1:] if self.local else cap
-                self.expect_error(
-                    "barrier_on_stream during capture",
-                    "cannot be captured",
-                    lambda: self.heap.barrier_on_stream(streams),
-                    IA,
-                )
-            finally:
-                try:
-                    g.capture_end()
-                except Exception as exc:  # noqa: BLE001 - an empty graph
-                    if "empty" not in str(exc).lower():
-                        self.fails.append(f"capture: {exc}")
+        with self.capturing(cap):
+            streams = [cap] + self.streams[1:] if self.local else cap
+            self.expect_error(
+                "barrier_on_stream during capture",
+                "cannot be captured",
+                lambda: self.heap.barrier_on_stream(streams),
+                IA,
+            )
         self.heap.free(t if self.local else t[0])
         self.expect_error(
             "free of memory not on the heap",
