@@ -280,7 +280,7 @@ void Communicator::run(const CollectiveArgs& a) {
         state = it->second.state.device;
       }
       e.state_word = state;
-      emit(i, built[i], e);
+      L.emitter->emit(built[i], e);
       continue;
     }
     size_t slot = 0;
@@ -294,6 +294,47 @@ void Communicator::run(const CollectiveArgs& a) {
     L.in_flight->end(slot, a.streams[i]);
     __atomic_store_n(&host_flags(L.rank)->progress.enqueued, seq, __ATOMIC_RELEASE);
   }
+}
+
+void Communicator::emit_eager(int local, const Built& b, const Emission& e, const std::string& replay_key) {
+  Local& L = *locals_[local];
+  if (replay_key.empty()) return L.emitter->emit(b, e);
+  ReplayCache::Entry* entry = nullptr;
+  {
+    HostTraceScope t(HostStage::kReplay);
+    entry = &L.replays->touch(replay_key);
+  }
+  // Not while the GPU may wait for the host: see gpu_may_wait_for_host. The
+  // call runs as a plain call and is captured at a later repeat.
+  if (!entry->exec && !entry->uncapturable && worth_capturing(entry->seen) && !gpu_may_wait_for_host(local)) {
+    // A call that cannot be captured (e.g. this thread is inside a user's
+    // global-mode capture, which forbids instantiating graphs) runs as a
+    // plain call, now and later: the cache never makes a call fail.
+    try {
+      HostTraceScope t(HostStage::kCapture);
+      entry->exec = L.emitter->capture(b, e);
+    } catch (const std::exception&) {
+      cudaGetLastError();
+      entry->uncapturable = true;
+    }
+  }
+  if (!entry->exec) return L.emitter->emit(b, e);
+  HostTraceScope t(HostStage::kGraphLaunch);
+  FERRY_CUDA_CHECK(cudaGraphLaunch(entry->exec, e.stream));
+}
+
+bool Communicator::gpu_may_wait_for_host(int local) {
+  const int dev = locals_[local]->device;
+  for (int i = 0; i < local_count(); ++i) {
+    if (locals_[i]->device != dev) continue;
+    // FERRY_SHARED_GPUS: a rank of this GPU enqueued earlier in this call
+    // waits for this one.
+    if (i != local && !locals_[i]->in_flight->idle()) return true;
+    // An armed run: its trigger may come after this call.
+    for (const auto& [id, p] : prepared_.calls())
+      if (p.generation > 0 && cudaEventQuery(p.finished[i]) == cudaErrorNotReady) return true;
+  }
+  return false;
 }
 
 }  // namespace ferry

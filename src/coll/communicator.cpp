@@ -88,6 +88,12 @@ std::unique_ptr<Communicator::Local> Communicator::make_local(int rank, int devi
   return local;
 }
 
+void Communicator::make_emitters() {
+  for (auto& L : locals_)
+    L->emitter = std::make_unique<Emitter>(L->rank, world_, *L->engines, *memory_, L->kernel_abort.device,
+                                           L->kernel_fault.device, timeout_s_);
+}
+
 std::unique_ptr<Communicator> Communicator::create(int rank, int world, int device, const AllGatherFn& allgather,
                                                    double timeout_s) {
   FERRY_ARG_CHECK(world >= 1 && world <= kMaxRanks,
@@ -146,6 +152,7 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int world, int devi
     c->flag_mem_[p] = SharedHostMemory::import(msg.fds[0], sizeof(HostFlags));
   }
   c->memory_ = CollectiveMemory::create(c->group());
+  c->make_emitters();
   c->allgather("ready", "communicator setup (mapping peers)");
   c->start_watchdog();
   return c;
@@ -190,6 +197,7 @@ std::unique_ptr<Communicator> Communicator::create_local(const std::vector<int>&
     c->pids_.push_back(getpid());
   }
   c->memory_ = CollectiveMemory::create(c->group());
+  c->make_emitters();
   c->start_watchdog();
   return c;
 }

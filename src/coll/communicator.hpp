@@ -23,6 +23,7 @@
 #include "coll/built.hpp"
 #include "coll/call_memo.hpp"
 #include "coll/collective_memory.hpp"
+#include "coll/emitter.hpp"
 #include "coll/flags.hpp"
 #include "coll/in_flight.hpp"
 #include "coll/local_copy.hpp"
@@ -137,6 +138,8 @@ class Communicator {
     // that gave up (KernelWait).
     Pinned<uint64_t> kernel_abort;
     Pinned<uint64_t> kernel_fault;
+    // Its stream commands (made once the communicator's memory exists).
+    std::unique_ptr<Emitter> emitter;
   };
   // A call captured into a CUDA graph: the watchdog cannot see its runs end, so
   // the captured commands write a state word (1 while running, 0 after).
@@ -147,20 +150,13 @@ class Communicator {
     std::vector<uint64_t> last_flags;
     double unchanged_since = -1;
   };
-  struct Emission {
-    cudaStream_t stream = nullptr;
-    Algo algo = Algo::kB2b;
-    LocalCopy local_copy = LocalCopy::kAuto;
-    bool kernel_signals = false;           // the two signal rounds by kernel (coll/signal_round.hpp)
-    const ValueWait* gate = nullptr;       // waited on after the first exchange's ready handshake
-    const uint64_t* state_word = nullptr;  // device address, for captured calls
-  };
   using Registration = CollectiveMemory::Registration;
   using ScratchBlock = CollectiveMemory::ScratchBlock;
 
   Communicator() = default;
   void init_common(double timeout_s, int device);
   static std::unique_ptr<Local> make_local(int rank, int device, int world);
+  void make_emitters();
   void start_watchdog();
   void ensure_open(const char* what);
   std::vector<std::string> allgather(const std::string& mine, const char* what);
@@ -190,35 +186,18 @@ class Communicator {
   // Reports a ferry kernel (SM path, signal round) that gave up waiting (the watchdog looks).
   void check_kernel_fault(int local);
 
-  // Enqueues a built program on one local rank's stream.
-  void emit(int local, const Built& b, const Emission& e);
-  // An eager call: emit(), or, when the same commands were enqueued before,
+  // An eager call: Emitter::emit, or, when the same commands were enqueued before,
   // one launch of the graph they were captured into (ReplayCache).
   // `replay_key`: the call's key in the local rank's ReplayCache, or empty
   // when it is not replayed (replays off, or a single kernel already).
   void emit_eager(int local, const Built& b, const Emission& e, const std::string& replay_key);
-  cudaGraphExec_t capture_call(int local, const Built& b, Emission e);
   // Whether local rank `local`'s GPU may hold work that waits for something
   // this host does later: an armed run not yet finished, or (FERRY_SHARED_GPUS)
   // another rank of that GPU with unfinished work. Ending a capture or
   // instantiating its graph can wait for the GPU's work (seen with shared
-  // GPUs: the host stuck in capture_call while two ranks of its GPU waited
+  // GPUs: the host stuck in Emitter::capture while two ranks of its GPU waited
   // for the third), so the replay cache does not capture then.
   bool gpu_may_wait_for_host(int local);
-  // One exchange: b2b and seq put everything on one stream (b2b submits the
-  // pushes as one batch, seq one after another in cyclic-shift order); pcpy
-  // spreads the pushes over one stream per peer and keeps the waits on one.
-  void emit_exchange(int local, const Exchange& x, const Built& b, cudaStream_t s, const Emission& e, bool first,
-                     bool last);
-  // Its two rounds of signals: by copy engines and stream waits, or, where
-  // the call resolved to kernel signals (Emission::kernel_signals), by one
-  // kernel each (coll/signal_round.hpp).
-  void emit_ready_round(int local, const Exchange& x, const Built& b, cudaStream_t s, const Emission& e, bool first);
-  void emit_ready_copies(int local, const Exchange& x, const Built& b, cudaStream_t s, const Emission& e, bool first);
-  void emit_done_round(int local, const Exchange& x, const Built& b, cudaStream_t s, const Emission& e, bool last);
-  KernelWait kernel_wait(int local, const ValueWait* gate) const;
-  SignalRound signal_round(int local, const Exchange& x, const Built& b, bool done);
-
   // The word a prepared collective's armed stream waits on (device address).
   uint64_t* gate_address(const PreparedCall& p, int local) const;
   // A device gate slot for a new handle on local rank `local`.

@@ -110,7 +110,7 @@ void Communicator::arm(int handle, const std::vector<cudaStream_t>& after, bool 
     e.local_copy = p.args.local_copy;
     e.kernel_signals = p.how.kernel_signals;
     e.gate = &gate;
-    emit(i, p.built[i], e);
+    L.emitter->emit(p.built[i], e);
     L.in_flight->end(slot, s, watched_gate(p, i));
     FERRY_CUDA_CHECK(cudaEventRecord(p.finished[i], s));
     __atomic_store_n(&host_flags(L.rank)->progress.enqueued, seq, __ATOMIC_RELEASE);

@@ -11,20 +11,30 @@
 // one kernel instead of all of the above: coll/sm_path.hpp), or
 // the call signals by kernel (signals "sm": steps 1-2 and 4-5 as one
 // single-block kernel each: coll/signal_round.hpp).
+#include "coll/emitter.hpp"
+
 #include <algorithm>
 
-#include "coll/communicator.hpp"
 #include "core/error.hpp"
 #include "core/host_trace.hpp"
 
 namespace ferry {
 
-void Communicator::emit(int local, const Built& b, const Emission& e) {
-  Local& L = *locals_[local];
+Emitter::Emitter(int rank, int world, EngineSet& engines, const CollectiveMemory& memory, const uint64_t* abort,
+                 uint64_t* fault, double timeout_s)
+    : rank_(rank),
+      world_(world),
+      engines_(engines),
+      memory_(memory),
+      abort_(abort),
+      fault_(fault),
+      kernel_timeout_ns_(static_cast<uint64_t>((timeout_s + 1.0) * 1e9)) {}
+
+void Emitter::emit(const Built& b, const Emission& e) const {
   // Batched copies are not allowed on the legacy default stream: run on our own.
   const bool own_stream = dma::is_legacy_default(e.stream);
-  cudaStream_t s = own_stream ? L.engines->main() : e.stream;
-  if (own_stream) L.engines->order(e.stream, s);
+  cudaStream_t s = own_stream ? engines_.main() : e.stream;
+  if (own_stream) engines_.order(e.stream, s);
   size_t exchanges = 0;
   for (const auto& step : b.program.steps) exchanges += step.kind == Step::Kind::kExchange;
   size_t k = 0;
@@ -32,18 +42,18 @@ void Communicator::emit(int local, const Built& b, const Emission& e) {
   bool side_busy = false;
   for (const auto& step : b.program.steps) {
     if (step.beside_next) {
-      L.engines->order(s, L.engines->side());
-      launch_reduce(step.reduce, L.engines->side());
+      engines_.order(s, engines_.side());
+      launch_reduce(step.reduce, engines_.side());
       side_busy = true;
       continue;
     }
     if (side_busy && step.kind != Step::Kind::kExchange) {
-      L.engines->order(L.engines->side(), s);
+      engines_.order(engines_.side(), s);
       side_busy = false;
     }
     switch (step.kind) {
       case Step::Kind::kExchange:
-        emit_exchange(local, step.exchange, b, s, e, k == 0, k + 1 == exchanges);
+        exchange(step.exchange, b, s, e, k == 0, k + 1 == exchanges);
         ++k;
         break;
       case Step::Kind::kReduce:
@@ -59,54 +69,12 @@ void Communicator::emit(int local, const Built& b, const Emission& e) {
         // names late peers from their progress; it is what bounds a kernel
         // replayed from a graph, which the watchdog cannot follow (test:
         // kernel_gives_up_in_a_graph, where this bound named the peer).
-        launch_sm_path(step.sm_path, memory_->sm_path_windows(), memory_->sm_path_slot_bytes(),
-                       kernel_wait(local, e.gate), s);
+        launch_sm_path(step.sm_path, memory_.sm_path_windows(), memory_.sm_path_slot_bytes(), kernel_wait(e.gate), s);
         break;
     }
   }
-  if (side_busy) L.engines->order(L.engines->side(), s);
-  if (own_stream) L.engines->order(s, e.stream);
-}
-
-void Communicator::emit_eager(int local, const Built& b, const Emission& e, const std::string& replay_key) {
-  Local& L = *locals_[local];
-  if (replay_key.empty()) return emit(local, b, e);
-  ReplayCache::Entry* entry = nullptr;
-  {
-    HostTraceScope t(HostStage::kReplay);
-    entry = &L.replays->touch(replay_key);
-  }
-  // Not while the GPU may wait for the host: see gpu_may_wait_for_host. The
-  // call runs as a plain call and is captured at a later repeat.
-  if (!entry->exec && !entry->uncapturable && worth_capturing(entry->seen) && !gpu_may_wait_for_host(local)) {
-    // A call that cannot be captured (e.g. this thread is inside a user's
-    // global-mode capture, which forbids instantiating graphs) runs as a
-    // plain call, now and later: the cache never makes a call fail.
-    try {
-      HostTraceScope t(HostStage::kCapture);
-      entry->exec = capture_call(local, b, e);
-    } catch (const std::exception&) {
-      cudaGetLastError();
-      entry->uncapturable = true;
-    }
-  }
-  if (!entry->exec) return emit(local, b, e);
-  HostTraceScope t(HostStage::kGraphLaunch);
-  FERRY_CUDA_CHECK(cudaGraphLaunch(entry->exec, e.stream));
-}
-
-bool Communicator::gpu_may_wait_for_host(int local) {
-  const int dev = locals_[local]->device;
-  for (int i = 0; i < local_count(); ++i) {
-    if (locals_[i]->device != dev) continue;
-    // FERRY_SHARED_GPUS: a rank of this GPU enqueued earlier in this call
-    // waits for this one.
-    if (i != local && !locals_[i]->in_flight->idle()) return true;
-    // An armed run: its trigger may come after this call.
-    for (const auto& [id, p] : prepared_.calls())
-      if (p.generation > 0 && cudaEventQuery(p.finished[i]) == cudaErrorNotReady) return true;
-  }
-  return false;
+  if (side_busy) engines_.order(engines_.side(), s);
+  if (own_stream) engines_.order(s, e.stream);
 }
 
 namespace {
@@ -131,14 +99,14 @@ class RelaxedCaptureMode {
 
 // Captures the call's commands on ferry's capture stream, in this thread's
 // own capture mode (other threads, and their captures, are not affected).
-cudaGraphExec_t Communicator::capture_call(int local, const Built& b, Emission e) {
+cudaGraphExec_t Emitter::capture(const Built& b, Emission e) const {
   RelaxedCaptureMode relaxed;
-  cudaStream_t cs = locals_[local]->engines->capture();
+  cudaStream_t cs = engines_.capture();
   FERRY_CUDA_CHECK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal));
   e.stream = cs;
   cudaGraph_t graph = nullptr;
   try {
-    emit(local, b, e);
+    emit(b, e);
   } catch (...) {
     if (cudaStreamEndCapture(cs, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
     cudaGetLastError();
@@ -152,34 +120,31 @@ cudaGraphExec_t Communicator::capture_call(int local, const Built& b, Emission e
   return exec;
 }
 
-KernelWait Communicator::kernel_wait(int local, const ValueWait* gate) const {
-  const Local& L = *locals_[local];
-  return KernelWait{L.kernel_abort.device, L.kernel_fault.device, static_cast<uint64_t>((timeout_s_ + 1.0) * 1e9),
-                    gate ? static_cast<const uint64_t*>(gate->addr) : nullptr, gate ? gate->value : 0};
+KernelWait Emitter::kernel_wait(const ValueWait* gate) const {
+  return KernelWait{abort_, fault_, kernel_timeout_ns_, gate ? static_cast<const uint64_t*>(gate->addr) : nullptr,
+                    gate ? gate->value : 0};
 }
 
-SignalRound Communicator::signal_round(int local, const Exchange& x, const Built& b, bool done) {
+SignalRound Emitter::signal_round(const Exchange& x, const Built& b, bool done) const {
   SignalRound r;
-  r.rank = locals_[local]->rank;
+  r.rank = rank_;
   r.done = done;
   r.record = *b.record.host;
-  for (int q = 0; q < world_; ++q) r.flags[q] = device_flags(q);
+  for (int q = 0; q < world_; ++q) r.flags[q] = flags(q);
   const SignalMasks m = signal_masks(x.sources, x.targets, done);
   r.signal_mask = m.signal;
   r.wait_mask = m.wait;
   return r;
 }
 
-void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, cudaStream_t s, const Emission& e,
-                                 bool first, bool last) {
-  Local& L = *locals_[local];
-  emit_ready_round(local, x, b, s, e, first);
+void Emitter::exchange(const Exchange& x, const Built& b, cudaStream_t s, const Emission& e, bool first,
+                       bool last) const {
+  ready_round(x, b, s, e, first);
   // Copy-engine done messages, one per target, each sent after the pushes to
   // that target in stream order; none when a kernel sends them.
   std::vector<Copy> done;
   if (!e.kernel_signals)
-    for (int t : x.targets)
-      done.push_back(Copy{&device_flags(t)->done[L.rank].value, b.record.done_source, sizeof(uint64_t)});
+    for (int t : x.targets) done.push_back(Copy{&flags(t)->done[rank_].value, b.record.done_source, sizeof(uint64_t)});
 
   // The own block: read back from a peer after the push there (no SM), or
   // copied within the GPU (an SM kernel: CUDA has no other way).
@@ -191,24 +156,24 @@ void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, c
     // on flags (the waits stay on `s`), so sharing a hardware queue with another
     // stream cannot hold a message that a peer waits for.
     const int n = static_cast<int>(x.targets.size());
-    FERRY_ARG_CHECK(n <= L.engines->peer_count(), "pcpy: more targets than peer engines");
-    L.engines->fork(s, n);
+    FERRY_ARG_CHECK(n <= engines_.peer_count(), "pcpy: more targets than peer engines");
+    engines_.fork(s, n);
     for (int k = 0; k < n; ++k) {
-      cudaStream_t pk = L.engines->peer(k);
+      cudaStream_t pk = engines_.peer(k);
       for (const auto& pc : x.pushes)
         if (pc.peer == x.targets[k]) dma::copy(pk, pc.copy);
       if (pull_back && x.local_pull.peer == x.targets[k]) dma::copy_one(pk, x.local_pull.copy);
       if (!done.empty()) dma::copy(pk, done[k]);
     }
     if (!pull_back) copy_local(x.local, how, s);
-    L.engines->join(s, n);
+    engines_.join(s, n);
   } else {
     side = !pull_back && x.local.bytes > 0 && local_copy_on_side_stream(x.local.bytes);
     if (!pull_back) {
       HostTraceScope t(HostStage::kLocal);
       if (side) {
-        L.engines->order(s, L.engines->side());
-        copy_local(x.local, how, L.engines->side());
+        engines_.order(s, engines_.side());
+        copy_local(x.local, how, engines_.side());
       } else {
         copy_local(x.local, how, s);
       }
@@ -238,42 +203,40 @@ void Communicator::emit_exchange(int local, const Exchange& x, const Built& b, c
       }
     }
   }
-  emit_done_round(local, x, b, s, e, last);
-  if (side) L.engines->order(L.engines->side(), s);
+  done_round(x, b, s, e, last);
+  if (side) engines_.order(engines_.side(), s);
 }
 
 // Steps 1 and 2: by a kernel, or by copy engines and stream waits.
-void Communicator::emit_ready_round(int local, const Exchange& x, const Built& b, cudaStream_t s, const Emission& e,
-                                    bool first) {
+void Emitter::ready_round(const Exchange& x, const Built& b, cudaStream_t s, const Emission& e, bool first) const {
   if (!e.kernel_signals) {
-    emit_ready_copies(local, x, b, s, e, first);
+    ready_copies(x, b, s, e, first);
     return;
   }
-  SignalRound ready = signal_round(local, x, b, false);
+  SignalRound ready = signal_round(x, b, false);
   if (first && e.state_word) {  // "running" from the first round on
     ready.state_word = const_cast<uint64_t*>(e.state_word);
     ready.state_value = 1;
   }
   HostTraceScope t(HostStage::kBefore);
-  launch_signal_round(ready, kernel_wait(local, first ? e.gate : nullptr), s);
+  launch_signal_round(ready, kernel_wait(first ? e.gate : nullptr), s);
 }
 
 // Step 5, and with a kernel step 4 too (the copy-engine done messages follow
-// the pushes in emit_exchange).
-void Communicator::emit_done_round(int local, const Exchange& x, const Built& b, cudaStream_t s, const Emission& e,
-                                   bool last) {
+// the pushes in exchange()).
+void Emitter::done_round(const Exchange& x, const Built& b, cudaStream_t s, const Emission& e, bool last) const {
   HostTraceScope t(HostStage::kAfter);
   if (e.kernel_signals) {
-    SignalRound finish = signal_round(local, x, b, true);
+    SignalRound finish = signal_round(x, b, true);
     if (last && e.state_word) {  // "finished" after the last round
       finish.state_word = const_cast<uint64_t*>(e.state_word);
       finish.state_value = 0;
     }
-    launch_signal_round(finish, kernel_wait(local, nullptr), s);
+    launch_signal_round(finish, kernel_wait(nullptr), s);
     return;
   }
   using K = MemOp::Kind;
-  DeviceFlags* mine = device_flags(locals_[local]->rank);
+  DeviceFlags* mine = flags(rank_);
   std::vector<MemOp> after;
   for (int q : x.sources) after.push_back(MemOp{K::kWait, &mine->done[q].value, b.value});
   for (int q : x.sources) after.push_back(MemOp{K::kWrite, &mine->done[q].value, 0});
@@ -282,12 +245,10 @@ void Communicator::emit_done_round(int local, const Exchange& x, const Built& b,
 }
 
 // Steps 1 and 2 on copy engines and stream waits.
-void Communicator::emit_ready_copies(int local, const Exchange& x, const Built& b, cudaStream_t s, const Emission& e,
-                                     bool first) {
+void Emitter::ready_copies(const Exchange& x, const Built& b, cudaStream_t s, const Emission& e, bool first) const {
   using K = MemOp::Kind;
-  Local& L = *locals_[local];
-  const int r = L.rank;
-  DeviceFlags* mine = device_flags(r);
+  const int r = rank_;
+  DeviceFlags* mine = flags(r);
   {
     // One plain copy each from the pinned record: for messages this small the
     // batched call cost more time on the GPU (as for the done copies below).
@@ -296,14 +257,13 @@ void Communicator::emit_ready_copies(int local, const Exchange& x, const Built& 
     // operations would cost more than the copies' serial latency.
     HostTraceScope t(HostStage::kReady);
     const int n = static_cast<int>(x.sources.size());
-    const bool branches = n > 1 && n <= L.engines->peer_count() && dma::is_capturing(s);
-    if (branches) L.engines->fork(s, n);
+    const bool branches = n > 1 && n <= engines_.peer_count() && dma::is_capturing(s);
+    if (branches) engines_.fork(s, n);
     for (int k = 0; k < n; ++k) {
       const int q = x.sources[k];
-      dma::copy_one(branches ? L.engines->peer(k) : s,
-                    Copy{&device_flags(q)->ready[r], b.record.mapped, kReadyCopyBytes});
+      dma::copy_one(branches ? engines_.peer(k) : s, Copy{&flags(q)->ready[r], b.record.mapped, kReadyCopyBytes});
     }
-    if (branches) L.engines->join(s, n);
+    if (branches) engines_.join(s, n);
   }
 
   std::vector<MemOp> before;
