@@ -133,57 +133,31 @@ CollectiveMemory::Registration* CollectiveMemory::starting_at(const void* ptr) {
 }
 
 CollectiveMemory::Registration& CollectiveMemory::allocate(size_t bytes) {
-  const int world = group_.world;
+  // Fresh VMM memory on each rank, registered into the heap (which takes the
+  // physical memory to every rank, and holds it), then let go of: the buffer
+  // lives at the heap's addresses until free() deregisters it, which returns
+  // the memory to the driver.
+  std::vector<VmmMapping> own;
+  std::vector<void*> buffers;
+  size_t offset = 0;
+  try {
+    for (int i = 0; i < group_.local_count(); ++i) {
+      DeviceScope on(group_.devices[i]);
+      own.push_back(vmm_allocate(group_.devices[i], bytes, group_.multi_process(), {group_.devices[i]}));
+      buffers.push_back(reinterpret_cast<void*>(own.back().ptr));
+    }
+    offset = heap_->register_memory(buffers, bytes, {});
+  } catch (...) {
+    for (auto& m : own) vmm_release(m);
+    throw;
+  }
+  for (auto& m : own) vmm_release(m);
   Registration reg;
   reg.id = next_registration_++;
   reg.owned = true;
-  reg.base.assign(world, nullptr);
-  reg.size.assign(world, bytes);
-  try {
-    if (group_.multi_process()) {
-      const int me = group_.ranks[0], device = group_.devices[0];
-      DeviceScope on(device);
-      reg.vmm.push_back(vmm_allocate(device, bytes, true, {device}));
-      reg.base[me] = reinterpret_cast<char*>(reg.vmm.back().ptr);
-      int fd = vmm_export_fd(reg.vmm.back());
-      const int tag = group_.next_tag();
-      std::vector<int> peers;
-      try {
-        for (int p = 0; p < world; ++p)
-          if (p != me) {
-            group_.fds->send(group_.socket_paths[p], p, tag, {fd}, std::to_string(reg.vmm.back().size),
-                             group_.timeout_s);
-            peers.push_back(p);
-          }
-      } catch (...) {
-        ::close(fd);
-        throw;
-      }
-      ::close(fd);
-      auto got = group_.fds->receive(peers, tag, group_.timeout_s, "their buffer handles for alloc()");
-      for (auto& [p, msg] : got) {
-        if (msg.fds.size() != 1) throw_error(FERRY_ERROR_INTERNAL, "rank " + std::to_string(p) + " sent no buffer");
-        const size_t mapped = std::stoull(msg.payload);
-        try {
-          reg.vmm.push_back(vmm_import(msg.fds[0], mapped, device));
-        } catch (...) {
-          ::close(msg.fds[0]);
-          throw;
-        }
-        ::close(msg.fds[0]);
-        reg.base[p] = reinterpret_cast<char*>(reg.vmm.back().ptr);
-      }
-    } else {
-      for (int i = 0; i < group_.local_count(); ++i) {
-        DeviceScope on(group_.devices[i]);
-        reg.vmm.push_back(vmm_allocate(group_.devices[i], bytes, false, group_.devices));
-        reg.base[group_.ranks[i]] = reinterpret_cast<char*>(reg.vmm.back().ptr);
-      }
-    }
-  } catch (...) {
-    unmap(reg);
-    throw;
-  }
+  reg.heap_offset = offset;
+  reg.size.assign(group_.world, bytes);
+  for (int p = 0; p < group_.world; ++p) reg.base.push_back(heap_->at(p, offset));
   registrations_.push_back(std::move(reg));
   return registrations_.back();
 }
@@ -332,6 +306,7 @@ CollectiveMemory::Registration& CollectiveMemory::register_buffers(const std::ve
 void CollectiveMemory::release(uint32_t id) {
   for (auto it = registrations_.begin(); it != registrations_.end(); ++it)
     if (it->id == id) {
+      if (it->owned) heap_->deregister(it->heap_offset);
       unmap(*it);
       registrations_.erase(it);
       return;
@@ -343,10 +318,8 @@ void CollectiveMemory::unmap(Registration& reg) {
   int previous = 0;
   cudaGetDevice(&previous);
   cudaSetDevice(group_.devices[0]);
-  for (auto& m : reg.vmm) vmm_release(m);
   for (void* base : reg.ipc) ipc_close(base);
   for (auto& v : reg.views) vmm_view_release(v);
-  reg.vmm.clear();
   reg.ipc.clear();
   reg.views.clear();
   cudaSetDevice(previous);

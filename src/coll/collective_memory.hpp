@@ -22,18 +22,18 @@ namespace ferry {
 
 class CollectiveMemory {
  public:
-  // A buffer peers write into: from allocate() (VMM, ferry frees it) or
-  // register_buffers() (the caller's memory: with one process per rank,
-  // peers' VMM memory is imported piece by piece, cudaMalloc memory opened
-  // by CUDA IPC).
+  // A buffer peers write into: from allocate() (on the heap, ferry frees
+  // it) or register_buffers() (the caller's memory: with one process per
+  // rank, peers' VMM memory is imported piece by piece, cudaMalloc memory
+  // opened by CUDA IPC).
   struct Registration {
     uint32_t id = 0;
-    bool owned = false;           // from allocate(): ferry frees it
-    std::vector<char*> base;      // by rank, as mapped in this process
-    std::vector<size_t> size;     // by rank
-    std::vector<VmmMapping> vmm;  // to unmap/release on close
-    std::vector<void*> ipc;       // to close on close
-    std::vector<VmmView> views;   // peers' registered VMM memory, to unmap on close
+    bool owned = false;          // from allocate(): ferry frees it
+    size_t heap_offset = 0;      // owned: where the heap holds it
+    std::vector<char*> base;     // by rank, as mapped in this process
+    std::vector<size_t> size;    // by rank
+    std::vector<void*> ipc;      // to close on close
+    std::vector<VmmView> views;  // peers' registered VMM memory, to unmap on close
   };
   // A block of the heap at the same offset on every rank.
   struct ScratchBlock {
@@ -73,7 +73,7 @@ class CollectiveMemory {
   const Registration* find(int rank, const void* ptr, size_t bytes) const;
   // The registration that starts at `ptr` on the first local rank, or null.
   Registration* starting_at(const void* ptr);
-  // Collective: `bytes` on every rank, mapped for every rank.
+  // Collective: `bytes` on every rank at the same heap offset, mapped for every rank.
   Registration& allocate(size_t bytes);
   // Collective: the callers' buffers (one per local rank), opened for every
   // rank. `problem`: why this rank refuses (one process per rank: every rank
@@ -81,7 +81,8 @@ class CollectiveMemory {
   Registration& register_buffers(const std::vector<void*>& ptrs, const std::vector<size_t>& sizes,
                                  const std::string& problem = "");
   bool multi_process() const { return group_.multi_process(); }
-  // Not collective: unmaps and forgets the registration.
+  // Unmaps and forgets the registration; collective for one from allocate()
+  // (the heap deregisters it on every rank), local for the callers' buffers.
   void release(uint32_t id);
 
  private:

@@ -56,27 +56,6 @@ VmmMapping vmm_allocate(int device, size_t bytes, bool exportable, const std::ve
   return m;
 }
 
-int vmm_export_fd(const VmmMapping& m) {
-  int fd = -1;
-  FERRY_CU_CHECK(driver().MemExportToShareableHandle(&fd, m.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
-  return fd;
-}
-
-VmmMapping vmm_import(int fd, size_t size, int local_device) {
-  const DriverApi& cu = driver();
-  VmmMapping m;
-  m.size = size;
-  FERRY_CU_CHECK(cu.MemImportFromShareableHandle(&m.handle, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
-                                                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
-  try {
-    map_with_access(m, {local_device});
-  } catch (...) {
-    vmm_release(m);
-    throw;
-  }
-  return m;
-}
-
 void vmm_release(VmmMapping& m) {
   const DriverApi& cu = driver();
   if (m.ptr) {

@@ -10,7 +10,7 @@
 
 namespace ferry {
 
-// A VMM mapping in this process: our own allocation or a peer's, imported.
+// A VMM allocation mapped in this process.
 struct VmmMapping {
   CUmemGenericAllocationHandle handle = 0;
   CUdeviceptr ptr = 0;
@@ -25,11 +25,6 @@ void vmm_set_access(CUdeviceptr ptr, size_t size, const std::vector<int>& device
 // Allocates `bytes` on `device`, exportable as a POSIX fd (when `exportable`),
 // mapped and readable/writable by every device in `access_devices`.
 VmmMapping vmm_allocate(int device, size_t bytes, bool exportable, const std::vector<int>& access_devices);
-// A new fd for the allocation; the caller owns it.
-int vmm_export_fd(const VmmMapping& m);
-// Maps a peer's allocation from its fd (ownership of fd stays with the caller)
-// for access from `local_device`.
-VmmMapping vmm_import(int fd, size_t size, int local_device);
 void vmm_release(VmmMapping& m);
 
 // CUDA IPC for memory from cudaMalloc (the PyTorch caching allocator's).

@@ -1078,6 +1078,64 @@ class Suite:
         for b in vm:
             b.free()
 
+    def gpu_free_bytes(self) -> int:
+        """GPU 0's free memory, read while every rank stands between two
+        barriers (no rank allocates meanwhile), torch's cache emptied first."""
+        torch = self.torch
+        self.sync()
+        torch.cuda.empty_cache()
+        self.barrier()
+        free = torch.cuda.mem_get_info(self.devs[0])[0]
+        self.barrier()
+        return free
+
+    def comm_alloc(self):
+        """The communicator's alloc() (on its own heap): an all-gather into it,
+        every byte checked; freed and allocated again at other sizes, GPU
+        memory taken while allocated and given back after free()."""
+        torch, W, comm = self.torch, self.world, self.comm
+        n_gpus = torch.cuda.device_count()
+        # Ranks sit on GPU r % (GPUs); the memory read is GPU 0's, which every rank's alloc() touches.
+        on_gpu0 = sum(1 for r in range(W) if r % n_gpus == self.devs[0].index)
+        mib = 1 << 20
+        for step, n in enumerate((16 * mib + 3, 48 * mib + 1, 16 * mib + 3)):
+            inp = [data(torch, r, f"comm-alloc/{step}", n, self.devs[i]) for i, r in enumerate(self.ranks)]
+            before = self.gpu_free_bytes()
+            out = self.each(comm.alloc((W * n,), torch.uint8))
+            taken = before - self.gpu_free_bytes()
+            self.expect(
+                f"alloc of {W * n} bytes per rank took {taken} bytes of GPU 0, expected at least {on_gpu0 * W * n}",
+                taken >= on_gpu0 * W * n,
+            )
+            for o in out:
+                o.fill_(POISON)
+            self.sync()
+            comm.all_gather(
+                out if self.local else out[0],
+                inp if self.local else inp[0],
+                stream=self.streams if self.local else self.streams[0],
+            )
+            self.sync()
+            for i, r in enumerate(self.ranks):
+                for p in range(W):
+                    self.expect_equal(
+                        f"rank {r} all_gather into alloc() step {step}, block {p}",
+                        out[i][p * n : (p + 1) * n],
+                        data(torch, p, f"comm-alloc/{step}", n, self.devs[i]),
+                    )
+            comm.free(out if self.local else out[0])
+            self.expect_error(
+                f"all_gather into freed alloc() memory, step {step}",
+                "expected device memory|not inside a buffer registered",
+                lambda o=out, x=inp: comm.all_gather(o if self.local else o[0], x if self.local else x[0]),
+            )
+            del out
+            left = before - self.gpu_free_bytes()
+            self.expect(
+                f"free() after alloc step {step} left {left} bytes of GPU 0 taken, expected under 16 MiB",
+                left < 16 * mib,
+            )
+
     def registered_torch(self):
         """A tensor from PyTorch's allocator with expandable segments, registered and put into."""
         torch, W = self.torch, self.world
@@ -1365,6 +1423,7 @@ CHECKS = [
     "views_and_sizes",
     "registered",
     "comm_registered",
+    "comm_alloc",
     "bad_input",
 ]
 
