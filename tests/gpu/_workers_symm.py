@@ -1127,7 +1127,11 @@ class Suite:
             self.expect_error(
                 f"all_gather into freed alloc() memory, step {step}",
                 "expected device memory|not inside a buffer registered",
-                lambda o=out, x=inp: comm.all_gather(o if self.local else o[0], x if self.local else x[0]),
+                lambda o=out, x=inp: comm.all_gather(
+                    o if self.local else o[0],
+                    x if self.local else x[0],
+                    stream=self.streams if self.local else self.streams[0],
+                ),
             )
             del out
             left = before - self.gpu_free_bytes()
