@@ -88,10 +88,13 @@ std::unique_ptr<Communicator::Local> Communicator::make_local(int rank, int devi
   return local;
 }
 
-void Communicator::make_emitters() {
-  for (auto& L : locals_)
+void Communicator::attach_memory() {
+  for (auto& L : locals_) {
     L->emitter = std::make_unique<Emitter>(L->rank, world_, *L->engines, *memory_, L->kernel_abort.device,
                                            L->kernel_fault.device, timeout_s_);
+    L->rescue = std::make_unique<Rescue>(L->device, world_, L->engines->rescue(), device_flags(L->rank),
+                                         L->ready_snapshot.host);
+  }
 }
 
 std::unique_ptr<Communicator> Communicator::create(int rank, int world, int device, const AllGatherFn& allgather,
@@ -152,7 +155,7 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int world, int devi
     c->flag_mem_[p] = SharedHostMemory::import(msg.fds[0], sizeof(HostFlags));
   }
   c->memory_ = CollectiveMemory::create(c->group());
-  c->make_emitters();
+  c->attach_memory();
   c->allgather("ready", "communicator setup (mapping peers)");
   c->start_watchdog();
   return c;
@@ -197,7 +200,7 @@ std::unique_ptr<Communicator> Communicator::create_local(const std::vector<int>&
     c->pids_.push_back(getpid());
   }
   c->memory_ = CollectiveMemory::create(c->group());
-  c->make_emitters();
+  c->attach_memory();
   c->start_watchdog();
   return c;
 }
@@ -367,7 +370,7 @@ void Communicator::close() {
   // the stream drains (its collective runs, as on every rank that does the same).
   for (const auto& [id, p] : prepared_.calls())
     if (p.armed)
-      for (int i = 0; i < local_count(); ++i) open_gate(i, watched_gate(p, i));
+      for (int i = 0; i < local_count(); ++i) locals_[i]->rescue->open_gate(watched_gate(p, i));
   try {
     // Also after a failure: the watchdog releases the broken collectives' waits
     // while this waits, so no stream is left blocked on a flag about to be freed.

@@ -31,6 +31,7 @@
 #include "coll/program.hpp"
 #include "coll/record_pool.hpp"
 #include "coll/replay_cache.hpp"
+#include "coll/rescue.hpp"
 #include "coll/selector.hpp"
 #include "coll/signal_round.hpp"
 #include "coll/sm_path_kernel.hpp"
@@ -125,7 +126,7 @@ class Communicator {
     std::unique_ptr<EngineSet> engines;
     std::unique_ptr<InFlight> in_flight;
     std::unique_ptr<RecordPool> records;
-    // Where the watchdog copies this rank's ready flags to read them.
+    // Where the rescue copies this rank's ready flags for the watchdog to read.
     Pinned<ReadyRecord> ready_snapshot;
     // Graphs of repeated eager calls; null when FERRY_REPLAY_CALLS=0.
     std::unique_ptr<ReplayCache> replays;
@@ -138,8 +139,10 @@ class Communicator {
     // that gave up (KernelWait).
     Pinned<uint64_t> kernel_abort;
     Pinned<uint64_t> kernel_fault;
-    // Its stream commands (made once the communicator's memory exists).
+    // Its stream commands, and the watchdog's actions on its GPU (made once
+    // the communicator's memory exists).
     std::unique_ptr<Emitter> emitter;
+    std::unique_ptr<Rescue> rescue;
   };
   // A call captured into a CUDA graph: the watchdog cannot see its runs end, so
   // the captured commands write a state word (1 while running, 0 after).
@@ -156,7 +159,8 @@ class Communicator {
   Communicator() = default;
   void init_common(double timeout_s, int device);
   static std::unique_ptr<Local> make_local(int rank, int device, int world);
-  void make_emitters();
+  // The local ranks' parts that need the communicator's memory.
+  void attach_memory();
   void start_watchdog();
   void ensure_open(const char* what);
   std::vector<std::string> allgather(const std::string& mine, const char* what);
@@ -205,23 +209,10 @@ class Communicator {
   void reclaim_gates(int local);
   // The gate local rank `local` of the handle's last arming waits on, as the host sees it.
   Gate watched_gate(const PreparedCall& p, int local) const;
-  // Refreshes a device gate's host copy from GPU memory (rescue stream, not waited for).
-  void mirror_gate(int local, const Gate& gate);
-  // Opens a gate without its trigger (a failure, close): stores the value in
-  // the host word, and a gate in GPU memory also gets a stream write on the
-  // rescue stream (best effort, like release_waits).
-  void open_gate(int local, const Gate& gate);
 
   HostFlags* host_flags(int rank) const { return static_cast<HostFlags*>(flag_mem_[rank].host()); }
   // `rank`'s ready and done flags, mapped in this process (GPU memory).
   DeviceFlags* device_flags(int rank) const { return memory_->device_flags(rank); }
-  // Copies this rank's ready flags into L.ready_snapshot on the rescue stream;
-  // false when that cannot be done now (an earlier rescue still queued).
-  bool snapshot_ready(int local);
-  // Writes `value` into this rank's ready flags from `ready_peers` and done
-  // flags from `done_peers` with stream writes on the rescue stream, unless an
-  // earlier rescue is still queued.
-  void release_waits(int local, uint64_t value, uint64_t ready_peers, uint64_t done_peers);
 
   void watchdog_loop();
   void exit_if_undelivered();

@@ -10,7 +10,7 @@
 // more than one into its GPU memory (bench/probes/flag_latency.cu,
 // docs/performance.md). The host cannot read or write GPU memory directly: the
 // watchdog copies the ready flags out and writes releases with stream
-// operations on a rescue stream (Communicator::snapshot_ready, release_waits).
+// operations on a rescue stream (coll/rescue.hpp).
 //
 // Flags are reset after use: a stream that passed its wait for a peer's value
 // writes 0 back in the same batch of memory operations. A flag therefore holds

@@ -30,7 +30,7 @@ struct Expectation {
 
 // The trigger word a prepared collective waits on. `host` is what the host
 // reads: the gate itself (pinned host memory), or, for a gate in GPU memory
-// (`device` set), a host copy that the watchdog refreshes (Communicator::mirror_gate).
+// (`device` set), a host copy that the watchdog refreshes (Rescue::mirror_gate).
 struct Gate {
   volatile uint64_t* host = nullptr;
   const uint64_t* device = nullptr;

@@ -14,7 +14,6 @@
 #include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/process.hpp"
-#include "sync/gate.hpp"
 
 namespace ferry {
 namespace {
@@ -23,24 +22,8 @@ namespace {
 // past this collective, before it counts as an argument mismatch.
 constexpr std::chrono::milliseconds kMismatchGrace(200);
 // The watchdog reads an eager call's ready flags (a copy out of GPU memory)
-// only once the call is this old, and waits this long for the copy.
+// only once the call is this old.
 constexpr double kSnapshotAfterS = 0.05;
-constexpr std::chrono::milliseconds kSnapshotWait(20);
-
-// The rescue stream once it is idle, waiting at most `limit` for that; else nullptr.
-cudaStream_t idle_rescue(int device, cudaStream_t rescue, std::chrono::microseconds limit = {}) {
-  if (cudaSetDevice(device) != cudaSuccess) {
-    cudaGetLastError();
-    return nullptr;
-  }
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  for (;;) {
-    if (cudaStreamQuery(rescue) == cudaSuccess) return rescue;
-    cudaGetLastError();
-    if (std::chrono::steady_clock::now() >= deadline) return nullptr;
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
-}
 
 }  // namespace
 
@@ -79,7 +62,7 @@ void Communicator::watchdog_loop() {
         // wait has lasted (the usual arm-to-trigger gap costs nothing).
         switch (look_at_armed(pending->gate.device != nullptr, pending->age_s, kSnapshotAfterS, timeout_s_)) {
           case ArmedLook::kReadGate:
-            mirror_gate(i, pending->gate);
+            locals_[i]->rescue->mirror_gate(pending->gate);
             break;
           case ArmedLook::kOpenGate:
             fail_untriggered(i, *pending);
@@ -145,7 +128,7 @@ void Communicator::fail_untriggered(int local, const InFlight::Pending& p) {
        "before arming, or set CUDA_MODULE_LOADING=EAGER), or trigger work queued behind the armed wait in a shared "
        "CUDA hardware queue (raise CUDA_DEVICE_MAX_CONNECTIONS, e.g. 32); see docs/api.md, Prelaunch. The gate "
        "was opened to free the GPU; the output is undefined");
-  open_gate(local, p.gate);
+  locals_[local]->rescue->open_gate(p.gate);
 }
 
 void Communicator::check_kernel_fault(int local) {
@@ -187,7 +170,7 @@ bool Communicator::diagnose_and_unblock(int local, const Expectation& x, double 
     // Failed already: release every wait of this collective, whatever the
     // peers did (a late message from a peer may have overwritten an earlier
     // release), so that no stream stays blocked and close() can finish.
-    release_waits(local, x.value, x.targets_mask, x.sources_mask);
+    L.rescue->release_waits(x.value, x.targets_mask, x.sources_mask);
     return true;
   }
   const bool late = age_s > timeout_s_;
@@ -197,8 +180,8 @@ bool Communicator::diagnose_and_unblock(int local, const Expectation& x, double 
   // The ready flags are in GPU memory: copied out only for an eager call that
   // has taken a while (healthy ones finish long before; a foreign value counts
   // as a mismatch only after kMismatchGrace anyway).
-  const bool looked = x.seq > 0 && age_s >= kSnapshotAfterS && snapshot_ready(local);
-  const ReadyRecord* seen = L.ready_snapshot.host;
+  const bool looked = x.seq > 0 && age_s >= kSnapshotAfterS && L.rescue->snapshot_ready();
+  const ReadyRecord* seen = L.rescue->snapshot();
   for (int q = 0; q < world_; ++q) {
     if (q == r || !(has(x.targets_mask, q) || has(x.sources_mask, q))) continue;
     uint64_t ready = looked && has(x.targets_mask, q) ? seen[q].value : 0;
@@ -251,73 +234,8 @@ bool Communicator::diagnose_and_unblock(int local, const Expectation& x, double 
   fail(msg);
   uint64_t stuck_mask = 0;
   for (int q : stuck) stuck_mask |= uint64_t{1} << q;
-  release_waits(local, x.value, x.targets_mask & stuck_mask, x.sources_mask & stuck_mask);
+  L.rescue->release_waits(x.value, x.targets_mask & stuck_mask, x.sources_mask & stuck_mask);
   return true;
-}
-
-// The flags are in GPU memory, which the host cannot read or write directly:
-// stream operations on the rescue stream do it. Nothing is queued behind an
-// unfinished rescue, so the watchdog itself never blocks. (A highest-priority
-// stream: even with a single hardware queue it never waited behind an armed
-// stream in the GPU tests, test_untriggered_with_few_hardware_queues.)
-
-bool Communicator::snapshot_ready(int local) {
-  Local& L = *locals_[local];
-  cudaStream_t rescue = idle_rescue(L.device, L.engines->rescue());
-  if (!rescue) return false;
-  if (cudaMemcpyAsync(L.ready_snapshot.host, device_flags(L.rank)->ready, world_ * sizeof(ReadyRecord),
-                      cudaMemcpyDeviceToHost, rescue) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  auto deadline = std::chrono::steady_clock::now() + kSnapshotWait;
-  while (cudaStreamQuery(rescue) == cudaErrorNotReady) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
-  cudaGetLastError();
-  return true;
-}
-
-void Communicator::mirror_gate(int local, const Gate& gate) {
-  cudaStream_t rescue = idle_rescue(locals_[local]->device, locals_[local]->engines->rescue());
-  if (!rescue) return;
-  if (cudaMemcpyAsync(const_cast<uint64_t*>(gate.host), gate.device, sizeof(uint64_t), cudaMemcpyDeviceToHost,
-                      rescue) != cudaSuccess)
-    cudaGetLastError();
-  // Read on the next look; the copy is not waited for here.
-}
-
-void Communicator::open_gate(int local, const Gate& gate) {
-  gate::open_from_host(gate.host, gate.value);
-  if (!gate.device) return;
-  // Opening is what frees the GPU: worth waiting a moment for a rescue that
-  // is still running (a read of this gate, for instance).
-  cudaStream_t rescue = idle_rescue(locals_[local]->device, locals_[local]->engines->rescue(), kSnapshotWait);
-  if (!rescue) return;
-  try {
-    gate::open_on_stream(rescue, const_cast<uint64_t*>(gate.device), gate.value);
-  } catch (const std::exception&) {
-    // A rescue that cannot be queued leaves the stream blocked.
-  }
-}
-
-void Communicator::release_waits(int local, uint64_t value, uint64_t ready_peers, uint64_t done_peers) {
-  if ((ready_peers | done_peers) == 0) return;
-  Local& L = *locals_[local];
-  cudaStream_t rescue = idle_rescue(L.device, L.engines->rescue(), kSnapshotWait);
-  if (!rescue) return;
-  std::vector<MemOp> writes;
-  DeviceFlags* mine = device_flags(L.rank);
-  for (int q = 0; q < world_; ++q) {
-    if (has(ready_peers, q)) writes.push_back(MemOp{MemOp::Kind::kWrite, &mine->ready[q].value, value});
-    if (has(done_peers, q)) writes.push_back(MemOp{MemOp::Kind::kWrite, &mine->done[q].value, value});
-  }
-  try {
-    dma::mem_ops(rescue, writes);
-  } catch (const std::exception&) {
-    // The communicator has failed already; a release that cannot be queued leaves the stream blocked.
-  }
 }
 
 // A captured collective is stuck when its state word says it runs and its
@@ -328,8 +246,9 @@ void Communicator::watch_captured(Captured& c) {
     c.unchanged_since = -1;
     return;
   }
-  if (!snapshot_ready(c.local)) return;
-  const ReadyRecord* seen = locals_[c.local]->ready_snapshot.host;
+  const Rescue& rescue = *locals_[c.local]->rescue;
+  if (!rescue.snapshot_ready()) return;
+  const ReadyRecord* seen = rescue.snapshot();
   std::vector<uint64_t> now;
   for (int q = 0; q < world_; ++q) now.push_back(seen[q].value);
   double t = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
