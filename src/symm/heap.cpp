@@ -236,28 +236,24 @@ void SymmetricHeap::grow(size_t end) {
     } else {
       const int me = group_.ranks[0], dev = group_.devices[0];
       DeviceScope on(dev);
-      map_chunk(me, create_chunk(dev), {dev});
-      const int tag = group_.next_tag();
-      int fd = -1;
-      FERRY_CU_CHECK(
-          cu.MemExportToShareableHandle(&fd, chunks_.back().handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
-      received.push_back(fd);
-      for (int p = 0; p < group_.world; ++p)
-        if (p != me) group_.fds->send(group_.socket_paths[p], p, tag, {fd}, "", group_.timeout_s);
-      std::vector<int> peers;
-      for (int p = 0; p < group_.world; ++p)
-        if (p != me) peers.push_back(p);
-      auto got = group_.fds->receive(peers, tag, group_.timeout_s, "their symmetric heap memory");
-      for (auto& [p, msg] : got) received.insert(received.end(), msg.fds.begin(), msg.fds.end());
-      for (auto& [p, msg] : got) {
-        FERRY_ARG_CHECK(msg.fds.size() == 1, "rank " + std::to_string(p) + " sent " + std::to_string(msg.fds.size()) +
-                                                 " descriptors for its heap memory; expected 1");
-        CUmemGenericAllocationHandle handle = 0;
-        FERRY_CU_CHECK(cu.MemImportFromShareableHandle(&handle,
-                                                       reinterpret_cast<void*>(static_cast<intptr_t>(msg.fds[0])),
-                                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
-        map_chunk(p, handle, {dev});
-      }
+      // A rank that cannot make its chunk (its GPU is out of memory, say)
+      // says so before anything moves, and every rank refuses together,
+      // naming it, instead of waiting for its descriptor until the timeout.
+      LocalFailure made;
+      made.run([&] {
+        map_chunk(me, create_chunk(dev), {dev});
+        int fd = -1;
+        FERRY_CU_CHECK(
+            cu.MemExportToShareableHandle(&fd, chunks_.back().handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+        received.push_back(fd);
+      });
+      made.agree(group_, "the symmetric heap's growth");
+      LocalFailure mapped;
+      exchange_vmm_pieces(
+          group_, received, std::vector<size_t>(group_.world, 1),
+          [&](int p, size_t, CUmemGenericAllocationHandle h) { map_chunk(p, h, {dev}); }, mapped,
+          "symmetric heap memory");
+      mapped.agree(group_, "the symmetric heap's growth");
     }
   } catch (...) {
     for (int fd : received) ::close(fd);

@@ -185,7 +185,7 @@ void LocalFailure::agree(const Group& g, const char* what) const {
 
 void exchange_vmm_pieces(const Group& g, const std::vector<int>& mine, const std::vector<size_t>& counts,
                          const std::function<void(int, size_t, CUmemGenericAllocationHandle)>& take,
-                         LocalFailure& failure) {
+                         LocalFailure& failure, const std::string& what) {
   const DriverApi& cu = driver();
   const int me = g.ranks[0];
   size_t most = 0;
@@ -198,13 +198,13 @@ void exchange_vmm_pieces(const Group& g, const std::vector<int>& mine, const std
     std::vector<int> batch;
     for (size_t k = first; k < mine.size() && k < first + kMaxFdsPerMessage; ++k) batch.push_back(mine[k]);
     for (int p : peers) g.fds->send(g.socket_paths[p], p, tag, batch, "", g.timeout_s);
-    auto got = g.fds->receive(peers, tag, g.timeout_s, "their registered memory");
+    auto got = g.fds->receive(peers, tag, g.timeout_s, "their " + what);
     for (auto& [p, msg] : got) {
       const size_t expect = counts[p] > first ? std::min<size_t>(kMaxFdsPerMessage, counts[p] - first) : 0;
       failure.run([&] {
-        FERRY_ARG_CHECK(msg.fds.size() == expect,
-                        "rank " + std::to_string(p) + " sent " + std::to_string(msg.fds.size()) +
-                            " descriptors for its registered memory; expected " + std::to_string(expect));
+        FERRY_ARG_CHECK(msg.fds.size() == expect, "rank " + std::to_string(p) + " sent " +
+                                                      std::to_string(msg.fds.size()) + " descriptors for its " + what +
+                                                      "; expected " + std::to_string(expect));
       });
       for (size_t j = 0; j < msg.fds.size(); ++j)
         failure.run([&] {

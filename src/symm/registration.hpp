@@ -81,9 +81,9 @@ class LocalFailure {
 // messages). `take(rank, index, handle)` receives each imported piece and owns
 // its handle from then on. Every descriptor received is closed here. A piece
 // that cannot be imported or taken is `failure`'s: the exchange goes on, and
-// nothing more is imported or taken.
+// nothing more is imported or taken. `what` names the memory in errors.
 void exchange_vmm_pieces(const Group& group, const std::vector<int>& mine, const std::vector<size_t>& counts,
                          const std::function<void(int, size_t, CUmemGenericAllocationHandle)>& take,
-                         LocalFailure& failure);
+                         LocalFailure& failure, const std::string& what = "registered memory");
 
 }  // namespace ferry

@@ -1261,6 +1261,47 @@ class Suite:
         self.heap.free(t)
         self.checks += 1
 
+    def growth_refused(self):
+        """One rank's heap cannot grow (its GPU-mate took the memory first):
+        every rank refuses at once, the others naming it, and the heap grows
+        again afterwards, with every byte of the failed attempt given back.
+        One process per rank, every rank on one GPU (elsewhere every rank
+        would find room, and nothing fails)."""
+        import re
+
+        import ferry.symm
+
+        torch, ferry = self.torch, self.ferry
+        if torch.cuda.device_count() > 1:
+            return
+        total = torch.cuda.mem_get_info(self.devs[0])[1]
+        big = ferry.symm.Heap(self.comm, capacity=total)
+        before = self.gpu_free_bytes()
+        n = int(total * 0.6) // (2 << 20) * (2 << 20)
+        t0 = time.monotonic()
+        error = None
+        try:
+            big.empty((n,), torch.uint8)
+        except ferry.FerryError as exc:
+            error = exc
+        took = time.monotonic() - t0
+        self.expect(
+            f"rank {self.ranks[0]}: a growth past the GPU's memory raised {error!r}; expected an error saying "
+            "out of memory",
+            error is not None and re.search("out of memory", str(error)) is not None,
+        )
+        self.expect(f"rank {self.ranks[0]}: the refusal took {took:.1f} s; expected under 10", took < 10)
+        t = big.empty((1 << 20,), torch.uint8)
+        t.fill_(7)
+        self.sync()
+        self.expect("the heap grows again after a refused growth", int(t.sum().item()) == 7 << 20)
+        big.free(t)
+        big.close()
+        left = before - self.gpu_free_bytes()
+        self.expect(
+            f"a refused growth left {left} bytes of the GPU taken; expected under 16 MiB", left < 16 << 20
+        )
+
     def run(self, names):
         for name in names:
             t0 = time.monotonic()
@@ -1476,7 +1517,7 @@ def rank_main(rank: int, world: int, port: int) -> int:
     torch.cuda.set_device(dev)
     comm = ferry.init(rank=rank, world=world, device=dev, timeout=30.0)
     suite = Suite(ferry, torch, comm, world, local=False)
-    names = _selected() or CHECKS + ["mismatch"]
+    names = _selected() or CHECKS + ["mismatch", "growth_refused"]
     fails = suite.run(names)
     suite.heap.close()
     comm.close()
