@@ -162,6 +162,9 @@ int main(int argc, char** argv) {
   // What arrived, read through the program's own addresses of the memory.
   std::vector<unsigned char> got(bytes);
   for (int r = 0; r < ranks; ++r) {
+    // A VMM mapping is readable only from the GPUs it grants access (this
+    // one, its own): the copy runs there.
+    CHECK_CUDA(cudaSetDevice(devices[r]));
     CHECK_CUDA(cudaMemcpy(got.data(), mine[r], bytes, cudaMemcpyDeviceToHost));
     const int prev = (r + ranks - 1) % ranks;
     for (uint64_t i = 0; i < bytes; ++i)
