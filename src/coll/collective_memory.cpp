@@ -146,7 +146,7 @@ CollectiveMemory::Registration& CollectiveMemory::allocate(size_t bytes) {
       own.push_back(vmm_allocate(group_.devices[i], bytes, group_.multi_process(), {group_.devices[i]}));
       buffers.push_back(reinterpret_cast<void*>(own.back().ptr));
     }
-    offset = heap_->register_memory(buffers, bytes, {});
+    offset = heap_->register_memory(buffers, bytes, {}, "alloc");
   } catch (...) {
     for (auto& m : own) vmm_release(m);
     throw;
@@ -306,7 +306,7 @@ CollectiveMemory::Registration& CollectiveMemory::register_buffers(const std::ve
 void CollectiveMemory::release(uint32_t id) {
   for (auto it = registrations_.begin(); it != registrations_.end(); ++it)
     if (it->id == id) {
-      if (it->owned) heap_->deregister(it->heap_offset);
+      if (it->owned) heap_->deregister(it->heap_offset, {}, "free");
       unmap(*it);
       registrations_.erase(it);
       return;

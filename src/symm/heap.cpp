@@ -327,13 +327,13 @@ void SymmetricHeap::reserve(size_t bytes) {
 }
 
 size_t SymmetricHeap::register_memory(const std::vector<void*>& buffers, size_t bytes,
-                                      const std::vector<cudaStream_t>& streams) {
+                                      const std::vector<cudaStream_t>& streams, const char* call) {
   FERRY_ARG_CHECK(!closed_, "register: the heap is closed");
   FERRY_ARG_CHECK(static_cast<int>(buffers.size()) == local_count(),
                   "register: " + std::to_string(buffers.size()) + " buffers for " + std::to_string(local_count()) +
                       " local ranks; expected one per local rank");
   FERRY_ARG_CHECK(bytes > 0, "register: bytes is 0; expected a buffer of at least one byte");
-  agree("register(" + std::to_string(bytes) + " bytes)");
+  agree(std::string(call) + "(" + std::to_string(bytes) + " bytes)");
   const DriverApi& cu = driver();
   // What each local rank found, or why it cannot: every rank learns every
   // rank's answer before anything is mapped, so that all refuse together.
@@ -481,7 +481,7 @@ size_t SymmetricHeap::register_memory(const std::vector<void*>& buffers, size_t 
   return region + plan.data_offset;
 }
 
-void SymmetricHeap::deregister(size_t offset, const std::vector<cudaStream_t>& streams) {
+void SymmetricHeap::deregister(size_t offset, const std::vector<cudaStream_t>& streams, const char* call) {
   FERRY_ARG_CHECK(!closed_, "deregister: the heap is closed");
   for (size_t i = 0; i < streams.size() && static_cast<int>(i) < local_count(); ++i) {
     DeviceScope on(group_.devices[i]);
@@ -494,7 +494,7 @@ void SymmetricHeap::deregister(size_t offset, const std::vector<cudaStream_t>& s
                   "deregister: offset " + std::to_string(offset) +
                       " is not a registered buffer's (what register returned; memory from alloc() is freed with "
                       "free())");
-  agree("deregister(offset " + std::to_string(offset) + ")");
+  agree(std::string(call) + "(offset " + std::to_string(offset) + ")");
   unmap_chunks(it->second.chunks);
   registrations_.erase(it);
   allocator_.free(start);

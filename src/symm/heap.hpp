@@ -66,13 +66,15 @@ class SymmetricHeap {
   // every rank. The heap holds the memory until deregister(), even if its
   // owner frees it first. Registered regions sit at the top of the heap, so
   // they cap how far alloc() can grow. Refused while a stream in `streams`
-  // captures a CUDA graph.
-  size_t register_memory(const std::vector<void*>& buffers, size_t bytes, const std::vector<cudaStream_t>& streams);
+  // captures a CUDA graph. `call`: how the ranks' call records name it (a
+  // caller that registers on its users' behalf names their call).
+  size_t register_memory(const std::vector<void*>& buffers, size_t bytes, const std::vector<cudaStream_t>& streams,
+                         const char* call = "register");
   // Collective: unmaps the registered buffer at `offset` (what
   // register_memory returned); the owner's own mapping stays. Work that still
   // uses the heap's addresses of it must be finished. Refused while a stream
   // in `streams` captures a CUDA graph.
-  void deregister(size_t offset, const std::vector<cudaStream_t>& streams = {});
+  void deregister(size_t offset, const std::vector<cudaStream_t>& streams = {}, const char* call = "deregister");
 
   int world() const { return group_.world; }
   int local_count() const { return group_.local_count(); }

@@ -1260,6 +1260,16 @@ class Suite:
         t = self.heap.empty((10,), torch.uint8)
         self.heap.free(t)
         self.checks += 1
+        # The communicator's alloc() lives on its own heap: the same check, naming alloc.
+        self.expect_error(
+            "mismatched comm.alloc",
+            r"rank 1 made call #\d+: alloc\(1001 bytes\)",
+            lambda: self.comm.alloc((1000 + (r == 1),), torch.uint8),
+            self.ferry.InvalidArgumentError,
+        )
+        t = self.comm.alloc((10,), torch.uint8)
+        self.comm.free(t)
+        self.checks += 1
 
     def growth_refused(self):
         """One rank's heap cannot grow (its GPU-mate took the memory first):
