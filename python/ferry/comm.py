@@ -298,7 +298,9 @@ class Communicator:
         return tensors if self._local else tensors[0]
 
     def free(self, tensors) -> None:
-        """Releases memory from :meth:`alloc` (tensors using it become invalid)."""
+        """Releases memory from :meth:`alloc` (tensors using it become invalid)
+        and gives it back to the driver. Collective: every rank frees the same
+        buffers in the same order."""
         ptrs = [_describe(t, "tensor").ptr for t in self._per_rank(tensors, "free")]
         self._c.free(ptrs)
         self._allocs.pop(ptrs[0], None)

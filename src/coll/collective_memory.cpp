@@ -137,16 +137,25 @@ CollectiveMemory::Registration& CollectiveMemory::allocate(size_t bytes) {
   // physical memory to every rank, and holds it), then let go of: the buffer
   // lives at the heap's addresses until free() deregisters it, which returns
   // the memory to the driver.
+  // With one process per rank a rank that cannot make its memory (its GPU
+  // is full) still takes part in the registration, and every rank refuses.
   std::vector<VmmMapping> own;
-  std::vector<void*> buffers;
+  std::vector<void*> buffers(group_.local_count(), nullptr);
+  LocalFailure made;
   size_t offset = 0;
   try {
     for (int i = 0; i < group_.local_count(); ++i) {
       DeviceScope on(group_.devices[i]);
-      own.push_back(vmm_allocate(group_.devices[i], bytes, group_.multi_process(), {group_.devices[i]}));
-      buffers.push_back(reinterpret_cast<void*>(own.back().ptr));
+      auto make = [&] {
+        own.push_back(vmm_allocate(group_.devices[i], bytes, group_.multi_process(), {group_.devices[i]}));
+        buffers[i] = reinterpret_cast<void*>(own.back().ptr);
+      };
+      if (group_.multi_process())
+        made.run(make);
+      else
+        make();
     }
-    offset = heap_->register_memory(buffers, bytes, {}, "alloc");
+    offset = heap_->register_memory(buffers, bytes, {}, "alloc", &made);
   } catch (...) {
     for (auto& m : own) vmm_release(m);
     throw;
@@ -216,6 +225,7 @@ CollectiveMemory::Registration& CollectiveMemory::register_buffers(const std::ve
       } catch (const std::exception& e) {
         mine.kind = '!';
         mine.error = e.what();
+        if (const auto* fe = dynamic_cast<const Error*>(&e)) mine.code = fe->code();
       }
       release_vmm_buffer(vb);  // the descriptors keep the pieces alive until peers import them
       auto close_fds = [&] {
@@ -228,7 +238,7 @@ CollectiveMemory::Registration& CollectiveMemory::register_buffers(const std::ve
         for (int p = 0; p < world; ++p) {
           all[p] = decode_registration(records[p], p);
           if (all[p].kind == '!')
-            throw_error(FERRY_ERROR_INVALID_ARGUMENT, "rank " + std::to_string(p) + ": " + all[p].error);
+            throw_error(static_cast<ferry_result_t>(all[p].code), "rank " + std::to_string(p) + ": " + all[p].error);
           if (all[p].kind == 'I' && all[p].ipc.size() != sizeof(IpcExport))
             throw_error(FERRY_ERROR_INTERNAL, "register: malformed record from rank " + std::to_string(p));
         }

@@ -1,5 +1,5 @@
 // Signal rounds by kernel (signals "sm", coll/signals.hpp): the ready and done rounds of an
-// exchange (coll/emit.cpp) sent and awaited by one single-block kernel
+// exchange (coll/emitter.cpp) sent and awaited by one single-block kernel
 // instead of small copy-engine copies and stream waits. The data still moves
 // on copy engines. Same flags, values and resets as the copy-engine rounds,
 // so the flag protocol (docs/architecture.md) and the watchdog's diagnosis
@@ -33,7 +33,7 @@ struct SignalRound {
 // The ranks a round writes to and waits for, as bit masks (bit q: rank q).
 // The ready round tells an exchange's sources that they may write and waits
 // for its targets' permission; the done round tells targets that their data
-// is there and waits for its sources'. The copy-engine rounds (emit.cpp)
+// is there and waits for its sources'. The copy-engine rounds (emitter.cpp)
 // message the same ranks; tests/cpu/test_protocol.cpp model-checks these.
 struct SignalMasks {
   uint64_t signal = 0;

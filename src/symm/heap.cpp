@@ -327,7 +327,8 @@ void SymmetricHeap::reserve(size_t bytes) {
 }
 
 size_t SymmetricHeap::register_memory(const std::vector<void*>& buffers, size_t bytes,
-                                      const std::vector<cudaStream_t>& streams, const char* call) {
+                                      const std::vector<cudaStream_t>& streams, const char* call,
+                                      const LocalFailure* failed_before) {
   FERRY_ARG_CHECK(!closed_, "register: the heap is closed");
   FERRY_ARG_CHECK(static_cast<int>(buffers.size()) == local_count(),
                   "register: " + std::to_string(buffers.size()) + " buffers for " + std::to_string(local_count()) +
@@ -339,9 +340,15 @@ size_t SymmetricHeap::register_memory(const std::vector<void*>& buffers, size_t 
   // rank's answer before anything is mapped, so that all refuse together.
   std::vector<VmmBuffer> mine(local_count());
   std::vector<std::string> problems(local_count());
+  std::vector<int> codes(local_count(), FERRY_ERROR_INVALID_ARGUMENT);
   std::vector<int> out_fds;  // with one process per rank: this rank's pieces, exported
   for (int i = 0; i < local_count(); ++i) {
     DeviceScope on(group_.devices[i]);
+    if (failed_before && failed_before->failed()) {
+      problems[i] = failed_before->message();
+      codes[i] = failed_before->code();
+      continue;
+    }
     try {
       if (i < static_cast<int>(streams.size()) && dma::is_capturing(streams[i]))
         throw_error(FERRY_ERROR_INVALID_ARGUMENT,
@@ -362,6 +369,7 @@ size_t SymmetricHeap::register_memory(const std::vector<void*>& buffers, size_t 
       }
     } catch (const std::exception& e) {
       problems[i] = e.what();
+      if (const auto* fe = dynamic_cast<const Error*>(&e)) codes[i] = fe->code();
     }
   }
   auto release_mine = [&] {
@@ -369,10 +377,11 @@ size_t SymmetricHeap::register_memory(const std::vector<void*>& buffers, size_t 
     for (int fd : out_fds) ::close(fd);
     out_fds.clear();
   };
-  auto record = [&](const VmmBuffer& b, const std::string& problem) {
+  auto record = [&](const VmmBuffer& b, const std::string& problem, int code) {
     RegistrationRecord r;
     r.kind = problem.empty() ? 'V' : '!';
     r.error = problem;
+    r.code = code;
     r.bytes = bytes;
     r.span.lead = b.lead;
     for (const auto& p : b.pieces) r.span.pieces.push_back(p.size);
@@ -381,9 +390,9 @@ size_t SymmetricHeap::register_memory(const std::vector<void*>& buffers, size_t 
   std::vector<std::string> records(world());
   try {
     if (group_.multi_process())
-      records = group_.allgather(record(mine[0], problems[0]));
+      records = group_.allgather(record(mine[0], problems[0], codes[0]));
     else
-      for (int i = 0; i < local_count(); ++i) records[rank(i)] = record(mine[i], problems[i]);
+      for (int i = 0; i < local_count(); ++i) records[rank(i)] = record(mine[i], problems[i], codes[i]);
   } catch (...) {
     release_mine();
     throw;
@@ -401,7 +410,7 @@ size_t SymmetricHeap::register_memory(const std::vector<void*>& buffers, size_t 
     }
     if (rec.kind == '!') {
       release_mine();
-      throw_error(FERRY_ERROR_INVALID_ARGUMENT, "rank " + std::to_string(r) + ": " + rec.error);
+      throw_error(static_cast<ferry_result_t>(rec.code), "rank " + std::to_string(r) + ": " + rec.error);
     }
     spans[r] = rec.span;
   }
@@ -426,8 +435,8 @@ size_t SymmetricHeap::register_memory(const std::vector<void*>& buffers, size_t 
     allocator_.free(region);
     release_mine();
     throw_error(FERRY_ERROR_OUT_OF_MEMORY,
-                "register: " + std::to_string(plan.region_bytes) + " bytes of heap addresses are needed above the " +
-                    std::to_string(mapped_) +
+                std::string(call) + ": " + std::to_string(plan.region_bytes) +
+                    " bytes of heap addresses are needed above the " + std::to_string(mapped_) +
                     " bytes the heap has mapped for its allocations, and fewer are free "
                     "there; register before large allocations or reserve(), or create the heap with a larger "
                     "capacity (FERRY_SYMM_HEAP_BYTES, or the capacity argument)");

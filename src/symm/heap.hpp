@@ -27,6 +27,7 @@
 #include "bootstrap/group.hpp"
 #include "ferry/device/heap.cuh"
 #include "symm/heap_plan.hpp"
+#include "symm/registration.hpp"
 
 namespace ferry {
 
@@ -66,10 +67,13 @@ class SymmetricHeap {
   // every rank. The heap holds the memory until deregister(), even if its
   // owner frees it first. Registered regions sit at the top of the heap, so
   // they cap how far alloc() can grow. Refused while a stream in `streams`
-  // captures a CUDA graph. `call`: how the ranks' call records name it (a
-  // caller that registers on its users' behalf names their call).
+  // captures a CUDA graph. `call`: how the ranks' call records and errors
+  // name it (a caller that registers on its users' behalf names their call).
+  // `failed_before`: with one process per rank, a failure of this rank's
+  // before the call (making the buffer): it still takes part, and every rank
+  // refuses together with that error's code, naming it.
   size_t register_memory(const std::vector<void*>& buffers, size_t bytes, const std::vector<cudaStream_t>& streams,
-                         const char* call = "register");
+                         const char* call = "register", const LocalFailure* failed_before = nullptr);
   // Collective: unmaps the registered buffer at `offset` (what
   // register_memory returned); the owner's own mapping stays. Work that still
   // uses the heap's addresses of it must be finished. Refused while a stream

@@ -178,7 +178,7 @@ RegistrationPlan plan_registration(const std::vector<RegistrationSpan>& spans, s
 }
 
 std::string encode_registration(const RegistrationRecord& r) {
-  if (r.kind == '!') return "!" + r.error;
+  if (r.kind == '!') return "!" + std::to_string(r.code) + ":" + r.error;
   if (r.kind == 'I') {
     const uint64_t bytes = r.bytes;
     std::string out = "I";
@@ -199,7 +199,13 @@ RegistrationRecord decode_registration(const std::string& s, int rank) {
   if (s.empty()) malformed();
   r.kind = s[0];
   if (r.kind == '!') {
-    r.error = s.substr(1);
+    // The error's code, then ':' and its message.
+    size_t i = 1;
+    int code = 0;
+    for (; i < s.size() && i < 4 && s[i] >= '0' && s[i] <= '9'; ++i) code = code * 10 + (s[i] - '0');
+    if (i == 1 || i >= s.size() || s[i] != ':' || code == 0) malformed();
+    r.code = code;
+    r.error = s.substr(i + 1);
   } else if (r.kind == 'I') {
     uint64_t bytes = 0;
     if (s.size() < 1 + sizeof bytes) malformed();

@@ -97,6 +97,7 @@ struct RegistrationRecord {
   RegistrationSpan span;  // 'V'
   std::string ipc;        // 'I'
   std::string error;      // '!'
+  int code = 1;           // '!': its ferry_result_t (FERRY_ERROR_INVALID_ARGUMENT unless said)
 };
 std::string encode_registration(const RegistrationRecord& r);
 // Throws FERRY_ERROR_INTERNAL naming `rank` when `s` is not a record.

@@ -46,7 +46,11 @@ VmmMapping vmm_allocate(int device, size_t bytes, bool exportable, const std::ve
   FERRY_CU_CHECK(cu.MemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
   VmmMapping m;
   m.size = (std::max<size_t>(bytes, 1) + gran - 1) / gran * gran;
-  FERRY_CU_CHECK(cu.MemCreate(&m.handle, m.size, &prop, 0));
+  const CUresult res = cu.MemCreate(&m.handle, m.size, &prop, 0);
+  if (res == CUDA_ERROR_OUT_OF_MEMORY)
+    throw_error(FERRY_ERROR_OUT_OF_MEMORY,
+                "GPU " + std::to_string(device) + " is out of memory (" + std::to_string(m.size) + " bytes asked for)");
+  FERRY_CU_CHECK(res);
   try {
     map_with_access(m, access_devices);
   } catch (...) {

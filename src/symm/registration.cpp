@@ -7,6 +7,7 @@
 
 #include "core/driver.hpp"
 #include "core/error.hpp"
+#include "symm/heap_plan.hpp"
 #include "symm/peer_buffer.hpp"
 
 namespace ferry {
@@ -159,28 +160,36 @@ void LocalFailure::run(const std::function<void()>& step) {
     step();
   } catch (const std::exception& e) {
     error_ = std::current_exception();
+    const auto* ferry_error = dynamic_cast<const Error*>(&e);
+    code_ = ferry_error ? ferry_error->code() : FERRY_ERROR_INTERNAL;
     try {
       message_ = e.what();
     } catch (...) {  // out of memory for the message: the rank still answers agree()
     }
   } catch (...) {
     error_ = std::current_exception();
+    code_ = FERRY_ERROR_INTERNAL;
     message_ = "an unknown error";
   }
 }
 
 void LocalFailure::agree(const Group& g, const char* what) const {
-  const std::vector<std::string> all = g.allgather(error_ ? "!" + message_ : std::string("ok"));
+  RegistrationRecord mine;
+  mine.kind = '!';
+  mine.code = code_;
+  mine.error = message_;
+  const std::vector<std::string> all = g.allgather(error_ ? encode_registration(mine) : std::string("ok"));
   if (static_cast<int>(all.size()) != g.world)
     throw_error(FERRY_ERROR_INTERNAL, std::string(what) + ": the bootstrap all-gather returned " +
                                           std::to_string(all.size()) + " answers for " + std::to_string(g.world) +
                                           " ranks");
   if (error_) std::rethrow_exception(error_);
   for (size_t r = 0; r < all.size(); ++r)
-    if (all[r] != "ok")
-      throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(what) + ": rank " + std::to_string(r) +
-                                                    " could not map every rank's memory: " +
-                                                    (all[r].empty() ? std::string("no answer") : all[r].substr(1)));
+    if (all[r] != "ok") {
+      const RegistrationRecord theirs = decode_registration(all[r], static_cast<int>(r));
+      throw_error(static_cast<ferry_result_t>(theirs.code),
+                  std::string(what) + ": rank " + std::to_string(r) + " failed: " + theirs.error);
+    }
 }
 
 void exchange_vmm_pieces(const Group& g, const std::vector<int>& mine, const std::vector<size_t>& counts,

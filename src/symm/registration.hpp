@@ -56,21 +56,26 @@ void vmm_view_map(VmmView& v, CUmemGenericAllocationHandle handle, size_t size, 
 // Unmaps and releases every piece and frees the range; never throws.
 void vmm_view_release(VmmView& v);
 
-// A failure on this rank alone while every rank maps what it received: the
-// rank keeps taking part in the exchange, then all learn of it together.
+// A failure on this rank alone in the middle of a collective step (making
+// or mapping memory the ranks share): the rank keeps taking part in the
+// exchanges, then all learn of it together.
 class LocalFailure {
  public:
   // Runs `step` unless an earlier one failed; keeps the first failure.
   void run(const std::function<void()>& step);
   bool failed() const { return static_cast<bool>(error_); }
+  const std::string& message() const { return message_; }
+  // Its ferry_result_t (FERRY_ERROR_INTERNAL for an exception not ferry's).
+  int code() const { return code_; }
   // With one process per rank, collective: every rank says how it went. The
-  // rank that failed throws its own error; the others throw one naming the
-  // first rank that failed (FERRY_ERROR_INVALID_ARGUMENT).
+  // rank that failed throws its own error; the others throw one of the same
+  // code, naming the first rank that failed and quoting its message.
   void agree(const Group& group, const char* what) const;
 
  private:
   std::exception_ptr error_;
   std::string message_;
+  int code_ = 0;
 };
 
 // With one process per rank, collective over the group: sends `mine` (this

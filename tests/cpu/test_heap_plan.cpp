@@ -231,12 +231,15 @@ TEST(Registration, RecordsRoundTripAndMalformedOnesAreNamed) {
   EXPECT_EQ(got.ipc, i.ipc);
   RegistrationRecord e;
   e.kind = '!';
-  e.error = "register: the buffer is not VMM memory";
+  e.error = "register: the buffer is not VMM memory: 2 pieces";
+  e.code = FERRY_ERROR_OUT_OF_MEMORY;
   got = decode_registration(encode_registration(e), 3);
   EXPECT_EQ(got.kind, '!');
   EXPECT_EQ(got.error, e.error);
-  for (const char* bad : {"", "V", "V 12", "V 12 x", "V 12  3", "V 12 3 ", "X 1 2", "I\x01",
-                          "V 99999999999999999999999 0", "V 12 3", "V 12 0 0", "V 12 4096 4096", "V 5000 0 4096"}) {
+  EXPECT_EQ(got.code, FERRY_ERROR_OUT_OF_MEMORY);
+  for (const char* bad :
+       {"", "V", "V 12", "V 12 x", "V 12  3", "V 12 3 ", "X 1 2", "I\x01", "!", "!msg", "!:msg", "!0:msg", "!11",
+        "!12345:msg", "V 99999999999999999999999 0", "V 12 3", "V 12 0 0", "V 12 4096 4096", "V 5000 0 4096"}) {
     std::string m;
     EXPECT_EQ(code_of([&] { decode_registration(bad, 5); }, &m), FERRY_ERROR_INTERNAL) << bad;
     EXPECT_NE(m.find("rank 5"), std::string::npos) << m;

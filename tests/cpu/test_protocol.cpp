@@ -1,4 +1,4 @@
-// A model check of the flag protocol that src/coll/emit.cpp emits, run on the
+// A model check of the flag protocol that src/coll/emitter.cpp emits, run on the
 // CPU: random sequences of collectives (the same call repeated, different
 // calls, asymmetric ones like broadcast, multi-exchange ones like all_reduce
 // and in-place all_to_all), on every rank, executed in random interleavings.
