@@ -1056,27 +1056,35 @@ class Suite:
         comm.deregister(outs if self.local else outs[0])
         for label, out in cases:
             comm.register(out if self.local else out[0])
-            inp = [data(torch, r, "comm-registered", n, self.devs[i]) for i, r in enumerate(self.ranks)]
-            for o in out:
-                o.fill_(POISON)
-            self.sync()
-            # One stream per rank: with several ranks on one GPU each needs its own.
-            comm.all_gather(
-                out if self.local else out[0],
-                inp if self.local else inp[0],
-                stream=self.streams if self.local else self.streams[0],
-            )
-            self.sync()
-            for i, r in enumerate(self.ranks):
-                for p in range(W):
-                    self.expect_equal(
-                        f"rank {r} all_gather into a registered {label}, block {p}",
-                        out[i][p * n : (p + 1) * n],
-                        data(torch, p, "comm-registered", n, self.devs[i]),
-                    )
+            self.all_gather_checked(out, n, "comm-registered", f"a registered {label}")
             comm.deregister(out if self.local else out[0])
         for b in vm:
             b.free()
+
+    def all_gather_checked(self, out, n: int, salt: str, label: str):
+        """The communicator's all_gather of each rank's data(salt) (n bytes)
+        into `out` (by local rank, poisoned first), every block of every
+        rank's output compared; returns the inputs."""
+        torch, comm = self.torch, self.comm
+        inp = [data(torch, r, salt, n, self.devs[i]) for i, r in enumerate(self.ranks)]
+        for o in out:
+            o.fill_(POISON)
+        self.sync()
+        # One stream per rank: with several ranks on one GPU each needs its own.
+        comm.all_gather(
+            out if self.local else out[0],
+            inp if self.local else inp[0],
+            stream=self.streams if self.local else self.streams[0],
+        )
+        self.sync()
+        for i, r in enumerate(self.ranks):
+            for p in range(self.world):
+                self.expect_equal(
+                    f"rank {r} all_gather into {label}, block {p}",
+                    out[i][p * n : (p + 1) * n],
+                    data(torch, p, salt, n, self.devs[i]),
+                )
+        return inp
 
     def gpu_free_bytes(self) -> int:
         """This process's first GPU's free memory, read while every rank stands between two
@@ -1099,7 +1107,6 @@ class Suite:
         on_gpu0 = sum(1 for r in range(W) if r % n_gpus == self.devs[0].index)
         mib = 1 << 20
         for step, n in enumerate((16 * mib + 3, 48 * mib + 1, 16 * mib + 3)):
-            inp = [data(torch, r, f"comm-alloc/{step}", n, self.devs[i]) for i, r in enumerate(self.ranks)]
             before = self.gpu_free_bytes()
             out = self.each(comm.alloc((W * n,), torch.uint8))
             taken = before - self.gpu_free_bytes()
@@ -1107,22 +1114,7 @@ class Suite:
                 f"alloc of {W * n} bytes per rank took {taken} bytes of the GPU, expected at least {on_gpu0 * W * n}",
                 taken >= on_gpu0 * W * n,
             )
-            for o in out:
-                o.fill_(POISON)
-            self.sync()
-            comm.all_gather(
-                out if self.local else out[0],
-                inp if self.local else inp[0],
-                stream=self.streams if self.local else self.streams[0],
-            )
-            self.sync()
-            for i, r in enumerate(self.ranks):
-                for p in range(W):
-                    self.expect_equal(
-                        f"rank {r} all_gather into alloc() step {step}, block {p}",
-                        out[i][p * n : (p + 1) * n],
-                        data(torch, p, f"comm-alloc/{step}", n, self.devs[i]),
-                    )
+            inp = self.all_gather_checked(out, n, f"comm-alloc/{step}", f"alloc() step {step}")
             held = self.gpu_free_bytes()
             comm.free(out if self.local else out[0])
             self.expect_error(
