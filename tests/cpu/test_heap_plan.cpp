@@ -8,6 +8,7 @@
 #include "core/error.hpp"
 #include "ferry/device/team.cuh"
 #include "symm/heap_plan.hpp"
+#include "symm/registration.hpp"
 
 using namespace ferry;
 using device::Team;
@@ -244,6 +245,55 @@ TEST(Registration, RecordsRoundTripAndMalformedOnesAreNamed) {
     EXPECT_EQ(code_of([&] { decode_registration(bad, 5); }, &m), FERRY_ERROR_INTERNAL) << bad;
     EXPECT_NE(m.find("rank 5"), std::string::npos) << m;
   }
+}
+
+// A group of `world` ranks seen from `rank`, whose all-gather returns
+// `others` with this rank's record in its place.
+Group fake_group(int rank, std::vector<std::string> others) {
+  Group g;
+  g.world = static_cast<int>(others.size());
+  g.ranks = {rank};
+  g.devices = {0};
+  g.allgather = [rank, others](const std::string& mine) mutable {
+    others[rank] = mine;
+    return others;
+  };
+  return g;
+}
+
+TEST(LocalFailure, EveryRankRaisesTheFailingRanksCodeAndTheOthersNameIt) {
+  LocalFailure oom;
+  oom.run([] { throw_error(FERRY_ERROR_OUT_OF_MEMORY, "GPU 0 is out of memory (4096 bytes asked for)"); });
+  oom.run([] { throw_error(FERRY_ERROR_INVALID_ARGUMENT, "a later step"); });  // not run: the first failure stays
+  ASSERT_TRUE(oom.failed());
+  EXPECT_EQ(oom.code(), FERRY_ERROR_OUT_OF_MEMORY);
+  // What rank 0 (failed) sends, as rank 1 (fine) will see it.
+  std::string sent;
+  Group g0 = fake_group(0, {"", "ok"});
+  auto inner = g0.allgather;
+  g0.allgather = [&](const std::string& mine) {
+    sent = mine;
+    return inner(mine);
+  };
+  std::string m;
+  // The failing rank raises its own error.
+  EXPECT_EQ(code_of([&] { oom.agree(g0, "growth"); }, &m), FERRY_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(m, "GPU 0 is out of memory (4096 bytes asked for)");
+  // A rank that did fine raises the same kind, naming rank 0 and quoting it.
+  LocalFailure fine;
+  fine.run([] {});
+  EXPECT_FALSE(fine.failed());
+  EXPECT_EQ(code_of([&] { fine.agree(fake_group(1, {sent, ""}), "growth"); }, &m), FERRY_ERROR_OUT_OF_MEMORY);
+  EXPECT_NE(m.find("growth: rank 0 failed: GPU 0 is out of memory"), std::string::npos) << m;
+  // Nobody failed: nothing raised.
+  EXPECT_EQ(code_of([&] { fine.agree(fake_group(1, {"ok", ""}), "growth"); }), FERRY_SUCCESS);
+  // An exception that is not ferry's travels as an internal error.
+  LocalFailure other;
+  other.run([] { throw std::runtime_error("bad_alloc-like"); });
+  EXPECT_EQ(other.code(), FERRY_ERROR_INTERNAL);
+  // A malformed answer is named, not taken for a failure of some kind.
+  EXPECT_EQ(code_of([&] { fine.agree(fake_group(1, {"garbage", ""}), "growth"); }, &m), FERRY_ERROR_INTERNAL);
+  EXPECT_NE(m.find("rank 0"), std::string::npos) << m;
 }
 
 TEST(HeapCalls, AgreementAndTheStrayRankIsNamed) {
