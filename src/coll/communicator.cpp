@@ -245,7 +245,7 @@ std::vector<std::string> Communicator::allgather(const std::string& mine, const 
 
 void Communicator::ensure_open(const char* what) {
   if (closed_) throw_error(FERRY_ERROR_CLOSED, std::string(what) + ": the communicator is closed");
-  if (broken_) check();
+  if (failure_.broken()) check();
 }
 
 // ---------------------------------------------------------------- buffers
@@ -309,15 +309,9 @@ void Communicator::free(const std::vector<void*>& ptrs) {
 // ---------------------------------------------------------------- errors and lifetime
 
 void Communicator::fail(const std::string& message) {
-  std::lock_guard<std::mutex> lock(error_mu_);
-  if (error_.empty()) {
-    error_ = message;
-    failed_at_ = std::chrono::steady_clock::now();
-    // Also said at once: the next call that raises it may be far away (a
-    // graph being replayed makes no ferry call at all).
-    std::fprintf(stderr, "ferry: communicator failed: %s\n", message.c_str());
-  }
-  broken_ = true;
+  // Also said at once: the next call that raises it may be far away (a
+  // graph being replayed makes no ferry call at all).
+  if (failure_.set(message)) std::fprintf(stderr, "ferry: communicator failed: %s\n", message.c_str());
   // ferry's kernels that wait for a peer (SM path, signal rounds) give up now.
   for (auto& L : locals_)
     if (L->kernel_abort.host) __atomic_store_n(L->kernel_abort.host, uint64_t{1}, __ATOMIC_RELEASE);
@@ -327,14 +321,7 @@ void Communicator::check() {
   // A ferry kernel that gave up has finished: a caller that waited
   // for it must hear why now, not at the watchdog's next look.
   for (int i = 0; i < local_count(); ++i) check_kernel_fault(i);
-  if (!broken_) return;
-  std::lock_guard<std::mutex> lock(error_mu_);
-  if (!error_reported_) {
-    error_reported_ = true;
-    throw_error(FERRY_ERROR_TIMEOUT, error_);
-  }
-  throw_error(FERRY_ERROR_BROKEN,
-              "the communicator is broken by an earlier error (" + error_ + "); close it and create a new one");
+  failure_.raise();
 }
 
 void Communicator::synchronize() {

@@ -24,6 +24,7 @@
 #include "coll/call_memo.hpp"
 #include "coll/collective_memory.hpp"
 #include "coll/emitter.hpp"
+#include "coll/failure.hpp"
 #include "coll/flags.hpp"
 #include "coll/in_flight.hpp"
 #include "coll/local_copy.hpp"
@@ -246,12 +247,8 @@ class Communicator {
   CallMemo<PlannedCall> recent_calls_{256};
 
   bool closed_ = false;
-  std::mutex error_mu_;
-  std::string error_;
-  std::atomic<bool> broken_{false};
-  bool error_reported_ = false;
-  std::chrono::steady_clock::time_point failed_at_;  // under error_mu_
-  double exit_after_s_ = 0;                          // FERRY_EXIT_AFTER_S
+  Failure failure_;
+  double exit_after_s_ = 0;  // FERRY_EXIT_AFTER_S
 
   struct MismatchSeen {
     uint64_t seq = 0;

@@ -104,14 +104,12 @@ void Communicator::exit_if_undelivered() {
     std::fflush(stderr);
     std::_Exit(75);
   }
-  if (!broken_) return;
-  std::lock_guard<std::mutex> lock(error_mu_);
-  const double since = std::chrono::duration<double>(std::chrono::steady_clock::now() - failed_at_).count();
-  if (!exit_undelivered_failure(exit_after_s_, true, error_reported_, since)) return;
+  const Failure::Seen f = failure_.seen();
+  if (!exit_undelivered_failure(exit_after_s_, f.broken, f.raised, f.since_s)) return;
   std::fprintf(stderr,
                "ferry: ending the process (status 75): no ferry call raised this error within FERRY_EXIT_AFTER_S=%g "
                "s, so the program is likely stuck where no error reaches it: %s\n",
-               exit_after_s_, error_.c_str());
+               exit_after_s_, f.message.c_str());
   std::fflush(stderr);
   std::_Exit(75);
 }
@@ -133,7 +131,7 @@ void Communicator::fail_untriggered(int local, const InFlight::Pending& p) {
 
 void Communicator::check_kernel_fault(int local) {
   const KernelFault f = read_kernel_fault(__atomic_load_n(locals_[local]->kernel_fault.host, __ATOMIC_ACQUIRE));
-  if (!f.set || broken_) return;
+  if (!f.set || failure_.broken()) return;
   const int q = f.source;
   const std::string what =
       f.signal_round ? std::string("a collective's signal round by kernel (signals 'sm')")
@@ -166,7 +164,7 @@ bool has(uint64_t mask, int q) { return (mask >> q) & 1; }
 bool Communicator::diagnose_and_unblock(int local, const Expectation& x, double age_s) {
   Local& L = *locals_[local];
   const int r = L.rank;
-  if (broken_) {
+  if (failure_.broken()) {
     // Failed already: release every wait of this collective, whatever the
     // peers did (a late message from a peer may have overwritten an earlier
     // release), so that no stream stays blocked and close() can finish.
@@ -225,7 +223,7 @@ bool Communicator::diagnose_and_unblock(int local, const Expectation& x, double 
     stuck.push_back(q);
   }
   if (stuck.empty()) return false;  // peers are fine: the stream is busy with the caller's own work
-  if (!late && !definite && !broken_) return false;
+  if (!late && !definite && !failure_.broken()) return false;
   std::string msg = std::string(coll_op_name(x.op)) +
                     (x.seq ? " #" + std::to_string(x.seq) : std::string(" (in a CUDA graph)")) + " on rank " +
                     std::to_string(r) + " failed after " + std::to_string(age_s) + " s: ";
