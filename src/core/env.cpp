@@ -1,7 +1,9 @@
 #include "core/env.hpp"
 
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
+#include <system_error>
 
 #include "core/error.hpp"
 
@@ -116,9 +118,10 @@ long long knob_int(const char* name) {
 
 double knob_float(const char* name) {
   std::string v = knob_string(name);
-  char* end = nullptr;
-  double x = std::strtod(v.c_str(), &end);
-  if (v.empty() || *end != '\0')
+  // Whatever LC_NUMERIC the program set: "0.5" means a half.
+  double x = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  if (v.empty() || ec != std::errc() || end != v.data() + v.size())
     throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(name) + "=" + v + " is not a number");
   return x;
 }

@@ -1,8 +1,10 @@
 #include "core/json.hpp"
 
+#include <charconv>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <system_error>
 
 #include "core/error.hpp"
 
@@ -116,10 +118,11 @@ class Parser {
       v.kind = Json::Kind::kBool;
     } else if (c == '-' || (c >= '0' && c <= '9')) {
       v.kind = Json::Kind::kNumber;
-      const char* begin = text_.c_str() + at_;
-      char* end = nullptr;
-      v.number = std::strtod(begin, &end);
-      if (end == begin) fail("expected a number");
+      // std::from_chars, not strtod: the C locale's decimal point (a program
+      // may set LC_NUMERIC) must not change what a file means.
+      const char* begin = text_.data() + at_;
+      const auto [end, ec] = std::from_chars(begin, text_.data() + text_.size(), v.number);
+      if (ec != std::errc() || end == begin) fail("expected a number");
       at_ += static_cast<size_t>(end - begin);
     } else {
       fail(std::string("unexpected '") + c + "'");

@@ -3,10 +3,14 @@
 // FERRY_TUNING's choices, all without a GPU.
 #include <gtest/gtest.h>
 
+#include <clocale>
+#include <cstdlib>
 #include <limits>
 #include <map>
+#include <vector>
 
 #include "coll/tuning.hpp"
+#include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/json.hpp"
 
@@ -60,6 +64,28 @@ TEST(Json, ReadsEveryKind) {
   EXPECT_EQ(v.find("o")->object.size(), 0u);
   EXPECT_EQ(v.find("missing"), nullptr);
   EXPECT_EQ(a->find("a"), nullptr);  // not an object
+}
+
+TEST(Json, NumbersMeanTheSameWhateverDecimalPointTheProgramSet) {
+  auto read = [] {
+    Json v = parse_json("[0.5, -2.25e3, 7]", "t");
+    return std::vector<double>{v.array[0].number, v.array[1].number, v.array[2].number};
+  };
+  const std::vector<double> want = {0.5, -2250, 7};
+  EXPECT_EQ(read(), want);
+  ::setenv("FERRY_EXIT_AFTER_S", "0.25", 1);
+  EXPECT_EQ(knob_float("FERRY_EXIT_AFTER_S"), 0.25);
+  // A locale whose decimal point is a comma, where this machine has one.
+  for (const char* name : {"de_DE.UTF-8", "de_DE.utf8", "fr_FR.UTF-8", "fr_FR.utf8", "ru_RU.UTF-8"}) {
+    if (!std::setlocale(LC_NUMERIC, name)) continue;
+    EXPECT_EQ(read(), want) << name;
+    EXPECT_EQ(knob_float("FERRY_EXIT_AFTER_S"), 0.25) << name;
+    std::setlocale(LC_NUMERIC, "C");
+    break;
+  }
+  ::setenv("FERRY_EXIT_AFTER_S", "0,25", 1);
+  EXPECT_THROW(knob_float("FERRY_EXIT_AFTER_S"), Error);
+  ::unsetenv("FERRY_EXIT_AFTER_S");
 }
 
 TEST(Json, MalformedDocumentsNameTheirPlace) {
