@@ -7,7 +7,11 @@
 #include <cstring>
 #include <sstream>
 
+#include "coll/local_copy.hpp"
+#include "coll/reduce.hpp"
+#include "coll/signal_round.hpp"
 #include "coll/signature.hpp"
+#include "coll/sm_path_kernel.hpp"
 #include "coll/tuning.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
