@@ -11,6 +11,13 @@ namespace {
 
 size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
+// The alignment an allocation gets: at least the heap's unit; `align` must be a power of two.
+size_t allocation_align(size_t align) {
+  FERRY_ARG_CHECK(align != 0 && (align & (align - 1)) == 0,
+                  "align is " + std::to_string(align) + "; expected a power of two");
+  return align < kHeapUnit ? kHeapUnit : align;
+}
+
 std::string mib(size_t bytes) {
   char buf[64];
   snprintf(buf, sizeof buf, "%.1f MiB", bytes / 1048576.0);
@@ -51,9 +58,7 @@ void HeapAllocator::exhausted(size_t bytes, size_t align) const {
 }
 
 size_t HeapAllocator::alloc(size_t bytes, size_t align) {
-  FERRY_ARG_CHECK(align != 0 && (align & (align - 1)) == 0,
-                  "align is " + std::to_string(align) + "; expected a power of two");
-  if (align < kHeapUnit) align = kHeapUnit;
+  align = allocation_align(align);
   const size_t need = heap_rounded_bytes(bytes);
   if (need != 0) {
     for (auto it = free_.begin(); it != free_.end(); ++it) {
@@ -67,9 +72,7 @@ size_t HeapAllocator::alloc(size_t bytes, size_t align) {
 }
 
 size_t HeapAllocator::alloc_top(size_t bytes, size_t align) {
-  FERRY_ARG_CHECK(align != 0 && (align & (align - 1)) == 0,
-                  "align is " + std::to_string(align) + "; expected a power of two");
-  if (align < kHeapUnit) align = kHeapUnit;
+  align = allocation_align(align);
   const size_t need = heap_rounded_bytes(bytes);
   if (need != 0) {
     for (auto it = free_.rbegin(); it != free_.rend(); ++it) {

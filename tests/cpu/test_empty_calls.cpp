@@ -9,8 +9,8 @@
 #include <map>
 #include <vector>
 
-#include "coll/sm_path.hpp"
 #include "coll/plan.hpp"
+#include "coll/sm_path.hpp"
 
 using namespace ferry;
 

@@ -10,19 +10,14 @@
 
 #include "coll/failure.hpp"
 #include "core/error.hpp"
+#include "error_of.hpp"
 
 using namespace ferry;
 
 namespace {
 
 ferry_result_t raised(Failure& f, std::string* message = nullptr) {
-  try {
-    f.raise();
-  } catch (const Error& e) {
-    if (message) *message = e.what();
-    return e.code();
-  }
-  return FERRY_SUCCESS;
+  return code_of([&] { f.raise(); }, message);
 }
 
 }  // namespace

@@ -6,26 +6,13 @@
 #include <random>
 
 #include "core/error.hpp"
+#include "error_of.hpp"
 #include "ferry/device/team.cuh"
 #include "symm/heap_plan.hpp"
 #include "symm/registration.hpp"
 
 using namespace ferry;
 using device::Team;
-
-namespace {
-
-ferry_result_t code_of(const std::function<void()>& f, std::string* message = nullptr) {
-  try {
-    f();
-  } catch (const Error& e) {
-    if (message) *message = e.what();
-    return e.code();
-  }
-  return FERRY_SUCCESS;
-}
-
-}  // namespace
 
 TEST(HeapAllocator, SameCallsGiveSameOffsetsAndAlignmentHolds) {
   HeapAllocator a(1 << 20, 16384), b(1 << 20, 16384);
