@@ -225,7 +225,7 @@ CollectiveMemory::Registration& CollectiveMemory::register_buffers(const std::ve
       } catch (const std::exception& e) {
         mine.kind = '!';
         mine.error = e.what();
-        if (const auto* fe = dynamic_cast<const Error*>(&e)) mine.code = fe->code();
+        mine.code = error_code(e, FERRY_ERROR_INVALID_ARGUMENT);
       }
       release_vmm_buffer(vb);  // the descriptors keep the pieces alive until peers import them
       auto close_fds = [&] {

@@ -20,6 +20,12 @@ class Error : public std::runtime_error {
 };
 
 [[noreturn]] void throw_error(ferry_result_t code, const std::string& message);
+// The code of `e` when it is ferry's Error, else `otherwise`: what a rank
+// reports to its peers when a step of a collective call failed on it.
+inline ferry_result_t error_code(const std::exception& e, ferry_result_t otherwise) {
+  const auto* mine = dynamic_cast<const Error*>(&e);
+  return mine ? mine->code() : otherwise;
+}
 [[noreturn]] void throw_cuda_error(int err, const char* expr, const char* file, int line);
 [[noreturn]] void throw_cu_error(int err, const char* expr, const char* file, int line);
 [[noreturn]] void throw_errno(const std::string& what, int err, const char* file, int line);

@@ -237,8 +237,8 @@ void SymmetricHeap::grow(size_t end) {
       const int me = group_.ranks[0], dev = group_.devices[0];
       DeviceScope on(dev);
       // A rank that cannot make its chunk (its GPU is out of memory, say)
-      // says so before anything moves, and every rank refuses together,
-      // naming it, instead of waiting for its descriptor until the timeout.
+      // says so before anything moves: its peers would otherwise wait for a
+      // descriptor that never comes. Every rank then refuses together, naming it.
       LocalFailure made;
       made.run([&] {
         map_chunk(me, create_chunk(dev), {dev});
@@ -369,7 +369,7 @@ size_t SymmetricHeap::register_memory(const std::vector<void*>& buffers, size_t 
       }
     } catch (const std::exception& e) {
       problems[i] = e.what();
-      if (const auto* fe = dynamic_cast<const Error*>(&e)) codes[i] = fe->code();
+      codes[i] = error_code(e, FERRY_ERROR_INVALID_ARGUMENT);
     }
   }
   auto release_mine = [&] {

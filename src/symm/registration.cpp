@@ -160,8 +160,7 @@ void LocalFailure::run(const std::function<void()>& step) {
     step();
   } catch (const std::exception& e) {
     error_ = std::current_exception();
-    const auto* ferry_error = dynamic_cast<const Error*>(&e);
-    code_ = ferry_error ? ferry_error->code() : FERRY_ERROR_INTERNAL;
+    code_ = error_code(e, FERRY_ERROR_INTERNAL);
     try {
       message_ = e.what();
     } catch (...) {  // out of memory for the message: the rank still answers agree()
