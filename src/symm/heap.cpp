@@ -734,8 +734,9 @@ void SymmetricHeap::watch(int local, const uint64_t* word, uint64_t value, int f
 // Stream waits past their deadline are released (a copy engine writes the
 // value they wait for into the word, on a stream the heap made for this) and
 // leave the fault check() raises: a peer that never signals costs a timeout,
-// never a hang. No CUDA call is made under the lock, so a thread adding a
-// wait never waits for one.
+// never a hang. Once a fault is set, every wait the stream has reached is
+// released at the next look, so a queue of them costs one timeout. No CUDA call is made under the lock, so a thread
+// adding a wait never waits for one.
 void SymmetricHeap::watcher_loop() {
   std::vector<Watched> mine;
   unsigned next_slot = 0;
@@ -792,7 +793,10 @@ void SymmetricHeap::watcher_loop() {
                     std::to_string(w.local) + "; released in " + std::to_string(group_.timeout_s) +
                     " s unless it passes");
         }
-        if (w.deadline == 0 || t < w.deadline) {
+        // Once a wait of this rank has given up the heap is out of step, and
+        // waits queued behind it would each hold their stream a whole timeout.
+        const bool faulted = *reinterpret_cast<volatile unsigned long long*>(fault_[w.local]) & device::kHeapFaultBit;
+        if (w.deadline == 0 || (t < w.deadline && !faulted)) {
           ++i;
           continue;
         }

@@ -1390,6 +1390,41 @@ def timeouts(ferry, torch, world: int, stream_wait: bool) -> list:
     )
     heap.close()
 
+    # Three waits queued on one stream for a signal that never comes: the
+    # first gives up after the timeout, the ones behind it soon after (they
+    # see its fault), not a timeout each.
+    heap = ferry.symm.Heap(comm, capacity=64 << 20)
+    sig = heap.zeros((1,), torch.int64)
+    oks = torch.full((3,), -1, dtype=torch.int32, device=devs[0])
+    torch.cuda.synchronize()
+    t0 = time.monotonic()
+    for i in range(3):
+        k.wait_copy(
+            raw(heap, 0),
+            sig[0].data_ptr(),
+            1,
+            1,
+            scratch.data_ptr(),
+            scratch.data_ptr(),
+            0,
+            oks[i].data_ptr(),
+            streams[0].cuda_stream,
+        )
+    streams[0].synchronize()
+    took = time.monotonic() - t0
+    if oks.tolist() != [0, 0, 0]:
+        fails.append(f"three queued waits with no signal returned {oks.tolist()}")
+    if not 1.5 < took < 3.5:
+        fails.append(f"three queued waits ended after {took:.2f} s; expected one 2 s timeout and little more")
+    expect_fault(
+        heap,
+        r"signal_wait_until on rank 0 waited for rank 1",
+        ferry.PeerTimeoutError,
+        "queued device waits",
+        t0,
+    )
+    heap.close()
+
     # A barrier rank 1 never reaches.
     heap = ferry.symm.Heap(comm, capacity=64 << 20)
     ctr = heap.zeros((1,), torch.int64)
@@ -1456,6 +1491,29 @@ def stream_wait_released(ferry, torch, comm, devs, streams, fails, expect_fault)
         )
     time.sleep(0.1)
     expect_fault(heap, r"heap.wait.*rank 1", ferry.PeerTimeoutError, "stream wait", t0)
+    heap.close()
+
+    # Three stream waits queued behind each other: released together once the
+    # first has given up, not a timeout each.
+    heap = ferry.symm.Heap(comm, capacity=64 << 20)
+    sig = heap.zeros((3,), torch.int64)
+    done.zero_()
+    torch.cuda.synchronize()
+    t0 = time.monotonic()
+    for i in range(3):
+        heap.wait(sig[i], 1, from_rank=1, stream=streams[0])
+    with torch.cuda.stream(streams[0]):
+        done.fill_(1)
+    streams[0].synchronize()
+    took = time.monotonic() - t0
+    if done.item() != 1:
+        fails.append("the work after three released stream waits did not run")
+    if not 1.5 < took < 3.5:
+        fails.append(
+            f"three queued stream waits ended after {took:.2f} s; expected one 2 s timeout and little more"
+        )
+    time.sleep(0.1)
+    expect_fault(heap, r"heap.wait.*rank 1", ferry.PeerTimeoutError, "queued stream waits", t0)
     heap.close()
     comm.close()
     return fails

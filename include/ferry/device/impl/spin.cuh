@@ -81,8 +81,21 @@ __device__ __forceinline__ void report(const Heap& h, WaitKind kind, int peer) {
   if (h.fault) atomicCAS_system(h.fault, 0ull, (unsigned long long)heap_fault_word(kind, peer));
 }
 
+/* Whether a wait of this rank has given up (the fault word is set): the
+ * heap's words are out of step from then on. */
+__device__ __forceinline__ bool faulted(const Heap& h) {
+  return h.fault && (*reinterpret_cast<volatile unsigned long long*>(h.fault) & kHeapFaultBit);
+}
+
+/* How long a wait spins before it also looks at the fault word. Waits queued
+ * behind one that gave up then end within about this long, not a whole
+ * timeout each; a wait shorter than this never pays the read of host memory. */
+constexpr uint64_t kFaultLookAfterNs = 1000000;
+
 /* Spins until ok(); after h.timeout_ns it reports (kind, peer) and returns
- * false. The clock is read once per 256 looks. */
+ * false, and after kFaultLookAfterNs it also returns false, leaving the
+ * first report in place, once another wait has given up. The clock (and,
+ * past that, the fault word) is read once per 256 looks. */
 template <class Ok>
 __device__ bool spin(const Heap& h, Ok ok, WaitKind kind, int peer) {
   uint64_t start = 0;
@@ -91,10 +104,14 @@ __device__ bool spin(const Heap& h, Ok ok, WaitKind kind, int peer) {
     const uint64_t t = now_ns();
     if (start == 0) {
       start = t;
-    } else if (t - start > h.timeout_ns) {
+      continue;
+    }
+    const uint64_t lasted = t - start;
+    if (lasted > h.timeout_ns) {
       report(h, kind, peer);
       return false;
     }
+    if (lasted > kFaultLookAfterNs && faulted(h)) return false;
   }
   return true;
 }
