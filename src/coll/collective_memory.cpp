@@ -80,20 +80,30 @@ std::vector<std::string> CollectiveMemory::allgather(const std::string& mine, co
   return all;
 }
 
+// A knob every rank must set alike (each computes its peers' side of the SM
+// path from its own): checked across processes, raised by every rank.
+long long CollectiveMemory::agreed_knob(const char* name) const {
+  const long long value = knob_int(name);
+  if (!group_.multi_process()) return value;
+  auto all = allgather(std::to_string(value), (std::string("communicator setup (") + name + ")").c_str());
+  for (int p = 0; p < group_.world; ++p)
+    if (all[p] != std::to_string(value))
+      throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(name) + " is " + std::to_string(value) + " on rank " +
+                                                    std::to_string(group_.ranks[0]) + " and " + all[p] + " on rank " +
+                                                    std::to_string(p) + "; set the same value on every rank");
+  return value;
+}
+
 void CollectiveMemory::create_sm_path_windows() {
   const int world = group_.world;
-  const long long slot = knob_int("FERRY_SM_BYTES");
-  if (group_.multi_process()) {
-    // Every rank computes peers' slot addresses from its own setting: they must agree.
-    auto all = allgather(std::to_string(slot), "communicator setup (FERRY_SM_BYTES)");
-    for (int p = 0; p < world; ++p)
-      if (all[p] != std::to_string(slot))
-        throw_error(FERRY_ERROR_INVALID_ARGUMENT, "FERRY_SM_BYTES is " + std::to_string(slot) + " on rank " +
-                                                      std::to_string(group_.ranks[0]) + " and " + all[p] + " on rank " +
-                                                      std::to_string(p) + "; set the same value on every rank");
-  }
-  // After the agreement check, so that every rank raises it.
+  const long long slot = agreed_knob("FERRY_SM_BYTES");
+  const long long ll_block = agreed_knob("FERRY_SM_LL_BLOCK_BYTES");
+  // After the agreement checks, so that every rank raises them.
   FERRY_ARG_CHECK(slot >= 0, "FERRY_SM_BYTES=" + std::to_string(slot) + ": expected 0 (off) or a byte count");
+  FERRY_ARG_CHECK(ll_block >= 8 && ll_block <= static_cast<long long>(kSmPathLowLatencyMaxBytes) && ll_block % 8 == 0,
+                  "FERRY_SM_LL_BLOCK_BYTES=" + std::to_string(ll_block) + ": expected a multiple of 8 from 8 to " +
+                      std::to_string(kSmPathLowLatencyMaxBytes));
+  sm_path_ll_block_bytes_ = static_cast<size_t>(ll_block);
   if (slot == 0 || world > kSmPathMaxRanks) return;
   sm_path_slot_bytes_ = round_up(static_cast<size_t>(slot), 256);
   const size_t offset = heap_->alloc(sm_path_window_bytes(world, sm_path_slot_bytes_), kBlockAlign, {});

@@ -2,14 +2,14 @@
 
 namespace ferry {
 
-int sm_path_blocks(size_t bytes) {
+int sm_path_blocks(size_t bytes, size_t ll_block_bytes) {
   // Low-latency format: each thread stores, then waits for, its units one
-  // after another; two per thread keeps that row short.
+  // after another, so more blocks shorten that row (units of 8 data bytes).
   // Else 32 KB per block: one block moves a few KB in about a microsecond
   // over NVLink; more blocks only pay off once the bytes keep them busy.
-  constexpr size_t kUnitsPerBlock = 2 * kSmPathThreads;
+  const size_t units_per_block = ll_block_bytes / 8 > 0 ? ll_block_bytes / 8 : 1;
   constexpr size_t kPerBlock = 32 << 10;
-  size_t b = sm_path_low_latency(bytes) ? (sm_path_ll_units(bytes) + kUnitsPerBlock - 1) / kUnitsPerBlock
+  size_t b = sm_path_low_latency(bytes) ? (sm_path_ll_units(bytes) + units_per_block - 1) / units_per_block
                                         : (bytes + kPerBlock - 1) / kPerBlock;
   if (b < 1) b = 1;
   return static_cast<int>(b < size_t(kSmPathMaxBlocks) ? b : kSmPathMaxBlocks);
@@ -43,7 +43,8 @@ Selection select_variant_with_sm(CollOp op, int world, size_t selection_bytes, s
 }
 
 SmPathStep plan_sm_path(CollOp op, int rank, int world, const char* in, char* out, size_t bytes, int root,
-                        const std::vector<size_t>& counts, uint32_t tag, uint32_t dtype, uint32_t red_op) {
+                        const std::vector<size_t>& counts, uint32_t tag, uint32_t dtype, uint32_t red_op,
+                        size_t ll_block_bytes) {
   SmPathStep s;
   s.dtype = dtype;
   s.red_op = red_op;
@@ -52,7 +53,7 @@ SmPathStep plan_sm_path(CollOp op, int rank, int world, const char* in, char* ou
   s.rank = rank;
   s.world = world;
   const size_t largest = sm_path_largest_block(op, bytes, counts);
-  s.blocks = sm_path_blocks(largest);
+  s.blocks = sm_path_blocks(largest, ll_block_bytes);
   s.low_latency = sm_path_low_latency(largest);
   s.tag = tag;
   const auto W = static_cast<size_t>(world);

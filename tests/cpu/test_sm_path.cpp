@@ -21,6 +21,12 @@ TEST(SmPath, BlocksGrowWithBytesUpToTheCap) {
   EXPECT_EQ(sm_path_blocks(kSmPathLowLatencyMaxBytes + 1), int(kSmPathLowLatencyMaxBytes / (32 << 10)) + 1);
   EXPECT_EQ(sm_path_blocks(1 << 20), kSmPathMaxBlocks);
   EXPECT_EQ(sm_path_blocks(size_t(1) << 30), kSmPathMaxBlocks);
+  // Fewer data bytes per block of the low-latency format: more blocks, still at most kSmPathMaxBlocks.
+  EXPECT_EQ(sm_path_blocks(16 << 10, 2048), 8);
+  EXPECT_EQ(sm_path_blocks(16 << 10, 4096), 4);
+  EXPECT_EQ(sm_path_blocks(kSmPathLowLatencyMaxBytes, 1024), kSmPathMaxBlocks);
+  EXPECT_EQ(sm_path_blocks(1, 8), 1);
+  EXPECT_EQ(sm_path_blocks(kSmPathLowLatencyMaxBytes + 1, 1024), sm_path_blocks(kSmPathLowLatencyMaxBytes + 1));
 }
 
 TEST(SmPath, SlotsFollowTheHeaderAndNeverOverlap) {

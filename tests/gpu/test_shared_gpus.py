@@ -26,17 +26,23 @@ CASES = [
     # ranks of its GPU waited for it, and the host stuck there (docs/
     # architecture.md, "Repeated eager calls").
     (8, "auto,b2b,seq,sm", "copy"),
+    # The SM path's low-latency format on more blocks than its default:
+    # 1 KB of data per block, so calls from 8 KB up run on 8 to 32 blocks.
+    (4, "sm", "copy", {"FERRY_SM_LL_BLOCK_BYTES": "1024"}),
 ]
 
 
-@pytest.mark.parametrize("world,algos,signals", [c for c in CASES if c[0] > GPU_COUNT], ids=lambda x: str(x))
-def test_world_larger_than_the_machine(world, algos, signals):
+@pytest.mark.parametrize(
+    "world,algos,signals,extra", [(c + ({},))[:4] for c in CASES if c[0] > GPU_COUNT], ids=lambda x: str(x)
+)
+def test_world_larger_than_the_machine(world, algos, signals, extra):
     env = dict(
         os.environ,
         FERRY_SHARED_GPUS="1",
         FERRY_SIGNALS=signals,
         CUDA_DEVICE_MAX_CONNECTIONS="32",
         **_checks.SAFE_ENV,
+        **extra,
     )
     here = os.path.dirname(os.path.abspath(_checks.__file__))
     run = subprocess.run(
