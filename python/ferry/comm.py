@@ -180,6 +180,13 @@ def _stream_handle(stream: Any, device: int) -> int:
         raise InvalidArgumentError(
             f"stream is a {type(stream).__name__}; expected a torch.cuda.Stream or an int handle"
         )
+    # Work for one GPU enqueued on another's stream fails inside CUDA with an
+    # unhelpful "invalid resource handle".
+    on = getattr(getattr(stream, "device", None), "index", None)
+    if on is not None and on != device:
+        raise InvalidArgumentError(
+            f"stream is a stream of cuda:{on}; expected one of cuda:{device}, the GPU of the rank the call is for"
+        )
     return handle
 
 

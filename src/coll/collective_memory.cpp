@@ -98,12 +98,15 @@ void CollectiveMemory::create_sm_path_windows() {
   const int world = group_.world;
   const long long slot = agreed_knob("FERRY_SM_BYTES");
   const long long ll_block = agreed_knob("FERRY_SM_LL_BLOCK_BYTES");
+  const long long span_block = agreed_knob("FERRY_SM_BLOCK_BYTES");
   // After the agreement checks, so that every rank raises them.
   FERRY_ARG_CHECK(slot >= 0, "FERRY_SM_BYTES=" + std::to_string(slot) + ": expected 0 (off) or a byte count");
   FERRY_ARG_CHECK(ll_block >= 8 && ll_block <= static_cast<long long>(kSmPathLowLatencyMaxBytes) && ll_block % 8 == 0,
                   "FERRY_SM_LL_BLOCK_BYTES=" + std::to_string(ll_block) + ": expected a multiple of 8 from 8 to " +
                       std::to_string(kSmPathLowLatencyMaxBytes));
-  sm_path_ll_block_bytes_ = static_cast<size_t>(ll_block);
+  FERRY_ARG_CHECK(span_block >= 16 && span_block % 16 == 0,
+                  "FERRY_SM_BLOCK_BYTES=" + std::to_string(span_block) + ": expected a positive multiple of 16");
+  sm_path_block_bytes_ = SmPathBlockBytes{static_cast<size_t>(ll_block), static_cast<size_t>(span_block)};
   if (slot == 0 || world > kSmPathMaxRanks) return;
   sm_path_slot_bytes_ = round_up(static_cast<size_t>(slot), 256);
   const size_t offset = heap_->alloc(sm_path_window_bytes(world, sm_path_slot_bytes_), kBlockAlign, {});

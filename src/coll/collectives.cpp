@@ -187,7 +187,7 @@ std::vector<Built> Communicator::build(const CollectiveArgs& a, std::vector<uint
     if (sm) {
       b.program.add_sm_path(plan_sm_path(
           a.op, r, world_, in, o, shape, a.root, a.counts, sig, reduction ? static_cast<uint32_t>(a.dtype) : 0,
-          reduction ? static_cast<uint32_t>(a.red_op) : 0, memory_->sm_path_ll_block_bytes()));
+          reduction ? static_cast<uint32_t>(a.red_op) : 0, memory_->sm_path_block_bytes()));
       continue;
     }
     buffers.rank = r;

@@ -115,13 +115,20 @@ FERRY_HOST_DEVICE inline uint64_t sm_path_flag_value(uint64_t call, uint32_t tag
 FERRY_HOST_DEVICE inline bool sm_path_flag_passes(uint64_t seen, uint64_t call, uint32_t tag) {
   return seen == sm_path_flag_value(call, tag) || seen >> 32 == ((call + 1) & 0xffffffffu);
 }
-// Data bytes per block in the low-latency format unless
-// FERRY_SM_LL_BLOCK_BYTES says otherwise (the same on every rank).
-constexpr size_t kSmPathLowLatencyBlockBytes = 8192;
+// Data bytes per block of a call, the same on every rank: in the
+// low-latency format (FERRY_SM_LL_BLOCK_BYTES) and in the span format
+// (FERRY_SM_BLOCK_BYTES). On two H200s, 2 KB in the low-latency format took
+// about 1 us (15-20%) off 16-64 KB calls against 8 KB, and 1 KB was no
+// faster (docs/performance-log.md, thirty-third session). In the span format
+// one block moves a few KB in about a microsecond over NVLink, and more
+// blocks only pay off once the bytes keep them busy.
+struct SmPathBlockBytes {
+  size_t low_latency = 2048;
+  size_t spans = 32 << 10;
+};
 // Blocks for a call whose largest block is `bytes` (the same on every rank):
-// in the low-latency format `ll_block_bytes` of data each, else about 32 KB
-// each; at least 1, at most kSmPathMaxBlocks.
-int sm_path_blocks(size_t bytes, size_t ll_block_bytes = kSmPathLowLatencyBlockBytes);
+// at least 1, at most kSmPathMaxBlocks.
+int sm_path_blocks(size_t bytes, SmPathBlockBytes per = {});
 // The largest block one rank sends one peer: `bytes` (all_gather's input,
 // an all_to_all block, a broadcast, reduce_scatter's result, all_reduce's
 // whole buffer), or the largest entry of all_to_allv's counts (bytes from
@@ -141,6 +148,6 @@ Selection select_variant_with_sm(CollOp op, int world, size_t selection_bytes, s
 // (one round of signals instead of the two exchanges of the copy-engine path).
 SmPathStep plan_sm_path(CollOp op, int rank, int world, const char* in, char* out, size_t bytes, int root,
                         const std::vector<size_t>& counts, uint32_t tag, uint32_t dtype = 0, uint32_t red_op = 0,
-                        size_t ll_block_bytes = kSmPathLowLatencyBlockBytes);
+                        SmPathBlockBytes per = {});
 
 }  // namespace ferry

@@ -1,18 +1,17 @@
+#include <algorithm>
+
 #include "coll/sm_path.hpp"
 
 namespace ferry {
 
-int sm_path_blocks(size_t bytes, size_t ll_block_bytes) {
-  // Low-latency format: each thread stores, then waits for, its units one
-  // after another, so more blocks shorten that row (units of 8 data bytes).
-  // Else 32 KB per block: one block moves a few KB in about a microsecond
-  // over NVLink; more blocks only pay off once the bytes keep them busy.
-  const size_t units_per_block = ll_block_bytes / 8 > 0 ? ll_block_bytes / 8 : 1;
-  constexpr size_t kPerBlock = 32 << 10;
-  size_t b = sm_path_low_latency(bytes) ? (sm_path_ll_units(bytes) + units_per_block - 1) / units_per_block
-                                        : (bytes + kPerBlock - 1) / kPerBlock;
-  if (b < 1) b = 1;
-  return static_cast<int>(b < size_t(kSmPathMaxBlocks) ? b : kSmPathMaxBlocks);
+int sm_path_blocks(size_t bytes, SmPathBlockBytes per) {
+  // Low-latency format: each thread stores, then waits for, its units (8
+  // data bytes each) one after another, so more blocks shorten that row.
+  const bool ll = sm_path_low_latency(bytes);
+  const size_t unit = ll ? 8 : 1, have = ll ? sm_path_ll_units(bytes) : bytes;
+  const size_t step = std::max<size_t>((ll ? per.low_latency : per.spans) / unit, 1);
+  const size_t b = std::max<size_t>((have + step - 1) / step, 1);
+  return static_cast<int>(std::min<size_t>(b, kSmPathMaxBlocks));
 }
 
 size_t sm_path_largest_block(CollOp op, size_t bytes, const std::vector<size_t>& counts) {
@@ -44,7 +43,7 @@ Selection select_variant_with_sm(CollOp op, int world, size_t selection_bytes, s
 
 SmPathStep plan_sm_path(CollOp op, int rank, int world, const char* in, char* out, size_t bytes, int root,
                         const std::vector<size_t>& counts, uint32_t tag, uint32_t dtype, uint32_t red_op,
-                        size_t ll_block_bytes) {
+                        SmPathBlockBytes per) {
   SmPathStep s;
   s.dtype = dtype;
   s.red_op = red_op;
@@ -53,7 +52,7 @@ SmPathStep plan_sm_path(CollOp op, int rank, int world, const char* in, char* ou
   s.rank = rank;
   s.world = world;
   const size_t largest = sm_path_largest_block(op, bytes, counts);
-  s.blocks = sm_path_blocks(largest, ll_block_bytes);
+  s.blocks = sm_path_blocks(largest, per);
   s.low_latency = sm_path_low_latency(largest);
   s.tag = tag;
   const auto W = static_cast<size_t>(world);

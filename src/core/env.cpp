@@ -91,9 +91,12 @@ const std::vector<Knob>& knobs() {
       {"FERRY_SM_BYTES", "int", "1048576",
        "largest block per peer that algo 'sm' (the SM kernel for small collectives) moves; each rank's window "
        "takes 2 x world x (this + 128 KB) of GPU memory, allocated at creation (up to 8 ranks); 0: no window, no 'sm'"},
-      {"FERRY_SM_LL_BLOCK_BYTES", "int", "8192",
+      {"FERRY_SM_LL_BLOCK_BYTES", "int", "2048",
        "data bytes per block of algo 'sm' for calls whose largest block is at most 64 KiB (its low-latency "
        "format): fewer bytes, more blocks (at most 32); a multiple of 8, the same on every rank"},
+      {"FERRY_SM_BLOCK_BYTES", "int", "32768",
+       "data bytes per block of algo 'sm' for calls whose largest block is over 64 KiB: fewer bytes, more blocks (at "
+       "most 32); a multiple of 16, the same on every rank"},
   };
   return table;
 }

@@ -11,22 +11,30 @@
 using namespace ferry;
 
 TEST(SmPath, BlocksGrowWithBytesUpToTheCap) {
-  // Low-latency format: two 8-byte units per thread.
+  // Low-latency format: SmPathBlockBytes::low_latency of data per block by default.
+  const size_t kLl = SmPathBlockBytes{}.low_latency;
   EXPECT_EQ(sm_path_blocks(0), 1);
   EXPECT_EQ(sm_path_blocks(1), 1);
-  EXPECT_EQ(sm_path_blocks(16 * kSmPathThreads), 1);
-  EXPECT_EQ(sm_path_blocks(16 * kSmPathThreads + 1), 2);
-  EXPECT_EQ(sm_path_blocks(kSmPathLowLatencyMaxBytes), int(kSmPathLowLatencyMaxBytes / (16 * kSmPathThreads)));
+  EXPECT_EQ(sm_path_blocks(kLl), 1);
+  EXPECT_EQ(sm_path_blocks(kLl + 1), 2);
+  EXPECT_EQ(sm_path_blocks(kSmPathLowLatencyMaxBytes),
+            std::min(int(kSmPathLowLatencyMaxBytes / kLl), kSmPathMaxBlocks));
+  EXPECT_EQ(sm_path_blocks(16 * kSmPathThreads, {16 * kSmPathThreads}), 1);  // two units per thread
+  EXPECT_EQ(sm_path_blocks(16 * kSmPathThreads + 1, {16 * kSmPathThreads}), 2);
   // Past it: 32 KB per block.
   EXPECT_EQ(sm_path_blocks(kSmPathLowLatencyMaxBytes + 1), int(kSmPathLowLatencyMaxBytes / (32 << 10)) + 1);
   EXPECT_EQ(sm_path_blocks(1 << 20), kSmPathMaxBlocks);
   EXPECT_EQ(sm_path_blocks(size_t(1) << 30), kSmPathMaxBlocks);
   // Fewer data bytes per block of the low-latency format: more blocks, still at most kSmPathMaxBlocks.
-  EXPECT_EQ(sm_path_blocks(16 << 10, 2048), 8);
-  EXPECT_EQ(sm_path_blocks(16 << 10, 4096), 4);
-  EXPECT_EQ(sm_path_blocks(kSmPathLowLatencyMaxBytes, 1024), kSmPathMaxBlocks);
-  EXPECT_EQ(sm_path_blocks(1, 8), 1);
-  EXPECT_EQ(sm_path_blocks(kSmPathLowLatencyMaxBytes + 1, 1024), sm_path_blocks(kSmPathLowLatencyMaxBytes + 1));
+  EXPECT_EQ(sm_path_blocks(16 << 10, {2048}), 8);
+  EXPECT_EQ(sm_path_blocks(16 << 10, {4096}), 4);
+  EXPECT_EQ(sm_path_blocks(kSmPathLowLatencyMaxBytes, {1024}), kSmPathMaxBlocks);
+  EXPECT_EQ(sm_path_blocks(1, {8}), 1);
+  EXPECT_EQ(sm_path_blocks(kSmPathLowLatencyMaxBytes + 1, {1024}), sm_path_blocks(kSmPathLowLatencyMaxBytes + 1));
+  // The span format's bytes per block.
+  EXPECT_EQ(sm_path_blocks(256 << 10, {2048, 16 << 10}), 16);
+  EXPECT_EQ(sm_path_blocks(256 << 10, {2048, 64 << 10}), 4);
+  EXPECT_EQ(sm_path_blocks(1 << 20, {2048, 16}), kSmPathMaxBlocks);
 }
 
 TEST(SmPath, SlotsFollowTheHeaderAndNeverOverlap) {
@@ -232,7 +240,8 @@ TEST(SmPath, AllGatherAllToAllBroadcastMoveTheRightBytes) {
         ASSERT_EQ(bc[r], ins[2]) << n << " B, spans " << spans;
       }
     }
-  EXPECT_EQ(sm_path_blocks(40001), 5);
+  EXPECT_EQ(sm_path_blocks(40001, {8192}), 5);
+  EXPECT_EQ(sm_path_blocks(40001, {2048}), 20);
   EXPECT_EQ(sm_path_blocks(70001), 3);
 }
 

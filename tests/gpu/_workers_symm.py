@@ -1501,7 +1501,7 @@ def stream_wait_released(ferry, torch, comm, devs, streams, fails, expect_fault)
     torch.cuda.synchronize()
     t0 = time.monotonic()
     for i in range(3):
-        heap.wait(sig[i], 1, from_rank=1, stream=streams[0])
+        heap.wait(sig[0][i], 1, from_rank=1, stream=streams[0])
     with torch.cuda.stream(streams[0]):
         done.fill_(1)
     streams[0].synchronize()
