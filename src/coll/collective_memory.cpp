@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "coll/plan.hpp"
@@ -99,6 +101,7 @@ void CollectiveMemory::create_sm_path_windows() {
   const long long slot = agreed_knob("FERRY_SM_BYTES");
   const long long ll_block = agreed_knob("FERRY_SM_LL_BLOCK_BYTES");
   const long long span_block = agreed_knob("FERRY_SM_BLOCK_BYTES");
+  const long long shared_gpus = agreed_knob("FERRY_SHARED_GPUS");
   // After the agreement checks, so that every rank raises them.
   FERRY_ARG_CHECK(slot >= 0, "FERRY_SM_BYTES=" + std::to_string(slot) + ": expected 0 (off) or a byte count");
   FERRY_ARG_CHECK(ll_block >= 8 && ll_block <= static_cast<long long>(kSmPathLowLatencyMaxBytes) && ll_block % 8 == 0,
@@ -106,8 +109,20 @@ void CollectiveMemory::create_sm_path_windows() {
                       std::to_string(kSmPathLowLatencyMaxBytes));
   FERRY_ARG_CHECK(span_block >= 16 && span_block % 16 == 0,
                   "FERRY_SM_BLOCK_BYTES=" + std::to_string(span_block) + ": expected a positive multiple of 16");
-  sm_path_block_bytes_ = SmPathBlockBytes{static_cast<size_t>(ll_block), static_cast<size_t>(span_block)};
   if (slot == 0 || world > kSmPathMaxRanks) return;
+  sm_path_blocks_ = SmPathBlocks{static_cast<size_t>(ll_block), static_cast<size_t>(span_block), kSmPathMaxBlocks};
+  if (shared_gpus) {
+    // Ranks sharing a GPU run their SM-path kernels side by side, and a
+    // block that waits for a peer's block needs it resident too: all of them
+    // must fit, with room left for other waiting kernels (signal rounds). At
+    // most world ranks share one GPU; every rank takes the least of all.
+    int resident = std::numeric_limits<int>::max();
+    for (int d : group_.devices) resident = std::min(resident, sm_path_resident_blocks(d));
+    if (group_.multi_process())
+      for (const auto& r : allgather(std::to_string(resident), "communicator setup (FERRY_SHARED_GPUS)"))
+        resident = std::min(resident, std::stoi(r));
+    sm_path_blocks_.max_blocks = std::clamp(resident / (2 * world), 1, kSmPathMaxBlocks);
+  }
   sm_path_slot_bytes_ = round_up(static_cast<size_t>(slot), 256);
   const size_t offset = heap_->alloc(sm_path_window_bytes(world, sm_path_slot_bytes_), kBlockAlign, {});
   for (int p = 0; p < world; ++p) sm_path_windows_.base[p] = heap_->at(p, offset);

@@ -61,7 +61,7 @@ class CollectiveMemory {
   // Bytes per source slot of a window; 0: no SM path.
   size_t sm_path_slot_bytes() const { return sm_path_slot_bytes_; }
   // Data bytes per block of the SM path (FERRY_SM_LL_BLOCK_BYTES, FERRY_SM_BLOCK_BYTES).
-  const SmPathBlockBytes& sm_path_block_bytes() const { return sm_path_block_bytes_; }
+  const SmPathBlocks& sm_path_blocks() const { return sm_path_blocks_; }
 
   // The scratch, if it holds at least `bytes` per rank.
   const ScratchBlock* find_scratch(size_t bytes) const;
@@ -99,7 +99,7 @@ class CollectiveMemory {
   size_t device_flags_offset_ = 0;
   SmPathWindows sm_path_windows_{};
   size_t sm_path_slot_bytes_ = 0;
-  SmPathBlockBytes sm_path_block_bytes_;
+  SmPathBlocks sm_path_blocks_;
   std::vector<ScratchBlock> scratch_;      // largest last
   std::list<Registration> registrations_;  // a list: references stay valid
   uint32_t next_registration_ = 1;

@@ -185,9 +185,9 @@ std::vector<Built> Communicator::build(const CollectiveArgs& a, std::vector<uint
     s.registration = reg_id;
     b.record = locals_[i]->records->intern(s);
     if (sm) {
-      b.program.add_sm_path(plan_sm_path(
-          a.op, r, world_, in, o, shape, a.root, a.counts, sig, reduction ? static_cast<uint32_t>(a.dtype) : 0,
-          reduction ? static_cast<uint32_t>(a.red_op) : 0, memory_->sm_path_block_bytes()));
+      b.program.add_sm_path(plan_sm_path(a.op, r, world_, in, o, shape, a.root, a.counts, sig,
+                                         reduction ? static_cast<uint32_t>(a.dtype) : 0,
+                                         reduction ? static_cast<uint32_t>(a.red_op) : 0, memory_->sm_path_blocks()));
       continue;
     }
     buffers.rank = r;

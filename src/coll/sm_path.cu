@@ -1,11 +1,14 @@
 // The SM path's kernel: pushes by stores, one flag per peer, waits by
 // spinning, copy out of the window (coll/sm_path.hpp says why it is safe).
+#include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "coll/copy_words.cuh"
 #include "coll/kernel_wait.cuh"
 #include "coll/reduce_math.cuh"
 #include "coll/sm_path_kernel.hpp"
+#include "core/cuda_scope.hpp"
 #include "core/error.hpp"
 
 namespace ferry {
@@ -277,6 +280,27 @@ void load_sm_path_kernels() {
       s.red_op = static_cast<uint32_t>(op);
       with_kernel(s, [&](auto kernel) { FERRY_CUDA_CHECK(cudaFuncGetAttributes(&a, kernel)); });
     }
+}
+
+int sm_path_resident_blocks(int device) {
+  DeviceScope on(device);
+  int sms = 0;
+  FERRY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  int fewest = std::numeric_limits<int>::max();
+  auto look = [&](auto kernel) {
+    int n = 0;
+    FERRY_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, 0));
+    fewest = std::min(fewest, n);
+  };
+  look(sm_path_kernel<NoReduction>);
+  for (DType t : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kInt32, DType::kFloat64, DType::kInt64})
+    for (RedOp op : {RedOp::kSum, RedOp::kMax, RedOp::kMin}) {
+      SmPathStep s;
+      s.dtype = static_cast<uint32_t>(t);
+      s.red_op = static_cast<uint32_t>(op);
+      with_kernel(s, look);
+    }
+  return sms * fewest;
 }
 
 void launch_sm_path(const SmPathStep& s, const SmPathWindows& w, size_t slot_bytes, const KernelWait& c,

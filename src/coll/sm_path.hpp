@@ -122,13 +122,17 @@ FERRY_HOST_DEVICE inline bool sm_path_flag_passes(uint64_t seen, uint64_t call, 
 // faster (docs/performance-log.md, thirty-third session). In the span format
 // one block moves a few KB in about a microsecond over NVLink, and more
 // blocks only pay off once the bytes keep them busy.
-struct SmPathBlockBytes {
+// `max_blocks` caps a call's grid where ranks share a GPU (tests only): each
+// block spins until its peers' blocks have run, so all of them must fit on
+// the GPU at once.
+struct SmPathBlocks {
   size_t low_latency = 2048;
   size_t spans = 32 << 10;
+  int max_blocks = kSmPathMaxBlocks;
 };
 // Blocks for a call whose largest block is `bytes` (the same on every rank):
-// at least 1, at most kSmPathMaxBlocks.
-int sm_path_blocks(size_t bytes, SmPathBlockBytes per = {});
+// at least 1, at most per.max_blocks.
+int sm_path_blocks(size_t bytes, SmPathBlocks per = {});
 // The largest block one rank sends one peer: `bytes` (all_gather's input,
 // an all_to_all block, a broadcast, reduce_scatter's result, all_reduce's
 // whole buffer), or the largest entry of all_to_allv's counts (bytes from
@@ -148,6 +152,6 @@ Selection select_variant_with_sm(CollOp op, int world, size_t selection_bytes, s
 // (one round of signals instead of the two exchanges of the copy-engine path).
 SmPathStep plan_sm_path(CollOp op, int rank, int world, const char* in, char* out, size_t bytes, int root,
                         const std::vector<size_t>& counts, uint32_t tag, uint32_t dtype = 0, uint32_t red_op = 0,
-                        SmPathBlockBytes per = {});
+                        SmPathBlocks per = {});
 
 }  // namespace ferry

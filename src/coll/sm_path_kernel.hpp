@@ -18,5 +18,8 @@ void launch_sm_path(const SmPathStep& s, const SmPathWindows& w, size_t slot_byt
                     cudaStream_t stream);
 // Loads the kernel now (see load_local_copy_kernels for why).
 void load_sm_path_kernels();
+// Blocks of the SM path's kernel that GPU `device` holds at once (its
+// heaviest instantiation's occupancy times the GPU's SMs).
+int sm_path_resident_blocks(int device);
 
 }  // namespace ferry

@@ -4,14 +4,14 @@
 
 namespace ferry {
 
-int sm_path_blocks(size_t bytes, SmPathBlockBytes per) {
+int sm_path_blocks(size_t bytes, SmPathBlocks per) {
   // Low-latency format: each thread stores, then waits for, its units (8
   // data bytes each) one after another, so more blocks shorten that row.
   const bool ll = sm_path_low_latency(bytes);
   const size_t unit = ll ? 8 : 1, have = ll ? sm_path_ll_units(bytes) : bytes;
   const size_t step = std::max<size_t>((ll ? per.low_latency : per.spans) / unit, 1);
   const size_t b = std::max<size_t>((have + step - 1) / step, 1);
-  return static_cast<int>(std::min<size_t>(b, kSmPathMaxBlocks));
+  return static_cast<int>(std::min<size_t>(b, static_cast<size_t>(std::clamp(per.max_blocks, 1, kSmPathMaxBlocks))));
 }
 
 size_t sm_path_largest_block(CollOp op, size_t bytes, const std::vector<size_t>& counts) {
@@ -43,7 +43,7 @@ Selection select_variant_with_sm(CollOp op, int world, size_t selection_bytes, s
 
 SmPathStep plan_sm_path(CollOp op, int rank, int world, const char* in, char* out, size_t bytes, int root,
                         const std::vector<size_t>& counts, uint32_t tag, uint32_t dtype, uint32_t red_op,
-                        SmPathBlockBytes per) {
+                        SmPathBlocks per) {
   SmPathStep s;
   s.dtype = dtype;
   s.red_op = red_op;

@@ -11,8 +11,8 @@
 using namespace ferry;
 
 TEST(SmPath, BlocksGrowWithBytesUpToTheCap) {
-  // Low-latency format: SmPathBlockBytes::low_latency of data per block by default.
-  const size_t kLl = SmPathBlockBytes{}.low_latency;
+  // Low-latency format: SmPathBlocks::low_latency of data per block by default.
+  const size_t kLl = SmPathBlocks{}.low_latency;
   EXPECT_EQ(sm_path_blocks(0), 1);
   EXPECT_EQ(sm_path_blocks(1), 1);
   EXPECT_EQ(sm_path_blocks(kLl), 1);
@@ -35,6 +35,11 @@ TEST(SmPath, BlocksGrowWithBytesUpToTheCap) {
   EXPECT_EQ(sm_path_blocks(256 << 10, {2048, 16 << 10}), 16);
   EXPECT_EQ(sm_path_blocks(256 << 10, {2048, 64 << 10}), 4);
   EXPECT_EQ(sm_path_blocks(1 << 20, {2048, 16}), kSmPathMaxBlocks);
+  // Ranks sharing a GPU: a cap on the grid, whatever the bytes.
+  EXPECT_EQ(sm_path_blocks(64 << 10, {2048, 32 << 10, 8}), 8);
+  EXPECT_EQ(sm_path_blocks(1 << 20, {2048, 32 << 10, 8}), 8);
+  EXPECT_EQ(sm_path_blocks(1 << 20, {2048, 32 << 10, 0}), 1);
+  EXPECT_EQ(sm_path_blocks(4 << 10, {2048, 32 << 10, 8}), 2);
 }
 
 TEST(SmPath, SlotsFollowTheHeaderAndNeverOverlap) {
