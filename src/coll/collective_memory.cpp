@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -83,17 +84,21 @@ std::vector<std::string> CollectiveMemory::allgather(const std::string& mine, co
 }
 
 // A knob every rank must set alike (each computes its peers' side of the SM
-// path from its own): checked across processes, raised by every rank.
+// path from its own): the raw settings are compared across processes before
+// any rank parses its own, so that a malformed or different value is raised by
+// every rank (one rank raising alone would leave the others in the exchange).
 long long CollectiveMemory::agreed_knob(const char* name) const {
-  const long long value = knob_int(name);
-  if (!group_.multi_process()) return value;
-  auto all = allgather(std::to_string(value), (std::string("communicator setup (") + name + ")").c_str());
-  for (int p = 0; p < group_.world; ++p)
-    if (all[p] != std::to_string(value))
-      throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(name) + " is " + std::to_string(value) + " on rank " +
-                                                    std::to_string(group_.ranks[0]) + " and " + all[p] + " on rank " +
-                                                    std::to_string(p) + "; set the same value on every rank");
-  return value;
+  if (group_.multi_process()) {
+    const char* raw = std::getenv(name);
+    const std::string mine = raw ? std::string("=") + raw : std::string("unset");
+    auto all = allgather(mine, (std::string("communicator setup (") + name + ")").c_str());
+    for (int p = 0; p < group_.world; ++p)
+      if (all[p] != mine)
+        throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(name) + " is " + mine + " on rank " +
+                                                      std::to_string(group_.ranks[0]) + " and " + all[p] + " on rank " +
+                                                      std::to_string(p) + "; set the same value on every rank");
+  }
+  return knob_int(name);
 }
 
 void CollectiveMemory::create_sm_path_windows() {
@@ -117,10 +122,24 @@ void CollectiveMemory::create_sm_path_windows() {
     // must fit, with room left for other waiting kernels (signal rounds). At
     // most world ranks share one GPU; every rank takes the least of all.
     int resident = std::numeric_limits<int>::max();
-    for (int d : group_.devices) resident = std::min(resident, sm_path_resident_blocks(d));
-    if (group_.multi_process())
-      for (const auto& r : allgather(std::to_string(resident), "communicator setup (FERRY_SHARED_GPUS)"))
-        resident = std::min(resident, std::stoi(r));
+    std::string failed;
+    try {
+      for (int d : group_.devices) resident = std::min(resident, sm_path_resident_blocks(d));
+    } catch (const std::exception& e) {
+      failed = e.what();
+    }
+    if (group_.multi_process()) {
+      // A rank that could not ask still takes part, so that every rank raises.
+      auto all =
+          allgather(failed.empty() ? std::to_string(resident) : "!" + failed, "communicator setup (FERRY_SHARED_GPUS)");
+      for (int p = 0; p < group_.world; ++p) {
+        if (!all[p].empty() && all[p][0] == '!')
+          throw_error(FERRY_ERROR_CUDA, "communicator setup: rank " + std::to_string(p) +
+                                            " could not read its GPU's SM-path occupancy: " + all[p].substr(1));
+        resident = std::min(resident, std::stoi(all[p]));
+      }
+    }
+    if (!failed.empty()) throw_error(FERRY_ERROR_CUDA, "communicator setup: " + failed);
     sm_path_blocks_.max_blocks = std::clamp(resident / (2 * world), 1, kSmPathMaxBlocks);
   }
   sm_path_slot_bytes_ = round_up(static_cast<size_t>(slot), 256);

@@ -740,14 +740,16 @@ void SymmetricHeap::watch(int local, const uint64_t* word, uint64_t value, int f
 void SymmetricHeap::watcher_loop() {
   std::vector<Watched> mine;
   unsigned next_slot = 0;
-  auto release = [&](Watched& w, bool closing) {
+  // `why`: what the debug log says; null while closing (no fault is left then).
+  auto release = [&](Watched& w, const char* why) {
+    const bool closing = why == nullptr;
     // A stream write on the greatest-priority stream, as the communicator's
     // watchdog opens its gates (proven on the GPU); a copy from pinned memory
     // if the write cannot be queued.
     try {
       dma::mem_ops(rescue_[w.local], {MemOp{MemOp::Kind::kWrite, w.word, w.value}});
       debug_log(std::string("symmetric heap: released a stream's ") + w.what + " on local rank " +
-                std::to_string(w.local) + (closing ? " (closing)" : " past the timeout"));
+                std::to_string(w.local) + (closing ? " (closing)" : why));
     } catch (const std::exception& e) {
       uint64_t* value = &rescue_values_[w.local][next_slot++ % kRescueSlots];
       *value = w.value;
@@ -785,7 +787,7 @@ void SymmetricHeap::watcher_loop() {
       if (stopping) {
         // Closing with waits still queued: let them go before the memory they
         // watch is unmapped, so that no stream waits on unmapped memory.
-        if (!done(w.passed)) release(w, true);
+        if (!done(w.passed)) release(w, nullptr);
       } else if (!done(w.passed)) {
         if (w.deadline == 0 && done(w.reached)) {
           w.deadline = t + group_.timeout_s;
@@ -800,7 +802,7 @@ void SymmetricHeap::watcher_loop() {
           ++i;
           continue;
         }
-        release(w, false);
+        release(w, t < w.deadline ? " after an earlier wait gave up" : " past the timeout");
       }
       if (stopping) {
         cudaEventDestroy(w.reached);

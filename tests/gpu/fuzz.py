@@ -295,15 +295,6 @@ def has_empty_part(op: Op, world: int) -> bool:
     return any(op.send(r) == 0 or op.recv(r) == 0 for r in range(world))
 
 
-def sm_blocks(largest: int) -> int:
-    """Blocks of the SM path's kernel (sm_path_blocks in coll/sm_path_plan.cpp)."""
-    if largest <= 64 << 10:
-        b = (max(1, (largest + 7) // 8) + 1023) // 1024
-    else:
-        b = (largest + (32 << 10) - 1) // (32 << 10)
-    return min(max(b, 1), 32)
-
-
 def largest_block(op: Op) -> int:
     """What the SM path's window must hold per peer (sm_path_largest_block)."""
     if op.op == "all_to_allv":
@@ -360,10 +351,10 @@ def plan_op(cfg: Config, i: int) -> Op:
     if cfg.ranks_per_gpu * (W - 1) <= 12:
         algos["pcpy"] = 1
     # On a shared GPU every rank's kernel must be resident at once (each
-    # waits for the others'): at most 128 blocks per GPU, which one rank per
-    # GPU (32 blocks at most) never needs.
+    # waits for the others'): the library caps the grids there, which the
+    # SM-path calls drawn here exercise.
     big = largest_block(op)
-    if W <= 8 and cfg.sm_bytes > 0 and big <= cfg.sm_bytes and cfg.ranks_per_gpu * sm_blocks(big) <= 128:
+    if W <= 8 and cfg.sm_bytes > 0 and big <= cfg.sm_bytes:
         algos["sm"] = 2
     op.algo = rng.choices(list(algos), weights=list(algos.values()))[0]
     modes = [m for m in MODES if m in cfg.modes]

@@ -306,3 +306,8 @@ def test_a_stream_of_another_gpu_is_refused_naming_both():
     assert _stream_handle(5678, 0) == 5678  # a raw handle is taken as it is
     with pytest.raises(InvalidArgumentError, match=r"stream is a stream of cuda:1; expected one of cuda:0"):
         _stream_handle(Stream(1, 1234), 0)
+
+    class ExternalStream(Stream):  # torch's: its device is a guess unless given
+        pass
+
+    assert _stream_handle(ExternalStream(1, 99), 0) == 99

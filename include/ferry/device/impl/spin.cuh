@@ -87,31 +87,37 @@ __device__ __forceinline__ bool faulted(const Heap& h) {
   return h.fault && (*reinterpret_cast<volatile unsigned long long*>(h.fault) & kHeapFaultBit);
 }
 
-/* How long a wait spins before it also looks at the fault word. Waits queued
- * behind one that gave up then end within about this long, not a whole
- * timeout each; a wait shorter than this never pays the read of host memory. */
-constexpr uint64_t kFaultLookAfterNs = 1000000;
+/* A wait that has lasted this long looks at the fault word, and again each
+ * time this much longer: waits queued behind one that gave up then end
+ * within about this long, not a whole timeout each. A wait shorter than this
+ * never reads host memory, and a long one reads it about a thousand times a
+ * second per warp, not at every look (thousands of lanes may wait at once,
+ * one unit each, behind a late peer). */
+constexpr uint64_t kFaultLookEveryNs = 1000000;
 
 /* Spins until ok(); after h.timeout_ns it reports (kind, peer) and returns
- * false, and after kFaultLookAfterNs it also returns false, leaving the
- * first report in place, once another wait has given up. The clock (and,
- * past that, the fault word) is read once per 256 looks. */
+ * false, and it also returns false, leaving the first report in place, once
+ * another wait has given up (looked at every kFaultLookEveryNs). The clock
+ * is read once per 256 looks. */
 template <class Ok>
 __device__ bool spin(const Heap& h, Ok ok, WaitKind kind, int peer) {
-  uint64_t start = 0;
+  uint64_t start = 0, next_fault_look = 0;
   for (unsigned looks = 1; !ok(); ++looks) {
     if (looks % 256) continue;
     const uint64_t t = now_ns();
     if (start == 0) {
       start = t;
+      next_fault_look = t + kFaultLookEveryNs;
       continue;
     }
-    const uint64_t lasted = t - start;
-    if (lasted > h.timeout_ns) {
+    if (t - start > h.timeout_ns) {
       report(h, kind, peer);
       return false;
     }
-    if (lasted > kFaultLookAfterNs && faulted(h)) return false;
+    if (t >= next_fault_look) {
+      if (faulted(h)) return false;
+      next_fault_look = t + kFaultLookEveryNs;
+    }
   }
   return true;
 }
