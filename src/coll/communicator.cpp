@@ -300,12 +300,24 @@ void Communicator::deregister(const std::vector<void*>& ptrs) {
 void Communicator::free(const std::vector<void*>& ptrs) {
   ensure_open("free");
   FERRY_ARG_CHECK(static_cast<int>(ptrs.size()) == local_count(), "free: expected one pointer per local rank");
-  const Registration* reg = memory_->starting_at(ptrs[0]);
-  if (!reg) throw_error(FERRY_ERROR_NOT_REGISTERED, "free: the pointer did not come from this communicator's alloc()");
-  FERRY_ARG_CHECK(reg->owned, "free: this buffer was registered, not allocated by ferry; use deregister()");
-  prepared_.refuse_if_uses(reg->id, "free");
-  prepared_.refuse_if_armed("free");
-  synchronize();
+  // Every rank says how its own checks went before any enters the heap's
+  // exchange: a rank raising alone would leave its peers there until the
+  // bootstrap's timeout.
+  const Registration* reg = nullptr;
+  LocalFailure checks;
+  checks.run([&] {
+    reg = memory_->starting_at(ptrs[0]);
+    if (!reg)
+      throw_error(FERRY_ERROR_NOT_REGISTERED, "free: the pointer did not come from this communicator's alloc()");
+    FERRY_ARG_CHECK(reg->owned, "free: this buffer was registered, not allocated by ferry; use deregister()");
+    prepared_.refuse_if_uses(reg->id, "free");
+    prepared_.refuse_if_armed("free");
+    synchronize();
+  });
+  if (multi_process_)
+    checks.agree(group(), "free");
+  else
+    checks.rethrow();
   memory_->release(reg->id);
   recent_calls_.clear();
 }

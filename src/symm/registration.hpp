@@ -71,6 +71,10 @@ class LocalFailure {
   // rank that failed throws its own error; the others throw one of the same
   // code, naming the first rank that failed and quoting its message.
   void agree(const Group& group, const char* what) const;
+  // Throws the failure, if any (one process for every rank: no peer to tell).
+  void rethrow() const {
+    if (error_) std::rethrow_exception(error_);
+  }
 
  private:
   std::exception_ptr error_;

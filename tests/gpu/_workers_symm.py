@@ -1264,6 +1264,23 @@ class Suite:
         t = self.comm.alloc((10,), torch.uint8)
         self.comm.free(t)
         self.checks += 1
+        # A free() that one rank refuses (here: rank 1 passes memory that is
+        # not from alloc()) is refused on every rank at once, the others
+        # naming it; the buffer stays usable and is freed afterwards.
+        t = self.comm.alloc((4096,), torch.uint8)
+        other = torch.empty(4096, dtype=torch.uint8, device=self.devs[0])
+        t0 = time.monotonic()
+        self.expect_error(
+            "free refused by one rank",
+            r"did not come from this communicator's alloc" if r == 1 else r"free: rank 1 failed: .*alloc",
+            lambda: self.comm.free(other if r == 1 else t),
+        )
+        self.expect(
+            f"rank {r}: the refused free took {time.monotonic() - t0:.1f} s; expected under 10",
+            time.monotonic() - t0 < 10,
+        )
+        self.comm.free(t)  # every rank still holds it, in step
+        self.checks += 1
 
     def growth_refused(self):
         """Memory one rank cannot get while the others can (its GPU-mate took
