@@ -35,6 +35,7 @@ import array
 from typing import Any, Sequence
 
 from ._native import require
+from .errors import InvalidArgumentError
 
 MODES = ("auto", "per_page", "batched", "streams", "kernel")
 PAGE_ALIGN = 4096
@@ -61,7 +62,7 @@ def _tensors(side, name: str) -> list:
         return [side]
     if isinstance(side, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in side):
         if not side:
-            raise ValueError(f"{name}: an empty list; expected a tensor or a list of tensors")
+            raise InvalidArgumentError(f"{name}: an empty list; expected a tensor or a list of tensors")
         return list(side)
     raise TypeError(
         f"{name}: expected a torch.Tensor or a list of tensors (first dimension = page), got {type(side)}"
@@ -71,7 +72,7 @@ def _tensors(side, name: str) -> list:
 def _region(t, name: str):
     """(base, stride, bytes, pages) of a tensor whose dim 0 is the page."""
     if t.dim() < 1:
-        raise ValueError(f"{name}: a 0-d tensor; the first dimension must be the page")
+        raise InvalidArgumentError(f"{name}: a 0-d tensor; the first dimension must be the page")
     pages = t.shape[0]
     item = t.element_size()
     page_elems = 1
@@ -81,7 +82,7 @@ def _region(t, name: str):
     expect = 1
     for size, stride in reversed(list(zip(t.shape[1:], t.stride()[1:]))):
         if size != 1 and stride != expect:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"{name}: a page (t[i]) is not contiguous (shape {tuple(t.shape)}, strides {t.stride()}); "
                 "pages must be contiguous, though they may be strided apart"
             )
@@ -93,14 +94,14 @@ def _region(t, name: str):
 def _sides(dst, src):
     d, s = _tensors(dst, "dst"), _tensors(src, "src")
     if len(d) != len(s):
-        raise ValueError(f"dst has {len(d)} tensors and src {len(s)}; they must pair up one to one")
+        raise InvalidArgumentError(f"dst has {len(d)} tensors and src {len(s)}; they must pair up one to one")
     for i, (a, b) in enumerate(zip(d, s)):
         if a.dtype != b.dtype:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"dst[{i}] is {a.dtype} and src[{i}] is {b.dtype}; paired tensors need one dtype"
             )
         if tuple(a.shape[1:]) != tuple(b.shape[1:]):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"dst[{i}] has pages of shape {tuple(a.shape[1:])} and src[{i}] of {tuple(b.shape[1:])}; "
                 "paired tensors need one page layout"
             )
@@ -108,10 +109,14 @@ def _sides(dst, src):
     for i, t in enumerate(d + s):
         if t.device.type not in ("cuda", "cpu"):
             side = "dst" if i < len(d) else "src"
-            raise ValueError(f"{side}[{i % len(d)}] is on {t.device}; expected cuda or (pinned) cpu memory")
+            raise InvalidArgumentError(
+                f"{side}[{i % len(d)}] is on {t.device}; expected cuda or (pinned) cpu memory"
+            )
     devices = sorted(set(cuda))
     if len(devices) > 1:
-        raise ValueError(f"the GPU tensors are on several GPUs {devices}; one transfer runs on one GPU")
+        raise InvalidArgumentError(
+            f"the GPU tensors are on several GPUs {devices}; one transfer runs on one GPU"
+        )
     torch = _torch()
     device = devices[0] if devices else torch.cuda.current_device()
     dr = [_region(t, f"dst[{i}]") for i, t in enumerate(d)]
@@ -131,11 +136,11 @@ class _Ids:
             torch = None
         if torch is not None and isinstance(ids, torch.Tensor):
             if ids.dim() != 1:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"{name}: expected a 1-D tensor of page indices, got shape {tuple(ids.shape)}"
                 )
             if ids.dtype not in (torch.int32, torch.int64):
-                raise ValueError(f"{name}: expected int32 or int64 page indices, got {ids.dtype}")
+                raise InvalidArgumentError(f"{name}: expected int32 or int64 page indices, got {ids.dtype}")
             ids = ids.contiguous()
             self.keep = ids
             self.on_device = ids.device.type == "cuda"
@@ -147,7 +152,7 @@ class _Ids:
             try:
                 a = array.array("q", ids)
             except (TypeError, OverflowError) as exc:
-                raise ValueError(f"{name}: expected integer page indices ({exc})") from None
+                raise InvalidArgumentError(f"{name}: expected integer page indices ({exc})") from None
         elif hasattr(ids, "__array__"):
             import numpy as np
 
@@ -171,11 +176,11 @@ def _id_pair(dst_ids, src_ids):
     (int64 where they differ; only an int32 tensor is narrower)."""
     d, s = _Ids(dst_ids, "dst_ids"), _Ids(src_ids, "src_ids")
     if d.count != s.count:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"dst_ids has {d.count} entries and src_ids {s.count}; they must have the same length"
         )
     if d.on_device != s.on_device:
-        raise ValueError("dst_ids and src_ids must both be on the GPU or both on the host")
+        raise InvalidArgumentError("dst_ids and src_ids must both be on the GPU or both on the host")
     if d.is_64 != s.is_64:
         d, s = [x if x.is_64 else _Ids(x.keep.long(), name) for x, name in ((d, "dst_ids"), (s, "src_ids"))]
     return d, s
@@ -183,7 +188,7 @@ def _id_pair(dst_ids, src_ids):
 
 def _check_mode(mode: str):
     if mode not in MODES:
-        raise ValueError(f"mode: '{mode}' is not one of {', '.join(MODES)}")
+        raise InvalidArgumentError(f"mode: '{mode}' is not one of {', '.join(MODES)}")
 
 
 def copy_blocks(
@@ -225,9 +230,11 @@ def copy_blocks(
     """
     _check_mode(mode)
     if isinstance(slice_bytes, bool) or not isinstance(slice_bytes, int) or slice_bytes < 0:
-        raise ValueError(f"slice_bytes is {slice_bytes!r}; expected a byte count >= 0 (0: no slices)")
+        raise InvalidArgumentError(
+            f"slice_bytes is {slice_bytes!r}; expected a byte count >= 0 (0: no slices)"
+        )
     if zero_sm and mode == "kernel":
-        raise ValueError("mode='kernel' launches a kernel, which zero_sm=True forbids")
+        raise InvalidArgumentError("mode='kernel' launches a kernel, which zero_sm=True forbids")
     native = require()
     device, dr, sr = _sides(dst, src)
     d, s = _id_pair(dst_ids, src_ids)
@@ -236,7 +243,9 @@ def copy_blocks(
         torch = _torch()
         for ids, name in ((d, "dst_ids"), (s, "src_ids")):
             if ids.keep.device.index != device:
-                raise ValueError(f"{name} is on {ids.keep.device}; the transfer runs on cuda:{device}")
+                raise InvalidArgumentError(
+                    f"{name} is on {ids.keep.device}; the transfer runs on cuda:{device}"
+                )
         use_kernel = mode == "kernel"
         if mode == "auto" and not zero_sm:
             direction = native.kv_direction(device, dr, sr)
@@ -294,7 +303,7 @@ class PreparedTransfer:
     def __init__(self, dst, src, dst_ids, src_ids, mode: str = "batched", merge: bool = True):
         _check_mode(mode)
         if mode in ("auto", "kernel"):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"prepare: mode='{mode}'; a prepared transfer runs on copy engines: 'batched', 'streams' or 'per_page'"
             )
         native = require()
@@ -376,11 +385,11 @@ class HostPool:
         self, nbytes: int, *, device: int | None = None, numa_node: int | None = None, huge_pages=None
     ):
         if not isinstance(nbytes, int) or nbytes <= 0:
-            raise ValueError(f"nbytes: expected a positive number of bytes, got {nbytes!r}")
+            raise InvalidArgumentError(f"nbytes: expected a positive number of bytes, got {nbytes!r}")
         native = require()
         hp = {None: -1, False: 0, True: 1}.get(huge_pages)
         if hp is None:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"huge_pages: expected None (where available), False or True, got {huge_pages!r}"
             )
         self._impl = native.HostPool.create(
@@ -424,7 +433,7 @@ class HostPool:
         nbytes = n * torch.empty((), dtype=dtype).element_size()
         start = (self._next + PAGE_ALIGN - 1) // PAGE_ALIGN * PAGE_ALIGN
         if start + nbytes > self.nbytes:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"HostPool.tensor: {nbytes} bytes do not fit; {self.nbytes - min(start, self.nbytes)} of "
                 f"{self.nbytes} are left (make the pool larger)"
             )

@@ -109,6 +109,20 @@ TEST(PagePlan, BadInputIsNamed) {
   PageSide null_side = side(0, 4096, 4096, 8);
   EXPECT_NE(error_of([&] { plan_page_copies(dst, null_side, ids(ok), ids(ok), true); }).find("null pointer"),
             std::string::npos);
+  // The range named ends at the last valid index; negative source indices and 32-bit lists are checked alike.
+  EXPECT_NE(error_of([&] { plan_page_copies(dst, src, ids(big), ids(ok), true); }).find("valid indices 0..15)"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { plan_page_copies(dst, src, ids(ok), ids(neg), true); }).find("src_ids[1] = -1"),
+            std::string::npos);
+  std::vector<int32_t> neg32{2, -3}, ok32{1, 2};
+  EXPECT_NE(error_of([&] {
+              plan_page_copies(dst, src, PageIds{neg32.data(), 2, false}, PageIds{ok32.data(), 2, false}, true);
+            }).find("dst_ids[1] = -3"),
+            std::string::npos);
+  // Two tensors that share memory with different page layouts: copies between them would race.
+  auto shifted = side(0x100800, 4096, 4096, 16);
+  EXPECT_NE(error_of([&] { plan_page_copies(dst, shifted, ids(ok), ids(ok), true); }).find("different page layouts"),
+            std::string::npos);
 }
 
 TEST(PagePlan, DuplicateCheckLeavesNoStateBehind) {

@@ -1,0 +1,24 @@
+"""Argument checks of ferry.kv that run before any GPU or tensor is needed:
+each raises InvalidArgumentError (a ValueError) naming the argument."""
+
+import ferry.kv as kv
+import pytest
+from ferry import InvalidArgumentError
+
+
+def test_index_lists_must_pair_up_and_hold_integers():
+    with pytest.raises(InvalidArgumentError, match=r"dst_ids has 2 entries and src_ids 1; .*same length"):
+        kv._id_pair([1, 2], [0])
+    with pytest.raises(InvalidArgumentError, match=r"dst_ids: expected integer page indices"):
+        kv._id_pair([1.5], [1])
+    with pytest.raises(InvalidArgumentError, match=r"src_ids: expected integer page indices"):
+        kv._id_pair([1], ["2"])
+
+
+def test_copy_options_are_checked_first():
+    with pytest.raises(InvalidArgumentError, match=r"slice_bytes is -1; expected a byte count >= 0"):
+        kv.copy_blocks(None, None, [], [], slice_bytes=-1)
+    with pytest.raises(InvalidArgumentError, match=r"mode: 'fast' is not one of auto, per_page"):
+        kv.copy_blocks(None, None, [], [], mode="fast")
+    with pytest.raises(InvalidArgumentError, match=r"zero_sm=True forbids"):
+        kv.copy_blocks(None, None, [], [], mode="kernel", zero_sm=True)
