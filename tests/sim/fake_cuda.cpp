@@ -33,6 +33,7 @@
 namespace {
 
 struct Event {
+  std::atomic<int> device{-1};  // of the stream it was last recorded on
   std::atomic<uint64_t> recorded{0};
   std::atomic<uint64_t> completed{0};
   std::atomic<double> at{0};  // when its stream last got to it (the GPU's clock, here the host's)
@@ -212,6 +213,14 @@ cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
 cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode*) { return cudaSuccess; }
 
 cudaError_t cudaMalloc(void** p, size_t n) {
+  {
+    std::lock_guard<std::mutex> lock(state().mu);
+    const sim::Faults& f = state().faults;
+    if (f.no_memory_on_device == t_device && n >= f.no_memory_from_bytes) {
+      *p = nullptr;
+      return fail(cudaErrorMemoryAllocation);
+    }
+  }
   *p = allocate(n, cudaMemoryTypeDevice, t_device);
   return *p ? cudaSuccess : fail(cudaErrorMemoryAllocation);
 }
@@ -289,6 +298,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   auto* ev = reinterpret_cast<Event*>(e);
   const uint64_t gen = ++ev->recorded;
+  ev->device = resolve(s)->device;
   resolve(s)->push([ev, gen] {
     ev->at = now_s();
     uint64_t cur = ev->completed.load();
@@ -299,11 +309,18 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   auto* ev = reinterpret_cast<Event*>(e);
-  return ev->completed.load() >= ev->recorded.load() ? cudaSuccess : cudaErrorNotReady;
+  if (ev->completed.load() < ev->recorded.load()) return cudaErrorNotReady;
+  int failing;
+  {
+    std::lock_guard<std::mutex> lock(state().mu);
+    failing = state().faults.fail_events_on_device;
+  }
+  return failing >= 0 && failing == ev->device.load() ? fail(cudaErrorLaunchFailure) : cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
-  while (cudaEventQuery(e) == cudaErrorNotReady) std::this_thread::sleep_for(std::chrono::microseconds(20));
-  return cudaSuccess;
+  cudaError_t q;
+  while ((q = cudaEventQuery(e)) == cudaErrorNotReady) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  return q;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
   auto* ev = reinterpret_cast<Event*>(e);

@@ -13,6 +13,12 @@ struct Faults {
   // call does while a kernel's module loads lazily and waits for a stream.
   bool hold_copy_calls = false;
   bool hold_host_alloc = false;  // the same for cudaHostAlloc
+  // cudaMalloc on this device fails (out of memory) for blocks of at least this many bytes.
+  int no_memory_on_device = -1;
+  size_t no_memory_from_bytes = 0;
+  // Events recorded on a stream of this device report a failure once their
+  // stream has got to them: work there failed after it was submitted.
+  int fail_events_on_device = -1;
 };
 
 // A fresh machine of `devices` GPUs whose copies move `bytes_per_s`.

@@ -26,6 +26,17 @@ namespace {
 
 constexpr size_t MiB = size_t{1} << 20;
 
+// The message of the ferry error `f` throws ("" when it throws none).
+template <class F>
+std::string error_text(F&& f) {
+  try {
+    f();
+  } catch (const ferry::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 struct Buf {
   void* p = nullptr;
   size_t n = 0;
@@ -331,8 +342,11 @@ TEST_F(MultipathSim, BadInputIsNamed) {
               std::string::npos)
         << err.what();
   }
-  EXPECT_THROW(e.copy(h.b() + 16, h.p, 64, nullptr), ferry::Error);  // overlap
-  EXPECT_THROW(e.copy(nullptr, h.p, 64, nullptr), ferry::Error);
+  // Overlap and null pointers are named before the route is looked at (both
+  // on the host would be refused anyway).
+  EXPECT_NE(error_text([&] { e.copy(h.b() + 16, h.p, 64, nullptr); }).find("dst and src overlap"), std::string::npos);
+  EXPECT_NE(error_text([&] { e.copy(nullptr, h.p, 64, nullptr); }).find("dst is null"), std::string::npos);
+  EXPECT_NE(error_text([&] { e.copy(a.p, nullptr, 64, nullptr); }).find("src is null"), std::string::npos);
   MultipathOptions bad = options({0, 7});
   EXPECT_THROW(MultipathEngine x(bad), ferry::Error);
   bad = options({0, 1});
@@ -400,6 +414,64 @@ TEST_F(MultipathSim, ARelayThatCannotTakeAChunkLeavesItToTheOtherLinks) {
   EXPECT_FALSE(e.may_relay()[1]);
   EXPECT_TRUE(e.may_relay()[2]);
   EXPECT_EQ(e.bytes_by_link()[1], 0u);
+  sim::set_faults(sim::Faults{});
+}
+
+// A relay GPU without room for its staging buffers relays nothing; copies run
+// over the other links, every byte.
+TEST_F(MultipathSim, ARelayWithoutMemoryForStagingLeavesItsShareToTheOthers) {
+  sim::Faults f;
+  f.no_memory_on_device = 1;
+  f.no_memory_from_bytes = 1 * MiB;  // its small scratch fits; its staging does not
+  sim::set_faults(f);
+  MultipathEngine e(options({0, 1, 2}));
+  sim::set_faults(sim::Faults{});
+  EXPECT_TRUE(e.may_relay()[0]);
+  EXPECT_FALSE(e.may_relay()[1]);
+  EXPECT_TRUE(e.may_relay()[2]);
+  const size_t n = 32 * MiB + 5;
+  Buf host(n, -1), dev(n, 0), back(n, -1);
+  fill(host, 21);
+  cudaStream_t s = new_stream(0);
+  e.copy(dev.p, host.p, n, s);
+  e.copy(back.p, dev.p, n, s);
+  ASSERT_TRUE(drained(s));
+  e.check();
+  EXPECT_EQ(std::memcmp(dev.p, host.p, n), 0);
+  EXPECT_EQ(std::memcmp(back.p, host.p, n), 0);
+  EXPECT_EQ(e.bytes_by_link()[1], 0u);
+  EXPECT_GT(e.bytes_by_link()[2], 0u);
+}
+
+// A relay whose submitted work fails (its events report the error) after
+// the engine has run fine: the engine breaks with an error naming that GPU,
+// the caller's stream goes on, and the next copy is refused: never a copy
+// silently short.
+TEST_F(MultipathSim, ARelayFailingAfterSubmissionBreaksTheEngineNamingIt) {
+  MultipathOptions o = options({0, 1});
+  o.timeout_s = 2;
+  MultipathEngine e(o);
+  const size_t n = 32 * MiB;
+  Buf host(n, -1), dev(n, 0);
+  fill(host, 5);
+  cudaStream_t s = new_stream(0);
+  e.copy(dev.p, host.p, n, s);
+  ASSERT_TRUE(drained(s));
+  e.check();
+  ASSERT_GT(e.bytes_by_link()[1], 0u) << "the relay carried nothing before the fault";
+  sim::Faults f;
+  f.fail_events_on_device = 1;
+  sim::set_faults(f);
+  e.copy(dev.p, host.p, n, s);
+  EXPECT_TRUE(drained(s, 20)) << "the stream stayed held";
+  try {
+    e.synchronize();
+    ADD_FAILURE() << "synchronize() raised nothing";
+  } catch (const ferry::Error& err) {
+    EXPECT_EQ(err.code(), FERRY_ERROR_BROKEN) << err.what();
+    EXPECT_NE(std::string(err.what()).find("cuda:1"), std::string::npos) << err.what();
+  }
+  EXPECT_THROW(e.copy(dev.p, host.p, n, s), ferry::Error);
   sim::set_faults(sim::Faults{});
 }
 
