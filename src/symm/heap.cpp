@@ -24,28 +24,6 @@ namespace {
 // Pinned words a rank's releases copy from, reused in turn.
 constexpr unsigned kRescueSlots = 64;
 
-const char* kind_name(uint32_t kind) {
-  switch (static_cast<device::WaitKind>(kind)) {
-    case device::WaitKind::kBarrier:
-      return "a barrier";
-    case device::WaitKind::kSignal:
-      return "signal_wait_until";
-    case device::WaitKind::kWaitUntil:
-      return "wait_until";
-    case device::WaitKind::kBadTeam:
-      return "a barrier over a team this rank is not a usable member of";
-    case device::WaitKind::kStreamWait:
-      return "a stream's wait (heap.wait)";
-    case device::WaitKind::kStreamBarrier:
-      return "barrier_on_stream";
-    case device::WaitKind::kBadGrid:
-      return "a collective with a grid of more blocks than it takes";
-    case device::WaitKind::kGridSync:
-      return "the wait among its own grid's blocks (grid_sync, or a collective's first step)";
-  }
-  return "a wait";
-}
-
 }  // namespace
 
 std::unique_ptr<SymmetricHeap> SymmetricHeap::create(const Group& g, size_t capacity, size_t min_chunk) {
@@ -565,27 +543,8 @@ void SymmetricHeap::check_local(int local, const char* what) const {
 void SymmetricHeap::check() {
   for (int i = 0; i < static_cast<int>(fault_.size()); ++i) {
     const uint64_t w = *reinterpret_cast<volatile unsigned long long*>(fault_[i]);
-    if (!(w & device::kHeapFaultBit)) continue;
-    const uint32_t kind = static_cast<uint32_t>((w >> 32) & 0xff);
-    const int peer = static_cast<int>(static_cast<uint32_t>(w));
-    std::string who = peer < 0 ? std::string("a signal from any rank") : "rank " + std::to_string(peer);
-    if (kind == static_cast<uint32_t>(device::WaitKind::kGridSync))
-      who =
-          "every block of its grid to arrive (all of them must run at once: at most kMaxGridBlocks, and no block "
-          "returning before the others)";
-    if (kind == static_cast<uint32_t>(device::WaitKind::kBadGrid))
-      throw_error(FERRY_ERROR_INVALID_ARGUMENT,
-                  "rank " + std::to_string(group_.ranks[i]) + " called " + kind_name(kind) + " (at most " +
-                      std::to_string(device::kMaxGridBlocks) + " blocks, ferry::device::kMaxGridBlocks)");
-    if (kind == static_cast<uint32_t>(device::WaitKind::kBadTeam))
-      throw_error(FERRY_ERROR_INVALID_ARGUMENT, "rank " + std::to_string(group_.ranks[i]) + " called " +
-                                                    kind_name(kind) + " (a split that did not fit its parent, or " +
-                                                    "a team without this rank)");
-    throw_error(FERRY_ERROR_TIMEOUT, std::string(kind_name(kind)) + " on rank " + std::to_string(group_.ranks[i]) +
-                                         " waited for " + who + " longer than the timeout (" +
-                                         std::to_string(group_.timeout_s) +
-                                         " s, FERRY_TIMEOUT_S) and gave up; the heap's words are no longer in step: "
-                                         "close it");
+    const HeapFault f = heap_fault(w, group_.ranks[i], group_.timeout_s);
+    if (f.code) throw_error(static_cast<ferry_result_t>(f.code), f.message);
   }
 }
 

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.hpp"
+#include "ferry/device/heap.cuh"
 
 namespace ferry {
 
@@ -270,6 +271,62 @@ std::string heap_calls_mismatch(const std::vector<std::string>& records) {
     if (records[r] != *common)
       others += (others.empty() ? "" : "; ") + ("rank " + std::to_string(r) + " made " + records[r]);
   return msg + others + "; the other ranks made " + *common;
+}
+
+namespace {
+
+const char* kind_name(uint32_t kind) {
+  switch (static_cast<device::WaitKind>(kind)) {
+    case device::WaitKind::kBarrier:
+      return "a barrier";
+    case device::WaitKind::kSignal:
+      return "signal_wait_until";
+    case device::WaitKind::kWaitUntil:
+      return "wait_until";
+    case device::WaitKind::kBadTeam:
+      return "a barrier over a team this rank is not a usable member of";
+    case device::WaitKind::kStreamWait:
+      return "a stream's wait (heap.wait)";
+    case device::WaitKind::kStreamBarrier:
+      return "barrier_on_stream";
+    case device::WaitKind::kBadGrid:
+      return "a collective with a grid of more blocks than it takes";
+    case device::WaitKind::kGridSync:
+      return "the wait among its own grid's blocks (grid_sync, or a collective's first step)";
+  }
+  return "a wait";
+}
+
+}  // namespace
+
+HeapFault heap_fault(uint64_t w, int rank, double timeout_s) {
+  HeapFault f;
+  if (!(w & device::kHeapFaultBit)) return f;
+  const uint32_t kind = static_cast<uint32_t>((w >> 32) & 0xff);
+  const int peer = static_cast<int>(static_cast<uint32_t>(w));
+  const std::string on = "rank " + std::to_string(rank);
+  if (kind == static_cast<uint32_t>(device::WaitKind::kBadGrid)) {
+    f.code = FERRY_ERROR_INVALID_ARGUMENT;
+    f.message = on + " called " + kind_name(kind) + " (at most " + std::to_string(device::kMaxGridBlocks) +
+                " blocks, ferry::device::kMaxGridBlocks)";
+    return f;
+  }
+  if (kind == static_cast<uint32_t>(device::WaitKind::kBadTeam)) {
+    f.code = FERRY_ERROR_INVALID_ARGUMENT;
+    f.message =
+        on + " called " + kind_name(kind) + " (a split that did not fit its parent, or a team without this rank)";
+    return f;
+  }
+  std::string who = peer < 0 ? std::string("a signal from any rank") : "rank " + std::to_string(peer);
+  if (kind == static_cast<uint32_t>(device::WaitKind::kGridSync))
+    who =
+        "every block of its grid to arrive (all of them must run at once: at most kMaxGridBlocks, and no block "
+        "returning before the others)";
+  f.code = FERRY_ERROR_TIMEOUT;
+  f.message = std::string(kind_name(kind)) + " on " + on + " waited for " + who + " longer than the timeout (" +
+              std::to_string(timeout_s) +
+              " s, FERRY_TIMEOUT_S) and gave up; the heap's words are no longer in step: close it";
+  return f;
 }
 
 }  // namespace ferry

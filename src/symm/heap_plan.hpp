@@ -109,4 +109,13 @@ RegistrationRecord decode_registration(const std::string& s, int rank);
 std::string heap_call_record(uint64_t call, const std::string& what);
 std::string heap_calls_mismatch(const std::vector<std::string>& records);
 
+// What a fault word (include/ferry/device/heap.cuh: a bounded wait that gave
+// up, or a call that could not run) left by `rank` means: its error code and
+// message, naming the rank waited for. `code` 0: no fault in `word`.
+struct HeapFault {
+  int code = 0;
+  std::string message;
+};
+HeapFault heap_fault(uint64_t word, int rank, double timeout_s);
+
 }  // namespace ferry

@@ -314,3 +314,29 @@ TEST(Teams, WorldAndStridedSplits) {
   EXPECT_EQ(device::team_split_strided(w, -1, 1, 2).size, 0);
   EXPECT_FALSE(device::team_usable(w, 4));  // a team larger than the heap's world
 }
+
+TEST(HeapFault, EachFaultWordGivesItsCodeAndNamesWhoWasAwaited) {
+  using device::heap_fault_word;
+  using device::WaitKind;
+  EXPECT_EQ(heap_fault(0, 0, 2.0).code, 0);
+  EXPECT_EQ(heap_fault(0x1234, 0, 2.0).code, 0);  // no fault bit
+  HeapFault f = heap_fault(heap_fault_word(WaitKind::kBarrier, 1), 0, 2.0);
+  EXPECT_EQ(f.code, FERRY_ERROR_TIMEOUT);
+  EXPECT_NE(f.message.find("a barrier on rank 0 waited for rank 1 longer than the timeout (2.0"), std::string::npos)
+      << f.message;
+  EXPECT_NE(f.message.find("FERRY_TIMEOUT_S"), std::string::npos);
+  f = heap_fault(heap_fault_word(WaitKind::kSignal, -1), 3, 1.0);
+  EXPECT_NE(f.message.find("signal_wait_until on rank 3 waited for a signal from any rank"), std::string::npos)
+      << f.message;
+  f = heap_fault(heap_fault_word(WaitKind::kStreamWait, 2), 0, 1.0);
+  EXPECT_NE(f.message.find("heap.wait) on rank 0 waited for rank 2"), std::string::npos) << f.message;
+  f = heap_fault(heap_fault_word(WaitKind::kGridSync, -1), 1, 1.0);
+  EXPECT_EQ(f.code, FERRY_ERROR_TIMEOUT);
+  EXPECT_NE(f.message.find("every block of its grid"), std::string::npos) << f.message;
+  f = heap_fault(heap_fault_word(WaitKind::kBadTeam, -1), 1, 1.0);
+  EXPECT_EQ(f.code, FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(f.message.find("not a usable member"), std::string::npos) << f.message;
+  f = heap_fault(heap_fault_word(WaitKind::kBadGrid, -1), 1, 1.0);
+  EXPECT_EQ(f.code, FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(f.message.find("kMaxGridBlocks"), std::string::npos) << f.message;
+}
