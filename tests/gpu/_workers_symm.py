@@ -1183,6 +1183,19 @@ class Suite:
             IA,
         )
         self.expect_error("put to a peer out of range", "peer is", lambda: self.heap.put(t[0], plain, W), IA)
+        word = t[0].view(torch.int64)[0]
+        self.expect_error(
+            "signal to a peer out of range",
+            r"signal: peer is -1; expected a rank 0\.\.",
+            lambda: self.heap.signal(word, 1, -1),
+            IA,
+        )
+        self.expect_error(
+            "wait for a rank out of range",
+            rf"wait: from is {W}; expected -1 or a rank",
+            lambda: self.heap.wait(word, 1, W),
+            IA,
+        )
         self.expect_error(
             "signal on an unaligned word",
             "aligned 64-bit",
