@@ -80,7 +80,6 @@ std::unique_ptr<Communicator::Local> Communicator::make_local(int rank, int devi
   local->engines = std::make_unique<EngineSet>(device, world - 1);
   local->in_flight = std::make_unique<InFlight>(device, kInFlightSlots);
   local->records = std::make_unique<RecordPool>(device);
-  for (int g = kMaxDeviceGates - 1; g >= 0; --g) local->free_gates.push_back(g);
   local->ready_snapshot = local->records->records(kMaxRanks);
   if (knob_int("FERRY_REPLAY_CALLS") != 0) local->replays = std::make_unique<ReplayCache>(kReplayCapacity);
   local->kernel_abort = local->records->word();
@@ -400,7 +399,7 @@ void Communicator::close() {
   prepared_.clear();
   for (auto& L : locals_) {
     cudaSetDevice(L->device);
-    for (auto& [slot, ev] : L->retiring_gates) cudaEventDestroy(ev);
+    L->gates.drop_retiring();
   }
   // Closed, not dropped: what it says of the SM path stays readable (choose()).
   if (memory_) memory_->close();

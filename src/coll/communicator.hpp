@@ -26,6 +26,7 @@
 #include "coll/emitter.hpp"
 #include "coll/failure.hpp"
 #include "coll/flags.hpp"
+#include "coll/gate_slots.hpp"
 #include "coll/in_flight.hpp"
 #include "coll/prepared_table.hpp"
 #include "coll/program.hpp"
@@ -128,10 +129,8 @@ class Communicator {
     Pinned<ReadyRecord> ready_snapshot;
     // Graphs of repeated eager calls; null when FERRY_REPLAY_CALLS=0.
     std::unique_ptr<ReplayCache> replays;
-    // Device gates (DeviceFlags::gates slots) free to hand out, and those of
-    // released handles whose last run (event) may not have finished yet.
-    std::vector<int> free_gates;
-    std::vector<std::pair<int, cudaEvent_t>> retiring_gates;
+    // Its device gates (DeviceFlags::gates slots) for prepared collectives.
+    GateSlots gates{kMaxDeviceGates};
     // Words in pinned host memory for ferry's waiting kernels (the SM path,
     // signal rounds): set by the host to make them give up; set by a kernel
     // that gave up (KernelWait).
@@ -200,13 +199,14 @@ class Communicator {
   // GPUs: the host stuck in Emitter::capture while two ranks of its GPU waited
   // for the third), so the replay cache does not capture then.
   bool gpu_may_wait_for_host(int local);
-  // The word a prepared collective's armed stream waits on (device address).
-  uint64_t* gate_address(const PreparedCall& p, int local) const;
-  // A device gate slot for a new handle on local rank `local`.
-  int take_device_gate(int local);
-  void reclaim_gates(int local);
-  // The gate local rank `local` of the handle's last arming waits on, as the host sees it.
-  Gate watched_gate(const PreparedCall& p, int local) const;
+  // The word a prepared collective's armed stream waits on on local rank
+  // `local` (device address), and that gate as the watchdog sees it.
+  uint64_t* gate_address(const PreparedCall& p, int local) const {
+    return p.gate_address(local, device_flags(locals_[local]->rank));
+  }
+  Gate watched_gate(const PreparedCall& p, int local) const {
+    return p.watched_gate(local, device_flags(locals_[local]->rank));
+  }
 
   HostFlags* host_flags(int rank) const { return static_cast<HostFlags*>(flag_mem_[rank].host()); }
   // `rank`'s ready and done flags, mapped in this process (GPU memory).

@@ -25,53 +25,13 @@ int Communicator::prepare(const CollectiveArgs& args) {
     Local& L = *locals_[i];
     FERRY_CUDA_CHECK(cudaSetDevice(L.device));
     p.host_gate.push_back(L.records->word());
-    p.device_gate.push_back(take_device_gate(i));
+    p.device_gate.push_back(L.gates.take());
     p.device_gate_copy.push_back(L.records->word());
     cudaEvent_t ev = nullptr;
     FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
     p.finished.push_back(ev);
   }
   return prepared_.add(std::move(p));
-}
-
-// Gates of released handles come back once their last run has finished: only
-// then is their last trigger's write known to have landed.
-void Communicator::reclaim_gates(int local) {
-  Local& L = *locals_[local];
-  for (size_t k = 0; k < L.retiring_gates.size();) {
-    auto [slot, ev] = L.retiring_gates[k];
-    cudaError_t err = cudaEventQuery(ev);
-    if (err == cudaErrorNotReady) {
-      ++k;
-      continue;
-    }
-    cudaGetLastError();
-    cudaEventDestroy(ev);
-    L.free_gates.push_back(slot);
-    L.retiring_gates.erase(L.retiring_gates.begin() + static_cast<long>(k));
-  }
-}
-
-int Communicator::take_device_gate(int local) {
-  Local& L = *locals_[local];
-  reclaim_gates(local);
-  if (L.free_gates.empty())
-    throw_error(FERRY_ERROR_INVALID_ARGUMENT, "prepare: " + std::to_string(kMaxDeviceGates) +
-                                                  " prepared collectives exist already on this communicator (or "
-                                                  "their last runs are unfinished); release() some first");
-  int slot = L.free_gates.back();
-  L.free_gates.pop_back();
-  return slot;
-}
-
-uint64_t* Communicator::gate_address(const PreparedCall& p, int local) const {
-  if (!p.gate_on_device) return p.host_gate[local].device;
-  return &device_flags(locals_[local]->rank)->gates[p.device_gate[local]].value;
-}
-
-Gate Communicator::watched_gate(const PreparedCall& p, int local) const {
-  if (!p.gate_on_device) return Gate{p.host_gate[local].host, nullptr, p.generation};
-  return Gate{p.device_gate_copy[local].host, gate_address(p, local), p.generation};
 }
 
 void Communicator::arm(int handle, const std::vector<cudaStream_t>& after, bool gate_on_device) {
@@ -180,9 +140,8 @@ void Communicator::release_prepared(int handle) {
   PreparedCall p = prepared_.release(handle, "release");
   for (int i = 0; i < local_count(); ++i) {
     cudaSetDevice(device(i));
-    // The gate comes back once this event (its last run's end) completes; see reclaim_gates.
-    locals_[i]->retiring_gates.emplace_back(p.device_gate[i], p.finished[i]);
-    reclaim_gates(i);
+    // The gate comes back once this event (its last run's end) completes.
+    locals_[i]->gates.retire(p.device_gate[i], p.finished[i]);
   }
 }
 

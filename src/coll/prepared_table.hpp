@@ -12,6 +12,8 @@
 
 #include "coll/built.hpp"
 #include "coll/collective_args.hpp"
+#include "coll/flags.hpp"
+#include "coll/in_flight.hpp"
 #include "coll/record_pool.hpp"
 #include "coll/selector.hpp"
 
@@ -32,6 +34,19 @@ struct PreparedCall {
   std::vector<uint32_t> registrations;  // buffers it refers to
   uint64_t generation = 0;              // the last arming's gate value; 0: never armed
   bool armed = false;
+
+  // The word local rank `local`'s armed stream waits on (device address):
+  // its host gate, or with gate_on_device its slot in `flags` (that rank's
+  // DeviceFlags, mapped here).
+  uint64_t* gate_address(int local, DeviceFlags* flags) const {
+    return gate_on_device ? &flags->gates[device_gate[local]].value : host_gate[local].device;
+  }
+  // The same gate as the watchdog sees it: the host gate, or the device gate
+  // with the host word a rescue copies it into.
+  Gate watched_gate(int local, DeviceFlags* flags) const {
+    if (!gate_on_device) return Gate{host_gate[local].host, nullptr, generation};
+    return Gate{device_gate_copy[local].host, gate_address(local, flags), generation};
+  }
 };
 
 class PreparedTable {
