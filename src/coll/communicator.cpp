@@ -219,6 +219,10 @@ Communicator::~Communicator() {
 
 Group Communicator::group() {
   ensure_open("group");
+  return peers();
+}
+
+Group Communicator::peers() const {
   Group g;
   g.world = world_;
   for (auto& L : locals_) {
@@ -232,7 +236,7 @@ Group Communicator::group() {
     g.socket_paths = socket_paths_;
     // Descriptor messages of the communicator and of its users share one
     // numbering, so that every rank gives the same tag to the same message.
-    g.next_tag = [this] { return next_fd_tag_++; };
+    g.next_tag = [self = const_cast<Communicator*>(this)] { return self->next_fd_tag_++; };
   }
   return g;
 }
@@ -297,14 +301,15 @@ void Communicator::deregister(const std::vector<void*>& ptrs) {
 }
 
 void Communicator::free(const std::vector<void*>& ptrs) {
-  ensure_open("free");
+  if (closed_) throw_error(FERRY_ERROR_CLOSED, "free: the communicator is closed");
   FERRY_ARG_CHECK(static_cast<int>(ptrs.size()) == local_count(), "free: expected one pointer per local rank");
-  // Every rank says how its own checks went before any enters the heap's
-  // exchange: a rank raising alone would leave its peers there until the
-  // bootstrap's timeout.
+  // Every rank says how its own checks went (a broken communicator among
+  // them) before any enters the heap's exchange: a rank raising alone would
+  // leave its peers there until the bootstrap's timeout.
   const Registration* reg = nullptr;
   LocalFailure checks;
   checks.run([&] {
+    ensure_open("free");
     reg = memory_->starting_at(ptrs[0]);
     if (!reg)
       throw_error(FERRY_ERROR_NOT_REGISTERED, "free: the pointer did not come from this communicator's alloc()");
@@ -314,7 +319,7 @@ void Communicator::free(const std::vector<void*>& ptrs) {
     synchronize();
   });
   if (multi_process_)
-    checks.agree(group(), "free");
+    checks.agree(peers(), "free");
   else
     checks.rethrow();
   memory_->release(reg->id);

@@ -161,6 +161,9 @@ class Communicator {
   void start_watchdog();
   void ensure_open(const char* what);
   std::vector<std::string> allgather(const std::string& mine, const char* what);
+  // group() without the open and broken checks: for a collective step that
+  // every rank must reach even when its own checks failed.
+  Group peers() const;
 
   // Validates the call on every local rank (nothing is enqueued when any is
   // wrong) and plans it. May allocate scratch (collective, like the call).

@@ -8,6 +8,11 @@ namespace ferry {
 namespace xfer {
 namespace {
 
+// The index range an out-of-range message names.
+std::string valid_range(size_t pages) {
+  return pages == 0 ? " (no index is valid)" : " (valid indices 0.." + std::to_string(pages - 1) + ")";
+}
+
 std::string name(const char* side, size_t r) { return std::string(side) + "[" + std::to_string(r) + "]"; }
 
 void check_region(const PageRegion& g, const char* side, size_t r) {
@@ -66,11 +71,11 @@ void check_ids(const PageSide& dst, const PageSide& src, const PageIds& dst_ids,
     if (d < 0 || static_cast<uint64_t>(d) >= dst_pages)
       throw_error(FERRY_ERROR_INVALID_ARGUMENT, "dst_ids[" + std::to_string(i) + "] = " + std::to_string(d) +
                                                     " is out of range: dst has " + std::to_string(dst_pages) +
-                                                    " pages (valid indices 0.." + std::to_string(dst_pages - 1) + ")");
+                                                    " pages" + valid_range(dst_pages));
     if (s < 0 || static_cast<uint64_t>(s) >= src_pages)
       throw_error(FERRY_ERROR_INVALID_ARGUMENT, "src_ids[" + std::to_string(i) + "] = " + std::to_string(s) +
                                                     " is out of range: src has " + std::to_string(src_pages) +
-                                                    " pages (valid indices 0.." + std::to_string(src_pages - 1) + ")");
+                                                    " pages" + valid_range(src_pages));
   }
   // Duplicate destinations, and (where a side is the same memory as the other)
   // a page that is both read and written by the same call.

@@ -119,6 +119,12 @@ TEST(PagePlan, BadInputIsNamed) {
               plan_page_copies(dst, src, PageIds{neg32.data(), 2, false}, PageIds{ok32.data(), 2, false}, true);
             }).find("dst_ids[1] = -3"),
             std::string::npos);
+  auto empty = side(0x100000, 4096, 4096, 0);
+  std::vector<int64_t> zero{0};
+  EXPECT_NE(error_of([&] {
+              plan_page_copies(empty, src, ids(zero), ids(zero), true);
+            }).find("dst has 0 pages (no index is valid)"),
+            std::string::npos);
   // Two tensors that share memory with different page layouts: copies between them would race.
   auto shifted = side(0x100800, 4096, 4096, 16);
   EXPECT_NE(error_of([&] { plan_page_copies(dst, shifted, ids(ok), ids(ok), true); }).find("different page layouts"),

@@ -1287,6 +1287,7 @@ class Suite:
             "free refused by one rank",
             r"did not come from this communicator's alloc" if r == 1 else r"free: rank 1 failed: .*alloc",
             lambda: self.comm.free(other if r == 1 else t),
+            self.ferry.NotRegisteredError,  # every rank, the code of the rank that refused
         )
         self.expect(
             f"rank {r}: the refused free took {time.monotonic() - t0:.1f} s; expected under 10",
