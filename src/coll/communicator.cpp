@@ -222,7 +222,7 @@ Group Communicator::group() {
   return peers();
 }
 
-Group Communicator::peers() const {
+Group Communicator::peers() {
   Group g;
   g.world = world_;
   for (auto& L : locals_) {
@@ -236,7 +236,7 @@ Group Communicator::peers() const {
     g.socket_paths = socket_paths_;
     // Descriptor messages of the communicator and of its users share one
     // numbering, so that every rank gives the same tag to the same message.
-    g.next_tag = [self = const_cast<Communicator*>(this)] { return self->next_fd_tag_++; };
+    g.next_tag = [this] { return next_fd_tag_++; };
   }
   return g;
 }

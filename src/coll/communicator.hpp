@@ -163,7 +163,7 @@ class Communicator {
   std::vector<std::string> allgather(const std::string& mine, const char* what);
   // group() without the open and broken checks: for a collective step that
   // every rank must reach even when its own checks failed.
-  Group peers() const;
+  Group peers();
 
   // Validates the call on every local rank (nothing is enqueued when any is
   // wrong) and plans it. May allocate scratch (collective, like the call).
