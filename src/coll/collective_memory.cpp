@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -83,30 +82,27 @@ std::vector<std::string> CollectiveMemory::allgather(const std::string& mine, co
   return all;
 }
 
-// A knob every rank must set alike (each computes its peers' side of the SM
-// path from its own): the raw settings are compared across processes before
-// any rank parses its own, so that a malformed or different value is raised by
-// every rank (one rank raising alone would leave the others in the exchange).
-long long CollectiveMemory::agreed_knob(const char* name) const {
+// Every rank computes its peers' side of the SM path from its own settings,
+// compared in one exchange.
+// The raw settings are compared before any rank parses its own, so that a
+// malformed or differing value is raised by every rank (one rank raising
+// alone would leave the others in the exchange).
+std::vector<long long> CollectiveMemory::agreed_knobs(const std::vector<const char*>& names) const {
   if (group_.multi_process()) {
-    const char* raw = std::getenv(name);
-    const std::string mine = raw ? std::string("=") + raw : std::string("unset");
-    auto all = allgather(mine, (std::string("communicator setup (") + name + ")").c_str());
-    for (int p = 0; p < group_.world; ++p)
-      if (all[p] != mine)
-        throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(name) + " is " + mine + " on rank " +
-                                                      std::to_string(group_.ranks[0]) + " and " + all[p] + " on rank " +
-                                                      std::to_string(p) + "; set the same value on every rank");
+    const std::string why = knob_mismatch(
+        names, allgather(knob_settings(names), "communicator setup (the SM path's knobs)"), group_.ranks[0]);
+    if (!why.empty()) throw_error(FERRY_ERROR_INVALID_ARGUMENT, why);
   }
-  return knob_int(name);
+  std::vector<long long> values;
+  for (const char* name : names) values.push_back(knob_int(name));
+  return values;
 }
 
 void CollectiveMemory::create_sm_path_windows() {
   const int world = group_.world;
-  const long long slot = agreed_knob("FERRY_SM_BYTES");
-  const long long ll_block = agreed_knob("FERRY_SM_LL_BLOCK_BYTES");
-  const long long span_block = agreed_knob("FERRY_SM_BLOCK_BYTES");
-  const long long shared_gpus = agreed_knob("FERRY_SHARED_GPUS");
+  const auto knobs =
+      agreed_knobs({"FERRY_SM_BYTES", "FERRY_SM_LL_BLOCK_BYTES", "FERRY_SM_BLOCK_BYTES", "FERRY_SHARED_GPUS"});
+  const long long slot = knobs[0], ll_block = knobs[1], span_block = knobs[2], shared_gpus = knobs[3];
   // After the agreement checks, so that every rank raises them.
   FERRY_ARG_CHECK(slot >= 0, "FERRY_SM_BYTES=" + std::to_string(slot) + ": expected 0 (off) or a byte count");
   FERRY_ARG_CHECK(ll_block >= 8 && ll_block <= static_cast<long long>(kSmPathLowLatencyMaxBytes) && ll_block % 8 == 0,
@@ -122,25 +118,18 @@ void CollectiveMemory::create_sm_path_windows() {
     // must fit, with room left for other waiting kernels (signal rounds). At
     // most world ranks share one GPU; every rank takes the least of all.
     int resident = std::numeric_limits<int>::max();
-    std::string failed;
-    try {
+    LocalFailure asked;  // a rank that could not ask still takes part, so that every rank raises
+    asked.run([&] {
       for (int d : group_.devices) resident = std::min(resident, sm_path_resident_blocks(d));
-    } catch (const std::exception& e) {
-      failed = e.what();
-    }
+    });
     if (group_.multi_process()) {
-      // A rank that could not ask still takes part, so that every rank raises.
-      auto all =
-          allgather(failed.empty() ? std::to_string(resident) : "!" + failed, "communicator setup (FERRY_SHARED_GPUS)");
-      for (int p = 0; p < group_.world; ++p) {
-        if (!all[p].empty() && all[p][0] == '!')
-          throw_error(FERRY_ERROR_CUDA, "communicator setup: rank " + std::to_string(p) +
-                                            " could not read its GPU's SM-path occupancy: " + all[p].substr(1));
-        resident = std::min(resident, std::stoi(all[p]));
-      }
+      asked.agree(group_, "communicator setup (the SM path's occupancy)");
+      for (const auto& r : allgather(std::to_string(resident), "communicator setup (the SM path's occupancy)"))
+        resident = std::min(resident, std::stoi(r));
+    } else {
+      asked.rethrow();
     }
-    if (!failed.empty()) throw_error(FERRY_ERROR_CUDA, "communicator setup: " + failed);
-    sm_path_blocks_.max_blocks = std::clamp(resident / (2 * world), 1, kSmPathMaxBlocks);
+    sm_path_blocks_.max_blocks = sm_path_shared_gpu_max_blocks(resident, world);
   }
   sm_path_slot_bytes_ = round_up(static_cast<size_t>(slot), 256);
   const size_t offset = heap_->alloc(sm_path_window_bytes(world, sm_path_slot_bytes_), kBlockAlign, {});

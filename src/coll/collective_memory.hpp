@@ -90,7 +90,8 @@ class CollectiveMemory {
  private:
   CollectiveMemory() = default;
   std::vector<std::string> allgather(const std::string& mine, const char* what) const;
-  long long agreed_knob(const char* name) const;
+  // The knobs' values, after checking across processes that every rank set them alike.
+  std::vector<long long> agreed_knobs(const std::vector<const char*>& names) const;
   void create_sm_path_windows();
   void unmap(Registration& reg);
 

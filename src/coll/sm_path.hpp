@@ -130,6 +130,11 @@ struct SmPathBlocks {
   size_t spans = 32 << 10;
   int max_blocks = kSmPathMaxBlocks;
 };
+// SmPathBlocks::max_blocks where ranks share a GPU: `resident` blocks of the
+// kernel fit on the GPU at once (the least over the ranks' GPUs), at most
+// `world` ranks share one, and half is left for other waiting kernels
+// (signal rounds); at least 1, at most kSmPathMaxBlocks.
+int sm_path_shared_gpu_max_blocks(int resident, int world);
 // Blocks for a call whose largest block is `bytes` (the same on every rank):
 // at least 1, at most per.max_blocks.
 int sm_path_blocks(size_t bytes, SmPathBlocks per = {});

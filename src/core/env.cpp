@@ -132,4 +132,38 @@ double knob_float(const char* name) {
   return x;
 }
 
+namespace {
+
+std::vector<std::string> lines_of(const std::string& s) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  for (size_t end; (end = s.find('\n', at)) != std::string::npos; at = end + 1) out.push_back(s.substr(at, end - at));
+  return out;
+}
+
+}  // namespace
+
+std::string knob_settings(const std::vector<const char*>& names) {
+  std::string record;
+  for (const char* name : names) {
+    const char* raw = std::getenv(name);
+    record += (raw ? std::string("=") + raw : std::string("unset")) + '\n';
+  }
+  return record;
+}
+
+std::string knob_mismatch(const std::vector<const char*>& names, const std::vector<std::string>& records, int me) {
+  const std::vector<std::string> mine = lines_of(records.at(static_cast<size_t>(me)));
+  for (size_t p = 0; p < records.size(); ++p) {
+    const std::vector<std::string> theirs = lines_of(records[p]);
+    for (size_t k = 0; k < names.size(); ++k) {
+      const std::string a = k < mine.size() ? mine[k] : "?", b = k < theirs.size() ? theirs[k] : "?";
+      if (a != b)
+        return std::string(names[k]) + " is " + a + " on rank " + std::to_string(me) + " and " + b + " on rank " +
+               std::to_string(p) + "; set the same value on every rank";
+    }
+  }
+  return "";
+}
+
 }  // namespace ferry

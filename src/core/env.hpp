@@ -21,4 +21,11 @@ std::string knob_string(const char* name);
 long long knob_int(const char* name);
 double knob_float(const char* name);
 
+// Knobs every rank of a job must set alike. knob_settings: this process's
+// raw settings of `names` as one record ("=value" or "unset" per knob);
+// knob_mismatch: "" when every rank's record (by rank) equals `mine` (rank
+// `me`'s), else a message naming the first knob and rank that differ.
+std::string knob_settings(const std::vector<const char*>& names);
+std::string knob_mismatch(const std::vector<const char*>& names, const std::vector<std::string>& records, int me);
+
 }  // namespace ferry

@@ -694,8 +694,8 @@ void SymmetricHeap::watch(int local, const uint64_t* word, uint64_t value, int f
 // value they wait for into the word, on a stream the heap made for this) and
 // leave the fault check() raises: a peer that never signals costs a timeout,
 // never a hang. Once a fault is set, every wait the stream has reached is
-// released at the next look, so a queue of them costs one timeout. No CUDA call is made under the lock, so a thread
-// adding a wait never waits for one.
+// released at the next look, so a queue of them costs one timeout. No CUDA
+// call is made under the lock, so a thread adding a wait never waits for one.
 void SymmetricHeap::watcher_loop() {
   std::vector<Watched> mine;
   unsigned next_slot = 0;

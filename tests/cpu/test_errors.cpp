@@ -41,3 +41,18 @@ TEST(Errors, CudaErrorsNameTheCall) {
     EXPECT_NE(m.find("test_errors.cpp"), std::string::npos);
   }
 }
+
+TEST(Knobs, SettingsEveryRankMustShareAreComparedRawAndTheFirstDifferenceIsNamed) {
+  const std::vector<const char*> names{"FERRY_SM_BYTES", "FERRY_SM_LL_BLOCK_BYTES"};
+  unsetenv("FERRY_SM_BYTES");
+  setenv("FERRY_SM_LL_BLOCK_BYTES", "2048", 1);
+  const std::string mine = knob_settings(names);
+  EXPECT_EQ(mine, "unset\n=2048\n");
+  EXPECT_EQ(knob_mismatch(names, {mine, mine, mine}, 1), "");
+  // Raw text, not parsed values: a malformed setting on one rank is a difference every rank sees.
+  const std::string why = knob_mismatch(names, {mine, "unset\n=2k\n"}, 0);
+  EXPECT_EQ(why, "FERRY_SM_LL_BLOCK_BYTES is =2048 on rank 0 and =2k on rank 1; set the same value on every rank");
+  EXPECT_NE(knob_mismatch(names, {"=1\n=2048\n", mine}, 1).find("FERRY_SM_BYTES is unset on rank 1 and =1 on rank 0"),
+            std::string::npos);
+  unsetenv("FERRY_SM_LL_BLOCK_BYTES");
+}

@@ -35,7 +35,13 @@ TEST(SmPath, BlocksGrowWithBytesUpToTheCap) {
   EXPECT_EQ(sm_path_blocks(256 << 10, {2048, 16 << 10}), 16);
   EXPECT_EQ(sm_path_blocks(256 << 10, {2048, 64 << 10}), 4);
   EXPECT_EQ(sm_path_blocks(1 << 20, {2048, 16}), kSmPathMaxBlocks);
-  // Ranks sharing a GPU: a cap on the grid, whatever the bytes.
+  // Ranks sharing a GPU: an H200 holds 132 blocks of the heaviest kernel (one per SM).
+  EXPECT_EQ(sm_path_shared_gpu_max_blocks(132, 8), 8);
+  EXPECT_EQ(sm_path_shared_gpu_max_blocks(132, 4), 16);
+  EXPECT_EQ(sm_path_shared_gpu_max_blocks(132, 2), kSmPathMaxBlocks);
+  EXPECT_EQ(sm_path_shared_gpu_max_blocks(10, 8), 1);
+  EXPECT_EQ(sm_path_shared_gpu_max_blocks(0, 8), 1);
+  // A cap on the grid, whatever the bytes.
   EXPECT_EQ(sm_path_blocks(64 << 10, {2048, 32 << 10, 8}), 8);
   EXPECT_EQ(sm_path_blocks(1 << 20, {2048, 32 << 10, 8}), 8);
   EXPECT_EQ(sm_path_blocks(1 << 20, {2048, 32 << 10, 0}), 1);
