@@ -117,9 +117,10 @@ FERRY_HOST_DEVICE inline bool sm_path_flag_passes(uint64_t seen, uint64_t call, 
 }
 // Data bytes per block of a call, the same on every rank: in the
 // low-latency format (FERRY_SM_LL_BLOCK_BYTES) and in the span format
-// (FERRY_SM_BLOCK_BYTES). On two H200s, 2 KB in the low-latency format took
-// about 1 us (15-20%) off 16-64 KB calls against 8 KB, and 1 KB was no
-// faster (docs/performance-log.md, thirty-third session). In the span format
+// (FERRY_SM_BLOCK_BYTES). On two H200s (two hosts), 2 KB in the low-latency
+// format made 16-64 KB calls 0.65-0.82 times NCCL's time in the same run,
+// against 0.72-0.96 with 8 KB, and 1 KB was no faster
+// (docs/performance-log.md, thirty-third session). In the span format
 // one block moves a few KB in about a microsecond over NVLink, and more
 // blocks only pay off once the bytes keep them busy.
 // `max_blocks` caps a call's grid where ranks share a GPU (tests only): each

@@ -13,27 +13,28 @@ import pytest
 from conftest import GPU_COUNT
 
 CASES = [
-    (2, "auto,b2b,pcpy,seq,sm", "copy"),
+    (2, "auto,b2b,pcpy,seq,sm", "copy", {}),
     # An odd world: the reduction's last source has no partner to load with.
-    (3, "auto,b2b,seq,sm", "copy"),
-    (4, "auto,b2b,pcpy,seq,sm", "copy"),
+    (3, "auto,b2b,seq,sm", "copy", {}),
+    (4, "auto,b2b,pcpy,seq,sm", "copy", {}),
     # The copy-engine variants with their signal rounds sent by kernels
     # (FERRY_SIGNALS=sm): every rank's one-block kernels beside its GPU-mates'.
-    (4, "auto,b2b,pcpy,seq", "sm"),
+    (4, "auto,b2b,pcpy,seq", "sm", {}),
     # Eight ranks: the variants that keep each rank's work on its own stream
     # (pcpy's per-peer streams would exceed the hardware queues of a GPU).
     # All in one process: the replay cache once captured a call while two
     # ranks of its GPU waited for it, and the host stuck there (docs/
     # architecture.md, "Repeated eager calls").
-    (8, "auto,b2b,seq,sm", "copy"),
+    (8, "auto,b2b,seq,sm", "copy", {}),
     # The SM path's low-latency format on more blocks than its default:
-    # 1 KB of data per block, so calls from 8 KB up run on 8 to 32 blocks.
+    # 1 KB of data per block, so calls from 8 KB up run on 8 blocks and more,
+    # up to the cap for ranks sharing a GPU (16 for four ranks on an H200).
     (4, "sm", "copy", {"FERRY_SM_LL_BLOCK_BYTES": "1024"}),
 ]
 
 
 @pytest.mark.parametrize(
-    "world,algos,signals,extra", [(c + ({},))[:4] for c in CASES if c[0] > GPU_COUNT], ids=lambda x: str(x)
+    "world,algos,signals,extra", [c for c in CASES if c[0] > GPU_COUNT], ids=lambda x: str(x)
 )
 def test_world_larger_than_the_machine(world, algos, signals, extra):
     env = dict(
