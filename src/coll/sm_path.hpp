@@ -6,7 +6,7 @@
 // several microseconds each (docs/performance.md, "Where the small-size latency goes").
 //
 // all_gather, all_to_all(v), broadcast, reduce_scatter and all_reduce, as
-// tables of spans (SmPathStep). It uses SMs: up to kSmPathMaxBlocks blocks for the whole call, including
+// tables of spans (SmPathStep). It uses SMs: up to FERRY_SM_MAX_BLOCKS blocks for the whole call, including
 // the time spent waiting for the slowest peer. It exists for collectives on
 // the critical path between kernels, where a few microseconds of one SM cost
 // less than 20 us of waiting; beside compute, the copy-engine variants are
@@ -37,8 +37,11 @@
 namespace ferry {
 
 constexpr int kSmPathMaxRanks = 8;
-constexpr int kSmPathMaxBlocks = 32;
-constexpr size_t kSmPathHeaderBytes = 4096;
+// The most blocks a call may run (the header's flags are laid out for it);
+// FERRY_SM_MAX_BLOCKS picks a grid bound up to it, kSmPathDefaultMaxBlocks by default.
+constexpr int kSmPathMaxBlocks = 128;
+constexpr int kSmPathDefaultMaxBlocks = 32;
+constexpr size_t kSmPathHeaderBytes = 16384;
 constexpr int kSmPathThreads = 512;  // per block
 
 // At the start of each rank's window (GPU memory, zeroed at creation).
@@ -123,21 +126,21 @@ FERRY_HOST_DEVICE inline bool sm_path_flag_passes(uint64_t seen, uint64_t call, 
 // (docs/performance-log.md, thirty-third session). In the span format
 // one block moves a few KB in about a microsecond over NVLink, and more
 // blocks only pay off once the bytes keep them busy.
-// `max_blocks` caps a call's grid where ranks share a GPU (tests only): each
-// block spins until its peers' blocks have run, so all of them must fit on
-// the GPU at once.
+// `max_blocks` caps a call's grid (FERRY_SM_MAX_BLOCKS: the SMs a call may
+// hold), and lower where ranks share a GPU (tests only): each block spins
+// until its peers' blocks have run, so all of them must fit on the GPU at once.
 struct SmPathBlocks {
   size_t low_latency = 2048;
   size_t spans = 32 << 10;
-  int max_blocks = kSmPathMaxBlocks;
+  int max_blocks = kSmPathDefaultMaxBlocks;
 };
 // SmPathBlocks::max_blocks where ranks share a GPU: `resident` blocks of the
 // kernel fit on the GPU at once (the least over the ranks' GPUs), at most
 // `world` ranks share one, and half is left for other waiting kernels
-// (signal rounds); at least 1, at most kSmPathMaxBlocks.
-int sm_path_shared_gpu_max_blocks(int resident, int world);
+// (signal rounds); at least 1, at most `limit` (the FERRY_SM_MAX_BLOCKS bound).
+int sm_path_shared_gpu_max_blocks(int resident, int world, int limit = kSmPathDefaultMaxBlocks);
 // Blocks for a call whose largest block is `bytes` (the same on every rank):
-// at least 1, at most per.max_blocks.
+// at least 1, at most per.max_blocks (itself at most kSmPathMaxBlocks).
 int sm_path_blocks(size_t bytes, SmPathBlocks per = {});
 // The largest block one rank sends one peer: `bytes` (all_gather's input,
 // an all_to_all block, a broadcast, reduce_scatter's result, all_reduce's

@@ -93,10 +93,13 @@ const std::vector<Knob>& knobs() {
        "takes 2 x world x (this + 128 KB) of GPU memory, allocated at creation (up to 8 ranks); 0: no window, no 'sm'"},
       {"FERRY_SM_LL_BLOCK_BYTES", "int", "2048",
        "data bytes per block of algo 'sm' for calls whose largest block is at most 64 KiB (its low-latency "
-       "format): fewer bytes, more blocks (at most 32); a multiple of 8, the same on every rank"},
+       "format): fewer bytes, more blocks (at most FERRY_SM_MAX_BLOCKS); a multiple of 8, the same on every rank"},
       {"FERRY_SM_BLOCK_BYTES", "int", "32768",
        "data bytes per block of algo 'sm' for calls whose largest block is over 64 KiB: fewer bytes, more blocks (at "
-       "most 32); a multiple of 16, the same on every rank"},
+       "most FERRY_SM_MAX_BLOCKS); a multiple of 16, the same on every rank"},
+      {"FERRY_SM_MAX_BLOCKS", "int", "32",
+       "most blocks (512 threads each, one SM each for the heaviest kernels) one call of algo 'sm' runs on: more "
+       "carry more bytes at once and hold more SMs; 1 to 128, the same on every rank"},
   };
   return table;
 }

@@ -18,27 +18,27 @@ TEST(SmPath, BlocksGrowWithBytesUpToTheCap) {
   EXPECT_EQ(sm_path_blocks(kLl), 1);
   EXPECT_EQ(sm_path_blocks(kLl + 1), 2);
   EXPECT_EQ(sm_path_blocks(kSmPathLowLatencyMaxBytes),
-            std::min(int(kSmPathLowLatencyMaxBytes / kLl), kSmPathMaxBlocks));
+            std::min(int(kSmPathLowLatencyMaxBytes / kLl), kSmPathDefaultMaxBlocks));
   EXPECT_EQ(sm_path_blocks(16 * kSmPathThreads, {16 * kSmPathThreads}), 1);  // two units per thread
   EXPECT_EQ(sm_path_blocks(16 * kSmPathThreads + 1, {16 * kSmPathThreads}), 2);
   // Past it: 32 KB per block.
   EXPECT_EQ(sm_path_blocks(kSmPathLowLatencyMaxBytes + 1), int(kSmPathLowLatencyMaxBytes / (32 << 10)) + 1);
-  EXPECT_EQ(sm_path_blocks(1 << 20), kSmPathMaxBlocks);
-  EXPECT_EQ(sm_path_blocks(size_t(1) << 30), kSmPathMaxBlocks);
-  // Fewer data bytes per block of the low-latency format: more blocks, still at most kSmPathMaxBlocks.
+  EXPECT_EQ(sm_path_blocks(1 << 20), kSmPathDefaultMaxBlocks);
+  EXPECT_EQ(sm_path_blocks(size_t(1) << 30), kSmPathDefaultMaxBlocks);
+  // Fewer data bytes per block of the low-latency format: more blocks, still at most kSmPathDefaultMaxBlocks.
   EXPECT_EQ(sm_path_blocks(16 << 10, {2048}), 8);
   EXPECT_EQ(sm_path_blocks(16 << 10, {4096}), 4);
-  EXPECT_EQ(sm_path_blocks(kSmPathLowLatencyMaxBytes, {1024}), kSmPathMaxBlocks);
+  EXPECT_EQ(sm_path_blocks(kSmPathLowLatencyMaxBytes, {1024}), kSmPathDefaultMaxBlocks);
   EXPECT_EQ(sm_path_blocks(1, {8}), 1);
   EXPECT_EQ(sm_path_blocks(kSmPathLowLatencyMaxBytes + 1, {1024}), sm_path_blocks(kSmPathLowLatencyMaxBytes + 1));
   // The span format's bytes per block.
   EXPECT_EQ(sm_path_blocks(256 << 10, {2048, 16 << 10}), 16);
   EXPECT_EQ(sm_path_blocks(256 << 10, {2048, 64 << 10}), 4);
-  EXPECT_EQ(sm_path_blocks(1 << 20, {2048, 16}), kSmPathMaxBlocks);
+  EXPECT_EQ(sm_path_blocks(1 << 20, {2048, 16}), kSmPathDefaultMaxBlocks);
   // Ranks sharing a GPU: an H200 holds 132 blocks of the heaviest kernel (one per SM).
   EXPECT_EQ(sm_path_shared_gpu_max_blocks(132, 8), 8);
   EXPECT_EQ(sm_path_shared_gpu_max_blocks(132, 4), 16);
-  EXPECT_EQ(sm_path_shared_gpu_max_blocks(132, 2), kSmPathMaxBlocks);
+  EXPECT_EQ(sm_path_shared_gpu_max_blocks(132, 2), kSmPathDefaultMaxBlocks);
   EXPECT_EQ(sm_path_shared_gpu_max_blocks(10, 8), 1);
   EXPECT_EQ(sm_path_shared_gpu_max_blocks(0, 8), 1);
   // A cap on the grid, whatever the bytes.
@@ -46,6 +46,17 @@ TEST(SmPath, BlocksGrowWithBytesUpToTheCap) {
   EXPECT_EQ(sm_path_blocks(1 << 20, {2048, 32 << 10, 8}), 8);
   EXPECT_EQ(sm_path_blocks(1 << 20, {2048, 32 << 10, 0}), 1);
   EXPECT_EQ(sm_path_blocks(4 << 10, {2048, 32 << 10, 8}), 2);
+  // FERRY_SM_MAX_BLOCKS above the default: the span format's bytes decide, up to the header's kSmPathMaxBlocks.
+  EXPECT_EQ(sm_path_blocks(4 << 20, {2048, 32 << 10, 64}), 64);
+  EXPECT_EQ(sm_path_blocks(4 << 20, {2048, 32 << 10, 128}), 128);
+  EXPECT_EQ(sm_path_blocks(2 << 20, {2048, 32 << 10, 128}), 64);
+  EXPECT_EQ(sm_path_blocks(size_t(1) << 30, {2048, 32 << 10, 1000}), kSmPathMaxBlocks);
+  EXPECT_EQ(sm_path_blocks(64 << 10, {2048, 32 << 10, 128}), 32);  // the low-latency format: 2 KB per block
+  // Sharing a GPU caps below the knob, never above it.
+  EXPECT_EQ(sm_path_shared_gpu_max_blocks(132, 1, 128), 66);
+  EXPECT_EQ(sm_path_shared_gpu_max_blocks(132, 1, 16), 16);
+  EXPECT_EQ(sm_path_shared_gpu_max_blocks(132, 2, 0), 1);
+  static_assert(sizeof(SmPathHeader) <= kSmPathHeaderBytes, "flags for every block of the largest grid");
 }
 
 TEST(SmPath, SlotsFollowTheHeaderAndNeverOverlap) {
