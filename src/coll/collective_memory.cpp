@@ -100,8 +100,8 @@ std::vector<long long> CollectiveMemory::agreed_knobs(const std::vector<const ch
 
 void CollectiveMemory::create_sm_path_windows() {
   const int world = group_.world;
-  const auto knobs = agreed_knobs(
-      {"FERRY_SM_BYTES", "FERRY_SM_LL_BLOCK_BYTES", "FERRY_SM_BLOCK_BYTES", "FERRY_SM_MAX_BLOCKS", "FERRY_SHARED_GPUS"});
+  const auto knobs = agreed_knobs({"FERRY_SM_BYTES", "FERRY_SM_LL_BLOCK_BYTES", "FERRY_SM_BLOCK_BYTES",
+                                   "FERRY_SM_MAX_BLOCKS", "FERRY_SHARED_GPUS"});
   const long long slot = knobs[0], ll_block = knobs[1], span_block = knobs[2], max_blocks = knobs[3],
                   shared_gpus = knobs[4];
   // After the agreement checks, so that every rank raises them.
@@ -111,9 +111,9 @@ void CollectiveMemory::create_sm_path_windows() {
                       std::to_string(kSmPathLowLatencyMaxBytes));
   FERRY_ARG_CHECK(span_block >= 16 && span_block % 16 == 0,
                   "FERRY_SM_BLOCK_BYTES=" + std::to_string(span_block) + ": expected a positive multiple of 16");
-  FERRY_ARG_CHECK(max_blocks >= 1 && max_blocks <= kSmPathMaxBlocks,
-                  "FERRY_SM_MAX_BLOCKS=" + std::to_string(max_blocks) + ": expected 1 to " +
-                      std::to_string(kSmPathMaxBlocks));
+  FERRY_ARG_CHECK(
+      max_blocks >= 1 && max_blocks <= kSmPathMaxBlocks,
+      "FERRY_SM_MAX_BLOCKS=" + std::to_string(max_blocks) + ": expected 1 to " + std::to_string(kSmPathMaxBlocks));
   if (slot == 0 || world > kSmPathMaxRanks) return;
   sm_path_blocks_ =
       SmPathBlocks{static_cast<size_t>(ll_block), static_cast<size_t>(span_block), static_cast<int>(max_blocks)};
