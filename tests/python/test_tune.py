@@ -108,8 +108,11 @@ def test_latency_preset_uses_sms_only_where_measured_faster(world, monkeypatch):
     # Small all_gathers take the SM path on every world size.
     assert tune.select(rules, "all_gather", world, 4096) == ("sm", "auto")
     big = tune.select(rules, "all_gather", world, 64 << 20)
-    # Kernel signals only where they were measured (2 GPUs); elsewhere copy signals.
-    assert big[1] == ("sm" if world == 2 else "auto")
+    # Kernel signals above the SM path (measured on 2 and 4 GPUs; 8 GPUs take the 4-GPU rules).
+    assert big[1] == "sm"
+    # The reductions take the SM path up to its window on 4 GPUs too (measured there since the thirty-fourth session).
+    assert tune.select(rules, "reduce_scatter", world, 1 << 20)[0] == "sm"
+    assert tune.select(rules, "all_reduce", world, 1 << 18)[0] == "sm"
 
 
 def test_sm_free_preset_is_the_default(monkeypatch):
