@@ -122,16 +122,17 @@ FERRY_HOST_DEVICE inline bool sm_path_flag_passes(uint64_t seen, uint64_t call, 
 // low-latency format (FERRY_SM_LL_BLOCK_BYTES) and in the span format
 // (FERRY_SM_BLOCK_BYTES). On two H200s (two hosts), 2 KB in the low-latency
 // format made 16-64 KB calls 0.65-0.82 times NCCL's time in the same run,
-// against 0.72-0.96 with 8 KB, and 1 KB was no faster
-// (docs/performance-log.md, thirty-third session). In the span format
-// one block moves a few KB in about a microsecond over NVLink, and more
-// blocks only pay off once the bytes keep them busy.
+// against 0.72-0.96 with 8 KB, and 1 KB was no faster; on four H200s
+// 0.60-0.83 against 0.74-1.15. In the span format 8 KB per block instead of
+// 32 KB gave the 128 KB-1 MB calls that get more blocks from it lower ratios
+// in 9 of 11 cells on two H200s and most on four, the rest within the runs'
+// spread (docs/performance-log.md, thirty-third and thirty-fourth sessions).
 // `max_blocks` caps a call's grid (FERRY_SM_MAX_BLOCKS: the SMs a call may
 // hold), and lower where ranks share a GPU (tests only): each block spins
 // until its peers' blocks have run, so all of them must fit on the GPU at once.
 struct SmPathBlocks {
   size_t low_latency = 2048;
-  size_t spans = 32 << 10;
+  size_t spans = 8 << 10;
   int max_blocks = kSmPathDefaultMaxBlocks;
 };
 // SmPathBlocks::max_blocks where ranks share a GPU: `resident` blocks of the

@@ -94,7 +94,7 @@ const std::vector<Knob>& knobs() {
       {"FERRY_SM_LL_BLOCK_BYTES", "int", "2048",
        "data bytes per block of algo 'sm' for calls whose largest block is at most 64 KiB (its low-latency "
        "format): fewer bytes, more blocks (at most FERRY_SM_MAX_BLOCKS); a multiple of 8, the same on every rank"},
-      {"FERRY_SM_BLOCK_BYTES", "int", "32768",
+      {"FERRY_SM_BLOCK_BYTES", "int", "8192",
        "data bytes per block of algo 'sm' for calls whose largest block is over 64 KiB: fewer bytes, more blocks (at "
        "most FERRY_SM_MAX_BLOCKS); a multiple of 16, the same on every rank"},
       {"FERRY_SM_MAX_BLOCKS", "int", "32",

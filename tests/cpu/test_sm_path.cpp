@@ -21,8 +21,9 @@ TEST(SmPath, BlocksGrowWithBytesUpToTheCap) {
             std::min(int(kSmPathLowLatencyMaxBytes / kLl), kSmPathDefaultMaxBlocks));
   EXPECT_EQ(sm_path_blocks(16 * kSmPathThreads, {16 * kSmPathThreads}), 1);  // two units per thread
   EXPECT_EQ(sm_path_blocks(16 * kSmPathThreads + 1, {16 * kSmPathThreads}), 2);
-  // Past it: 32 KB per block.
-  EXPECT_EQ(sm_path_blocks(kSmPathLowLatencyMaxBytes + 1), int(kSmPathLowLatencyMaxBytes / (32 << 10)) + 1);
+  // Past it: SmPathBlocks::spans (8 KB) per block.
+  EXPECT_EQ(sm_path_blocks(kSmPathLowLatencyMaxBytes + 1), int(kSmPathLowLatencyMaxBytes / (8 << 10)) + 1);
+  EXPECT_EQ(sm_path_blocks(128 << 10), 16);
   EXPECT_EQ(sm_path_blocks(1 << 20), kSmPathDefaultMaxBlocks);
   EXPECT_EQ(sm_path_blocks(size_t(1) << 30), kSmPathDefaultMaxBlocks);
   // Fewer data bytes per block of the low-latency format: more blocks, still at most kSmPathDefaultMaxBlocks.
@@ -244,7 +245,7 @@ std::vector<char> pattern(size_t n, int seed) {
 
 TEST(SmPath, AllGatherAllToAllBroadcastMoveTheRightBytes) {
   // Both formats; sizes from one unit to several blocks in each (37 B: one
-  // block; 40,001 B: low-latency, 5 blocks; 70,001 B: past it, 3 blocks).
+  // block; 40,001 B: low-latency, 20 blocks; 70,001 B: past it, 9 blocks).
   const int W = 4;
   for (size_t n : {size_t(37), size_t(40001), size_t(70001)})
     for (bool spans : {false, true}) {
@@ -264,7 +265,8 @@ TEST(SmPath, AllGatherAllToAllBroadcastMoveTheRightBytes) {
     }
   EXPECT_EQ(sm_path_blocks(40001, {8192}), 5);
   EXPECT_EQ(sm_path_blocks(40001, {2048}), 20);
-  EXPECT_EQ(sm_path_blocks(70001), 3);
+  EXPECT_EQ(sm_path_blocks(70001), 9);
+  EXPECT_EQ(sm_path_blocks(70001, {2048, 32 << 10}), 3);
 }
 
 TEST(SmPath, AFlagPassesForThisCallOrThePeersNextOne) {
