@@ -387,14 +387,9 @@ __device__ inline bool low_latency_begin(const Heap& h, const Team& t, uint64_t*
   }
   __syncthreads();
   if (!usable) return false;
-  // A release: the block's reads of its receive lines in the call before
-  // (ordered before this lane by the __syncthreads above) happen before the
-  // member's block may overwrite them, which it does only after an acquire
-  // of this token (low_latency_end). The stores the release waits for are
-  // the call before's, long acknowledged by the time a next call begins.
   for (int i = int(lane); i < t.size; i += int(scope_size<Scope::kBlock>())) {
     const int p = team_world_rank(t, i);
-    if (p != h.rank) store_release(&h.sync(p)->low_latency_tokens[h.rank][block], rounds[p]);
+    if (p != h.rank) store_line(&h.sync(p)->low_latency_tokens[h.rank][block], rounds[p]);
   }
   return true;
 }
@@ -415,7 +410,7 @@ __device__ inline bool low_latency_end(const Heap& h, const Team& t, const uint6
     if (p == h.rank) continue;
     const uint64_t* token = &h.sync(h.rank)->low_latency_tokens[p][block];
     good = spin(
-        h, [&] { return load_acquire(token) >= rounds[p]; }, WaitKind::kBarrier, p);
+        h, [&] { return load_line(token) >= rounds[p]; }, WaitKind::kBarrier, p);
   }
   bool all_good = __syncthreads_and(good ? 1 : 0) != 0;  // also: the block's share of dst is written
   if (whole_grid) {                                      // the same on every thread of the block
