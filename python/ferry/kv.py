@@ -156,7 +156,10 @@ class _Ids:
         elif hasattr(ids, "__array__"):
             import numpy as np
 
-            a = np.ascontiguousarray(ids, dtype=np.int64)
+            a = np.asarray(ids)
+            if a.dtype.kind not in "iu":  # a cast would truncate floats and take bools as 0 and 1
+                raise InvalidArgumentError(f"{name}: expected integer page indices, got a {a.dtype} array")
+            a = np.ascontiguousarray(a, dtype=np.int64)
             self.keep = a
             self.ptr, self.count, self.is_64 = a.ctypes.data if a.size else 0, a.size, True
             return

@@ -186,8 +186,12 @@ void LocalFailure::agree(const Group& g, const char* what) const {
   for (size_t r = 0; r < all.size(); ++r)
     if (all[r] != "ok") {
       const RegistrationRecord theirs = decode_registration(all[r], static_cast<int>(r));
-      throw_error(static_cast<ferry_result_t>(theirs.code),
-                  std::string(what) + ": rank " + std::to_string(r) + " failed: " + theirs.error);
+      // The failing rank's message often names the same step ("free: ..."): said once.
+      const std::string step = std::string(what) + ": ";
+      const bool named = theirs.error.compare(0, step.size(), step) == 0;
+      throw_error(
+          static_cast<ferry_result_t>(theirs.code),
+          step + "rank " + std::to_string(r) + " failed: " + (named ? theirs.error.substr(step.size()) : theirs.error));
     }
 }
 

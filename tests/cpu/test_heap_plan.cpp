@@ -272,6 +272,19 @@ TEST(LocalFailure, EveryRankRaisesTheFailingRanksCodeAndTheOthersNameIt) {
   EXPECT_FALSE(fine.failed());
   EXPECT_EQ(code_of([&] { fine.agree(fake_group(1, {sent, ""}), "growth"); }, &m), FERRY_ERROR_OUT_OF_MEMORY);
   EXPECT_NE(m.find("growth: rank 0 failed: GPU 0 is out of memory"), std::string::npos) << m;
+  // A message that names the same step already says it once.
+  LocalFailure named;
+  named.run([] { throw_error(FERRY_ERROR_NOT_REGISTERED, "free: the buffer at 0x10 is not registered"); });
+  Group g2 = fake_group(0, {"", "ok"});
+  auto inner2 = g2.allgather;
+  g2.allgather = [&](const std::string& mine) {
+    sent = mine;
+    return inner2(mine);
+  };
+  EXPECT_EQ(code_of([&] { named.agree(g2, "free"); }, &m), FERRY_ERROR_NOT_REGISTERED);
+  EXPECT_EQ(code_of([&] { fine.agree(fake_group(1, {sent, ""}), "free"); }, &m), FERRY_ERROR_NOT_REGISTERED);
+  EXPECT_EQ(m.rfind("free: rank 0 failed: the buffer at 0x10 is not registered", 0), 0u) << m;
+  EXPECT_EQ(m.find("free: free"), std::string::npos) << m;
   // Nobody failed: nothing raised.
   EXPECT_EQ(code_of([&] { fine.agree(fake_group(1, {"ok", ""}), "growth"); }), FERRY_SUCCESS);
   // An exception that is not ferry's travels as an internal error.

@@ -15,6 +15,22 @@ def test_index_lists_must_pair_up_and_hold_integers():
         kv._id_pair([1], ["2"])
 
 
+def test_numpy_index_arrays_must_hold_integers():
+    np = pytest.importorskip("numpy")
+    d, s = kv._id_pair(np.array([3, 1], dtype=np.int32), np.array([0, 2], dtype=np.uint16))
+    assert (d.count, s.count, d.is_64, s.is_64) == (2, 2, True, True)
+    assert list(d.keep) == [3, 1] and list(s.keep) == [0, 2]
+    # A cast would silently turn 1.7 into page 1 and True into page 1.
+    with pytest.raises(
+        InvalidArgumentError, match=r"dst_ids: expected integer page indices, got a float64 array"
+    ):
+        kv._id_pair(np.array([1.7, 2.0]), [1, 2])
+    with pytest.raises(
+        InvalidArgumentError, match=r"src_ids: expected integer page indices, got a bool array"
+    ):
+        kv._id_pair([1, 2], np.array([True, False]))
+
+
 def test_copy_options_are_checked_first():
     with pytest.raises(InvalidArgumentError, match=r"slice_bytes is -1; expected a byte count >= 0"):
         kv.copy_blocks(None, None, [], [], slice_bytes=-1)
