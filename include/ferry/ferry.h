@@ -94,7 +94,7 @@ typedef enum {
   FERRY_ALGO_PCPY = 1, /* one copy engine stream per peer, in parallel */
   FERRY_ALGO_B2B = 2,  /* all copies in one batched submission on one stream */
   FERRY_ALGO_SEQ = 3,  /* copies one after another on one stream, in cyclic-shift order */
-  FERRY_ALGO_SM = 4    /* NOT copy engines: one SM kernel (up to 32 blocks) stores into peers' windows and
+  FERRY_ALGO_SM = 4    /* NOT copy engines: one SM kernel (up to FERRY_SM_MAX_BLOCKS, 32) stores into peers' windows and
                           signals with stores; small all_gather, all_to_all(v), broadcast on up to 8 GPUs */
 } ferry_algo_t;
 

@@ -443,7 +443,7 @@ class Communicator:
         rank order, ordered in `stream` (default: the current torch stream).
         `inp` may be this rank's own slice of `out` (in-place: no local copy).
         algo: 'auto' | 'pcpy' | 'b2b' | 'seq' (copy engines) | 'sm' (not copy
-        engines: one SM kernel of up to 32 blocks, the lowest latency for
+        engines: one SM kernel of up to 32 blocks (FERRY_SM_MAX_BLOCKS), the lowest latency for
         blocks up to FERRY_SM_BYTES, 1 MiB). local_copy: how this rank's own
         block is copied: 'peer' through a peer on copy engines (no SM; one more
         block over NVLink; all_to_all bounces it via the next rank), 'sm' ferry's kernel on

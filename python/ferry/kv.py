@@ -158,7 +158,9 @@ class _Ids:
 
             a = np.asarray(ids)
             if a.dtype.kind not in "iu":  # a cast would truncate floats and take bools as 0 and 1
-                raise InvalidArgumentError(f"{name}: expected integer page indices, got a {a.dtype} array")
+                raise InvalidArgumentError(f"{name}: expected integer page indices, got dtype {a.dtype}")
+            if a.dtype.kind == "u" and a.size and int(a.max()) > np.iinfo(np.int64).max:
+                raise InvalidArgumentError(f"{name}: page index {int(a.max())} is out of range")
             a = np.ascontiguousarray(a, dtype=np.int64)
             self.keep = a
             self.ptr, self.count, self.is_64 = a.ctypes.data if a.size else 0, a.size, True

@@ -117,11 +117,11 @@ void CollectiveMemory::create_sm_path_windows() {
   if (slot == 0 || world > kSmPathMaxRanks) return;
   sm_path_blocks_ =
       SmPathBlocks{static_cast<size_t>(ll_block), static_cast<size_t>(span_block), static_cast<int>(max_blocks)};
-  if (shared_gpus) {
-    // Ranks sharing a GPU run their SM-path kernels side by side, and a
-    // block that waits for a peer's block needs it resident too: all of them
-    // must fit, with room left for other waiting kernels (signal rounds). At
-    // most world ranks share one GPU; every rank takes the least of all.
+  if (shared_gpus || max_blocks > kSmPathDefaultMaxBlocks) {
+    // A block that waits for a peer's block needs that block resident, so a
+    // grid must fit on the GPU at once (with ranks sharing a GPU, all of
+    // theirs together): every rank takes the least occupancy of all. Every
+    // GPU holds the default grid.
     int resident = std::numeric_limits<int>::max();
     LocalFailure asked;  // a rank that could not ask still takes part, so that every rank raises
     asked.run([&] {
@@ -134,7 +134,7 @@ void CollectiveMemory::create_sm_path_windows() {
     } else {
       asked.rethrow();
     }
-    sm_path_blocks_.max_blocks = sm_path_shared_gpu_max_blocks(resident, world, static_cast<int>(max_blocks));
+    sm_path_blocks_.max_blocks = sm_path_grid_bound(static_cast<int>(max_blocks), resident, shared_gpus ? world : 1);
   }
   sm_path_slot_bytes_ = round_up(static_cast<size_t>(slot), 256);
   const size_t offset = heap_->alloc(sm_path_window_bytes(world, sm_path_slot_bytes_), kBlockAlign, {});

@@ -123,9 +123,9 @@ FERRY_HOST_DEVICE inline bool sm_path_flag_passes(uint64_t seen, uint64_t call, 
 // (FERRY_SM_BLOCK_BYTES). On two H200s (two hosts), 2 KB in the low-latency
 // format made 16-64 KB calls 0.65-0.82 times NCCL's time in the same run,
 // against 0.72-0.96 with 8 KB, and 1 KB was no faster; on four H200s
-// 0.60-0.83 against 0.74-1.15. In the span format 8 KB per block instead of
+// 0.60-1.03 against 0.74-1.15. In the span format 8 KB per block instead of
 // 32 KB gave the 128 KB-1 MB calls that get more blocks from it lower ratios
-// in 9 of 11 cells on two H200s and most on four, the rest within the runs'
+// in 10 of 12 cells on two H200s and 8 of 10 on four, the rest within the runs'
 // spread (docs/performance-log.md, thirty-third and thirty-fourth sessions).
 // `max_blocks` caps a call's grid (FERRY_SM_MAX_BLOCKS: the SMs a call may
 // hold), and lower where ranks share a GPU (tests only): each block spins
@@ -135,11 +135,16 @@ struct SmPathBlocks {
   size_t spans = 8 << 10;
   int max_blocks = kSmPathDefaultMaxBlocks;
 };
-// SmPathBlocks::max_blocks where ranks share a GPU: `resident` blocks of the
-// kernel fit on the GPU at once (the least over the ranks' GPUs), at most
-// `world` ranks share one, and half is left for other waiting kernels
-// (signal rounds); at least 1, at most `limit` (the FERRY_SM_MAX_BLOCKS bound).
-int sm_path_shared_gpu_max_blocks(int resident, int world, int limit = kSmPathDefaultMaxBlocks);
+// SmPathBlocks::max_blocks from FERRY_SM_MAX_BLOCKS (`limit`) and the GPU:
+// every block of a grid spins until its peers' blocks have run, so all of
+// them must be resident at once; `resident` blocks of the kernel fit on the
+// GPU (the least over the ranks' GPUs). Alone on a GPU (`sharing` 1), the
+// grid leaves kSmPathFreeSms of them to other kernels (the one that
+// triggers a prepared call, signal rounds). Where `sharing` ranks share a GPU
+// (FERRY_SHARED_GPUS, tests), half is left for other waiting kernels and the
+// rest split among the ranks. At least 1, at most `limit` and kSmPathMaxBlocks.
+constexpr int kSmPathFreeSms = 4;
+int sm_path_grid_bound(int limit, int resident, int sharing);
 // Blocks for a call whose largest block is `bytes` (the same on every rank):
 // at least 1, at most per.max_blocks (itself at most kSmPathMaxBlocks).
 int sm_path_blocks(size_t bytes, SmPathBlocks per = {});

@@ -14,8 +14,10 @@ int sm_path_blocks(size_t bytes, SmPathBlocks per) {
   return static_cast<int>(std::min<size_t>(b, static_cast<size_t>(std::clamp(per.max_blocks, 1, kSmPathMaxBlocks))));
 }
 
-int sm_path_shared_gpu_max_blocks(int resident, int world, int limit) {
-  return std::clamp(resident / (2 * std::max(world, 1)), 1, std::clamp(limit, 1, kSmPathMaxBlocks));
+int sm_path_grid_bound(int limit, int resident, int sharing) {
+  const int most = std::clamp(limit, 1, kSmPathMaxBlocks);
+  if (sharing > 1) return std::clamp(resident / (2 * sharing), 1, most);
+  return std::clamp(resident - kSmPathFreeSms, 1, most);
 }
 
 size_t sm_path_largest_block(CollOp op, size_t bytes, const std::vector<size_t>& counts) {

@@ -37,11 +37,11 @@ TEST(SmPath, BlocksGrowWithBytesUpToTheCap) {
   EXPECT_EQ(sm_path_blocks(256 << 10, {2048, 64 << 10}), 4);
   EXPECT_EQ(sm_path_blocks(1 << 20, {2048, 16}), kSmPathDefaultMaxBlocks);
   // Ranks sharing a GPU: an H200 holds 132 blocks of the heaviest kernel (one per SM).
-  EXPECT_EQ(sm_path_shared_gpu_max_blocks(132, 8), 8);
-  EXPECT_EQ(sm_path_shared_gpu_max_blocks(132, 4), 16);
-  EXPECT_EQ(sm_path_shared_gpu_max_blocks(132, 2), kSmPathDefaultMaxBlocks);
-  EXPECT_EQ(sm_path_shared_gpu_max_blocks(10, 8), 1);
-  EXPECT_EQ(sm_path_shared_gpu_max_blocks(0, 8), 1);
+  EXPECT_EQ(sm_path_grid_bound(kSmPathDefaultMaxBlocks, 132, 8), 8);
+  EXPECT_EQ(sm_path_grid_bound(kSmPathDefaultMaxBlocks, 132, 4), 16);
+  EXPECT_EQ(sm_path_grid_bound(kSmPathDefaultMaxBlocks, 132, 2), kSmPathDefaultMaxBlocks);
+  EXPECT_EQ(sm_path_grid_bound(kSmPathDefaultMaxBlocks, 10, 8), 1);
+  EXPECT_EQ(sm_path_grid_bound(kSmPathDefaultMaxBlocks, 0, 8), 1);
   // A cap on the grid, whatever the bytes.
   EXPECT_EQ(sm_path_blocks(64 << 10, {2048, 32 << 10, 8}), 8);
   EXPECT_EQ(sm_path_blocks(1 << 20, {2048, 32 << 10, 8}), 8);
@@ -54,9 +54,17 @@ TEST(SmPath, BlocksGrowWithBytesUpToTheCap) {
   EXPECT_EQ(sm_path_blocks(size_t(1) << 30, {2048, 32 << 10, 1000}), kSmPathMaxBlocks);
   EXPECT_EQ(sm_path_blocks(64 << 10, {2048, 32 << 10, 128}), 32);  // the low-latency format: 2 KB per block
   // Sharing a GPU caps below the knob, never above it.
-  EXPECT_EQ(sm_path_shared_gpu_max_blocks(132, 1, 128), 66);
-  EXPECT_EQ(sm_path_shared_gpu_max_blocks(132, 1, 16), 16);
-  EXPECT_EQ(sm_path_shared_gpu_max_blocks(132, 2, 0), 1);
+  EXPECT_EQ(sm_path_grid_bound(128, 132, 2), 33);
+  EXPECT_EQ(sm_path_grid_bound(16, 132, 2), 16);
+  EXPECT_EQ(sm_path_grid_bound(0, 132, 2), 1);
+  // Alone on a GPU a large grid stays resident with kSmPathFreeSms left over: all 128 on an H200 (132 SMs), 110
+  // on a GPU of 114, 28 on one of 32.
+  EXPECT_EQ(sm_path_grid_bound(128, 132, 1), 128);
+  EXPECT_EQ(sm_path_grid_bound(128, 114, 1), 114 - kSmPathFreeSms);
+  EXPECT_EQ(sm_path_grid_bound(64, 114, 1), 64);
+  EXPECT_EQ(sm_path_grid_bound(128, 32, 1), 32 - kSmPathFreeSms);
+  EXPECT_EQ(sm_path_grid_bound(128, 2, 1), 1);
+  EXPECT_EQ(sm_path_grid_bound(1000, 1000, 1), kSmPathMaxBlocks);
   static_assert(sizeof(SmPathHeader) <= kSmPathHeaderBytes, "flags for every block of the largest grid");
 }
 

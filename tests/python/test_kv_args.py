@@ -22,13 +22,16 @@ def test_numpy_index_arrays_must_hold_integers():
     assert list(d.keep) == [3, 1] and list(s.keep) == [0, 2]
     # A cast would silently turn 1.7 into page 1 and True into page 1.
     with pytest.raises(
-        InvalidArgumentError, match=r"dst_ids: expected integer page indices, got a float64 array"
+        InvalidArgumentError, match=r"dst_ids: expected integer page indices, got dtype float64"
     ):
         kv._id_pair(np.array([1.7, 2.0]), [1, 2])
-    with pytest.raises(
-        InvalidArgumentError, match=r"src_ids: expected integer page indices, got a bool array"
-    ):
+    with pytest.raises(InvalidArgumentError, match=r"src_ids: expected integer page indices, got dtype bool"):
         kv._id_pair([1, 2], np.array([True, False]))
+    # A uint64 past int64 would wrap to a negative index and be named as such.
+    with pytest.raises(
+        InvalidArgumentError, match=r"dst_ids: page index 18446744073709551615 is out of range"
+    ):
+        kv._id_pair(np.array([2**64 - 1], dtype=np.uint64), [0])
 
 
 def test_copy_options_are_checked_first():
