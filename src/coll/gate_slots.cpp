@@ -49,6 +49,8 @@ void GateSlots::retire(int slot, cudaEvent_t last_run) {
   reclaim();
 }
 
+void GateSlots::put_back(int slot) { free_.push_back(slot); }
+
 void GateSlots::drop_retiring() {
   for (auto& [slot, ev] : retiring_) destroy_(ev);
   retiring_.clear();

@@ -25,6 +25,10 @@ class GateSlots {
   // `slot` comes back once `last_run` has completed; the event is then
   // destroyed (it belongs to this object from now on).
   void retire(int slot, cudaEvent_t last_run);
+  // A slot taken for a prepared collective that never came to exist (a
+  // later step of prepare() failed): nothing can have written its gate, so
+  // it comes back at once.
+  void put_back(int slot);
   // Takes back the slots whose last run has completed.
   void reclaim();
   // Destroys the events of slots still waiting (close(), with their GPU current).

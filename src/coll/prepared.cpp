@@ -21,15 +21,26 @@ int Communicator::prepare(const CollectiveArgs& args) {
   p.args = args;
   p.built = build(args, &p.registrations);
   p.how = resolve(args);
-  for (int i = 0; i < local_count(); ++i) {
-    Local& L = *locals_[i];
-    FERRY_CUDA_CHECK(cudaSetDevice(L.device));
-    p.host_gate.push_back(L.records->word());
-    p.device_gate.push_back(L.gates.take());
-    p.device_gate_copy.push_back(L.records->word());
-    cudaEvent_t ev = nullptr;
-    FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    p.finished.push_back(ev);
+  try {
+    for (int i = 0; i < local_count(); ++i) {
+      Local& L = *locals_[i];
+      FERRY_CUDA_CHECK(cudaSetDevice(L.device));
+      p.host_gate.push_back(L.records->word());
+      p.device_gate.push_back(L.gates.take());
+      p.device_gate_copy.push_back(L.records->word());
+      cudaEvent_t ev = nullptr;
+      FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+      p.finished.push_back(ev);
+    }
+  } catch (...) {
+    // A later local rank had no free slot (or no event): the earlier ones'
+    // slots and events go back, or every failed prepare() would shrink them.
+    for (size_t i = 0; i < p.device_gate.size(); ++i) locals_[i]->gates.put_back(p.device_gate[i]);
+    for (size_t i = 0; i < p.finished.size(); ++i) {
+      cudaSetDevice(device(static_cast<int>(i)));
+      cudaEventDestroy(p.finished[i]);
+    }
+    throw;
   }
   return prepared_.add(std::move(p));
 }

@@ -47,6 +47,18 @@ TEST(GateSlots, ASlotComesBackOnlyOnceItsLastRunFinished) {
   EXPECT_FALSE(error_of([&] { slots.take(); }).empty());
 }
 
+TEST(GateSlots, ASlotNeverArmedComesBackAtOnce) {
+  GateSlots slots(
+      2, [](cudaEvent_t) { return false; }, [](cudaEvent_t) {});
+  const int a = slots.take(), b = slots.take();
+  EXPECT_FALSE(error_of([&] { slots.take(); }).empty());
+  slots.put_back(b);  // prepare() failed on a later local rank: no run, no event to wait for
+  EXPECT_EQ(slots.free_count(), 1u);
+  EXPECT_EQ(slots.take(), b);
+  slots.retire(a, fake_event(1));  // a released one whose run never ends stays out
+  EXPECT_FALSE(error_of([&] { slots.take(); }).empty());
+}
+
 TEST(PreparedCall, TheGateIsTheHostWordOrTheRanksDeviceSlot) {
   auto flags = std::make_unique<DeviceFlags>();
   uint64_t host_word = 0, device_view = 0, copy_word = 0;
