@@ -706,6 +706,32 @@ def shared_gpu_world(world: int, algos) -> list:
     return fails
 
 
+def sm_path_large_grid(world: int) -> list:
+    """The SM path on FERRY_SM_MAX_BLOCKS blocks (set by the caller, above the
+    default 32, with a FERRY_SM_BYTES window that takes multi-MB calls): the
+    grid is bounded by the GPU's occupancy and every collective's bytes are
+    right; then a bound past 128 is refused, naming the knob."""
+    import ferry
+    import torch
+
+    fails = []
+    comm = ferry.init_local(list(range(world)), timeout=60)
+    bufs = comm.alloc((world * ((64 << 20) + 8) * 2,), torch.uint8)
+    devs = [torch.device("cuda", i) for i in range(world)]
+    ranks = list(range(world))
+    fails += check_collectives(torch, comm, ranks, devs, world, bufs, algos=("sm",))
+    fails += check_repeats(torch, comm, ranks, devs, world, bufs, reps=10, n=4 << 20, algo="sm")
+    comm.close()
+    os.environ["FERRY_SM_MAX_BLOCKS"] = "129"
+    try:
+        ferry.init_local(list(range(world)), timeout=60).close()
+        fails.append("FERRY_SM_MAX_BLOCKS=129 was taken")
+    except ferry.InvalidArgumentError as exc:
+        if "FERRY_SM_MAX_BLOCKS=129: expected 1 to 128" not in str(exc):
+            fails.append(f"FERRY_SM_MAX_BLOCKS=129 raised {exc!r}")
+    return fails
+
+
 if __name__ == "__main__":  # python _workers.py untriggered GATE ALGO (a fresh process)
     if sys.argv[1] == "untriggered":
         problems = untriggered_is_reported(sys.argv[2], sys.argv[3])
@@ -714,6 +740,9 @@ if __name__ == "__main__":  # python _workers.py untriggered GATE ALGO (a fresh 
 
         faulthandler.dump_traceback_later(float(os.environ.get("FERRY_TEST_DUMP_S", "240")), exit=True)
         problems = shared_gpu_world(int(sys.argv[2]), sys.argv[3].split(","))
+    # python _workers.py sm-grid WORLD, under FERRY_SM_MAX_BLOCKS and FERRY_SM_BYTES
+    elif sys.argv[1] == "sm-grid":
+        problems = sm_path_large_grid(int(sys.argv[2]))
     print("\n".join(problems[:40]) or "ok")
     sys.exit(1 if problems else 0)
 

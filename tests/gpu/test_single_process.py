@@ -176,6 +176,27 @@ def test_untriggered_prepared_collective_is_reported(gate, algo):
     assert not fails, "\n".join(fails)
 
 
+def test_sm_path_on_a_large_grid():
+    """FERRY_SM_MAX_BLOCKS=128 and a 16 MiB window, in a fresh process: the
+    grid bounded by the GPU's occupancy (all 128 on an H200), every byte of
+    the SM path's collectives up to 16 MB checked, and a bound past 128
+    refused naming the knob."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, FERRY_SM_MAX_BLOCKS="128", FERRY_SM_BYTES=str(16 << 20), **_checks.SAFE_ENV)
+    here = os.path.dirname(os.path.abspath(_checks.__file__))
+    run = subprocess.run(
+        [sys.executable, os.path.join(here, "_workers.py"), "sm-grid", str(min(GPU_COUNT, 4))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+
+
 @pytest.mark.parametrize("algo", ["auto", "sm"])
 @pytest.mark.parametrize("connections", [1, 4])
 def test_untriggered_with_few_hardware_queues(connections, algo):
