@@ -157,6 +157,10 @@ class _Ids:
             import numpy as np
 
             a = np.asarray(ids)
+            if a.ndim != 1:
+                raise InvalidArgumentError(
+                    f"{name}: expected a 1-D array of page indices, got shape {a.shape}"
+                )
             if a.dtype.kind not in "iu":  # a cast would truncate floats and take bools as 0 and 1
                 raise InvalidArgumentError(f"{name}: expected integer page indices, got dtype {a.dtype}")
             if a.dtype.kind == "u" and a.size and int(a.max()) > np.iinfo(np.int64).max:

@@ -25,8 +25,8 @@ int Communicator::prepare(const CollectiveArgs& args) {
     for (int i = 0; i < local_count(); ++i) {
       Local& L = *locals_[i];
       FERRY_CUDA_CHECK(cudaSetDevice(L.device));
+      p.device_gate.push_back(L.gates.take());  // first: the words below are not given back
       p.host_gate.push_back(L.records->word());
-      p.device_gate.push_back(L.gates.take());
       p.device_gate_copy.push_back(L.records->word());
       cudaEvent_t ev = nullptr;
       FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));

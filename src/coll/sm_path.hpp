@@ -128,8 +128,8 @@ FERRY_HOST_DEVICE inline bool sm_path_flag_passes(uint64_t seen, uint64_t call, 
 // in 10 of 12 cells on two H200s and 8 of 10 on four, the rest within the runs'
 // spread (docs/performance-log.md, thirty-third and thirty-fourth sessions).
 // `max_blocks` caps a call's grid (FERRY_SM_MAX_BLOCKS: the SMs a call may
-// hold), and lower where ranks share a GPU (tests only): each block spins
-// until its peers' blocks have run, so all of them must fit on the GPU at once.
+// hold, bounded by sm_path_grid_bound): each block spins until its peers'
+// blocks have run, so all of them must fit on the GPU at once.
 struct SmPathBlocks {
   size_t low_latency = 2048;
   size_t spans = 8 << 10;

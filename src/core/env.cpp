@@ -99,9 +99,8 @@ const std::vector<Knob>& knobs() {
        "most FERRY_SM_MAX_BLOCKS); a multiple of 16, the same on every rank"},
       {"FERRY_SM_MAX_BLOCKS", "int", "32",
        "most blocks (512 threads each, one SM each for the heaviest kernels) one call of algo 'sm' runs on: more "
-       "carry more bytes at once and hold more SMs; 1 to 128 (and at most the GPU's resident blocks less 4), the same "
-       "on "
-       "every rank"},
+       "carry more bytes at once and hold more SMs; 1 to 128, the same on every rank; above 32 also at most the "
+       "GPU's resident blocks less 4"},
   };
   return table;
 }

@@ -19,7 +19,7 @@ A2A_SIZES = (1, 3, 4096, 1000003, (16 << 20) + 1)
 
 
 # The largest block per peer algo "sm" moves (FERRY_SM_BYTES, 1 MiB by default).
-SM_BYTES = int(os.environ.get("FERRY_SM_BYTES", 1 << 20))
+SM_BYTES = int(os.environ.get("FERRY_SM_BYTES") or (1 << 20))
 
 
 def rand_bytes(torch, seed: int, n: int, dev):

@@ -13,6 +13,7 @@ import zlib
 
 from _checks import (
     SAFE_ENV,
+    SM_BYTES,
     check_collectives,
     check_repeats,
     check_same_buffers,
@@ -719,8 +720,31 @@ def sm_path_large_grid(world: int) -> list:
     bufs = comm.alloc((world * ((64 << 20) + 8) * 2,), torch.uint8)
     devs = [torch.device("cuda", i) for i in range(world)]
     ranks = list(range(world))
-    fails += check_collectives(torch, comm, ranks, devs, world, bufs, algos=("sm",))
+    # Up to the window's edge: uint8 at SM_BYTES / 2 and SM_BYTES, bfloat16 at SM_BYTES.
+    sizes = (1, 4096, 1000003, (4 << 20) + 3, SM_BYTES // 2, SM_BYTES)
+    fails += check_collectives(
+        torch, comm, ranks, devs, world, bufs, sizes=sizes, a2a_sizes=sizes, algos=("sm",)
+    )
     fails += check_repeats(torch, comm, ranks, devs, world, bufs, reps=10, n=4 << 20, algo="sm")
+    # The reductions, whose kernels fit one block per SM: in place all_reduce and reduce_scatter of small
+    # integers (exact sums), 4 MiB and the window's size per peer, against sums on the host.
+    for dtype_name in ("bfloat16", "int32"):
+        dtype = getattr(torch, dtype_name)
+        elem = torch.empty((), dtype=dtype).element_size()
+        for nbytes in (4 << 20, SM_BYTES):
+            n = nbytes // elem
+            ins = [ints(torch, 7 + r, world * n, devs[r], dtype) for r in range(world)]
+            ref = sum(t.cpu().to(torch.float64) for t in ins)
+            ar = [t[:n].clone() for t in ins]
+            rs = [torch.full((n,), 77, dtype=dtype, device=devs[r]) for r in range(world)]
+            comm.all_reduce(ar, ar, algo="sm")
+            comm.reduce_scatter(rs, ins, algo="sm")
+            comm.synchronize()
+            for r in range(world):
+                if not torch.equal(ar[r].cpu().to(torch.float64), ref[:n]):
+                    fails.append(f"all_reduce {dtype_name} {nbytes} B: rank {r} wrong")
+                if not torch.equal(rs[r].cpu().to(torch.float64), ref[r * n : (r + 1) * n]):
+                    fails.append(f"reduce_scatter {dtype_name} {nbytes} B: rank {r} wrong")
     comm.close()
     os.environ["FERRY_SM_MAX_BLOCKS"] = "129"
     try:
@@ -742,6 +766,9 @@ if __name__ == "__main__":  # python _workers.py untriggered GATE ALGO (a fresh 
         problems = shared_gpu_world(int(sys.argv[2]), sys.argv[3].split(","))
     # python _workers.py sm-grid WORLD, under FERRY_SM_MAX_BLOCKS and FERRY_SM_BYTES
     elif sys.argv[1] == "sm-grid":
+        import faulthandler
+
+        faulthandler.dump_traceback_later(float(os.environ.get("FERRY_TEST_DUMP_S", "240")), exit=True)
         problems = sm_path_large_grid(int(sys.argv[2]))
     print("\n".join(problems[:40]) or "ok")
     sys.exit(1 if problems else 0)

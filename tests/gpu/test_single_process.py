@@ -179,21 +179,26 @@ def test_untriggered_prepared_collective_is_reported(gate, algo):
 def test_sm_path_on_a_large_grid():
     """FERRY_SM_MAX_BLOCKS=128 and a 16 MiB window, in a fresh process: the
     grid bounded by the GPU's occupancy (all 128 on an H200), every byte of
-    the SM path's collectives up to 16 MB checked, and a bound past 128
-    refused naming the knob."""
+    the SM path's collectives and reductions up to the window's 16 MiB per
+    peer checked, and a bound past 128 refused naming the knob. (The grid a
+    call got is not visible from Python; a hang or a wrong byte is what
+    this can catch.)"""
     import os
     import subprocess
     import sys
 
     env = dict(os.environ, FERRY_SM_MAX_BLOCKS="128", FERRY_SM_BYTES=str(16 << 20), **_checks.SAFE_ENV)
     here = os.path.dirname(os.path.abspath(_checks.__file__))
-    run = subprocess.run(
-        [sys.executable, os.path.join(here, "_workers.py"), "sm-grid", str(min(GPU_COUNT, 4))],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    try:
+        run = subprocess.run(
+            [sys.executable, os.path.join(here, "_workers.py"), "sm-grid", str(min(GPU_COUNT, 4))],
+            env=dict(env, FERRY_TEST_DUMP_S="270"),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    except subprocess.TimeoutExpired as exc:  # the stacks faulthandler printed say where it hung
+        pytest.fail(f"sm-grid hung:\n{exc.stdout!s:.3000}\n{exc.stderr!s:.3000}")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
 

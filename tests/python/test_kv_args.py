@@ -27,6 +27,10 @@ def test_numpy_index_arrays_must_hold_integers():
         kv._id_pair(np.array([1.7, 2.0]), [1, 2])
     with pytest.raises(InvalidArgumentError, match=r"src_ids: expected integer page indices, got dtype bool"):
         kv._id_pair([1, 2], np.array([True, False]))
+    with pytest.raises(
+        InvalidArgumentError, match=r"dst_ids: expected a 1-D array of page indices, got shape \(2, 1\)"
+    ):
+        kv._id_pair(np.array([[1], [2]]), [0, 1])
     # A uint64 past int64 would wrap to a negative index and be named as such.
     with pytest.raises(
         InvalidArgumentError, match=r"dst_ids: page index 18446744073709551615 is out of range"
