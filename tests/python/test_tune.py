@@ -115,6 +115,20 @@ def test_latency_preset_uses_sms_only_where_measured_faster(world, monkeypatch):
     assert tune.select(rules, "all_reduce", world, 1 << 18)[0] == "sm"
 
 
+def test_latency_preset_on_four_gpus_follows_its_measurements(monkeypatch):
+    """The 4-GPU rules of the thirty-fourth session's x4 runs: the SM path up to its 1 MiB window for every
+    collective (the reductions too), kernel signals above it for all but broadcast."""
+    monkeypatch.setenv("FERRY_TUNING", "latency")
+    rules = tune.default_rules("NVIDIA H200", 4)
+    for op in ("all_gather", "all_to_all", "all_to_allv", "broadcast", "reduce_scatter", "all_reduce"):
+        assert tune.select(rules, op, 4, 1 << 20) == ("sm", "auto"), op
+    assert tune.select(rules, "all_gather", 4, 4 << 20) == ("seq", "sm")
+    assert tune.select(rules, "all_to_all", 4, 4 << 20) == ("b2b", "sm")
+    assert tune.select(rules, "reduce_scatter", 4, 2 << 20) == ("b2b", "sm")
+    assert tune.select(rules, "all_reduce", 4, 4 << 20) == ("b2b", "sm")
+    assert tune.select(rules, "broadcast", 4, 64 << 20) == ("seq", "auto")
+
+
 def test_sm_free_preset_is_the_default(monkeypatch):
     monkeypatch.delenv("FERRY_TUNING", raising=False)
     default = tune.default_rules("NVIDIA H200", 2)
