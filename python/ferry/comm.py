@@ -574,11 +574,14 @@ class Communicator:
             raise InvalidArgumentError(f"set_tuning: {exc}") from None
         self._c.set_selector_table(checked)
 
-    def sm_path_takes(self, op: str, largest_block: int) -> bool:
-        """Whether algo 'sm' runs `op` here when the largest block one rank
-        sends one peer is `largest_block` bytes (FERRY_SM_BYTES, at most 8
-        ranks, the collectives it has)."""
-        return self._c.sm_path_takes(op, largest_block)
+    def sm_path_takes(self, op: str, nbytes: int) -> bool:
+        """Whether algo 'sm' runs `op` of `nbytes` per rank here: all_gather's
+        input, one all_to_all block, the broadcast, reduce_scatter's result,
+        all_reduce's whole buffer (split into one part per rank from
+        FERRY_SM_TWO_SHOT_BYTES on 3 or more ranks), or all_to_allv's
+        largest count; each block or part at most FERRY_SM_BYTES, at most 8
+        ranks."""
+        return self._c.sm_path_takes(op, nbytes)
 
     def choose_algo(self, op: str, bytes_per_rank: int) -> str:
         """The variant 'auto' picks for `op` at this size on this communicator."""

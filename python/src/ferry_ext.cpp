@@ -396,8 +396,8 @@ NB_MODULE(_ferry, m) {
           "op"_a, "bytes_per_rank"_a)
       .def(
           "sm_path_takes",
-          [](const Communicator& c, const std::string& op, size_t largest_block) {
-            return c.sm_path_takes(parse_op(op), largest_block);
+          [](const Communicator& c, const std::string& op, size_t bytes) {
+            return c.sm_path_takes(parse_op(op), bytes);
           },
-          "op"_a, "largest_block"_a);
+          "op"_a, "bytes"_a);
 }

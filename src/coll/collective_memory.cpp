@@ -101,9 +101,9 @@ std::vector<long long> CollectiveMemory::agreed_knobs(const std::vector<const ch
 void CollectiveMemory::create_sm_path_windows() {
   const int world = group_.world;
   const auto knobs = agreed_knobs({"FERRY_SM_BYTES", "FERRY_SM_LL_BLOCK_BYTES", "FERRY_SM_BLOCK_BYTES",
-                                   "FERRY_SM_MAX_BLOCKS", "FERRY_SHARED_GPUS"});
+                                   "FERRY_SM_MAX_BLOCKS", "FERRY_SHARED_GPUS", "FERRY_SM_TWO_SHOT_BYTES"});
   const long long slot = knobs[0], ll_block = knobs[1], span_block = knobs[2], max_blocks = knobs[3],
-                  shared_gpus = knobs[4];
+                  shared_gpus = knobs[4], two_shot_from = knobs[5];
   // After the agreement checks, so that every rank raises them.
   FERRY_ARG_CHECK(slot >= 0, "FERRY_SM_BYTES=" + std::to_string(slot) + ": expected 0 (off) or a byte count");
   FERRY_ARG_CHECK(ll_block >= 8 && ll_block <= static_cast<long long>(kSmPathLowLatencyMaxBytes) && ll_block % 8 == 0,
@@ -114,9 +114,11 @@ void CollectiveMemory::create_sm_path_windows() {
   FERRY_ARG_CHECK(
       max_blocks >= 1 && max_blocks <= kSmPathMaxBlocks,
       "FERRY_SM_MAX_BLOCKS=" + std::to_string(max_blocks) + ": expected 1 to " + std::to_string(kSmPathMaxBlocks));
+  FERRY_ARG_CHECK(two_shot_from >= 0,
+                  "FERRY_SM_TWO_SHOT_BYTES=" + std::to_string(two_shot_from) + ": expected 0 (never) or a byte count");
   if (slot == 0 || world > kSmPathMaxRanks) return;
-  sm_path_blocks_ =
-      SmPathBlocks{static_cast<size_t>(ll_block), static_cast<size_t>(span_block), static_cast<int>(max_blocks)};
+  sm_path_blocks_ = SmPathBlocks{static_cast<size_t>(ll_block), static_cast<size_t>(span_block),
+                                 static_cast<int>(max_blocks), static_cast<size_t>(two_shot_from)};
   if (shared_gpus || max_blocks > kSmPathDefaultMaxBlocks) {
     // A block that waits for a peer's block needs that block resident, so a
     // grid must fit on the GPU at once (with ranks sharing a GPU, all of

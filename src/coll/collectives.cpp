@@ -24,12 +24,14 @@ Resolved Communicator::choose(CollOp op, size_t bytes_per_rank) const {
   return selector_.choose(op, bytes_per_rank, memory_->sm_path_slot_bytes());
 }
 
-bool Communicator::sm_path_takes(CollOp op, size_t largest_block) const {
-  return sm_path_unsupported(op, world_, largest_block, memory_->sm_path_slot_bytes()).empty();
+bool Communicator::sm_path_takes(CollOp op, size_t bytes) const {
+  const size_t largest =
+      op == CollOp::kAllToAllv ? bytes : sm_path_largest_block(op, world_, bytes, {}, memory_->sm_path_blocks());
+  return sm_path_unsupported(op, world_, largest, memory_->sm_path_slot_bytes()).empty();
 }
 
 Resolved Communicator::resolve(const CollectiveArgs& a) const {
-  return selector_.resolve(a, selection_bytes(a), memory_->sm_path_slot_bytes());
+  return selector_.resolve(a, selection_bytes(a), memory_->sm_path_slot_bytes(), memory_->sm_path_blocks());
 }
 
 void Communicator::set_selector_table(const std::vector<SelectorRule>& rules) {
@@ -73,7 +75,8 @@ std::vector<Built> Communicator::build(const CollectiveArgs& a, std::vector<uint
   if (shape == 0) return {};
   const bool sm = resolve(a).algo == Algo::kSm;
   if (sm) {
-    const std::string why = sm_path_unsupported(a.op, world_, sm_largest_block(a), memory_->sm_path_slot_bytes());
+    const std::string why = sm_path_unsupported(a.op, world_, sm_largest_block(a, world_, memory_->sm_path_blocks()),
+                                                memory_->sm_path_slot_bytes());
     FERRY_ARG_CHECK(why.empty(), name + ": " + why);
   }
 

@@ -107,9 +107,11 @@ class Communicator {
   void set_selector_preset(const std::string& preset);
   // What a call of this shape with algo and signals "auto" would use.
   Resolved choose(CollOp op, size_t bytes_per_rank) const;
-  // Whether algo "sm" takes `op` when the largest block one rank sends one
-  // peer is `largest_block` bytes (this communicator's window and world).
-  bool sm_path_takes(CollOp op, size_t largest_block) const;
+  // Whether algo "sm" takes `op` of `bytes` per rank (this communicator's
+  // window and world): all_gather's input, an all_to_all block, the
+  // broadcast, reduce_scatter's result, all_reduce's whole buffer (split into
+  // parts where it takes two shots), or all_to_allv's largest count.
+  bool sm_path_takes(CollOp op, size_t bytes) const;
 
   // Throws the first asynchronous error (FERRY_ERROR_BROKEN after it was seen once).
   void check();

@@ -72,9 +72,11 @@ Selector::Selector(std::string gpu_name, int world, std::vector<SelectorRule> st
       forced_(forced),
       kernel_signals_default_(kernel_signals_default) {}
 
-Resolved Selector::resolve(const CollectiveArgs& a, size_t selection_bytes, size_t sm_slot_bytes) const {
+Resolved Selector::resolve(const CollectiveArgs& a, size_t selection_bytes, size_t sm_slot_bytes,
+                           const SmPathBlocks& sm_blocks) const {
   const Selection s = a.algo != Algo::kAuto ? Selection{a.algo, Signals::kAuto}
-                                            : select_variant_with_sm(a.op, world_, selection_bytes, sm_largest_block(a),
+                                            : select_variant_with_sm(a.op, world_, selection_bytes,
+                                                                     sm_largest_block(a, world_, sm_blocks),
                                                                      sm_slot_bytes, forced_, table_);
   return {s.algo, kernel_signals(a.signals, s.signals, kernel_signals_default_)};
 }
@@ -91,9 +93,10 @@ void Selector::set_preset(const std::string& preset) {
   set_table(shipped_preset(shipped_tables(), gpu_name_, world_, preset));
 }
 
-size_t sm_largest_block(const CollectiveArgs& a) {
+size_t sm_largest_block(const CollectiveArgs& a, int world, const SmPathBlocks& sm_blocks) {
   const bool reduction = a.op == CollOp::kReduceScatter || a.op == CollOp::kAllReduce;
-  return sm_path_largest_block(a.op, reduction ? a.count * dtype_bytes(a.dtype) : a.bytes_per_rank, a.counts);
+  return sm_path_largest_block(a.op, world, reduction ? a.count * dtype_bytes(a.dtype) : a.bytes_per_rank, a.counts,
+                               sm_blocks);
 }
 
 }  // namespace ferry

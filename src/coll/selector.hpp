@@ -13,6 +13,8 @@
 
 namespace ferry {
 
+struct SmPathBlocks;  // coll/sm_path.hpp
+
 // kSm: not a copy-engine variant: one SM kernel moves the data (coll/sm_path.hpp).
 enum class Algo { kAuto = 0, kPcpy = 1, kB2b = 2, kSeq = 3, kSm = 4 };
 
@@ -66,7 +68,8 @@ class Selector {
   // else FERRY_SIGNALS for the signals. An explicit algo wins (the planner
   // explains an "sm" the call cannot take), and then the table says nothing
   // about signals.
-  Resolved resolve(const CollectiveArgs& args, size_t selection_bytes, size_t sm_slot_bytes) const;
+  Resolved resolve(const CollectiveArgs& args, size_t selection_bytes, size_t sm_slot_bytes,
+                   const SmPathBlocks& sm_blocks) const;
   // What a call of this shape with algo and signals "auto" would use.
   Resolved choose(CollOp op, size_t bytes_per_rank, size_t sm_slot_bytes) const;
   // Empty: the startup table.
@@ -85,6 +88,6 @@ class Selector {
 };
 
 // The largest block one rank sends one peer on the SM path (sm_path_largest_block).
-size_t sm_largest_block(const CollectiveArgs& args);
+size_t sm_largest_block(const CollectiveArgs& args, int world, const SmPathBlocks& sm_blocks);
 
 }  // namespace ferry

@@ -150,7 +150,7 @@ __device__ void exchange_low_latency(const SmPathStep& s, const SmPathWindows& w
 // A reduction's last step with flags: this block's share of the result from
 // every rank's span in rank order (16-byte words where everything is aligned).
 template <typename T, RedOp Op>
-__device__ void reduce_out(const SmPathStep& s, const SmPathWindows& w, size_t slot_bytes, int parity) {
+__device__ void reduce_out(const SmPathStep& s, char* out, const SmPathWindows& w, size_t slot_bytes, int parity) {
   size_t begin = 0;
   const size_t len = sm_path_span_share(s.recv_bytes[s.rank], s.blocks, blockIdx.x, &begin);
   if (len == 0) return;
@@ -159,14 +159,22 @@ __device__ void reduce_out(const SmPathStep& s, const SmPathWindows& w, size_t s
     in.src[q] =
         (q == s.rank ? s.in + s.send_offset[q] : w.base[s.rank] + sm_path_slot_offset(s.world, slot_bytes, parity, q)) +
         begin;
-  reduce_range<T, Op, kUnroll>(reinterpret_cast<T*>(s.out + begin), in, s.world, len / sizeof(T), 0, 1);
+  reduce_range<T, Op, kUnroll>(reinterpret_cast<T*>(out + begin), in, s.world, len / sizeof(T), 0, 1);
 }
+
+// Which exchange of a call a step table runs: the whole call (kWhole), or
+// the two shots of a two-shot all_reduce (SmPathStep::two_shot): kScatter
+// sends part p of `in` to rank p and reduces this rank's part into its place
+// in `out`; kGather sends that reduced part to every peer and copies the
+// peers' parts into `out`.
+enum class Shot { kWhole, kScatter, kGather };
 
 // The exchange with one flag per peer and block (blocks above
 // kSmPathLowLatencyMaxBytes): pushes, a barrier, the flags, waits, copy out
 // (or reduce).
-template <typename R>
-__device__ void exchange_with_flags(const SmPathStep& s, const SmPathWindows& w, size_t slot_bytes, const KernelWait& c,
+// Returns false where a wait gave up (the fault word tells the host).
+template <typename R, Shot kShot = Shot::kWhole>
+__device__ bool exchange_with_flags(const SmPathStep& s, const SmPathWindows& w, size_t slot_bytes, const KernelWait& c,
                                     uint64_t call, int parity) {
   auto* mine = reinterpret_cast<SmPathHeader*>(w.base[s.rank]);
   const uint64_t value = sm_path_flag_value(call, s.tag);
@@ -175,11 +183,12 @@ __device__ void exchange_with_flags(const SmPathStep& s, const SmPathWindows& w,
   size_t begin = 0, len = 0;
   for (int k = 1; k < s.world; ++k) {
     const int p = (s.rank + k) % s.world;
-    if ((len = sm_path_span_share(s.send_bytes[p], s.blocks, blockIdx.x, &begin)) > 0)
-      copy_span(w.base[p] + sm_path_slot_offset(s.world, slot_bytes, parity, s.rank) + begin,
-                s.in + s.send_offset[p] + begin, len);
+    const char* src = kShot == Shot::kGather ? s.out + s.recv_offset[s.rank] : s.in + s.send_offset[p];
+    const size_t n = kShot == Shot::kGather ? s.recv_bytes[s.rank] : s.send_bytes[p];
+    if ((len = sm_path_span_share(n, s.blocks, blockIdx.x, &begin)) > 0)
+      copy_span(w.base[p] + sm_path_slot_offset(s.world, slot_bytes, parity, s.rank) + begin, src + begin, len);
   }
-  if ((len = sm_path_span_share(s.own_bytes, s.blocks, blockIdx.x, &begin)) > 0)
+  if (kShot == Shot::kWhole && (len = sm_path_span_share(s.own_bytes, s.blocks, blockIdx.x, &begin)) > 0)
     copy_span(s.out + s.recv_offset[s.rank] + begin, s.in + s.send_offset[s.rank] + begin, len);
   __syncthreads();
 
@@ -207,15 +216,31 @@ __device__ void exchange_with_flags(const SmPathStep& s, const SmPathWindows& w,
 
   // 4. Out of the window into the output. The barrier above also keeps an
   // in-place all_reduce from overwriting input this block still sends.
+  if (gave_up) return false;
   if constexpr (is_reduction<R>) {
-    if (!gave_up) reduce_out<typename R::type, R::op>(s, w, slot_bytes, parity);
-    return;
-  }
-  if (!gave_up)
+    reduce_out<typename R::type, R::op>(s, kShot == Shot::kScatter ? s.out + s.recv_offset[s.rank] : s.out, w,
+                                        slot_bytes, parity);
+  } else {
     for (int q = 0; q < s.world; ++q)
       if (q != s.rank && (len = sm_path_span_share(s.recv_bytes[q], s.blocks, blockIdx.x, &begin)) > 0)
         copy_span(s.out + s.recv_offset[q] + begin,
                   w.base[s.rank] + sm_path_slot_offset(s.world, slot_bytes, parity, q) + begin, len);
+  }
+  return true;
+}
+
+// A two-shot all_reduce (SmPathStep::two_shot) as calls `call` and `call +
+// 1`: the slots of the second are those of the call before this kernel, which
+// every peer finished reading before it sent its flags of `call` (its kernel
+// started after that call's had ended). Each block gathers the share of this
+// rank's part that it reduced itself (both shots cut the part alike), so
+// the block's barrier between them is enough.
+template <typename R>
+__device__ void two_shot(const SmPathStep& s, const SmPathWindows& w, size_t slot_bytes, const KernelWait& c,
+                         uint64_t call) {
+  if (!exchange_with_flags<R, Shot::kScatter>(s, w, slot_bytes, c, call, static_cast<int>(call & 1))) return;
+  __syncthreads();
+  exchange_with_flags<NoReduction, Shot::kGather>(s, w, slot_bytes, c, call + 1, static_cast<int>((call + 1) & 1));
 }
 
 template <typename R>
@@ -242,18 +267,24 @@ __global__ void __launch_bounds__(kThreads)
   const int parity = static_cast<int>(call & 1);
   // A block that gave up waiting still counts itself below; the fault word
   // tells the host.
-  if (s.low_latency)
+  if (s.low_latency) {
     exchange_low_latency<R>(s, w, slot_bytes, c, call, parity);
-  else
+  } else if constexpr (is_reduction<R>) {
+    if (s.two_shot)
+      two_shot<R>(s, w, slot_bytes, c, call);
+    else
+      exchange_with_flags<R>(s, w, slot_bytes, c, call, parity);
+  } else {
     exchange_with_flags<R>(s, w, slot_bytes, c, call, parity);
+  }
 
-  // The last block to finish counts the call.
+  // The last block to finish counts the call (two for a two-shot all_reduce).
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
     if (atomicAdd(&mine->arrivals, 1u) == static_cast<unsigned>(s.blocks) - 1) {
       mine->arrivals = 0;
-      *reinterpret_cast<volatile uint64_t*>(&mine->calls) = call;
+      *reinterpret_cast<volatile uint64_t*>(&mine->calls) = call + (s.two_shot ? 1 : 0);
       __threadfence();
     }
   }

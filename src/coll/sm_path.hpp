@@ -19,6 +19,15 @@
 // reader of that slot. Flags carry (call number << 32 | call tag), so they are
 // never reset and a peer that made another call never satisfies the wait.
 //
+// A large all_reduce on 3 or more ranks runs in two shots instead
+// (sm_path_two_shot): each rank owns one part of the buffer; the parts go to
+// their owners, which reduce them (a reduce_scatter), then each owner pushes
+// its reduced part to every peer (an all_gather), in the same kernel as two
+// consecutive calls of the scheme above. Each rank sends 2 (world - 1) / world
+// of the buffer instead of world - 1 buffers, at the price of a second round
+// of flags; a block's second shot sends only the share it reduced itself, so
+// no block waits for the rest of its grid.
+//
 // Blocks up to kSmPathLowLatencyMaxBytes travel in the low-latency format
 // instead (coll/sm_path_ll.hpp), into slots of their own: the flags ride in
 // the data, which saves the release fence (a round trip over NVLink before a
@@ -42,6 +51,7 @@ constexpr int kSmPathMaxRanks = 8;
 constexpr int kSmPathMaxBlocks = 128;
 constexpr int kSmPathDefaultMaxBlocks = 32;
 constexpr size_t kSmPathHeaderBytes = 16384;
+constexpr size_t kSmPathDefaultTwoShotBytes = 512 << 10;
 constexpr int kSmPathThreads = 512;  // per block
 
 // At the start of each rank's window (GPU memory, zeroed at creation).
@@ -77,7 +87,12 @@ struct SmPathStep {
   // in + send_offset[rank]) instead of copies.
   uint32_t dtype = 0;
   uint32_t red_op = 0;
-  uint32_t reserved = 0;  // no padding: the replay cache keys on the struct's bytes
+  // 1: all_reduce in two shots (sm_path_two_shot). Then span p of `in`
+  // (send_offset[p], send_bytes[p]) is rank p's part, and recv_offset[q],
+  // recv_bytes[q] say where part q lies in `out`; the kernel runs it as a
+  // reduce_scatter into out's own part (call c), then an all_gather of that
+  // part (call c + 1).
+  uint32_t two_shot = 0;  // no padding: the replay cache keys on the struct's bytes
 };
 
 // Window bytes per rank: the header, two slots per source rank, then two
@@ -130,10 +145,13 @@ FERRY_HOST_DEVICE inline bool sm_path_flag_passes(uint64_t seen, uint64_t call, 
 // `max_blocks` caps a call's grid (FERRY_SM_MAX_BLOCKS: the SMs a call may
 // hold, bounded by sm_path_grid_bound): each block spins until its peers'
 // blocks have run, so all of them must fit on the GPU at once.
+// `two_shot_from`: all_reduce buffers from this many bytes take the two-shot
+// form on 3 or more ranks (FERRY_SM_TWO_SHOT_BYTES; 0: never).
 struct SmPathBlocks {
   size_t low_latency = 2048;
   size_t spans = 8 << 10;
   int max_blocks = kSmPathDefaultMaxBlocks;
+  size_t two_shot_from = kSmPathDefaultTwoShotBytes;
 };
 // SmPathBlocks::max_blocks from FERRY_SM_MAX_BLOCKS (`limit`) and the GPU:
 // every block of a grid spins until its peers' blocks have run, so all of
@@ -148,11 +166,22 @@ int sm_path_grid_bound(int limit, int resident, int sharing);
 // Blocks for a call whose largest block is `bytes` (the same on every rank):
 // at least 1, at most per.max_blocks (itself at most kSmPathMaxBlocks).
 int sm_path_blocks(size_t bytes, SmPathBlocks per = {});
+// Whether an all_reduce of `bytes` (the whole buffer) on `world` ranks takes
+// the two-shot form: from per.two_shot_from bytes on 3 or more ranks, where
+// each part is too large for the low-latency format (which the two-shot form
+// does not have). On 2 ranks both forms send one buffer per rank.
+bool sm_path_two_shot(CollOp op, int world, size_t bytes, const SmPathBlocks& per);
+// Rank p's part of a two-shot all_reduce: [p * part, min((p + 1) * part,
+// bytes)) with part = bytes / world rounded up to 16 bytes (so that every
+// part starts where its buffer's alignment allows 16-byte words); the last
+// parts may be short or empty.
+size_t sm_path_two_shot_part(size_t bytes, int world);
 // The largest block one rank sends one peer: `bytes` (all_gather's input,
 // an all_to_all block, a broadcast, reduce_scatter's result, all_reduce's
-// whole buffer), or the largest entry of all_to_allv's counts (bytes from
-// rank s to rank d at [s * world + d]).
-size_t sm_path_largest_block(CollOp op, size_t bytes, const std::vector<size_t>& counts);
+// whole buffer, or its part in the two-shot form), or the largest entry of
+// all_to_allv's counts (bytes from rank s to rank d at [s * world + d]).
+size_t sm_path_largest_block(CollOp op, int world, size_t bytes, const std::vector<size_t>& counts,
+                             const SmPathBlocks& per);
 // Empty when the call can take the SM path; else why not (for the error of an explicit algo="sm").
 std::string sm_path_unsupported(CollOp op, int world, size_t largest_block, size_t slot_bytes);
 // The selector for a call without an explicit algo: `forced` (FERRY_ALGO)
@@ -164,7 +193,9 @@ Selection select_variant_with_sm(CollOp op, int world, size_t selection_bytes, s
 // reductions (`dtype`, `red_op`): reduce_scatter (`bytes`: one rank's result)
 // sends block p of `in` to rank p; all_reduce (`bytes`: the whole buffer)
 // sends all of `in` to every peer, and every rank reduces every rank's copy
-// (one round of signals instead of the two exchanges of the copy-engine path).
+// (one round of signals instead of the two exchanges of the copy-engine path),
+// or, where sm_path_two_shot says so, sends part p to rank p and gets the
+// reduced parts back.
 SmPathStep plan_sm_path(CollOp op, int rank, int world, const char* in, char* out, size_t bytes, int root,
                         const std::vector<size_t>& counts, uint32_t tag, uint32_t dtype = 0, uint32_t red_op = 0,
                         SmPathBlocks per = {});

@@ -20,7 +20,19 @@ int sm_path_grid_bound(int limit, int resident, int sharing) {
   return std::clamp(resident - kSmPathFreeSms, 1, most);
 }
 
-size_t sm_path_largest_block(CollOp op, size_t bytes, const std::vector<size_t>& counts) {
+bool sm_path_two_shot(CollOp op, int world, size_t bytes, const SmPathBlocks& per) {
+  return op == CollOp::kAllReduce && world >= 3 && per.two_shot_from > 0 && bytes >= per.two_shot_from &&
+         !sm_path_low_latency(sm_path_two_shot_part(bytes, world));
+}
+
+size_t sm_path_two_shot_part(size_t bytes, int world) {
+  const auto w = static_cast<size_t>(std::max(world, 1));
+  return ((bytes + w - 1) / w + 15) / 16 * 16;
+}
+
+size_t sm_path_largest_block(CollOp op, int world, size_t bytes, const std::vector<size_t>& counts,
+                             const SmPathBlocks& per) {
+  if (sm_path_two_shot(op, world, bytes, per)) return sm_path_two_shot_part(bytes, world);
   if (op != CollOp::kAllToAllv) return bytes;
   size_t largest = 0;
   for (size_t c : counts) largest = c > largest ? c : largest;
@@ -57,7 +69,9 @@ SmPathStep plan_sm_path(CollOp op, int rank, int world, const char* in, char* ou
   s.out = out;
   s.rank = rank;
   s.world = world;
-  const size_t largest = sm_path_largest_block(op, bytes, counts);
+  const size_t largest = sm_path_largest_block(op, world, bytes, counts, per);
+  s.two_shot = sm_path_two_shot(op, world, bytes, per) ? 1 : 0;
+  const size_t part = sm_path_two_shot_part(bytes, world);
   s.blocks = sm_path_blocks(largest, per);
   s.low_latency = sm_path_low_latency(largest);
   s.tag = tag;
@@ -90,8 +104,13 @@ SmPathStep plan_sm_path(CollOp op, int rank, int world, const char* in, char* ou
         s.send_bytes[p] = s.recv_bytes[p] = bytes;
         s.send_offset[p] = p * bytes;
         break;
-      case CollOp::kAllReduce:  // all of `in` to every rank
-        s.send_bytes[p] = s.recv_bytes[p] = bytes;
+      case CollOp::kAllReduce:
+        if (s.two_shot) {  // part p of `in` to rank p, which sends it back reduced into part p of `out`
+          s.send_offset[p] = s.recv_offset[p] = std::min(p * part, bytes);
+          s.send_bytes[p] = s.recv_bytes[p] = std::min(part, bytes - s.send_offset[p]);
+        } else {  // all of `in` to every rank
+          s.send_bytes[p] = s.recv_bytes[p] = bytes;
+        }
         break;
     }
   }

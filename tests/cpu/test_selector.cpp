@@ -4,6 +4,7 @@
 
 #include "coll/collective_args.hpp"
 #include "coll/selector.hpp"
+#include "coll/sm_path.hpp"
 #include "core/error.hpp"
 
 using namespace ferry;
@@ -121,21 +122,21 @@ TEST(SelectorTable, TheCallWinsThenTheKnobThenTheTable) {
                                              {CollOp::kAllGather, 0, size_t(1) << 40, Algo::kSeq}};
   const size_t window = 1 << 20;
   Selector table("NVIDIA H200", 4, startup, Algo::kAuto, false);
-  Resolved r = table.resolve(call(CollOp::kAllGather, 4096), 4096, window);
+  Resolved r = table.resolve(call(CollOp::kAllGather, 4096), 4096, window, SmPathBlocks{});
   EXPECT_EQ(r.algo, Algo::kB2b);
   EXPECT_TRUE(r.kernel_signals);  // the rule's signals
-  r = table.resolve(call(CollOp::kAllGather, 4096, Algo::kPcpy), 4096, window);
+  r = table.resolve(call(CollOp::kAllGather, 4096, Algo::kPcpy), 4096, window, SmPathBlocks{});
   EXPECT_EQ(r.algo, Algo::kPcpy);
   EXPECT_FALSE(r.kernel_signals);  // an explicit algo: the rule says nothing, FERRY_SIGNALS=copy
-  r = table.resolve(call(CollOp::kAllGather, 4096, Algo::kAuto, Signals::kCopy), 4096, window);
+  r = table.resolve(call(CollOp::kAllGather, 4096, Algo::kAuto, Signals::kCopy), 4096, window, SmPathBlocks{});
   EXPECT_FALSE(r.kernel_signals);  // the call's signals win over the rule's
-  EXPECT_EQ(table.resolve(call(CollOp::kAllGather, 8 << 20), 8 << 20, window).algo, Algo::kSeq);
+  EXPECT_EQ(table.resolve(call(CollOp::kAllGather, 8 << 20), 8 << 20, window, SmPathBlocks{}).algo, Algo::kSeq);
 
   Selector forced("NVIDIA H200", 4, startup, Algo::kPcpy, true);  // FERRY_ALGO=pcpy FERRY_SIGNALS=sm
-  r = forced.resolve(call(CollOp::kAllGather, 4096), 4096, window);
+  r = forced.resolve(call(CollOp::kAllGather, 4096), 4096, window, SmPathBlocks{});
   EXPECT_EQ(r.algo, Algo::kPcpy);
   EXPECT_TRUE(r.kernel_signals);
-  EXPECT_EQ(forced.resolve(call(CollOp::kAllGather, 4096, Algo::kSeq), 4096, window).algo, Algo::kSeq);
+  EXPECT_EQ(forced.resolve(call(CollOp::kAllGather, 4096, Algo::kSeq), 4096, window, SmPathBlocks{}).algo, Algo::kSeq);
 }
 
 TEST(SelectorTable, AnSmRuleNeedsTheWindow) {
@@ -145,16 +146,32 @@ TEST(SelectorTable, AnSmRuleNeedsTheWindow) {
   CollectiveArgs a = call(CollOp::kAllReduce, 0);
   a.count = 1024;
   a.dtype = DType::kFloat32;
-  EXPECT_EQ(table.resolve(a, 4096, 1 << 20).algo, Algo::kSm);
+  EXPECT_EQ(table.resolve(a, 4096, 1 << 20, SmPathBlocks{}).algo, Algo::kSm);
   // The rule reads the selection bytes, the window the largest block (count x 4 bytes here):
   // a call selected as 128 KB takes the b2b rule even though its 4 KB block fits the window.
-  EXPECT_EQ(table.resolve(a, 128 << 10, 1 << 20).algo, Algo::kB2b);
-  EXPECT_EQ(table.resolve(a, 4096, 0).algo, Algo::kB2b);     // FERRY_SM_BYTES=0: no window
-  EXPECT_EQ(table.resolve(a, 4096, 1024).algo, Algo::kB2b);  // a 4 KB block does not fit a 1 KB window
+  EXPECT_EQ(table.resolve(a, 128 << 10, 1 << 20, SmPathBlocks{}).algo, Algo::kB2b);
+  EXPECT_EQ(table.resolve(a, 4096, 0, SmPathBlocks{}).algo, Algo::kB2b);     // FERRY_SM_BYTES=0: no window
+  EXPECT_EQ(table.resolve(a, 4096, 1024, SmPathBlocks{}).algo, Algo::kB2b);  // a 4 KB block does not fit a 1 KB window
   EXPECT_EQ(table.choose(CollOp::kAllReduce, 4096, 1 << 20).algo, Algo::kSm);
   EXPECT_EQ(table.choose(CollOp::kAllReduce, 4096, 0).algo, Algo::kB2b);
   Selector forced_sm("NVIDIA H200", 4, startup, Algo::kSm, false);  // FERRY_ALGO=sm where the call cannot take it
-  EXPECT_EQ(forced_sm.resolve(a, 4096, 0).algo, Algo::kB2b);
+  EXPECT_EQ(forced_sm.resolve(a, 4096, 0, SmPathBlocks{}).algo, Algo::kB2b);
+}
+
+TEST(SelectorTable, ATwoShotAllReduceNeedsTheWindowForItsPartOnly) {
+  const std::vector<SelectorRule> startup = {{CollOp::kAllReduce, 0, 4 << 20, Algo::kSm},
+                                             {CollOp::kAllReduce, 0, size_t(1) << 40, Algo::kB2b}};
+  Selector table("NVIDIA H200", 4, startup, Algo::kAuto, false);
+  CollectiveArgs a = call(CollOp::kAllReduce, 0);
+  a.count = 1 << 20;  // 4 MiB of float32: parts of 1 MiB on 4 ranks
+  a.dtype = DType::kFloat32;
+  SmPathBlocks two_shot;
+  two_shot.two_shot_from = 1 << 20;
+  EXPECT_EQ(table.resolve(a, 1 << 20, 1 << 20, two_shot).algo, Algo::kSm);
+  SmPathBlocks one_shot;
+  one_shot.two_shot_from = 0;  // FERRY_SM_TWO_SHOT_BYTES=0: the whole buffer must fit
+  EXPECT_EQ(table.resolve(a, 1 << 20, 1 << 20, one_shot).algo, Algo::kB2b);
+  EXPECT_EQ(table.resolve(a, 1 << 20, 4 << 20, one_shot).algo, Algo::kSm);
 }
 
 TEST(SelectorTable, AnEmptyTableRestoresTheStartupOneAndAnUnknownPresetIsRefused) {

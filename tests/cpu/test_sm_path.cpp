@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -355,9 +356,9 @@ TEST(SmPath, AllToAllvPacksBySourceAndDestination) {
       }
     }
   }
-  EXPECT_EQ(sm_path_largest_block(CollOp::kAllToAllv, 0, counts), 7u);
+  EXPECT_EQ(sm_path_largest_block(CollOp::kAllToAllv, W, 0, counts, {}), 7u);
   EXPECT_EQ(plan_sm_path(CollOp::kAllToAllv, 0, W, ins[0].data(), outs[0].data(), 0, 0, counts, 7).blocks, 1);
-  EXPECT_EQ(sm_path_largest_block(CollOp::kAllGather, 99, counts), 99u);
+  EXPECT_EQ(sm_path_largest_block(CollOp::kAllGather, W, 99, counts, {}), 99u);
 }
 
 TEST(SmPath, ReductionsSendTheirBlocksAndReduceInsteadOfCopying) {
@@ -434,4 +435,161 @@ TEST(SmPath, SelectionHonoursTheWindowForForcedAndTabledSm) {
   EXPECT_EQ(select_variant_with_sm(CollOp::kAllGather, 4, 64, 64, slot, Algo::kSm, table).algo, Algo::kSm);
   // Other forced variants are untouched.
   EXPECT_EQ(select_variant_with_sm(CollOp::kAllGather, 4, 64, 64, slot, Algo::kPcpy, table).algo, Algo::kPcpy);
+}
+
+TEST(SmPath, TwoShotAllReduceFromItsThresholdOnThreeOrMoreRanks) {
+  SmPathBlocks per;
+  per.two_shot_from = 1 << 20;
+  for (int world : {3, 4, 8}) {
+    EXPECT_TRUE(sm_path_two_shot(CollOp::kAllReduce, world, 4 << 20, per)) << world;
+    EXPECT_TRUE(sm_path_two_shot(CollOp::kAllReduce, world, 1 << 20, per)) << world;
+    EXPECT_FALSE(sm_path_two_shot(CollOp::kAllReduce, world, (1 << 20) - 16, per)) << world;
+    for (CollOp op : {CollOp::kAllGather, CollOp::kAllToAll, CollOp::kReduceScatter, CollOp::kBroadcast})
+      EXPECT_FALSE(sm_path_two_shot(op, world, 4 << 20, per));
+  }
+  EXPECT_FALSE(sm_path_two_shot(CollOp::kAllReduce, 2, 4 << 20, per));  // the same bytes either way
+  // Parts that would travel in the low-latency format keep one shot.
+  per.two_shot_from = 1;
+  EXPECT_FALSE(sm_path_two_shot(CollOp::kAllReduce, 4, 4 * kSmPathLowLatencyMaxBytes, per));
+  EXPECT_TRUE(sm_path_two_shot(CollOp::kAllReduce, 4, 4 * kSmPathLowLatencyMaxBytes + 64, per));
+  per.two_shot_from = 0;  // FERRY_SM_TWO_SHOT_BYTES=0: never
+  EXPECT_FALSE(sm_path_two_shot(CollOp::kAllReduce, 4, size_t(1) << 30, per));
+  EXPECT_EQ(SmPathBlocks{}.two_shot_from, kSmPathDefaultTwoShotBytes);
+}
+
+TEST(SmPath, TwoShotPartsAre16ByteMultiplesThatCoverTheBuffer) {
+  for (int world : {3, 4, 5, 7, 8})
+    for (size_t bytes : {size_t(1) << 20, size_t(4 << 20) + 4, size_t(1000003) * 2, size_t(300001) * 4}) {
+      const size_t part = sm_path_two_shot_part(bytes, world);
+      EXPECT_EQ(part % 16, 0u);
+      EXPECT_GE(part * world, bytes);
+      EXPECT_LT(part * (world - 1), bytes) << "every rank but the last holds data: " << world << ", " << bytes;
+    }
+  // A 4 MB all_reduce on four ranks sends 1 MiB parts: it fits the default window.
+  SmPathBlocks per;
+  per.two_shot_from = 1 << 20;
+  EXPECT_EQ(sm_path_largest_block(CollOp::kAllReduce, 4, 4 << 20, {}, per), size_t(1) << 20);
+  EXPECT_EQ(sm_path_unsupported(CollOp::kAllReduce, 4, sm_path_largest_block(CollOp::kAllReduce, 4, 4 << 20, {}, per),
+                                1 << 20),
+            "");
+  EXPECT_EQ(sm_path_largest_block(CollOp::kAllReduce, 2, 4 << 20, {}, per), size_t(4) << 20);  // one shot on 2
+  EXPECT_NE(sm_path_unsupported(CollOp::kAllReduce, 4, sm_path_largest_block(CollOp::kAllReduce, 4, 8 << 20, {}, per),
+                                1 << 20)
+                .find("this call moves 2097152"),
+            std::string::npos);
+}
+
+TEST(SmPath, TwoShotPlanSendsPartPToRankP) {
+  SmPathBlocks per;
+  per.two_shot_from = 1 << 20;
+  const int W = 4;
+  const size_t bytes = (3 << 20) + 48;  // parts of 786,448 bytes; the last one 786,384
+  const size_t part = sm_path_two_shot_part(bytes, W);
+  std::vector<char> in(bytes), out(bytes);
+  const auto dt = static_cast<uint32_t>(DType::kFloat32), op = static_cast<uint32_t>(RedOp::kSum);
+  for (bool in_place : {false, true}) {
+    char* src = in_place ? out.data() : in.data();
+    const SmPathStep s = plan_sm_path(CollOp::kAllReduce, 1, W, src, out.data(), bytes, 0, {}, 7, dt, op, per);
+    EXPECT_EQ(s.two_shot, 1u);
+    EXPECT_EQ(s.low_latency, 0u);
+    EXPECT_EQ(s.own_bytes, 0u);
+    EXPECT_EQ(s.blocks, sm_path_blocks(part, per));
+    size_t covered = 0;
+    for (int p = 0; p < W; ++p) {
+      EXPECT_EQ(s.send_offset[p], p * part);
+      EXPECT_EQ(s.recv_offset[p], p * part);
+      EXPECT_EQ(s.send_bytes[p], s.recv_bytes[p]);
+      covered += s.send_bytes[p];
+    }
+    EXPECT_EQ(covered, bytes);
+    EXPECT_EQ(s.send_bytes[W - 1], bytes - 3 * part);
+  }
+  // Below the threshold: one shot, the whole buffer to every peer.
+  const SmPathStep one =
+      plan_sm_path(CollOp::kAllReduce, 1, W, in.data(), out.data(), (1 << 20) - 16, 0, {}, 7, dt, op, per);
+  EXPECT_EQ(one.two_shot, 0u);
+  EXPECT_EQ(one.send_bytes[0], (size_t(1) << 20) - 16);
+}
+
+// The two shots on the CPU, block by block as the kernel runs them, on
+// int32 sums: every rank's result is the sum of every rank's input, and each
+// block sends in the second shot only bytes it reduced itself in the first
+// (why no block waits for the rest of its grid between the shots).
+TEST(SmPath, TwoShotAllReduceSumsEveryElementAndEachBlockGathersWhatItReduced) {
+  SmPathBlocks per;
+  per.two_shot_from = 1;
+  per.spans = 4096;  // more blocks than the default for this size, so that shares are many
+  for (int world : {3, 4, 5, 8})
+    for (size_t count : {size_t(131101), size_t(600011)})
+      for (bool in_place : {false, true}) {
+        const size_t bytes = count * 4;
+        std::vector<std::vector<int32_t>> ins(world), outs(world, std::vector<int32_t>(count, -7));
+        std::vector<int64_t> want(count, 0);
+        for (int r = 0; r < world; ++r) {
+          ins[r].resize(count);
+          for (size_t i = 0; i < count; ++i) {
+            ins[r][i] = static_cast<int32_t>((i * 2654435761u + r * 40503u) % 100003) - 50000;
+            want[i] += ins[r][i];
+          }
+          if (in_place) outs[r] = ins[r];
+        }
+        std::vector<SmPathStep> steps;
+        for (int r = 0; r < world; ++r) {
+          const char* src = reinterpret_cast<const char*>(in_place ? outs[r].data() : ins[r].data());
+          steps.push_back(plan_sm_path(CollOp::kAllReduce, r, world, src, reinterpret_cast<char*>(outs[r].data()),
+                                       bytes, 0, {}, 7, static_cast<uint32_t>(DType::kInt32),
+                                       static_cast<uint32_t>(RedOp::kSum), per));
+          ASSERT_EQ(steps.back().two_shot, 1u);
+          ASSERT_EQ(steps.back().blocks, steps[0].blocks) << "the same grid on every rank";
+        }
+        const int blocks = steps[0].blocks;
+        // Shot 1: slot[dst][src] holds part dst of src's input; dst reduces its part, block by block.
+        std::vector<std::vector<std::vector<char>>> slot(world, std::vector<std::vector<char>>(world));
+        for (int r = 0; r < world; ++r)
+          for (int p = 0; p < world; ++p)
+            if (p != r) {
+              const SmPathStep& s = steps[r];
+              slot[p][r].assign(s.in + s.send_offset[p], s.in + s.send_offset[p] + s.send_bytes[p]);
+            }
+        std::vector<std::vector<int>> reducer(world);  // which block reduced each byte of the own part
+        for (int r = 0; r < world; ++r) {
+          const SmPathStep& s = steps[r];
+          const size_t n = s.recv_bytes[r];
+          reducer[r].assign(n, -1);
+          for (int b = 0; b < blocks; ++b) {
+            size_t begin = 0;
+            const size_t len = sm_path_span_share(n, blocks, b, &begin);
+            ASSERT_EQ(len % 4, 0u);
+            for (size_t i = begin; i < begin + len; i += 4) {
+              int32_t acc = 0;
+              for (int q = 0; q < world; ++q) {
+                int32_t v;
+                std::memcpy(&v, q == r ? s.in + s.send_offset[r] + i : slot[r][q].data() + i, 4);
+                acc += v;
+              }
+              std::memcpy(s.out + s.recv_offset[r] + i, &acc, 4);
+              reducer[r][i] = reducer[r][i + 1] = reducer[r][i + 2] = reducer[r][i + 3] = b;
+            }
+          }
+        }
+        // Shot 2: block b of rank r sends its share of r's reduced part to every peer.
+        for (int r = 0; r < world; ++r) {
+          const SmPathStep& s = steps[r];
+          const size_t n = s.recv_bytes[r];
+          for (int b = 0; b < blocks; ++b) {
+            size_t begin = 0;
+            const size_t len = sm_path_span_share(n, blocks, b, &begin);
+            for (size_t i = begin; i < begin + len; ++i) ASSERT_EQ(reducer[r][i], b) << "rank " << r << ", byte " << i;
+            for (int p = 0; p < world; ++p)
+              if (p != r)
+                std::copy(s.out + s.recv_offset[r] + begin, s.out + s.recv_offset[r] + begin + len,
+                          steps[p].out + steps[p].recv_offset[r] + begin);
+          }
+        }
+        for (int r = 0; r < world; ++r)
+          for (size_t i = 0; i < count; ++i)
+            ASSERT_EQ(outs[r][i], static_cast<int32_t>(want[i]))
+                << "world " << world << ", count " << count << (in_place ? " in place" : "") << ", rank " << r
+                << ", element " << i;
+      }
 }

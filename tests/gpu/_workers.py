@@ -586,7 +586,7 @@ def shared_gpu_world(world: int, algos) -> list:
     comm = ferry.init_local([d.index for d in devs], timeout=30)
     streams = [torch.cuda.Stream(device=d) for d in devs]
     most = 1 << 20  # the SM path's default block limit (FERRY_SM_BYTES)
-    bufs = comm.alloc((world * most + 4096,), torch.uint8)
+    bufs = comm.alloc((4 * (world * most + 512),), torch.uint8)  # check_two_shot's four regions
     fails = []
 
     def rand(tag, r, n):
@@ -674,10 +674,15 @@ def shared_gpu_world(world: int, algos) -> list:
             call = lambda o=rs, i=xs, a=algo, op=op: comm.reduce_scatter(o, i, op=op, stream=streams, algo=a)  # noqa: E731
             run(f"reduce_scatter/{tag}", call, rs, expected)
             if algo == "sm" and world * block * xs[0].element_size() > most:
-                continue  # all_reduce's SM path sends every peer the whole buffer: past its window
+                continue  # past the window in one shot (check_two_shot covers two)
             ar = [b[: world * block * xs[0].element_size()].view(dtype) for b in bufs]
             call = lambda o=ar, i=xs, a=algo, op=op: comm.all_reduce(o, i, op=op, stream=streams, algo=a)  # noqa: E731
             run(f"all_reduce/{tag}", call, ar, [full] * world)
+    if "sm" in algos and world >= 3:
+        from _workers_sm import check_two_shot
+
+        print("sm: two-shot all_reduce", file=sys.stderr, flush=True)
+        fails += check_two_shot(torch, comm, list(range(world)), devs, world, bufs, streams=streams)
     # The reduction kernel's grid bound (FERRY_REDUCE_BLOCKS, read when a call
     # is planned: fresh sizes, so no earlier plan is reused): a wide grid
     # reduces the same bits; a bound of 0 is refused, naming the knob.
@@ -745,6 +750,10 @@ def sm_path_large_grid(world: int) -> list:
                     fails.append(f"all_reduce {dtype_name} {nbytes} B: rank {r} wrong")
                 if not torch.equal(rs[r].cpu().to(torch.float64), ref[r * n : (r + 1) * n]):
                     fails.append(f"reduce_scatter {dtype_name} {nbytes} B: rank {r} wrong")
+    if world >= 3:  # all_reduce in two shots, parts up to the 16 MiB window
+        from _workers_sm import check_two_shot
+
+        fails += check_two_shot(torch, comm, ranks, devs, world, bufs, window=SM_BYTES)
     comm.close()
     os.environ["FERRY_SM_MAX_BLOCKS"] = "129"
     try:

@@ -55,6 +55,182 @@ def _sm_span_format_stress(torch, comm, buf, rank, world, check, calls=50, repla
     return []
 
 
+def two_shot_bytes() -> int:
+    """FERRY_SM_TWO_SHOT_BYTES as the communicator reads it."""
+    return int(os.environ.get("FERRY_SM_TWO_SHOT_BYTES") or (512 << 10))
+
+
+def check_two_shot(torch, comm, ranks, devs, world, bufs, streams=None, window=SM_BYTES) -> list:
+    """all_reduce on the SM path in two shots (3 or more ranks, buffers from
+    FERRY_SM_TWO_SHOT_BYTES; each rank reduces one part, then sends it to every
+    peer): random values against the host's reduction in rank order, every
+    byte, poisoned outputs; uneven parts, in place, an offset off 16 bytes,
+    parts at the window's edge, one past it refused; one-shot calls between
+    two-shot ones on the same slots without a wait (a two-shot call counts
+    two calls); a CUDA graph of both forms replayed on new data. `bufs`: one
+    registered uint8 buffer per local rank of at least 4 x (world x window +
+    256) bytes; `ranks`/`devs` as in check_collectives (one process per rank,
+    or every rank local)."""
+    import ferry
+    from _workers_reduce import _randoms, _reduced
+
+    local = len(ranks) > 1
+    fails = []
+    region = (world * window + 511) // 256 * 256
+
+    def part(nbytes):
+        return (-(-nbytes // world) + 15) // 16 * 16
+
+    def sync():
+        for d in {d.index for d in devs}:
+            torch.cuda.synchronize(d)
+
+    def call(outs, ins, op):
+        kw = {"op": op, "algo": "sm"}
+        if streams is not None:
+            kw["stream"] = streams if local else streams[0]
+        comm.all_reduce(outs if local else outs[0], ins if local else ins[0], **kw)
+
+    def case(tag, slot, dtype, op, count, in_place=False, offset=0):
+        """Inputs (random, per rank), poisoned outputs in region `slot` of
+        the buffers at `offset` elements, and the expected result."""
+        elem = torch.empty((), dtype=dtype).element_size()
+        xs = [
+            _randoms(torch, zlib.crc32(f"2shot/{tag}/{world}/{q}".encode()), count, devs[i], dtype)
+            for i, q in enumerate(ranks)
+        ]
+        full = [
+            _randoms(torch, zlib.crc32(f"2shot/{tag}/{world}/{q}".encode()), count, devs[0], dtype).cpu()
+            for q in range(world)
+        ]
+        outs = []
+        for i, b in enumerate(bufs):
+            o = b[slot * region + offset * elem : slot * region + (offset + count) * elem].view(dtype)
+            o.view(torch.uint8).fill_(0xA5)
+            if in_place:
+                o.copy_(xs[i])
+            outs.append(o)
+        ins = outs if in_place else xs
+        return outs, ins, _reduced(torch, full, op)
+
+    def verify(label, outs, want):
+        sync()
+        for q, o in zip(ranks, outs):
+            bad = int((o.cpu().view(torch.uint8) != want.view(torch.uint8)).sum().item())
+            if bad:
+                fails.append(
+                    f"two-shot {label}: rank {q}: {bad} wrong bytes of {want.numel() * want.element_size()}"
+                )
+
+    f32, bf16, i32, f16 = torch.float32, torch.bfloat16, torch.int32, torch.float16
+    cases = [
+        # (tag, dtype, op, count, in place, offset in elements)
+        ("edge-uneven", f32, "sum", (world * window - 52) // 4, False, 0),
+        ("bf16-max-inplace", bf16, "max", (world * 200003 + 14) // 2, True, 0),
+        ("i32-window", i32, "sum", world * window // 4, False, 1),
+        ("f16-min-threshold", f16, "min", two_shot_bytes() // 2, False, 3),
+    ]
+    for tag, dtype, op, count, in_place, offset in cases:
+        outs, ins, want = case(tag, 0, dtype, op, count, in_place, offset)
+        sync()
+        try:
+            call(outs, ins, op)
+            comm.synchronize()
+        except Exception as exc:  # noqa: BLE001
+            fails.append(f"two-shot {tag}: raised {exc!r}")
+            continue
+        verify(tag, outs, want)
+
+    # Both forms back to back on the same slots, three rounds, no wait between calls.
+    mix = [
+        ("mix-two-shot-a", f32, "sum", (world * window - 4096) // 4),
+        ("mix-ll", bf16, "sum", 4099),
+        ("mix-one-shot", f32, "max", 70001),
+        ("mix-two-shot-b", i32, "sum", (world * 150001) // 4),
+    ]
+    for rnd in range(3):
+        staged = []
+        for slot, (tag, dtype, op, count) in enumerate(mix):
+            outs, ins, want = case(f"{tag}/{rnd}", slot, dtype, op, count)
+            staged.append((f"{tag} round {rnd}", outs, ins, want, op))
+        sync()
+        try:
+            for _, outs, ins, _, op in staged:
+                call(outs, ins, op)
+            comm.synchronize()
+        except Exception as exc:  # noqa: BLE001
+            fails.append(f"two-shot mix round {rnd}: raised {exc!r}")
+            break
+        for label, outs, _, want, _ in staged:
+            verify(label, outs, want)
+
+    # One process per rank: a graph of a two-shot and a one-shot call,
+    # replayed on new data each time (every rank local: calls from one thread
+    # cannot be captured rank by rank).
+    if not local:
+        dev = devs[0]
+        g_outs, g_ins, _ = case("graph", 0, f32, "sum", (world * window - 4096) // 4)
+        s_outs, s_ins, _ = case("graph-small", 1, f32, "sum", 70001)
+        sync()
+        graph, gs = torch.cuda.CUDAGraph(), torch.cuda.Stream(device=dev)
+
+        def data(rep, q, n):
+            return _randoms(torch, zlib.crc32(f"2shot/graph/{rep}/{q}/{n}".encode()), n, dev, f32)
+
+        try:
+            with torch.cuda.stream(gs):
+                with torch.cuda.graph(graph, stream=gs):
+                    comm.all_reduce(g_outs[0], g_ins[0], algo="sm")
+                    comm.all_reduce(s_outs[0], s_ins[0], algo="sm")
+            for rep in range(3):
+                for x, o in ((g_ins[0], g_outs[0]), (s_ins[0], s_outs[0])):
+                    x.copy_(data(rep, ranks[0], x.numel()))
+                    o.view(torch.uint8).fill_(0xA5)
+                sync()
+                graph.replay()
+                sync()
+                for x, o in ((g_ins[0], g_outs[0]), (s_ins[0], s_outs[0])):
+                    want = _reduced(torch, [data(rep, q, x.numel()).cpu() for q in range(world)], "sum")
+                    verify(f"graph replay {rep} ({x.numel()} floats)", [o], want)
+        except Exception as exc:  # noqa: BLE001
+            fails.append(f"two-shot graph: raised {exc!r}")
+        comm.synchronize()
+        del graph
+
+    # A part one 16-byte step past the window: refused, naming the knob and both sizes.
+    count = (world * window + 16 * world) // 4
+    xs = [torch.zeros(count, dtype=f32, device=d) for d in devs]
+    outs = [b[: count * 4].view(f32) for b in bufs]
+    try:
+        call(outs, xs, "sum")
+        fails.append("two-shot past the window was taken")
+    except ferry.InvalidArgumentError as exc:
+        if f"FERRY_SM_BYTES = {window} bytes per peer; this call moves {part(count * 4)}" not in str(exc):
+            fails.append(f"two-shot past the window raised {exc!r}")
+    comm.synchronize()
+    return fails
+
+
+def two_shot_processes(rank: int, world: int, port: int) -> list:
+    """check_two_shot with one process per rank, rank r on GPU r % N
+    (FERRY_SHARED_GPUS=1 where ranks outnumber the GPUs, set by the caller)."""
+    import torch
+    from _checks import SAFE_ENV
+
+    os.environ.update(SAFE_ENV)
+    os.environ["FERRY_PORT"] = str(port)
+    import ferry
+
+    dev = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(dev)
+    comm = ferry.init(rank=rank, world=world, device=dev.index, timeout=60)
+    try:
+        buf = comm.alloc((4 * (world * SM_BYTES + 512),), torch.uint8)
+        return check_two_shot(torch, comm, [rank], [dev], world, [buf])
+    finally:
+        comm.close()
+
+
 def sm_path(rank: int, world: int, port: int) -> list:
     """algo "sm" (one SM kernel per call, through the peers' windows): the
     correctness matrix within its size limit, 1,000 back-to-back calls,
@@ -133,6 +309,8 @@ def sm_path(rank: int, world: int, port: int) -> list:
         del graph
         comm.synchronize()
         fails += _sm_span_format_stress(torch, comm, buf, rank, world, check)
+        if world >= 3:
+            fails += check_two_shot(torch, comm, [rank], [dev], world, [buf])
 
         # Prepared: every trigger, each gate.
         side = torch.cuda.Stream(device=dev)

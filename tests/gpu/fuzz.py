@@ -115,6 +115,7 @@ class Config:
     pool_bytes: int = 64 << 20
     timeout: float = 60.0
     sm_bytes: int = 1 << 20
+    sm_two_shot_bytes: int = 512 << 10
     ops_allowed: tuple = OPS
     modes: tuple = MODES
     replay: int = -1  # run only this operation (with its batch's layout and data)
@@ -295,11 +296,18 @@ def has_empty_part(op: Op, world: int) -> bool:
     return any(op.send(r) == 0 or op.recv(r) == 0 for r in range(world))
 
 
-def largest_block(op: Op) -> int:
-    """What the SM path's window must hold per peer (sm_path_largest_block)."""
+def largest_block(op: Op, world: int, two_shot_bytes: int) -> int:
+    """What the SM path's window must hold per peer (sm_path_largest_block):
+    an all_reduce from FERRY_SM_TWO_SHOT_BYTES on 3 or more ranks sends one
+    part per rank, where a part is over the low-latency format's 64 KiB."""
     if op.op == "all_to_allv":
         return max(max(row) for row in op.counts) * op.es
-    return op.n * op.es
+    n = op.n * op.es
+    if op.op == "all_reduce" and world >= 3 and two_shot_bytes > 0 and n >= two_shot_bytes:
+        part = (-(-n // world) + 15) // 16 * 16
+        if part > 64 << 10:
+            return part
+    return n
 
 
 def plan_op(cfg: Config, i: int) -> Op:
@@ -353,7 +361,7 @@ def plan_op(cfg: Config, i: int) -> Op:
     # On a shared GPU every rank's kernel must be resident at once (each
     # waits for the others'): the library caps the grids there, which the
     # SM-path calls drawn here exercise.
-    big = largest_block(op)
+    big = largest_block(op, W, cfg.sm_two_shot_bytes)
     if W <= 8 and cfg.sm_bytes > 0 and big <= cfg.sm_bytes:
         algos["sm"] = 2
     op.algo = rng.choices(list(algos), weights=list(algos.values()))[0]
@@ -1398,6 +1406,7 @@ def make_config(args, world: int, gpus: int, ops: int, fault=None, procs=None) -
         pool_bytes=max(args.pool_mib << 20, 4 * max_bytes + (1 << 20)),
         timeout=args.timeout,
         sm_bytes=int(os.environ.get("FERRY_SM_BYTES", str(1 << 20))),
+        sm_two_shot_bytes=int(os.environ.get("FERRY_SM_TWO_SHOT_BYTES", str(512 << 10))),
         ops_allowed=tuple(args.only_ops.split(",")) if args.only_ops else OPS,
         modes=tuple(args.modes.split(",")) if args.modes else MODES,
         replay=args.replay,

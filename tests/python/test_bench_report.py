@@ -180,8 +180,8 @@ def test_all_to_allv_counts_are_uneven_and_fit_the_buffers():
         def __init__(self):
             self.asked = []
 
-        def sm_path_takes(self, op, largest_block):
-            self.asked.append((op, largest_block))
+        def sm_path_takes(self, op, nbytes):
+            self.asked.append((op, nbytes))
             return True
 
     for world in (2, 4, 8):

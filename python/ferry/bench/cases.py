@@ -29,7 +29,8 @@ def fits(op: str, n: int, world: int) -> bool:
 def sm_fits(comm, op: str, n: int, world: int) -> bool:
     """Whether the communicator's SM path takes `op` at `n` bytes per rank
     (the benchmark's sizes: an all_to_all(v) or reduce_scatter sends at most
-    n / world to a peer, an all_reduce all n)."""
+    n / world to a peer; an all_reduce is n bytes in all, which the
+    communicator counts itself, in one part per rank where it takes two shots)."""
     return comm.sm_path_takes(op, n // world if op in ("all_to_all", "all_to_allv", "reduce_scatter") else n)
 
 
