@@ -185,8 +185,10 @@ __device__ bool exchange_with_flags(const SmPathStep& s, const SmPathWindows& w,
     const int p = (s.rank + k) % s.world;
     const char* src = kShot == Shot::kGather ? s.out + s.recv_offset[s.rank] : s.in + s.send_offset[p];
     const size_t n = kShot == Shot::kGather ? s.recv_bytes[s.rank] : s.send_bytes[p];
-    if ((len = sm_path_span_share(n, s.blocks, blockIdx.x, &begin)) > 0)
-      copy_span(w.base[p] + sm_path_slot_offset(s.world, slot_bytes, parity, s.rank) + begin, src + begin, len);
+    char* dst = kShot == Shot::kGather && s.out_by_rank[p]
+                    ? s.out_by_rank[p] + s.recv_offset[s.rank]
+                    : w.base[p] + sm_path_slot_offset(s.world, slot_bytes, parity, s.rank);
+    if ((len = sm_path_span_share(n, s.blocks, blockIdx.x, &begin)) > 0) copy_span(dst + begin, src + begin, len);
   }
   if (kShot == Shot::kWhole && (len = sm_path_span_share(s.own_bytes, s.blocks, blockIdx.x, &begin)) > 0)
     copy_span(s.out + s.recv_offset[s.rank] + begin, s.in + s.send_offset[s.rank] + begin, len);
@@ -220,7 +222,7 @@ __device__ bool exchange_with_flags(const SmPathStep& s, const SmPathWindows& w,
   if constexpr (is_reduction<R>) {
     reduce_out<typename R::type, R::op>(s, kShot == Shot::kScatter ? s.out + s.recv_offset[s.rank] : s.out, w,
                                         slot_bytes, parity);
-  } else {
+  } else if (kShot != Shot::kGather || !s.out_by_rank[s.rank]) {  // else the peers stored into `out` themselves
     for (int q = 0; q < s.world; ++q)
       if (q != s.rank && (len = sm_path_span_share(s.recv_bytes[q], s.blocks, blockIdx.x, &begin)) > 0)
         copy_span(s.out + s.recv_offset[q] + begin,
@@ -234,7 +236,10 @@ __device__ bool exchange_with_flags(const SmPathStep& s, const SmPathWindows& w,
 // every peer finished reading before it sent its flags of `call` (its kernel
 // started after that call's had ended). Each block gathers the share of this
 // rank's part that it reduced itself (both shots cut the part alike), so
-// the block's barrier between them is enough.
+// the block's barrier between them is enough. Stored straight into a peer's
+// `out` (out_by_rank), the share lands where that peer's block of the same
+// index sent its input's share in the first shot, which it had done before
+// its flag: so an in-place call overwrites only input already sent.
 template <typename R>
 __device__ void two_shot(const SmPathStep& s, const SmPathWindows& w, size_t slot_bytes, const KernelWait& c,
                          uint64_t call) {

@@ -23,7 +23,8 @@
 // (sm_path_two_shot): each rank owns one part of the buffer; the parts go to
 // their owners, which reduce them (a reduce_scatter), then each owner pushes
 // its reduced part to every peer (an all_gather), in the same kernel as two
-// consecutive calls of the scheme above. Each rank sends 2 (world - 1) / world
+// consecutive calls of the scheme above, the second storing straight into
+// the peers' (registered) outputs. Each rank sends 2 (world - 1) / world
 // of the buffer instead of world - 1 buffers, at the price of a second round
 // of flags; a block's second shot sends only the share it reduced itself, so
 // no block waits for the rest of its grid.
@@ -51,7 +52,7 @@ constexpr int kSmPathMaxRanks = 8;
 constexpr int kSmPathMaxBlocks = 128;
 constexpr int kSmPathDefaultMaxBlocks = 32;
 constexpr size_t kSmPathHeaderBytes = 16384;
-constexpr size_t kSmPathDefaultTwoShotBytes = 512 << 10;
+constexpr size_t kSmPathDefaultTwoShotBytes = 2 << 20;
 constexpr int kSmPathThreads = 512;  // per block
 
 // At the start of each rank's window (GPU memory, zeroed at creation).
@@ -71,6 +72,11 @@ static_assert(sizeof(SmPathHeader) <= kSmPathHeaderBytes, "the SM path's header 
 struct SmPathStep {
   const char* in = nullptr;
   char* out = nullptr;
+  // Each rank's `out` as mapped here (its registered buffer), for a two-shot
+  // all_reduce: the second shot stores the reduced part straight into every
+  // peer's `out` instead of its window, so no rank copies the parts out of a
+  // window. All null: through the windows.
+  char* out_by_rank[kSmPathMaxRanks] = {};
   size_t send_offset[kSmPathMaxRanks] = {};
   size_t send_bytes[kSmPathMaxRanks] = {};
   size_t recv_offset[kSmPathMaxRanks] = {};

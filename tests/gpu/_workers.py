@@ -740,8 +740,12 @@ def sm_path_large_grid(world: int) -> list:
             n = nbytes // elem
             ins = [ints(torch, 7 + r, world * n, devs[r], dtype) for r in range(world)]
             ref = sum(t.cpu().to(torch.float64) for t in ins)
-            ar = [t[:n].clone() for t in ins]
-            rs = [torch.full((n,), 77, dtype=dtype, device=devs[r]) for r in range(world)]
+            # Outputs in the registered buffers (all_reduce's peers may store into them).
+            ar = [b[:nbytes].view(dtype) for b in bufs]
+            rs = [b[nbytes : 2 * nbytes].view(dtype) for b in bufs]
+            for r in range(world):
+                ar[r].copy_(ins[r][:n])
+                rs[r].fill_(77)
             comm.all_reduce(ar, ar, algo="sm")
             comm.reduce_scatter(rs, ins, algo="sm")
             comm.synchronize()
