@@ -529,7 +529,10 @@ class Communicator:
         Copy engines move the data, a small SM kernel adds (the only SM work):
         on 2 ranks up to 64 MiB each rank's whole buffer goes to the other and
         both reduce it; otherwise reduce-scatter then all-gather. algo="sm":
-        one SM kernel instead (up to FERRY_SM_BYTES)."""
+        one SM kernel instead: every rank's whole buffer to every peer (up to
+        FERRY_SM_BYTES), or, from FERRY_SM_TWO_SHOT_BYTES (1 MiB) on 3 or
+        more ranks, in two shots (each rank reduces one part of the buffer and
+        stores it into every peer's `out`; each part up to FERRY_SM_BYTES)."""
         self._run(False, "all_reduce", out, inp, stream, algo=algo, signals=signals, red_op=op)
 
     def prepare(self, collective: str, out, inp=None, **kw) -> "PreparedCollective":

@@ -52,7 +52,7 @@ constexpr int kSmPathMaxRanks = 8;
 constexpr int kSmPathMaxBlocks = 128;
 constexpr int kSmPathDefaultMaxBlocks = 32;
 constexpr size_t kSmPathHeaderBytes = 16384;
-constexpr size_t kSmPathDefaultTwoShotBytes = 2 << 20;
+constexpr size_t kSmPathDefaultTwoShotBytes = 1 << 20;
 constexpr int kSmPathThreads = 512;  // per block
 
 // At the start of each rank's window (GPU memory, zeroed at creation).

@@ -101,7 +101,7 @@ const std::vector<Knob>& knobs() {
        "most blocks (512 threads each, one SM each for the heaviest kernels) one call of algo 'sm' runs on: more "
        "carry more bytes at once and hold more SMs; 1 to 128, the same on every rank; above 32 also at most the "
        "GPU's resident blocks less 4"},
-      {"FERRY_SM_TWO_SHOT_BYTES", "int", "524288",
+      {"FERRY_SM_TWO_SHOT_BYTES", "int", "1048576",
        "all_reduce buffers of at least this many bytes on 3 or more ranks take algo 'sm' in two shots (each rank "
        "reduces one part, then sends it to every peer: half the bytes of sending the whole buffer to every peer, "
        "one more round of flags; each part up to FERRY_SM_BYTES); 0: never. The same on every rank"},

@@ -57,7 +57,7 @@ def _sm_span_format_stress(torch, comm, buf, rank, world, check, calls=50, repla
 
 def two_shot_bytes() -> int:
     """FERRY_SM_TWO_SHOT_BYTES as the communicator reads it."""
-    return int(os.environ.get("FERRY_SM_TWO_SHOT_BYTES") or (512 << 10))
+    return int(os.environ.get("FERRY_SM_TWO_SHOT_BYTES") or (1 << 20))
 
 
 def check_two_shot(torch, comm, ranks, devs, world, bufs, streams=None, window=SM_BYTES) -> list:

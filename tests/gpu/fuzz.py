@@ -115,7 +115,7 @@ class Config:
     pool_bytes: int = 64 << 20
     timeout: float = 60.0
     sm_bytes: int = 1 << 20
-    sm_two_shot_bytes: int = 512 << 10
+    sm_two_shot_bytes: int = 1 << 20
     ops_allowed: tuple = OPS
     modes: tuple = MODES
     replay: int = -1  # run only this operation (with its batch's layout and data)
@@ -1406,7 +1406,7 @@ def make_config(args, world: int, gpus: int, ops: int, fault=None, procs=None) -
         pool_bytes=max(args.pool_mib << 20, 4 * max_bytes + (1 << 20)),
         timeout=args.timeout,
         sm_bytes=int(os.environ.get("FERRY_SM_BYTES", str(1 << 20))),
-        sm_two_shot_bytes=int(os.environ.get("FERRY_SM_TWO_SHOT_BYTES", str(512 << 10))),
+        sm_two_shot_bytes=int(os.environ.get("FERRY_SM_TWO_SHOT_BYTES", str(1 << 20))),
         ops_allowed=tuple(args.only_ops.split(",")) if args.only_ops else OPS,
         modes=tuple(args.modes.split(",")) if args.modes else MODES,
         replay=args.replay,

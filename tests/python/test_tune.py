@@ -103,8 +103,10 @@ def test_latency_preset_uses_sms_only_where_measured_faster(world, monkeypatch):
         for n in (1, 1 << 10, 1 << 20, 1 << 30, 1 << 40):
             algo, signals = tune.select(rules, op, world, n)
             assert algo in tune.RULE_ALGOS, (op, n)
-            # The SM path only for the ops it runs, never past its 1 MiB window.
-            assert algo != "sm" or (op in tune.SM_OPS and n <= 1 << 20), (op, n)
+            # The SM path only for the ops it runs; rules past its 1 MiB default window only for the
+            # reductions on 4 or more GPUs (reduce_scatter's result, all_reduce's part in two shots).
+            limit = 4 << 20 if world >= 4 and op in ("reduce_scatter", "all_reduce") else 1 << 20
+            assert algo != "sm" or (op in tune.SM_OPS and n <= limit), (op, n)
     # Small all_gathers take the SM path on every world size.
     assert tune.select(rules, "all_gather", world, 4096) == ("sm", "auto")
     big = tune.select(rules, "all_gather", world, 64 << 20)
@@ -116,16 +118,19 @@ def test_latency_preset_uses_sms_only_where_measured_faster(world, monkeypatch):
 
 
 def test_latency_preset_on_four_gpus_follows_its_measurements(monkeypatch):
-    """The 4-GPU rules of the thirty-fourth session's x4 runs: the SM path up to its 1 MiB window for every
-    collective (the reductions too), kernel signals above it for all but broadcast."""
+    """The 4-GPU rules of the thirty-fourth and thirty-fifth sessions' x4 runs: the SM path up to its 1 MiB
+    window for every collective, up to 4 MiB of result or part for the reductions (all_reduce in two shots; the
+    window decides), kernel signals above for all but broadcast."""
     monkeypatch.setenv("FERRY_TUNING", "latency")
     rules = tune.default_rules("NVIDIA H200", 4)
     for op in ("all_gather", "all_to_all", "all_to_allv", "broadcast", "reduce_scatter", "all_reduce"):
         assert tune.select(rules, op, 4, 1 << 20) == ("sm", "auto"), op
     assert tune.select(rules, "all_gather", 4, 4 << 20) == ("seq", "sm")
     assert tune.select(rules, "all_to_all", 4, 4 << 20) == ("b2b", "sm")
-    assert tune.select(rules, "reduce_scatter", 4, 2 << 20) == ("b2b", "sm")
-    assert tune.select(rules, "all_reduce", 4, 4 << 20) == ("b2b", "sm")
+    assert tune.select(rules, "reduce_scatter", 4, 4 << 20) == ("sm", "auto")
+    assert tune.select(rules, "all_reduce", 4, 4 << 20) == ("sm", "auto")
+    assert tune.select(rules, "reduce_scatter", 4, 8 << 20) == ("b2b", "sm")
+    assert tune.select(rules, "all_reduce", 4, 8 << 20) == ("b2b", "sm")
     assert tune.select(rules, "broadcast", 4, 64 << 20) == ("seq", "auto")
 
 
