@@ -532,7 +532,8 @@ class Communicator:
         one SM kernel instead: every rank's whole buffer to every peer (up to
         FERRY_SM_BYTES), or, from FERRY_SM_TWO_SHOT_BYTES (1 MiB) on 3 or
         more ranks, in two shots (each rank reduces one part of the buffer and
-        stores it into every peer's `out`; each part up to FERRY_SM_BYTES)."""
+        stores it into every peer's `out`; in rounds of FERRY_SM_BYTES per
+        part, so any size)."""
         self._run(False, "all_reduce", out, inp, stream, algo=algo, signals=signals, red_op=op)
 
     def prepare(self, collective: str, out, inp=None, **kw) -> "PreparedCollective":
@@ -580,10 +581,9 @@ class Communicator:
     def sm_path_takes(self, op: str, nbytes: int) -> bool:
         """Whether algo 'sm' runs `op` of `nbytes` per rank here: all_gather's
         input, one all_to_all block, the broadcast, reduce_scatter's result,
-        all_reduce's whole buffer (split into one part per rank from
-        FERRY_SM_TWO_SHOT_BYTES on 3 or more ranks), or all_to_allv's
-        largest count; each block or part at most FERRY_SM_BYTES, at most 8
-        ranks."""
+        all_reduce's whole buffer (any size from FERRY_SM_TWO_SHOT_BYTES on 3
+        or more ranks: its parts go in rounds of the window), or all_to_allv's
+        largest count; each block at most FERRY_SM_BYTES, at most 8 ranks."""
         return self._c.sm_path_takes(op, nbytes)
 
     def choose_algo(self, op: str, bytes_per_rank: int) -> str:

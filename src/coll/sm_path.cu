@@ -149,25 +149,40 @@ __device__ void exchange_low_latency(const SmPathStep& s, const SmPathWindows& w
 
 // A reduction's last step with flags: this block's share of the result from
 // every rank's span in rank order (16-byte words where everything is aligned).
+// Which exchange of a call a step table runs: the whole call (kWhole), or
+// a round of a two-shot all_reduce (SmPathStep::two_shot): kScatter sends
+// the round's piece of part p of `in` to rank p and reduces this rank's
+// piece into its place in `out`; kGather sends that reduced piece to every
+// peer and copies the peers' pieces into `out`.
+enum class Shot { kWhole, kScatter, kGather };
+
+// Where a two-shot round lies in every part: bytes [at, at + chunk) (for
+// kWhole: at 0, chunk 0, the whole spans).
+struct Round {
+  size_t at = 0;
+  size_t chunk = 0;
+};
+
+// This block's share of a span of `full` bytes in round `r`: the round's
+// piece of the span, cut as every round is (sm_path_round_share).
+__device__ size_t round_share(size_t full, Round r, int blocks, size_t* begin) {
+  if (r.chunk == 0) return sm_path_span_share(full, blocks, blockIdx.x, begin);
+  const size_t piece = full > r.at ? (full - r.at < r.chunk ? full - r.at : r.chunk) : 0;
+  return sm_path_round_share(piece, r.chunk, blocks, blockIdx.x, begin);
+}
+
 template <typename T, RedOp Op>
-__device__ void reduce_out(const SmPathStep& s, char* out, const SmPathWindows& w, size_t slot_bytes, int parity) {
+__device__ void reduce_out(const SmPathStep& s, char* out, const SmPathWindows& w, size_t slot_bytes, int parity,
+                           Round r) {
   size_t begin = 0;
-  const size_t len = sm_path_span_share(s.recv_bytes[s.rank], s.blocks, blockIdx.x, &begin);
+  const size_t len = round_share(s.recv_bytes[s.rank], r, s.blocks, &begin);
   if (len == 0) return;
   SmPathSources in;
   for (int q = 0; q < s.world; ++q)
-    in.src[q] =
-        (q == s.rank ? s.in + s.send_offset[q] : w.base[s.rank] + sm_path_slot_offset(s.world, slot_bytes, parity, q)) +
-        begin;
-  reduce_range<T, Op, kUnroll>(reinterpret_cast<T*>(out + begin), in, s.world, len / sizeof(T), 0, 1);
+    in.src[q] = q == s.rank ? s.in + s.send_offset[q] + r.at + begin
+                            : w.base[s.rank] + sm_path_slot_offset(s.world, slot_bytes, parity, q) + begin;
+  reduce_range<T, Op, kUnroll>(reinterpret_cast<T*>(out + r.at + begin), in, s.world, len / sizeof(T), 0, 1);
 }
-
-// Which exchange of a call a step table runs: the whole call (kWhole), or
-// the two shots of a two-shot all_reduce (SmPathStep::two_shot): kScatter
-// sends part p of `in` to rank p and reduces this rank's part into its place
-// in `out`; kGather sends that reduced part to every peer and copies the
-// peers' parts into `out`.
-enum class Shot { kWhole, kScatter, kGather };
 
 // The exchange with one flag per peer and block (blocks above
 // kSmPathLowLatencyMaxBytes): pushes, a barrier, the flags, waits, copy out
@@ -175,7 +190,7 @@ enum class Shot { kWhole, kScatter, kGather };
 // Returns false where a wait gave up (the fault word tells the host).
 template <typename R, Shot kShot = Shot::kWhole>
 __device__ bool exchange_with_flags(const SmPathStep& s, const SmPathWindows& w, size_t slot_bytes, const KernelWait& c,
-                                    uint64_t call, int parity) {
+                                    uint64_t call, int parity, Round r = {}) {
   auto* mine = reinterpret_cast<SmPathHeader*>(w.base[s.rank]);
   const uint64_t value = sm_path_flag_value(call, s.tag);
 
@@ -183,12 +198,12 @@ __device__ bool exchange_with_flags(const SmPathStep& s, const SmPathWindows& w,
   size_t begin = 0, len = 0;
   for (int k = 1; k < s.world; ++k) {
     const int p = (s.rank + k) % s.world;
-    const char* src = kShot == Shot::kGather ? s.out + s.recv_offset[s.rank] : s.in + s.send_offset[p];
+    const char* src = (kShot == Shot::kGather ? s.out + s.recv_offset[s.rank] : s.in + s.send_offset[p]) + r.at;
     const size_t n = kShot == Shot::kGather ? s.recv_bytes[s.rank] : s.send_bytes[p];
     char* dst = kShot == Shot::kGather && s.out_by_rank[p]
-                    ? s.out_by_rank[p] + s.recv_offset[s.rank]
+                    ? s.out_by_rank[p] + s.recv_offset[s.rank] + r.at
                     : w.base[p] + sm_path_slot_offset(s.world, slot_bytes, parity, s.rank);
-    if ((len = sm_path_span_share(n, s.blocks, blockIdx.x, &begin)) > 0) copy_span(dst + begin, src + begin, len);
+    if ((len = round_share(n, r, s.blocks, &begin)) > 0) copy_span(dst + begin, src + begin, len);
   }
   if (kShot == Shot::kWhole && (len = sm_path_span_share(s.own_bytes, s.blocks, blockIdx.x, &begin)) > 0)
     copy_span(s.out + s.recv_offset[s.rank] + begin, s.in + s.send_offset[s.rank] + begin, len);
@@ -221,31 +236,42 @@ __device__ bool exchange_with_flags(const SmPathStep& s, const SmPathWindows& w,
   if (gave_up) return false;
   if constexpr (is_reduction<R>) {
     reduce_out<typename R::type, R::op>(s, kShot == Shot::kScatter ? s.out + s.recv_offset[s.rank] : s.out, w,
-                                        slot_bytes, parity);
+                                        slot_bytes, parity, r);
   } else if (kShot != Shot::kGather || !s.out_by_rank[s.rank]) {  // else the peers stored into `out` themselves
     for (int q = 0; q < s.world; ++q)
-      if (q != s.rank && (len = sm_path_span_share(s.recv_bytes[q], s.blocks, blockIdx.x, &begin)) > 0)
-        copy_span(s.out + s.recv_offset[q] + begin,
+      if (q != s.rank && (len = round_share(s.recv_bytes[q], r, s.blocks, &begin)) > 0)
+        copy_span(s.out + s.recv_offset[q] + r.at + begin,
                   w.base[s.rank] + sm_path_slot_offset(s.world, slot_bytes, parity, q) + begin, len);
   }
   return true;
 }
 
-// A two-shot all_reduce (SmPathStep::two_shot) as calls `call` and `call +
-// 1`: the slots of the second are those of the call before this kernel, which
-// every peer finished reading before it sent its flags of `call` (its kernel
+// A two-shot all_reduce (SmPathStep::two_shot) as calls `call + 2k` and
+// `call + 2k + 1` for its rounds k. The second shot's slots (if it goes
+// through the windows) are those of the call before this kernel, which every
+// peer finished reading before it sent its flags of `call` (its kernel
 // started after that call's had ended). Each block gathers the share of this
-// rank's part that it reduced itself (both shots cut the part alike), so
-// the block's barrier between them is enough. Stored straight into a peer's
-// `out` (out_by_rank), the share lands where that peer's block of the same
-// index sent its input's share in the first shot, which it had done before
-// its flag: so an in-place call overwrites only input already sent.
+// rank's piece that it reduced itself (both shots cut alike), so the block's
+// barrier between them is enough. Stored straight into a peer's `out`
+// (out_by_rank), the share lands where that peer's block of the same index
+// sent its input's share in the first shot, which it had done before its
+// flag: so an in-place call overwrites only input already sent. Every round
+// is cut into the blocks' shares alike (sm_path_round_share), so the block
+// that writes a slot's bytes in round k + 1 is the one whose peer block read
+// them in round k, before the flag of that round's second shot, for which
+// this block waited.
 template <typename R>
 __device__ void two_shot(const SmPathStep& s, const SmPathWindows& w, size_t slot_bytes, const KernelWait& c,
                          uint64_t call) {
-  if (!exchange_with_flags<R, Shot::kScatter>(s, w, slot_bytes, c, call, static_cast<int>(call & 1))) return;
-  __syncthreads();
-  exchange_with_flags<NoReduction, Shot::kGather>(s, w, slot_bytes, c, call + 1, static_cast<int>((call + 1) & 1));
+  for (uint32_t k = 0; k < s.two_shot; ++k) {
+    const Round r{k * s.two_shot_chunk, s.two_shot_chunk};
+    const uint64_t e = call + 2 * k;
+    if (!exchange_with_flags<R, Shot::kScatter>(s, w, slot_bytes, c, e, static_cast<int>(e & 1), r)) return;
+    __syncthreads();
+    if (!exchange_with_flags<NoReduction, Shot::kGather>(s, w, slot_bytes, c, e + 1, static_cast<int>((e + 1) & 1), r))
+      return;
+    __syncthreads();
+  }
 }
 
 template <typename R>
@@ -283,13 +309,13 @@ __global__ void __launch_bounds__(kThreads)
     exchange_with_flags<R>(s, w, slot_bytes, c, call, parity);
   }
 
-  // The last block to finish counts the call (two for a two-shot all_reduce).
+  // The last block to finish counts the call (two per round of a two-shot all_reduce).
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
     if (atomicAdd(&mine->arrivals, 1u) == static_cast<unsigned>(s.blocks) - 1) {
       mine->arrivals = 0;
-      *reinterpret_cast<volatile uint64_t*>(&mine->calls) = call + (s.two_shot ? 1 : 0);
+      *reinterpret_cast<volatile uint64_t*>(&mine->calls) = call + (s.two_shot ? 2 * s.two_shot - 1 : 0);
       __threadfence();
     }
   }

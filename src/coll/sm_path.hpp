@@ -27,7 +27,10 @@
 // the peers' (registered) outputs. Each rank sends 2 (world - 1) / world
 // of the buffer instead of world - 1 buffers, at the price of a second round
 // of flags; a block's second shot sends only the share it reduced itself, so
-// no block waits for the rest of its grid.
+// no block waits for the rest of its grid. A part larger than a slot goes in
+// rounds of a slot each (two calls per round), every round cut into the
+// blocks' shares alike, so a block only ever overwrites slot bytes that the
+// same block of the peer has read: the window bounds the round, not the call.
 //
 // Blocks up to kSmPathLowLatencyMaxBytes travel in the low-latency format
 // instead (coll/sm_path_ll.hpp), into slots of their own: the flags ride in
@@ -93,12 +96,14 @@ struct SmPathStep {
   // in + send_offset[rank]) instead of copies.
   uint32_t dtype = 0;
   uint32_t red_op = 0;
-  // 1: all_reduce in two shots (sm_path_two_shot). Then span p of `in`
-  // (send_offset[p], send_bytes[p]) is rank p's part, and recv_offset[q],
-  // recv_bytes[q] say where part q lies in `out`; the kernel runs it as a
-  // reduce_scatter into out's own part (call c), then an all_gather of that
-  // part (call c + 1).
+  // The rounds of an all_reduce in two shots (sm_path_two_shot; 0: one
+  // shot). Then span p of `in` (send_offset[p], send_bytes[p]) is rank p's
+  // part, and recv_offset[q], recv_bytes[q] say where part q lies in `out`;
+  // round k takes bytes [k * two_shot_chunk, (k + 1) * two_shot_chunk) of
+  // every part, as a reduce_scatter into out's own part (call c + 2k), then
+  // an all_gather of that piece (call c + 2k + 1).
   uint32_t two_shot = 0;  // no padding: the replay cache keys on the struct's bytes
+  size_t two_shot_chunk = 0;
 };
 
 // Window bytes per rank: the header, two slots per source rank, then two
@@ -153,11 +158,14 @@ FERRY_HOST_DEVICE inline bool sm_path_flag_passes(uint64_t seen, uint64_t call, 
 // blocks have run, so all of them must fit on the GPU at once.
 // `two_shot_from`: all_reduce buffers from this many bytes take the two-shot
 // form on 3 or more ranks (FERRY_SM_TWO_SHOT_BYTES; 0: never).
+// `slot_bytes`: the window's slot (FERRY_SM_BYTES rounded up to 256; 0:
+// unbounded), the most one round of a two-shot all_reduce moves per part.
 struct SmPathBlocks {
   size_t low_latency = 2048;
   size_t spans = 8 << 10;
   int max_blocks = kSmPathDefaultMaxBlocks;
   size_t two_shot_from = kSmPathDefaultTwoShotBytes;
+  size_t slot_bytes = 0;
 };
 // SmPathBlocks::max_blocks from FERRY_SM_MAX_BLOCKS (`limit`) and the GPU:
 // every block of a grid spins until its peers' blocks have run, so all of
@@ -174,17 +182,33 @@ int sm_path_grid_bound(int limit, int resident, int sharing);
 int sm_path_blocks(size_t bytes, SmPathBlocks per = {});
 // Whether an all_reduce of `bytes` (the whole buffer) on `world` ranks takes
 // the two-shot form: from per.two_shot_from bytes on 3 or more ranks, where
-// each part is too large for the low-latency format (which the two-shot form
-// does not have). On 2 ranks both forms send one buffer per rank.
+// each round's chunk is too large for the low-latency format (which the
+// two-shot form does not have). On 2 ranks both forms send one buffer per rank.
 bool sm_path_two_shot(CollOp op, int world, size_t bytes, const SmPathBlocks& per);
 // Rank p's part of a two-shot all_reduce: [p * part, min((p + 1) * part,
 // bytes)) with part = bytes / world rounded up to 16 bytes (so that every
 // part starts where its buffer's alignment allows 16-byte words); the last
 // parts may be short or empty.
 size_t sm_path_two_shot_part(size_t bytes, int world);
+// The bytes of each part that one round of a two-shot all_reduce moves: the
+// part, or a slot (per.slot_bytes, rounded down to 16) where the part is
+// larger; the rounds are ceil(part / chunk).
+size_t sm_path_two_shot_chunk(size_t bytes, int world, const SmPathBlocks& per);
+// The bytes [*begin, *begin + returned) of a `len`-byte span that block
+// `block` of `blocks` moves in one round of a two-shot all_reduce whose full
+// rounds are `chunk` bytes: its share of a full round (sm_path_span_share),
+// cut to the span, so that a short last round and every part cut alike.
+FERRY_HOST_DEVICE inline size_t sm_path_round_share(size_t len, size_t chunk, int blocks, int block, size_t* begin) {
+  const size_t n = sm_path_span_share(chunk, blocks, block, begin);
+  if (*begin >= len) {
+    *begin = len;
+    return 0;
+  }
+  return n < len - *begin ? n : len - *begin;
+}
 // The largest block one rank sends one peer: `bytes` (all_gather's input,
 // an all_to_all block, a broadcast, reduce_scatter's result, all_reduce's
-// whole buffer, or its part in the two-shot form), or the largest entry of
+// whole buffer, or one round's chunk in the two-shot form), or the largest entry of
 // all_to_allv's counts (bytes from rank s to rank d at [s * world + d]).
 size_t sm_path_largest_block(CollOp op, int world, size_t bytes, const std::vector<size_t>& counts,
                              const SmPathBlocks& per);

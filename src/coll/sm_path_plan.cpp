@@ -22,7 +22,7 @@ int sm_path_grid_bound(int limit, int resident, int sharing) {
 
 bool sm_path_two_shot(CollOp op, int world, size_t bytes, const SmPathBlocks& per) {
   return op == CollOp::kAllReduce && world >= 3 && per.two_shot_from > 0 && bytes >= per.two_shot_from &&
-         !sm_path_low_latency(sm_path_two_shot_part(bytes, world));
+         !sm_path_low_latency(sm_path_two_shot_chunk(bytes, world, per));
 }
 
 size_t sm_path_two_shot_part(size_t bytes, int world) {
@@ -30,9 +30,15 @@ size_t sm_path_two_shot_part(size_t bytes, int world) {
   return ((bytes + w - 1) / w + 15) / 16 * 16;
 }
 
+size_t sm_path_two_shot_chunk(size_t bytes, int world, const SmPathBlocks& per) {
+  const size_t part = sm_path_two_shot_part(bytes, world);
+  const size_t slot = per.slot_bytes / 16 * 16;
+  return slot > 0 && part > slot ? slot : part;
+}
+
 size_t sm_path_largest_block(CollOp op, int world, size_t bytes, const std::vector<size_t>& counts,
                              const SmPathBlocks& per) {
-  if (sm_path_two_shot(op, world, bytes, per)) return sm_path_two_shot_part(bytes, world);
+  if (sm_path_two_shot(op, world, bytes, per)) return sm_path_two_shot_chunk(bytes, world, per);
   if (op != CollOp::kAllToAllv) return bytes;
   size_t largest = 0;
   for (size_t c : counts) largest = c > largest ? c : largest;
@@ -70,8 +76,11 @@ SmPathStep plan_sm_path(CollOp op, int rank, int world, const char* in, char* ou
   s.rank = rank;
   s.world = world;
   const size_t largest = sm_path_largest_block(op, world, bytes, counts, per);
-  s.two_shot = sm_path_two_shot(op, world, bytes, per) ? 1 : 0;
   const size_t part = sm_path_two_shot_part(bytes, world);
+  if (sm_path_two_shot(op, world, bytes, per)) {
+    s.two_shot_chunk = sm_path_two_shot_chunk(bytes, world, per);
+    s.two_shot = static_cast<uint32_t>((part + s.two_shot_chunk - 1) / s.two_shot_chunk);
+  }
   s.blocks = sm_path_blocks(largest, per);
   s.low_latency = sm_path_low_latency(largest);
   s.tag = tag;

@@ -465,18 +465,48 @@ TEST(SmPath, TwoShotPartsAre16ByteMultiplesThatCoverTheBuffer) {
       EXPECT_GE(part * world, bytes);
       EXPECT_LT(part * (world - 1), bytes) << "every rank but the last holds data: " << world << ", " << bytes;
     }
-  // A 4 MB all_reduce on four ranks sends 1 MiB parts: it fits the default window.
+  // A 4 MB all_reduce on four ranks sends 1 MiB parts: one round in the default window.
   SmPathBlocks per;
   per.two_shot_from = 1 << 20;
+  per.slot_bytes = 1 << 20;
+  EXPECT_EQ(sm_path_two_shot_chunk(4 << 20, 4, per), size_t(1) << 20);
   EXPECT_EQ(sm_path_largest_block(CollOp::kAllReduce, 4, 4 << 20, {}, per), size_t(1) << 20);
-  EXPECT_EQ(sm_path_unsupported(CollOp::kAllReduce, 4, sm_path_largest_block(CollOp::kAllReduce, 4, 4 << 20, {}, per),
+  // 16 MB: 4 MiB parts in rounds of the 1 MiB slot; the call fits the window whatever its size.
+  EXPECT_EQ(sm_path_two_shot_chunk(16 << 20, 4, per), size_t(1) << 20);
+  EXPECT_EQ(sm_path_unsupported(CollOp::kAllReduce, 4, sm_path_largest_block(CollOp::kAllReduce, 4, 1 << 30, {}, per),
                                 1 << 20),
             "");
   EXPECT_EQ(sm_path_largest_block(CollOp::kAllReduce, 2, 4 << 20, {}, per), size_t(4) << 20);  // one shot on 2
-  EXPECT_NE(sm_path_unsupported(CollOp::kAllReduce, 4, sm_path_largest_block(CollOp::kAllReduce, 4, 8 << 20, {}, per),
-                                1 << 20)
-                .find("this call moves 2097152"),
-            std::string::npos);
+  // An unbounded window (0): one round of the whole part.
+  per.slot_bytes = 0;
+  EXPECT_EQ(sm_path_two_shot_chunk(16 << 20, 4, per), size_t(4) << 20);
+  // A slot under the low-latency format's limit keeps one shot (the two-shot form has no such format).
+  per.slot_bytes = 32 << 10;
+  EXPECT_FALSE(sm_path_two_shot(CollOp::kAllReduce, 4, 16 << 20, per));
+  // Slots off 16 bytes round down.
+  per.slot_bytes = (100 << 10) + 8;
+  EXPECT_EQ(sm_path_two_shot_chunk(16 << 20, 4, per), size_t(100) << 10);
+}
+
+TEST(SmPath, RoundSharesCutEveryRoundAlike) {
+  const size_t chunk = 100000;  // 16-byte shares of 3,136 bytes over 32 blocks
+  const int blocks = 32;
+  for (size_t len : {size_t(0), size_t(1), size_t(3136), size_t(50000), size_t(99999), chunk}) {
+    size_t next = 0;
+    for (int b = 0; b < blocks; ++b) {
+      size_t begin = 0, full_begin = 0;
+      const size_t n = sm_path_round_share(len, chunk, blocks, b, &begin);
+      const size_t full = sm_path_span_share(chunk, blocks, b, &full_begin);
+      // The same block's bytes as in a full round, cut to the piece.
+      if (n > 0) {
+        EXPECT_EQ(begin, full_begin);
+        EXPECT_LE(begin + n, full_begin + full);
+      }
+      EXPECT_EQ(begin, next) << len << ", block " << b;
+      next = begin + n;
+    }
+    EXPECT_EQ(next, len);
+  }
 }
 
 TEST(SmPath, TwoShotPlanSendsPartPToRankP) {
@@ -490,7 +520,8 @@ TEST(SmPath, TwoShotPlanSendsPartPToRankP) {
   for (bool in_place : {false, true}) {
     char* src = in_place ? out.data() : in.data();
     const SmPathStep s = plan_sm_path(CollOp::kAllReduce, 1, W, src, out.data(), bytes, 0, {}, 7, dt, op, per);
-    EXPECT_EQ(s.two_shot, 1u);
+    EXPECT_EQ(s.two_shot, 1u);  // one round: no slot bound in `per`
+    EXPECT_EQ(s.two_shot_chunk, part);
     EXPECT_EQ(s.low_latency, 0u);
     EXPECT_EQ(s.own_bytes, 0u);
     EXPECT_EQ(s.blocks, sm_path_blocks(part, per));
@@ -511,85 +542,113 @@ TEST(SmPath, TwoShotPlanSendsPartPToRankP) {
   EXPECT_EQ(one.send_bytes[0], (size_t(1) << 20) - 16);
 }
 
-// The two shots on the CPU, block by block as the kernel runs them, on
-// int32 sums: every rank's result is the sum of every rank's input, and each
-// block sends in the second shot only bytes it reduced itself in the first
-// (why no block waits for the rest of its grid between the shots).
+// The two shots on the CPU, round by round and block by block as the kernel
+// runs them, on int32 sums: every rank's result is the sum of every rank's
+// input; each block sends in the second shot only bytes it reduced itself in
+// the first; and a block only writes slot bytes that the same block of the
+// receiver read last (or that nobody read yet): the invariant that lets
+// rounds reuse one slot without a wait across the grid.
 TEST(SmPath, TwoShotAllReduceSumsEveryElementAndEachBlockGathersWhatItReduced) {
-  SmPathBlocks per;
-  per.two_shot_from = 1;
-  per.spans = 4096;  // more blocks than the default for this size, so that shares are many
-  for (int world : {3, 4, 5, 8})
-    for (size_t count : {size_t(131101), size_t(600011)})
-      for (bool in_place : {false, true}) {
-        const size_t bytes = count * 4;
-        std::vector<std::vector<int32_t>> ins(world), outs(world, std::vector<int32_t>(count, -7));
-        std::vector<int64_t> want(count, 0);
-        for (int r = 0; r < world; ++r) {
-          ins[r].resize(count);
-          for (size_t i = 0; i < count; ++i) {
-            ins[r][i] = static_cast<int32_t>((i * 2654435761u + r * 40503u) % 100003) - 50000;
-            want[i] += ins[r][i];
-          }
-          if (in_place) outs[r] = ins[r];
-        }
-        std::vector<SmPathStep> steps;
-        for (int r = 0; r < world; ++r) {
-          const char* src = reinterpret_cast<const char*>(in_place ? outs[r].data() : ins[r].data());
-          steps.push_back(plan_sm_path(CollOp::kAllReduce, r, world, src, reinterpret_cast<char*>(outs[r].data()),
-                                       bytes, 0, {}, 7, static_cast<uint32_t>(DType::kInt32),
-                                       static_cast<uint32_t>(RedOp::kSum), per));
-          ASSERT_EQ(steps.back().two_shot, 1u);
-          ASSERT_EQ(steps.back().blocks, steps[0].blocks) << "the same grid on every rank";
-        }
-        const int blocks = steps[0].blocks;
-        // Shot 1: slot[dst][src] holds part dst of src's input; dst reduces its part, block by block.
-        std::vector<std::vector<std::vector<char>>> slot(world, std::vector<std::vector<char>>(world));
-        for (int r = 0; r < world; ++r)
-          for (int p = 0; p < world; ++p)
-            if (p != r) {
-              const SmPathStep& s = steps[r];
-              slot[p][r].assign(s.in + s.send_offset[p], s.in + s.send_offset[p] + s.send_bytes[p]);
+  for (size_t slot : {size_t(0), size_t(80) << 10})  // one round, or rounds of 80 KiB
+    for (int world : {3, 4, 5, 8})
+      for (size_t count : {size_t(131101), size_t(300007)})
+        for (bool in_place : {false, true}) {
+          SmPathBlocks per;
+          per.two_shot_from = 1;
+          per.spans = 4096;  // more blocks than the default for this size, so that shares are many
+          per.slot_bytes = slot;
+          const size_t bytes = count * 4;
+          std::vector<std::vector<int32_t>> ins(world), outs(world, std::vector<int32_t>(count, -7));
+          std::vector<int64_t> want(count, 0);
+          for (int r = 0; r < world; ++r) {
+            ins[r].resize(count);
+            for (size_t i = 0; i < count; ++i) {
+              ins[r][i] = static_cast<int32_t>((i * 2654435761u + r * 40503u) % 100003) - 50000;
+              want[i] += ins[r][i];
             }
-        std::vector<std::vector<int>> reducer(world);  // which block reduced each byte of the own part
-        for (int r = 0; r < world; ++r) {
-          const SmPathStep& s = steps[r];
-          const size_t n = s.recv_bytes[r];
-          reducer[r].assign(n, -1);
-          for (int b = 0; b < blocks; ++b) {
-            size_t begin = 0;
-            const size_t len = sm_path_span_share(n, blocks, b, &begin);
-            ASSERT_EQ(len % 4, 0u);
-            for (size_t i = begin; i < begin + len; i += 4) {
-              int32_t acc = 0;
-              for (int q = 0; q < world; ++q) {
-                int32_t v;
-                std::memcpy(&v, q == r ? s.in + s.send_offset[r] + i : slot[r][q].data() + i, 4);
-                acc += v;
+            if (in_place) outs[r] = ins[r];
+          }
+          std::vector<SmPathStep> steps;
+          for (int r = 0; r < world; ++r) {
+            const char* src = reinterpret_cast<const char*>(in_place ? outs[r].data() : ins[r].data());
+            steps.push_back(plan_sm_path(CollOp::kAllReduce, r, world, src, reinterpret_cast<char*>(outs[r].data()),
+                                         bytes, 0, {}, 7, static_cast<uint32_t>(DType::kInt32),
+                                         static_cast<uint32_t>(RedOp::kSum), per));
+            ASSERT_GE(steps.back().two_shot, 1u);
+            ASSERT_EQ(steps.back().blocks, steps[0].blocks) << "the same grid on every rank";
+            ASSERT_EQ(steps.back().two_shot, steps[0].two_shot) << "the same rounds on every rank";
+          }
+          const int blocks = steps[0].blocks;
+          const size_t chunk = steps[0].two_shot_chunk;
+          if (slot) ASSERT_LE(chunk, slot);
+          if (slot && sm_path_two_shot_part(bytes, world) > slot) ASSERT_GT(steps[0].two_shot, 1u);
+          // slot[dst][src]: bytes and the block of dst that last read each (-1: none yet).
+          std::vector<std::vector<std::vector<char>>> slots(
+              world, std::vector<std::vector<char>>(world, std::vector<char>(chunk, 'x')));
+          std::vector<std::vector<std::vector<int>>> reader(
+              world, std::vector<std::vector<int>>(world, std::vector<int>(chunk, -1)));
+          for (uint32_t k = 0; k < steps[0].two_shot; ++k) {
+            const size_t at = k * chunk;
+            auto piece = [&](size_t full) { return full > at ? std::min(full - at, chunk) : size_t(0); };
+            // Shot 1: block b of rank r sends its share of part p's piece to rank p's slot.
+            for (int r = 0; r < world; ++r)
+              for (int p = 0; p < world; ++p) {
+                if (p == r) continue;
+                const SmPathStep& s = steps[r];
+                for (int b = 0; b < blocks; ++b) {
+                  size_t begin = 0;
+                  const size_t len = sm_path_round_share(piece(s.send_bytes[p]), chunk, blocks, b, &begin);
+                  for (size_t i = begin; i < begin + len; ++i) {
+                    const int last = reader[p][r][i];
+                    ASSERT_TRUE(last == -1 || last == b) << "slot byte " << i << " read by block " << last
+                                                         << ", overwritten by block " << b << " in round " << k;
+                    slots[p][r][i] = s.in[s.send_offset[p] + at + i];
+                  }
+                }
               }
-              std::memcpy(s.out + s.recv_offset[r] + i, &acc, 4);
-              reducer[r][i] = reducer[r][i + 1] = reducer[r][i + 2] = reducer[r][i + 3] = b;
+            // Each rank reduces its piece, block by block, from its own input and its slots.
+            std::vector<std::vector<int>> reducer(world);
+            for (int r = 0; r < world; ++r) {
+              const SmPathStep& s = steps[r];
+              const size_t n = piece(s.recv_bytes[r]);
+              reducer[r].assign(n, -1);
+              for (int b = 0; b < blocks; ++b) {
+                size_t begin = 0;
+                const size_t len = sm_path_round_share(n, chunk, blocks, b, &begin);
+                ASSERT_EQ(len % 4, 0u);
+                for (size_t i = begin; i < begin + len; i += 4) {
+                  int32_t acc = 0;
+                  for (int q = 0; q < world; ++q) {
+                    int32_t v;
+                    std::memcpy(&v, q == r ? s.in + s.send_offset[r] + at + i : slots[r][q].data() + i, 4);
+                    if (q != r) std::fill(reader[r][q].begin() + i, reader[r][q].begin() + i + 4, b);
+                    acc += v;
+                  }
+                  std::memcpy(s.out + s.recv_offset[r] + at + i, &acc, 4);
+                  std::fill(reducer[r].begin() + i, reducer[r].begin() + i + 4, b);
+                }
+              }
+            }
+            // Shot 2: block b of rank r stores its share of r's reduced piece into every peer's out.
+            for (int r = 0; r < world; ++r) {
+              const SmPathStep& s = steps[r];
+              const size_t n = piece(s.recv_bytes[r]);
+              for (int b = 0; b < blocks; ++b) {
+                size_t begin = 0;
+                const size_t len = sm_path_round_share(n, chunk, blocks, b, &begin);
+                for (size_t i = begin; i < begin + len; ++i)
+                  ASSERT_EQ(reducer[r][i], b) << "rank " << r << ", round " << k << ", byte " << i;
+                for (int p = 0; p < world; ++p)
+                  if (p != r)
+                    std::copy(s.out + s.recv_offset[r] + at + begin, s.out + s.recv_offset[r] + at + begin + len,
+                              steps[p].out + steps[p].recv_offset[r] + at + begin);
+              }
             }
           }
+          for (int r = 0; r < world; ++r)
+            for (size_t i = 0; i < count; ++i)
+              ASSERT_EQ(outs[r][i], static_cast<int32_t>(want[i]))
+                  << "slot " << slot << ", world " << world << ", count " << count << (in_place ? " in place" : "")
+                  << ", rank " << r << ", element " << i;
         }
-        // Shot 2: block b of rank r sends its share of r's reduced part to every peer.
-        for (int r = 0; r < world; ++r) {
-          const SmPathStep& s = steps[r];
-          const size_t n = s.recv_bytes[r];
-          for (int b = 0; b < blocks; ++b) {
-            size_t begin = 0;
-            const size_t len = sm_path_span_share(n, blocks, b, &begin);
-            for (size_t i = begin; i < begin + len; ++i) ASSERT_EQ(reducer[r][i], b) << "rank " << r << ", byte " << i;
-            for (int p = 0; p < world; ++p)
-              if (p != r)
-                std::copy(s.out + s.recv_offset[r] + begin, s.out + s.recv_offset[r] + begin + len,
-                          steps[p].out + steps[p].recv_offset[r] + begin);
-          }
-        }
-        for (int r = 0; r < world; ++r)
-          for (size_t i = 0; i < count; ++i)
-            ASSERT_EQ(outs[r][i], static_cast<int32_t>(want[i]))
-                << "world " << world << ", count " << count << (in_place ? " in place" : "") << ", rank " << r
-                << ", element " << i;
-      }
 }

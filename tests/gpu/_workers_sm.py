@@ -65,13 +65,12 @@ def check_two_shot(torch, comm, ranks, devs, world, bufs, streams=None, window=S
     FERRY_SM_TWO_SHOT_BYTES; each rank reduces one part, then sends it to every
     peer): random values against the host's reduction in rank order, every
     byte, poisoned outputs; uneven parts, in place, an offset off 16 bytes,
-    parts at the window's edge, one past it refused; one-shot calls between
+    parts at the window's edge and past it (in rounds); one-shot calls between
     two-shot ones on the same slots without a wait (a two-shot call counts
     two calls); a CUDA graph of both forms replayed on new data. `bufs`: one
     registered uint8 buffer per local rank of at least 4 x (world x window +
-    256) bytes; `ranks`/`devs` as in check_collectives (one process per rank,
+    512) bytes; `ranks`/`devs` as in check_collectives (one process per rank,
     or every rank local)."""
-    import ferry
     from _workers_reduce import _randoms, _reduced
 
     local = len(ranks) > 1
@@ -197,16 +196,16 @@ def check_two_shot(torch, comm, ranks, devs, world, bufs, streams=None, window=S
         comm.synchronize()
         del graph
 
-    # A part one 16-byte step past the window: refused, naming the knob and both sizes.
-    count = (world * window + 16 * world) // 4
-    xs = [torch.zeros(count, dtype=f32, device=d) for d in devs]
-    outs = [b[: count * 4].view(f32) for b in bufs]
+    # Parts of 2.5 windows, uneven: three rounds of a window each, the last one short.
+    count = (world * window * 5 // 2 + 44) // 4
+    outs, ins, want = case("rounds", 0, f32, "sum", count)
+    sync()
     try:
-        call(outs, xs, "sum")
-        fails.append("two-shot past the window was taken")
-    except ferry.InvalidArgumentError as exc:
-        if f"FERRY_SM_BYTES = {window} bytes per peer; this call moves {part(count * 4)}" not in str(exc):
-            fails.append(f"two-shot past the window raised {exc!r}")
+        call(outs, ins, "sum")
+        comm.synchronize()
+        verify(f"rounds ({part(count * 4)} B parts, {window} B window)", outs, want)
+    except Exception as exc:  # noqa: BLE001
+        fails.append(f"two-shot in rounds: raised {exc!r}")
     comm.synchronize()
     return fails
 

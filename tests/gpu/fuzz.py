@@ -296,17 +296,20 @@ def has_empty_part(op: Op, world: int) -> bool:
     return any(op.send(r) == 0 or op.recv(r) == 0 for r in range(world))
 
 
-def largest_block(op: Op, world: int, two_shot_bytes: int) -> int:
+def largest_block(op: Op, world: int, two_shot_bytes: int, sm_bytes: int) -> int:
     """What the SM path's window must hold per peer (sm_path_largest_block):
     an all_reduce from FERRY_SM_TWO_SHOT_BYTES on 3 or more ranks sends one
-    part per rank, where a part is over the low-latency format's 64 KiB."""
+    part per rank in rounds of at most a slot, where a round's chunk is over
+    the low-latency format's 64 KiB."""
     if op.op == "all_to_allv":
         return max(max(row) for row in op.counts) * op.es
     n = op.n * op.es
     if op.op == "all_reduce" and world >= 3 and two_shot_bytes > 0 and n >= two_shot_bytes:
         part = (-(-n // world) + 15) // 16 * 16
-        if part > 64 << 10:
-            return part
+        slot = (sm_bytes + 255) // 256 * 256 // 16 * 16
+        chunk = min(part, slot) if slot else part
+        if chunk > 64 << 10:
+            return chunk
     return n
 
 
@@ -361,7 +364,7 @@ def plan_op(cfg: Config, i: int) -> Op:
     # On a shared GPU every rank's kernel must be resident at once (each
     # waits for the others'): the library caps the grids there, which the
     # SM-path calls drawn here exercise.
-    big = largest_block(op, W, cfg.sm_two_shot_bytes)
+    big = largest_block(op, W, cfg.sm_two_shot_bytes, cfg.sm_bytes)
     if W <= 8 and cfg.sm_bytes > 0 and big <= cfg.sm_bytes:
         algos["sm"] = 2
     op.algo = rng.choices(list(algos), weights=list(algos.values()))[0]
