@@ -302,7 +302,9 @@ def latency_preset(rank: int, world: int, port: int) -> list:
         for op in ("all_gather", "all_to_all", "all_to_allv", "broadcast", "reduce_scatter", "all_reduce"):
             for n in (4096, 512 << 10, 1 << 20, (1 << 20) + 16, 64 << 20):
                 got = (comm.choose_algo(op, n), comm.choose_signals(op, n))
-                want = tune.select(rules, op, world, n)
+                # Rules naming "sm" apply where the window takes the call (n: the selector's bytes).
+                fits = comm.sm_path_takes(op, n * world if op == "all_reduce" else n)
+                want = tune.select([r for r in rules if r[3] != "sm" or fits], op, world, n)
                 want = (want[0], want[1] if want[1] != "auto" else "copy")
                 if got != want:
                     fails.append(f"rank {rank} {op} {n} B: auto chose {got}, the preset says {want}")
