@@ -81,9 +81,12 @@ Resolved Selector::resolve(const CollectiveArgs& a, size_t selection_bytes, size
   return {s.algo, kernel_signals(a.signals, s.signals, kernel_signals_default_)};
 }
 
-Resolved Selector::choose(CollOp op, size_t bytes_per_rank, size_t sm_slot_bytes) const {
-  const Selection s =
-      select_variant_with_sm(op, world_, bytes_per_rank, bytes_per_rank, sm_slot_bytes, forced_, table_);
+Resolved Selector::choose(CollOp op, size_t bytes_per_rank, size_t sm_slot_bytes, const SmPathBlocks& sm_blocks) const {
+  const size_t largest =
+      op == CollOp::kAllReduce
+          ? sm_path_largest_block(op, world_, bytes_per_rank * static_cast<size_t>(world_), {}, sm_blocks)
+          : bytes_per_rank;
+  const Selection s = select_variant_with_sm(op, world_, bytes_per_rank, largest, sm_slot_bytes, forced_, table_);
   return {s.algo, kernel_signals(Signals::kAuto, s.signals, kernel_signals_default_)};
 }
 

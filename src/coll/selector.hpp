@@ -70,8 +70,10 @@ class Selector {
   // about signals.
   Resolved resolve(const CollectiveArgs& args, size_t selection_bytes, size_t sm_slot_bytes,
                    const SmPathBlocks& sm_blocks) const;
-  // What a call of this shape with algo and signals "auto" would use.
-  Resolved choose(CollOp op, size_t bytes_per_rank, size_t sm_slot_bytes) const;
+  // What a call of this shape with algo and signals "auto" would use;
+  // `bytes_per_rank` as the selector counts it (all_reduce: a rank's share
+  // of the buffer, so the buffer is world times that).
+  Resolved choose(CollOp op, size_t bytes_per_rank, size_t sm_slot_bytes, const SmPathBlocks& sm_blocks) const;
   // Empty: the startup table.
   void set_table(const std::vector<SelectorRule>& rules);
   // A shipped preset ("sm-free", "latency") for this GPU model; an unknown

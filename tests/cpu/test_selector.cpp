@@ -152,8 +152,8 @@ TEST(SelectorTable, AnSmRuleNeedsTheWindow) {
   EXPECT_EQ(table.resolve(a, 128 << 10, 1 << 20, SmPathBlocks{}).algo, Algo::kB2b);
   EXPECT_EQ(table.resolve(a, 4096, 0, SmPathBlocks{}).algo, Algo::kB2b);     // FERRY_SM_BYTES=0: no window
   EXPECT_EQ(table.resolve(a, 4096, 1024, SmPathBlocks{}).algo, Algo::kB2b);  // a 4 KB block does not fit a 1 KB window
-  EXPECT_EQ(table.choose(CollOp::kAllReduce, 4096, 1 << 20).algo, Algo::kSm);
-  EXPECT_EQ(table.choose(CollOp::kAllReduce, 4096, 0).algo, Algo::kB2b);
+  EXPECT_EQ(table.choose(CollOp::kAllReduce, 4096, 1 << 20, SmPathBlocks{}).algo, Algo::kSm);
+  EXPECT_EQ(table.choose(CollOp::kAllReduce, 4096, 0, SmPathBlocks{}).algo, Algo::kB2b);
   Selector forced_sm("NVIDIA H200", 4, startup, Algo::kSm, false);  // FERRY_ALGO=sm where the call cannot take it
   EXPECT_EQ(forced_sm.resolve(a, 4096, 0, SmPathBlocks{}).algo, Algo::kB2b);
 }
@@ -172,20 +172,24 @@ TEST(SelectorTable, ATwoShotAllReduceNeedsTheWindowForItsPartOnly) {
   one_shot.two_shot_from = 0;  // FERRY_SM_TWO_SHOT_BYTES=0: the whole buffer must fit
   EXPECT_EQ(table.resolve(a, 1 << 20, 1 << 20, one_shot).algo, Algo::kB2b);
   EXPECT_EQ(table.resolve(a, 1 << 20, 4 << 20, one_shot).algo, Algo::kSm);
+  // choose() counts all_reduce's bytes as a rank's share: a buffer of 4 MiB + 64 takes two shots in rounds.
+  two_shot.slot_bytes = 1 << 20;
+  EXPECT_EQ(table.choose(CollOp::kAllReduce, (1 << 20) + 16, 1 << 20, two_shot).algo, Algo::kSm);
+  EXPECT_EQ(table.choose(CollOp::kAllReduce, (1 << 20) + 16, 1 << 20, one_shot).algo, Algo::kB2b);
 }
 
 TEST(SelectorTable, AnEmptyTableRestoresTheStartupOneAndAnUnknownPresetIsRefused) {
   const std::vector<SelectorRule> startup = {{CollOp::kBroadcast, 0, size_t(1) << 40, Algo::kSeq}};
   Selector table("NVIDIA H200", 4, startup, Algo::kAuto, false);
   table.set_table({{CollOp::kBroadcast, 0, size_t(1) << 40, Algo::kB2b}});
-  EXPECT_EQ(table.choose(CollOp::kBroadcast, 4096, 0).algo, Algo::kB2b);
+  EXPECT_EQ(table.choose(CollOp::kBroadcast, 4096, 0, SmPathBlocks{}).algo, Algo::kB2b);
   table.set_table({});
-  EXPECT_EQ(table.choose(CollOp::kBroadcast, 4096, 0).algo, Algo::kSeq);
+  EXPECT_EQ(table.choose(CollOp::kBroadcast, 4096, 0, SmPathBlocks{}).algo, Algo::kSeq);
   try {
     table.set_preset("fastest");
     FAIL() << "no error for an unknown preset";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("'fastest'"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(table.choose(CollOp::kBroadcast, 4096, 0).algo, Algo::kSeq);  // unchanged by the refusal
+  EXPECT_EQ(table.choose(CollOp::kBroadcast, 4096, 0, SmPathBlocks{}).algo, Algo::kSeq);  // unchanged by the refusal
 }
