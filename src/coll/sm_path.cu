@@ -147,8 +147,6 @@ __device__ void exchange_low_latency(const SmPathStep& s, const SmPathWindows& w
   }
 }
 
-// A reduction's last step with flags: this block's share of the result from
-// every rank's span in rank order (16-byte words where everything is aligned).
 // Which exchange of a call a step table runs: the whole call (kWhole), or
 // a round of a two-shot all_reduce (SmPathStep::two_shot): kScatter sends
 // the round's piece of part p of `in` to rank p and reduces this rank's
@@ -171,6 +169,9 @@ __device__ size_t round_share(size_t full, Round r, int blocks, size_t* begin) {
   return sm_path_round_share(piece, r.chunk, blocks, blockIdx.x, begin);
 }
 
+// A reduction's last step with flags: this block's share of the result (of
+// round `r`'s piece) from every rank's span in rank order (16-byte words
+// where everything is aligned).
 template <typename T, RedOp Op>
 __device__ void reduce_out(const SmPathStep& s, char* out, const SmPathWindows& w, size_t slot_bytes, int parity,
                            Round r) {

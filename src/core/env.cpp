@@ -104,7 +104,8 @@ const std::vector<Knob>& knobs() {
       {"FERRY_SM_TWO_SHOT_BYTES", "int", "1048576",
        "all_reduce buffers of at least this many bytes on 3 or more ranks take algo 'sm' in two shots (each rank "
        "reduces one part, then sends it to every peer: half the bytes of sending the whole buffer to every peer, "
-       "one more round of flags; each part up to FERRY_SM_BYTES); 0: never. The same on every rank"},
+       "one more round of flags; a part larger than FERRY_SM_BYTES goes in rounds of it, so any size fits); 0: "
+       "never. The same on every rank"},
   };
   return table;
 }
