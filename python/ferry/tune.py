@@ -65,7 +65,8 @@ def rules_from_measurements(
     SM-free variant or where it won the size before. An op that was not
     measured borrows its donor's SM-path rules only where the SM path does the
     same work for both (all_to_allv, broadcast); reductions add arithmetic
-    (and all_reduce's SM path sends every peer the whole buffer), so they
+    (and all_reduce's SM path sends every peer the whole buffer, or in two
+    shots a part per rank), so they
     borrow the rules chosen without it."""
     from ferry.bench.cases import impl_options  # the impl label's (algo, signals)
 

@@ -148,7 +148,7 @@ __device__ void exchange_low_latency(const SmPathStep& s, const SmPathWindows& w
 }
 
 // Which exchange of a call a step table runs: the whole call (kWhole), or
-// a round of a two-shot all_reduce (SmPathStep::two_shot): kScatter sends
+// a round of a two-shot all_reduce (SmPathStep::two_shot_rounds): kScatter sends
 // the round's piece of part p of `in` to rank p and reduces this rank's
 // piece into its place in `out`; kGather sends that reduced piece to every
 // peer and copies the peers' pieces into `out`.
@@ -247,7 +247,7 @@ __device__ bool exchange_with_flags(const SmPathStep& s, const SmPathWindows& w,
   return true;
 }
 
-// A two-shot all_reduce (SmPathStep::two_shot) as calls `call + 2k` and
+// A two-shot all_reduce (SmPathStep::two_shot_rounds) as calls `call + 2k` and
 // `call + 2k + 1` for its rounds k. The second shot's slots (if it goes
 // through the windows) are those of the call before this kernel, which every
 // peer finished reading before it sent its flags of `call` (its kernel
@@ -264,7 +264,7 @@ __device__ bool exchange_with_flags(const SmPathStep& s, const SmPathWindows& w,
 template <typename R>
 __device__ void two_shot(const SmPathStep& s, const SmPathWindows& w, size_t slot_bytes, const KernelWait& c,
                          uint64_t call) {
-  for (uint32_t k = 0; k < s.two_shot; ++k) {
+  for (uint32_t k = 0; k < s.two_shot_rounds; ++k) {
     const Round r{k * s.two_shot_chunk, s.two_shot_chunk};
     const uint64_t e = call + 2 * k;
     if (!exchange_with_flags<R, Shot::kScatter>(s, w, slot_bytes, c, e, static_cast<int>(e & 1), r)) return;
@@ -302,7 +302,7 @@ __global__ void __launch_bounds__(kThreads)
   if (s.low_latency) {
     exchange_low_latency<R>(s, w, slot_bytes, c, call, parity);
   } else if constexpr (is_reduction<R>) {
-    if (s.two_shot)
+    if (s.two_shot_rounds)
       two_shot<R>(s, w, slot_bytes, c, call);
     else
       exchange_with_flags<R>(s, w, slot_bytes, c, call, parity);
@@ -316,7 +316,7 @@ __global__ void __launch_bounds__(kThreads)
     __threadfence();
     if (atomicAdd(&mine->arrivals, 1u) == static_cast<unsigned>(s.blocks) - 1) {
       mine->arrivals = 0;
-      *reinterpret_cast<volatile uint64_t*>(&mine->calls) = call + (s.two_shot ? 2 * s.two_shot - 1 : 0);
+      *reinterpret_cast<volatile uint64_t*>(&mine->calls) = call + (s.two_shot_rounds ? 2 * s.two_shot_rounds - 1 : 0);
       __threadfence();
     }
   }

@@ -102,7 +102,7 @@ struct SmPathStep {
   // round k takes bytes [k * two_shot_chunk, (k + 1) * two_shot_chunk) of
   // every part, as a reduce_scatter into out's own part (call c + 2k), then
   // an all_gather of that piece (call c + 2k + 1).
-  uint32_t two_shot = 0;  // no padding: the replay cache keys on the struct's bytes
+  uint32_t two_shot_rounds = 0;  // no padding: the replay cache keys on the struct's bytes
   size_t two_shot_chunk = 0;
 };
 

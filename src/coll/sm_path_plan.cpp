@@ -79,7 +79,7 @@ SmPathStep plan_sm_path(CollOp op, int rank, int world, const char* in, char* ou
   const size_t part = sm_path_two_shot_part(bytes, world);
   if (sm_path_two_shot(op, world, bytes, per)) {
     s.two_shot_chunk = sm_path_two_shot_chunk(bytes, world, per);
-    s.two_shot = static_cast<uint32_t>((part + s.two_shot_chunk - 1) / s.two_shot_chunk);
+    s.two_shot_rounds = static_cast<uint32_t>((part + s.two_shot_chunk - 1) / s.two_shot_chunk);
   }
   s.blocks = sm_path_blocks(largest, per);
   s.low_latency = sm_path_low_latency(largest);
@@ -114,7 +114,7 @@ SmPathStep plan_sm_path(CollOp op, int rank, int world, const char* in, char* ou
         s.send_offset[p] = p * bytes;
         break;
       case CollOp::kAllReduce:
-        if (s.two_shot) {  // part p of `in` to rank p, which sends it back reduced into part p of `out`
+        if (s.two_shot_rounds) {  // part p of `in` to rank p, which sends it back reduced into part p of `out`
           s.send_offset[p] = s.recv_offset[p] = std::min(p * part, bytes);
           s.send_bytes[p] = s.recv_bytes[p] = std::min(part, bytes - s.send_offset[p]);
         } else {  // all of `in` to every rank

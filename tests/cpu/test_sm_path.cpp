@@ -513,14 +513,14 @@ TEST(SmPath, TwoShotPlanSendsPartPToRankP) {
   SmPathBlocks per;
   per.two_shot_from = 1 << 20;
   const int W = 4;
-  const size_t bytes = (3 << 20) + 48;  // parts of 786,448 bytes; the last one 786,384
+  const size_t bytes = (3 << 20) + 48;  // parts of 786,448 bytes; the last one 786,432
   const size_t part = sm_path_two_shot_part(bytes, W);
   std::vector<char> in(bytes), out(bytes);
   const auto dt = static_cast<uint32_t>(DType::kFloat32), op = static_cast<uint32_t>(RedOp::kSum);
   for (bool in_place : {false, true}) {
     char* src = in_place ? out.data() : in.data();
     const SmPathStep s = plan_sm_path(CollOp::kAllReduce, 1, W, src, out.data(), bytes, 0, {}, 7, dt, op, per);
-    EXPECT_EQ(s.two_shot, 1u);  // one round: no slot bound in `per`
+    EXPECT_EQ(s.two_shot_rounds, 1u);  // one round: no slot bound in `per`
     EXPECT_EQ(s.two_shot_chunk, part);
     EXPECT_EQ(s.low_latency, 0u);
     EXPECT_EQ(s.own_bytes, 0u);
@@ -538,7 +538,7 @@ TEST(SmPath, TwoShotPlanSendsPartPToRankP) {
   // Below the threshold: one shot, the whole buffer to every peer.
   const SmPathStep one =
       plan_sm_path(CollOp::kAllReduce, 1, W, in.data(), out.data(), (1 << 20) - 16, 0, {}, 7, dt, op, per);
-  EXPECT_EQ(one.two_shot, 0u);
+  EXPECT_EQ(one.two_shot_rounds, 0u);
   EXPECT_EQ(one.send_bytes[0], (size_t(1) << 20) - 16);
 }
 
@@ -574,20 +574,20 @@ TEST(SmPath, TwoShotAllReduceSumsEveryElementAndEachBlockGathersWhatItReduced) {
             steps.push_back(plan_sm_path(CollOp::kAllReduce, r, world, src, reinterpret_cast<char*>(outs[r].data()),
                                          bytes, 0, {}, 7, static_cast<uint32_t>(DType::kInt32),
                                          static_cast<uint32_t>(RedOp::kSum), per));
-            ASSERT_GE(steps.back().two_shot, 1u);
+            ASSERT_GE(steps.back().two_shot_rounds, 1u);
             ASSERT_EQ(steps.back().blocks, steps[0].blocks) << "the same grid on every rank";
-            ASSERT_EQ(steps.back().two_shot, steps[0].two_shot) << "the same rounds on every rank";
+            ASSERT_EQ(steps.back().two_shot_rounds, steps[0].two_shot_rounds) << "the same rounds on every rank";
           }
           const int blocks = steps[0].blocks;
           const size_t chunk = steps[0].two_shot_chunk;
           if (slot) ASSERT_LE(chunk, slot);
-          if (slot && sm_path_two_shot_part(bytes, world) > slot) ASSERT_GT(steps[0].two_shot, 1u);
+          if (slot && sm_path_two_shot_part(bytes, world) > slot) ASSERT_GT(steps[0].two_shot_rounds, 1u);
           // slot[dst][src]: bytes and the block of dst that last read each (-1: none yet).
           std::vector<std::vector<std::vector<char>>> slots(
               world, std::vector<std::vector<char>>(world, std::vector<char>(chunk, 'x')));
           std::vector<std::vector<std::vector<int>>> reader(
               world, std::vector<std::vector<int>>(world, std::vector<int>(chunk, -1)));
-          for (uint32_t k = 0; k < steps[0].two_shot; ++k) {
+          for (uint32_t k = 0; k < steps[0].two_shot_rounds; ++k) {
             const size_t at = k * chunk;
             auto piece = [&](size_t full) { return full > at ? std::min(full - at, chunk) : size_t(0); };
             // Shot 1: block b of rank r sends its share of part p's piece to rank p's slot.

@@ -587,7 +587,7 @@ def shared_gpu_world(world: int, algos) -> list:
     devs = [torch.device("cuda", r % gpus) for r in range(world)]
     comm = ferry.init_local([d.index for d in devs], timeout=30)
     streams = [torch.cuda.Stream(device=d) for d in devs]
-    most = 1 << 20  # the SM path's default block limit (FERRY_SM_BYTES)
+    most = SM_BYTES  # the SM path's block limit (FERRY_SM_BYTES)
     bufs = comm.alloc((4 * (world * most + 512),), torch.uint8)  # check_two_shot's four regions
     fails = []
 

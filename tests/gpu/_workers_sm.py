@@ -125,10 +125,14 @@ def check_two_shot(torch, comm, ranks, devs, world, bufs, streams=None, window=S
     cases = [
         # (tag, dtype, op, count, in place, offset in elements)
         ("edge-uneven", f32, "sum", (world * window - 52) // 4, False, 0),
-        ("bf16-max-inplace", bf16, "max", (world * 200003 + 14) // 2, True, 0),
+        ("bf16-max-inplace", bf16, "max", max(two_shot_bytes(), world * window // 2) // 2 + 7, True, 0),
         ("i32-window", i32, "sum", world * window // 4, False, 1),
         ("f16-min-threshold", f16, "min", two_shot_bytes() // 2, False, 3),
+        # Just under the threshold: one shot (the whole buffer to every peer), where the window holds it.
+        ("f16-min-below", f16, "min", two_shot_bytes() // 2 - 8, False, 0),
     ]
+    if two_shot_bytes() - 16 > window:
+        cases.pop()
     for tag, dtype, op, count, in_place, offset in cases:
         outs, ins, want = case(tag, 0, dtype, op, count, in_place, offset)
         sync()
@@ -145,7 +149,7 @@ def check_two_shot(torch, comm, ranks, devs, world, bufs, streams=None, window=S
         ("mix-two-shot-a", f32, "sum", (world * window - 4096) // 4),
         ("mix-ll", bf16, "sum", 4099),
         ("mix-one-shot", f32, "max", 70001),
-        ("mix-two-shot-b", i32, "sum", (world * 150001) // 4),
+        ("mix-two-shot-b", i32, "sum", max(two_shot_bytes(), world * 150001) // 4 + 3),
     ]
     for rnd in range(3):
         staged = []
@@ -196,16 +200,17 @@ def check_two_shot(torch, comm, ranks, devs, world, bufs, streams=None, window=S
         comm.synchronize()
         del graph
 
-    # Parts of 2.5 windows, uneven: three rounds of a window each, the last one short.
+    # Parts of 2.5 windows, uneven: three rounds of a window each, the last one short; then in place.
     count = (world * window * 5 // 2 + 44) // 4
-    outs, ins, want = case("rounds", 0, f32, "sum", count)
-    sync()
-    try:
-        call(outs, ins, "sum")
-        comm.synchronize()
-        verify(f"rounds ({part(count * 4)} B parts, {window} B window)", outs, want)
-    except Exception as exc:  # noqa: BLE001
-        fails.append(f"two-shot in rounds: raised {exc!r}")
+    for in_place in (False, True):
+        outs, ins, want = case(f"rounds/{in_place}", 0, f32, "sum", count, in_place)
+        sync()
+        try:
+            call(outs, ins, "sum")
+            comm.synchronize()
+            verify(f"rounds ({part(count * 4)} B parts, {window} B window, in place {in_place})", outs, want)
+        except Exception as exc:  # noqa: BLE001
+            fails.append(f"two-shot in rounds (in place {in_place}): raised {exc!r}")
     comm.synchronize()
     return fails
 

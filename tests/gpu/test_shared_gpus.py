@@ -59,14 +59,12 @@ def test_world_larger_than_the_machine(world, algos, signals, extra):
 @pytest.mark.parametrize("world", [3, 4])
 def test_two_shot_all_reduce_in_several_processes(world, monkeypatch):
     """The SM path's two-shot all_reduce with one process per rank; ranks
-    share GPUs where they outnumber them (on more GPUs, test_multi_process's
-    SM-path test runs it on GPUs of their own)."""
-    if world <= GPU_COUNT:
-        pytest.skip(f"{world} GPUs: covered by test_multi_process.py::test_sm_path")
+    share GPUs where they outnumber them, else each has its own."""
     import _workers_sm
     from harness import run_on_every_rank
 
-    monkeypatch.setenv("FERRY_SHARED_GPUS", "1")
+    if world > GPU_COUNT:
+        monkeypatch.setenv("FERRY_SHARED_GPUS", "1")
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32")
     for k, v in _checks.SAFE_ENV.items():
         monkeypatch.setenv(k, v)
