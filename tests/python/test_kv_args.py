@@ -13,6 +13,13 @@ def test_index_lists_must_pair_up_and_hold_integers():
         kv._id_pair([1.5], [1])
     with pytest.raises(InvalidArgumentError, match=r"src_ids: expected integer page indices"):
         kv._id_pair([1], ["2"])
+    # A mask would be pages 0 and 1: refused.
+    with pytest.raises(InvalidArgumentError, match=r"src_ids: expected integer page indices, got bools"):
+        kv._id_pair([4, 5, 6], [True, False, True])
+    with pytest.raises(InvalidArgumentError, match=r"dst_ids: expected integer page indices, got bools"):
+        kv._id_pair((7, 8, False), (0, 1, 2))
+    d, s = kv._id_pair(range(3), [0, 1, 2])
+    assert (d.count, s.count) == (3, 3)
 
 
 def test_numpy_index_arrays_must_hold_integers():
