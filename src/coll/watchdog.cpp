@@ -133,10 +133,10 @@ void Communicator::check_kernel_fault(int local) {
   const KernelFault f = read_kernel_fault(__atomic_load_n(locals_[local]->kernel_fault.host, __ATOMIC_ACQUIRE));
   if (!f.set || failure_.broken()) return;
   const int q = f.source;
-  const std::string what =
-      f.signal_round ? std::string("a collective's signal round by kernel (signals 'sm')")
-                     : "a collective on the SM path (algo 'sm', its step #" + std::to_string(f.call) +
-                           " on that path: one per call, two per round of a two-shot all_reduce)";
+  const std::string what = f.signal_round
+                               ? std::string("a collective's signal round by kernel (signals 'sm')")
+                               : "a collective on the SM path (algo 'sm', its step #" + std::to_string(f.call) +
+                                     " on that path: one per call, two per round of a two-shot all_reduce)";
   fail(what + " on rank " + std::to_string(rank(local)) + " gave up after waiting " + std::to_string(timeout_s_) +
        " s for rank " + std::to_string(q) + ": rank " + std::to_string(q) +
        " has not made the same call, made it with other arguments, or its GPU is held by other work. The output is "
