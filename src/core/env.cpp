@@ -104,7 +104,8 @@ const std::vector<Knob>& knobs() {
       {"FERRY_SM_TWO_SHOT_BYTES", "int", "1048576",
        "all_reduce buffers of at least this many bytes on 3 or more ranks take algo 'sm' in two shots (each rank "
        "reduces one part, then sends it to every peer: 2 (world - 1) / world of the buffer per rank instead of "
-       "world - 1 buffers, one more round of flags; a part larger than FERRY_SM_BYTES goes in rounds of it, so any size fits); 0: "
+       "world - 1 buffers, one more round of flags; a part larger than FERRY_SM_BYTES goes in rounds of it, so any "
+       "size fits); 0: "
        "never. The same on every rank"},
   };
   return table;
