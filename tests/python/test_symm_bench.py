@@ -56,6 +56,26 @@ def test_targets_met_and_missed():
     assert not any("512K" in x for x in lines)  # not measured, not claimed
 
 
+def test_the_large_all_reduce_target_compares_with_nccl_in_the_same_run():
+    recs = [
+        _rec("all_reduce", "ferry-device-2shot-64b", 64 << 20, 400.0),
+        _rec("all_reduce", "ferry-device-2shot-32b", 64 << 20, 380.0),  # the best grid counts
+        _rec("all_reduce", "nccl", 64 << 20, 350.0),
+        _rec("all_reduce", "ferry-device-2shot-64b", 256 << 20, 1500.0),
+        _rec("all_reduce", "nccl", 256 << 20, 1200.0),  # 0.80x: the worst size decides
+        _rec("all_reduce", "ferry-device-2shot-64b", 4 << 20, 100.0),  # under 64M: not this target
+        _rec("all_reduce", "nccl", 4 << 20, 40.0),
+    ]
+    lines = symm.target_lines(recs)
+    assert "all-reduce from 64M >= 0.9x NCCL's bus bandwidth: missed (worst 256M: 0.80x)" in lines, lines
+    recs = recs[:3]
+    assert "all-reduce from 64M >= 0.9x NCCL's bus bandwidth: met (worst 64M: 0.92x)" in symm.target_lines(
+        recs
+    )
+    # No NCCL in the run (python -m, not torchrun): nothing claimed.
+    assert not any("bus bandwidth" in x for x in symm.target_lines(recs[:2]))
+
+
 def test_an_all_reduce_target_met_by_name_says_so():
     recs = [
         _rec("all_reduce", "ferry-device-2shot-64b", 4 << 20, 27.0),

@@ -43,6 +43,11 @@ TARGETS = {
     "barrier_kernel_us": 2.0,
     "barrier_stream_us": 4.0,
     "all_reduce_us": {8 << 10: 6.0, 512 << 10: 9.0, 4 << 20: 25.0},
+    # Multi-CTA all-reduce at large sizes: at least this share of NCCL's bus
+    # bandwidth in the same run (the same formula on both sides, so the
+    # ratio of times), from this size up.
+    "all_reduce_large_from": 64 << 20,
+    "all_reduce_large_vs_nccl": 0.9,
 }
 
 
@@ -176,6 +181,29 @@ def target_lines(records: Sequence[dict]) -> List[str]:
                 + (", asked by name: each block's share of dst" if _by_name(best["impl"]) else "")
                 + ")"
             )
+    large = []  # (size, NCCL's time / ferry's best: the bus bandwidth ratio)
+    for nbytes in sorted({r["bytes"] for r in records if r["op"] == "all_reduce"}):
+        if nbytes < TARGETS["all_reduce_large_from"]:
+            continue
+        ours = [
+            r["time_us"]
+            for r in records
+            if r["op"] == "all_reduce" and r["bytes"] == nbytes and r["impl"].startswith("ferry-device")
+        ]
+        nccl = [
+            r["time_us"]
+            for r in records
+            if r["op"] == "all_reduce" and r["bytes"] == nbytes and r["impl"] == "nccl"
+        ]
+        if ours and nccl:
+            large.append((nbytes, min(nccl) / min(ours)))
+    if large:
+        size, worst = min(large, key=lambda x: x[1])
+        share = TARGETS["all_reduce_large_vs_nccl"]
+        lines.append(
+            f"all-reduce from {format_size(TARGETS['all_reduce_large_from'])} >= {share:.1f}x NCCL's bus bandwidth: "
+            f"{'met' if worst >= share else 'missed'} (worst {format_size(size)}: {worst:.2f}x)"
+        )
     return lines
 
 
@@ -468,7 +496,9 @@ def run(opts: dict, progress=print) -> dict:
     gpu = torch.cuda.get_device_name(comm.device)
     date = datetime.date.today().isoformat()
     lib = _load(opts["library"])
-    heap = ferry.symm.Heap(comm, capacity=max(opts["max_bytes"] * 4, 1 << 30))
+    # Address space for the put/get buffers and the all-reduce's two (physical memory is mapped as they are made).
+    ar_bytes = 2 * max(opts["all_reduce_sizes"])
+    heap = ferry.symm.Heap(comm, capacity=max(opts["max_bytes"] * 4 + ar_bytes + (64 << 20), 1 << 30))
     R = _Ranks(torch, comm, heap)
     reps, iters, records = opts["reps"], opts["iters"], []
     n = len(R.ranks)
