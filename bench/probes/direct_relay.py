@@ -17,7 +17,6 @@ import statistics
 import time
 
 import torch
-
 from copy_engine_fifo import behind  # this folder: run as a script
 from ferry.bench.multipath import Runtime
 

@@ -8,9 +8,8 @@ collector on and off, and under thread_local, then replayed and checked.
 import gc
 import sys
 
-import torch
-
 import ferry.kv as kv
+import torch
 
 
 def attempt(mode: str, error_mode: str, collect: bool) -> str:

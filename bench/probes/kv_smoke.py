@@ -6,9 +6,8 @@ ferry HostPool: the quickest look at whether ferry.kv moves bytes on a GPU.
 
 import sys
 
-import torch
-
 import ferry.kv as kv
+import torch
 
 
 def main() -> int:

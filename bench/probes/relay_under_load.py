@@ -15,7 +15,6 @@ import statistics
 import time
 
 import torch
-
 from ferry.bench.multipath import Runtime
 
 MiB = 1 << 20
