@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <limits>
 
 #include "coll/collective_args.hpp"
 #include "coll/selector.hpp"
@@ -192,4 +193,40 @@ TEST(SelectorTable, AnEmptyTableRestoresTheStartupOneAndAnUnknownPresetIsRefused
     EXPECT_NE(std::string(e.what()).find("'fastest'"), std::string::npos) << e.what();
   }
   EXPECT_EQ(table.choose(CollOp::kBroadcast, 4096, 0, SmPathBlocks{}).algo, Algo::kSeq);  // unchanged by the refusal
+}
+
+// What choose() reports is what resolve() runs, for every collective and
+// size where the selector's bytes say the call exactly (all_reduce: a buffer
+// that world divides), with the latency preset's kind of rules and the
+// SM path's default knobs.
+TEST(SelectorTable, ChooseReportsWhatResolveRuns) {
+  constexpr size_t kAny = std::numeric_limits<size_t>::max();
+  for (int world : {2, 3, 4, 8}) {
+    std::vector<SelectorRule> rules;
+    for (CollOp op :
+         {CollOp::kAllGather, CollOp::kAllToAll, CollOp::kBroadcast, CollOp::kReduceScatter, CollOp::kAllReduce}) {
+      rules.push_back({op, 0, size_t(4) << 20, Algo::kSm});
+      rules.push_back({op, 0, kAny, Algo::kB2b, Signals::kKernel});
+    }
+    Selector table("NVIDIA H200", world, rules, Algo::kAuto, false);
+    SmPathBlocks per;
+    per.slot_bytes = 1 << 20;
+    const size_t window = per.slot_bytes;
+    for (size_t elems : {size_t(1), size_t(1000), size_t(65536), size_t(262144), size_t(262148), size_t(1) << 20,
+                         size_t(3) << 20, size_t(1) << 22}) {
+      for (CollOp op :
+           {CollOp::kAllGather, CollOp::kAllToAll, CollOp::kBroadcast, CollOp::kReduceScatter, CollOp::kAllReduce}) {
+        CollectiveArgs a = call(op, elems * 4);
+        size_t selection = elems * 4;
+        if (op == CollOp::kReduceScatter || op == CollOp::kAllReduce) {
+          a.dtype = DType::kFloat32;
+          a.count = op == CollOp::kAllReduce ? elems * world : elems;  // all_reduce: world x the share
+        }
+        const Resolved ran = table.resolve(a, selection, window, per);
+        const Resolved told = table.choose(op, selection, window, per);
+        EXPECT_EQ(ran.algo, told.algo) << coll_op_name(op) << ", world " << world << ", " << elems << " floats";
+        EXPECT_EQ(ran.kernel_signals, told.kernel_signals) << coll_op_name(op) << ", world " << world;
+      }
+    }
+  }
 }
