@@ -138,13 +138,13 @@ void CollectiveMemory::create_sm_path_windows() {
     }
     sm_path_blocks_.max_blocks = sm_path_grid_bound(static_cast<int>(max_blocks), resident, shared_gpus ? world : 1);
   }
-  sm_path_slot_bytes_ = round_up(static_cast<size_t>(slot), 256);
-  sm_path_blocks_.slot_bytes = sm_path_slot_bytes_;
-  const size_t offset = heap_->alloc(sm_path_window_bytes(world, sm_path_slot_bytes_), kBlockAlign, {});
+  sm_path_blocks_.slot_bytes = round_up(static_cast<size_t>(slot), 256);
+  const size_t slot_bytes = sm_path_blocks_.slot_bytes;
+  const size_t offset = heap_->alloc(sm_path_window_bytes(world, slot_bytes), kBlockAlign, {});
   for (int p = 0; p < world; ++p) sm_path_windows_.base[p] = heap_->at(p, offset);
   // The header and the low-latency slots (whatever holds a flag) zeroed before
   // any peer can write one.
-  const size_t ll_begin = sm_path_ll_slot_offset(world, sm_path_slot_bytes_, 0, 0);
+  const size_t ll_begin = sm_path_ll_slot_offset(world, slot_bytes, 0, 0);
   for (int i = 0; i < group_.local_count(); ++i) {
     char* window = sm_path_windows_.base[group_.ranks[i]];
     zero(group_.devices[i], window, kSmPathHeaderBytes);

@@ -59,7 +59,7 @@ class CollectiveMemory {
   }
   const SmPathWindows& sm_path_windows() const { return sm_path_windows_; }
   // Bytes per source slot of a window; 0: no SM path.
-  size_t sm_path_slot_bytes() const { return sm_path_slot_bytes_; }
+  size_t sm_path_slot_bytes() const { return sm_path_blocks_.slot_bytes; }
   // Data bytes per block of the SM path (FERRY_SM_LL_BLOCK_BYTES, FERRY_SM_BLOCK_BYTES).
   const SmPathBlocks& sm_path_blocks() const { return sm_path_blocks_; }
 
@@ -99,7 +99,6 @@ class CollectiveMemory {
   std::unique_ptr<SymmetricHeap> heap_;
   size_t device_flags_offset_ = 0;
   SmPathWindows sm_path_windows_{};
-  size_t sm_path_slot_bytes_ = 0;
   SmPathBlocks sm_path_blocks_;
   std::vector<ScratchBlock> scratch_;      // largest last
   std::list<Registration> registrations_;  // a list: references stay valid

@@ -21,7 +21,7 @@ size_t Communicator::selection_bytes(const CollectiveArgs& a) const {
 }
 
 Resolved Communicator::choose(CollOp op, size_t bytes_per_rank) const {
-  return selector_.choose(op, bytes_per_rank, memory_->sm_path_slot_bytes(), memory_->sm_path_blocks());
+  return selector_.choose(op, bytes_per_rank, memory_->sm_path_blocks());
 }
 
 bool Communicator::sm_path_takes(CollOp op, size_t bytes) const {
@@ -31,7 +31,7 @@ bool Communicator::sm_path_takes(CollOp op, size_t bytes) const {
 }
 
 Resolved Communicator::resolve(const CollectiveArgs& a) const {
-  return selector_.resolve(a, selection_bytes(a), memory_->sm_path_slot_bytes(), memory_->sm_path_blocks());
+  return selector_.resolve(a, selection_bytes(a), memory_->sm_path_blocks());
 }
 
 void Communicator::set_selector_table(const std::vector<SelectorRule>& rules) {

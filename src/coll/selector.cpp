@@ -72,21 +72,21 @@ Selector::Selector(std::string gpu_name, int world, std::vector<SelectorRule> st
       forced_(forced),
       kernel_signals_default_(kernel_signals_default) {}
 
-Resolved Selector::resolve(const CollectiveArgs& a, size_t selection_bytes, size_t sm_slot_bytes,
-                           const SmPathBlocks& sm_blocks) const {
+Resolved Selector::resolve(const CollectiveArgs& a, size_t selection_bytes, const SmPathBlocks& sm_blocks) const {
   const Selection s = a.algo != Algo::kAuto ? Selection{a.algo, Signals::kAuto}
                                             : select_variant_with_sm(a.op, world_, selection_bytes,
                                                                      sm_largest_block(a, world_, sm_blocks),
-                                                                     sm_slot_bytes, forced_, table_);
+                                                                     sm_blocks.slot_bytes, forced_, table_);
   return {s.algo, kernel_signals(a.signals, s.signals, kernel_signals_default_)};
 }
 
-Resolved Selector::choose(CollOp op, size_t bytes_per_rank, size_t sm_slot_bytes, const SmPathBlocks& sm_blocks) const {
+Resolved Selector::choose(CollOp op, size_t bytes_per_rank, const SmPathBlocks& sm_blocks) const {
   const size_t largest =
       op == CollOp::kAllReduce
           ? sm_path_largest_block(op, world_, bytes_per_rank * static_cast<size_t>(world_), {}, sm_blocks)
           : bytes_per_rank;
-  const Selection s = select_variant_with_sm(op, world_, bytes_per_rank, largest, sm_slot_bytes, forced_, table_);
+  const Selection s =
+      select_variant_with_sm(op, world_, bytes_per_rank, largest, sm_blocks.slot_bytes, forced_, table_);
   return {s.algo, kernel_signals(Signals::kAuto, s.signals, kernel_signals_default_)};
 }
 

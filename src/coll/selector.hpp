@@ -68,14 +68,13 @@ class Selector {
   // else FERRY_SIGNALS for the signals. An explicit algo wins (the planner
   // explains an "sm" the call cannot take), and then the table says nothing
   // about signals.
-  Resolved resolve(const CollectiveArgs& args, size_t selection_bytes, size_t sm_slot_bytes,
-                   const SmPathBlocks& sm_blocks) const;
+  Resolved resolve(const CollectiveArgs& args, size_t selection_bytes, const SmPathBlocks& sm_blocks) const;
   // What a call of this shape with algo and signals "auto" would use;
   // `bytes_per_rank` as the selector counts it (all_reduce: a rank's share
   // of the buffer, taken as world times that: a buffer that world does not
   // divide is up to world - 1 bytes more, which can only matter where
   // FERRY_SM_TWO_SHOT_BYTES is above FERRY_SM_BYTES and the call sits at it).
-  Resolved choose(CollOp op, size_t bytes_per_rank, size_t sm_slot_bytes, const SmPathBlocks& sm_blocks) const;
+  Resolved choose(CollOp op, size_t bytes_per_rank, const SmPathBlocks& sm_blocks) const;
   // Empty: the startup table.
   void set_table(const std::vector<SelectorRule>& rules);
   // A shipped preset ("sm-free", "latency") for this GPU model; an unknown

@@ -158,8 +158,10 @@ FERRY_HOST_DEVICE inline bool sm_path_flag_passes(uint64_t seen, uint64_t call, 
 // blocks have run, so all of them must fit on the GPU at once.
 // `two_shot_from`: all_reduce buffers from this many bytes take the two-shot
 // form on 3 or more ranks (FERRY_SM_TWO_SHOT_BYTES; 0: never).
-// `slot_bytes`: the window's slot (FERRY_SM_BYTES rounded up to 256; 0:
-// unbounded), the most one round of a two-shot all_reduce moves per part.
+// `slot_bytes`: the window's slot (FERRY_SM_BYTES rounded up to 256; 0: no
+// window, the path is off), the most a call moves per peer block and one
+// round of a two-shot all_reduce per part (plans made without a window, in
+// tests, take 0 as unbounded).
 struct SmPathBlocks {
   size_t low_latency = 2048;
   size_t spans = 8 << 10;

@@ -107,6 +107,14 @@ TEST(Signals, TheCommunicatorsSettingIsParsedAndABadOneNamesTheKnob) {
 
 namespace {
 
+// The SM path's shape with a window of `slot_bytes` per slot (0: none).
+SmPathBlocks sm(size_t slot_bytes, size_t two_shot_from = kSmPathDefaultTwoShotBytes) {
+  SmPathBlocks b;
+  b.slot_bytes = slot_bytes;
+  b.two_shot_from = two_shot_from;
+  return b;
+}
+
 CollectiveArgs call(CollOp op, size_t bytes, Algo algo = Algo::kAuto, Signals signals = Signals::kAuto) {
   CollectiveArgs a;
   a.op = op;
@@ -123,21 +131,21 @@ TEST(SelectorTable, TheCallWinsThenTheKnobThenTheTable) {
                                              {CollOp::kAllGather, 0, size_t(1) << 40, Algo::kSeq}};
   const size_t window = 1 << 20;
   Selector table("NVIDIA H200", 4, startup, Algo::kAuto, false);
-  Resolved r = table.resolve(call(CollOp::kAllGather, 4096), 4096, window, SmPathBlocks{});
+  Resolved r = table.resolve(call(CollOp::kAllGather, 4096), 4096, sm(window));
   EXPECT_EQ(r.algo, Algo::kB2b);
   EXPECT_TRUE(r.kernel_signals);  // the rule's signals
-  r = table.resolve(call(CollOp::kAllGather, 4096, Algo::kPcpy), 4096, window, SmPathBlocks{});
+  r = table.resolve(call(CollOp::kAllGather, 4096, Algo::kPcpy), 4096, sm(window));
   EXPECT_EQ(r.algo, Algo::kPcpy);
   EXPECT_FALSE(r.kernel_signals);  // an explicit algo: the rule says nothing, FERRY_SIGNALS=copy
-  r = table.resolve(call(CollOp::kAllGather, 4096, Algo::kAuto, Signals::kCopy), 4096, window, SmPathBlocks{});
+  r = table.resolve(call(CollOp::kAllGather, 4096, Algo::kAuto, Signals::kCopy), 4096, sm(window));
   EXPECT_FALSE(r.kernel_signals);  // the call's signals win over the rule's
-  EXPECT_EQ(table.resolve(call(CollOp::kAllGather, 8 << 20), 8 << 20, window, SmPathBlocks{}).algo, Algo::kSeq);
+  EXPECT_EQ(table.resolve(call(CollOp::kAllGather, 8 << 20), 8 << 20, sm(window)).algo, Algo::kSeq);
 
   Selector forced("NVIDIA H200", 4, startup, Algo::kPcpy, true);  // FERRY_ALGO=pcpy FERRY_SIGNALS=sm
-  r = forced.resolve(call(CollOp::kAllGather, 4096), 4096, window, SmPathBlocks{});
+  r = forced.resolve(call(CollOp::kAllGather, 4096), 4096, sm(window));
   EXPECT_EQ(r.algo, Algo::kPcpy);
   EXPECT_TRUE(r.kernel_signals);
-  EXPECT_EQ(forced.resolve(call(CollOp::kAllGather, 4096, Algo::kSeq), 4096, window, SmPathBlocks{}).algo, Algo::kSeq);
+  EXPECT_EQ(forced.resolve(call(CollOp::kAllGather, 4096, Algo::kSeq), 4096, sm(window)).algo, Algo::kSeq);
 }
 
 TEST(SelectorTable, AnSmRuleNeedsTheWindow) {
@@ -147,16 +155,16 @@ TEST(SelectorTable, AnSmRuleNeedsTheWindow) {
   CollectiveArgs a = call(CollOp::kAllReduce, 0);
   a.count = 1024;
   a.dtype = DType::kFloat32;
-  EXPECT_EQ(table.resolve(a, 4096, 1 << 20, SmPathBlocks{}).algo, Algo::kSm);
+  EXPECT_EQ(table.resolve(a, 4096, sm(1 << 20)).algo, Algo::kSm);
   // The rule reads the selection bytes, the window the largest block (count x 4 bytes here):
   // a call selected as 128 KB takes the b2b rule even though its 4 KB block fits the window.
-  EXPECT_EQ(table.resolve(a, 128 << 10, 1 << 20, SmPathBlocks{}).algo, Algo::kB2b);
-  EXPECT_EQ(table.resolve(a, 4096, 0, SmPathBlocks{}).algo, Algo::kB2b);     // FERRY_SM_BYTES=0: no window
-  EXPECT_EQ(table.resolve(a, 4096, 1024, SmPathBlocks{}).algo, Algo::kB2b);  // a 4 KB block does not fit a 1 KB window
-  EXPECT_EQ(table.choose(CollOp::kAllReduce, 4096, 1 << 20, SmPathBlocks{}).algo, Algo::kSm);
-  EXPECT_EQ(table.choose(CollOp::kAllReduce, 4096, 0, SmPathBlocks{}).algo, Algo::kB2b);
+  EXPECT_EQ(table.resolve(a, 128 << 10, sm(1 << 20)).algo, Algo::kB2b);
+  EXPECT_EQ(table.resolve(a, 4096, sm(0)).algo, Algo::kB2b);     // FERRY_SM_BYTES=0: no window
+  EXPECT_EQ(table.resolve(a, 4096, sm(1024)).algo, Algo::kB2b);  // a 4 KB block does not fit a 1 KB window
+  EXPECT_EQ(table.choose(CollOp::kAllReduce, 4096, sm(1 << 20)).algo, Algo::kSm);
+  EXPECT_EQ(table.choose(CollOp::kAllReduce, 4096, sm(0)).algo, Algo::kB2b);
   Selector forced_sm("NVIDIA H200", 4, startup, Algo::kSm, false);  // FERRY_ALGO=sm where the call cannot take it
-  EXPECT_EQ(forced_sm.resolve(a, 4096, 0, SmPathBlocks{}).algo, Algo::kB2b);
+  EXPECT_EQ(forced_sm.resolve(a, 4096, sm(0)).algo, Algo::kB2b);
 }
 
 TEST(SelectorTable, ATwoShotAllReduceNeedsTheWindowForItsPartOnly) {
@@ -166,33 +174,29 @@ TEST(SelectorTable, ATwoShotAllReduceNeedsTheWindowForItsPartOnly) {
   CollectiveArgs a = call(CollOp::kAllReduce, 0);
   a.count = 1 << 20;  // 4 MiB of float32: parts of 1 MiB on 4 ranks
   a.dtype = DType::kFloat32;
-  SmPathBlocks two_shot;
-  two_shot.two_shot_from = 1 << 20;
-  EXPECT_EQ(table.resolve(a, 1 << 20, 1 << 20, two_shot).algo, Algo::kSm);
-  SmPathBlocks one_shot;
-  one_shot.two_shot_from = 0;  // FERRY_SM_TWO_SHOT_BYTES=0: the whole buffer must fit
-  EXPECT_EQ(table.resolve(a, 1 << 20, 1 << 20, one_shot).algo, Algo::kB2b);
-  EXPECT_EQ(table.resolve(a, 1 << 20, 4 << 20, one_shot).algo, Algo::kSm);
+  EXPECT_EQ(table.resolve(a, 1 << 20, sm(1 << 20, 1 << 20)).algo, Algo::kSm);
+  // FERRY_SM_TWO_SHOT_BYTES=0: the whole buffer must fit.
+  EXPECT_EQ(table.resolve(a, 1 << 20, sm(1 << 20, 0)).algo, Algo::kB2b);
+  EXPECT_EQ(table.resolve(a, 1 << 20, sm(4 << 20, 0)).algo, Algo::kSm);
   // choose() counts all_reduce's bytes as a rank's share: a buffer of 4 MiB + 64 takes two shots in rounds.
-  two_shot.slot_bytes = 1 << 20;
-  EXPECT_EQ(table.choose(CollOp::kAllReduce, (1 << 20) + 16, 1 << 20, two_shot).algo, Algo::kSm);
-  EXPECT_EQ(table.choose(CollOp::kAllReduce, (1 << 20) + 16, 1 << 20, one_shot).algo, Algo::kB2b);
+  EXPECT_EQ(table.choose(CollOp::kAllReduce, (1 << 20) + 16, sm(1 << 20, 1 << 20)).algo, Algo::kSm);
+  EXPECT_EQ(table.choose(CollOp::kAllReduce, (1 << 20) + 16, sm(1 << 20, 0)).algo, Algo::kB2b);
 }
 
 TEST(SelectorTable, AnEmptyTableRestoresTheStartupOneAndAnUnknownPresetIsRefused) {
   const std::vector<SelectorRule> startup = {{CollOp::kBroadcast, 0, size_t(1) << 40, Algo::kSeq}};
   Selector table("NVIDIA H200", 4, startup, Algo::kAuto, false);
   table.set_table({{CollOp::kBroadcast, 0, size_t(1) << 40, Algo::kB2b}});
-  EXPECT_EQ(table.choose(CollOp::kBroadcast, 4096, 0, SmPathBlocks{}).algo, Algo::kB2b);
+  EXPECT_EQ(table.choose(CollOp::kBroadcast, 4096, sm(0)).algo, Algo::kB2b);
   table.set_table({});
-  EXPECT_EQ(table.choose(CollOp::kBroadcast, 4096, 0, SmPathBlocks{}).algo, Algo::kSeq);
+  EXPECT_EQ(table.choose(CollOp::kBroadcast, 4096, sm(0)).algo, Algo::kSeq);
   try {
     table.set_preset("fastest");
     FAIL() << "no error for an unknown preset";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("'fastest'"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(table.choose(CollOp::kBroadcast, 4096, 0, SmPathBlocks{}).algo, Algo::kSeq);  // unchanged by the refusal
+  EXPECT_EQ(table.choose(CollOp::kBroadcast, 4096, sm(0)).algo, Algo::kSeq);  // unchanged by the refusal
 }
 
 // What choose() reports is what resolve() runs, for every collective and
@@ -209,9 +213,7 @@ TEST(SelectorTable, ChooseReportsWhatResolveRuns) {
       rules.push_back({op, 0, kAny, Algo::kB2b, Signals::kKernel});
     }
     Selector table("NVIDIA H200", world, rules, Algo::kAuto, false);
-    SmPathBlocks per;
-    per.slot_bytes = 1 << 20;
-    const size_t window = per.slot_bytes;
+    const SmPathBlocks per = sm(1 << 20);
     for (size_t elems : {size_t(1), size_t(1000), size_t(65536), size_t(262144), size_t(262148), size_t(1) << 20,
                          size_t(3) << 20, size_t(1) << 22}) {
       for (CollOp op :
@@ -222,8 +224,8 @@ TEST(SelectorTable, ChooseReportsWhatResolveRuns) {
           a.dtype = DType::kFloat32;
           a.count = op == CollOp::kAllReduce ? elems * world : elems;  // all_reduce: world x the share
         }
-        const Resolved ran = table.resolve(a, selection, window, per);
-        const Resolved told = table.choose(op, selection, window, per);
+        const Resolved ran = table.resolve(a, selection, per);
+        const Resolved told = table.choose(op, selection, per);
         EXPECT_EQ(ran.algo, told.algo) << coll_op_name(op) << ", world " << world << ", " << elems << " floats";
         EXPECT_EQ(ran.kernel_signals, told.kernel_signals) << coll_op_name(op) << ", world " << world;
       }
