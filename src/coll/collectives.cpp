@@ -193,8 +193,11 @@ std::vector<Built> Communicator::build(const CollectiveArgs& a, std::vector<uint
                                      reduction ? static_cast<uint32_t>(a.red_op) : 0, memory_->sm_path_blocks());
       // A two-shot all_reduce's second shot stores into the peers' outputs
       // (registered: all_reduce writes `out`, so every rank has them).
-      if (step.two_shot_rounds && static_cast<int>(buffers.out_by_rank.size()) == world_)
+      if (step.two_shot_rounds) {
+        if (static_cast<int>(buffers.out_by_rank.size()) != world_)
+          throw_error(FERRY_ERROR_INTERNAL, name + ": a two-shot call on the SM path without its peers' outputs");
         for (int p = 0; p < world_; ++p) step.out_by_rank[p] = buffers.out_by_rank[p];
+      }
       b.program.add_sm_path(step);
       continue;
     }

@@ -201,9 +201,8 @@ __device__ bool exchange_with_flags(const SmPathStep& s, const SmPathWindows& w,
     const int p = (s.rank + k) % s.world;
     const char* src = (kShot == Shot::kGather ? s.out + s.recv_offset[s.rank] : s.in + s.send_offset[p]) + r.at;
     const size_t n = kShot == Shot::kGather ? s.recv_bytes[s.rank] : s.send_bytes[p];
-    char* dst = kShot == Shot::kGather && s.out_by_rank[p]
-                    ? s.out_by_rank[p] + s.recv_offset[s.rank] + r.at
-                    : w.base[p] + sm_path_slot_offset(s.world, slot_bytes, parity, s.rank);
+    char* dst = kShot == Shot::kGather ? s.out_by_rank[p] + s.recv_offset[s.rank] + r.at
+                                       : w.base[p] + sm_path_slot_offset(s.world, slot_bytes, parity, s.rank);
     if ((len = round_share(n, r, s.blocks, &begin)) > 0) copy_span(dst + begin, src + begin, len);
   }
   if (kShot == Shot::kWhole && (len = sm_path_span_share(s.own_bytes, s.blocks, blockIdx.x, &begin)) > 0)
@@ -238,7 +237,7 @@ __device__ bool exchange_with_flags(const SmPathStep& s, const SmPathWindows& w,
   if constexpr (is_reduction<R>) {
     reduce_out<typename R::type, R::op>(s, kShot == Shot::kScatter ? s.out + s.recv_offset[s.rank] : s.out, w,
                                         slot_bytes, parity, r);
-  } else if (kShot != Shot::kGather || !s.out_by_rank[s.rank]) {  // else the peers stored into `out` themselves
+  } else if (kShot == Shot::kWhole) {  // a gather's peers stored into `out` themselves
     for (int q = 0; q < s.world; ++q)
       if (q != s.rank && (len = round_share(s.recv_bytes[q], r, s.blocks, &begin)) > 0)
         copy_span(s.out + s.recv_offset[q] + r.at + begin,
@@ -248,12 +247,10 @@ __device__ bool exchange_with_flags(const SmPathStep& s, const SmPathWindows& w,
 }
 
 // A two-shot all_reduce (SmPathStep::two_shot_rounds) as calls `call + 2k` and
-// `call + 2k + 1` for its rounds k. The second shot's slots (if it goes
-// through the windows) are those of the call before this kernel, which every
-// peer finished reading before it sent its flags of `call` (its kernel
-// started after that call's had ended). Each block gathers the share of this
-// rank's piece that it reduced itself (both shots cut alike), so the block's
-// barrier between them is enough. Stored straight into a peer's `out`
+// `call + 2k + 1` for its rounds k; the second shot uses no slots. Each
+// block gathers the share of this rank's piece that it reduced itself (both
+// shots cut alike), so the block's barrier between them is enough. Stored
+// straight into a peer's `out`
 // (out_by_rank), the share lands where that peer's block of the same index
 // sent its input's share in the first shot, which it had done before its
 // flag: so an in-place call overwrites only input already sent. Every round
