@@ -152,7 +152,7 @@ FERRY_HOST_DEVICE inline bool sm_path_flag_passes(uint64_t seen, uint64_t call, 
 // 0.60-1.03 against 0.74-1.15. In the span format 8 KB per block instead of
 // 32 KB gave the 128 KB-1 MB calls that get more blocks from it lower ratios
 // in 10 of 12 cells on two H200s and 8 of 10 on four, the rest within the runs'
-// spread (docs/performance-log.md, thirty-third and thirty-fourth sessions).
+// spread (the A/B runs in docs/performance-log.md).
 // `max_blocks` caps a call's grid (FERRY_SM_MAX_BLOCKS: the SMs a call may
 // hold, bounded by sm_path_grid_bound): each block spins until its peers'
 // blocks have run, so all of them must fit on the GPU at once.

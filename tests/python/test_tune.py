@@ -118,7 +118,7 @@ def test_latency_preset_uses_sms_only_where_measured_faster(world, monkeypatch):
 
 
 def test_latency_preset_on_four_gpus_follows_its_measurements(monkeypatch):
-    """The 4-GPU rules of the thirty-fourth and thirty-fifth sessions' x4 runs: the SM path up to its 1 MiB
+    """The 4-GPU rules as measured on four H200s (docs/performance-log.md): the SM path up to its 1 MiB
     window for every collective, up to 4 MiB of result or part for the reductions (all_reduce in two shots; the
     window decides), kernel signals above for all but broadcast."""
     monkeypatch.setenv("FERRY_TUNING", "latency")
