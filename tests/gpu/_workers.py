@@ -718,7 +718,8 @@ def sm_path_large_grid(world: int) -> list:
     """The SM path on FERRY_SM_MAX_BLOCKS blocks (set by the caller, above the
     default 32, with a FERRY_SM_BYTES window that takes multi-MB calls): the
     grid is bounded by the GPU's occupancy and every collective's bytes are
-    right; then a bound past 128 is refused, naming the knob."""
+    right; then a bound past 128 and a negative two-shot threshold are refused,
+    naming the knob."""
     import ferry
     import torch
 
@@ -768,6 +769,14 @@ def sm_path_large_grid(world: int) -> list:
     except ferry.InvalidArgumentError as exc:
         if "FERRY_SM_MAX_BLOCKS=129: expected 1 to 128" not in str(exc):
             fails.append(f"FERRY_SM_MAX_BLOCKS=129 raised {exc!r}")
+    os.environ["FERRY_SM_MAX_BLOCKS"] = "128"
+    os.environ["FERRY_SM_TWO_SHOT_BYTES"] = "-1"
+    try:
+        ferry.init_local(list(range(world)), timeout=60).close()
+        fails.append("FERRY_SM_TWO_SHOT_BYTES=-1 was taken")
+    except ferry.InvalidArgumentError as exc:
+        if "FERRY_SM_TWO_SHOT_BYTES=-1: expected 0 (never) or a byte count" not in str(exc):
+            fails.append(f"FERRY_SM_TWO_SHOT_BYTES=-1 raised {exc!r}")
     return fails
 
 

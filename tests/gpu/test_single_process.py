@@ -180,9 +180,9 @@ def test_sm_path_on_a_large_grid():
     """FERRY_SM_MAX_BLOCKS=128 and a 16 MiB window, in a fresh process: the
     grid bounded by the GPU's occupancy (all 128 on an H200), every byte of
     the SM path's collectives and reductions up to the window's 16 MiB per
-    peer checked, and a bound past 128 refused naming the knob. (The grid a
-    call got is not visible from Python; a hang or a wrong byte is what
-    this can catch.)"""
+    peer checked, and a bound past 128 and a negative
+    FERRY_SM_TWO_SHOT_BYTES refused naming the knob. (The grid a call got is
+    not visible from Python; a hang or a wrong byte is what this can catch.)"""
     import os
     import subprocess
     import sys
