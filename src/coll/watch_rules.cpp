@@ -1,5 +1,7 @@
 #include "coll/watch_rules.hpp"
 
+#include <algorithm>
+
 namespace ferry {
 
 bool foreign_ready_is_mismatch(uint64_t seq, uint64_t peer_completed, bool late, bool grace_over) {
@@ -19,6 +21,26 @@ bool exit_undelivered_failure(double exit_after_s, bool failed, bool raised, dou
 
 bool exit_stuck_watchdog(double exit_after_s, double timeout_s, double stuck_s) {
   return exit_after_s > 0 && stuck_s > timeout_s + exit_after_s;
+}
+
+std::string describe_peers_without_cuda(const std::vector<PeerSeen>& peers) {
+  uint64_t furthest = 0;
+  for (const PeerSeen& p : peers)
+    if (!p.exited) furthest = std::max(furthest, p.called);
+  std::vector<std::string> exited, behind, rest;
+  for (const PeerSeen& p : peers) {
+    const std::string who = "rank " + std::to_string(p.rank);
+    if (p.exited) {
+      exited.push_back(who + " (pid " + std::to_string(p.pid) + ") has exited");
+      continue;
+    }
+    std::string counts = "called collective #" + std::to_string(p.called) + ", finished #" + std::to_string(p.finished);
+    (p.called < furthest ? behind : rest).push_back(who + (p.called < furthest ? " is behind: " : ": ") + counts);
+  }
+  std::string out;
+  for (const auto* group : {&exited, &behind, &rest})
+    for (const std::string& line : *group) out += (out.empty() ? "" : "; ") + line;
+  return out;
 }
 
 }  // namespace ferry

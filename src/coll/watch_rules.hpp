@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace ferry {
 
@@ -44,5 +46,19 @@ bool exit_undelivered_failure(double exit_after_s, bool failed, bool raised, dou
 // CUDA calls waits behind another thread that waits for the GPU, and nothing
 // will name a peer or release a stream any more.
 bool exit_stuck_watchdog(double exit_after_s, double timeout_s, double stuck_s);
+
+// What the host alone knows of a peer rank: whether its process has exited,
+// and its collective counts from the shared host words.
+struct PeerSeen {
+  int rank = 0;
+  int pid = 0;
+  bool exited = false;
+  uint64_t called = 0;    // its last collective called (enqueued)
+  uint64_t finished = 0;  // its last collective completed
+};
+// The peers named for a message the watchdog writes when it cannot use CUDA
+// (its look is stuck inside a CUDA call): exited processes first, then ranks
+// behind the furthest caller, then the rest. Empty for no peers.
+std::string describe_peers_without_cuda(const std::vector<PeerSeen>& peers);
 
 }  // namespace ferry

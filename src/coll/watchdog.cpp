@@ -3,6 +3,7 @@
 // armed runs never triggered, and frees the GPU when it gives up (stream
 // writes on the rescue stream). Its decisions are pure functions in
 // coll/watch_rules.hpp; this file reads the state they need and acts.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -95,12 +96,22 @@ void Communicator::exit_if_undelivered() {
                                     .count()
                               : 0.0;
   if (exit_stuck_watchdog(exit_after_s_, timeout_s_, stuck_s)) {
+    // The peers are named from host memory and process ids alone: CUDA is
+    // what this process is stuck in.
+    std::vector<PeerSeen> peers;
+    for (int q = 0; q < world_; ++q) {
+      if (std::any_of(locals_.begin(), locals_.end(), [q](const auto& L) { return L->rank == q; })) continue;
+      const Progress& pq = host_flags(q)->progress;
+      peers.push_back(PeerSeen{q, pids_[q], process_exited(pids_[q]), __atomic_load_n(&pq.enqueued, __ATOMIC_ACQUIRE),
+                               __atomic_load_n(&pq.completed, __ATOMIC_ACQUIRE)});
+    }
+    const std::string named = describe_peers_without_cuda(peers);
     std::fprintf(stderr,
                  "ferry: ending the process (status 75): ferry's watchdog has waited inside a CUDA call for %.0f s, "
                  "longer than the timeout (%g s) plus FERRY_EXIT_AFTER_S=%g s; another thread of this process holds "
                  "CUDA while it waits for the GPU, which is likely held by a stream wait of ferry that no peer will "
-                 "satisfy\n",
-                 stuck_s, timeout_s_, exit_after_s_);
+                 "satisfy.%s%s\n",
+                 stuck_s, timeout_s_, exit_after_s_, named.empty() ? "" : " Peers: ", named.c_str());
     std::fflush(stderr);
     std::_Exit(75);
   }
