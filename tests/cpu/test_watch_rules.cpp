@@ -49,8 +49,8 @@ TEST(ExitStuckWatchdog, OnlyWhenOnAndALookOutlastsTimeoutPlusGrace) {
 
 TEST(DescribePeersWithoutCuda, ExitedFirstThenRanksBehindThenTheRest) {
   EXPECT_EQ(describe_peers_without_cuda({}), "");
-  const std::string s = describe_peers_without_cuda({PeerSeen{1, 11, false, 27, 27}, PeerSeen{2, 12, false, 26, 26},
-                                                     PeerSeen{3, 13, true, 48, 47}});
+  const std::string s = describe_peers_without_cuda(
+      {PeerSeen{1, 11, false, 27, 27}, PeerSeen{2, 12, false, 26, 26}, PeerSeen{3, 13, true, 48, 47}});
   EXPECT_EQ(s,
             "rank 3 (pid 13) has exited; rank 2 is behind: called collective #26, finished #26; rank 1: called "
             "collective #27, finished #27");
