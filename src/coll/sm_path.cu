@@ -150,8 +150,8 @@ __device__ void exchange_low_latency(const SmPathStep& s, const SmPathWindows& w
 // Which exchange of a call a step table runs: the whole call (kWhole), or
 // a round of a two-shot all_reduce (SmPathStep::two_shot_rounds): kScatter sends
 // the round's piece of part p of `in` to rank p and reduces this rank's
-// piece into its place in `out`; kGather sends that reduced piece to every
-// peer and copies the peers' pieces into `out`.
+// piece into its place in `out`; kGather stores that reduced piece straight
+// into every peer's `out`.
 enum class Shot { kWhole, kScatter, kGather };
 
 // Where a two-shot round lies in every part: bytes [at, at + chunk) (for
@@ -185,17 +185,14 @@ __device__ void reduce_out(const SmPathStep& s, char* out, const SmPathWindows& 
   reduce_range<T, Op, kUnroll>(reinterpret_cast<T*>(out + r.at + begin), in, s.world, len / sizeof(T), 0, 1);
 }
 
-// The exchange with one flag per peer and block (blocks above
-// kSmPathLowLatencyMaxBytes): pushes, a barrier, the flags, waits, copy out
-// (or reduce).
-// Returns false where a wait gave up (the fault word tells the host).
-template <typename R, Shot kShot = Shot::kWhole>
-__device__ bool exchange_with_flags(const SmPathStep& s, const SmPathWindows& w, size_t slot_bytes, const KernelWait& c,
-                                    uint64_t call, int parity, Round r = {}) {
-  auto* mine = reinterpret_cast<SmPathHeader*>(w.base[s.rank]);
-  const uint64_t value = sm_path_flag_value(call, s.tag);
+// The pieces of an exchange with one flag per peer and block (blocks above
+// kSmPathLowLatencyMaxBytes).
 
-  // 1. Pushes into the peers' windows, in cyclic-shift order, and the own block.
+// 1. This block's pushes, in cyclic-shift order: kWhole and kScatter into the
+// peers' slots of `parity` (kWhole also copies the own block into `out`),
+// kGather this rank's reduced piece straight into the peers' outputs.
+template <Shot kShot>
+__device__ void push_shares(const SmPathStep& s, const SmPathWindows& w, size_t slot_bytes, int parity, Round r) {
   size_t begin = 0, len = 0;
   for (int k = 1; k < s.world; ++k) {
     const int p = (s.rank + k) % s.world;
@@ -207,69 +204,97 @@ __device__ bool exchange_with_flags(const SmPathStep& s, const SmPathWindows& w,
   }
   if (kShot == Shot::kWhole && (len = sm_path_span_share(s.own_bytes, s.blocks, blockIdx.x, &begin)) > 0)
     copy_span(s.out + s.recv_offset[s.rank] + begin, s.in + s.send_offset[s.rank] + begin, len);
-  __syncthreads();
+}
 
-  // 2. One flag per peer, after the block's stores: the barrier orders
-  // them before thread 0's release store, and a release at system scope
-  // covers what its thread has synchronized with (the pattern NCCL uses:
-  // barrier, fence, flag; st.release.sys is that fence and store). Every
-  // rank signals every peer, with or without data: it tells the peer that
-  // this rank's previous call is over.
-  if (threadIdx.x == 0) {
-    for (int k = 1; k < s.world; ++k) {
-      const int p = (s.rank + k) % s.world;
-      store_release(&reinterpret_cast<SmPathHeader*>(w.base[p])->flags[s.rank][blockIdx.x], value);
-    }
+// 2. One flag per peer, after the block's stores: the caller's barrier orders
+// them before thread 0's release store, and a release at system scope covers
+// what its thread has synchronized with (the pattern NCCL uses: barrier,
+// fence, flag; st.release.sys is that fence and store). Every rank signals
+// every peer, with or without data: it tells the peer that this rank's
+// previous call is over.
+__device__ void signal_peers(const SmPathStep& s, const SmPathWindows& w, uint64_t call) {
+  if (threadIdx.x != 0) return;
+  const uint64_t value = sm_path_flag_value(call, s.tag);
+  for (int k = 1; k < s.world; ++k) {
+    const int p = (s.rank + k) % s.world;
+    store_release(&reinterpret_cast<SmPathHeader*>(w.base[p])->flags[s.rank][blockIdx.x], value);
   }
+}
 
-  // 3. Wait for each peer's flag for this chunk (or its next call's, which
-  // may have replaced it: sm_path_flag_passes), bounded.
+// 3. Waits for each peer's flag for this block (or its next call's, which may
+// have replaced it: sm_path_flag_passes), bounded; a barrier of the block
+// after. False where a wait gave up (the fault word tells the host).
+__device__ bool wait_peers(const SmPathStep& s, const SmPathWindows& w, const KernelWait& c, uint64_t call) {
+  const auto* mine = reinterpret_cast<const SmPathHeader*>(w.base[s.rank]);
   bool gave_up = false;
   if (threadIdx.x < s.world && threadIdx.x != s.rank) {
     const uint64_t* flag = &mine->flags[threadIdx.x][blockIdx.x];
     gave_up = !wait_for([&] { return sm_path_flag_passes(load_acquire(flag), call, s.tag); }, c, threadIdx.x, call);
   }
-  gave_up = __syncthreads_or(gave_up);
-
-  // 4. Out of the window into the output. The barrier above also keeps an
-  // in-place all_reduce from overwriting input this block still sends.
-  if (gave_up) return false;
-  if constexpr (is_reduction<R>) {
-    reduce_out<typename R::type, R::op>(s, kShot == Shot::kScatter ? s.out + s.recv_offset[s.rank] : s.out, w,
-                                        slot_bytes, parity, r);
-  } else if (kShot == Shot::kWhole) {  // a gather's peers stored into `out` themselves
-    for (int q = 0; q < s.world; ++q)
-      if (q != s.rank && (len = round_share(s.recv_bytes[q], r, s.blocks, &begin)) > 0)
-        copy_span(s.out + s.recv_offset[q] + r.at + begin,
-                  w.base[s.rank] + sm_path_slot_offset(s.world, slot_bytes, parity, q) + begin, len);
-  }
-  return true;
+  return !__syncthreads_or(gave_up);
 }
 
-// A two-shot all_reduce (SmPathStep::two_shot_rounds) as calls `call + 2k` and
-// `call + 2k + 1` for its rounds k; the second shot uses no slots. Each
-// block gathers the share of this rank's piece that it reduced itself (both
-// shots cut alike), so the block's barrier between them is enough. Stored
-// straight into a peer's `out`
-// (out_by_rank), the share lands where that peer's block of the same index
-// sent its input's share in the first shot, which it had done before its
-// flag: so an in-place call overwrites only input already sent. Every round
-// is cut into the blocks' shares alike (sm_path_round_share), so the block
-// that writes a slot's bytes in round k + 1 is the one whose peer block read
-// them in round k, before the flag of that round's second shot, for which
-// this block waited.
+// A whole call: pushes, a barrier, the flags, waits, then out of the window
+// into the output (or reduced into it). The barrier after the waits also
+// keeps an in-place all_reduce from overwriting input this block still sends.
+template <typename R>
+__device__ void exchange_with_flags(const SmPathStep& s, const SmPathWindows& w, size_t slot_bytes, const KernelWait& c,
+                                    uint64_t call, int parity) {
+  push_shares<Shot::kWhole>(s, w, slot_bytes, parity, Round{});
+  __syncthreads();
+  signal_peers(s, w, call);
+  if (!wait_peers(s, w, c, call)) return;
+  if constexpr (is_reduction<R>) {
+    reduce_out<typename R::type, R::op>(s, s.out, w, slot_bytes, parity, Round{});
+  } else {
+    size_t begin = 0, len = 0;
+    for (int q = 0; q < s.world; ++q)
+      if (q != s.rank && (len = sm_path_span_share(s.recv_bytes[q], s.blocks, blockIdx.x, &begin)) > 0)
+        copy_span(s.out + s.recv_offset[q] + begin,
+                  w.base[s.rank] + sm_path_slot_offset(s.world, slot_bytes, parity, q) + begin, len);
+  }
+}
+
+// A two-shot all_reduce (SmPathStep::two_shot_rounds, R rounds) as steps
+// `call` to `call + R`, one flag each, pipelined: step k's flag says that
+// this block has pushed round k's first shot (its share of part p's piece k
+// into rank p's slots of parity (call + k) & 1) and round k - 1's second
+// (its share of the reduced piece k - 1 straight into every peer's `out`).
+// Between the waits for steps k and k + 1 a block reduces round k's piece,
+// pushes it, and pushes round k + 1's first shot; the last step only tells
+// that the last round's results have landed. Why each store is safe, for a
+// block and the peer's block of the same index (every round is cut into the
+// blocks' shares alike, sm_path_round_share, so they touch the same bytes):
+// - round k + 1's first shot rewrites the slots of parity (call + k + 1) & 1,
+//   which the peer's block read in round k - 1, before it sent the flag of
+//   step k that this block has waited for;
+// - a second shot sends only the share of the piece this block reduced
+//   itself, so no block waits for the rest of its grid;
+// - in place, round k's second shot lands where the peer's block sent its
+//   input in round k's first shot, before its flag of step k.
+// The kernel after this one starts once every block has seen step R from
+// every peer, after which no peer reads a slot of this call.
 template <typename R>
 __device__ void two_shot(const SmPathStep& s, const SmPathWindows& w, size_t slot_bytes, const KernelWait& c,
                          uint64_t call) {
-  for (uint32_t k = 0; k < s.two_shot_rounds; ++k) {
-    const Round r{k * s.two_shot_chunk, s.two_shot_chunk};
-    const uint64_t e = call + 2 * k;
-    if (!exchange_with_flags<R, Shot::kScatter>(s, w, slot_bytes, c, e, static_cast<int>(e & 1), r)) return;
+  const uint32_t rounds = s.two_shot_rounds;
+  const size_t chunk = s.two_shot_chunk;
+  push_shares<Shot::kScatter>(s, w, slot_bytes, static_cast<int>(call & 1), Round{0, chunk});
+  __syncthreads();
+  signal_peers(s, w, call);
+  for (uint32_t k = 0; k < rounds; ++k) {
+    const uint64_t e = call + k;
+    const Round r{k * chunk, chunk};
+    if (!wait_peers(s, w, c, e)) return;
+    reduce_out<typename R::type, R::op>(s, s.out + s.recv_offset[s.rank], w, slot_bytes, static_cast<int>(e & 1), r);
+    __syncthreads();  // the block's reduced share whole before its threads send it
+    push_shares<Shot::kGather>(s, w, slot_bytes, 0, r);
+    if (k + 1 < rounds)
+      push_shares<Shot::kScatter>(s, w, slot_bytes, static_cast<int>((e + 1) & 1), Round{r.at + chunk, chunk});
     __syncthreads();
-    if (!exchange_with_flags<NoReduction, Shot::kGather>(s, w, slot_bytes, c, e + 1, static_cast<int>((e + 1) & 1), r))
-      return;
-    __syncthreads();
+    signal_peers(s, w, e + 1);
   }
+  wait_peers(s, w, c, call + rounds);
 }
 
 template <typename R>
@@ -307,13 +332,13 @@ __global__ void __launch_bounds__(kThreads)
     exchange_with_flags<R>(s, w, slot_bytes, c, call, parity);
   }
 
-  // The last block to finish counts the call (two per round of a two-shot all_reduce).
+  // The last block to finish counts the call (a two-shot all_reduce's R rounds count R + 1).
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
     if (atomicAdd(&mine->arrivals, 1u) == static_cast<unsigned>(s.blocks) - 1) {
       mine->arrivals = 0;
-      *reinterpret_cast<volatile uint64_t*>(&mine->calls) = call + (s.two_shot_rounds ? 2 * s.two_shot_rounds - 1 : 0);
+      *reinterpret_cast<volatile uint64_t*>(&mine->calls) = call + s.two_shot_rounds;
       __threadfence();
     }
   }

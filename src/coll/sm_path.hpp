@@ -22,15 +22,17 @@
 // A large all_reduce on 3 or more ranks runs in two shots instead
 // (sm_path_two_shot): each rank owns one part of the buffer; the parts go to
 // their owners, which reduce them (a reduce_scatter), then each owner pushes
-// its reduced part to every peer (an all_gather), in the same kernel as two
-// consecutive calls of the scheme above, the second storing straight into
-// the peers' (registered) outputs. Each rank sends 2 (world - 1) / world
-// of the buffer instead of world - 1 buffers, at the price of a second round
-// of flags; a block's second shot sends only the share it reduced itself, so
-// no block waits for the rest of its grid. A part larger than a slot goes in
-// rounds of a slot each (two calls per round), every round cut into the
-// blocks' shares alike, so a block only ever overwrites slot bytes that the
-// same block of the peer has read: the window bounds the round, not the call.
+// its reduced part to every peer (an all_gather), in the same kernel, the
+// second shot storing straight into the peers' (registered) outputs. Each
+// rank sends 2 (world - 1) / world of the buffer instead of world - 1
+// buffers, at the price of a second round of flags; a block's second shot
+// sends only the share it reduced itself, so no block waits for the rest of
+// its grid. A part larger than a slot goes in R rounds of a slot each,
+// pipelined as R + 1 steps of the scheme above with one flag each (round k's
+// first shot and round k - 1's second share a step; the rounds alternate
+// between the two parities' slots). Every round is cut into the blocks'
+// shares alike, so a block only ever overwrites slot bytes that the same
+// block of the peer has read: the window bounds the round, not the call.
 //
 // Blocks up to kSmPathLowLatencyMaxBytes travel in the low-latency format
 // instead (coll/sm_path_ll.hpp), into slots of their own: the flags ride in

@@ -147,7 +147,7 @@ void Communicator::check_kernel_fault(int local) {
   const std::string what = f.signal_round
                                ? std::string("a collective's signal round by kernel (signals 'sm')")
                                : "a collective on the SM path (algo 'sm', its step #" + std::to_string(f.call) +
-                                     " on that path: one per call, two per round of a two-shot all_reduce)";
+                                     " on that path: one per call, R + 1 for a two-shot all_reduce in R rounds)";
   fail(what + " on rank " + std::to_string(rank(local)) + " gave up after waiting " + std::to_string(timeout_s_) +
        " s for rank " + std::to_string(q) + ": rank " + std::to_string(q) +
        " has not made the same call, made it with other arguments, or its GPU is held by other work. The output is "

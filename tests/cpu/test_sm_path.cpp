@@ -547,7 +547,7 @@ TEST(SmPath, TwoShotPlanSendsPartPToRankP) {
 // input; each block sends in the second shot only bytes it reduced itself in
 // the first; and a block only writes slot bytes that the same block of the
 // receiver read last (or that nobody read yet): the invariant that lets
-// rounds reuse one slot without a wait across the grid.
+// rounds alternate between two slots without a wait across the grid.
 TEST(SmPath, TwoShotAllReduceSumsEveryElementAndEachBlockGathersWhatItReduced) {
   for (size_t slot : {size_t(0), size_t(80) << 10})  // one round, or rounds of 80 KiB
     for (int world : {3, 4, 5, 8})
@@ -582,35 +582,45 @@ TEST(SmPath, TwoShotAllReduceSumsEveryElementAndEachBlockGathersWhatItReduced) {
           const size_t chunk = steps[0].two_shot_chunk;
           if (slot) ASSERT_LE(chunk, slot);
           if (slot && sm_path_two_shot_part(bytes, world) > slot) ASSERT_GT(steps[0].two_shot_rounds, 1u);
-          // slot[dst][src]: bytes and the block of dst that last read each (-1: none yet).
-          std::vector<std::vector<std::vector<char>>> slots(
-              world, std::vector<std::vector<char>>(world, std::vector<char>(chunk, 'x')));
-          std::vector<std::vector<std::vector<int>>> reader(
-              world, std::vector<std::vector<int>>(world, std::vector<int>(chunk, -1)));
-          for (uint32_t k = 0; k < steps[0].two_shot_rounds; ++k) {
+          // slots[parity][dst][src]: bytes and the block of dst that last read each (-1: none yet).
+          using Slots = std::vector<std::vector<std::vector<char>>>;
+          using Readers = std::vector<std::vector<std::vector<int>>>;
+          std::vector<Slots> slots(2,
+                                   Slots(world, std::vector<std::vector<char>>(world, std::vector<char>(chunk, 'x'))));
+          std::vector<Readers> reader(
+              2, Readers(world, std::vector<std::vector<int>>(world, std::vector<int>(chunk, -1))));
+          auto piece_of = [&](size_t full, uint32_t k) {
             const size_t at = k * chunk;
-            auto piece = [&](size_t full) { return full > at ? std::min(full - at, chunk) : size_t(0); };
-            // Shot 1: block b of rank r sends its share of part p's piece to rank p's slot.
+            return full > at ? std::min(full - at, chunk) : size_t(0);
+          };
+          // Shot 1 of round k: block b of rank r sends its share of part p's piece to rank p's slot of parity k & 1.
+          auto scatter = [&](uint32_t k) {
             for (int r = 0; r < world; ++r)
               for (int p = 0; p < world; ++p) {
                 if (p == r) continue;
                 const SmPathStep& s = steps[r];
                 for (int b = 0; b < blocks; ++b) {
                   size_t begin = 0;
-                  const size_t len = sm_path_round_share(piece(s.send_bytes[p]), chunk, blocks, b, &begin);
+                  const size_t len = sm_path_round_share(piece_of(s.send_bytes[p], k), chunk, blocks, b, &begin);
                   for (size_t i = begin; i < begin + len; ++i) {
-                    const int last = reader[p][r][i];
+                    const int last = reader[k & 1][p][r][i];
                     ASSERT_TRUE(last == -1 || last == b) << "slot byte " << i << " read by block " << last
                                                          << ", overwritten by block " << b << " in round " << k;
-                    slots[p][r][i] = s.in[s.send_offset[p] + at + i];
+                    slots[k & 1][p][r][i] = s.in[s.send_offset[p] + k * chunk + i];
                   }
                 }
               }
+          };
+          // The kernel's order per block: round 0's first shot; then per round k the reduction, the second
+          // shot, and round k + 1's first shot, between two flags.
+          scatter(0);
+          for (uint32_t k = 0; k < steps[0].two_shot_rounds; ++k) {
+            const size_t at = k * chunk;
             // Each rank reduces its piece, block by block, from its own input and its slots.
             std::vector<std::vector<int>> reducer(world);
             for (int r = 0; r < world; ++r) {
               const SmPathStep& s = steps[r];
-              const size_t n = piece(s.recv_bytes[r]);
+              const size_t n = piece_of(s.recv_bytes[r], k);
               reducer[r].assign(n, -1);
               for (int b = 0; b < blocks; ++b) {
                 size_t begin = 0;
@@ -620,8 +630,8 @@ TEST(SmPath, TwoShotAllReduceSumsEveryElementAndEachBlockGathersWhatItReduced) {
                   int32_t acc = 0;
                   for (int q = 0; q < world; ++q) {
                     int32_t v;
-                    std::memcpy(&v, q == r ? s.in + s.send_offset[r] + at + i : slots[r][q].data() + i, 4);
-                    if (q != r) std::fill(reader[r][q].begin() + i, reader[r][q].begin() + i + 4, b);
+                    std::memcpy(&v, q == r ? s.in + s.send_offset[r] + at + i : slots[k & 1][r][q].data() + i, 4);
+                    if (q != r) std::fill(reader[k & 1][r][q].begin() + i, reader[k & 1][r][q].begin() + i + 4, b);
                     acc += v;
                   }
                   std::memcpy(s.out + s.recv_offset[r] + at + i, &acc, 4);
@@ -632,7 +642,7 @@ TEST(SmPath, TwoShotAllReduceSumsEveryElementAndEachBlockGathersWhatItReduced) {
             // Shot 2: block b of rank r stores its share of r's reduced piece into every peer's out.
             for (int r = 0; r < world; ++r) {
               const SmPathStep& s = steps[r];
-              const size_t n = piece(s.recv_bytes[r]);
+              const size_t n = piece_of(s.recv_bytes[r], k);
               for (int b = 0; b < blocks; ++b) {
                 size_t begin = 0;
                 const size_t len = sm_path_round_share(n, chunk, blocks, b, &begin);
@@ -644,6 +654,7 @@ TEST(SmPath, TwoShotAllReduceSumsEveryElementAndEachBlockGathersWhatItReduced) {
                               steps[p].out + steps[p].recv_offset[r] + at + begin);
               }
             }
+            if (k + 1 < steps[0].two_shot_rounds) scatter(k + 1);
           }
           for (int r = 0; r < world; ++r)
             for (size_t i = 0; i < count; ++i)
