@@ -67,7 +67,8 @@ def check_two_shot(torch, comm, ranks, devs, world, bufs, streams=None, window=S
     byte, poisoned outputs; uneven parts, in place, an offset off 16 bytes,
     parts at the window's edge and past it (in rounds); one-shot calls between
     two-shot ones on the same slots without a wait (a two-shot call counts
-    two calls); a CUDA graph of both forms replayed on new data. `bufs`: one
+    R + 1 calls for R rounds), rounds followed by the other forms; a CUDA graph
+    of both forms replayed on new data. `bufs`: one
     registered uint8 buffer per local rank of at least 4 x (world x window +
     512) bytes; `ranks`/`devs` as in check_collectives (one process per rank,
     or every rank local)."""
@@ -212,6 +213,38 @@ def check_two_shot(torch, comm, ranks, devs, world, bufs, streams=None, window=S
         except Exception as exc:  # noqa: BLE001
             fails.append(f"two-shot in rounds (in place {in_place}): raised {exc!r}")
     comm.synchronize()
+
+    # Back to back, no wait between calls: two rounds (parts of 1.5 windows),
+    # then calls of the other forms on the same slots, whose first pushes use
+    # the parity of the rounds' last one; then two rounds in place.
+    two_rounds = (world * window * 3 // 2 + 20) // 4
+    sequences = [
+        [
+            ("r2", 0, f32, "sum", two_rounds, False),
+            ("r2-ll", 2, bf16, "sum", 4099, False),
+            ("r2-one-shot", 3, f32, "max", 70001, False),
+        ],
+        [
+            ("r2-in-place", 0, i32, "sum", two_rounds, True),
+            ("r2-one-shot-b", 2, f32, "min", 70001, False),
+            ("r1", 3, f32, "sum", (world * window - 4096) // 4, False),
+        ],
+    ]
+    for n, seq in enumerate(sequences):
+        staged = []
+        for tag, slot, dtype, op, count, in_place in seq:
+            outs, ins, want = case(f"seq/{tag}", slot, dtype, op, count, in_place)
+            staged.append((f"sequence {n}: {tag}", outs, ins, want, op))
+        sync()
+        try:
+            for _, outs, ins, _, op in staged:
+                call(outs, ins, op)
+            comm.synchronize()
+        except Exception as exc:  # noqa: BLE001
+            fails.append(f"two-shot sequence {n}: raised {exc!r}")
+            break
+        for label, outs, _, want, _ in staged:
+            verify(label, outs, want)
     return fails
 
 
