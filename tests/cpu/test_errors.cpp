@@ -27,7 +27,7 @@ TEST(Knobs, BadValueNamesTheVariable) {
     EXPECT_NE(std::string(e.what()).find("FERRY_BATCH_MAX=lots"), std::string::npos);
   }
   unsetenv("FERRY_BATCH_MAX");
-  EXPECT_EQ(knob_int("FERRY_BATCH_MAX"), 128);
+  EXPECT_EQ(knob_int("FERRY_BATCH_MAX"), 32);
 }
 
 TEST(Errors, CudaErrorsNameTheCall) {
