@@ -147,11 +147,11 @@ __device__ void exchange_low_latency(const SmPathStep& s, const SmPathWindows& w
   }
 }
 
-// Which exchange of a call a step table runs: the whole call (kWhole), or
-// a round of a two-shot all_reduce (SmPathStep::two_shot_rounds): kScatter sends
-// the round's piece of part p of `in` to rank p and reduces this rank's
-// piece into its place in `out`; kGather stores that reduced piece straight
-// into every peer's `out`.
+// Which pushes a block makes (push_shares): a whole call's (kWhole), or a
+// two-shot all_reduce round's (SmPathStep::two_shot_rounds): kScatter sends
+// the round's piece of part p of `in` into rank p's slots (rank p reduces
+// it into its part of `out`), kGather stores this rank's reduced piece
+// straight into every peer's `out`.
 enum class Shot { kWhole, kScatter, kGather };
 
 // Where a two-shot round lies in every part: bytes [at, at + chunk) (for

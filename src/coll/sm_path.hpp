@@ -102,8 +102,9 @@ struct SmPathStep {
   // shot). Then span p of `in` (send_offset[p], send_bytes[p]) is rank p's
   // part, and recv_offset[q], recv_bytes[q] say where part q lies in `out`;
   // round k takes bytes [k * two_shot_chunk, (k + 1) * two_shot_chunk) of
-  // every part, as a reduce_scatter into out's own part (call c + 2k), then
-  // an all_gather of that piece (call c + 2k + 1).
+  // every part, as a reduce_scatter into out's own part, then an all_gather
+  // of that piece; R rounds run as R + 1 steps of flags (c to c + R), step k
+  // carrying round k's first shot and round k - 1's second.
   uint32_t two_shot_rounds = 0;  // no padding: the replay cache keys on the struct's bytes
   size_t two_shot_chunk = 0;
 };

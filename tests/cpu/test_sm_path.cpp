@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "coll/reduce.hpp"
@@ -542,124 +545,205 @@ TEST(SmPath, TwoShotPlanSendsPartPToRankP) {
   EXPECT_EQ(one.send_bytes[0], (size_t(1) << 20) - 16);
 }
 
-// The two shots on the CPU, round by round and block by block as the kernel
-// runs them, on int32 sums: every rank's result is the sum of every rank's
-// input; each block sends in the second shot only bytes it reduced itself in
-// the first; and a block only writes slot bytes that the same block of the
-// receiver read last (or that nobody read yet): the invariant that lets
-// rounds alternate between two slots without a wait across the grid.
-TEST(SmPath, TwoShotAllReduceSumsEveryElementAndEachBlockGathersWhatItReduced) {
+// The two-shot all_reduce on the CPU as the kernel's blocks run it, in an
+// order the flags allow: every (rank, block) is an actor that pushes round
+// 0's first shot and flags step 0; then per round k waits for step k from
+// the same block of every peer (its flag word holds the peer's last step; a
+// wait passes on k or k + 1, and a flag two steps ahead is an error), reduces
+// its share of piece k from the slots of parity `parity(k)`, stores it into
+// every peer's `out`, pushes round k + 1's first shot and flags step k + 1;
+// at last it waits for step R. A seeded random scheduler interleaves the
+// actors, so ranks and blocks run skewed as far as their waits let them.
+// Slot bytes carry the round that wrote them: a reduction that finds
+// another round's bytes, or a block writing slot bytes another block read
+// last, is reported. Returns "" or the first problem.
+static std::string simulate_two_shot(const std::vector<SmPathStep>& steps, int world,
+                              const std::function<int(uint32_t)>& parity, uint64_t seed) {
+  const int blocks = steps[0].blocks;
+  const size_t chunk = steps[0].two_shot_chunk;
+  const uint32_t rounds = steps[0].two_shot_rounds;
+  struct Slot {
+    std::vector<char> bytes;
+    std::vector<int> round, reader;
+  };
+  // slots[parity][dst][src]
+  std::vector<std::vector<std::vector<Slot>>> slots(
+      2, std::vector<std::vector<Slot>>(
+             world, std::vector<Slot>(world, Slot{std::vector<char>(chunk, 'x'), std::vector<int>(chunk, -1),
+                                                  std::vector<int>(chunk, -1)})));
+  // flag[dst][src][block]: the last step src's block posted to dst.
+  std::vector<std::vector<std::vector<int64_t>>> flag(
+      world, std::vector<std::vector<int64_t>>(world, std::vector<int64_t>(blocks, -1)));
+  auto piece = [&](size_t full, uint32_t k) {
+    const size_t at = k * chunk;
+    return full > at ? std::min(full - at, chunk) : size_t(0);
+  };
+  std::string problem;
+  auto fail = [&](const std::string& what) {
+    if (problem.empty()) problem = what;
+  };
+  auto scatter = [&](int r, int b, uint32_t k) {
+    const SmPathStep& s = steps[r];
+    for (int p = 0; p < world; ++p) {
+      if (p == r) continue;
+      size_t begin = 0;
+      const size_t len = sm_path_round_share(piece(s.send_bytes[p], k), chunk, blocks, b, &begin);
+      Slot& slot = slots[parity(k)][p][r];
+      for (size_t i = begin; i < begin + len; ++i) {
+        if (slot.reader[i] != -1 && slot.reader[i] != b)
+          fail("slot byte " + std::to_string(i) + " read by block " + std::to_string(slot.reader[i]) +
+               ", overwritten by block " + std::to_string(b) + " in round " + std::to_string(k));
+        slot.bytes[i] = s.in[s.send_offset[p] + k * chunk + i];
+        slot.round[i] = static_cast<int>(k);
+      }
+    }
+    for (int p = 0; p < world; ++p)
+      if (p != r) flag[p][r][b] = k;
+  };
+  auto work = [&](int r, int b, uint32_t k) {
+    const SmPathStep& s = steps[r];
+    const size_t at = k * chunk;
+    size_t begin = 0;
+    const size_t len = sm_path_round_share(piece(s.recv_bytes[r], k), chunk, blocks, b, &begin);
+    if (len % 4) fail("a share of " + std::to_string(len) + " bytes");
+    for (size_t i = begin; i + 4 <= begin + len; i += 4) {
+      int32_t acc = 0;
+      for (int q = 0; q < world; ++q) {
+        int32_t v;
+        if (q == r) {
+          std::memcpy(&v, s.in + s.send_offset[r] + at + i, 4);
+        } else {
+          Slot& slot = slots[parity(k)][r][q];
+          if (slot.round[i] != static_cast<int>(k))
+            fail("rank " + std::to_string(r) + " block " + std::to_string(b) + " read round " +
+                 std::to_string(slot.round[i]) + "'s bytes of rank " + std::to_string(q) + " in round " +
+                 std::to_string(k));
+          std::memcpy(&v, slot.bytes.data() + i, 4);
+          std::fill(slot.reader.begin() + i, slot.reader.begin() + i + 4, b);
+        }
+        acc += v;
+      }
+      std::memcpy(s.out + s.recv_offset[r] + at + i, &acc, 4);
+    }
+    for (int p = 0; p < world; ++p)
+      if (p != r)
+        std::copy(s.out + s.recv_offset[r] + at + begin, s.out + s.recv_offset[r] + at + begin + len,
+                  steps[p].out + steps[p].recv_offset[r] + at + begin);
+    if (k + 1 < rounds) {
+      scatter(r, b, k + 1);  // flags step k + 1 too
+    } else {
+      for (int p = 0; p < world; ++p)
+        if (p != r) flag[p][r][b] = k + 1;
+    }
+  };
+  // An actor's next action: 0 the first push; 2k + 1 the wait for step k; 2k + 2 round k's work; 2R + 1 the
+  // last wait; 2R + 2 done.
+  std::vector<uint32_t> next(static_cast<size_t>(world) * blocks, 0);
+  std::mt19937_64 rng(seed);
+  std::vector<int> ready;
+  for (;;) {
+    ready.clear();
+    bool all_done = true;
+    for (int a = 0; a < world * blocks; ++a) {
+      const int r = a / blocks, b = a % blocks;
+      const uint32_t n = next[a];
+      if (n == 2 * rounds + 2) continue;
+      all_done = false;
+      if (n % 2 == 1) {  // a wait for step (n - 1) / 2
+        const int64_t k = (n - 1) / 2;
+        bool ok = true;
+        for (int q = 0; q < world; ++q) {
+          if (q == r) continue;
+          if (flag[r][q][b] > k + 1) fail("rank " + std::to_string(q) + " is two steps ahead");
+          ok = ok && flag[r][q][b] >= k;
+        }
+        if (!ok) continue;
+      }
+      ready.push_back(a);
+    }
+    if (all_done || !problem.empty()) break;
+    if (ready.empty()) return "deadlock";
+    const int a = ready[rng() % ready.size()];
+    const int r = a / blocks, b = a % blocks;
+    const uint32_t n = next[a]++;
+    if (n == 0) scatter(r, b, 0);
+    if (n % 2 == 0 && n > 0 && n < 2 * rounds + 2) work(r, b, n / 2 - 1);
+  }
+  return problem;
+}
+
+// Every rank's result is the sum of every rank's input, under many orders
+// of the actors (simulate_two_shot), with rounds alternating between the two
+// parities' slots as the kernel's do.
+TEST(SmPath, TwoShotAllReduceSumsEveryElementInAnyOrderTheFlagsAllow) {
   for (size_t slot : {size_t(0), size_t(80) << 10})  // one round, or rounds of 80 KiB
     for (int world : {3, 4, 5, 8})
       for (size_t count : {size_t(131101), size_t(300007)})
-        for (bool in_place : {false, true}) {
-          SmPathBlocks per;
-          per.two_shot_from = 1;
-          per.spans = 4096;  // more blocks than the default for this size, so that shares are many
-          per.slot_bytes = slot;
-          const size_t bytes = count * 4;
-          std::vector<std::vector<int32_t>> ins(world), outs(world, std::vector<int32_t>(count, -7));
-          std::vector<int64_t> want(count, 0);
-          for (int r = 0; r < world; ++r) {
-            ins[r].resize(count);
-            for (size_t i = 0; i < count; ++i) {
-              ins[r][i] = static_cast<int32_t>((i * 2654435761u + r * 40503u) % 100003) - 50000;
-              want[i] += ins[r][i];
+        for (bool in_place : {false, true})
+          for (uint64_t seed : {1, 2}) {
+            SmPathBlocks per;
+            per.two_shot_from = 1;
+            per.spans = 4096;  // more blocks than the default for this size, so that shares are many
+            per.slot_bytes = slot;
+            const size_t bytes = count * 4;
+            std::vector<std::vector<int32_t>> ins(world), outs(world, std::vector<int32_t>(count, -7));
+            std::vector<int64_t> want(count, 0);
+            for (int r = 0; r < world; ++r) {
+              ins[r].resize(count);
+              for (size_t i = 0; i < count; ++i) {
+                ins[r][i] = static_cast<int32_t>((i * 2654435761u + r * 40503u) % 100003) - 50000;
+                want[i] += ins[r][i];
+              }
+              if (in_place) outs[r] = ins[r];
             }
-            if (in_place) outs[r] = ins[r];
-          }
-          std::vector<SmPathStep> steps;
-          for (int r = 0; r < world; ++r) {
-            const char* src = reinterpret_cast<const char*>(in_place ? outs[r].data() : ins[r].data());
-            steps.push_back(plan_sm_path(CollOp::kAllReduce, r, world, src, reinterpret_cast<char*>(outs[r].data()),
-                                         bytes, 0, {}, 7, static_cast<uint32_t>(DType::kInt32),
-                                         static_cast<uint32_t>(RedOp::kSum), per));
-            ASSERT_GE(steps.back().two_shot_rounds, 1u);
-            ASSERT_EQ(steps.back().blocks, steps[0].blocks) << "the same grid on every rank";
-            ASSERT_EQ(steps.back().two_shot_rounds, steps[0].two_shot_rounds) << "the same rounds on every rank";
-          }
-          const int blocks = steps[0].blocks;
-          const size_t chunk = steps[0].two_shot_chunk;
-          if (slot) ASSERT_LE(chunk, slot);
-          if (slot && sm_path_two_shot_part(bytes, world) > slot) ASSERT_GT(steps[0].two_shot_rounds, 1u);
-          // slots[parity][dst][src]: bytes and the block of dst that last read each (-1: none yet).
-          using Slots = std::vector<std::vector<std::vector<char>>>;
-          using Readers = std::vector<std::vector<std::vector<int>>>;
-          std::vector<Slots> slots(2,
-                                   Slots(world, std::vector<std::vector<char>>(world, std::vector<char>(chunk, 'x'))));
-          std::vector<Readers> reader(
-              2, Readers(world, std::vector<std::vector<int>>(world, std::vector<int>(chunk, -1))));
-          auto piece_of = [&](size_t full, uint32_t k) {
-            const size_t at = k * chunk;
-            return full > at ? std::min(full - at, chunk) : size_t(0);
-          };
-          // Shot 1 of round k: block b of rank r sends its share of part p's piece to rank p's slot of parity k & 1.
-          auto scatter = [&](uint32_t k) {
+            std::vector<SmPathStep> steps;
+            for (int r = 0; r < world; ++r) {
+              const char* src = reinterpret_cast<const char*>(in_place ? outs[r].data() : ins[r].data());
+              steps.push_back(plan_sm_path(CollOp::kAllReduce, r, world, src, reinterpret_cast<char*>(outs[r].data()),
+                                           bytes, 0, {}, 7, static_cast<uint32_t>(DType::kInt32),
+                                           static_cast<uint32_t>(RedOp::kSum), per));
+              ASSERT_GE(steps.back().two_shot_rounds, 1u);
+              ASSERT_EQ(steps.back().blocks, steps[0].blocks) << "the same grid on every rank";
+              ASSERT_EQ(steps.back().two_shot_rounds, steps[0].two_shot_rounds) << "the same rounds on every rank";
+            }
+            if (slot) ASSERT_LE(steps[0].two_shot_chunk, slot);
+            if (slot && sm_path_two_shot_part(bytes, world) > slot) ASSERT_GT(steps[0].two_shot_rounds, 1u);
+            const std::string problem = simulate_two_shot(
+                steps, world, [](uint32_t k) { return int(k & 1); }, seed);
+            ASSERT_EQ(problem, "") << "slot " << slot << ", world " << world << ", count " << count
+                                   << (in_place ? " in place" : "") << ", seed " << seed;
             for (int r = 0; r < world; ++r)
-              for (int p = 0; p < world; ++p) {
-                if (p == r) continue;
-                const SmPathStep& s = steps[r];
-                for (int b = 0; b < blocks; ++b) {
-                  size_t begin = 0;
-                  const size_t len = sm_path_round_share(piece_of(s.send_bytes[p], k), chunk, blocks, b, &begin);
-                  for (size_t i = begin; i < begin + len; ++i) {
-                    const int last = reader[k & 1][p][r][i];
-                    ASSERT_TRUE(last == -1 || last == b) << "slot byte " << i << " read by block " << last
-                                                         << ", overwritten by block " << b << " in round " << k;
-                    slots[k & 1][p][r][i] = s.in[s.send_offset[p] + k * chunk + i];
-                  }
-                }
-              }
-          };
-          // The kernel's order per block: round 0's first shot; then per round k the reduction, the second
-          // shot, and round k + 1's first shot, between two flags.
-          scatter(0);
-          for (uint32_t k = 0; k < steps[0].two_shot_rounds; ++k) {
-            const size_t at = k * chunk;
-            // Each rank reduces its piece, block by block, from its own input and its slots.
-            std::vector<std::vector<int>> reducer(world);
-            for (int r = 0; r < world; ++r) {
-              const SmPathStep& s = steps[r];
-              const size_t n = piece_of(s.recv_bytes[r], k);
-              reducer[r].assign(n, -1);
-              for (int b = 0; b < blocks; ++b) {
-                size_t begin = 0;
-                const size_t len = sm_path_round_share(n, chunk, blocks, b, &begin);
-                ASSERT_EQ(len % 4, 0u);
-                for (size_t i = begin; i < begin + len; i += 4) {
-                  int32_t acc = 0;
-                  for (int q = 0; q < world; ++q) {
-                    int32_t v;
-                    std::memcpy(&v, q == r ? s.in + s.send_offset[r] + at + i : slots[k & 1][r][q].data() + i, 4);
-                    if (q != r) std::fill(reader[k & 1][r][q].begin() + i, reader[k & 1][r][q].begin() + i + 4, b);
-                    acc += v;
-                  }
-                  std::memcpy(s.out + s.recv_offset[r] + at + i, &acc, 4);
-                  std::fill(reducer[r].begin() + i, reducer[r].begin() + i + 4, b);
-                }
-              }
-            }
-            // Shot 2: block b of rank r stores its share of r's reduced piece into every peer's out.
-            for (int r = 0; r < world; ++r) {
-              const SmPathStep& s = steps[r];
-              const size_t n = piece_of(s.recv_bytes[r], k);
-              for (int b = 0; b < blocks; ++b) {
-                size_t begin = 0;
-                const size_t len = sm_path_round_share(n, chunk, blocks, b, &begin);
-                for (size_t i = begin; i < begin + len; ++i)
-                  ASSERT_EQ(reducer[r][i], b) << "rank " << r << ", round " << k << ", byte " << i;
-                for (int p = 0; p < world; ++p)
-                  if (p != r)
-                    std::copy(s.out + s.recv_offset[r] + at + begin, s.out + s.recv_offset[r] + at + begin + len,
-                              steps[p].out + steps[p].recv_offset[r] + at + begin);
-              }
-            }
-            if (k + 1 < steps[0].two_shot_rounds) scatter(k + 1);
+              for (size_t i = 0; i < count; ++i)
+                ASSERT_EQ(outs[r][i], static_cast<int32_t>(want[i]))
+                    << "slot " << slot << ", world " << world << ", count " << count << (in_place ? " in place" : "")
+                    << ", rank " << r << ", element " << i << ", seed " << seed;
           }
-          for (int r = 0; r < world; ++r)
-            for (size_t i = 0; i < count; ++i)
-              ASSERT_EQ(outs[r][i], static_cast<int32_t>(want[i]))
-                  << "slot " << slot << ", world " << world << ", count " << count << (in_place ? " in place" : "")
-                  << ", rank " << r << ", element " << i;
-        }
+}
+
+// The simulation can fail: rounds that all used one parity's slots (the
+// kernel before its rounds were pipelined waited a second time per round
+// for that) let a rank that is a step ahead overwrite a slot its peer has
+// not read yet, and some order of the actors shows it.
+TEST(SmPath, TwoShotSimulationCatchesRoundsSharingOneSlot) {
+  SmPathBlocks per;
+  per.two_shot_from = 1;
+  per.spans = 4096;
+  per.slot_bytes = size_t(80) << 10;
+  const int world = 4;
+  const size_t count = 300007;
+  std::vector<std::vector<int32_t>> ins(world, std::vector<int32_t>(count, 1)),
+      outs(world, std::vector<int32_t>(count));
+  int caught = 0;
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    std::vector<SmPathStep> steps;
+    for (int r = 0; r < world; ++r)
+      steps.push_back(plan_sm_path(CollOp::kAllReduce, r, world, reinterpret_cast<const char*>(ins[r].data()),
+                                   reinterpret_cast<char*>(outs[r].data()), count * 4, 0, {}, 7,
+                                   static_cast<uint32_t>(DType::kInt32), static_cast<uint32_t>(RedOp::kSum), per));
+    ASSERT_GT(steps[0].two_shot_rounds, 2u);
+    caught += !simulate_two_shot(
+                   steps, world, [](uint32_t) { return 0; }, seed)
+                   .empty();
+  }
+  EXPECT_GT(caught, 0);
 }
