@@ -558,7 +558,7 @@ TEST(SmPath, TwoShotPlanSendsPartPToRankP) {
 // another round's bytes, or a block writing slot bytes another block read
 // last, is reported. Returns "" or the first problem.
 static std::string simulate_two_shot(const std::vector<SmPathStep>& steps, int world,
-                              const std::function<int(uint32_t)>& parity, uint64_t seed) {
+                                     const std::function<int(uint32_t)>& parity, uint64_t seed) {
   const int blocks = steps[0].blocks;
   const size_t chunk = steps[0].two_shot_chunk;
   const uint32_t rounds = steps[0].two_shot_rounds;
