@@ -276,21 +276,8 @@ void Communicator::run(const CollectiveArgs& a) {
     if (capturing) {
       FERRY_ARG_CHECK(dma::is_capturing(a.streams[i]),
                       std::string(coll_op_name(a.op)) + ": some streams are capturing a CUDA graph and others not");
-      const uint64_t* state = nullptr;
-      {
-        std::lock_guard<std::mutex> lock(captured_mu_);
-        auto key = std::make_pair(i, static_cast<const ReadyRecord*>(built[i].record.host));
-        auto it = captured_.find(key);
-        if (it == captured_.end()) {
-          Captured c;
-          c.local = i;
-          c.expect = expectation(0, a, built[i]);
-          c.state = L.records->word();
-          it = captured_.emplace(key, std::move(c)).first;
-        }
-        state = it->second.state.device;
-      }
-      e.state_word = state;
+      e.state_word = watchdog_->captured_state(i, static_cast<const ReadyRecord*>(built[i].record.host),
+                                               expectation(0, a, built[i]), *L.records);
       L.emitter->emit(built[i], e);
       continue;
     }

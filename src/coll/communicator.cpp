@@ -208,6 +208,17 @@ std::unique_ptr<Communicator> Communicator::create_local(const std::vector<int>&
   return c;
 }
 
+void Communicator::start_watchdog() {
+  std::vector<Watchdog::Rank> ranks;
+  for (auto& L : locals_)
+    ranks.push_back(Watchdog::Rank{L->rank, L->in_flight.get(), L->rescue.get(), L->kernel_fault.host});
+  std::vector<HostFlags*> flags;
+  for (int q = 0; q < world_; ++q) flags.push_back(host_flags(q));
+  watchdog_ = std::make_unique<Watchdog>(std::move(ranks), std::move(flags), pids_, timeout_s_, exit_after_s_, failure_,
+                                         [this](const std::string& message) { fail(message); });
+  watchdog_->start();
+}
+
 Communicator::~Communicator() {
   if (!closed_) {
     try {
@@ -340,7 +351,8 @@ void Communicator::fail(const std::string& message) {
 void Communicator::check() {
   // A ferry kernel that gave up has finished: a caller that waited
   // for it must hear why now, not at the watchdog's next look.
-  for (int i = 0; i < local_count(); ++i) check_kernel_fault(i);
+  if (watchdog_)
+    for (int i = 0; i < local_count(); ++i) watchdog_->check_kernel_fault(i);
   failure_.raise();
 }
 
@@ -385,13 +397,7 @@ void Communicator::close() {
   } catch (...) {
     // Closing after a failure still releases everything; the error was reported or stays in check().
   }
-  {
-    std::lock_guard<std::mutex> lock(watchdog_mu_);
-    stop_watchdog_ = true;
-  }
-  watchdog_cv_.notify_all();
-  if (watchdog_.joinable()) watchdog_.join();
-  if (exit_guard_.joinable()) exit_guard_.join();
+  watchdog_.reset();  // stops its threads before what it watches goes
   // ferry's own streams only, not the whole device; bounded: a stream still
   // blocked now stays blocked (its memory is then released under it, which
   // CUDA reports on that stream, not here).

@@ -1,5 +1,5 @@
 // A communicator: the ranks, their flags, their registered buffers, and the
-// watchdog that bounds every wait. Its device memory (flags, the SM path's
+// watchdog that bounds every wait (coll/watchdog.hpp). Its device memory (flags, the SM path's
 // windows, scratch, registered buffers) is a CollectiveMemory. One process per GPU (create) or one process
 // driving several GPUs (create_local); the collectives below serve both, with
 // one entry per local rank in every array argument.
@@ -7,15 +7,10 @@
 
 #include <cuda_runtime_api.h>
 
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
-#include <functional>
-#include <map>
+#include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
+#include <utility>
 #include <vector>
 
 #include "bootstrap/group.hpp"
@@ -34,6 +29,7 @@
 #include "coll/replay_cache.hpp"
 #include "coll/rescue.hpp"
 #include "coll/selector.hpp"
+#include "coll/watchdog.hpp"
 #include "dma/engine.hpp"
 #include "symm/shared_host_memory.hpp"
 
@@ -143,15 +139,6 @@ class Communicator {
     std::unique_ptr<Emitter> emitter;
     std::unique_ptr<Rescue> rescue;
   };
-  // A call captured into a CUDA graph: the watchdog cannot see its runs end, so
-  // the captured commands write a state word (1 while running, 0 after).
-  struct Captured {
-    int local;
-    Expectation expect;
-    Pinned<uint64_t> state;
-    std::vector<uint64_t> last_flags;
-    double unchanged_since = -1;
-  };
   using Registration = CollectiveMemory::Registration;
   using ScratchBlock = CollectiveMemory::ScratchBlock;
 
@@ -189,8 +176,6 @@ class Communicator {
   // drops every cached plan: they point at the old block, and no two ranks
   // may use different blocks for one call.
   const ScratchBlock& scratch(size_t bytes);
-  // Reports a ferry kernel (SM path, signal round) that gave up waiting (the watchdog looks).
-  void check_kernel_fault(int local);
 
   // An eager call: Emitter::emit, or, when the same commands were enqueued before,
   // one launch of the graph they were captured into (ReplayCache).
@@ -217,12 +202,6 @@ class Communicator {
   // `rank`'s ready and done flags, mapped in this process (GPU memory).
   DeviceFlags* device_flags(int rank) const { return memory_->device_flags(rank); }
 
-  void watchdog_loop();
-  void exit_if_undelivered();
-  bool diagnose_and_unblock(int local, const Expectation& x, double age_s);
-  void watch_captured(Captured& c);
-  void fail_untriggered(int local, const InFlight::Pending& p);
-  void publish_progress();
   void fail(const std::string& message);
 
   int world_ = 0;
@@ -241,32 +220,13 @@ class Communicator {
   std::string gpu_name_;
   Selector selector_;
   PreparedTable prepared_;
-  std::mutex captured_mu_;
-  // One per local rank and distinct call (their records are interned), so
-  // capturing the same call again reuses its entry and state word.
-  std::map<std::pair<int, const ReadyRecord*>, Captured> captured_;
   // Recent eager calls' plans; cleared when registrations, the selector or the scratch change.
   CallMemo<PlannedCall> recent_calls_{256};
 
   bool closed_ = false;
   Failure failure_;
-  double exit_after_s_ = 0;  // FERRY_EXIT_AFTER_S
-
-  struct MismatchSeen {
-    uint64_t seq = 0;
-    uint64_t value = 0;
-    std::chrono::steady_clock::time_point since;
-  };
-  std::vector<MismatchSeen> mismatch_seen_ = std::vector<MismatchSeen>(kMaxRanks * kMaxRanks);  // [local][peer]
-  std::thread watchdog_;
-  // Ends an undelivered failure (FERRY_EXIT_AFTER_S): a thread of its own,
-  // which makes no CUDA call, since the watchdog's calls can wait inside CUDA
-  // behind the very thread that is stuck.
-  std::thread exit_guard_;
-  std::atomic<int64_t> watchdog_tick_ns_{0};  // steady clock at the start of the watchdog's look; 0 between looks
-  std::mutex watchdog_mu_;
-  std::condition_variable watchdog_cv_;
-  bool stop_watchdog_ = false;
+  double exit_after_s_ = 0;             // FERRY_EXIT_AFTER_S
+  std::unique_ptr<Watchdog> watchdog_;  // from start_watchdog() until close()
 };
 
 }  // namespace ferry

@@ -1,15 +1,14 @@
-// The watchdog: a thread per communicator that looks at every unfinished
-// collective every FERRY_WATCHDOG_MS, names late or mismatched peers, reports
-// armed runs never triggered, and frees the GPU when it gives up (stream
-// writes on the rescue stream). Its decisions are pure functions in
-// coll/watch_rules.hpp; this file reads the state they need and acts.
+#include "coll/watchdog.hpp"
+
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
 
-#include "coll/communicator.hpp"
+#include "coll/kernel_wait.hpp"
 #include "coll/signature.hpp"
 #include "coll/watch_rules.hpp"
 #include "core/env.hpp"
@@ -28,13 +27,27 @@ constexpr double kSnapshotAfterS = 0.05;
 
 }  // namespace
 
-void Communicator::start_watchdog() {
-  watchdog_ = std::thread([this] { watchdog_loop(); });
+Watchdog::Watchdog(std::vector<Rank> ranks, std::vector<HostFlags*> host_flags, std::vector<int> pids, double timeout_s,
+                   double exit_after_s, const Failure& failure, std::function<void(const std::string&)> fail)
+    : ranks_(std::move(ranks)),
+      host_flags_(std::move(host_flags)),
+      pids_(std::move(pids)),
+      world_(static_cast<int>(host_flags_.size())),
+      timeout_s_(timeout_s),
+      exit_after_s_(exit_after_s),
+      failure_(failure),
+      fail_(std::move(fail)),
+      mismatch_seen_(kMaxRanks * kMaxRanks) {}
+
+Watchdog::~Watchdog() { stop(); }
+
+void Watchdog::start() {
+  thread_ = std::thread([this] { loop(); });
   if (exit_after_s_ > 0)
     exit_guard_ = std::thread([this] {
-      std::unique_lock<std::mutex> lock(watchdog_mu_);
-      while (!stop_watchdog_) {
-        watchdog_cv_.wait_for(lock, std::chrono::milliseconds(100));
+      std::unique_lock<std::mutex> lock(mu_);
+      while (!stop_) {
+        cv_.wait_for(lock, std::chrono::milliseconds(100));
         lock.unlock();
         exit_if_undelivered();
         lock.lock();
@@ -42,28 +55,53 @@ void Communicator::start_watchdog() {
     });
 }
 
-void Communicator::watchdog_loop() {
+void Watchdog::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  if (exit_guard_.joinable()) exit_guard_.join();
+}
+
+const uint64_t* Watchdog::captured_state(int local, const ReadyRecord* record, const Expectation& expect,
+                                         RecordPool& records) {
+  std::lock_guard<std::mutex> lock(captured_mu_);
+  auto key = std::make_pair(local, record);
+  auto it = captured_.find(key);
+  if (it == captured_.end()) {
+    Captured c;
+    c.local = local;
+    c.expect = expect;
+    c.state = records.word();
+    it = captured_.emplace(key, std::move(c)).first;
+  }
+  return it->second.state.device;
+}
+
+void Watchdog::loop() {
   // The watchdog queries events while the user's threads may capture CUDA
   // graphs; in relaxed mode its calls never invalidate their capture.
   cudaStreamCaptureMode relaxed = cudaStreamCaptureModeRelaxed;
   cudaThreadExchangeStreamCaptureMode(&relaxed);
   auto interval = std::chrono::milliseconds(std::max<long long>(1, knob_int("FERRY_WATCHDOG_MS")));
-  std::unique_lock<std::mutex> lock(watchdog_mu_);
-  while (!stop_watchdog_) {
-    watchdog_cv_.wait_for(lock, interval);
-    if (stop_watchdog_) break;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    cv_.wait_for(lock, interval);
+    if (stop_) break;
     lock.unlock();
-    watchdog_tick_ns_.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+    tick_ns_.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
     publish_progress();
-    for (int i = 0; i < local_count(); ++i) {
+    for (int i = 0; i < static_cast<int>(ranks_.size()); ++i) {
       check_kernel_fault(i);
-      auto pending = locals_[i]->in_flight->oldest_unfinished();
+      auto pending = ranks_[i].in_flight->oldest_unfinished();
       if (pending && pending->waiting_for_trigger) {
         // A gate in GPU memory is read through a copy, made only once the
         // wait has lasted (the usual arm-to-trigger gap costs nothing).
         switch (look_at_armed(pending->gate.device != nullptr, pending->age_s, kSnapshotAfterS, timeout_s_)) {
           case ArmedLook::kReadGate:
-            locals_[i]->rescue->mirror_gate(pending->gate);
+            ranks_[i].rescue->mirror_gate(pending->gate);
             break;
           case ArmedLook::kOpenGate:
             fail_untriggered(i, *pending);
@@ -77,9 +115,9 @@ void Communicator::watchdog_loop() {
     }
     {
       std::lock_guard<std::mutex> cl(captured_mu_);
-      for (auto& [key, c] : captured_) watch_captured(c);
+      for (auto& [key, c] : captured_) watch(c);
     }
-    watchdog_tick_ns_.store(0, std::memory_order_relaxed);
+    tick_ns_.store(0, std::memory_order_relaxed);
     lock.lock();
   }
 }
@@ -87,10 +125,10 @@ void Communicator::watchdog_loop() {
 // A failure that no ferry call has raised within FERRY_EXIT_AFTER_S ends the
 // process: the thread that would make the next call may be stuck inside CUDA,
 // where no error reaches it, and a process that hangs helps nobody.
-void Communicator::exit_if_undelivered() {
+void Watchdog::exit_if_undelivered() {
   // The watchdog itself stuck inside a CUDA call for longer than a timeout:
   // it can neither name a peer nor release a stream, so nothing else will.
-  const int64_t tick = watchdog_tick_ns_.load(std::memory_order_relaxed);
+  const int64_t tick = tick_ns_.load(std::memory_order_relaxed);
   const double stuck_s = tick ? std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch() -
                                                               std::chrono::steady_clock::duration(tick))
                                     .count()
@@ -100,8 +138,8 @@ void Communicator::exit_if_undelivered() {
     // what this process is stuck in.
     std::vector<PeerSeen> peers;
     for (int q = 0; q < world_; ++q) {
-      if (std::any_of(locals_.begin(), locals_.end(), [q](const auto& L) { return L->rank == q; })) continue;
-      const Progress& pq = host_flags(q)->progress;
+      if (std::any_of(ranks_.begin(), ranks_.end(), [q](const Rank& L) { return L.rank == q; })) continue;
+      const Progress& pq = host_flags_[q]->progress;
       peers.push_back(PeerSeen{q, pids_[q], process_exited(pids_[q]), __atomic_load_n(&pq.enqueued, __ATOMIC_ACQUIRE),
                                __atomic_load_n(&pq.completed, __ATOMIC_ACQUIRE)});
     }
@@ -129,34 +167,34 @@ void Communicator::exit_if_undelivered() {
 // being seen. Often a deadlock: the work meant to trigger it waits behind the
 // armed stream in a shared hardware queue. Report it and open the gate, so the
 // GPU drains (the collective then runs on whatever its input holds).
-void Communicator::fail_untriggered(int local, const InFlight::Pending& p) {
-  fail(std::string(coll_op_name(p.expect.op)) + " #" + std::to_string(p.expect.seq) + " on rank " +
-       std::to_string(rank(local)) + " was armed " + std::to_string(p.age_s) +
-       " s ago and never triggered. Two known causes: a kernel launched for the first time after arm() (CUDA's "
-       "lazy loading can synchronize the context, which waits for the armed stream: run every such kernel once "
-       "before arming, or set CUDA_MODULE_LOADING=EAGER), or trigger work queued behind the armed wait in a shared "
-       "CUDA hardware queue (raise CUDA_DEVICE_MAX_CONNECTIONS, e.g. 32); see docs/api.md, Prelaunch. The gate "
-       "was opened to free the GPU; the output is undefined");
-  locals_[local]->rescue->open_gate(p.gate);
+void Watchdog::fail_untriggered(int local, const InFlight::Pending& p) {
+  fail_(std::string(coll_op_name(p.expect.op)) + " #" + std::to_string(p.expect.seq) + " on rank " +
+        std::to_string(ranks_[local].rank) + " was armed " + std::to_string(p.age_s) +
+        " s ago and never triggered. Two known causes: a kernel launched for the first time after arm() (CUDA's "
+        "lazy loading can synchronize the context, which waits for the armed stream: run every such kernel once "
+        "before arming, or set CUDA_MODULE_LOADING=EAGER), or trigger work queued behind the armed wait in a shared "
+        "CUDA hardware queue (raise CUDA_DEVICE_MAX_CONNECTIONS, e.g. 32); see docs/api.md, Prelaunch. The gate "
+        "was opened to free the GPU; the output is undefined");
+  ranks_[local].rescue->open_gate(p.gate);
 }
 
-void Communicator::check_kernel_fault(int local) {
-  const KernelFault f = read_kernel_fault(__atomic_load_n(locals_[local]->kernel_fault.host, __ATOMIC_ACQUIRE));
+void Watchdog::check_kernel_fault(int local) {
+  const KernelFault f = read_kernel_fault(__atomic_load_n(ranks_[local].kernel_fault, __ATOMIC_ACQUIRE));
   if (!f.set || failure_.broken()) return;
   const int q = f.source;
   const std::string what = f.signal_round
                                ? std::string("a collective's signal round by kernel (signals 'sm')")
                                : "a collective on the SM path (algo 'sm', its step #" + std::to_string(f.call) +
                                      " on that path: one per call, R + 1 for a two-shot all_reduce in R rounds)";
-  fail(what + " on rank " + std::to_string(rank(local)) + " gave up after waiting " + std::to_string(timeout_s_) +
-       " s for rank " + std::to_string(q) + ": rank " + std::to_string(q) +
-       " has not made the same call, made it with other arguments, or its GPU is held by other work. The output is "
-       "undefined; close this communicator");
+  fail_(what + " on rank " + std::to_string(ranks_[local].rank) + " gave up after waiting " +
+        std::to_string(timeout_s_) + " s for rank " + std::to_string(q) + ": rank " + std::to_string(q) +
+        " has not made the same call, made it with other arguments, or its GPU is held by other work. The output is "
+        "undefined; close this communicator");
 }
 
-void Communicator::publish_progress() {
-  for (auto& L : locals_)
-    __atomic_store_n(&host_flags(L->rank)->progress.completed, L->in_flight->completed(), __ATOMIC_RELEASE);
+void Watchdog::publish_progress() {
+  for (const Rank& L : ranks_)
+    __atomic_store_n(&host_flags_[L.rank]->progress.completed, L.in_flight->completed(), __ATOMIC_RELEASE);
 }
 
 namespace {
@@ -173,8 +211,8 @@ bool has(uint64_t mask, int q) { return (mask >> q) & 1; }
 // records the error, and releases the stream's waits by writing the expected
 // values itself, so nothing hangs. `x.seq` is 0 for runs of a captured graph,
 // whose progress the host cannot count.
-bool Communicator::diagnose_and_unblock(int local, const Expectation& x, double age_s) {
-  Local& L = *locals_[local];
+bool Watchdog::diagnose_and_unblock(int local, const Expectation& x, double age_s) {
+  const Rank& L = ranks_[local];
   const int r = L.rank;
   if (failure_.broken()) {
     // Failed already: release every wait of this collective, whatever the
@@ -196,7 +234,7 @@ bool Communicator::diagnose_and_unblock(int local, const Expectation& x, double 
     if (q == r || !(has(x.targets_mask, q) || has(x.sources_mask, q))) continue;
     uint64_t ready = looked && has(x.targets_mask, q) ? seen[q].value : 0;
     std::string who = "rank " + std::to_string(q);
-    const Progress& pq = host_flags(q)->progress;
+    const Progress& pq = host_flags_[q]->progress;
     uint64_t enq = __atomic_load_n(&pq.enqueued, __ATOMIC_ACQUIRE);
     uint64_t comp = __atomic_load_n(&pq.completed, __ATOMIC_ACQUIRE);
     if (ready != 0 && ready != x.value && x.seq > 0) {
@@ -241,7 +279,7 @@ bool Communicator::diagnose_and_unblock(int local, const Expectation& x, double 
                     std::to_string(r) + " failed after " + std::to_string(age_s) + " s: ";
   for (size_t i = 0; i < problems.size(); ++i) msg += (i ? "; " : "") + problems[i];
   msg += ". The registered buffers it touched hold undefined data; close this communicator";
-  fail(msg);
+  fail_(msg);
   uint64_t stuck_mask = 0;
   for (int q : stuck) stuck_mask |= uint64_t{1} << q;
   L.rescue->release_waits(x.value, x.targets_mask & stuck_mask, x.sources_mask & stuck_mask);
@@ -251,12 +289,12 @@ bool Communicator::diagnose_and_unblock(int local, const Expectation& x, double 
 // A captured collective is stuck when its state word says it runs and its
 // ready flags have not changed for the whole timeout (runs that follow each
 // other keep changing them).
-void Communicator::watch_captured(Captured& c) {
+void Watchdog::watch(Captured& c) {
   if (__atomic_load_n(c.state.host, __ATOMIC_ACQUIRE) == 0) {
     c.unchanged_since = -1;
     return;
   }
-  const Rescue& rescue = *locals_[c.local]->rescue;
+  const Rescue& rescue = *ranks_[c.local].rescue;
   if (!rescue.snapshot_ready()) return;
   const ReadyRecord* seen = rescue.snapshot();
   std::vector<uint64_t> now;
