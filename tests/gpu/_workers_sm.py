@@ -152,21 +152,29 @@ def check_two_shot(torch, comm, ranks, devs, world, bufs, streams=None, window=S
         ("mix-one-shot", f32, "max", 70001),
         ("mix-two-shot-b", i32, "sum", max(two_shot_bytes(), world * 150001) // 4 + 3),
     ]
-    for rnd in range(3):
-        staged = []
-        for slot, (tag, dtype, op, count) in enumerate(mix):
-            outs, ins, want = case(f"{tag}/{rnd}", slot, dtype, op, count)
-            staged.append((f"{tag} round {rnd}", outs, ins, want, op))
+
+    def back_to_back(label, staged) -> bool:
+        """Calls every staged (label, outs, ins, want, op) without a wait
+        between them, then checks each; False when a call raised."""
         sync()
         try:
             for _, outs, ins, _, op in staged:
                 call(outs, ins, op)
             comm.synchronize()
         except Exception as exc:  # noqa: BLE001
-            fails.append(f"two-shot mix round {rnd}: raised {exc!r}")
+            fails.append(f"two-shot {label}: raised {exc!r}")
+            return False
+        for case_label, outs, _, want, _ in staged:
+            verify(case_label, outs, want)
+        return True
+
+    for rnd in range(3):
+        staged = []
+        for slot, (tag, dtype, op, count) in enumerate(mix):
+            outs, ins, want = case(f"{tag}/{rnd}", slot, dtype, op, count)
+            staged.append((f"{tag} round {rnd}", outs, ins, want, op))
+        if not back_to_back(f"mix round {rnd}", staged):
             break
-        for label, outs, _, want, _ in staged:
-            verify(label, outs, want)
 
     # One process per rank: a graph of a two-shot and a one-shot call,
     # replayed on new data each time (every rank local: calls from one thread
@@ -235,16 +243,8 @@ def check_two_shot(torch, comm, ranks, devs, world, bufs, streams=None, window=S
         for tag, slot, dtype, op, count, in_place in seq:
             outs, ins, want = case(f"seq/{tag}", slot, dtype, op, count, in_place)
             staged.append((f"sequence {n}: {tag}", outs, ins, want, op))
-        sync()
-        try:
-            for _, outs, ins, _, op in staged:
-                call(outs, ins, op)
-            comm.synchronize()
-        except Exception as exc:  # noqa: BLE001
-            fails.append(f"two-shot sequence {n}: raised {exc!r}")
+        if not back_to_back(f"sequence {n}", staged):
             break
-        for label, outs, _, want, _ in staged:
-            verify(label, outs, want)
     return fails
 
 
