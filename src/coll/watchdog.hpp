@@ -53,9 +53,9 @@ class Watchdog {
 
   // A call captured into a CUDA graph on local rank `local`: the watchdog
   // cannot see its runs end, so the captured commands write a state word (1
-  // while running, 0 after). One per local rank and distinct call (`record`:
-  // its interned ready record), so capturing it again reuses the word.
-  // Returns the word's device address.
+  // while running, 0 after), taken from `records` (which owns it). One per
+  // local rank and distinct call (`record`: its interned ready record), so
+  // capturing it again reuses the word. Returns the word's device address.
   const uint64_t* captured_state(int local, const ReadyRecord* record, const Expectation& expect, RecordPool& records);
   // Reports a ferry kernel (SM path, signal round) of local rank `local` that
   // gave up waiting; the watchdog looks at every interval, a caller's check()
