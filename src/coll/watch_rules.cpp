@@ -29,7 +29,7 @@ std::string describe_peers_without_cuda(const std::vector<PeerSeen>& peers) {
     if (!p.exited) furthest = std::max(furthest, p.called);
   std::vector<std::string> exited, behind, rest;
   for (const PeerSeen& p : peers) {
-    const std::string who = "rank " + std::to_string(p.rank);
+    const std::string who = "rank " + std::to_string(p.rank) + (p.here ? " (this process)" : "");
     if (p.exited) {
       exited.push_back(who + " (pid " + std::to_string(p.pid) + ") has exited");
       continue;

@@ -47,18 +47,19 @@ bool exit_undelivered_failure(double exit_after_s, bool failed, bool raised, dou
 // will name a peer or release a stream any more.
 bool exit_stuck_watchdog(double exit_after_s, double timeout_s, double stuck_s);
 
-// What the host alone knows of a peer rank: whether its process has exited,
-// and its collective counts from the shared host words.
+// What the host alone knows of a rank: whether its process has exited, and
+// its collective counts from the shared host words.
 struct PeerSeen {
   int rank = 0;
   int pid = 0;
   bool exited = false;
   uint64_t called = 0;    // its last collective called (enqueued)
   uint64_t finished = 0;  // its last collective completed
+  bool here = false;      // a rank of this process
 };
-// The peers named for a message the watchdog writes when it cannot use CUDA
+// The ranks named for a message the watchdog writes when it cannot use CUDA
 // (its look is stuck inside a CUDA call): exited processes first, then ranks
-// behind the furthest caller, then the rest. Empty for no peers.
+// behind the furthest caller, then the rest. Empty for no ranks.
 std::string describe_peers_without_cuda(const std::vector<PeerSeen>& peers);
 
 }  // namespace ferry

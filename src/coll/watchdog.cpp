@@ -134,14 +134,15 @@ void Watchdog::exit_if_undelivered() {
                                     .count()
                               : 0.0;
   if (exit_stuck_watchdog(exit_after_s_, timeout_s_, stuck_s)) {
-    // The peers are named from host memory and process ids alone: CUDA is
+    // The ranks are named from host memory and process ids alone: CUDA is
     // what this process is stuck in.
     std::vector<PeerSeen> peers;
     for (int q = 0; q < world_; ++q) {
-      if (std::any_of(ranks_.begin(), ranks_.end(), [q](const Rank& L) { return L.rank == q; })) continue;
+      const bool here = std::any_of(ranks_.begin(), ranks_.end(), [q](const Rank& L) { return L.rank == q; });
       const Progress& pq = host_flags_[q]->progress;
-      peers.push_back(PeerSeen{q, pids_[q], process_exited(pids_[q]), __atomic_load_n(&pq.enqueued, __ATOMIC_ACQUIRE),
-                               __atomic_load_n(&pq.completed, __ATOMIC_ACQUIRE)});
+      peers.push_back(PeerSeen{q, pids_[q], !here && process_exited(pids_[q]),
+                               __atomic_load_n(&pq.enqueued, __ATOMIC_ACQUIRE),
+                               __atomic_load_n(&pq.completed, __ATOMIC_ACQUIRE), here});
     }
     const std::string named = describe_peers_without_cuda(peers);
     std::fprintf(stderr,
@@ -149,7 +150,7 @@ void Watchdog::exit_if_undelivered() {
                  "longer than the timeout (%g s) plus FERRY_EXIT_AFTER_S=%g s; another thread of this process holds "
                  "CUDA while it waits for the GPU, which is likely held by a stream wait of ferry that no peer will "
                  "satisfy.%s%s\n",
-                 stuck_s, timeout_s_, exit_after_s_, named.empty() ? "" : " Peers: ", named.c_str());
+                 stuck_s, timeout_s_, exit_after_s_, named.empty() ? "" : " Ranks: ", named.c_str());
     std::fflush(stderr);
     std::_Exit(75);
   }

@@ -54,9 +54,9 @@ TEST(DescribePeersWithoutCuda, ExitedFirstThenRanksBehindThenTheRest) {
   EXPECT_EQ(s,
             "rank 3 (pid 13) has exited; rank 2 is behind: called collective #26, finished #26; rank 1: called "
             "collective #27, finished #27");
-  // An exited peer's counts do not make the living ones look behind.
-  EXPECT_EQ(describe_peers_without_cuda({PeerSeen{0, 5, true, 99, 99}, PeerSeen{1, 6, false, 3, 2}}),
-            "rank 0 (pid 5) has exited; rank 1: called collective #3, finished #2");
+  // A rank of this process says so; an exited peer's counts do not make the living ones look behind.
+  EXPECT_EQ(describe_peers_without_cuda({PeerSeen{0, 5, true, 99, 99}, PeerSeen{1, 6, false, 3, 2, true}}),
+            "rank 0 (pid 5) has exited; rank 1 (this process): called collective #3, finished #2");
 }
 
 }  // namespace ferry
