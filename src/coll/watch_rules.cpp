@@ -23,12 +23,12 @@ bool exit_stuck_watchdog(double exit_after_s, double timeout_s, double stuck_s) 
   return exit_after_s > 0 && stuck_s > timeout_s + exit_after_s;
 }
 
-std::string describe_peers_without_cuda(const std::vector<PeerSeen>& peers) {
+std::string describe_ranks_without_cuda(const std::vector<RankSeen>& ranks) {
   uint64_t furthest = 0;
-  for (const PeerSeen& p : peers)
+  for (const RankSeen& p : ranks)
     if (!p.exited) furthest = std::max(furthest, p.called);
   std::vector<std::string> exited, behind, rest;
-  for (const PeerSeen& p : peers) {
+  for (const RankSeen& p : ranks) {
     const std::string who = "rank " + std::to_string(p.rank) + (p.here ? " (this process)" : "");
     if (p.exited) {
       exited.push_back(who + " (pid " + std::to_string(p.pid) + ") has exited");

@@ -49,7 +49,7 @@ bool exit_stuck_watchdog(double exit_after_s, double timeout_s, double stuck_s);
 
 // What the host alone knows of a rank: whether its process has exited, and
 // its collective counts from the shared host words.
-struct PeerSeen {
+struct RankSeen {
   int rank = 0;
   int pid = 0;
   bool exited = false;
@@ -60,6 +60,6 @@ struct PeerSeen {
 // The ranks named for a message the watchdog writes when it cannot use CUDA
 // (its look is stuck inside a CUDA call): exited processes first, then ranks
 // behind the furthest caller, then the rest. Empty for no ranks.
-std::string describe_peers_without_cuda(const std::vector<PeerSeen>& peers);
+std::string describe_ranks_without_cuda(const std::vector<RankSeen>& ranks);
 
 }  // namespace ferry

@@ -136,15 +136,15 @@ void Watchdog::exit_if_undelivered() {
   if (exit_stuck_watchdog(exit_after_s_, timeout_s_, stuck_s)) {
     // The ranks are named from host memory and process ids alone: CUDA is
     // what this process is stuck in.
-    std::vector<PeerSeen> peers;
+    std::vector<RankSeen> seen;
     for (int q = 0; q < world_; ++q) {
       const bool here = std::any_of(ranks_.begin(), ranks_.end(), [q](const Rank& L) { return L.rank == q; });
       const Progress& pq = host_flags_[q]->progress;
-      peers.push_back(PeerSeen{q, pids_[q], !here && process_exited(pids_[q]),
-                               __atomic_load_n(&pq.enqueued, __ATOMIC_ACQUIRE),
-                               __atomic_load_n(&pq.completed, __ATOMIC_ACQUIRE), here});
+      seen.push_back(RankSeen{q, pids_[q], !here && process_exited(pids_[q]),
+                              __atomic_load_n(&pq.enqueued, __ATOMIC_ACQUIRE),
+                              __atomic_load_n(&pq.completed, __ATOMIC_ACQUIRE), here});
     }
-    const std::string named = describe_peers_without_cuda(peers);
+    const std::string named = describe_ranks_without_cuda(seen);
     std::fprintf(stderr,
                  "ferry: ending the process (status 75): ferry's watchdog has waited inside a CUDA call for %.0f s, "
                  "longer than the timeout (%g s) plus FERRY_EXIT_AFTER_S=%g s; another thread of this process holds "

@@ -48,14 +48,14 @@ TEST(ExitStuckWatchdog, OnlyWhenOnAndALookOutlastsTimeoutPlusGrace) {
 }
 
 TEST(DescribePeersWithoutCuda, ExitedFirstThenRanksBehindThenTheRest) {
-  EXPECT_EQ(describe_peers_without_cuda({}), "");
-  const std::string s = describe_peers_without_cuda(
-      {PeerSeen{1, 11, false, 27, 27}, PeerSeen{2, 12, false, 26, 26}, PeerSeen{3, 13, true, 48, 47}});
+  EXPECT_EQ(describe_ranks_without_cuda({}), "");
+  const std::string s = describe_ranks_without_cuda(
+      {RankSeen{1, 11, false, 27, 27}, RankSeen{2, 12, false, 26, 26}, RankSeen{3, 13, true, 48, 47}});
   EXPECT_EQ(s,
             "rank 3 (pid 13) has exited; rank 2 is behind: called collective #26, finished #26; rank 1: called "
             "collective #27, finished #27");
   // A rank of this process says so; an exited peer's counts do not make the living ones look behind.
-  EXPECT_EQ(describe_peers_without_cuda({PeerSeen{0, 5, true, 99, 99}, PeerSeen{1, 6, false, 3, 2, true}}),
+  EXPECT_EQ(describe_ranks_without_cuda({RankSeen{0, 5, true, 99, 99}, RankSeen{1, 6, false, 3, 2, true}}),
             "rank 0 (pid 5) has exited; rank 1 (this process): called collective #3, finished #2");
 }
 
