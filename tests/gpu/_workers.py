@@ -762,21 +762,25 @@ def sm_path_large_grid(world: int) -> list:
 
         fails += check_two_shot(torch, comm, ranks, devs, world, bufs, window=SM_BYTES)
     comm.close()
-    os.environ["FERRY_SM_MAX_BLOCKS"] = "129"
-    try:
-        ferry.init_local(list(range(world)), timeout=60).close()
-        fails.append("FERRY_SM_MAX_BLOCKS=129 was taken")
-    except ferry.InvalidArgumentError as exc:
-        if "FERRY_SM_MAX_BLOCKS=129: expected 1 to 128" not in str(exc):
-            fails.append(f"FERRY_SM_MAX_BLOCKS=129 raised {exc!r}")
-    os.environ["FERRY_SM_MAX_BLOCKS"] = "128"
-    os.environ["FERRY_SM_TWO_SHOT_BYTES"] = "-1"
-    try:
-        ferry.init_local(list(range(world)), timeout=60).close()
-        fails.append("FERRY_SM_TWO_SHOT_BYTES=-1 was taken")
-    except ferry.InvalidArgumentError as exc:
-        if "FERRY_SM_TWO_SHOT_BYTES=-1: expected 0 (never) or a byte count" not in str(exc):
-            fails.append(f"FERRY_SM_TWO_SHOT_BYTES=-1 raised {exc!r}")
+    # Knob values a communicator must refuse, naming the knob (each set back after).
+    refused = [
+        ("FERRY_SM_MAX_BLOCKS", "129", "FERRY_SM_MAX_BLOCKS=129: expected 1 to 128"),
+        ("FERRY_SM_TWO_SHOT_BYTES", "-1", "FERRY_SM_TWO_SHOT_BYTES=-1: expected 0 (never) or a byte count"),
+    ]
+    for knob, value, message in refused:
+        before = os.environ.get(knob)
+        os.environ[knob] = value
+        try:
+            ferry.init_local(list(range(world)), timeout=60).close()
+            fails.append(f"{knob}={value} was taken")
+        except ferry.InvalidArgumentError as exc:
+            if message not in str(exc):
+                fails.append(f"{knob}={value} raised {exc!r}")
+        finally:
+            if before is None:
+                del os.environ[knob]
+            else:
+                os.environ[knob] = before
     return fails
 
 
