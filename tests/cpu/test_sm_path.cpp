@@ -720,10 +720,9 @@ TEST(SmPath, TwoShotAllReduceSumsEveryElementInAnyOrderTheFlagsAllow) {
           }
 }
 
-// The simulation can fail: rounds that all used one parity's slots (the
-// kernel before its rounds were pipelined waited a second time per round
-// for that) let a rank that is a step ahead overwrite a slot its peer has
-// not read yet, and some order of the actors shows it.
+// The simulation can fail: rounds that all use one parity's slots (safe only
+// with a second wait per round) let a rank that is a step ahead overwrite a
+// slot its peer has not read yet, and some order of the actors shows it.
 TEST(SmPath, TwoShotSimulationCatchesRoundsSharingOneSlot) {
   SmPathBlocks per;
   per.two_shot_from = 1;
