@@ -20,6 +20,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -213,7 +214,18 @@ class MultipathEngine {
   void warm_links();
   void watch();
   void open_every_gate();  // under mu_
-  void submit(Transfer& t, const Assignment& a);
+  // A chunk between its first CUDA call and the rest (submit_all).
+  struct Hop {
+    Transfer* t = nullptr;
+    Assignment a;
+    int slot = 0;
+    char* dst = nullptr;
+    const char* src = nullptr;
+  };
+  bool first_hop(Transfer& t, const Assignment& a, Hop* hop);
+  bool second_hop(const Hop& h);
+  void stop_relay(int link, int count, const std::string& why);
+  void submit_all(const std::vector<std::vector<Assignment>>& given, const std::function<Transfer&(int)>& transfer_of);
   void probe(int link, int lane);
   void land(Transfer& t, double now);
   bool links_idle(double limit_s);

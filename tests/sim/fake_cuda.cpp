@@ -106,6 +106,7 @@ struct State {
   std::map<uintptr_t, Allocation> allocations;
   std::map<std::pair<int, std::thread::id>, Stream*> defaults;  // thread id() for the legacy streams
   sim::Faults faults;
+  int late_copies = 0;  // copies counted for faults.fail_late_after
   double bytes_per_s = 20e9;
 };
 
@@ -171,6 +172,7 @@ void set_faults(const Faults& f) {
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mu);
   st.faults = f;
+  st.late_copies = 0;
 }
 
 }  // namespace sim
@@ -346,6 +348,10 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   if (f.fail_on_device == st->device) return fail(cudaErrorLaunchFailure);
+  if (f.fail_late_on_device == st->device && n >= f.fail_late_from_bytes) {
+    std::lock_guard<std::mutex> lock(state_.mu);
+    if (state_.late_copies++ >= f.fail_late_after) return fail(cudaErrorLaunchFailure);
+  }
   const bool hang = f.hang_on_device == st->device && n >= f.hang_from_bytes;
   st->push([dst, src, n, bps, hang] {
     if (hang) {

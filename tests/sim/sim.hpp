@@ -19,6 +19,13 @@ struct Faults {
   // Events recorded on a stream of this device report a failure once their
   // stream has got to them: work there failed after it was submitted.
   int fail_events_on_device = -1;
+  // cudaMemcpyAsync of at least `fail_late_from_bytes` on a stream of this
+  // device fails once `fail_late_after` such copies succeeded there (counted
+  // from set_faults): a relay failing between a chunk's two hops, or at a
+  // later chunk of the same pass.
+  int fail_late_on_device = -1;
+  int fail_late_after = 0;
+  size_t fail_late_from_bytes = 0;
 };
 
 // A fresh machine of `devices` GPUs whose copies move `bytes_per_s`.
