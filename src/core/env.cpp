@@ -78,6 +78,9 @@ const std::vector<Knob>& knobs() {
        "copy, a relay that was left out, a stream wait released past its timeout)"},
       {"FERRY_MULTIPATH_CHUNK_BYTES", "int", "8388608",
        "bytes of each chunk a multipath host<->GPU copy is split into (each relay GPU holds 2 such staging buffers)"},
+      {"FERRY_MULTIPATH_MIN_CHUNK_BYTES", "int", "2097152",
+       "smallest chunk a multipath copy is split into: a smaller copy gets fewer chunks than its links have room "
+       "for (each chunk costs a few microseconds of CUDA calls, events and waits)"},
       {"FERRY_MULTIPATH_MIN_BYTES", "int", "8388608",
        "smallest host<->GPU copy that multipath splits over several GPUs' links; smaller ones run as one plain copy"},
       {"FERRY_MULTIPATH_HEAD_BYTES", "int", "0",

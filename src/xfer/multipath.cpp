@@ -46,6 +46,10 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
                     "link_devices: " + std::to_string(d) + " is not a GPU here (0.." + std::to_string(count - 1) + ")");
   chunk_bytes_ =
       options.chunk_bytes ? options.chunk_bytes : static_cast<size_t>(knob_int("FERRY_MULTIPATH_CHUNK_BYTES"));
+  const long long min_chunk = knob_int("FERRY_MULTIPATH_MIN_CHUNK_BYTES");
+  FERRY_ARG_CHECK(min_chunk >= 65536, "FERRY_MULTIPATH_MIN_CHUNK_BYTES is " + std::to_string(min_chunk) +
+                                          "; expected at least 65536 (a chunk is a few microseconds of calls)");
+  min_chunk_ = static_cast<size_t>(min_chunk);
   threshold_ =
       options.threshold_bytes ? options.threshold_bytes : static_cast<size_t>(knob_int("FERRY_MULTIPATH_MIN_BYTES"));
   head_bytes_ = options.head_bytes != SIZE_MAX
@@ -428,7 +432,7 @@ MultipathReport MultipathEngine::copy_batch(const std::vector<MultipathPiece>& p
   }
   t.pieces = std::move(parts);
   t.bytes = total - head;
-  t.chunks = split_batch(sizes, multipath_chunk_bytes(t.bytes, split.rest_links, policy_.outstanding, chunk_bytes_));
+  t.chunks = split_batch(sizes, multipath_chunk_bytes(t.bytes, split.rest_links, policy_.outstanding, chunk_bytes_, min_chunk_));
   t.gate = gate_for(stream_device, stream);
   {
     // The reached word's write, the head and the gate's wait go onto the

@@ -234,6 +234,7 @@ class MultipathEngine {
 
   std::vector<int> links_;
   size_t chunk_bytes_ = 0;
+  size_t min_chunk_ = kMultipathMinChunk;
   size_t threshold_ = 0;
   size_t head_bytes_ = 0;
   double timeout_s_ = 0;
