@@ -216,13 +216,23 @@ bool MultipathScheduler::lands_in_time(int link, int q, size_t bytes, double now
   if (flight_[link].empty() && now - e.at > kEstimateStaleS) return true;
   double rate = 0, backlog = static_cast<double>(waiting_bytes_[q]);
   double one = std::numeric_limits<double>::infinity();
+  const int lane = q % kLanes;
   for (int j = 0; j < links(); ++j) {
-    if (j == link || pick(j, now) != q) continue;
+    if (j == link) continue;
+    // Another link counts where it would take from the queue now, or once
+    // its probe in this lane lands, if that probe is young and the last one
+    // was prompt: it starts kProbeS after the probe went out.
+    double wait = 0;
+    if (pick(j, now) != q) {
+      const double age = now - probe_sent_[j][lane];
+      if (!probing_[j][lane] || late_[j][lane] || age > kProbeYoungS || !would_serve(j, q)) continue;
+      wait = std::max(0.0, kProbeS - age);
+    }
     const double s = est_[j].s_per_byte() > 0 ? est_[j].s_per_byte() : fastest;
     const double flying = static_cast<double>(flight_bytes(j));
     rate += 1.0 / s;
     backlog += flying;
-    one = std::min(one, (flying + static_cast<double>(bytes)) * s);
+    one = std::min(one, wait + (flying + static_cast<double>(bytes)) * s);
   }
   if (rate <= 0) return true;  // no other link may carry it
   const double mine = static_cast<double>(flight_bytes(link) + bytes) * own;

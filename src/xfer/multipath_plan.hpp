@@ -191,6 +191,12 @@ class MultipathScheduler {
   static constexpr int kLanes = 2;
   static constexpr double kClearS = 1e-3;
   static constexpr double kPromptS = 100e-6;
+  // A prompt probe lands about kProbeS after it went out, as the engine sees
+  // it; while one is out for at most kProbeYoungS, its link counts in the
+  // earliest-finish rule as starting then (a small copy's chunks stay for it
+  // rather than pile onto a clear link).
+  static constexpr double kProbeS = 20e-6;
+  static constexpr double kProbeYoungS = 50e-6;
   static int lane(bool to_device) { return to_device ? 0 : 1; }
 
   // Queues a transfer to or from `target`'s memory in `lane`; returns its id.

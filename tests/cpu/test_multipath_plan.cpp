@@ -718,6 +718,46 @@ TEST(MultipathProbe, ALaneIsClearOnlyAfterAPromptProbe) {
   EXPECT_EQ(out.start_probe(1, 60e-6), 1);
 }
 
+// A small copy onto a clear own link while the relays' lanes lapsed: the
+// relays probe first, and the own link does not take the chunks they would
+// land sooner meanwhile (on four H200s an 8 MB copy went over the own link
+// and one relay, copy after copy, the other relays never clear again). A
+// probe that is late, or out too long, stops counting.
+TEST(MultipathProbe, AClearOwnLinkLeavesChunksToRelaysWhoseProbesAreOut) {
+  for (int outcome = 0; outcome < 3; ++outcome) {  // probes prompt, late, not landed
+    MultipathScheduler s(4, MultipathPolicy{});
+    for (int l = 0; l < 4; ++l) s.observe(l, 2 * kMiB, 2 * kMiB / (l ? 38e9 : 50e9), 0.009);
+    // The own link carried the last copy alone and is clear; the relays' lanes lapsed.
+    s.add(0, split_chunks(2 * kMiB, 2 * kMiB));
+    ASSERT_EQ(s.start_probe(0, 0.0090), 0);
+    s.probe_landed(0, 0, 0.00901, 10e-6);
+    Assignment a;
+    ASSERT_TRUE(s.next(0, &a, 0.00901));
+    s.complete(0, 0.0100);
+    const double t = 0.0105;
+    s.add(0, split_chunks(8 * kMiB, 2 * kMiB));
+    EXPECT_EQ(s.start_probe(0, t), -1) << "a clear lane probed";
+    for (int l = 1; l < 4; ++l) EXPECT_EQ(s.start_probe(l, t), 0) << l;
+    std::vector<int> taken(4, 0);
+    for (int l = 0; l < 4; ++l)
+      while (s.next(l, &a, t)) ++taken[l];
+    EXPECT_EQ(taken, (std::vector<int>{1, 0, 0, 0})) << "while the relays' probes are out";
+    if (outcome == 0) {
+      for (int l = 1; l < 4; ++l) s.probe_landed(l, 0, t + 15e-6, 12e-6);
+      for (int l = 0; l < 4; ++l)
+        while (s.next(l, &a, t + 15e-6)) ++taken[l];
+      EXPECT_EQ(taken, (std::vector<int>{1, 1, 1, 1})) << "once the probes came back prompt";
+    } else if (outcome == 1) {
+      for (int l = 1; l < 4; ++l) s.probe_landed(l, 0, t + 15e-6, 2e-3);
+      while (s.next(0, &a, t + 15e-6)) ++taken[0];
+      EXPECT_EQ(taken[0], 2) << "the relays came back late: the own link goes on";
+    } else {
+      while (s.next(0, &a, t + 60e-6)) ++taken[0];
+      EXPECT_EQ(taken[0], 2) << "the relays' probes out past the wait: the own link goes on";
+    }
+  }
+}
+
 // A late probe waited behind foreign copies: while another link can take the
 // copy, the lane stays out and probes again until one is prompt. A clear lane
 // lapses kClearS after its last landing.
