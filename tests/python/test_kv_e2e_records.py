@@ -85,6 +85,10 @@ def test_memory_estimates():
     assert E.gpu_bytes_needed(big, 4096, 1.0) < full
     assert E.gpu_bytes_needed(big, 32768, 0.5) > E.kv_bytes(big, 32768)  # prefill of 16K tokens on top
     assert E.throughput_bytes_needed(big, 4, 2048, 4) >= 2 * E.kv_bytes(big, 4 * 2048)
+    # New tokens prefilled per request: their room in the cache and their working set.
+    assert E.throughput_bytes_needed(big, 2, 8192, 1, 1024) > E.throughput_bytes_needed(big, 2, 8192, 1) + (
+        2 * E.kv_bytes(big, 2 * 1024)
+    )
 
 
 def test_host_page_ids():
@@ -98,6 +102,13 @@ def test_host_page_ids():
     for bad in ((10, 11), (10, 0)):
         with pytest.raises(ValueError):
             E.host_page_ids(*bad, seed=0)
+
+
+def test_new_tokens_argument():
+    assert E.parse_args([]).new_tokens == 0
+    assert E.parse_args(["--ops", "throughput", "--new-tokens", "1024"]).new_tokens == 1024
+    with pytest.raises(SystemExit):
+        E.parse_args(["--ops", "throughput", "--new-tokens", "-1"])
 
 
 def test_host_pool_pages():

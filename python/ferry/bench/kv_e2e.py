@@ -5,7 +5,7 @@ ferry.kv.copy_blocks, every fetch strategy side by side in one run.
     python -m ferry.bench.kv_e2e [--models qwen2.5-0.5b,llama-3.2-1b,llama-3.1-8b]
         [--prompts 4096,8192,32768] [--hits 1.0,0.5] [--ops ttft,throughput]
         [--impls ferry-auto,ferry-zero-sm,per-page,batched,kernel] [--reps 5] [--warmup 2]
-        [--requests 16] [--request-prefix 2048] [--batch 4] [--decode-tokens 4]
+        [--requests 16] [--request-prefix 2048] [--batch 4] [--decode-tokens 4] [--new-tokens 0]
         [--out bench/results] [--tag TAG] [--no-plot]
 
 Models: the shapes of Qwen2.5-0.5B, Llama-3.2-1B and Llama-3.1-8B built from
@@ -73,7 +73,11 @@ counts wherever it delays the GPU.
    compute stream. The fetch of wave w+1 is submitted before wave w's decode,
    so it overlaps that decode; a buffer is refilled only after the wave that
    used it is done (an event). tokens_per_s = requests x decode tokens / (first
-   fetch start -> last token). With --graph (the default) a wave's whole
+   fetch start -> last token). With --new-tokens N each request first
+   prefills N new tokens on its fetched prefix (a new turn of a long
+   conversation; its first decode step), so the next wave's fetch overlaps
+   compute-bound work, where an SM taken by a copy kernel costs the most;
+   tokens_per_s still counts decoded tokens, and the wave runs eagerly. With --graph (the default) a wave's whole
    decode is one CUDA graph per buffer, captured before the runs, as a serving
    engine captures its decode; with --no-graph it is Hugging Face's eager
    decode (launch-bound at small batches). Either way this measures what a
@@ -174,6 +178,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--batch", type=int, default=4, help="throughput: requests decoded together (a wave)")
     ap.add_argument("--decode-tokens", type=int, default=4, help="throughput: tokens decoded per request")
     ap.add_argument(
+        "--new-tokens",
+        type=int,
+        default=0,
+        help="throughput: tokens each request prefills after its fetched prefix (its new turn), "
+        "the first of its --decode-tokens steps; 0: decode only",
+    )
+    ap.add_argument(
         "--layerwise",
         action="store_true",
         help="ttft at hit 1.0: fetch layer by layer on a side stream, each decoder layer waiting for its own "
@@ -260,6 +271,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if "throughput" in args.ops:
         if min(args.requests, args.batch, args.decode_tokens, args.request_prefix) < 1:
             ap.error("--requests, --batch, --decode-tokens and --request-prefix must be positive")
+        if args.new_tokens < 0:
+            ap.error(f"--new-tokens ({args.new_tokens}) must be 0 or more")
         if args.requests % args.batch:
             ap.error(f"--requests ({args.requests}) must be a multiple of --batch ({args.batch})")
         if args.request_prefix % PAGE_TOKENS:
@@ -299,10 +312,21 @@ def gpu_bytes_needed(spec: dict, prompt_tokens: int, hit: float) -> int:
     return kv_bytes(spec, fetched_tokens) + kv_bytes(spec, total) + activations + mask + repeated
 
 
-def throughput_bytes_needed(spec: dict, batch: int, prefix: int, decode_tokens: int) -> int:
+def throughput_bytes_needed(
+    spec: dict, batch: int, prefix: int, decode_tokens: int, new_tokens: int = 0
+) -> int:
     """GPU bytes of the throughput run beside the weights: two wave buffers and
-    one wave's cache (a second copy, then growing by a token per step)."""
-    return 2 * kv_bytes(spec, batch * prefix) + 2 * kv_bytes(spec, batch * (prefix + decode_tokens))
+    one wave's cache (a second copy, then growing by a token per step), and
+    with new tokens one layer's working set for their prefill (as in
+    gpu_bytes_needed)."""
+    total = prefix + new_tokens + decode_tokens
+    out = 2 * kv_bytes(spec, batch * prefix) + 2 * kv_bytes(spec, batch * total)
+    if new_tokens:
+        h, i, q = spec["hidden"], spec["intermediate"], spec["heads"] * spec["head_dim"]
+        out += batch * new_tokens * (8 * h + 3 * i + 4 * q) * BF16_BYTES  # activations
+        out += batch * new_tokens * total * (1 + BF16_BYTES)  # the causal mask, bool and bias
+        out += batch * 2 * total * q * BF16_BYTES  # the KV repeated to every head
+    return out
 
 
 def host_pool_pages(args) -> int:
@@ -1085,9 +1109,9 @@ class TtftPoint(Point):
 
 
 class ThroughputPoint(Point):
-    def __init__(self, ctx, requests: int, prefix: int, batch: int, decode_tokens: int):
+    def __init__(self, ctx, requests: int, prefix: int, batch: int, decode_tokens: int, new_tokens: int = 0):
         torch, spec = ctx.torch, ctx.spec
-        self.ctx, self.decode_tokens = ctx, decode_tokens
+        self.ctx, self.decode_tokens, self.new_tokens = ctx, decode_tokens, new_tokens
         L = spec["layers"]
         npp = prefix // PAGE_TOKENS
         self.waves = requests // batch
@@ -1098,7 +1122,7 @@ class ThroughputPoint(Point):
             for w in range(self.waves)
         ]
         # Each request's pages are followed by room for its decoded tokens' KV (in place).
-        per_request = npp + (-(-decode_tokens // PAGE_TOKENS) if ctx.in_place else 0)
+        per_request = npp + (-(-(new_tokens + decode_tokens) // PAGE_TOKENS) if ctx.in_place else 0)
         self.dst_ids = torch.tensor(
             [r * per_request + j for r in range(batch) for j in range(npp)], dtype=torch.int64
         )
@@ -1114,14 +1138,18 @@ class ThroughputPoint(Point):
         self.room = full if ctx.in_place else [None] * len(full)
         self.finite = torch.ones((), dtype=torch.bool, device=DEVICE)
         # One graph per buffer: a wave's whole decode, its first ids copied in before each replay.
+        # (Not with new tokens: a prefill's causal mask over a past is built with
+        # host checks that a capture refuses; its GPU time dwarfs its launches.)
         self.decode_graphs = []
-        if ctx.graph:
+        if ctx.graph and not new_tokens:
             for b in range(len(self.bufs)):
                 first = torch.zeros((batch, 1), dtype=torch.int64, device=DEVICE)
                 graph, outs = capture_graph(torch, lambda b=b, first=first: self._decode(b, first))
                 self.decode_graphs.append((graph, first, outs))
         g = torch.Generator(device=DEVICE).manual_seed(ctx.seed + 99)
-        self.first_ids = torch.randint(spec["vocab"], (self.waves, batch, 1), device=DEVICE, generator=g)
+        self.first_ids = torch.randint(
+            spec["vocab"], (self.waves, batch, max(new_tokens, 1)), device=DEVICE, generator=g
+        )
         self.kv_bytes = kv_bytes(spec, requests * prefix)
         self.tokens = requests * decode_tokens
         ev = lambda: torch.cuda.Event(enable_timing=True)
@@ -1132,7 +1160,8 @@ class ThroughputPoint(Point):
 
     def _decode(self, b: int, ids) -> list:
         """--decode-tokens greedy steps of the wave in buffer b from ids
-        [batch, 1]: each step's ids."""
+        [batch, 1], or [batch, --new-tokens] (the first step prefills them):
+        each step's ids."""
         ctx = self.ctx
         cache = make_cache(self.pairs[b], allow_copy=False, room=self.room[b])
         out = []
@@ -1458,17 +1487,17 @@ def _run_points(ctx, name: str, args, peak_gbps: float, gpu: str, date: str, rec
                     gpu_bytes_needed(spec, prompt, hit), extra,
                 )  # fmt: skip
     if "throughput" in args.ops:
-        r, p, b, d = args.requests, args.request_prefix, args.batch, args.decode_tokens
+        r, p, b, d, n = args.requests, args.request_prefix, args.batch, args.decode_tokens, args.new_tokens
 
         def tp_extra(t):
             return dict(
-                kv_bytes=kv_bytes(spec, r * p), requests=r, batch=b, decode_tokens=d,
-                tokens=r * d, elapsed_ms=t, fetch_thread=ctx.fetch_thread, graph=ctx.graph,
+                kv_bytes=kv_bytes(spec, r * p), requests=r, batch=b, decode_tokens=d, new_tokens=n,
+                tokens=r * d, elapsed_ms=t, fetch_thread=ctx.fetch_thread, graph=ctx.graph and not n,
             )  # fmt: skip
 
         measure(
-            "throughput", p, 1.0, lambda: ThroughputPoint(ctx, r, p, b, d),
-            throughput_bytes_needed(spec, b, p, d), tp_extra,
+            "throughput", p, 1.0, lambda: ThroughputPoint(ctx, r, p, b, d, n),
+            throughput_bytes_needed(spec, b, p, d, n), tp_extra,
         )  # fmt: skip
 
 
@@ -1524,7 +1553,7 @@ def main(argv=None) -> int:
         impls={i: IMPLS[i] for i in args.impls}, models={m: MODELS[m] for m in args.models},
         throughput=dict(
             requests=args.requests, request_prefix=args.request_prefix, batch=args.batch,
-            decode_tokens=args.decode_tokens,
+            decode_tokens=args.decode_tokens, new_tokens=args.new_tokens,
         ),
     )  # fmt: skip
     stem = result_stem(args.out, date, gpu, args.tag)
