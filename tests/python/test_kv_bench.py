@@ -41,6 +41,18 @@ def test_tune_rules_pick_the_fastest_and_never_a_kernel_without_sms():
     assert all(r["zero_sm"] != "kernel" for r in rules)
 
 
+def test_tune_rules_take_streams_only_where_it_wins_clearly():
+    recs = []
+    for pages, streams_us in ((1024, 95), (4096, 80)):  # 5% faster: batched; 20% faster: streams
+        recs += [
+            rec("fetch", "kernel", 16384, pages, 200),
+            rec("fetch", "batched", 16384, pages, 100),
+            rec("fetch", "streams", 16384, pages, streams_us),
+        ]
+    rules = kv.tune_rules(recs)
+    assert [(r["strategy"], r["zero_sm"]) for r in rules] == [("batched", "batched"), ("streams", "streams")]
+
+
 def test_tables_and_targets_read_the_records():
     recs = [
         rec("fetch", "per-page", 4096, 64, 300),
