@@ -432,7 +432,8 @@ MultipathReport MultipathEngine::copy_batch(const std::vector<MultipathPiece>& p
   }
   t.pieces = std::move(parts);
   t.bytes = total - head;
-  t.chunks = split_batch(sizes, multipath_chunk_bytes(t.bytes, split.rest_links, policy_.outstanding, chunk_bytes_, min_chunk_));
+  t.chunks = split_batch(
+      sizes, multipath_chunk_bytes(t.bytes, split.rest_links, policy_.outstanding, chunk_bytes_, min_chunk_));
   t.gate = gate_for(stream_device, stream);
   {
     // The reached word's write, the head and the gate's wait go onto the
@@ -505,7 +506,12 @@ bool MultipathEngine::first_hop(Transfer& t, const Assignment& a, Hop* hop) {
   // The piece the chunk lies in (chunks never cross a piece's end).
   const auto piece = std::prev(std::upper_bound(t.pieces.begin(), t.pieces.end(), a.chunk.offset,
                                                 [](size_t off, const Piece& p) { return off < p.at; }));
-  *hop = Hop{&t, a, L.next_slot, piece->dst + (a.chunk.offset - piece->at), piece->src + (a.chunk.offset - piece->at)};
+  *hop = Hop{&t,
+             a,
+             L.next_slot,
+             piece->dst + (a.chunk.offset - piece->at),
+             piece->src + (a.chunk.offset - piece->at),
+             steady_seconds()};
   const size_t n = a.chunk.bytes;
   if (!a.relay()) {
     FERRY_CUDA_CHECK(cudaMemcpyAsync(hop->dst, hop->src, n, cudaMemcpyDefault, L.host));
@@ -539,7 +545,8 @@ bool MultipathEngine::second_hop(const Hop& h) {
     }
   }
   L.next_slot = (h.slot + 1) % policy_.outstanding;
-  L.flight.push_back(Link::InFlight{h.t->id, h.a.chunk.bytes, h.slot, steady_seconds()});
+  // Given when its first call went out: the link's speed counts from then.
+  L.flight.push_back(Link::InFlight{h.t->id, h.a.chunk.bytes, h.slot, h.given});
   return true;
 }
 

@@ -221,6 +221,7 @@ class MultipathEngine {
     int slot = 0;
     char* dst = nullptr;
     const char* src = nullptr;
+    double given = 0;  // when its first call went out (steady seconds)
   };
   bool first_hop(Transfer& t, const Assignment& a, Hop* hop);
   bool second_hop(const Hop& h);
