@@ -115,11 +115,10 @@ def main() -> int:
             raise SystemExit(f"--sides: {s} is not one of {', '.join(sides)}")
 
     def loop(side):
-        """GEMM ms, NVML samples during it, bytes the side moved."""
+        """GEMM ms and the NVML samples taken during it."""
         torch.cuda.synchronize()
-        stop, started, moved, errors = threading.Event(), threading.Event(), [0], []
+        stop, started, errors = threading.Event(), threading.Event(), []
         fn = sides.get(side)
-        nbytes = 64 << 20
 
         def feed():
             try:
@@ -130,7 +129,6 @@ def main() -> int:
                         e = torch.cuda.Event()
                         e.record(xs)
                         ring.append(e)
-                        moved[0] += nbytes
                         started.set()
                         if len(ring) > 2:
                             ring.pop(0).synchronize()
@@ -150,8 +148,11 @@ def main() -> int:
             start.record()
             gemm_graph.replay()  # every GEMM queued at once: the feeding thread cannot gap them
             end.record()
-        samples = []
+        samples, deadline = [], time.monotonic() + 60
         while not end.query():
+            if time.monotonic() > deadline:
+                stop.set()
+                raise TimeoutError("the GEMM loop did not finish within 60 s")
             s = nvml.sample()
             if s:
                 samples.append(s)
