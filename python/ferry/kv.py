@@ -9,7 +9,11 @@ A side (``dst`` or ``src``) is a tensor whose first dimension is the page, or a
 list of such tensors that share one page mapping (one per layer, or K and V of
 each layer: ``[t[0], t[1]]`` for vLLM's ``[2, num_blocks, ...]`` layer tensors).
 Each page ``t[i]`` must be contiguous; pages may be strided apart. Paired
-tensors need the same dtype and page shape. Copies are ordered in ``stream``
+tensors need the same dtype and page shape. Where both sides keep their
+tensors at one stride in one allocation (``list(t)`` of a
+``[2 * layers, pages, ...]`` tensor on each side, in the same order), a page's
+tensors go as one pitched copy: one host call per page instead of one per
+page and tensor (docs/kv.md, "Pitched copies"). Copies are ordered in ``stream``
 (default: the current torch stream) like ``cudaMemcpyAsync``: work enqueued
 there after the call sees the pages, and the call sees all earlier work. Keep
 the tensors alive until the stream has passed the copy (ferry's host pools
@@ -219,6 +223,7 @@ def copy_blocks(
     urgent: bool = False,
     settled_source: bool = False,
     merge: bool = True,
+    pitched: bool = True,
     kernel_blocks: int = 0,
     kernel_threads: int = 0,
     kernel_chunk: int = 0,
@@ -226,7 +231,12 @@ def copy_blocks(
 ) -> dict:
     """Copies page ``src_ids[i]`` of ``src`` to page ``dst_ids[i]`` of ``dst``, for every i,
     in every tensor of the two sides. Returns what ran: ``{"strategy", "direction",
-    "copies", "bytes", "sms"}``.
+    "copies", "bytes", "sms", "pitched"}`` (``copies``: copies submitted, of which
+    ``pitched`` take several tensors' pages as the rows of one pitched copy).
+
+    ``merge`` merges runs of adjacent pages into one copy; ``pitched`` takes a
+    page's tensors that lie at one stride on both sides as one pitched copy
+    (copy-engine modes but ``per_page``, the baseline).
 
     Index lists are lists, numpy arrays or int32/int64 tensors. A CUDA index
     tensor is read in place by ``mode="kernel"`` (no host sync; entries are
@@ -280,7 +290,7 @@ def copy_blocks(
             other.wait_stream(current)
             d.keep.record_stream(other)
             s.keep.record_stream(other)
-    strategy, direction, copies, nbytes, sms = native.kv_copy(
+    strategy, direction, copies, nbytes, sms, n_pitched = native.kv_copy(
         device,
         dr,
         sr,
@@ -294,13 +304,21 @@ def copy_blocks(
         urgent,
         settled_source,
         merge,
+        pitched,
         kernel_blocks,
         kernel_threads,
         kernel_chunk,
         slice_bytes,
         h,
     )
-    return {"strategy": strategy, "direction": direction, "copies": copies, "bytes": nbytes, "sms": sms}
+    return {
+        "strategy": strategy,
+        "direction": direction,
+        "copies": copies,
+        "bytes": nbytes,
+        "sms": sms,
+        "pitched": n_pitched,
+    }
 
 
 class PreparedTransfer:
@@ -316,7 +334,9 @@ class PreparedTransfer:
         t.wait()            # the current stream waits for the pages
     """
 
-    def __init__(self, dst, src, dst_ids, src_ids, mode: str = "batched", merge: bool = True):
+    def __init__(
+        self, dst, src, dst_ids, src_ids, mode: str = "batched", merge: bool = True, pitched: bool = True
+    ):
         _check_mode(mode)
         if mode in ("auto", "kernel"):
             raise InvalidArgumentError(
@@ -338,6 +358,7 @@ class PreparedTransfer:
             d.is_64,
             "batched" if mode == "streams" else mode,
             merge,
+            pitched,
         )
 
     @property
@@ -382,9 +403,11 @@ class PreparedTransfer:
         self._impl.synchronize(timeout)
 
 
-def prepare(dst, src, dst_ids, src_ids, *, mode: str = "batched", merge: bool = True) -> PreparedTransfer:
+def prepare(
+    dst, src, dst_ids, src_ids, *, mode: str = "batched", merge: bool = True, pitched: bool = True
+) -> PreparedTransfer:
     """A PreparedTransfer for these pages (see its docstring)."""
-    return PreparedTransfer(dst, src, dst_ids, src_ids, mode=mode, merge=merge)
+    return PreparedTransfer(dst, src, dst_ids, src_ids, mode=mode, merge=merge, pitched=pitched)
 
 
 class HostPool:

@@ -31,14 +31,15 @@ PageSide side_of(const std::vector<RegionTuple>& regions) {
   return s;
 }
 
-PageCopyOptions options_of(const std::string& mode, bool zero_sm, bool urgent, bool settled, bool merge, int blocks,
-                           int threads, size_t chunk, size_t slice_bytes) {
+PageCopyOptions options_of(const std::string& mode, bool zero_sm, bool urgent, bool settled, bool merge, bool pitched,
+                           int blocks, int threads, size_t chunk, size_t slice_bytes) {
   PageCopyOptions o;
   if (mode != "auto") o.strategy = parse_strategy(mode, "mode");
   o.zero_sm = zero_sm;
   o.urgent = urgent;
   o.settled_source = settled;
   o.merge = merge;
+  o.pitched = pitched;
   o.kernel_blocks = blocks;
   o.kernel_threads = threads;
   o.kernel_chunk = chunk;
@@ -48,10 +49,10 @@ PageCopyOptions options_of(const std::string& mode, bool zero_sm, bool urgent, b
 
 // Plain C++ values: the call runs without the GIL, so no Python object may be
 // made before it returns (nanobind converts the tuple after).
-using Report = std::tuple<std::string, std::string, size_t, size_t, int>;
+using Report = std::tuple<std::string, std::string, size_t, size_t, int, size_t>;
 
 Report report(const PageCopyReport& r) {
-  return {strategy_name(r.strategy), direction_name(r.direction), r.copies, r.bytes, r.sms};
+  return {strategy_name(r.strategy), direction_name(r.direction), r.copies, r.bytes, r.sms, r.pitched};
 }
 
 cudaStream_t as_stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
@@ -63,10 +64,11 @@ void bind_kv(nb::module_& m) {
       "kv_copy",
       [](int device, const std::vector<RegionTuple>& dst, const std::vector<RegionTuple>& src, uintptr_t dst_ids,
          uintptr_t src_ids, size_t count, bool ids_64, bool ids_on_device, const std::string& mode, bool zero_sm,
-         bool urgent, bool settled, bool merge, int blocks, int threads, size_t chunk, size_t slice_bytes,
+         bool urgent, bool settled, bool merge, bool pitched, int blocks, int threads, size_t chunk, size_t slice_bytes,
          uintptr_t stream) {
         PageCopier& c = PageCopier::on(device);
-        PageCopyOptions o = options_of(mode, zero_sm, urgent, settled, merge, blocks, threads, chunk, slice_bytes);
+        PageCopyOptions o =
+            options_of(mode, zero_sm, urgent, settled, merge, pitched, blocks, threads, chunk, slice_bytes);
         if (ids_on_device)
           return report(c.copy_device_ids(
               side_of(dst), side_of(src),
@@ -76,8 +78,8 @@ void bind_kv(nb::module_& m) {
                              PageIds{reinterpret_cast<const void*>(src_ids), count, ids_64}, o, as_stream(stream)));
       },
       "device"_a, "dst"_a, "src"_a, "dst_ids"_a, "src_ids"_a, "count"_a, "ids_64"_a, "ids_on_device"_a, "mode"_a,
-      "zero_sm"_a, "urgent"_a, "settled"_a, "merge"_a, "blocks"_a, "threads"_a, "chunk"_a, "slice_bytes"_a, "stream"_a,
-      nb::call_guard<nb::gil_scoped_release>());
+      "zero_sm"_a, "urgent"_a, "settled"_a, "merge"_a, "pitched"_a, "blocks"_a, "threads"_a, "chunk"_a, "slice_bytes"_a,
+      "stream"_a, nb::call_guard<nb::gil_scoped_release>());
   m.def(
       "kv_direction",
       [](int device, const std::vector<RegionTuple>& dst, const std::vector<RegionTuple>& src) {
@@ -143,12 +145,15 @@ void bind_kv(nb::module_& m) {
       .def(
           "__init__",
           [](PreparedPages* self, int device, const std::vector<RegionTuple>& dst, const std::vector<RegionTuple>& src,
-             uintptr_t dst_ids, uintptr_t src_ids, size_t count, bool ids_64, const std::string& mode, bool merge) {
-            new (self) PreparedPages(
-                device, side_of(dst), side_of(src), PageIds{reinterpret_cast<const void*>(dst_ids), count, ids_64},
-                PageIds{reinterpret_cast<const void*>(src_ids), count, ids_64}, parse_strategy(mode, "mode"), merge);
+             uintptr_t dst_ids, uintptr_t src_ids, size_t count, bool ids_64, const std::string& mode, bool merge,
+             bool pitched) {
+            new (self) PreparedPages(device, side_of(dst), side_of(src),
+                                     PageIds{reinterpret_cast<const void*>(dst_ids), count, ids_64},
+                                     PageIds{reinterpret_cast<const void*>(src_ids), count, ids_64},
+                                     parse_strategy(mode, "mode"), merge, pitched);
           },
-          "device"_a, "dst"_a, "src"_a, "dst_ids"_a, "src_ids"_a, "count"_a, "ids_64"_a, "mode"_a, "merge"_a)
+          "device"_a, "dst"_a, "src"_a, "dst_ids"_a, "src_ids"_a, "count"_a, "ids_64"_a, "mode"_a, "merge"_a,
+          "pitched"_a)
       .def(
           "arm", [](PreparedPages& p, uintptr_t after) { p.arm(as_stream(after)); }, "after"_a,
           nb::call_guard<nb::gil_scoped_release>())

@@ -14,6 +14,24 @@ struct Copy {
   size_t bytes;
 };
 
+// `rows` rows of `width` bytes: row i from src + i * src_pitch to
+// dst + i * dst_pitch (each pitch at least `width`). One row is a plain
+// copy. A copy engine takes the rows as one command (cudaMemcpy2DAsync), so
+// rows cost the host one call instead of one per row.
+struct PitchedCopy {
+  void* dst;
+  const void* src;
+  size_t width;
+  size_t rows = 1;
+  size_t dst_pitch = 0;
+  size_t src_pitch = 0;
+  size_t bytes() const { return width * rows; }
+  // Row i as a plain copy.
+  Copy row(size_t i) const {
+    return Copy{static_cast<char*>(dst) + i * dst_pitch, static_cast<const char*>(src) + i * src_pitch, width};
+  }
+};
+
 // Half-open index ranges [begin, end) covering `count` items in runs of at most
 // `batch_max` (>= 1). Large batches have crashed drivers, so every batched
 // submission is bounded.

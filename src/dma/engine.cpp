@@ -92,6 +92,25 @@ void copy_batch(cudaStream_t stream, const std::vector<Copy>& copies, bool settl
   for (const auto& c : copies) copy_one(stream, c);
 }
 
+void copy_pitched(cudaStream_t stream, const std::vector<PitchedCopy>& copies, bool settled_source) {
+  std::vector<Copy> single;
+  for (const auto& c : copies) {
+    if (c.width == 0 || c.rows == 0) continue;
+    if (c.rows == 1) {
+      single.push_back(c.row(0));
+      continue;
+    }
+    FERRY_CUDA_CHECK(
+        cudaMemcpy2DAsync(c.dst, c.dst_pitch, c.src, c.src_pitch, c.width, c.rows, cudaMemcpyDefault, stream));
+  }
+  copy_batch(stream, single, settled_source);
+}
+
+void copy_rows_one_by_one(cudaStream_t stream, const std::vector<PitchedCopy>& copies) {
+  for (const auto& c : copies)
+    for (size_t i = 0; i < c.rows; ++i) copy_one(stream, c.row(i));
+}
+
 void wait_values(cudaStream_t stream, const std::vector<ValueWait>& waits) {
   std::vector<MemOp> ops;
   for (const auto& w : waits) ops.push_back(MemOp{MemOp::Kind::kWait, w.addr, w.value});

@@ -43,6 +43,12 @@ void copy_one(cudaStream_t stream, const Copy& c);
 // `settled_source` the engine may read the sources out of stream order
 // (srcAccessOrder=Any): only where nothing enqueued before still writes them.
 void copy_batch(cudaStream_t stream, const std::vector<Copy>& copies, bool settled_source = false);
+// Submits `copies` (no order among them): single rows as copy_batch does,
+// several rows as one cudaMemcpy2DAsync each (no batched form of it is
+// cheaper on the host: cudaMemcpy3DBatchAsync took as long per copy).
+void copy_pitched(cudaStream_t stream, const std::vector<PitchedCopy>& copies, bool settled_source = false);
+// Each row of each copy with its own cudaMemcpyAsync (the per-page baseline).
+void copy_rows_one_by_one(cudaStream_t stream, const std::vector<PitchedCopy>& copies);
 // Blocks `stream` until every wait is satisfied (one cuStreamBatchMemOp per 255).
 void wait_values(cudaStream_t stream, const std::vector<ValueWait>& waits);
 // Enqueues `ops` in array order, which CUDA keeps inside one batch: a write

@@ -82,6 +82,9 @@ PageCopier& PageCopier::on(int device) {
 PageCopier::PageCopier(int device) : device_(device) {
   DeviceScope on_device(device);
   FERRY_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
+  int pitch = 0;
+  FERRY_CUDA_CHECK(cudaDeviceGetAttribute(&pitch, cudaDevAttrMaxPitch, device));
+  max_pitch_ = static_cast<size_t>(std::max(0, pitch));
   int least = 0, greatest = 0;
   FERRY_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   FERRY_CUDA_CHECK(cudaStreamCreateWithPriority(&urgent_, cudaStreamNonBlocking, greatest));
@@ -206,8 +209,8 @@ void PageCopier::note_pools(const Located& where, cudaStream_t stream) {
     }
 }
 
-void PageCopier::run_copies(PageStrategy s, const std::vector<Copy>& copies, const PageCopyOptions& o, Direction d,
-                            cudaStream_t stream) {
+void PageCopier::run_copies(PageStrategy s, const std::vector<PitchedCopy>& copies, const PageCopyOptions& o,
+                            Direction d, cudaStream_t stream) {
   // Any order only for a source no earlier stream work can still write: host
   // memory read by a fetch, when the caller vouches for it.
   const bool any_order = o.settled_source && d == Direction::kHostToDevice;
@@ -217,15 +220,15 @@ void PageCopier::run_copies(PageStrategy s, const std::vector<Copy>& copies, con
   }
   switch (s) {
     case PageStrategy::kPerPage:
-      for (const auto& c : copies) dma::copy_one(stream, c);
+      dma::copy_rows_one_by_one(stream, copies);
       return;
     case PageStrategy::kBatched:
-      dma::copy_batch(stream, copies, any_order);
+      dma::copy_pitched(stream, copies, any_order);
       return;
     case PageStrategy::kStreams: {
       auto parts = split_by_bytes(copies, static_cast<size_t>(engines_->peer_count()));
       if (parts.size() <= 1) {
-        dma::copy_batch(stream, copies, any_order);
+        dma::copy_pitched(stream, copies, any_order);
         return;
       }
       const int n = static_cast<int>(parts.size());
@@ -234,9 +237,9 @@ void PageCopier::run_copies(PageStrategy s, const std::vector<Copy>& copies, con
         // Each part from a thread of its own, at the same time: one thread
         // submitting every part was slower than one batched submission.
         submit_->run(n, [&](int i) {
-          std::vector<Copy> part(copies.begin() + static_cast<long>(parts[i].first),
-                                 copies.begin() + static_cast<long>(parts[i].second));
-          dma::copy_batch(engines_->peer(i), part, any_order);
+          std::vector<PitchedCopy> part(copies.begin() + static_cast<long>(parts[i].first),
+                                        copies.begin() + static_cast<long>(parts[i].second));
+          dma::copy_pitched(engines_->peer(i), part, any_order);
         });
       } catch (...) {
         // What was queued still runs: the caller's stream waits for it, so
@@ -260,14 +263,14 @@ void PageCopier::run_copies(PageStrategy s, const std::vector<Copy>& copies, con
 // the one kSlicesQueued before it: at most that many slices are on the copy
 // engine at once, and the engine is never idle while slices are left. The
 // 'streams' strategy's spread makes no sense here: its slices are batched.
-void PageCopier::run_sliced(PageStrategy s, const std::vector<Copy>& copies, size_t slice_bytes, bool any_order,
+void PageCopier::run_sliced(PageStrategy s, const std::vector<PitchedCopy>& copies, size_t slice_bytes, bool any_order,
                             cudaStream_t stream) {
   const auto slices = slice_copies(copies, slice_bytes);
   if (slices.size() <= 1) {
     if (s == PageStrategy::kPerPage)
-      for (const auto& c : copies) dma::copy_one(stream, c);
+      dma::copy_rows_one_by_one(stream, copies);
     else
-      dma::copy_batch(stream, copies, any_order);
+      dma::copy_pitched(stream, copies, any_order);
     return;
   }
   for (cudaStream_t st : slice_streams_) engines_->order(stream, st);
@@ -277,9 +280,9 @@ void PageCopier::run_sliced(PageStrategy s, const std::vector<Copy>& copies, siz
       if (k >= kSlicesQueued)
         FERRY_CUDA_CHECK(cudaStreamWaitEvent(st, slice_done_[(k - kSlicesQueued) % kSliceStreams], 0));
       if (s == PageStrategy::kPerPage)
-        for (const auto& c : slices[k]) dma::copy_one(st, c);
+        dma::copy_rows_one_by_one(st, slices[k]);
       else
-        dma::copy_batch(st, slices[k], any_order);
+        dma::copy_pitched(st, slices[k], any_order);
       FERRY_CUDA_CHECK(cudaEventRecord(slice_done_[k % kSliceStreams], st));
     }
   } catch (...) {
@@ -384,12 +387,19 @@ PageCopyReport PageCopier::copy(const PageSide& dst, const PageSide& src, const 
   DeviceScope on_device(device_);
   // Plans (and validates) even for the kernel, which then reads the lists itself.
   FERRY_ARG_CHECK(dst_ids.is_64 == src_ids.is_64, "dst_ids and src_ids must have one integer width");
-  std::vector<Copy> copies = plan_page_copies(dst, src, dst_ids, src_ids, o.merge);
-  rep.copies = copies.size();
+  // The per-page baseline copies every row by itself: it plans none pitched.
+  const bool pitched = o.pitched && o.strategy != PageStrategy::kPerPage;
+  std::vector<PitchedCopy> copies = plan_page_rows(dst, src, dst_ids, src_ids, o.merge, pitched ? max_pitch_ : 0);
   PageStrategy s =
       o.strategy ? *o.strategy : select_page_strategy(rules_, where.direction, copies.size(), rep.bytes, o.zero_sm);
   FERRY_ARG_CHECK(!(o.zero_sm && uses_sm(s)), "mode='kernel' launches a kernel, which zero_sm=True forbids");
   rep.strategy = s;
+  for (const auto& c : copies) {
+    // The baseline and the kernel take a pitched copy's rows one by one.
+    const bool by_rows = s == PageStrategy::kPerPage || s == PageStrategy::kKernel;
+    rep.copies += by_rows ? c.rows : 1;
+    rep.pitched += !by_rows && c.rows > 1;
+  }
   if (copies.empty()) return rep;
   cudaStream_t run = stream;
   if (o.urgent)
@@ -449,7 +459,7 @@ PageCopyReport PageCopier::copy_device_ids(const PageSide& dst, const PageSide& 
 }
 
 PreparedPages::PreparedPages(int device, const PageSide& dst, const PageSide& src, const PageIds& dst_ids,
-                             const PageIds& src_ids, PageStrategy strategy, bool merge)
+                             const PageIds& src_ids, PageStrategy strategy, bool merge, bool pitched)
     : device_(device), strategy_(strategy) {
   FERRY_ARG_CHECK(!uses_sm(strategy),
                   "prepare: mode='kernel' cannot be prepared (an armed kernel would hold its "
@@ -460,7 +470,8 @@ PreparedPages::PreparedPages(int device, const PageSide& dst, const PageSide& sr
   auto where = copier.locate(dst, src, nullptr);
   direction_ = where.direction;
   pools_ = where.pools;
-  copies_ = plan_page_copies(dst, src, dst_ids, src_ids, merge);
+  copies_ = plan_page_rows(dst, src, dst_ids, src_ids, merge,
+                           pitched && strategy != PageStrategy::kPerPage ? copier.max_pitch() : 0);
   bytes_ = request_bytes(dst, dst_ids.count);
   const size_t most = static_cast<size_t>(std::max<long long>(1, knob_int("FERRY_KV_ARMED_MAX")));
   FERRY_ARG_CHECK(copies_.size() <= most,
@@ -509,9 +520,9 @@ void PreparedPages::arm(cudaStream_t after) {
   opened_ = false;
   ran_ = true;
   if (strategy_ == PageStrategy::kPerPage)
-    for (const auto& c : copies_) dma::copy_one(stream_, c);
+    dma::copy_rows_one_by_one(stream_, copies_);
   else
-    dma::copy_batch(stream_, copies_);
+    dma::copy_pitched(stream_, copies_);
   FERRY_CUDA_CHECK(cudaEventRecord(finished_, stream_));
   for (const auto& p : pools_) p->note_use(stream_);
 }

@@ -27,6 +27,9 @@ struct PageCopyOptions {
   bool urgent = false;                   // run on ferry's urgent stream, not behind bulk work on the caller's
   bool settled_source = false;           // nothing in the stream still writes the source (srcAccessOrder=Any)
   bool merge = true;                     // merge runs of adjacent pages into one copy
+  // A page's regions at one stride on both sides (region_ladders) go as one
+  // pitched copy; the per-page baseline never does.
+  bool pitched = true;
   // Copy-engine work submitted in slices of this many bytes, at most
   // kSlicesQueued of them on the copy engine at a time, so that an urgent
   // fetch from another stream waits behind that much and no more (0: all at
@@ -53,7 +56,8 @@ struct DeviceIds {
 struct PageCopyReport {
   PageStrategy strategy = PageStrategy::kBatched;
   Direction direction = Direction::kHostToDevice;
-  size_t copies = 0;  // after merging
+  size_t copies = 0;   // submitted, after merging (the per-page baseline: every row)
+  size_t pitched = 0;  // of which pitched copies of several rows
   size_t bytes = 0;
   int sms = 0;  // blocks of the kernel, or 0
 };
@@ -88,10 +92,12 @@ class PageCopier {
     std::vector<std::shared_ptr<class HostPool>> pools;
   };
   Located locate(const PageSide& dst, const PageSide& src, cudaStream_t stream);
-  void run_copies(PageStrategy s, const std::vector<Copy>& copies, const PageCopyOptions& o, Direction d,
+  void run_copies(PageStrategy s, const std::vector<PitchedCopy>& copies, const PageCopyOptions& o, Direction d,
                   cudaStream_t stream);
-  void run_sliced(PageStrategy s, const std::vector<Copy>& copies, size_t slice_bytes, bool any_order,
+  void run_sliced(PageStrategy s, const std::vector<PitchedCopy>& copies, size_t slice_bytes, bool any_order,
                   cudaStream_t stream);
+  // The widest pitch the GPU takes in a pitched copy (cudaDevAttrMaxPitch).
+  size_t max_pitch() const { return max_pitch_; }
   int run_kernel(Located& where, const PageSide& dst, const PageSide& src, const void* dst_ids, const void* src_ids,
                  bool is_64, size_t n, const PageCopyOptions& o, cudaStream_t stream, const void* host_dst_ids,
                  const void* host_src_ids);
@@ -101,6 +107,7 @@ class PageCopier {
 
   int device_;
   int sm_count_ = 0;
+  size_t max_pitch_ = 0;
   mutable std::mutex mu_;
   std::vector<PageRule> rules_;
   cudaStream_t urgent_ = nullptr;
@@ -137,7 +144,7 @@ class PageCopier {
 class PreparedPages {
  public:
   PreparedPages(int device, const PageSide& dst, const PageSide& src, const PageIds& dst_ids, const PageIds& src_ids,
-                PageStrategy strategy, bool merge);
+                PageStrategy strategy, bool merge, bool pitched = true);
   ~PreparedPages();
   PreparedPages(const PreparedPages&) = delete;
   PreparedPages& operator=(const PreparedPages&) = delete;
@@ -161,7 +168,7 @@ class PreparedPages {
 
  private:
   int device_;
-  std::vector<Copy> copies_;
+  std::vector<PitchedCopy> copies_;
   size_t bytes_ = 0;
   PageStrategy strategy_;
   Direction direction_;

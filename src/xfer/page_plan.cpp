@@ -120,40 +120,80 @@ void check_ids(const PageSide& dst, const PageSide& src, const PageIds& dst_ids,
 
 std::vector<Copy> plan_page_copies(const PageSide& dst, const PageSide& src, const PageIds& dst_ids,
                                    const PageIds& src_ids, bool merge) {
+  std::vector<Copy> out;
+  for (const PitchedCopy& c : plan_page_rows(dst, src, dst_ids, src_ids, merge, 0)) out.push_back(c.row(0));
+  return out;
+}
+
+std::vector<RegionLadder> region_ladders(const PageSide& dst, const PageSide& src, size_t max_pitch) {
+  const auto& D = dst.regions;
+  const auto& S = src.regions;
+  auto usable = [&](size_t r) { return D[r].bytes > 0 && D[r].pages > 0 && S[r].pages > 0; };
+  // Region r's pages at the same sizes and strides as region f's.
+  auto alike = [&](size_t f, size_t r) {
+    return usable(r) && D[r].bytes == D[f].bytes && D[r].stride == D[f].stride && S[r].stride == S[f].stride;
+  };
+  std::vector<RegionLadder> out;
+  for (size_t r = 0; r < D.size();) {
+    RegionLadder l{r, 1, 0, 0};
+    if (max_pitch > 0 && usable(r) && r + 1 < D.size() && alike(r, r + 1) && D[r + 1].base > D[r].base &&
+        S[r + 1].base > S[r].base) {
+      const size_t dp = D[r + 1].base - D[r].base, sp = S[r + 1].base - S[r].base;
+      if (dp >= D[r].bytes && sp >= D[r].bytes && dp <= max_pitch && sp <= max_pitch) {
+        size_t k = 2;
+        while (r + k < D.size() && alike(r, r + k) && D[r + k].base == D[r + k - 1].base + dp &&
+               S[r + k].base == S[r + k - 1].base + sp)
+          ++k;
+        if (k >= kMinPitchedRows) l = RegionLadder{r, k, dp, sp};
+      }
+    }
+    out.push_back(l);
+    r += l.count;
+  }
+  return out;
+}
+
+std::vector<PitchedCopy> plan_page_rows(const PageSide& dst, const PageSide& src, const PageIds& dst_ids,
+                                        const PageIds& src_ids, bool merge, size_t max_pitch) {
   check_sides(dst, src);
   check_ids(dst, src, dst_ids, src_ids);
-  std::vector<Copy> out;
+  std::vector<PitchedCopy> out;
   const size_t n = dst_ids.count;
-  out.reserve(n * dst.regions.size());
-  for (size_t r = 0; r < dst.regions.size(); ++r) {
-    const PageRegion &d = dst.regions[r], &s = src.regions[r];
+  if (n == 0) return out;
+  const auto ladders = region_ladders(dst, src, max_pitch);
+  out.reserve(n * ladders.size());
+  for (const RegionLadder& l : ladders) {
+    const PageRegion &d = dst.regions[l.first], &s = src.regions[l.first];
     if (d.bytes == 0) continue;
-    // Pages that follow each other in memory only when the stride is the page.
+    // Pages that follow each other in memory only when the stride is the
+    // page; a pitched copy's run must also stay within a pitch.
     const bool can_merge = merge && d.stride == d.bytes && s.stride == s.bytes;
+    const size_t most = l.count > 1 ? std::min(l.dst_pitch, l.src_pitch) / d.bytes : SIZE_MAX;
     for (size_t i = 0; i < n;) {
       int64_t di = dst_ids.at(i), si = src_ids.at(i);
       size_t run = 1;
       if (can_merge)
-        while (i + run < n && dst_ids.at(i + run) == di + static_cast<int64_t>(run) &&
+        while (run < most && i + run < n && dst_ids.at(i + run) == di + static_cast<int64_t>(run) &&
                src_ids.at(i + run) == si + static_cast<int64_t>(run))
           ++run;
-      out.push_back(Copy{reinterpret_cast<void*>(d.base + static_cast<size_t>(di) * d.stride),
-                         reinterpret_cast<const void*>(s.base + static_cast<size_t>(si) * s.stride), run * d.bytes});
+      out.push_back(PitchedCopy{reinterpret_cast<void*>(d.base + static_cast<size_t>(di) * d.stride),
+                                reinterpret_cast<const void*>(s.base + static_cast<size_t>(si) * s.stride),
+                                run * d.bytes, l.count, l.dst_pitch, l.src_pitch});
       i += run;
     }
   }
   return out;
 }
 
-std::vector<std::pair<size_t, size_t>> split_by_bytes(const std::vector<Copy>& copies, size_t parts) {
+std::vector<std::pair<size_t, size_t>> split_by_bytes(const std::vector<PitchedCopy>& copies, size_t parts) {
   std::vector<std::pair<size_t, size_t>> out;
   if (copies.empty() || parts == 0) return out;
   size_t total = 0;
-  for (const auto& c : copies) total += c.bytes;
+  for (const auto& c : copies) total += c.bytes();
   parts = std::min(parts, copies.size());
   size_t begin = 0, acc = 0;
   for (size_t i = 0; i < copies.size(); ++i) {
-    acc += copies[i].bytes;
+    acc += copies[i].bytes();
     // Close a group once it reaches its share of the bytes so far.
     size_t k = out.size() + 1;
     if (k < parts && acc * parts >= total * k) {
@@ -165,22 +205,44 @@ std::vector<std::pair<size_t, size_t>> split_by_bytes(const std::vector<Copy>& c
   return out;
 }
 
-std::vector<std::vector<Copy>> slice_copies(const std::vector<Copy>& copies, size_t slice_bytes) {
-  std::vector<std::vector<Copy>> out;
+std::vector<std::vector<PitchedCopy>> slice_copies(const std::vector<PitchedCopy>& copies, size_t slice_bytes) {
+  std::vector<std::vector<PitchedCopy>> out;
   if (copies.empty()) return out;
   if (slice_bytes == 0) return {copies};
   out.emplace_back();
   size_t room = slice_bytes;
-  for (const Copy& c : copies) {
-    for (size_t off = 0; off < c.bytes;) {
+  auto piece = [&](void* dst, const void* src, size_t bytes) {
+    for (size_t off = 0; off < bytes;) {
       if (room == 0) {
         out.emplace_back();
         room = slice_bytes;
       }
-      const size_t n = std::min(room, c.bytes - off);
-      out.back().push_back(Copy{static_cast<char*>(c.dst) + off, static_cast<const char*>(c.src) + off, n});
+      const size_t n = std::min(room, bytes - off);
+      out.back().push_back(PitchedCopy{static_cast<char*>(dst) + off, static_cast<const char*>(src) + off, n});
       off += n;
       room -= n;
+    }
+  };
+  for (const PitchedCopy& c : copies) {
+    if (c.width == 0) continue;
+    for (size_t i = 0; i < c.rows;) {
+      if (room == 0) {
+        out.emplace_back();
+        room = slice_bytes;
+      }
+      const size_t k = std::min(c.rows - i, room / c.width);
+      if (k == 0) {  // the row is wider than what is left of this slice
+        const Copy r = c.row(i++);
+        piece(r.dst, r.src, r.bytes);
+        continue;
+      }
+      PitchedCopy part = c;
+      part.dst = static_cast<char*>(c.dst) + i * c.dst_pitch;
+      part.src = static_cast<const char*>(c.src) + i * c.src_pitch;
+      part.rows = k;
+      out.back().push_back(part);
+      room -= k * c.width;
+      i += k;
     }
   }
   return out;

@@ -57,16 +57,48 @@ void check_ids(const PageSide& dst, const PageSide& src, const PageIds& dst_ids,
 std::vector<Copy> plan_page_copies(const PageSide& dst, const PageSide& src, const PageIds& dst_ids,
                                    const PageIds& src_ids, bool merge);
 
+// Regions [first, first + count) whose pages a pitched copy can take as its
+// rows: the same page bytes and page strides, and bases that step by
+// `dst_pitch` on the destination side and `src_pitch` on the source side from
+// one region to the next. A layout that keeps every layer's K and V in one
+// allocation ([regions, pages, ...] on each side, in the same region order)
+// is one ladder.
+struct RegionLadder {
+  size_t first = 0, count = 1;
+  size_t dst_pitch = 0, src_pitch = 0;
+};
+
+// Fewer rows than this go as plain copies: one cudaMemcpy2DAsync costs the
+// host about as much as two or three copies of a batched call (1.6-2.5 us
+// against 0.5-0.9 on an H200 host, bench/probes/pitched_pages.cu).
+constexpr size_t kMinPitchedRows = 3;
+
+// The sides' regions cut into ladders, in order, greedily: each ladder as
+// long as it goes, with both pitches at least the page bytes (rows must not
+// overlap) and at most `max_pitch` (the GPU's limit for a pitched copy);
+// ladders shorter than kMinPitchedRows are single regions. `max_pitch` 0:
+// every region alone.
+std::vector<RegionLadder> region_ladders(const PageSide& dst, const PageSide& src, size_t max_pitch);
+
+// The copies for a request, ladder by ladder, in index order: one pitched
+// copy per page (or run of pages, with `merge`) of a ladder, a plain copy
+// (one row) per page of a single region. A run is cut where its width would
+// pass a pitch. `max_pitch` 0: no pitched copies (plan_page_copies's copies).
+// Validates first.
+std::vector<PitchedCopy> plan_page_rows(const PageSide& dst, const PageSide& src, const PageIds& dst_ids,
+                                        const PageIds& src_ids, bool merge, size_t max_pitch);
+
 // Splits `copies` into at most `parts` contiguous groups of about equal bytes
 // (for submission on several streams). Empty groups are dropped.
-std::vector<std::pair<size_t, size_t>> split_by_bytes(const std::vector<Copy>& copies, size_t parts);
+std::vector<std::pair<size_t, size_t>> split_by_bytes(const std::vector<PitchedCopy>& copies, size_t parts);
 
-// `copies` in order as slices of at most `slice_bytes` each (a copy larger
-// than that is cut into pieces), for a bulk transfer submitted a few slices
-// at a time: a copy engine serves host-to-GPU copies first in, first out
-// across streams, so a small urgent fetch waits behind whatever is queued on
-// it, and no more than that. `slice_bytes` 0: one slice.
-std::vector<std::vector<Copy>> slice_copies(const std::vector<Copy>& copies, size_t slice_bytes);
+// `copies` in order as slices of at most `slice_bytes` each, for a bulk
+// transfer submitted a few slices at a time: a copy engine serves host-to-GPU
+// copies first in, first out across streams, so a small urgent fetch waits
+// behind whatever is queued on it, and no more than that. A pitched copy is
+// cut between rows; a row wider than what is left of a slice is cut into
+// pieces. Only the last slice is short. `slice_bytes` 0: one slice.
+std::vector<std::vector<PitchedCopy>> slice_copies(const std::vector<PitchedCopy>& copies, size_t slice_bytes);
 
 // Bytes moved by a request: pages * sum of region page bytes.
 size_t request_bytes(const PageSide& side, size_t pages);

@@ -179,8 +179,10 @@ TEST(PagePlan, RandomRequestsMatchAReferenceExpansion) {
 }
 
 TEST(PagePlan, SplitByBytesCoversEverythingOnce) {
-  std::vector<Copy> copies;
-  for (int i = 0; i < 10; ++i) copies.push_back(Copy{nullptr, nullptr, static_cast<size_t>(100 * (i % 3 + 1))});
+  std::vector<PitchedCopy> copies;
+  for (int i = 0; i < 10; ++i)
+    copies.push_back(
+        PitchedCopy{nullptr, nullptr, static_cast<size_t>(100 * (i % 3 + 1)), size_t(1 + i % 4), 4096, 4096});
   for (size_t parts : {1u, 2u, 3u, 4u, 16u}) {
     auto groups = split_by_bytes(copies, parts);
     ASSERT_LE(groups.size(), parts);
@@ -195,36 +197,161 @@ TEST(PagePlan, SplitByBytesCoversEverythingOnce) {
   EXPECT_TRUE(split_by_bytes({}, 4).empty());
 }
 
+namespace {
+
+// (dst byte, src byte) of every byte a list of copies moves, in order.
+std::vector<std::pair<uintptr_t, uintptr_t>> expand(const std::vector<PitchedCopy>& copies, size_t step = 1) {
+  std::vector<std::pair<uintptr_t, uintptr_t>> out;
+  for (const PitchedCopy& c : copies)
+    for (size_t r = 0; r < c.rows; ++r) {
+      const Copy row = c.row(r);
+      for (size_t b = 0; b < row.bytes; b += step)
+        out.emplace_back(reinterpret_cast<uintptr_t>(row.dst) + b, reinterpret_cast<uintptr_t>(row.src) + b);
+    }
+  return out;
+}
+
+}  // namespace
+
 // Every byte of every copy once, in order, each slice at most the bound and
-// only the last one short; a copy longer than a slice cut into pieces.
+// only the last one short; a row longer than what is left of a slice cut
+// into pieces, a pitched copy cut between rows.
 TEST(PagePlan, SlicesCoverEveryByteOnceInOrderWithinTheBound) {
-  std::vector<Copy> copies;
+  std::vector<PitchedCopy> copies;
   uintptr_t d = 1 << 20, s = 1 << 28;
-  for (size_t bytes : {size_t{3000}, size_t{16}, size_t{10000}, size_t{0}, size_t{4096}, size_t{1}}) {
-    copies.push_back(Copy{reinterpret_cast<void*>(d), reinterpret_cast<const void*>(s), bytes});
-    d += bytes + 64;
-    s += bytes + 128;
+  const size_t widths[] = {3000, 16, 10000, 0, 4096, 1, 700, 2048};
+  const size_t rows[] = {1, 1, 1, 1, 1, 1, 9, 5};
+  for (int i = 0; i < 8; ++i) {
+    const size_t dp = rows[i] > 1 ? widths[i] + 100 : 0, sp = rows[i] > 1 ? widths[i] + 36 : 0;
+    copies.push_back(
+        PitchedCopy{reinterpret_cast<void*>(d), reinterpret_cast<const void*>(s), widths[i], rows[i], dp, sp});
+    d += rows[i] * (widths[i] + 100) + 64;
+    s += rows[i] * (widths[i] + 128) + 128;
   }
-  for (size_t slice : {size_t{1}, size_t{7}, size_t{4096}, size_t{5000}, size_t{1} << 30}) {
+  for (size_t slice : {size_t{1}, size_t{7}, size_t{1400}, size_t{4096}, size_t{5000}, size_t{1} << 30}) {
     auto slices = slice_copies(copies, slice);
-    std::vector<std::pair<uintptr_t, uintptr_t>> got, want;
+    std::vector<std::pair<uintptr_t, uintptr_t>> got;
     for (size_t i = 0; i < slices.size(); ++i) {
       size_t total = 0;
-      for (const Copy& c : slices[i]) {
-        total += c.bytes;
-        for (size_t b = 0; b < c.bytes; ++b)
-          got.emplace_back(reinterpret_cast<uintptr_t>(c.dst) + b, reinterpret_cast<uintptr_t>(c.src) + b);
+      for (const PitchedCopy& c : slices[i]) {
+        total += c.bytes();
+        EXPECT_TRUE(c.rows == 1 || (c.dst_pitch >= c.width && c.src_pitch >= c.width));
       }
+      auto part = expand(slices[i]);
+      got.insert(got.end(), part.begin(), part.end());
       EXPECT_LE(total, slice);
       if (i + 1 < slices.size()) EXPECT_EQ(total, slice) << "only the last slice is short";
     }
-    for (const Copy& c : copies)
-      for (size_t b = 0; b < c.bytes; ++b)
-        want.emplace_back(reinterpret_cast<uintptr_t>(c.dst) + b, reinterpret_cast<uintptr_t>(c.src) + b);
-    EXPECT_EQ(got, want) << slice;
+    EXPECT_EQ(got, expand(copies)) << slice;
   }
   EXPECT_EQ(slice_copies(copies, 0).size(), 1u);
   EXPECT_TRUE(slice_copies({}, 4096).empty());
+}
+
+// Regions at one stride on both sides form a ladder; anything that breaks
+// the stride, the page shape or the pitch bounds ends it.
+TEST(PagePlan, RegionLaddersFollowTheLayout) {
+  const size_t page = 4096, pages = 64, pitch = page * pages;
+  // [6, pages, page] on the GPU, [6, 2 * pages, page] on the host: one ladder of 6.
+  auto dst = side(0x10000000, page, page, pages, 6), src = side(0x90000000, page, page, 2 * pages, 6);
+  auto l = region_ladders(dst, src, SIZE_MAX);
+  ASSERT_EQ(l.size(), 1u);
+  EXPECT_EQ(l[0].count, 6u);
+  EXPECT_EQ(l[0].dst_pitch, pitch);
+  EXPECT_EQ(l[0].src_pitch, 2 * pitch);
+  // No pitched copies asked for, or pitches over the GPU's limit: every region alone.
+  EXPECT_EQ(region_ladders(dst, src, 0).size(), 6u);
+  EXPECT_EQ(region_ladders(dst, src, pitch).size(), 6u);  // the source pitch is over
+  EXPECT_EQ(region_ladders(dst, src, 2 * pitch).size(), 1u);
+  // vLLM's per-layer [2, blocks, ...]: K and V of a layer are two apart, the
+  // layers anywhere: pairs are too short to be worth a pitched copy.
+  PageSide vd, vs;
+  for (uintptr_t layer : {0x10000000u, 0x30000000u, 0x20000000u})
+    for (int kv = 0; kv < 2; ++kv) {
+      vd.regions.push_back(PageRegion{layer + kv * pitch, page, page, pages});
+      vs.regions.push_back(PageRegion{layer + 0x80000000u + kv * pitch, page, page, pages});
+    }
+  EXPECT_EQ(region_ladders(vd, vs, SIZE_MAX).size(), 6u);
+  // Mixed: 4 stacked, one elsewhere, 3 stacked again; a region of other page
+  // bytes, stride or a zero-byte region breaks a ladder.
+  PageSide md, ms;
+  auto add = [&](uintptr_t db, uintptr_t sb, size_t bytes, size_t stride) {
+    md.regions.push_back(PageRegion{db, stride, bytes, pages});
+    ms.regions.push_back(PageRegion{sb, stride, bytes, pages});
+  };
+  for (int r = 0; r < 4; ++r) add(0x10000000 + r * pitch, 0x90000000 + r * pitch, page, page);
+  add(0x50000000, 0xA0000000, page, page);
+  for (int r = 0; r < 3; ++r) add(0x60000000 + r * pitch, 0xB0000000 + r * pitch, page, page);
+  add(0x60000000 + 3 * pitch, 0xB0000000 + 3 * pitch, page / 2, page);                              // other page bytes
+  for (int r = 0; r < 3; ++r) add(0x70000000 + r * pitch, 0xC0000000 + r * pitch, page, 2 * page);  // stride 2 pages
+  auto m = region_ladders(md, ms, SIZE_MAX);
+  std::vector<size_t> counts;
+  for (const auto& x : m) counts.push_back(x.count);
+  EXPECT_EQ(counts, (std::vector<size_t>{4, 1, 3, 1, 3}));
+  // Bases that step down, or pitches under a page (overlapping rows): alone.
+  PageSide down_d, down_s, close_d, close_s;
+  for (int r = 0; r < 4; ++r) {
+    down_d.regions.push_back(PageRegion{0x50000000 - r * pitch, page, page, pages});
+    down_s.regions.push_back(PageRegion{0x90000000 - r * pitch, page, page, pages});
+    close_d.regions.push_back(PageRegion{0x50000000 + r * (page / 2), 4 * page, page / 2 + 1, 8});
+    close_s.regions.push_back(PageRegion{0x90000000 + r * pitch, 4 * page, page / 2 + 1, 8});
+  }
+  EXPECT_EQ(region_ladders(down_d, down_s, SIZE_MAX).size(), 4u);
+  EXPECT_EQ(region_ladders(close_d, close_s, SIZE_MAX).size(), 4u);
+}
+
+// Random layouts and requests: the pitched plan moves exactly the bytes of
+// the page-by-page reference, each once, its rows never overlap, and runs
+// never pass a pitch.
+TEST(PagePlan, PitchedPlansMatchAReferenceExpansion) {
+  std::mt19937_64 rng(11);
+  size_t pitched_seen = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const size_t pages = 1 + rng() % 200, n = rng() % (pages + 1), bytes = 16 * (1 + rng() % 8);
+    const int regions = 1 + static_cast<int>(rng() % 9);
+    // Stacked on both sides ([regions, pages, page]); the source regions are
+    // sometimes only a few pages apart (they overlap, which reading allows,
+    // and runs get cut at the pitch).
+    const size_t dgap = bytes * (pages + rng() % 3), sgap = bytes * (rng() % 2 ? pages : 2 + rng() % 4);
+    auto dst = side(0x10000000, bytes, bytes, pages, regions, dgap);
+    auto src = side(0x90000000, bytes, bytes, pages, regions, sgap);
+    if (rng() % 4 == 0) src.regions[rng() % regions].base += 0x4000000;  // one region elsewhere
+    std::vector<int64_t> perm(pages);
+    for (size_t i = 0; i < pages; ++i) perm[i] = static_cast<int64_t>(i);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<int64_t> d(perm.begin(), perm.begin() + static_cast<long>(n)), s(n);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (size_t i = 0; i < n; ++i) s[i] = rng() % 2 ? perm[i] : d[i];  // sometimes runs on both sides
+    if (rng() % 2) {
+      std::sort(d.begin(), d.end());
+      std::sort(s.begin(), s.end());
+      s.erase(std::unique(s.begin(), s.end()), s.end());
+      s.resize(n, 0);
+    }
+    const size_t max_pitch = rng() % 5 == 0 ? bytes * pages : SIZE_MAX;
+    auto copies = plan_page_rows(dst, src, ids(d), ids(s), rng() % 4 != 0, max_pitch);
+    std::map<uintptr_t, uintptr_t> got;
+    size_t moved = 0;
+    for (const auto& c : copies) {
+      if (c.rows > 1) {
+        ++pitched_seen;
+        EXPECT_GE(c.dst_pitch, c.width);
+        EXPECT_GE(c.src_pitch, c.width);
+        EXPECT_LE(c.dst_pitch, max_pitch);
+        EXPECT_LE(c.src_pitch, max_pitch);
+      }
+      moved += c.bytes();
+    }
+    for (auto [db, sb] : expand(copies, 16)) EXPECT_TRUE(got.emplace(db, sb).second) << "a byte written twice";
+    std::map<uintptr_t, uintptr_t> want;
+    for (int r = 0; r < regions; ++r)
+      for (size_t i = 0; i < n; ++i)
+        for (size_t b = 0; b < bytes; b += 16)
+          want[dst.regions[r].base + d[i] * bytes + b] = src.regions[r].base + s[i] * bytes + b;
+    ASSERT_EQ(got, want) << "trial " << trial;
+    EXPECT_EQ(moved, n * regions * bytes);
+  }
+  EXPECT_GT(pitched_seen, 100u) << "the random layouts must exercise pitched copies";
 }
 
 TEST(PageSelect, TableThenDefault) {

@@ -273,7 +273,7 @@ def test_sliced_submission_byte_exact(kv, mode, direction):
     rng = random.Random(hash((mode, direction)) & 0xFFFF)
     pages = 96
     src_where, dst_where = {"h2d": ("host", "gpu"), "d2h": ("gpu", "host"), "d2d": ("gpu", "gpu")}[direction]
-    for layout in ("one", "vllm"):
+    for layout in ("one", "vllm", "layers"):
         src, src_list = make_side(layout, src_where, pages, (3, 1000), torch.uint8)
         dst, dst_list = make_side(layout, dst_where, pages + 5, (3, 1000), torch.uint8)
         run = list(range(20, 50))  # a merged run of 30 pages, then scattered ones
@@ -334,6 +334,114 @@ def test_graph_capture_and_replay(kv, mode, slice_bytes):
         want = torch.full_like(host, POISON)
         want[ids_d] = host[ids_s]
         assert torch.equal(gpu.cpu(), want)
+
+
+def stacked(where, regions, pages, page_shape, dtype, offset=0):
+    """list(t) of one [regions, pages, ...] tensor (every layer's K and V in
+    one allocation), its storage starting `offset` bytes into a buffer."""
+    torch = _torch()
+    page = 1
+    for x in page_shape:
+        page *= x
+    n = regions * pages * page * torch.empty((), dtype=dtype).element_size()
+    if where == "host":
+        buf = pinned((n + offset,), torch.uint8)
+    else:
+        buf = torch.empty(n + offset, dtype=torch.uint8, device="cuda")
+    t = buf[offset:].view(dtype).view(regions, pages, *page_shape)
+    fill_random(t)
+    return list(t)
+
+
+@pytest.mark.parametrize("mode", ["batched", "streams", "auto", "per_page"])
+@pytest.mark.parametrize("direction", ["h2d", "d2h", "d2d"])
+def test_pitched_copies_byte_exact(kv, mode, direction):
+    """A page's tensors at one stride on both sides go as one pitched copy
+    (rows: the tensors), runs of pages as wider rows; odd page bytes at odd
+    offsets; slices cut between rows and inside them; the same request with
+    pitched=False and the baseline as plain copies."""
+    torch = _torch()
+    rng = random.Random(hash((mode, direction)) & 0xFFFF)
+    src_where, dst_where = {"h2d": ("host", "gpu"), "d2h": ("gpu", "host"), "d2d": ("gpu", "gpu")}[direction]
+    for regions, page_shape, dtype, off in (
+        (8, (16, 2, 8), torch.bfloat16, 0),
+        (5, (3, 333), torch.uint8, 3),
+    ):
+        pages = 60
+        src = stacked(src_where, regions, pages, page_shape, dtype, off)
+        dst = stacked(dst_where, regions, pages + 9, page_shape, dtype, off + 5)
+        run = list(range(10, 22))  # a run of 12 pages on both sides, then scattered ones
+        dst_ids = run + rng.sample([i for i in range(pages + 9) if i not in run], 30)
+        src_ids = run + [rng.randrange(pages) for _ in range(30)]
+        rep = check_copy(kv, dst, src, dst_ids, src_ids, mode=mode)
+        if rep["strategy"] in ("batched", "streams"):
+            # One pitched copy per page, the run as one (scattered pages may
+            # happen to form short runs too).
+            assert rep["pitched"] == rep["copies"] and 20 <= rep["copies"] <= 31, rep
+        else:
+            assert rep["pitched"] == 0, rep
+        assert check_copy(kv, dst, src, dst_ids, src_ids, mode=mode, pitched=False)["pitched"] == 0
+        if mode != "per_page":
+            for slice_bytes in (1000, 3 * 333 * 2 + 7, 1 << 20):
+                check_copy(kv, dst, src, dst_ids, src_ids, mode=mode, slice_bytes=slice_bytes)
+    # Regions whose stride breaks halfway: two ladders (and a lone region) in one request.
+    a = stacked("host", 4, 20, (512,), torch.uint8)
+    b = stacked("host", 3, 20, (512,), torch.uint8)
+    ga = stacked("gpu", 4, 25, (512,), torch.uint8)
+    gb = stacked("gpu", 3, 25, (512,), torch.uint8)
+    extra_h, extra_g = stacked("host", 1, 20, (512,), torch.uint8), stacked("gpu", 1, 25, (512,), torch.uint8)
+    ids_d, ids_s = rng.sample(range(25), 15), rng.sample(range(20), 15)
+    if direction == "h2d":
+        rep = check_copy(kv, ga + extra_g + gb, a + extra_h + b, ids_d, ids_s, mode=mode)
+        if rep["strategy"] in ("batched", "streams"):
+            assert rep["pitched"] == 30 and rep["copies"] == 45, rep
+
+
+def test_pitched_copies_in_a_graph_and_prepared(kv):
+    torch = _torch()
+    pages = 48
+    host = stacked("host", 6, pages, (1024,), torch.uint8)
+    gpu = stacked("gpu", 6, pages + 4, (1024,), torch.uint8)
+    ids_d, ids_s = list(range(5, 35)), list(range(40, 10, -1))
+
+    def want_of():
+        out = []
+        for h in host:
+            w = torch.full((pages + 4, 1024), POISON, dtype=torch.uint8)
+            w[ids_d] = h[ids_s].cpu()
+            out.append(w)
+        return out
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        assert kv.copy_blocks(gpu, host, ids_d, ids_s, mode="batched")["pitched"] == 30
+        with torch.cuda.graph(g, stream=s):
+            kv.copy_blocks(gpu, host, ids_d, ids_s, mode="batched")
+    torch.cuda.synchronize()
+    for _ in range(3):
+        for h in host:
+            fill_random(h)
+        for t in gpu:
+            t.fill_(POISON)
+        g.replay()
+        torch.cuda.synchronize()
+        for got, want in zip(gpu, want_of()):
+            assert torch.equal(got.cpu(), want)
+    t = kv.prepare(gpu, host, ids_d, ids_s)
+    assert t.copies == 30
+    for _ in range(2):
+        for h in host:
+            fill_random(h)
+        for x in gpu:
+            x.fill_(POISON)
+        t.arm()
+        t.trigger()
+        t.wait()
+        torch.cuda.synchronize()
+        for got, want in zip(gpu, want_of()):
+            assert torch.equal(got.cpu(), want)
 
 
 def test_prepared_transfer_host_stream_and_kernel_triggers(kv):

@@ -27,9 +27,11 @@ def test_defaults():
     assert (a.requests, a.request_prefix, a.batch, a.decode_tokens) == (16, 2048, 4, 4)
     assert a.pcie_bytes == 1 << 30
     assert (a.layerwise, a.fetch_thread) == (False, False)
-    assert (a.cache, a.graph, a.trace) == ("in-place", True, False)
-    b = E.parse_args(["--layerwise", "--fetch-thread"])
-    assert (b.layerwise, b.fetch_thread) == (True, True)
+    assert (a.cache, a.graph, a.trace, a.layout) == ("in-place", True, False, "per-layer")
+    b = E.parse_args(["--layerwise", "--fetch-thread", "--layout", "stacked"])
+    assert (b.layerwise, b.fetch_thread, b.layout) == (True, True, "stacked")
+    # The field's batched call copies every tensor's page by itself, whatever the layout.
+    assert E.IMPLS["batched"]["pitched"] is False
 
 
 def test_options():
@@ -57,6 +59,7 @@ def test_options():
         ["--requests", "10", "--batch", "4"],
         ["--request-prefix", "100"],
         ["--reps", "0"],
+        ["--layout", "page-first"],
     ],
 )
 def test_bad_options(argv, capsys):

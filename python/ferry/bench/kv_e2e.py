@@ -141,7 +141,8 @@ IMPLS: Dict[str, dict] = {
     "ferry-auto": dict(mode="auto", zero_sm=False),
     "ferry-zero-sm": dict(mode="auto", zero_sm=True),
     "per-page": dict(mode="per_page", zero_sm=False),
-    "batched": dict(mode="batched", zero_sm=False),
+    # The field's approach (vLLM): one batched call, a copy per page and tensor.
+    "batched": dict(mode="batched", zero_sm=False, pitched=False),
     "kernel": dict(mode="kernel", zero_sm=False),
 }
 FERRY_IMPLS = ("ferry-auto", "ferry-zero-sm")
@@ -202,6 +203,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         default="in-place",
         help="in-place: new tokens' KV written into spare room in the fetched pages, as a serving engine does; "
         "copy: transformers' DynamicCache, which concatenates (copies the whole past) at every step",
+    )
+    ap.add_argument(
+        "--layout",
+        choices=("per-layer", "stacked"),
+        default="per-layer",
+        help="per-layer: every layer's K and V a tensor of its own, on the host and on the GPU (as vLLM and "
+        "SGLang allocate them); stacked: one [2 x layers, pages, ...] tensor on each side, whose page copies "
+        "ferry submits as one pitched copy per page (per-page and batched still copy every tensor's page)",
     )
     ap.add_argument(
         "--graph",
@@ -881,15 +890,17 @@ def measure_pcie_peak(torch, kv, nbytes: int, reps: int = 5) -> List[float]:
     return out
 
 
-def make_host_pool(torch, kv, spec: dict, pages: int, seed: int) -> list:
+def make_host_pool(torch, kv, spec: dict, pages: int, seed: int, stacked: bool = False) -> list:
     """2 x layers pinned tensors [pages, 16, kv heads, head dim] (K0, V0, K1,
-    ...), random bf16 values (drawn on the GPU, copied over in chunks)."""
+    ...), random bf16 values (drawn on the GPU, copied over in chunks). With
+    `stacked`, the views of one [2 x layers, pages, ...] tensor."""
     shape = (pages, PAGE_TOKENS, spec["kv_heads"], spec["head_dim"])
     chunk = max(1, (256 << 20) // page_bytes(spec))
     g = torch.Generator(device=DEVICE).manual_seed(seed)
     pool = []
-    for _ in range(2 * spec["layers"]):
-        h = kv.pinned_empty(shape, torch.bfloat16)
+    big = kv.pinned_empty((2 * spec["layers"],) + shape, torch.bfloat16) if stacked else None
+    for i in range(2 * spec["layers"]):
+        h = big[i] if stacked else kv.pinned_empty(shape, torch.bfloat16)
         for a in range(0, pages, chunk):
             b = min(pages, a + chunk)
             h[a:b].copy_(torch.randn((b - a,) + shape[1:], device=DEVICE, dtype=torch.bfloat16, generator=g))
@@ -909,6 +920,14 @@ def fetched_equal(torch, dst: list, host: list, dst_ids, src_ids) -> bool:
     return True
 
 
+def gpu_pages(torch, shape, count: int, stacked: bool) -> list:
+    """`count` GPU tensors of `shape`: separate allocations, or with `stacked`
+    the views of one [count, *shape] tensor."""
+    if stacked:
+        return list(torch.empty((count,) + tuple(shape), dtype=torch.bfloat16, device=DEVICE))
+    return [torch.empty(shape, dtype=torch.bfloat16, device=DEVICE) for _ in range(count)]
+
+
 def _poison(torch, tensors) -> None:
     for t in tensors:
         t.view(torch.int16).fill_(-1)  # all bits set: NaN in bf16
@@ -916,7 +935,10 @@ def _poison(torch, tensors) -> None:
 
 def _fetch(kv, dst, src, dst_ids, src_ids, stream, impl: str) -> None:
     m = IMPLS[impl]
-    kv.copy_blocks(dst, src, dst_ids, src_ids, stream=stream, mode=m["mode"], zero_sm=m["zero_sm"])
+    kv.copy_blocks(
+        dst, src, dst_ids, src_ids, stream=stream, mode=m["mode"], zero_sm=m["zero_sm"],
+        pitched=m.get("pitched", True),
+    )  # fmt: skip
 
 
 _MASK_WARNED: List[bool] = []
@@ -998,7 +1020,7 @@ class TtftPoint(Point):
         new_tokens = 1 if hit == 1.0 else prompt - n * PAGE_TOKENS
         spare = -(-new_tokens // PAGE_TOKENS) if ctx.in_place else 0  # room for the new tokens' KV
         shape = (n + spare, PAGE_TOKENS, spec["kv_heads"], spec["head_dim"])
-        self.dst = [torch.empty(shape, dtype=torch.bfloat16, device=DEVICE) for _ in range(2 * L)]
+        self.dst = gpu_pages(torch, shape, 2 * L, ctx.stacked)
         full = [(as_bhsd(self.dst[2 * i]), as_bhsd(self.dst[2 * i + 1])) for i in range(L)]
         past = n * PAGE_TOKENS
         self.pairs = [(k[:, :, :past], v[:, :, :past]) for k, v in full]
@@ -1127,10 +1149,7 @@ class ThroughputPoint(Point):
             [r * per_request + j for r in range(batch) for j in range(npp)], dtype=torch.int64
         )
         shape = (batch * per_request, PAGE_TOKENS, spec["kv_heads"], spec["head_dim"])
-        self.bufs = [
-            [torch.empty(shape, dtype=torch.bfloat16, device=DEVICE) for _ in range(2 * L)]
-            for _ in range(min(2, self.waves))
-        ]
+        self.bufs = [gpu_pages(torch, shape, 2 * L, ctx.stacked) for _ in range(min(2, self.waves))]
         full = [
             [(as_bhsd(b[2 * i], batch), as_bhsd(b[2 * i + 1], batch)) for i in range(L)] for b in self.bufs
         ]
@@ -1387,6 +1406,7 @@ def run_model(
     ctx.fetch_thread = bool(getattr(args, "fetch_thread", False))
     ctx.layerwise = bool(getattr(args, "layerwise", False))
     ctx.in_place = getattr(args, "cache", "in-place") == "in-place"
+    ctx.stacked = getattr(args, "layout", "per-layer") == "stacked"
     ctx.graph = bool(getattr(args, "graph", ctx.in_place))
     if ctx.graph and not ctx.in_place:
         raise ValueError(
@@ -1414,10 +1434,13 @@ def _run_points(ctx, name: str, args, peak_gbps: float, gpu: str, date: str, rec
         f"{name}: model built in {time.perf_counter() - t0:.1f} s ({param_count(spec) / 1e9:.2f} B "
         f"parameters; the decoder takes its past KV as {ctx.cache_kw!r})"
     )
-    ctx.host = make_host_pool(torch, kv, spec, pool_pages, seed=args.seed + 17)
+    ctx.host = make_host_pool(torch, kv, spec, pool_pages, seed=args.seed + 17, stacked=ctx.stacked)
     log(f"{name}: host pool {2 * spec['layers']} x {pool_pages} pages of {format_size(page_bytes(spec))}")
     pcie = dict(pcie_peak_gbps=peak_gbps)
-    common = dict(reps=args.reps, warmup=args.warmup, page_bytes=page_bytes(spec))
+    common = dict(
+        reps=args.reps, warmup=args.warmup, page_bytes=page_bytes(spec),
+        layout="stacked" if ctx.stacked else "per-layer",
+    )  # fmt: skip
 
     def measure(op, prompt, hit, make, need, extra):
         free = torch.cuda.mem_get_info()[0]
@@ -1549,7 +1572,7 @@ def main(argv=None) -> int:
         gpu=gpu, date=date, command=command, sms=props.multi_processor_count, reps=args.reps,
         warmup=args.warmup, pcie_peak_gbps=peak, pcie_peak_gbps_samples=samples, pcie_bytes=args.pcie_bytes,
         page_tokens=PAGE_TOKENS, torch=torch.__version__, transformers=transformers.__version__,
-        cache=args.cache, graph=args.graph, deterministic=args.deterministic,
+        cache=args.cache, layout=args.layout, graph=args.graph, deterministic=args.deterministic,
         impls={i: IMPLS[i] for i in args.impls}, models={m: MODELS[m] for m in args.models},
         throughput=dict(
             requests=args.requests, request_prefix=args.request_prefix, batch=args.batch,
