@@ -363,13 +363,11 @@ def test_pitched_copies_byte_exact(kv, mode, direction):
     torch = _torch()
     rng = random.Random(hash((mode, direction)) & 0xFFFF)
     src_where, dst_where = {"h2d": ("host", "gpu"), "d2h": ("gpu", "host"), "d2d": ("gpu", "gpu")}[direction]
-    for regions, page_shape, dtype, off in (
-        (8, (16, 2, 8), torch.bfloat16, 0),
-        (5, (3, 333), torch.uint8, 3),
-    ):
+    cases = ((8, (16, 2, 8), torch.bfloat16, 0, 2), (5, (3, 333), torch.uint8, 3, 8))
+    for regions, page_shape, dtype, src_off, dst_off in cases:
         pages = 60
-        src = stacked(src_where, regions, pages, page_shape, dtype, off)
-        dst = stacked(dst_where, regions, pages + 9, page_shape, dtype, off + 5)
+        src = stacked(src_where, regions, pages, page_shape, dtype, src_off)
+        dst = stacked(dst_where, regions, pages + 9, page_shape, dtype, dst_off)
         run = list(range(10, 22))  # a run of 12 pages on both sides, then scattered ones
         dst_ids = run + rng.sample([i for i in range(pages + 9) if i not in run], 30)
         src_ids = run + [rng.randrange(pages) for _ in range(30)]
