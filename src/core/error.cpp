@@ -12,6 +12,10 @@ void throw_error(ferry_result_t code, const std::string& message) { throw Error(
 
 void throw_cuda_error(int err, const char* expr, const char* file, int line) {
   auto e = static_cast<cudaError_t>(err);
+  // Reported here: a later check of cudaGetLastError() (after a kernel
+  // launch) must not find it again and blame its own call. A sticky error
+  // stays whatever this does.
+  cudaGetLastError();
   ferry_result_t code = FERRY_ERROR_CUDA;
   if (e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice) code = FERRY_ERROR_NO_GPU;
   std::string msg = std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ") in " + expr + " at " + file +

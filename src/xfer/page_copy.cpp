@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "core/cuda_scope.hpp"
+#include "core/driver.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
 #include "dma/engine.hpp"
@@ -31,8 +32,19 @@ struct Where {
   bool host = false;
   int device = -1;
   uint64_t device_address = 0;
+  uintptr_t allocation = 0;  // where the allocation holding the region starts; 0: not known
   std::shared_ptr<HostPool> pool;
 };
+
+// The start of the CUDA allocation holding `p` (device memory, or host
+// memory CUDA allocated or registered), 0 where the driver cannot say.
+uintptr_t allocation_of(const void* p) {
+  CUdeviceptr start = 0;
+  if (driver().PointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, reinterpret_cast<CUdeviceptr>(p)) !=
+      CUDA_SUCCESS)
+    return 0;
+  return static_cast<uintptr_t>(start);
+}
 
 Where where_is(const PageRegion& g, const char* side, size_t r) {
   Where w;
@@ -41,6 +53,7 @@ Where where_is(const PageRegion& g, const char* side, size_t r) {
   if ((w.pool = HostPool::find(p, span))) {
     w.host = true;
     w.device_address = g.base;  // pools are mapped with unified addressing: same address
+    w.allocation = reinterpret_cast<uintptr_t>(w.pool->data());
     return w;
   }
   const PointerKind k = pointer_kind(p);
@@ -48,10 +61,12 @@ Where where_is(const PageRegion& g, const char* side, size_t r) {
     case MemKind::kPinnedHost:
       w.host = true;
       w.device_address = reinterpret_cast<uint64_t>(k.device_pointer);
+      w.allocation = allocation_of(p);
       return w;
     case MemKind::kDevice:
       w.device = k.device;
       w.device_address = g.base;
+      w.allocation = allocation_of(p);
       return w;
     case MemKind::kManaged:
       throw_error(FERRY_ERROR_INVALID_ARGUMENT,
@@ -153,6 +168,8 @@ PageCopier::Located PageCopier::locate(const PageSide& dst, const PageSide& src,
                                                 " but the GPU tensors are on cuda:" + std::to_string(device_));
   int dst_host = -1, src_host = -1;  // -1 unknown, 0 device, 1 host
   out.kernel_regions.resize(dst.regions.size());
+  out.dst = dst;
+  out.src = src;
   for (int side = 0; side < 2; ++side) {
     const PageSide& s = side == 0 ? dst : src;
     const char* sname = side == 0 ? "dst" : "src";
@@ -171,6 +188,7 @@ PageCopier::Located PageCopier::locate(const PageSide& dst, const PageSide& src,
         FERRY_ARG_CHECK(w.device == device_, side_name(sname, r) + " is on cuda:" + std::to_string(w.device) +
                                                  " but the transfer runs on cuda:" + std::to_string(device_));
       if (w.pool) out.pools.push_back(w.pool);
+      (side == 0 ? out.dst : out.src).regions[r].allocation = w.allocation;
       KernelRegion& kr = out.kernel_regions[r];
       (side == 0 ? kr.dst : kr.src) = w.device_address;
       (side == 0 ? kr.dst_stride : kr.src_stride) = g.stride;
@@ -389,7 +407,8 @@ PageCopyReport PageCopier::copy(const PageSide& dst, const PageSide& src, const 
   FERRY_ARG_CHECK(dst_ids.is_64 == src_ids.is_64, "dst_ids and src_ids must have one integer width");
   // The per-page baseline copies every row by itself: it plans none pitched.
   const bool pitched = o.pitched && o.strategy != PageStrategy::kPerPage;
-  std::vector<PitchedCopy> copies = plan_page_rows(dst, src, dst_ids, src_ids, o.merge, pitched ? max_pitch_ : 0);
+  std::vector<PitchedCopy> copies =
+      plan_page_rows(where.dst, where.src, dst_ids, src_ids, o.merge, pitched ? max_pitch_ : 0);
   PageStrategy s =
       o.strategy ? *o.strategy : select_page_strategy(rules_, where.direction, copies.size(), rep.bytes, o.zero_sm);
   FERRY_ARG_CHECK(!(o.zero_sm && uses_sm(s)), "mode='kernel' launches a kernel, which zero_sm=True forbids");
@@ -470,7 +489,7 @@ PreparedPages::PreparedPages(int device, const PageSide& dst, const PageSide& sr
   auto where = copier.locate(dst, src, nullptr);
   direction_ = where.direction;
   pools_ = where.pools;
-  copies_ = plan_page_rows(dst, src, dst_ids, src_ids, merge,
+  copies_ = plan_page_rows(where.dst, where.src, dst_ids, src_ids, merge,
                            pitched && strategy != PageStrategy::kPerPage ? copier.max_pitch() : 0);
   bytes_ = request_bytes(dst, dst_ids.count);
   const size_t most = static_cast<size_t>(std::max<long long>(1, knob_int("FERRY_KV_ARMED_MAX")));

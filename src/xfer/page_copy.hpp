@@ -90,6 +90,8 @@ class PageCopier {
     Direction direction;
     std::vector<KernelRegion> kernel_regions;  // device-usable addresses
     std::vector<std::shared_ptr<class HostPool>> pools;
+    // The sides with each region's allocation filled in (PageRegion::allocation).
+    PageSide dst, src;
   };
   Located locate(const PageSide& dst, const PageSide& src, cudaStream_t stream);
   void run_copies(PageStrategy s, const std::vector<PitchedCopy>& copies, const PageCopyOptions& o, Direction d,

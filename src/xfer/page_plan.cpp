@@ -128,10 +128,13 @@ std::vector<Copy> plan_page_copies(const PageSide& dst, const PageSide& src, con
 std::vector<RegionLadder> region_ladders(const PageSide& dst, const PageSide& src, size_t max_pitch) {
   const auto& D = dst.regions;
   const auto& S = src.regions;
-  auto usable = [&](size_t r) { return D[r].bytes > 0 && D[r].pages > 0 && S[r].pages > 0; };
-  // Region r's pages at the same sizes and strides as region f's.
+  auto usable = [&](size_t r) {
+    return D[r].bytes > 0 && D[r].pages > 0 && S[r].pages > 0 && D[r].allocation != 0 && S[r].allocation != 0;
+  };
+  // Region r's pages in the same allocations, at the same sizes and strides, as region f's.
   auto alike = [&](size_t f, size_t r) {
-    return usable(r) && D[r].bytes == D[f].bytes && D[r].stride == D[f].stride && S[r].stride == S[f].stride;
+    return usable(r) && D[r].allocation == D[f].allocation && S[r].allocation == S[f].allocation &&
+           D[r].bytes == D[f].bytes && D[r].stride == D[f].stride && S[r].stride == S[f].stride;
   };
   std::vector<RegionLadder> out;
   for (size_t r = 0; r < D.size();) {

@@ -23,6 +23,10 @@ struct PageRegion {
   size_t stride = 0;  // bytes from one page to the next
   size_t bytes = 0;   // bytes of one page
   size_t pages = 0;   // valid page indices are [0, pages)
+  // Where the allocation holding the region starts (0: not known). The rows
+  // of a pitched copy must lie in one allocation: the driver refuses rows
+  // that cross into the next, even when the two happen to be adjacent.
+  uintptr_t allocation = 0;
 };
 
 struct PageSide {
@@ -58,7 +62,8 @@ std::vector<Copy> plan_page_copies(const PageSide& dst, const PageSide& src, con
                                    const PageIds& src_ids, bool merge);
 
 // Regions [first, first + count) whose pages a pitched copy can take as its
-// rows: the same page bytes and page strides, and bases that step by
+// rows: on each side one known allocation, the same page bytes and page
+// strides, and bases that step by
 // `dst_pitch` on the destination side and `src_pitch` on the source side from
 // one region to the next. A layout that keeps every layer's K and V in one
 // allocation ([regions, pages, ...] on each side, in the same region order)

@@ -18,10 +18,11 @@ using namespace ferry::xfer;
 
 namespace {
 
+// `regions` regions in one allocation that starts at `base`.
 PageSide side(uintptr_t base, size_t stride, size_t bytes, size_t pages, int regions = 1, size_t region_gap = 0) {
   PageSide s;
   for (int r = 0; r < regions; ++r)
-    s.regions.push_back(PageRegion{base + r * (region_gap ? region_gap : stride * pages), stride, bytes, pages});
+    s.regions.push_back(PageRegion{base + r * (region_gap ? region_gap : stride * pages), stride, bytes, pages, base});
   return s;
 }
 
@@ -268,16 +269,16 @@ TEST(PagePlan, RegionLaddersFollowTheLayout) {
   PageSide vd, vs;
   for (uintptr_t layer : {0x10000000u, 0x30000000u, 0x20000000u})
     for (int kv = 0; kv < 2; ++kv) {
-      vd.regions.push_back(PageRegion{layer + kv * pitch, page, page, pages});
-      vs.regions.push_back(PageRegion{layer + 0x80000000u + kv * pitch, page, page, pages});
+      vd.regions.push_back(PageRegion{layer + kv * pitch, page, page, pages, layer});
+      vs.regions.push_back(PageRegion{layer + 0x80000000u + kv * pitch, page, page, pages, layer + 0x80000000u});
     }
   EXPECT_EQ(region_ladders(vd, vs, SIZE_MAX).size(), 6u);
   // Mixed: 4 stacked, one elsewhere, 3 stacked again; a region of other page
   // bytes, stride or a zero-byte region breaks a ladder.
   PageSide md, ms;
   auto add = [&](uintptr_t db, uintptr_t sb, size_t bytes, size_t stride) {
-    md.regions.push_back(PageRegion{db, stride, bytes, pages});
-    ms.regions.push_back(PageRegion{sb, stride, bytes, pages});
+    md.regions.push_back(PageRegion{db, stride, bytes, pages, 1});
+    ms.regions.push_back(PageRegion{sb, stride, bytes, pages, 1});
   };
   for (int r = 0; r < 4; ++r) add(0x10000000 + r * pitch, 0x90000000 + r * pitch, page, page);
   add(0x50000000, 0xA0000000, page, page);
@@ -291,13 +292,22 @@ TEST(PagePlan, RegionLaddersFollowTheLayout) {
   // Bases that step down, or pitches under a page (overlapping rows): alone.
   PageSide down_d, down_s, close_d, close_s;
   for (int r = 0; r < 4; ++r) {
-    down_d.regions.push_back(PageRegion{0x50000000 - r * pitch, page, page, pages});
-    down_s.regions.push_back(PageRegion{0x90000000 - r * pitch, page, page, pages});
-    close_d.regions.push_back(PageRegion{0x50000000 + r * (page / 2), 4 * page, page / 2 + 1, 8});
-    close_s.regions.push_back(PageRegion{0x90000000 + r * pitch, 4 * page, page / 2 + 1, 8});
+    down_d.regions.push_back(PageRegion{0x50000000 - r * pitch, page, page, pages, 1});
+    down_s.regions.push_back(PageRegion{0x90000000 - r * pitch, page, page, pages, 1});
+    close_d.regions.push_back(PageRegion{0x50000000 + r * (page / 2), 4 * page, page / 2 + 1, 8, 1});
+    close_s.regions.push_back(PageRegion{0x90000000 + r * pitch, 4 * page, page / 2 + 1, 8, 1});
   }
   EXPECT_EQ(region_ladders(down_d, down_s, SIZE_MAX).size(), 4u);
   EXPECT_EQ(region_ladders(close_d, close_s, SIZE_MAX).size(), 4u);
+  // Adjacent at one stride but in separate allocations (or allocations not
+  // known): the driver would refuse the rows, so they stay apart.
+  auto split = side(0x10000000, page, page, pages, 6), split_src = side(0x90000000, page, page, pages, 6);
+  for (size_t r = 3; r < 6; ++r) split.regions[r].allocation = split.regions[3].base;
+  std::vector<size_t> split_counts;
+  for (const auto& x : region_ladders(split, split_src, SIZE_MAX)) split_counts.push_back(x.count);
+  EXPECT_EQ(split_counts, (std::vector<size_t>{3, 3}));
+  for (auto& g : split_src.regions) g.allocation = 0;
+  EXPECT_EQ(region_ladders(split, split_src, SIZE_MAX).size(), 6u);
 }
 
 // Random layouts and requests: the pitched plan moves exactly the bytes of
@@ -315,7 +325,8 @@ TEST(PagePlan, PitchedPlansMatchAReferenceExpansion) {
     const size_t dgap = bytes * (pages + rng() % 3), sgap = bytes * (rng() % 2 ? pages : 2 + rng() % 4);
     auto dst = side(0x10000000, bytes, bytes, pages, regions, dgap);
     auto src = side(0x90000000, bytes, bytes, pages, regions, sgap);
-    if (rng() % 4 == 0) src.regions[rng() % regions].base += 0x4000000;  // one region elsewhere
+    if (rng() % 4 == 0) src.regions[rng() % regions].base += 0x4000000;    // one region elsewhere
+    if (rng() % 4 == 0) dst.regions[rng() % regions].allocation = 0x1234;  // one region in an allocation of its own
     std::vector<int64_t> perm(pages);
     for (size_t i = 0; i < pages; ++i) perm[i] = static_cast<int64_t>(i);
     std::shuffle(perm.begin(), perm.end(), rng);
