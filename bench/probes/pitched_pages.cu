@@ -15,8 +15,12 @@
 // --reps after a warm-up, no graphs), both directions. Every byte of the last
 // rep is checked against a poisoned destination; exit 1 if any is wrong.
 //
+// --sequential-dst puts the pages at destination pages 0..pages-1 in order
+// (a fetched prefix lands so); --rows N cuts each pitched copy into copies of
+// at most N rows (2d only; 0: all the regions in one).
+//
 //   ferry_probe_pitched_pages [--pages 1024] [--regions 64] [--page-bytes 4096,16384,32768]
-//                             [--reps 10] [--ops-per-call 0]
+//                             [--reps 10] [--ops-per-call 0] [--sequential-dst] [--rows 0]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -61,8 +65,8 @@ void run_batched(const Case& c, cudaStream_t s) {
   dsts.reserve(n);
   srcs.reserve(n);
   sizes.assign(n, c.page_bytes);
-  for (size_t i = 0; i < c.dst_ids.size(); ++i)
-    for (size_t r = 0; r < c.regions; ++r) {
+  for (size_t r = 0; r < c.regions; ++r)  // region by region, as ferry plans them
+    for (size_t i = 0; i < c.dst_ids.size(); ++i) {
       dsts.push_back(c.dst + r * c.dst_pitch + c.dst_ids[i] * c.page_bytes);
       srcs.push_back(const_cast<char*>(c.src + r * c.src_pitch + c.src_ids[i] * c.page_bytes));
     }
@@ -76,11 +80,13 @@ void run_batched(const Case& c, cudaStream_t s) {
   }
 }
 
-void run_2d(const Case& c, cudaStream_t s) {
+void run_2d(const Case& c, cudaStream_t s, size_t rows) {
+  if (rows == 0) rows = c.regions;
   for (size_t i = 0; i < c.dst_ids.size(); ++i)
-    FERRY_CUDA_CHECK(cudaMemcpy2DAsync(c.dst + c.dst_ids[i] * c.page_bytes, c.dst_pitch,
-                                       c.src + c.src_ids[i] * c.page_bytes, c.src_pitch, c.page_bytes, c.regions,
-                                       cudaMemcpyDefault, s));
+    for (size_t r = 0; r < c.regions; r += rows)
+      FERRY_CUDA_CHECK(cudaMemcpy2DAsync(c.dst + r * c.dst_pitch + c.dst_ids[i] * c.page_bytes, c.dst_pitch,
+                                         c.src + r * c.src_pitch + c.src_ids[i] * c.page_bytes, c.src_pitch,
+                                         c.page_bytes, std::min(rows, c.regions - r), cudaMemcpyDefault, s));
 }
 
 void run_3d_batch(const Case& c, cudaStream_t s, size_t per_call) {
@@ -127,10 +133,18 @@ std::vector<size_t> parse_list(const char* s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  size_t pages = 1024, regions = 64, per_call = 0;
+  size_t pages = 1024, regions = 64, per_call = 0, rows = 0;
+  bool sequential_dst = false;
   std::vector<size_t> page_sizes = {4096, 16384, 32768};
   int reps = 10;
+  for (int i = 1; i < argc; ++i)
+    if (!std::strcmp(argv[i], "--sequential-dst")) sequential_dst = true;
   for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--sequential-dst")) {
+      --i;
+      continue;
+    }
+    if (!std::strcmp(argv[i], "--rows")) rows = std::strtoull(argv[i + 1], nullptr, 10);
     if (!std::strcmp(argv[i], "--pages")) pages = std::strtoull(argv[i + 1], nullptr, 10);
     if (!std::strcmp(argv[i], "--regions")) regions = std::strtoull(argv[i + 1], nullptr, 10);
     if (!std::strcmp(argv[i], "--page-bytes")) page_sizes = parse_list(argv[i + 1]);
@@ -159,6 +173,7 @@ int main(int argc, char** argv) {
     std::shuffle(b.begin(), b.end(), rng);
     a.resize(pages);
     b.resize(pages);
+    if (sequential_dst) std::iota(a.begin(), a.end(), 0);
     std::vector<char> back(total), expect(total);
     fill(expect.data(), total, 11 + page_bytes);
     for (int dir = 0; dir < 2; ++dir) {  // 0: host to GPU (fetch), 1: GPU to host (save)
@@ -178,7 +193,7 @@ int main(int argc, char** argv) {
           FERRY_CUDA_CHECK(cudaDeviceSynchronize());
           const double t0 = now_us();
           if (m == 0) run_batched(c, s);
-          if (m == 1) run_2d(c, s);
+          if (m == 1) run_2d(c, s, rows);
           if (m == 2) run_3d_batch(c, s, per_call);
           const double t1 = now_us();
           FERRY_CUDA_CHECK(cudaStreamSynchronize(s));
