@@ -17,7 +17,8 @@
 //
 // --sequential-dst puts the pages at destination pages 0..pages-1 in order
 // (a fetched prefix lands so); --rows N cuts each pitched copy into copies of
-// at most N rows (2d only; 0: all the regions in one).
+// at most N rows, submitted group by group (2d only; 0: all the regions in
+// one). Batched copies go region by region, as ferry plans them.
 //
 //   ferry_probe_pitched_pages [--pages 1024] [--regions 64] [--page-bytes 4096,16384,32768]
 //                             [--reps 10] [--ops-per-call 0] [--sequential-dst] [--rows 0]
@@ -82,8 +83,8 @@ void run_batched(const Case& c, cudaStream_t s) {
 
 void run_2d(const Case& c, cudaStream_t s, size_t rows) {
   if (rows == 0) rows = c.regions;
-  for (size_t i = 0; i < c.dst_ids.size(); ++i)
-    for (size_t r = 0; r < c.regions; r += rows)
+  for (size_t r = 0; r < c.regions; r += rows)  // group by group, each group's pages in order
+    for (size_t i = 0; i < c.dst_ids.size(); ++i)
       FERRY_CUDA_CHECK(cudaMemcpy2DAsync(c.dst + r * c.dst_pitch + c.dst_ids[i] * c.page_bytes, c.dst_pitch,
                                          c.src + r * c.src_pitch + c.src_ids[i] * c.page_bytes, c.src_pitch,
                                          c.page_bytes, std::min(rows, c.regions - r), cudaMemcpyDefault, s));
