@@ -24,6 +24,9 @@ const std::vector<Knob>& knobs() {
       {"FERRY_KV_SLICE_BYTES", "int", "4194304",
        "slice size of page transfers submitted in slices (FERRY_KV_SLICED in C; slice_bytes in Python): at most 2 "
        "slices wait on the copy engine, so an urgent fetch from another stream waits for that much at most"},
+      {"FERRY_KV_PITCHED_ROW_BYTES", "int", "8192",
+       "widest row of a pitched page copy (a page's tensors at one stride as one cudaMemcpy2DAsync); wider pages "
+       "go as plain batched copies, which copy engines move faster (0: no pitched copies)"},
       {"FERRY_KV_ARMED_MAX", "int", "16384",
        "most copies a prepared page transfer may hold behind its gate (a stream's queue is finite; past it the host "
        "blocks while enqueueing)"},

@@ -26,6 +26,11 @@ constexpr int kDefaultBlocks = 16;
 constexpr int kDefaultThreads = 512;
 constexpr size_t kDefaultChunk = 16 << 10;
 
+size_t pitched_row_bytes() {
+  static const size_t bytes = static_cast<size_t>(std::max<long long>(0, knob_int("FERRY_KV_PITCHED_ROW_BYTES")));
+  return bytes;
+}
+
 std::string side_name(const char* side, size_t r) { return std::string(side) + "[" + std::to_string(r) + "]"; }
 
 struct Where {
@@ -408,7 +413,7 @@ PageCopyReport PageCopier::copy(const PageSide& dst, const PageSide& src, const 
   // The per-page baseline copies every row by itself: it plans none pitched.
   const bool pitched = o.pitched && o.strategy != PageStrategy::kPerPage;
   std::vector<PitchedCopy> copies =
-      plan_page_rows(where.dst, where.src, dst_ids, src_ids, o.merge, pitched ? max_pitch_ : 0);
+      plan_page_rows(where.dst, where.src, dst_ids, src_ids, o.merge, pitched ? max_pitch_ : 0, pitched_row_bytes());
   PageStrategy s =
       o.strategy ? *o.strategy : select_page_strategy(rules_, where.direction, copies.size(), rep.bytes, o.zero_sm);
   FERRY_ARG_CHECK(!(o.zero_sm && uses_sm(s)), "mode='kernel' launches a kernel, which zero_sm=True forbids");
@@ -490,7 +495,7 @@ PreparedPages::PreparedPages(int device, const PageSide& dst, const PageSide& sr
   direction_ = where.direction;
   pools_ = where.pools;
   copies_ = plan_page_rows(where.dst, where.src, dst_ids, src_ids, merge,
-                           pitched && strategy != PageStrategy::kPerPage ? copier.max_pitch() : 0);
+                           pitched && strategy != PageStrategy::kPerPage ? copier.max_pitch() : 0, pitched_row_bytes());
   bytes_ = request_bytes(dst, dst_ids.count);
   const size_t most = static_cast<size_t>(std::max<long long>(1, knob_int("FERRY_KV_ARMED_MAX")));
   FERRY_ARG_CHECK(copies_.size() <= most,

@@ -121,7 +121,7 @@ void check_ids(const PageSide& dst, const PageSide& src, const PageIds& dst_ids,
 std::vector<Copy> plan_page_copies(const PageSide& dst, const PageSide& src, const PageIds& dst_ids,
                                    const PageIds& src_ids, bool merge) {
   std::vector<Copy> out;
-  for (const PitchedCopy& c : plan_page_rows(dst, src, dst_ids, src_ids, merge, 0)) out.push_back(c.row(0));
+  for (const PitchedCopy& c : plan_page_rows(dst, src, dst_ids, src_ids, merge, 0, 0)) out.push_back(c.row(0));
   return out;
 }
 
@@ -157,13 +157,13 @@ std::vector<RegionLadder> region_ladders(const PageSide& dst, const PageSide& sr
 }
 
 std::vector<PitchedCopy> plan_page_rows(const PageSide& dst, const PageSide& src, const PageIds& dst_ids,
-                                        const PageIds& src_ids, bool merge, size_t max_pitch) {
+                                        const PageIds& src_ids, bool merge, size_t max_pitch, size_t max_width) {
   check_sides(dst, src);
   check_ids(dst, src, dst_ids, src_ids);
   std::vector<PitchedCopy> out;
   const size_t n = dst_ids.count;
   if (n == 0) return out;
-  const auto ladders = region_ladders(dst, src, max_pitch);
+  const auto ladders = region_ladders(dst, src, max_width > 0 ? max_pitch : 0);
   out.reserve(n * ladders.size());
   for (const RegionLadder& l : ladders) {
     const PageRegion &d = dst.regions[l.first], &s = src.regions[l.first];
@@ -179,9 +179,16 @@ std::vector<PitchedCopy> plan_page_rows(const PageSide& dst, const PageSide& src
         while (run < most && i + run < n && dst_ids.at(i + run) == di + static_cast<int64_t>(run) &&
                src_ids.at(i + run) == si + static_cast<int64_t>(run))
           ++run;
-      out.push_back(PitchedCopy{reinterpret_cast<void*>(d.base + static_cast<size_t>(di) * d.stride),
-                                reinterpret_cast<const void*>(s.base + static_cast<size_t>(si) * s.stride),
-                                run * d.bytes, l.count, l.dst_pitch, l.src_pitch});
+      const PitchedCopy c{reinterpret_cast<void*>(d.base + static_cast<size_t>(di) * d.stride),
+                          reinterpret_cast<const void*>(s.base + static_cast<size_t>(si) * s.stride),
+                          run * d.bytes,
+                          l.count,
+                          l.dst_pitch,
+                          l.src_pitch};
+      if (c.rows > 1 && c.width > max_width)
+        for (size_t r = 0; r < c.rows; ++r) out.push_back(PitchedCopy{c.row(r).dst, c.row(r).src, c.width});
+      else
+        out.push_back(c);
       i += run;
     }
   }

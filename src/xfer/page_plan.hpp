@@ -88,10 +88,14 @@ std::vector<RegionLadder> region_ladders(const PageSide& dst, const PageSide& sr
 // The copies for a request, ladder by ladder, in index order: one pitched
 // copy per page (or run of pages, with `merge`) of a ladder, a plain copy
 // (one row) per page of a single region. A run is cut where its width would
-// pass a pitch. `max_pitch` 0: no pitched copies (plan_page_copies's copies).
-// Validates first.
+// pass a pitch; a page or run wider than `max_width` goes as one plain copy
+// per region (a copy engine moved 32 KB rows of pitched copies at 33 GB/s,
+// where plain copies of them, region by region, took 46; at 4 KB rows the
+// pitched copies were 4-7 times faster, bench/probes/pitched_pages.cu).
+// `max_pitch` or `max_width` 0: no pitched copies (plan_page_copies's
+// copies). Validates first.
 std::vector<PitchedCopy> plan_page_rows(const PageSide& dst, const PageSide& src, const PageIds& dst_ids,
-                                        const PageIds& src_ids, bool merge, size_t max_pitch);
+                                        const PageIds& src_ids, bool merge, size_t max_pitch, size_t max_width);
 
 // Splits `copies` into at most `parts` contiguous groups of about equal bytes
 // (for submission on several streams). Empty groups are dropped.

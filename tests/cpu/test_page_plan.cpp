@@ -310,6 +310,26 @@ TEST(PagePlan, RegionLaddersFollowTheLayout) {
   EXPECT_EQ(region_ladders(split, split_src, SIZE_MAX).size(), 6u);
 }
 
+// Pages wider than the row limit go as one plain copy per region; a run of
+// narrow pages past it likewise; narrow single pages as one pitched copy.
+TEST(PagePlan, RowsWiderThanTheLimitGoAsPlainCopies) {
+  const size_t page = 4096, pages = 32;
+  auto dst = side(0x10000000, page, page, pages, 8), src = side(0x90000000, page, page, pages, 8);
+  std::vector<int64_t> d{3, 4, 10}, s{7, 8, 20};  // a run of two, then one page
+  auto narrow = plan_page_rows(dst, src, ids(d), ids(s), true, SIZE_MAX, page);
+  ASSERT_EQ(narrow.size(), 9u);  // the run of two as 8 plain copies of 8 KB, then one pitched copy
+  for (size_t i = 0; i < 8; ++i) {
+    EXPECT_EQ(narrow[i].rows, 1u);
+    EXPECT_EQ(narrow[i].width, 2 * page);
+  }
+  EXPECT_EQ(narrow[8].rows, 8u);
+  auto wide = plan_page_rows(dst, src, ids(d), ids(s), true, SIZE_MAX, 2 * page);
+  ASSERT_EQ(wide.size(), 2u);
+  EXPECT_EQ(wide[0].rows, 8u);
+  EXPECT_EQ(wide[0].width, 2 * page);
+  EXPECT_EQ(plan_page_rows(dst, src, ids(d), ids(s), true, SIZE_MAX, 0).size(), 16u);  // 0: none pitched
+}
+
 // Random layouts and requests: the pitched plan moves exactly the bytes of
 // the page-by-page reference, each once, its rows never overlap, and runs
 // never pass a pitch.
@@ -340,7 +360,8 @@ TEST(PagePlan, PitchedPlansMatchAReferenceExpansion) {
       s.resize(n, 0);
     }
     const size_t max_pitch = rng() % 5 == 0 ? bytes * pages : SIZE_MAX;
-    auto copies = plan_page_rows(dst, src, ids(d), ids(s), rng() % 4 != 0, max_pitch);
+    const size_t max_width = rng() % 3 == 0 ? bytes * (1 + rng() % 3) : SIZE_MAX;
+    auto copies = plan_page_rows(dst, src, ids(d), ids(s), rng() % 4 != 0, max_pitch, max_width);
     std::map<uintptr_t, uintptr_t> got;
     size_t moved = 0;
     for (const auto& c : copies) {
@@ -350,6 +371,7 @@ TEST(PagePlan, PitchedPlansMatchAReferenceExpansion) {
         EXPECT_GE(c.src_pitch, c.width);
         EXPECT_LE(c.dst_pitch, max_pitch);
         EXPECT_LE(c.src_pitch, max_pitch);
+        EXPECT_LE(c.width, max_width);
       }
       moved += c.bytes();
     }
