@@ -115,6 +115,10 @@ int main(void) {
   check(ferry_kv_copy_blocks(device, &gpu_side, &host_side, 1, dst_ids, src_ids, N, FERRY_KV_KERNEL, FERRY_KV_ZERO_SM,
                              stream) == FERRY_ERROR_INVALID_ARGUMENT,
         "kernel with zero_sm refused");
+  check(ferry_kv_copy_blocks(device, &gpu_side, &host_side, 1, dst_ids, src_ids, N, FERRY_KV_AUTO, 1u << 20, stream) ==
+            FERRY_ERROR_INVALID_ARGUMENT,
+        "unknown flag refused");
+  printf("unknown flag: %s\n", ferry_last_error());
   cudaStreamSynchronize(stream);
   check(ferry_host_pool_destroy(pool) == FERRY_SUCCESS, "ferry_host_pool_destroy");
   cudaFree(gpu);

@@ -41,8 +41,11 @@ enum {
   FERRY_KV_ZERO_SM = 1u,        /* never launch a kernel (AUTO picks among copy-engine modes) */
   FERRY_KV_URGENT = 2u,         /* run on ferry's highest-priority stream, after the work queued on `stream` */
   FERRY_KV_SETTLED_SOURCE = 4u, /* nothing queued before still writes the host source (fetches only) */
-  FERRY_KV_SLICED = 8u          /* copy-engine work in slices of FERRY_KV_SLICE_BYTES, at most 2 on the copy
+  FERRY_KV_SLICED = 8u,         /* copy-engine work in slices of FERRY_KV_SLICE_BYTES, at most 2 on the copy
                                    engine at a time: an urgent fetch from another stream waits for that much at most */
+  FERRY_KV_UNPITCHED = 16u      /* copy every region's page by itself, even where regions lie at one stride in
+                                   one allocation on both sides (by default such a page's regions, up to
+                                   FERRY_KV_PITCHED_ROW_BYTES a page, go as the rows of one pitched copy) */
 };
 
 /* Copies `count` pages on GPU `device` (where the GPU side lives). */

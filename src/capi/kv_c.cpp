@@ -36,11 +36,19 @@ ferry_result_t ferry_kv_copy_blocks(int device, const ferry_kv_region_t* dst, co
   return ferry::capi::guarded([&] {
     FERRY_ARG_CHECK(mode >= FERRY_KV_AUTO && mode <= FERRY_KV_KERNEL, "mode is not a ferry_kv_mode_t");
     FERRY_ARG_CHECK(device >= 0, "device must be a CUDA device ordinal");
+    constexpr unsigned known =
+        FERRY_KV_ZERO_SM | FERRY_KV_URGENT | FERRY_KV_SETTLED_SOURCE | FERRY_KV_SLICED | FERRY_KV_UNPITCHED;
+    FERRY_ARG_CHECK((flags & ~known) == 0, "flags has bits that are no FERRY_KV_* flag (" +
+                                               std::to_string(flags & ~known) +
+                                               "); combine FERRY_KV_ZERO_SM, "
+                                               "FERRY_KV_URGENT, FERRY_KV_SETTLED_SOURCE, FERRY_KV_SLICED and "
+                                               "FERRY_KV_UNPITCHED");
     ferry::xfer::PageCopyOptions o;
     if (mode != FERRY_KV_AUTO) o.strategy = static_cast<ferry::xfer::PageStrategy>(mode - 1);
     o.zero_sm = flags & FERRY_KV_ZERO_SM;
     o.urgent = flags & FERRY_KV_URGENT;
     o.settled_source = flags & FERRY_KV_SETTLED_SOURCE;
+    o.pitched = !(flags & FERRY_KV_UNPITCHED);
     if (flags & FERRY_KV_SLICED)
       o.slice_bytes = static_cast<size_t>(std::max<long long>(1, ferry::knob_int("FERRY_KV_SLICE_BYTES")));
     ferry::xfer::PageCopier::on(device).copy(
