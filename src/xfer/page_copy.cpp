@@ -27,8 +27,7 @@ constexpr int kDefaultThreads = 512;
 constexpr size_t kDefaultChunk = 16 << 10;
 
 size_t pitched_row_bytes() {
-  static const size_t bytes = static_cast<size_t>(std::max<long long>(0, knob_int("FERRY_KV_PITCHED_ROW_BYTES")));
-  return bytes;
+  return static_cast<size_t>(std::max<long long>(0, knob_int("FERRY_KV_PITCHED_ROW_BYTES")));
 }
 
 std::string side_name(const char* side, size_t r) { return std::string(side) + "[" + std::to_string(r) + "]"; }
@@ -41,17 +40,24 @@ struct Where {
   std::shared_ptr<HostPool> pool;
 };
 
-// The start of the CUDA allocation holding `p` (device memory, or host
-// memory CUDA allocated or registered), 0 where the driver cannot say.
-uintptr_t allocation_of(const void* p) {
+// The start of the CUDA allocation holding [p, p + span) (device memory, or
+// host memory CUDA allocated or registered); 0 where the driver cannot say,
+// or where the span runs past the allocation that holds p (memory mapped in
+// pieces, as PyTorch's expandable segments are: the driver names the piece).
+uintptr_t allocation_of(const void* p, size_t span) {
+  const auto at = reinterpret_cast<CUdeviceptr>(p);
   CUdeviceptr start = 0;
-  if (driver().PointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, reinterpret_cast<CUdeviceptr>(p)) !=
-      CUDA_SUCCESS)
+  size_t size = 0;
+  if (driver().PointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, at) != CUDA_SUCCESS ||
+      driver().PointerGetAttribute(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, at) != CUDA_SUCCESS)
     return 0;
+  if (at < start || at - start + span > size) return 0;
   return static_cast<uintptr_t>(start);
 }
 
-Where where_is(const PageRegion& g, const char* side, size_t r) {
+// `allocation`: look up where the region's allocation starts (only pitched
+// copies need it; it costs driver calls).
+Where where_is(const PageRegion& g, const char* side, size_t r, bool allocation) {
   Where w;
   const void* p = reinterpret_cast<const void*>(g.base);
   size_t span = g.pages ? (g.pages - 1) * g.stride + g.bytes : 0;
@@ -66,12 +72,12 @@ Where where_is(const PageRegion& g, const char* side, size_t r) {
     case MemKind::kPinnedHost:
       w.host = true;
       w.device_address = reinterpret_cast<uint64_t>(k.device_pointer);
-      w.allocation = allocation_of(p);
+      if (allocation) w.allocation = allocation_of(p, span);
       return w;
     case MemKind::kDevice:
       w.device = k.device;
       w.device_address = g.base;
-      w.allocation = allocation_of(p);
+      if (allocation) w.allocation = allocation_of(p, span);
       return w;
     case MemKind::kManaged:
       throw_error(FERRY_ERROR_INVALID_ARGUMENT,
@@ -166,7 +172,8 @@ void PageCopier::check_kernel_errors() {
             "(call it again)");
 }
 
-PageCopier::Located PageCopier::locate(const PageSide& dst, const PageSide& src, cudaStream_t stream) {
+PageCopier::Located PageCopier::locate(const PageSide& dst, const PageSide& src, cudaStream_t stream,
+                                       bool allocations) {
   Located out;
   const int stream_device = dma::stream_device(stream, device_);
   FERRY_ARG_CHECK(stream_device == device_, "stream: it belongs to cuda:" + std::to_string(stream_device) +
@@ -182,7 +189,7 @@ PageCopier::Located PageCopier::locate(const PageSide& dst, const PageSide& src,
     for (size_t r = 0; r < s.regions.size(); ++r) {
       const PageRegion& g = s.regions[r];
       if (g.bytes == 0 || g.pages == 0) continue;
-      Where w = where_is(g, sname, r);
+      Where w = where_is(g, sname, r, allocations);
       int k = w.host ? 1 : 0;
       if (kind >= 0 && kind != k)
         throw_error(FERRY_ERROR_INVALID_ARGUMENT,
@@ -403,15 +410,19 @@ PageCopyReport PageCopier::copy(const PageSide& dst, const PageSide& src, const 
   RelaxedCaptureScope relax(dma::is_capturing(stream));
   check_kernel_errors();
   check_sides(dst, src);
-  Located where = locate(dst, src, stream);
+  // Pitched copies only on copy engines between host and GPU: within a GPU
+  // a copy without the batched call's copy-engine hint may run on SMs. The
+  // per-page baseline copies every row by itself.
+  const bool may_pitch = o.pitched && o.strategy != PageStrategy::kPerPage && o.strategy != PageStrategy::kKernel;
+  Located where = locate(dst, src, stream, may_pitch);
+  const bool pitched =
+      may_pitch && (where.direction == Direction::kHostToDevice || where.direction == Direction::kDeviceToHost);
   PageCopyReport rep;
   rep.direction = where.direction;
   rep.bytes = request_bytes(dst, dst_ids.count);
   DeviceScope on_device(device_);
   // Plans (and validates) even for the kernel, which then reads the lists itself.
   FERRY_ARG_CHECK(dst_ids.is_64 == src_ids.is_64, "dst_ids and src_ids must have one integer width");
-  // The per-page baseline copies every row by itself: it plans none pitched.
-  const bool pitched = o.pitched && o.strategy != PageStrategy::kPerPage;
   std::vector<PitchedCopy> copies =
       plan_page_rows(where.dst, where.src, dst_ids, src_ids, o.merge, pitched ? max_pitch_ : 0, pitched_row_bytes());
   // auto looks at rows, not copies: its table was measured with a copy per
@@ -497,11 +508,13 @@ PreparedPages::PreparedPages(int device, const PageSide& dst, const PageSide& sr
   DeviceScope on_device(device);
   PageCopier& copier = PageCopier::on(device);
   check_sides(dst, src);
-  auto where = copier.locate(dst, src, nullptr);
+  const bool may_pitch = pitched && strategy != PageStrategy::kPerPage;
+  auto where = copier.locate(dst, src, nullptr, may_pitch);
   direction_ = where.direction;
+  pitched = may_pitch && (direction_ == Direction::kHostToDevice || direction_ == Direction::kDeviceToHost);
   pools_ = where.pools;
-  copies_ = plan_page_rows(where.dst, where.src, dst_ids, src_ids, merge,
-                           pitched && strategy != PageStrategy::kPerPage ? copier.max_pitch() : 0, pitched_row_bytes());
+  copies_ = plan_page_rows(where.dst, where.src, dst_ids, src_ids, merge, pitched ? copier.max_pitch() : 0,
+                           pitched_row_bytes());
   bytes_ = request_bytes(dst, dst_ids.count);
   const size_t most = static_cast<size_t>(std::max<long long>(1, knob_int("FERRY_KV_ARMED_MAX")));
   FERRY_ARG_CHECK(copies_.size() <= most,

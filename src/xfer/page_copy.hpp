@@ -93,7 +93,8 @@ class PageCopier {
     // The sides with each region's allocation filled in (PageRegion::allocation).
     PageSide dst, src;
   };
-  Located locate(const PageSide& dst, const PageSide& src, cudaStream_t stream);
+  // `allocations`: also where each region's allocation starts (pitched copies need it).
+  Located locate(const PageSide& dst, const PageSide& src, cudaStream_t stream, bool allocations = false);
   void run_copies(PageStrategy s, const std::vector<PitchedCopy>& copies, const PageCopyOptions& o, Direction d,
                   cudaStream_t stream);
   void run_sliced(PageStrategy s, const std::vector<PitchedCopy>& copies, size_t slice_bytes, bool any_order,

@@ -285,10 +285,12 @@ TEST(PagePlan, RegionLaddersFollowTheLayout) {
   for (int r = 0; r < 3; ++r) add(0x60000000 + r * pitch, 0xB0000000 + r * pitch, page, page);
   add(0x60000000 + 3 * pitch, 0xB0000000 + 3 * pitch, page / 2, page);                              // other page bytes
   for (int r = 0; r < 3; ++r) add(0x70000000 + r * pitch, 0xC0000000 + r * pitch, page, 2 * page);  // stride 2 pages
+  add(0x70000000 + 3 * pitch, 0xC0000000 + 3 * pitch, 0, 2 * page);  // a zero-byte region ends that ladder too
+  for (int r = 4; r < 7; ++r) add(0x70000000 + r * pitch, 0xC0000000 + r * pitch, page, 2 * page);
   auto m = region_ladders(md, ms, SIZE_MAX);
   std::vector<size_t> counts;
   for (const auto& x : m) counts.push_back(x.count);
-  EXPECT_EQ(counts, (std::vector<size_t>{4, 1, 3, 1, 3}));
+  EXPECT_EQ(counts, (std::vector<size_t>{4, 1, 3, 1, 3, 1, 3}));
   // Bases that step down, or pitches under a page (overlapping rows): alone.
   PageSide down_d, down_s, close_d, close_s;
   for (int r = 0; r < 4; ++r) {
@@ -306,6 +308,12 @@ TEST(PagePlan, RegionLaddersFollowTheLayout) {
   std::vector<size_t> split_counts;
   for (const auto& x : region_ladders(split, split_src, SIZE_MAX)) split_counts.push_back(x.count);
   EXPECT_EQ(split_counts, (std::vector<size_t>{3, 3}));
+  // The source side's allocation changing halfway ends a ladder as well.
+  auto whole = side(0x10000000, page, page, pages, 6), src_split = side(0x90000000, page, page, pages, 6);
+  for (size_t r = 2; r < 6; ++r) src_split.regions[r].allocation = src_split.regions[2].base;
+  std::vector<size_t> src_counts;
+  for (const auto& x : region_ladders(whole, src_split, SIZE_MAX)) src_counts.push_back(x.count);
+  EXPECT_EQ(src_counts, (std::vector<size_t>{1, 1, 4}));
   for (auto& g : split_src.regions) g.allocation = 0;
   EXPECT_EQ(region_ladders(split, split_src, SIZE_MAX).size(), 6u);
 }
