@@ -426,10 +426,10 @@ PageCopyReport PageCopier::copy(const PageSide& dst, const PageSide& src, const 
   std::vector<PitchedCopy> copies =
       plan_page_rows(where.dst, where.src, dst_ids, src_ids, o.merge, pitched ? max_pitch_ : 0, pitched_row_bytes());
   // auto looks at rows, not copies: its table was measured with a copy per
-  // page and tensor, and a pitched copy costs the copy engine what its rows
-  // would (4 KB rows landed at 32 GB/s either way), only the host less. With
-  // Qwen2.5-0.5B's 4 KB pages in one allocation per side the kernel still
-  // fetched 32K tokens in 11.4 ms against the pitched copies' 19.2.
+  // page and tensor, and pitched copies save the host's time per row, not
+  // the copy engine's. With Qwen2.5-0.5B's 4 KB pages in one allocation per
+  // side the kernel still fetched 32K tokens in 11.4 ms against the pitched
+  // copies' 19.2.
   size_t rows = 0;
   for (const auto& c : copies) rows += c.rows;
   PageStrategy s = o.strategy ? *o.strategy : select_page_strategy(rules_, where.direction, rows, rep.bytes, o.zero_sm);

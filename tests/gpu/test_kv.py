@@ -432,28 +432,29 @@ def test_pitched_copies_in_a_graph_and_prepared(kv):
         with torch.cuda.graph(g, stream=s):
             kv.copy_blocks(gpu, host, ids_d, ids_s, mode="batched")
     torch.cuda.synchronize()
-    for _ in range(3):
-        for h in host:
-            fill_random(h)
-        for t in gpu:
-            t.fill_(POISON)
-        g.replay()
-        torch.cuda.synchronize()
-        for got, want in zip(gpu, want_of()):
-            assert torch.equal(got.cpu(), want)
-    t = kv.prepare(gpu, host, ids_d, ids_s)
-    assert t.copies == 30
-    for _ in range(2):
+
+    def run_and_check(run):
         for h in host:
             fill_random(h)
         for x in gpu:
             x.fill_(POISON)
-        t.arm()
-        t.trigger()
-        t.wait()
+        run()
         torch.cuda.synchronize()
         for got, want in zip(gpu, want_of()):
             assert torch.equal(got.cpu(), want)
+
+    for _ in range(3):
+        run_and_check(g.replay)
+    t = kv.prepare(gpu, host, ids_d, ids_s)
+    assert t.copies == 30
+
+    def armed():
+        t.arm()
+        t.trigger()
+        t.wait()
+
+    for _ in range(2):
+        run_and_check(armed)
 
 
 def test_prepared_transfer_host_stream_and_kernel_triggers(kv):
