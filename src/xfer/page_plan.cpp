@@ -172,6 +172,11 @@ std::vector<PitchedCopy> plan_page_rows(const PageSide& dst, const PageSide& src
     // page; a pitched copy's run must also stay within a pitch.
     const bool can_merge = merge && d.stride == d.bytes && s.stride == s.bytes;
     const size_t most = l.count > 1 ? std::min(l.dst_pitch, l.src_pitch) / d.bytes : SIZE_MAX;
+    // Runs too wide for a pitched copy: plain copies, tensor by tensor after
+    // the ladder's pitched ones. A copy engine took plain copies submitted
+    // page by page (each page's tensors in turn) a third slower than tensor
+    // by tensor (bench/probes/pitched_pages.cu: 31.5 against 45.8 GB/s).
+    std::vector<PitchedCopy> wide;
     for (size_t i = 0; i < n;) {
       int64_t di = dst_ids.at(i), si = src_ids.at(i);
       size_t run = 1;
@@ -185,12 +190,11 @@ std::vector<PitchedCopy> plan_page_rows(const PageSide& dst, const PageSide& src
                           l.count,
                           l.dst_pitch,
                           l.src_pitch};
-      if (c.rows > 1 && c.width > max_width)
-        for (size_t r = 0; r < c.rows; ++r) out.push_back(PitchedCopy{c.row(r).dst, c.row(r).src, c.width});
-      else
-        out.push_back(c);
+      (c.rows > 1 && c.width > max_width ? wide : out).push_back(c);
       i += run;
     }
+    for (size_t r = 0; r < l.count; ++r)
+      for (const PitchedCopy& c : wide) out.push_back(PitchedCopy{c.row(r).dst, c.row(r).src, c.width});
   }
   return out;
 }

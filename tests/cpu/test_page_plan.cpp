@@ -325,17 +325,28 @@ TEST(PagePlan, RowsWiderThanTheLimitGoAsPlainCopies) {
   auto dst = side(0x10000000, page, page, pages, 8), src = side(0x90000000, page, page, pages, 8);
   std::vector<int64_t> d{3, 4, 10}, s{7, 8, 20};  // a run of two, then one page
   auto narrow = plan_page_rows(dst, src, ids(d), ids(s), true, SIZE_MAX, page);
-  ASSERT_EQ(narrow.size(), 9u);  // the run of two as 8 plain copies of 8 KB, then one pitched copy
-  for (size_t i = 0; i < 8; ++i) {
+  ASSERT_EQ(narrow.size(), 9u);  // the one page as a pitched copy, then the run of two as 8 plain copies of 8 KB
+  EXPECT_EQ(narrow[0].rows, 8u);
+  for (size_t i = 1; i < 9; ++i) {
     EXPECT_EQ(narrow[i].rows, 1u);
     EXPECT_EQ(narrow[i].width, 2 * page);
   }
-  EXPECT_EQ(narrow[8].rows, 8u);
   auto wide = plan_page_rows(dst, src, ids(d), ids(s), true, SIZE_MAX, 2 * page);
   ASSERT_EQ(wide.size(), 2u);
   EXPECT_EQ(wide[0].rows, 8u);
   EXPECT_EQ(wide[0].width, 2 * page);
   EXPECT_EQ(plan_page_rows(dst, src, ids(d), ids(s), true, SIZE_MAX, 0).size(), 16u);  // 0: none pitched
+  // Pages wider than the limit: plain copies tensor by tensor (every copy of
+  // tensor 0, then of tensor 1, ...), as without pitched copies.
+  std::vector<int64_t> d2{9, 2, 30, 17}, s2{1, 5, 3, 20};
+  auto plain = plan_page_rows(dst, src, ids(d2), ids(s2), true, SIZE_MAX, page / 2);
+  auto flat = plan_page_copies(dst, src, ids(d2), ids(s2), true);
+  ASSERT_EQ(plain.size(), flat.size());
+  for (size_t i = 0; i < flat.size(); ++i) {
+    EXPECT_EQ(plain[i].rows, 1u);
+    EXPECT_EQ(plain[i].dst, flat[i].dst) << i;
+    EXPECT_EQ(plain[i].src, flat[i].src) << i;
+  }
 }
 
 // Random layouts and requests: the pitched plan moves exactly the bytes of
