@@ -63,11 +63,10 @@ std::vector<Copy> plan_page_copies(const PageSide& dst, const PageSide& src, con
 
 // Regions [first, first + count) whose pages a pitched copy can take as its
 // rows: on each side one known allocation, the same page bytes and page
-// strides, and bases that step by
-// `dst_pitch` on the destination side and `src_pitch` on the source side from
-// one region to the next. A layout that keeps every layer's K and V in one
-// allocation ([regions, pages, ...] on each side, in the same region order)
-// is one ladder.
+// strides, and bases that step by `dst_pitch` on the destination side and
+// `src_pitch` on the source side from one region to the next. A layout that
+// keeps every layer's K and V in one allocation ([regions, pages, ...] on
+// each side, in the same region order) is one ladder.
 struct RegionLadder {
   size_t first = 0, count = 1;
   size_t dst_pitch = 0, src_pitch = 0;
@@ -89,9 +88,10 @@ std::vector<RegionLadder> region_ladders(const PageSide& dst, const PageSide& sr
 // copy per page (or run of pages, with `merge`) of a ladder, a plain copy
 // (one row) per page of a single region. A run is cut where its width would
 // pass a pitch; a page or run wider than `max_width` goes as one plain copy
-// per region (a copy engine moved 32 KB rows of pitched copies at 33 GB/s,
-// where plain copies of them, region by region, took 46; at 4 KB rows the
-// pitched copies were 4-7 times faster, bench/probes/pitched_pages.cu).
+// per region, after the ladder's pitched copies, region by region (a copy
+// engine moved 32 KB rows of pitched copies at 33 GB/s, where plain copies
+// of them, region by region, took 46; at 4 KB rows the pitched copies were
+// 4-7 times faster, bench/probes/pitched_pages.cu).
 // `max_pitch` or `max_width` 0: no pitched copies (plan_page_copies's
 // copies). Validates first.
 std::vector<PitchedCopy> plan_page_rows(const PageSide& dst, const PageSide& src, const PageIds& dst_ids,
