@@ -46,11 +46,14 @@
 
 #include "core/error.hpp"
 #include "dma/engine.hpp"
+#include "probe_timing.hpp"
 
 using ferry::Copy;
 using ferry::MemOp;
 
 namespace {
+
+using ferry::probe::now_us;
 
 enum class Where { kHost, kDevice };
 
@@ -119,11 +122,6 @@ struct Gpu {
 };
 
 constexpr size_t kLine = 8;  // uint64 words per 64-byte line
-
-double now_us() {
-  using namespace std::chrono;
-  return duration<double, std::micro>(steady_clock::now().time_since_epoch()).count();
-}
 
 template <typename T>
 T* device_alloc(size_t n) {

@@ -36,17 +36,12 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "probe_timing.hpp"
 
 namespace {
 
-double now_us() {
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using ferry::probe::median;
+using ferry::probe::now_us;
 
 constexpr size_t kBatchMax = 128;
 
