@@ -100,17 +100,8 @@ void copy_pitched(cudaStream_t stream, const std::vector<PitchedCopy>& copies, b
       single.push_back(c.row(0));
       continue;
     }
-    const cudaError_t err =
-        cudaMemcpy2DAsync(c.dst, c.dst_pitch, c.src, c.src_pitch, c.width, c.rows, cudaMemcpyDefault, stream);
-    if (err == cudaErrorInvalidValue) {
-      // The driver refuses rows that cross from one allocation into the
-      // next; the planner keeps them in one where the driver tells it the
-      // allocation's extent. Anything it could not see goes row by row.
-      cudaGetLastError();
-      for (size_t r = 0; r < c.rows; ++r) single.push_back(c.row(r));
-      continue;
-    }
-    FERRY_CUDA_CHECK(err);
+    FERRY_CUDA_CHECK(
+        cudaMemcpy2DAsync(c.dst, c.dst_pitch, c.src, c.src_pitch, c.width, c.rows, cudaMemcpyDefault, stream));
   }
   copy_batch(stream, single, settled_source);
 }

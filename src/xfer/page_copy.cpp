@@ -410,13 +410,9 @@ PageCopyReport PageCopier::copy(const PageSide& dst, const PageSide& src, const 
   RelaxedCaptureScope relax(dma::is_capturing(stream));
   check_kernel_errors();
   check_sides(dst, src);
-  // Pitched copies only on copy engines between host and GPU: within a GPU
-  // a copy without the batched call's copy-engine hint may run on SMs. The
-  // per-page baseline copies every row by itself.
-  const bool may_pitch = o.pitched && o.strategy != PageStrategy::kPerPage && o.strategy != PageStrategy::kKernel;
+  const bool may_pitch = pitch_possible(o.pitched, o.strategy);
   Located where = locate(dst, src, stream, may_pitch);
-  const bool pitched =
-      may_pitch && (where.direction == Direction::kHostToDevice || where.direction == Direction::kDeviceToHost);
+  const bool pitched = may_pitch && pitch_direction(where.direction);
   PageCopyReport rep;
   rep.direction = where.direction;
   rep.bytes = request_bytes(dst, dst_ids.count);
@@ -508,10 +504,10 @@ PreparedPages::PreparedPages(int device, const PageSide& dst, const PageSide& sr
   DeviceScope on_device(device);
   PageCopier& copier = PageCopier::on(device);
   check_sides(dst, src);
-  const bool may_pitch = pitched && strategy != PageStrategy::kPerPage;
+  const bool may_pitch = pitch_possible(pitched, strategy);
   auto where = copier.locate(dst, src, nullptr, may_pitch);
   direction_ = where.direction;
-  pitched = may_pitch && (direction_ == Direction::kHostToDevice || direction_ == Direction::kDeviceToHost);
+  pitched = may_pitch && pitch_direction(direction_);
   pools_ = where.pools;
   copies_ = plan_page_rows(where.dst, where.src, dst_ids, src_ids, merge, pitched ? copier.max_pitch() : 0,
                            pitched_row_bytes());

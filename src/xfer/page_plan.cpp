@@ -199,6 +199,12 @@ std::vector<PitchedCopy> plan_page_rows(const PageSide& dst, const PageSide& src
   return out;
 }
 
+bool pitch_possible(bool asked, std::optional<PageStrategy> strategy) {
+  return asked && strategy != PageStrategy::kPerPage && strategy != PageStrategy::kKernel;
+}
+
+bool pitch_direction(Direction d) { return d == Direction::kHostToDevice || d == Direction::kDeviceToHost; }
+
 std::vector<std::pair<size_t, size_t>> split_by_bytes(const std::vector<PitchedCopy>& copies, size_t parts) {
   std::vector<std::pair<size_t, size_t>> out;
   if (copies.empty() || parts == 0) return out;

@@ -349,6 +349,20 @@ TEST(PagePlan, RowsWiderThanTheLimitGoAsPlainCopies) {
   }
 }
 
+// Pitched copies only where asked, on strategies that take them, between host and GPU.
+TEST(PagePlan, PitchedCopiesOnlyWhereTheyRunOnCopyEngines) {
+  EXPECT_TRUE(pitch_possible(true, std::nullopt));  // auto
+  EXPECT_TRUE(pitch_possible(true, PageStrategy::kBatched));
+  EXPECT_TRUE(pitch_possible(true, PageStrategy::kStreams));
+  EXPECT_FALSE(pitch_possible(true, PageStrategy::kPerPage));  // the baseline
+  EXPECT_FALSE(pitch_possible(true, PageStrategy::kKernel));
+  EXPECT_FALSE(pitch_possible(false, PageStrategy::kBatched));
+  EXPECT_TRUE(pitch_direction(Direction::kHostToDevice));
+  EXPECT_TRUE(pitch_direction(Direction::kDeviceToHost));
+  EXPECT_FALSE(pitch_direction(Direction::kDeviceToDevice));
+  EXPECT_FALSE(pitch_direction(Direction::kHostToHost));
+}
+
 // Random layouts and requests: the pitched plan moves exactly the bytes of
 // the page-by-page reference, each once, its rows never overlap, and runs
 // never pass a pitch.
