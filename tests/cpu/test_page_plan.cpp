@@ -174,7 +174,8 @@ TEST(PagePlan, RandomRequestsMatchAReferenceExpansion) {
     for (int r = 0; r < regions; ++r)
       for (size_t i = 0; i < n; ++i)
         for (size_t b = 0; b < bytes; b += 16)
-          want[dst.regions[r].base + d[i] * bytes + b] = src.regions[r].base + s[i] * bytes + b;
+          want[dst.regions[r].base + d[i] * dst.regions[r].stride + b] =
+              src.regions[r].base + s[i] * src.regions[r].stride + b;
     ASSERT_EQ(got, want) << "trial " << trial;
   }
 }
@@ -378,6 +379,10 @@ TEST(PagePlan, PitchedPlansMatchAReferenceExpansion) {
     const size_t dgap = bytes * (pages + rng() % 3), sgap = bytes * (rng() % 2 ? pages : 2 + rng() % 4);
     auto dst = side(0x10000000, bytes, bytes, pages, regions, dgap);
     auto src = side(0x90000000, bytes, bytes, pages, regions, sgap);
+    // Sometimes one side page first ([pages, regions, page]: a page's regions end to end).
+    const int page_first = static_cast<int>(rng() % 3);  // 0: neither, 1: dst, 2: src
+    if (page_first == 1) dst = side(0x10000000, bytes * regions, bytes, pages, regions, bytes);
+    if (page_first == 2) src = side(0x90000000, bytes * regions, bytes, pages, regions, bytes);
     if (rng() % 4 == 0) src.regions[rng() % regions].base += 0x4000000;    // one region elsewhere
     if (rng() % 4 == 0) dst.regions[rng() % regions].allocation = 0x1234;  // one region in an allocation of its own
     std::vector<int64_t> perm(pages);
@@ -393,7 +398,8 @@ TEST(PagePlan, PitchedPlansMatchAReferenceExpansion) {
       s.resize(n, 0);
     }
     const size_t max_pitch = rng() % 5 == 0 ? bytes * pages : SIZE_MAX;
-    const size_t max_width = rng() % 3 == 0 ? bytes * (1 + rng() % 3) : SIZE_MAX;
+    const size_t wide_at = rng() % 4;  // 0: every page wider than max_width
+    const size_t max_width = wide_at == 0 ? bytes / 2 : wide_at == 1 ? bytes * (1 + rng() % 3) : SIZE_MAX;
     auto copies = plan_page_rows(dst, src, ids(d), ids(s), rng() % 4 != 0, max_pitch, max_width);
     std::map<uintptr_t, uintptr_t> got;
     size_t moved = 0;
@@ -404,7 +410,7 @@ TEST(PagePlan, PitchedPlansMatchAReferenceExpansion) {
         EXPECT_GE(c.src_pitch, c.width);
         EXPECT_LE(c.dst_pitch, max_pitch);
         EXPECT_LE(c.src_pitch, max_pitch);
-        EXPECT_LE(c.width, max_width);
+        if (c.width != c.dst_pitch && c.width != c.src_pitch) EXPECT_LE(c.width, max_width);
       }
       moved += c.bytes();
     }
@@ -413,11 +419,43 @@ TEST(PagePlan, PitchedPlansMatchAReferenceExpansion) {
     for (int r = 0; r < regions; ++r)
       for (size_t i = 0; i < n; ++i)
         for (size_t b = 0; b < bytes; b += 16)
-          want[dst.regions[r].base + d[i] * bytes + b] = src.regions[r].base + s[i] * bytes + b;
+          want[dst.regions[r].base + d[i] * dst.regions[r].stride + b] =
+              src.regions[r].base + s[i] * src.regions[r].stride + b;
     ASSERT_EQ(got, want) << "trial " << trial;
     EXPECT_EQ(moved, n * regions * bytes);
   }
   EXPECT_GT(pitched_seen, 100u) << "the random layouts must exercise pitched copies";
+}
+
+// Rows wider than max_width go plain, unless they lie end to end on one
+// side (page first there): then one pitched copy per page at any width.
+TEST(PagePlan, WideRowsEndToEndOnOneSideStayPitched) {
+  const size_t bytes = 32 << 10, pages = 8;
+  const int regions = 6;
+  const auto gpu = side(0x10000000, bytes, bytes, pages, regions);                          // [regions, pages, page]
+  const auto host_first = side(0x90000000, bytes * regions, bytes, pages, regions, bytes);  // [pages, regions, page]
+  const auto host_stacked = side(0x90000000, bytes, bytes, pages, regions);
+  std::vector<int64_t> d{5, 2, 7}, s{1, 6, 3};
+  for (bool fetch : {true, false}) {
+    auto copies = fetch ? plan_page_rows(gpu, host_first, ids(d), ids(s), true, SIZE_MAX, 8192)
+                        : plan_page_rows(host_first, gpu, ids(s), ids(d), true, SIZE_MAX, 8192);
+    ASSERT_EQ(copies.size(), 3u) << "fetch " << fetch;
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(copies[i].rows, static_cast<size_t>(regions));
+      EXPECT_EQ(copies[i].width, bytes);
+      const auto& c = copies[i];
+      const uintptr_t host = fetch ? reinterpret_cast<uintptr_t>(c.src) : reinterpret_cast<uintptr_t>(c.dst);
+      EXPECT_EQ(host, 0x90000000u + static_cast<uintptr_t>(s[i] * bytes * regions));
+      EXPECT_EQ(fetch ? c.src_pitch : c.dst_pitch, bytes);
+      EXPECT_EQ(fetch ? c.dst_pitch : c.src_pitch, bytes * pages);
+    }
+  }
+  // Stacked on both sides: rows apart on both, so plain copies, region by region.
+  auto plain = plan_page_rows(gpu, host_stacked, ids(d), ids(s), true, SIZE_MAX, 8192);
+  ASSERT_EQ(plain.size(), 3u * regions);
+  for (const auto& c : plain) EXPECT_EQ(c.rows, 1u);
+  // Narrow rows go pitched either way.
+  EXPECT_EQ(plan_page_rows(gpu, host_stacked, ids(d), ids(s), true, SIZE_MAX, bytes).size(), 3u);
 }
 
 TEST(PageSelect, TableThenDefault) {

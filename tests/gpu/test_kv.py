@@ -354,6 +354,48 @@ def stacked(where, regions, pages, page_shape, dtype, offset=0):
     return list(t)
 
 
+def page_first(where, regions, pages, page_shape, dtype):
+    """The regions of one [pages, regions, ...] tensor (a page's regions end
+    to end, as SGLang's page-first host layout keeps them), each a view of
+    pages strided apart."""
+    torch = _torch()
+    if where == "host":
+        t = pinned((pages, regions) + tuple(page_shape), dtype)
+    else:
+        t = torch.empty((pages, regions) + tuple(page_shape), dtype=dtype, device="cuda")
+    fill_random(t)
+    return [t[:, r] for r in range(regions)]
+
+
+@pytest.mark.parametrize("mode", ["batched", "streams", "auto", "per_page"])
+@pytest.mark.parametrize("direction", ["h2d", "d2h"])
+@pytest.mark.parametrize("first", ["host", "gpu"])
+def test_page_first_side_goes_pitched_at_any_width(kv, mode, direction, first):
+    """One side page first, the other stacked: a page's rows lie end to end
+    on one side, so pages wider than FERRY_KV_PITCHED_ROW_BYTES still go as
+    one pitched copy each; byte-exact, with slices, and unpitched on request."""
+    torch = _torch()
+    rng = random.Random(zlib.crc32(f"page-first {mode} {direction} {first}".encode()))
+    regions, pages, shape = 6, 40, (8, 2048)  # 32 KB pages of bf16
+    host = page_first("host", regions, pages, shape, torch.bfloat16) if first == "host" else None
+    gpu = page_first("gpu", regions, pages + 5, shape, torch.bfloat16) if first == "gpu" else None
+    host = host or stacked("host", regions, pages, shape, torch.bfloat16)
+    gpu = gpu or stacked("gpu", regions, pages + 5, shape, torch.bfloat16)
+    dst, src = (gpu, host) if direction == "h2d" else (host, gpu)
+    n = 25
+    dst_ids = rng.sample(range(len(dst[0])), n)
+    src_ids = rng.sample(range(len(src[0])), n)
+    rep = check_copy(kv, dst, src, dst_ids, src_ids, mode=mode)
+    if rep["strategy"] in ("batched", "streams"):
+        assert rep["pitched"] == rep["copies"] == n, rep
+    else:
+        assert rep["pitched"] == 0, rep
+    assert check_copy(kv, dst, src, dst_ids, src_ids, mode=mode, pitched=False)["pitched"] == 0
+    if mode != "per_page":
+        for slice_bytes in (50000, 1 << 20):
+            check_copy(kv, dst, src, dst_ids, src_ids, mode=mode, slice_bytes=slice_bytes)
+
+
 @pytest.mark.parametrize("mode", ["batched", "streams", "auto", "per_page"])
 @pytest.mark.parametrize("direction", ["h2d", "d2h", "d2d"])
 def test_pitched_copies_byte_exact(kv, mode, direction):

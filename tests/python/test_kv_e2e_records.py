@@ -30,6 +30,7 @@ def test_defaults():
     assert (a.cache, a.graph, a.trace, a.layout) == ("in-place", True, False, "per-layer")
     b = E.parse_args(["--layerwise", "--fetch-thread", "--layout", "stacked"])
     assert (b.layerwise, b.fetch_thread, b.layout) == (True, True, "stacked")
+    assert E.parse_args(["--layout", "page-first"]).layout == "page-first"
     # The field's batched call copies every tensor's page by itself, whatever the layout.
     assert E.IMPLS["batched"]["pitched"] is False
 
@@ -59,7 +60,7 @@ def test_options():
         ["--requests", "10", "--batch", "4"],
         ["--request-prefix", "100"],
         ["--reps", "0"],
-        ["--layout", "page-first"],
+        ["--layout", "cross-layer"],
     ],
 )
 def test_bad_options(argv, capsys):

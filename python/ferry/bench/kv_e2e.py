@@ -206,11 +206,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     ap.add_argument(
         "--layout",
-        choices=("per-layer", "stacked"),
+        choices=("per-layer", "stacked", "page-first"),
         default="per-layer",
         help="per-layer: every layer's K and V a tensor of its own, on the host and on the GPU (as vLLM and "
         "SGLang allocate them); stacked: one [2 x layers, pages, ...] tensor on each side, whose page copies "
-        "ferry submits as one pitched copy per page (per-page and batched still copy every tensor's page)",
+        "ferry submits as one pitched copy per page (per-page and batched still copy every tensor's page); "
+        "page-first: the GPU side stacked, the host pool one [pages, 2 x layers, ...] tensor (a page's K and V "
+        "of every layer one span, as SGLang's page-first host layout), pitched at any page size",
     )
     ap.add_argument(
         "--graph",
@@ -890,17 +892,23 @@ def measure_pcie_peak(torch, kv, nbytes: int, reps: int = 5) -> List[float]:
     return out
 
 
-def make_host_pool(torch, kv, spec: dict, pages: int, seed: int, stacked: bool = False) -> list:
+def make_host_pool(torch, kv, spec: dict, pages: int, seed: int, layout: str = "per-layer") -> list:
     """2 x layers pinned tensors [pages, 16, kv heads, head dim] (K0, V0, K1,
     ...), random bf16 values (drawn on the GPU, copied over in chunks). With
-    `stacked`, the views of one [2 x layers, pages, ...] tensor."""
+    layout `stacked`, the views of one [2 x layers, pages, ...] tensor; with
+    `page-first`, of one [pages, 2 x layers, ...] tensor (pages strided apart)."""
     shape = (pages, PAGE_TOKENS, spec["kv_heads"], spec["head_dim"])
     chunk = max(1, (256 << 20) // page_bytes(spec))
     g = torch.Generator(device=DEVICE).manual_seed(seed)
     pool = []
-    big = kv.pinned_empty((2 * spec["layers"],) + shape, torch.bfloat16) if stacked else None
-    for i in range(2 * spec["layers"]):
-        h = big[i] if stacked else kv.pinned_empty(shape, torch.bfloat16)
+    regions = 2 * spec["layers"]
+    big = None
+    if layout == "stacked":
+        big = kv.pinned_empty((regions,) + shape, torch.bfloat16)
+    elif layout == "page-first":
+        big = kv.pinned_empty((pages, regions) + shape[1:], torch.bfloat16).transpose(0, 1)
+    for i in range(regions):
+        h = big[i] if big is not None else kv.pinned_empty(shape, torch.bfloat16)
         for a in range(0, pages, chunk):
             b = min(pages, a + chunk)
             h[a:b].copy_(torch.randn((b - a,) + shape[1:], device=DEVICE, dtype=torch.bfloat16, generator=g))
@@ -1406,7 +1414,8 @@ def run_model(
     ctx.fetch_thread = bool(getattr(args, "fetch_thread", False))
     ctx.layerwise = bool(getattr(args, "layerwise", False))
     ctx.in_place = getattr(args, "cache", "in-place") == "in-place"
-    ctx.stacked = getattr(args, "layout", "per-layer") == "stacked"
+    ctx.layout = getattr(args, "layout", "per-layer")
+    ctx.stacked = ctx.layout in ("stacked", "page-first")  # the GPU side in one allocation
     ctx.graph = bool(getattr(args, "graph", ctx.in_place))
     if ctx.graph and not ctx.in_place:
         raise ValueError(
@@ -1434,12 +1443,12 @@ def _run_points(ctx, name: str, args, peak_gbps: float, gpu: str, date: str, rec
         f"{name}: model built in {time.perf_counter() - t0:.1f} s ({param_count(spec) / 1e9:.2f} B "
         f"parameters; the decoder takes its past KV as {ctx.cache_kw!r})"
     )
-    ctx.host = make_host_pool(torch, kv, spec, pool_pages, seed=args.seed + 17, stacked=ctx.stacked)
+    ctx.host = make_host_pool(torch, kv, spec, pool_pages, seed=args.seed + 17, layout=ctx.layout)
     log(f"{name}: host pool {2 * spec['layers']} x {pool_pages} pages of {format_size(page_bytes(spec))}")
     pcie = dict(pcie_peak_gbps=peak_gbps)
     common = dict(
         reps=args.reps, warmup=args.warmup, page_bytes=page_bytes(spec),
-        layout="stacked" if ctx.stacked else "per-layer",
+        layout=ctx.layout,
     )  # fmt: skip
 
     def measure(op, prompt, hit, make, need, extra):
