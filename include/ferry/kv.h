@@ -44,8 +44,9 @@ enum {
   FERRY_KV_SLICED = 8u,         /* copy-engine work in slices of FERRY_KV_SLICE_BYTES, at most 2 on the copy
                                    engine at a time: an urgent fetch from another stream waits for that much at most */
   FERRY_KV_UNPITCHED = 16u      /* copy every region's page by itself, even where regions lie at one stride in
-                                   one allocation on both sides (by default such a page's regions, up to
-                                   FERRY_KV_PITCHED_ROW_BYTES a page, go as the rows of one pitched copy) */
+                                   one allocation on both sides (by default such a page's regions go as the rows
+                                   of one pitched copy: up to FERRY_KV_PITCHED_ROW_BYTES a page, or at any width
+                                   where they lie end to end on one side, as in a page-first layout) */
 };
 
 /* Copies `count` pages on GPU `device` (where the GPU side lives). */

@@ -13,7 +13,10 @@ tensors need the same dtype and page shape. Where both sides keep their
 tensors at one stride in one allocation (``list(t)`` of a
 ``[2 * layers, pages, ...]`` tensor on each side, in the same order), a page's
 tensors go as one pitched copy: one host call per page instead of one per
-page and tensor (docs/kv.md, "Pitched copies"). Copies are ordered in ``stream``
+page and tensor (docs/kv.md, "Pitched copies"). Up to 8 KiB a tensor's page
+(``FERRY_KV_PITCHED_ROW_BYTES``), or at any size where one side keeps a
+page's tensors end to end (a page-first host pool: ``[t[:, i] for i in
+range(2 * layers)]`` of a ``[pages, 2 * layers, ...]`` tensor). Copies are ordered in ``stream``
 (default: the current torch stream) like ``cudaMemcpyAsync``: work enqueued
 there after the call sees the pages, and the call sees all earlier work. Keep
 the tensors alive until the stream has passed the copy (ferry's host pools

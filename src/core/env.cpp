@@ -26,7 +26,8 @@ const std::vector<Knob>& knobs() {
        "slices wait on the copy engine, so an urgent fetch from another stream waits for that much at most"},
       {"FERRY_KV_PITCHED_ROW_BYTES", "int", "8192",
        "widest row of a pitched page copy (a page's tensors at one stride as one cudaMemcpy2DAsync); wider pages "
-       "go as plain batched copies, which copy engines move faster (0: no pitched copies)"},
+       "go as plain batched copies, which copy engines move faster, unless a page's tensors lie end to end on one "
+       "side (a page-first layout), which goes pitched at any width (0: no pitched copies)"},
       {"FERRY_KV_ARMED_MAX", "int", "16384",
        "most copies a prepared page transfer may hold behind its gate (a stream's queue is finite; past it the host "
        "blocks while enqueueing)"},
