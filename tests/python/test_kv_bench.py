@@ -15,6 +15,32 @@ def test_points_respect_the_byte_budget():
     assert pts == [(4096, 64), (4096, 4096), (1 << 20, 64)]  # 1 MiB x 4096 = 4 GiB is skipped
 
 
+def test_points_and_records_count_every_tensor():
+    # 16 KB x 4096 pages x 64 tensors = 4 GiB: over a 1 GiB budget; 1024 pages fit.
+    assert kv.points([16 << 10], [1024, 4096], 1 << 30, tensors=64) == [(16 << 10, 1024)]
+    one = kv.record("fetch", "batched", 4096, 1000, 1000.0, 1.0, 0, "inline", "G", "d")
+    many = kv.record("fetch", "batched", 4096, 1000, 1000.0, 1.0, 0, "inline", "G", "d", 0, 48, "page-first")
+    assert many["gbps"] == pytest.approx(48 * one["gbps"], rel=1e-3)
+    assert (one["tensors"], one["layout"], many["tensors"], many["layout"]) == (1, "one", 48, "page-first")
+
+
+def test_multi_tensor_options_checked():
+    o = kv.options(kv.parse_args(["--tensors", "48", "--layout", "page-first"]))
+    assert (o["tensors"], o["layout"]) == (48, "page-first")
+    assert kv.options(kv.parse_args([]))["tensors"] == 1
+    with pytest.raises(SystemExit, match="--tensors"):
+        kv.options(kv.parse_args(["--tensors", "0"]))
+    with pytest.raises(SystemExit, match="--layout"):
+        kv.options(kv.parse_args(["--tensors", "4", "--layout", "layer-first"]))
+    # The auto table decides by rows: it is measured with one tensor per page.
+    with pytest.raises(SystemExit, match="--tune-out"):
+        kv.main(["--tensors", "4", "--tune-out", "/tmp/never-written.json"])
+
+
+def test_the_field_batched_call_is_never_pitched():
+    assert kv.INLINE["vllm-batched"]["pitched"] is False
+
+
 def test_record_counts_both_directions():
     r = rec("both", "batched", 1 << 20, 1000, 1000.0)
     assert r["op"] == "kv_both" and r["gbps"] == pytest.approx(2 * (1 << 20) * 1000 / 1e-3 / 1e9, rel=1e-3)

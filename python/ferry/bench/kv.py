@@ -3,11 +3,19 @@ and the field's approaches, side by side in one process.
 
     python -m ferry.bench.kv [--pages 4K,16K,64K,256K,1M,4M] [--counts 64,256,1024,4096,16384]
         [--ops fetch,save,both] [--max-bytes 1G] [--reps 5] [--warmup 1] [--gemm] [--gemm-reps 5] [--urgent] [--urgent-pages 16K,64K]
-        [--out DIR] [--tag TAG] [--no-plot]
+        [--tensors 1] [--layout stacked|page-first] [--out DIR] [--tag TAG] [--no-plot]
 
 Each point copies `count` scattered pages of `page` bytes (a random sample of
 twice as many pages on each side, so that no runs merge): fetch (host -> GPU),
 save (GPU -> host), or both at once on two streams (bytes of both counted).
+
+--tensors N (N > 1): each page has N tensors of `page` bytes (a model's K and
+V of every layer), passed as lists of N tensors sharing the page mapping;
+bytes of every tensor counted. The GPU side is one [N, pages, page] tensor;
+the host side the same (--layout stacked) or one [pages, N, page] tensor
+(--layout page-first: a page's tensors end to end). ferry's copy-engine modes
+then take a page's tensors as one pitched copy (docs/kv.md, "Pitched
+copies"); vllm-batched and per-page copy every tensor's page by itself.
 
 Submitted inline: CUDA events around the submission on an idle stream, so the
 time includes the host's submission (what a serving engine pays when it
@@ -57,7 +65,7 @@ INLINE = {
     "kernel": dict(mode="kernel"),
     "auto": dict(mode="auto"),
     "auto-zero-sm": dict(mode="auto", zero_sm=True),
-    "vllm-batched": dict(mode="batched", merge=False, settled_fetch=True),
+    "vllm-batched": dict(mode="batched", merge=False, pitched=False, settled_fetch=True),
     "sglang-kernel": dict(mode="kernel", kernel_blocks=2, kernel_threads=1024, kernel_chunk=1 << 62),
     "vllm-kernel": dict(mode="kernel", kernel_blocks=12, kernel_threads=512),
     # ferry's kernel on more SMs than its default 16: how many host reads in flight the link needs.
@@ -76,17 +84,20 @@ DEFAULT_PAGES = "4K,16K,64K,256K,1M,4M"
 DEFAULT_SLICE = 4 << 20  # FERRY_KV_SLICE_BYTES's default
 DEFAULT_URGENT_PAGES = "16K,64K,256K"
 DEFAULT_COUNTS = "64,256,1024,4096,16384"
+LAYOUTS = ("stacked", "page-first")
 ZERO_SM = ("per-page", "batched", "streams", "auto-zero-sm", "vllm-batched", "ahead-batched")
 CHECK_ALL_BELOW = 64 << 20
 
 
-def points(pages: Sequence[int], counts: Sequence[int], max_bytes: int) -> List[tuple]:
-    """(page_bytes, count) pairs within the byte budget, small first."""
-    return [(p, c) for p in sorted(pages) for c in sorted(counts) if p * c <= max_bytes]
+def points(pages: Sequence[int], counts: Sequence[int], max_bytes: int, tensors: int = 1) -> List[tuple]:
+    """(page_bytes, count) pairs within the byte budget (every tensor's pages), small first."""
+    return [(p, c) for p in sorted(pages) for c in sorted(counts) if p * c * tensors <= max_bytes]
 
 
-def record(op, impl, page_bytes, pages, time_us, host_us, sms, submitted, gpu, date, wrong=0) -> dict:
-    nbytes = page_bytes * pages * (2 if op == "both" else 1)
+def record(
+    op, impl, page_bytes, pages, time_us, host_us, sms, submitted, gpu, date, wrong=0, tensors=1, layout=None
+) -> dict:
+    nbytes = page_bytes * pages * tensors * (2 if op == "both" else 1)
     return {
         "op": f"kv_{op}",
         "impl": impl,
@@ -100,6 +111,8 @@ def record(op, impl, page_bytes, pages, time_us, host_us, sms, submitted, gpu, d
         "gpu": gpu,
         "date": date,
         "wrong": wrong,
+        "tensors": tensors,
+        "layout": layout if tensors > 1 else "one",
     }
 
 
@@ -260,35 +273,62 @@ class Buffers:
         g = self.gpu[off : off + n * page_bytes].view(n, page_bytes)
         return h, g
 
+    def sides(self, half: int, page_bytes: int, n: int, tensors: int, layout: str):
+        """(host, gpu): one [n, page] tensor each, or with tensors > 1 lists of
+        `tensors` of them: the GPU's views of one [tensors, n, page] tensor,
+        the host's the same (stacked) or of one [n, tensors, page] tensor
+        (page-first)."""
+        if tensors == 1:
+            return self.pages(half, page_bytes, n)
+        off, size = half * self.half, tensors * n * page_bytes
+        g = self.gpu[off : off + size].view(tensors, n, page_bytes)
+        h = self.host[off : off + size]
+        if layout == "page-first":
+            h = h.view(n, tensors, page_bytes).transpose(0, 1)
+        else:
+            h = h.view(tensors, n, page_bytes)
+        return [h[i] for i in range(tensors)], [g[i] for i in range(tensors)]
+
+
+def _as_list(side) -> list:
+    return side if isinstance(side, list) else [side]
+
 
 def _check(torch, dst, src, dst_ids, src_ids, poison_fn, run_fn) -> int:
     """Poisons the destination pages, runs once, compares (all pages up to
-    CHECK_ALL_BELOW bytes, else a sample of 256). Returns wrong pages."""
+    CHECK_ALL_BELOW bytes, else a sample of 256) of every tensor. Returns
+    wrong pages (a page counts once per tensor that differs)."""
+    dsts, srcs = _as_list(dst), _as_list(src)
     n = len(dst_ids)
-    nbytes = n * dst.shape[1]
+    nbytes = n * dsts[0].shape[1] * len(dsts)
     idx = list(range(n)) if nbytes <= CHECK_ALL_BELOW else random.Random(n).sample(range(n), min(256, n))
     poison_fn()
     run_fn()
     torch.cuda.synchronize()
     d = torch.tensor([dst_ids[i] for i in idx])
     s = torch.tensor([src_ids[i] for i in idx])
-    got = dst[d.to(dst.device)] if dst.is_cuda else dst[d]
-    want = src[s.to(src.device)] if src.is_cuda else src[s]
-    return int((got.cpu() != want.cpu()).any(dim=1).sum())
+    wrong = 0
+    for dt, st in zip(dsts, srcs):
+        got = dt[d.to(dt.device)] if dt.is_cuda else dt[d]
+        want = st[s.to(st.device)] if st.is_cuda else st[s]
+        wrong += int((got.cpu() != want.cpu()).any(dim=1).sum())
+    return wrong
 
 
 def _events(torch):
     return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
 
-def measure_point(torch, kv, bufs, op, page_bytes, count, impls, reps, warmup, gpu, date) -> List[dict]:
+def measure_point(
+    torch, kv, bufs, op, page_bytes, count, impls, reps, warmup, gpu, date, tensors=1, layout="stacked"
+) -> List[dict]:
     rng = random.Random(page_bytes * 7919 + count)
     space = 2 * count
     sides = []
     for half, direction in ((0, "fetch"), (1, "save")):
         if op != "both" and op != direction:
             continue
-        h, g = bufs.pages(half, page_bytes, space)
+        h, g = bufs.sides(half, page_bytes, space, tensors, layout)
         dst_ids = rng.sample(range(space), count)
         src_ids = rng.sample(range(space), count)
         dst, src = (g, h) if direction == "fetch" else (h, g)
@@ -300,7 +340,21 @@ def measure_point(torch, kv, bufs, op, page_bytes, count, impls, reps, warmup, g
         try:
             out.append(
                 _measure_impl(
-                    torch, kv, op, impl, sides, main, other, page_bytes, count, reps, warmup, gpu, date
+                    torch,
+                    kv,
+                    op,
+                    impl,
+                    sides,
+                    main,
+                    other,
+                    page_bytes,
+                    count,
+                    reps,
+                    warmup,
+                    gpu,
+                    date,
+                    tensors,
+                    layout,
                 )
             )
         except Exception as exc:  # one impl's failure must not hide the others'
@@ -311,7 +365,23 @@ def measure_point(torch, kv, bufs, op, page_bytes, count, impls, reps, warmup, g
     return [r for r in out if r]
 
 
-def _measure_impl(torch, kv, op, impl, sides, main, other, page_bytes, count, reps, warmup, gpu, date):
+def _measure_impl(
+    torch,
+    kv,
+    op,
+    impl,
+    sides,
+    main,
+    other,
+    page_bytes,
+    count,
+    reps,
+    warmup,
+    gpu,
+    date,
+    tensors=1,
+    layout="stacked",
+):
     streams = [main, other]
     submitted = "ahead" if impl in AHEAD else "inline"
     info = {"sms": 0}
@@ -369,8 +439,8 @@ def _measure_impl(torch, kv, op, impl, sides, main, other, page_bytes, count, re
     for k, (direction, dst, src, d, s) in enumerate(sides):
 
         def poison(dst=dst, d=d):
-            idx = torch.tensor(d, device=dst.device)
-            dst[idx] = 0xA5
+            for t in _as_list(dst):
+                t[torch.tensor(d, device=t.device)] = 0xA5
 
         def run():
             arm()
@@ -379,7 +449,21 @@ def _measure_impl(torch, kv, op, impl, sides, main, other, page_bytes, count, re
         wrong += _check(torch, dst, src, d, s, poison, run)
     time_us = statistics.median(x[0] for x in samples)
     host_us = statistics.median(x[1] for x in samples) if submitted == "inline" else None
-    return record(op, impl, page_bytes, count, time_us, host_us, info["sms"], submitted, gpu, date, wrong)
+    return record(
+        op,
+        impl,
+        page_bytes,
+        count,
+        time_us,
+        host_us,
+        info["sms"],
+        submitted,
+        gpu,
+        date,
+        wrong,
+        tensors,
+        layout,
+    )
 
 
 def measure_gemm(torch, kv, bufs, reps: int, gpu: str, date: str) -> List[dict]:
@@ -541,8 +625,11 @@ def run(opts: dict, progress=print) -> dict:
 
     gpu = torch.cuda.get_device_name()
     date = datetime.date.today().isoformat()
-    pts = points(opts["pages"], opts["counts"], opts["max_bytes"])
-    half = 2 * max(p * c for p, c in pts)
+    tensors, layout = opts.get("tensors", 1), opts.get("layout", "stacked")
+    pts = points(opts["pages"], opts["counts"], opts["max_bytes"], tensors)
+    if not pts:
+        raise SystemExit(f"--max-bytes: no point of --pages x --counts x {tensors} tensors fits")
+    half = 2 * max(p * c * tensors for p, c in pts)
     bufs = Buffers(torch, kv, half)
     peak = pcie_peak(torch, bufs)
     progress(f"pcie peak (torch copies, 1 GiB): {peak}")
@@ -553,7 +640,19 @@ def run(opts: dict, progress=print) -> dict:
     for op in opts["ops"]:
         for p, c in pts:
             records += measure_point(
-                torch, kv, bufs, op, p, c, opts["impls"], opts["reps"], opts["warmup"], gpu, date
+                torch,
+                kv,
+                bufs,
+                op,
+                p,
+                c,
+                opts["impls"],
+                opts["reps"],
+                opts["warmup"],
+                gpu,
+                date,
+                tensors,
+                layout,
             )
             done += 1
             progress(f"  {done}/{total}: {op} {format_size(p)} x {c} pages, {time.time() - t0:.0f} s")
@@ -616,9 +715,15 @@ def save(result: dict, out_dir: str, command: str, tag: str = "", make_plot: boo
 
 def summary(result: dict) -> str:
     lines = [
-        f"{result['gpu']}, {result['date']}; PCIe peak (1 GiB torch copy): {result['pcie_peak_gbps']} GB/s",
-        "",
+        f"{result['gpu']}, {result['date']}; PCIe peak (1 GiB torch copy): {result['pcie_peak_gbps']} GB/s"
     ]
+    recs = result["records"]
+    if recs and recs[0].get("tensors", 1) > 1:
+        lines.append(
+            f"{recs[0]['tensors']} tensors per page, host side {recs[0]['layout']}, GPU side stacked; "
+            "'page' is one tensor's page, GB/s count every tensor"
+        )
+    lines.append("")
     lines.append(format_table(result["records"]))
     lines.append("")
     lines += target_lines(result["records"])
@@ -670,6 +775,14 @@ def parse_args(argv=None):
     p.add_argument("--tag", default="")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--tune-out", default="", help="also write the auto table measured here (ferry kv-tune)")
+    p.add_argument(
+        "--tensors", type=int, default=1, help="tensors per page (a model's K and V of every layer)"
+    )
+    p.add_argument(
+        "--layout",
+        default="stacked",
+        help=f"host side with --tensors > 1: {' or '.join(LAYOUTS)} (GPU: stacked)",
+    )
     return p.parse_args(argv)
 
 
@@ -685,6 +798,8 @@ def make_options(
     urgent: bool = False,
     urgent_pages: str = DEFAULT_URGENT_PAGES,
     gemm_reps: int = 5,
+    tensors: int = 1,
+    layout: str = "stacked",
 ) -> dict:
     """run()'s options from the command line's text forms (also what
     `ferry bench` and `ferry kv-tune` pass); unknown names exit naming the option."""
@@ -694,6 +809,10 @@ def make_options(
         raise SystemExit(f"--ops: unknown {bad}; expected some of {','.join(OPS)}")
     if gemm_reps < 1:
         raise SystemExit(f"--gemm-reps: {gemm_reps}; expected at least 1")
+    if tensors < 1:
+        raise SystemExit(f"--tensors: {tensors}; expected at least 1")
+    if layout not in LAYOUTS:
+        raise SystemExit(f"--layout: unknown {layout!r}; expected one of {','.join(LAYOUTS)}")
     impl_list = [i for i in impls.split(",") if i]
     bad = [i for i in impl_list if i not in ALL_IMPLS]
     if bad:
@@ -710,6 +829,8 @@ def make_options(
         urgent=urgent,
         urgent_pages=[parse_size(x) for x in urgent_pages.split(",") if x],
         gemm_reps=gemm_reps,
+        tensors=tensors,
+        layout=layout,
     )
 
 
@@ -726,6 +847,8 @@ def options(args) -> dict:
         args.urgent,
         args.urgent_pages,
         args.gemm_reps,
+        args.tensors,
+        args.layout,
     )
 
 
@@ -744,6 +867,10 @@ def write_table(result: dict, path: str, command: str) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     opts = options(args)
+    if args.tune_out and opts["tensors"] > 1:
+        raise SystemExit(
+            "--tune-out: the auto table is measured with one tensor per page (--tensors 1): it decides by rows"
+        )
     command = "python -m ferry.bench.kv " + " ".join(sys.argv[1:] if argv is None else argv)
     result = run(opts, progress=lambda m: print(m, file=sys.stderr, flush=True))
     print(summary(result))
