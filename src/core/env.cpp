@@ -29,8 +29,8 @@ const std::vector<Knob>& knobs() {
        "go as plain batched copies, which copy engines move faster, unless a page's tensors lie end to end on one "
        "side (a page-first layout), which goes pitched at any width (0: no pitched copies)"},
       {"FERRY_KV_ARMED_MAX", "int", "16384",
-       "most copies a prepared page transfer may hold behind its gate (a stream's queue is finite; past it the host "
-       "blocks while enqueueing)"},
+       "most copies a prepared page transfer may hold behind its gate, each row of a pitched copy counted (a "
+       "stream's queue is finite; past it the host blocks while enqueueing)"},
       {"FERRY_SOCKET_DIR", "string", "",
        "parent folder of the private (0700) folder holding ferry's Unix sockets; "
        "empty: $TMPDIR or /tmp"},

@@ -396,6 +396,42 @@ def test_page_first_side_goes_pitched_at_any_width(kv, mode, direction, first):
             check_copy(kv, dst, src, dst_ids, src_ids, mode=mode, slice_bytes=slice_bytes)
 
 
+def test_prepared_pitched_copies_count_their_rows(kv):
+    """An armed transfer's copies wait in a stream's queue, and a pitched copy
+    takes room for its rows there: arming 1024 pitched copies of 48 rows
+    blocked the host. prepare() counts rows against FERRY_KV_ARMED_MAX (16384):
+    at the limit arming returns and the copies land byte-exact once
+    triggered; one page more is refused, naming the knob."""
+    import threading
+
+    torch = _torch()
+    rng = random.Random(23)
+    regions, pages = 48, 16384 // 48  # 341 pages: 16368 rows
+    host = page_first("host", regions, pages + 10, (4096,), torch.uint8)
+    gpu = stacked("gpu", regions, pages + 10, (4096,), torch.uint8)
+    ids_d, ids_s = rng.sample(range(pages + 10), pages), rng.sample(range(pages + 10), pages)
+    for x in gpu:
+        x.fill_(POISON)
+    t = kv.prepare(gpu, host, ids_d, ids_s)
+    assert t.copies == pages
+    arming = threading.Thread(target=t.arm, daemon=True)
+    arming.start()
+    arming.join(30)
+    blocked = arming.is_alive()
+    t.trigger()  # also lets a blocked arm() go on
+    arming.join(30)
+    assert not blocked, "arm() blocked while enqueueing 16368 rows of pitched copies behind the gate"
+    t.wait()
+    torch.cuda.synchronize()
+    for g, h in zip(gpu, host):
+        want = torch.full((pages + 10, 4096), POISON, dtype=torch.uint8)
+        want[ids_d] = h[ids_s]
+        assert torch.equal(g.cpu(), want)
+    free_d = next(i for i in range(pages + 10) if i not in ids_d)
+    with pytest.raises(Exception, match="FERRY_KV_ARMED_MAX"):
+        kv.prepare(gpu, host, ids_d + [free_d], ids_s + [0])
+
+
 @pytest.mark.parametrize("mode", ["batched", "streams", "auto", "per_page"])
 @pytest.mark.parametrize("direction", ["h2d", "d2h", "d2d"])
 def test_pitched_copies_byte_exact(kv, mode, direction):
