@@ -328,8 +328,9 @@ class PreparedTransfer:
     """A page transfer planned once and enqueued ahead behind a gate, then
     released by a trigger from the host, a stream or a kernel: on the critical
     path only the copies remain. Copy engines only (``mode`` "batched",
-    "streams" or "per_page"); at most FERRY_KV_ARMED_MAX copies, a pitched
-    copy counting its rows.
+    "streams" or "per_page"); at most FERRY_KV_ARMED_MAX (512) host calls: a
+    batched call of up to FERRY_BATCH_MAX (32) plain copies, a pitched copy,
+    or with "per_page" each copy.
 
         t = kv.prepare(gpu_cache, host, dst_ids, src_ids)
         t.arm()             # enqueued now, behind the gate, after the current stream's work

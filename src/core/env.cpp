@@ -28,9 +28,10 @@ const std::vector<Knob>& knobs() {
        "widest row of a pitched page copy (a page's tensors at one stride as one cudaMemcpy2DAsync); wider pages "
        "go as plain batched copies, which copy engines move faster, unless a page's tensors lie end to end on one "
        "side (a page-first layout), which goes pitched at any width (0: no pitched copies)"},
-      {"FERRY_KV_ARMED_MAX", "int", "16384",
-       "most copies a prepared page transfer may hold behind its gate, each row of a pitched copy counted (a "
-       "stream's queue is finite; past it the host blocks while enqueueing)"},
+      {"FERRY_KV_ARMED_MAX", "int", "512",
+       "most host calls a prepared page transfer may enqueue behind its gate (a batched call of up to "
+       "FERRY_BATCH_MAX plain copies, a pitched copy, or with mode='per_page' each copy): a stream's queue is "
+       "finite, and 1024 blocked the host until the gate opened on an H200"},
       {"FERRY_SOCKET_DIR", "string", "",
        "parent folder of the private (0700) folder holding ferry's Unix sockets; "
        "empty: $TMPDIR or /tmp"},

@@ -54,10 +54,23 @@ void copy_one(cudaStream_t stream, const Copy& c) {
 // host about 0.8 us per copy in a batch, 1.6 us for one cudaMemcpyPeerAsync).
 void copy(cudaStream_t stream, const Copy& c) { copy_batch(stream, {c}); }
 
+namespace {
+bool batch_disabled() {
+  static const bool disabled = knob_int("FERRY_DISABLE_BATCH") != 0;
+  return disabled;
+}
+size_t knob_batch_max() {
+  static const size_t most = static_cast<size_t>(std::max<long long>(1, knob_int("FERRY_BATCH_MAX")));
+  return most;
+}
+}  // namespace
+
+size_t copies_per_batch_call() { return batch_disabled() || g_batch_unsupported.load() ? 1 : knob_batch_max(); }
+
 void copy_batch(cudaStream_t stream, const std::vector<Copy>& copies, bool settled_source) {
   if (copies.empty()) return;
-  static const bool disabled = knob_int("FERRY_DISABLE_BATCH") != 0;
-  static const size_t batch_max = static_cast<size_t>(std::max<long long>(1, knob_int("FERRY_BATCH_MAX")));
+  const bool disabled = batch_disabled();
+  const size_t batch_max = knob_batch_max();
   Submission how =
       choose_submission(disabled, is_capturing(stream), is_legacy_default(stream), !g_batch_unsupported.load());
   if (how == Submission::kBatched) {

@@ -43,6 +43,10 @@ void copy_one(cudaStream_t stream, const Copy& c);
 // `settled_source` the engine may read the sources out of stream order
 // (srcAccessOrder=Any): only where nothing enqueued before still writes them.
 void copy_batch(cudaStream_t stream, const std::vector<Copy>& copies, bool settled_source = false);
+// Copies per host call copy_batch makes on a stream that is neither capturing
+// nor the legacy default: FERRY_BATCH_MAX, or 1 where batching is off or
+// the driver lacks the batched call.
+size_t copies_per_batch_call();
 // Submits `copies` (no order among them): single rows as copy_batch does,
 // several rows as one cudaMemcpy2DAsync each (no batched form of it is
 // cheaper on the host: cudaMemcpy3DBatchAsync took as long per copy).

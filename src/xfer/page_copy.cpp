@@ -512,15 +512,14 @@ PreparedPages::PreparedPages(int device, const PageSide& dst, const PageSide& sr
   copies_ = plan_page_rows(where.dst, where.src, dst_ids, src_ids, merge, pitched ? copier.max_pitch() : 0,
                            pitched_row_bytes());
   bytes_ = request_bytes(dst, dst_ids.count);
-  // A pitched copy counts by its rows: arming 1024 pitched copies of 48 rows
-  // each blocked the host inside cudaMemcpy2DAsync (one H200), where 16,384
-  // plain copies did not; the queue room a pitched copy takes grows with its rows.
-  size_t rows = 0;
-  for (const auto& c : copies_) rows += c.rows;
+  // What fills the stream's queue behind the gate is host calls, not copies
+  // or rows (submission_calls).
+  const size_t calls = submission_calls(copies_, strategy == PageStrategy::kPerPage, dma::copies_per_batch_call());
   const size_t most = static_cast<size_t>(std::max<long long>(1, knob_int("FERRY_KV_ARMED_MAX")));
-  FERRY_ARG_CHECK(rows <= most,
-                  "prepare: " + std::to_string(rows) +
-                      " copies after merging runs (each row of a pitched copy counted); at most " +
+  FERRY_ARG_CHECK(calls <= most,
+                  "prepare: " + std::to_string(calls) +
+                      " host calls to enqueue after merging runs (a batched call takes up to FERRY_BATCH_MAX plain "
+                      "copies, a pitched copy one, mode='per_page' one per copy); at most " +
                       std::to_string(most) +
                       " may wait behind a gate (FERRY_KV_ARMED_MAX: a stream's queue is finite, and the host would "
                       "block while enqueueing); split the transfer");

@@ -203,6 +203,22 @@ std::vector<PitchedCopy> plan_page_rows(const PageSide& dst, const PageSide& src
   return out;
 }
 
+size_t submission_calls(const std::vector<PitchedCopy>& copies, bool one_by_one, size_t per_batch) {
+  size_t pitched = 0, single = 0;
+  for (const PitchedCopy& c : copies) {
+    if (c.width == 0 || c.rows == 0) continue;
+    if (one_by_one)
+      single += c.rows;
+    else if (c.rows > 1)
+      ++pitched;
+    else
+      ++single;
+  }
+  if (one_by_one) return single;
+  per_batch = std::max<size_t>(1, per_batch);
+  return pitched + (single + per_batch - 1) / per_batch;
+}
+
 bool pitch_possible(bool asked, std::optional<PageStrategy> strategy) {
   return asked && strategy != PageStrategy::kPerPage && strategy != PageStrategy::kKernel;
 }

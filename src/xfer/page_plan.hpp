@@ -100,6 +100,15 @@ std::vector<RegionLadder> region_ladders(const PageSide& dst, const PageSide& sr
 std::vector<PitchedCopy> plan_page_rows(const PageSide& dst, const PageSide& src, const PageIds& dst_ids,
                                         const PageIds& src_ids, bool merge, size_t max_pitch, size_t max_width);
 
+// Host calls that submitting `copies` on one stream makes: every row by
+// itself with `one_by_one` (the per-page baseline), else one per pitched
+// copy and one per `per_batch` plain copies (a batched call). A prepared
+// transfer's calls wait in its stream's queue behind the gate, and that queue
+// is finite: on an H200 (CUDA 13.0) arming 1024 calls of either kind blocked
+// the host until the gate opened, 512 per-copy calls and 683 pitched ones did
+// not, whatever their rows (bench/probes/kv_armed.py).
+size_t submission_calls(const std::vector<PitchedCopy>& copies, bool one_by_one, size_t per_batch);
+
 // Splits `copies` into at most `parts` contiguous groups of about equal bytes
 // (for submission on several streams). Empty groups are dropped.
 std::vector<std::pair<size_t, size_t>> split_by_bytes(const std::vector<PitchedCopy>& copies, size_t parts);

@@ -458,6 +458,20 @@ TEST(PagePlan, WideRowsEndToEndOnOneSideStayPitched) {
   EXPECT_EQ(plan_page_rows(gpu, host_stacked, ids(d), ids(s), true, SIZE_MAX, bytes).size(), 3u);
 }
 
+// What a prepared transfer holds in its stream's queue: host calls.
+TEST(PagePlan, SubmissionCallsCountHostCalls) {
+  char d[64], s[64];
+  auto pc = [&](size_t width, size_t rows) { return PitchedCopy{d, s, width, rows, 4096, 4096}; };
+  const std::vector<PitchedCopy> copies = {pc(16, 48), pc(16, 1), pc(16, 1), pc(16, 3), pc(0, 5), pc(16, 1)};
+  EXPECT_EQ(submission_calls(copies, false, 32), 3u);  // two pitched copies, one batched call of three
+  EXPECT_EQ(submission_calls(copies, false, 2), 4u);   // three plain copies in calls of two
+  EXPECT_EQ(submission_calls(copies, false, 0), 5u);   // no batching: one call each
+  EXPECT_EQ(submission_calls(copies, true, 32), 54u);  // per page: every row (48 + 1 + 1 + 3 + 1), empty ones none
+  EXPECT_EQ(submission_calls({}, false, 32), 0u);
+  std::vector<PitchedCopy> plain(16384, pc(16, 1));
+  EXPECT_EQ(submission_calls(plain, false, 32), 512u);
+}
+
 TEST(PageSelect, TableThenDefault) {
   std::vector<PageRule> rules = {
       {Direction::kHostToDevice, 16 << 10, SIZE_MAX, PageStrategy::kKernel, PageStrategy::kStreams},

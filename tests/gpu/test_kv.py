@@ -396,40 +396,57 @@ def test_page_first_side_goes_pitched_at_any_width(kv, mode, direction, first):
             check_copy(kv, dst, src, dst_ids, src_ids, mode=mode, slice_bytes=slice_bytes)
 
 
-def test_prepared_pitched_copies_count_their_rows(kv):
-    """An armed transfer's copies wait in a stream's queue, and a pitched copy
-    takes room for its rows there: arming 1024 pitched copies of 48 rows
-    blocked the host. prepare() counts rows against FERRY_KV_ARMED_MAX (16384):
-    at the limit arming returns and the copies land byte-exact once
-    triggered; one page more is refused, naming the knob."""
+def _arm_bounded(t, what):
+    """Arms `t` in a thread: a blocked arm() (its stream's queue full behind
+    the gate) fails the test instead of hanging it; the trigger lets it go."""
     import threading
 
-    torch = _torch()
-    rng = random.Random(23)
-    regions, pages = 48, 16384 // 48  # 341 pages: 16368 rows
-    host = page_first("host", regions, pages + 10, (4096,), torch.uint8)
-    gpu = stacked("gpu", regions, pages + 10, (4096,), torch.uint8)
-    ids_d, ids_s = rng.sample(range(pages + 10), pages), rng.sample(range(pages + 10), pages)
-    for x in gpu:
-        x.fill_(POISON)
-    t = kv.prepare(gpu, host, ids_d, ids_s)
-    assert t.copies == pages
     arming = threading.Thread(target=t.arm, daemon=True)
     arming.start()
     arming.join(30)
     blocked = arming.is_alive()
-    t.trigger()  # also lets a blocked arm() go on
+    t.trigger()
     arming.join(30)
-    assert not blocked, "arm() blocked while enqueueing 16368 rows of pitched copies behind the gate"
+    assert not arming.is_alive(), f"{what}: arm() still blocked after the trigger"
+    assert not blocked, f"{what}: arm() blocked while enqueueing behind the gate"
     t.wait()
+
+
+@pytest.mark.parametrize("mode", ["batched", "per_page"])
+def test_prepared_transfers_count_host_calls(kv, mode):
+    """An armed transfer's host calls wait in a stream's queue behind the gate,
+    and 1024 of them blocked the host (batched calls, pitched copies or
+    per-page copies alike, whatever their rows). prepare() counts calls
+    against FERRY_KV_ARMED_MAX (512): at the limit arming returns and the
+    copies land byte-exact once triggered; one call more is refused, naming
+    the knob."""
+    torch = _torch()
+    rng = random.Random(zlib.crc32(mode.encode()))
+    # batched: 512 pitched copies of 48 rows (24,576 rows); per_page: 512 copies of one tensor.
+    regions, pages = (48, 512) if mode == "batched" else (1, 512)
+    space = pages + 10
+    if regions > 1:
+        host = page_first("host", regions, space, (4096,), torch.uint8)
+        gpu = stacked("gpu", regions, space, (4096,), torch.uint8)
+    else:
+        host = [pinned((space, 4096), torch.uint8)]
+        gpu = [torch.empty((space, 4096), dtype=torch.uint8, device="cuda")]
+        fill_random(host[0])
+    ids_d, ids_s = rng.sample(range(space), pages), rng.sample(range(space), pages)
+    for x in gpu:
+        x.fill_(POISON)
+    side = lambda ts: ts if len(ts) > 1 else ts[0]  # noqa: E731
+    t = kv.prepare(side(gpu), side(host), ids_d, ids_s, mode=mode, merge=False)
+    assert t.copies == pages
+    _arm_bounded(t, f"{mode}: {pages} calls")
     torch.cuda.synchronize()
     for g, h in zip(gpu, host):
-        want = torch.full((pages + 10, 4096), POISON, dtype=torch.uint8)
+        want = torch.full((space, 4096), POISON, dtype=torch.uint8)
         want[ids_d] = h[ids_s]
         assert torch.equal(g.cpu(), want)
-    free_d = next(i for i in range(pages + 10) if i not in ids_d)
+    free_d = next(i for i in range(space) if i not in ids_d)
     with pytest.raises(Exception, match="FERRY_KV_ARMED_MAX"):
-        kv.prepare(gpu, host, ids_d + [free_d], ids_s + [0])
+        kv.prepare(side(gpu), side(host), ids_d + [free_d], ids_s + [0], mode=mode, merge=False)
 
 
 @pytest.mark.parametrize("mode", ["batched", "streams", "auto", "per_page"])
