@@ -176,9 +176,10 @@ std::vector<PitchedCopy> plan_page_rows(const PageSide& dst, const PageSide& src
     // the ladder's pitched ones. A copy engine took plain copies submitted
     // page by page (each page's tensors in turn) a third slower than tensor
     // by tensor (bench/probes/pitched_pages.cu: 31.5 against 45.8 GB/s).
-    // Rows that lie end to end on one side (a page-first layout: a page's
-    // tensors one span) stay pitched at any width: the copy engine moved
-    // such 32 KB rows at 49 GB/s.
+    // A single page's rows that lie end to end on one side (a page-first
+    // layout: a page's tensors one span) stay pitched at any width: the copy
+    // engine moved such 32 KB rows at 49 GB/s. Rows end to end on both sides
+    // are one span: a plain copy.
     std::vector<PitchedCopy> wide;
     for (size_t i = 0; i < n;) {
       int64_t di = dst_ids.at(i), si = src_ids.at(i);
@@ -193,8 +194,13 @@ std::vector<PitchedCopy> plan_page_rows(const PageSide& dst, const PageSide& src
                           l.count,
                           l.dst_pitch,
                           l.src_pitch};
-      const bool end_to_end = c.width == c.dst_pitch || c.width == c.src_pitch;
-      (c.rows > 1 && c.width > max_width && !end_to_end ? wide : out).push_back(c);
+      const bool dst_span = c.width == c.dst_pitch, src_span = c.width == c.src_pitch;
+      if (c.rows > 1 && dst_span && src_span)
+        out.push_back(PitchedCopy{c.dst, c.src, c.width * c.rows});
+      else if (c.rows > 1 && c.width > max_width && !(run == 1 && (dst_span || src_span)))
+        wide.push_back(c);
+      else
+        out.push_back(c);
       i += run;
     }
     for (size_t r = 0; r < l.count; ++r)

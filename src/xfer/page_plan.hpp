@@ -92,9 +92,10 @@ std::vector<RegionLadder> region_ladders(const PageSide& dst, const PageSide& sr
 // per region, after the ladder's pitched copies, region by region (a copy
 // engine moved 32 KB rows of pitched copies at 33 GB/s, where plain copies
 // of them, region by region, took 46; at 4 KB rows the pitched copies were
-// 4-7 times faster, bench/probes/pitched_pages.cu), unless its rows lie end
-// to end on one side (pitch = width: a page-first layout such as
-// [pages, regions, ...]), where pitched copies of 32 KB rows ran at 49.
+// 4-7 times faster, bench/probes/pitched_pages.cu), unless it is one page
+// whose rows lie end to end on one side (pitch = width: a page-first layout
+// such as [pages, regions, ...]), where pitched copies of 32 KB rows ran at
+// 49. Rows end to end on both sides go as one plain copy of them all.
 // `max_pitch` or `max_width` 0: no pitched copies (plan_page_copies's
 // copies). Validates first.
 std::vector<PitchedCopy> plan_page_rows(const PageSide& dst, const PageSide& src, const PageIds& dst_ids,

@@ -380,9 +380,9 @@ TEST(PagePlan, PitchedPlansMatchAReferenceExpansion) {
     auto dst = side(0x10000000, bytes, bytes, pages, regions, dgap);
     auto src = side(0x90000000, bytes, bytes, pages, regions, sgap);
     // Sometimes one side page first ([pages, regions, page]: a page's regions end to end).
-    const int page_first = static_cast<int>(rng() % 3);  // 0: neither, 1: dst, 2: src
-    if (page_first == 1) dst = side(0x10000000, bytes * regions, bytes, pages, regions, bytes);
-    if (page_first == 2) src = side(0x90000000, bytes * regions, bytes, pages, regions, bytes);
+    const int page_first = static_cast<int>(rng() % 4);  // 0: neither, 1: dst, 2: src, 3: both
+    if (page_first & 1) dst = side(0x10000000, bytes * regions, bytes, pages, regions, bytes);
+    if (page_first & 2) src = side(0x90000000, bytes * regions, bytes, pages, regions, bytes);
     if (rng() % 4 == 0) src.regions[rng() % regions].base += 0x4000000;    // one region elsewhere
     if (rng() % 4 == 0) dst.regions[rng() % regions].allocation = 0x1234;  // one region in an allocation of its own
     std::vector<int64_t> perm(pages);
@@ -410,7 +410,9 @@ TEST(PagePlan, PitchedPlansMatchAReferenceExpansion) {
         EXPECT_GE(c.src_pitch, c.width);
         EXPECT_LE(c.dst_pitch, max_pitch);
         EXPECT_LE(c.src_pitch, max_pitch);
-        if (c.width != c.dst_pitch && c.width != c.src_pitch) EXPECT_LE(c.width, max_width);
+        EXPECT_FALSE(c.width == c.dst_pitch && c.width == c.src_pitch) << "one span on both sides: a plain copy";
+        if (c.width > max_width)  // wider than the limit only one page end to end on one side
+          EXPECT_TRUE(c.width == bytes && (c.width == c.dst_pitch || c.width == c.src_pitch));
       }
       moved += c.bytes();
     }
@@ -456,6 +458,27 @@ TEST(PagePlan, WideRowsEndToEndOnOneSideStayPitched) {
   for (const auto& c : plain) EXPECT_EQ(c.rows, 1u);
   // Narrow rows go pitched either way.
   EXPECT_EQ(plan_page_rows(gpu, host_stacked, ids(d), ids(s), true, SIZE_MAX, bytes).size(), 3u);
+  // Page first on both sides: each page one span, one plain copy.
+  const auto gpu_first = side(0x10000000, bytes * regions, bytes, pages, regions, bytes);
+  auto spans = plan_page_rows(gpu_first, host_first, ids(d), ids(s), true, SIZE_MAX, 8192);
+  ASSERT_EQ(spans.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(spans[i].rows, 1u);
+    EXPECT_EQ(spans[i].width, bytes * regions);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(spans[i].dst), 0x10000000u + static_cast<uintptr_t>(d[i] * bytes * regions));
+  }
+  // Stacked both sides, a run of pages filling both pitches (whole regions
+  // in order): one span too; a run filling one pitch only stays plain per
+  // region when wider than the limit.
+  const auto small = side(0x20000000, bytes, bytes, 4, regions),
+             small_host = side(0xa0000000, bytes, bytes, 4, regions);
+  std::vector<int64_t> all{0, 1, 2, 3};
+  auto whole = plan_page_rows(small, small_host, ids(all), ids(all), true, SIZE_MAX, 8192);
+  ASSERT_EQ(whole.size(), 1u);
+  EXPECT_EQ(whole[0].width, 4 * bytes * regions);
+  auto part = plan_page_rows(small, host_stacked, ids(all), ids(all), true, SIZE_MAX, 8192);
+  ASSERT_EQ(part.size(), static_cast<size_t>(regions));  // 4 pages fill the GPU's pitch only: plain, region by region
+  for (const auto& c : part) EXPECT_EQ(c.rows, 1u);
 }
 
 // What a prepared transfer holds in its stream's queue: host calls.

@@ -16,6 +16,9 @@ the host side the same (--layout stacked) or one [pages, N, page] tensor
 (--layout page-first: a page's tensors end to end). ferry's copy-engine modes
 then take a page's tensors as one pitched copy (docs/kv.md, "Pitched
 copies"); vllm-batched and per-page copy every tensor's page by itself.
+ahead-batched holds one pitched copy per page behind its gate, at most
+FERRY_KV_ARMED_MAX (512) of them: at points with more pages it is refused
+(printed) and has no record.
 
 Submitted inline: CUDA events around the submission on an idle stream, so the
 time includes the host's submission (what a serving engine pays when it
