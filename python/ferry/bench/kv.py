@@ -338,28 +338,14 @@ def measure_point(
         sides.append((direction, dst, src, dst_ids, src_ids))
     main = torch.cuda.Stream()
     other = torch.cuda.Stream()
+    point = dict(
+        op=op, page_bytes=page_bytes, count=count, reps=reps, warmup=warmup, gpu=gpu, date=date, tensors=tensors,
+        layout=layout,
+    )  # fmt: skip
     out = []
     for impl in impls:
         try:
-            out.append(
-                _measure_impl(
-                    torch,
-                    kv,
-                    op,
-                    impl,
-                    sides,
-                    main,
-                    other,
-                    page_bytes,
-                    count,
-                    reps,
-                    warmup,
-                    gpu,
-                    date,
-                    tensors,
-                    layout,
-                )
-            )
+            out.append(_measure_impl(torch, kv, impl, sides, (main, other), point))
         except Exception as exc:  # one impl's failure must not hide the others'
             print(
                 f"  {op} {format_size(page_bytes)}x{count} {impl}: {type(exc).__name__}: {exc}",
@@ -368,24 +354,11 @@ def measure_point(
     return [r for r in out if r]
 
 
-def _measure_impl(
-    torch,
-    kv,
-    op,
-    impl,
-    sides,
-    main,
-    other,
-    page_bytes,
-    count,
-    reps,
-    warmup,
-    gpu,
-    date,
-    tensors=1,
-    layout="stacked",
-):
-    streams = [main, other]
+def _measure_impl(torch, kv, impl, sides, streams, point: dict):
+    """One impl at one point (measure_point's `point`: op, page_bytes, count,
+    reps, warmup, gpu, date, tensors, layout); its record."""
+    main, other = streams
+    op, reps, warmup = point["op"], point["reps"], point["warmup"]
     submitted = "ahead" if impl in AHEAD else "inline"
     info = {"sms": 0}
     prepared = None
@@ -452,21 +425,11 @@ def _measure_impl(
         wrong += _check(torch, dst, src, d, s, poison, run)
     time_us = statistics.median(x[0] for x in samples)
     host_us = statistics.median(x[1] for x in samples) if submitted == "inline" else None
+    pt = point
     return record(
-        op,
-        impl,
-        page_bytes,
-        count,
-        time_us,
-        host_us,
-        info["sms"],
-        submitted,
-        gpu,
-        date,
-        wrong,
-        tensors,
-        layout,
-    )
+        op, impl, pt["page_bytes"], pt["count"], time_us, host_us, info["sms"], submitted, pt["gpu"], pt["date"],
+        wrong, pt["tensors"], pt["layout"],
+    )  # fmt: skip
 
 
 def measure_gemm(torch, kv, bufs, reps: int, gpu: str, date: str) -> List[dict]:
