@@ -221,8 +221,7 @@ size_t submission_calls(const std::vector<PitchedCopy>& copies, bool one_by_one,
       ++single;
   }
   if (one_by_one) return single;
-  per_batch = std::max<size_t>(1, per_batch);
-  return pitched + (single + per_batch - 1) / per_batch;
+  return pitched + split_batches(single, std::max<size_t>(1, per_batch)).size();
 }
 
 bool pitch_possible(bool asked, std::optional<PageStrategy> strategy) {

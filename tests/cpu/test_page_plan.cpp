@@ -28,6 +28,19 @@ PageSide side(uintptr_t base, size_t stride, size_t bytes, size_t pages, int reg
 
 PageIds ids(const std::vector<int64_t>& v) { return PageIds{v.data(), v.size(), true}; }
 
+// The page-by-page reference: (dst byte, src byte) every 16 bytes of every
+// region's page d[i] <- s[i].
+std::map<uintptr_t, uintptr_t> reference_pairs(const PageSide& dst, const PageSide& src, const std::vector<int64_t>& d,
+                                               const std::vector<int64_t>& s, size_t bytes) {
+  std::map<uintptr_t, uintptr_t> out;
+  for (size_t r = 0; r < dst.regions.size(); ++r)
+    for (size_t i = 0; i < d.size(); ++i)
+      for (size_t b = 0; b < bytes; b += 16)
+        out[dst.regions[r].base + d[i] * dst.regions[r].stride + b] =
+            src.regions[r].base + s[i] * src.regions[r].stride + b;
+  return out;
+}
+
 }  // namespace
 
 TEST(PagePlan, OneCopyPerPageWhenNothingIsAdjacent) {
@@ -167,15 +180,11 @@ TEST(PagePlan, RandomRequestsMatchAReferenceExpansion) {
     auto copies = plan_page_copies(dst, src, ids(d), ids(s), true);
     // Expand the copies back into (dst byte, src byte) pairs and compare with
     // the page-by-page reference.
-    std::map<uintptr_t, uintptr_t> got, want;
+    std::map<uintptr_t, uintptr_t> got;
     for (const auto& c : copies)
       for (size_t b = 0; b < c.bytes; b += 16)
         got[reinterpret_cast<uintptr_t>(c.dst) + b] = reinterpret_cast<uintptr_t>(c.src) + b;
-    for (int r = 0; r < regions; ++r)
-      for (size_t i = 0; i < n; ++i)
-        for (size_t b = 0; b < bytes; b += 16)
-          want[dst.regions[r].base + d[i] * dst.regions[r].stride + b] =
-              src.regions[r].base + s[i] * src.regions[r].stride + b;
+    const auto want = reference_pairs(dst, src, d, s, bytes);
     ASSERT_EQ(got, want) << "trial " << trial;
   }
 }
@@ -417,13 +426,7 @@ TEST(PagePlan, PitchedPlansMatchAReferenceExpansion) {
       moved += c.bytes();
     }
     for (auto [db, sb] : expand(copies, 16)) EXPECT_TRUE(got.emplace(db, sb).second) << "a byte written twice";
-    std::map<uintptr_t, uintptr_t> want;
-    for (int r = 0; r < regions; ++r)
-      for (size_t i = 0; i < n; ++i)
-        for (size_t b = 0; b < bytes; b += 16)
-          want[dst.regions[r].base + d[i] * dst.regions[r].stride + b] =
-              src.regions[r].base + s[i] * src.regions[r].stride + b;
-    ASSERT_EQ(got, want) << "trial " << trial;
+    ASSERT_EQ(got, reference_pairs(dst, src, d, s, bytes)) << "trial " << trial;
     EXPECT_EQ(moved, n * regions * bytes);
   }
   EXPECT_GT(pitched_seen, 100u) << "the random layouts must exercise pitched copies";
