@@ -141,3 +141,101 @@ def test_ferry_bench_runs_what_the_machine_allows():
     )
     with pytest.raises(SystemExit, match="--only"):
         bench_parts("nccl", 2, False)
+
+
+# ---- measure_point with stand-ins for torch and ferry.kv (no GPU): the
+# benchmark's plumbing and its byte check, for one tensor per page and many.
+
+
+class _Ids(list):
+    def to(self, device):
+        return self
+
+
+class _Rows:
+    """Pages as rows of bytes; indexing by an id list gives those rows (shared)."""
+
+    def __init__(self, rows, cuda=False):
+        self.rows, self.is_cuda, self.device = rows, cuda, "cuda" if cuda else "cpu"
+
+    shape = property(lambda self: (len(self.rows), len(self.rows[0])))
+
+    def cpu(self):
+        return self
+
+    def __getitem__(self, ids):
+        return _Rows([self.rows[i] for i in ids], self.is_cuda)
+
+    def __setitem__(self, ids, value):
+        for i in ids:
+            self.rows[i][:] = bytes([value]) * len(self.rows[i])
+
+    def __ne__(self, other):
+        return _Count(sum(a != b for a, b in zip(self.rows, other.rows)))
+
+
+class _Count(int):
+    def any(self, dim):
+        return self
+
+    def sum(self):
+        return self
+
+
+def _stand_ins(copies_bytes):
+    import random
+    import types
+
+    class Event:
+        record = synchronize = lambda self, *a: None
+        elapsed_time = lambda self, other: 1.0  # noqa: E731
+
+    class Stream:
+        wait_event = wait_stream = lambda self, *a: None
+
+    def copy(dst, src, d, s, **kw):
+        for dt, st in zip(kv._as_list(dst), kv._as_list(src)):
+            for i, j in zip(d, s):
+                if copies_bytes:
+                    dt.rows[i][:] = st.rows[j]
+        return {"sms": 0}
+
+    class Prepared:
+        def __init__(self, *args):
+            self.args = args
+
+        arm = wait = lambda self, stream: None
+        trigger_on = lambda self, stream: copy(*self.args)  # noqa: E731
+
+    torch = types.SimpleNamespace(
+        tensor=lambda x, device="cpu": _Ids(x),
+        cuda=types.SimpleNamespace(
+            Event=lambda enable_timing: Event(), Stream=Stream, synchronize=lambda: None
+        ),
+    )
+    ferry_kv = types.SimpleNamespace(copy_blocks=copy, prepare=Prepared)
+
+    class Buffers:
+        def sides(self, half, page_bytes, n, tensors, layout):
+            rng = random.Random(half)
+            side = [[bytearray(rng.randbytes(page_bytes)) for _ in range(n)] for _ in range(tensors)]
+            gpu = [[bytearray(rng.randbytes(page_bytes)) for _ in range(n)] for _ in range(tensors)]
+            h, g = [_Rows(t) for t in side], [_Rows(t, True) for t in gpu]
+            return (h[0], g[0]) if tensors == 1 else (h, g)
+
+    return torch, ferry_kv, Buffers()
+
+
+@pytest.mark.parametrize("tensors,layout", [(1, "stacked"), (4, "page-first"), (3, "stacked")])
+def test_measure_point_checks_every_tensor(tensors, layout):
+    impls = ["batched", "vllm-batched", "ahead-batched", "kernel-gpu-ids"]
+    for op in ("fetch", "save", "both"):
+        torch, ferry_kv, bufs = _stand_ins(copies_bytes=True)
+        recs = kv.measure_point(torch, ferry_kv, bufs, op, 64, 8, impls, 2, 1, "G", "d", tensors, layout)
+        assert [r["impl"] for r in recs] == impls
+        assert all(r["wrong"] == 0 and r["tensors"] == tensors for r in recs), recs
+        # A transfer that copies nothing leaves the poison: every page of every tensor is counted wrong.
+        torch, ferry_kv, bufs = _stand_ins(copies_bytes=False)
+        recs = kv.measure_point(torch, ferry_kv, bufs, op, 64, 8, impls, 2, 1, "G", "d", tensors, layout)
+        sides = 2 if op == "both" else 1
+        assert all(r["wrong"] == 8 * tensors * sides for r in recs), recs

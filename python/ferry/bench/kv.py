@@ -606,20 +606,8 @@ def run(opts: dict, progress=print) -> dict:
     for op in opts["ops"]:
         for p, c in pts:
             records += measure_point(
-                torch,
-                kv,
-                bufs,
-                op,
-                p,
-                c,
-                opts["impls"],
-                opts["reps"],
-                opts["warmup"],
-                gpu,
-                date,
-                tensors,
-                layout,
-            )
+                torch, kv, bufs, op, p, c, opts["impls"], opts["reps"], opts["warmup"], gpu, date, tensors, layout
+            )  # fmt: skip
             done += 1
             progress(f"  {done}/{total}: {op} {format_size(p)} x {c} pages, {time.time() - t0:.0f} s")
     extra = []
