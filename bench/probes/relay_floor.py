@@ -1,0 +1,161 @@
+"""The floor of a multipath copy: its copies queued ahead, released at once.
+
+A copy of S bytes between pinned host memory and GPU 0, split evenly over P
+links (GPU 0's own link and P - 1 relays), each link's share cut into 2 MiB
+chunks as the engine cuts them. Every CUDA call is made before the copy
+starts: all link streams wait on one event that a stream of GPU 0 records
+after a sleep, so no host submission, polling or gate is in the time. What is
+left is what the copy engines, the links and the host side allow; the
+engine's time over this floor is what its host thread costs.
+
+Two ways of running a relay's two hops (host -> staging on the relay, then
+staging -> GPU 0 over NVLink; the reverse for GPU to host), each with two
+staging buffers:
+- events: the engine's way. Hop 1 of every chunk on one stream, hop 2 on
+  another after an event; hop 1 of chunk k + 2 waits for hop 2 of chunk k
+  (its staging buffer).
+- slots: one stream per staging buffer, both hops of a chunk on it in
+  order: no event, and the two buffers' chunks in flight at once.
+
+Prints GB/s (median of 7 after a warm-up) by direction, size and links, with
+each link's own time from the release; every byte of the last run of each
+(direction, size, links, way) checked against the source.
+
+    python bench/probes/relay_floor.py [--sizes 8,16,64,256] [--paths 1,2,4]
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+from ferry.bench.multipath import Runtime
+
+MiB = 1 << 20
+CHUNK = 2 * MiB
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="8,16,64,256", help="MiB")
+    ap.add_argument("--paths", default="", help="links to try (default 1 to the GPUs)")
+    ap.add_argument("--reps", type=int, default=7)
+    args = ap.parse_args()
+    n_gpu = torch.cuda.device_count()
+    if n_gpu < 2:
+        raise SystemExit("relay_floor: needs 2 GPUs")
+    sizes = [int(s) * MiB for s in args.sizes.split(",")]
+    paths = [int(p) for p in args.paths.split(",")] if args.paths else list(range(1, n_gpu + 1))
+    rt = Runtime()
+    rt.enable_peer_access(list(range(n_gpu)))
+    top = max(sizes)
+    g = torch.Generator().manual_seed(7)
+    host = torch.randint(0, 256, (top,), dtype=torch.uint8, generator=g).pin_memory()
+    host_out = torch.empty(top, dtype=torch.uint8, pin_memory=True)
+    dev0 = torch.randint(0, 256, (top,), dtype=torch.uint8, generator=g).to("cuda:0")
+    dev0_in = torch.empty(top, dtype=torch.uint8, device="cuda:0")
+    staging = {
+        r: [torch.empty(CHUNK, dtype=torch.uint8, device=f"cuda:{r}") for _ in range(2)] for r in range(n_gpu)
+    }
+    streams = {r: [torch.cuda.Stream(r) for _ in range(2)] for r in range(n_gpu)}
+    gate = torch.cuda.Stream(0)
+
+    def run(to_device, size, p, way):
+        """One copy over links 0..p-1; returns (seconds, [seconds per link])."""
+        share = (size + p - 1) // p
+        release = torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(gate):
+            # About 1 ms and 0.1 ms per chunk: every call below is queued before it ends.
+            torch.cuda._sleep(2_000_000 + 200_000 * (size // CHUNK))
+            release.record(gate)
+        t0 = time.perf_counter()
+        starts, ends = [], []
+        for link in range(p):
+            lo, hi = link * share, min(size, (link + 1) * share)
+            s = streams[link]
+            st = torch.cuda.Event(enable_timing=True)
+            for q in s:
+                q.wait_event(release)
+            st.record(s[0])
+            with torch.cuda.device(link):
+                if link == 0:  # the own link: one copy
+                    if hi > lo:
+                        if to_device:
+                            rt.copy(dev0_in.data_ptr() + lo, host.data_ptr() + lo, hi - lo, s[0])
+                        else:
+                            rt.copy(host_out.data_ptr() + lo, dev0.data_ptr() + lo, hi - lo, s[0])
+                else:
+                    hop_done = [None, None]
+                    freed = [None, None]
+                    for k, at in enumerate(range(lo, hi, CHUNK)):
+                        n = min(CHUNK, hi - at)
+                        slot = k % 2
+                        buf = staging[link][slot].data_ptr()
+                        src_ptr = host.data_ptr() + at if to_device else dev0.data_ptr() + at
+                        dst_ptr = dev0_in.data_ptr() + at if to_device else host_out.data_ptr() + at
+                        if way == "slots":
+                            q = s[slot]
+                            rt.copy(buf, src_ptr, n, q)
+                            rt.copy(dst_ptr, buf, n, q)
+                            continue
+                        first, second = (s[0], s[1]) if to_device else (s[1], s[0])
+                        if freed[slot] is not None:
+                            first.wait_event(freed[slot])
+                        rt.copy(buf, src_ptr, n, first)
+                        hop_done[slot] = torch.cuda.Event()
+                        hop_done[slot].record(first)
+                        second.wait_event(hop_done[slot])
+                        rt.copy(dst_ptr, buf, n, second)
+                        freed[slot] = torch.cuda.Event()
+                        freed[slot].record(second)
+                    s[0].wait_stream(s[1])
+            en = torch.cuda.Event(enable_timing=True)
+            en.record(s[0])
+            starts.append(st)
+            ends.append(en)
+        queued = time.perf_counter() - t0
+        for e in ends:
+            gate.wait_event(e)
+        done = torch.cuda.Event(enable_timing=True)
+        done.record(gate)
+        done.synchronize()
+        for r in range(p):
+            torch.cuda.synchronize(r)
+        per_link = [st.elapsed_time(en) / 1e3 for st, en in zip(starts, ends)]
+        return release.elapsed_time(done) / 1e3, per_link, queued
+
+    print(
+        f"relay_floor: {n_gpu} GPUs, {torch.cuda.get_device_name(0)}; copies queued ahead, released at once"
+    )
+    for to_device in (True, False):
+        name = "host to GPU 0" if to_device else "GPU 0 to host"
+        for size in sizes:
+            for p in paths:
+                for way in ("events", "slots") if p > 1 else ("plain",):
+                    if to_device:
+                        dev0_in[:size].fill_(0x5A)
+                    else:
+                        host_out[:size].fill_(0x5A)
+                    times, links, host_s = [], [], []
+                    for i in range(args.reps + 1):
+                        t, per, q = run(to_device, size, p, way)
+                        if i:
+                            times.append(t)
+                            links.append(per)
+                            host_s.append(q)
+                    ok = (
+                        torch.equal(dev0_in[:size].cpu(), host[:size])
+                        if to_device
+                        else torch.equal(host_out[:size], dev0[:size].cpu())
+                    )
+                    t = statistics.median(times)
+                    per = [statistics.median(x[i] for x in links) * 1e6 for i in range(p)]
+                    print(
+                        f"{name}: {size // MiB:5d} MiB {p} links {way:6s} {size / t / 1e9:7.1f} GB/s"
+                        f" ({t * 1e6:7.1f} us; links {' '.join(f'{x:.0f}' for x in per)} us)"
+                        f" bytes {'ok' if ok else 'WRONG'}; queued in {max(host_s) * 1e6:.0f} us"
+                    )
+
+
+if __name__ == "__main__":
+    main()
