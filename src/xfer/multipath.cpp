@@ -545,6 +545,7 @@ bool MultipathEngine::second_hop(const Hop& h) {
     }
   }
   L.next_slot = (h.slot + 1) % policy_.outstanding;
+  if (!h.t->link_first.empty() && h.t->link_first[h.a.link] == 0) h.t->link_first[h.a.link] = h.given;
   // Given when its first call went out: the link's speed counts from then.
   L.flight.push_back(Link::InFlight{h.t->id, h.a.chunk.bytes, h.slot, h.given});
   return true;
@@ -636,13 +637,14 @@ void MultipathEngine::probe(int l, int lane) {
 void MultipathEngine::land(Transfer& t, double now) {
   if (debug_enabled()) {
     // Where the time went: a link whose last chunk landed well before the
-    // others' was starved or held; a late start is the engine's thread.
+    // others' was starved or held; a late first call is the engine's thread.
+    auto us = [&](double at) { return std::to_string(static_cast<long>((at - t.started) * 1e6)); };
     std::string by_link = t.head ? "the caller's stream (head) " + std::to_string(t.head >> 10) + " KiB" : "";
     for (size_t l = 0; l < link_.size(); ++l) {
       if (!t.link_bytes[l]) continue;
       by_link += (by_link.empty() ? "" : ", ") + dev_name(link_[l].device) +
                  (static_cast<int>(l) == t.target ? " (own) " : " ") + std::to_string(t.link_bytes[l] >> 10) +
-                 " KiB, last at " + std::to_string(static_cast<long>((t.link_last[l] - t.started) * 1e6)) + " us";
+                 " KiB, first out at " + us(t.link_first[l]) + " us, last landed at " + us(t.link_last[l]) + " us";
     }
     debug_log("multipath: a copy of " + std::to_string(t.bytes + t.head) + " bytes" +
               (t.pieces.size() > 1 ? " in " + std::to_string(t.pieces.size()) + " pieces" : "") +
@@ -813,6 +815,7 @@ void MultipathEngine::run() {
         it->deadline = t_now + timeout_s_;
         it->started = t_now;
         it->link_bytes.assign(n, 0);
+        it->link_first.assign(n, 0);
         it->link_last.assign(n, 0);
         active.push_back(std::move(*it));
         it = pending.erase(it);

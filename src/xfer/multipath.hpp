@@ -180,12 +180,13 @@ class MultipathEngine {
     int sched = -1;                    // the scheduler's id, once its stream got to it
     double deadline = 0;
     // When the engine saw its stream get to it (for the debug log, and the
-    // head's time), and by link the bytes carried and when its last chunk
-    // there was seen landed.
+    // head's time), and by link the bytes carried, when its first chunk there
+    // went out and when its last one there was seen landed.
     double started = 0;
     bool head_seen = false;   // the head's landing was seen
     bool head_timed = false;  // its start and end were recorded (head_time's slot of its generation)
     std::vector<size_t> link_bytes;
+    std::vector<double> link_first;
     std::vector<double> link_last;
   };
   struct Link {
