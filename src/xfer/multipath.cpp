@@ -26,6 +26,17 @@ std::string error_text(cudaError_t e) { return std::string(cudaGetErrorName(e)) 
 
 std::string dev_name(int d) { return "cuda:" + std::to_string(d); }
 
+// FERRY_DEBUG's timing events: a failure to record one only loses the log's figure.
+void clock_mark(cudaEvent_t e, cudaStream_t s) {
+  if (cudaEventRecord(e, s) != cudaSuccess) cudaGetLastError();
+}
+float clock_us(cudaEvent_t from, cudaEvent_t to) {
+  float ms = 0;
+  if (cudaEventElapsedTime(&ms, from, to) == cudaSuccess) return ms * 1e3f;
+  cudaGetLastError();
+  return -1;
+}
+
 bool ranges_overlap(const void* a, const void* b, size_t n) {
   const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
   return x < y + n && y < x + n;
@@ -117,6 +128,11 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
     for (int s = 0; s < policy_.outstanding; ++s) {
       FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&L.hop[s], cudaEventDisableTiming));
       FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&L.landed[s], cudaEventDisableTiming));
+    }
+    if (debug_enabled()) {
+      L.clock.resize(policy_.outstanding);
+      for (auto& c : L.clock)
+        for (auto& e : c) FERRY_CUDA_CHECK(cudaEventCreate(&e));
     }
     for (auto& pair : L.probe)
       for (auto& e : pair) FERRY_CUDA_CHECK(cudaEventCreate(&e));
@@ -216,6 +232,8 @@ void MultipathEngine::close() {
     for (char* p : L.staging) cudaFree(p);
     for (auto e : L.hop) cudaEventDestroy(e);
     for (auto e : L.landed) cudaEventDestroy(e);
+    for (auto& c : L.clock)
+      for (auto e : c) cudaEventDestroy(e);
     for (auto& pair : L.probe)
       for (auto e : pair)
         if (e) cudaEventDestroy(e);
@@ -513,15 +531,20 @@ bool MultipathEngine::first_hop(Transfer& t, const Assignment& a, Hop* hop) {
              piece->src + (a.chunk.offset - piece->at),
              steady_seconds()};
   const size_t n = a.chunk.bytes;
+  cudaStream_t first = !a.relay() || t.to_device ? L.host : L.nvlink;
+  if (!L.clock.empty()) clock_mark(L.clock[hop->slot][0], first);
   if (!a.relay()) {
     FERRY_CUDA_CHECK(cudaMemcpyAsync(hop->dst, hop->src, n, cudaMemcpyDefault, L.host));
+    if (!L.clock.empty()) {  // before `landed`: done once it is
+      clock_mark(L.clock[hop->slot][1], L.host);
+      clock_mark(L.clock[hop->slot][2], L.host);
+    }
     FERRY_CUDA_CHECK(cudaEventRecord(L.landed[hop->slot], L.host));
     return true;
   }
   // Two streams per relay: while one chunk crosses NVLink, the next crosses
   // the host link into the other staging buffer.
-  const cudaError_t e =
-      cudaMemcpyAsync(L.staging[hop->slot], hop->src, n, cudaMemcpyDefault, t.to_device ? L.host : L.nvlink);
+  const cudaError_t e = cudaMemcpyAsync(L.staging[hop->slot], hop->src, n, cudaMemcpyDefault, first);
   if (e == cudaSuccess) return true;
   cudaGetLastError();
   return false;
@@ -536,8 +559,10 @@ bool MultipathEngine::second_hop(const Hop& h) {
     cudaStream_t first = h.t->to_device ? L.host : L.nvlink;
     cudaStream_t second = h.t->to_device ? L.nvlink : L.host;
     cudaError_t e = cudaEventRecord(L.hop[h.slot], first);
+    if (!L.clock.empty()) clock_mark(L.clock[h.slot][1], first);
     if (e == cudaSuccess) e = cudaStreamWaitEvent(second, L.hop[h.slot], 0);
     if (e == cudaSuccess) e = cudaMemcpyAsync(h.dst, L.staging[h.slot], h.a.chunk.bytes, cudaMemcpyDefault, second);
+    if (e == cudaSuccess && !L.clock.empty()) clock_mark(L.clock[h.slot][2], second);  // before `landed`
     if (e == cudaSuccess) e = cudaEventRecord(L.landed[h.slot], second);
     if (e != cudaSuccess) {
       cudaGetLastError();
@@ -645,6 +670,11 @@ void MultipathEngine::land(Transfer& t, double now) {
       by_link += (by_link.empty() ? "" : ", ") + dev_name(link_[l].device) +
                  (static_cast<int>(l) == t.target ? " (own) " : " ") + std::to_string(t.link_bytes[l] >> 10) +
                  " KiB, first out at " + us(t.link_first[l]) + " us, last landed at " + us(t.link_last[l]) + " us";
+      if (!link_[l].clock.empty())  // the last chunk on the GPU's clock
+        by_link += static_cast<int>(l) == t.target
+                       ? " (its last chunk " + std::to_string(static_cast<long>(t.link_hop1[l])) + " us on the GPU)"
+                       : " (its last chunk's hops " + std::to_string(static_cast<long>(t.link_hop1[l])) + " + " +
+                             std::to_string(static_cast<long>(t.link_hop2[l])) + " us on the GPU)";
     }
     debug_log("multipath: a copy of " + std::to_string(t.bytes + t.head) + " bytes" +
               (t.pieces.size() > 1 ? " in " + std::to_string(t.pieces.size()) + " pieces" : "") +
@@ -817,6 +847,8 @@ void MultipathEngine::run() {
         it->link_bytes.assign(n, 0);
         it->link_first.assign(n, 0);
         it->link_last.assign(n, 0);
+        it->link_hop1.assign(n, 0);
+        it->link_hop2.assign(n, 0);
         active.push_back(std::move(*it));
         it = pending.erase(it);
         progress = true;
@@ -878,6 +910,11 @@ void MultipathEngine::run() {
             if (t.id == f.transfer) {
               t.link_bytes[l] += f.bytes;
               t.link_last[l] = seen;
+              if (!L.clock.empty()) {
+                const auto& c = L.clock[f.slot];
+                t.link_hop1[l] = clock_us(c[0], c[1]);
+                t.link_hop2[l] = clock_us(c[1], c[2]);
+              }
             }
           bytes_[l] += f.bytes;
           L.flight.pop_front();

@@ -188,6 +188,9 @@ class MultipathEngine {
     std::vector<size_t> link_bytes;
     std::vector<double> link_first;
     std::vector<double> link_last;
+    // FERRY_DEBUG: by link, its last chunk's hops on the GPU's clock (us; a
+    // relay's second hop from its first hop's end, the gap included).
+    std::vector<float> link_hop1, link_hop2;
   };
   struct Link {
     int device = -1;
@@ -196,6 +199,8 @@ class MultipathEngine {
     std::vector<char*> staging;     // one per outstanding chunk
     std::vector<cudaEvent_t> hop;   // a relay's first hop done, per slot
     std::vector<cudaEvent_t> landed;
+    // FERRY_DEBUG only, per slot: a chunk's start, its first hop's end, its end.
+    std::vector<std::array<cudaEvent_t, 3>> clock;
     void* scratch = nullptr;  // the streams' first copies, then a probe's bytes
     // A probe's start and end on the GPU's clock, by lane: its time there (not
     // when the host saw it) says whether copies were queued before it.
