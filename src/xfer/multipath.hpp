@@ -209,9 +209,12 @@ class MultipathEngine {
       uint64_t transfer;
       size_t bytes;
       int slot;
-      double given;  // when it was submitted (steady seconds)
+      double given;              // when it was submitted (steady seconds)
+      bool first_relay = false;  // this link's first relay to that GPU in that direction: not timed
     };
     std::deque<InFlight> flight;
+    // By link index of the target and lane: this link relayed there before.
+    std::vector<std::array<bool, MultipathScheduler::kLanes>> relayed;
     int next_slot = 0;
     double last_landed = 0;  // when its previous chunk was seen landed
   };

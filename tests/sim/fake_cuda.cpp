@@ -107,6 +107,7 @@ struct State {
   std::map<std::pair<int, std::thread::id>, Stream*> defaults;  // thread id() for the legacy streams
   sim::Faults faults;
   int late_copies = 0;  // copies counted for faults.fail_late_after
+  int slow_copies = 0;  // copies counted for faults.slow_copies
   double bytes_per_s = 20e9;
 };
 
@@ -173,6 +174,7 @@ void set_faults(const Faults& f) {
   std::lock_guard<std::mutex> lock(st.mu);
   st.faults = f;
   st.late_copies = 0;
+  st.slow_copies = 0;
 }
 
 }  // namespace sim
@@ -353,12 +355,17 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
     if (state_.late_copies++ >= f.fail_late_after) return fail(cudaErrorLaunchFailure);
   }
   const bool hang = f.hang_on_device == st->device && n >= f.hang_from_bytes;
-  st->push([dst, src, n, bps, hang] {
+  double extra = 0;
+  if (f.slow_on_device == st->device && n >= f.slow_from_bytes) {
+    std::lock_guard<std::mutex> lock(state_.mu);
+    if (state_.slow_copies++ < f.slow_copies) extra = f.slow_extra_s;
+  }
+  st->push([dst, src, n, bps, hang, extra] {
     if (hang) {
       while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
     }
     // Below ~20 us a sleep is mostly the scheduler's; such copies (probes among them) take no modelled time.
-    const double t = static_cast<double>(n) / bps;
+    const double t = static_cast<double>(n) / bps + extra;
     if (t > 20e-6) std::this_thread::sleep_for(std::chrono::duration<double>(t));
     std::memmove(dst, src, n);
   });

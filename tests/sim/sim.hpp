@@ -26,6 +26,12 @@ struct Faults {
   int fail_late_on_device = -1;
   int fail_late_after = 0;
   size_t fail_late_from_bytes = 0;
+  // The first `slow_copies` copies of at least `slow_from_bytes` on a stream
+  // of this device take `slow_extra_s` longer (a first use's one-time cost).
+  int slow_on_device = -1;
+  int slow_copies = 0;
+  size_t slow_from_bytes = 0;
+  double slow_extra_s = 0;
 };
 
 // A fresh machine of `devices` GPUs whose copies move `bytes_per_s`.
