@@ -94,6 +94,15 @@ Where where_is(const PageRegion& g, const char* side, size_t r, bool allocation)
                   "ferry.kv.HostPool, or tensor.pin_memory()");
 }
 
+// A list of copies on one stream as the strategy submits it: one call per
+// row for the per-page baseline, else pitched and batched calls.
+void submit(PageStrategy s, cudaStream_t stream, const std::vector<PitchedCopy>& copies, bool any_order) {
+  if (s == PageStrategy::kPerPage)
+    dma::copy_rows_one_by_one(stream, copies);
+  else
+    dma::copy_pitched(stream, copies, any_order);
+}
+
 }  // namespace
 
 PageCopier& PageCopier::on(int device) {
@@ -250,10 +259,8 @@ void PageCopier::run_copies(PageStrategy s, const std::vector<PitchedCopy>& copi
   }
   switch (s) {
     case PageStrategy::kPerPage:
-      dma::copy_rows_one_by_one(stream, copies);
-      return;
     case PageStrategy::kBatched:
-      dma::copy_pitched(stream, copies, any_order);
+      submit(s, stream, copies, any_order);
       return;
     case PageStrategy::kStreams: {
       auto parts = split_by_bytes(copies, static_cast<size_t>(engines_->peer_count()));
@@ -297,10 +304,7 @@ void PageCopier::run_sliced(PageStrategy s, const std::vector<PitchedCopy>& copi
                             cudaStream_t stream) {
   const auto slices = slice_copies(copies, slice_bytes);
   if (slices.size() <= 1) {
-    if (s == PageStrategy::kPerPage)
-      dma::copy_rows_one_by_one(stream, copies);
-    else
-      dma::copy_pitched(stream, copies, any_order);
+    submit(s, stream, copies, any_order);
     return;
   }
   for (cudaStream_t st : slice_streams_) engines_->order(stream, st);
@@ -309,10 +313,7 @@ void PageCopier::run_sliced(PageStrategy s, const std::vector<PitchedCopy>& copi
       cudaStream_t st = slice_streams_[k % kSliceStreams];
       if (k >= kSlicesQueued)
         FERRY_CUDA_CHECK(cudaStreamWaitEvent(st, slice_done_[(k - kSlicesQueued) % kSliceStreams], 0));
-      if (s == PageStrategy::kPerPage)
-        dma::copy_rows_one_by_one(st, slices[k]);
-      else
-        dma::copy_pitched(st, slices[k], any_order);
+      submit(s, st, slices[k], any_order);
       FERRY_CUDA_CHECK(cudaEventRecord(slice_done_[k % kSliceStreams], st));
     }
   } catch (...) {
@@ -563,10 +564,7 @@ void PreparedPages::arm(cudaStream_t after) {
   armed_ = true;
   opened_ = false;
   ran_ = true;
-  if (strategy_ == PageStrategy::kPerPage)
-    dma::copy_rows_one_by_one(stream_, copies_);
-  else
-    dma::copy_pitched(stream_, copies_);
+  submit(strategy_, stream_, copies_, false);
   FERRY_CUDA_CHECK(cudaEventRecord(finished_, stream_));
   for (const auto& p : pools_) p->note_use(stream_);
 }
