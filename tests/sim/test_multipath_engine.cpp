@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <thread>
 #include <vector>
@@ -37,6 +38,15 @@ std::string error_text(F&& f) {
   return "";
 }
 
+// Once a test gave up waiting for a stream (drained() false), the engine may
+// still be copying into that stream's buffers: a real cudaFree waits for the
+// device's work, the fake's frees at once, and the copies' memmoves would then
+// write freed heap. From then on the test's buffers are freed in TearDown,
+// after its engines were closed (their threads joined, their links drained).
+std::atomic<bool> gave_up{false};
+std::mutex deferred_mu;
+std::vector<void*> deferred;
+
 struct Buf {
   void* p = nullptr;
   size_t n = 0;
@@ -49,7 +59,14 @@ struct Buf {
       cudaSetDevice(0);
     }
   }
-  ~Buf() { cudaFree(p); }
+  ~Buf() {
+    if (!gave_up) {
+      cudaFree(p);
+      return;
+    }
+    std::lock_guard<std::mutex> lock(deferred_mu);
+    deferred.push_back(p);
+  }
   unsigned char* b() const { return static_cast<unsigned char*>(p); }
 };
 
@@ -67,7 +84,10 @@ void fill(const Buf& b, unsigned seed) {
 bool drained(cudaStream_t s, double limit_s = 10) {
   const auto t0 = std::chrono::steady_clock::now();
   while (cudaStreamQuery(s) == cudaErrorNotReady) {
-    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > limit_s) return false;
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > limit_s) {
+      gave_up = true;
+      return false;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   return true;
@@ -149,6 +169,12 @@ void times_out_letting_the_stream_go(const std::vector<int>& links, const sim::F
 class MultipathSim : public ::testing::Test {
  protected:
   void SetUp() override { sim::reset(3); }
+  void TearDown() override {
+    std::lock_guard<std::mutex> lock(deferred_mu);
+    for (void* p : deferred) cudaFree(p);
+    deferred.clear();
+    gave_up = false;
+  }
 };
 
 }  // namespace
