@@ -559,8 +559,8 @@ bool MultipathEngine::second_hop(const Hop& h) {
     DeviceScope on(L.device);
     cudaStream_t first = h.t->to_device ? L.host : L.nvlink;
     cudaStream_t second = h.t->to_device ? L.nvlink : L.host;
+    if (!L.clock.empty()) clock_mark(L.clock[h.slot][1], first);  // before `hop`, which `landed` follows
     cudaError_t e = cudaEventRecord(L.hop[h.slot], first);
-    if (!L.clock.empty()) clock_mark(L.clock[h.slot][1], first);
     if (e == cudaSuccess) e = cudaStreamWaitEvent(second, L.hop[h.slot], 0);
     if (e == cudaSuccess) e = cudaMemcpyAsync(h.dst, L.staging[h.slot], h.a.chunk.bytes, cudaMemcpyDefault, second);
     if (e == cudaSuccess && !L.clock.empty()) clock_mark(L.clock[h.slot][2], second);  // before `landed`
