@@ -1,21 +1,60 @@
-#include "symm/barrier_kernel.hpp"
+#include <atomic>
 
 #include "ferry/device/sync.cuh"
 #include "ferry/device/team.cuh"
+#include "symm/barrier_kernel.hpp"
 
 namespace ferry {
 namespace {
 
 // A timeout leaves the fault word; heap.check() raises it naming the peer.
+//
+// Launched as a programmatic dependent (PDL): the block is made resident while
+// the kernel before it on the stream still runs, and waits in
+// griddepcontrol.wait until that kernel finished and its writes are visible,
+// so the stream's order is kept and only the launch's latency overlaps. It
+// lets the next such launch in at once for the same reason: that one waits too.
 __global__ void world_barrier_kernel(device::Heap h, bool armed) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
   if (armed) device::barrier<device::Scope::kWarp>(h, device::world_team(h));
+}
+
+// Programmatic launches need compute capability 9.0; older GPUs get a plain one.
+bool programmatic_launch(int device) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> major[kMaxDevices] = {};  // 0: not asked yet
+  if (device < 0 || device >= kMaxDevices) return false;
+  int m = major[device].load(std::memory_order_relaxed);
+  if (m == 0) {
+    if (cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    major[device].store(m, std::memory_order_relaxed);
+  }
+  return m >= 9;
 }
 
 }  // namespace
 
 cudaError_t launch_barrier_kernel(const device::Heap& h, cudaStream_t stream, bool armed) {
-  world_barrier_kernel<<<1, 32, 0, stream>>>(h, armed);
-  return cudaGetLastError();
+  int device = -1;
+  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(1);
+  config.blockDim = dim3(32);
+  config.stream = stream;
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  if (programmatic_launch(device)) {
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&config, world_barrier_kernel, h, armed);
 }
 
 }  // namespace ferry

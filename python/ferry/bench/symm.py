@@ -231,6 +231,7 @@ def _load(path: str):
         ("bench_barrier_reference_acquire_poll", [P, I, P, P]),
         ("bench_all_reduce", [P, P, P, U, I, I, I, P, P]),
         ("bench_grid_barrier", [P, I, I, P, P]),
+        ("bench_stream_barrier_plain", [P, P, P]),
         ("bench_two_shot_data", [P, P, P, U, I, I, I, P]),
         ("bench_all_reduce_threads", [P, P, P, U, I, I, I, I, P, P]),
     ):
@@ -589,6 +590,18 @@ def run(opts: dict, progress=print) -> dict:
             ahead_us=ahead,
         )
         records.append(record("barrier", impl, W, 0, t / iters, "stream", gpu, date))
+    # "-reference-plain-launch": the kernel form's barrier launched without PDL (bench code), for the A/B.
+    for ahead, impl in ((0.0, "ferry-stream-kernel-reference-plain-launch"),
+                        (AHEAD_US, "ferry-stream-kernel-ahead-reference-plain-launch")):  # fmt: skip
+        t = R.timed(
+            lambda i, s: [
+                _ok(lib.bench_stream_barrier_plain(R.handles[i], oks[i].data_ptr(), s.cuda_stream))
+                for _ in range(iters)
+            ],
+            reps,
+            ahead_us=ahead,
+        )
+        records.append(record("barrier", impl, W, 0, t / iters, "stream", gpu, date))
     got = {(r["op"], r["impl"]): r["time_us"] for r in records}
     progress(
         f"signal half round trip {got['signal_half_rtt', 'ferry-device']:.2f} us (p: "
@@ -597,7 +610,9 @@ def run(opts: dict, progress=print) -> dict:
         f"{got['barrier', 'ferry-device']:.2f} us (polled as before: {got['barrier', 'ferry-device-reference-relaxed-poll']:.2f}, "
         f"that with acquire polls: {got['barrier', 'ferry-device-reference-acquire-poll']:.2f}), "
         f"on a stream {got['barrier', 'ferry-stream']:.2f} us ({got['barrier', 'ferry-stream-ahead']:.2f} us queued "
-        f"ahead; kernel form {got['barrier', 'ferry-stream-kernel']:.2f}, {got['barrier', 'ferry-stream-kernel-ahead']:.2f})"
+        f"ahead; kernel form {got['barrier', 'ferry-stream-kernel']:.2f}, {got['barrier', 'ferry-stream-kernel-ahead']:.2f}; "
+        f"launched plainly {got['barrier', 'ferry-stream-kernel-reference-plain-launch']:.2f}, "
+        f"{got['barrier', 'ferry-stream-kernel-ahead-reference-plain-launch']:.2f})"
     )
 
     # bf16 all-reduce by size.

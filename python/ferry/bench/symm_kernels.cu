@@ -208,6 +208,12 @@ __global__ void barrier_kernel(Heap h, int iters, int* ok) {
     }
 }
 
+// barrier_on_stream's kernel form as a plain launch, one barrier a launch:
+// the reference for its programmatic (PDL) launch.
+__global__ void stream_barrier_plain_kernel(Heap h, int* ok) {
+  if (!barrier<Scope::kWarp>(h, world_team(h)) && threadIdx.x == 0) *ok = 0;
+}
+
 // Where a two-shot all-reduce's time goes (an experiment: --two-shot-phases):
 // its grid-wide barrier alone, and its data phase alone (reduce this rank's
 // part from every member's src, push it into every member's dst) with no
@@ -296,6 +302,11 @@ int bench_barrier_reference_acquire_poll(const void* heap, int iters, int* ok, c
 
 int bench_barrier(const void* heap, int iters, int* ok, cudaStream_t s) {
   barrier_kernel<<<1, 32, 0, s>>>(heap_from_bytes(heap), iters, ok);
+  return cudaGetLastError();
+}
+
+int bench_stream_barrier_plain(const void* heap, int* ok, cudaStream_t s) {
+  stream_barrier_plain_kernel<<<1, 32, 0, s>>>(heap_from_bytes(heap), ok);
   return cudaGetLastError();
 }
 
