@@ -73,8 +73,12 @@ def main():
                 evs.append((a, b))
         return evs
 
+    def sync_all():
+        for d in range(n):
+            torch.cuda.synchronize(d)
+
     def report(label, evs, background_end=None):
-        torch.cuda.synchronize()
+        sync_all()
         rates = [PEER / (a.elapsed_time(b) * 1e-3) / 1e9 for a, b in evs]
         inside = ""
         if background_end is not None:
@@ -95,7 +99,7 @@ def main():
     def beside(label, background):
         """`background()` queues work and returns an event recorded after its
         last piece on GPU 1, or None where that is not GPU 1's."""
-        torch.cuda.synchronize()
+        sync_all()
         end = background()
         evs = peer_copies("memcpy")
         report(label, evs, end)
@@ -129,7 +133,7 @@ def main():
         eng = mp.Engine(devices=[0, 1], own_link_first=own_first)
         s0 = torch.cuda.Stream(0)
         eng.copy(bulk[0], host, stream=s0)  # warm-up: the relays' first chunks
-        torch.cuda.synchronize()
+        sync_all()
         before = eng.bytes_by_link()
 
         def engine_copies(eng=eng, s0=s0):

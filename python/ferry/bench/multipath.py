@@ -49,6 +49,7 @@ from .report import _pyplot, format_size, parse_size, save_figure, size_range
 
 OPS = {"h2d": "multipath_h2d", "d2h": "multipath_d2h"}
 LEAD_S = 0.02  # contention: the background's head start
+PEER_HOLD_S = 0.1  # contention: how long the peer copies wait for the host to queue them all
 
 
 def record(op, impl, nbytes, paths, time_us, aggregate_gbps, host_us, cpu_us, gpu, date) -> dict:
@@ -504,37 +505,73 @@ def contention(
                         "foreign_gbps": round(bg_gbps, 2), "aggregate_gbps": round(aggregate, 2),
                         "share_of_left": round(fg_gbps / left, 3), "link_shares": shares, "gpu": gpu,
                         "date": date})  # fmt: skip
-    # The peer copy runs on GPU 1's stream (torch copies between GPUs on the
-    # source's current stream) fenced with GPU 0's current stream p, where the
-    # window's events are: every event of a window on one GPU.
-    # Peer copies of 16 MB (a few tens of microseconds each over NVLink), enough
-    # of them to outlast the head start and the engine's copies, so that the
-    # ones completing inside the window measure its rate closely.
+    # The peer copies are one cudaMemcpyAsync each on a stream of GPU 1, held
+    # by a sleep until the host has queued them all: queued one by one as the
+    # GPU ran them, they ended as fast as the host queued them, before the
+    # engine's copies began (0-10 GB/s "beside" on hosts with a slow CPU).
+    # Every event of the window is on GPU 1: the foreground's start and end
+    # are GPU 0's stream s seen from a GPU 1 stream that waits for it.
+    # 16 MB each (a few tens of microseconds over NVLink), enough of them to
+    # outlast the head start and the engine's copies.
+    rt = Runtime()
+    rt.enable_peer_access([0, 1])
     peer_bytes = min(nbytes, 16 << 20)
-    peer_count = int((LEAD_S + reps * nbytes / 50e9 + 0.01) * 300e9 / peer_bytes) + 1
+    peer_count = int((LEAD_S + reps * nbytes / 50e9 + 0.01) * 350e9 / peer_bytes) + 1
     peer_src = torch.empty(peer_bytes, dtype=torch.uint8, device="cuda:1")
     peer_dst = torch.empty(peer_bytes, dtype=torch.uint8, device="cuda:0")
-    p, p1 = torch.cuda.Stream(0), torch.cuda.Stream(1)
+    p1, q1 = torch.cuda.Stream(1), torch.cuda.Stream(1)
+    hold_cycles = int(PEER_HOLD_S * torch.cuda.get_device_properties(1).clock_rate * 1e3)
+    with torch.cuda.device(1), torch.cuda.stream(p1):
+        torch.cuda._sleep(1)  # loaded before it holds a stream
+    rt.copy(peer_dst.data_ptr(), peer_src.data_ptr(), peer_bytes, p1)  # warm-up
 
-    def peer():
-        with torch.cuda.stream(p), torch.cuda.stream(p1):
-            peer_dst.copy_(peer_src, non_blocking=True)
+    def peer_window(count, foreground=None):
+        """`count` peer copies held until queued, then (LEAD_S after they began)
+        `reps` foreground copies: (GB/s of the peer copies that ended inside the
+        foreground's window, or over all of them without a foreground)."""
+        for d in (0, 1):
+            torch.cuda.synchronize(d)
+        with torch.cuda.device(1):
+            with torch.cuda.stream(p1):
+                torch.cuda._sleep(hold_cycles)
+            t0 = timed(p1)
+            marks = []
+            for _ in range(count):
+                rt.copy(peer_dst.data_ptr(), peer_src.data_ptr(), peer_bytes, p1)
+                marks.append(timed(p1))
+        if foreground is None:
+            for d in (0, 1):
+                torch.cuda.synchronize(d)
+            return count * peer_bytes / (t0.elapsed_time(marks[-1]) * 1e-3) / 1e9
+        s.wait_event(t0)
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(lead_cycles)
+        start = torch.cuda.Event()
+        start.record(s)
+        q1.wait_event(start)
+        a = timed(q1)
+        for _ in range(reps):
+            foreground()
+        end = torch.cuda.Event()
+        end.record(s)
+        q1.wait_event(end)
+        b = timed(q1)
+        for d in (0, 1):
+            torch.cuda.synchronize(d)
+        lo, hi = t0.elapsed_time(a), t0.elapsed_time(b)
+        inside = sum(1 for e in marks if lo < t0.elapsed_time(e) <= hi)
+        return inside * peer_bytes / (max(hi - lo, 1e-6) * 1e-3) / 1e9
 
-    torch.cuda.synchronize()
-    peer()  # warm-up
-    a = timed(p)
-    for _ in range(50):
-        peer()
-    b = timed(p)
-    torch.cuda.synchronize()
-    alone = 50 * peer_bytes / (a.elapsed_time(b) * 1e-3) / 1e9
+    alone = peer_window(50)
     for own_first in (True, False):
         eng = mp.Engine(devices=[0, 1], own_link_first=own_first)
+        eng.copy(dev, host, stream=s)  # the relays' first chunks, outside the window
+        s.synchronize()
 
         def fg(eng=eng):
             eng.copy(dev, host, stream=s)
 
-        _, beside = window(p, peer, fg, count=peer_count, bg_bytes=peer_bytes)
+        beside = peer_window(peer_count, fg)
         eng.close()
         impl = "own-link-first" if own_first else "relay-first"
         progress(f"GPU 1 -> GPU 0 peer copy: alone {alone:.1f} GB/s, beside ferry ({impl}) {beside:.1f}")
