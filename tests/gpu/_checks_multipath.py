@@ -436,3 +436,63 @@ def test_a_first_kernel_launch_while_a_copy_holds_the_stream_never_hangs():
     )
     print(run.stdout.strip())
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]
+
+
+TWO_PROGRAMS = r"""
+import os, sys, time, torch, ferry.multipath as mp
+rank, folder = int(sys.argv[1]), sys.argv[2]
+n_gpu = torch.cuda.device_count()
+target = rank % n_gpu
+devices = list(range(n_gpu))
+e = mp.Engine(devices=devices, loopback=2 if n_gpu == 1 else 0, chunk_bytes=(1 << 20) + 4097,
+              min_bytes=1 << 20, timeout=20)
+open(os.path.join(folder, f"ready-{rank}"), "w").close()
+t = time.monotonic()
+while len([f for f in os.listdir(folder) if f.startswith("ready-")]) < 2:  # both copy at once
+    if time.monotonic() - t > 60:
+        sys.exit("the other program never got ready")
+    time.sleep(0.001)
+g = torch.Generator().manual_seed(70 + rank)
+stream = torch.cuda.Stream(target)
+for i, n in enumerate([(37 << 20) + rank, 3 << 20, (64 << 20) + 5, (9 << 20) + 4097] * 3):
+    src = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g).pin_memory()
+    dst = torch.full((n,), 0xA5, dtype=torch.uint8, device=f"cuda:{target}")
+    back = torch.full((n,), 0x5A, dtype=torch.uint8).pin_memory()
+    assert e.copy(dst, src, stream=stream)["multipath"]
+    assert e.copy(back, dst, stream=stream)["multipath"]
+    stream.synchronize()
+    e.check()
+    if not torch.equal(back, src):
+        sys.exit(f"program {rank}: copy {i} of {n} bytes came back wrong")
+print(f"program {rank} ok, bytes by link {e.bytes_by_link()}")
+e.close()
+"""
+
+
+def test_two_programs_copying_at_once_byte_exact(tmp_path):
+    """Two processes, each with its own engine over every GPU (loopback relays
+    on one GPU), copying into and out of their own GPU at the same time: each
+    other's chunks are foreign copies on the shared links."""
+    import subprocess
+    import sys
+
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", TWO_PROGRAMS, str(r), str(tmp_path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=150)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise AssertionError("a program did not finish in 150 s")
+    for p, out in zip(procs, outs):
+        print(out.strip().splitlines()[-1] if out.strip() else "")
+        assert p.returncode == 0, out[-3000:]

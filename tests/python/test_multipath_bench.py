@@ -79,3 +79,26 @@ def test_engine_variants_are_labelled_and_parsed():
     assert impl_label({"impl": "ferry-loopback", "paths": 1}) == "ferry-loopback"
     assert parse_args(["--head", "4M"]).head == "4M"
     assert parse_args(["--own-share"]).own_share and not parse_args([]).own_share
+
+
+def test_bytes_at_joins_the_copies_ends_by_straight_lines():
+    from ferry.bench.multipath import _bytes_at
+
+    ends = [1.0, 2.0, 4.0]  # three copies of 10 bytes, started at 0
+    assert _bytes_at(-1.0, 0.0, ends, 10) == 0.0
+    assert _bytes_at(0.5, 0.0, ends, 10) == 5.0
+    assert _bytes_at(3.0, 0.0, ends, 10) == 25.0
+    assert _bytes_at(9.0, 0.0, ends, 10) == 30.0
+
+
+def test_programs_table_sums_the_programs_and_gives_the_evenness():
+    from ferry.bench.multipath import programs_table
+
+    rows = [
+        {"op": "multipath_programs", "impl": "ferry", "direction": "h2d", "program": i, "gbps": g,
+         "aggregate_gbps": 160.0}
+        for i, g in ((0, 80.0), (1, 60.0))
+    ]  # fmt: skip
+    text = programs_table(rows)
+    assert "80.0 + 60.0 = 140.0 GB/s" in text and "88% of all links at once" in text and "0.75" in text
+    assert programs_table([]) == ""

@@ -21,6 +21,12 @@ What it measures, per direction (host to GPU 0, GPU 0 to host) and size:
 --contention adds a foreign copy hogging GPU 0's link in each direction
 (ferry's share of the capacity left) and an unrelated GPU 1 -> GPU 0 peer copy
 beside ferry with and without own link first.
+--programs N runs N processes at once, process i copying between its own
+pinned memory and GPU i, each with an engine over every GPU (and, for
+comparison, each with the plain copy): each one's GB/s while all of them ran,
+their sum against all links at once, and how evenly they shared:
+{op: "multipath_programs", impl, direction, bytes, programs, program, gbps,
+series_gbps, aggregate_gbps, gpu, date}.
 Time: CUDA events on the caller's stream around one copy (the engine's start
 event and gate included), the median of --reps after one warm-up; graphs off.
 host_us is the caller's time in the call; cpu_us the process's CPU time per
@@ -162,6 +168,22 @@ def contention_table(records: Sequence[dict]) -> str:
                 f"GPU 1 -> GPU 0 peer copy: alone {r['alone_gbps']:.1f} GB/s, beside ferry ({r['impl']}) {r['gbps']:.1f}"
             )
     return ("# contention\n" + "\n".join(lines) + "\n") if lines else ""
+
+
+def programs_table(records: Sequence[dict]) -> str:
+    """The --programs case, one line per direction and impl."""
+    lines = []
+    for key in sorted({(r["direction"], r["impl"]) for r in records}):
+        rows = sorted((r for r in records if (r["direction"], r["impl"]) == key), key=lambda r: r["program"])
+        total = sum(r["gbps"] for r in rows)
+        agg = rows[0]["aggregate_gbps"]
+        lines.append(
+            f"{len(rows)} programs at once ({key[0]}), {key[1]}: "
+            + " + ".join(f"{r['gbps']:.1f}" for r in rows)
+            + f" = {total:.1f} GB/s while all ran ({total / agg:.0%} of all links at once, {agg:.1f}); "
+            f"lowest / highest {min(r['gbps'] for r in rows) / max(max(r['gbps'] for r in rows), 1e-9):.2f}"
+        )
+    return ("# programs\n" + "\n".join(lines) + "\n") if lines else ""
 
 
 def plot(records: Sequence[dict], path: str, title: str) -> bool:
@@ -580,6 +602,128 @@ def contention(
     return out
 
 
+def _program(index: int, nbytes: int, reps: int, start, results) -> None:
+    """One process of --programs: between its pinned memory and GPU `index`,
+    for each impl (plain, ferry over every GPU) and direction, `reps` copies
+    of `nbytes` queued at once after every process is ready (`start`, a
+    barrier), each copy's end seen by the host on the system's monotonic clock,
+    which every process shares; the bytes checked after each series. Puts
+    (index, impl, direction, start time, [end times], error or "") on
+    `results`."""
+    import torch
+
+    import ferry.multipath as mp
+
+    eng = None
+    try:
+        torch.cuda.set_device(index)
+        eng = mp.Engine(devices=list(range(torch.cuda.device_count())), head_bytes=0)
+        g = torch.Generator().manual_seed(1000 + index)
+        src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=g).pin_memory()
+        out = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+        dev = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{index}")
+        stream = torch.cuda.Stream(index)
+        for impl in ("plain", "ferry"):
+            for direction in OPS:
+                dst, src_ = (dev, src) if direction == "h2d" else (out, dev)
+
+                def one(dst=dst, src_=src_, impl=impl):
+                    if impl == "ferry":
+                        eng.copy(dst, src_, stream=stream)
+                    else:
+                        with torch.cuda.stream(stream):
+                            dst.copy_(src_, non_blocking=True)
+
+                if direction == "d2h":
+                    dev.copy_(src)
+                one()  # warm-up
+                stream.synchronize()
+                dst.fill_(0xA5)
+                torch.cuda.synchronize(index)
+                start.wait(timeout=300)
+                ends = [torch.cuda.Event() for _ in range(reps)]
+                t0 = time.monotonic()
+                for e in ends:
+                    one()
+                    e.record(stream)
+                times = []
+                for e in ends:
+                    while not e.query():
+                        time.sleep(20e-6)
+                    times.append(time.monotonic())
+                eng.check()
+                got = dev.cpu() if direction == "h2d" else out
+                wrong = "" if torch.equal(got, src) else f"program {index}: {impl} {direction}: wrong bytes"
+                results.put((index, impl, direction, t0, times, wrong))
+    except Exception as e:  # the parent names it; a program that dies says why
+        results.put((index, "", "", 0.0, [], f"program {index}: {type(e).__name__}: {e}"))
+    finally:
+        if eng is not None:
+            eng.close()
+
+
+def _bytes_at(t: float, t0: float, ends: Sequence[float], nbytes: int) -> float:
+    """Bytes a series had moved by time t: its copies' ends joined by straight lines from (t0, 0)."""
+    pts = [(t0, 0.0)] + [(e, (k + 1) * float(nbytes)) for k, e in enumerate(ends)]
+    if t <= pts[0][0]:
+        return 0.0
+    for (ta, ba), (tb, bb) in zip(pts, pts[1:]):
+        if t <= tb:
+            return ba + (bb - ba) * (t - ta) / max(tb - ta, 1e-12)
+    return pts[-1][1]
+
+
+def programs(count: int, nbytes: int, reps: int, aggregates: dict, gpu: str, date: str, progress=print):
+    """--programs: `count` processes at once, process i copying into and out of
+    GPU i (_program). Each one's GB/s is its bytes between the last program's
+    start and the first program's end of series, over that window: the time
+    all of them ran. Returns (records, failures)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    start, results = ctx.Barrier(count), ctx.Queue()
+    procs = [ctx.Process(target=_program, args=(i, nbytes, reps, start, results)) for i in range(count)]
+    for p in procs:
+        p.start()
+    got, failures = {}, []
+    try:
+        for _ in range(count * 2 * len(OPS)):
+            index, impl, direction, t0, ends, wrong = results.get(timeout=600)
+            if not impl:
+                failures.append(wrong)
+                break
+            if wrong:
+                failures.append(wrong)
+            got.setdefault((impl, direction), {})[index] = (t0, ends)
+    except Exception as e:  # queue.Empty: a program hung
+        failures.append(f"programs: no result within 600 s ({type(e).__name__})")
+    finally:
+        start.abort()
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    out = []
+    for (impl, direction), series in got.items():
+        if len(series) != count:
+            continue
+        lo = max(t0 for t0, _ in series.values())
+        hi = min(ends[-1] for _, ends in series.values())
+        agg = aggregates[direction][max(aggregates[direction])]
+        for index, (t0, ends) in sorted(series.items()):
+            moved = _bytes_at(hi, t0, ends, nbytes) - _bytes_at(lo, t0, ends, nbytes)
+            gbps = moved / max(hi - lo, 1e-9) / 1e9
+            out.append({"op": "multipath_programs", "impl": impl, "direction": direction, "bytes": nbytes,
+                        "programs": count, "program": index, "gbps": round(gbps, 2),
+                        "series_gbps": round(reps * nbytes / max(ends[-1] - t0, 1e-9) / 1e9, 2),
+                        "window_ms": round((hi - lo) * 1e3, 2), "aggregate_gbps": round(agg, 2),
+                        "gpu": gpu, "date": date})  # fmt: skip
+    table = programs_table(out)
+    if table:
+        progress(table.rstrip())
+    return out, failures
+
+
 def run(opts: dict, progress=print) -> dict:
     import torch
 
@@ -588,6 +732,8 @@ def run(opts: dict, progress=print) -> dict:
     n_gpu = torch.cuda.device_count()
     if n_gpu == 0:
         raise SystemExit("ferry.bench.multipath needs a GPU")
+    if opts.get("programs", 0) > n_gpu or opts.get("programs", 0) == 1:
+        raise SystemExit(f"--programs: {opts['programs']}; expected 2 to {n_gpu} (one GPU each)")
     gpu = torch.cuda.get_device_name(0)
     date = datetime.date.today().isoformat()
     sizes = size_range(opts["min_bytes"], opts["max_bytes"], opts["factor"])
@@ -686,6 +832,11 @@ def run(opts: dict, progress=print) -> dict:
         extra = contention(torch, ferry_engines, min(top, 256 << 20), reps, link_aggs, gpu, date, progress)
     for e in engines.values():
         e.close()
+    together = []
+    if opts.get("programs", 0) >= 2:
+        together, bad = programs(opts["programs"], min(top, 256 << 20), max(reps, 8), link_aggs, gpu, date,
+                                 progress)  # fmt: skip
+        failures += bad
     sleeps = []
     for name in opts.get("sleep_models", []):
         got, bad = sleep_wake(torch, name, reps, gpu, date, progress)
@@ -698,6 +849,7 @@ def run(opts: dict, progress=print) -> dict:
         "records": records,
         "sleep": sleeps,
         "contention": extra,
+        "programs": together,
         "failures": failures,
     }
 
@@ -734,6 +886,12 @@ def parse_args(argv=None):
         action="store_true",
         help="also the engines with own_share_on_stream on and off, side by side",
     )
+    p.add_argument(
+        "--programs",
+        type=int,
+        default=0,
+        help="also N processes at once, process i copying to and from GPU i over every link (N <= GPUs)",
+    )
     p.add_argument("--tag", default="")
     return p.parse_args(argv)
 
@@ -752,6 +910,7 @@ def main(argv=None) -> int:
         "contention": args.contention,
         "head": parse_size(args.head) if args.head not in ("", "0") else 0,
         "own_share": args.own_share,
+        "programs": args.programs,
     }
     for m in opts["sleep_models"]:
         if m not in SLEEP_MODELS:
@@ -761,6 +920,7 @@ def main(argv=None) -> int:
         format_table(result["records"])
         + sleep_table(result["sleep"])
         + contention_table(result["contention"])
+        + programs_table(result["programs"])
     )
     print(table)
     for f in result["failures"]:
