@@ -150,7 +150,8 @@ MultipathScheduler::MultipathScheduler(int links, MultipathPolicy policy)
       probing_(links, std::vector<bool>(kLanes, false)),
       probe_sent_(links, std::vector<double>(kLanes, 0.0)),
       late_(links, std::vector<bool>(kLanes, false)),
-      resort_(links, std::vector<bool>(kLanes, false)) {
+      resort_(links, std::vector<bool>(kLanes, false)),
+      reserved_(links, std::vector<bool>(kLanes, false)) {
   FERRY_ARG_CHECK(links >= 1, "links must be at least 1");
   FERRY_ARG_CHECK(policy_.outstanding >= 1, "outstanding must be at least 1");
   FERRY_ARG_CHECK(policy_.may_relay.empty() || static_cast<int>(policy_.may_relay.size()) == links,
@@ -252,7 +253,7 @@ bool MultipathScheduler::carries_own(int link, int lane) const {
   const std::deque<Queued>& w = waiting_[queue_of(link, lane)];
   if (!(w.empty() ? policy_.own_share_on_stream : own_on_stream_[w.front().transfer])) return true;
   for (int j = 0; j < links(); ++j)
-    if (j != link && (policy_.may_relay.empty() || policy_.may_relay[j])) return false;
+    if (j != link && relays(j, lane)) return false;
   return true;
 }
 
@@ -307,16 +308,16 @@ bool MultipathScheduler::usable(int link, int q, double now) const {
 
 int MultipathScheduler::pick(int link, double now) const {
   int from = -1;
-  const bool relays = policy_.may_relay.empty() || policy_.may_relay[link];
+  const bool may_relay = policy_.may_relay.empty() || policy_.may_relay[link];  // serves() says in which lanes
   auto longer = [&](int q) {
     return from < 0 ||
            (policy_.pick == MultipathPolicy::Pick::kLongestQueue && waiting_[q].size() > waiting_[from].size());
   };
   if (policy_.own_link_first ||
-      !relays)  // its own GPU's transfers first (a link that may not relay carries only those)
+      !may_relay)  // its own GPU's transfers first (a link that may not relay carries only those)
     for (int lane = 0; lane < kLanes; ++lane)
       if (const int q = queue_of(link, lane); carries_own(link, lane) && usable(link, q, now) && longer(q)) from = q;
-  if (from < 0 && relays) {
+  if (from < 0 && may_relay) {
     // A relay: from the longest queue (fewest chunks left over for the other
     // links to relay), or the first in order.
     for (int q = 0; q < static_cast<int>(waiting_.size()); ++q) {
@@ -553,9 +554,24 @@ std::vector<SimResult> simulate_processes(const std::vector<LinkModel>& links,
       head_done[l] =
           serve_until(links[l], std::max(now, free_at[l]), static_cast<double>(queue[l].front().a.chunk.bytes));
   };
+  // The link board (MultipathPolicy::board): a link is reserved for process
+  // p while another process copies to or from its GPU, and for
+  // kMultipathBoardHoldS after, as an engine's post outlives its last renewal.
+  auto read_board = [&](size_t p, double now) {
+    if (!policy.board || procs < 2) return;
+    for (int l = 0; l < n; ++l) {
+      bool busy = false;
+      for (size_t q = 0; q < procs && !busy; ++q)
+        for (size_t k = 0; q != p && k < added[q] && !busy; ++k)
+          busy = processes[q][k].target == l &&
+                 (!sched[q].done(static_cast<int>(k)) || r[q].finish_by_transfer[k] + kMultipathBoardHoldS > now);
+      sched[p].reserve(l, 0, busy);
+    }
+  };
   // As the engine feeds the links: every link probes where it should, then
   // every link takes chunks, starting from link `first`.
   auto refill = [&](size_t p, int first, double now) {
+    read_board(p, now);
     for (int i = 0; i < n; ++i) {
       const int l = (first + i) % n;
       for (int lane; (lane = sched[p].start_probe(l, now)) >= 0;) {

@@ -133,6 +133,11 @@ MultipathRoute route_multipath(MemKind dst, int dst_device, MemKind src, int src
 // relay through the same GPU.
 int own_link(const std::vector<int>& link_devices, int device);
 
+// How long a post on the link board (MultipathPolicy::board) lasts after its
+// engine last renewed it: longer than the gap between two copies of a stream
+// of them, short enough that a link freed by its program relays again soon.
+constexpr double kMultipathBoardHoldS = 1e-3;
+
 // Which links may carry relays, and how a link picks among waiting targets.
 struct MultipathPolicy {
   int outstanding = 2;          // chunks in flight per link (2 balanced best in published multipath measurements)
@@ -155,6 +160,12 @@ struct MultipathPolicy {
   // the copy's own chunks behind the gate that waits for them (the LD_PRELOAD
   // hazard, docs/multipath.md). Static for the own link, dynamic for the rest.
   bool own_share_on_stream = false;
+  // Other programs' own copies first: a link whose GPU another engine is
+  // copying to or from in a lane (as the link board says, src/xfer/link_board.hpp)
+  // relays nothing in that lane, so that where every GPU's program copies
+  // its own data at once each keeps its own link. The engine reads the
+  // board and calls reserve(); the simulation models it between processes.
+  bool board = true;
 };
 
 // One chunk given to a link: the transfer's target GPU and whether it relays.
@@ -258,6 +269,11 @@ class MultipathScheduler {
   void give_back(int link);
   // `link` relays nothing more (it failed to take work).
   void stop_relaying(int link);
+  // `link`'s GPU is being copied to or from in `lane` by another program
+  // (`on`), or no longer: while on, `link` takes no relay chunks in that lane
+  // and probes for none; it still carries its own GPU's.
+  void reserve(int link, int lane, bool on) { reserved_.at(link).at(lane) = on; }
+  bool reserved(int link, int lane) const { return reserved_.at(link).at(lane); }
   bool waiting(int target) const {
     for (int lane = 0; lane < kLanes; ++lane)
       if (!waiting_.at(queue_of(target, lane)).empty()) return true;
@@ -291,7 +307,11 @@ class MultipathScheduler {
   // `link` may carry `target`'s chunks in `lane`: its own, or as a relay.
   bool serves(int link, int target, int lane) const {
     if (link == target) return carries_own(link, lane);
-    return policy_.may_relay.empty() || policy_.may_relay[link];
+    return relays(link, lane);
+  }
+  // `link` may carry other GPUs' chunks in `lane`.
+  bool relays(int link, int lane) const {
+    return (policy_.may_relay.empty() || policy_.may_relay[link]) && !reserved_[link][lane];
   }
   // `link` carries its own GPU's next chunk in `lane`: always, except where
   // that chunk's transfer has its own share on the caller's stream and
@@ -312,6 +332,7 @@ class MultipathScheduler {
   std::vector<std::vector<double>> probe_sent_;  // by link and lane: when it was sent
   std::vector<std::vector<bool>> late_;          // by link and lane: the last probe came back late
   std::vector<std::vector<bool>> resort_;        // by link and lane: took chunks while held, until a prompt probe
+  std::vector<std::vector<bool>> reserved_;      // by link and lane: another program copies its GPU's own data
   std::vector<size_t> remaining_;                // chunks not yet landed, by transfer
 };
 
