@@ -1,0 +1,117 @@
+// The link board (src/xfer/link_board.hpp): posts seen by other engines and
+// not by their own, by GPU and lane, until they lapse; across processes; a
+// full board and a board of another layout.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+
+#include "xfer/link_board.hpp"
+
+using ferry::xfer::GpuId;
+using ferry::xfer::LinkBoard;
+
+namespace {
+
+GpuId gpu(uint8_t n) {
+  GpuId g{};
+  g.fill(0x11);
+  g[15] = n;
+  return g;
+}
+
+// A board of the test's own, gone afterwards.
+struct Named {
+  std::string name = "/ferry-link-board-test-" + std::to_string(getpid()) + "-" +
+                     ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  ~Named() { shm_unlink(name.c_str()); }
+};
+
+std::unique_ptr<LinkBoard> open_board(const std::string& name) {
+  std::string why;
+  auto b = LinkBoard::open(name, &why);
+  EXPECT_TRUE(b) << why;
+  return b;
+}
+
+constexpr int64_t kSecond = 1000000000;
+
+}  // namespace
+
+TEST(LinkBoard, APostIsSeenByOtherEnginesOnlyAndLapses) {
+  Named n;
+  auto a = open_board(n.name), b = open_board(n.name);
+  ASSERT_TRUE(a && b);
+  const uint64_t ta = LinkBoard::new_token(), tb = LinkBoard::new_token();
+  ASSERT_NE(ta, tb);
+  const int64_t now = LinkBoard::now_ns();
+  ASSERT_TRUE(a->post(gpu(0), 0, ta, now + kSecond));
+  auto seen = b->busy({gpu(0), gpu(1)}, tb, now);
+  EXPECT_TRUE(seen[0][0]);
+  EXPECT_FALSE(seen[0][1]);  // the other direction is free
+  EXPECT_FALSE(seen[1][0] || seen[1][1]);
+  EXPECT_FALSE(a->busy({gpu(0)}, ta, now)[0][0]);                // its own post
+  EXPECT_FALSE(b->busy({gpu(0)}, tb, now + 2 * kSecond)[0][0]);  // lapsed
+  // Renewed: seen again; the same slot, not a second one.
+  ASSERT_TRUE(a->post(gpu(0), 0, ta, now + 3 * kSecond));
+  EXPECT_TRUE(b->busy({gpu(0)}, tb, now + 2 * kSecond)[0][0]);
+  // B's post on the same GPU: each sees the other's.
+  ASSERT_TRUE(b->post(gpu(0), 1, tb, now + kSecond));
+  EXPECT_TRUE(a->busy({gpu(0)}, ta, now)[0][1]);
+  EXPECT_FALSE(b->busy({gpu(0)}, tb, now)[0][1]);
+}
+
+TEST(LinkBoard, APostOutlivesItsProcessUntilItLapses) {
+  Named n;
+  const int64_t now = LinkBoard::now_ns();
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::string why;
+    auto b = LinkBoard::open(n.name, &why);
+    const bool ok = b && b->post(gpu(3), 1, LinkBoard::new_token(), now + 5 * kSecond);
+    _exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  auto a = open_board(n.name);
+  ASSERT_TRUE(a);
+  const uint64_t me = LinkBoard::new_token();
+  EXPECT_TRUE(a->busy({gpu(3)}, me, now)[0][1]);
+  EXPECT_FALSE(a->busy({gpu(3)}, me, now + 6 * kSecond)[0][1]);
+}
+
+TEST(LinkBoard, AFullBoardRefusesAPostAndKeepsTheOthers) {
+  Named n;
+  auto a = open_board(n.name);
+  ASSERT_TRUE(a);
+  const int64_t until = LinkBoard::now_ns() + kSecond;
+  for (int i = 0; i < LinkBoard::kSlots; ++i)
+    ASSERT_TRUE(a->post(gpu(static_cast<uint8_t>(i % 8)), 0, 1000 + i, until)) << i;
+  EXPECT_FALSE(a->post(gpu(9), 0, 5000, until));
+  EXPECT_TRUE(a->post(gpu(0), 1, 1000, until));  // its own slot: still there
+  const auto seen = a->busy({gpu(7), gpu(9)}, 1, LinkBoard::now_ns());
+  EXPECT_TRUE(seen[0][0]);
+  EXPECT_FALSE(seen[1][0]);
+}
+
+TEST(LinkBoard, ABoardOfAnotherLayoutIsRefusedWithTheReason) {
+  Named n;
+  const int fd = shm_open(n.name.c_str(), O_RDWR | O_CREAT, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 4096), 0);
+  void* p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  ASSERT_NE(p, MAP_FAILED);
+  const uint64_t other = 42;
+  std::memcpy(p, &other, sizeof other);
+  munmap(p, 4096);
+  std::string why;
+  EXPECT_FALSE(LinkBoard::open(n.name, &why));
+  EXPECT_NE(why.find("another layout"), std::string::npos) << why;
+}
