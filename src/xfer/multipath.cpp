@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include "core/clock.hpp"
 #include "core/cuda_scope.hpp"
@@ -157,6 +158,28 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
       L.staging.push_back(static_cast<char*>(p));
     }
   }
+  // The link board, where there is something to relay over and the GPUs
+  // have ids every process shares.
+  if (policy_.board && knob_int("FERRY_MULTIPATH_BOARD") != 0 && n > 1) {
+    board_gpu_.assign(n, std::nullopt);
+    bool named = false;
+    for (int i = 0; i < n; ++i) {
+      if (own_link(links_, links_[i]) != i) continue;  // a loopback relay: its GPU is the target's
+      cudaDeviceProp prop{};
+      FERRY_CUDA_CHECK(cudaGetDeviceProperties(&prop, links_[i]));
+      GpuId id{};
+      std::memcpy(id.data(), prop.uuid.bytes, id.size());
+      board_gpu_[i] = id;
+      named = named || id != GpuId{};
+    }
+    std::string why;
+    if (named) board_ = LinkBoard::open("", &why);
+    if (board_)
+      board_token_ = LinkBoard::new_token();
+    else
+      debug_log("multipath: no link board: " + (named ? why : std::string("the GPUs have no UUID")) +
+                "; other programs' copies count only as the links' speeds");
+  }
   thread_ = std::thread([this] { run(); });
   watchdog_ = std::thread([this] { watch(); });
   std::unique_lock<std::mutex> lock(mu_);
@@ -211,6 +234,8 @@ void MultipathEngine::close() {
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   if (watchdog_.joinable()) watchdog_.join();
+  if (board_)
+    for (const auto& [link, lane] : board_posted_) board_->post(*board_gpu_[link], lane, board_token_, 0);
   // The gates' words stay allocated: a stream may not have read them yet.
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -788,6 +813,34 @@ void MultipathEngine::watch() {
 // The engine's thread: starts copies whose streams got to them, feeds every
 // link that has room, retires chunks as they land, and lets each copy's
 // stream go once all of its chunks landed.
+// Every kBoardLookS: posts each GPU and direction of the copies under way,
+// to last kMultipathBoardHoldS, and reserves the links whose GPUs other
+// engines posted. Posts of copies that stopped lapse by themselves.
+template <class Transfers>
+void MultipathEngine::read_board(const Transfers& active, double now) {
+  constexpr double kBoardLookS = 100e-6;
+  if (!board_ || now - board_at_ < kBoardLookS) return;
+  board_at_ = now;
+  const int64_t at = LinkBoard::now_ns();
+  const auto hold = static_cast<int64_t>(kMultipathBoardHoldS * 1e9);
+  for (const auto& t : active)
+    if (board_gpu_[t.target])
+      board_->post(*board_gpu_[t.target], MultipathScheduler::lane(t.to_device), board_token_, at + hold);
+  std::vector<GpuId> gpus;
+  std::vector<int> of;
+  for (int l = 0; l < static_cast<int>(board_gpu_.size()); ++l)
+    if (board_gpu_[l]) gpus.push_back(*board_gpu_[l]), of.push_back(l);
+  const auto busy = board_->busy(gpus, board_token_, at);
+  for (size_t k = 0; k < of.size(); ++k)
+    for (int lane = 0; lane < MultipathScheduler::kLanes; ++lane) {
+      if (busy[k][lane] != sched_->reserved(of[k], lane) && debug_enabled())
+        debug_log("multipath: " + dev_name(links_[of[k]]) + (busy[k][lane] ? " is" : " is no longer") + " copied " +
+                  (lane == 0 ? "into" : "out of") + " by another program: its link " +
+                  (busy[k][lane] ? "relays nothing that way" : "relays again"));
+      sched_->reserve(of[k], lane, busy[k][lane]);
+    }
+}
+
 void MultipathEngine::run() {
   // This thread's queries and copies never touch a captured stream: they must
   // not invalidate a graph that another thread captures meanwhile.
@@ -864,6 +917,7 @@ void MultipathEngine::run() {
         it = pending.erase(it);
         progress = true;
       }
+      read_board(active, t_now);
       // Feed: every link idle in a direction where chunks wait probes it
       // first, then every link with room takes its next chunks. Probes go
       // before any chunk: a link that probed only after the clear links took

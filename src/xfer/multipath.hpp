@@ -24,12 +24,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "sync/gate.hpp"
+#include "xfer/link_board.hpp"
 #include "xfer/multipath_plan.hpp"
 
 namespace ferry {
@@ -241,6 +243,10 @@ class MultipathEngine {
   bool links_idle(double limit_s);
   void fail_and_release(const std::string& message, std::deque<Transfer>& pending, std::deque<Transfer>& active);
   StreamGate* gate_for(int device, cudaStream_t stream);  // takes mu_; allocates outside it
+  // The link board: posts the GPUs and directions of the copies in `active`
+  // and reserves the links other programs posted (MultipathPolicy::board).
+  template <class Transfers>
+  void read_board(const Transfers& active, double now);
 
   std::vector<int> links_;
   size_t chunk_bytes_ = 0;
@@ -253,6 +259,14 @@ class MultipathEngine {
   uint64_t* host_scratch_ = nullptr;           // pinned: the first copies' words, then 2 probes' bytes per link
   std::deque<StreamGate> gates_;               // a deque: transfers point at its elements
   std::unique_ptr<MultipathScheduler> sched_;  // the engine's thread's only
+  // The link board (null: off, or no shared memory), this engine's token on
+  // it, each link's GPU there (loopback relays have none: never reserved),
+  // and when the engine's thread last looked; the thread's only.
+  std::unique_ptr<LinkBoard> board_;
+  uint64_t board_token_ = 0;
+  std::vector<std::optional<GpuId>> board_gpu_;
+  std::set<std::pair<int, int>> board_posted_;  // (target link, lane) posted at the last look
+  double board_at_ = -1;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -555,23 +555,22 @@ std::vector<SimResult> simulate_processes(const std::vector<LinkModel>& links,
           serve_until(links[l], std::max(now, free_at[l]), static_cast<double>(queue[l].front().a.chunk.bytes));
   };
   // The link board (MultipathPolicy::board): a link is reserved for process
-  // p while another process copies to or from its GPU, and for
-  // kMultipathBoardHoldS after, as an engine's post outlives its last renewal.
-  auto read_board = [&](size_t p, double now) {
+  // p while another process copies to or from its GPU (an engine withdraws
+  // its post when its copy ends).
+  auto read_board = [&](size_t p) {
     if (!policy.board || procs < 2) return;
     for (int l = 0; l < n; ++l) {
       bool busy = false;
       for (size_t q = 0; q < procs && !busy; ++q)
         for (size_t k = 0; q != p && k < added[q] && !busy; ++k)
-          busy = processes[q][k].target == l &&
-                 (!sched[q].done(static_cast<int>(k)) || r[q].finish_by_transfer[k] + kMultipathBoardHoldS > now);
+          busy = processes[q][k].target == l && !sched[q].done(static_cast<int>(k));
       sched[p].reserve(l, 0, busy);
     }
   };
   // As the engine feeds the links: every link probes where it should, then
   // every link takes chunks, starting from link `first`.
   auto refill = [&](size_t p, int first, double now) {
-    read_board(p, now);
+    read_board(p);
     for (int i = 0; i < n; ++i) {
       const int l = (first + i) % n;
       for (int lane; (lane = sched[p].start_probe(l, now)) >= 0;) {

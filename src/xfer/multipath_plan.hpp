@@ -133,10 +133,12 @@ MultipathRoute route_multipath(MemKind dst, int dst_device, MemKind src, int src
 // relay through the same GPU.
 int own_link(const std::vector<int>& link_devices, int device);
 
-// How long a post on the link board (MultipathPolicy::board) lasts after its
-// engine last renewed it: longer than the gap between two copies of a stream
-// of them, short enough that a link freed by its program relays again soon.
-constexpr double kMultipathBoardHoldS = 1e-3;
+// How long a post on the link board (MultipathPolicy::board) lasts unless
+// renewed. An engine renews its posts every 100 us while its copies run and
+// withdraws them when they end; the hold only covers an engine thread held
+// up (in a CUDA call, on a busy CPU) and bounds what a program that died
+// leaves behind.
+constexpr double kMultipathBoardHoldS = 10e-3;
 
 // Which links may carry relays, and how a link picks among waiting targets.
 struct MultipathPolicy {

@@ -12,6 +12,7 @@
 // fail or never finish (sim.hpp).
 #include <cuda_runtime_api.h>
 #include <sys/prctl.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -23,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 
@@ -109,6 +111,7 @@ struct State {
   int late_copies = 0;  // copies counted for faults.fail_late_after
   int slow_copies = 0;  // copies counted for faults.slow_copies
   double bytes_per_s = 20e9;
+  uint64_t machine = 0;  // set by reset(): the GPUs' UUIDs, unlike any other test's machine
 };
 
 State& state() {
@@ -166,6 +169,8 @@ void reset(int devices, double bytes_per_s) {
   std::lock_guard<std::mutex> lock(st.mu);
   st.devices = devices;
   st.bytes_per_s = bytes_per_s;
+  st.machine = (uint64_t(getpid()) << 32) ^ std::random_device{}() ^
+               static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
   st.faults = Faults{};
 }
 
@@ -202,6 +207,14 @@ cudaError_t cudaGetDevice(int* d) {
 cudaError_t cudaSetDevice(int d) {
   if (d < 0 || d >= state().devices) return fail(cudaErrorInvalidDevice);
   t_device = d;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
+  if (d < 0 || d >= state().devices) return fail(cudaErrorInvalidDevice);
+  std::memset(p, 0, sizeof *p);
+  const uint64_t machine = state().machine;
+  std::memcpy(p->uuid.bytes, &machine, 8);
+  std::memcpy(p->uuid.bytes + 8, &d, sizeof d);
   return cudaSuccess;
 }
 cudaError_t cudaDeviceCanAccessPeer(int* ok, int, int) {

@@ -953,3 +953,36 @@ TEST_F(MultipathSim, TailPartsAndAHeadLongerThanTheFirstCopyLandEveryByte) {
     cudaStreamDestroy(s);
   }
 }
+
+// Two engines (two programs, as far as the link board goes): while B copies
+// into GPU 1, A's copy into GPU 0 does not relay over GPU 1's link; with the
+// board off it does (B's chunks there do not hold A's probes long enough to
+// keep A off it).
+TEST_F(MultipathSim, AnotherProgramsCopyIntoItsGpuKeepsRelaysOffThatLink) {
+  sim::reset(3, 2e9);  // slow links: B's copy outlasts A's
+  for (const bool board : {true, false}) {
+    setenv("FERRY_MULTIPATH_BOARD", board ? "1" : "0", 1);
+    MultipathEngine b(options({0, 1, 2}, MiB, MiB));
+    MultipathEngine a(options({0, 1, 2}, MiB, MiB));
+    unsetenv("FERRY_MULTIPATH_BOARD");
+    const size_t big = 96 * MiB, n = 8 * MiB;
+    Buf bh(big, -1), bd(big, 1);
+    fill(bh, 5);
+    Pairs p(1, n, 0, 9);
+    cudaStream_t sb = new_stream(1), sa = new_stream(0);
+    b.copy(bd.p, bh.p, big, sb);
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));  // B's copy under way, its post up
+    a.copy(p.dst[0]->p, p.src[0]->p, n, sa);
+    ASSERT_TRUE(drained(sa));
+    const auto used = a.bytes_by_link();
+    EXPECT_EQ(cudaStreamQuery(sb), cudaErrorNotReady) << "B's copy ended before A's: the case did not arise";
+    if (board) {
+      EXPECT_EQ(used[1], 0u) << "A relayed over the link of a GPU another program copies into";
+    } else {
+      EXPECT_GT(used[1], 0u) << "without the board A would use every link";
+    }
+    ASSERT_TRUE(drained(sb, 30));
+    EXPECT_TRUE(p.same(0));
+    EXPECT_EQ(std::memcmp(bd.p, bh.p, big), 0);
+  }
+}
