@@ -810,37 +810,52 @@ void MultipathEngine::watch() {
   }
 }
 
-// The engine's thread: starts copies whose streams got to them, feeds every
-// link that has room, retires chunks as they land, and lets each copy's
-// stream go once all of its chunks landed.
-// Every kBoardLookS: posts each GPU and direction of the copies under way,
-// to last kMultipathBoardHoldS, and reserves the links whose GPUs other
-// engines posted. Posts of copies that stopped lapse by themselves.
+// Every kBoardLookS (soon after a copy starts, so that programs starting
+// together see each other before their relays take chunks): posts each GPU
+// and direction of the copies under way (to last kMultipathBoardHoldS unless
+// renewed), withdraws the posts of those that ended, and reserves links as
+// board_reservations says.
 template <class Transfers>
 void MultipathEngine::read_board(const Transfers& active, double now) {
-  constexpr double kBoardLookS = 100e-6;
+  constexpr double kBoardLookS = 20e-6;
   if (!board_ || now - board_at_ < kBoardLookS) return;
   board_at_ = now;
   const int64_t at = LinkBoard::now_ns();
   const auto hold = static_cast<int64_t>(kMultipathBoardHoldS * 1e9);
+  std::set<std::pair<int, int>> under_way;  // (target link, lane)
   for (const auto& t : active)
-    if (board_gpu_[t.target])
-      board_->post(*board_gpu_[t.target], MultipathScheduler::lane(t.to_device), board_token_, at + hold);
+    if (board_gpu_[t.target]) under_way.insert({t.target, MultipathScheduler::lane(t.to_device)});
+  for (const auto& [link, lane] : board_posted_)
+    if (!under_way.count({link, lane})) board_->post(*board_gpu_[link], lane, board_token_, 0);
+  for (const auto& [link, lane] : under_way) board_->post(*board_gpu_[link], lane, board_token_, at + hold);
+  board_posted_ = std::move(under_way);
+  const int n = static_cast<int>(board_gpu_.size());
   std::vector<GpuId> gpus;
   std::vector<int> of;
-  for (int l = 0; l < static_cast<int>(board_gpu_.size()); ++l)
-    if (board_gpu_[l]) gpus.push_back(*board_gpu_[l]), of.push_back(l);
+  std::vector<bool> on_board(n, false);
+  for (int l = 0; l < n; ++l)
+    if (board_gpu_[l]) gpus.push_back(*board_gpu_[l]), of.push_back(l), on_board[l] = true;
   const auto busy = board_->busy(gpus, board_token_, at);
-  for (size_t k = 0; k < of.size(); ++k)
-    for (int lane = 0; lane < MultipathScheduler::kLanes; ++lane) {
-      if (busy[k][lane] != sched_->reserved(of[k], lane) && debug_enabled())
-        debug_log("multipath: " + dev_name(links_[of[k]]) + (busy[k][lane] ? " is" : " is no longer") + " copied " +
-                  (lane == 0 ? "into" : "out of") + " by another program: its link " +
-                  (busy[k][lane] ? "relays nothing that way" : "relays again"));
-      sched_->reserve(of[k], lane, busy[k][lane]);
+  for (int lane = 0; lane < MultipathScheduler::kLanes; ++lane) {
+    std::vector<bool> posted(n, false), targets(n, false);
+    for (size_t k = 0; k < of.size(); ++k) posted[of[k]] = busy[k][lane];
+    for (const auto& [link, l] : board_posted_)
+      if (l == lane) targets[link] = true;
+    const auto reserve = board_reservations(posted, targets, on_board);
+    for (int l = 0; l < n; ++l) {
+      if (reserve[l] != sched_->reserved(l, lane) && debug_enabled())
+        debug_log("multipath: " + dev_name(links_[l]) + "'s link " + (reserve[l] ? "relays nothing" : "relays again") +
+                  (lane == 0 ? " into" : " out of") + " other GPUs: " +
+                  (reserve[l] ? "every GPU it could relay for is being copied by its own program"
+                              : "a GPU's link is free of other programs' copies"));
+      sched_->reserve(l, lane, reserve[l]);
     }
+  }
 }
 
+// The engine's thread: starts copies whose streams got to them, feeds every
+// link that has room, retires chunks as they land, and lets each copy's
+// stream go once all of its chunks landed.
 void MultipathEngine::run() {
   // This thread's queries and copies never touch a captured stream: they must
   // not invalidate a graph that another thread captures meanwhile.

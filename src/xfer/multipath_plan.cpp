@@ -517,6 +517,22 @@ double capacity_until(const LinkModel& m, double t) {
 
 }  // namespace
 
+std::vector<bool> board_reservations(const std::vector<bool>& posted, const std::vector<bool>& targets,
+                                     const std::vector<bool>& on_board) {
+  FERRY_ARG_CHECK(posted.size() == targets.size() && posted.size() == on_board.size(),
+                  "board_reservations: expected one entry per link in each list");
+  bool any = false, all = true;
+  for (size_t l = 0; l < posted.size(); ++l) {
+    if (!on_board[l] || targets[l]) continue;  // not a relay this can keep off
+    any = true;
+    all = all && posted[l];
+  }
+  std::vector<bool> out(posted.size(), false);
+  if (any && all)
+    for (size_t l = 0; l < posted.size(); ++l) out[l] = on_board[l] && !targets[l];
+  return out;
+}
+
 std::vector<SimResult> simulate_processes(const std::vector<LinkModel>& links,
                                           const std::vector<std::vector<SimTransfer>>& processes, size_t chunk_bytes,
                                           const MultipathPolicy& policy, double relay_seconds_per_byte, bool in_order) {
@@ -554,18 +570,17 @@ std::vector<SimResult> simulate_processes(const std::vector<LinkModel>& links,
       head_done[l] =
           serve_until(links[l], std::max(now, free_at[l]), static_cast<double>(queue[l].front().a.chunk.bytes));
   };
-  // The link board (MultipathPolicy::board): a link is reserved for process
-  // p while another process copies to or from its GPU (an engine withdraws
-  // its post when its copy ends).
+  // The link board (MultipathPolicy::board): process p sees a link posted
+  // while another process copies to or from its GPU (an engine withdraws its
+  // post when its copy ends), and reserves as board_reservations says.
   auto read_board = [&](size_t p) {
     if (!policy.board || procs < 2) return;
-    for (int l = 0; l < n; ++l) {
-      bool busy = false;
-      for (size_t q = 0; q < procs && !busy; ++q)
-        for (size_t k = 0; q != p && k < added[q] && !busy; ++k)
-          busy = processes[q][k].target == l && !sched[q].done(static_cast<int>(k));
-      sched[p].reserve(l, 0, busy);
-    }
+    std::vector<bool> posted(n, false), targets(n, false);
+    for (size_t q = 0; q < procs; ++q)
+      for (size_t k = 0; k < added[q]; ++k)
+        if (!sched[q].done(static_cast<int>(k))) (q == p ? targets : posted)[processes[q][k].target] = true;
+    const auto reserve = board_reservations(posted, targets, std::vector<bool>(n, true));
+    for (int l = 0; l < n; ++l) sched[p].reserve(l, 0, reserve[l]);
   };
   // As the engine feeds the links: every link probes where it should, then
   // every link takes chunks, starting from link `first`.

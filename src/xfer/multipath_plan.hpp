@@ -138,7 +138,20 @@ int own_link(const std::vector<int>& link_devices, int device);
 // withdraws them when they end; the hold only covers an engine thread held
 // up (in a CUDA call, on a busy CPU) and bounds what a program that died
 // leaves behind.
-constexpr double kMultipathBoardHoldS = 10e-3;
+constexpr double kMultipathBoardHoldS = 50e-3;
+
+// Which links to reserve (MultipathScheduler::reserve) in a lane, from the
+// link board: `posted` (another program copies to or from the link's GPU
+// that way), `targets` (this engine's own copies are into or out of that
+// link's GPU), `on_board` (the link has a GPU on the board; a loopback relay
+// has none). Every posted link, where every link that could relay for this
+// engine is posted: every GPU's program then copies its own data, and
+// relaying would only move one program's share onto another's link. None
+// otherwise: with a link to spare, the engines share all of them (on four
+// H200s two programs moved more, and more evenly, over all four links than
+// over the two no one posted).
+std::vector<bool> board_reservations(const std::vector<bool>& posted, const std::vector<bool>& targets,
+                                     const std::vector<bool>& on_board);
 
 // Which links may carry relays, and how a link picks among waiting targets.
 struct MultipathPolicy {
@@ -162,11 +175,11 @@ struct MultipathPolicy {
   // the copy's own chunks behind the gate that waits for them (the LD_PRELOAD
   // hazard, docs/multipath.md). Static for the own link, dynamic for the rest.
   bool own_share_on_stream = false;
-  // Other programs' own copies first: a link whose GPU another engine is
-  // copying to or from in a lane (as the link board says, src/xfer/link_board.hpp)
-  // relays nothing in that lane, so that where every GPU's program copies
-  // its own data at once each keeps its own link. The engine reads the
-  // board and calls reserve(); the simulation models it between processes.
+  // Other programs' own copies first: where every other GPU is being copied
+  // to or from in a lane by its own program (as the link board says,
+  // src/xfer/link_board.hpp), their links relay nothing in that lane, so that
+  // each program keeps its own link (board_reservations). The engine reads
+  // the board and calls reserve(); the simulation models it between processes.
   bool board = true;
 };
 

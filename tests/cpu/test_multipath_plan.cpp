@@ -344,16 +344,34 @@ TEST(MultipathBalance, EveryProgramCopyingItsOwnKeepsItsOwnLink) {
   EXPECT_GT(without[0].relayed_bytes, kGiB / 2);
 }
 
-// A program whose neighbour finished relays through the neighbour's link
-// again once the post has lapsed (the link idles for the hold, about 5% of
-// this copy).
+// Four programs, one of them short: once it ended, its link is free, and
+// the others relay through it (and through each other's, as with no board).
 TEST(MultipathBalance, ALinkFreedByItsProgramRelaysAgain) {
   const auto links = equal_links(4);
-  const auto r = simulate_processes(links, {{SimTransfer{0, kGiB}}, {SimTransfer{1, 64 * kMiB}}}, 8 * kMiB,
-                                    MultipathPolicy{}, 1 / 300e9);
-  EXPECT_EQ(r[1].bytes_by_link[0], 0u);  // GPU 0's program kept its link
-  EXPECT_GT(r[0].bytes_by_link[1], kGiB / 8);
-  EXPECT_LT(r[0].seconds, 1.1 * ideal_seconds(links, kGiB + 64 * kMiB));
+  const auto r = simulate_processes(
+      links, {{SimTransfer{0, kGiB}}, {SimTransfer{1, 64 * kMiB}}, {SimTransfer{2, kGiB}}, {SimTransfer{3, kGiB}}},
+      8 * kMiB, MultipathPolicy{}, 1 / 300e9);
+  EXPECT_EQ(r[1].relayed_bytes, 0u);  // while it copied, every link was its own program's
+  EXPECT_GT(r[0].bytes_by_link[1], kGiB / 16);
+  EXPECT_LT(r[0].seconds, 0.9 * ideal_seconds({links[0]}, kGiB));  // faster than its own link alone
+}
+
+// The rule itself: every link that could relay posted, or none reserved.
+TEST(MultipathBoard, ReservesOnlyWhereEveryLinkThatCouldRelayIsPosted) {
+  const std::vector<bool> all(4, true);
+  // This engine copies into GPU 0; the other three GPUs are each copied by their program.
+  EXPECT_EQ(board_reservations({false, true, true, true}, {true, false, false, false}, all),
+            (std::vector<bool>{false, true, true, true}));
+  // GPU 3 is free: nothing reserved, the engines share every link.
+  EXPECT_EQ(board_reservations({false, true, true, false}, {true, false, false, false}, all), std::vector<bool>(4));
+  // GPU 1 is copied by this engine too: the rest decide.
+  EXPECT_EQ(board_reservations({false, true, true, true}, {true, true, false, false}, all),
+            (std::vector<bool>{false, false, true, true}));
+  // A loopback relay has no GPU on the board: never reserved, and it does not count.
+  EXPECT_EQ(board_reservations({true, false, false}, {false, false, false}, {true, false, false}),
+            (std::vector<bool>{true, false, false}));
+  EXPECT_EQ(board_reservations({false, false}, {true, false}, {true, false}), std::vector<bool>(2));
+  EXPECT_THROW(board_reservations({false}, {false, false}, {true, true}), ferry::Error);
 }
 
 TEST(MultipathRoute, DirectionDeviceAndPinnedness) {

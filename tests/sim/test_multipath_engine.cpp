@@ -17,6 +17,7 @@
 #include "core/error.hpp"
 #include "dma/engine.hpp"
 #include "sim.hpp"
+#include "xfer/link_board.hpp"
 #include "xfer/multipath.hpp"
 
 using ferry::xfer::MultipathEngine;
@@ -954,35 +955,59 @@ TEST_F(MultipathSim, TailPartsAndAHeadLongerThanTheFirstCopyLandEveryByte) {
   }
 }
 
-// Two engines (two programs, as far as the link board goes): while B copies
-// into GPU 1, A's copy into GPU 0 does not relay over GPU 1's link; with the
-// board off it does (B's chunks there do not hold A's probes long enough to
-// keep A off it).
-TEST_F(MultipathSim, AnotherProgramsCopyIntoItsGpuKeepsRelaysOffThatLink) {
-  sim::reset(3, 2e9);  // slow links: B's copy outlasts A's
+// Three engines (three programs, as far as the link board goes): while B
+// and C copy into GPUs 1 and 2, A's copy into GPU 0 relays over neither's
+// link, every GPU being copied by its own program; with the board off it
+// does (B's and C's chunks there do not hold A's probes long enough to keep
+// A off them).
+TEST_F(MultipathSim, EveryOtherGpuCopiedByItsProgramKeepsRelaysOffTheirLinks) {
+  sim::reset(3, 2e9);  // slow links: B's and C's copies outlast A's
   for (const bool board : {true, false}) {
     setenv("FERRY_MULTIPATH_BOARD", board ? "1" : "0", 1);
-    MultipathEngine b(options({0, 1, 2}, MiB, MiB));
+    MultipathEngine b(options({0, 1, 2}, MiB, MiB)), c(options({0, 1, 2}, MiB, MiB));
     MultipathEngine a(options({0, 1, 2}, MiB, MiB));
     unsetenv("FERRY_MULTIPATH_BOARD");
-    const size_t big = 96 * MiB, n = 8 * MiB;
-    Buf bh(big, -1), bd(big, 1);
+    const size_t big = 64 * MiB, n = 8 * MiB;
+    Buf bh(big, -1), bd(big, 1), ch(big, -1), cd(big, 2);
     fill(bh, 5);
+    fill(ch, 6);
     Pairs p(1, n, 0, 9);
-    cudaStream_t sb = new_stream(1), sa = new_stream(0);
+    cudaStream_t sb = new_stream(1), sc = new_stream(2), sa = new_stream(0);
     b.copy(bd.p, bh.p, big, sb);
-    std::this_thread::sleep_for(std::chrono::milliseconds(3));  // B's copy under way, its post up
+    c.copy(cd.p, ch.p, big, sc);
+    if (board) {  // their copies under way: their posts up
+      std::string why;
+      auto seen = ferry::xfer::LinkBoard::open("", &why);
+      ASSERT_TRUE(seen) << why;
+      std::vector<ferry::xfer::GpuId> gpus(2);
+      for (int d : {1, 2}) {
+        cudaDeviceProp prop{};
+        cudaGetDeviceProperties(&prop, d);
+        std::memcpy(gpus[d - 1].data(), prop.uuid.bytes, 16);
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      for (;;) {
+        const auto busy = seen->busy(gpus, 1, ferry::xfer::LinkBoard::now_ns());
+        if (busy[0][0] && busy[1][0]) break;
+        ASSERT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10)) << "B and C never posted";
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    }
     a.copy(p.dst[0]->p, p.src[0]->p, n, sa);
     ASSERT_TRUE(drained(sa));
     const auto used = a.bytes_by_link();
     EXPECT_EQ(cudaStreamQuery(sb), cudaErrorNotReady) << "B's copy ended before A's: the case did not arise";
-    if (board) {
-      EXPECT_EQ(used[1], 0u) << "A relayed over the link of a GPU another program copies into";
-    } else {
-      EXPECT_GT(used[1], 0u) << "without the board A would use every link";
-    }
+    EXPECT_EQ(cudaStreamQuery(sc), cudaErrorNotReady) << "C's copy ended before A's: the case did not arise";
+    if (board)
+      EXPECT_EQ(used[1] + used[2], 0u) << "A relayed over the link of a GPU its own program copies into";
+    else
+      EXPECT_GT(used[1] + used[2], 0u) << "without the board A would relay";
     ASSERT_TRUE(drained(sb, 30));
+    ASSERT_TRUE(drained(sc, 30));
     EXPECT_TRUE(p.same(0));
     EXPECT_EQ(std::memcmp(bd.p, bh.p, big), 0);
+    EXPECT_EQ(std::memcmp(cd.p, ch.p, big), 0);
   }
 }
