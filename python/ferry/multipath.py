@@ -108,7 +108,10 @@ class Engine:
     ``own_share_on_stream``: the caller's stream copies the target link's
     share itself and the relays carry the rest, so nothing reaches the target
     GPU after ``copy`` returns (None: FERRY_MULTIPATH_OWN_SHARE_ON_STREAM,
-    default off, on under the LD_PRELOAD library; docs/multipath.md, "Hazards")."""
+    default off, on under the LD_PRELOAD library; docs/multipath.md, "Hazards").
+    Engines of several programs on one machine keep off each other's GPUs'
+    links where every GPU is copied by its own program (the link board,
+    FERRY_MULTIPATH_BOARD; docs/multipath.md, "How a copy runs")."""
 
     def __init__(
         self,

@@ -22,20 +22,25 @@ __global__ void world_barrier_kernel(device::Heap h, bool armed) {
   if (armed) device::barrier<device::Scope::kWarp>(h, device::world_team(h));
 }
 
-// Programmatic launches need compute capability 9.0; older GPUs get a plain one.
+// A programmatic launch only where the kernel that runs was compiled for
+// compute capability 9.0 or later: an older build (PTX JIT-compiled on a
+// Hopper) has no griddepcontrol.wait, and would not wait for the kernel
+// before it.
 bool programmatic_launch(int device) {
   constexpr int kMaxDevices = 64;
-  static std::atomic<int> major[kMaxDevices] = {};  // 0: not asked yet
+  static std::atomic<int> ptx[kMaxDevices] = {};  // 0: not asked yet
   if (device < 0 || device >= kMaxDevices) return false;
-  int m = major[device].load(std::memory_order_relaxed);
-  if (m == 0) {
-    if (cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+  int v = ptx[device].load(std::memory_order_relaxed);
+  if (v == 0) {
+    cudaFuncAttributes attr{};
+    if (cudaFuncGetAttributes(&attr, world_barrier_kernel) != cudaSuccess) {
       cudaGetLastError();
       return false;
     }
-    major[device].store(m, std::memory_order_relaxed);
+    v = attr.ptxVersion;
+    ptx[device].store(v, std::memory_order_relaxed);
   }
-  return m >= 9;
+  return v >= 90;
 }
 
 }  // namespace

@@ -74,7 +74,15 @@ std::unique_ptr<LinkBoard> LinkBoard::open(const std::string& name, std::string*
   return std::unique_ptr<LinkBoard>(new LinkBoard(t, sizeof(Table)));
 }
 
-LinkBoard::~LinkBoard() { munmap(table_, bytes_); }
+// Its slots go back: free for the next engine at once.
+LinkBoard::~LinkBoard() {
+  for (const auto& entry : mine_) {
+    uint64_t st = entry.second.second;
+    table_->slots[entry.second.first].state.compare_exchange_strong(st, (((st >> 2) + 1) << 2) | kFree,
+                                                                    std::memory_order_acq_rel);
+  }
+  munmap(table_, bytes_);
+}
 
 int64_t LinkBoard::now_ns() {
   timespec ts{};
@@ -100,6 +108,9 @@ int LinkBoard::claim(const GpuId& gpu, uint64_t token, int64_t now) {
       take = last < now - kStaleNs;
     }
     if (!take || !s.state.compare_exchange_strong(st, (st & ~kPhase) | kClaiming, std::memory_order_acq_rel)) continue;
+    // A reader that saw the slot ready before the claim sees none of the new
+    // fields without also seeing the state change (a seqlock's write side).
+    std::atomic_thread_fence(std::memory_order_release);
     s.token.store(token, std::memory_order_relaxed);
     s.gpu[0].store(half(gpu, 0), std::memory_order_relaxed);
     s.gpu[1].store(half(gpu, 1), std::memory_order_relaxed);
@@ -118,16 +129,20 @@ int LinkBoard::claim(const GpuId& gpu, uint64_t token, int64_t now) {
 bool LinkBoard::post(const GpuId& gpu, int lane, uint64_t token, int64_t until_ns) {
   if (lane < 0 || lane >= kLanes) return false;
   int i = -1;
+  const int64_t now = now_ns();
   auto it = mine_.find({gpu, token});
   // Still ours unless it lay idle past kStaleNs and another engine took it.
   if (it != mine_.end() && table_->slots[it->second.first].state.load(std::memory_order_acquire) == it->second.second)
     i = it->second.first;
   if (i < 0) {
     if (it != mine_.end()) mine_.erase(it);
-    i = claim(gpu, token, now_ns());
+    if (until_ns <= now) return true;  // a withdrawal, and nothing of ours there to withdraw
+    i = claim(gpu, token, now);
     if (i < 0) return false;
   }
-  table_->slots[i].until[lane].store(until_ns, std::memory_order_release);
+  Table::Slot& s = table_->slots[i];
+  s.claimed.store(now, std::memory_order_relaxed);  // in use: not stale
+  s.until[lane].store(until_ns, std::memory_order_release);
   return true;
 }
 

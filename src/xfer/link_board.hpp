@@ -40,7 +40,9 @@ class LinkBoard {
   LinkBoard& operator=(const LinkBoard&) = delete;
 
   // Posts that engine `token` copies to or from `gpu` in `lane` until
-  // `until_ns` (now_ns()'s clock). False where every slot is taken.
+  // `until_ns` (now_ns()'s clock; a time past withdraws the post). False
+  // where every slot is taken. The slots this object took go back when it
+  // is destroyed.
   bool post(const GpuId& gpu, int lane, uint64_t token, int64_t until_ns);
   // For each of `gpus`, by lane: an engine other than `token` has a post
   // there lasting past `now_ns`.

@@ -163,21 +163,30 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
   if (policy_.board && knob_int("FERRY_MULTIPATH_BOARD") != 0 && n > 1) {
     board_gpu_.assign(n, std::nullopt);
     bool named = false;
-    for (int i = 0; i < n; ++i) {
+    std::string no_id;
+    for (int i = 0; i < n && no_id.empty(); ++i) {
       if (own_link(links_, links_[i]) != i) continue;  // a loopback relay: its GPU is the target's
       cudaDeviceProp prop{};
-      FERRY_CUDA_CHECK(cudaGetDeviceProperties(&prop, links_[i]));
+      if (const cudaError_t e = cudaGetDeviceProperties(&prop, links_[i]); e != cudaSuccess) {
+        cudaGetLastError();
+        no_id = dev_name(links_[i]) + "'s properties: " + error_text(e);
+        break;
+      }
       GpuId id{};
       std::memcpy(id.data(), prop.uuid.bytes, id.size());
       board_gpu_[i] = id;
       named = named || id != GpuId{};
     }
+    if (!no_id.empty()) named = false;
     std::string why;
     if (named) board_ = LinkBoard::open("", &why);
     if (board_)
       board_token_ = LinkBoard::new_token();
     else
-      debug_log("multipath: no link board: " + (named ? why : std::string("the GPUs have no UUID")) +
+      debug_log("multipath: no link board: " +
+                (named            ? why
+                 : !no_id.empty() ? no_id
+                                  : std::string("the GPUs have no UUID")) +
                 "; other programs' copies count only as the links' speeds");
   }
   thread_ = std::thread([this] { run(); });
@@ -234,8 +243,7 @@ void MultipathEngine::close() {
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   if (watchdog_.joinable()) watchdog_.join();
-  if (board_)
-    for (const auto& [link, lane] : board_posted_) board_->post(*board_gpu_[link], lane, board_token_, 0);
+  withdraw_board();
   // The gates' words stay allocated: a stream may not have read them yet.
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -833,8 +841,9 @@ void MultipathEngine::read_board(const Transfers& active, double now) {
   std::vector<GpuId> gpus;
   std::vector<int> of;
   std::vector<bool> on_board(n, false);
+  const auto& may = sched_->policy().may_relay;  // a link that cannot relay is no relay to keep off
   for (int l = 0; l < n; ++l)
-    if (board_gpu_[l]) gpus.push_back(*board_gpu_[l]), of.push_back(l), on_board[l] = true;
+    if (board_gpu_[l]) gpus.push_back(*board_gpu_[l]), of.push_back(l), on_board[l] = may.empty() || may[l];
   const auto busy = board_->busy(gpus, board_token_, at);
   for (int lane = 0; lane < MultipathScheduler::kLanes; ++lane) {
     std::vector<bool> posted(n, false), targets(n, false);
@@ -851,6 +860,12 @@ void MultipathEngine::read_board(const Transfers& active, double now) {
       sched_->reserve(l, lane, reserve[l]);
     }
   }
+}
+
+void MultipathEngine::withdraw_board() {
+  if (!board_) return;
+  for (const auto& [link, lane] : board_posted_) board_->post(*board_gpu_[link], lane, board_token_, 0);
+  board_posted_.clear();
 }
 
 // The engine's thread: starts copies whose streams got to them, feeds every
@@ -1055,8 +1070,11 @@ void MultipathEngine::run() {
         }
         ++it;
       }
+      // The last copy landed: its posts go now, not when they lapse.
+      if (active.empty()) withdraw_board();
     } catch (const std::exception& e) {
       fail_and_release(e.what(), pending, active);
+      withdraw_board();
       continue;
     }
     const bool probes = sched->any_probing();

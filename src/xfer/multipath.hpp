@@ -247,6 +247,7 @@ class MultipathEngine {
   // and reserves the links other programs posted (MultipathPolicy::board).
   template <class Transfers>
   void read_board(const Transfers& active, double now);
+  void withdraw_board();  // every post of this engine (the engine's thread, or close() after it)
 
   std::vector<int> links_;
   size_t chunk_bytes_ = 0;

@@ -253,7 +253,7 @@ bool MultipathScheduler::carries_own(int link, int lane) const {
   const std::deque<Queued>& w = waiting_[queue_of(link, lane)];
   if (!(w.empty() ? policy_.own_share_on_stream : own_on_stream_[w.front().transfer])) return true;
   for (int j = 0; j < links(); ++j)
-    if (j != link && relays(j, lane)) return false;
+    if (j != link && may_relay(j)) return false;  // reservations do not hold such a transfer (serves())
   return true;
 }
 
@@ -308,16 +308,16 @@ bool MultipathScheduler::usable(int link, int q, double now) const {
 
 int MultipathScheduler::pick(int link, double now) const {
   int from = -1;
-  const bool may_relay = policy_.may_relay.empty() || policy_.may_relay[link];  // serves() says in which lanes
+  const bool relaying = may_relay(link);  // serves() says for which queues
   auto longer = [&](int q) {
     return from < 0 ||
            (policy_.pick == MultipathPolicy::Pick::kLongestQueue && waiting_[q].size() > waiting_[from].size());
   };
   if (policy_.own_link_first ||
-      !may_relay)  // its own GPU's transfers first (a link that may not relay carries only those)
+      !relaying)  // its own GPU's transfers first (a link that may not relay carries only those)
     for (int lane = 0; lane < kLanes; ++lane)
       if (const int q = queue_of(link, lane); carries_own(link, lane) && usable(link, q, now) && longer(q)) from = q;
-  if (from < 0 && may_relay) {
+  if (from < 0 && relaying) {
     // A relay: from the longest queue (fewest chunks left over for the other
     // links to relay), or the first in order.
     for (int q = 0; q < static_cast<int>(waiting_.size()); ++q) {

@@ -134,7 +134,7 @@ MultipathRoute route_multipath(MemKind dst, int dst_device, MemKind src, int src
 int own_link(const std::vector<int>& link_devices, int device);
 
 // How long a post on the link board (MultipathPolicy::board) lasts unless
-// renewed. An engine renews its posts every 100 us while its copies run and
+// renewed. An engine renews its posts every 20 us while its copies run and
 // withdraws them when they end; the hold only covers an engine thread held
 // up (in a CUDA call, on a busy CPU) and bounds what a program that died
 // leaves behind.
@@ -143,8 +143,8 @@ constexpr double kMultipathBoardHoldS = 50e-3;
 // Which links to reserve (MultipathScheduler::reserve) in a lane, from the
 // link board: `posted` (another program copies to or from the link's GPU
 // that way), `targets` (this engine's own copies are into or out of that
-// link's GPU), `on_board` (the link has a GPU on the board; a loopback relay
-// has none). Every posted link, where every link that could relay for this
+// link's GPU), `on_board` (the link may relay and has a GPU on the board; a
+// loopback relay has none). Every posted link, where every link that could relay for this
 // engine is posted: every GPU's program then copies its own data, and
 // relaying would only move one program's share onto another's link. None
 // otherwise: with a link to spare, the engines share all of them (on four
@@ -286,7 +286,8 @@ class MultipathScheduler {
   void stop_relaying(int link);
   // `link`'s GPU is being copied to or from in `lane` by another program
   // (`on`), or no longer: while on, `link` takes no relay chunks in that lane
-  // and probes for none; it still carries its own GPU's.
+  // and probes for none (but those of a transfer whose own share is on the
+  // caller's stream); it still carries its own GPU's.
   void reserve(int link, int lane, bool on) { reserved_.at(link).at(lane) = on; }
   bool reserved(int link, int lane) const { return reserved_.at(link).at(lane); }
   bool waiting(int target) const {
@@ -319,14 +320,20 @@ class MultipathScheduler {
   bool others_probe_young(int link, int q, double now) const;
   // Queue `q` has a chunk, and its lane is clear on `link` (or `link` is its last resort).
   bool usable(int link, int q, double now) const;
-  // `link` may carry `target`'s chunks in `lane`: its own, or as a relay.
+  // `link` may carry `target`'s chunks in `lane`: its own, or as a relay. A
+  // reserved link still relays a transfer whose own share is on the
+  // caller's stream: the rest of it may go nowhere but over relays, since a
+  // chunk on the target's own link after copy() returned is the hazard that
+  // share exists to avoid.
   bool serves(int link, int target, int lane) const {
     if (link == target) return carries_own(link, lane);
-    return relays(link, lane);
+    return may_relay(link) && (!reserved_[link][lane] || front_own_on_stream(target, lane));
   }
-  // `link` may carry other GPUs' chunks in `lane`.
-  bool relays(int link, int lane) const {
-    return (policy_.may_relay.empty() || policy_.may_relay[link]) && !reserved_[link][lane];
+  bool may_relay(int link) const { return policy_.may_relay.empty() || policy_.may_relay[link]; }
+  // The next chunk waiting for `target` in `lane` is of a transfer whose own share is on the caller's stream.
+  bool front_own_on_stream(int target, int lane) const {
+    const auto& w = waiting_[queue_of(target, lane)];
+    return !w.empty() && own_on_stream_[w.front().transfer];
   }
   // `link` carries its own GPU's next chunk in `lane`: always, except where
   // that chunk's transfer has its own share on the caller's stream and

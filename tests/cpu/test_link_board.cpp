@@ -115,3 +115,21 @@ TEST(LinkBoard, ABoardOfAnotherLayoutIsRefusedWithTheReason) {
   EXPECT_FALSE(LinkBoard::open(n.name, &why));
   EXPECT_NE(why.find("another layout"), std::string::npos) << why;
 }
+
+TEST(LinkBoard, ABoardsSlotsGoBackWhenItIsDestroyedAndAWithdrawalTakesNone) {
+  Named n;
+  const int64_t until = LinkBoard::now_ns() + kSecond;
+  {
+    auto a = open_board(n.name);
+    ASSERT_TRUE(a);
+    for (int i = 0; i < LinkBoard::kSlots; ++i) ASSERT_TRUE(a->post(gpu(1), 0, 1000 + i, until)) << i;
+    auto b = open_board(n.name);
+    ASSERT_TRUE(b);
+    EXPECT_FALSE(b->post(gpu(2), 0, 7, until));  // full
+    EXPECT_TRUE(b->post(gpu(2), 0, 7, 0));       // a withdrawal needs no slot
+  }
+  auto c = open_board(n.name);
+  ASSERT_TRUE(c);
+  EXPECT_FALSE(c->busy({gpu(1)}, 1, LinkBoard::now_ns())[0][0]);  // gone with their board
+  EXPECT_TRUE(c->post(gpu(2), 0, 7, until));
+}

@@ -166,6 +166,32 @@ TEST(MultipathScheduler, WithTheOwnShareOnTheStreamAGpusLinkCarriesNoneOfItsChun
   EXPECT_TRUE(s.done(into1));
 }
 
+// Reserved links (the link board) still relay a copy whose own share is on
+// the caller's stream, and its own link still takes none of it: after copy()
+// returned, nothing of such a copy may reach the target over its own link.
+// A copy without the share stays off reserved links.
+TEST(MultipathScheduler, ReservedLinksStillRelayACopyWhoseOwnShareIsOnTheStream) {
+  MultipathScheduler s(3, unprobed());
+  s.reserve(1, 0, true);
+  s.reserve(2, 0, true);
+  const int shared = s.add(0, split_chunks(4 * kMiB, kMiB), 0, true);
+  Assignment x;
+  EXPECT_FALSE(s.next(0, &x)) << "the own link took a chunk of a copy whose own share is on the stream";
+  ASSERT_TRUE(s.next(1, &x));
+  EXPECT_EQ(x.transfer, shared);
+  for (int round = 0; round < 20 && !s.done(shared); ++round)
+    for (int l = 0; l < 3; ++l) {
+      while (s.next(l, &x)) EXPECT_NE(x.link, 0);
+      while (s.in_flight(l)) s.complete(l);
+    }
+  EXPECT_TRUE(s.done(shared));
+  const int plain = s.add(0, split_chunks(4 * kMiB, kMiB), 0, false);
+  EXPECT_FALSE(s.next(1, &x)) << "a reserved link relayed a copy without the own share on the stream";
+  EXPECT_FALSE(s.next(2, &x));
+  ASSERT_TRUE(s.next(0, &x));
+  EXPECT_EQ(x.transfer, plain);
+}
+
 // The setting is per copy: a copy whose stream could not take the own share
 // (a stream on another GPU) is carried by the target's link as usual, and the
 // link keeps out of the next copy, whose share is on its stream, once it is
