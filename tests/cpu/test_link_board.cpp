@@ -133,3 +133,44 @@ TEST(LinkBoard, ABoardsSlotsGoBackWhenItIsDestroyedAndAWithdrawalTakesNone) {
   EXPECT_FALSE(c->busy({gpu(1)}, 1, LinkBoard::now_ns())[0][0]);  // gone with their board
   EXPECT_TRUE(c->post(gpu(2), 0, 7, until));
 }
+
+// Eight processes claiming slots at once, eight each: every claim lands in a
+// slot of its own (the board then takes exactly the rest, and no more).
+TEST(LinkBoard, ProcessesClaimingAtOnceNeverShareASlot) {
+  Named n;
+  const int64_t until = LinkBoard::now_ns() + 20 * kSecond;
+  int go[2];
+  ASSERT_EQ(pipe(go), 0);
+  std::vector<pid_t> kids;
+  for (int k = 0; k < 8; ++k) {
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      close(go[1]);
+      char c;
+      std::string why;
+      auto b = LinkBoard::open(n.name, &why);
+      if (!b || read(go[0], &c, 1) != 0) _exit(2);  // the parent closing the pipe starts every child at once
+      bool ok = true;
+      for (int i = 0; i < 8; ++i) ok = b->post(gpu(static_cast<uint8_t>(k)), 0, 100 * (k + 1) + i, until) && ok;
+      b.release();  // its slots stay taken: the parent counts them
+      _exit(ok ? 0 : 1);
+    }
+    kids.push_back(child);
+  }
+  close(go[0]);
+  close(go[1]);
+  for (pid_t kid : kids) {
+    int status = 0;
+    ASSERT_EQ(waitpid(kid, &status, 0), kid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  auto a = open_board(n.name);
+  ASSERT_TRUE(a);
+  std::vector<GpuId> gpus;
+  for (int k = 0; k < 8; ++k) gpus.push_back(gpu(static_cast<uint8_t>(k)));
+  for (const auto& seen : a->busy(gpus, 1, LinkBoard::now_ns())) EXPECT_TRUE(seen[0]);
+  const int left = LinkBoard::kSlots - 64;
+  for (int i = 0; i < left; ++i) ASSERT_TRUE(a->post(gpu(20), 0, 5000 + i, until)) << i;
+  EXPECT_FALSE(a->post(gpu(21), 0, 9999, until)) << "a slot was claimed twice, or lost";
+}
