@@ -92,10 +92,10 @@ const std::vector<Knob>& knobs() {
        "most of a multipath copy's head that the caller's stream copies itself over the target's link while the "
        "engine starts the rest (0: none)"},
       {"FERRY_MULTIPATH_BOARD", "int", "1",
-       "1: multipath engines post the GPUs they copy to or from on a board in shared host memory, and relay "
-       "nothing over a GPU's link in a direction another program's engine posted, so that programs copying "
-       "their own GPUs' data at once each keep their own link. 0: other programs' copies count only as the "
-       "links' speeds"},
+       "1: multipath engines post the GPUs they copy to or from on a board in shared host memory; where every "
+       "GPU an engine could relay through is copied the same way by its own program, the engine relays nothing, "
+       "so that programs copying their own GPUs' data at once each keep their own link. 0: other programs' "
+       "copies count only as the links' speeds"},
       {"FERRY_MULTIPATH_OWN_SHARE_ON_STREAM", "int", "0",
        "1: the caller's stream copies the target link's share of a multipath copy itself, before the gate, and "
        "the relays carry the rest, so that nothing of the copy reaches the target GPU after the call returns (a "

@@ -162,14 +162,15 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
   // have ids every process shares.
   if (policy_.board && knob_int("FERRY_MULTIPATH_BOARD") != 0 && n > 1) {
     board_gpu_.assign(n, std::nullopt);
+    std::string why = "the GPUs have no UUID";
     bool named = false;
-    std::string no_id;
-    for (int i = 0; i < n && no_id.empty(); ++i) {
+    for (int i = 0; i < n; ++i) {
       if (own_link(links_, links_[i]) != i) continue;  // a loopback relay: its GPU is the target's
       cudaDeviceProp prop{};
       if (const cudaError_t e = cudaGetDeviceProperties(&prop, links_[i]); e != cudaSuccess) {
         cudaGetLastError();
-        no_id = dev_name(links_[i]) + "'s properties: " + error_text(e);
+        why = dev_name(links_[i]) + "'s properties: " + error_text(e);
+        named = false;
         break;
       }
       GpuId id{};
@@ -177,17 +178,11 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
       board_gpu_[i] = id;
       named = named || id != GpuId{};
     }
-    if (!no_id.empty()) named = false;
-    std::string why;
     if (named) board_ = LinkBoard::open("", &why);
     if (board_)
       board_token_ = LinkBoard::new_token();
     else
-      debug_log("multipath: no link board: " +
-                (named            ? why
-                 : !no_id.empty() ? no_id
-                                  : std::string("the GPUs have no UUID")) +
-                "; other programs' copies count only as the links' speeds");
+      debug_log("multipath: no link board: " + why + "; other programs' copies count only as the links' speeds");
   }
   thread_ = std::thread([this] { run(); });
   watchdog_ = std::thread([this] { watch(); });
@@ -823,8 +818,7 @@ void MultipathEngine::watch() {
 // and direction of the copies under way (to last kMultipathBoardHoldS unless
 // renewed), withdraws the posts of those that ended, and reserves links as
 // board_reservations says.
-template <class Transfers>
-void MultipathEngine::read_board(const Transfers& active, double now) {
+void MultipathEngine::read_board(const std::deque<Transfer>& active, double now) {
   constexpr double kBoardLookS = 20e-6;
   if (!board_ || now - board_at_ < kBoardLookS) return;
   board_at_ = now;

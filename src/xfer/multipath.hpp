@@ -245,8 +245,7 @@ class MultipathEngine {
   StreamGate* gate_for(int device, cudaStream_t stream);  // takes mu_; allocates outside it
   // The link board: posts the GPUs and directions of the copies in `active`
   // and reserves the links other programs posted (MultipathPolicy::board).
-  template <class Transfers>
-  void read_board(const Transfers& active, double now);
+  void read_board(const std::deque<Transfer>& active, double now);
   void withdraw_board();  // every post of this engine (the engine's thread, or close() after it)
 
   std::vector<int> links_;
