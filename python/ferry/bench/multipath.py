@@ -732,8 +732,8 @@ def run(opts: dict, progress=print) -> dict:
     n_gpu = torch.cuda.device_count()
     if n_gpu == 0:
         raise SystemExit("ferry.bench.multipath needs a GPU")
-    if opts.get("programs", 0) > n_gpu or opts.get("programs", 0) == 1:
-        raise SystemExit(f"--programs: {opts['programs']}; expected 2 to {n_gpu} (one GPU each)")
+    if opts.get("programs", 0) and not 2 <= opts["programs"] <= n_gpu:
+        raise SystemExit(f"--programs: {opts['programs']}; expected 0 (none) or 2 to {n_gpu} (one GPU each)")
     gpu = torch.cuda.get_device_name(0)
     date = datetime.date.today().isoformat()
     sizes = size_range(opts["min_bytes"], opts["max_bytes"], opts["factor"])
