@@ -703,6 +703,11 @@ void MultipathEngine::land(Transfer& t, double now) {
     // Where the time went: a link whose last chunk landed well before the
     // others' was starved or held; a late first call is the engine's thread.
     auto us = [&](double at) { return std::to_string(static_cast<long>((at - t.started) * 1e6)); };
+    auto ms = [](double at) {
+      char b[32];
+      std::snprintf(b, sizeof b, "%.3f", at * 1e3);
+      return std::string(b);
+    };
     std::string by_link = t.head ? "the caller's stream (head) " + std::to_string(t.head >> 10) + " KiB" : "";
     for (size_t l = 0; l < link_.size(); ++l) {
       if (!t.link_bytes[l]) continue;
@@ -719,7 +724,8 @@ void MultipathEngine::land(Transfer& t, double now) {
               (t.pieces.size() > 1 ? " in " + std::to_string(t.pieces.size()) + " pieces" : "") +
               (t.to_device ? " into " : " from ") + dev_name(links_[t.target]) + " landed " +
               std::to_string(static_cast<long>((now - t.started) * 1e6)) +
-              " us after the engine saw its stream get to it; by link: " + by_link);
+              " us after the engine saw its stream get to it (at " + ms(t.started) + " ms on the steady clock, landed at " +
+              ms(now) + " ms); by link: " + by_link);
   }
   {
     std::lock_guard<std::mutex> lock(mu_);  // a waiter checks and sleeps under it: no lost wake-up
