@@ -724,8 +724,8 @@ void MultipathEngine::land(Transfer& t, double now) {
               (t.pieces.size() > 1 ? " in " + std::to_string(t.pieces.size()) + " pieces" : "") +
               (t.to_device ? " into " : " from ") + dev_name(links_[t.target]) + " landed " +
               std::to_string(static_cast<long>((now - t.started) * 1e6)) +
-              " us after the engine saw its stream get to it (at " + ms(t.started) + " ms on the steady clock, landed at " +
-              ms(now) + " ms); by link: " + by_link);
+              " us after the engine saw its stream get to it (at " + ms(t.started) +
+              " ms on the steady clock, landed at " + ms(now) + " ms); by link: " + by_link);
   }
   {
     std::lock_guard<std::mutex> lock(mu_);  // a waiter checks and sleeps under it: no lost wake-up

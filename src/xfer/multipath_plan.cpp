@@ -15,10 +15,10 @@ std::vector<Chunk> split_batch(const std::vector<size_t>& sizes, size_t chunk_by
   FERRY_ARG_CHECK(chunk_bytes > 0, "chunk_bytes must be positive");
   std::vector<Chunk> out;
   size_t at = 0;
-  for (size_t bytes : sizes) {
-    for (size_t off = 0; off < bytes; off += chunk_bytes)
-      out.push_back(Chunk{at + off, std::min(chunk_bytes, bytes - off)});
-    at += bytes;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    for (size_t off = 0; off < sizes[i]; off += chunk_bytes)
+      out.push_back(Chunk{at + off, std::min(chunk_bytes, sizes[i] - off), i});
+    at += sizes[i];
   }
   return out;
 }
@@ -240,6 +240,14 @@ bool MultipathScheduler::lands_in_time(int link, int q, size_t bytes, double now
   return mine <= std::max(backlog / rate, one);
 }
 
+bool MultipathScheduler::alone(int link, int q) const {
+  const int target = q / kLanes, lane = q % kLanes;
+  if (link != target) return false;
+  for (int j = 0; j < links(); ++j)
+    if (j != link && serves(j, target, lane)) return false;
+  return true;
+}
+
 bool MultipathScheduler::clear(int link, int lane, double now) const {
   if (!policy_.probe) return true;
   if (resort_[link][lane]) return false;  // only a prompt probe clears a link taken as a last resort
@@ -345,6 +353,17 @@ bool MultipathScheduler::next(int link, Assignment* out, double now) {
     ++remaining_[q.transfer];
   } else {
     waiting_[from].pop_front();
+    // Alone on its own GPU's queue: the next chunks of the same copy go with it.
+    while (alone(link, from) && !waiting_[from].empty()) {
+      const Queued& n = waiting_[from].front();
+      if (n.transfer != q.transfer || n.chunk.piece != q.chunk.piece ||
+          n.chunk.offset != q.chunk.offset + q.chunk.bytes || q.chunk.bytes + n.chunk.bytes > kMultipathAloneChunk)
+        break;
+      q.chunk.bytes += n.chunk.bytes;
+      waiting_bytes_[from] -= n.chunk.bytes;
+      --remaining_[q.transfer];
+      waiting_[from].pop_front();
+    }
   }
   waiting_bytes_[from] -= bytes;
   Assignment a;
@@ -360,7 +379,7 @@ bool MultipathScheduler::next(int link, Assignment* out, double now) {
 size_t MultipathScheduler::take_bytes(int link, int q, double now) const {
   const size_t whole = waiting_[q].front().chunk.bytes;
   const size_t tail = policy_.tail_chunk;
-  if (tail == 0 || whole < 2 * tail || !clear(link, q % kLanes, now)) return whole;
+  if (tail == 0 || whole < 2 * tail || !clear(link, q % kLanes, now) || alone(link, q)) return whole;
   return waiting_bytes_[q] <= static_cast<size_t>(links()) * whole ? tail : whole;
 }
 

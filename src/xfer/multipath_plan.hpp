@@ -49,14 +49,22 @@ constexpr size_t kMultipathProbeBytes = size_t{64} << 10;
 struct Chunk {
   size_t offset = 0;  // in the transfer
   size_t bytes = 0;
+  size_t piece = 0;  // the batch's copy it lies in (split_batch)
 };
+
+// The most a link takes at once of its own GPU's copy where no other link
+// may carry any of it (every relay reserved by the link board, say): then
+// chunks only cost, since each copy costs its copy engine a few microseconds
+// (a 2 MiB chunk took 43-45 us on two H200s where the link's speed gives 39),
+// and the tail needs no finer chunks to finish with other links.
+constexpr size_t kMultipathAloneChunk = size_t{64} << 20;
 
 // `bytes` as chunks of `chunk_bytes` (the last one shorter), in order.
 std::vector<Chunk> split_chunks(size_t bytes, size_t chunk_bytes);
 
 // The copies of a batch laid end to end (copy i starts at the sum of the
 // sizes before it) as chunks of at most `chunk_bytes` that never cross the
-// end of a copy, in order. Zero sizes give no chunk.
+// end of a copy, in order, each naming its copy. Zero sizes give no chunk.
 std::vector<Chunk> split_batch(const std::vector<size_t>& sizes, size_t chunk_bytes);
 
 // The chunk size of one copy: small enough that every link's outstanding
@@ -312,6 +320,8 @@ class MultipathScheduler {
   int pick(int link, double now) const;  // the queue `link` would take from next, or -1
   bool lands_in_time(int link, int q, size_t bytes, double now) const;
   size_t take_bytes(int link, int q, double now) const;  // of queue q's next chunk
+  // `link` is queue `q`'s GPU's own and no other link may carry any of it.
+  bool alone(int link, int q) const;
   size_t flight_bytes(int link) const;
   bool clear(int link, int lane, double now) const;
   bool last_resort(int link, int q, double now) const;

@@ -192,6 +192,60 @@ TEST(MultipathScheduler, ReservedLinksStillRelayACopyWhoseOwnShareIsOnTheStream)
   EXPECT_EQ(x.transfer, plain);
 }
 
+// Where no other link may carry any of a copy (every relay reserved by the
+// link board), its own link takes it in copies of up to kMultipathAloneChunk
+// rather than chunk by chunk (each copy costs the copy engine a few
+// microseconds), never across the end of one of a batch's copies and with no
+// finer tail; with a relay free again, chunks go as given.
+TEST(MultipathScheduler, AloneOnItsCopyALinkTakesItInLargeCopies) {
+  MultipathScheduler s(2, unprobed());
+  s.reserve(1, 0, true);
+  const size_t chunk = 8 * kMiB;
+  const int big = s.add(0, split_chunks(200 * kMiB, chunk));
+  Assignment x;
+  EXPECT_FALSE(s.next(1, &x)) << "a reserved link relayed";
+  std::vector<size_t> took;
+  size_t at = 0;
+  for (int round = 0; round < 20 && !s.done(big); ++round) {
+    while (s.next(0, &x)) {
+      EXPECT_EQ(x.chunk.offset, at);
+      at += x.chunk.bytes;
+      took.push_back(x.chunk.bytes);
+    }
+    s.complete(0);
+  }
+  EXPECT_TRUE(s.done(big));
+  EXPECT_TRUE(s.idle());
+  EXPECT_EQ(took, (std::vector<size_t>{kMultipathAloneChunk, kMultipathAloneChunk, kMultipathAloneChunk, 8 * kMiB}));
+
+  // A batch: copies of 20, 3 and 30 MiB stay apart.
+  const int batch = s.add(0, split_batch({20 * kMiB, 3 * kMiB, 30 * kMiB}, chunk));
+  took.clear();
+  for (int round = 0; round < 20 && !s.done(batch); ++round) {
+    while (s.next(0, &x)) took.push_back(x.chunk.bytes);
+    s.complete(0);
+  }
+  EXPECT_TRUE(s.done(batch));
+  EXPECT_EQ(took, (std::vector<size_t>{20 * kMiB, 3 * kMiB, 30 * kMiB}));
+
+  // The relay free again: 8 MiB chunks on both links, the tail finer.
+  s.reserve(1, 0, false);
+  const int shared = s.add(0, split_chunks(64 * kMiB, chunk));
+  ASSERT_TRUE(s.next(0, &x));
+  EXPECT_EQ(x.chunk.bytes, chunk);
+  ASSERT_TRUE(s.next(1, &x));
+  EXPECT_EQ(x.chunk.bytes, chunk);
+  EXPECT_TRUE(x.relay());
+  size_t smallest = chunk;
+  for (int round = 0; round < 40 && !s.done(shared); ++round)
+    for (int l = 0; l < 2; ++l) {
+      while (s.next(l, &x)) smallest = std::min(smallest, x.chunk.bytes);
+      if (s.in_flight(l)) s.complete(l);
+    }
+  EXPECT_TRUE(s.done(shared));
+  EXPECT_LT(smallest, chunk) << "no finer tail with two links";
+}
+
 // The setting is per copy: a copy whose stream could not take the own share
 // (a stream on another GPU) is carried by the target's link as usual, and the
 // link keeps out of the next copy, whose share is on its stream, once it is
@@ -868,7 +922,8 @@ TEST(MultipathProbe, ALateProbeKeepsTheLaneOutAndAClearLaneLapses) {
 // another link's probe is out, a late link waits for it.
 TEST(MultipathProbe, WhenEveryLinkIsHeldTheCopyStillGoes) {
   Assignment a;
-  MultipathScheduler alone = one_copy(1, 4 * kMiB);
+  // (A link alone takes up to kMultipathAloneChunk at once: enough for three.)
+  MultipathScheduler alone = one_copy(1, 3 * kMultipathAloneChunk);
   ASSERT_EQ(alone.start_probe(0, 0.0), 0);
   alone.probe_landed(0, 0, 0.01, 0.01);
   EXPECT_TRUE(alone.next(0, &a, 0.01)) << "the only link did not take the copy";
