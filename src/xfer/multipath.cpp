@@ -821,22 +821,23 @@ void MultipathEngine::watch() {
 
 // Every kBoardLookS (soon after a copy starts, so that programs starting
 // together see each other before their relays take chunks): posts each GPU
-// and direction of the copies under way (to last kMultipathBoardHoldS unless
-// renewed), withdraws the posts of those that ended, and reserves links as
-// board_reservations says.
+// and direction of the copies under way or just ended (board_posts; each to
+// last kMultipathBoardHoldS unless renewed), withdraws the rest, and reserves
+// links as board_reservations says.
 void MultipathEngine::read_board(const std::deque<Transfer>& active, double now) {
   constexpr double kBoardLookS = 20e-6;
   if (!board_ || now - board_at_ < kBoardLookS) return;
   board_at_ = now;
   const int64_t at = LinkBoard::now_ns();
   const auto hold = static_cast<int64_t>(kMultipathBoardHoldS * 1e9);
-  std::set<std::pair<int, int>> under_way;  // (target link, lane)
+  std::set<BoardKey> copying;
   for (const auto& t : active)
-    if (board_gpu_[t.target]) under_way.insert({t.target, MultipathScheduler::lane(t.to_device)});
+    if (board_gpu_[t.target]) copying.insert({t.target, MultipathScheduler::lane(t.to_device)});
+  const std::set<BoardKey> under_way = board_posts(copying, &board_ended_, now);
   for (const auto& [link, lane] : board_posted_)
     if (!under_way.count({link, lane})) board_->post(*board_gpu_[link], lane, board_token_, 0);
   for (const auto& [link, lane] : under_way) board_->post(*board_gpu_[link], lane, board_token_, at + hold);
-  board_posted_ = std::move(under_way);
+  board_posted_ = under_way;
   const int n = static_cast<int>(board_gpu_.size());
   std::vector<GpuId> gpus;
   std::vector<int> of;
@@ -866,6 +867,7 @@ void MultipathEngine::withdraw_board() {
   if (!board_) return;
   for (const auto& [link, lane] : board_posted_) board_->post(*board_gpu_[link], lane, board_token_, 0);
   board_posted_.clear();
+  board_ended_.clear();
 }
 
 // The engine's thread: starts copies whose streams got to them, feeds every
@@ -906,8 +908,9 @@ void MultipathEngine::run() {
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mu_);
+      // Idle: posts kept over the gap to a next copy are withdrawn once it passed.
       if (!in_flight() && pending.empty() && active.empty() && queued_.empty() && !stop_)
-        cv_.wait_for(lock, std::chrono::milliseconds(100));
+        cv_.wait_for(lock, std::chrono::milliseconds(board_posted_.empty() ? 100 : 1));
       if (stop_) break;
       if (broken_ && !in_flight() && pending.empty() && active.empty()) {
         cv_.wait_for(lock, std::chrono::milliseconds(100));
@@ -1045,6 +1048,8 @@ void MultipathEngine::run() {
       // Let each finished copy's stream go; a started copy has the timeout to land.
       for (auto it = active.begin(); it != active.end();) {
         if (sched->done(it->sched) && (!it->head || it->gate->head_done->value() >= it->generation)) {
+          if (board_ && board_gpu_[it->target])
+            board_ended_[{it->target, MultipathScheduler::lane(it->to_device)}] = steady_seconds();
           bytes_[it->target] += it->head;
           land(*it, steady_seconds());
           it = active.erase(it);
@@ -1070,8 +1075,6 @@ void MultipathEngine::run() {
         }
         ++it;
       }
-      // The last copy landed: its posts go now, not when they lapse.
-      if (active.empty()) withdraw_board();
     } catch (const std::exception& e) {
       fail_and_release(e.what(), pending, active);
       withdraw_board();

@@ -265,7 +265,8 @@ class MultipathEngine {
   std::unique_ptr<LinkBoard> board_;
   uint64_t board_token_ = 0;
   std::vector<std::optional<GpuId>> board_gpu_;
-  std::set<std::pair<int, int>> board_posted_;  // (target link, lane) posted at the last look
+  std::set<BoardKey> board_posted_;         // posted at the last look
+  std::map<BoardKey, double> board_ended_;  // when a copy there last landed (board_posts)
   double board_at_ = -1;
 
   mutable std::mutex mu_;

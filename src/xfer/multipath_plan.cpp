@@ -536,6 +536,19 @@ double capacity_until(const LinkModel& m, double t) {
 
 }  // namespace
 
+std::set<BoardKey> board_posts(const std::set<BoardKey>& under_way, std::map<BoardKey, double>* ended, double now) {
+  std::set<BoardKey> out = under_way;
+  for (auto it = ended->begin(); it != ended->end();) {
+    if (now - it->second >= kMultipathBoardGapS) {
+      it = ended->erase(it);
+      continue;
+    }
+    out.insert(it->first);
+    ++it;
+  }
+  return out;
+}
+
 std::vector<bool> board_reservations(const std::vector<bool>& posted, const std::vector<bool>& targets,
                                      const std::vector<bool>& on_board) {
   FERRY_ARG_CHECK(posted.size() == targets.size() && posted.size() == on_board.size(),

@@ -31,7 +31,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -143,10 +145,22 @@ int own_link(const std::vector<int>& link_devices, int device);
 
 // How long a post on the link board (MultipathPolicy::board) lasts unless
 // renewed. An engine renews its posts every 20 us while its copies run and
-// withdraws them when they end; the hold only covers an engine thread held
+// withdraws them once they ended (board_posts); the hold only covers an engine thread held
 // up (in a CUDA call, on a busy CPU) and bounds what a program that died
 // leaves behind.
 constexpr double kMultipathBoardHoldS = 50e-3;
+
+// A GPU and direction on the link board: (the link of the GPU, lane).
+using BoardKey = std::pair<int, int>;
+// What an engine posts on the link board at `now`: each GPU and direction of
+// its copies under way, and of those that ended within kMultipathBoardGapS
+// (`ended`: when each last ended; older entries are dropped). A program's
+// next copy follows its last within tens of microseconds: withdrawn at once,
+// the post would let another program's relay chunks onto the link in that
+// gap, where the next copy's own chunks then queue behind them (on two H200s
+// one program of two moved 58 GB/s and the other 48).
+constexpr double kMultipathBoardGapS = 2e-3;
+std::set<BoardKey> board_posts(const std::set<BoardKey>& under_way, std::map<BoardKey, double>* ended, double now);
 
 // Which links to reserve (MultipathScheduler::reserve) in a lane, from the
 // link board: `posted` (another program copies to or from the link's GPU

@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <numeric>
+#include <set>
 
 #include "core/error.hpp"
 #include "xfer/multipath_plan.hpp"
@@ -437,6 +439,21 @@ TEST(MultipathBalance, ALinkFreedByItsProgramRelaysAgain) {
 }
 
 // The rule itself: every link that could relay posted, or none reserved.
+// Posts last over the gap between a program's copies, not longer.
+TEST(MultipathBoard, PostsOutlastACopyByTheGapToTheNext) {
+  std::map<BoardKey, double> ended;
+  EXPECT_EQ(board_posts({{0, 1}}, &ended, 1.0), (std::set<BoardKey>{{0, 1}}));
+  ended[{0, 1}] = 1.0;  // its copy landed
+  ended[{2, 0}] = 1.0;
+  EXPECT_EQ(board_posts({}, &ended, 1.0 + kMultipathBoardGapS / 2), (std::set<BoardKey>{{0, 1}, {2, 0}}));
+  EXPECT_EQ(board_posts({{3, 0}}, &ended, 1.0 + kMultipathBoardGapS / 2), (std::set<BoardKey>{{0, 1}, {2, 0}, {3, 0}}));
+  EXPECT_EQ(ended.size(), 2u);
+  EXPECT_EQ(board_posts({{2, 0}}, &ended, 1.0 + kMultipathBoardGapS), (std::set<BoardKey>{{2, 0}}))
+      << "a post outlasted the gap";
+  EXPECT_TRUE(ended.empty()) << "entries past the gap are dropped";
+  EXPECT_TRUE(board_posts({}, &ended, 2.0).empty());
+}
+
 TEST(MultipathBoard, ReservesOnlyWhereEveryLinkThatCouldRelayIsPosted) {
   const std::vector<bool> all(4, true);
   // This engine copies into GPU 0; the other three GPUs are each copied by their program.
