@@ -987,6 +987,12 @@ void MultipathEngine::run() {
                       std::to_string(static_cast<long>(host_s * 1e6)) +
                       " us as the engine saw it): copies were queued there first; that link takes no chunk that way "
                       "until one is prompt, unless no other link will take the copy");
+          else if (host_s > 10 * MultipathScheduler::kPromptS && debug_enabled())
+            debug_log("multipath: a probe " + std::string(lane == 0 ? "into " : "out of ") + dev_name(L.device) +
+                      " took " + std::to_string(static_cast<long>(waited * 1e6)) + " us on the GPU but " +
+                      std::to_string(static_cast<long>(host_s * 1e6)) +
+                      " us as the engine saw it: the GPU started it late (nothing of this engine's was queued "
+                      "before it there)");
           sched->probe_landed(l, lane, seen, waited);
           progress = true;
         }
