@@ -991,8 +991,8 @@ void MultipathEngine::run() {
             debug_log("multipath: a probe " + std::string(lane == 0 ? "into " : "out of ") + dev_name(L.device) +
                       " took " + std::to_string(static_cast<long>(waited * 1e6)) + " us on the GPU but " +
                       std::to_string(static_cast<long>(host_s * 1e6)) +
-                      " us as the engine saw it: the GPU started it late (nothing of this engine's was queued "
-                      "before it there)");
+                      " us as the engine saw it: it started late (behind earlier work on its stream, or the GPU "
+                      "serving another context)");
           sched->probe_landed(l, lane, seen, waited);
           progress = true;
         }
