@@ -573,6 +573,10 @@ bool MultipathEngine::first_hop(Transfer& t, const Assignment& a, Hop* hop) {
   }
   // Two streams per relay: while one chunk crosses NVLink, the next crosses
   // the host link into the other staging buffer.
+  if (n > chunk_bytes_)
+    throw_error(FERRY_ERROR_INTERNAL, "multipath: a relay chunk of " + std::to_string(n) +
+                                          " bytes is larger than its staging buffer (" + std::to_string(chunk_bytes_) +
+                                          ")");
   const cudaError_t e = cudaMemcpyAsync(L.staging[hop->slot], hop->src, n, cudaMemcpyDefault, first);
   if (e == cudaSuccess) return true;
   cudaGetLastError();

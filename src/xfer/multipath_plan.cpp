@@ -169,6 +169,9 @@ int MultipathScheduler::add(int target, const std::vector<Chunk>& chunks, int la
   own_on_stream_.push_back(own_share_on_stream.value_or(policy_.own_share_on_stream));
   head_pending_.push_back(head_pending);
   remaining_.push_back(chunks.size());
+  size_t largest = 0;
+  for (const Chunk& c : chunks) largest = std::max(largest, c.bytes);
+  chunk_max_.push_back(largest);
   const int q = queue_of(target, lane);
   for (const Chunk& c : chunks) {
     waiting_[q].push_back(Queued{id, c});
@@ -377,7 +380,10 @@ bool MultipathScheduler::next(int link, Assignment* out, double now) {
 }
 
 size_t MultipathScheduler::take_bytes(int link, int q, double now) const {
-  const size_t whole = waiting_[q].front().chunk.bytes;
+  const Queued& front = waiting_[q].front();
+  // A relay takes no more than a chunk as added (its staging buffers' size),
+  // even of one its own link took larger and gave back.
+  const size_t whole = link == q / kLanes ? front.chunk.bytes : std::min(front.chunk.bytes, chunk_max_[front.transfer]);
   const size_t tail = policy_.tail_chunk;
   if (tail == 0 || whole < 2 * tail || !clear(link, q % kLanes, now) || alone(link, q)) return whole;
   return waiting_bytes_[q] <= static_cast<size_t>(links()) * whole ? tail : whole;
@@ -478,6 +484,7 @@ void MultipathScheduler::forget_transfers() {
   own_on_stream_.clear();
   head_pending_.clear();
   remaining_.clear();
+  chunk_max_.clear();
 }
 
 void MultipathScheduler::give_back(int link) {

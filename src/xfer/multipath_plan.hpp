@@ -380,6 +380,7 @@ class MultipathScheduler {
   std::vector<std::vector<bool>> resort_;        // by link and lane: took chunks while held, until a prompt probe
   std::vector<std::vector<bool>> reserved_;      // by link and lane: another program copies its GPU's own data
   std::vector<size_t> remaining_;                // chunks not yet landed, by transfer
+  std::vector<size_t> chunk_max_;                // by transfer: its largest chunk as added, the most a relay takes
 };
 
 // ---- a model of the links, for the tests and for choosing chunk sizes

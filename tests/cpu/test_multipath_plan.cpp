@@ -248,6 +248,36 @@ TEST(MultipathScheduler, AloneOnItsCopyALinkTakesItInLargeCopies) {
   EXPECT_LT(smallest, chunk) << "no finer tail with two links";
 }
 
+// A large copy its own link took and gave back (as when a relay of the same
+// round fails: stop_relay gives back all that round gave the link) goes to a
+// relay freed meanwhile in chunks no larger than those added: a relay's
+// staging buffer holds no more.
+TEST(MultipathScheduler, ALargeCopyGivenBackGoesToARelayInChunksAsAdded) {
+  MultipathPolicy p = unprobed();
+  p.tail_chunk = 0;
+  MultipathScheduler s(3, p);
+  s.reserve(1, 0, true);
+  s.reserve(2, 0, true);
+  const size_t chunk = 8 * kMiB;
+  const int into0 = s.add(0, split_chunks(9 * chunk, chunk), 0);
+  Assignment x;
+  ASSERT_TRUE(s.next(0, &x));
+  ASSERT_GT(x.chunk.bytes, chunk) << "the case did not arise: link 0 took no large copy";
+  s.give_back(0);
+  s.reserve(1, 0, false);
+  ASSERT_TRUE(s.next(1, &x));  // the freed relay first: the large copy is at the front of GPU 0's queue
+  EXPECT_TRUE(x.relay());
+  EXPECT_LE(x.chunk.bytes, chunk) << "a relay took more than its staging buffer holds";
+  for (int round = 0; round < 40 && !s.done(into0); ++round)
+    for (int l = 0; l < 3; ++l) {
+      while (s.next(l, &x))
+        if (x.relay()) EXPECT_LE(x.chunk.bytes, chunk) << "a relay took more than its staging buffer holds";
+      if (s.in_flight(l)) s.complete(l);
+    }
+  EXPECT_TRUE(s.done(into0));
+  EXPECT_TRUE(s.idle());
+}
+
 // The setting is per copy: a copy whose stream could not take the own share
 // (a stream on another GPU) is carried by the target's link as usual, and the
 // link keeps out of the next copy, whose share is on its stream, once it is
@@ -438,7 +468,6 @@ TEST(MultipathBalance, ALinkFreedByItsProgramRelaysAgain) {
   EXPECT_LT(r[0].seconds, 0.9 * ideal_seconds({links[0]}, kGiB));  // faster than its own link alone
 }
 
-// The rule itself: every link that could relay posted, or none reserved.
 // Posts last over the gap between a program's copies, not longer.
 TEST(MultipathBoard, PostsOutlastACopyByTheGapToTheNext) {
   std::map<BoardKey, double> ended;
@@ -454,6 +483,7 @@ TEST(MultipathBoard, PostsOutlastACopyByTheGapToTheNext) {
   EXPECT_TRUE(board_posts({}, &ended, 2.0).empty());
 }
 
+// The rule itself: every link that could relay posted, or none reserved.
 TEST(MultipathBoard, ReservesOnlyWhereEveryLinkThatCouldRelayIsPosted) {
   const std::vector<bool> all(4, true);
   // This engine copies into GPU 0; the other three GPUs are each copied by their program.

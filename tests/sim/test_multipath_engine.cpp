@@ -959,20 +959,15 @@ TEST_F(MultipathSim, TailPartsAndAHeadLongerThanTheFirstCopyLandEveryByte) {
   }
 }
 
-// Three engines (three programs, as far as the link board goes): while B
-// and C copy into GPUs 1 and 2, A's copy into GPU 0 relays over neither's
-// link, every GPU being copied by its own program; with the board off it
-// does (B's and C's chunks there do not hold A's probes long enough to keep
-// A off them).
 // An engine's posts outlast its copy by the gap to a next one
 // (kMultipathBoardGapS), and are withdrawn soon after, well before they
 // would lapse (kMultipathBoardHoldS).
 TEST_F(MultipathSim, PostsOutlastACopyByTheGapAndGoSoonAfter) {
+  using std::chrono::steady_clock;
   sim::reset(2, 20e9);
   MultipathEngine b(options({0, 1}, MiB, MiB));
   const size_t n = 8 * MiB;
   Buf h(n, -1), d(n, 1);
-  fill(h, 7);
   std::string why;
   auto seen = ferry::xfer::LinkBoard::open("", &why);
   ASSERT_TRUE(seen) << why;
@@ -982,21 +977,33 @@ TEST_F(MultipathSim, PostsOutlastACopyByTheGapAndGoSoonAfter) {
   std::memcpy(gpus[0].data(), prop.uuid.bytes, 16);
   auto posted = [&] { return seen->busy(gpus, 1, ferry::xfer::LinkBoard::now_ns())[0][0]; };
   cudaStream_t s = new_stream(1);
-  b.copy(d.p, h.p, n, s);
-  b.synchronize();  // returns as the copy lands
-  const auto landed = std::chrono::steady_clock::now();
-  const bool still = posted();
-  if (std::chrono::steady_clock::now() - landed < std::chrono::microseconds(500))  // else too slow a machine to tell
-    EXPECT_TRUE(still) << "the post went with the copy: another program could relay over the link before its next";
-  while (posted()) {
-    ASSERT_LT(std::chrono::steady_clock::now() - landed, std::chrono::milliseconds(40))
-        << "the post stayed until it lapsed";
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  // A millisecond after the copy landed its post is still up (the gap is 2
+  // ms; withdrawn with the copy, it would be gone). A busy machine can wake
+  // this thread late: up to five tries.
+  bool kept = false;
+  for (int attempt = 0; attempt < 5 && !kept; ++attempt) {
+    fill(h, 7 + attempt);
+    const auto r = b.copy(d.p, h.p, n, s);
+    ASSERT_TRUE(r.multipath) << r.reason;
+    b.synchronize();  // returns as the copy lands
+    const auto landed = steady_clock::now();
+    std::this_thread::sleep_until(landed + std::chrono::milliseconds(1));
+    kept = posted() && steady_clock::now() - landed < std::chrono::microseconds(1500);
+    while (posted()) {
+      ASSERT_LT(steady_clock::now() - landed, std::chrono::milliseconds(40)) << "the post stayed until it lapsed";
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    ASSERT_TRUE(drained(s));
+    EXPECT_EQ(std::memcmp(d.p, h.p, n), 0);
   }
-  ASSERT_TRUE(drained(s));
-  EXPECT_EQ(std::memcmp(d.p, h.p, n), 0);
+  EXPECT_TRUE(kept) << "the post went with the copy: another program could relay over the link before its next";
 }
 
+// Three engines (three programs, as far as the link board goes): while B
+// and C copy into GPUs 1 and 2, A's copy into GPU 0 relays over neither's
+// link, every GPU being copied by its own program; with the board off it
+// does (B's and C's chunks there do not hold A's probes long enough to keep
+// A off them).
 TEST_F(MultipathSim, EveryOtherGpuCopiedByItsProgramKeepsRelaysOffTheirLinks) {
   sim::reset(3, 2e9);  // slow links: B's and C's copies outlast A's
   for (const bool board : {true, false}) {
