@@ -752,6 +752,7 @@ TEST_F(MultipathSim, AHeadOnTheCallersStreamKeepsOrderAndEveryByte) {
   MultipathOptions o = options({0, 1, 2});
   o.head_bytes = 3 * MiB;
   MultipathEngine e(o);
+  size_t relayed_large = 0;  // by the relays in the copies of 8 MiB and more
   for (size_t n : {2 * MiB, 8 * MiB + 13, 24 * MiB + 7}) {
     Buf host(n, -1), dev(n, 0), back(n, -1), after(n, -1);
     fill(host, static_cast<unsigned>(n) + 1);
@@ -773,9 +774,12 @@ TEST_F(MultipathSim, AHeadOnTheCallersStreamKeepsOrderAndEveryByte) {
     EXPECT_EQ(std::memcmp(after.p, host.p, n), 0) << n << ": the work after the copy saw it incomplete";
     EXPECT_EQ(std::memcmp(back.p, host.p, n), 0) << n;
     const auto moved = e.bytes_by_link();
-    if (n >= 8 * MiB) EXPECT_GT(moved[1] + moved[2], before[1] + before[2]) << n;
+    if (n >= 8 * MiB) relayed_large += moved[1] + moved[2] - before[1] - before[2];
     cudaStreamDestroy(s);
   }
+  // (Summed: a copy whose relays' probes came back late can go over the own
+  // link alone.)
+  EXPECT_GT(relayed_large, 0u) << "the rest of no copy went over the relays";
 }
 
 // With the own share on the stream: every byte both ways, copy after copy;
