@@ -985,18 +985,18 @@ void MultipathEngine::run() {
           const bool timed = cudaEventElapsedTime(&gpu_ms, L.probe[lane][0], L.probe[lane][1]) == cudaSuccess;
           if (!timed) cudaGetLastError();
           const double waited = timed ? gpu_ms * 1e-3 : host_s;
-          if (waited > MultipathScheduler::kPromptS && debug_enabled())
-            debug_log("multipath: a probe " + std::string(lane == 0 ? "into " : "out of ") + dev_name(L.device) +
-                      " took " + std::to_string(static_cast<long>(waited * 1e6)) + " us on the GPU (" +
-                      std::to_string(static_cast<long>(host_s * 1e6)) +
-                      " us as the engine saw it): copies were queued there first; that link takes no chunk that way "
-                      "until one is prompt, unless no other link will take the copy");
-          else if (host_s > 10 * MultipathScheduler::kPromptS && debug_enabled())
-            debug_log("multipath: a probe " + std::string(lane == 0 ? "into " : "out of ") + dev_name(L.device) +
-                      " took " + std::to_string(static_cast<long>(waited * 1e6)) + " us on the GPU but " +
-                      std::to_string(static_cast<long>(host_s * 1e6)) +
-                      " us as the engine saw it: it started late (behind earlier work on its stream, or the GPU "
-                      "serving another context)");
+          if (debug_enabled() &&
+              (waited > MultipathScheduler::kPromptS || host_s > 10 * MultipathScheduler::kPromptS)) {
+            const std::string said = "multipath: a probe " + std::string(lane == 0 ? "into " : "out of ") +
+                                     dev_name(L.device) + " took " + std::to_string(static_cast<long>(waited * 1e6)) +
+                                     " us on the GPU and " + std::to_string(static_cast<long>(host_s * 1e6)) +
+                                     " us as the engine saw it: ";
+            debug_log(said + (waited > MultipathScheduler::kPromptS
+                                  ? "copies were queued there first; that link takes no chunk that way until one is "
+                                    "prompt, unless no other link will take the copy"
+                                  : "it started late (behind earlier work on its stream, or the GPU serving another "
+                                    "context)"));
+          }
           sched->probe_landed(l, lane, seen, waited);
           progress = true;
         }
