@@ -610,8 +610,10 @@ std::vector<SimResult> simulate_processes(const std::vector<LinkModel>& links,
           serve_until(links[l], std::max(now, free_at[l]), static_cast<double>(queue[l].front().a.chunk.bytes));
   };
   // The link board (MultipathPolicy::board): process p sees a link posted
-  // while another process copies to or from its GPU (an engine withdraws its
-  // post when its copy ends), and reserves as board_reservations says.
+  // while another process copies to or from its GPU, and reserves as
+  // board_reservations says. A process's next copy follows its last at once
+  // here, so the engine's posts over the gap between copies (board_posts)
+  // change nothing and are not modelled.
   auto read_board = [&](size_t p) {
     if (!policy.board || procs < 2) return;
     std::vector<bool> posted(n, false), targets(n, false);

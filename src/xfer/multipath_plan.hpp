@@ -145,9 +145,9 @@ int own_link(const std::vector<int>& link_devices, int device);
 
 // How long a post on the link board (MultipathPolicy::board) lasts unless
 // renewed. An engine renews its posts every 20 us while its copies run and
-// withdraws them once they ended (board_posts); the hold only covers an engine thread held
-// up (in a CUDA call, on a busy CPU) and bounds what a program that died
-// leaves behind.
+// withdraws them once they ended (board_posts); the hold only covers an
+// engine thread held up (in a CUDA call, on a busy CPU) and bounds what a
+// program that died leaves behind.
 constexpr double kMultipathBoardHoldS = 50e-3;
 
 // A GPU and direction on the link board: (the link of the GPU, lane).
