@@ -124,7 +124,7 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
     FERRY_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     FERRY_CUDA_CHECK(cudaStreamCreateWithPriority(&L.host, cudaStreamNonBlocking, greatest));
     FERRY_CUDA_CHECK(cudaStreamCreateWithPriority(&L.nvlink, cudaStreamNonBlocking, greatest));
-    L.relayed.assign(n, {});
+    L.carried.assign(n, {});
     L.hop.resize(policy_.outstanding);
     L.landed.resize(policy_.outstanding);
     for (int s = 0; s < policy_.outstanding; ++s) {
@@ -533,7 +533,8 @@ MultipathReport MultipathEngine::copy_batch(const std::vector<MultipathPiece>& p
     }
     t.id = ++next_id_;
     unfinished_.insert(t.id);
-    watched_[t.id] = Watched{t.gate, t.generation, steady_seconds()};
+    t.queued = steady_seconds();
+    watched_[t.id] = Watched{t.gate, t.generation, t.queued};
     chunks = t.chunks.size();
     queued_.push_back(std::move(t));
   }
@@ -604,18 +605,17 @@ bool MultipathEngine::second_hop(const Hop& h) {
   }
   L.next_slot = (h.slot + 1) % policy_.outstanding;
   if (!h.t->link_first.empty() && h.t->link_first[h.a.link] == 0) h.t->link_first[h.a.link] = h.given;
-  // A relay's first chunk to a GPU in a direction is not timed: on four H200s
-  // a relay's second hop in a new engine's first copy took 105-112 us for
-  // 2 MiB and 7-19 us after (docs/multipath.md), and timed, that one chunk
-  // kept the relay out of short copies until its estimate aged out.
-  bool first_relay = false;
-  if (h.a.relay()) {
-    bool& before = L.relayed[h.a.target][MultipathScheduler::lane(h.t->to_device)];
-    first_relay = !before;
-    before = true;
-  }
+  // A link's first chunk to or from a GPU in a direction is not timed: on
+  // four H200s a relay's second hop in a new engine's first copy took 105-112
+  // us for 2 MiB and 7-19 us after, and an own link's first 2 MiB out of its
+  // GPU landed 2.7 ms after it went out, 46 us of it on the GPU
+  // (docs/multipath.md). Timed, that one chunk kept the link out of short
+  // copies until its estimate aged out.
+  bool& before = L.carried[h.a.target][MultipathScheduler::lane(h.t->to_device)];
+  const bool first = !before;
+  before = true;
   // Given when its first call went out: the link's speed counts from then.
-  L.flight.push_back(Link::InFlight{h.t->id, h.a.chunk.bytes, h.slot, h.given, first_relay});
+  L.flight.push_back(Link::InFlight{h.t->id, h.a.chunk.bytes, h.slot, h.given, first});
   return true;
 }
 
@@ -729,7 +729,8 @@ void MultipathEngine::land(Transfer& t, double now) {
               (t.to_device ? " into " : " from ") + dev_name(links_[t.target]) + " landed " +
               std::to_string(static_cast<long>((now - t.started) * 1e6)) +
               " us after the engine saw its stream get to it (at " + ms(t.started) +
-              " ms on the steady clock, landed at " + ms(now) + " ms); by link: " + by_link);
+              " ms on the steady clock, queued at " + ms(t.queued) + ", landed at " + ms(now) +
+              " ms); by link: " + by_link);
   }
   {
     std::lock_guard<std::mutex> lock(mu_);  // a waiter checks and sleeps under it: no lost wake-up
@@ -906,9 +907,7 @@ void MultipathEngine::run() {
       if (!L.flight.empty()) return true;
     return false;
   };
-  // How long to sleep when only waiting for streams to get to their copies:
-  // short at first (a copy's start is its latency), longer while nothing moves.
-  int idle_us = 5;
+  std::vector<const Transfer*> fresh;  // just made pending
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -920,12 +919,16 @@ void MultipathEngine::run() {
         cv_.wait_for(lock, std::chrono::milliseconds(100));
         continue;
       }
-      if (!queued_.empty()) idle_us = 5;
       while (!queued_.empty()) {
         pending.push_back(std::move(queued_.front()));
         queued_.pop_front();
+        fresh.push_back(&pending.back());
       }
     }
+    // Copies on their way: their links probe while the streams get to them.
+    for (const Transfer* t : fresh)
+      if (t->target >= 0) sched->expect(t->target, MultipathScheduler::lane(t->to_device), steady_seconds());
+    fresh.clear();
     bool progress = false;
     try {
       {
@@ -1012,7 +1015,7 @@ void MultipathEngine::run() {
           // or its previous chunk landed) to when the chunk was seen landed.
           const Link::InFlight& f = L.flight.front();
           const double seen = steady_seconds();
-          if (!f.first_relay) sched->observe(l, f.bytes, seen - std::max(f.given, L.last_landed), seen);
+          if (!f.first) sched->observe(l, f.bytes, seen - std::max(f.given, L.last_landed), seen);
           L.last_landed = seen;
           for (Transfer& t : active)
             if (t.id == f.transfer) {
@@ -1090,13 +1093,16 @@ void MultipathEngine::run() {
       withdraw_board();
       continue;
     }
-    const bool probes = sched->any_probing();
-    if (in_flight() || (probes && !active.empty())) {
-      idle_us = 5;
+    if (in_flight() || sched->any_probing()) {
       std::this_thread::sleep_for(std::chrono::microseconds(5));
     } else if (!pending.empty()) {
-      idle_us = progress ? 5 : std::min(idle_us * 2, 200);
-      std::this_thread::sleep_for(std::chrono::microseconds(idle_us));
+      // Waiting only for streams to get to their copies: a quarter of the
+      // longest wait so far (5-200 us), so that a copy's start is seen within
+      // a quarter of its wait, and a stream held for long costs few looks.
+      double oldest = steady_seconds();
+      for (const Transfer& t : pending) oldest = std::min(oldest, t.queued);
+      const auto us = static_cast<long>((steady_seconds() - oldest) * 1e6 / 4);
+      std::this_thread::sleep_for(std::chrono::microseconds(progress ? 5 : std::clamp(us, 5L, 200L)));
     }
   }
 }

@@ -185,6 +185,7 @@ class MultipathEngine {
     // head's time), and by link the bytes carried, when its first chunk there
     // went out and when its last one there was seen landed.
     double started = 0;
+    double queued = 0;        // when copy() handed it to the engine's thread
     bool head_seen = false;   // the head's landing was seen
     bool head_timed = false;  // its start and end were recorded (head_time's slot of its generation)
     std::vector<size_t> link_bytes;
@@ -211,12 +212,12 @@ class MultipathEngine {
       uint64_t transfer;
       size_t bytes;
       int slot;
-      double given;              // when it was submitted (steady seconds)
-      bool first_relay = false;  // this link's first relay to that GPU in that direction: not timed
+      double given;        // when it was submitted (steady seconds)
+      bool first = false;  // this link's first chunk to or from that GPU in that direction: not timed
     };
     std::deque<InFlight> flight;
-    // By link index of the target and lane: this link relayed there before.
-    std::vector<std::array<bool, MultipathScheduler::kLanes>> relayed;
+    // By link index of the target and lane: this link carried a chunk there before.
+    std::vector<std::array<bool, MultipathScheduler::kLanes>> carried;
     int next_slot = 0;
     double last_landed = 0;  // when its previous chunk was seen landed
   };

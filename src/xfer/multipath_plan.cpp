@@ -151,7 +151,8 @@ MultipathScheduler::MultipathScheduler(int links, MultipathPolicy policy)
       probe_sent_(links, std::vector<double>(kLanes, 0.0)),
       late_(links, std::vector<bool>(kLanes, false)),
       resort_(links, std::vector<bool>(kLanes, false)),
-      reserved_(links, std::vector<bool>(kLanes, false)) {
+      reserved_(links, std::vector<bool>(kLanes, false)),
+      expected_(links * kLanes, -std::numeric_limits<double>::infinity()) {
   FERRY_ARG_CHECK(links >= 1, "links must be at least 1");
   FERRY_ARG_CHECK(policy_.outstanding >= 1, "outstanding must be at least 1");
   FERRY_ARG_CHECK(policy_.may_relay.empty() || static_cast<int>(policy_.may_relay.size()) == links,
@@ -173,6 +174,7 @@ int MultipathScheduler::add(int target, const std::vector<Chunk>& chunks, int la
   for (const Chunk& c : chunks) largest = std::max(largest, c.bytes);
   chunk_max_.push_back(largest);
   const int q = queue_of(target, lane);
+  expected_[q] = -std::numeric_limits<double>::infinity();
   for (const Chunk& c : chunks) {
     waiting_[q].push_back(Queued{id, c});
     waiting_bytes_[q] += c.bytes;
@@ -412,7 +414,12 @@ int MultipathScheduler::start_probe(int link, double now) {
       // time it): the next copy's share follows what the probe finds.
       if (t == link && !waiting_[q].empty() && !carries_own(link, lane) && !head_pending_[waiting_[q].front().transfer])
         wanted = true;
-      if (waiting_[q].empty() || !serves(link, t, lane)) continue;
+      if (waiting_[q].empty()) {
+        // A copy on its way there: the links that would carry it probe now.
+        if (now <= expected_[q] && serves(link, t, lane)) wanted = true;
+        continue;
+      }
+      if (!serves(link, t, lane)) continue;
       wanted = true;
       resort = resort || last_resort(link, q, now);
       wait = wait || (late_[link][lane] && others_probe_young(link, q, now));
@@ -457,15 +464,31 @@ void MultipathScheduler::probe_landed(int link, int lane, double now, double wai
   if (!late_[link][lane]) {
     seen_[link][lane] = std::max(seen_[link][lane], now);
     resort_[link][lane] = false;
+    // Nothing is queued there: an estimate kForgetSlower times the fastest
+    // other link's came from a queue, or a first copy's cost, that is gone,
+    // and would keep the link out of copies until it aged out. Measured afresh.
+    double fastest = std::numeric_limits<double>::infinity();
+    for (int j = 0; j < links(); ++j)
+      if (j != link && est_[j].s_per_byte() > 0) fastest = std::min(fastest, est_[j].s_per_byte());
+    if (est_[link].s_per_byte() > kForgetSlower * fastest) est_[link] = Estimate{};
   }
+}
+
+void MultipathScheduler::expect(int target, int lane, double now) {
+  FERRY_ARG_CHECK(target >= 0 && target < links() && lane >= 0 && lane < kLanes,
+                  "expect: target " + std::to_string(target) + " or lane " + std::to_string(lane) + " out of range");
+  expected_[queue_of(target, lane)] = now + kClearS;
 }
 
 bool MultipathScheduler::probe_failed(int link, int lane) {
   FERRY_ARG_CHECK(link >= 0 && link < links() && lane >= 0 && lane < kLanes && probing_[link][lane],
                   "probe_failed: no probe out on that link and lane");
   probing_[link][lane] = false;
-  for (int own = 0; own < kLanes; ++own)
-    if (!waiting_[queue_of(link, own)].empty() && carries_own(link, own)) return true;
+  for (int own = 0; own < kLanes; ++own) {
+    const int q = queue_of(link, own);
+    const bool coming = expected_[q] > -std::numeric_limits<double>::infinity();  // expect(), not yet added
+    if ((!waiting_[q].empty() || coming) && carries_own(link, own)) return true;
+  }
   stop_relaying(link);
   return false;
 }

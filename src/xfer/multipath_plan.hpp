@@ -245,6 +245,9 @@ class MultipathScheduler {
   // rather than pile onto a clear link).
   static constexpr double kProbeS = 20e-6;
   static constexpr double kProbeYoungS = 50e-6;
+  // A prompt probe forgets its link's estimate where that is this many times
+  // slower than the fastest other link's (probe_landed).
+  static constexpr double kForgetSlower = 4.0;
   static int lane(bool to_device) { return to_device ? 0 : 1; }
 
   // Queues a transfer to or from `target`'s memory in `lane`; returns its id.
@@ -258,6 +261,12 @@ class MultipathScheduler {
   int add(int target, const std::vector<Chunk>& chunks, int lane = 0,
           std::optional<bool> own_share_on_stream = std::nullopt, bool head_pending = false);
   void head_landed(int transfer) { head_pending_.at(transfer) = false; }
+  // A copy to or from `target` in `lane` is queued on a stream that has not
+  // got to it yet: the links that would carry it probe that lane now
+  // (start_probe), so that the copy finds them clear, or known to be held,
+  // when it starts instead of waiting for their probes then. Lasts kClearS
+  // from `now`, or until a copy there is added.
+  void expect(int target, int lane, double now);
   // The next chunk for `link` (at time `now`, seconds) if its outstanding
   // queue has room, a transfer in a lane clear there may use it, and it would
   // not be the transfer's straggler; the link's queue then holds it until
@@ -271,8 +280,8 @@ class MultipathScheduler {
   // may see it late).
   void probe_landed(int link, int lane, double now, double waited_s);
   // The probe start_probe() asked for could not be sent, as a chunk a link
-  // cannot take: true where `link`'s own GPU has chunks waiting (an error of
-  // those copies); otherwise `link` relays no more and false.
+  // cannot take: true where `link`'s own GPU has chunks waiting or a copy on
+  // its way (an error of those copies); otherwise `link` relays no more and false.
   bool probe_failed(int link, int lane);
   bool any_probing() const;
   // `link`'s lane is kept out: a probe is out, the last one came back late, or
@@ -379,6 +388,7 @@ class MultipathScheduler {
   std::vector<std::vector<bool>> late_;          // by link and lane: the last probe came back late
   std::vector<std::vector<bool>> resort_;        // by link and lane: took chunks while held, until a prompt probe
   std::vector<std::vector<bool>> reserved_;      // by link and lane: another program copies its GPU's own data
+  std::vector<double> expected_;                 // by queue: a copy is on its way there until then (expect())
   std::vector<size_t> remaining_;                // chunks not yet landed, by transfer
   std::vector<size_t> chunk_max_;                // by transfer: its largest chunk as added, the most a relay takes
 };

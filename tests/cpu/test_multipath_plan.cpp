@@ -1072,3 +1072,76 @@ TEST(MultipathBalance, ProbingResumesAfterEveryLinkWasHeld) {
   // What link 0 can carry in the 10 ms both were held (a chunk per 450 us), and no more.
   EXPECT_LE(r.bytes_by_link[0], 200 * kMiB) << r.bytes_by_link[0] / kMiB << " MiB on the held link";
 }
+
+// A copy queued on a stream that has not got to it yet: the links that would
+// carry it probe its direction while the stream gets there, so that it finds
+// them clear when it starts (on four H200s, probing only then put a copy's
+// first chunks 50-170 us after its start). The expectation lapses; a link
+// that may not relay does not probe for another GPU's copy; the own link's
+// probe failing is an error of that copy, a relay's only stops it relaying.
+TEST(MultipathProbe, ACopyOnItsWayHasItsLinksProbedBeforeItStarts) {
+  MultipathScheduler s(3, MultipathPolicy{});
+  EXPECT_EQ(s.start_probe(0, 0.0), -1) << "probed with no copy";
+  s.expect(0, 1, 0.0);  // out of GPU 0
+  for (int l = 0; l < 3; ++l) EXPECT_EQ(s.start_probe(l, 0.0), 1) << "link " << l;
+  EXPECT_EQ(s.start_probe(0, 0.0), -1) << "a second probe, or one in the other direction";
+  for (int l = 0; l < 3; ++l) s.probe_landed(l, 1, 30e-6, 10e-6);
+  s.add(0, split_chunks(6 * kMiB, 2 * kMiB), 1);
+  Assignment a;
+  for (int l = 0; l < 3; ++l) {
+    EXPECT_EQ(s.start_probe(l, 50e-6), -1) << "link " << l << " probed again at the start";
+    EXPECT_TRUE(s.next(l, &a, 50e-6)) << "link " << l << " took no chunk at the start";
+  }
+
+  MultipathScheduler lapsed(2, MultipathPolicy{});
+  lapsed.expect(1, 0, 0.0);
+  EXPECT_EQ(lapsed.start_probe(0, 2 * MultipathScheduler::kClearS), -1);
+  EXPECT_EQ(lapsed.start_probe(1, 2 * MultipathScheduler::kClearS), -1);
+
+  MultipathPolicy own_only;
+  own_only.may_relay = {true, false};
+  MultipathScheduler u(2, own_only);
+  u.expect(0, 0, 0.0);
+  EXPECT_EQ(u.start_probe(1, 0.0), -1) << "a link that may not relay probed for another GPU";
+  EXPECT_EQ(u.start_probe(0, 0.0), 0);
+
+  MultipathScheduler f(2, MultipathPolicy{});
+  f.expect(0, 0, 0.0);
+  ASSERT_EQ(f.start_probe(1, 0.0), 0);
+  EXPECT_FALSE(f.probe_failed(1, 0)) << "a relay's failed probe failed the copy";
+  EXPECT_EQ(f.start_probe(1, 0.0), -1) << "a relay probed again after it failed";
+  ASSERT_EQ(f.start_probe(0, 0.0), 0);
+  EXPECT_TRUE(f.probe_failed(0, 0)) << "the own link's failed probe was not the copy's error";
+}
+
+// One slow chunk (a first copy's cost: on four H200s an own link's first
+// 2 MiB out of its GPU landed 2.7 ms after it went out, 46 us of it on the
+// GPU) kept that link out of the copies after it until its estimate aged
+// out. A prompt probe says nothing is queued there: an estimate far slower
+// than the other links' is then forgotten, one a few times slower kept.
+TEST(MultipathProbe, APromptProbeForgetsAnEstimateFarSlowerThanTheOthers) {
+  for (const double slow_s : {2.7e-3, 120e-6}) {
+    MultipathScheduler s(2, MultipathPolicy{});
+    s.add(0, split_chunks(4 * kMiB, 2 * kMiB), 0);
+    Assignment a;
+    for (int l = 0; l < 2; ++l) {
+      ASSERT_EQ(s.start_probe(l, 0.0), 0);
+      s.probe_landed(l, 0, 10e-6, 10e-6);
+      ASSERT_TRUE(s.next(l, &a, 10e-6));
+    }
+    s.observe(1, 2 * kMiB, 40e-6, 50e-6);
+    s.complete(1, 50e-6);
+    s.observe(0, 2 * kMiB, slow_s, 10e-6 + slow_s);
+    s.complete(0, 10e-6 + slow_s);
+    const double t = 7e-3;  // the next copy: lanes lapsed, estimates fresh
+    s.add(0, split_chunks(4 * kMiB, 2 * kMiB), 0);
+    for (int l = 0; l < 2; ++l) {
+      ASSERT_EQ(s.start_probe(l, t), 0);
+      s.probe_landed(l, 0, t + 20e-6, 10e-6);
+    }
+    if (slow_s > 1e-3)
+      EXPECT_TRUE(s.next(0, &a, t + 20e-6)) << "a link 67 times slower than the other, probed clear, kept out";
+    else
+      EXPECT_FALSE(s.next(0, &a, t + 20e-6)) << "a link 3 times slower than the other lost its estimate";
+  }
+}
