@@ -12,14 +12,16 @@ second: the time between its store and seeing the write is the stream's
 wake-up plus one write back over PCIe. Median and 90th percentile of
 `--trials` per wait.
 
-Part 2, a copy (the engine over `--paths` GPUs, host to GPU 0 and back):
+Part 2, a copy (the engine over `--paths` GPUs, host to GPU 0 and back,
+alternating with a plain copy on the same stream):
 before each copy the host notes its clock (CLOCK_MONOTONIC, the clock of the
 engine's debug log, in ms) and after `Engine.copy` the stream writes a word
 that the host spins on. Each copy prints a `probe:` line with both times to
 stderr, where FERRY_DEBUG=1 prints the engine's line for the same copy (when
 it saw the stream get to the copy and when the last chunk landed), so the
 copy splits into: call to start, the engine's time, landing to the stream
-going on.
+going on. With `--held-us`, the stream waits on a host word for that long
+after the call (as behind a kernel), and the times count from its release.
 """
 
 from __future__ import annotations
@@ -104,43 +106,62 @@ def part_wait(lib, waits_ms, trials: int) -> None:
         )
 
 
-def part_copy(lib, sizes_mib, paths: int, reps: int) -> None:
+def part_copy(lib, sizes_mib, paths: int, reps: int, held_us: float) -> None:
     import ferry.multipath as mp
 
     eng = mp.Engine(devices=list(range(paths)), head_bytes=0)
     s = torch.cuda.Stream(0)
     w = Words(lib)
     gen = 0
-    print("# part 2: copies; match the 'probe:' lines on stderr with the engine's lines after them")
+    held = f", the stream held {held_us:g} us after the call" if held_us else ""
+    print(f"# part 2: copies{held}; match the 'probe:' lines on stderr with the engine's lines after them")
     for mib in sizes_mib:
         n = mib * MiB
         host = torch.randint(0, 256, (n,), dtype=torch.uint8).pin_memory()
         back = torch.empty(n, dtype=torch.uint8).pin_memory()
         dev = torch.empty(n, dtype=torch.uint8, device="cuda:0")
         for direction, dst, src in (("h2d", dev, host), ("d2h", back, dev)):
-            totals = []
-            for r in range(reps + 1):
+            totals = {"ferry": [], "plain": []}
+            for r in range(2 * reps + 2):
+                impl = "ferry" if r % 2 == 0 else "plain"
                 s.synchronize()
                 time.sleep(0.002)
                 gen += 1
+                if held_us:  # the stream gets to the copy only when the host opens word 0
+                    _check(
+                        lib.cuStreamWaitValue64_v2(ctypes.c_void_p(s.cuda_stream), w.dev[0], gen, 0), "wait"
+                    )
                 t_call = time.monotonic_ns()
-                eng.copy(dst, src, stream=s)
+                if impl == "ferry":
+                    eng.copy(dst, src, stream=s)
+                else:
+                    with torch.cuda.stream(s):
+                        dst.copy_(src, non_blocking=True)
                 _check(lib.cuStreamWriteValue64_v2(ctypes.c_void_p(s.cuda_stream), w.dev[1], gen, 0), "write")
+                t_go = t_call
+                if held_us:
+                    end = time.perf_counter() + held_us * 1e-6
+                    while time.perf_counter() < end:
+                        pass
+                    t_go = time.monotonic_ns()
+                    w.store(0, gen)
                 spin_until(lambda: w.load(1) >= gen)
                 t_done = time.monotonic_ns()
-                print(
-                    f"probe: {direction} {mib} MiB rep {r}: called at {t_call / 1e6:.3f} ms, "
-                    f"the stream went on at {t_done / 1e6:.3f} ms ({(t_done - t_call) / 1e3:.0f} us)",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                if r:
-                    totals.append((t_done - t_call) / 1e3)
+                if impl == "ferry":
+                    print(
+                        f"probe: {direction} {mib} MiB rep {r // 2}: called at {t_call / 1e6:.3f} ms, "
+                        f"the stream went on at {t_done / 1e6:.3f} ms ({(t_done - t_call) / 1e3:.0f} us)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                if r >= 2:
+                    totals[impl].append((t_done - t_go) / 1e3)
             s.synchronize()
             ok = torch.equal(back, host) if direction == "d2h" else torch.equal(dev.cpu(), host)
+            f, p = statistics.median(totals["ferry"]), statistics.median(totals["plain"])
             print(
-                f"{direction} {mib} MiB over {paths} paths: call to stream going on, median "
-                f"{statistics.median(totals):.0f} us ({n / statistics.median(totals) / 1e3:.1f} GB/s); "
+                f"{direction} {mib} MiB over {paths} paths: {'release' if held_us else 'call'} to stream going on, "
+                f"median {f:.0f} us ({n / f / 1e3:.1f} GB/s); plain copy {p:.0f} us ({n / p / 1e3:.1f} GB/s); "
                 f"bytes {'right' if ok else 'WRONG'}",
                 flush=True,
             )
@@ -154,6 +175,9 @@ def main() -> None:
     ap.add_argument("--sizes", default="8,256", help="MiB per copy (part 2)")
     ap.add_argument("--paths", type=int, default=0, help="GPUs of the engine (0: all; 1: part 2 skipped)")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument(
+        "--held-us", type=float, default=0, help="part 2: the stream waits this long after the call"
+    )
     a = ap.parse_args()
     torch.cuda.init()
     torch.zeros(1, device="cuda:0")
@@ -161,7 +185,7 @@ def main() -> None:
     part_wait(lib, [float(x) for x in a.waits.split(",")], a.trials)
     paths = a.paths or torch.cuda.device_count()
     if paths >= 2:
-        part_copy(lib, [int(x) for x in a.sizes.split(",")], paths, a.reps)
+        part_copy(lib, [int(x) for x in a.sizes.split(",")], paths, a.reps, a.held_us)
 
 
 if __name__ == "__main__":

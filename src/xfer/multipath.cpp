@@ -1096,13 +1096,15 @@ void MultipathEngine::run() {
     if (in_flight() || sched->any_probing()) {
       std::this_thread::sleep_for(std::chrono::microseconds(5));
     } else if (!pending.empty()) {
-      // Waiting only for streams to get to their copies: a quarter of the
-      // longest wait so far (5-200 us), so that a copy's start is seen within
-      // a quarter of its wait, and a stream held for long costs few looks.
-      double oldest = steady_seconds();
-      for (const Transfer& t : pending) oldest = std::min(oldest, t.queued);
-      const auto us = static_cast<long>((steady_seconds() - oldest) * 1e6 / 4);
-      std::this_thread::sleep_for(std::chrono::microseconds(progress ? 5 : std::clamp(us, 5L, 200L)));
+      // Waiting only for streams to get to their copies: every 5 us for the
+      // first millisecond after the last copy was queued (a copy's start is
+      // its latency), then a quarter of that time, at most 200 us: streams
+      // held for long cost few looks.
+      double last = 0;
+      for (const Transfer& t : pending) last = std::max(last, t.queued);
+      const double waited = steady_seconds() - last;
+      const long us = waited < 1e-3 ? 5 : std::min(200L, static_cast<long>(waited * 1e6 / 4));
+      std::this_thread::sleep_for(std::chrono::microseconds(progress ? 5 : us));
     }
   }
 }
