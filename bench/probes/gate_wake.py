@@ -73,6 +73,13 @@ class Words:
         ctypes.c_uint64.from_address(self.host[i]).value = v
 
 
+def busy_wait(seconds: float) -> None:
+    """Spins (no sleep: a sleep's wake-up would be in the time)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
 def spin_until(pred, limit_s: float = 5.0) -> None:
     end = time.perf_counter() + limit_s
     while not pred():
@@ -91,9 +98,7 @@ def part_wait(lib, waits_ms, trials: int) -> None:
             gen += 1
             _check(lib.cuStreamWaitValue64_v2(ctypes.c_void_p(s.cuda_stream), w.dev[0], gen, 0), "wait")
             _check(lib.cuStreamWriteValue64_v2(ctypes.c_void_p(s.cuda_stream), w.dev[1], gen, 0), "write")
-            end = time.perf_counter() + wait_ms * 1e-3
-            while time.perf_counter() < end:
-                pass
+            busy_wait(wait_ms * 1e-3)
             t0 = time.perf_counter()
             w.store(0, gen)
             spin_until(lambda: w.load(1) >= gen)
@@ -140,9 +145,7 @@ def part_copy(lib, sizes_mib, paths: int, reps: int, held_us: float) -> None:
                 _check(lib.cuStreamWriteValue64_v2(ctypes.c_void_p(s.cuda_stream), w.dev[1], gen, 0), "write")
                 t_go = t_call
                 if held_us:
-                    end = time.perf_counter() + held_us * 1e-6
-                    while time.perf_counter() < end:
-                        pass
+                    busy_wait(held_us * 1e-6)
                     t_go = time.monotonic_ns()
                     w.store(0, gen)
                 spin_until(lambda: w.load(1) >= gen)
