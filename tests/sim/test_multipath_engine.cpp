@@ -1012,10 +1012,15 @@ TEST_F(MultipathSim, EveryOtherGpuCopiedByItsProgramKeepsRelaysOffTheirLinks) {
   sim::reset(3, 2e9);  // slow links: B's and C's copies outlast A's
   for (const bool board : {true, false}) {
     setenv("FERRY_MULTIPATH_BOARD", board ? "1" : "0", 1);
-    MultipathEngine b(options({0, 1, 2}, MiB, MiB)), c(options({0, 1, 2}, MiB, MiB));
-    MultipathEngine a(options({0, 1, 2}, MiB, MiB));
+    // B's and C's 64 MiB at 2 GB/s take 33 ms, but under ThreadSanitizer on
+    // a loaded CPU far longer: a timeout would let their streams go with
+    // chunks still landing (check() below says so).
+    MultipathOptions slow_ok = options({0, 1, 2}, MiB, MiB);
+    slow_ok.timeout_s = 120;
+    MultipathEngine b(slow_ok), c(slow_ok);
+    MultipathEngine a(slow_ok);
     unsetenv("FERRY_MULTIPATH_BOARD");
-    const size_t big = 64 * MiB, n = 8 * MiB;
+    const size_t big = 64 * MiB, n = 4 * MiB;  // A's copy well inside B's and C's
     Buf bh(big, -1), bd(big, 1), ch(big, -1), cd(big, 2);
     fill(bh, 5);
     fill(ch, 6);
@@ -1062,8 +1067,10 @@ TEST_F(MultipathSim, EveryOtherGpuCopiedByItsProgramKeepsRelaysOffTheirLinks) {
       EXPECT_EQ(used[1] + used[2], 0u) << "A relayed over the link of a GPU its own program copies into";
     else
       EXPECT_GT(used[1] + used[2], 0u) << "without the board A would relay";
-    ASSERT_TRUE(drained(sb, 30));
-    ASSERT_TRUE(drained(sc, 30));
+    ASSERT_TRUE(drained(sb, 120));
+    ASSERT_TRUE(drained(sc, 120));
+    ASSERT_NO_THROW(b.check()) << "B's engine let its stream go on an error";
+    ASSERT_NO_THROW(c.check()) << "C's engine let its stream go on an error";
     EXPECT_TRUE(p.same(0));
     EXPECT_EQ(std::memcmp(bd.p, bh.p, big), 0);
     EXPECT_EQ(std::memcmp(cd.p, ch.p, big), 0);
