@@ -1093,7 +1093,9 @@ void MultipathEngine::run() {
       withdraw_board();
       continue;
     }
-    if (in_flight() || sched->any_probing()) {
+    // (A probe for a copy whose stream has not got there yet is looked at
+    // with that copy: it may wait long behind another program's copies.)
+    if (in_flight() || (sched->any_probing() && !active.empty())) {
       std::this_thread::sleep_for(std::chrono::microseconds(5));
     } else if (!pending.empty()) {
       // Waiting only for streams to get to their copies: every 5 us for the
