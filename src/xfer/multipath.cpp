@@ -907,7 +907,6 @@ void MultipathEngine::run() {
       if (!L.flight.empty()) return true;
     return false;
   };
-  std::vector<const Transfer*> fresh;  // just made pending
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -922,13 +921,8 @@ void MultipathEngine::run() {
       while (!queued_.empty()) {
         pending.push_back(std::move(queued_.front()));
         queued_.pop_front();
-        fresh.push_back(&pending.back());
       }
     }
-    // Copies on their way: their links probe while the streams get to them.
-    for (const Transfer* t : fresh)
-      if (t->target >= 0) sched->expect(t->target, MultipathScheduler::lane(t->to_device), steady_seconds());
-    fresh.clear();
     bool progress = false;
     try {
       {
@@ -957,6 +951,12 @@ void MultipathEngine::run() {
         it = pending.erase(it);
         progress = true;
       }
+      // Copies on their way: their links probe while the streams get to
+      // them (each for kClearS after it was queued; a copy that started
+      // meanwhile cleared its queue's expectation, so every one is set again).
+      for (const Transfer& t : pending)
+        if (t.target >= 0 && t_now - t.queued < MultipathScheduler::kClearS)
+          sched->expect(t.target, MultipathScheduler::lane(t.to_device), t.queued);
       read_board(active, t_now);
       // Feed: every link idle in a direction where chunks wait probes it
       // first, then every link with room takes its next chunks. Probes go
@@ -1100,13 +1100,11 @@ void MultipathEngine::run() {
     } else if (!pending.empty()) {
       // Waiting only for streams to get to their copies: every 5 us for the
       // first millisecond after the last copy was queued (a copy's start is
-      // its latency), then a quarter of that time, at most 200 us: streams
-      // held for long cost few looks.
+      // its latency), then every 200 us: streams held for long cost few looks.
       double last = 0;
       for (const Transfer& t : pending) last = std::max(last, t.queued);
-      const double waited = steady_seconds() - last;
-      const long us = waited < 1e-3 ? 5 : std::min(200L, static_cast<long>(waited * 1e6 / 4));
-      std::this_thread::sleep_for(std::chrono::microseconds(progress ? 5 : us));
+      const bool recent = steady_seconds() - last < 1e-3;
+      std::this_thread::sleep_for(std::chrono::microseconds(progress || recent ? 5 : 200));
     }
   }
 }

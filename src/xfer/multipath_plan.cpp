@@ -415,8 +415,12 @@ int MultipathScheduler::start_probe(int link, double now) {
       if (t == link && !waiting_[q].empty() && !carries_own(link, lane) && !head_pending_[waiting_[q].front().transfer])
         wanted = true;
       if (waiting_[q].empty()) {
-        // A copy on its way there: the links that would carry it probe now.
-        if (now <= expected_[q] && serves(link, t, lane)) wanted = true;
+        // A copy on its way there: the links that would carry it probe now,
+        // but not behind their own GPU's share on a caller's stream (the
+        // probe would only time that share, and come back late).
+        const std::deque<Queued>& own = waiting_[queue_of(link, lane)];
+        const bool behind_head = !own.empty() && head_pending_[own.front().transfer];
+        if (now <= expected_[q] && serves(link, t, lane) && !behind_head) wanted = true;
         continue;
       }
       if (!serves(link, t, lane)) continue;
@@ -465,12 +469,14 @@ void MultipathScheduler::probe_landed(int link, int lane, double now, double wai
     seen_[link][lane] = std::max(seen_[link][lane], now);
     resort_[link][lane] = false;
     // Nothing is queued there: an estimate kForgetSlower times the fastest
-    // other link's came from a queue, or a first copy's cost, that is gone,
-    // and would keep the link out of copies until it aged out. Measured afresh.
+    // other link's may have come from a queue, or a first copy's cost, that
+    // is gone, and would keep the link out of copies until it aged out. It
+    // counts as aged out now: the idle link takes a chunk, whose time starts
+    // the estimate afresh (a link that is that slow stays measured so).
     double fastest = std::numeric_limits<double>::infinity();
     for (int j = 0; j < links(); ++j)
       if (j != link && est_[j].s_per_byte() > 0) fastest = std::min(fastest, est_[j].s_per_byte());
-    if (est_[link].s_per_byte() > kForgetSlower * fastest) est_[link] = Estimate{};
+    if (est_[link].s_per_byte() > kForgetSlower * fastest) est_[link].at = -std::numeric_limits<double>::infinity();
   }
 }
 
@@ -487,7 +493,9 @@ bool MultipathScheduler::probe_failed(int link, int lane) {
   for (int own = 0; own < kLanes; ++own) {
     const int q = queue_of(link, own);
     const bool coming = expected_[q] > -std::numeric_limits<double>::infinity();  // expect(), not yet added
-    if ((!waiting_[q].empty() || coming) && carries_own(link, own)) return true;
+    // Its own GPU's copy, even one whose share the caller's stream copies:
+    // that share crosses the same link.
+    if (!waiting_[q].empty() || (coming && carries_own(link, own))) return true;
   }
   stop_relaying(link);
   return false;

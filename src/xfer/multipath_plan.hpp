@@ -245,8 +245,8 @@ class MultipathScheduler {
   // rather than pile onto a clear link).
   static constexpr double kProbeS = 20e-6;
   static constexpr double kProbeYoungS = 50e-6;
-  // A prompt probe forgets its link's estimate where that is this many times
-  // slower than the fastest other link's (probe_landed).
+  // A prompt probe ages out its link's estimate where that is this many
+  // times slower than the fastest other link's (probe_landed).
   static constexpr double kForgetSlower = 4.0;
   static int lane(bool to_device) { return to_device ? 0 : 1; }
 
@@ -280,8 +280,9 @@ class MultipathScheduler {
   // may see it late).
   void probe_landed(int link, int lane, double now, double waited_s);
   // The probe start_probe() asked for could not be sent, as a chunk a link
-  // cannot take: true where `link`'s own GPU has chunks waiting or a copy on
-  // its way (an error of those copies); otherwise `link` relays no more and false.
+  // cannot take: true where `link`'s own GPU has chunks waiting, or a copy
+  // it would carry on its way since expect() (an error of those copies);
+  // otherwise `link` relays no more and false.
   bool probe_failed(int link, int lane);
   bool any_probing() const;
   // `link`'s lane is kept out: a probe is out, the last one came back late, or

@@ -1105,6 +1105,24 @@ TEST(MultipathProbe, ACopyOnItsWayHasItsLinksProbedBeforeItStarts) {
   EXPECT_EQ(u.start_probe(1, 0.0), -1) << "a link that may not relay probed for another GPU";
   EXPECT_EQ(u.start_probe(0, 0.0), 0);
 
+  // With the own share on the caller's stream, the own link does not probe
+  // behind that share, for its own copy or, while such a share is pending,
+  // for another GPU's; once the share landed it probes, and a failing probe
+  // there is an error of its copy (it had looped, the link asked again).
+  MultipathPolicy share;
+  share.own_share_on_stream = true;
+  MultipathScheduler o(2, share);
+  o.expect(0, 0, 0.0);
+  EXPECT_EQ(o.start_probe(0, 0.0), -1) << "the own link probed for a copy whose share is on the stream";
+  EXPECT_EQ(o.start_probe(1, 0.0), 0);
+  MultipathScheduler h(2, share);
+  const int mine = h.add(1, split_chunks(4 * kMiB, kMiB), 0, true, true);
+  h.expect(0, 0, 0.0);
+  EXPECT_EQ(h.start_probe(1, 0.0), -1) << "link 1 probed behind its own GPU's share on the stream";
+  h.head_landed(mine);
+  ASSERT_EQ(h.start_probe(1, 0.0), 0);
+  EXPECT_TRUE(h.probe_failed(1, 0)) << "a failed probe of a GPU whose copy waits was not that copy's error";
+
   MultipathScheduler f(2, MultipathPolicy{});
   f.expect(0, 0, 0.0);
   ASSERT_EQ(f.start_probe(1, 0.0), 0);
@@ -1118,7 +1136,7 @@ TEST(MultipathProbe, ACopyOnItsWayHasItsLinksProbedBeforeItStarts) {
 // 2 MiB out of its GPU landed 2.7 ms after it went out, 46 us of it on the
 // GPU) kept that link out of the copies after it until its estimate aged
 // out. A prompt probe says nothing is queued there: an estimate far slower
-// than the other links' is then forgotten, one a few times slower kept.
+// than the other links' then counts as aged out, one a few times slower not.
 TEST(MultipathProbe, APromptProbeForgetsAnEstimateFarSlowerThanTheOthers) {
   for (const double slow_s : {2.7e-3, 120e-6}) {
     MultipathScheduler s(2, MultipathPolicy{});
