@@ -921,6 +921,7 @@ void MultipathEngine::run() {
       while (!queued_.empty()) {
         pending.push_back(std::move(queued_.front()));
         queued_.pop_front();
+        pending.back().noticed = steady_seconds();
       }
     }
     bool progress = false;
@@ -952,11 +953,12 @@ void MultipathEngine::run() {
         progress = true;
       }
       // Copies on their way: their links probe while the streams get to
-      // them (each for kClearS after it was queued; a copy that started
-      // meanwhile cleared its queue's expectation, so every one is set again).
+      // them, each for kClearS after this thread took it (not after it was
+      // queued: a thread that came late still probes). A copy that started
+      // meanwhile cleared its queue's expectation, so every one is set again.
       for (const Transfer& t : pending)
-        if (t.target >= 0 && t_now - t.queued < MultipathScheduler::kClearS)
-          sched->expect(t.target, MultipathScheduler::lane(t.to_device), t.queued);
+        if (t.target >= 0 && t_now - t.noticed < MultipathScheduler::kClearS)
+          sched->expect(t.target, MultipathScheduler::lane(t.to_device), t.noticed);
       read_board(active, t_now);
       // Feed: every link idle in a direction where chunks wait probes it
       // first, then every link with room takes its next chunks. Probes go

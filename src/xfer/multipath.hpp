@@ -186,6 +186,7 @@ class MultipathEngine {
     // went out and when its last one there was seen landed.
     double started = 0;
     double queued = 0;        // when copy() handed it to the engine's thread
+    double noticed = 0;       // when the engine's thread took it from there
     bool head_seen = false;   // the head's landing was seen
     bool head_timed = false;  // its start and end were recorded (head_time's slot of its generation)
     std::vector<size_t> link_bytes;

@@ -108,8 +108,9 @@ struct State {
   std::map<uintptr_t, Allocation> allocations;
   std::map<std::pair<int, std::thread::id>, Stream*> defaults;  // thread id() for the legacy streams
   sim::Faults faults;
-  int late_copies = 0;  // copies counted for faults.fail_late_after
-  int slow_copies = 0;  // copies counted for faults.slow_copies
+  int late_copies = 0;                      // copies counted for faults.fail_late_after
+  int slow_copies = 0;                      // copies counted for faults.slow_copies
+  std::map<size_t, size_t> copies_by_size;  // cudaMemcpyAsync calls since reset(), by bytes
   double bytes_per_s = 20e9;
   uint64_t machine = 0;  // set by reset(): the GPUs' UUIDs, unlike any other test's machine
 };
@@ -172,6 +173,14 @@ void reset(int devices, double bytes_per_s) {
   st.machine = (uint64_t(getpid()) << 32) ^ std::random_device{}() ^
                static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
   st.faults = Faults{};
+  st.copies_by_size.clear();
+}
+
+size_t copies(size_t bytes) {
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  const auto it = st.copies_by_size.find(bytes);
+  return it == st.copies_by_size.end() ? 0 : it->second;
 }
 
 void set_faults(const Faults& f) {
@@ -361,6 +370,10 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
     }
     if (!f.hold_copy_calls) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  {
+    std::lock_guard<std::mutex> lock(state_.mu);
+    ++state_.copies_by_size[n];
   }
   if (f.fail_on_device == st->device) return fail(cudaErrorLaunchFailure);
   if (f.fail_late_on_device == st->device && n >= f.fail_late_from_bytes) {

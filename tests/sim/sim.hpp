@@ -37,5 +37,7 @@ struct Faults {
 // A fresh machine of `devices` GPUs whose copies move `bytes_per_s`.
 void reset(int devices, double bytes_per_s = 20e9);
 void set_faults(const Faults& f);
+// How many cudaMemcpyAsync calls of exactly `bytes` were made since reset().
+size_t copies(size_t bytes);
 
 }  // namespace sim

@@ -1076,3 +1076,32 @@ TEST_F(MultipathSim, EveryOtherGpuCopiedByItsProgramKeepsRelaysOffTheirLinks) {
     EXPECT_EQ(std::memcmp(cd.p, ch.p, big), 0);
   }
 }
+
+// A copy whose stream is held (as behind a kernel) when copy() returns: its
+// links probe while the stream gets there, so that its chunks need not wait
+// for probes once it does; the stream stays held meanwhile, and the bytes
+// arrive whole after the release.
+TEST_F(MultipathSim, LinksProbeForACopyWhileItsStreamIsHeld) {
+  MultipathEngine e(options({0, 1, 2}));
+  const size_t n = 8 * MiB;
+  Pairs p(1, n, 0, 12);
+  cudaStream_t s = new_stream(0);
+  e.copy(p.dst[0]->p, p.src[0]->p, n, s);  // every link measured, then idle
+  ASSERT_TRUE(drained(s));
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));  // every lane lapsed
+  const size_t before = sim::copies(ferry::xfer::kMultipathProbeBytes);
+  Hold hold(s);
+  e.copy(p.dst[0]->p, p.src[0]->p, n, s);
+  const auto t0 = std::chrono::steady_clock::now();
+  while (sim::copies(ferry::xfer::kMultipathProbeBytes) - before < 3) {
+    ASSERT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5))
+        << "the links did not probe while the copy's stream was held ("
+        << sim::copies(ferry::xfer::kMultipathProbeBytes) - before << " probes)";
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  EXPECT_EQ(cudaStreamQuery(s), cudaErrorNotReady) << "the stream went on while held";
+  hold.release();
+  ASSERT_TRUE(drained(s));
+  e.check();
+  EXPECT_TRUE(p.same(0));
+}
