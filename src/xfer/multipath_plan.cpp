@@ -213,9 +213,7 @@ bool MultipathScheduler::lands_in_time(int link, int q, size_t bytes, double now
   // A link not measured yet counts as fast as the fastest one measured: were
   // it to count for nothing, the measured links would take every chunk and
   // it would never be measured.
-  double fastest = std::numeric_limits<double>::infinity();
-  for (const Estimate& x : est_)
-    if (x.s_per_byte() > 0) fastest = std::min(fastest, x.s_per_byte());
+  const double fastest = fastest_s_per_byte();
   const Estimate& e = est_[link];
   const double own = e.s_per_byte() > 0 ? e.s_per_byte() : fastest;
   if (!policy_.earliest_finish || !std::isfinite(own)) return true;
@@ -243,6 +241,13 @@ bool MultipathScheduler::lands_in_time(int link, int q, size_t bytes, double now
   if (rate <= 0) return true;  // no other link may carry it
   const double mine = static_cast<double>(flight_bytes(link) + bytes) * own;
   return mine <= std::max(backlog / rate, one);
+}
+
+double MultipathScheduler::fastest_s_per_byte(int except) const {
+  double fastest = std::numeric_limits<double>::infinity();
+  for (int j = 0; j < links(); ++j)
+    if (j != except && est_[j].s_per_byte() > 0) fastest = std::min(fastest, est_[j].s_per_byte());
+  return fastest;
 }
 
 bool MultipathScheduler::alone(int link, int q) const {
@@ -473,10 +478,8 @@ void MultipathScheduler::probe_landed(int link, int lane, double now, double wai
     // is gone, and would keep the link out of copies until it aged out. It
     // counts as aged out now: the idle link takes a chunk, whose time starts
     // the estimate afresh (a link that is that slow stays measured so).
-    double fastest = std::numeric_limits<double>::infinity();
-    for (int j = 0; j < links(); ++j)
-      if (j != link && est_[j].s_per_byte() > 0) fastest = std::min(fastest, est_[j].s_per_byte());
-    if (est_[link].s_per_byte() > kForgetSlower * fastest) est_[link].at = -std::numeric_limits<double>::infinity();
+    if (est_[link].s_per_byte() > kForgetSlower * fastest_s_per_byte(link))
+      est_[link].at = -std::numeric_limits<double>::infinity();
   }
 }
 

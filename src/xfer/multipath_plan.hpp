@@ -347,6 +347,8 @@ class MultipathScheduler {
   // `link` is queue `q`'s GPU's own and no other link may carry any of it.
   bool alone(int link, int q) const;
   size_t flight_bytes(int link) const;
+  // The fastest measured time per byte of the links but `except` (infinity: none measured).
+  double fastest_s_per_byte(int except = -1) const;
   bool clear(int link, int lane, double now) const;
   bool last_resort(int link, int q, double now) const;
   bool would_serve(int link, int q) const;
