@@ -75,6 +75,10 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
   FERRY_ARG_CHECK(options.timeout_s >= 0 && std::isfinite(options.timeout_s),
                   "timeout is " + std::to_string(options.timeout_s) + "; expected seconds, or 0 for FERRY_TIMEOUT_S");
   timeout_s_ = options.timeout_s > 0 ? options.timeout_s : knob_float("FERRY_TIMEOUT_S");
+  policy_.keep_warm_s = knob_float("FERRY_MULTIPATH_KEEP_WARM_MS") * 1e-3;
+  FERRY_ARG_CHECK(policy_.keep_warm_s >= 0 && std::isfinite(policy_.keep_warm_s),
+                  "FERRY_MULTIPATH_KEEP_WARM_MS is " + std::to_string(policy_.keep_warm_s * 1e3) +
+                      "; expected milliseconds, at least 0");
   FERRY_ARG_CHECK(chunk_bytes_ > 0, "chunk_bytes must be positive (FERRY_MULTIPATH_CHUNK_BYTES)");
   FERRY_ARG_CHECK(policy_.outstanding >= 1 && policy_.outstanding <= 16,
                   "outstanding is " + std::to_string(policy_.outstanding) + "; expected 1..16");
@@ -723,6 +727,12 @@ void MultipathEngine::land(Transfer& t, double now) {
                        ? " (its last chunk " + std::to_string(static_cast<long>(t.link_hop1[l])) + " us on the GPU)"
                        : " (its last chunk's hops " + std::to_string(static_cast<long>(t.link_hop1[l])) + " + " +
                              std::to_string(static_cast<long>(t.link_hop2[l])) + " us on the GPU)";
+      // The probe that cleared the link for this copy, if it went out near its start.
+      const int lane = MultipathScheduler::lane(t.to_device);
+      const double sent = sched_->probe_sent(static_cast<int>(l), lane), seen = link_[l].probe_seen[lane];
+      if (seen >= sent && seen > t.queued - MultipathScheduler::kClearS)
+        by_link += " (its probe out at " + us(sent) + " us, seen landed at " + us(seen) + " us, " +
+                   std::to_string(static_cast<long>(link_[l].probe_gpu_us[lane])) + " us on the GPU)";
     }
     debug_log("multipath: a copy of " + std::to_string(t.bytes + t.head) + " bytes" +
               (t.pieces.size() > 1 ? " in " + std::to_string(t.pieces.size()) + " pieces" : "") +
@@ -911,8 +921,13 @@ void MultipathEngine::run() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       // Idle: posts kept over the gap to a next copy are withdrawn once it passed.
-      if (!in_flight() && pending.empty() && active.empty() && queued_.empty() && !stop_)
-        cv_.wait_for(lock, std::chrono::milliseconds(board_posted_.empty() ? 100 : 1));
+      // Lanes kept warm probe on time (MultipathPolicy::keep_warm_s).
+      if (!in_flight() && pending.empty() && active.empty() && queued_.empty() && !stop_ && !sched->any_probing()) {
+        auto wait = std::chrono::microseconds(board_posted_.empty() ? 100000 : 1000);
+        const double due = sched->warm_due() - steady_seconds();
+        if (due < 0.1) wait = std::min(wait, std::chrono::microseconds(std::max(0L, static_cast<long>(due * 1e6))));
+        cv_.wait_for(lock, wait);
+      }
       if (stop_) break;
       if (broken_ && !in_flight() && pending.empty() && active.empty()) {
         cv_.wait_for(lock, std::chrono::milliseconds(100));
@@ -1002,6 +1017,8 @@ void MultipathEngine::run() {
                                   : "it started late (behind earlier work on its stream, or the GPU serving another "
                                     "context)"));
           }
+          L.probe_seen[lane] = seen;
+          L.probe_gpu_us[lane] = static_cast<float>(waited * 1e6);
           sched->probe_landed(l, lane, seen, waited);
           progress = true;
         }
@@ -1107,6 +1124,9 @@ void MultipathEngine::run() {
       for (const Transfer& t : pending) last = std::max(last, t.queued);
       const bool recent = steady_seconds() - last < 1e-3;
       std::this_thread::sleep_for(std::chrono::microseconds(progress || recent ? 5 : 200));
+    } else if (sched->any_probing()) {
+      // Only lanes kept warm probe: each one's landing keeps its lane clear.
+      std::this_thread::sleep_for(std::chrono::microseconds(10));
     }
   }
 }

@@ -209,6 +209,9 @@ class MultipathEngine {
     // A probe's start and end on the GPU's clock, by lane: its time there (not
     // when the host saw it) says whether copies were queued before it.
     cudaEvent_t probe[MultipathScheduler::kLanes][2] = {};
+    // FERRY_DEBUG: by lane, when its last probe was seen landed and its time on the GPU (us).
+    double probe_seen[MultipathScheduler::kLanes] = {};
+    float probe_gpu_us[MultipathScheduler::kLanes] = {};
     struct InFlight {
       uint64_t transfer;
       size_t bytes;

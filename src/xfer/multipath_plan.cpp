@@ -147,6 +147,7 @@ MultipathScheduler::MultipathScheduler(int links, MultipathPolicy policy)
       waiting_(links * kLanes),
       flight_(links),
       seen_(links, std::vector<double>(kLanes, -std::numeric_limits<double>::infinity())),
+      used_(links, std::vector<double>(kLanes, -std::numeric_limits<double>::infinity())),
       probing_(links, std::vector<bool>(kLanes, false)),
       probe_sent_(links, std::vector<double>(kLanes, 0.0)),
       late_(links, std::vector<bool>(kLanes, false)),
@@ -155,6 +156,7 @@ MultipathScheduler::MultipathScheduler(int links, MultipathPolicy policy)
       expected_(links * kLanes, -std::numeric_limits<double>::infinity()) {
   FERRY_ARG_CHECK(links >= 1, "links must be at least 1");
   FERRY_ARG_CHECK(policy_.outstanding >= 1, "outstanding must be at least 1");
+  FERRY_ARG_CHECK(policy_.keep_warm_s >= 0, "keep_warm_s must be at least 0");
   FERRY_ARG_CHECK(policy_.may_relay.empty() || static_cast<int>(policy_.may_relay.size()) == links,
                   "may_relay must name every link or none");
 }
@@ -402,6 +404,8 @@ void MultipathScheduler::complete(int link, double now) {
   --remaining_[transfer];
   double& seen = seen_[link][lane_of_[transfer]];
   seen = std::max(seen, now);
+  double& used = used_[link][lane_of_[transfer]];
+  used = std::max(used, now);
   flight_[link].pop_front();
 }
 
@@ -410,6 +414,11 @@ int MultipathScheduler::start_probe(int link, double now) {
   const bool full = static_cast<int>(flight_.at(link).size()) >= policy_.outstanding;
   // One probe per lane serves every queue of that direction the link may take.
   for (int lane = 0; lane < kLanes; ++lane) {
+    if (!probing_[link][lane] && now >= warm_at(link, lane)) {
+      probing_[link][lane] = true;
+      probe_sent_[link][lane] = now;
+      return lane;
+    }
     if (clear(link, lane, now) || probing_[link][lane]) continue;
     bool wanted = false, resort = resort_[link][lane], wait = false;
     for (int t = 0; t < links(); ++t) {
@@ -470,6 +479,9 @@ void MultipathScheduler::probe_landed(int link, int lane, double now, double wai
   // more of them, so the lane stays unclear and start_probe() sends another
   // (unless no other link can take the copy: last_resort()).
   late_[link][lane] = waited_s > kPromptS;
+  // A late probe of a lane kept warm: it is held from now, though its last
+  // chunk or probe landed within kClearS.
+  if (late_[link][lane]) seen_[link][lane] = -std::numeric_limits<double>::infinity();
   if (!late_[link][lane]) {
     seen_[link][lane] = std::max(seen_[link][lane], now);
     resort_[link][lane] = false;
@@ -502,6 +514,27 @@ bool MultipathScheduler::probe_failed(int link, int lane) {
   }
   stop_relaying(link);
   return false;
+}
+
+double MultipathScheduler::warm_at(int link, int lane) const {
+  constexpr double kNever = std::numeric_limits<double>::infinity();
+  if (!policy_.probe || policy_.keep_warm_s <= 0 || reserved_[link][lane]) return kNever;
+  // Only while idle in the lane: a probe behind chunks would time them, and
+  // a copy's own waiting chunks are probed for as they are.
+  for (const Assignment& a : flight_[link])
+    if (lane_of_[a.transfer] == lane) return kNever;
+  for (int t = 0; t < links(); ++t)
+    if (!waiting_[queue_of(t, lane)].empty()) return kNever;
+  const double at = std::max(seen_[link][lane], probe_sent_[link][lane]) + kRenewS;
+  return at - used_[link][lane] <= policy_.keep_warm_s ? at : kNever;
+}
+
+double MultipathScheduler::warm_due() const {
+  double due = std::numeric_limits<double>::infinity();
+  for (int l = 0; l < links(); ++l)
+    for (int lane = 0; lane < kLanes; ++lane)
+      if (!probing_[l][lane]) due = std::min(due, warm_at(l, lane));
+  return due;
 }
 
 bool MultipathScheduler::any_probing() const {

@@ -203,6 +203,12 @@ struct MultipathPolicy {
   // each program keeps its own link (board_reservations). The engine reads
   // the board and calls reserve(); the simulation models it between processes.
   bool board = true;
+  // Links kept clear between copies: for this long after a lane of a link
+  // last carried a chunk, it probes that lane again whenever it has been idle
+  // there for kRenewS, so that a copy that comes after a gap finds its links
+  // clear (or known to be held) at once instead of waiting for their probes.
+  // 0: off (a lane idle for kClearS probes when a copy wants it).
+  double keep_warm_s = 0;
 };
 
 // One chunk given to a link: the transfer's target GPU and whether it relays.
@@ -248,6 +254,10 @@ class MultipathScheduler {
   // A prompt probe ages out its link's estimate where that is this many
   // times slower than the fastest other link's (probe_landed).
   static constexpr double kForgetSlower = 4.0;
+  // A lane kept warm (MultipathPolicy::keep_warm_s) probes again once it has
+  // been idle this long since its last chunk or probe landed: before kClearS
+  // lapses, with time for the probe to come back.
+  static constexpr double kRenewS = 0.7e-3;
   static int lane(bool to_device) { return to_device ? 0 : 1; }
 
   // Queues a transfer to or from `target`'s memory in `lane`; returns its id.
@@ -285,6 +295,10 @@ class MultipathScheduler {
   // otherwise `link` relays no more and false.
   bool probe_failed(int link, int lane);
   bool any_probing() const;
+  // The earliest time a lane kept warm is due to probe (start_probe() then
+  // sends it); infinity if none is (the policy's keep_warm_s is 0, or no lane
+  // carried within it).
+  double warm_due() const;
   // `link`'s lane is kept out: a probe is out, the last one came back late, or
   // it carries as a last resort until a prompt one.
   bool held(int link, int lane) const {
@@ -350,6 +364,8 @@ class MultipathScheduler {
   // The fastest measured time per byte of the links but `except` (infinity: none measured).
   double fastest_s_per_byte(int except = -1) const;
   bool clear(int link, int lane, double now) const;
+  // When `link`'s idle `lane` is due to probe to stay clear (infinity: not kept warm).
+  double warm_at(int link, int lane) const;
   bool last_resort(int link, int q, double now) const;
   bool would_serve(int link, int q) const;
   bool others_may_do_better(int link, int q, double now) const;
@@ -386,6 +402,7 @@ class MultipathScheduler {
   std::vector<bool> own_on_stream_;              // by transfer: its own share is on the caller's stream
   std::vector<bool> head_pending_;               // by transfer: that share has not landed yet
   std::vector<std::vector<double>> seen_;        // by link and lane: when a chunk or probe last landed there
+  std::vector<std::vector<double>> used_;        // by link and lane: when a chunk last landed there
   std::vector<std::vector<bool>> probing_;       // by link and lane: a probe is out
   std::vector<std::vector<double>> probe_sent_;  // by link and lane: when it was sent
   std::vector<std::vector<bool>> late_;          // by link and lane: the last probe came back late

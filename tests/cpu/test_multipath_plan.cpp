@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <set>
 
@@ -1130,6 +1131,74 @@ TEST(MultipathProbe, ACopyOnItsWayHasItsLinksProbedBeforeItStarts) {
   EXPECT_EQ(f.start_probe(1, 0.0), -1) << "a relay probed again after it failed";
   ASSERT_EQ(f.start_probe(0, 0.0), 0);
   EXPECT_TRUE(f.probe_failed(0, 0)) << "the own link's failed probe was not the copy's error";
+}
+
+// A lane kept warm probes before kClearS lapses while idle, so that a copy
+// after a gap finds its link clear at once; without it, the same copy waits
+// for a probe. A late probe there holds the lane at once, and the probes
+// stop keep_warm_s after the lane last carried.
+TEST(MultipathProbe, ALaneKeptWarmIsClearForACopyAfterAGap) {
+  constexpr double kWarm = 5e-3;
+  auto carried_once = [](double keep_warm_s, int links = 1) {
+    MultipathPolicy p;
+    p.keep_warm_s = keep_warm_s;
+    auto s = std::make_unique<MultipathScheduler>(links, p);
+    s->add(0, split_chunks(2 * kMiB, 2 * kMiB), 0);
+    EXPECT_EQ(s->start_probe(0, 0.0), 0);
+    s->probe_landed(0, 0, 10e-6, 5e-6);
+    Assignment a;
+    EXPECT_TRUE(s->next(0, &a, 20e-6));
+    s->complete(0, 100e-6);
+    return s;
+  };
+  const double gap = 100e-6 + 2 * MultipathScheduler::kClearS;  // the next copy's start
+  {
+    auto s = carried_once(kWarm);
+    EXPECT_NEAR(s->warm_due(), 100e-6 + MultipathScheduler::kRenewS, 1e-9);
+    EXPECT_EQ(s->start_probe(0, 500e-6), -1) << "probed before it was due";
+    double at = 100e-6 + MultipathScheduler::kRenewS;
+    int probes = 0;
+    for (; at < gap; at += MultipathScheduler::kRenewS + 20e-6, ++probes) {
+      ASSERT_EQ(s->start_probe(0, at), 0) << "no probe at " << at;
+      EXPECT_EQ(s->start_probe(0, at), -1) << "a second probe while one is out";
+      s->probe_landed(0, 0, at + 20e-6, 5e-6);
+    }
+    EXPECT_GE(probes, 2);
+    s->add(0, split_chunks(2 * kMiB, 2 * kMiB), 0);
+    EXPECT_EQ(s->start_probe(0, gap), -1) << "the copy after the gap waited for a probe";
+    Assignment a;
+    EXPECT_TRUE(s->next(0, &a, gap)) << "the copy after the gap found its link held";
+    EXPECT_EQ(s->start_probe(0, gap + 2 * MultipathScheduler::kRenewS), -1) << "probed behind its own chunk";
+  }
+  {
+    auto s = carried_once(0);
+    EXPECT_EQ(s->start_probe(0, 100e-6 + MultipathScheduler::kRenewS), -1) << "kept warm with keep_warm_s 0";
+    EXPECT_EQ(s->warm_due(), std::numeric_limits<double>::infinity());
+    s->add(0, split_chunks(2 * kMiB, 2 * kMiB), 0);
+    Assignment a;
+    EXPECT_FALSE(s->next(0, &a, gap)) << "a lapsed lane took a chunk without a probe";
+  }
+  {
+    // Link 1, not yet probed, may do better than link 0 held.
+    auto s = carried_once(kWarm, 2);
+    const double at = 100e-6 + MultipathScheduler::kRenewS;
+    ASSERT_EQ(s->start_probe(0, at), 0);
+    s->probe_landed(0, 0, at + 160e-6, 150e-6);  // foreign copies were queued there
+    EXPECT_TRUE(s->late(0, 0));
+    s->add(0, split_chunks(2 * kMiB, 2 * kMiB), 0);
+    Assignment a;
+    // Within kClearS of its last chunk's landing, but held.
+    ASSERT_LT(at + 170e-6, 100e-6 + MultipathScheduler::kClearS);
+    EXPECT_FALSE(s->next(0, &a, at + 170e-6)) << "a lane whose warm probe came back late took a chunk";
+  }
+  {
+    auto s = carried_once(kWarm);
+    double at = 100e-6 + MultipathScheduler::kRenewS;
+    for (; s->start_probe(0, at) == 0; at += MultipathScheduler::kRenewS + 20e-6) s->probe_landed(0, 0, at + 20e-6, 5e-6);
+    EXPECT_GT(at, 100e-6 + kWarm - 2 * MultipathScheduler::kRenewS) << "the probes stopped early";
+    EXPECT_LT(at, 100e-6 + kWarm + MultipathScheduler::kRenewS) << "the probes went on past keep_warm_s";
+    EXPECT_EQ(s->warm_due(), std::numeric_limits<double>::infinity());
+  }
 }
 
 // One slow chunk (a first copy's cost: on four H200s an own link's first
