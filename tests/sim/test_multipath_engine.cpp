@@ -1105,3 +1105,38 @@ TEST_F(MultipathSim, LinksProbeForACopyWhileItsStreamIsHeld) {
   e.check();
   EXPECT_TRUE(p.same(0));
 }
+
+// With FERRY_MULTIPATH_KEEP_WARM_MS, the links that carried a copy probe
+// while idle (each lane every 0.7 ms), for that long and no longer; without
+// it they send nothing between copies. The copies stay byte-exact.
+TEST_F(MultipathSim, LinksKeptWarmProbeBetweenCopiesForAWhile) {
+  for (const bool warm : {false, true}) {
+    setenv("FERRY_MULTIPATH_KEEP_WARM_MS", warm ? "30" : "0", 1);
+    MultipathEngine e(options({0, 1, 2}));
+    unsetenv("FERRY_MULTIPATH_KEEP_WARM_MS");
+    const size_t n = 8 * MiB;
+    Pairs p(1, n, 0, 13);
+    cudaStream_t s = new_stream(0);
+    e.copy(p.dst[0]->p, p.src[0]->p, n, s);
+    ASSERT_TRUE(drained(s));
+    e.check();
+    EXPECT_TRUE(p.same(0));
+    const size_t before = sim::copies(ferry::xfer::kMultipathProbeBytes);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    const size_t idle = sim::copies(ferry::xfer::kMultipathProbeBytes) - before;
+    if (!warm) {
+      EXPECT_EQ(idle, 0u) << "links probed between copies with keep-warm off";
+      continue;
+    }
+    // Three links, 10 ms: about 14 probes each; a loaded machine sends fewer.
+    EXPECT_GE(idle, 6u) << "the links kept warm probed too little";
+    std::this_thread::sleep_for(std::chrono::milliseconds(40));  // past the 30 ms
+    const size_t after = sim::copies(ferry::xfer::kMultipathProbeBytes);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_EQ(sim::copies(ferry::xfer::kMultipathProbeBytes), after) << "links probed past keep-warm's time";
+    e.copy(p.dst[0]->p, p.src[0]->p, n, s);
+    ASSERT_TRUE(drained(s));
+    e.check();
+    EXPECT_TRUE(p.same(0));
+  }
+}
