@@ -1082,7 +1082,9 @@ TEST_F(MultipathSim, EveryOtherGpuCopiedByItsProgramKeepsRelaysOffTheirLinks) {
 // for probes once it does; the stream stays held meanwhile, and the bytes
 // arrive whole after the release.
 TEST_F(MultipathSim, LinksProbeForACopyWhileItsStreamIsHeld) {
+  setenv("FERRY_MULTIPATH_KEEP_WARM_MS", "0", 1);  // lanes lapse between copies
   MultipathEngine e(options({0, 1, 2}));
+  unsetenv("FERRY_MULTIPATH_KEEP_WARM_MS");
   const size_t n = 8 * MiB;
   Pairs p(1, n, 0, 12);
   cudaStream_t s = new_stream(0);
