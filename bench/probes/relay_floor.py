@@ -16,6 +16,9 @@ staging buffers:
   (its staging buffer).
 - slots: one stream per staging buffer, both hops of a chunk on it in
   order: no event, and the two buffers' chunks in flight at once.
+- target: as events, but the NVLink hop on a stream of GPU 0 (its copy
+  engine reads the relay's staging buffer, or writes it, GPU to host), so
+  that the relay's copy engines carry only its host link's hop.
 
 Prints GB/s (median of 7 after a warm-up) by direction, size and links, with
 each link's own time from the release; every byte of the last run of each
@@ -58,6 +61,8 @@ def main():
         r: [torch.empty(CHUNK, dtype=torch.uint8, device=f"cuda:{r}") for _ in range(2)] for r in range(n_gpu)
     }
     streams = {r: [torch.cuda.Stream(r) for _ in range(2)] for r in range(n_gpu)}
+    # The "target" way's NVLink hops: two streams of GPU 0 per relay.
+    nvlink0 = {r: [torch.cuda.Stream(0) for _ in range(2)] for r in range(1, n_gpu)}
     gate = torch.cuda.Stream(0)
 
     def run(to_device, size, p, way):
@@ -74,7 +79,7 @@ def main():
             lo, hi = link * share, min(size, (link + 1) * share)
             s = streams[link]
             st = torch.cuda.Event(enable_timing=True)
-            for q in s:
+            for q in s + nvlink0.get(link, []):
                 q.wait_event(release)
             st.record(s[0])
             with torch.cuda.device(link):
@@ -99,6 +104,9 @@ def main():
                             rt.copy(dst_ptr, buf, n, q)
                             continue
                         first, second = (s[0], s[1]) if to_device else (s[1], s[0])
+                        if way == "target":
+                            t0s = nvlink0[link][slot]
+                            first, second = (s[0], t0s) if to_device else (t0s, s[0])
                         if freed[slot] is not None:
                             first.wait_event(freed[slot])
                         rt.copy(buf, src_ptr, n, first)
@@ -109,6 +117,8 @@ def main():
                         freed[slot] = torch.cuda.Event()
                         freed[slot].record(second)
                     s[0].wait_stream(s[1])
+                    for q in nvlink0[link]:
+                        s[0].wait_stream(q)
             en = torch.cuda.Event(enable_timing=True)
             en.record(s[0])
             starts.append(st)
@@ -131,7 +141,7 @@ def main():
         name = "host to GPU 0" if to_device else "GPU 0 to host"
         for size in sizes:
             for p in paths:
-                for way in ("events", "slots") if p > 1 else ("plain",):
+                for way in ("events", "target") if p > 1 else ("plain",):
                     if to_device:
                         dev0_in[:size].fill_(0x5A)
                     else:
