@@ -91,10 +91,6 @@ const std::vector<Knob>& knobs() {
       {"FERRY_MULTIPATH_HEAD_BYTES", "int", "0",
        "most of a multipath copy's head that the caller's stream copies itself over the target's link while the "
        "engine starts the rest (0: none)"},
-      {"FERRY_MULTIPATH_PUSH", "int", "1",
-       "1: GPU to host, a multipath relay's first hop (the target's bytes into the relay's staging buffer over "
-       "NVLink) is pushed by the target GPU's copy engine, so that the relay's carries only its host-link hop. 0: "
-       "the relay's copy engine pulls it"},
       {"FERRY_MULTIPATH_KEEP_WARM_MS", "float", "50",
        "for this long after a link last carried a multipath chunk in a direction, it probes that direction again "
        "every 0.7 ms while idle, so that a copy after a gap starts at once instead of waiting for its links' "

@@ -75,7 +75,6 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
   FERRY_ARG_CHECK(options.timeout_s >= 0 && std::isfinite(options.timeout_s),
                   "timeout is " + std::to_string(options.timeout_s) + "; expected seconds, or 0 for FERRY_TIMEOUT_S");
   timeout_s_ = options.timeout_s > 0 ? options.timeout_s : knob_float("FERRY_TIMEOUT_S");
-  push_ = knob_int("FERRY_MULTIPATH_PUSH") != 0;
   policy_.keep_warm_s = knob_float("FERRY_MULTIPATH_KEEP_WARM_MS") * 1e-3;
   FERRY_ARG_CHECK(policy_.keep_warm_s >= 0 && std::isfinite(policy_.keep_warm_s),
                   "FERRY_MULTIPATH_KEEP_WARM_MS is " + std::to_string(policy_.keep_warm_s * 1e3) +
@@ -163,20 +162,6 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
       L.staging.push_back(static_cast<char*>(p));
     }
   }
-  // Pushes: each GPU's stream and events for every link that relays.
-  if (push_)
-    for (int i = 0; i < n; ++i) {
-      Link& T = link_[i];
-      DeviceScope on(T.device);
-      T.push.resize(n);
-      for (int j = 0; j < n; ++j) {
-        if (j == i || !policy_.may_relay[j]) continue;
-        Link::Push& P = T.push[j];
-        FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&P.stream, cudaStreamNonBlocking));
-        P.done.resize(policy_.outstanding);
-        for (auto& e : P.done) FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-      }
-    }
   // The link board, where there is something to relay over and the GPUs
   // have ids every process shares.
   if (policy_.board && knob_int("FERRY_MULTIPATH_BOARD") != 0 && n > 1) {
@@ -229,10 +214,6 @@ void MultipathEngine::warm_links() {
       FERRY_CUDA_CHECK(cudaMemcpyAsync(host + 1 + i % 7, mine + 16, 8, cudaMemcpyDefault, L.host));
       FERRY_CUDA_CHECK(
           cudaMemcpyAsync(static_cast<char*>(peer.scratch) + 32, mine + 48, 8, cudaMemcpyDefault, L.nvlink));
-      for (size_t j = 0; j < L.push.size(); ++j)
-        if (L.push[j].stream)
-          FERRY_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(link_[j].scratch) + 40, mine + 56, 8, cudaMemcpyDefault,
-                                           L.push[j].stream));
     }
     if (!links_idle(std::min(timeout_s_, kWarmS)))
       debug_log("multipath: the links' first copies did not finish in time");
@@ -292,11 +273,6 @@ void MultipathEngine::close() {
     if (L.scratch) cudaFree(L.scratch);
     cudaStreamDestroy(L.host);
     cudaStreamDestroy(L.nvlink);
-    for (auto& P : L.push) {
-      if (!P.stream) continue;
-      for (auto e : P.done) cudaEventDestroy(e);
-      cudaStreamDestroy(P.stream);
-    }
   }
   link_.clear();
   cudaFreeHost(host_scratch_);
@@ -305,11 +281,8 @@ void MultipathEngine::close() {
 
 bool MultipathEngine::links_idle(double limit_s) {
   const double until = steady_seconds() + limit_s;
-  for (Link& L : link_) {
-    std::vector<cudaStream_t> streams{L.host, L.nvlink};
-    for (const auto& P : L.push)
-      if (P.stream) streams.push_back(P.stream);
-    for (cudaStream_t s : streams)
+  for (Link& L : link_)
+    for (cudaStream_t s : {L.host, L.nvlink})
       while (true) {
         const cudaError_t q = cudaStreamQuery(s);
         if (q == cudaSuccess) break;
@@ -320,7 +293,6 @@ bool MultipathEngine::links_idle(double limit_s) {
         if (steady_seconds() > until) return false;
         std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
-  }
   return true;
 }
 
@@ -577,12 +549,6 @@ MultipathReport MultipathEngine::copy_batch(const std::vector<MultipathPiece>& p
   return r;
 }
 
-// A GPU-to-host relay chunk whose first hop the target's copy engine pushes
-// (Link::push).
-bool MultipathEngine::pushed(const Transfer& t, const Assignment& a) const {
-  return a.relay() && !t.to_device && !link_[a.target].push.empty() && link_[a.target].push[a.link].stream;
-}
-
 // A chunk's first CUDA call on its link: the whole copy on the target's own
 // link; a relay's first hop into its staging buffer. `hop` keeps what the
 // relay's second hop needs. False where a relay could not take it.
@@ -599,7 +565,7 @@ bool MultipathEngine::first_hop(Transfer& t, const Assignment& a, Hop* hop) {
              piece->src + (a.chunk.offset - piece->at),
              steady_seconds()};
   const size_t n = a.chunk.bytes;
-  cudaStream_t first = !a.relay() || t.to_device || pushed(t, a) ? L.host : L.nvlink;
+  cudaStream_t first = !a.relay() || t.to_device ? L.host : L.nvlink;
   if (!L.clock.empty()) clock_mark(L.clock[hop->slot][0], first);
   if (!a.relay()) {
     FERRY_CUDA_CHECK(cudaMemcpyAsync(hop->dst, hop->src, n, cudaMemcpyDefault, L.host));
@@ -616,14 +582,6 @@ bool MultipathEngine::first_hop(Transfer& t, const Assignment& a, Hop* hop) {
     throw_error(FERRY_ERROR_INTERNAL, "multipath: a relay chunk of " + std::to_string(n) +
                                           " bytes is larger than its staging buffer (" + std::to_string(chunk_bytes_) +
                                           ")");
-  if (pushed(t, a)) {
-    // The relay's host-link stream marks the start; the target pushes.
-    Link::Push& P = link_[a.target].push[a.link];
-    DeviceScope target(link_[a.target].device);
-    if (cudaMemcpyAsync(L.staging[hop->slot], hop->src, n, cudaMemcpyDefault, P.stream) == cudaSuccess) return true;
-    cudaGetLastError();
-    return false;
-  }
   const cudaError_t e = cudaMemcpyAsync(L.staging[hop->slot], hop->src, n, cudaMemcpyDefault, first);
   if (e == cudaSuccess) return true;
   cudaGetLastError();
@@ -635,25 +593,12 @@ bool MultipathEngine::first_hop(Transfer& t, const Assignment& a, Hop* hop) {
 bool MultipathEngine::second_hop(const Hop& h) {
   Link& L = link_[h.a.link];
   if (h.a.relay()) {
-    cudaError_t e = cudaSuccess;
-    const bool push = pushed(*h.t, h.a);
-    Link::Push* P = push ? &link_[h.a.target].push[h.a.link] : nullptr;
-    if (push) {
-      DeviceScope target(link_[h.a.target].device);
-      e = cudaEventRecord(P->done[h.slot], P->stream);
-    }
     DeviceScope on(L.device);
     cudaStream_t first = h.t->to_device ? L.host : L.nvlink;
     cudaStream_t second = h.t->to_device ? L.nvlink : L.host;
-    if (push) {
-      // The pushed hop's end, on the relay's clock: marked once it waited for it.
-      if (e == cudaSuccess) e = cudaStreamWaitEvent(second, P->done[h.slot], 0);
-      if (e == cudaSuccess && !L.clock.empty()) clock_mark(L.clock[h.slot][1], second);
-    } else {
-      if (!L.clock.empty()) clock_mark(L.clock[h.slot][1], first);  // before `hop`, which `landed` follows
-      e = cudaEventRecord(L.hop[h.slot], first);
-      if (e == cudaSuccess) e = cudaStreamWaitEvent(second, L.hop[h.slot], 0);
-    }
+    if (!L.clock.empty()) clock_mark(L.clock[h.slot][1], first);  // before `hop`, which `landed` follows
+    cudaError_t e = cudaEventRecord(L.hop[h.slot], first);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(second, L.hop[h.slot], 0);
     if (e == cudaSuccess) e = cudaMemcpyAsync(h.dst, L.staging[h.slot], h.a.chunk.bytes, cudaMemcpyDefault, second);
     if (e == cudaSuccess && !L.clock.empty()) clock_mark(L.clock[h.slot][2], second);  // before `landed`
     if (e == cudaSuccess) e = cudaEventRecord(L.landed[h.slot], second);

@@ -220,16 +220,6 @@ class MultipathEngine {
       bool first = false;  // this link's first chunk to or from that GPU in that direction: not timed
     };
     std::deque<InFlight> flight;
-    // GPU to host, a relay's first hop is pushed by this GPU's copy engine
-    // into the relay's staging buffer over NVLink, so that the relay's copy
-    // engine carries only its host-link hop (docs/multipath.md, "Relays"). By
-    // relay link: a stream of this GPU, and per slot the event the relay's
-    // host-link hop waits for. Empty where pushes are off.
-    struct Push {
-      cudaStream_t stream = nullptr;
-      std::vector<cudaEvent_t> done;
-    };
-    std::vector<Push> push;
     // By link index of the target and lane: this link carried a chunk there before.
     std::vector<std::array<bool, MultipathScheduler::kLanes>> carried;
     int next_slot = 0;
@@ -249,7 +239,6 @@ class MultipathEngine {
     const char* src = nullptr;
     double given = 0;  // when its first call went out (steady seconds)
   };
-  bool pushed(const Transfer& t, const Assignment& a) const;
   bool first_hop(Transfer& t, const Assignment& a, Hop* hop);
   bool second_hop(const Hop& h);
   void stop_relay(int link, int count, const std::string& why);
@@ -269,7 +258,6 @@ class MultipathEngine {
   size_t min_chunk_ = kMultipathMinChunk;
   size_t threshold_ = 0;
   size_t head_bytes_ = 0;
-  bool push_ = true;  // FERRY_MULTIPATH_PUSH: GPU-to-host relays' first hops pushed by the target (Link::push)
   double timeout_s_ = 0;
   MultipathPolicy policy_;
   std::vector<Link> link_;

@@ -1194,8 +1194,7 @@ TEST(MultipathProbe, ALaneKeptWarmIsClearForACopyAfterAGap) {
   {
     auto s = carried_once(kWarm);
     double at = 100e-6 + MultipathScheduler::kRenewS;
-    for (; s->start_probe(0, at) == 0; at += MultipathScheduler::kRenewS + 20e-6)
-      s->probe_landed(0, 0, at + 20e-6, 5e-6);
+    for (; s->start_probe(0, at) == 0; at += MultipathScheduler::kRenewS + 20e-6) s->probe_landed(0, 0, at + 20e-6, 5e-6);
     EXPECT_GT(at, 100e-6 + kWarm - 2 * MultipathScheduler::kRenewS) << "the probes stopped early";
     EXPECT_LT(at, 100e-6 + kWarm + MultipathScheduler::kRenewS) << "the probes went on past keep_warm_s";
     EXPECT_EQ(s->warm_due(), std::numeric_limits<double>::infinity());

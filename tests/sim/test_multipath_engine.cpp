@@ -447,46 +447,39 @@ TEST_F(MultipathSim, ARelayThatCannotTakeAChunkLeavesItToTheOtherLinks) {
 // A relay failing after a chunk's first hop went out (its second hop, or a
 // later chunk of the same pass): every chunk it had not finished goes back to
 // the other links, each byte lands once, and the relay is retired.
-// GPU to host with pushes (FERRY_MULTIPATH_PUSH), a chunk's first hop is a
-// copy on the target's stream, and only its second is the relay's.
 TEST_F(MultipathSim, ARelayFailingBetweenHopsLeavesItsChunksToTheOtherLinks) {
-  for (bool push : {false, true})
-    for (bool to_device : {true, false})
-      for (int after : {1, 2, 3}) {
-        setenv("FERRY_MULTIPATH_PUSH", push ? "1" : "0", 1);
-        MultipathEngine e(options({0, 1, 2}));
-        unsetenv("FERRY_MULTIPATH_PUSH");
-        const int relay_copies_per_chunk = push && !to_device ? 1 : 2;
-        sim::Faults f;
-        f.fail_late_on_device = 1;
-        f.fail_late_after = after;
-        f.fail_late_from_bytes = 256 << 10;  // chunks' hops, not the probes (64 KiB)
-        sim::set_faults(f);
-        const size_t n = 32 * MiB + 9;
-        Buf host(n, -1), dev(n, 0);
-        fill(host, 17 + static_cast<unsigned>(after));
-        if (!to_device) std::memcpy(dev.p, host.p, n), std::memset(host.p, 0, n);
-        Buf ref(n, 0);
-        std::memcpy(ref.p, to_device ? host.p : dev.p, n);
-        cudaStream_t s = new_stream(0);
-        if (to_device)
-          e.copy(dev.p, host.p, n, s);
-        else
-          e.copy(host.p, dev.p, n, s);
-        ASSERT_TRUE(drained(s)) << to_device << " " << after;
-        e.check();  // no error: the copy completed over links 0 and 2
-        EXPECT_EQ(std::memcmp(to_device ? dev.p : host.p, ref.p, n), 0) << to_device << " " << after;
-        EXPECT_FALSE(e.may_relay()[1]) << to_device << " " << after;
-        EXPECT_TRUE(e.may_relay()[2]);
-        // Link 1 carried at most the chunks whose both hops went out before the failure.
-        EXPECT_LE(e.bytes_by_link()[1], static_cast<size_t>(after / relay_copies_per_chunk) * (MiB + 4097))
-            << push << " " << to_device << " " << after;
-        // The failed relay's first hop of its last chunk may still be reading
-        // the buffers (a real cudaFree would wait for it, the fake's does not):
-        // the engine first, its links drained, then the buffers.
-        e.close();
-        sim::set_faults(sim::Faults{});
-      }
+  for (bool to_device : {true, false})
+    for (int after : {1, 2, 3}) {
+      MultipathEngine e(options({0, 1, 2}));
+      sim::Faults f;
+      f.fail_late_on_device = 1;
+      f.fail_late_after = after;
+      f.fail_late_from_bytes = 256 << 10;  // chunks' hops, not the probes (64 KiB)
+      sim::set_faults(f);
+      const size_t n = 32 * MiB + 9;
+      Buf host(n, -1), dev(n, 0);
+      fill(host, 17 + static_cast<unsigned>(after));
+      if (!to_device) std::memcpy(dev.p, host.p, n), std::memset(host.p, 0, n);
+      Buf ref(n, 0);
+      std::memcpy(ref.p, to_device ? host.p : dev.p, n);
+      cudaStream_t s = new_stream(0);
+      if (to_device)
+        e.copy(dev.p, host.p, n, s);
+      else
+        e.copy(host.p, dev.p, n, s);
+      ASSERT_TRUE(drained(s)) << to_device << " " << after;
+      e.check();  // no error: the copy completed over links 0 and 2
+      EXPECT_EQ(std::memcmp(to_device ? dev.p : host.p, ref.p, n), 0) << to_device << " " << after;
+      EXPECT_FALSE(e.may_relay()[1]) << to_device << " " << after;
+      EXPECT_TRUE(e.may_relay()[2]);
+      // Link 1 carried at most the chunks whose both hops went out before the failure.
+      EXPECT_LE(e.bytes_by_link()[1], static_cast<size_t>(after / 2) * (MiB + 4097)) << to_device << " " << after;
+      // The failed relay's first hop of its last chunk may still be reading
+      // the buffers (a real cudaFree would wait for it, the fake's does not):
+      // the engine first, its links drained, then the buffers.
+      e.close();
+      sim::set_faults(sim::Faults{});
+    }
 }
 
 // A relay GPU without room for its staging buffers relays nothing; copies run
