@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 
 #include "core/clock.hpp"
 #include "core/cuda_scope.hpp"
@@ -692,17 +693,21 @@ void MultipathEngine::probe(int l, int lane) {
                   : cudaMemcpyAsync(host, dev, n, cudaMemcpyDefault, L.host);
   if (e == cudaSuccess) e = cudaEventRecord(L.probe[lane][1], L.host);
   if (e == cudaSuccess) return;
-  // As a chunk that a link cannot take: an error of the copies on the
-  // target's own link, and otherwise the link relays no more.
   cudaGetLastError();
-  if (sched_->probe_failed(l, lane))
-    throw_error(FERRY_ERROR_CUDA, "multipath: the link of " + dev_name(L.device) + " failed: " + error_text(e));
+  probe_lost(l, lane, "the link of " + dev_name(L.device) + " failed: " + error_text(e));
+}
+
+// A probe that could not be sent, or whose landing reports an error: as a
+// chunk a link cannot take, an error of its own GPU's copies (waiting, or on
+// their way), and otherwise the link relays no more. No copy's bytes were in
+// it, so a lane kept warm that fails between copies only retires its relay.
+void MultipathEngine::probe_lost(int l, int lane, const std::string& why) {
+  if (sched_->probe_failed(l, lane)) throw_error(FERRY_ERROR_CUDA, "multipath: " + why);
   {
     std::lock_guard<std::mutex> lock(mu_);
     policy_.may_relay[l] = false;
   }
-  debug_log("multipath: " + dev_name(L.device) + " relays no more: " + error_text(e) +
-            "; copies go over the other links");
+  debug_log("multipath: " + dev_name(link_[l].device) + " relays no more: " + why + "; copies go over the other links");
 }
 
 // Every chunk of `t` landed: its stream goes on.
@@ -730,7 +735,7 @@ void MultipathEngine::land(Transfer& t, double now) {
       // The probe that cleared the link for this copy, if it went out near its start.
       const int lane = MultipathScheduler::lane(t.to_device);
       const double sent = sched_->probe_sent(static_cast<int>(l), lane), seen = link_[l].probe_seen[lane];
-      if (seen >= sent && seen > t.queued - MultipathScheduler::kClearS)
+      if (seen >= sent && seen > t.queued - MultipathScheduler::kClearS && sent <= t.link_first[l])
         by_link += " (its probe out at " + us(sent) + " us, seen landed at " + us(seen) + " us, " +
                    std::to_string(static_cast<long>(link_[l].probe_gpu_us[lane])) + " us on the GPU)";
     }
@@ -925,7 +930,8 @@ void MultipathEngine::run() {
       if (!in_flight() && pending.empty() && active.empty() && queued_.empty() && !stop_ && !sched->any_probing()) {
         auto wait = std::chrono::microseconds(board_posted_.empty() ? 100000 : 1000);
         const double due = sched->warm_due() - steady_seconds();
-        if (due < 0.1) wait = std::min(wait, std::chrono::microseconds(std::max(0L, static_cast<long>(due * 1e6))));
+        if (due < 0.1)
+          wait = std::min(wait, std::chrono::microseconds(std::max(0L, std::lround(std::ceil(due * 1e6)))));
         cv_.wait_for(lock, wait);
       }
       if (stop_) break;
@@ -996,8 +1002,9 @@ void MultipathEngine::run() {
           if (q == cudaErrorNotReady) continue;
           if (q != cudaSuccess) {
             cudaGetLastError();
-            throw_error(FERRY_ERROR_CUDA, std::string("multipath: a probe on the link of ") + dev_name(L.device) +
-                                              " failed: " + error_text(q));
+            probe_lost(l, lane, "a probe on the link of " + dev_name(L.device) + " failed: " + error_text(q));
+            progress = true;
+            continue;
           }
           const double seen = steady_seconds();
           const double host_s = seen - sched->probe_sent(l, lane);
@@ -1122,11 +1129,27 @@ void MultipathEngine::run() {
       // its latency), then every 200 us: streams held for long cost few looks.
       double last = 0;
       for (const Transfer& t : pending) last = std::max(last, t.queued);
-      const bool recent = steady_seconds() - last < 1e-3;
-      std::this_thread::sleep_for(std::chrono::microseconds(progress || recent ? 5 : 200));
+      const double now = steady_seconds();
+      const bool recent = now - last < 1e-3;
+      // A lane kept warm probes on time meanwhile.
+      const double due = sched->warm_due() - now;
+      const long us = progress || recent ? 5 : std::clamp(std::lround(std::ceil(due * 1e6)), 5L, 200L);
+      std::this_thread::sleep_for(std::chrono::microseconds(us));
     } else if (sched->any_probing()) {
-      // Only lanes kept warm probe: each one's landing keeps its lane clear.
-      std::this_thread::sleep_for(std::chrono::microseconds(10));
+      // Only probes out (lanes kept warm, or a relay's late one): looked at
+      // every 10 us while one is young enough to land promptly, then every
+      // 200 us; a copy handed over meanwhile wakes the thread.
+      double newest = -std::numeric_limits<double>::infinity();
+      for (int l = 0; l < n; ++l)
+        for (int lane = 0; lane < MultipathScheduler::kLanes; ++lane)
+          if (sched->probing(l, lane)) newest = std::max(newest, sched->probe_sent(l, lane));
+      const bool young = steady_seconds() - newest < 2 * MultipathScheduler::kPromptS;
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::microseconds(young ? 10 : 200), [&] { return !queued_.empty() || stop_; });
+    } else if (!active.empty()) {
+      // A copy whose own share the caller's stream still copies, with nothing
+      // else in flight: its landing is looked at as a chunk's would be.
+      std::this_thread::sleep_for(std::chrono::microseconds(5));
     }
   }
 }

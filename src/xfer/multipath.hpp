@@ -244,6 +244,7 @@ class MultipathEngine {
   void stop_relay(int link, int count, const std::string& why);
   void submit_all(const std::vector<std::vector<Assignment>>& given, const std::function<Transfer&(int)>& transfer_of);
   void probe(int link, int lane);
+  void probe_lost(int link, int lane, const std::string& why);
   void land(Transfer& t, double now);
   bool links_idle(double limit_s);
   void fail_and_release(const std::string& message, std::deque<Transfer>& pending, std::deque<Transfer>& active);

@@ -414,7 +414,7 @@ int MultipathScheduler::start_probe(int link, double now) {
   const bool full = static_cast<int>(flight_.at(link).size()) >= policy_.outstanding;
   // One probe per lane serves every queue of that direction the link may take.
   for (int lane = 0; lane < kLanes; ++lane) {
-    if (!probing_[link][lane] && now >= warm_at(link, lane)) {
+    if (!probing_[link][lane] && now >= warm_at(link, lane) && now - used_[link][lane] <= policy_.keep_warm_s) {
       probing_[link][lane] = true;
       probe_sent_[link][lane] = now;
       return lane;
@@ -525,6 +525,9 @@ double MultipathScheduler::warm_at(int link, int lane) const {
     if (lane_of_[a.transfer] == lane) return kNever;
   for (int t = 0; t < links(); ++t)
     if (!waiting_[queue_of(t, lane)].empty()) return kNever;
+  // Nor behind its own GPU's share on a caller's stream, which it would time.
+  for (size_t id = 0; id < head_pending_.size(); ++id)
+    if (head_pending_[id] && target_of_[id] == link && lane_of_[id] == lane) return kNever;
   const double at = std::max(seen_[link][lane], probe_sent_[link][lane]) + kRenewS;
   return at - used_[link][lane] <= policy_.keep_warm_s ? at : kNever;
 }

@@ -1156,9 +1156,8 @@ TEST(MultipathProbe, ALaneKeptWarmIsClearForACopyAfterAGap) {
     auto s = carried_once(kWarm);
     EXPECT_NEAR(s->warm_due(), 100e-6 + MultipathScheduler::kRenewS, 1e-9);
     EXPECT_EQ(s->start_probe(0, 500e-6), -1) << "probed before it was due";
-    double at = 100e-6 + MultipathScheduler::kRenewS;
     int probes = 0;
-    for (; at < gap; at += MultipathScheduler::kRenewS + 20e-6, ++probes) {
+    for (double at = s->warm_due(); at < gap; at = s->warm_due(), ++probes) {
       ASSERT_EQ(s->start_probe(0, at), 0) << "no probe at " << at;
       EXPECT_EQ(s->start_probe(0, at), -1) << "a second probe while one is out";
       s->probe_landed(0, 0, at + 20e-6, 5e-6);
@@ -1193,12 +1192,29 @@ TEST(MultipathProbe, ALaneKeptWarmIsClearForACopyAfterAGap) {
   }
   {
     auto s = carried_once(kWarm);
-    double at = 100e-6 + MultipathScheduler::kRenewS;
-    for (; s->start_probe(0, at) == 0; at += MultipathScheduler::kRenewS + 20e-6) s->probe_landed(0, 0, at + 20e-6, 5e-6);
-    EXPECT_GT(at, 100e-6 + kWarm - 2 * MultipathScheduler::kRenewS) << "the probes stopped early";
-    EXPECT_LT(at, 100e-6 + kWarm + MultipathScheduler::kRenewS) << "the probes went on past keep_warm_s";
-    EXPECT_EQ(s->warm_due(), std::numeric_limits<double>::infinity());
+    double last = 0;
+    for (double at = s->warm_due(); std::isfinite(at); at = s->warm_due()) {
+      ASSERT_EQ(s->start_probe(0, at), 0) << "no probe at " << at;
+      s->probe_landed(0, 0, at + 20e-6, 5e-6);
+      last = at;
+    }
+    EXPECT_GT(last, 100e-6 + kWarm - 2 * MultipathScheduler::kRenewS) << "the probes stopped early";
+    EXPECT_LE(last, 100e-6 + kWarm) << "the probes went on past keep_warm_s";
+    EXPECT_EQ(s->start_probe(0, 100e-6 + kWarm + MultipathScheduler::kRenewS), -1) << "probed past keep_warm_s";
+  }  {
+    // Not behind its own GPU's share on a caller's stream, which it would time.
+    auto s = carried_once(kWarm, 2);
+    const double at = 100e-6 + MultipathScheduler::kRenewS;
+    const int t = s->add(0, split_chunks(2 * kMiB, 2 * kMiB), 0, true, true);
+    ASSERT_EQ(s->start_probe(1, at), 0);
+    s->probe_landed(1, 0, at + 10e-6, 5e-6);
+    Assignment a;
+    ASSERT_TRUE(s->next(1, &a, at + 20e-6));
+    EXPECT_EQ(s->start_probe(0, at + 30e-6), -1) << "probed behind its own GPU's share on the stream";
+    s->head_landed(t);
+    EXPECT_EQ(s->start_probe(0, at + 40e-6), 0) << "not kept warm once that share landed";
   }
+
 }
 
 // One slow chunk (a first copy's cost: on four H200s an own link's first

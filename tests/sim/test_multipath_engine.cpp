@@ -508,11 +508,11 @@ TEST_F(MultipathSim, ARelayWithoutMemoryForStagingLeavesItsShareToTheOthers) {
   EXPECT_GT(e.bytes_by_link()[2], 0u);
 }
 
-// A relay whose submitted work fails (its events report the error) after
-// the engine has run fine: the engine breaks with an error naming that GPU,
-// the caller's stream goes on, and the next copy is refused: never a copy
-// silently short.
-TEST_F(MultipathSim, ARelayFailingAfterSubmissionBreaksTheEngineNamingIt) {
+// A relay whose work fails after it was submitted (its events report an
+// error): the copy either completes through the other links, the relay
+// retired (when its probe was what failed), or the engine breaks naming it
+// (when a chunk was); never short without an error.
+TEST_F(MultipathSim, ARelayFailingAfterSubmissionIsRetiredOrBreaksTheEngineNamingIt) {
   MultipathOptions o = options({0, 1});
   o.timeout_s = 2;
   MultipathEngine e(o);
@@ -524,19 +524,60 @@ TEST_F(MultipathSim, ARelayFailingAfterSubmissionBreaksTheEngineNamingIt) {
   ASSERT_TRUE(drained(s));
   e.check();
   ASSERT_GT(e.bytes_by_link()[1], 0u) << "the relay carried nothing before the fault";
+  std::memset(dev.p, 0, n);
   sim::Faults f;
   f.fail_events_on_device = 1;
   sim::set_faults(f);
-  e.copy(dev.p, host.p, n, s);
-  EXPECT_TRUE(drained(s, 20)) << "the stream stayed held";
+  bool broken = false;
   try {
+    e.copy(dev.p, host.p, n, s);  // the engine may have broken already, at a probe between copies
+    EXPECT_TRUE(drained(s, 20)) << "the stream stayed held";
     e.synchronize();
-    ADD_FAILURE() << "synchronize() raised nothing";
   } catch (const ferry::Error& err) {
+    broken = true;
     EXPECT_EQ(err.code(), FERRY_ERROR_BROKEN) << err.what();
     EXPECT_NE(std::string(err.what()).find("cuda:1"), std::string::npos) << err.what();
   }
-  EXPECT_THROW(e.copy(dev.p, host.p, n, s), ferry::Error);
+  if (broken) {
+    EXPECT_THROW(e.copy(dev.p, host.p, n, s), ferry::Error);
+  } else {
+    EXPECT_FALSE(e.may_relay()[1]) << "the failing relay was not retired";
+    EXPECT_EQ(std::memcmp(dev.p, host.p, n), 0) << "the copy completed short without an error";
+  }
+  e.close();
+  sim::set_faults(sim::Faults{});
+}
+
+// A lane kept warm whose probe fails between copies retires that relay, and
+// the next copy completes over the other links.
+TEST_F(MultipathSim, AKeptWarmProbeFailingBetweenCopiesRetiresTheRelay) {
+  setenv("FERRY_MULTIPATH_KEEP_WARM_MS", "50", 1);
+  MultipathEngine e(options({0, 1, 2}));
+  unsetenv("FERRY_MULTIPATH_KEEP_WARM_MS");
+  const size_t n = 8 * MiB + 3;
+  Pairs p(1, n, 0, 14);
+  cudaStream_t s = new_stream(0);
+  e.copy(p.dst[0]->p, p.src[0]->p, n, s);
+  ASSERT_TRUE(drained(s));
+  e.check();
+  ASSERT_GT(e.bytes_by_link()[2], 0u) << "link 2 carried nothing: not kept warm";
+  sim::Faults f;
+  f.fail_events_on_device = 2;
+  sim::set_faults(f);
+  const auto t0 = std::chrono::steady_clock::now();
+  while (e.may_relay()[2]) {
+    ASSERT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5)) << "link 2 was not retired";
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  e.check();  // no copy failed
+  const size_t before = e.bytes_by_link()[2];
+  std::memset(p.dst[0]->p, 0, n);
+  e.copy(p.dst[0]->p, p.src[0]->p, n, s);
+  ASSERT_TRUE(drained(s));
+  e.check();
+  EXPECT_TRUE(p.same(0));
+  EXPECT_EQ(e.bytes_by_link()[2], before);
+  e.close();
   sim::set_faults(sim::Faults{});
 }
 
@@ -1124,17 +1165,18 @@ TEST_F(MultipathSim, LinksKeptWarmProbeBetweenCopiesForAWhile) {
     e.check();
     EXPECT_TRUE(p.same(0));
     const size_t before = sim::copies(ferry::xfer::kMultipathProbeBytes);
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::this_thread::sleep_for(std::chrono::milliseconds(15));
     const size_t idle = sim::copies(ferry::xfer::kMultipathProbeBytes) - before;
     if (!warm) {
       EXPECT_EQ(idle, 0u) << "links probed between copies with keep-warm off";
       continue;
     }
-    // Three links, 10 ms: about 14 probes each; a loaded machine sends fewer.
-    EXPECT_GE(idle, 6u) << "the links kept warm probed too little";
-    std::this_thread::sleep_for(std::chrono::milliseconds(40));  // past the 30 ms
+    // Three links, 15 ms: about 20 probes each; a loaded machine (or
+    // ThreadSanitizer) sends far fewer, but each link some.
+    EXPECT_GE(idle, 3u) << "the links kept warm probed too little";
+    std::this_thread::sleep_for(std::chrono::milliseconds(45));  // past the 30 ms
     const size_t after = sim::copies(ferry::xfer::kMultipathProbeBytes);
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
     EXPECT_EQ(sim::copies(ferry::xfer::kMultipathProbeBytes), after) << "links probed past keep-warm's time";
     e.copy(p.dst[0]->p, p.src[0]->p, n, s);
     ASSERT_TRUE(drained(s));
