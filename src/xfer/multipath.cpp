@@ -1136,16 +1136,12 @@ void MultipathEngine::run() {
       const long us = progress || recent ? 5 : std::clamp(std::lround(std::ceil(due * 1e6)), 5L, 200L);
       std::this_thread::sleep_for(std::chrono::microseconds(us));
     } else if (sched->any_probing()) {
-      // Only probes out (lanes kept warm, or a relay's late one): looked at
-      // every 10 us while one is young enough to land promptly, then every
-      // 200 us; a copy handed over meanwhile wakes the thread.
-      double newest = -std::numeric_limits<double>::infinity();
-      for (int l = 0; l < n; ++l)
-        for (int lane = 0; lane < MultipathScheduler::kLanes; ++lane)
-          if (sched->probing(l, lane)) newest = std::max(newest, sched->probe_sent(l, lane));
-      const bool young = steady_seconds() - newest < 2 * MultipathScheduler::kPromptS;
+      // Only probes out, no copy (lanes kept warm, or a relay's late one):
+      // looked at every 100 us, a copy handed over meanwhile waking the
+      // thread. A lane stays clear for kClearS from when its probe was seen
+      // landed, 0.3 ms more than a lane kept warm waits to probe again.
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, std::chrono::microseconds(young ? 10 : 200), [&] { return !queued_.empty() || stop_; });
+      cv_.wait_for(lock, std::chrono::microseconds(100), [&] { return !queued_.empty() || stop_; });
     } else if (!active.empty()) {
       // A copy whose own share the caller's stream still copies, with nothing
       // else in flight: its landing is looked at as a chunk's would be.
