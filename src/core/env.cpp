@@ -93,9 +93,9 @@ const std::vector<Knob>& knobs() {
        "engine starts the rest (0: none)"},
       {"FERRY_MULTIPATH_KEEP_WARM_MS", "float", "50",
        "for this long after a link last carried a multipath chunk in a direction, it probes that direction again "
-       "every 0.7 ms while idle, so that a copy after a gap starts at once instead of waiting for its links' "
-       "probes (0: off). Meanwhile each such link copies 64 KiB per 0.7 ms and the engine's thread wakes to "
-       "send and retire the probes"},
+       "0.7 ms after its last chunk or probe there landed, while idle, so that a copy after a gap starts at once "
+       "instead of waiting for its links' probes (0: off). Meanwhile each such link copies 64 KiB about every "
+       "0.7 ms and the engine's thread wakes to send and retire the probes"},
       {"FERRY_MULTIPATH_BOARD", "int", "1",
        "1: multipath engines post the GPUs they copy to or from on a board in shared host memory; where every "
        "GPU an engine could relay through is copied the same way by its own program, the engine relays nothing, "

@@ -703,11 +703,16 @@ void MultipathEngine::probe(int l, int lane) {
 // it, so a lane kept warm that fails between copies only retires its relay.
 void MultipathEngine::probe_lost(int l, int lane, const std::string& why) {
   if (sched_->probe_failed(l, lane)) throw_error(FERRY_ERROR_CUDA, "multipath: " + why);
+  bool was = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    was = policy_.may_relay[l];
     policy_.may_relay[l] = false;
   }
-  debug_log("multipath: " + dev_name(link_[l].device) + " relays no more: " + why + "; copies go over the other links");
+  // Said once: a lane kept warm probes again, and may fail again, until its time is up.
+  if (was)
+    debug_log("multipath: " + dev_name(link_[l].device) + " relays no more: " + why +
+              "; copies go over the other links");
 }
 
 // Every chunk of `t` landed: its stream goes on.
@@ -1132,8 +1137,8 @@ void MultipathEngine::run() {
       const double now = steady_seconds();
       const bool recent = now - last < 1e-3;
       // A lane kept warm probes on time meanwhile.
-      const double due = sched->warm_due() - now;
-      const long us = progress || recent ? 5 : std::clamp(std::lround(std::ceil(due * 1e6)), 5L, 200L);
+      const double due = sched->warm_due() - now;  // infinity: no lane kept warm
+      const long us = progress || recent ? 5 : due < 200e-6 ? std::max(5L, std::lround(std::ceil(due * 1e6))) : 200L;
       std::this_thread::sleep_for(std::chrono::microseconds(us));
     } else if (sched->any_probing()) {
       // Only probes out, no copy (lanes kept warm, or a relay's late one):

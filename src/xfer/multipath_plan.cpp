@@ -414,7 +414,7 @@ int MultipathScheduler::start_probe(int link, double now) {
   const bool full = static_cast<int>(flight_.at(link).size()) >= policy_.outstanding;
   // One probe per lane serves every queue of that direction the link may take.
   for (int lane = 0; lane < kLanes; ++lane) {
-    if (!probing_[link][lane] && now >= warm_at(link, lane) && now - used_[link][lane] <= policy_.keep_warm_s) {
+    if (!probing_[link][lane] && now >= warm_at(link, lane)) {
       probing_[link][lane] = true;
       probe_sent_[link][lane] = now;
       return lane;
@@ -479,8 +479,8 @@ void MultipathScheduler::probe_landed(int link, int lane, double now, double wai
   // more of them, so the lane stays unclear and start_probe() sends another
   // (unless no other link can take the copy: last_resort()).
   late_[link][lane] = waited_s > kPromptS;
-  // A late probe of a lane kept warm: it is held from now, though its last
-  // chunk or probe landed within kClearS.
+  // A late probe holds its lane from now, though its last chunk or probe
+  // landed within kClearS (as a lane kept warm's may have).
   if (late_[link][lane]) seen_[link][lane] = -std::numeric_limits<double>::infinity();
   if (!late_[link][lane]) {
     seen_[link][lane] = std::max(seen_[link][lane], now);

@@ -203,9 +203,10 @@ struct MultipathPolicy {
   // each program keeps its own link (board_reservations). The engine reads
   // the board and calls reserve(); the simulation models it between processes.
   bool board = true;
-  // Links kept clear between copies: for this long after a lane of a link
-  // last carried a chunk, it probes that lane again whenever it has been idle
-  // there for kRenewS, so that a copy that comes after a gap finds its links
+  // Links kept warm between copies: for this long after a lane of a link
+  // last carried a chunk, it probes that lane again kRenewS after its last
+  // chunk or probe landed, while nothing of that direction waits or is in
+  // flight there, so that a copy that comes after a gap finds its links
   // clear (or known to be held) at once instead of waiting for their probes.
   // 0: off (a lane idle for kClearS probes when a copy wants it).
   double keep_warm_s = 0;

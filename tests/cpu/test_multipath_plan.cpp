@@ -1201,7 +1201,8 @@ TEST(MultipathProbe, ALaneKeptWarmIsClearForACopyAfterAGap) {
     EXPECT_GT(last, 100e-6 + kWarm - 2 * MultipathScheduler::kRenewS) << "the probes stopped early";
     EXPECT_LE(last, 100e-6 + kWarm) << "the probes went on past keep_warm_s";
     EXPECT_EQ(s->start_probe(0, 100e-6 + kWarm + MultipathScheduler::kRenewS), -1) << "probed past keep_warm_s";
-  }  {
+  }
+  {
     // Not behind its own GPU's share on a caller's stream, which it would time.
     auto s = carried_once(kWarm, 2);
     const double at = 100e-6 + MultipathScheduler::kRenewS;
@@ -1214,7 +1215,6 @@ TEST(MultipathProbe, ALaneKeptWarmIsClearForACopyAfterAGap) {
     s->head_landed(t);
     EXPECT_EQ(s->start_probe(0, at + 40e-6), 0) << "not kept warm once that share landed";
   }
-
 }
 
 // One slow chunk (a first copy's cost: on four H200s an own link's first

@@ -557,10 +557,12 @@ TEST_F(MultipathSim, AKeptWarmProbeFailingBetweenCopiesRetiresTheRelay) {
   const size_t n = 8 * MiB + 3;
   Pairs p(1, n, 0, 14);
   cudaStream_t s = new_stream(0);
-  e.copy(p.dst[0]->p, p.src[0]->p, n, s);
-  ASSERT_TRUE(drained(s));
+  for (int i = 0; i < 10 && e.bytes_by_link()[2] == 0; ++i) {  // an 8 MiB copy may leave one link out
+    e.copy(p.dst[0]->p, p.src[0]->p, n, s);
+    ASSERT_TRUE(drained(s));
+  }
   e.check();
-  ASSERT_GT(e.bytes_by_link()[2], 0u) << "link 2 carried nothing: not kept warm";
+  ASSERT_GT(e.bytes_by_link()[2], 0u) << "link 2 carried nothing in 10 copies: not kept warm";
   sim::Faults f;
   f.fail_events_on_device = 2;
   sim::set_faults(f);
