@@ -1203,6 +1203,23 @@ TEST(MultipathProbe, ALaneKeptWarmIsClearForACopyAfterAGap) {
     EXPECT_EQ(s->start_probe(0, 100e-6 + kWarm + MultipathScheduler::kRenewS), -1) << "probed past keep_warm_s";
   }
   {
+    // A thread that comes late, past keep_warm_s, for a probe that was due
+    // within it sends that probe, and then none: a due time left in the past
+    // would have the engine's thread look again at once, for good.
+    auto s = carried_once(kWarm);
+    double due = s->warm_due();
+    while (s->warm_due() < 100e-6 + kWarm - MultipathScheduler::kRenewS) {
+      ASSERT_EQ(s->start_probe(0, due), 0);
+      s->probe_landed(0, 0, due + 20e-6, 5e-6);
+      due = s->warm_due();
+    }
+    ASSERT_LE(due, 100e-6 + kWarm);
+    const double late = 100e-6 + kWarm + 1e-3;
+    EXPECT_EQ(s->start_probe(0, late), 0) << "the probe due within keep_warm_s was not sent";
+    s->probe_landed(0, 0, late + 20e-6, 5e-6);
+    EXPECT_EQ(s->warm_due(), std::numeric_limits<double>::infinity());
+  }
+  {
     // Not behind its own GPU's share on a caller's stream, which it would time.
     auto s = carried_once(kWarm, 2);
     const double at = 100e-6 + MultipathScheduler::kRenewS;
