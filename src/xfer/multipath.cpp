@@ -21,8 +21,8 @@ namespace xfer {
 
 namespace {
 
-constexpr double kWarmS = 10.0;     // bound on the links' first copies
-constexpr size_t kFirstBytes = 64;  // scratch for the links' first copies, before the probes' bytes
+constexpr double kFirstCopiesS = 10.0;  // bound on the links' first copies
+constexpr size_t kFirstBytes = 64;      // scratch for the links' first copies, before the probes' bytes
 
 std::string error_text(cudaError_t e) { return std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")"; }
 
@@ -192,7 +192,8 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
   thread_ = std::thread([this] { run(); });
   watchdog_ = std::thread([this] { watch(); });
   std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_for(lock, std::chrono::duration<double>(std::min(timeout_s_, kWarmS) + 5.0), [&] { return ready_; }))
+  if (!cv_.wait_for(lock, std::chrono::duration<double>(std::min(timeout_s_, kFirstCopiesS) + 5.0),
+                    [&] { return ready_; }))
     debug_log("multipath: the engine's thread did not finish its first copies within the timeout");
 }
 
@@ -200,7 +201,7 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
 // on the engine: what the runtime and driver do on a thread's first calls and
 // a stream's first work is not documented, and if any of it waits for the
 // device while a caller's stream is held by a gate, it waits for good.
-void MultipathEngine::warm_links() {
+void MultipathEngine::first_copies() {
   try {
     uint64_t* host = host_scratch_;
     // The kinds of copy the engine makes: host to GPU and back on each link's
@@ -216,7 +217,7 @@ void MultipathEngine::warm_links() {
       FERRY_CUDA_CHECK(
           cudaMemcpyAsync(static_cast<char*>(peer.scratch) + 32, mine + 48, 8, cudaMemcpyDefault, L.nvlink));
     }
-    if (!links_idle(std::min(timeout_s_, kWarmS)))
+    if (!links_idle(std::min(timeout_s_, kFirstCopiesS)))
       debug_log("multipath: the links' first copies did not finish in time");
   } catch (const std::exception& e) {
     debug_log(std::string("multipath: the links' first copies failed: ") + e.what());
@@ -906,7 +907,7 @@ void MultipathEngine::run() {
   // Its short sleeps between polls are a copy's latency: Linux's default
   // timer slack (50 us) would stretch each 5 us sleep tenfold.
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
-  warm_links();
+  first_copies();
   {
     std::lock_guard<std::mutex> lock(mu_);
     ready_ = true;

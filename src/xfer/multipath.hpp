@@ -227,7 +227,7 @@ class MultipathEngine {
   };
 
   void run();
-  void warm_links();
+  void first_copies();
   void watch();
   void open_every_gate();  // under mu_
   // A chunk between its first CUDA call and the rest (submit_all).
