@@ -24,7 +24,7 @@ Prints GB/s (median of 7 after a warm-up) by direction, size and links, with
 each link's own time from the release; every byte of the last run of each
 (direction, size, links, way) checked against the source.
 
-    python bench/probes/relay_floor.py [--sizes 8,16,64,256] [--paths 1,2,4]
+    python bench/probes/relay_floor.py [--sizes 8,16,64,256] [--paths 1,2,4] [--ways events,target]
 """
 
 import argparse
@@ -43,12 +43,19 @@ def main():
     ap.add_argument("--sizes", default="8,16,64,256", help="MiB")
     ap.add_argument("--paths", default="", help="links to try (default 1 to the GPUs)")
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--ways", default="events,target", help="relay ways to try: events, slots, target")
     args = ap.parse_args()
     n_gpu = torch.cuda.device_count()
     if n_gpu < 2:
         raise SystemExit("relay_floor: needs 2 GPUs")
     sizes = [int(s) * MiB for s in args.sizes.split(",")]
     paths = [int(p) for p in args.paths.split(",")] if args.paths else list(range(1, n_gpu + 1))
+    ways = args.ways.split(",")
+    unknown = sorted(set(ways) - {"events", "slots", "target"})
+    if unknown:
+        raise SystemExit(
+            f"relay_floor: --ways: unknown {', '.join(unknown)}; expected events, slots or target"
+        )
     rt = Runtime()
     rt.enable_peer_access(list(range(n_gpu)))
     top = max(sizes)
@@ -141,7 +148,7 @@ def main():
         name = "host to GPU 0" if to_device else "GPU 0 to host"
         for size in sizes:
             for p in paths:
-                for way in ("events", "target") if p > 1 else ("plain",):
+                for way in ways if p > 1 else ("plain",):
                     if to_device:
                         dev0_in[:size].fill_(0x5A)
                     else:
