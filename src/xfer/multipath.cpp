@@ -934,11 +934,9 @@ void MultipathEngine::run() {
       // Idle: posts kept over the gap to a next copy are withdrawn once it passed.
       // Lanes kept warm probe on time (MultipathPolicy::keep_warm_s).
       if (!in_flight() && pending.empty() && active.empty() && queued_.empty() && !stop_ && !sched->any_probing()) {
-        auto wait = std::chrono::microseconds(board_posted_.empty() ? 100000 : 1000);
-        const double due = sched->warm_due() - steady_seconds();
-        if (due < 0.1)
-          wait = std::min(wait, std::chrono::microseconds(std::max(0L, std::lround(std::ceil(due * 1e6)))));
-        cv_.wait_for(lock, wait);
+        const long us =
+            multipath_idle_wait_us(board_posted_.empty() ? 100000 : 1000, sched->warm_due() - steady_seconds());
+        cv_.wait_for(lock, std::chrono::microseconds(us));
       }
       if (stop_) break;
       if (broken_ && !in_flight() && pending.empty() && active.empty()) {
@@ -1130,17 +1128,13 @@ void MultipathEngine::run() {
     if (in_flight() || (sched->any_probing() && !active.empty())) {
       std::this_thread::sleep_for(std::chrono::microseconds(5));
     } else if (!pending.empty()) {
-      // Waiting only for streams to get to their copies: every 5 us for the
-      // first millisecond after the last copy was queued (a copy's start is
-      // its latency), then every 200 us: streams held for long cost few looks.
+      // Waiting only for streams to get to their copies: streams held for
+      // long cost few looks (multipath_pending_wait_us).
       double last = 0;
       for (const Transfer& t : pending) last = std::max(last, t.queued);
       const double now = steady_seconds();
-      const bool recent = now - last < 1e-3;
-      // A lane kept warm probes on time meanwhile.
-      const double due = sched->warm_due() - now;  // infinity: no lane kept warm
-      const long us = progress || recent ? 5 : due < 200e-6 ? std::max(5L, std::lround(std::ceil(due * 1e6))) : 200L;
-      std::this_thread::sleep_for(std::chrono::microseconds(us));
+      const bool busy = progress || now - last < 1e-3;
+      std::this_thread::sleep_for(std::chrono::microseconds(multipath_pending_wait_us(busy, sched->warm_due() - now)));
     } else if (sched->any_probing()) {
       // Only probes out, no copy (lanes kept warm, or a relay's late one):
       // looked at every 100 us, a copy handed over meanwhile waking the

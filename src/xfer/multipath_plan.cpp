@@ -793,6 +793,22 @@ SimResult simulate_static(const std::vector<LinkModel>& links, const SimTransfer
   return r;
 }
 
+namespace {
+
+// `seconds` as whole microseconds, rounded up, at most `cap` (infinity included).
+long micros_up_to(double seconds, long cap) {
+  return seconds < static_cast<double>(cap) * 1e-6 ? static_cast<long>(std::ceil(seconds * 1e6)) : cap;
+}
+
+}  // namespace
+
+long multipath_pending_wait_us(bool busy, double warm_in_s) {
+  constexpr long kBusyUs = 5, kHeldUs = 200;
+  return busy ? kBusyUs : std::max(kBusyUs, micros_up_to(warm_in_s, kHeldUs));
+}
+
+long multipath_idle_wait_us(long idle_us, double warm_in_s) { return std::max(0L, micros_up_to(warm_in_s, idle_us)); }
+
 double ideal_seconds(const std::vector<LinkModel>& links, size_t bytes) {
   double lo = 0, hi = 1;
   auto total = [&](double t) {

@@ -414,6 +414,19 @@ class MultipathScheduler {
   std::vector<size_t> chunk_max_;                // by transfer: its largest chunk as added, the most a relay takes
 };
 
+// How long the engine's thread waits before it looks again, in
+// microseconds. `warm_in_s`: until a lane kept warm is due to probe
+// (MultipathScheduler::warm_due() less now; infinity where none is, and
+// negative where one is overdue).
+// Waiting only for streams to get to their copies: 5 us while `busy` (its
+// last pass moved something, or a copy was queued within the last
+// millisecond: a copy's start is its latency), else 200 us, or as long as a
+// lane kept warm has left, but never under 5 us.
+long multipath_pending_wait_us(bool busy, double warm_in_s);
+// Idle (no copy, nothing in flight, no probe out): `idle_us`, or as long as a
+// lane kept warm has left (0: it is due).
+long multipath_idle_wait_us(long idle_us, double warm_in_s);
+
 // ---- a model of the links, for the tests and for choosing chunk sizes
 
 struct LinkModel {

@@ -1234,6 +1234,23 @@ TEST(MultipathProbe, ALaneKeptWarmIsClearForACopyAfterAGap) {
   }
 }
 
+// The engine's thread's waits: no lane kept warm (infinity) gives the full
+// wait, an overdue one none (idle) or the shortest (pending), and fractions
+// of a microsecond round up.
+TEST(MultipathWait, TheThreadWaitsNoLongerThanALaneKeptWarmHasLeft) {
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  EXPECT_EQ(multipath_pending_wait_us(true, kInf), 5);
+  EXPECT_EQ(multipath_pending_wait_us(true, 1e-3), 5);
+  EXPECT_EQ(multipath_pending_wait_us(false, kInf), 200);
+  EXPECT_EQ(multipath_pending_wait_us(false, 1e-3), 200);
+  EXPECT_EQ(multipath_pending_wait_us(false, 50.2e-6), 51);
+  EXPECT_EQ(multipath_pending_wait_us(false, -1e-3), 5);
+  EXPECT_EQ(multipath_idle_wait_us(100000, kInf), 100000);
+  EXPECT_EQ(multipath_idle_wait_us(1000, 0.5), 1000);
+  EXPECT_EQ(multipath_idle_wait_us(100000, 650.4e-6), 651);
+  EXPECT_EQ(multipath_idle_wait_us(100000, -2e-3), 0);
+}
+
 // One slow chunk (a first copy's cost: on four H200s an own link's first
 // 2 MiB out of its GPU landed 2.7 ms after it went out, 46 us of it on the
 // GPU) kept that link out of the copies after it until its estimate aged
