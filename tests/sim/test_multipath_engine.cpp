@@ -514,7 +514,7 @@ TEST_F(MultipathSim, ARelayWithoutMemoryForStagingLeavesItsShareToTheOthers) {
 // (when a chunk was); never short without an error.
 TEST_F(MultipathSim, ARelayFailingAfterSubmissionIsRetiredOrBreaksTheEngineNamingIt) {
   MultipathOptions o = options({0, 1});
-  o.timeout_s = 2;
+  o.timeout_s = 10;  // under ThreadSanitizer the first copy alone took up to 2 s
   MultipathEngine e(o);
   const size_t n = 32 * MiB;
   Buf host(n, -1), dev(n, 0);
