@@ -20,6 +20,13 @@ staging buffers:
   engine reads the relay's staging buffer, or writes it, GPU to host), so
   that the relay's copy engines carry only its host link's hop.
 
+And two ways with no relay at all, for the host side alone:
+- own: each link copies its share of the same host buffer to or from its
+  own GPU's memory, in 2 MiB chunks (the copy's host side without the
+  NVLink hops).
+- separate: the same, each link with a host buffer of its own (as the
+  benchmark's "all links at once" measures the machine).
+
 Prints GB/s (median of 7 after a warm-up) by direction, size and links, with
 each link's own time from the release; every byte of the last run of each
 (direction, size, links, way) checked against the source.
@@ -51,10 +58,10 @@ def main():
     sizes = [int(s) * MiB for s in args.sizes.split(",")]
     paths = [int(p) for p in args.paths.split(",")] if args.paths else list(range(1, n_gpu + 1))
     ways = args.ways.split(",")
-    unknown = sorted(set(ways) - {"events", "slots", "target"})
+    unknown = sorted(set(ways) - {"events", "slots", "target", "own", "separate"})
     if unknown:
         raise SystemExit(
-            f"relay_floor: --ways: unknown {', '.join(unknown)}; expected events, slots or target"
+            f"relay_floor: --ways: unknown {', '.join(unknown)}; expected events, slots, target, own or separate"
         )
     rt = Runtime()
     rt.enable_peer_access(list(range(n_gpu)))
@@ -71,6 +78,20 @@ def main():
     # The "target" way's NVLink hops: two streams of GPU 0 per relay.
     nvlink0 = {r: [torch.cuda.Stream(0) for _ in range(2)] for r in range(1, n_gpu)}
     gate = torch.cuda.Stream(0)
+    # The "own" and "separate" ways: each GPU's share in its own memory, and
+    # (separate) each link's host buffer of its own.
+    share_top = (
+        (top + 1) // 2 if any(w in ("own", "separate") for w in ways) else 0
+    )  # a share of 2 links or more
+    own_dev = [
+        torch.randint(0, 256, (share_top,), dtype=torch.uint8, generator=g).to(f"cuda:{r}")
+        for r in range(n_gpu)
+    ]
+    own_in = [torch.empty(share_top, dtype=torch.uint8, device=f"cuda:{r}") for r in range(n_gpu)]
+    sep_host = [
+        torch.randint(0, 256, (share_top,), dtype=torch.uint8, generator=g).pin_memory() for _ in range(n_gpu)
+    ]
+    sep_out = [torch.empty(share_top, dtype=torch.uint8, pin_memory=True) for _ in range(n_gpu)]
 
     def run(to_device, size, p, way):
         """One copy over links 0..p-1; returns (seconds, [seconds per link])."""
@@ -90,7 +111,19 @@ def main():
                 q.wait_event(release)
             st.record(s[0])
             with torch.cuda.device(link):
-                if link == 0:  # the own link: one copy
+                if way in ("own", "separate"):  # no relay: the link's own GPU, 2 MiB chunks
+                    for at in range(lo, hi, CHUNK):
+                        n = min(CHUNK, hi - at)
+                        off = at - lo
+                        if way == "own":
+                            h_in, h_out = host.data_ptr() + at, host_out.data_ptr() + at
+                        else:
+                            h_in, h_out = sep_host[link].data_ptr() + off, sep_out[link].data_ptr() + off
+                        if to_device:
+                            rt.copy(own_in[link].data_ptr() + off, h_in, n, s[0])
+                        else:
+                            rt.copy(h_out, own_dev[link].data_ptr() + off, n, s[0])
+                elif link == 0:  # the own link: one copy
                     if hi > lo:
                         if to_device:
                             rt.copy(dev0_in.data_ptr() + lo, host.data_ptr() + lo, hi - lo, s[0])
@@ -141,6 +174,28 @@ def main():
         per_link = [st.elapsed_time(en) / 1e3 for st, en in zip(starts, ends)]
         return release.elapsed_time(done) / 1e3, per_link, queued
 
+    def checked(to_device, size, p, way):
+        """Every byte of the last run against its source."""
+        if way not in ("own", "separate"):
+            if to_device:
+                return torch.equal(dev0_in[:size].cpu(), host[:size])
+            return torch.equal(host_out[:size], dev0[:size].cpu())
+        share = (size + p - 1) // p
+        for link in range(p):
+            lo, hi = link * share, min(size, (link + 1) * share)
+            n = hi - lo
+            if n <= 0:
+                continue
+            if to_device:
+                src = host[lo:hi] if way == "own" else sep_host[link][:n]
+                if not torch.equal(own_in[link][:n].cpu(), src):
+                    return False
+            else:
+                got = host_out[lo:hi] if way == "own" else sep_out[link][:n]
+                if not torch.equal(got, own_dev[link][:n].cpu()):
+                    return False
+        return True
+
     print(
         f"relay_floor: {n_gpu} GPUs, {torch.cuda.get_device_name(0)}; copies queued ahead, released at once"
     )
@@ -151,8 +206,12 @@ def main():
                 for way in ways if p > 1 else ("plain",):
                     if to_device:
                         dev0_in[:size].fill_(0x5A)
+                        for b in own_in:
+                            b.fill_(0x5A)
                     else:
                         host_out[:size].fill_(0x5A)
+                        for b in sep_out:
+                            b.fill_(0x5A)
                     times, links, host_s = [], [], []
                     for i in range(args.reps + 1):
                         t, per, q = run(to_device, size, p, way)
@@ -160,11 +219,7 @@ def main():
                             times.append(t)
                             links.append(per)
                             host_s.append(q)
-                    ok = (
-                        torch.equal(dev0_in[:size].cpu(), host[:size])
-                        if to_device
-                        else torch.equal(host_out[:size], dev0[:size].cpu())
-                    )
+                    ok = checked(to_device, size, p, way)
                     t = statistics.median(times)
                     per = [statistics.median(x[i] for x in links) * 1e6 for i in range(p)]
                     print(

@@ -718,6 +718,15 @@ void MultipathEngine::probe_lost(int l, int lane, const std::string& why) {
 
 // Every chunk of `t` landed: its stream goes on.
 void MultipathEngine::land(Transfer& t, double now) {
+  // The stream goes on first: the debug line below (a string and a write to
+  // stderr) would otherwise be in the time of every copy it describes.
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // a waiter checks and sleeps under it: no lost wake-up
+    t.gate->open(t.generation);
+    unfinished_.erase(t.id);
+    watched_.erase(t.id);
+  }
+  cv_.notify_all();
   if (debug_enabled()) {
     // Where the time went: a link whose last chunk landed well before the
     // others' was starved or held; a late first call is the engine's thread.
@@ -753,13 +762,6 @@ void MultipathEngine::land(Transfer& t, double now) {
               " ms on the steady clock, queued at " + ms(t.queued) + ", landed at " + ms(now) +
               " ms); by link: " + by_link);
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);  // a waiter checks and sleeps under it: no lost wake-up
-    t.gate->open(t.generation);
-    unfinished_.erase(t.id);
-    watched_.erase(t.id);
-  }
-  cv_.notify_all();
 }
 
 // After an error: the chunks already on the links finish (bounded), then
