@@ -50,8 +50,11 @@ def main():
     ap.add_argument("--sizes", default="8,16,64,256", help="MiB")
     ap.add_argument("--paths", default="", help="links to try (default 1 to the GPUs)")
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--chunk-mib", type=int, default=2, help="chunk size (the engine's default is 8)")
     ap.add_argument("--ways", default="events,target", help="relay ways to try: events, slots, target")
     args = ap.parse_args()
+    global CHUNK
+    CHUNK = args.chunk_mib * MiB
     n_gpu = torch.cuda.device_count()
     if n_gpu < 2:
         raise SystemExit("relay_floor: needs 2 GPUs")
@@ -197,7 +200,7 @@ def main():
         return True
 
     print(
-        f"relay_floor: {n_gpu} GPUs, {torch.cuda.get_device_name(0)}; copies queued ahead, released at once"
+        f"relay_floor: {n_gpu} GPUs, {torch.cuda.get_device_name(0)}; copies queued ahead, released at once; {CHUNK // MiB} MiB chunks"
     )
     for to_device in (True, False):
         name = "host to GPU 0" if to_device else "GPU 0 to host"
