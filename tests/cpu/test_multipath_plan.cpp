@@ -415,7 +415,7 @@ TEST(MultipathBalance, OwnLinkFirstRelaysOnlyTheTail) {
 // model has no host-side ceiling, so it scales linearly).
 TEST(MultipathBalance, ScalesWithThePaths) {
   double last = 1e9;
-  for (int n = 1; n <= 4; ++n) {
+  for (int n = 1; n <= 8; ++n) {  // up to a full eight-GPU node
     const auto dyn = simulate(equal_links(n), {SimTransfer{0, kGiB}}, 4 * kMiB, MultipathPolicy{});
     const double gbps = double(kGiB) / dyn.seconds / 1e9;
     EXPECT_NEAR(gbps, 55.0 * n, 55.0 * n * 0.03) << n << " paths";
@@ -455,6 +455,24 @@ TEST(MultipathBalance, EveryProgramCopyingItsOwnKeepsItsOwnLink) {
   no_board.board = false;
   const auto without = simulate_processes(links, own, 8 * kMiB, no_board, 1 / 300e9);
   EXPECT_GT(without[0].relayed_bytes, kGiB / 2);
+}
+
+// Eight GPUs: with one program per GPU each keeps its own link; with one
+// program copying into GPU 0 alone, all eight links share its copy evenly.
+TEST(MultipathBalance, EightGpus) {
+  const auto links = equal_links(8);
+  std::vector<std::vector<SimTransfer>> own;
+  for (int p = 0; p < 8; ++p) own.push_back({SimTransfer{p, kGiB}});
+  const auto each = simulate_processes(links, own, 8 * kMiB, MultipathPolicy{}, 1 / 300e9);
+  ASSERT_EQ(each.size(), 8u);
+  for (int p = 0; p < 8; ++p) {
+    EXPECT_EQ(each[p].relayed_bytes, 0u) << "program " << p;
+    EXPECT_LT(each[p].seconds, 1.01 * ideal_seconds({links[p]}, kGiB)) << "program " << p;
+  }
+  const auto one = simulate(links, {SimTransfer{0, 4 * kGiB}}, 8 * kMiB, MultipathPolicy{});
+  EXPECT_LT(one.seconds, 1.03 * ideal_seconds(links, 4 * kGiB));
+  ASSERT_EQ(one.bytes_by_link.size(), 8u);
+  for (int l = 0; l < 8; ++l) EXPECT_NEAR(double(one.bytes_by_link[l]), 4.0 * kGiB / 8, 4.0 * kGiB / 8 * 0.05) << l;
 }
 
 // Four programs, one of them short: once it ended, its link is free, and

@@ -347,6 +347,34 @@ def test_close_waits_for_copies_in_flight():
         e.copy(dst, src)
 
 
+def test_eight_links_on_one_gpu_byte_exact():
+    """Eight host links as on an eight-GPU node (seven relays through GPU 0
+    itself): staging for seven relays, both pipelines of each, reassembly,
+    repeated copies each way and a batch, every byte compared."""
+    e = mp.Engine(devices=[0], loopback=7, chunk_bytes=MiB + 4097, min_bytes=2 * MiB)
+    try:
+        assert len(e.links) == 8 and all(e.relays), (e.links, e.relays)
+        n, offset = 48 * MiB + 5, 3
+        for k in range(3):
+            src = pinned(n + offset)
+            src[offset:] = rand(n, seed=200 + k)
+            dev = torch.full((n + offset,), POISON, dtype=torch.uint8, device="cuda:0")
+            back = pinned(n + offset)
+            before = e.bytes_by_link()
+            assert e.copy(dev[offset:], src[offset:])["multipath"]
+            assert e.copy(back[offset:], dev[offset:])["multipath"]
+            torch.cuda.current_stream(0).synchronize()
+            e.check()
+            assert torch.equal(back[offset:], src[offset:]), k
+            assert torch.all(dev[:offset].cpu() == POISON) and torch.all(back[:offset] == POISON)
+            after = e.bytes_by_link()
+            assert sum(after) - sum(before) == 2 * n
+            assert sum(a > b for a, b in zip(after[1:], before[1:])) >= 1, (before, after)  # relays carried
+        batch_round_trip(e, 0, [4097, 20 * MiB + 1, 7, 9 * MiB], seed=210)
+    finally:
+        e.close()
+
+
 def test_default_engine_on_every_gpu():
     n = 24 * MiB + 5
     for d in range(GPU_COUNT):
