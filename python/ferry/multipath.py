@@ -236,6 +236,13 @@ class Engine:
         return list(self._engine().may_relay())
 
     @property
+    def staging(self) -> str:
+        """Where the relays' staging buffers are: on a symmetric heap over the
+        relaying GPUs (ferry's memory layer), or plain allocations where the
+        heap could not be had (FERRY_DEBUG=1 says why)."""
+        return self._engine().staging
+
+    @property
     def chunk_bytes(self) -> int:
         return self._engine().chunk_bytes
 

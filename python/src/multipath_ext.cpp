@@ -61,5 +61,6 @@ void bind_multipath(nb::module_& m) {
       .def("may_relay", &MultipathEngine::may_relay)
       .def_prop_ro("link_devices", &MultipathEngine::link_devices)
       .def_prop_ro("chunk_bytes", &MultipathEngine::chunk_bytes)
-      .def_prop_ro("threshold_bytes", &MultipathEngine::threshold_bytes);
+      .def_prop_ro("threshold_bytes", &MultipathEngine::threshold_bytes)
+      .def_prop_ro("staging", &MultipathEngine::staging_where);
 }

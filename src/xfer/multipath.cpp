@@ -144,24 +144,23 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
     for (auto& pair : L.probe)
       for (auto& e : pair) FERRY_CUDA_CHECK(cudaEventCreate(&e));
     FERRY_CUDA_CHECK(cudaMalloc(&L.scratch, kFirstBytes + kMultipathProbeBytes));
-    // Staging only where the link may relay; a GPU short of memory relays
-    // nothing, and the copy runs over fewer links.
-    if (!policy_.may_relay[i]) continue;
-    for (int s = 0; s < policy_.outstanding; ++s) {
-      void* p = nullptr;
-      const cudaError_t e = cudaMalloc(&p, chunk_bytes_);
-      if (e != cudaSuccess) {
-        cudaGetLastError();
-        debug_log("multipath: " + dev_name(L.device) + " does not relay: no room for its staging buffers (" +
-                  std::to_string(policy_.outstanding) + " x " + std::to_string(chunk_bytes_) +
-                  " bytes): " + cudaGetErrorName(e));
-        for (char* q : L.staging) cudaFree(q);
-        L.staging.clear();
+  }
+  // Staging only where the link may relay; a GPU short of memory relays
+  // nothing, and the copy runs over fewer links.
+  {
+    std::vector<int> need(n, 0);
+    for (int i = 0; i < n; ++i) need[i] = policy_.may_relay[i] ? policy_.outstanding : 0;
+    std::vector<std::vector<char*>> buffers;
+    std::vector<std::string> why;
+    staging_ = RelayStaging::make(links_, need, chunk_bytes_, &buffers, &why);
+    for (int i = 0; i < n; ++i) {
+      link_[i].staging = buffers[i];
+      if (need[i] > 0 && buffers[i].empty()) {
+        debug_log("multipath: " + dev_name(links_[i]) + " does not relay: " + why[i]);
         policy_.may_relay[i] = false;
-        break;
       }
-      L.staging.push_back(static_cast<char*>(p));
     }
+    debug_log("multipath: relays' staging buffers on " + staging_->where());
   }
   // The link board, where there is something to relay over and the GPUs
   // have ids every process shares.
@@ -261,10 +260,12 @@ void MultipathEngine::close() {
                  "their data is incomplete\n",
                  timeout_s_);
   // Memory a copy engine may still write stays.
-  if (!links_idle(drained ? timeout_s_ : 1.0)) return;
+  if (!links_idle(drained ? timeout_s_ : 1.0)) {
+    staging_.release();  // NOLINT(bugprone-unused-return-value): kept for good, as above
+    return;
+  }
   for (Link& L : link_) {
     DeviceScope on(L.device);
-    for (char* p : L.staging) cudaFree(p);
     for (auto e : L.hop) cudaEventDestroy(e);
     for (auto e : L.landed) cudaEventDestroy(e);
     for (auto& c : L.clock)
@@ -277,6 +278,7 @@ void MultipathEngine::close() {
     cudaStreamDestroy(L.nvlink);
   }
   link_.clear();
+  staging_.reset();
   cudaFreeHost(host_scratch_);
   host_scratch_ = nullptr;
 }

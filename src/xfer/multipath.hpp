@@ -33,6 +33,7 @@
 #include "sync/gate.hpp"
 #include "xfer/link_board.hpp"
 #include "xfer/multipath_plan.hpp"
+#include "xfer/relay_staging.hpp"
 
 namespace ferry {
 namespace xfer {
@@ -113,6 +114,11 @@ class MultipathEngine {
     std::lock_guard<std::mutex> lock(mu_);
     return policy_.may_relay;
   }
+  // Where the relays' staging buffers are (relay_staging.hpp): on a
+  // symmetric heap over the relaying GPUs, or plain allocations where the
+  // heap could not be had.
+  std::string staging_where() const { return staging_ ? staging_->where() : "none"; }
+  bool staging_on_heap() const { return staging_ && staging_->on_heap(); }
 
  private:
   // One gate per caller stream, each opened in that stream's order only: a
@@ -262,6 +268,7 @@ class MultipathEngine {
   double timeout_s_ = 0;
   MultipathPolicy policy_;
   std::vector<Link> link_;
+  std::unique_ptr<RelayStaging> staging_;      // holds every link's staging buffers
   uint64_t* host_scratch_ = nullptr;           // pinned: the first copies' words, then 2 probes' bytes per link
   std::deque<StreamGate> gates_;               // a deque: transfers point at its elements
   std::unique_ptr<MultipathScheduler> sched_;  // the engine's thread's only

@@ -354,6 +354,7 @@ def test_eight_links_on_one_gpu_byte_exact():
     e = mp.Engine(devices=[0], loopback=7, chunk_bytes=MiB + 4097, min_bytes=2 * MiB)
     try:
         assert len(e.links) == 8 and all(e.relays), (e.links, e.relays)
+        assert e.staging.startswith("a symmetric heap over 1 GPU"), e.staging
         n, offset = 48 * MiB + 5, 3
         for k in range(3):
             src = pinned(n + offset)
@@ -394,6 +395,7 @@ def test_relays_through_peer_gpus(own_link_first):
     devices = list(range(GPU_COUNT))
     e = mp.Engine(devices=devices, chunk_bytes=2 * MiB + 1, min_bytes=MiB, own_link_first=own_link_first)
     assert e.relays == [True] * len(devices)
+    assert e.staging.startswith(f"a symmetric heap over {len(devices)} GPU"), e.staging
     n = 96 * MiB + 9
     for target in devices:
         before = e.bytes_by_link()
@@ -410,6 +412,7 @@ def test_relays_through_peer_gpus(own_link_first):
         assert any(after[d] > before[d] for d in others), (target, before, after)
     # Only GPU 0 may relay: the others carry their own copies only.
     e2 = mp.Engine(devices=devices, relays=[0], chunk_bytes=2 * MiB, min_bytes=MiB, timeout=10)
+    assert e2.staging.startswith("a symmetric heap over 1 GPU"), e2.staging  # only the relay's
     src = rand(n, seed=40).pin_memory()
     dst = torch.full((n,), POISON, dtype=torch.uint8, device=f"cuda:{devices[-1]}")
     assert e2.copy(dst, src)["multipath"]

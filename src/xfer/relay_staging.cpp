@@ -1,0 +1,66 @@
+// The fallback staging: one cudaMalloc per buffer (relay_staging.hpp).
+#include "xfer/relay_staging.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <exception>
+#include <utility>
+
+#include "core/cuda_scope.hpp"
+
+namespace ferry {
+namespace xfer {
+
+namespace {
+
+class PlainStaging final : public RelayStaging {
+ public:
+  std::string where() const override { return "plain allocations"; }
+  bool on_heap() const override { return false; }
+  ~PlainStaging() override {
+    for (const auto& [device, p] : owned_) {
+      try {
+        DeviceScope on(device);
+        cudaFree(p);
+      } catch (const std::exception&) {  // a broken device: its memory went with its context
+      }
+    }
+  }
+  std::vector<std::pair<int, void*>> owned_;
+};
+
+}  // namespace
+
+std::unique_ptr<RelayStaging> RelayStaging::plain(const std::vector<int>& devices, const std::vector<int>& need,
+                                                  size_t bytes, std::vector<std::vector<char*>>* buffers,
+                                                  std::vector<std::string>* why) {
+  auto s = std::make_unique<PlainStaging>();
+  buffers->assign(devices.size(), {});
+  why->assign(devices.size(), "");
+  for (size_t l = 0; l < devices.size(); ++l) {
+    if (need[l] <= 0) continue;
+    DeviceScope on(devices[l]);
+    std::vector<void*> got;
+    for (int k = 0; k < need[l]; ++k) {
+      void* p = nullptr;
+      const cudaError_t e = cudaMalloc(&p, bytes);
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        (*why)[l] = "no room for its staging buffers (" + std::to_string(need[l]) + " x " + std::to_string(bytes) +
+                    " bytes): " + cudaGetErrorName(e);
+        for (void* q : got) cudaFree(q);
+        got.clear();
+        break;
+      }
+      got.push_back(p);
+    }
+    for (void* p : got) {
+      s->owned_.emplace_back(devices[l], p);
+      (*buffers)[l].push_back(static_cast<char*>(p));
+    }
+  }
+  return s;
+}
+
+}  // namespace xfer
+}  // namespace ferry
