@@ -238,8 +238,9 @@ class Engine:
     @property
     def staging(self) -> str:
         """Where the relays' staging buffers are: on a symmetric heap over the
-        relaying GPUs (ferry's memory layer), or plain allocations where the
-        heap could not be had (FERRY_DEBUG=1 says why)."""
+        relaying GPUs (ferry's memory layer), plain allocations where the
+        heap could not be had (FERRY_DEBUG=1 says why), or "none" where no
+        link relays (one GPU without loopback relays)."""
         return self._engine().staging
 
     @property

@@ -26,13 +26,14 @@ constexpr unsigned kRescueSlots = 64;
 
 }  // namespace
 
-std::unique_ptr<SymmetricHeap> SymmetricHeap::create(const Group& g, size_t capacity, size_t min_chunk) {
+std::unique_ptr<SymmetricHeap> SymmetricHeap::create(const Group& g, size_t capacity, size_t min_chunk, bool words) {
   FERRY_ARG_CHECK(g.world >= 1 && g.world <= device::kMaxHeapRanks, "the heap's world is " + std::to_string(g.world) +
                                                                         " ranks; expected 1.." +
                                                                         std::to_string(device::kMaxHeapRanks));
   FERRY_ARG_CHECK(g.local_count() >= 1 && g.devices.size() == g.ranks.size(), "the group has no local ranks");
   std::unique_ptr<SymmetricHeap> h(new SymmetricHeap());
   h->group_ = g;
+  h->words_ = words;
   const DriverApi& cu = driver();
   DeviceScope scope(g.devices[0]);
   CUmemAllocationProp prop = vmm_prop(g.devices[0], g.multi_process());
@@ -84,7 +85,7 @@ std::unique_ptr<SymmetricHeap> SymmetricHeap::create(const Group& g, size_t capa
     // ferry's words start at zero on every rank before any peer may touch them.
     // A stream of its own: the device may hold work that waits for the host
     // (an armed collective), which a device-wide synchronize would wait for.
-    for (int i = 0; i < g.local_count(); ++i) {
+    for (int i = 0; i < g.local_count() && words; ++i) {
       DeviceScope on(g.devices[i]);
       cudaStream_t s = nullptr;
       FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -522,7 +523,15 @@ void SymmetricHeap::locate(const void* p, size_t bytes, const char* what, int* r
   *offset = off;
 }
 
+void SymmetricHeap::check_words(const char* what) const {
+  FERRY_ARG_CHECK(words_, std::string(what) +
+                              ": this heap holds memory only (made without its own words, for "
+                              "copy-engine staging); barriers, signals, waits and kernels need a "
+                              "heap made with them");
+}
+
 device::Heap SymmetricHeap::handle(int local) const {
+  check_words("handle");
   check_local(local, "handle");
   device::Heap h{};
   h.base = reinterpret_cast<char*>(base_);
@@ -586,6 +595,7 @@ void SymmetricHeap::get(int local, void* dst, const void* src, size_t bytes, int
 }
 
 void SymmetricHeap::signal(int local, uint64_t* sig, uint64_t value, int peer, cudaStream_t stream) {
+  check_words("signal");
   check_local(local, "signal");
   check_peer(peer, world(), "signal");
   const size_t off = own_offset(local, sig, sizeof(uint64_t), "signal: sig");
@@ -602,6 +612,7 @@ void SymmetricHeap::signal(int local, uint64_t* sig, uint64_t value, int peer, c
 }
 
 void SymmetricHeap::wait(int local, const uint64_t* sig, uint64_t value, int from, cudaStream_t stream) {
+  check_words("wait");
   check_local(local, "wait");
   FERRY_ARG_CHECK(from >= -1 && from < world(), "wait: from is " + std::to_string(from) + "; expected -1 or a rank");
   const size_t off = own_offset(local, sig, sizeof(uint64_t), "wait: sig");
@@ -612,6 +623,7 @@ void SymmetricHeap::wait(int local, const uint64_t* sig, uint64_t value, int fro
 
 void SymmetricHeap::barrier_on_stream(const std::vector<cudaStream_t>& streams, bool kernel) {
   FERRY_ARG_CHECK(!closed_, "barrier_on_stream: the heap is closed");
+  check_words("barrier_on_stream");
   FERRY_ARG_CHECK(static_cast<int>(streams.size()) == local_count(),
                   "barrier_on_stream: expected one stream per local rank (" + std::to_string(local_count()) + ")");
   if (kernel) {

@@ -37,8 +37,13 @@ class SymmetricHeap {
   // FERRY_SYMM_HEAP_BYTES); address space only, physical memory comes as
   // allocations need it. `min_chunk`: the least physical memory one growth
   // maps (0: FERRY_SYMM_CHUNK_BYTES); the same on every rank. The group's
-  // bootstrap must outlive the heap.
-  static std::unique_ptr<SymmetricHeap> create(const Group& group, size_t capacity, size_t min_chunk = 0);
+  // bootstrap must outlive the heap. `words` false: a heap of memory only,
+  // whose own words (barriers, signals, waits, the kernels' handle) are never
+  // used: create() then runs nothing on the GPUs (no zeroing, no kernel), as
+  // the multipath engine's staging needs (copy engines only), and those calls
+  // are refused.
+  static std::unique_ptr<SymmetricHeap> create(const Group& group, size_t capacity, size_t min_chunk = 0,
+                                               bool words = true);
   ~SymmetricHeap();
   SymmetricHeap(const SymmetricHeap&) = delete;
   SymmetricHeap& operator=(const SymmetricHeap&) = delete;
@@ -148,6 +153,7 @@ class SymmetricHeap {
   void check_local(int local, const char* what) const;
   // The offset of [p, p + bytes) in local rank `local`'s own heap; throws naming `what` elsewhere.
   size_t own_offset(int local, const void* p, size_t bytes, const char* what) const;
+  void check_words(const char* what) const;  // refuses `what` on a heap of memory only
   void watch(int local, const uint64_t* word, uint64_t value, int from, const char* what, cudaStream_t stream);
   void watcher_loop();
 
@@ -165,6 +171,7 @@ class SymmetricHeap {
   std::vector<unsigned> staging_next_;            // by local rank
   uint64_t calls_ = 0;
   bool closed_ = false;
+  bool words_ = true;  // create(words): ferry's own words zeroed and usable
 
   std::mutex watch_mu_;
   std::condition_variable watch_cv_;

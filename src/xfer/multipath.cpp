@@ -149,7 +149,8 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
   // nothing, and the copy runs over fewer links.
   {
     std::vector<int> need(n, 0);
-    for (int i = 0; i < n; ++i) need[i] = policy_.may_relay[i] ? policy_.outstanding : 0;
+    for (int i = 0; i < n; ++i)
+      need[i] = n > 1 && policy_.may_relay[i] ? policy_.outstanding : 0;  // one link: no relay
     std::vector<std::vector<char*>> buffers;
     std::vector<std::string> why;
     staging_ = RelayStaging::make(links_, need, chunk_bytes_, &buffers, &why);
@@ -160,7 +161,8 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
         policy_.may_relay[i] = false;
       }
     }
-    debug_log("multipath: relays' staging buffers on " + staging_->where());
+    staging_where_ = staging_->where();
+    debug_log("multipath: relays' staging buffers on " + staging_where_);
   }
   // The link board, where there is something to relay over and the GPUs
   // have ids every process shares.

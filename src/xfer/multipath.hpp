@@ -117,8 +117,7 @@ class MultipathEngine {
   // Where the relays' staging buffers are (relay_staging.hpp): on a
   // symmetric heap over the relaying GPUs, or plain allocations where the
   // heap could not be had.
-  std::string staging_where() const { return staging_ ? staging_->where() : "none"; }
-  bool staging_on_heap() const { return staging_ && staging_->on_heap(); }
+  const std::string& staging_where() const { return staging_where_; }
 
  private:
   // One gate per caller stream, each opened in that stream's order only: a
@@ -269,6 +268,7 @@ class MultipathEngine {
   MultipathPolicy policy_;
   std::vector<Link> link_;
   std::unique_ptr<RelayStaging> staging_;      // holds every link's staging buffers
+  std::string staging_where_ = "none";         // staging_->where(), kept: close() drops staging_
   uint64_t* host_scratch_ = nullptr;           // pinned: the first copies' words, then 2 probes' bytes per link
   std::deque<StreamGate> gates_;               // a deque: transfers point at its elements
   std::unique_ptr<MultipathScheduler> sched_;  // the engine's thread's only

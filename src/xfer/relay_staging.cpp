@@ -15,8 +15,7 @@ namespace {
 
 class PlainStaging final : public RelayStaging {
  public:
-  std::string where() const override { return "plain allocations"; }
-  bool on_heap() const override { return false; }
+  std::string where() const override { return owned_.empty() ? "none" : "plain allocations"; }
   ~PlainStaging() override {
     for (const auto& [device, p] : owned_) {
       try {

@@ -32,10 +32,9 @@ class RelayStaging {
                                              size_t bytes, std::vector<std::vector<char*>>* buffers,
                                              std::vector<std::string>* why);
 
-  // "a symmetric heap over N GPUs (B bytes each)" or "plain allocations": for
-  // the debug log, the API and the tests.
+  // "a symmetric heap over N GPU(s), B bytes each", "plain allocations", or
+  // "none" (no link relays): for the debug log, the API and the tests.
   virtual std::string where() const = 0;
-  virtual bool on_heap() const = 0;
 };
 
 }  // namespace xfer

@@ -21,7 +21,6 @@ class HeapStaging final : public RelayStaging {
     return "a symmetric heap over " + std::to_string(heap_->world()) + " GPU(s), " + std::to_string(bytes_) +
            " bytes each";
   }
-  bool on_heap() const override { return true; }
   ~HeapStaging() override {
     try {
       if (heap_) heap_->close();
@@ -59,9 +58,11 @@ std::unique_ptr<RelayStaging> RelayStaging::make(const std::vector<int>& devices
     group.devices = gpus;
     for (int r = 0; r < group.world; ++r) group.ranks.push_back(r);
     auto s = std::make_unique<HeapStaging>();
-    // Address space for the heap's own words and the buffers; physical
-    // memory for both in one growth.
-    s->heap_ = SymmetricHeap::create(group, device::kHeapReservedBytes + total + kStagingAlign, total);
+    // Address space for the heap's front and the buffers, all of it mapped
+    // once the buffers are allocated. Memory only: no kernel, no device work
+    // (the engine runs on copy engines alone).
+    s->heap_ = SymmetricHeap::create(group, device::kHeapReservedBytes + total + kStagingAlign, total,
+                                     /*words=*/false);
     const size_t offset = s->heap_->alloc(total, kStagingAlign, {});
     s->bytes_ = total;
     buffers->assign(devices.size(), {});
