@@ -162,7 +162,7 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
       }
     }
     staging_where_ = staging_->where();
-    debug_log("multipath: relays' staging buffers on " + staging_where_);
+    debug_log("multipath: the relays' staging buffers: " + staging_where_);
   }
   // The link board, where there is something to relay over and the GPUs
   // have ids every process shares.
