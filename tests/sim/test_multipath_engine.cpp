@@ -482,6 +482,24 @@ TEST_F(MultipathSim, ARelayFailingBetweenHopsLeavesItsChunksToTheOtherLinks) {
     }
 }
 
+// Staging only where a link can relay: one link alone needs none (its GPU
+// short of memory for it changes nothing), two links get theirs.
+TEST_F(MultipathSim, StagingOnlyWhereALinkCanRelay) {
+  sim::Faults f;
+  f.no_memory_on_device = 0;
+  f.no_memory_from_bytes = 1 * MiB;  // the link's small scratch fits; staging would not
+  sim::set_faults(f);
+  MultipathEngine alone(options({0}));
+  sim::set_faults(sim::Faults{});
+  EXPECT_EQ(alone.staging_where(), "none");
+  EXPECT_TRUE(alone.may_relay()[0]);  // nothing to relay for, nothing taken away
+  MultipathEngine two(options({0, 1}));
+  EXPECT_EQ(two.staging_where(), "plain allocations");  // the simulated GPUs have no heap
+  EXPECT_TRUE(two.may_relay()[0] && two.may_relay()[1]);
+  MultipathEngine loop(options({0, 0}));
+  EXPECT_EQ(loop.staging_where(), "plain allocations");
+}
+
 // A relay GPU without room for its staging buffers relays nothing; copies run
 // over the other links, every byte.
 TEST_F(MultipathSim, ARelayWithoutMemoryForStagingLeavesItsShareToTheOthers) {
