@@ -263,7 +263,7 @@ void MultipathEngine::close() {
                  timeout_s_);
   // Memory a copy engine may still write stays.
   if (!links_idle(drained ? timeout_s_ : 1.0)) {
-    staging_.release();  // NOLINT(bugprone-unused-return-value): kept for good, as above
+    static_cast<void>(staging_.release());  // kept for good, as above
     return;
   }
   for (Link& L : link_) {
