@@ -3,6 +3,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <exception>
 #include <utility>
 
@@ -29,6 +30,38 @@ class PlainStaging final : public RelayStaging {
 };
 
 }  // namespace
+
+std::vector<int> relay_staging_need(const std::vector<bool>& may_relay, int outstanding) {
+  const size_t n = may_relay.size();
+  std::vector<int> need(n, 0);
+  for (size_t l = 0; l < n; ++l) need[l] = n > 1 && may_relay[l] ? outstanding : 0;
+  return need;
+}
+
+StagingLayout plan_relay_staging(const std::vector<int>& devices, const std::vector<int>& need, size_t bytes) {
+  constexpr size_t kAlign = size_t{64} << 10;  // as the driver's allocations at least are
+  const size_t stride = (bytes + kAlign - 1) / kAlign * kAlign;
+  StagingLayout out;
+  out.gpu_of.assign(devices.size(), -1);
+  out.offsets.assign(devices.size(), {});
+  std::vector<size_t> used;  // by GPU: bytes given so far
+  for (size_t l = 0; l < devices.size(); ++l) {
+    if (need[l] <= 0) continue;
+    const auto it = std::find(out.gpus.begin(), out.gpus.end(), devices[l]);
+    const int g = static_cast<int>(it - out.gpus.begin());
+    if (it == out.gpus.end()) {
+      out.gpus.push_back(devices[l]);
+      used.push_back(0);
+    }
+    out.gpu_of[l] = g;
+    for (int k = 0; k < need[l]; ++k) {
+      out.offsets[l].push_back(used[g]);
+      used[g] += stride;
+    }
+  }
+  for (size_t u : used) out.bytes_per_gpu = std::max(out.bytes_per_gpu, u);
+  return out;
+}
 
 std::unique_ptr<RelayStaging> RelayStaging::plain(const std::vector<int>& devices, const std::vector<int>& need,
                                                   size_t bytes, std::vector<std::vector<char*>>* buffers,

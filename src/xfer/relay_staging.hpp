@@ -17,6 +17,21 @@
 namespace ferry {
 namespace xfer {
 
+// Which links get staging buffers: `outstanding` each where a link may
+// relay and another link exists to relay for; none with one link alone.
+std::vector<int> relay_staging_need(const std::vector<bool>& may_relay, int outstanding);
+
+// Where each link's buffers lie when every relaying GPU holds one allocation
+// of the same size (a symmetric heap's): buffers of `bytes` at 64 KiB
+// boundaries, the links of one GPU (loopback relays) one after another.
+struct StagingLayout {
+  std::vector<int> gpus;                     // the GPUs with buffers, in link order
+  size_t bytes_per_gpu = 0;                  // the one allocation on each, sized for the fullest GPU
+  std::vector<int> gpu_of;                   // by link: index into `gpus`, -1 where it needs none
+  std::vector<std::vector<size_t>> offsets;  // by link: each buffer's offset in its GPU's allocation
+};
+StagingLayout plan_relay_staging(const std::vector<int>& devices, const std::vector<int>& need, size_t bytes);
+
 class RelayStaging {
  public:
   virtual ~RelayStaging() = default;
