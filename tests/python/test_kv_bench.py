@@ -239,3 +239,39 @@ def test_measure_point_checks_every_tensor(tensors, layout):
         recs = kv.measure_point(torch, ferry_kv, bufs, op, 64, 8, impls, 2, 1, "G", "d", tensors, layout)
         sides = 2 if op == "both" else 1
         assert all(r["wrong"] == 8 * tensors * sides for r in recs), recs
+
+
+def test_measure_point_alternates_impls_within_each_round():
+    torch, ferry_kv, bufs = _stand_ins(copies_bytes=True)
+    calls = []
+    copy = ferry_kv.copy_blocks
+
+    def logged(dst, src, d, s, **kw):
+        calls.append(kw["mode"])
+        return copy(dst, src, d, s, **kw)
+
+    ferry_kv.copy_blocks = logged
+    impls = ["batched", "kernel", "per-page"]
+    recs = kv.measure_point(torch, ferry_kv, bufs, "fetch", 64, 8, impls, 3, 1, "G", "d")
+    assert [r["impl"] for r in recs] == impls and all(r["wrong"] == 0 for r in recs)
+    b, k, p = "batched", "kernel", "per_page"
+    # A warm-up round and three measured ones, each starting one impl later; then one checked call each.
+    assert calls == [b, k, p, k, p, b, p, b, k, b, k, p] + [b, k, p]
+
+
+def test_measure_point_drops_an_impl_that_fails_and_keeps_the_others(capsys):
+    torch, ferry_kv, bufs = _stand_ins(copies_bytes=True)
+    copy = ferry_kv.copy_blocks
+    seen = []
+
+    def flaky(dst, src, d, s, **kw):
+        if kw["mode"] == "kernel":
+            seen.append(1)
+            if len(seen) == 2:  # the kernel fails in its second call
+                raise RuntimeError("boom")
+        return copy(dst, src, d, s, **kw)
+
+    ferry_kv.copy_blocks = flaky
+    recs = kv.measure_point(torch, ferry_kv, bufs, "fetch", 64, 8, ["batched", "kernel"], 3, 1, "G", "d")
+    assert [r["impl"] for r in recs] == ["batched"]
+    assert "kernel: RuntimeError: boom" in capsys.readouterr().err

@@ -27,7 +27,9 @@ Submitted ahead: a prepared transfer armed beforehand, timed from the stream
 trigger to the end of its copies; for kernels, the kernel launched with its
 index lists already on the GPU. Every impl is checked once per point on a
 poisoned destination: every byte up to 64 MiB, a random sample of 256 pages
-above. Warm-up --warmup calls, then the median of --reps; no graphs.
+above. Warm-up --warmup calls, then the median of --reps; no graphs. Impls
+alternate within each round (each round starts one impl later), so that the
+host's drift over a point falls on every impl alike.
 
 Impls: ferry's modes (per-page, batched, streams, kernel, auto, auto-zero-sm,
 ahead-batched) and the field's, re-implemented: vllm-batched (one batched call,
@@ -342,94 +344,131 @@ def measure_point(
         op=op, page_bytes=page_bytes, count=count, reps=reps, warmup=warmup, gpu=gpu, date=date, tensors=tensors,
         layout=layout,
     )  # fmt: skip
-    out = []
+    runs = {}
+
+    def failed(impl, exc):  # one impl's failure must not hide the others'
+        print(
+            f"  {op} {format_size(page_bytes)}x{count} {impl}: {type(exc).__name__}: {exc}", file=sys.stderr
+        )
+        runs.pop(impl, None)
+
     for impl in impls:
         try:
-            out.append(_measure_impl(torch, kv, impl, sides, (main, other), point))
-        except Exception as exc:  # one impl's failure must not hide the others'
-            print(
-                f"  {op} {format_size(page_bytes)}x{count} {impl}: {type(exc).__name__}: {exc}",
-                file=sys.stderr,
-            )
-    return [r for r in out if r]
+            runs[impl] = _ImplRun(torch, kv, impl, sides, (main, other), point)
+        except Exception as exc:
+            failed(impl, exc)
+    # Impls alternate: each round runs every impl once, starting one impl
+    # later than the round before, so that the host's drift over a point
+    # (another process, clocks, the allocator) falls on every impl alike
+    # rather than on whichever ran last.
+    for rnd in range(warmup + reps):
+        order = list(runs)
+        k = rnd % len(order) if order else 0
+        for impl in order[k:] + order[:k]:
+            try:
+                runs[impl].once(keep=rnd >= warmup)
+            except Exception as exc:
+                failed(impl, exc)
+    out = []
+    for impl in list(runs):
+        try:
+            out.append(runs[impl].record())
+        except Exception as exc:
+            failed(impl, exc)
+    return out
 
 
-def _measure_impl(torch, kv, impl, sides, streams, point: dict):
+class _ImplRun:
     """One impl at one point (measure_point's `point`: op, page_bytes, count,
-    reps, warmup, gpu, date, tensors, layout); its record."""
-    main, other = streams
-    op, reps, warmup = point["op"], point["reps"], point["warmup"]
-    submitted = "ahead" if impl in AHEAD else "inline"
-    info = {"sms": 0}
-    prepared = None
-    if impl == "ahead-batched":
-        prepared = [kv.prepare(dst, src, d, s) for (_, dst, src, d, s) in sides]
-    dev_ids = None
-    if impl == "kernel-gpu-ids":
-        dev_ids = [
-            (torch.tensor(d, device="cuda"), torch.tensor(s, device="cuda")) for (_, dst, src, d, s) in sides
-        ]
+    reps, warmup, gpu, date, tensors, layout): once() times a call, record()
+    checks the bytes and gives the record."""
 
-    def submit():
+    def __init__(self, torch, kv, impl, sides, streams, point: dict):
+        self.torch, self.kv, self.impl, self.sides, self.streams, self.point = (
+            torch,
+            kv,
+            impl,
+            sides,
+            streams,
+            point,
+        )
+        self.submitted = "ahead" if impl in AHEAD else "inline"
+        self.sms = 0
+        self.samples = []
+        self.prepared = None
+        if impl == "ahead-batched":
+            self.prepared = [kv.prepare(dst, src, d, s) for (_, dst, src, d, s) in sides]
+        self.dev_ids = None
+        if impl == "kernel-gpu-ids":
+            self.dev_ids = [
+                (torch.tensor(d, device="cuda"), torch.tensor(s, device="cuda"))
+                for (_, dst, src, d, s) in sides
+            ]
+
+    def submit(self):
         """Enqueues the transfer(s) on main (and other for 'both'); returns host seconds."""
+        kv, streams = self.kv, self.streams
         t0 = time.perf_counter()
-        for k, (direction, dst, src, d, s) in enumerate(sides):
+        for k, (direction, dst, src, d, s) in enumerate(self.sides):
             st = streams[k]
-            if prepared is not None:
-                prepared[k].trigger_on(st)
-                prepared[k].wait(st)
-            elif dev_ids is not None:
-                rep = kv.copy_blocks(dst, src, dev_ids[k][0], dev_ids[k][1], stream=st, mode="kernel")
-                info["sms"] = max(info["sms"], rep["sms"])
+            if self.prepared is not None:
+                self.prepared[k].trigger_on(st)
+                self.prepared[k].wait(st)
+            elif self.dev_ids is not None:
+                rep = kv.copy_blocks(
+                    dst, src, self.dev_ids[k][0], self.dev_ids[k][1], stream=st, mode="kernel"
+                )
+                self.sms = max(self.sms, rep["sms"])
             else:
-                kw = dict(INLINE[impl])
+                kw = dict(INLINE[self.impl])
                 settled = kw.pop("settled_fetch", False) and direction == "fetch"
                 rep = kv.copy_blocks(dst, src, d, s, stream=st, settled_source=settled, **kw)
-                info["sms"] = max(info["sms"], rep["sms"])
+                self.sms = max(self.sms, rep["sms"])
         return time.perf_counter() - t0
 
-    def arm():
+    def arm(self):
         # Settle everything first: a device-wide synchronize after arming would
         # wait for the armed stream itself, which waits for its trigger.
-        torch.cuda.synchronize()
-        if prepared is not None:
-            for k, p in enumerate(prepared):
-                p.arm(streams[k])
+        self.torch.cuda.synchronize()
+        if self.prepared is not None:
+            for k, p in enumerate(self.prepared):
+                p.arm(self.streams[k])
 
-    def once():
-        arm()
-        start, end = _events(torch)
+    def once(self, keep=True):
+        main, other = self.streams
+        self.arm()
+        start, end = _events(self.torch)
         start.record(main)
         other.wait_event(start)
-        host_s = submit()
-        if len(sides) > 1:
+        host_s = self.submit()
+        if len(self.sides) > 1:
             main.wait_stream(other)
         end.record(main)
         end.synchronize()
-        return start.elapsed_time(end) * 1000.0, host_s * 1e6
+        if keep:
+            self.samples.append((start.elapsed_time(end) * 1000.0, host_s * 1e6))
 
-    for _ in range(warmup):
-        once()
-    samples = [once() for _ in range(reps)]
-    wrong = 0
-    for k, (direction, dst, src, d, s) in enumerate(sides):
+    def record(self):
+        torch = self.torch
+        wrong = 0
+        for k, (direction, dst, src, d, s) in enumerate(self.sides):
 
-        def poison(dst=dst, d=d):
-            for t in _as_list(dst):
-                t[torch.tensor(d, device=t.device)] = 0xA5
+            def poison(dst=dst, d=d):
+                for t in _as_list(dst):
+                    t[torch.tensor(d, device=t.device)] = 0xA5
 
-        def run():
-            arm()
-            submit()
+            def run():
+                self.arm()
+                self.submit()
 
-        wrong += _check(torch, dst, src, d, s, poison, run)
-    time_us = statistics.median(x[0] for x in samples)
-    host_us = statistics.median(x[1] for x in samples) if submitted == "inline" else None
-    pt = point
-    return record(
-        op, impl, pt["page_bytes"], pt["count"], time_us, host_us, info["sms"], submitted, pt["gpu"], pt["date"],
-        wrong, pt["tensors"], pt["layout"],
-    )  # fmt: skip
+            wrong += _check(torch, dst, src, d, s, poison, run)
+        time_us = statistics.median(x[0] for x in self.samples)
+        host_us = statistics.median(x[1] for x in self.samples) if self.submitted == "inline" else None
+        pt = self.point
+        return record(
+            pt["op"], self.impl, pt["page_bytes"], pt["count"], time_us, host_us, self.sms, self.submitted,
+            pt["gpu"], pt["date"], wrong, pt["tensors"], pt["layout"],
+        )  # fmt: skip
 
 
 def measure_gemm(torch, kv, bufs, reps: int, gpu: str, date: str) -> List[dict]:
