@@ -11,6 +11,8 @@ the GEMMs start until they end, so every GEMM has them beside it:
 - zero_sm-64K: ferry.kv.copy_blocks(zero_sm=True) of 1024 scattered 64 KB pages;
 - zero_sm-1M: the same bytes as 64 pages of 1 MB (a sixteenth of the copies);
 - plain-64M: one cudaMemcpyAsync of 64 MB (the least submission there is);
+- plain-64M-d2h: the same copy GPU to host (the copy engine reads GPU
+  memory instead of writing it: asked by name);
 - kernel-64K: mode="kernel" (16 blocks on SMs), for scale.
 NVML is read every 2 ms during each GEMM loop: the SM clock, the power draw
 and the clock-event reasons (the power cap among them). Each pair's slowdown
@@ -99,6 +101,7 @@ def main() -> int:
         "zero_sm-64K": lambda: kv.copy_blocks(dev64, host64, d64, s64, stream=xs, zero_sm=True),
         "zero_sm-1M": lambda: kv.copy_blocks(dev1m, host1m, d1m, s1m, stream=xs, zero_sm=True),
         "plain-64M": lambda: flat_d.copy_(flat_h, non_blocking=True),
+        "plain-64M-d2h": lambda: flat_h.copy_(flat_d, non_blocking=True),
         "kernel-64K": lambda: kv.copy_blocks(dev64, host64, d64, s64, stream=xs, mode="kernel"),
     }
     c = torch.empty_like(a)

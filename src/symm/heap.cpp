@@ -34,19 +34,20 @@ std::unique_ptr<SymmetricHeap> SymmetricHeap::create(const Group& g, size_t capa
   std::unique_ptr<SymmetricHeap> h(new SymmetricHeap());
   h->group_ = g;
   h->words_ = words;
+  // A heap of memory only keeps no words, so its allocations start at 0.
+  h->front_ = words ? device::kHeapReservedBytes : 0;
   const DriverApi& cu = driver();
   DeviceScope scope(g.devices[0]);
   CUmemAllocationProp prop = vmm_prop(g.devices[0], g.multi_process());
   FERRY_CU_CHECK(cu.MemGetAllocationGranularity(&h->granularity_, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
   h->capacity_ = heap_capacity(capacity, static_cast<size_t>(knob_int("FERRY_SYMM_HEAP_BYTES")), h->granularity_);
   h->min_chunk_ = min_chunk ? min_chunk : static_cast<size_t>(knob_int("FERRY_SYMM_CHUNK_BYTES"));
-  FERRY_ARG_CHECK(h->capacity_ > device::kHeapReservedBytes, "capacity is " + std::to_string(h->capacity_) +
-                                                                 " bytes; expected more than " +
-                                                                 std::to_string(device::kHeapReservedBytes));
+  FERRY_ARG_CHECK(h->capacity_ > h->front_, "capacity is " + std::to_string(h->capacity_) +
+                                                " bytes; expected more than " + std::to_string(h->front_));
   // Every rank must take the same capacity: it is the stride kernels use.
   h->agree("create(capacity " + std::to_string(h->capacity_) + " bytes per rank, chunks of at least " +
            std::to_string(h->min_chunk_) + " bytes)");
-  h->allocator_ = HeapAllocator(h->capacity_, device::kHeapReservedBytes);
+  h->allocator_ = HeapAllocator(h->capacity_, h->front_);
   const size_t range = h->capacity_ * static_cast<size_t>(g.world);
   CUresult r = cu.MemAddressReserve(&h->base_, range, h->granularity_, 0, 0);
   if (r != CUDA_SUCCESS)
@@ -81,7 +82,7 @@ std::unique_ptr<SymmetricHeap> SymmetricHeap::create(const Group& g, size_t capa
     h->barrier_generation_.assign(g.local_count(), 0);
     h->staging_next_.assign(g.local_count(), 0);
     h->spare_events_.assign(g.local_count(), {});
-    h->grow(device::kHeapReservedBytes);
+    if (h->front_) h->grow(h->front_);
     // ferry's words start at zero on every rank before any peer may touch them.
     // A stream of its own: the device may hold work that waits for the host
     // (an armed collective), which a device-wide synchronize would wait for.
@@ -272,7 +273,7 @@ size_t SymmetricHeap::alloc(size_t bytes, size_t align, const std::vector<cudaSt
                   "alloc: " + std::to_string(bytes) +
                       " bytes need new physical memory, which cannot be mapped while a CUDA graph is being "
                       "captured; call reserve(" +
-                      std::to_string(end - device::kHeapReservedBytes) + ") on every rank before capturing");
+                      std::to_string(end - front_) + ") on every rank before capturing");
     }
     try {
       grow(end);
@@ -295,14 +296,13 @@ void SymmetricHeap::free(size_t offset) {
 
 void SymmetricHeap::reserve(size_t bytes) {
   FERRY_ARG_CHECK(!closed_, "reserve: the heap is closed");
-  FERRY_ARG_CHECK(bytes <= capacity_ - device::kHeapReservedBytes,
-                  "reserve: " + std::to_string(bytes) + " bytes; the heap holds at most " +
-                      std::to_string(capacity_ - device::kHeapReservedBytes) + " (FERRY_SYMM_HEAP_BYTES)");
-  FERRY_ARG_CHECK(device::kHeapReservedBytes + bytes <= ceiling(),
-                  "reserve: " + std::to_string(bytes) + " bytes reach the registered memory at offset " +
-                      std::to_string(ceiling()) + "; reserve less, or before registering");
+  FERRY_ARG_CHECK(bytes <= capacity_ - front_, "reserve: " + std::to_string(bytes) + " bytes; the heap holds at most " +
+                                                   std::to_string(capacity_ - front_) + " (FERRY_SYMM_HEAP_BYTES)");
+  FERRY_ARG_CHECK(front_ + bytes <= ceiling(), "reserve: " + std::to_string(bytes) +
+                                                   " bytes reach the registered memory at offset " +
+                                                   std::to_string(ceiling()) + "; reserve less, or before registering");
   agree("reserve(" + std::to_string(bytes) + " bytes)");
-  grow(device::kHeapReservedBytes + bytes);
+  grow(front_ + bytes);
 }
 
 size_t SymmetricHeap::register_memory(const std::vector<void*>& buffers, size_t bytes,

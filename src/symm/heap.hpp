@@ -39,9 +39,10 @@ class SymmetricHeap {
   // maps (0: FERRY_SYMM_CHUNK_BYTES); the same on every rank. The group's
   // bootstrap must outlive the heap. `words` false: a heap of memory only,
   // whose own words (barriers, signals, waits, the kernels' handle) are never
-  // used: create() then runs nothing on the GPUs (no zeroing, no kernel), as
-  // the multipath engine's staging needs (copy engines only), and those calls
-  // are refused.
+  // used: create() then runs nothing on the GPUs (no zeroing, no kernel),
+  // maps nothing until the first allocation, and allocations start at offset
+  // 0, as the multipath engine's staging needs (copy engines only); those
+  // calls are refused.
   static std::unique_ptr<SymmetricHeap> create(const Group& group, size_t capacity, size_t min_chunk = 0,
                                                bool words = true);
   ~SymmetricHeap();
@@ -90,7 +91,7 @@ class SymmetricHeap {
   int rank(int local) const { return group_.ranks.at(local); }
   size_t capacity() const { return capacity_; }  // per rank
   size_t used() const { return allocator_.used(); }
-  size_t mapped() const { return mapped_; }  // per rank, ferry's reserved front included
+  size_t mapped() const { return mapped_; }  // per rank, ferry's words in front included (none without them)
 
   // `rank`'s heap at `offset`, as mapped in this process.
   char* at(int rank, size_t offset) const;
@@ -171,7 +172,8 @@ class SymmetricHeap {
   std::vector<unsigned> staging_next_;            // by local rank
   uint64_t calls_ = 0;
   bool closed_ = false;
-  bool words_ = true;  // create(words): ferry's own words zeroed and usable
+  bool words_ = true;                          // create(words): ferry's own words zeroed and usable
+  size_t front_ = device::kHeapReservedBytes;  // where allocations start: after the words, or 0 without them
 
   std::mutex watch_mu_;
   std::condition_variable watch_cv_;

@@ -47,7 +47,7 @@ class RelayStaging {
                                              size_t bytes, std::vector<std::vector<char*>>* buffers,
                                              std::vector<std::string>* why);
 
-  // "a symmetric heap over N GPU(s), B bytes each", "plain allocations", or
+  // "a symmetric heap over N GPU(s), B bytes each, M mapped", "plain allocations", or
   // "none" (no link relays): for the debug log, the API and the tests.
   virtual std::string where() const = 0;
 };

@@ -15,7 +15,7 @@ class HeapStaging final : public RelayStaging {
  public:
   std::string where() const override {
     return "a symmetric heap over " + std::to_string(heap_->world()) + " GPU(s), " + std::to_string(bytes_) +
-           " bytes each";
+           " bytes each, " + std::to_string(heap_->mapped()) + " mapped";
   }
   ~HeapStaging() override {
     try {
@@ -40,13 +40,11 @@ std::unique_ptr<RelayStaging> RelayStaging::make(const std::vector<int>& devices
     group.devices = layout.gpus;
     for (int r = 0; r < group.world; ++r) group.ranks.push_back(r);
     auto s = std::make_unique<HeapStaging>();
-    // Address space for the heap's front and the buffers, all of it mapped
-    // once the buffers are allocated. Memory only: no kernel, no device work
-    // (the engine runs on copy engines alone).
-    const size_t align = size_t{64} << 10;
-    s->heap_ = SymmetricHeap::create(group, device::kHeapReservedBytes + layout.bytes_per_gpu + align,
-                                     layout.bytes_per_gpu, /*words=*/false);
-    const size_t offset = s->heap_->alloc(layout.bytes_per_gpu, align, {});
+    // Memory only: no words in front of the buffers, no kernel, no device
+    // work (the engine runs on copy engines alone). The buffers are the
+    // heap's one allocation, at offset 0, mapped in one chunk.
+    s->heap_ = SymmetricHeap::create(group, layout.bytes_per_gpu, layout.bytes_per_gpu, /*words=*/false);
+    const size_t offset = s->heap_->alloc(layout.bytes_per_gpu, size_t{64} << 10, {});
     s->bytes_ = layout.bytes_per_gpu;
     buffers->assign(devices.size(), {});
     why->assign(devices.size(), "");

@@ -5,6 +5,7 @@ relays through peers too. test_multipath.py runs this file in a bounded
 process of its own. Random data, poisoned destinations, every byte
 compared with the source."""
 
+import re
 import time
 
 import pytest
@@ -18,6 +19,7 @@ import ferry.multipath as mp  # noqa: E402
 from _checks import rand_bytes  # noqa: E402
 from conftest import GPU_COUNT  # noqa: E402
 
+KiB = 1 << 10
 MiB = 1 << 20
 POISON = 0xA5
 
@@ -68,6 +70,17 @@ def test_host_to_device_and_back_byte_exact(eng, nbytes, offset):
             assert after[1] > before[1] and after[2] > before[2], (before, after)
     else:
         assert after == before and "threshold" in r["reason"], r
+
+
+def heap_staging(e, gpus):
+    """Asserts the engine's staging is a symmetric heap over `gpus` GPUs that
+    maps its buffers, rounded up to the driver's granularity, and nothing
+    more (a heap with its words would map 16.25 MiB more in front of them);
+    returns the bytes on each GPU."""
+    m = re.fullmatch(r"a symmetric heap over (\d+) GPU\(s\), (\d+) bytes each, (\d+) mapped", e.staging)
+    assert m and int(m[1]) == gpus, e.staging
+    assert int(m[2]) <= int(m[3]) < int(m[2]) + 4 * MiB, e.staging
+    return int(m[2])
 
 
 def test_zero_bytes(eng):
@@ -354,7 +367,9 @@ def test_eight_links_on_one_gpu_byte_exact():
     e = mp.Engine(devices=[0], loopback=7, chunk_bytes=MiB + 4097, min_bytes=2 * MiB)
     try:
         assert len(e.links) == 8 and all(e.relays), (e.links, e.relays)
-        assert e.staging.startswith("a symmetric heap over 1 GPU"), e.staging
+        # Seven relays and the own link (which relays for GPUs outside the engine),
+        # 2 buffers of chunk_bytes each at 64 KiB boundaries.
+        assert heap_staging(e, 1) == 8 * 2 * (MiB + 64 * KiB), e.staging
         n, offset = 48 * MiB + 5, 3
         for k in range(3):
             src = pinned(n + offset)
@@ -395,7 +410,7 @@ def test_relays_through_peer_gpus(own_link_first):
     devices = list(range(GPU_COUNT))
     e = mp.Engine(devices=devices, chunk_bytes=2 * MiB + 1, min_bytes=MiB, own_link_first=own_link_first)
     assert e.relays == [True] * len(devices)
-    assert e.staging.startswith(f"a symmetric heap over {len(devices)} GPU"), e.staging
+    heap_staging(e, len(devices))
     n = 96 * MiB + 9
     for target in devices:
         before = e.bytes_by_link()
@@ -412,7 +427,7 @@ def test_relays_through_peer_gpus(own_link_first):
         assert any(after[d] > before[d] for d in others), (target, before, after)
     # Only GPU 0 may relay: the others carry their own copies only.
     e2 = mp.Engine(devices=devices, relays=[0], chunk_bytes=2 * MiB, min_bytes=MiB, timeout=10)
-    assert e2.staging.startswith("a symmetric heap over 1 GPU"), e2.staging  # only the relay's
+    heap_staging(e2, 1)  # only the relay's
     src = rand(n, seed=40).pin_memory()
     dst = torch.full((n,), POISON, dtype=torch.uint8, device=f"cuda:{devices[-1]}")
     assert e2.copy(dst, src)["multipath"]
