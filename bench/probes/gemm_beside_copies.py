@@ -5,7 +5,8 @@ submission, their bytes, or the GPU's clock under its power cap.
 
 A loop of bf16 8192^3 GEMMs on one stream (one CUDA graph, so that the
 thread feeding the transfers cannot delay a GEMM's launch), alone and beside continuous
-transfers on another stream (alternating, --pairs pairs per side). The
+transfers on another stream (alternating, --pairs pairs per side; each
+round runs every side's pair in turn, one side later each round). The
 transfers run from a thread of their own, two calls in flight, from before
 the GEMMs start until they end, so every GEMM has them beside it:
 - zero_sm-64K: ferry.kv.copy_blocks(zero_sm=True) of 1024 scattered 64 KB pages;
@@ -173,11 +174,16 @@ def main() -> int:
     loop(None)
     out = []
     print(f"{args.gemms} GEMMs of 8192^3 bf16, {args.pairs} pairs per side (alone, beside), NVML every 2 ms")
+    pairs = {s: [] for s in chosen}  # per side: (alone ms, samples, beside ms, samples)
+    for rnd in range(args.pairs):
+        # Sides in turn, one later each round: the GPU's drift in power and
+        # temperature falls on every side alike.
+        k = rnd % len(chosen)
+        for s in chosen[k:] + chosen[:k]:
+            pairs[s].append(loop(None) + loop(s))
     for s in chosen:
         slow, clk_a, clk_b, w_a, w_b, why = [], [], [], [], [], 0
-        for _ in range(args.pairs):
-            t_a, sa = loop(None)
-            t_b, sb = loop(s)
+        for t_a, sa, t_b, sb in pairs[s]:
             slow.append(t_b / t_a - 1)
             if sa and sb:
                 clk_a.append(statistics.mean(x[0] for x in sa))

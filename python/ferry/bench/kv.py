@@ -38,8 +38,10 @@ threads, a warp per page), vllm-kernel (12 blocks), kernel-gpu-ids (ferry's
 kernel with index lists on the GPU, submitted ahead); asked by name only:
 kernel-32b, kernel-64b, kernel-132b (ferry's kernel on that many blocks).
 
---gemm: a bf16 8192^3 GEMM loop alone and beside continuous fetches (zero_sm
-batched, and the kernel), paired alternating runs, median slowdown.
+--gemm: a bf16 8192^3 GEMM loop (one CUDA graph) alone and beside continuous
+fetches of 1024 x 64 KB pages fed by a thread of their own (zero_sm; the same
+64 MB as one plain copy; ferry's kernel; the 2-CTA kernel), each side's pair
+(alone, beside) in turn within each of --gemm-reps rounds, median slowdown.
 --urgent: the latency of a small fetch issued while a 1 GiB bulk fetch runs:
 behind it on the same stream, on another stream, and with urgent=True, the
 bulk submitted at once and in 4 MiB slices (slice_bytes); its page sizes from
@@ -471,62 +473,111 @@ class _ImplRun:
         )  # fmt: skip
 
 
-def measure_gemm(torch, kv, bufs, reps: int, gpu: str, date: str) -> List[dict]:
-    """GEMM slowdown beside continuous fetches of 1024 x 64 KB pages."""
+GEMM_SIDES = ("auto-zero-sm", "plain-copy", "kernel", "sglang-kernel")
+
+
+def measure_gemm(torch, kv, bufs, reps: int, gpu: str, date: str, gemms: int = 30) -> List[dict]:
+    """GEMM slowdown beside continuous fetches of 1024 x 64 KB pages.
+
+    The GEMMs (bf16 8192^3) are one CUDA graph, so that no host thread can
+    gap them; the fetches run from a thread of their own, two calls in
+    flight, from before the first GEMM until the last ends. Each round runs
+    every side's pair (alone, then beside) in turn, starting one side later
+    each round, so that the GPU's drift in power and temperature falls on
+    every side alike. plain-copy moves the same 64 MB as one copy: what the
+    link's bytes cost a GEMM with the least submission there is."""
+    import threading
+
     n = 8192
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    gemms = 10
+    c = torch.empty_like(a)
     gs, xs = torch.cuda.Stream(), torch.cuda.Stream()
     h, g = bufs.pages(0, 64 << 10, 2048)
     rng = random.Random(5)
     d, s = rng.sample(range(2048), 1024), rng.sample(range(2048), 1024)
-
-    def gemm_ms(transfers):
-        torch.cuda.synchronize()
-        start, end = _events(torch)
-        if transfers:
-            with torch.cuda.stream(xs):
-                for _ in range(14):  # covers the GEMMs (about 1 ms each) at ~50 GB/s
-                    transfers()
-        with torch.cuda.stream(gs):
-            start.record()
-            for _ in range(gemms):
-                torch.matmul(a, b)
-            end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end)
-
-    out = []
+    flat_h, flat_g = h.view(-1)[: 64 << 20], g.view(-1)[64 << 20 : 128 << 20]
     sides = {
         "auto-zero-sm": lambda: kv.copy_blocks(g, h, d, s, stream=xs, mode="auto", zero_sm=True),
+        "plain-copy": lambda: flat_g.copy_(flat_h, non_blocking=True),
         "kernel": lambda: kv.copy_blocks(g, h, d, s, stream=xs, mode="kernel"),
         "sglang-kernel": lambda: kv.copy_blocks(
             g, h, d, s, stream=xs, mode="kernel", kernel_blocks=2, kernel_threads=1024, kernel_chunk=1 << 62
         ),
     }
+    with torch.cuda.stream(gs):
+        torch.matmul(a, b, out=c)  # cuBLAS warmed up before the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=gs):
+        for _ in range(gemms):
+            torch.matmul(a, b, out=c)
+
+    def gemm_ms(side):
+        torch.cuda.synchronize()
+        stop, started, errors = threading.Event(), threading.Event(), []
+
+        def feed():
+            try:
+                with torch.cuda.stream(xs):
+                    ring = []
+                    while not stop.is_set():
+                        sides[side]()
+                        e = torch.cuda.Event()
+                        e.record(xs)
+                        ring.append(e)
+                        started.set()
+                        if len(ring) > 2:
+                            ring.pop(0).synchronize()
+                    for e in ring:
+                        e.synchronize()
+            except BaseException as exc:
+                errors.append(exc)
+                started.set()
+
+        t = None
+        if side:
+            t = threading.Thread(target=feed, daemon=True)
+            t.start()
+            started.wait(60)
+        start, end = _events(torch)
+        with torch.cuda.stream(gs):
+            start.record()
+            graph.replay()
+            end.record()
+        end.synchronize()
+        stop.set()
+        if t:
+            t.join(60)
+        if errors:
+            raise errors[0]
+        torch.cuda.synchronize()
+        return start.elapsed_time(end)
+
+    order = list(GEMM_SIDES)
+    for side in order:  # warm-up: every side once, the GEMMs alone once
+        gemm_ms(side)
     gemm_ms(None)
-    for impl, fn in sides.items():
-        fn()
-        slow = []
-        for _ in range(reps):
+    slow = {side: [] for side in order}
+    for rnd in range(reps):
+        k = rnd % len(order)
+        for side in order[k:] + order[:k]:
             alone = gemm_ms(None)
-            beside = gemm_ms(fn)
-            slow.append(beside / alone - 1)
-        out.append(
-            {
-                "op": "kv_gemm_slowdown",
-                "impl": impl,
-                "page_bytes": 64 << 10,
-                "pages": 1024,
-                "gemms": gemms,
-                "slowdown": round(statistics.median(slow), 4),
-                "samples": [round(x, 4) for x in slow],
-                "gpu": gpu,
-                "date": date,
-            }
-        )
-    return out
+            slow[side].append(gemm_ms(side) / alone - 1)
+    return [
+        {
+            "op": "kv_gemm_slowdown",
+            "impl": side,
+            "page_bytes": 64 << 10,
+            "pages": 1024,
+            "gemms": gemms,
+            "slowdown": round(statistics.median(slow[side]), 4),
+            "samples": [round(x, 4) for x in slow[side]],
+            "gpu": gpu,
+            "date": date,
+        }
+        for side in order
+    ]
 
 
 def measure_urgent(
@@ -635,6 +686,8 @@ def run(opts: dict, progress=print) -> dict:
     if not pts:
         raise SystemExit(f"--max-bytes: no point of --pages x --counts x {tensors} tensors fits")
     half = 2 * max(p * c * tensors for p, c in pts)
+    if opts.get("gemm"):
+        half = max(half, 128 << 20)  # the GEMM's fetches: 2048 pages of 64 KB to pick from
     bufs = Buffers(torch, kv, half)
     peak = pcie_peak(torch, bufs)
     progress(f"pcie peak (torch copies, 1 GiB): {peak}")
@@ -723,7 +776,8 @@ def summary(result: dict) -> str:
     for e in result.get("extra", []):
         if e["op"] == "kv_gemm_slowdown":
             lines.append(
-                f"GEMM slowdown beside {e['impl']} fetches (1024 x 64 KB): {100 * e['slowdown']:+.1f}%"
+                f"GEMM slowdown beside {e['impl']} fetches (1024 x 64 KB): {100 * e['slowdown']:+.1f}% "
+                f"(median of {len(e['samples'])} pairs, {100 * min(e['samples']):+.1f} to {100 * max(e['samples']):+.1f})"
             )
         elif e["op"] == "kv_urgent":
             lines.append(
