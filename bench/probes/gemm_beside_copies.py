@@ -6,7 +6,7 @@ submission, their bytes, or the GPU's clock under its power cap.
 A loop of bf16 8192^3 GEMMs on one stream (one CUDA graph, so that the
 thread feeding the transfers cannot delay a GEMM's launch), alone and beside continuous
 transfers on another stream (alternating, --pairs pairs per side; each
-round runs every side's pair in turn, one side later each round). The
+round runs every side's pair, in an order of the round's own). The
 transfers run from a thread of their own, two calls in flight, from before
 the GEMMs start until they end, so every GEMM has them beside it:
 - zero_sm-64K: ferry.kv.copy_blocks(zero_sm=True) of 1024 scattered 64 KB pages;
@@ -143,27 +143,32 @@ def main() -> int:
                 started.set()
 
         t = None
-        if fn:
-            t = threading.Thread(target=feed, daemon=True)
-            t.start()
-            started.wait(30)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        with torch.cuda.stream(gs):
-            start.record()
-            gemm_graph.replay()  # every GEMM queued at once: the feeding thread cannot gap them
-            end.record()
-        samples, deadline = [], time.monotonic() + 60
-        while not end.query():
-            if time.monotonic() > deadline:
-                stop.set()
-                raise TimeoutError("the GEMM loop did not finish within 60 s")
-            s = nvml.sample()
-            if s:
-                samples.append(s)
-            time.sleep(0.002)
-        stop.set()
-        if t:
-            t.join(60)
+        samples = []
+        try:
+            if fn:
+                t = threading.Thread(target=feed, daemon=True)
+                t.start()
+                started.wait(30)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            with torch.cuda.stream(gs):
+                # Untimed: the host gets the GIL back from the feeding thread
+                # before the replay while the stream sleeps.
+                torch.cuda._sleep(4_000_000)
+                start.record()
+                gemm_graph.replay()  # every GEMM queued at once: the feeding thread cannot gap them
+                end.record()
+            deadline = time.monotonic() + 60
+            while not end.query():
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the GEMM loop did not finish within 60 s")
+                s = nvml.sample()
+                if s:
+                    samples.append(s)
+                time.sleep(0.002)
+        finally:
+            stop.set()
+            if t:
+                t.join(60)
         if errors:
             raise errors[0]
         torch.cuda.synchronize()
@@ -175,11 +180,11 @@ def main() -> int:
     out = []
     print(f"{args.gemms} GEMMs of 8192^3 bf16, {args.pairs} pairs per side (alone, beside), NVML every 2 ms")
     pairs = {s: [] for s in chosen}  # per side: (alone ms, samples, beside ms, samples)
-    for rnd in range(args.pairs):
-        # Sides in turn, one later each round: the GPU's drift in power and
-        # temperature falls on every side alike.
-        k = rnd % len(chosen)
-        for s in chosen[k:] + chosen[:k]:
+    shuffle = random.Random(11)
+    for _ in range(args.pairs):
+        # Every side's pair each round, in an order of the round's own: the
+        # GPU's drift in power and temperature falls on every side alike.
+        for s in shuffle.sample(chosen, len(chosen)):
             pairs[s].append(loop(None) + loop(s))
     for s in chosen:
         slow, clk_a, clk_b, w_a, w_b, why = [], [], [], [], [], 0

@@ -96,7 +96,7 @@ std::unique_ptr<SymmetricHeap> SymmetricHeap::create(const Group& g, size_t capa
       cudaStreamDestroy(s);
       FERRY_CUDA_CHECK(err);
     }
-    h->agree("create (words zeroed)");
+    h->agree(words ? "create (words zeroed)" : "create (memory only)");
   } catch (...) {
     h->close();
     throw;

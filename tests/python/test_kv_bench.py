@@ -1,6 +1,9 @@
 """The KV benchmark's pure parts (no GPU): which points run, the records, the
 auto table it derives, its tables; and what `ferry bench` runs where."""
 
+import statistics
+import types
+
 import pytest
 from ferry.bench import kv
 from ferry.cli import bench_parts
@@ -241,7 +244,7 @@ def test_measure_point_checks_every_tensor(tensors, layout):
         assert all(r["wrong"] == 8 * tensors * sides for r in recs), recs
 
 
-def test_measure_point_alternates_impls_within_each_round():
+def test_measure_point_runs_every_impl_once_a_round_in_orders_that_vary():
     torch, ferry_kv, bufs = _stand_ins(copies_bytes=True)
     calls = []
     copy = ferry_kv.copy_blocks
@@ -252,11 +255,49 @@ def test_measure_point_alternates_impls_within_each_round():
 
     ferry_kv.copy_blocks = logged
     impls = ["batched", "kernel", "per-page"]
-    recs = kv.measure_point(torch, ferry_kv, bufs, "fetch", 64, 8, impls, 3, 1, "G", "d")
+    recs = kv.measure_point(torch, ferry_kv, bufs, "fetch", 64, 8, impls, 7, 1, "G", "d")
     assert [r["impl"] for r in recs] == impls and all(r["wrong"] == 0 for r in recs)
-    b, k, p = "batched", "kernel", "per_page"
-    # A warm-up round and three measured ones, each starting one impl later; then one checked call each.
-    assert calls == [b, k, p, k, p, b, p, b, k, b, k, p] + [b, k, p]
+    modes = {"batched", "kernel", "per_page"}
+    # A warm-up round and seven measured ones, each every impl once; then one checked call each.
+    rounds = [calls[i : i + 3] for i in range(0, 24, 3)]
+    assert all(set(r) == modes for r in rounds), rounds
+    assert len({tuple(r) for r in rounds}) > 1, rounds  # not one fixed order
+    assert len({r[0] for r in rounds}) > 1, rounds  # nor one impl always first
+    assert calls[24:] == ["batched", "kernel", "per_page"]
+
+
+def test_measure_point_keeps_only_the_measured_rounds():
+    """The n-th timed call (warm-up or not) takes n ms: an impl's median
+    comes from its measured rounds, never from its warm-up."""
+    torch, ferry_kv, bufs = _stand_ins(copies_bytes=True)
+    records = [0]
+    order = []
+    copy = ferry_kv.copy_blocks
+
+    def logged(dst, src, d, s, **kw):
+        order.append(kw["mode"])
+        return copy(dst, src, d, s, **kw)
+
+    def event(enable_timing):
+        def record(*a):
+            records[0] += 1  # start and end: two a call
+
+        return types.SimpleNamespace(
+            record=record, synchronize=lambda: None, elapsed_time=lambda other: records[0] / 2
+        )
+
+    ferry_kv.copy_blocks = logged
+    torch.cuda.Event = event
+    warmup, reps = 2, 3
+    recs = kv.measure_point(
+        torch, ferry_kv, bufs, "fetch", 64, 8, ["batched", "kernel"], reps, warmup, "G", "d"
+    )
+    timed = order[: 2 * (warmup + reps)]  # the rest are the byte checks' calls, untimed
+    assert len(recs) == 2
+    for rec in recs:
+        calls = [i + 1 for i, m in enumerate(timed) if m == rec["impl"]]
+        assert len(calls) == warmup + reps
+        assert rec["time_us"] == statistics.median(calls[warmup:]) * 1000.0, (rec, timed)
 
 
 def test_measure_point_drops_an_impl_that_fails_and_keeps_the_others(capsys):

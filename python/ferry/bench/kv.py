@@ -28,8 +28,8 @@ trigger to the end of its copies; for kernels, the kernel launched with its
 index lists already on the GPU. Every impl is checked once per point on a
 poisoned destination: every byte up to 64 MiB, a random sample of 256 pages
 above. Warm-up --warmup calls, then the median of --reps; no graphs. Impls
-alternate within each round (each round starts one impl later), so that the
-host's drift over a point falls on every impl alike.
+alternate within each round (each round in an order of its own, seeded), so
+that the host's drift over a point falls on every impl alike.
 
 Impls: ferry's modes (per-page, batched, streams, kernel, auto, auto-zero-sm,
 ahead-batched) and the field's, re-implemented: vllm-batched (one batched call,
@@ -41,7 +41,8 @@ kernel-32b, kernel-64b, kernel-132b (ferry's kernel on that many blocks).
 --gemm: a bf16 8192^3 GEMM loop (one CUDA graph) alone and beside continuous
 fetches of 1024 x 64 KB pages fed by a thread of their own (zero_sm; the same
 64 MB as one plain copy; ferry's kernel; the 2-CTA kernel), each side's pair
-(alone, beside) in turn within each of --gemm-reps rounds, median slowdown.
+(alone, beside) within each of --gemm-reps rounds, in an order of the round's
+own, median slowdown.
 --urgent: the latency of a small fetch issued while a 1 GiB bulk fetch runs:
 behind it on the same stream, on another stream, and with urgent=True, the
 bulk submitted at once and in 4 MiB slices (slice_bytes); its page sizes from
@@ -359,14 +360,13 @@ def measure_point(
             runs[impl] = _ImplRun(torch, kv, impl, sides, (main, other), point)
         except Exception as exc:
             failed(impl, exc)
-    # Impls alternate: each round runs every impl once, starting one impl
-    # later than the round before, so that the host's drift over a point
-    # (another process, clocks, the allocator) falls on every impl alike
-    # rather than on whichever ran last.
+    # Impls alternate: each round runs every impl once, in an order of its
+    # own (seeded), so that the host's drift over a point (another process,
+    # clocks, the allocator) and what one impl leaves for the next fall on
+    # every impl alike rather than on whichever ran last.
+    shuffle = random.Random(rng.random())
     for rnd in range(warmup + reps):
-        order = list(runs)
-        k = rnd % len(order) if order else 0
-        for impl in order[k:] + order[:k]:
+        for impl in shuffle.sample(list(runs), len(runs)):
             try:
                 runs[impl].once(keep=rnd >= warmup)
             except Exception as exc:
@@ -482,8 +482,8 @@ def measure_gemm(torch, kv, bufs, reps: int, gpu: str, date: str, gemms: int = 3
     The GEMMs (bf16 8192^3) are one CUDA graph, so that no host thread can
     gap them; the fetches run from a thread of their own, two calls in
     flight, from before the first GEMM until the last ends. Each round runs
-    every side's pair (alone, then beside) in turn, starting one side later
-    each round, so that the GPU's drift in power and temperature falls on
+    every side's pair (alone, then beside), the sides in an order of the
+    round's own, so that the GPU's drift in power and temperature falls on
     every side alike. plain-copy moves the same 64 MB as one copy: what the
     link's bytes cost a GEMM with the least submission there is."""
     import threading
@@ -516,6 +516,7 @@ def measure_gemm(torch, kv, bufs, reps: int, gpu: str, date: str, gemms: int = 3
     def gemm_ms(side):
         torch.cuda.synchronize()
         stop, started, errors = threading.Event(), threading.Event(), []
+        t = None
 
         def feed():
             try:
@@ -535,35 +536,51 @@ def measure_gemm(torch, kv, bufs, reps: int, gpu: str, date: str, gemms: int = 3
                 errors.append(exc)
                 started.set()
 
-        t = None
-        if side:
-            t = threading.Thread(target=feed, daemon=True)
-            t.start()
-            started.wait(60)
-        start, end = _events(torch)
-        with torch.cuda.stream(gs):
-            start.record()
-            graph.replay()
-            end.record()
-        end.synchronize()
-        stop.set()
-        if t:
-            t.join(60)
+        try:
+            if side:
+                t = threading.Thread(target=feed, daemon=True)
+                t.start()
+                started.wait(60)
+            start, end = _events(torch)
+            with torch.cuda.stream(gs):
+                # The stream sleeps (untimed) while the host goes on to the
+                # replay: getting the GIL back from the feeding thread between
+                # the two calls would otherwise count as GEMM time, beside only.
+                torch.cuda._sleep(4_000_000)
+                start.record()
+                graph.replay()
+                end.record()
+            end.synchronize()
+        finally:
+            stop.set()
+            if t:
+                t.join(60)
         if errors:
             raise errors[0]
         torch.cuda.synchronize()
         return start.elapsed_time(end)
 
     order = list(GEMM_SIDES)
-    for side in order:  # warm-up: every side once, the GEMMs alone once
-        gemm_ms(side)
-    gemm_ms(None)
     slow = {side: [] for side in order}
-    for rnd in range(reps):
-        k = rnd % len(order)
-        for side in order[k:] + order[:k]:
-            alone = gemm_ms(None)
-            slow[side].append(gemm_ms(side) / alone - 1)
+
+    def beside(side, alone_ms):  # one side's failure must not lose the others'
+        try:
+            ms = gemm_ms(side)
+            if alone_ms:
+                slow[side].append(ms / alone_ms - 1)
+        except Exception as exc:
+            print(f"  GEMM beside {side}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            slow.pop(side)
+
+    for side in order:  # warm-up: every side once, the GEMMs alone once
+        beside(side, None)
+    gemm_ms(None)
+    shuffle = random.Random(11)
+    for _ in range(reps):
+        # Each round every side's pair, in an order of its own: the GPU's
+        # drift in power and temperature falls on every side alike.
+        for side in shuffle.sample(list(slow), len(slow)):
+            beside(side, gemm_ms(None))
     return [
         {
             "op": "kv_gemm_slowdown",
@@ -577,6 +594,7 @@ def measure_gemm(torch, kv, bufs, reps: int, gpu: str, date: str, gemms: int = 3
             "date": date,
         }
         for side in order
+        if slow.get(side)
     ]
 
 
