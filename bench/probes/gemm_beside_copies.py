@@ -24,15 +24,16 @@ side's mean SM clock and power against its alone runs'.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import random
 import statistics
-import threading
 import time
 
 import ferry.kv as kv
 import torch
+from ferry.bench.kv import Feeder
 
 # nvmlClocksEventReasons bits (nvml.h)
 REASONS = {
@@ -121,34 +122,9 @@ def main() -> int:
     def loop(side):
         """GEMM ms and the NVML samples taken during it."""
         torch.cuda.synchronize()
-        stop, started, errors = threading.Event(), threading.Event(), []
         fn = sides.get(side)
-
-        def feed():
-            try:
-                with torch.cuda.stream(xs):
-                    ring = []
-                    while not stop.is_set():
-                        fn()
-                        e = torch.cuda.Event()
-                        e.record(xs)
-                        ring.append(e)
-                        started.set()
-                        if len(ring) > 2:
-                            ring.pop(0).synchronize()
-                    for e in ring:
-                        e.synchronize()
-            except BaseException as e:
-                errors.append(e)
-                started.set()
-
-        t = None
         samples = []
-        try:
-            if fn:
-                t = threading.Thread(target=feed, daemon=True)
-                t.start()
-                started.wait(30)
+        with Feeder(torch, fn, xs, timeout_s=30) if fn else contextlib.nullcontext():
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             with torch.cuda.stream(gs):
                 # Untimed: the host gets the GIL back from the feeding thread
@@ -167,12 +143,6 @@ def main() -> int:
                 if s:
                     samples.append(s)
                 time.sleep(0.002)
-        finally:
-            stop.set()
-            if t:
-                t.join(60)
-        if errors:
-            raise errors[0]
         torch.cuda.synchronize()
         return start.elapsed_time(end), samples
 

@@ -1,7 +1,10 @@
 """The KV benchmark's pure parts (no GPU): which points run, the records, the
 auto table it derives, its tables; and what `ferry bench` runs where."""
 
+import contextlib
 import statistics
+import threading
+import time
 import types
 
 import pytest
@@ -316,3 +319,46 @@ def test_measure_point_drops_an_impl_that_fails_and_keeps_the_others(capsys):
     recs = kv.measure_point(torch, ferry_kv, bufs, "fetch", 64, 8, ["batched", "kernel"], 3, 1, "G", "d")
     assert [r["impl"] for r in recs] == ["batched"]
     assert "kernel: RuntimeError: boom" in capsys.readouterr().err
+
+
+def _feeder_torch():
+    """torch.cuda stand-ins for kv.Feeder: streams as context managers, events
+    that record which calls they follow."""
+
+    class Event:
+        def record(self, stream):
+            pass
+
+        def synchronize(self):
+            pass
+
+    return types.SimpleNamespace(
+        cuda=types.SimpleNamespace(Event=Event, stream=lambda s: contextlib.nullcontext())
+    )
+
+
+def test_feeder_calls_until_left_and_stops():
+    calls = []
+    with kv.Feeder(_feeder_torch(), lambda: calls.append(1), "xs", timeout_s=5) as f:
+        assert calls, "entering returns once the first call is queued"
+        time.sleep(0.01)
+    n = len(calls)
+    time.sleep(0.01)
+    assert len(calls) == n and not f.thread.is_alive()
+
+
+def test_feeder_raises_the_threads_error_on_leaving():
+    def fails():
+        raise RuntimeError("copy refused")
+
+    with pytest.raises(RuntimeError, match="copy refused"):
+        with kv.Feeder(_feeder_torch(), fails, "xs", timeout_s=5):
+            pass
+
+
+def test_feeder_that_queues_nothing_is_a_bounded_error():
+    gate = threading.Event()
+    with pytest.raises(TimeoutError, match="queued nothing within 0.05 s"):
+        with kv.Feeder(_feeder_torch(), lambda: gate.wait(0.2), "xs", timeout_s=0.05):
+            pass
+    gate.set()

@@ -53,6 +53,7 @@ host-to-GPU copies queue behind each other); and the bulk's GB/s both ways.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import itertools
 import json
@@ -60,6 +61,7 @@ import os
 import random
 import statistics
 import sys
+import threading
 import time
 from typing import Dict, List, Optional, Sequence
 
@@ -473,6 +475,54 @@ class _ImplRun:
         )  # fmt: skip
 
 
+class Feeder:
+    """Calls `fn` over and over from a thread of its own, its work on
+    `stream`, at most two calls in flight: from entering (once the first call
+    is queued) until leaving, which waits for the calls in flight. An error in
+    the thread is raised on leaving; a thread that does not stop within
+    `timeout_s` is a TimeoutError. What a GEMM is timed beside."""
+
+    def __init__(self, torch, fn, stream, timeout_s: float = 60.0):
+        self.torch, self.fn, self.stream, self.timeout_s = torch, fn, stream, timeout_s
+        self.stop, self.started, self.errors = threading.Event(), threading.Event(), []
+        self.thread = threading.Thread(target=self._feed, daemon=True)
+
+    def _feed(self):
+        torch = self.torch
+        try:
+            with torch.cuda.stream(self.stream):
+                ring = []
+                while not self.stop.is_set():
+                    self.fn()
+                    e = torch.cuda.Event()
+                    e.record(self.stream)
+                    ring.append(e)
+                    self.started.set()
+                    if len(ring) > 2:
+                        ring.pop(0).synchronize()
+                for e in ring:
+                    e.synchronize()
+        except BaseException as exc:
+            self.errors.append(exc)
+            self.started.set()
+
+    def __enter__(self):
+        self.thread.start()
+        if not self.started.wait(self.timeout_s):
+            self.stop.set()  # its first call, when it returns, is its last
+            raise TimeoutError(f"the feeding thread queued nothing within {self.timeout_s} s")
+        return self
+
+    def __exit__(self, kind, value, tb):
+        self.stop.set()
+        self.thread.join(self.timeout_s)
+        if self.thread.is_alive():
+            raise TimeoutError(f"the feeding thread did not stop within {self.timeout_s} s")
+        if self.errors and kind is None:
+            raise self.errors[0]
+        return False
+
+
 GEMM_SIDES = ("auto-zero-sm", "plain-copy", "kernel", "sglang-kernel")
 
 
@@ -486,8 +536,6 @@ def measure_gemm(torch, kv, bufs, reps: int, gpu: str, date: str, gemms: int = 3
     round's own, so that the GPU's drift in power and temperature falls on
     every side alike. plain-copy moves the same 64 MB as one copy: what the
     link's bytes cost a GEMM with the least submission there is."""
-    import threading
-
     n = 8192
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
@@ -515,32 +563,7 @@ def measure_gemm(torch, kv, bufs, reps: int, gpu: str, date: str, gemms: int = 3
 
     def gemm_ms(side):
         torch.cuda.synchronize()
-        stop, started, errors = threading.Event(), threading.Event(), []
-        t = None
-
-        def feed():
-            try:
-                with torch.cuda.stream(xs):
-                    ring = []
-                    while not stop.is_set():
-                        sides[side]()
-                        e = torch.cuda.Event()
-                        e.record(xs)
-                        ring.append(e)
-                        started.set()
-                        if len(ring) > 2:
-                            ring.pop(0).synchronize()
-                    for e in ring:
-                        e.synchronize()
-            except BaseException as exc:
-                errors.append(exc)
-                started.set()
-
-        try:
-            if side:
-                t = threading.Thread(target=feed, daemon=True)
-                t.start()
-                started.wait(60)
+        with Feeder(torch, sides[side], xs) if side else contextlib.nullcontext():
             start, end = _events(torch)
             with torch.cuda.stream(gs):
                 # The stream sleeps (untimed) while the host goes on to the
@@ -551,12 +574,6 @@ def measure_gemm(torch, kv, bufs, reps: int, gpu: str, date: str, gemms: int = 3
                 graph.replay()
                 end.record()
             end.synchronize()
-        finally:
-            stop.set()
-            if t:
-                t.join(60)
-        if errors:
-            raise errors[0]
         torch.cuda.synchronize()
         return start.elapsed_time(end)
 
