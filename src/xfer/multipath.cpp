@@ -148,7 +148,7 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
   // Staging only where the link may relay; a GPU short of memory relays
   // nothing, and the copy runs over fewer links.
   {
-    const std::vector<int> need = relay_staging_need(policy_.may_relay, policy_.outstanding);
+    const std::vector<int> need = relay_staging_need(links_, policy_.may_relay, policy_.outstanding);
     std::vector<std::vector<char*>> buffers;
     std::vector<std::string> why;
     staging_ = RelayStaging::make(links_, need, chunk_bytes_, &buffers, &why);

@@ -31,10 +31,15 @@ class PlainStaging final : public RelayStaging {
 
 }  // namespace
 
-std::vector<int> relay_staging_need(const std::vector<bool>& may_relay, int outstanding) {
-  const size_t n = may_relay.size();
+std::vector<int> relay_staging_need(const std::vector<int>& devices, const std::vector<bool>& may_relay,
+                                    int outstanding) {
+  const size_t n = devices.size();
   std::vector<int> need(n, 0);
-  for (size_t l = 0; l < n; ++l) need[l] = n > 1 && may_relay[l] ? outstanding : 0;
+  for (size_t l = 0; l < n && l < may_relay.size(); ++l) {
+    const bool first_of_its_gpu = std::find(devices.begin(), devices.end(), devices[l]) == devices.begin() + l;
+    const bool other_gpu = std::any_of(devices.begin(), devices.end(), [&](int d) { return d != devices[l]; });
+    if (may_relay[l] && (!first_of_its_gpu || other_gpu)) need[l] = outstanding;
+  }
   return need;
 }
 

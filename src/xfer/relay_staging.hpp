@@ -17,9 +17,14 @@
 namespace ferry {
 namespace xfer {
 
-// Which links get staging buffers: `outstanding` each where a link may
-// relay and another link exists to relay for; none with one link alone.
-std::vector<int> relay_staging_need(const std::vector<bool>& may_relay, int outstanding);
+// Which links get staging buffers (`devices[l]`: link l's GPU): `outstanding`
+// each where link l may relay and has copies to relay: into another GPU of
+// the engine, or into its own GPU where it is not that GPU's first link (a
+// loopback relay). A GPU's first link carries its own GPU's copies itself,
+// and copies into GPUs outside the engine run plain, so a GPU alone in the
+// engine relays nothing over its first link.
+std::vector<int> relay_staging_need(const std::vector<int>& devices, const std::vector<bool>& may_relay,
+                                    int outstanding);
 
 // Where each link's buffers lie when every relaying GPU holds one allocation
 // of the same size (a symmetric heap's): buffers of `bytes` at 64 KiB

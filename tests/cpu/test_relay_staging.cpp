@@ -15,9 +15,20 @@ constexpr size_t kMiB = kKiB * kKiB;
 }  // namespace
 
 TEST(RelayStaging, NeedOnlyWhereALinkMayRelayForAnother) {
-  EXPECT_EQ(relay_staging_need({true}, 2), std::vector<int>({0}));  // one link: nothing to relay for
-  EXPECT_EQ(relay_staging_need({true, true, false, true}, 2), std::vector<int>({2, 2, 0, 2}));
-  EXPECT_EQ(relay_staging_need({}, 2), std::vector<int>());
+  EXPECT_EQ(relay_staging_need({0}, {true}, 2), std::vector<int>({0}));  // one link: nothing to relay for
+  EXPECT_EQ(relay_staging_need({0, 1, 2, 3}, {true, true, false, true}, 2), std::vector<int>({2, 2, 0, 2}));
+  EXPECT_EQ(relay_staging_need({}, {}, 2), std::vector<int>());
+}
+
+// Loopback relays: on one GPU alone its first link carries that GPU's own
+// copies and nothing else (copies into GPUs outside the engine run plain);
+// the loopback links relay into it. Beside another GPU the first link
+// relays for that one too.
+TEST(RelayStaging, AGpuAloneRelaysNothingOverItsFirstLink) {
+  EXPECT_EQ(relay_staging_need({0, 0, 0, 0}, {true, true, true, true}, 2), std::vector<int>({0, 2, 2, 2}));
+  EXPECT_EQ(relay_staging_need({3, 3}, {true, false}, 2), std::vector<int>({0, 0}));
+  EXPECT_EQ(relay_staging_need({0, 0, 1}, {true, true, true}, 2), std::vector<int>({2, 2, 2}));
+  EXPECT_EQ(relay_staging_need({0, 1, 0}, {true, true, true}, 3), std::vector<int>({3, 3, 3}));
 }
 
 // Four GPUs, each relaying: one buffer pair each at the same offsets, 64 KiB aligned.

@@ -183,6 +183,15 @@ size_t copies(size_t bytes) {
   return it == st.copies_by_size.end() ? 0 : it->second;
 }
 
+size_t device_blocks(int device, size_t bytes) {
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  size_t n = 0;
+  for (const auto& [at, a] : st.allocations)
+    n += a.kind == cudaMemoryTypeDevice && a.device == device && a.size == bytes;
+  return n;
+}
+
 void set_faults(const Faults& f) {
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mu);

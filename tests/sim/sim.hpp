@@ -39,5 +39,7 @@ void reset(int devices, double bytes_per_s = 20e9);
 void set_faults(const Faults& f);
 // How many cudaMemcpyAsync calls of exactly `bytes` were made since reset().
 size_t copies(size_t bytes);
+// How many live cudaMalloc blocks on `device` hold exactly `bytes` each.
+size_t device_blocks(int device, size_t bytes);
 
 }  // namespace sim

@@ -500,6 +500,30 @@ TEST_F(MultipathSim, StagingOnlyWhereALinkCanRelay) {
   EXPECT_EQ(loop.staging_where(), "plain allocations");
 }
 
+// One GPU with loopback relays: its first link carries its own copies and
+// gets no staging (nothing to relay for); the loopback links get theirs and
+// carry their share, every byte.
+TEST_F(MultipathSim, OneGpuAloneStagesOnlyItsLoopbackRelays) {
+  const size_t chunk = MiB + 8191;  // a size no other allocation has (earlier tests may keep theirs for good)
+  const size_t before = sim::device_blocks(0, chunk);
+  MultipathEngine e(options({0, 0, 0}, chunk));
+  EXPECT_EQ(e.staging_where(), "plain allocations");
+  EXPECT_EQ(sim::device_blocks(0, chunk) - before, 2u * 2u);  // two relays, two buffers each
+  const size_t n = 32 * MiB + 5;
+  Buf host(n, -1), dev(n, 0), back(n, -1);
+  fill(host, 23);
+  cudaStream_t s = new_stream(0);
+  e.copy(dev.p, host.p, n, s);
+  e.copy(back.p, dev.p, n, s);
+  ASSERT_TRUE(drained(s));
+  e.check();
+  EXPECT_EQ(std::memcmp(dev.p, host.p, n), 0);
+  EXPECT_EQ(std::memcmp(back.p, host.p, n), 0);
+  EXPECT_GT(e.bytes_by_link()[1] + e.bytes_by_link()[2], 0u);
+  e.close();
+  EXPECT_EQ(sim::device_blocks(0, chunk), before);
+}
+
 // A relay GPU without room for its staging buffers relays nothing; copies run
 // over the other links, every byte.
 TEST_F(MultipathSim, ARelayWithoutMemoryForStagingLeavesItsShareToTheOthers) {
