@@ -83,37 +83,8 @@ TEST(LowLatencyArea, EachBlockHasARegionOfEverySlotAndTheAreaEndsWhereUserAlloca
   EXPECT_EQ(
       reinterpret_cast<char*>(h.low_latency_slot(2, 0, 3, 0)) - reinterpret_cast<char*>(h.low_latency_slot(2, 0, 2, 0)),
       int64_t(kLowLatencySlotBytes));
-  // The last block's region of the last slot ends where the push area begins.
+  // The last block's region of the last slot ends where user allocations begin.
   const uint64_t* last = h.low_latency_slot(0, 1, kLowLatencyMaxRanks - 1, kMaxGridBlocks - 1) + kLowLatencyBlockLines;
-  EXPECT_EQ(reinterpret_cast<const char*>(last), h.rank_base(0) + kPushOffset);
+  EXPECT_EQ(reinterpret_cast<const char*>(last), h.rank_base(0) + kHeapReservedBytes);
   EXPECT_EQ(kHeapReservedBytes % 256, 0u);
-}
-
-TEST(PushArea, EachBlockHasARegionOfEverySlotAndTheAreaEndsWhereUserAllocationsBegin) {
-  using namespace ferry::device;
-  char* base = reinterpret_cast<char*>(uint64_t(1) << 40);
-  const Heap h{base, uint64_t(1) << 30, 1, 4, nullptr, 0};
-  EXPECT_EQ(h.push_slot(3, 0, 0, 0), h.rank_base(3) + kPushOffset);
-  EXPECT_EQ(h.push_slot(3, 0, 0, 1) - h.push_slot(3, 0, 0, 0), int64_t(kPushBlockBytes));
-  EXPECT_EQ(h.push_slot(3, 0, 2, 0) - h.push_slot(3, 0, 1, 0), int64_t(kPushSlotBytes));
-  EXPECT_EQ(h.push_slot(3, 1, 0, 0) - h.push_slot(3, 0, 0, 0), int64_t(kLowLatencyMaxRanks * kPushSlotBytes));
-  EXPECT_EQ(h.push_slot(0, 1, kLowLatencyMaxRanks - 1, kMaxGridBlocks - 1) + kPushBlockBytes,
-            h.rank_base(0) + kHeapReservedBytes);
-  EXPECT_EQ(kPushBlockBytes % 16, 0u);  // a round's vectors fill a region
-}
-
-// The push two-shot: asked by name where the world fits the push area's
-// slots and the grid its regions, on 16-byte boundaries; kTwoShot past the
-// slots or the grid, one-shot off the boundaries.
-TEST(AllReduceAlgo, PushTwoShotByNameWhereTheAreaServesTheWorldElseTwoShotOrOneShot) {
-  using namespace ferry::device;
-  const auto push = AllReduceAlgo::kTwoShotPush;
-  EXPECT_EQ(choose_all_reduce(4 << 20, 4, 4, 64, true, push), push);
-  EXPECT_EQ(choose_all_reduce(0, 4, 4, 1, true, push), push);
-  EXPECT_EQ(choose_all_reduce(3, 2, 2, 1, true, push), push);  // the tail: one padded vector
-  EXPECT_EQ(choose_all_reduce(uint64_t(1) << 30, kLowLatencyMaxRanks, 8, 8, true, push), push);
-  EXPECT_EQ(choose_all_reduce(4 << 20, kLowLatencyMaxRanks + 1, 4, 64, true, push), AllReduceAlgo::kTwoShot);
-  EXPECT_EQ(choose_all_reduce(4 << 20, 4, 4, kMaxGridBlocks + 1, true, push), AllReduceAlgo::kTwoShot);
-  EXPECT_EQ(choose_all_reduce(4 << 20, 4, 4, 64, false, push), AllReduceAlgo::kOneShot);
-  EXPECT_EQ(choose_all_reduce(4 << 20, kLowLatencyMaxRanks + 1, 4, 64, false, push), AllReduceAlgo::kOneShot);
 }

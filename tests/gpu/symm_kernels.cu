@@ -131,9 +131,6 @@ __global__ void grid_sync_fault_kernel(Heap h, int* out) {
 // 13 all_reduce asking for the per-block two-shot
 // 14 (n = count / 2) two per-block two-shots back to back into dst[0, n) and dst[n, 2n), then kTwoShot over
 //    dst[0, n) into dst[2n, 3n)
-// 15 all_reduce asking for the push two-shot
-// 16 (n = count / 2) two push two-shots back to back into dst[0, n) and dst[n, 2n), then kTwoShot over
-//    dst[0, n) into dst[2n, 3n)
 template <class T>
 __device__ bool run_coll(const Heap& h, const Team& t, int coll, void* dst, const void* src, uint64_t count, int root,
                          ReduceOp op) {
@@ -162,15 +159,6 @@ __device__ bool run_coll(const Heap& h, const Team& t, int coll, void* dst, cons
       return all_reduce(h, t, d, s, count, op, AllReduceAlgo::kLowLatencyTwoShot);
     case 13:
       return all_reduce(h, t, d, s, count, op, AllReduceAlgo::kTwoShotPerBlock);
-    case 15:
-      return all_reduce(h, t, d, s, count, op, AllReduceAlgo::kTwoShotPush);
-    case 16: {
-      // As 14 with the push two-shot: its flags and the barriers' counters are apart.
-      const uint64_t n = count / 2;
-      if (!all_reduce(h, t, d, s, n, op, AllReduceAlgo::kTwoShotPush)) return false;
-      if (!all_reduce(h, t, d + n, s, n, op, AllReduceAlgo::kTwoShotPush)) return false;
-      return all_reduce(h, t, d + 2 * n, d, n, op, AllReduceAlgo::kTwoShot);
-    }
     case 12: {
       // n = count / 2: two low-latency calls by name back to back (same
       // shape, no grid sync between them) into dst[0, n) and dst[n, 2n);

@@ -17,8 +17,8 @@
  * (reductions; halves add in float), any trivially copyable T for the others.
  * Each call starts and ends with barrier_all: on return dst is complete here
  * and src may be written again. all_reduce's low-latency algorithms
- * (coll_algo.cuh) and its push two-shot have no barrier with the other
- * members, and its per-block two-shot meets them block by block; what they leave done on return is
+ * (coll_algo.cuh) have no barrier with the other members, and its per-block
+ * two-shot meets them block by block; what they leave done on return is
  * above all_reduce. Returns false when a wait gave up
  * (h.timeout_ns; heap.check() names the peer) or the grid is larger than
  * kMaxGridBlocks; dst is then undefined, and the heap's barrier words are out
@@ -545,158 +545,6 @@ __device__ inline bool two_shot_per_block(const Heap& h, const Team& t, T* dst, 
   return block_meet(h, t);
 }
 
-/* Vector v of `count` T seen as 16-byte vectors: a whole one as it is, the
- * last one (fewer than 16 bytes of elements) zero-padded. p on a 16-byte boundary. */
-template <class T>
-__device__ __forceinline__ uint4 load_vector(const T* p, uint64_t v, uint64_t count) {
-  constexpr int N = Vec<T>::kLanes;
-  if ((v + 1) * N <= count) return reinterpret_cast<const uint4*>(p)[v];
-  uint4 r = make_uint4(0u, 0u, 0u, 0u);
-  T* e = reinterpret_cast<T*>(&r);
-  for (int k = 0; k < N && v * N + k < count; ++k) e[k] = p[v * N + k];
-  return r;
-}
-
-/* Vector v into `count` T: the elements of the last one only up to count. */
-template <class T>
-__device__ __forceinline__ void store_vector(T* p, uint64_t v, uint64_t count, const uint4& r) {
-  constexpr int N = Vec<T>::kLanes;
-  if ((v + 1) * N <= count) {
-    reinterpret_cast<uint4*>(p)[v] = r;
-    return;
-  }
-  const T* e = reinterpret_cast<const T*>(&r);
-  for (int k = 0; k < N && v * N + k < count; ++k) p[v * N + k] = e[k];
-}
-
-/* By the whole block, once its stores of round `step` of a push two-shot
- * are made: the first warp's lanes flag the round to the other members in
- * their word box(peer) (the fence in meet_members lands the block's stores
- * first) and wait until each member's flag for this rank, box here, says
- * the same round. rounds[p]: the round with peer p before the call's first. */
-template <class Box>
-__device__ inline bool push_meet(const Heap& h, const Team& t, const uint64_t* rounds, uint64_t step, Box box) {
-  const unsigned tid = scope_lane<Scope::kBlock>(), size = scope_size<Scope::kBlock>();
-  __syncthreads();
-  bool ok = true;
-  if (tid < 32) {
-    uint64_t mine[kLowLatencyMaxRanks];
-    for (int p = 0; p < h.world; ++p) mine[p] = rounds[p] + step;
-    ok = meet_members(
-        h, t, tid, size < 32 ? size : 32, [&](int peer) -> uint64_t& { return mine[peer]; },
-        [&](int r, int from) { return box(r, from); });
-  }
-  return __syncthreads_and(ok ? 1 : 0) != 0;
-}
-
-/* Push two-shot (AllReduceAlgo::kTwoShotPush). The vectors of src (the
- * last one padded) fall into one part per member, in team order; block b
- * takes slice b of every part, in rounds of at most kPushBlockBytes. Each
- * round: this block stores its slice of member m's part into its region of
- * m's push slot for this rank (the round's parity) and flags it; once every
- * member's contribution to this rank's part is flagged, it reduces the
- * slice in team order from its own src and the push area and stores the
- * result into every member's dst, and flags that; the round ends when every
- * member's results for this block's slices are flagged here. Reuse of a
- * region two rounds later is safe: its writer has had this rank's results
- * of the round between, which this rank sends only after reading the
- * region. A peer stores into this rank's dst only after this rank's
- * contribution of the same round arrived, so never before this rank began
- * the call. With `whole_grid` it returns once every block of this rank's
- * grid has its share of dst. */
-template <class T>
-__device__ inline bool two_shot_push(const Heap& h, const Team& t, T* dst, const T* src, uint64_t count, ReduceOp op,
-                                     bool whole_grid) {
-  constexpr int N = Vec<T>::kLanes;
-  constexpr uint64_t kRoundVectors = kPushBlockBytes / 16;
-  using A = typename Vec<T>::A;
-  __shared__ uint64_t rounds[kLowLatencyMaxRanks];
-  __shared__ int usable;
-  const unsigned block = grid_block(), tid = scope_lane<Scope::kBlock>(), lanes = scope_size<Scope::kBlock>();
-  const uint64_t vectors = (count + N - 1) / N, part = (vectors + t.size - 1) / t.size;
-  uint64_t b0, b1;
-  block_slice(part, &b0, &b1);
-  const uint64_t steps = (b1 - b0 + kRoundVectors - 1) / kRoundVectors;
-  __syncthreads();  // the block's threads are done with the call before's rounds
-  if (tid == 0) {
-    const bool grid_fits = grid_blocks() <= unsigned(kMaxGridBlocks);
-    usable =
-        grid_fits && h.world <= kLowLatencyMaxRanks && team_usable(t, h.world) && team_world_rank(t, t.my) == h.rank;
-    if (!usable) {
-      report(h, grid_fits ? WaitKind::kBadTeam : WaitKind::kBadGrid, -1);
-    } else {
-      HeapSync* own = h.sync(h.rank);
-      for (int i = 0; i < t.size; ++i) {
-        const int p = team_world_rank(t, i);
-        if (p == h.rank) continue;
-        rounds[p] = own->push_rounds[p][block];
-        own->push_rounds[p][block] += steps;
-      }
-    }
-  }
-  __syncthreads();
-  if (!usable) return false;
-  bool good = true;
-  for (uint64_t s = 0; s < steps && good; ++s) {
-    const uint64_t lo = b0 + s * kRoundVectors, hi = lo + kRoundVectors < b1 ? lo + kRoundVectors : b1;
-    for (uint64_t j = lo + tid; j < hi; j += lanes) {
-      for (int k0 = 1; k0 < t.size; k0 += 4) {  // up to four members' loads in flight, then their stores
-        uint4 x[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const int m = (t.my + k0 + k) % t.size;
-          if (k0 + k < t.size && m * part + j < vectors) x[k] = load_vector(src, m * part + j, count);
-        }
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const int m = (t.my + k0 + k) % t.size, p = team_world_rank(t, m);
-          if (k0 + k < t.size && m * part + j < vectors)
-            reinterpret_cast<uint4*>(h.push_slot(p, int((rounds[p] + s + 1) & 1), h.rank, block))[j - lo] = x[k];
-        }
-      }
-    }
-    good = push_meet(h, t, rounds, s, [&](int r, int from) { return &h.sync(r)->push_parts[from][block]; });
-    if (!good) break;
-    for (uint64_t j = lo + tid; j < hi && t.my * part + j < vectors; j += lanes) {
-      const uint64_t v = t.my * part + j;
-      A a[N];
-      for (int m0 = 0; m0 < t.size; m0 += 4) {  // up to four members' loads in flight at once
-        uint4 x[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          if (m0 + k >= t.size) break;
-          const int p = team_world_rank(t, m0 + k);
-          x[k] =
-              p == h.rank
-                  ? load_vector(src, v, count)
-                  : __ldcg(reinterpret_cast<const uint4*>(h.push_slot(h.rank, int((rounds[p] + s + 1) & 1), p, block)) +
-                           (j - lo));
-        }
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          if (m0 + k >= t.size) break;
-          if (m0 + k == 0)
-            Vec<T>::first(x[k], a);
-          else
-            Vec<T>::add(x[k], a, op);
-        }
-      }
-      const uint4 out = Vec<T>::out(a);
-      for (int k = 0; k < t.size; ++k)
-        store_vector(h.peer_ptr(dst, team_world_rank(t, (t.my + k) % t.size)), v, count, out);
-    }
-    good = push_meet(h, t, rounds, s, [&](int r, int from) { return &h.sync(r)->push_sums[from][block]; });
-  }
-  if (whole_grid) {
-    __shared__ int grid_good;
-    __syncthreads();
-    if (tid == 0) grid_good = local_grid_sync(h);
-    __syncthreads();
-    good = good && grid_good;
-  }
-  return good;
-}
-
 /* This block's slice of `bytes` from src into `peer`'s copy of dst. */
 __device__ inline void push_slice(const Heap& h, char* dst, const char* src, uint64_t bytes, int peer) {
   uint64_t begin, end;
@@ -785,7 +633,7 @@ __device__ inline bool reduce(const Heap& h, const Team& t, T* dst, const T* src
  * where the call allows it. What is done when a block returns:
  *   kAuto, kOneShot, kTwoShot   all of this rank's dst, and this rank's src
  *                               may be written again
- *   kLowLatency, kLowLatencyTwoShot, kTwoShotPerBlock, kTwoShotPush asked by name
+ *   kLowLatency, kLowLatencyTwoShot, kTwoShotPerBlock asked by name
  *                               this block's share of dst only. The blocks
  *                               split the work by algorithm, element type,
  *                               count, team and grid: call grid_sync(h) (or end the
@@ -794,7 +642,7 @@ __device__ inline bool reduce(const Heap& h, const Team& t, T* dst, const T* src
  *                               overlapping buffers that differs in any of
  *                               these; no grid-wide wait is
  *                               why one asks for them
- * The low-latency algorithms (the one-shot form also under kAuto), kTwoShotPerBlock and kTwoShotPush end
+ * The low-latency algorithms (the one-shot form also under kAuto) and kTwoShotPerBlock end
  * without a barrier with the other members: when this rank returns, a peer
  * may still be writing its own dst, and other blocks of the peers may still
  * be storing into this rank's (barrier_all before touching peers' copies).
@@ -812,8 +660,6 @@ __device__ inline bool all_reduce(const Heap& h, const Team& t, T* dst, const T*
     if (run == AllReduceAlgo::kLowLatencyTwoShot) return impl::low_latency_two_shot(h, t, dst, src, count, op);
   }
   if (run == AllReduceAlgo::kTwoShotPerBlock) return impl::two_shot_per_block(h, t, dst, src, count, op);
-  if (run == AllReduceAlgo::kTwoShotPush)
-    return impl::two_shot_push(h, t, dst, src, count, op, algo == AllReduceAlgo::kAuto);
   if (!barrier_all(h, t)) return false;
   if (run == AllReduceAlgo::kTwoShot)
     impl::reduce_and_push(h, t, dst, src, count, op);

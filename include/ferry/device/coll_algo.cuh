@@ -25,17 +25,6 @@
  *                by name only (kAuto never takes it); src written before
  *                the kernel (or grid_sync(h) first); 16-byte boundaries,
  *                else one-shot, with one-shot's whole-grid contract
- *   kTwoShotPush two-shot with no barrier: each member stores its
- *                contribution to part i into member i's push area and
- *                flags it; member i reduces its part from there and its own
- *                src, stores the result into every member's dst and flags
- *                that; a block returns once every member's results for its
- *                share are in. Only stores cross the links, src is read only
- *                where it lives, and parts larger than a block's region go
- *                in rounds; worlds of at most kLowLatencyMaxRanks and grids
- *                of at most kMaxGridBlocks (else kTwoShot), 16-byte
- *                boundaries (else one-shot); asked by name; src written
- *                before the call as for kTwoShotPerBlock
  *
  * The limits of kAuto come from measurements on four H200s (docs/symm.md). */
 #ifndef FERRY_DEVICE_COLL_ALGO_CUH_
@@ -54,8 +43,7 @@ enum class AllReduceAlgo {
   kOneShot = 2,
   kTwoShot = 3,
   kLowLatencyTwoShot = 4,
-  kTwoShotPerBlock = 5,
-  kTwoShotPush = 6
+  kTwoShotPerBlock = 5
 };
 
 /* kAuto takes the low-latency format up to this many bytes per rank for
@@ -83,8 +71,6 @@ FERRY_DEVICE_HD AllReduceAlgo choose_all_reduce(uint64_t bytes, int world, int t
   }
   if (asked == AllReduceAlgo::kLowLatency && !ll_fits) return AllReduceAlgo::kOneShot;
   if (asked == AllReduceAlgo::kLowLatencyTwoShot && !ll_two_fits) return AllReduceAlgo::kOneShot;
-  if (asked == AllReduceAlgo::kTwoShotPush && !(aligned && ll_world))
-    return aligned ? AllReduceAlgo::kTwoShot : AllReduceAlgo::kOneShot;
   if ((asked == AllReduceAlgo::kTwoShot || asked == AllReduceAlgo::kTwoShotPerBlock) && !aligned)
     return AllReduceAlgo::kOneShot;
   return asked;

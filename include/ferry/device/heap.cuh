@@ -39,17 +39,9 @@ constexpr int kLowLatencyMaxRanks = 8;
 constexpr uint64_t kLowLatencyBlockLines = 2048; /* 8 KB of data per block and peer */
 constexpr uint64_t kLowLatencySlotBytes = kLowLatencyBlockLines * sizeof(uint64_t) * kMaxGridBlocks;
 constexpr uint64_t kLowLatencyOffset = 262144; /* from the start of a rank's heap */
-/* The push two-shot all-reduce (coll.cuh) stores each member's contribution
- * to a part into the part owner's push area: a slot per sending rank and per
- * round's parity, each slot a region of kPushBlockBytes per block of the
- * grid (a round carries at most that much per block and peer), after the
- * low-latency area. Worlds of at most kLowLatencyMaxRanks ranks. */
-constexpr uint64_t kPushBlockBytes = 16384;
-constexpr uint64_t kPushSlotBytes = kPushBlockBytes * kMaxGridBlocks;
-constexpr uint64_t kPushOffset = kLowLatencyOffset + 2 * kLowLatencyMaxRanks * kLowLatencySlotBytes;
 
 /* At offset 0 of every rank's heap: ferry's own words, then the low-latency
- * receive area, then the push area. User allocations start at kHeapReservedBytes. */
+ * receive area. User allocations start at kHeapReservedBytes. */
 struct HeapSync {
   uint64_t arrivals[kMaxHeapRanks];        /* [src]: device barriers src announced to this rank */
   uint64_t completed[kMaxHeapRanks];       /* [src]: device barriers this rank finished with src */
@@ -66,15 +58,9 @@ struct HeapSync {
   uint64_t low_latency_rounds[kMaxHeapRanks][kMaxGridBlocks];
   /* [src][block]: the latest low-latency round block `block` of rank src began with this rank. */
   uint64_t low_latency_tokens[kMaxHeapRanks][kMaxGridBlocks];
-  /* [peer][block]: push two-shot rounds block `block` of this rank has done with peer. */
-  uint64_t push_rounds[kMaxHeapRanks][kMaxGridBlocks];
-  /* [src][block]: the latest push round whose contribution block `block` of rank src stored here. */
-  uint64_t push_parts[kMaxHeapRanks][kMaxGridBlocks];
-  /* [src][block]: the latest push round whose reduced part block `block` of rank src stored into this rank's dst. */
-  uint64_t push_sums[kMaxHeapRanks][kMaxGridBlocks];
 };
 static_assert(sizeof(HeapSync) <= kLowLatencyOffset, "HeapSync must fit in front of the low-latency area");
-constexpr uint64_t kHeapReservedBytes = kPushOffset + 2 * kLowLatencyMaxRanks * kPushSlotBytes;
+constexpr uint64_t kHeapReservedBytes = kLowLatencyOffset + 2 * kLowLatencyMaxRanks * kLowLatencySlotBytes;
 
 /* What a bounded wait that gave up was waiting for. */
 enum class WaitKind : uint32_t {
@@ -112,11 +98,6 @@ struct Heap {
                                        (uint64_t(parity) * kLowLatencyMaxRanks + uint64_t(from)) *
                                            kLowLatencySlotBytes) +
            uint64_t(block) * kLowLatencyBlockLines;
-  }
-  /* Rank r's push-area region for block `block`'s contributions from rank `from` in rounds of parity `parity`. */
-  FERRY_DEVICE_HD char* push_slot(int r, int parity, int from, unsigned block) const {
-    return rank_base(r) + kPushOffset + (uint64_t(parity) * kLowLatencyMaxRanks + uint64_t(from)) * kPushSlotBytes +
-           uint64_t(block) * kPushBlockBytes;
   }
   /* `p` (an address in this rank's heap) as `peer`'s copy of the same object. */
   template <class T>

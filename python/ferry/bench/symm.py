@@ -55,15 +55,7 @@ PUT_BLOCKS = (1, 8, 32)
 ALL_REDUCE_BLOCKS = (8, 32, 64)
 # AllReduceAlgo's values (include/ferry/device/coll_algo.cuh) and their names in the records;
 # the low-latency ones only where they fit (low_latency_fits).
-ALL_REDUCE_ALGOS = (
-    (0, "auto"),
-    (1, "ll"),
-    (4, "ll2shot"),
-    (2, "1shot"),
-    (3, "2shot"),
-    (5, "2shot-blocks"),
-    (6, "2shot-push"),
-)
+ALL_REDUCE_ALGOS = ((0, "auto"), (1, "ll"), (4, "ll2shot"), (2, "1shot"), (3, "2shot"), (5, "2shot-blocks"))
 LOW_LATENCY_BLOCK_LINES = 2048  # kLowLatencyBlockLines
 LOW_LATENCY_MAX_RANKS = 8
 
@@ -125,8 +117,8 @@ def format_table(records: Sequence[dict]) -> str:
 
 def _by_name(impl: str) -> bool:
     """An all-reduce row of an algorithm asked by name whose contract is each
-    block's share of dst (the low-latency ones, the per-block and the push two-shot)."""
-    return any(f"-{name}-" in impl for name in ("ll", "ll2shot", "2shot-blocks", "2shot-push"))
+    block's share of dst (the low-latency ones and the per-block two-shot)."""
+    return any(f"-{name}-" in impl for name in ("ll", "ll2shot", "2shot-blocks"))
 
 
 def target_lines(records: Sequence[dict]) -> List[str]:

@@ -232,9 +232,8 @@ __global__ void two_shot_data_kernel(Heap h, __nv_bfloat16* dst, const __nv_bflo
   for (int i = 0; i < iters; ++i) impl::reduce_and_push(h, t, dst, src, count, ReduceOp::kSum);
 }
 
-// Launched with up to 512 threads: the bound keeps every algorithm's branch within a block's registers.
-__global__ void __launch_bounds__(512) all_reduce_kernel(Heap h, __nv_bfloat16* dst, const __nv_bfloat16* src,
-                                                         uint64_t count, int iters, AllReduceAlgo algo, int* ok) {
+__global__ void all_reduce_kernel(Heap h, __nv_bfloat16* dst, const __nv_bfloat16* src, uint64_t count, int iters,
+                                  AllReduceAlgo algo, int* ok) {
   const Team t = world_team(h);
   for (int i = 0; i < iters; ++i)
     if (!all_reduce(h, t, dst, src, count, ReduceOp::kSum, algo)) {
