@@ -709,6 +709,9 @@ void SymmetricHeap::watch(int local, const uint64_t* word, uint64_t value, int f
 // released at the next look, so a queue of them costs one timeout. No CUDA
 // call is made under the lock, so a thread adding a wait never waits for one.
 void SymmetricHeap::watcher_loop() {
+  // The watcher queries events while the user's threads may capture CUDA
+  // graphs in the global mode; in relaxed mode its calls never invalidate them.
+  RelaxedCaptureScope relaxed;
   std::vector<Watched> mine;
   unsigned next_slot = 0;
   // `why`: what the debug log says; null while closing (no fault is left then).

@@ -89,6 +89,9 @@ class Suite:
         self.heap = ferry.symm.Heap(comm, capacity=1 << 30)
         self.ranks = list(range(world)) if local else [comm.rank]
         self.devs = [torch.device("cuda", d) for d in comm.devices]
+        # Ranks sharing one GPU (FERRY_SHARED_GPUS): a collective's blocks spin until the same block of every
+        # member runs, so every rank's grid must be resident on the GPU at once.
+        self.per_gpu = -(-world // torch.cuda.device_count())
         self.streams = [torch.cuda.Stream(device=d) for d in self.devs]
         self.side = [torch.cuda.Stream(device=d) for d in self.devs]
         self.handles = [self.heap.handle(i) for i in range(len(self.ranks))]
@@ -538,7 +541,9 @@ class Suite:
         stream order and without a barrier, so a member may run a call ahead
         of another and a stale round would show."""
         torch, W = self.torch, self.world
-        blocks = 32  # the low-latency one-shot fits 8 KB of data per block and peer
+        # The low-latency one-shot fits 8 KB of data per block and peer. The coll kernel takes a whole SM's
+        # registers, so more than four ranks on one GPU get 16 blocks each: every rank's grid resident at once.
+        blocks = 32 if self.per_gpu <= 4 else 16
         # 280 KB of float: past the low-latency one-shot's limit on 32 blocks and the two-shot threshold,
         # inside the low-latency two-shot's (asked by name) with 3 ranks or more.
         big = 70001
@@ -812,6 +817,45 @@ class Suite:
         self.heap.check()
         self.heap.free(word if self.local else word[0])
 
+    def capture_beside_watched_waits(self):
+        """Graphs captured in torch's default (global) mode while the heap's
+        watcher polls the events of copy-engine barriers that wait for a late
+        rank: the watcher's queries must not invalidate the captures. Each
+        rank but the last reaches the barrier at once; the last sleeps about
+        0.2 s first, while every process captures graphs on a side stream."""
+        torch, W = self.torch, self.world
+        streams = self.streams if self.local else self.streams[0]
+        x = [torch.zeros(16, device=d) for d in self.devs]
+        self.barrier()
+        for i, r in enumerate(self.ranks):
+            with torch.cuda.stream(self.streams[i]):
+                torch.cuda._sleep(400_000_000 if r == W - 1 else 1000)
+        self.heap.barrier_on_stream(streams, kernel=False)
+        graphs, failed, t0 = [], [], time.monotonic()
+        while time.monotonic() - t0 < 0.15:
+            for i, d in enumerate(self.devs):
+                g = torch.cuda.CUDAGraph()
+                try:
+                    with torch.cuda.device(d), torch.cuda.graph(g, stream=self.side[i]):
+                        x[i].add_(1)
+                    graphs.append((i, g))
+                except Exception as exc:  # an invalidated capture: the check's failure
+                    failed.append(f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
+                    torch.cuda.synchronize(d)
+        self.sync()
+        self.expect(
+            f"ranks {self.ranks}: {len(failed)} of {len(failed) + len(graphs)} captures beside the watcher failed"
+            + (f" ({failed[0]})" if failed else ""),
+            not failed and len(graphs) > 0,
+        )
+        for i, g in graphs:
+            g.replay()
+        self.sync()
+        runs = [sum(1 for j, _ in graphs if j == i) for i in range(len(self.devs))]
+        for i in range(len(self.devs)):
+            self.expect(f"rank {self.ranks[i]}: replays added {runs[i]}", x[i].eq(runs[i]).all().item())
+        self.heap.check()
+
     def views_and_sizes(self):
         """peer() and peer_ptrs(); zero-size and > 2 GiB allocations; used and mapped."""
         torch, W = self.torch, self.world
@@ -1021,7 +1065,8 @@ class Suite:
         torch, W, comm = self.torch, self.world, self.comm
         n = 1000003
         g = 2 << 20
-        layouts = [[4 * g], [g] * 4, [3 * g] * 2]
+        k = max(4, -(-(4096 + 2 * g + W * n) // g))  # granules for W blocks behind the largest offset
+        layouts = [[k * g], [g] * k, [max(3, -(-k // 2)) * g] * 2]
         vm = [_vmm.VmmBuffer(torch, d.index, layouts[r % 3]) for d, r in zip(self.devs, self.ranks)]
         outs = [b.tensor(4096 + (r % 3) * b.granule, W * n) for b, r in zip(vm, self.ranks)]
         expandable = "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
@@ -1563,6 +1608,7 @@ CHECKS = [
     "grid_too_large",
     "stream_ops",
     "stream_barrier_order",
+    "capture_beside_watched_waits",
     "views_and_sizes",
     "registered",
     "comm_registered",

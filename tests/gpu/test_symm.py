@@ -1,6 +1,6 @@
 """The symmetric heap and its device API on the GPU (_workers_symm.py says
-what each run checks): 2, 3 and 4 ranks driven by one process, and 2 and 4
-ranks in one process each; ranks share the visible GPUs where the world is
+what each run checks): 2, 3, 4 and 8 ranks driven by one process, and 2, 4
+and 8 ranks in one process each; ranks share the visible GPUs where the world is
 larger (FERRY_SHARED_GPUS=1, testing only), so that everything runs on one GPU.
 Also the examples written on the device API."""
 
@@ -43,12 +43,12 @@ def _run(*args, timeout=240, **extra_env):
     )
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
 def test_heap_one_process(world):
     _run("local", str(world))
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, 4, 8])
 def test_heap_process_per_rank(world):
     _run("procs", str(world))
 
