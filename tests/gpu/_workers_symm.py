@@ -697,6 +697,7 @@ class Suite:
         blocks = 65
         buf = self.each(heap.zeros((1024,), torch.float32))
         oks = [torch.full((blocks,), -1, dtype=torch.int32, device=d) for d in self.devs]
+        self.sync()  # the fills (torch's stream) land before the kernels (the ranks' streams) write
         for i in range(len(self.ranks)):
             p = self.ptr(buf[i])
             self.k.coll(
@@ -704,8 +705,9 @@ class Suite:
             )
         self.sync()
         for i, r in enumerate(self.ranks):
+            got = oks[i].tolist()
             self.expect(
-                f"rank {r} all_reduce on {blocks} blocks returned false", oks[i].tolist() == [0] * blocks
+                f"rank {r} all_reduce on {blocks} blocks returned false: {sorted(set(got))}", got == [0] * blocks
             )
         self.expect_error(
             "a grid past kMaxGridBlocks", "kMaxGridBlocks", heap.check, self.ferry.InvalidArgumentError
