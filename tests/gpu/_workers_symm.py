@@ -542,8 +542,10 @@ class Suite:
         of another and a stale round would show."""
         torch, W = self.torch, self.world
         # The low-latency one-shot fits 8 KB of data per block and peer. The coll kernel takes a whole SM's
-        # registers, so more than four ranks on one GPU get 16 blocks each: every rank's grid resident at once.
-        blocks = 32 if self.per_gpu <= 4 else 16
+        # registers, so ranks sharing a GPU get at most its SMs between them: every rank's grid resident at once
+        # (32 blocks up to four ranks on an H200, 16 with eight).
+        sms = torch.cuda.get_device_properties(self.devs[0]).multi_processor_count
+        blocks = min(32, sms // self.per_gpu)
         # 280 KB of float: past the low-latency one-shot's limit on 32 blocks and the two-shot threshold,
         # inside the low-latency two-shot's (asked by name) with 3 ranks or more.
         big = 70001
@@ -707,7 +709,8 @@ class Suite:
         for i, r in enumerate(self.ranks):
             got = oks[i].tolist()
             self.expect(
-                f"rank {r} all_reduce on {blocks} blocks returned false: {sorted(set(got))}", got == [0] * blocks
+                f"rank {r} all_reduce on {blocks} blocks returned false: {sorted(set(got))}",
+                got == [0] * blocks,
             )
         self.expect_error(
             "a grid past kMaxGridBlocks", "kMaxGridBlocks", heap.check, self.ferry.InvalidArgumentError
@@ -820,11 +823,15 @@ class Suite:
         self.heap.free(word if self.local else word[0])
 
     def capture_beside_watched_waits(self):
-        """Graphs captured in torch's default (global) mode while the heap's
-        watcher polls the events of copy-engine barriers that wait for a late
-        rank: the watcher's queries must not invalidate the captures. Each
-        rank but the last reaches the barrier at once; the last sleeps about
-        0.2 s first, while every process captures graphs on a side stream."""
+        """Graphs captured in the global mode (torch's default) while the
+        heap's watcher polls the events of copy-engine barriers that wait for
+        a late rank: the watcher's queries must not invalidate the captures.
+        Each rank but the last reaches the barrier at once; the last sleeps
+        about 0.2 s first. Meanwhile every process captures graphs on a side
+        stream with capture_begin/capture_end (torch.cuda.graph would first
+        synchronize the device, so its captures would begin only once the
+        waits had passed), and counts those that ended while its barrier's
+        waits were still pending: there must be some."""
         torch, W = self.torch, self.world
         streams = self.streams if self.local else self.streams[0]
         x = [torch.zeros(16, device=d) for d in self.devs]
@@ -833,25 +840,40 @@ class Suite:
             with torch.cuda.stream(self.streams[i]):
                 torch.cuda._sleep(400_000_000 if r == W - 1 else 1000)
         self.heap.barrier_on_stream(streams, kernel=False)
-        graphs, failed, t0 = [], [], time.monotonic()
-        while time.monotonic() - t0 < 0.15:
+        passed = [torch.cuda.Event() for _ in self.devs]
+        for i, e in enumerate(passed):
+            e.record(self.streams[i])  # after the barrier's waits on that stream
+        graphs, failed, overlapped, t0 = [], [], 0, time.monotonic()
+        while time.monotonic() - t0 < 2.0 and len(graphs) + len(failed) < 400:
+            if all(e.query() for e in passed):
+                break
             for i, d in enumerate(self.devs):
                 g = torch.cuda.CUDAGraph()
                 try:
-                    with torch.cuda.device(d), torch.cuda.graph(g, stream=self.side[i]):
-                        x[i].add_(1)
+                    with torch.cuda.device(d), torch.cuda.stream(self.side[i]):
+                        g.capture_begin()
+                        try:
+                            x[i].add_(1)
+                        finally:
+                            g.capture_end()
                     graphs.append((i, g))
                 except Exception as exc:  # an invalidated capture: the check's failure
                     failed.append(f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
-                    torch.cuda.synchronize(d)
+                if not passed[i].query():
+                    overlapped += 1
         self.sync()
         self.expect(
             f"ranks {self.ranks}: {len(failed)} of {len(failed) + len(graphs)} captures beside the watcher failed"
             + (f" ({failed[0]})" if failed else ""),
             not failed and len(graphs) > 0,
         )
+        self.expect(
+            f"ranks {self.ranks}: {overlapped} captures ended while the barrier's waits were pending; expected some",
+            overlapped > 0,
+        )
         for i, g in graphs:
-            g.replay()
+            with torch.cuda.device(self.devs[i]):
+                g.replay()
         self.sync()
         runs = [sum(1 for j, _ in graphs if j == i) for i in range(len(self.devs))]
         for i in range(len(self.devs)):
