@@ -266,10 +266,20 @@ def cmd_kv_tune(args) -> int:
     opts = kv.make_options(
         args.pages, args.counts, "fetch,save", ",".join(kv.TUNED), args.max_bytes, args.reps
     )
-    result = kv.run(opts, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    # Whole passes over the grid, one after another: each mode's time at a
+    # point is its median over them (kv.median_over_passes).
+    records = []
+    for k in range(args.passes):
+
+        def progress(message: str, k: int = k) -> None:
+            print(f"pass {k + 1}/{args.passes}: {message}", file=sys.stderr, flush=True)
+
+        result = kv.run(opts, progress=progress)
+        records += result["records"]
+    result = dict(result, records=records)
     out = args.out or os.path.expanduser(f"~/.cache/ferry/kv-{result['gpu'].replace(' ', '-')}.json")
     kv.write_table(result, out, recorded_command(sys.argv[1:], os.environ))
-    print(kv.format_table(result["records"]))
+    print(kv.format_table(kv.median_over_passes(records)))
     print(f"wrote {out}; use it with FERRY_KV_TUNING={out}")
     return 0 if all(r["wrong"] == 0 for r in result["records"]) else 1
 
@@ -413,6 +423,12 @@ def main(argv=None) -> int:
     kt.add_argument("--counts", default=bench_kv_module.DEFAULT_COUNTS)
     kt.add_argument("--max-bytes", default="1G")
     kt.add_argument("--reps", type=int, default=5)
+    kt.add_argument(
+        "--passes",
+        type=at_least_one,
+        default=3,
+        help="whole passes over the grid; the table takes each mode's median over them (default 3)",
+    )
     kt.add_argument("--out", default="", help="the table's path (default: ~/.cache/ferry/kv-<gpu>.json)")
     kt.set_defaults(fn=cmd_kv_tune)
     args = p.parse_args(argv)

@@ -85,6 +85,25 @@ def test_tune_rules_take_streams_only_where_it_wins_clearly():
     assert [(r["strategy"], r["zero_sm"]) for r in rules] == [("batched", "batched"), ("streams", "streams")]
 
 
+def test_tune_rules_take_each_modes_median_over_passes():
+    # Batched fast in one pass of three, slow in two; streams steady in between: by medians, streams
+    # (20% faster than batched's median), where the one fast pass alone would have given batched.
+    recs = []
+    for batched_us, streams_us in ((60, 80), (100, 81), (105, 79)):
+        recs += [
+            rec("fetch", "kernel", 16384, 1024, 200),
+            rec("fetch", "batched", 16384, 1024, batched_us),
+            rec("fetch", "streams", 16384, 1024, streams_us),
+        ]
+    assert [(r["strategy"], r["zero_sm"]) for r in kv.tune_rules(recs)] == [("streams", "streams")]
+    assert [(r["strategy"], r["zero_sm"]) for r in kv.tune_rules(recs[:3])] == [("batched", "batched")]
+    medians = {r["impl"]: r["time_us"] for r in kv.median_over_passes(recs)}
+    assert medians == {"kernel": 200, "batched": 100, "streams": 80}
+    # A wrong result of one pass is left out; the others still count.
+    recs.append(rec("fetch", "batched", 16384, 1024, 1, wrong=1))
+    assert [(r["strategy"], r["zero_sm"]) for r in kv.tune_rules(recs)] == [("streams", "streams")]
+
+
 def test_tables_and_targets_read_the_records():
     recs = [
         rec("fetch", "per-page", 4096, 64, 300),
