@@ -227,18 +227,15 @@ def _fastest(at: Sequence[dict]) -> dict:
 
 
 def median_over_passes(records: Sequence[dict]) -> List[dict]:
-    """One record per (op, page size, page count, impl): the median time over
-    the passes that measured it (`ferry kv-tune --passes`). On one H200 a mode
+    """One record per (op, page size, page count, impl): the pass's record
+    with the median time (the lower middle one of an even count) among the
+    passes that measured it (`ferry kv-tune --passes`). On one H200 a mode
     moved 13 GB/s in one run and 25 in the next, 11 s later: a single run's
     fastest mode is partly the host's moment."""
     by: Dict[tuple, List[dict]] = {}
     for r in records:
         by.setdefault((r["op"], r["page_bytes"], r["pages"], r["impl"]), []).append(r)
-    out = []
-    for rs in by.values():
-        rs = sorted(rs, key=lambda r: r["time_us"])
-        out.append(dict(rs[(len(rs) - 1) // 2], time_us=statistics.median(r["time_us"] for r in rs)))
-    return out
+    return [sorted(rs, key=lambda r: r["time_us"])[(len(rs) - 1) // 2] for rs in by.values()]
 
 
 def tune_rules(records: Sequence[dict]) -> List[dict]:
