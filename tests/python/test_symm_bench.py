@@ -1,6 +1,7 @@
 """The symmetric heap benchmark's pure parts: records, the table, the targets."""
 
 import os
+import statistics
 import sys
 
 import pytest
@@ -200,3 +201,14 @@ def test_all_reduce_grids_are_checked():
     for bad in ("0", "65", "8,x", ""):
         with pytest.raises(SystemExit, match="all-reduce-blocks"):
             symm._grid_sizes(bad)
+
+
+def test_slope_leaves_out_what_a_launch_costs_once():
+    # Launches of 20 and 100 operations of 3 us each, each launch 17 us more (the host's launch, the skew).
+    short = [17 + 20 * 3.0 + e for e in (0.4, -0.2, 0.0, 0.9, -0.5)]
+    long_ = [17 + 100 * 3.0 + e for e in (-0.3, 0.1, 0.0, 0.6, 0.2)]
+    per, once = symm.slope(short, long_, 20)
+    assert abs(per - 3.0) < 0.01
+    assert abs(once - 17.0) < 0.3
+    # Per launch over its count would have said 3.85 us: the fixed cost spread over 20 operations.
+    assert abs(statistics.median(short) / 20 - 3.85) < 0.01

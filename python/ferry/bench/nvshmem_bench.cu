@@ -5,7 +5,9 @@
 // all-reduce latency in a kernel (one block: NVSHMEM's device collectives run
 // one block per team) and on a stream. Each time is rank 0's CUDA-event time
 // of one launch that repeats the operation `iters` times, after a host
-// barrier; the median of `reps` launches after a warm-up.
+// barrier; the median of `reps` launches after a warm-up. In-kernel rows are
+// the slope between launches of `iters` and 5 x `iters` operations (what a
+// launch costs once drops out), as ferry's are.
 //
 // python/ferry/bench/nvshmem.py builds it against the nvidia-nvshmem wheel and
 // starts one process per GPU:
@@ -90,21 +92,53 @@ struct Timer {
   cudaEvent_t a, b;
   int reps;
 
+  // One launch's event time in microseconds, after a host barrier.
+  template <class F>
+  double once(F launch) {
+    CHECK_CUDA(cudaStreamSynchronize(s));
+    nvshmem_barrier_all();
+    CHECK_CUDA(cudaEventRecord(a, s));
+    launch();
+    CHECK_CUDA(cudaEventRecord(b, s));
+    CHECK_CUDA(cudaStreamSynchronize(s));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+    return ms * 1000.0;
+  }
+
   // Median of `reps` timed launches (after a warm-up) in microseconds per launch.
   template <class F>
   double operator()(F launch) {
     std::vector<double> t;
     for (int r = 0; r <= reps; ++r) {
-      CHECK_CUDA(cudaStreamSynchronize(s));
-      nvshmem_barrier_all();
-      CHECK_CUDA(cudaEventRecord(a, s));
-      launch();
-      CHECK_CUDA(cudaEventRecord(b, s));
-      CHECK_CUDA(cudaStreamSynchronize(s));
-      float ms = 0;
-      CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
-      if (r > 0) t.push_back(ms * 1000.0);
+      const double us = once(launch);
+      if (r > 0) t.push_back(us);
     }
+    return median(t);
+  }
+
+  // Microseconds per operation of launch(n), a kernel repeating an operation
+  // n times: launches of `iters` and of kSlope * iters operations alternate
+  // (after a warm-up pair), and the difference of their medians over the
+  // difference in count leaves out what a launch costs once, as
+  // python/ferry/bench/symm.py measures ferry's kernels.
+  template <class F>
+  double per_op(F launch, int iters) {
+    std::vector<double> t1, t2;
+    for (int r = 0; r <= reps; ++r) {
+      const double a1 = once([&] { launch(iters); });
+      const double a2 = once([&] { launch(kSlope * iters); });
+      if (r > 0) {
+        t1.push_back(a1);
+        t2.push_back(a2);
+      }
+    }
+    return (median(t2) - median(t1)) / ((kSlope - 1) * iters);
+  }
+
+  static constexpr int kSlope = 5;
+
+  static double median(std::vector<double> t) {
     std::sort(t.begin(), t.end());
     const size_t n = t.size();
     return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
@@ -209,11 +243,13 @@ int main(int argc, char** argv) {
   fill_bytes<<<1024, 256, 0, s>>>(reinterpret_cast<unsigned char*>(src), max_bytes, me);
   for (uint64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
     for (int blocks : {1, 8}) {
-      const double t = timed([&] {
-        put_kernel<<<blocks, 512, 0, s>>>(dst, src, bytes, next, iters);
-        CHECK_CUDA(cudaGetLastError());
-      });
-      emit("put", blocks == 1 ? "nvshmem-device-1b" : "nvshmem-device-8b", bytes, t / iters, "block");
+      const double t = timed.per_op(
+          [&](int it) {
+            put_kernel<<<blocks, 512, 0, s>>>(dst, src, bytes, next, it);
+            CHECK_CUDA(cudaGetLastError());
+          },
+          iters);
+      emit("put", blocks == 1 ? "nvshmem-device-1b" : "nvshmem-device-8b", bytes, t, "block");
     }
     const double t = timed([&] {
       for (int i = 0; i < iters; ++i) nvshmemx_putmem_on_stream(dst, src, bytes, next, s);
@@ -236,21 +272,25 @@ int main(int argc, char** argv) {
 
   // A signal's half round trip between ranks 0 and 1; barriers.
   uint64_t* sig = static_cast<uint64_t*>(nvshmem_calloc(1, sizeof(uint64_t)));
-  uint64_t launches = 0;
-  double t = timed([&] {
-    const uint64_t base = launches++ * iters;
-    if (me < 2) {
-      pingpong_kernel<<<1, 1, 0, s>>>(sig, base, iters, me);
-      CHECK_CUDA(cudaGetLastError());
-    }
-  });
-  emit("signal_half_rtt", "nvshmem-device", 8, t / (2 * iters), "thread");
-  t = timed([&] {
-    int it = iters;
-    void* args[] = {&it};
-    collective_launch(reinterpret_cast<const void*>(barrier_kernel), 1, 32, args, s);
-  });
-  emit("barrier", "nvshmem-device", 0, t / iters, "block");
+  uint64_t done = 0;  // round trips so far: every launch goes on counting where the last stopped
+  double t = timed.per_op(
+      [&](int it) {
+        const uint64_t base = done;
+        done += it;
+        if (me < 2) {
+          pingpong_kernel<<<1, 1, 0, s>>>(sig, base, it, me);
+          CHECK_CUDA(cudaGetLastError());
+        }
+      },
+      iters);
+  emit("signal_half_rtt", "nvshmem-device", 8, t / 2, "thread");
+  t = timed.per_op(
+      [&](int it) {
+        void* args[] = {&it};
+        collective_launch(reinterpret_cast<const void*>(barrier_kernel), 1, 32, args, s);
+      },
+      iters);
+  emit("barrier", "nvshmem-device", 0, t, "block");
   t = timed([&] {
     for (int i = 0; i < iters; ++i) nvshmemx_barrier_all_on_stream(s);
   });
@@ -284,13 +324,14 @@ int main(int argc, char** argv) {
   for (uint64_t bytes : ar_sizes) {
     const size_t count = bytes / 2;
     for (int threads : {512, 1024}) {
-      t = timed([&] {
-        int it = iters;
-        size_t c = count;
-        void* args[] = {&a_dst, &a_src, &c, &it};
-        collective_launch(reinterpret_cast<const void*>(all_reduce_kernel), 1, threads, args, s);
-      });
-      emit("all_reduce", threads == 512 ? "nvshmem-device-1b" : "nvshmem-device-1b1024t", bytes, t / iters, "grid");
+      t = timed.per_op(
+          [&](int it) {
+            size_t c = count;
+            void* args[] = {&a_dst, &a_src, &c, &it};
+            collective_launch(reinterpret_cast<const void*>(all_reduce_kernel), 1, threads, args, s);
+          },
+          iters);
+      emit("all_reduce", threads == 512 ? "nvshmem-device-1b" : "nvshmem-device-1b1024t", bytes, t, "grid");
       check_all_reduce(count, threads == 512 ? "nvshmem-device-1b" : "nvshmem-device-1b1024t");
     }
     t = timed([&] {

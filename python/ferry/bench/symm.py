@@ -4,7 +4,12 @@
     python -m ferry.bench.symm --out results/      # one process driving every visible GPU (ferry only)
 
 What it measures (CUDA events around one launch that repeats the operation,
-after a warm-up launch; the median of --reps launches; graphs off):
+after a warm-up launch; the median of --reps launches; graphs off). In-kernel
+rows (ferry's and NVSHMEM's device API) are the slope between launches of
+--iters and 5 x --iters operations, alternating, so that what a launch costs
+once (the host's launch onto an idle stream, the ranks' skew at their first
+meeting, the kernel's start and end) is left out; their records' once_us is
+that cost. Copy-engine and on-stream rows are per call, host included:
 - put and get bandwidth to and from one peer by size: the device API (block
   scope, 1, 8 and 32 blocks; a get loads over NVLink where a put stores) and
   the copy engines (heap.put and heap.get on a stream); every device get's
@@ -13,7 +18,9 @@ after a warm-up launch; the median of --reps launches; graphs off):
 - barrier latency: the device API in a kernel, barrier_on_stream;
 - bf16 all-reduce latency by size: the device API's all_reduce (1 and 8
   blocks) against NCCL (torch.distributed) and PyTorch SymmetricMemory's
-  one-shot and two-shot all-reduce, where torchrun gives one process per GPU;
+  one-shot and two-shot all-reduce, where torchrun gives one process per GPU,
+  each per host call and captured into a CUDA graph ("-graph", the slope
+  between replays of one graph and of five);
 - NVSHMEM, the same measurements written against its API
   (nvshmem_bench.cu, built against the nvidia-nvshmem wheel and run after
   ferry's part, one process per GPU; --no-nvshmem skips it).
@@ -74,11 +81,24 @@ def low_latency_fits(algo: int, nbytes: int, world: int, blocks: int) -> bool:
 
 # How long streams sleep before "-ahead" timings start: longer than the host takes to queue a launch's calls.
 AHEAD_US = 5000.0
+# In-kernel rows: launches of `iters` and of SLOPE * iters operations; per operation is the slope (_Ranks.per_op).
+SLOPE = 5
 
 
-def record(op, impl, world, nbytes, time_us, scope, gpu, date, graph=False) -> dict:
+def slope(short_us: Sequence[float], long_us: Sequence[float], iters: int) -> tuple:
+    """(us per operation, us a launch costs once) from launches of `iters`
+    operations (short_us) and of SLOPE * iters (long_us): the medians'
+    difference over the difference in count, and what the short launches
+    took beyond their operations."""
+    t1, t2 = statistics.median(short_us), statistics.median(long_us)
+    per = (t2 - t1) / ((SLOPE - 1) * iters)
+    return per, t1 - iters * per
+
+
+def record(op, impl, world, nbytes, time_us, scope, gpu, date, graph=False, once_us=None) -> dict:
+    """once_us: for rows timed by their slope (_Ranks.per_op), what a launch cost once beyond its operations."""
     gbps = nbytes / (time_us * 1e-6) / 1e9 if time_us > 0 and nbytes else 0.0
-    return {
+    r = {
         "op": op,
         "impl": impl,
         "world": world,
@@ -90,6 +110,9 @@ def record(op, impl, world, nbytes, time_us, scope, gpu, date, graph=False) -> d
         "gpu": gpu,
         "date": date,
     }
+    if once_us is not None:
+        r["once_us"] = round(once_us, 3)
+    return r
 
 
 def format_table(records: Sequence[dict]) -> str:
@@ -193,7 +216,7 @@ def target_lines(records: Sequence[dict]) -> List[str]:
         nccl = [
             r["time_us"]
             for r in records
-            if r["op"] == "all_reduce" and r["bytes"] == nbytes and r["impl"] == "nccl"
+            if r["op"] == "all_reduce" and r["bytes"] == nbytes and r["impl"] in ("nccl", "nccl-graph")
         ]
         if ours and nccl:
             large.append((nbytes, min(nccl) / min(ours)))
@@ -262,31 +285,52 @@ class _Ranks:
             s.synchronize()
         self.heap.check()
 
+    def _once(self, launch, ahead_us: float) -> float:
+        """Rank 0's (or this process's first rank's) event time in us of
+        `launch(i, stream)` run on every local rank at once, after a barrier."""
+        torch = self.torch
+        self.barrier()
+        ev = [
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in self.ranks
+        ]
+        if ahead_us > 0:
+            for i in range(len(self.ranks)):
+                with torch.cuda.stream(self.streams[i]):
+                    torch.cuda._sleep(int(ahead_us * 2000))  # cycles at up to 2 GHz
+        for i in range(len(self.ranks)):
+            ev[i][0].record(self.streams[i])
+            launch(i, self.streams[i])
+            ev[i][1].record(self.streams[i])
+        for s in self.streams:
+            s.synchronize()
+        return ev[0][0].elapsed_time(ev[0][1]) * 1000.0
+
     def timed(self, launch, reps: int, ahead_us: float = 0.0) -> float:
-        """Median over `reps` of rank 0's (or this process's first rank's) event
-        time of `launch(i, stream)` run on every local rank at once, after a barrier.
+        """Median over `reps` (after a warm-up) of _once(launch).
         ahead_us > 0: each stream first sleeps that long (one SM spinning), so the
         host has queued everything before the first start event: GPU time alone."""
-        torch, times = self.torch, []
-        for _ in range(reps + 1):  # the first is the warm-up
-            self.barrier()
-            ev = [
-                (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                for _ in self.ranks
-            ]
-            if ahead_us > 0:
-                for i in range(len(self.ranks)):
-                    with torch.cuda.stream(self.streams[i]):
-                        torch.cuda._sleep(int(ahead_us * 2000))  # cycles at up to 2 GHz
-            for i in range(len(self.ranks)):
-                ev[i][0].record(self.streams[i])
-                launch(i, self.streams[i])
-                ev[i][1].record(self.streams[i])
-            for s in self.streams:
-                s.synchronize()
-            times.append(ev[0][0].elapsed_time(ev[0][1]) * 1000.0)
+        times = [self._once(launch, ahead_us) for _ in range(reps + 1)]  # the first is the warm-up
         self.heap.check()
         return statistics.median(times[1:])
+
+    def per_op(self, launch, iters: int, reps: int) -> tuple:
+        """(us per operation, us a launch costs once) of `launch(i, stream, n)`,
+        a kernel repeating an operation n times: launches of `iters` and of
+        SLOPE * iters operations alternate `reps` times (after a warm-up of
+        each), and the difference of their medians over the difference in
+        count is the time per operation. What a launch costs once drops out of
+        it: the host's launch onto an idle stream (from Python, more than
+        NVSHMEM's C++ pays), the ranks' skew at their first meeting, the
+        kernel's start and its final quiet."""
+        short, long_ = [], []
+        for k in range(reps + 1):
+            a = self._once(lambda i, s: launch(i, s, iters), 0.0)
+            b = self._once(lambda i, s: launch(i, s, SLOPE * iters), 0.0)
+            if k:  # the first pair is the warm-up
+                short.append(a)
+                long_.append(b)
+        self.heap.check()
+        return slope(short, long_, iters)
 
 
 def _put_launch(kernel, R, dst, src, nbytes, W, blocks):
@@ -330,9 +374,9 @@ def _timed_and_checked(
     wrong = []
     for blocks in PUT_BLOCKS:
         launch = _put_launch(kernel, R, dst, src, nbytes, W, blocks)
-        t = R.timed(lambda i, s: launch(i, s, iters), reps)
+        t, once = R.per_op(launch, iters, reps)
         impl = f"{name}-{blocks}b"
-        records.append(record(op, impl, W, nbytes, t / iters, "block", gpu, date))
+        records.append(record(op, impl, W, nbytes, t, "block", gpu, date, once_us=once))
         wrong += _checked_once(R, launch, dst, nbytes, source_rank, put_source, f"{impl} {op} {nbytes}")
     return wrong
 
@@ -402,15 +446,24 @@ def _two_shot_phases(
     stores never overlap."""
     out = []
     for blocks in ALL_REDUCE_BLOCKS:
-        t = R.timed(
-            lambda i, s, blocks=blocks: _ok(
-                lib.bench_grid_barrier(R.handles[i], iters, blocks, oks[i].data_ptr(), s.cuda_stream)
+        t, once = R.per_op(
+            lambda i, s, m, blocks=blocks: _ok(
+                lib.bench_grid_barrier(R.handles[i], m, blocks, oks[i].data_ptr(), s.cuda_stream)
             ),
+            iters,
             reps,
         )
         out.append(
             record(
-                "all_reduce_phase", f"experiment-grid-barrier-{blocks}b", W, 0, t / iters, "grid", gpu, date
+                "all_reduce_phase",
+                f"experiment-grid-barrier-{blocks}b",
+                W,
+                0,
+                t,
+                "grid",
+                gpu,
+                date,
+                once_us=once,
             )
         )
         for nbytes in sizes:
@@ -420,24 +473,25 @@ def _two_shot_phases(
             for threads in TWO_SHOT_THREADS:
 
                 def timed(kernel, *tail, blocks=blocks, count=count, threads=threads):
-                    """kernel(handle, dst, src, count, iters, blocks, threads, *tail, stream) on every rank,
-                    timed; each of `tail` gives an argument by local rank."""
-                    return R.timed(
-                        lambda i, s: _ok(
+                    """kernel(handle, dst, src, count, n, blocks, threads, *tail, stream) on every rank,
+                    per operation (_Ranks.per_op); each of `tail` gives an argument by local rank."""
+                    return R.per_op(
+                        lambda i, s, m: _ok(
                             kernel(
                                 R.handles[i],
                                 a_dst[i].data_ptr(),
                                 a_src[i].data_ptr(),
                                 count,
-                                iters,
+                                m,
                                 blocks,
                                 threads,
                                 *[arg(i) for arg in tail],
                                 s.cuda_stream,
                             )
                         ),
+                        iters,
                         reps,
-                    )
+                    )[0]
 
                 t = timed(lib.bench_two_shot_data)
                 out.append(
@@ -446,7 +500,7 @@ def _two_shot_phases(
                         f"experiment-two-shot-data-{blocks}b-{threads}t",
                         W,
                         nbytes,
-                        t / iters,
+                        t,
                         "grid",
                         gpu,
                         date,
@@ -455,7 +509,7 @@ def _two_shot_phases(
                 two_shot = 3  # AllReduceAlgo::kTwoShot
                 t = timed(lib.bench_all_reduce_threads, lambda i: two_shot, lambda i: oks[i].data_ptr())
                 impl = f"experiment-2shot-{blocks}b-{threads}t"
-                out.append(record("all_reduce", impl, W, nbytes, t / iters, "grid", gpu, date))
+                out.append(record("all_reduce", impl, W, nbytes, t, "grid", gpu, date))
                 for i in range(len(R.ranks)):
                     bad = int((a_dst[i][:count] != expected[i][:count]).sum().item())
                     if bad:
@@ -517,8 +571,10 @@ def run(opts: dict, progress=print) -> dict:
     for nbytes in size_range(opts["min_bytes"], opts["max_bytes"], 4):
         for blocks in PUT_BLOCKS:
             launch = _put_launch(lib.bench_put, R, dst, src, nbytes, W, blocks)
-            t = R.timed(lambda i, s: launch(i, s, iters), reps)
-            records.append(record("put", f"ferry-device-{blocks}b", W, nbytes, t / iters, "block", gpu, date))
+            t, once = R.per_op(launch, iters, reps)
+            records.append(
+                record("put", f"ferry-device-{blocks}b", W, nbytes, t, "block", gpu, date, once_us=once)
+            )
         for ahead, impl in ((0.0, "ferry-copy-engine"), (AHEAD_US, "ferry-copy-engine-ahead")):
             t = R.timed(
                 lambda i, s: [
@@ -553,27 +609,28 @@ def run(opts: dict, progress=print) -> dict:
         (lib.bench_pingpong_p_relaxed_poll, "ferry-device-p-relaxed-poll"),
     ):
         sig = R.each(heap.zeros((1,), torch.int64))
-        launches = [0] * n
+        done = [0] * n
 
-        def pingpong(i, s, kernel=kernel, sig=sig, launches=launches):
-            base = launches[i] * iters  # every launch of a rank goes on counting where the last stopped
-            launches[i] += 1
+        def pingpong(i, s, m, kernel=kernel, sig=sig, done=done):
+            base = done[i]  # every launch of a rank goes on counting where the last stopped
+            done[i] += m
             if R.ranks[i] < 2:
-                _ok(kernel(R.handles[i], sig[i].data_ptr(), base, iters, oks[i].data_ptr(), s.cuda_stream))
+                _ok(kernel(R.handles[i], sig[i].data_ptr(), base, m, oks[i].data_ptr(), s.cuda_stream))
 
-        t = R.timed(pingpong, reps)
-        records.append(record("signal_half_rtt", impl, W, 8, t / (2 * iters), "thread", gpu, date))
+        t, once = R.per_op(pingpong, iters, reps)
+        records.append(record("signal_half_rtt", impl, W, 8, t / 2, "thread", gpu, date, once_us=once))
     # "-reference": a plain one-block barrier (bench code) polling as the API did before, and with acquire loads.
     for kernel, impl in (
         (lib.bench_barrier, "ferry-device"),
         (lib.bench_barrier_relaxed_poll, "ferry-device-reference-relaxed-poll"),
         (lib.bench_barrier_reference_acquire_poll, "ferry-device-reference-acquire-poll"),
     ):
-        t = R.timed(
-            lambda i, s, kernel=kernel: _ok(kernel(R.handles[i], iters, oks[i].data_ptr(), s.cuda_stream)),
+        t, once = R.per_op(
+            lambda i, s, m, kernel=kernel: _ok(kernel(R.handles[i], m, oks[i].data_ptr(), s.cuda_stream)),
+            iters,
             reps,
         )
-        records.append(record("barrier", impl, W, 0, t / iters, "block", gpu, date))
+        records.append(record("barrier", impl, W, 0, t, "block", gpu, date, once_us=once))
     for kernel, ahead, impl in (
         (False, 0.0, "ferry-stream"),
         (False, AHEAD_US, "ferry-stream-ahead"),
@@ -636,20 +693,21 @@ def run(opts: dict, progress=print) -> dict:
             for blocks in opts["all_reduce_blocks"]:
                 if algo in (1, 4) and not low_latency_fits(algo, nbytes, W, blocks):
                     continue
-                t = R.timed(
-                    lambda i, s: _ok(
+                t, once = R.per_op(
+                    lambda i, s, m: _ok(
                         lib.bench_all_reduce(
                             R.handles[i],
                             a_dst[i].data_ptr(),
                             a_src[i].data_ptr(),
                             count,
-                            iters,
+                            m,
                             blocks,
                             algo,
                             oks[i].data_ptr(),
                             s.cuda_stream,
                         )
                     ),
+                    iters,
                     reps,
                 )
                 records.append(
@@ -658,10 +716,11 @@ def run(opts: dict, progress=print) -> dict:
                         f"ferry-device-{name}-{blocks}b",
                         W,
                         nbytes,
-                        t / iters,
+                        t,
                         "grid",
                         gpu,
                         date,
+                        once_us=once,
                     )
                 )
                 for i in range(n):
@@ -727,18 +786,25 @@ def run(opts: dict, progress=print) -> dict:
 
 
 def _field_all_reduce(torch, nbytes, world, reps, iters, gpu, date) -> List[dict]:
-    """NCCL (torch.distributed) and PyTorch SymmetricMemory's one-shot and two-shot all-reduce, same sizes."""
+    """NCCL (torch.distributed) and PyTorch SymmetricMemory's one-shot and
+    two-shot all-reduce, same sizes: each per host call (its launch in the
+    number), and each captured `iters` times into one CUDA graph ("-graph":
+    replays of one graph and of SLOPE graphs alternate, the slope per call),
+    which leaves the host's launches out as ferry's in-kernel rows do."""
     import torch.distributed as dist
 
     out, count = [], nbytes // 2
     dev = torch.device("cuda", torch.cuda.current_device())
     t = torch.randint(-4, 5, (count,), device=dev).to(torch.bfloat16)
 
+    def events():
+        return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
     def timed(fn) -> float:
         times = []
         for _ in range(reps + 1):
             dist.barrier()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a, b = events()
             a.record()
             for _ in range(iters):
                 fn()
@@ -747,9 +813,48 @@ def _field_all_reduce(torch, nbytes, world, reps, iters, gpu, date) -> List[dict
             times.append(a.elapsed_time(b) * 1000.0 / iters)
         return statistics.median(times[1:])
 
-    out.append(
-        record("all_reduce", "nccl", world, nbytes, timed(lambda: dist.all_reduce(t)), "stream", gpu, date)
-    )
+    def graph_timed(fn) -> float:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(iters):
+                fn()
+
+        def replays(k) -> float:
+            dist.barrier()
+            torch.cuda.synchronize()
+            a, b = events()
+            a.record()
+            for _ in range(k):
+                g.replay()
+            b.record()
+            b.synchronize()
+            return a.elapsed_time(b) * 1000.0
+
+        short, long_ = [], []
+        for k in range(reps + 1):
+            one, many = replays(1), replays(SLOPE)
+            if k:
+                short.append(one)
+                long_.append(many)
+        return (statistics.median(long_) - statistics.median(short)) / ((SLOPE - 1) * iters)
+
+    def both(impl, fn, scope):
+        out.append(record("all_reduce", impl, world, nbytes, timed(fn), scope, gpu, date))
+        try:
+            out.append(
+                record("all_reduce", impl + "-graph", world, nbytes, graph_timed(fn), scope, gpu, date, True)
+            )
+        except Exception as exc:  # noqa: BLE001 - a capture this torch refuses: say so, measure the rest
+            print(f"ferry.bench.symm: {impl} in a CUDA graph not measured: {exc}", file=sys.stderr)
+
+    both("nccl", lambda: dist.all_reduce(t), "stream")
     try:
         import torch.distributed._symmetric_memory as symm_mem
 
@@ -757,29 +862,13 @@ def _field_all_reduce(torch, nbytes, world, reps, iters, gpu, date) -> List[dict
         buf = symm_mem.empty(count, device=dev, dtype=torch.bfloat16)
         symm_mem.rendezvous(buf, group)
         buf.copy_(t)
-        out.append(
-            record(
-                "all_reduce",
-                "torch-symm-one-shot",
-                world,
-                nbytes,
-                timed(lambda: torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", group)),
-                "kernel",
-                gpu,
-                date,
-            )
+        both(
+            "torch-symm-one-shot", lambda: torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", group), "kernel"
         )
-        out.append(
-            record(
-                "all_reduce",
-                "torch-symm-two-shot",
-                world,
-                nbytes,
-                timed(lambda: torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", group)),
-                "kernel",
-                gpu,
-                date,
-            )
+        both(
+            "torch-symm-two-shot",
+            lambda: torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", group),
+            "kernel",
         )
     except Exception as exc:  # noqa: BLE001 - an older or newer torch: say so, measure the rest
         print(f"ferry.bench.symm: PyTorch SymmetricMemory not measured: {exc}", file=sys.stderr)
