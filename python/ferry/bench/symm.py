@@ -11,7 +11,7 @@ once (the host's launch onto an idle stream, the ranks' skew at their first
 meeting, the kernel's start and end) is left out; their records' once_us is
 that cost. Copy-engine and on-stream rows are per call, host included:
 - put and get bandwidth to and from one peer by size: the device API (block
-  scope, 1, 8 and 32 blocks; a get loads over NVLink where a put stores) and
+  scope, 1, 8, 16 and 32 blocks; a get loads over NVLink where a put stores) and
   the copy engines (heap.put and heap.get on a stream); every device get's
   bytes checked;
 - half round trip of a signal between ranks 0 and 1 (kernels ping-ponging);
@@ -58,7 +58,7 @@ TARGETS = {
 }
 
 
-PUT_BLOCKS = (1, 8, 32)
+PUT_BLOCKS = (1, 8, 16, 32)
 ALL_REDUCE_BLOCKS = (8, 32, 64)
 # AllReduceAlgo's values (include/ferry/device/coll_algo.cuh) and their names in the records;
 # the low-latency ones only where they fit (low_latency_fits).
