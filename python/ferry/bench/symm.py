@@ -245,6 +245,7 @@ def _load(path: str):
     for name, args in (
         ("bench_put", [P, P, P, U, I, I, I, P]),
         ("bench_put_bulk", [P, P, P, U, I, I, I, P]),
+        ("bench_put_wide", [P, P, P, U, I, I, I, I, I, P]),
         ("bench_get", [P, P, P, U, I, I, I, P]),
         ("bench_pingpong", [P, P, U, I, P, P]),
         ("bench_pingpong_p", [P, P, U, I, P, P]),
@@ -363,6 +364,37 @@ def _bulk_put(R, lib, dst, src, put_source, nbytes, W, iters, reps, gpu, date, r
         R, lib.bench_put_bulk, dst, src, put_source, "put", "experiment-tma", lambda r: (r - 1) % W,
         nbytes, W, iters, reps, gpu, date, records,
     )  # fmt: skip
+
+
+# --put-experiments: (blocks, threads, 16-byte words in flight per thread); the device API's put is 512 threads, 4 words.
+PUT_SHAPES = tuple(
+    (b, t, w) for b in (8, 16, 32) for t, w in ((512, 4), (512, 8), (1024, 4), (1024, 8), (256, 16))
+)
+
+
+def _wide_puts(R, lib, dst, src, put_source, nbytes, W, iters, reps, gpu, date, records) -> List[str]:
+    """symm_kernels.cu's put_wide_kernel in each of PUT_SHAPES, timed as the
+    device put is, then once more into a poisoned dst, every byte checked on
+    the receiving rank."""
+    wrong = []
+    for blocks, threads, words in PUT_SHAPES:
+
+        def launch(i, s, m, blocks=blocks, threads=threads, words=words):
+            peer = (R.ranks[i] + 1) % W
+            _ok(
+                lib.bench_put_wide(
+                    R.handles[i], dst[i].data_ptr(), src[i].data_ptr(), nbytes, peer, m, blocks, threads, words,
+                    s.cuda_stream,
+                )
+            )  # fmt: skip
+
+        t, once = R.per_op(launch, iters, reps)
+        impl = f"experiment-wide-{blocks}b-{threads}t-{words}w"
+        records.append(record("put", impl, W, nbytes, t, "block", gpu, date, once_us=once))
+        wrong += _checked_once(
+            R, launch, dst, nbytes, lambda r: (r - 1) % W, put_source, f"{impl} put {nbytes}"
+        )
+    return wrong
 
 
 def _timed_and_checked(
@@ -589,6 +621,12 @@ def run(opts: dict, progress=print) -> dict:
             f"put {format_size(nbytes)}: "
             + ", ".join(f"{r['impl']} {r['gbps']:.0f} GB/s" for r in records[-2 - len(PUT_BLOCKS) :])
         )
+        if opts.get("put_experiments"):
+            put_wrong += _wide_puts(R, lib, dst, src, put_source, nbytes, W, iters, reps, gpu, date, records)
+            best = max(records[-len(PUT_SHAPES) :], key=lambda r: r["gbps"])
+            progress(
+                f"put {format_size(nbytes)}, wider pipelines: best {best['impl']} {best['gbps']:.0f} GB/s"
+            )
         if opts.get("bulk_put"):
             put_wrong += _bulk_put(R, lib, dst, src, put_source, nbytes, W, iters, reps, gpu, date, records)
             progress(
@@ -918,6 +956,12 @@ def parse_args(argv=None):
         action="store_true",
         help="also time an experimental put by TMA bulk copies (symm_kernels.cu), every byte checked",
     )
+    p.add_argument(
+        "--put-experiments",
+        action="store_true",
+        help="also time puts with more words in flight per thread and other block shapes (symm_kernels.cu), "
+        "every byte checked",
+    )
     p.add_argument("--tag", default="")
     return p.parse_args(argv)
 
@@ -932,6 +976,7 @@ def main(argv=None) -> int:
         "library": args.library,
         "nvshmem": not args.no_nvshmem,
         "bulk_put": args.bulk_put,
+        "put_experiments": args.put_experiments,
         "two_shot_phases": args.two_shot_phases,
         "all_reduce_sizes": [parse_size(s) for s in args.all_reduce_sizes.split(",")],
         "all_reduce_blocks": _grid_sizes(args.all_reduce_blocks),

@@ -90,6 +90,33 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// An experiment on the put's store pipeline: block b stores its slice (16-byte
+// aligned) with kWords 16-byte words in flight per thread, where the device
+// API's put keeps 4; the launcher picks the threads per block. Repeated
+// `iters` times, then quiet, as put_kernel.
+template <int kWords>
+__global__ void put_wide_kernel(Heap h, char* dst, const char* src, uint64_t bytes, int peer, int iters) {
+  const uint64_t per = ((bytes + gridDim.x - 1) / gridDim.x + 15) / 16 * 16;
+  const uint64_t begin = per * blockIdx.x < bytes ? per * blockIdx.x : bytes;
+  const uint64_t end = begin + per < bytes ? begin + per : bytes;
+  uint4* d = reinterpret_cast<uint4*>(h.peer_ptr(dst + begin, peer));
+  const uint4* s = reinterpret_cast<const uint4*>(src + begin);
+  const uint64_t words = (end - begin) / 16, n = blockDim.x;
+  for (int it = 0; it < iters; ++it) {
+    uint64_t i = threadIdx.x;
+    for (; i + (kWords - 1) * n < words; i += kWords * n) {
+      uint4 v[kWords];
+#pragma unroll
+      for (int k = 0; k < kWords; ++k) v[k] = s[i + k * n];
+#pragma unroll
+      for (int k = 0; k < kWords; ++k) d[i + k * n] = v[k];
+    }
+    for (; i < words; i += n) d[i] = s[i];
+    __syncthreads();
+  }
+  quiet();
+}
+
 __global__ void put_bulk_kernel(Heap h, char* dst, const char* src, uint64_t bytes, int peer, int iters) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) char stage[];
@@ -272,6 +299,29 @@ int bench_put_bulk(const void* heap, void* dst, const void* src, uint64_t bytes,
   if (attr != cudaSuccess) return attr;
   put_bulk_kernel<<<blocks, 32, kBulkStages * kBulkChunk, s>>>(heap_from_bytes(heap), static_cast<char*>(dst),
                                                                static_cast<const char*>(src), bytes, peer, iters);
+  return cudaGetLastError();
+}
+
+int bench_put_wide(const void* heap, void* dst, const void* src, uint64_t bytes, int peer, int iters, int blocks,
+                   int threads, int words, cudaStream_t s) {
+  if (bytes % 16 || reinterpret_cast<uintptr_t>(dst) % 16 || reinterpret_cast<uintptr_t>(src) % 16)
+    return cudaErrorInvalidValue;
+  const Heap h = heap_from_bytes(heap);
+  char* d = static_cast<char*>(dst);
+  const char* from = static_cast<const char*>(src);
+  switch (words) {
+    case 4:
+      put_wide_kernel<4><<<blocks, threads, 0, s>>>(h, d, from, bytes, peer, iters);
+      break;
+    case 8:
+      put_wide_kernel<8><<<blocks, threads, 0, s>>>(h, d, from, bytes, peer, iters);
+      break;
+    case 16:
+      put_wide_kernel<16><<<blocks, threads, 0, s>>>(h, d, from, bytes, peer, iters);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
   return cudaGetLastError();
 }
 
