@@ -246,6 +246,7 @@ def _load(path: str):
         ("bench_put", [P, P, P, U, I, I, I, P]),
         ("bench_put_bulk", [P, P, P, U, I, I, I, P]),
         ("bench_put_wide", [P, P, P, U, I, I, I, I, I, P]),
+        ("bench_get_wide", [P, P, P, U, I, I, I, I, I, P]),
         ("bench_get", [P, P, P, U, I, I, I, P]),
         ("bench_pingpong", [P, P, U, I, P, P]),
         ("bench_pingpong_p", [P, P, U, I, P, P]),
@@ -372,17 +373,23 @@ PUT_SHAPES = tuple(
 )
 
 
-def _wide_puts(R, lib, dst, src, put_source, nbytes, W, iters, reps, gpu, date, records) -> List[str]:
-    """symm_kernels.cu's put_wide_kernel in each of PUT_SHAPES, timed as the
-    device put is, then once more into a poisoned dst, every byte checked on
-    the receiving rank."""
+# --put-experiments for gets: loads wait for a round trip over NVLink, so more words in flight may pay there.
+GET_SHAPES = tuple((b, t, w) for b in (8, 16, 32) for t, w in ((512, 4), (512, 8), (512, 16), (1024, 8)))
+
+
+def _wide(
+    R, kernel, op, shapes, dst, src, put_source, source_rank, nbytes, W, iters, reps, gpu, date, records
+):
+    """symm_kernels.cu's put_wide_kernel or get_wide_kernel (`kernel`) in
+    each of `shapes`, timed as the device put is, then once more into a
+    poisoned dst, every byte checked against put_source(source_rank(rank))."""
     wrong = []
-    for blocks, threads, words in PUT_SHAPES:
+    for blocks, threads, words in shapes:
 
         def launch(i, s, m, blocks=blocks, threads=threads, words=words):
             peer = (R.ranks[i] + 1) % W
             _ok(
-                lib.bench_put_wide(
+                kernel(
                     R.handles[i], dst[i].data_ptr(), src[i].data_ptr(), nbytes, peer, m, blocks, threads, words,
                     s.cuda_stream,
                 )
@@ -390,10 +397,8 @@ def _wide_puts(R, lib, dst, src, put_source, nbytes, W, iters, reps, gpu, date, 
 
         t, once = R.per_op(launch, iters, reps)
         impl = f"experiment-wide-{blocks}b-{threads}t-{words}w"
-        records.append(record("put", impl, W, nbytes, t, "block", gpu, date, once_us=once))
-        wrong += _checked_once(
-            R, launch, dst, nbytes, lambda r: (r - 1) % W, put_source, f"{impl} put {nbytes}"
-        )
+        records.append(record(op, impl, W, nbytes, t, "block", gpu, date, once_us=once))
+        wrong += _checked_once(R, launch, dst, nbytes, source_rank, put_source, f"{impl} {op} {nbytes}")
     return wrong
 
 
@@ -460,6 +465,15 @@ def _gets(R, lib, heap, src, put_source, W, iters, reps, gpu, date, records, opt
             f"get {format_size(nbytes)}: "
             + ", ".join(f"{r['impl']} {r['gbps']:.0f} GB/s" for r in records[-1 - len(PUT_BLOCKS) :])
         )
+        if opts.get("put_experiments"):
+            wrong += _wide(
+                R, lib.bench_get_wide, "get", GET_SHAPES, gdst, gsrc, put_source, lambda r: (r + 1) % W,
+                nbytes, W, iters, reps, gpu, date, records,
+            )  # fmt: skip
+            best = max(records[-len(GET_SHAPES) :], key=lambda r: r["gbps"])
+            progress(
+                f"get {format_size(nbytes)}, wider pipelines: best {best['impl']} {best['gbps']:.0f} GB/s"
+            )
     return wrong
 
 
@@ -622,7 +636,10 @@ def run(opts: dict, progress=print) -> dict:
             + ", ".join(f"{r['impl']} {r['gbps']:.0f} GB/s" for r in records[-2 - len(PUT_BLOCKS) :])
         )
         if opts.get("put_experiments"):
-            put_wrong += _wide_puts(R, lib, dst, src, put_source, nbytes, W, iters, reps, gpu, date, records)
+            put_wrong += _wide(
+                R, lib.bench_put_wide, "put", PUT_SHAPES, dst, src, put_source, lambda r: (r - 1) % W,
+                nbytes, W, iters, reps, gpu, date, records,
+            )  # fmt: skip
             best = max(records[-len(PUT_SHAPES) :], key=lambda r: r["gbps"])
             progress(
                 f"put {format_size(nbytes)}, wider pipelines: best {best['impl']} {best['gbps']:.0f} GB/s"
@@ -959,8 +976,8 @@ def parse_args(argv=None):
     p.add_argument(
         "--put-experiments",
         action="store_true",
-        help="also time puts with more words in flight per thread and other block shapes (symm_kernels.cu), "
-        "every byte checked",
+        help="also time puts and gets with more words in flight per thread and other block shapes "
+        "(symm_kernels.cu), every byte checked",
     )
     p.add_argument("--tag", default="")
     return p.parse_args(argv)

@@ -90,6 +90,32 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// The same for gets: block b loads a slice of the peer's src (the next
+// block's each round, as get_kernel) with kWords 16-byte words in flight per
+// thread; a load waits for a round trip over NVLink, so more in flight may
+// pay where it did not for stores.
+template <int kWords>
+__global__ void get_wide_kernel(Heap h, char* dst, const char* src, uint64_t bytes, int peer, int iters) {
+  const uint64_t per = ((bytes + gridDim.x - 1) / gridDim.x + 15) / 16 * 16, n = blockDim.x;
+  const uint4* remote = reinterpret_cast<const uint4*>(h.peer_ptr(src, peer));
+  uint4* local = reinterpret_cast<uint4*>(dst);
+  for (int it = 0; it < iters; ++it) {
+    const uint64_t b = (blockIdx.x + uint64_t(it)) % gridDim.x;
+    const uint64_t begin = per * b < bytes ? per * b : bytes;
+    const uint64_t end = begin + per < bytes ? begin + per : bytes;
+    const uint64_t first = begin / 16, words = (end - begin) / 16;
+    uint64_t i = threadIdx.x;
+    for (; i + (kWords - 1) * n < words; i += kWords * n) {
+      uint4 v[kWords];
+#pragma unroll
+      for (int k = 0; k < kWords; ++k) v[k] = remote[first + i + k * n];
+#pragma unroll
+      for (int k = 0; k < kWords; ++k) local[first + i + k * n] = v[k];
+    }
+    for (; i < words; i += n) local[first + i] = remote[first + i];
+  }
+}
+
 // An experiment on the put's store pipeline: block b stores its slice (16-byte
 // aligned) with kWords 16-byte words in flight per thread, where the device
 // API's put keeps 4; the launcher picks the threads per block. Repeated
@@ -318,6 +344,29 @@ int bench_put_wide(const void* heap, void* dst, const void* src, uint64_t bytes,
       break;
     case 16:
       put_wide_kernel<16><<<blocks, threads, 0, s>>>(h, d, from, bytes, peer, iters);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+int bench_get_wide(const void* heap, void* dst, const void* src, uint64_t bytes, int peer, int iters, int blocks,
+                   int threads, int words, cudaStream_t s) {
+  if (bytes % 16 || reinterpret_cast<uintptr_t>(dst) % 16 || reinterpret_cast<uintptr_t>(src) % 16)
+    return cudaErrorInvalidValue;
+  const Heap h = heap_from_bytes(heap);
+  char* d = static_cast<char*>(dst);
+  const char* from = static_cast<const char*>(src);
+  switch (words) {
+    case 4:
+      get_wide_kernel<4><<<blocks, threads, 0, s>>>(h, d, from, bytes, peer, iters);
+      break;
+    case 8:
+      get_wide_kernel<8><<<blocks, threads, 0, s>>>(h, d, from, bytes, peer, iters);
+      break;
+    case 16:
+      get_wide_kernel<16><<<blocks, threads, 0, s>>>(h, d, from, bytes, peer, iters);
       break;
     default:
       return cudaErrorInvalidValue;
