@@ -33,9 +33,9 @@ __device__ __forceinline__ void copy_bytes(char* dst, const char* src, uint64_t 
     uint4* d = reinterpret_cast<uint4*>(dst + head);
     const uint4* s = reinterpret_cast<const uint4*>(src + head);
     // Eight words per thread in flight, the last round too (its loads and
-    // stores predicated): a load over NVLink (a get) waits a round trip, and
-    // 8 blocks read a peer at 196-242 GB/s with four in flight against 326-334
-    // with eight (two H200s, 1-16 MB); stores moved the same either way.
+    // stores predicated): a load over NVLink (a get) waits a round trip. A
+    // block-scope get of 1-16 MB on 8 blocks read a peer at 196-242 GB/s with
+    // four in flight and 245-325 with eight (two H200s); puts moved the same.
     constexpr int kInFlight = 8;
     for (uint64_t round = 0; round < words; round += kInFlight * uint64_t(n)) {
       uint4 v[kInFlight];
