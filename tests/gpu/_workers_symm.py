@@ -106,12 +106,12 @@ class Suite:
         device, and so for a kernel of another rank spinning on it."""
         torch = self.torch
         scratch = self.each(self.heap.zeros((8,), torch.int64))
+        outs = [torch.zeros(4, dtype=torch.int64, device=d) for d in self.devs]
         for i, d in enumerate(self.devs):
             self.streams[i].wait_stream(torch.cuda.current_stream(d))  # after the zeroing
         for i, r in enumerate(self.ranks):
             raw, s, w = self.raw[i], self.streams[i].cuda_stream, self.ptr(scratch[i])
-            out = torch.zeros(4, dtype=torch.int64, device=self.devs[i])
-            o = self.ptr(out)
+            o = self.ptr(outs[i])
             for scope in (0, 1, 2):
                 self.k.put(raw, scope, 0, 0, 0, r, 0, s)
                 self.k.put(raw, scope, 0, 0, 0, r, 1, s)
