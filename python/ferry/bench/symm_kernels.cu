@@ -295,6 +295,20 @@ __global__ void all_reduce_kernel(Heap h, __nv_bfloat16* dst, const __nv_bfloat1
     }
 }
 
+using WideKernel = void (*)(Heap, char*, const char*, uint64_t, int, int);
+
+// put_wide_kernel or get_wide_kernel with 4, 8 or 16 words in flight (`by_words`, in that order).
+int launch_wide(const WideKernel (&by_words)[3], const void* heap, void* dst, const void* src, uint64_t bytes, int peer,
+                int iters, int blocks, int threads, int words, cudaStream_t s) {
+  if (bytes % 16 || reinterpret_cast<uintptr_t>(dst) % 16 || reinterpret_cast<uintptr_t>(src) % 16)
+    return cudaErrorInvalidValue;
+  const int k = words == 4 ? 0 : words == 8 ? 1 : words == 16 ? 2 : -1;
+  if (k < 0) return cudaErrorInvalidValue;
+  by_words[k]<<<blocks, threads, 0, s>>>(heap_from_bytes(heap), static_cast<char*>(dst), static_cast<const char*>(src),
+                                         bytes, peer, iters);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 extern "C" {
@@ -330,48 +344,14 @@ int bench_put_bulk(const void* heap, void* dst, const void* src, uint64_t bytes,
 
 int bench_put_wide(const void* heap, void* dst, const void* src, uint64_t bytes, int peer, int iters, int blocks,
                    int threads, int words, cudaStream_t s) {
-  if (bytes % 16 || reinterpret_cast<uintptr_t>(dst) % 16 || reinterpret_cast<uintptr_t>(src) % 16)
-    return cudaErrorInvalidValue;
-  const Heap h = heap_from_bytes(heap);
-  char* d = static_cast<char*>(dst);
-  const char* from = static_cast<const char*>(src);
-  switch (words) {
-    case 4:
-      put_wide_kernel<4><<<blocks, threads, 0, s>>>(h, d, from, bytes, peer, iters);
-      break;
-    case 8:
-      put_wide_kernel<8><<<blocks, threads, 0, s>>>(h, d, from, bytes, peer, iters);
-      break;
-    case 16:
-      put_wide_kernel<16><<<blocks, threads, 0, s>>>(h, d, from, bytes, peer, iters);
-      break;
-    default:
-      return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
+  return launch_wide({put_wide_kernel<4>, put_wide_kernel<8>, put_wide_kernel<16>}, heap, dst, src, bytes, peer, iters,
+                     blocks, threads, words, s);
 }
 
 int bench_get_wide(const void* heap, void* dst, const void* src, uint64_t bytes, int peer, int iters, int blocks,
                    int threads, int words, cudaStream_t s) {
-  if (bytes % 16 || reinterpret_cast<uintptr_t>(dst) % 16 || reinterpret_cast<uintptr_t>(src) % 16)
-    return cudaErrorInvalidValue;
-  const Heap h = heap_from_bytes(heap);
-  char* d = static_cast<char*>(dst);
-  const char* from = static_cast<const char*>(src);
-  switch (words) {
-    case 4:
-      get_wide_kernel<4><<<blocks, threads, 0, s>>>(h, d, from, bytes, peer, iters);
-      break;
-    case 8:
-      get_wide_kernel<8><<<blocks, threads, 0, s>>>(h, d, from, bytes, peer, iters);
-      break;
-    case 16:
-      get_wide_kernel<16><<<blocks, threads, 0, s>>>(h, d, from, bytes, peer, iters);
-      break;
-    default:
-      return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
+  return launch_wide({get_wide_kernel<4>, get_wide_kernel<8>, get_wide_kernel<16>}, heap, dst, src, bytes, peer, iters,
+                     blocks, threads, words, s);
 }
 
 int bench_pingpong(const void* heap, uint64_t* sig, uint64_t base, int iters, int* ok, cudaStream_t s) {
