@@ -38,7 +38,6 @@ bulk transfers on other streams (docs/kv.md says what that buys).
 
 from __future__ import annotations
 
-import array
 from typing import Any, Sequence
 
 from ._native import require
@@ -156,18 +155,12 @@ class _Ids:
             self.is_64 = ids.dtype == torch.int64
             return
         if isinstance(ids, (list, tuple, range)):
-            # A mask (a list of bools) would be taken as pages 0 and 1: refused,
-            # from its ends. A bool among integers is not looked for: Python
-            # takes True as 1, and checking every entry costs 16-58 us per 1,024.
-            if len(ids) and (type(ids[0]) is bool or type(ids[-1]) is bool):
-                raise InvalidArgumentError(
-                    f"{name}: expected integer page indices, got bools (a mask? pass the indices it selects)"
-                )
-            try:
-                a = array.array("q", ids)
-            except (TypeError, OverflowError) as exc:
-                raise InvalidArgumentError(f"{name}: expected integer page indices ({exc})") from None
-        elif hasattr(ids, "__array__"):
+            # Read by the native layer in one pass, every entry checked (a bool
+            # among them refused: a mask would be taken as pages 0 and 1).
+            a = require().kv_id_list(ids, name)
+            self.keep, self.ptr, self.count, self.is_64 = a, a.ptr, a.count, True
+            return
+        if hasattr(ids, "__array__"):
             import numpy as np
 
             a = np.asarray(ids)
@@ -183,11 +176,7 @@ class _Ids:
             self.keep = a
             self.ptr, self.count, self.is_64 = a.ctypes.data if a.size else 0, a.size, True
             return
-        else:
-            raise TypeError(f"{name}: expected a list, a numpy array or an int tensor of page indices")
-        self.keep = a
-        self.ptr = a.buffer_info()[0] if len(a) else 0
-        self.count, self.is_64 = len(a), True
+        raise TypeError(f"{name}: expected a list, a numpy array or an int tensor of page indices")
 
     def to_host(self):
         """A host copy (synchronizes the current stream: the cost of a GPU list on copy engines)."""

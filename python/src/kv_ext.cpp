@@ -57,9 +57,58 @@ Report report(const PageCopyReport& r) {
 
 cudaStream_t as_stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
 
+// A Python list, tuple or range of page indices as int64, read in one pass:
+// array.array("q", ids) parses each entry through a format string, about 30
+// ns an entry (63 us for two lists of 1,024 on an H200 host).
+struct IdList {
+  std::vector<int64_t> ids;
+};
+
+IdList id_list(nb::handle seq, const std::string& name) {
+  PyObject* fast = PySequence_Fast(seq.ptr(), "expected a sequence");
+  if (!fast) {
+    PyErr_Clear();
+    ferry::throw_error(FERRY_ERROR_INVALID_ARGUMENT, name + ": expected a list of integer page indices");
+  }
+  nb::object keep = nb::steal(fast);
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+  PyObject** items = PySequence_Fast_ITEMS(fast);
+  IdList out;
+  out.ids.resize(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* x = items[i];
+    // A mask (a list of bools) would be taken as pages 0 and 1.
+    if (PyBool_Check(x))
+      ferry::throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                         name + ": expected integer page indices, got bools (a mask? pass the indices it selects)");
+    nb::object index;  // numpy integers and other __index__ types
+    if (!PyLong_Check(x)) {
+      PyObject* y = PyNumber_Index(x);
+      if (!y) {
+        PyErr_Clear();
+        ferry::throw_error(FERRY_ERROR_INVALID_ARGUMENT, name + ": expected integer page indices (entry " +
+                                                             std::to_string(i) + " is a " + Py_TYPE(x)->tp_name + ")");
+      }
+      index = nb::steal(y);
+      x = y;
+    }
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(x, &overflow);
+    if (overflow)
+      ferry::throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                         name + ": page index " + nb::cast<std::string>(nb::str(nb::handle(x))) + " is out of range");
+    out.ids[static_cast<size_t>(i)] = v;
+  }
+  return out;
+}
+
 }  // namespace
 
 void bind_kv(nb::module_& m) {
+  nb::class_<IdList>(m, "IdList")
+      .def_prop_ro("ptr", [](const IdList& l) { return l.ids.empty() ? uintptr_t(0) : uintptr_t(l.ids.data()); })
+      .def_prop_ro("count", [](const IdList& l) { return l.ids.size(); });
+  m.def("kv_id_list", &id_list, "ids"_a, "name"_a);
   m.def(
       "kv_copy",
       [](int device, const std::vector<RegionTuple>& dst, const std::vector<RegionTuple>& src, uintptr_t dst_ids,

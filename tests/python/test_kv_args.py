@@ -1,6 +1,9 @@
 """Argument checks of ferry.kv that run before any GPU or tensor is needed:
 each raises InvalidArgumentError (a ValueError) naming the argument."""
 
+import array
+import ctypes
+
 import ferry.kv as kv
 import pytest
 from ferry import InvalidArgumentError
@@ -20,6 +23,24 @@ def test_index_lists_must_pair_up_and_hold_integers():
         kv._id_pair((7, 8, False), (0, 1, 2))
     d, s = kv._id_pair(range(3), [0, 1, 2])
     assert (d.count, s.count) == (3, 3)
+    # Every entry is looked at, not only the ends.
+    with pytest.raises(InvalidArgumentError, match=r"dst_ids: expected integer page indices, got bools"):
+        kv._id_pair([4, True, 6], [0, 1, 2])
+    with pytest.raises(
+        InvalidArgumentError, match=r"src_ids: expected integer page indices \(entry 1 is a float\)"
+    ):
+        kv._id_pair([4, 5], [0, 1.0])
+    with pytest.raises(
+        InvalidArgumentError, match=r"dst_ids: page index 9223372036854775808 is out of range"
+    ):
+        kv._id_pair([0, 2**63], [0, 1])
+    # The values as the native layer reads them: int64, in order.
+    d, s = kv._id_pair([7, -1, 2**40], (3, 0, 5))
+    assert (d.count, s.count, d.is_64, s.is_64) == (3, 3, True, True)
+    assert list(array.array("q", ctypes.string_at(d.ptr, 24))) == [7, -1, 2**40]
+    assert list(array.array("q", ctypes.string_at(s.ptr, 24))) == [3, 0, 5]
+    d, s = kv._id_pair([], [])
+    assert (d.count, d.ptr) == (0, 0)
 
 
 def test_numpy_index_arrays_must_hold_integers():
