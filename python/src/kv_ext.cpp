@@ -65,18 +65,19 @@ struct IdList {
 };
 
 IdList id_list(nb::handle seq, const std::string& name) {
-  PyObject* fast = PySequence_Fast(seq.ptr(), "expected a sequence");
-  if (!fast) {
+  // A tuple of the entries: an entry's __index__ runs Python code, which
+  // could resize a list under a pointer into its storage.
+  PyObject* tuple = PySequence_Tuple(seq.ptr());
+  if (!tuple) {
     PyErr_Clear();
     ferry::throw_error(FERRY_ERROR_INVALID_ARGUMENT, name + ": expected a list of integer page indices");
   }
-  nb::object keep = nb::steal(fast);
-  const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-  PyObject** items = PySequence_Fast_ITEMS(fast);
+  nb::object keep = nb::steal(tuple);
+  const Py_ssize_t n = PyTuple_GET_SIZE(tuple);
   IdList out;
   out.ids.resize(static_cast<size_t>(n));
   for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* x = items[i];
+    PyObject* x = PyTuple_GET_ITEM(tuple, i);
     // A mask (a list of bools) would be taken as pages 0 and 1.
     if (PyBool_Check(x))
       ferry::throw_error(FERRY_ERROR_INVALID_ARGUMENT,
@@ -95,8 +96,8 @@ IdList id_list(nb::handle seq, const std::string& name) {
     int overflow = 0;
     const long long v = PyLong_AsLongLongAndOverflow(x, &overflow);
     if (overflow)
-      ferry::throw_error(FERRY_ERROR_INVALID_ARGUMENT,
-                         name + ": page index " + nb::cast<std::string>(nb::str(nb::handle(x))) + " is out of range");
+      ferry::throw_error(FERRY_ERROR_INVALID_ARGUMENT, name + ": page index at entry " + std::to_string(i) +
+                                                           " is out of range (it needs more than 64 bits)");
     out.ids[static_cast<size_t>(i)] = v;
   }
   return out;

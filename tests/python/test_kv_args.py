@@ -30,9 +30,7 @@ def test_index_lists_must_pair_up_and_hold_integers():
         InvalidArgumentError, match=r"src_ids: expected integer page indices \(entry 1 is a float\)"
     ):
         kv._id_pair([4, 5], [0, 1.0])
-    with pytest.raises(
-        InvalidArgumentError, match=r"dst_ids: page index 9223372036854775808 is out of range"
-    ):
+    with pytest.raises(InvalidArgumentError, match=r"dst_ids: page index at entry 1 is out of range"):
         kv._id_pair([0, 2**63], [0, 1])
     # The values as the native layer reads them: int64, in order.
     d, s = kv._id_pair([7, -1, 2**40], (3, 0, 5))
