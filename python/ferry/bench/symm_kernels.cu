@@ -117,8 +117,8 @@ __global__ void get_wide_kernel(Heap h, char* dst, const char* src, uint64_t byt
 }
 
 // An experiment on the put's store pipeline: block b stores its slice (16-byte
-// aligned) with kWords 16-byte words in flight per thread, where the device
-// API's put keeps 4; the launcher picks the threads per block. Repeated
+// aligned) with kWords 16-byte words in flight per thread (the device API's
+// put keeps 8); the launcher picks the threads per block. Repeated
 // `iters` times, then quiet, as put_kernel.
 template <int kWords>
 __global__ void put_wide_kernel(Heap h, char* dst, const char* src, uint64_t bytes, int peer, int iters) {
