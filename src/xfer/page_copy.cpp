@@ -19,6 +19,14 @@ namespace ferry {
 namespace xfer {
 namespace {
 
+// Why a transfer within one GPU cannot go without SMs: CUDA runs every copy
+// within a GPU as a kernel, whichever call submits it (docs/architecture.md,
+// "The local block").
+std::string within_one_gpu(int device) {
+  return "dst and src are both in cuda:" + std::to_string(device) +
+         "'s memory, and CUDA copies within one GPU on SMs (there is no copy-engine path for it)";
+}
+
 constexpr size_t kSlots = 8;
 // The kernel's default grid: enough warps in flight to cover PCIe latency
 // (each holds 4 x 16 bytes per lane in flight) on few SMs.
@@ -413,6 +421,10 @@ PageCopyReport PageCopier::copy(const PageSide& dst, const PageSide& src, const 
   check_sides(dst, src);
   const bool may_pitch = pitch_possible(o.pitched, o.strategy);
   Located where = locate(dst, src, stream, may_pitch);
+  FERRY_ARG_CHECK(!(o.zero_sm && where.direction == Direction::kDeviceToDevice),
+                  "zero_sm=True: " + within_one_gpu(device_) +
+                      "; call it with zero_sm=False (mode='kernel' is the "
+                      "fastest copy within a GPU)");
   const bool pitched = may_pitch && pitch_direction(where.direction);
   PageCopyReport rep;
   rep.direction = where.direction;
@@ -507,6 +519,9 @@ PreparedPages::PreparedPages(int device, const PageSide& dst, const PageSide& sr
   check_sides(dst, src);
   const bool may_pitch = pitch_possible(pitched, strategy);
   auto where = copier.locate(dst, src, nullptr, may_pitch);
+  FERRY_ARG_CHECK(where.direction != Direction::kDeviceToDevice,
+                  "prepare: " + within_one_gpu(device) +
+                      ", and a prepared transfer runs on copy engines only; use copy_blocks for it");
   direction_ = where.direction;
   pitched = may_pitch && pitch_direction(direction_);
   pools_ = where.pools;

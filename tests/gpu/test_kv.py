@@ -138,7 +138,7 @@ def test_kernel_many_tasks_per_warp_byte_exact(kv, direction):
     torch = _torch()
     rng = random.Random(hash(("many", direction)) & 0xFFFF)
     pages = 700
-    src_where, dst_where = {"h2d": ("host", "gpu"), "d2h": ("gpu", "host"), "d2d": ("gpu", "gpu")}[direction]
+    src_where, dst_where = {"h2d": ("host", "gpu"), "d2h": ("gpu", "host")}[direction]
     src, src_list = make_side("vllm", src_where, pages, (16, 2, 8), torch.bfloat16)
     dst, dst_list = make_side("vllm", dst_where, pages + 50, (16, 2, 8), torch.bfloat16)
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
@@ -211,11 +211,23 @@ def test_index_list_kinds_and_zero_pages(kv, mode):
     torch.cuda.synchronize()
 
 
+ORDER_OPTIONS = {
+    "plain": {},
+    "urgent": dict(urgent=True),  # on ferry's urgent stream, joined by events
+    "sliced": dict(slice_bytes=100_000),  # on ferry's slice streams
+}
+
+
+@pytest.mark.parametrize("options", list(ORDER_OPTIONS))
 @pytest.mark.parametrize("where", ["own", "default"])
-@pytest.mark.parametrize("mode", ["batched", "streams", "kernel", "per_page"])
-def test_stream_order_save_sees_writes_and_fetch_feeds_next_kernel(kv, mode, where):
+@pytest.mark.parametrize("mode", ["batched", "streams", "kernel", "per_page", "auto"])
+def test_stream_order_save_sees_writes_and_fetch_feeds_next_kernel(kv, mode, where, options):
     """On a stream of the caller's, and on torch's default stream (the legacy
-    one, where copy-engine strategies run on ferry's stream joined by events)."""
+    one, where copy-engine strategies run on ferry's stream joined by events);
+    plain, urgent and in slices."""
+    kw = ORDER_OPTIONS[options]
+    if mode == "kernel" and kw.get("slice_bytes"):
+        pytest.skip("a kernel is not sliced")
     torch = _torch()
     s = torch.cuda.Stream() if where == "own" else torch.cuda.default_stream()
     pages, shape = 256, (16, 8, 64)
@@ -229,15 +241,42 @@ def test_stream_order_save_sees_writes_and_fetch_feeds_next_kernel(kv, mode, whe
             torch.cuda._sleep(2_000_000)
             gpu.copy_(torch.randn_like(gpu))
             expect = gpu.clone()
-            kv.copy_blocks(host, gpu, ids, ids, mode=mode)
+            kv.copy_blocks(host, gpu, ids, ids, mode=mode, **kw)
             # The fetch back into other pages, then a kernel that reads them.
-            kv.copy_blocks(gpu, host, [i + 1 for i in ids], ids, mode=mode)
+            kv.copy_blocks(gpu, host, [i + 1 for i in ids], ids, mode=mode, **kw)
             total = gpu[1::2].float().sum()
             want = expect[0::2].float().sum()
             s.synchronize()
             assert torch.equal(host[0::2], expect[0::2].cpu()), f"save missed writes (rep {rep})"
             assert torch.equal(gpu[1::2].cpu(), expect[0::2].cpu()), f"fetch wrong (rep {rep})"
             assert torch.allclose(total, want)
+
+
+@pytest.mark.parametrize("mode", ["batched", "streams", "per_page", "auto"])
+def test_settled_source_fetch_byte_exact_and_ordered_before_the_reader(kv, mode):
+    """settled_source=True lets a fetch read host pages out of stream order
+    (nothing queued before writes them here: the host wrote them before the
+    call); the pages land whole, merged runs and scattered ones, and the
+    kernel after the fetch in the stream reads all of them."""
+    torch = _torch()
+    rng = random.Random(zlib.crc32(mode.encode()))
+    for layout in ("one", "vllm"):
+        src, src_list = make_side(layout, "host", 80, (2, 3000), torch.uint8)
+        dst, dst_list = make_side(layout, "gpu", 90, (2, 3000), torch.uint8)
+        dst_ids = list(range(10, 40)) + rng.sample(range(40, 90), 25)
+        src_ids = list(range(30, 60)) + [rng.randrange(80) for _ in range(25)]
+        check_copy(kv, dst_list, src_list, dst_ids, src_ids, mode=mode, settled_source=True)
+    host = pinned((128, 65536), torch.uint8)
+    fill_random(host)
+    gpu = torch.full((128, 65536), POISON, dtype=torch.uint8, device="cuda")
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(2_000_000)
+        kv.copy_blocks(gpu, host, list(range(128)), list(range(127, -1, -1)), mode=mode, settled_source=True)
+        total = gpu.to(torch.int64).sum()
+    s.synchronize()
+    assert torch.equal(gpu.cpu(), host.flip(0))
+    assert int(total) == int(host.to(torch.int64).sum()), "the reader ran before the fetch landed"
 
 
 def test_concurrent_calls_on_two_streams_and_urgent(kv):
@@ -651,6 +690,29 @@ def test_bad_input_is_named(kv):
     assert torch.equal(gpu[1].cpu(), host[0])
 
 
+@pytest.mark.multigpu
+def test_tensors_and_streams_of_another_gpu_are_named(kv):
+    import ferry
+
+    torch = _torch()
+    host = pinned((8, 4096), torch.uint8)
+    g0 = torch.empty((8, 4096), dtype=torch.uint8, device="cuda:0")
+    g1 = torch.empty((8, 4096), dtype=torch.uint8, device="cuda:1")
+    E = ferry.InvalidArgumentError
+    with pytest.raises(E, match=r"on several GPUs \[0, 1\]"):
+        kv.copy_blocks([g0, g1], [host, host], [1], [2])
+    with pytest.raises(E, match="stream: it belongs to cuda:0 but the GPU tensors are on cuda:1"):
+        kv.copy_blocks(g1, host, [1], [2], stream=torch.cuda.Stream(device=0))
+    with pytest.raises(E, match="dst_ids is on cuda:1; the transfer runs on cuda:0"):
+        kv.copy_blocks(
+            g0, host, torch.tensor([1], device="cuda:1"), torch.tensor([2], device="cuda:1"), mode="kernel"
+        )
+    g1.fill_(POISON)
+    kv.copy_blocks(g1, host, [1], [2], stream=torch.cuda.Stream(device=1))  # the same on its own GPU works
+    torch.cuda.synchronize(1)
+    assert torch.equal(g1[1].cpu(), host[2])
+
+
 def test_zero_sm_never_launches_a_kernel(kv):
     torch = _torch()
     for page in (256, 4096, 1 << 20):
@@ -661,6 +723,160 @@ def test_zero_sm_never_launches_a_kernel(kv):
             assert rep["strategy"] != "kernel" and rep["sms"] == 0
         assert kv.choose("h2d", 1000, 1000 * page, zero_sm=True) != "kernel"
     torch.cuda.synchronize()
+
+
+def _finishes_with_every_sm_held(enqueue, work) -> bool:
+    """Whether `enqueue`'s work on `work` finishes within 10 s while a kernel
+    on another stream holds every SM (ferry's SmHolder): a copy engine does
+    not need one, a kernel (or a copy that CUDA runs as one) does. The SMs
+    are released before returning, so everything still runs to the end."""
+    import time
+
+    import ferry
+
+    torch = _torch()
+    holder = ferry._native.hooks().SmHolder()
+    spin = torch.cuda.Stream()
+    holder.hold(spin.cuda_stream, 30.0)
+    try:
+        enqueue()
+        done = torch.cuda.Event()
+        done.record(work)
+        limit = time.monotonic() + 10.0
+        while not done.query() and time.monotonic() < limit:
+            time.sleep(0.001)
+        return done.query()
+    finally:
+        holder.release()
+        torch.cuda.synchronize()
+
+
+ZERO_SM_CASES = [
+    ("h2d", dict(mode="auto")),
+    ("d2h", dict(mode="auto")),
+    ("h2d", dict(mode="batched")),
+    ("d2h", dict(mode="batched")),
+    ("h2d", dict(mode="per_page")),
+    ("d2h", dict(mode="per_page")),
+    ("h2d", dict(mode="streams")),
+    ("d2h", dict(mode="streams")),
+    ("h2d", dict(mode="batched", slice_bytes=64 << 10)),
+    ("d2h", dict(mode="auto", urgent=True)),
+    ("h2d", dict(mode="auto", settled_source=True)),
+]
+
+
+@pytest.mark.parametrize(
+    "direction,kw",
+    ZERO_SM_CASES,
+    ids=[f"{d}-{'-'.join(f'{k}={v}' for k, v in kw.items())}" for d, kw in ZERO_SM_CASES],
+)
+def test_zero_sm_runs_while_every_sm_is_held(kv, direction, kw):
+    """zero_sm=True launches no kernel: with every SM taken by a spinning
+    kernel on another stream, the transfer still lands, every byte checked
+    after the release; mode='kernel' on the same pages must wait for the SMs,
+    which shows the probe can fail."""
+    torch = _torch()
+    pages, page = 64, 16384
+    src_where, dst_where = {"h2d": ("host", "gpu"), "d2h": ("gpu", "host")}[direction]
+    src, src_list = make_side("vllm", src_where, pages, (page // 2,), torch.uint8, layers=2)
+    dst, dst_list = make_side("vllm", dst_where, pages, (page // 2,), torch.uint8, layers=2)
+    rng = random.Random(zlib.crc32(repr((direction, kw)).encode()))
+    dst_ids = rng.sample(range(pages), 40)
+    src_ids = [rng.randrange(pages) for _ in range(40)]
+    work = torch.cuda.Stream()
+    # Warm-up outside the hold: first calls may load modules or make streams.
+    kv.copy_blocks(dst, src, dst_ids, src_ids, stream=work, zero_sm=True, **kw)
+    kv.copy_blocks(dst, src, dst_ids, src_ids, stream=work, mode="kernel")
+    torch.cuda.synchronize()
+    for t in dst_list:
+        t.fill_(POISON)
+    before = [as_bytes(t) for t in dst_list]
+    srcs = [as_bytes(t) for t in src_list]
+    torch.cuda.synchronize()
+    reps = []
+    finished = _finishes_with_every_sm_held(
+        lambda: reps.append(kv.copy_blocks(dst, src, dst_ids, src_ids, stream=work, zero_sm=True, **kw)), work
+    )
+    assert finished, f"zero_sm {direction} {kw} ({reps}) did not finish while every SM was held"
+    assert reps[0]["sms"] == 0 and reps[0]["strategy"] != "kernel"
+    for r, (d, b, s) in enumerate(zip(dst_list, before, srcs)):
+        assert torch.equal(as_bytes(d), reference(b, s, dst_ids, src_ids)), f"region {r} differs"
+    if direction == "h2d" and kw == {"mode": "auto"}:
+        assert not _finishes_with_every_sm_held(
+            lambda: kv.copy_blocks(dst, src, dst_ids, src_ids, stream=work, mode="kernel"), work
+        ), "the kernel mode finished while every SM was held: the probe cannot tell"
+
+
+def test_zero_sm_within_one_gpu_is_refused(kv):
+    """CUDA copies within one GPU on SMs, whichever call submits them: a plain
+    batched GPU-to-GPU transfer waits for held SMs (if it ever stops doing
+    so, CUDA has a copy-engine path and the refusal below should go), so
+    zero_sm=True and prepare() refuse such a transfer, naming why."""
+    import ferry
+
+    torch = _torch()
+    src, _ = make_side("one", "gpu", 32, (8192,), torch.uint8)
+    dst, _ = make_side("one", "gpu", 32, (8192,), torch.uint8)
+    work = torch.cuda.Stream()
+    kv.copy_blocks(dst, src, [1, 2], [3, 4], stream=work, mode="batched")
+    torch.cuda.synchronize()
+    assert not _finishes_with_every_sm_held(
+        lambda: kv.copy_blocks(
+            dst, src, list(range(20)), list(range(31, 11, -1)), stream=work, mode="batched"
+        ),
+        work,
+    ), "a copy within one GPU finished while every SM was held: CUDA has an SM-free path now"
+    for mode in ("auto", "batched", "per_page", "streams"):
+        with pytest.raises(
+            ferry.InvalidArgumentError, match="zero_sm=True: dst and src are both in cuda:.*on SMs"
+        ):
+            kv.copy_blocks(dst, src, [1], [2], zero_sm=True, mode=mode)
+    with pytest.raises(
+        ferry.InvalidArgumentError, match="prepare: dst and src are both in cuda:.*copy engines only"
+    ):
+        kv.prepare(dst, src, [1], [2])
+
+
+def test_zero_sm_graph_and_prepared_run_while_every_sm_is_held(kv):
+    """A zero_sm transfer captured in a CUDA graph, replayed, and a prepared
+    transfer armed and triggered from a stream, each while every SM is held."""
+    torch = _torch()
+    pages = 64
+    for direction in ("h2d", "d2h"):
+        src_where, dst_where = {"h2d": ("host", "gpu"), "d2h": ("gpu", "host")}[direction]
+        src, src_list = make_side("one", src_where, pages, (8192,), torch.uint8)
+        dst, dst_list = make_side("one", dst_where, pages, (8192,), torch.uint8)
+        dst_ids, src_ids = list(range(5, 45)), list(range(60, 20, -1))
+        work = torch.cuda.Stream()
+        work.wait_stream(torch.cuda.current_stream())
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(work):
+            kv.copy_blocks(dst, src, dst_ids, src_ids, zero_sm=True)
+            with torch.cuda.graph(g, stream=work):
+                kv.copy_blocks(dst, src, dst_ids, src_ids, zero_sm=True)
+        torch.cuda.synchronize()
+        dst.fill_(POISON)
+        want = reference(as_bytes(dst), as_bytes(src), dst_ids, src_ids)
+        torch.cuda.synchronize()
+
+        def replay():
+            with torch.cuda.stream(work):
+                g.replay()
+
+        assert _finishes_with_every_sm_held(replay, work), f"a captured zero_sm {direction} copy needed an SM"
+        assert torch.equal(as_bytes(dst), want), f"graph {direction}: pages differ"
+        t = kv.prepare(dst, src, dst_ids, src_ids)
+        dst.fill_(POISON)
+        torch.cuda.synchronize()
+
+        def prepared():
+            t.arm(work)
+            t.trigger_on(work)
+            t.wait(work)
+
+        assert _finishes_with_every_sm_held(prepared, work), f"a prepared {direction} transfer needed an SM"
+        assert torch.equal(as_bytes(dst), want), f"prepared {direction}: pages differ"
 
 
 def test_pool_is_not_freed_under_a_transfer(kv):
