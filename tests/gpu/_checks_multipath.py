@@ -115,6 +115,81 @@ def test_stream_order_start_and_finish(eng):
     assert torch.equal(back, w.cpu())
 
 
+@pytest.mark.multigpu
+def test_copies_run_while_every_sm_is_held():
+    """Copy engines only: with every SM of GPU 0 taken by a spinning kernel on
+    another stream, copies into and out of GPU 0 through its own link and its
+    peers', one copy and a batch, start when their stream gets there and let
+    it go when they landed; every byte checked after the SMs are released. A
+    torch kernel on the same stream must wait for the SMs, which shows the
+    probe can fail. (On one GPU the loopback relays' second hops are copies
+    within that GPU, which CUDA runs on SMs: that testing mode is not SM-free.)"""
+    eng = mp.Engine(devices=list(range(GPU_COUNT)), chunk_bytes=MiB + 4097, min_bytes=2 * MiB)
+    try:
+        _copies_run_while_every_sm_is_held(eng)
+    finally:
+        eng.close()
+
+
+def _copies_run_while_every_sm_is_held(eng):
+    n = 24 * MiB + 5
+    work = torch.cuda.Stream(0)
+    holders, spins = [], []
+    for d in range(GPU_COUNT):
+        with torch.cuda.device(d):
+            holders.append(ferry._native.hooks().SmHolder())
+            spins.append(torch.cuda.Stream(d))
+    src = pinned(n)
+    src.copy_(rand(n, seed=7))
+    dev = torch.full((n,), POISON, dtype=torch.uint8, device="cuda:0")
+    back = pinned(n)
+    parts = [(3 * MiB + 1, 0), (5 * MiB, 3 * MiB + 1), (n - 8 * MiB - 1, 8 * MiB + 1)]
+    batch_dev = torch.full((n,), POISON, dtype=torch.uint8, device="cuda:0")
+    eng.copy(dev, src, stream=work)  # warm-up: staging and streams in use once
+    work.synchronize()
+    dev.fill_(POISON)
+    torch.cuda.synchronize()
+
+    def held(enqueue) -> bool:
+        for d, (h, sp) in enumerate(zip(holders, spins)):
+            with torch.cuda.device(d):
+                h.hold(sp.cuda_stream, 30.0)
+        try:
+            enqueue()
+            done = torch.cuda.Event()
+            done.record(work)
+            limit = time.monotonic() + 10.0
+            while not done.query() and time.monotonic() < limit:
+                time.sleep(0.001)
+            return done.query()
+        finally:
+            for h in holders:
+                h.release()
+            for d in range(GPU_COUNT):
+                torch.cuda.synchronize(d)
+
+    def copies():
+        assert eng.copy(dev, src, stream=work)["multipath"]
+        assert eng.copy(back, dev, stream=work)["multipath"]
+        r = eng.copy_batch(
+            [batch_dev[o : o + b] for b, o in parts], [src[o : o + b] for b, o in parts], stream=work
+        )
+        assert r["multipath"], r
+
+    assert held(copies), "multipath copies did not finish while every SM was held"
+    eng.check()
+    assert torch.equal(dev.cpu(), src) and torch.equal(back, src) and torch.equal(batch_dev.cpu(), src)
+    with torch.cuda.stream(work):
+        torch.cuda._sleep(1)  # loaded before the hold
+    torch.cuda.synchronize()
+
+    def kernel():
+        with torch.cuda.stream(work):
+            torch.cuda._sleep(1000)
+
+    assert not held(kernel), "a kernel finished while every SM was held: the probe cannot tell"
+
+
 def test_repeated_and_concurrent_streams(eng):
     streams = [torch.cuda.Stream(0) for _ in range(2)]
     n = 6 * MiB + 11
