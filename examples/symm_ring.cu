@@ -113,6 +113,14 @@ int main(int argc, char** argv) {
   std::vector<void*> buf(ranks), sig(ranks);
   CHECK_FERRY(ferry_heap_alloc(heap, bytes, 256, nullptr, buf.data()));
   CHECK_FERRY(ferry_heap_alloc(heap, 8, 8, nullptr, sig.data()));
+  // Bytes per rank: the capacity asked for, what the two allocations hold,
+  // and the GPU memory mapped for them (whole chunks).
+  size_t capacity = 0, used = 0, mapped = 0;
+  CHECK_FERRY(ferry_heap_sizes(heap, &capacity, &used, &mapped));
+  if (capacity < (size_t(1) << 30) || used < bytes + 8 || mapped < used) {
+    std::fprintf(stderr, "heap sizes: capacity %zu, used %zu, mapped %zu\n", capacity, used, mapped);
+    return 1;
+  }
   std::vector<Heap> handles(ranks);
   std::vector<cudaStream_t> streams(ranks);
   std::vector<unsigned char*> src(ranks);
@@ -189,6 +197,12 @@ int main(int argc, char** argv) {
   }
   CHECK_FERRY(ferry_heap_free(heap, buf[0]));
   CHECK_FERRY(ferry_heap_free(heap, sig[0]));
+  size_t after = 1;
+  CHECK_FERRY(ferry_heap_sizes(heap, nullptr, &after, nullptr));
+  if (after >= used) {
+    std::fprintf(stderr, "heap sizes: %zu bytes in use after freeing both allocations (%zu before)\n", after, used);
+    bad = 1;
+  }
   ferry_heap_destroy(heap);
   ferry_comm_destroy(comm);
   std::printf(bad ? "symm_ring: FAILED\n" : "symm_ring: ok (%d ranks, 4 rounds of %llu bytes, the last registered)\n",

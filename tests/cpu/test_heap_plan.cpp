@@ -326,6 +326,12 @@ TEST(Teams, WorldAndStridedSplits) {
   EXPECT_EQ(device::team_split_strided(w, 0, 0, 2).size, 0);
   EXPECT_EQ(device::team_split_strided(w, -1, 1, 2).size, 0);
   EXPECT_FALSE(device::team_usable(w, 4));  // a team larger than the heap's world
+  // Every rank of a heap is on one machine: the node team is the world.
+  Team node = device::node_team(5, 8);
+  EXPECT_EQ(node.start, 0);
+  EXPECT_EQ(node.stride, 1);
+  EXPECT_EQ(node.size, 8);
+  EXPECT_EQ(node.my, 5);
 }
 
 TEST(HeapFault, EachFaultWordGivesItsCodeAndNamesWhoWasAwaited) {

@@ -50,6 +50,8 @@ class Kernels:
             "ft_wait_copy": [P, P, U, I, P, P, U, P, P],
             "ft_wait_until": [P, P, ctypes.c_int32, I, P, P],
             "ft_p_g": [P, P, ctypes.c_int64, I, P, P, P],
+            "ft_test": [P, ctypes.c_int32, P, P],
+            "ft_handoff": [P, P, I, P, I, I, P, P],
             "ft_atomic": [P, I, I, P, U, I, I, I, I, P, P],
             "ft_barrier": [P, I, I, I, I, P, I, P, P],
             "ft_coll": [P, I, I, I, P, P, U, I, I, I, I, I, P, P],
@@ -120,6 +122,8 @@ class Suite:
             self.k.wait_copy(raw, w, 0, -1, 0, 0, 0, o, s)
             self.k.wait_until(raw, w + 40, 0, -1, o, s)
             self.k.p_g(raw, w + 8, 0, r, w + 16, o, s)
+            self.k.test(w + 40, 0, o, s)
+            self.k.handoff(raw, w, 0, w + 48, 0, 0, o, s)
             self.k.atomic(raw, 0, 64, w + 24, 0, r, 0, 1, 1, 0, s)
             self.k.atomic(raw, 0, 32, w + 24, 0, r, 0, 1, 1, 0, s)
             self.k.coll(raw, 6, 0, 0, w, w, 0, 0, r, 1, 1, 1, o, s)  # barrier_all over a team of one
@@ -349,17 +353,37 @@ class Suite:
         self.heap.free(words if self.local else words[0])
 
     def atomics(self):
-        """Every rank's atomics on rank 0's words; read back through peer views."""
+        """Every rank's atomics on rank 0's words; read back through peer
+        views. The fetching ones also keep what each call returned (on the
+        heap, so that every process reads every rank's): fetch_add and
+        fetch_inc must have returned each value from 0 up exactly once, and
+        each rank's fetch_or / fetch_and / fetch_xor of its own bit must have
+        seen its bit untouched and the others' bits as set by the ones before."""
         torch, W = self.torch, self.world
-        c64 = self.each(self.heap.zeros((8,), torch.int64))
+        c64 = self.each(self.heap.zeros((16,), torch.int64))
         c32 = self.each(self.heap.zeros((8,), torch.int32))
+        calls = 2 * 64 * 10  # blocks x threads x iterations per rank
+        fetched = self.each(self.heap.empty((2, calls), torch.int64))
+        bits = self.each(self.heap.empty((4,), torch.int64))
         for i in range(len(self.ranks)):
             c64[i][3] = -1  # the and's start
+            c64[i][8] = -1  # the fetch_and's start
+            fetched[i].fill_(-1)
+            bits[i].fill_(-1)
         olds = [torch.full((1,), -1, dtype=torch.int64, device=d) for d in self.devs]
         self.barrier()
         for i, r in enumerate(self.ranks):
             s = self.streams[i].cuda_stream
             a64, a32 = self.ptr(c64[i]), self.ptr(c32[i])
+            f, b = self.ptr(fetched[i]), self.ptr(bits[i])
+            self.k.atomic(self.raw[i], 0, 64, a64 + 48, 3, 0, 10, 2, 64, f, s)  # fetch_add, returns kept
+            self.k.atomic(self.raw[i], 8, 64, a64 + 56, 0, 0, 10, 2, 64, f + 8 * calls, s)  # fetch_inc
+            self.k.atomic(
+                self.raw[i], 9, 64, a64 + 64, ((1 << 64) - 1) ^ (1 << r), 0, 1, 1, 1, b, s
+            )  # fetch_and
+            self.k.atomic(self.raw[i], 10, 64, a64 + 72, 1 << r, 0, 1, 1, 1, b + 8, s)  # fetch_or
+            self.k.atomic(self.raw[i], 11, 64, a64 + 80, 1 << r, 0, 1, 1, 1, b + 16, s)  # fetch_xor
+            self.k.atomic(self.raw[i], 7, 64, a64 + 88, r + 1, 0, 3, 1, 32, 0, s)  # add (no return)
             self.k.atomic(self.raw[i], 0, 64, a64, 3, 0, 10, 2, 64, 0, s)  # fetch_add
             self.k.atomic(self.raw[i], 1, 64, a64 + 8, 0, 0, 10, 2, 64, 0, s)  # inc
             self.k.atomic(self.raw[i], 2, 64, a64 + 16, 1 << r, 0, 1, 1, 1, 0, s)  # or
@@ -381,8 +405,29 @@ class Suite:
             "fetch_add32": (got32[0], W * 1280),
             "xor32": (got32[1], full),
         }
+        exp["fetch_add (olds kept)"] = (got64[6], 3 * W * calls)
+        exp["fetch_inc"] = (got64[7], W * calls)
+        exp["fetch_and"] = (got64[8] & ((1 << 64) - 1), ((1 << 64) - 1) ^ full)
+        exp["fetch_or"] = (got64[9], full)
+        exp["fetch_xor"] = (got64[10], full)
+        exp["add"] = (got64[11], 3 * 32 * W * (W + 1) // 2)
         for name, (got, want) in exp.items():
             self.expect(f"rank {self.ranks[0]} atomic {name}: {got}, expected {want}", got == want)
+        every = [self.heap.peer(fetched[0], p).cpu() for p in range(W)]
+        adds = sorted(v for t in every for v in t[0].tolist())
+        incs = sorted(v for t in every for v in t[1].tolist())
+        self.expect(f"fetch_add returned {adds[:4]}...{adds[-2:]}", adds == [3 * k for k in range(W * calls)])
+        self.expect(f"fetch_inc returned {incs[:4]}...{incs[-2:]}", incs == list(range(W * calls)))
+        seen = [self.heap.peer(bits[0], p).cpu().tolist() for p in range(W)]
+        mask = (1 << 64) - 1
+        for name, col, own_set in (("fetch_and", 0, True), ("fetch_or", 1, False), ("fetch_xor", 2, False)):
+            olds_ = [seen[p][col] & mask for p in range(W)]
+            # The bits set so far by the others: for fetch_and the cleared ones.
+            done = [bin((~o if own_set else o) & full).count("1") for o in olds_]
+            own_ok = all(bool(olds_[p] >> p & 1) == own_set for p in range(W))
+            self.expect(
+                f"{name} returned {[hex(o) for o in olds_]}", own_ok and sorted(done) == list(range(W))
+            )
         self.expect(f"swap: final {got64[5]}", 1 <= got64[5] <= W)
         seen = [int(o.item()) for o in olds]
         self.expect(f"swap: old values {seen}", all(0 <= s <= W for s in seen))
@@ -391,8 +436,50 @@ class Suite:
                 f"swap: old values {seen} and final {got64[5]}",
                 sorted(seen + [got64[5]]) == list(range(W + 1)),
             )
-        self.heap.free(c64 if self.local else c64[0])
-        self.heap.free(c32 if self.local else c32[0])
+        for t in (c64, c32, fetched, bits):
+            self.heap.free(t if self.local else t[0])
+
+    def waits(self):
+        """wait_until and test on a rank's own word, set by its left
+        neighbour's atomic; then put / fence / put and put / quiet / relaxed
+        atomic hand-offs of 64 slots to the right neighbour, every word
+        checked by the receiving thread after its wait."""
+        torch, W = self.torch, self.world
+        words = self.each(self.heap.zeros((4,), torch.int32))
+        outs = [torch.full((4,), -1, dtype=torch.int32, device=d) for d in self.devs]
+        self.barrier()
+        for i, r in enumerate(self.ranks):
+            s = self.streams[i].cuda_stream
+            w, o = self.ptr(words[i]), self.ptr(outs[i])
+            self.k.wait_until(self.raw[i], w, 77 + r, (r - 1) % W, o, s)
+            self.k.test(w, 77 + r, o + 8, s)
+        for i, r in enumerate(self.ranks):  # the left neighbour's or sets the word the wait is for
+            s = self.side[i].cuda_stream
+            self.k.atomic(
+                self.raw[i], 2, 32, self.ptr(words[i]), 77 + (r + 1) % W, (r + 1) % W, 1, 1, 1, 0, s
+            )
+        self.barrier()
+        for i, r in enumerate(self.ranks):
+            got = outs[i].cpu().tolist()
+            self.expect(f"rank {r} wait_until returned {got[0]}, test {got[2:]}", got == [1, -1, 1, 0])
+        n, rounds = 64, 64
+        for mode in (0, 1):
+            slots = self.each(self.heap.zeros((rounds * n,), torch.int64))
+            flag = self.each(self.heap.zeros((1,), torch.int64))
+            bad = [torch.full((1,), -7, dtype=torch.int32, device=d) for d in self.devs]
+            self.barrier()
+            for i, r in enumerate(self.ranks):
+                self.k.handoff(
+                    self.raw[i], self.ptr(slots[i]), n, self.ptr(flag[i]), rounds, mode, self.ptr(bad[i]),
+                    self.streams[i].cuda_stream,
+                )  # fmt: skip
+            self.barrier()
+            for i, r in enumerate(self.ranks):
+                got = int(bad[i].item())
+                self.expect(f"rank {r} {('fence', 'quiet')[mode]} hand-off: {got} words missing", got == 0)
+            for t in (slots, flag):
+                self.heap.free(t if self.local else t[0])
+        self.heap.free(words if self.local else words[0])
 
     def barriers(self):
         """barrier and sync over the world and over strided teams, at every scope."""
@@ -1625,6 +1712,7 @@ CHECKS = [
     "put_signal",
     "p_g",
     "atomics",
+    "waits",
     "barriers",
     "collectives",
     "all_reduce_algorithms",
@@ -1695,7 +1783,47 @@ def rank_main(rank: int, world: int, port: int) -> int:
     return report(fails, suite.checks)
 
 
-def procs_main(world: int) -> int:
+def torch_rank_main(rank: int, world: int, port: int) -> int:
+    """A heap bootstrapped from torch.distributed (gloo: ranks share the GPU,
+    where NCCL refuses duplicate GPUs): a put on a stream into the right
+    neighbour and a barrier, then the device API's checks over the same
+    communicator."""
+    os.environ["FERRY_PORT"] = str(port)
+    import ferry
+    import ferry.symm
+    import torch
+    import torch.distributed as dist
+
+    dev = rank % torch.cuda.device_count()
+    torch.cuda.set_device(dev)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    fails = []
+    heap = ferry.symm.Heap.from_torch(capacity=256 << 20)
+    if (heap.comm.rank, heap.comm.world, heap.comm.device) != (rank, world, dev):
+        fails.append(f"from_torch: rank {heap.comm.rank} of {heap.comm.world} on cuda:{heap.comm.device}")
+    n = (1 << 20) + 5
+    x = heap.empty((n,), torch.uint8)
+    x.fill_(0xA5)
+    mine = data(torch, rank, "torch", n, torch.device("cuda", dev))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    heap.barrier_on_stream(s)  # every rank's poison is there before any put lands
+    heap.put(x, mine, (rank + 1) % world, stream=s)
+    heap.barrier_on_stream(s)
+    s.synchronize()
+    heap.check()
+    want = data(torch, (rank - 1) % world, "torch", n, torch.device("cuda", dev))
+    if not torch.equal(x, want):
+        fails.append(f"rank {rank}: the left neighbour's put over a heap from torch.distributed differs")
+    suite = Suite(ferry, torch, heap.comm, world, local=False)
+    fails += suite.run(_selected() or ["rma", "p_g", "waits", "barriers"])
+    suite.heap.close()
+    heap.close()  # and the communicator it made
+    dist.destroy_process_group()
+    return report(fails, suite.checks + 2)
+
+
+def procs_main(world: int, rank_mode: str = "rank") -> int:
     import socket
 
     built_library()  # once, before the ranks load it
@@ -1706,7 +1834,7 @@ def procs_main(world: int) -> int:
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port - 1), **SAFE_ENV)
     procs = [
         subprocess.Popen(
-            [sys.executable, __file__, "rank", str(r), str(world), str(port)],
+            [sys.executable, __file__, rank_mode, str(r), str(world), str(port)],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -1741,6 +1869,10 @@ if __name__ == "__main__":
         sys.exit(local_main(int(sys.argv[2])))
     if mode == "procs":
         sys.exit(procs_main(int(sys.argv[2])))
+    if mode == "torch-procs":
+        sys.exit(procs_main(int(sys.argv[2]), "torch-rank"))
+    if mode == "torch-rank":
+        sys.exit(torch_rank_main(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])))
     if mode == "stream-timeout":
         sys.exit(stream_timeout_main(int(sys.argv[2])))
     sys.exit(rank_main(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])))

@@ -54,14 +54,73 @@ __global__ void p_g_kernel(Heap h, int64_t* dst, int64_t value, int peer, const 
   *out = g(h, src, peer);
 }
 
-// op: 0 fetch_add, 1 inc, 2 or, 3 and, 4 xor, 5 compare_swap increments, 6 swap
+// test() on this rank's own word: out[0] whether it equals `value`, out[1]
+// whether it is at least value + 1.
+__global__ void test_kernel(const int32_t* ivar, int32_t value, int* out) {
+  out[0] = test(ivar, Cmp::kEq, value);
+  out[1] = test(ivar, Cmp::kGe, int32_t(value + 1));
+}
+
+// One thread hands `rounds` slots of `n` words to `peer`: put, then fence()
+// and a put of the round into the peer's `flag` (mode 0), or quiet() and a
+// relaxed atomic add to it (mode 1). Another warp's thread takes this rank's
+// slots from the rank on its left, each after wait_until(flag >= round), and
+// counts the words that were not yet there into *bad.
+__global__ void handoff_kernel(Heap h, int64_t* slots, int n, uint64_t* flag, int rounds, int mode, int* bad) {
+  const int right = (h.rank + 1) % h.world, left = (h.rank + h.world - 1) % h.world;
+  if (threadIdx.x == 0) {
+    for (int k = 1; k <= rounds; ++k) {
+      int64_t* slot = slots + int64_t(k - 1) * n;
+      for (int j = 0; j < n; ++j) p(h, slot + j, int64_t(h.rank) * 1000000 + k * 1000 + j, right);
+      if (mode == 0) {
+        fence();
+        p(h, flag, uint64_t(k), right);
+      } else {
+        quiet();
+        atomic_add(h, flag, uint64_t(1), right);
+      }
+    }
+  } else if (threadIdx.x == 32) {
+    int wrong = 0;
+    for (int k = 1; k <= rounds; ++k) {
+      if (!wait_until(h, static_cast<const uint64_t*>(flag), Cmp::kGe, uint64_t(k), left)) {
+        wrong = -1;
+        break;
+      }
+      const volatile int64_t* slot = slots + int64_t(k - 1) * n;
+      for (int j = 0; j < n; ++j) wrong += slot[j] != int64_t(left) * 1000000 + k * 1000 + j;
+    }
+    *bad = wrong;
+  }
+}
+
+// op: 0 fetch_add, 1 inc, 2 or, 3 and, 4 xor, 5 compare_swap increments, 6
+// swap, 7 add, 8 fetch_inc, 9 fetch_and, 10 fetch_or, 11 fetch_xor. Where
+// `olds` is given, the fetching ops store what they returned at
+// olds[thread * iters + i].
 template <class T>
 __global__ void atomic_kernel(Heap h, int op, T* dst, T value, int peer, int iters, T* olds) {
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   for (int i = 0; i < iters; ++i) {
+    T old = 0;
     switch (op) {
       case 0:
-        atomic_fetch_add(h, dst, value, peer);
+        old = atomic_fetch_add(h, dst, value, peer);
+        break;
+      case 7:
+        atomic_add(h, dst, value, peer);
+        break;
+      case 8:
+        old = atomic_fetch_inc(h, dst, peer);
+        break;
+      case 9:
+        old = atomic_fetch_and(h, dst, value, peer);
+        break;
+      case 10:
+        old = atomic_fetch_or(h, dst, value, peer);
+        break;
+      case 11:
+        old = atomic_fetch_xor(h, dst, value, peer);
         break;
       case 1:
         atomic_inc(h, dst, peer);
@@ -85,9 +144,11 @@ __global__ void atomic_kernel(Heap h, int op, T* dst, T value, int peer, int ite
         break;
       }
       default:
-        olds[t] = atomic_swap(h, dst, value, peer);
+        old = atomic_swap(h, dst, value, peer);
         break;
     }
+    if (olds && (op == 0 || op >= 8)) olds[int64_t(t) * iters + i] = old;
+    if (olds && op == 6) olds[t] = old;
   }
 }
 
@@ -253,6 +314,17 @@ int ft_wait_copy(const void* raw, const uint64_t* sig, uint64_t value, int from,
 
 int ft_wait_until(const void* raw, const int32_t* ivar, int32_t value, int from, int* ok, cudaStream_t s) {
   wait_until_kernel<<<1, 1, 0, s>>>(heap_from_bytes(raw), ivar, value, from, ok);
+  return cudaGetLastError();
+}
+
+int ft_test(const int32_t* ivar, int32_t value, int* out, cudaStream_t s) {
+  test_kernel<<<1, 1, 0, s>>>(ivar, value, out);
+  return cudaGetLastError();
+}
+
+int ft_handoff(const void* raw, int64_t* slots, int n, uint64_t* flag, int rounds, int mode, int* bad,
+               cudaStream_t s) {
+  handoff_kernel<<<1, 64, 0, s>>>(heap_from_bytes(raw), slots, n, flag, rounds, mode, bad);
   return cudaGetLastError();
 }
 

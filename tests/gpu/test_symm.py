@@ -53,6 +53,12 @@ def test_heap_process_per_rank(world):
     _run("procs", str(world))
 
 
+def test_heap_from_torch_distributed():
+    """Heap.from_torch: two processes joined by a gloo group, a put and the
+    device API's checks over the communicator it bootstraps."""
+    _run("torch-procs", "2")
+
+
 @pytest.mark.parametrize("mode", ["local", "procs"])
 def test_register_torch_expandable_segments(mode):
     """Tensors from PyTorch's allocator with expandable segments (CUDA VMM)
@@ -69,20 +75,38 @@ def test_stream_wait_past_the_timeout_is_released():
     _run("stream-timeout", "2", timeout=45)
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_moe_dispatch_combine_example(world):
-    """examples/moe_dispatch_combine.py against its torch reference (CMake's build of its kernels)."""
+@pytest.mark.parametrize("world,build", [(2, "cmake"), (4, "cmake"), (2, "cpp_extension")])
+def test_moe_dispatch_combine_example(world, build, tmp_path):
+    """examples/moe_dispatch_combine.py against its torch reference, its
+    kernels from CMake's build or built at run time by torch's cpp_extension
+    against ferry.get_include() (ferry.symm.load_kernels, as a user would)."""
     env = dict(os.environ, FERRY_SHARED_GPUS="1", CUDA_DEVICE_MAX_CONNECTIONS="32", **_checks.SAFE_ENV)
     example = os.path.join(_builds.ROOT, "examples", "moe_dispatch_combine.py")
-    lib = _workers_symm.built_library("ferry_example_moe")
-    run = subprocess.run(
-        [sys.executable, example, "--ranks", str(world), "--library", lib],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    cmd = [sys.executable, example, "--ranks", str(world)]
+    if build == "cmake":
+        cmd += ["--library", _workers_symm.built_library("ferry_example_moe")]
+    else:
+        env["TORCH_EXTENSIONS_DIR"] = str(tmp_path)  # a fresh build, not one cached by an earlier run
+        env.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     out = run.stdout[-4000:] + run.stderr[-4000:]
     assert run.returncode == 0, out
     assert ", 0 failed" in run.stdout, out
+    print("\n" + run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_triton_example(world):
+    """examples/symm_triton.py: Triton kernels that put, signal and wait
+    through the heap's pointer tables, and read every rank's buffer in place,
+    against torch."""
+    pytest.importorskip("triton")
+    env = dict(os.environ, FERRY_SHARED_GPUS="1", CUDA_DEVICE_MAX_CONNECTIONS="32", **_checks.SAFE_ENV)
+    example = os.path.join(_builds.ROOT, "examples", "symm_triton.py")
+    run = subprocess.run(
+        [sys.executable, example, "--ranks", str(world)], env=env, capture_output=True, text=True, timeout=300
+    )
+    out = run.stdout[-4000:] + run.stderr[-4000:]
+    assert run.returncode == 0, out
+    assert f"of {world}, " in run.stdout and ": 0 failed" in run.stdout, out
     print("\n" + run.stdout.strip().splitlines()[-1])

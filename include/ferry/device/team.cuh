@@ -3,7 +3,7 @@
  * team rank is its index there. Plain values, made on the host or in a kernel
  * (the same functions), passed by value.
  *
- *   Team world = ferry::device::world_team(h);
+ *   Team world = ferry::device::world_team(h);   // node_team(h): the same ranks (one machine)
  *   Team evens = ferry::device::team_split_strided(world, 0, 2, h.world / 2);
  *   if (evens.my >= 0) ferry::device::barrier<Scope::kBlock>(h, evens);
  */
@@ -34,6 +34,12 @@ FERRY_DEVICE_HD int team_rank_of(const Team& t, int world_rank) {
 
 FERRY_DEVICE_HD Team world_team(int rank, int world) { return Team{0, 1, world, rank}; }
 FERRY_DEVICE_HD Team world_team(const Heap& h) { return world_team(h.rank, h.world); }
+
+/* The ranks on this rank's node, as NVSHMEM's TEAM_NODE: a heap maps every
+ * rank's GPU memory into every rank's address space, which only GPUs of one
+ * machine can do, so they are the whole world. */
+FERRY_DEVICE_HD Team node_team(int rank, int world) { return world_team(rank, world); }
+FERRY_DEVICE_HD Team node_team(const Heap& h) { return node_team(h.rank, h.world); }
 
 /* The members parent[start], parent[start + stride], ... (size of them), in
  * parent team ranks. Size 0 (not a team) when they do not all lie in the
