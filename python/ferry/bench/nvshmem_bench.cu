@@ -51,6 +51,63 @@ __global__ void put_kernel(char* dst, const char* src, uint64_t bytes, int peer,
   nvshmem_quiet();
 }
 
+// A get on `blocks` blocks: each round a block takes the next block's slice
+// (the same slice again would come from L1), as ferry's get rows do.
+__global__ void get_kernel(char* dst, const char* src, uint64_t bytes, int peer, int iters) {
+  const uint64_t per = (bytes + gridDim.x - 1) / gridDim.x;
+  for (int i = 0; i < iters; ++i) {
+    const uint64_t b = (blockIdx.x + uint64_t(i)) % gridDim.x;
+    const uint64_t begin = per * b < bytes ? per * b : bytes;
+    const uint64_t end = begin + per < bytes ? begin + per : bytes;
+    if (end > begin) nvshmemx_getmem_block(dst + begin, src + begin, end - begin, peer);
+  }
+}
+
+// put or get at thread (kWarp false) or warp scope: each thread or warp its
+// own slice, as ferry's scoped rows.
+template <bool kWarp>
+__global__ void scoped_kernel(char* dst, const char* src, uint64_t bytes, int peer, int iters, int get) {
+  const uint64_t size = kWarp ? 32 : 1;
+  const uint64_t units = uint64_t(gridDim.x) * blockDim.x / size;
+  const uint64_t unit = (uint64_t(blockIdx.x) * blockDim.x + threadIdx.x) / size;
+  const uint64_t per = ((bytes + units - 1) / units + 15) / 16 * 16;
+  for (int i = 0; i < iters; ++i) {
+    const uint64_t u = get ? (unit + uint64_t(i)) % units : unit;
+    const uint64_t begin = per * u < bytes ? per * u : bytes;
+    const uint64_t end = begin + per < bytes ? begin + per : bytes;
+    if (end <= begin) continue;
+    if (get && kWarp)
+      nvshmemx_getmem_warp(dst + begin, src + begin, end - begin, peer);
+    else if (get)
+      nvshmem_getmem(dst + begin, src + begin, end - begin, peer);
+    else if (kWarp)
+      nvshmemx_putmem_warp(dst + begin, src + begin, end - begin, peer);
+    else
+      nvshmem_putmem(dst + begin, src + begin, end - begin, peer);
+  }
+  if (!get) nvshmem_quiet();
+}
+
+// A put's latency: the first thread (0), warp (1) or block (2) puts and quiets, `iters` times.
+template <int kScope>
+__global__ void put_latency_kernel(char* dst, const char* src, uint64_t bytes, int peer, int iters) {
+  if ((kScope == 0 && threadIdx.x != 0) || (kScope == 1 && threadIdx.x >= 32)) return;
+  for (int i = 0; i < iters; ++i) {
+    if (kScope == 0) nvshmem_putmem(dst, src, bytes, peer);
+    if (kScope == 1) nvshmemx_putmem_warp(dst, src, bytes, peer);
+    if (kScope == 2) nvshmemx_putmem_block(dst, src, bytes, peer);
+    if (kScope != 2 || threadIdx.x == 0) nvshmem_quiet();
+    if (kScope == 2) __syncthreads();
+  }
+}
+
+// g's latency: dependent loads of the peer's word (0), as ferry's row.
+__global__ void g_latency_kernel(const int64_t* src, int peer, int iters, int64_t* out) {
+  int64_t v = 0;
+  for (int i = 0; i < iters; ++i) v = nvshmem_int64_g(src + v, peer);
+  *out = v;
+}
+
 __global__ void pingpong_kernel(uint64_t* sig, uint64_t base, int iters, int me) {
   const int peer = 1 - me;
   for (uint64_t i = base + 1; i <= base + iters; ++i) {
@@ -268,6 +325,89 @@ int main(int argc, char** argv) {
     if (report)
       std::printf("check put %llu bytes: %llu wrong\n", (unsigned long long)max_bytes, (unsigned long long)wrong);
     failures += wrong != 0;
+  }
+
+  // Get from the next rank (its dst holds this rank's bytes, put above), and
+  // put and get at thread and warp scope; every byte checked once.
+  char* got_dev = nullptr;
+  CHECK_CUDA(cudaMalloc(&got_dev, max_bytes));
+  auto check_got = [&](const char* what, uint64_t bytes, int source) {
+    CHECK_CUDA(cudaStreamSynchronize(s));
+    nvshmem_barrier_all();
+    std::vector<unsigned char> got(bytes);
+    CHECK_CUDA(cudaMemcpy(got.data(), got_dev, bytes, cudaMemcpyDeviceToHost));
+    uint64_t wrong = 0;
+    for (uint64_t i = 0; i < bytes; ++i) wrong += got[i] != expected_byte(i, source);
+    if (wrong && report)
+      std::printf("check %s %llu bytes: %llu wrong\n", what, (unsigned long long)bytes, (unsigned long long)wrong);
+    failures += wrong != 0;
+  };
+  for (uint64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
+    double t = timed.per_op(
+        [&](int it) {
+          get_kernel<<<8, 512, 0, s>>>(got_dev, dst, bytes, next, it);
+          CHECK_CUDA(cudaGetLastError());
+        },
+        iters);
+    emit("get", "nvshmem-device-8b", bytes, t, "block");
+    CHECK_CUDA(cudaMemset(got_dev, 0xA5, bytes));
+    get_kernel<<<8, 512, 0, s>>>(got_dev, dst, bytes, next, 1);
+    check_got("get", bytes, me);
+    for (int warp = 0; warp < 2; ++warp) {
+      for (int get = 0; get < 2; ++get) {
+        auto launch = [&](int it) {
+          if (warp)
+            scoped_kernel<true><<<8, 512, 0, s>>>(get ? got_dev : dst, get ? dst : src, bytes, next, it, get);
+          else
+            scoped_kernel<false><<<8, 512, 0, s>>>(get ? got_dev : dst, get ? dst : src, bytes, next, it, get);
+          CHECK_CUDA(cudaGetLastError());
+        };
+        t = timed.per_op(launch, iters);
+        emit(get ? "get" : "put", warp ? "nvshmem-device-8b-warp" : "nvshmem-device-8b-thread", bytes, t,
+             warp ? "warp" : "thread");
+        if (get) {
+          CHECK_CUDA(cudaMemset(got_dev, 0xA5, bytes));
+          launch(1);
+          check_got(warp ? "get by warps" : "get by threads", bytes, me);
+        }
+      }
+    }
+  }
+  CHECK_CUDA(cudaFree(got_dev));
+  for (uint64_t bytes : {uint64_t(8), uint64_t(4096)}) {
+    const char* names[] = {"nvshmem-device-thread", "nvshmem-device-warp", "nvshmem-device-block"};
+    const char* scopes[] = {"thread", "warp", "block"};
+    for (int scope = 0; scope < 3; ++scope) {
+      const double t = timed.per_op(
+          [&](int it) {
+            if (scope == 0) put_latency_kernel<0><<<1, 32, 0, s>>>(dst, src, bytes, next, it);
+            if (scope == 1) put_latency_kernel<1><<<1, 32, 0, s>>>(dst, src, bytes, next, it);
+            if (scope == 2) put_latency_kernel<2><<<1, 512, 0, s>>>(dst, src, bytes, next, it);
+            CHECK_CUDA(cudaGetLastError());
+          },
+          iters);
+      emit("put_latency", names[scope], bytes, t, scopes[scope]);
+    }
+  }
+  {
+    int64_t* word = static_cast<int64_t*>(nvshmem_calloc(1, sizeof(int64_t)));
+    int64_t* out = nullptr;
+    CHECK_CUDA(cudaMalloc(&out, sizeof(int64_t)));
+    CHECK_CUDA(cudaMemset(out, 0xff, sizeof(int64_t)));
+    nvshmem_barrier_all();
+    const double t = timed.per_op(
+        [&](int it) {
+          g_latency_kernel<<<1, 1, 0, s>>>(word, next, it, out);
+          CHECK_CUDA(cudaGetLastError());
+        },
+        iters);
+    emit("g_latency", "nvshmem-device", 8, t, "thread");
+    int64_t v = -1;
+    CHECK_CUDA(cudaMemcpy(&v, out, sizeof v, cudaMemcpyDeviceToHost));
+    failures += v != 0;
+    CHECK_CUDA(cudaFree(out));
+    nvshmem_barrier_all();
+    nvshmem_free(word);
   }
 
   // A signal's half round trip between ranks 0 and 1; barriers.

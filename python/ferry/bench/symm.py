@@ -11,9 +11,12 @@ once (the host's launch onto an idle stream, the ranks' skew at their first
 meeting, the kernel's start and end) is left out; their records' once_us is
 that cost. Copy-engine and on-stream rows are per call, host included:
 - put and get bandwidth to and from one peer by size: the device API (block
-  scope, 1, 8, 16 and 32 blocks; a get loads over NVLink where a put stores) and
-  the copy engines (heap.put and heap.get on a stream); every device get's
-  bytes checked;
+  scope, 1, 8, 16 and 32 blocks; thread and warp scope on 8 blocks, each
+  thread or warp moving its own slice; a get loads over NVLink where a put
+  stores) and the copy engines (heap.put and heap.get on a stream); every
+  device put's and get's bytes checked;
+- put latency (8 B and 4 KB, put then quiet, by one thread, warp or block)
+  and g latency (dependent loads of a peer's word);
 - half round trip of a signal between ranks 0 and 1 (kernels ping-ponging);
 - barrier latency: the device API in a kernel, barrier_on_stream;
 - bf16 all-reduce latency by size: the device API's all_reduce (1 and 8
@@ -478,6 +481,91 @@ def _gets(R, lib, heap, src, put_source, W, iters, reps, gpu, date, records, opt
     return wrong
 
 
+SCOPE_BLOCKS = 8
+LATENCY_BYTES = (8, 4096)
+
+
+def _scopes(
+    R, lib, heap, dst, src, put_source, W, iters, reps, gpu, date, records, opts, progress
+) -> List[str]:
+    """Put into and get from the next rank at thread and warp scope (8 blocks
+    of 512 threads, each thread or warp its own slice), by size, timed as the
+    block put is, each checked once into a poisoned dst; then a put's latency
+    at every scope and g's."""
+    torch = R.torch
+    gsrc = R.each(heap.empty((opts["max_bytes"],), torch.uint8))
+    for i in range(len(R.ranks)):
+        gsrc[i].copy_(src[i])
+    gdst = [torch.empty(opts["max_bytes"], dtype=torch.uint8, device=d) for d in R.devs]
+    R.barrier()
+    wrong = []
+    for nbytes in size_range(opts["min_bytes"], opts["max_bytes"], 4):
+        for op, get, to, frm, source_rank in (
+            ("put", 0, dst, src, lambda r: (r - 1) % W),
+            ("get", 1, gdst, gsrc, lambda r: (r + 1) % W),
+        ):
+            for scope_id, scope in ((0, "thread"), (1, "warp")):
+
+                def launch(i, s, m, get=get, to=to, frm=frm, scope_id=scope_id, nbytes=nbytes):
+                    peer = (R.ranks[i] + 1) % W
+                    _ok(
+                        lib.bench_scoped(
+                            R.handles[i], to[i].data_ptr(), frm[i].data_ptr(), nbytes, peer, m, SCOPE_BLOCKS,
+                            scope_id, get, s.cuda_stream,
+                        )
+                    )  # fmt: skip
+
+                t, once = R.per_op(launch, iters, reps)
+                impl = f"ferry-device-{SCOPE_BLOCKS}b-{scope}"
+                records.append(record(op, impl, W, nbytes, t, scope, gpu, date, once_us=once))
+                wrong += _checked_once(
+                    R, launch, to, nbytes, source_rank, put_source, f"{impl} {op} {nbytes}"
+                )
+        progress(
+            f"put/get {format_size(nbytes)} by thread and warp: "
+            + ", ".join(f"{r['op']} {r['scope']} {r['gbps']:.0f} GB/s" for r in records[-4:])
+        )
+    for nbytes in LATENCY_BYTES:
+        for scope_id, scope in ((0, "thread"), (1, "warp"), (2, "block")):
+            t, once = R.per_op(
+                lambda i, s, m, scope_id=scope_id, nbytes=nbytes: _ok(
+                    lib.bench_put_latency(
+                        R.handles[i], dst[i].data_ptr(), src[i].data_ptr(), nbytes, (R.ranks[i] + 1) % W, m,
+                        scope_id, s.cuda_stream,
+                    )
+                ),
+                iters,
+                reps,
+            )  # fmt: skip
+            records.append(
+                record("put_latency", f"ferry-device-{scope}", W, nbytes, t, scope, gpu, date, once_us=once)
+            )
+    zeros = R.each(heap.zeros((1,), torch.int64))
+    outs = [torch.full((1,), -1, dtype=torch.int64, device=d) for d in R.devs]
+    R.barrier()
+    t, once = R.per_op(
+        lambda i, s, m: _ok(
+            lib.bench_g_latency(
+                R.handles[i], zeros[i].data_ptr(), (R.ranks[i] + 1) % W, m, outs[i].data_ptr(), s.cuda_stream
+            )
+        ),
+        iters,
+        reps,
+    )
+    records.append(record("g_latency", "ferry-device", W, 8, t, "thread", gpu, date, once_us=once))
+    R.barrier()
+    wrong += [
+        f"rank {R.ranks[i]} g returned {int(o.item())}, expected 0" for i, o in enumerate(outs) if o.item()
+    ]
+    got = {(r["op"], r["bytes"], r["scope"]): r["time_us"] for r in records if r["op"] == "put_latency"}
+    progress(
+        "put latency 8 B: "
+        + ", ".join(f"{sc} {got['put_latency', 8, sc]:.2f} us" for sc in ("thread", "warp", "block"))
+        + f"; g latency {records[-1]['time_us']:.2f} us"
+    )
+    return wrong
+
+
 TWO_SHOT_THREADS = (128, 256, 512)
 
 
@@ -654,6 +742,9 @@ def run(opts: dict, progress=print) -> dict:
 
     # Get bandwidth from the next rank: loads over NVLink, and the copy engine.
     put_wrong += _gets(R, lib, heap, src, put_source, W, iters, reps, gpu, date, records, opts, progress)
+    put_wrong += _scopes(
+        R, lib, heap, dst, src, put_source, W, iters, reps, gpu, date, records, opts, progress
+    )
 
     # Signal half round trip between ranks 0 and 1; barriers.
     oks = [torch.ones(1, dtype=torch.int32, device=d) for d in R.devs]

@@ -43,6 +43,55 @@ __global__ void get_kernel(Heap h, char* dst, const char* src, uint64_t bytes, i
   }
 }
 
+// put or get (`get`) at thread or warp scope: each thread (each warp) of the
+// grid moves its own slice of `bytes`, `iters` times (a get's unit takes the
+// next unit's slice each round, as get_kernel does, so no round is served
+// from L1); a put ends with quiet.
+template <Scope S>
+__global__ void scoped_kernel(Heap h, char* dst, const char* src, uint64_t bytes, int peer, int iters, int get) {
+  const uint64_t size = S == Scope::kWarp ? 32 : 1;
+  const uint64_t units = uint64_t(gridDim.x) * blockDim.x / size;
+  const uint64_t unit = (uint64_t(blockIdx.x) * blockDim.x + threadIdx.x) / size;
+  const uint64_t per = ((bytes + units - 1) / units + 15) / 16 * 16;  // 16-byte slices where the size allows
+  for (int i = 0; i < iters; ++i) {
+    const uint64_t u = get ? (unit + uint64_t(i)) % units : unit;
+    const uint64_t begin = per * u < bytes ? per * u : bytes;
+    const uint64_t end = begin + per < bytes ? begin + per : bytes;
+    if (end <= begin) continue;  // whole warps skip together: a warp's lanes share u
+    if (get)
+      ferry::device::get<S>(h, dst + begin, src + begin, end - begin, peer);
+    else
+      put<S>(h, dst + begin, src + begin, end - begin, peer);
+  }
+  if (!get) quiet();
+}
+
+// A put's latency at one scope: the first thread, warp or block of the grid
+// puts `bytes` and waits for them to land (quiet), `iters` times.
+template <Scope S>
+__global__ void put_latency_kernel(Heap h, char* dst, const char* src, uint64_t bytes, int peer, int iters) {
+  if (blockIdx.x != 0 || (S == Scope::kThread && threadIdx.x != 0) || (S == Scope::kWarp && threadIdx.x >= 32))
+    return;
+  for (int i = 0; i < iters; ++i) {
+    put<S>(h, dst, src, bytes, peer);
+    if (S == Scope::kBlock) {
+      if (threadIdx.x == 0) quiet();  // the block's barrier in put ordered every thread's stores before it
+      __syncthreads();
+    } else {
+      quiet();
+    }
+  }
+}
+
+// g's latency: `iters` loads of the peer's word, each at an address the one
+// before returned (the words are 0), so that none starts before the last
+// one came back.
+__global__ void g_latency_kernel(Heap h, const int64_t* src, int peer, int iters, int64_t* out) {
+  int64_t v = 0;
+  for (int i = 0; i < iters; ++i) v = g(h, src + v, peer);
+  *out = v;
+}
+
 // Ranks 0 and 1: rank 0 sets rank 1's word to base + i, rank 1 answers;
 // iters round trips. `base` grows from launch to launch, so the words never
 // need resetting.
@@ -352,6 +401,38 @@ int bench_get_wide(const void* heap, void* dst, const void* src, uint64_t bytes,
                    int threads, int words, cudaStream_t s) {
   return launch_wide({get_wide_kernel<4>, get_wide_kernel<8>, get_wide_kernel<16>}, heap, dst, src, bytes, peer, iters,
                      blocks, threads, words, s);
+}
+
+int bench_scoped(const void* heap, void* dst, const void* src, uint64_t bytes, int peer, int iters, int blocks,
+                 int scope, int get, cudaStream_t s) {
+  const Heap h = heap_from_bytes(heap);
+  char* d = static_cast<char*>(dst);
+  const char* c = static_cast<const char*>(src);
+  if (scope == 0)
+    scoped_kernel<Scope::kThread><<<blocks, 512, 0, s>>>(h, d, c, bytes, peer, iters, get);
+  else
+    scoped_kernel<Scope::kWarp><<<blocks, 512, 0, s>>>(h, d, c, bytes, peer, iters, get);
+  return cudaGetLastError();
+}
+
+int bench_put_latency(const void* heap, void* dst, const void* src, uint64_t bytes, int peer, int iters, int scope,
+                      cudaStream_t s) {
+  const Heap h = heap_from_bytes(heap);
+  char* d = static_cast<char*>(dst);
+  const char* c = static_cast<const char*>(src);
+  if (scope == 0)
+    put_latency_kernel<Scope::kThread><<<1, 32, 0, s>>>(h, d, c, bytes, peer, iters);
+  else if (scope == 1)
+    put_latency_kernel<Scope::kWarp><<<1, 32, 0, s>>>(h, d, c, bytes, peer, iters);
+  else
+    put_latency_kernel<Scope::kBlock><<<1, 512, 0, s>>>(h, d, c, bytes, peer, iters);
+  return cudaGetLastError();
+}
+
+int bench_g_latency(const void* heap, const void* src, int peer, int iters, void* out, cudaStream_t s) {
+  g_latency_kernel<<<1, 1, 0, s>>>(heap_from_bytes(heap), static_cast<const int64_t*>(src), peer, iters,
+                                   static_cast<int64_t*>(out));
+  return cudaGetLastError();
 }
 
 int bench_pingpong(const void* heap, uint64_t* sig, uint64_t base, int iters, int* ok, cudaStream_t s) {
