@@ -138,7 +138,7 @@ def test_kernel_many_tasks_per_warp_byte_exact(kv, direction):
     torch = _torch()
     rng = random.Random(hash(("many", direction)) & 0xFFFF)
     pages = 700
-    src_where, dst_where = {"h2d": ("host", "gpu"), "d2h": ("gpu", "host")}[direction]
+    src_where, dst_where = {"h2d": ("host", "gpu"), "d2h": ("gpu", "host"), "d2d": ("gpu", "gpu")}[direction]
     src, src_list = make_side("vllm", src_where, pages, (16, 2, 8), torch.bfloat16)
     dst, dst_list = make_side("vllm", dst_where, pages + 50, (16, 2, 8), torch.bfloat16)
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
