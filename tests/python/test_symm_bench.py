@@ -209,3 +209,29 @@ def test_slope_leaves_out_what_a_launch_costs_once():
     per, once = symm.slope(short, long_, 20)
     assert abs(per - 3.0) < 0.01
     assert abs(once - 17.0) < 0.3
+
+
+def test_every_launcher_has_its_c_signature():
+    """KERNEL_ARGS (what ctypes passes) against symm_kernels.cu's extern "C"
+    launchers, parsed from the source: a launcher missing there would get
+    ctypes' default int arguments and crash the benchmark."""
+    import re
+
+    src = open(os.path.join(os.path.dirname(symm.__file__), "symm_kernels.cu")).read()
+    block = src[src.index('extern "C" {') :]
+    found = {}
+    for name, params in re.findall(r"^int (bench_\w+)\(([^)]*)\)", block, flags=re.M):
+        sig = ""
+        for param in params.split(","):
+            t = " ".join(param.split()[:-1])
+            sig += (
+                "p"
+                if "*" in t or t == "cudaStream_t"
+                else "u"
+                if t == "uint64_t"
+                else "i"
+                if t == "int"
+                else "?"
+            )
+        found[name] = sig
+    assert found and found == symm.KERNEL_ARGS

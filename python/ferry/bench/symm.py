@@ -236,6 +236,31 @@ def target_lines(records: Sequence[dict]) -> List[str]:
 # ---------------------------------------------------------------- GPU side
 
 
+# The launchers' C signatures (symm_kernels.cu's extern "C" functions, each
+# returning a cudaError_t): p a pointer or handle, i an int, u a uint64.
+KERNEL_ARGS = {
+    "bench_put": "pppuiiip",
+    "bench_put_bulk": "pppuiiip",
+    "bench_put_wide": "pppuiiiiip",
+    "bench_get_wide": "pppuiiiiip",
+    "bench_get": "pppuiiip",
+    "bench_scoped": "pppuiiiiip",
+    "bench_put_latency": "pppuiiip",
+    "bench_g_latency": "ppiipp",
+    "bench_pingpong": "ppuipp",
+    "bench_pingpong_p": "ppuipp",
+    "bench_pingpong_p_relaxed_poll": "ppuipp",
+    "bench_barrier": "pipp",
+    "bench_barrier_relaxed_poll": "pipp",
+    "bench_barrier_reference_acquire_poll": "pipp",
+    "bench_all_reduce": "pppuiiipp",
+    "bench_grid_barrier": "piipp",
+    "bench_stream_barrier_plain": "ppp",
+    "bench_two_shot_data": "pppuiiip",
+    "bench_all_reduce_threads": "pppuiiiipp",
+}
+
+
 def _load(path: str):
     import ferry.symm
 
@@ -244,27 +269,10 @@ def _load(path: str):
         if path
         else ferry.symm.load_kernels("ferry_symm_bench", [os.path.join(HERE, "symm_kernels.cu")])
     )
-    P, I, U = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64
-    for name, args in (
-        ("bench_put", [P, P, P, U, I, I, I, P]),
-        ("bench_put_bulk", [P, P, P, U, I, I, I, P]),
-        ("bench_put_wide", [P, P, P, U, I, I, I, I, I, P]),
-        ("bench_get_wide", [P, P, P, U, I, I, I, I, I, P]),
-        ("bench_get", [P, P, P, U, I, I, I, P]),
-        ("bench_pingpong", [P, P, U, I, P, P]),
-        ("bench_pingpong_p", [P, P, U, I, P, P]),
-        ("bench_pingpong_p_relaxed_poll", [P, P, U, I, P, P]),
-        ("bench_barrier", [P, I, P, P]),
-        ("bench_barrier_relaxed_poll", [P, I, P, P]),
-        ("bench_barrier_reference_acquire_poll", [P, I, P, P]),
-        ("bench_all_reduce", [P, P, P, U, I, I, I, P, P]),
-        ("bench_grid_barrier", [P, I, I, P, P]),
-        ("bench_stream_barrier_plain", [P, P, P]),
-        ("bench_two_shot_data", [P, P, P, U, I, I, I, P]),
-        ("bench_all_reduce_threads", [P, P, P, U, I, I, I, I, P, P]),
-    ):
-        getattr(lib, name).argtypes = args
-        getattr(lib, name).restype = I
+    types = {"p": ctypes.c_void_p, "i": ctypes.c_int, "u": ctypes.c_uint64}
+    for name, sig in KERNEL_ARGS.items():
+        getattr(lib, name).argtypes = [types[c] for c in sig]
+        getattr(lib, name).restype = ctypes.c_int
     return lib
 
 
