@@ -68,11 +68,11 @@ __global__ void get_kernel(char* dst, const char* src, uint64_t bytes, int peer,
 template <bool kWarp>
 __global__ void scoped_kernel(char* dst, const char* src, uint64_t bytes, int peer, int iters, int get) {
   const uint64_t size = kWarp ? 32 : 1;
-  const uint64_t units = uint64_t(gridDim.x) * blockDim.x / size;
+  const uint64_t units = uint64_t(gridDim.x) * blockDim.x / size, per_block = blockDim.x / size;
   const uint64_t unit = (uint64_t(blockIdx.x) * blockDim.x + threadIdx.x) / size;
   const uint64_t per = ((bytes + units - 1) / units + 15) / 16 * 16;
   for (int i = 0; i < iters; ++i) {
-    const uint64_t u = get ? (unit + uint64_t(i)) % units : unit;
+    const uint64_t u = get ? (unit + uint64_t(i) * per_block) % units : unit;
     const uint64_t begin = per * u < bytes ? per * u : bytes;
     const uint64_t end = begin + per < bytes ? begin + per : bytes;
     if (end <= begin) continue;
@@ -101,10 +101,12 @@ __global__ void put_latency_kernel(char* dst, const char* src, uint64_t bytes, i
   }
 }
 
-// g's latency: dependent loads of the peer's word (0), as ferry's row.
+// g's latency: dependent loads of the peer's words (0), each in another of
+// kLatencyLines 128-byte lines, as ferry's row.
+constexpr int kLatencyLines = 4096;
 __global__ void g_latency_kernel(const int64_t* src, int peer, int iters, int64_t* out) {
   int64_t v = 0;
-  for (int i = 0; i < iters; ++i) v = nvshmem_int64_g(src + v, peer);
+  for (int i = 0; i < iters; ++i) v = nvshmem_int64_g(src + v + int64_t(i % kLatencyLines) * 16, peer);
   *out = v;
 }
 
@@ -390,7 +392,7 @@ int main(int argc, char** argv) {
     }
   }
   {
-    int64_t* word = static_cast<int64_t*>(nvshmem_calloc(1, sizeof(int64_t)));
+    int64_t* word = static_cast<int64_t*>(nvshmem_calloc(kLatencyLines * 16, sizeof(int64_t)));
     int64_t* out = nullptr;
     CHECK_CUDA(cudaMalloc(&out, sizeof(int64_t)));
     CHECK_CUDA(cudaMemset(out, 0xff, sizeof(int64_t)));

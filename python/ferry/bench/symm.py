@@ -491,6 +491,7 @@ def _gets(R, lib, heap, src, put_source, W, iters, reps, gpu, date, records, opt
 
 SCOPE_BLOCKS = 8
 LATENCY_BYTES = (8, 4096)
+LATENCY_LINES = 4096  # g_latency_kernel's kLatencyLines: the words g reads, a 128-byte line apart
 
 
 def _scopes(
@@ -548,7 +549,7 @@ def _scopes(
             records.append(
                 record("put_latency", f"ferry-device-{scope}", W, nbytes, t, scope, gpu, date, once_us=once)
             )
-    zeros = R.each(heap.zeros((1,), torch.int64))
+    zeros = R.each(heap.zeros((LATENCY_LINES * 16,), torch.int64))
     outs = [torch.full((1,), -1, dtype=torch.int64, device=d) for d in R.devs]
     R.barrier()
     t, once = R.per_op(

@@ -45,16 +45,16 @@ __global__ void get_kernel(Heap h, char* dst, const char* src, uint64_t bytes, i
 
 // put or get (`get`) at thread or warp scope: each thread (each warp) of the
 // grid moves its own slice of `bytes`, `iters` times (a get's unit takes the
-// next unit's slice each round, as get_kernel does, so no round is served
-// from L1); a put ends with quiet.
+// slice of the same unit of the next block each round, as get_kernel does,
+// so that no round is served from its SM's L1); a put ends with quiet.
 template <Scope S>
 __global__ void scoped_kernel(Heap h, char* dst, const char* src, uint64_t bytes, int peer, int iters, int get) {
   const uint64_t size = S == Scope::kWarp ? 32 : 1;
-  const uint64_t units = uint64_t(gridDim.x) * blockDim.x / size;
+  const uint64_t units = uint64_t(gridDim.x) * blockDim.x / size, per_block = blockDim.x / size;
   const uint64_t unit = (uint64_t(blockIdx.x) * blockDim.x + threadIdx.x) / size;
   const uint64_t per = ((bytes + units - 1) / units + 15) / 16 * 16;  // 16-byte slices where the size allows
   for (int i = 0; i < iters; ++i) {
-    const uint64_t u = get ? (unit + uint64_t(i)) % units : unit;
+    const uint64_t u = get ? (unit + uint64_t(i) * per_block) % units : unit;
     const uint64_t begin = per * u < bytes ? per * u : bytes;
     const uint64_t end = begin + per < bytes ? begin + per : bytes;
     if (end <= begin) continue;  // whole warps skip together: a warp's lanes share u
@@ -83,12 +83,14 @@ __global__ void put_latency_kernel(Heap h, char* dst, const char* src, uint64_t 
   }
 }
 
-// g's latency: `iters` loads of the peer's word, each at an address the one
-// before returned (the words are 0), so that none starts before the last
-// one came back.
+// g's latency: `iters` loads of the peer's words, each at an address the
+// one before returned (the words are 0), so that none starts before the last
+// one came back; each in another of kLatencyLines 128-byte lines (more than
+// an L1 holds), so that none is served from a cache however g loads.
+constexpr int kLatencyLines = 4096;
 __global__ void g_latency_kernel(Heap h, const int64_t* src, int peer, int iters, int64_t* out) {
   int64_t v = 0;
-  for (int i = 0; i < iters; ++i) v = g(h, src + v, peer);
+  for (int i = 0; i < iters; ++i) v = g(h, src + v + int64_t(i % kLatencyLines) * 16, peer);
   *out = v;
 }
 
