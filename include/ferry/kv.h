@@ -38,7 +38,8 @@ typedef enum {
 } ferry_kv_mode_t;
 
 enum {
-  FERRY_KV_ZERO_SM = 1u,        /* never launch a kernel (AUTO picks among copy-engine modes) */
+  FERRY_KV_ZERO_SM = 1u,        /* never launch a kernel (AUTO picks among copy-engine modes); refused within one
+                                   GPU, where CUDA copies on SMs */
   FERRY_KV_URGENT = 2u,         /* run on ferry's highest-priority stream, after the work queued on `stream` */
   FERRY_KV_SETTLED_SOURCE = 4u, /* nothing queued before still writes the host source (fetches only) */
   FERRY_KV_SLICED = 8u,         /* copy-engine work in slices of FERRY_KV_SLICE_BYTES, at most 2 on the copy

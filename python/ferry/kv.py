@@ -31,7 +31,8 @@ Modes (docs/kv.md says which to use when):
   kernel    an SM kernel gathering the pages (uses SMs; reads pinned host memory in place)
 
 ``zero_sm=True`` never launches a kernel (``auto`` then picks among the
-copy-engine modes). ``urgent=True`` runs the copies on ferry's highest-priority
+copy-engine modes); a transfer within one GPU refuses it, since CUDA copies
+within a GPU on SMs whichever call submits them. ``urgent=True`` runs the copies on ferry's highest-priority
 stream, still after the work queued on ``stream``: it keeps them apart from
 bulk transfers on other streams (docs/kv.md says what that buys).
 """

@@ -322,8 +322,7 @@ int ft_test(const int32_t* ivar, int32_t value, int* out, cudaStream_t s) {
   return cudaGetLastError();
 }
 
-int ft_handoff(const void* raw, int64_t* slots, int n, uint64_t* flag, int rounds, int mode, int* bad,
-               cudaStream_t s) {
+int ft_handoff(const void* raw, int64_t* slots, int n, uint64_t* flag, int rounds, int mode, int* bad, cudaStream_t s) {
   handoff_kernel<<<1, 64, 0, s>>>(heap_from_bytes(raw), slots, n, flag, rounds, mode, bad);
   return cudaGetLastError();
 }

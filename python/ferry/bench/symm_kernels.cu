@@ -70,8 +70,7 @@ __global__ void scoped_kernel(Heap h, char* dst, const char* src, uint64_t bytes
 // puts `bytes` and waits for them to land (quiet), `iters` times.
 template <Scope S>
 __global__ void put_latency_kernel(Heap h, char* dst, const char* src, uint64_t bytes, int peer, int iters) {
-  if (blockIdx.x != 0 || (S == Scope::kThread && threadIdx.x != 0) || (S == Scope::kWarp && threadIdx.x >= 32))
-    return;
+  if (blockIdx.x != 0 || (S == Scope::kThread && threadIdx.x != 0) || (S == Scope::kWarp && threadIdx.x >= 32)) return;
   for (int i = 0; i < iters; ++i) {
     put<S>(h, dst, src, bytes, peer);
     if (S == Scope::kBlock) {
