@@ -29,6 +29,7 @@ typedef struct {
   int outstanding;    /* chunks in flight per link (2) */
   int relay_first;    /* 1: a link may relay before serving its own GPU's copies (0: its own first) */
   double timeout_s;   /* bound on a copy once its stream got to it (FERRY_TIMEOUT_S) */
+  int relays_idle;    /* 1: a GPU relays only while no other program runs on it (NVML; 0: every GPU relays) */
 } ferry_multipath_options_t;
 
 /* An engine over the host links of `devices` (count GPUs; NULL and 0: every

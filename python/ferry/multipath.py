@@ -95,8 +95,9 @@ def _stream(stream, gpu):
 
 class Engine:
     """Multipath copies over the host links of ``devices`` (default: every
-    visible GPU). ``relays``: "all" or the GPUs that may carry other GPUs'
-    chunks. ``chunk_bytes`` / ``min_bytes`` default to the knobs
+    visible GPU). ``relays``: "all", "idle" (a GPU relays only while no
+    other program runs on it, as NVML lists them, looked at every half
+    second) or the GPUs that may carry other GPUs' chunks. ``chunk_bytes`` / ``min_bytes`` default to the knobs
     FERRY_MULTIPATH_CHUNK_BYTES / FERRY_MULTIPATH_MIN_BYTES. ``outstanding``:
     chunks in flight per link (each relay GPU holds that many staging buffers
     of ``chunk_bytes``). ``own_link_first``: a GPU's link serves its own copies
@@ -139,8 +140,8 @@ class Engine:
         loopback = _int("loopback", loopback, 0, 64)
         links = devices + [devices[0]] * loopback
         if isinstance(relays, str):
-            if relays != "all":
-                raise InvalidArgumentError(f"relays is '{relays}'; expected 'all' or a list of GPUs")
+            if relays not in ("all", "idle"):
+                raise InvalidArgumentError(f"relays is '{relays}'; expected 'all', 'idle' or a list of GPUs")
             may_relay = [True] * len(links)
         else:
             allowed = {_int("relays", r, 0) for r in relays}
@@ -165,6 +166,7 @@ class Engine:
             float(timeout),
             head_bytes,
             -1 if own_share_on_stream is None else int(bool(own_share_on_stream)),
+            relays == "idle",
         )
 
     def _engine(self):

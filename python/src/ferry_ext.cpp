@@ -234,6 +234,7 @@ NB_MODULE(_ferry, m) {
       "op"_a, "world"_a, "largest_block"_a, "slot_bytes"_a);
   m.def("split_batches", &ferry::split_batches, "count"_a, "batch_max"_a);
   m.def("total_energy_mj", &ferry::total_energy_mj, "pci_bus_id"_a);
+  m.def("gpu_compute_processes", &ferry::gpu_compute_processes, "cuda_device"_a);
   // ferry bench --overlap: what the GPU's clocks did while something ran.
   nb::class_<ferry::ClockSampler>(m, "ClockSampler")
       .def(nb::init<std::string, int>(), "pci_bus_id"_a, "period_us"_a = 500)

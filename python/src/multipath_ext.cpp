@@ -6,6 +6,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include "topo/topology.hpp"
 #include "xfer/multipath.hpp"
 
 namespace nb = nanobind;
@@ -20,8 +21,9 @@ void bind_multipath(nb::module_& m) {
           "__init__",
           [](MultipathEngine* self, const std::vector<int>& links, size_t chunk_bytes, size_t threshold_bytes,
              int outstanding, bool own_link_first, const std::vector<bool>& may_relay, double timeout_s,
-             long long head_bytes, int own_share_on_stream) {
+             long long head_bytes, int own_share_on_stream, bool relays_idle) {
             MultipathOptions o;
+            if (relays_idle) o.processes_on = ferry::gpu_compute_processes;
             o.head_bytes = head_bytes < 0 ? SIZE_MAX : static_cast<size_t>(head_bytes);
             o.own_share_on_stream = own_share_on_stream;
             o.link_devices = links;
@@ -34,7 +36,8 @@ void bind_multipath(nb::module_& m) {
             new (self) MultipathEngine(o);
           },
           "links"_a, "chunk_bytes"_a, "threshold_bytes"_a, "outstanding"_a, "own_link_first"_a, "may_relay"_a,
-          "timeout_s"_a, "head_bytes"_a, "own_share_on_stream"_a = -1, nb::call_guard<nb::gil_scoped_release>())
+          "timeout_s"_a, "head_bytes"_a, "own_share_on_stream"_a = -1, "relays_idle"_a = false,
+          nb::call_guard<nb::gil_scoped_release>())
       .def(
           "copy",
           [](MultipathEngine& e, uintptr_t dst, uintptr_t src, size_t bytes, uintptr_t stream, int stream_device) {

@@ -7,6 +7,7 @@
 
 #include "capi/guarded.hpp"
 #include "ferry/multipath.h"
+#include "topo/topology.hpp"
 #include "xfer/multipath.hpp"
 
 struct ferry_multipath {
@@ -34,6 +35,7 @@ ferry_result_t ferry_multipath_create(const int* devices, int count, const ferry
       if (options->outstanding) o.policy.outstanding = options->outstanding;
       o.policy.own_link_first = options->relay_first == 0;
       o.timeout_s = options->timeout_s;
+      if (options->relays_idle) o.processes_on = ferry::gpu_compute_processes;
     }
     *engine = new ferry_multipath{std::make_unique<ferry::xfer::MultipathEngine>(o)};
   });

@@ -1,5 +1,6 @@
 // NVML, opened with dlopen so that it stays optional: NUMA placement comes
 // from sysfs, NVLink state from here. Only the few declarations we use.
+#include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
 #include <cstring>
@@ -47,6 +48,8 @@ struct Nvml {
   int (*FieldValues)(nvmlDevice_t, int, nvmlFieldValue_t*) = nullptr;
   int (*PowerUsage)(nvmlDevice_t, unsigned int*) = nullptr;
   int (*ClockReasons)(nvmlDevice_t, unsigned long long*) = nullptr;
+  // Asked with no array: how many compute processes run (the struct's version does not matter then).
+  int (*ComputeProcs)(nvmlDevice_t, unsigned int*, void*) = nullptr;
 
   bool ok = false;
 
@@ -67,6 +70,9 @@ struct Nvml {
     ClockReasons = reinterpret_cast<decltype(ClockReasons)>(dlsym(lib, "nvmlDeviceGetCurrentClocksEventReasons"));
     if (!ClockReasons)
       ClockReasons = reinterpret_cast<decltype(ClockReasons)>(dlsym(lib, "nvmlDeviceGetCurrentClocksThrottleReasons"));
+    for (const char* name : {"nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2",
+                             "nvmlDeviceGetComputeRunningProcesses"})
+      if (!ComputeProcs) ComputeProcs = reinterpret_cast<decltype(ComputeProcs)>(dlsym(lib, name));
     return Init && Shutdown && HandleByPciBusId && NvLinkState && NvLinkRemotePci && Init() == 0;
   }
 };
@@ -119,6 +125,23 @@ bool read_clocks(const std::string& pci_bus_id, ClockReading* out) {
   if (nvml.ClockReasons && nvml.ClockReasons(dev, &reasons) == 0) r.reasons = reasons;
   *out = r;
   return true;
+}
+
+int gpu_compute_processes(int cuda_device) {
+  constexpr int kInsufficientSize = 7;  // NVML_ERROR_INSUFFICIENT_SIZE: the count is set
+  Nvml& nvml = nvml_once();
+  if (!nvml.ok || !nvml.ComputeProcs) return -1;
+  char bus[32] = {};
+  if (cudaDeviceGetPCIBusId(bus, sizeof bus, cuda_device) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  nvmlDevice_t dev = nullptr;
+  if (nvml.HandleByPciBusId(bus, &dev) != 0) return -1;
+  unsigned int count = 0;
+  const int r = nvml.ComputeProcs(dev, &count, nullptr);
+  if (r == 0) return 0;
+  return r == kInsufficientSize ? static_cast<int>(count) : -1;
 }
 
 void fill_from_nvml(Topology& topo) {

@@ -51,5 +51,9 @@ bool same_pci_bus_id(const std::string& a, const std::string& b);
 // NVML's total energy counter of one GPU since the driver loaded, in
 // millijoules; -1 when NVML or the counter is not available.
 long long total_energy_mj(const std::string& pci_bus_id);
+// Compute processes the driver lists on CUDA device `cuda_device`, this one
+// included where it holds a context there; -1 where NVML cannot tell.
+// Processes of other containers may not be listed.
+int gpu_compute_processes(int cuda_device);
 
 }  // namespace ferry

@@ -88,6 +88,17 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
   FERRY_ARG_CHECK(static_cast<int>(policy_.may_relay.size()) == n, "may_relay: expected one entry per link");
   link_rate_.assign(n, 0);
   link_late_.assign(n, {});
+  others_.assign(n, false);
+  processes_on_ = options.processes_on;
+  if (processes_on_) {
+    // What the engine will look at from its thread: known now, or refused.
+    for (int i = 0; i < n; ++i) {
+      const int p = processes_on_(links_[i]);
+      FERRY_ARG_CHECK(p >= 0, "relays='idle': the programs running on " + dev_name(links_[i]) +
+                                  " cannot be listed (NVML is missing or refused); pass relays='all' or a list");
+      others_[i] = gpu_runs_other_programs(p);
+    }
+  }
 
   // A relay's copy engine writes into (or reads from) the target over
   // NVLink: peer access both ways between every two GPUs. A GPU that cannot
@@ -434,11 +445,14 @@ MultipathReport MultipathEngine::copy_batch(const std::vector<MultipathPiece>& p
   double own_fraction = -1;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (size_t i = 0; i < links_.size(); ++i)
-      if (static_cast<int>(i) != own && policy_.may_relay[i]) ++relays;
+    std::vector<bool> relaying = policy_.may_relay;
+    for (size_t i = 0; i < links_.size(); ++i) {
+      relaying[i] = relaying[i] && !others_[i];
+      if (static_cast<int>(i) != own && relaying[i]) ++relays;
+    }
     if (own >= 0)
-      own_fraction = multipath_own_fraction(link_rate_, policy_.may_relay, own,
-                                            link_late_[own][MultipathScheduler::lane(route.to_device)]);
+      own_fraction =
+          multipath_own_fraction(link_rate_, relaying, own, link_late_[own][MultipathScheduler::lane(route.to_device)]);
   }
   DeviceScope on(stream_device);
   MultipathCase facts;
@@ -854,6 +868,26 @@ void MultipathEngine::watch() {
 // and direction of the copies under way or just ended (board_posts; each to
 // last kMultipathBoardHoldS unless renewed), withdraws the rest, and reserves
 // links as board_reservations says.
+// relays="idle": every kOtherProgramsLookS, which links' GPUs run another
+// program; those relay nothing until they run none.
+void MultipathEngine::look_for_other_programs(double now) {
+  if (!processes_on_ || now - others_at_ < kOtherProgramsLookS) return;
+  others_at_ = now;
+  std::map<int, bool> by_gpu;  // loopback links share their GPU's answer
+  for (int l = 0; l < static_cast<int>(links_.size()); ++l) {
+    if (!by_gpu.count(links_[l])) by_gpu[links_[l]] = gpu_runs_other_programs(processes_on_(links_[l]));
+    const bool others = by_gpu[links_[l]];
+    if (others == sched_->other_programs(l)) continue;
+    sched_->set_other_programs(l, others);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      others_[l] = others;
+    }
+    debug_log("multipath: " + dev_name(links_[l]) + (others ? " relays nothing" : " relays again") +
+              " (relays='idle'): " + (others ? "another program runs on it" : "no other program runs on it"));
+  }
+}
+
 void MultipathEngine::read_board(const std::deque<Transfer>& active, double now) {
   constexpr double kBoardLookS = 20e-6;
   if (!board_ || now - board_at_ < kBoardLookS) return;
@@ -960,6 +994,7 @@ void MultipathEngine::run() {
         if (broken_) throw_error(FERRY_ERROR_BROKEN, error_);  // the watchdog let every stream go
       }
       const double t_now = steady_seconds();
+      look_for_other_programs(t_now);
       // Start: copies whose streams got there, in the order they were made.
       for (auto it = pending.begin(); it != pending.end();) {
         if (it->gate->reached->value() < it->generation) {

@@ -53,6 +53,11 @@ struct MultipathOptions {
   int own_share_on_stream = -1;
   MultipathPolicy policy;  // outstanding chunks per link, own link first, which links may relay
   double timeout_s = 0;    // 0: FERRY_TIMEOUT_S; bound on a copy once its stream got to it
+  // relays="idle": how many compute processes run on a CUDA device, this one
+  // included (-1: not known); a link relays only while its GPU runs no other
+  // program (gpu_runs_other_programs), looked at every
+  // kOtherProgramsLookS. Empty: every link policy.may_relay allows relays.
+  std::function<int(int device)> processes_on;
 };
 
 // One copy of a batch: `bytes` from `src` to `dst`.
@@ -281,6 +286,11 @@ class MultipathEngine {
   std::set<BoardKey> board_posted_;         // posted at the last look
   std::map<BoardKey, double> board_ended_;  // when a copy there last landed (board_posts)
   double board_at_ = -1;
+  // relays="idle" (MultipathOptions::processes_on): what counts the programs
+  // on a GPU, and when the engine's thread last looked.
+  std::function<int(int)> processes_on_;
+  double others_at_ = -1;
+  void look_for_other_programs(double now);  // the engine's thread
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -299,6 +309,8 @@ class MultipathEngine {
   // probe came back late.
   std::vector<double> link_rate_;
   std::vector<std::array<bool, MultipathScheduler::kLanes>> link_late_;
+  // By link: its GPU runs another program (relays="idle"): it relays nothing.
+  std::vector<bool> others_;
   std::vector<std::atomic<size_t>> bytes_;
   std::thread thread_;
   std::thread watchdog_;

@@ -90,7 +90,9 @@ MultipathChoice choose_multipath(const MultipathCase& k) {
         "the host memory is pageable: the driver stages it through its own buffer, and a peer's copy engine "
         "cannot read it";
   else if (k.usable_relays <= 0)
-    c.reason = "no peer GPU may relay (none reachable, none allowed, or none with room for its staging buffers)";
+    c.reason =
+        "no peer GPU may relay (none reachable, none allowed, none with room for its staging buffers, or with "
+        "relays='idle' another program runs on each)";
   else if (k.bytes < k.threshold_bytes)
     c.reason =
         std::to_string(k.bytes) + " bytes is below the multipath threshold of " + std::to_string(k.threshold_bytes);
@@ -153,6 +155,7 @@ MultipathScheduler::MultipathScheduler(int links, MultipathPolicy policy)
       late_(links, std::vector<bool>(kLanes, false)),
       resort_(links, std::vector<bool>(kLanes, false)),
       reserved_(links, std::vector<bool>(kLanes, false)),
+      others_(links, false),
       expected_(links * kLanes, -std::numeric_limits<double>::infinity()) {
   FERRY_ARG_CHECK(links >= 1, "links must be at least 1");
   FERRY_ARG_CHECK(policy_.outstanding >= 1, "outstanding must be at least 1");

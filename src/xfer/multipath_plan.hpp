@@ -212,6 +212,14 @@ struct MultipathPolicy {
   double keep_warm_s = 0;
 };
 
+// relays="idle": a GPU relays only while no other program runs on it.
+// `processes`: the compute processes the driver lists on that GPU, this one
+// included (it holds a context on every GPU of its links); -1: not known,
+// which counts as in use.
+inline bool gpu_runs_other_programs(int processes) { return processes < 0 || processes > 1; }
+// How often the engine looks again (NVML's list costs tens of microseconds a GPU).
+constexpr double kOtherProgramsLookS = 0.5;
+
 // One chunk given to a link: the transfer's target GPU and whether it relays.
 struct Assignment {
   int transfer = -1;
@@ -336,6 +344,10 @@ class MultipathScheduler {
   // and probes for none (but those of a transfer whose own share is on the
   // caller's stream); it still carries its own GPU's.
   void reserve(int link, int lane, bool on) { reserved_.at(link).at(lane) = on; }
+  // `link`'s GPU runs another program (relays="idle"), or no longer: while
+  // on, `link` relays nothing (it still carries its own GPU's chunks).
+  void set_other_programs(int link, bool on) { others_.at(link) = on; }
+  bool other_programs(int link) const { return others_.at(link); }
   bool reserved(int link, int lane) const { return reserved_.at(link).at(lane); }
   bool waiting(int target) const {
     for (int lane = 0; lane < kLanes; ++lane)
@@ -382,7 +394,7 @@ class MultipathScheduler {
     if (link == target) return carries_own(link, lane);
     return may_relay(link) && (!reserved_[link][lane] || front_own_on_stream(target, lane));
   }
-  bool may_relay(int link) const { return policy_.may_relay.empty() || policy_.may_relay[link]; }
+  bool may_relay(int link) const { return (policy_.may_relay.empty() || policy_.may_relay[link]) && !others_[link]; }
   // The next chunk waiting for `target` in `lane` is of a transfer whose own share is on the caller's stream.
   bool front_own_on_stream(int target, int lane) const {
     const auto& w = waiting_[queue_of(target, lane)];
@@ -409,6 +421,7 @@ class MultipathScheduler {
   std::vector<std::vector<bool>> late_;          // by link and lane: the last probe came back late
   std::vector<std::vector<bool>> resort_;        // by link and lane: took chunks while held, until a prompt probe
   std::vector<std::vector<bool>> reserved_;      // by link and lane: another program copies its GPU's own data
+  std::vector<bool> others_;                     // by link: another program runs on its GPU (relays="idle")
   std::vector<double> expected_;                 // by queue: a copy is on its way there until then (expect())
   std::vector<size_t> remaining_;                // chunks not yet landed, by transfer
   std::vector<size_t> chunk_max_;                // by transfer: its largest chunk as added, the most a relay takes

@@ -190,6 +190,52 @@ def _copies_run_while_every_sm_is_held(eng):
     assert not held(kernel), "a kernel finished while every SM was held: the probe cannot tell"
 
 
+def test_idle_relays_keep_off_a_gpu_another_program_runs_on():
+    """relays='idle' on one GPU (its relays are loopback links through it):
+    while another process holds a context there, a copy runs as one plain
+    copy; once it exits, within a look (half a second), the relays carry
+    again. Every byte checked."""
+    import subprocess
+    import sys
+
+    native = ferry._native.require()
+    torch.zeros(1, device="cuda:0")
+    if native.gpu_compute_processes(0) < 1:
+        pytest.skip("NVML lists no process on this GPU, not even this one (another PID namespace)")
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import sys, torch; torch.zeros(1, device='cuda:0'); print('up', flush=True); "
+         "sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert other.stdout.readline().strip() == "up"
+        assert native.gpu_compute_processes(0) >= 2, "NVML does not list the other process"
+        e = mp.Engine(devices=[0], loopback=2, relays="idle", chunk_bytes=MiB + 4097, min_bytes=2 * MiB)
+        n = 24 * MiB + 7
+        src = pinned(n)
+        src.copy_(rand(n, seed=11))
+        dev = torch.full((n,), POISON, dtype=torch.uint8, device="cuda:0")
+        r = e.copy(dev, src)
+        torch.cuda.current_stream(0).synchronize()
+        e.check()
+        assert not r["multipath"] and "relay" in r["reason"], r
+        assert torch.equal(dev.cpu(), src)
+    finally:
+        other.stdin.close()
+        other.wait(timeout=60)
+    time.sleep(1.0)  # two looks of the engine's thread
+    dev.fill_(POISON)
+    before = e.bytes_by_link()
+    r = e.copy(dev, src)
+    torch.cuda.current_stream(0).synchronize()
+    e.check()
+    assert r["multipath"], r
+    after = e.bytes_by_link()
+    assert after[1] > before[1] or after[2] > before[2], (before, after)
+    assert torch.equal(dev.cpu(), src)
+    e.close()
+
+
 def test_repeated_and_concurrent_streams(eng):
     streams = [torch.cuda.Stream(0) for _ in range(2)]
     n = 6 * MiB + 11

@@ -12,7 +12,7 @@ import pytest
         ({"devices": [0, 0]}, "lists a GPU twice"),
         ({"devices": []}, "expected at least one GPU"),
         ({"devices": [0], "loopback": -1}, "loopback is -1"),
-        ({"devices": [0], "relays": "idle"}, "expected 'all' or a list"),
+        ({"devices": [0], "relays": "busy"}, "relays is 'busy'; expected 'all', 'idle' or a list"),
         ({"devices": [0, 1], "relays": [2]}, r"relays: \[2\] are not among devices \[0, 1\]"),
         ({"devices": [0], "chunk_bytes": -1}, "chunk_bytes is -1"),
         ({"devices": [0], "min_bytes": -5}, "min_bytes is -5"),

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <random>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "core/error.hpp"
@@ -760,6 +761,64 @@ TEST_F(MultipathSim, OnlySomeGpusRelayIntoAnotherGpusDefaultStream) {
   const auto used = e.bytes_by_link();
   EXPECT_GT(used[0], 0u);
   EXPECT_GT(used[1], 0u);
+}
+
+// relays="idle": a GPU another program runs on relays nothing while it does
+// (the copy goes over the others, or as one plain copy where none is left),
+// and relays again within kOtherProgramsLookS of that program's end; a GPU
+// whose programs cannot be listed is refused when the engine is made.
+TEST_F(MultipathSim, IdleRelaysKeepOffGpusOtherProgramsRunOn) {
+  static std::atomic<int> on_gpu1{2};  // this program and another
+  MultipathOptions o = options({0, 1, 2}, 2 * MiB, MiB);
+  o.processes_on = [](int device) { return device == 1 ? on_gpu1.load() : 1; };
+  MultipathEngine e(o);
+  const size_t n = 48 * MiB + 3;
+  auto copy_in = [&](unsigned seed) {
+    Buf src(n, -1), dst(n, 0);
+    fill(src, seed);
+    cudaStream_t s = new_stream(0);
+    const auto before = e.bytes_by_link();
+    auto r = e.copy(dst.p, src.p, n, s);
+    EXPECT_TRUE(drained(s));
+    e.check();
+    EXPECT_EQ(std::memcmp(dst.p, src.p, n), 0);
+    const auto after = e.bytes_by_link();
+    std::vector<size_t> moved(after.size());
+    for (size_t i = 0; i < after.size(); ++i) moved[i] = after[i] - before[i];
+    return std::make_pair(r, moved);
+  };
+  auto [r, moved] = copy_in(1);
+  EXPECT_TRUE(r.multipath) << r.reason;
+  EXPECT_EQ(r.links, 2);  // GPU 0's own link and GPU 2's
+  EXPECT_EQ(moved[1], 0u) << "a GPU another program runs on relayed";
+  EXPECT_GT(moved[2], 0u);
+  on_gpu1 = 1;  // the other program ended
+  std::this_thread::sleep_for(std::chrono::duration<double>(ferry::xfer::kOtherProgramsLookS + 0.2));
+  std::tie(r, moved) = copy_in(2);
+  EXPECT_EQ(r.links, 3);
+  EXPECT_GT(moved[1], 0u) << "GPU 1 did not relay again once no other program ran on it";
+
+  // Every peer in use: one plain copy, saying why.
+  MultipathOptions busy = options({0, 1}, 2 * MiB, MiB);
+  busy.processes_on = [](int device) { return device == 0 ? 1 : 3; };
+  MultipathEngine b(busy);
+  Buf src(n, -1), dst(n, 0);
+  fill(src, 3);
+  cudaStream_t s = new_stream(0);
+  const auto plain = b.copy(dst.p, src.p, n, s);
+  ASSERT_TRUE(drained(s));
+  EXPECT_FALSE(plain.multipath);
+  EXPECT_FALSE(plain.reason.empty());
+  EXPECT_EQ(std::memcmp(dst.p, src.p, n), 0);
+
+  MultipathOptions unknown = options({0, 1});
+  unknown.processes_on = [](int) { return -1; };
+  try {
+    MultipathEngine u(unknown);
+    ADD_FAILURE() << "an engine whose GPUs' programs cannot be listed was made";
+  } catch (const ferry::Error& err) {
+    EXPECT_NE(std::string(err.what()).find("relays='idle'"), std::string::npos) << err.what();
+  }
 }
 
 // Under lazy module loading a kernel's first launch while a copy holds its
