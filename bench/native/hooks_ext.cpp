@@ -2,6 +2,7 @@
 // library and the extension users load. A kernel that spins and then fires a
 // device trigger, one that holds every SM, and single launches of the
 // production kernels a benchmark times alone (a local copy, a reduction).
+#include <cuda_runtime_api.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
@@ -39,6 +40,23 @@ NB_MODULE(_hooks, m) {
           "stream"_a, "max_s"_a)
       .def("release", &ferry::SmHolder::release)
       .def_prop_ro("blocks", &ferry::SmHolder::blocks);
+  // For measurements (python -m ferry.bench.kv, the field's approach): `count`
+  // copies (host arrays of destinations, sources and sizes at these
+  // addresses) in one cudaMemcpyBatchAsync call, whatever their number, as
+  // vLLM submits a transfer; sources read in any order with `any_order`.
+  m.def(
+      "memcpy_batch_once",
+      [](uintptr_t dsts, uintptr_t srcs, uintptr_t sizes, size_t count, bool any_order, uintptr_t stream) {
+        if (count == 0) return;
+        cudaMemcpyAttributes attr{};
+        attr.srcAccessOrder = any_order ? cudaMemcpySrcAccessOrderAny : cudaMemcpySrcAccessOrderStream;
+        attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+        size_t attr_idx = 0;
+        FERRY_CUDA_CHECK(cudaMemcpyBatchAsync(reinterpret_cast<void**>(dsts), reinterpret_cast<const void**>(srcs),
+                                              reinterpret_cast<size_t*>(sizes), count, &attr, &attr_idx, 1,
+                                              reinterpret_cast<cudaStream_t>(stream)));
+      },
+      "dsts"_a, "srcs"_a, "sizes"_a, "count"_a, "any_order"_a, "stream"_a);
   // For measurements (ferry bench --local-copy): one copy within a GPU, by `how`.
   m.def(
       "copy_local",

@@ -75,6 +75,7 @@ INLINE = {
     "kernel": dict(mode="kernel"),
     "auto": dict(mode="auto"),
     "auto-zero-sm": dict(mode="auto", zero_sm=True),
+    # One cudaMemcpyBatchAsync call for the whole transfer, whatever its copies (_batched_once).
     "vllm-batched": dict(mode="batched", merge=False, pitched=False, settled_fetch=True),
     "sglang-kernel": dict(mode="kernel", kernel_blocks=2, kernel_threads=1024, kernel_chunk=1 << 62),
     "vllm-kernel": dict(mode="kernel", kernel_blocks=12, kernel_threads=512),
@@ -437,6 +438,8 @@ class _ImplRun:
                     dst, src, self.dev_ids[k][0], self.dev_ids[k][1], stream=st, mode="kernel"
                 )
                 self.sms = max(self.sms, rep["sms"])
+            elif self.impl == "vllm-batched":
+                _batched_once(self.torch, dst, src, d, s, st, any_order=direction == "fetch")
             else:
                 kw = dict(INLINE[self.impl])
                 settled = kw.pop("settled_fetch", False) and direction == "fetch"
@@ -487,6 +490,27 @@ class _ImplRun:
             pt["op"], self.impl, pt["page_bytes"], pt["count"], time_us, host_us, self.sms, self.submitted,
             pt["gpu"], pt["date"], wrong, pt["tensors"], pt["layout"],
         )  # fmt: skip
+
+
+def _batched_once(torch, dst, src, dst_ids, src_ids, stream, any_order: bool) -> None:
+    """vLLM's submission re-implemented: one copy per page and tensor, their
+    addresses computed with tensor arithmetic, all in one cudaMemcpyBatchAsync
+    call however many there are (ferry splits its batched calls at
+    FERRY_BATCH_MAX copies); the sources read in any order for fetches."""
+    from ferry._native import hooks
+
+    d = torch.as_tensor(dst_ids, dtype=torch.int64)
+    s = torch.as_tensor(src_ids, dtype=torch.int64)
+    dsts, srcs, sizes = [], [], []
+    for a, b in zip(_as_list(dst), _as_list(src)):
+        page = a[0].numel() * a.element_size()
+        dsts.append(a.data_ptr() + d * (a.stride(0) * a.element_size()))
+        srcs.append(b.data_ptr() + s * (b.stride(0) * b.element_size()))
+        sizes.append(torch.full_like(d, page))
+    dsts, srcs, sizes = torch.cat(dsts), torch.cat(srcs), torch.cat(sizes)
+    hooks().memcpy_batch_once(
+        dsts.data_ptr(), srcs.data_ptr(), sizes.data_ptr(), dsts.numel(), any_order, stream.cuda_stream
+    )
 
 
 class Feeder:
