@@ -361,6 +361,22 @@ class Heap:
             [_stream_handle(s, devices[i]) for i, s in enumerate(streams)], bool(kernel)
         )
 
+    def quiet(self, stream=None) -> None:
+        """Holds `stream` until every put, get and signal of this rank (with
+        init_local: of each local rank, one stream each or None) made through
+        the heap on any stream has completed, so that a peer told afterwards
+        sees them; no kernel. Calls on `stream` itself are before it already.
+        A stream capturing a CUDA graph is refused (the graph orders what it
+        captured)."""
+        self._open("quiet")
+        devices = self._comm.devices
+        if self._local:
+            streams = [None] * len(devices) if stream is None else self._comm._per_rank(stream, "stream")
+        else:
+            streams = [stream]
+        for i, s in enumerate(streams):
+            self._h.quiet(i, _stream_handle(s, devices[i]))
+
     def close(self) -> None:
         """Unmaps this process's view of the heap (not collective). Tensors on it
         become invalid: finish the work that uses them first (synchronize their

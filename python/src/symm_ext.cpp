@@ -128,5 +128,8 @@ void bind_symm(nb::module_& m) {
             for (uintptr_t x : streams) s.push_back(stream(x));
             h.barrier_on_stream(s, kernel);
           },
-          "streams"_a, "kernel"_a = false, nb::call_guard<nb::gil_scoped_release>());
+          "streams"_a, "kernel"_a = false, nb::call_guard<nb::gil_scoped_release>())
+      .def(
+          "quiet", [](SymmetricHeap& h, int local, uintptr_t s) { h.quiet(local, stream(s)); }, "local"_a, "stream"_a,
+          nb::call_guard<nb::gil_scoped_release>());
 }

@@ -82,6 +82,7 @@ std::unique_ptr<SymmetricHeap> SymmetricHeap::create(const Group& g, size_t capa
     h->barrier_generation_.assign(g.local_count(), 0);
     h->staging_next_.assign(g.local_count(), 0);
     h->spare_events_.assign(g.local_count(), {});
+    h->issued_.assign(g.local_count(), {});
     if (h->front_) h->grow(h->front_);
     // ferry's words start at zero on every rank before any peer may touch them.
     // A stream of its own: the device may hold work that waits for the host
@@ -130,6 +131,14 @@ void SymmetricHeap::close() {
     }
   }
   spare_events_.clear();
+  for (size_t i = 0; i < issued_.size(); ++i) {
+    try {
+      DeviceScope on(group_.devices[i]);
+      for (auto& [stream, e] : issued_[i]) cudaEventDestroy(e);
+    } catch (const std::exception&) {  // a broken device: its events went with its context
+    }
+  }
+  issued_.clear();
   if (!driver_available()) return;
   const DriverApi& cu = driver();
   for (auto& [region, reg] : registrations_) unmap_chunks(reg.chunks);
@@ -583,6 +592,7 @@ void SymmetricHeap::put(int local, void* dst, const void* src, size_t bytes, int
   FERRY_ARG_CHECK(bytes == 0 || src != nullptr, "put: src is a null pointer");
   DeviceScope on(group_.devices[local]);
   dma::copy_one(stream, Copy{at(peer, off), src, bytes});
+  issued(local, stream);
 }
 
 void SymmetricHeap::get(int local, void* dst, const void* src, size_t bytes, int peer, cudaStream_t stream) {
@@ -592,6 +602,7 @@ void SymmetricHeap::get(int local, void* dst, const void* src, size_t bytes, int
   FERRY_ARG_CHECK(bytes == 0 || dst != nullptr, "get: dst is a null pointer");
   DeviceScope on(group_.devices[local]);
   dma::copy_one(stream, Copy{dst, at(peer, off), bytes});
+  issued(local, stream);
 }
 
 void SymmetricHeap::signal(int local, uint64_t* sig, uint64_t value, int peer, cudaStream_t stream) {
@@ -609,6 +620,38 @@ void SymmetricHeap::signal(int local, uint64_t* sig, uint64_t value, int peer, c
       &reinterpret_cast<device::HeapSync*>(at(me, 0))->staging[staging_next_[local]++ % device::kStagingSlots];
   dma::mem_ops(stream, {MemOp{MemOp::Kind::kWrite, slot, value}});
   dma::copy_one(stream, Copy{at(peer, off), slot, sizeof(uint64_t)});
+  issued(local, stream);
+}
+
+void SymmetricHeap::issued(int local, cudaStream_t stream) {
+  if (dma::is_capturing(stream)) return;  // runs when the graph does: ordered by the graph
+  std::lock_guard<std::mutex> lock(issued_mu_);
+  cudaEvent_t& e = issued_[local][stream];
+  if (!e) FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  FERRY_CUDA_CHECK(cudaEventRecord(e, stream));
+}
+
+void SymmetricHeap::quiet(int local, cudaStream_t stream) {
+  FERRY_ARG_CHECK(!closed_, "quiet: the heap is closed");
+  check_local(local, "quiet");
+  DeviceScope on(group_.devices[local]);
+  FERRY_ARG_CHECK(!dma::is_capturing(stream),
+                  "quiet: the stream is capturing a CUDA graph; the puts, gets and signals in a graph are ordered "
+                  "by the graph itself");
+  std::lock_guard<std::mutex> lock(issued_mu_);
+  auto& by_stream = issued_[local];
+  for (auto it = by_stream.begin(); it != by_stream.end();) {
+    if (it->first != stream) FERRY_CUDA_CHECK(cudaStreamWaitEvent(stream, it->second, 0));
+    // Done already: nothing to wait for at the next quiet, and its stream may be gone by then.
+    const cudaError_t q = cudaEventQuery(it->second);
+    if (q == cudaErrorNotReady) {
+      ++it;
+      continue;
+    }
+    if (q != cudaSuccess) cudaGetLastError();
+    cudaEventDestroy(it->second);
+    it = by_stream.erase(it);
+  }
 }
 
 void SymmetricHeap::wait(int local, const uint64_t* sig, uint64_t value, int from, cudaStream_t stream) {

@@ -119,6 +119,12 @@ class SymmetricHeap {
   // engines (no kernel) it cannot be captured; with `kernel`, one warp per
   // rank runs the device API's barrier (capturable).
   void barrier_on_stream(const std::vector<cudaStream_t>& streams, bool kernel = false);
+  // Holds `stream` until every put, get and signal local rank `local` made
+  // through the heap, on any stream, has completed (each on the copy engine
+  // that carried it, so the peer can see it); no kernel. Those made on
+  // `stream` itself are before it already. Calls captured in a CUDA graph
+  // are ordered by the graph; a capturing `stream` is refused.
+  void quiet(int local, cudaStream_t stream);
 
  private:
   struct Chunk {
@@ -154,7 +160,8 @@ class SymmetricHeap {
   void check_local(int local, const char* what) const;
   // The offset of [p, p + bytes) in local rank `local`'s own heap; throws naming `what` elsewhere.
   size_t own_offset(int local, const void* p, size_t bytes, const char* what) const;
-  void check_words(const char* what) const;  // refuses `what` on a heap of memory only
+  void check_words(const char* what) const;     // refuses `what` on a heap of memory only
+  void issued(int local, cudaStream_t stream);  // after a put, get or signal on `stream` (quiet)
   void watch(int local, const uint64_t* word, uint64_t value, int from, const char* what, cudaStream_t stream);
   void watcher_loop();
 
@@ -187,6 +194,10 @@ class SymmetricHeap {
   // the heap, not when a wait is already stuck) and the pinned words it copies from.
   std::vector<cudaStream_t> rescue_;
   std::vector<uint64_t*> rescue_values_;
+  // By local rank: for each stream a put, get or signal went on since the
+  // last quiet, an event recorded after the latest of them (quiet waits for these).
+  std::mutex issued_mu_;
+  std::vector<std::map<cudaStream_t, cudaEvent_t>> issued_;
 };
 
 }  // namespace ferry

@@ -845,6 +845,39 @@ class Suite:
                     gets[i],
                     data(torch, (r + 1) % W, salt + "/back", n, self.devs[i]),
                 )
+        # quiet on another stream: a put held back on its stream by a kernel
+        # that sleeps, then quiet and a signal on a side stream; the peer's
+        # read after the signal sees the put (without quiet the signal
+        # would go out first and the peer read poison).
+        for rnd in range(2):
+            salt = f"quiet/{rnd}"
+            srcs, outs = [], []
+            for i, r in enumerate(self.ranks):
+                buf[i].fill_(POISON)
+                srcs.append(data(torch, r, salt, n, self.devs[i]))
+                outs.append(torch.full((n,), POISON, dtype=torch.uint8, device=self.devs[i]))
+            self.barrier()
+            for i, r in enumerate(self.ranks):
+                with torch.cuda.stream(self.streams[i]):
+                    torch.cuda._sleep(50_000_000)
+                self.heap.put(buf[i], srcs[i], (r + 1) % W, stream=self.streams[i])
+            self.heap.quiet(self.side if self.local else self.side[0])
+            for i, r in enumerate(self.ranks):
+                self.heap.signal(sig[i][1:2], rnd + 1, (r + 1) % W, stream=self.side[i])
+            for i, r in enumerate(self.ranks):
+                self.heap.wait(sig[i][1:2], rnd + 1, from_rank=(r - 1) % W, stream=self.side[i])
+                with torch.cuda.stream(self.side[i]):
+                    outs[i].copy_(buf[i])
+            self.barrier()
+            for i, r in enumerate(self.ranks):
+                self.expect_equal(
+                    f"rank {r} put, quiet on another stream, signal: round {rnd}",
+                    outs[i],
+                    data(torch, (r - 1) % W, salt, n, self.devs[i]),
+                )
+        self.expect_error(
+            "quiet on a capturing stream", "quiet: the stream is capturing", lambda: self._quiet_capturing()
+        )
         # Many barriers back to back, no host wait between them.
         for _ in range(50):
             self.heap.barrier_on_stream(self.streams if self.local else self.streams[0])
@@ -853,6 +886,11 @@ class Suite:
         self.checks += 1
         for t in (buf, back, sig):
             self.heap.free(t if self.local else t[0])
+
+    def _quiet_capturing(self):
+        s = self.side[0]
+        with self.capturing(s):
+            self.heap.quiet([s] + self.side[1:] if self.local else s)
 
     def stream_barrier_order(self):
         """barrier_on_stream with copy engines and with its kernel: each rank
