@@ -879,6 +879,43 @@ def test_zero_sm_graph_and_prepared_run_while_every_sm_is_held(kv):
         assert torch.equal(as_bytes(dst), want), f"prepared {direction}: pages differ"
 
 
+def test_host_pool_backing_huge_pages_and_placement(kv):
+    """Pools from 64 MiB are mmap + cudaHostRegister (huge pages asked for
+    unless refused), smaller ones cudaHostAlloc, placed by the driver; huge
+    pages required either come or are refused naming the reserve; every
+    kind of pool carries a fetch and a save byte for byte."""
+    import ferry
+
+    torch = _torch()
+    big = kv.HostPool(256 << 20)
+    assert big.backing == "mmap+cudaHostRegister", big.backing
+    assert big.huge_pages in ("hugetlb", "thp"), big.huge_pages
+    small = kv.HostPool(1 << 20)
+    assert small.backing == "cudaHostAlloc" and small.numa_node == -1 and small.huge_pages == "none"
+    plain = kv.HostPool(64 << 20, huge_pages=False, numa_node=-1)
+    assert plain.backing == "mmap+cudaHostRegister" and plain.huge_pages == "none" and plain.numa_node == -1
+    pools = [big, small, plain]
+    try:
+        required = kv.HostPool(64 << 20, huge_pages=True)
+        assert required.huge_pages == "hugetlb"
+        pools.append(required)
+    except ferry.InvalidArgumentError as e:
+        assert "nr_hugepages" in str(e), e
+    gpu = torch.empty((16, 65536), dtype=torch.uint8, device="cuda")
+    for pool in pools:
+        host = pool.tensor((16, 65536), torch.uint8)
+        fill_random(host)
+        gpu.fill_(POISON)
+        kv.copy_blocks(gpu, host, list(range(16)), list(range(15, -1, -1)), zero_sm=True)
+        torch.cuda.synchronize()
+        assert torch.equal(gpu.cpu(), host.flip(0)), pool.backing
+        host.fill_(0)
+        kv.copy_blocks(host, gpu, list(range(16)), list(range(16)), zero_sm=True)
+        torch.cuda.synchronize()
+        assert torch.equal(host, gpu.cpu()), pool.backing
+        del host
+
+
 def test_pool_is_not_freed_under_a_transfer(kv):
     import ferry
 
