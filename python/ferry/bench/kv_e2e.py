@@ -21,7 +21,9 @@ K and V tensors [n, 16, kv heads, head dim], in token order, viewed (no copy) as
 
 Impls (ferry.kv.copy_blocks modes): ferry-auto (mode="auto"), ferry-zero-sm
 (mode="auto", zero_sm=True), per-page (one cudaMemcpyAsync per page, the
-baseline), batched (one cudaMemcpyBatchAsync, contiguous runs merged), kernel (an
+baseline), batched (a copy per page and tensor, contiguous runs merged, submitted
+by ferry in cudaMemcpyBatchAsync calls of FERRY_BATCH_MAX copies; vLLM's one call
+for the whole transfer is python -m ferry.bench.kv's vllm-batched), kernel (an
 SM gather kernel reading pinned host memory in place). Per point, every impl
 runs once untimed with its destination poisoned (all bits set), and its fetched
 KV is compared byte for byte with the host pool (throughput: the last wave's)
@@ -141,7 +143,7 @@ IMPLS: Dict[str, dict] = {
     "ferry-auto": dict(mode="auto", zero_sm=False),
     "ferry-zero-sm": dict(mode="auto", zero_sm=True),
     "per-page": dict(mode="per_page", zero_sm=False),
-    # The field's approach (vLLM): one batched call, a copy per page and tensor.
+    # The field's approach (vLLM): a copy per page and tensor, batched (ferry splits the calls at FERRY_BATCH_MAX).
     "batched": dict(mode="batched", zero_sm=False, pitched=False),
     "kernel": dict(mode="kernel", zero_sm=False),
 }
