@@ -85,6 +85,8 @@ MultipathChoice choose_multipath(const MultipathCase& k) {
   MultipathChoice c;
   if (!k.own_link)
     c.reason = "cuda:" + std::to_string(k.device) + " has no link in this engine";
+  else if (!k.range_end.empty())
+    c.reason = k.range_end + ": the range runs past the memory it starts in, and its chunks could not all be relayed";
   else if (!k.host_pinned)
     c.reason =
         "the host memory is pageable: the driver stages it through its own buffer, and a peer's copy engine "
@@ -105,20 +107,28 @@ MultipathChoice choose_multipath(const MultipathCase& k) {
   return c;
 }
 
+std::string mem_kind_name(MemKind k, int device) {
+  switch (k) {
+    case MemKind::kPageable:
+      return "pageable host memory";
+    case MemKind::kPinnedHost:
+      return "pinned host memory";
+    case MemKind::kManaged:
+      return "managed memory";
+    default:
+      return "GPU memory (cuda:" + std::to_string(device) + ")";
+  }
+}
+
+std::string multipath_range_end(const char* what, MemKind first, int first_device, MemKind last, int last_device) {
+  if (first == last && (first != MemKind::kDevice || first_device == last_device)) return "";
+  return std::string(what) + " starts in " + mem_kind_name(first, first_device) + " and its last byte is in " +
+         mem_kind_name(last, last_device);
+}
+
 MultipathRoute route_multipath(MemKind dst, int dst_device, MemKind src, int src_device) {
   MultipathRoute r;
-  auto name = [](MemKind k, int d) {
-    switch (k) {
-      case MemKind::kPageable:
-        return std::string("pageable host memory");
-      case MemKind::kPinnedHost:
-        return std::string("pinned host memory");
-      case MemKind::kManaged:
-        return std::string("managed memory");
-      default:
-        return "GPU memory (cuda:" + std::to_string(d) + ")";
-    }
-  };
+  const auto name = mem_kind_name;
   if (dst == MemKind::kManaged || src == MemKind::kManaged) {
     r.error = std::string(dst == MemKind::kManaged ? "dst" : "src") +
               " is managed memory; multipath copies move between host memory and GPU memory allocated as such";
