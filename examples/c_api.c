@@ -229,6 +229,45 @@ static void run_checks(ferry_comm_t comm) {
     ++wrong;
   }
 
+  /* A symmetric pool: an all_gather into one of its buffers, every byte
+   * checked; a freed buffer comes back to the next request of its stream at
+   * the same place, and a request on another stream gets another place. */
+  {
+    ferry_pool_t pool;
+    void* registered[MAX_GPUS];
+    void* again[MAX_GPUS];
+    void* other[MAX_GPUS];
+    size_t reserved = 0, in_use = 0;
+    memcpy(registered, outs, sizeof outs);
+    CHECK_FERRY(ferry_pool_create(comm, 1 << 20, &pool));
+    CHECK_FERRY(ferry_pool_alloc(pool, total, streams[0], outs));
+    fill_inputs(n, 9);
+    poison_outputs(total);
+    CHECK_FERRY(ferry_all_gather(comm, outs, (const void* const*)in_blocks, n, streams, NULL));
+    CHECK_FERRY(ferry_comm_synchronize(comm));
+    check_outputs("all_gather into a pool buffer", total, gathered, n, 9);
+    CHECK_FERRY(ferry_pool_sizes(pool, &reserved, &in_use));
+    if (reserved != (2u << 20) || in_use != (total + 511) / 512 * 512) {
+      fprintf(stderr, "pool sizes: %zu reserved, %zu in use\n", reserved, in_use);
+      ++wrong;
+    }
+    CHECK_FERRY(ferry_pool_free(pool, outs[0]));
+    CHECK_FERRY(ferry_pool_alloc(pool, total, streams[0], again));
+    CHECK_FERRY(ferry_pool_alloc(pool, total, NULL, other));
+    for (int l = 0; l < locals; ++l)
+      if (again[l] != outs[l] || other[l] == outs[l]) {
+        fprintf(stderr, "pool: rank %d reused %p for %p, and gave %p to another stream\n", ranks[l], again[l], outs[l],
+                other[l]);
+        ++wrong;
+      }
+    if (ferry_pool_free(pool, (char*)other[0] + 1) != FERRY_ERROR_INVALID_ARGUMENT) {
+      fprintf(stderr, "pool: freeing a pointer inside a buffer was not refused\n");
+      ++wrong;
+    }
+    ferry_pool_destroy(pool);
+    memcpy(outs, registered, sizeof outs);
+  }
+
   /* Bad input: the output is cudaMalloc memory ferry does not know. */
   void* unregistered[MAX_GPUS];
   for (int l = 0; l < locals; ++l) {

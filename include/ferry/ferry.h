@@ -89,6 +89,20 @@ FERRY_API ferry_result_t ferry_comm_free(ferry_comm_t comm, void* const* ptrs);
 FERRY_API ferry_result_t ferry_comm_register(ferry_comm_t comm, void* const* ptrs, const size_t* sizes);
 FERRY_API ferry_result_t ferry_comm_deregister(ferry_comm_t comm, void* const* ptrs);
 
+/* A symmetric pool: buffers collectives accept as outputs, from a few large
+ * chunks of ferry_comm_alloc memory instead of one collective alloc each.
+ * Every rank makes the same requests in the same order, so a buffer sits at
+ * the same offset on every rank. A request that does not fit adds a chunk
+ * (then the call is collective); a freed buffer is reused only by later
+ * requests on the stream it was asked for on (local rank 0's stream stands
+ * for all local ranks). Destroying the pool frees its chunks (collective). */
+typedef struct ferry_pool* ferry_pool_t;
+FERRY_API ferry_result_t ferry_pool_create(ferry_comm_t comm, size_t chunk_bytes, ferry_pool_t* pool);
+FERRY_API ferry_result_t ferry_pool_alloc(ferry_pool_t pool, size_t bytes, ferry_stream_t stream, void** ptrs);
+FERRY_API ferry_result_t ferry_pool_free(ferry_pool_t pool, const void* ptr); /* local rank 0's pointer */
+FERRY_API ferry_result_t ferry_pool_sizes(ferry_pool_t pool, size_t* reserved, size_t* in_use);
+FERRY_API void ferry_pool_destroy(ferry_pool_t pool);
+
 typedef enum {
   FERRY_ALGO_AUTO = 0, /* the selector picks from size and world */
   FERRY_ALGO_PCPY = 1, /* one copy engine stream per peer, in parallel */

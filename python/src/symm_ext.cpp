@@ -1,6 +1,9 @@
 // Python bindings of the symmetric heap (src/symm/heap.hpp): thin. Pointers
 // and streams cross as integers; ferry/symm.py turns tensors into them.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/unique_ptr.h>
@@ -10,6 +13,7 @@
 
 #include "coll/communicator.hpp"
 #include "symm/heap.hpp"
+#include "symm/pool_ranges.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -26,6 +30,15 @@ cudaStream_t stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
 }  // namespace
 
 void bind_symm(nb::module_& m) {
+  // The symmetric pool's allocator (ferry/torch.py's SymmetricPool decides with it).
+  nb::class_<ferry::PoolRanges>(m, "PoolRanges")
+      .def(nb::init<>())
+      .def("add_chunk", &ferry::PoolRanges::add_chunk, "size"_a)
+      .def("allocate", &ferry::PoolRanges::allocate, "nbytes"_a, "stream"_a)
+      .def("release", &ferry::PoolRanges::release, "chunk"_a, "offset"_a)
+      .def("bytes_in_use", &ferry::PoolRanges::bytes_in_use)
+      .def("free_ranges", &ferry::PoolRanges::free_ranges, "stream"_a)
+      .def("in_use", &ferry::PoolRanges::in_use);
   nb::class_<SymmetricHeap>(m, "SymmetricHeap")
       .def_static(
           "create",

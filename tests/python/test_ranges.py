@@ -1,5 +1,6 @@
-"""The symmetric pool's allocator (ferry.ranges): the same requests give the
-same offsets, ranges come back to their own stream only, neighbours merge."""
+"""The symmetric pool's allocator (ferry.ranges, the native PoolRanges): the
+same requests give the same offsets, ranges come back to their own stream
+only, neighbours merge. tests/cpu/test_pool_ranges.cpp checks the same in C++."""
 
 import random
 
@@ -38,7 +39,7 @@ def test_neighbours_merge_and_a_large_request_reuses_them():
     spots = [r.allocate(ALIGN, 0) for _ in range(4)]
     for s in (spots[2], spots[0], spots[1]):
         r.release(*s)
-    assert r.free_by_stream[0] == [(0, 0, 3 * ALIGN)]
+    assert r.free_ranges(0) == [(0, 0, 3 * ALIGN)]
     assert r.allocate(3 * ALIGN, 0) == (0, 0)
 
 
@@ -62,7 +63,7 @@ def test_same_sequence_same_offsets():
             out.append(spot)
             live.append(spot)
             # No two ranges in use overlap.
-            spans = sorted((c, o, o + size) for (c, o), (size, _) in r.in_use.items())
+            spans = sorted((c, o, o + size) for (c, o), (size, _) in r.in_use().items())
             assert all(a[2] <= b[1] for a, b in zip(spans, spans[1:]) if a[0] == b[0])
         return out
 

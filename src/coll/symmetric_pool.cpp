@@ -1,0 +1,73 @@
+#include "coll/symmetric_pool.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "core/error.hpp"
+
+namespace ferry {
+
+namespace {
+constexpr size_t kChunkRound = size_t{2} << 20;
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+}  // namespace
+
+SymmetricPool::SymmetricPool(Communicator& comm, size_t chunk_bytes) : comm_(&comm) {
+  FERRY_ARG_CHECK(chunk_bytes > 0 && chunk_bytes <= (size_t{1} << 50),
+                  "chunk_bytes is " + std::to_string(chunk_bytes) + "; expected a positive size");
+  chunk_bytes_ = round_up(chunk_bytes, kChunkRound);
+}
+
+SymmetricPool::~SymmetricPool() {
+  try {
+    close();
+  } catch (...) {
+  }
+}
+
+std::vector<void*> SymmetricPool::alloc(size_t bytes, cudaStream_t stream) {
+  FERRY_ARG_CHECK(comm_, "the pool is closed");
+  const uint64_t key = reinterpret_cast<uint64_t>(stream);
+  auto spot = ranges_.allocate(bytes, key);
+  if (!spot) {
+    const size_t size = std::max(chunk_bytes_, round_up(std::max<size_t>(bytes, 1), kChunkRound));
+    chunks_.push_back(comm_->alloc(size));
+    ranges_.add_chunk(size);
+    spot = ranges_.allocate(bytes, key);
+    FERRY_ARG_CHECK(spot.has_value(), "the pool's new chunk did not hold the request");
+  }
+  std::vector<void*> out;
+  for (void* base : chunks_.at(static_cast<size_t>(spot->first)))
+    out.push_back(static_cast<char*>(base) + spot->second);
+  return out;
+}
+
+void SymmetricPool::free(const void* first) {
+  FERRY_ARG_CHECK(comm_, "the pool is closed");
+  const char* p = static_cast<const char*>(first);
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    const char* base = static_cast<const char*>(chunks_[c].at(0));
+    if (p >= base && p < base + ranges_.chunk_size(static_cast<int>(c))) {
+      ranges_.release(static_cast<int>(c), static_cast<size_t>(p - base));
+      return;
+    }
+  }
+  throw_error(FERRY_ERROR_INVALID_ARGUMENT, "free: the pointer is not a buffer of this pool");
+}
+
+void SymmetricPool::close() {
+  if (!comm_) return;
+  Communicator* comm = comm_;
+  comm_ = nullptr;
+  for (const auto& chunk : chunks_) comm->free(chunk);
+  chunks_.clear();
+  ranges_ = PoolRanges();
+}
+
+size_t SymmetricPool::bytes_reserved() const {
+  size_t n = 0;
+  for (int c = 0; c < ranges_.chunks(); ++c) n += ranges_.chunk_size(c);
+  return n;
+}
+
+}  // namespace ferry
