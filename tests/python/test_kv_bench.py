@@ -238,7 +238,11 @@ def _stand_ins(copies_bytes):
             Event=lambda enable_timing: Event(), Stream=Stream, synchronize=lambda: None
         ),
     )
-    ferry_kv = types.SimpleNamespace(copy_blocks=copy, prepare=Prepared)
+    ferry_kv = types.SimpleNamespace(
+        copy_blocks=copy,
+        prepare=Prepared,
+        batched_once=lambda dst, src, d, s, stream, any_order: copy(dst, src, d, s),
+    )
 
     class Buffers:
         def sides(self, half, page_bytes, n, tensors, layout):
