@@ -392,7 +392,6 @@ MultipathReport MultipathEngine::copy_batch(const std::vector<MultipathPiece>& p
   // Every copy checked and routed; a batch's copies share one direction and one GPU.
   std::vector<Piece> parts;
   MultipathRoute route;
-  std::string range_end;  // the first range that ends in other memory than it starts in
   size_t total = 0;
   for (size_t i = 0; i < pieces.size(); ++i) {
     const MultipathPiece& p = pieces[i];
@@ -402,12 +401,12 @@ MultipathReport MultipathEngine::copy_batch(const std::vector<MultipathPiece>& p
     FERRY_ARG_CHECK(!ranges_overlap(p.dst, p.src, p.bytes), name(i, "dst") + " and " + name(i, "src") + " overlap");
     const PointerKind dk = pointer_kind(p.dst), sk = pointer_kind(p.src);
     const MultipathRoute here = route_multipath(dk.kind, dk.device, sk.kind, sk.device);
-    if (range_end.empty()) {
-      const PointerKind dl = pointer_kind(static_cast<const char*>(p.dst) + p.bytes - 1);
-      const PointerKind sl = pointer_kind(static_cast<const char*>(p.src) + p.bytes - 1);
-      range_end = multipath_range_end(name(i, "dst").c_str(), dk.kind, dk.device, dl.kind, dl.device);
-      if (range_end.empty())
-        range_end = multipath_range_end(name(i, "src").c_str(), sk.kind, sk.device, sl.kind, sl.device);
+    for (const auto& [what, first, last] :
+         {std::make_tuple(name(i, "dst"), dk, pointer_kind(static_cast<const char*>(p.dst) + p.bytes - 1)),
+          std::make_tuple(name(i, "src"), sk, pointer_kind(static_cast<const char*>(p.src) + p.bytes - 1))}) {
+      const std::string torn = multipath_range_end(what.c_str(), first.kind, first.device, last.kind, last.device);
+      FERRY_ARG_CHECK(torn.empty(), torn + "; a copy's range must lie in one piece of memory (" +
+                                        std::to_string(p.bytes) + " bytes from its start)");
     }
     FERRY_ARG_CHECK(here.error.empty(),
                     "multipath copy" + (batch ? " pieces[" + std::to_string(i) + "]" : "") + ": " + here.error);
@@ -471,7 +470,6 @@ MultipathReport MultipathEngine::copy_batch(const std::vector<MultipathPiece>& p
   facts.device = route.device;
   facts.own_link = own >= 0;
   facts.capturing = dma::is_capturing(stream);
-  facts.range_end = range_end;
   const MultipathChoice choice = choose_multipath(facts);
   if (!choice.multipath) {
     debug_log("multipath copy of " + std::to_string(total) + " bytes" +

@@ -85,8 +85,6 @@ MultipathChoice choose_multipath(const MultipathCase& k) {
   MultipathChoice c;
   if (!k.own_link)
     c.reason = "cuda:" + std::to_string(k.device) + " has no link in this engine";
-  else if (!k.range_end.empty())
-    c.reason = k.range_end + ": the range runs past the memory it starts in, and its chunks could not all be relayed";
   else if (!k.host_pinned)
     c.reason =
         "the host memory is pageable: the driver stages it through its own buffer, and a peer's copy engine "

@@ -126,17 +126,14 @@ struct MultipathCase {
   int device = -1;         // the copy's GPU
   bool own_link = true;    // the copy's GPU has a link in the engine
   bool capturing = false;  // the stream captures a CUDA graph
-  // Non-empty where a copy's range ends in other memory than it starts in
-  // (multipath_range_end): such a copy runs as plain copies, whose errors
-  // are CUDA's own.
-  std::string range_end;
 };
 MultipathChoice choose_multipath(const MultipathCase& c);
 
 // "GPU memory (cuda:1)", "pinned host memory", ...
 std::string mem_kind_name(MemKind k, int device);
 // Empty where the first and the last byte of a range named `what` lie in
-// the same kind of memory (and GPU); else what differs.
+// the same kind of memory (and GPU); else what differs: such a range is
+// refused (CUDA refuses a copy of it too, with cudaErrorInvalidValue).
 std::string multipath_range_end(const char* what, MemKind first, int first_device, MemKind last, int last_device);
 
 // A copy's direction and its GPU, or why it cannot be a host<->GPU copy.
