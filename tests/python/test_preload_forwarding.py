@@ -132,3 +132,62 @@ def test_copies_reach_the_programs_runtime_without_a_gpu(tmp_path, loading):
         assert "ferry preload: off" in run.stderr or (
             loading == "EAGER" and _driver_present() and "routing host<->GPU copies" in run.stderr
         ), run.stderr
+
+
+FAKE_FERRY = r"""
+#include <stddef.h>
+static int calls;
+static int engine;
+int ferry_multipath_create(const int* d, int n, const void* o, void** e) { *e = &engine; return 0; }
+/* First a copy ferry refuses (an argument error), then a copy the engine fails. */
+int ferry_multipath_copy(void* e, void* dst, const void* src, size_t n, void* s, int* mp) { return ++calls == 1 ? 1 : 3; }
+int ferry_multipath_copy_sync(void* e, void* dst, const void* src, size_t n, int* mp) { return 3; }
+const char* ferry_last_error(void) { return calls == 1 ? "src: not a copy ferry takes" : "a relay failed"; }
+"""
+FAILING_PROGRAM = r"""
+#include <stdio.h>
+#include <stddef.h>
+int cudaMemcpyAsync(void* d, const void* s, size_t n, int k, void* st);
+int main(void) {
+  static char a[1], b[1];
+  int r1 = cudaMemcpyAsync(a, b, 64 << 20, 1, 0);
+  int r2 = cudaMemcpyAsync(a, b, 64 << 20, 1, 0);
+  int r3 = cudaMemcpyAsync(a, b, 64 << 20, 1, 0);
+  printf("%d %d %d\n", r1, r2, r3);
+  return 0;
+}
+"""
+
+
+def test_an_engine_failure_is_the_copys_error_and_later_copies_go_to_the_runtime(tmp_path):
+    """With a stand-in libferry.so beside the library: a copy ferry refuses as
+    an argument error goes to the program's runtime (its answer, 78); a copy
+    the engine fails is reported failed (cudaErrorUnknown, 999) with the
+    reason on stderr, and from then on every copy goes to the runtime."""
+    import shutil
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler")
+    t = str(tmp_path)
+    shutil.copy(_library(), f"{t}/libferry_preload.so")
+    (tmp_path / "ferry.c").write_text(FAKE_FERRY)
+    (tmp_path / "rt78.c").write_text(FAKE_RUNTIME.replace("RESULT", "78"))
+    (tmp_path / "main.c").write_text(FAILING_PROGRAM)
+    for cmd in (
+        [cc, "-shared", "-fPIC", "-o", f"{t}/libferry.so", f"{t}/ferry.c"],
+        [cc, "-shared", "-fPIC", "-o", f"{t}/libcudart.so.13", f"{t}/rt78.c", "-Wl,-soname,libcudart.so.13"],
+        [cc, "-o", f"{t}/main", f"{t}/main.c", f"{t}/libcudart.so.13"],
+    ):
+        subprocess.run(cmd, check=True, capture_output=True)
+    env = dict(
+        os.environ, LD_PRELOAD=f"{t}/libferry_preload.so", LD_LIBRARY_PATH=t, CUDA_MODULE_LOADING="EAGER",
+        FERRY_DEBUG="1",
+    )  # fmt: skip
+    run = subprocess.run([f"{t}/main"], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.strip() == "78 999 78", (run.stdout, run.stderr)
+    assert "left to the runtime" in run.stderr and "not a copy ferry takes" in run.stderr, run.stderr
+    assert (
+        "the multipath engine failed; copies go to the CUDA runtime from now on: a relay failed" in run.stderr
+    )
