@@ -252,8 +252,9 @@ static void run_checks(ferry_comm_t comm) {
       ++wrong;
     }
     CHECK_FERRY(ferry_pool_free(pool, outs[0]));
-    CHECK_FERRY(ferry_pool_alloc(pool, total, streams[0], again));
+    /* Another stream first: the freed buffer is not its to take. */
     CHECK_FERRY(ferry_pool_alloc(pool, total, NULL, other));
+    CHECK_FERRY(ferry_pool_alloc(pool, total, streams[0], again));
     for (int l = 0; l < locals; ++l)
       if (again[l] != outs[l] || other[l] == outs[l]) {
         fprintf(stderr, "pool: rank %d reused %p for %p, and gave %p to another stream\n", ranks[l], again[l], outs[l],

@@ -27,6 +27,7 @@ SymmetricPool::~SymmetricPool() {
 
 std::vector<void*> SymmetricPool::alloc(size_t bytes, cudaStream_t stream) {
   FERRY_ARG_CHECK(comm_, "the pool is closed");
+  FERRY_ARG_CHECK(bytes <= (size_t{1} << 50), "bytes is " + std::to_string(bytes) + "; expected at most 2^50");
   const uint64_t key = reinterpret_cast<uint64_t>(stream);
   auto spot = ranges_.allocate(bytes, key);
   if (!spot) {

@@ -23,6 +23,7 @@ namespace ferry {
 class SymmetricPool {
  public:
   // Chunks of at least `chunk_bytes` (rounded up to 2 MiB) from `comm`, which must outlive the pool.
+  // Its streams are told apart by their handles: local rank 0's stream stands for all local ranks.
   SymmetricPool(Communicator& comm, size_t chunk_bytes);
   ~SymmetricPool();
   SymmetricPool(const SymmetricPool&) = delete;

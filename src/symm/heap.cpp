@@ -623,10 +623,36 @@ void SymmetricHeap::signal(int local, uint64_t* sig, uint64_t value, int peer, c
   issued(local, stream);
 }
 
+namespace {
+
+// A stream's own id: cudaStreamPerThread and the legacy stream are one handle
+// for many streams, which quiet must tell apart.
+unsigned long long stream_key(cudaStream_t stream) {
+  unsigned long long id = 0;
+  FERRY_CUDA_CHECK(cudaStreamGetId(stream, &id));
+  return id;
+}
+
+}  // namespace
+
 void SymmetricHeap::issued(int local, cudaStream_t stream) {
   if (dma::is_capturing(stream)) return;  // runs when the graph does: ordered by the graph
+  const unsigned long long key = stream_key(stream);
   std::lock_guard<std::mutex> lock(issued_mu_);
-  cudaEvent_t& e = issued_[local][stream];
+  auto& by_stream = issued_[local];
+  // Streams whose last call has landed need no wait: dropped, so that a
+  // program that never calls quiet keeps no more events than streams in use.
+  for (auto it = by_stream.begin(); it != by_stream.end();) {
+    const cudaError_t q = it->first == key ? cudaErrorNotReady : cudaEventQuery(it->second);
+    if (q == cudaErrorNotReady) {
+      ++it;
+      continue;
+    }
+    if (q != cudaSuccess) cudaGetLastError();
+    cudaEventDestroy(it->second);
+    it = by_stream.erase(it);
+  }
+  cudaEvent_t& e = by_stream[key];
   if (!e) FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   FERRY_CUDA_CHECK(cudaEventRecord(e, stream));
 }
@@ -638,10 +664,11 @@ void SymmetricHeap::quiet(int local, cudaStream_t stream) {
   FERRY_ARG_CHECK(!dma::is_capturing(stream),
                   "quiet: the stream is capturing a CUDA graph; the puts, gets and signals in a graph are ordered "
                   "by the graph itself");
+  const unsigned long long key = stream_key(stream);
   std::lock_guard<std::mutex> lock(issued_mu_);
   auto& by_stream = issued_[local];
   for (auto it = by_stream.begin(); it != by_stream.end();) {
-    if (it->first != stream) FERRY_CUDA_CHECK(cudaStreamWaitEvent(stream, it->second, 0));
+    if (it->first != key) FERRY_CUDA_CHECK(cudaStreamWaitEvent(stream, it->second, 0));
     // Done already: nothing to wait for at the next quiet, and its stream may be gone by then.
     const cudaError_t q = cudaEventQuery(it->second);
     if (q == cudaErrorNotReady) {

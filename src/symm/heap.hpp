@@ -194,10 +194,11 @@ class SymmetricHeap {
   // the heap, not when a wait is already stuck) and the pinned words it copies from.
   std::vector<cudaStream_t> rescue_;
   std::vector<uint64_t*> rescue_values_;
-  // By local rank: for each stream a put, get or signal went on since the
-  // last quiet, an event recorded after the latest of them (quiet waits for these).
+  // By local rank: for each stream a put, get or signal went on whose
+  // latest one may not have landed yet, an event recorded after that one
+  // (quiet waits for these).
   std::mutex issued_mu_;
-  std::vector<std::map<cudaStream_t, cudaEvent_t>> issued_;
+  std::vector<std::map<unsigned long long, cudaEvent_t>> issued_;  // by stream id (cudaStreamGetId)
 };
 
 }  // namespace ferry

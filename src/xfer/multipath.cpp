@@ -884,12 +884,14 @@ void MultipathEngine::look_for_other_programs(double now) {
   for (int l = 0; l < static_cast<int>(links_.size()); ++l) {
     if (!by_gpu.count(links_[l])) by_gpu[links_[l]] = gpu_runs_other_programs(processes_on_(links_[l]));
     const bool others = by_gpu[links_[l]];
-    if (others == sched_->other_programs(l)) continue;
-    sched_->set_other_programs(l, others);
+    bool was = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      others_[l] = others;
+      was = others_[l];
+      others_[l] = others;  // what copy() counts relays by
     }
+    sched_->set_other_programs(l, others);
+    if (others == was) continue;
     debug_log("multipath: " + dev_name(links_[l]) + (others ? " relays nothing" : " relays again") +
               " (relays='idle'): " + (others ? "another program runs on it" : "no other program runs on it"));
   }
@@ -960,6 +962,11 @@ void MultipathEngine::run() {
   cv_.notify_all();
   const int n = static_cast<int>(links_.size());
   sched_ = std::make_unique<MultipathScheduler>(n, policy_);
+  {
+    // What the constructor saw of other programs (relays='idle'), until the first look.
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int l = 0; l < n; ++l) sched_->set_other_programs(l, others_[l]);
+  }
   auto& sched = sched_;
   std::deque<Transfer> pending;  // their streams have not got to them yet
   std::deque<Transfer> active;   // handed to the scheduler

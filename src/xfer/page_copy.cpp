@@ -421,7 +421,8 @@ PageCopyReport PageCopier::copy(const PageSide& dst, const PageSide& src, const 
   check_sides(dst, src);
   const bool may_pitch = pitch_possible(o.pitched, o.strategy);
   Located where = locate(dst, src, stream, may_pitch);
-  FERRY_ARG_CHECK(!(o.zero_sm && where.direction == Direction::kDeviceToDevice),
+  // (A transfer of nothing has no memory to tell its direction by: let it through.)
+  FERRY_ARG_CHECK(!(o.zero_sm && where.direction == Direction::kDeviceToDevice && request_bytes(dst, dst_ids.count)),
                   "zero_sm=True: " + within_one_gpu(device_) +
                       "; call it with zero_sm=False (mode='kernel' is the "
                       "fastest copy within a GPU)");
@@ -519,7 +520,7 @@ PreparedPages::PreparedPages(int device, const PageSide& dst, const PageSide& sr
   check_sides(dst, src);
   const bool may_pitch = pitch_possible(pitched, strategy);
   auto where = copier.locate(dst, src, nullptr, may_pitch);
-  FERRY_ARG_CHECK(where.direction != Direction::kDeviceToDevice,
+  FERRY_ARG_CHECK(where.direction != Direction::kDeviceToDevice || request_bytes(dst, dst_ids.count) == 0,
                   "prepare: " + within_one_gpu(device) +
                       ", and a prepared transfer runs on copy engines only; use copy_blocks for it");
   direction_ = where.direction;

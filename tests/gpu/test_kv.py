@@ -708,6 +708,7 @@ def test_tensors_and_streams_of_another_gpu_are_named(kv):
             g0, host, torch.tensor([1], device="cuda:1"), torch.tensor([2], device="cuda:1"), mode="kernel"
         )
     g1.fill_(POISON)
+    torch.cuda.synchronize(1)  # the poison before the copy's own stream runs
     kv.copy_blocks(g1, host, [1], [2], stream=torch.cuda.Stream(device=1))  # the same on its own GPU works
     torch.cuda.synchronize(1)
     assert torch.equal(g1[1].cpu(), host[2])

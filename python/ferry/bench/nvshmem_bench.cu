@@ -352,7 +352,7 @@ int main(int argc, char** argv) {
         },
         iters);
     emit("get", "nvshmem-device-8b", bytes, t, "block");
-    CHECK_CUDA(cudaMemset(got_dev, 0xA5, bytes));
+    CHECK_CUDA(cudaMemsetAsync(got_dev, 0xA5, bytes, s));
     get_kernel<<<8, 512, 0, s>>>(got_dev, dst, bytes, next, 1);
     check_got("get", bytes, me);
     for (int warp = 0; warp < 2; ++warp) {
@@ -368,7 +368,7 @@ int main(int argc, char** argv) {
         emit(get ? "get" : "put", warp ? "nvshmem-device-8b-warp" : "nvshmem-device-8b-thread", bytes, t,
              warp ? "warp" : "thread");
         if (get) {
-          CHECK_CUDA(cudaMemset(got_dev, 0xA5, bytes));
+          CHECK_CUDA(cudaMemsetAsync(got_dev, 0xA5, bytes, s));
           launch(1);
           check_got(warp ? "get by warps" : "get by threads", bytes, me);
         }
@@ -395,7 +395,7 @@ int main(int argc, char** argv) {
     int64_t* word = static_cast<int64_t*>(nvshmem_calloc(kLatencyLines * 16, sizeof(int64_t)));
     int64_t* out = nullptr;
     CHECK_CUDA(cudaMalloc(&out, sizeof(int64_t)));
-    CHECK_CUDA(cudaMemset(out, 0xff, sizeof(int64_t)));
+    CHECK_CUDA(cudaMemsetAsync(out, 0xff, sizeof(int64_t), s));
     nvshmem_barrier_all();
     const double t = timed.per_op(
         [&](int it) {
