@@ -633,17 +633,14 @@ unsigned long long stream_key(cudaStream_t stream) {
   return id;
 }
 
-}  // namespace
-
-void SymmetricHeap::issued(int local, cudaStream_t stream) {
-  if (dma::is_capturing(stream)) return;  // runs when the graph does: ordered by the graph
-  const unsigned long long key = stream_key(stream);
-  std::lock_guard<std::mutex> lock(issued_mu_);
-  auto& by_stream = issued_[local];
-  // Streams whose last call has landed need no wait: dropped, so that a
-  // program that never calls quiet keeps no more events than streams in use.
+// Drops the streams (but `keep`) whose last call has landed: nothing to wait
+// for there, and their streams may be gone by the next look. `each` sees
+// every entry first (quiet's wait).
+template <class Each>
+void drop_landed(std::map<unsigned long long, cudaEvent_t>& by_stream, unsigned long long keep, Each each) {
   for (auto it = by_stream.begin(); it != by_stream.end();) {
-    const cudaError_t q = it->first == key ? cudaErrorNotReady : cudaEventQuery(it->second);
+    each(it->first, it->second);
+    const cudaError_t q = it->first == keep ? cudaErrorNotReady : cudaEventQuery(it->second);
     if (q == cudaErrorNotReady) {
       ++it;
       continue;
@@ -652,6 +649,17 @@ void SymmetricHeap::issued(int local, cudaStream_t stream) {
     cudaEventDestroy(it->second);
     it = by_stream.erase(it);
   }
+}
+
+}  // namespace
+
+void SymmetricHeap::issued(int local, cudaStream_t stream) {
+  if (dma::is_capturing(stream)) return;  // runs when the graph does: ordered by the graph
+  const unsigned long long key = stream_key(stream);
+  std::lock_guard<std::mutex> lock(issued_mu_);
+  auto& by_stream = issued_[local];
+  // So that a program that never calls quiet keeps no more events than streams in use.
+  drop_landed(by_stream, key, [](unsigned long long, cudaEvent_t) {});
   cudaEvent_t& e = by_stream[key];
   if (!e) FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   FERRY_CUDA_CHECK(cudaEventRecord(e, stream));
@@ -666,19 +674,10 @@ void SymmetricHeap::quiet(int local, cudaStream_t stream) {
                   "by the graph itself");
   const unsigned long long key = stream_key(stream);
   std::lock_guard<std::mutex> lock(issued_mu_);
-  auto& by_stream = issued_[local];
-  for (auto it = by_stream.begin(); it != by_stream.end();) {
-    if (it->first != key) FERRY_CUDA_CHECK(cudaStreamWaitEvent(stream, it->second, 0));
-    // Done already: nothing to wait for at the next quiet, and its stream may be gone by then.
-    const cudaError_t q = cudaEventQuery(it->second);
-    if (q == cudaErrorNotReady) {
-      ++it;
-      continue;
-    }
-    if (q != cudaSuccess) cudaGetLastError();
-    cudaEventDestroy(it->second);
-    it = by_stream.erase(it);
-  }
+  // `stream`'s own calls are before it already; its entry is dropped once landed too.
+  drop_landed(issued_[local], ~0ULL, [&](unsigned long long other, cudaEvent_t e) {
+    if (other != key) FERRY_CUDA_CHECK(cudaStreamWaitEvent(stream, e, 0));
+  });
 }
 
 void SymmetricHeap::wait(int local, const uint64_t* sig, uint64_t value, int from, cudaStream_t stream) {
