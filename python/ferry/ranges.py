@@ -18,8 +18,10 @@ from ._native import require
 ALIGN = 512  # bytes: every range starts at a multiple (PoolRanges::kAlign)
 
 
-def round_up(n: int, to: int) -> int:
-    return (n + to - 1) // to * to
+def chunk_for(nbytes: int, chunk_bytes: int) -> int:
+    """The size of the chunk a pool adds for a request that fit no chunk it
+    has (PoolRanges::chunk_for): whole 2 MiB, at least `chunk_bytes`."""
+    return require().PoolRanges.chunk_for(nbytes, chunk_bytes)
 
 
 def Ranges():  # noqa: N802 - a factory standing for the class it returns

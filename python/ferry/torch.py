@@ -20,7 +20,7 @@ import torch
 
 from .comm import Communicator, _DeviceMemory, _stream_handle
 from .errors import InvalidArgumentError
-from .ranges import Ranges, round_up
+from .ranges import Ranges, chunk_for
 
 try:  # FSDP2's interfaces for a custom all-gather and reduce-scatter (tested with PyTorch 2.11)
     from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather as _FsdpAllGather
@@ -73,7 +73,7 @@ class SymmetricPool:
         self._comm = comm
         self._device = comm.device
         self._torch_device = torch.device("cuda", comm.device)
-        self._chunk_bytes = round_up(chunk_bytes, 2 << 20)
+        self._chunk_bytes = chunk_for(0, chunk_bytes)
         self._ranges = Ranges()
         self._chunks: list = []  # the chunks' tensors, from comm.alloc
         self._freed: collections.deque = collections.deque()
@@ -103,7 +103,7 @@ class SymmetricPool:
         self._take_freed()
         spot = self._ranges.allocate(nbytes, handle)
         if spot is None:
-            size = max(self._chunk_bytes, round_up(nbytes, 2 << 20))
+            size = chunk_for(nbytes, self._chunk_bytes)
             self._chunks.append(self._comm.alloc((size,), torch.uint8))
             self._ranges.add_chunk(size)
             spot = self._ranges.allocate(nbytes, handle)

@@ -33,6 +33,7 @@ void bind_symm(nb::module_& m) {
   // The symmetric pool's allocator (ferry/torch.py's SymmetricPool decides with it).
   nb::class_<ferry::PoolRanges>(m, "PoolRanges")
       .def(nb::init<>())
+      .def_static("chunk_for", &ferry::PoolRanges::chunk_for, "nbytes"_a, "chunk_bytes"_a)
       .def("add_chunk", &ferry::PoolRanges::add_chunk, "size"_a)
       .def("allocate", &ferry::PoolRanges::allocate, "nbytes"_a, "stream"_a)
       .def("release", &ferry::PoolRanges::release, "chunk"_a, "offset"_a)

@@ -7,15 +7,10 @@
 
 namespace ferry {
 
-namespace {
-constexpr size_t kChunkRound = size_t{2} << 20;
-size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
-}  // namespace
-
 SymmetricPool::SymmetricPool(Communicator& comm, size_t chunk_bytes) : comm_(&comm) {
   FERRY_ARG_CHECK(chunk_bytes > 0 && chunk_bytes <= (size_t{1} << 50),
                   "chunk_bytes is " + std::to_string(chunk_bytes) + "; expected a positive size");
-  chunk_bytes_ = round_up(chunk_bytes, kChunkRound);
+  chunk_bytes_ = PoolRanges::chunk_for(0, chunk_bytes);
 }
 
 SymmetricPool::~SymmetricPool() {
@@ -31,7 +26,7 @@ std::vector<void*> SymmetricPool::alloc(size_t bytes, cudaStream_t stream) {
   const uint64_t key = reinterpret_cast<uint64_t>(stream);
   auto spot = ranges_.allocate(bytes, key);
   if (!spot) {
-    const size_t size = std::max(chunk_bytes_, round_up(std::max<size_t>(bytes, 1), kChunkRound));
+    const size_t size = PoolRanges::chunk_for(bytes, chunk_bytes_);
     chunks_.push_back(comm_->alloc(size));
     ranges_.add_chunk(size);
     spot = ranges_.allocate(bytes, key);
@@ -48,12 +43,16 @@ void SymmetricPool::free(const void* first) {
   const char* p = static_cast<const char*>(first);
   for (size_t c = 0; c < chunks_.size(); ++c) {
     const char* base = static_cast<const char*>(chunks_[c].at(0));
-    if (p >= base && p < base + ranges_.chunk_size(static_cast<int>(c))) {
-      ranges_.release(static_cast<int>(c), static_cast<size_t>(p - base));
-      return;
-    }
+    if (p < base || p >= base + ranges_.chunk_size(static_cast<int>(c))) continue;
+    const std::pair<int, size_t> at{static_cast<int>(c), static_cast<size_t>(p - base)};
+    FERRY_ARG_CHECK(ranges_.in_use().count(at),
+                    "ptr lies inside this pool's chunk " + std::to_string(c) + " at offset " +
+                        std::to_string(at.second) +
+                        ", where no buffer in use starts; expected a pointer alloc returned");
+    ranges_.release(at.first, at.second);
+    return;
   }
-  throw_error(FERRY_ERROR_INVALID_ARGUMENT, "free: the pointer is not a buffer of this pool");
+  throw_error(FERRY_ERROR_INVALID_ARGUMENT, "ptr is not a buffer of this pool; expected a pointer alloc returned");
 }
 
 void SymmetricPool::close() {

@@ -1,10 +1,18 @@
 #include "symm/pool_ranges.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "core/error.hpp"
 
 namespace ferry {
+
+size_t PoolRanges::chunk_for(size_t bytes, size_t chunk_bytes) {
+  FERRY_ARG_CHECK(bytes <= SIZE_MAX - kChunkRound && chunk_bytes <= SIZE_MAX - kChunkRound,
+                  "a request of " + std::to_string(bytes) + " bytes is too large");
+  const auto round = [](size_t n) { return (n + kChunkRound - 1) / kChunkRound * kChunkRound; };
+  return std::max(round(chunk_bytes), round(bytes ? bytes : 1));
+}
 
 int PoolRanges::add_chunk(size_t size) {
   FERRY_ARG_CHECK(size > 0 && size % kAlign == 0,

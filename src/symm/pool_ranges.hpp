@@ -27,6 +27,12 @@ namespace ferry {
 class PoolRanges {
  public:
   static constexpr size_t kAlign = 512;  // every range starts at a multiple (any dtype, any copy engine)
+  static constexpr size_t kChunkRound = size_t{2} << 20;  // chunks are whole 2 MiB (the driver's granularity)
+
+  // The size of the chunk a pool adds for a request of `bytes` that fit no
+  // chunk it has: `chunk_bytes` (the pool's, rounded up to kChunkRound), or
+  // the request's own where larger. Pure: every pool (C++ and Python) asks here.
+  static size_t chunk_for(size_t bytes, size_t chunk_bytes);
 
   // A chunk of `size` bytes (a positive multiple of kAlign, else
   // INVALID_ARGUMENT); returns its index.

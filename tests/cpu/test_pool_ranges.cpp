@@ -100,3 +100,11 @@ TEST(PoolRanges, BadInputIsNamed) {
   r.add_chunk(4 * A);
   EXPECT_THROW(r.release(0, A), ferry::Error);  // nothing in use there
 }
+
+TEST(PoolRanges, ANewChunkIsThePoolsSizeOrTheRequestsInWhole2MiB) {
+  constexpr size_t MiB = size_t{1} << 20;
+  EXPECT_EQ(PoolRanges::chunk_for(0, 1), 2 * MiB);  // a pool's own size, rounded up
+  EXPECT_EQ(PoolRanges::chunk_for(100, 256 * MiB), 256 * MiB);
+  EXPECT_EQ(PoolRanges::chunk_for(300 * MiB + 1, 256 * MiB), 302 * MiB);  // a larger request its own
+  EXPECT_THROW(PoolRanges::chunk_for(SIZE_MAX - 5, 256 * MiB), ferry::Error);
+}

@@ -5,7 +5,7 @@ only, neighbours merge. tests/cpu/test_pool_ranges.cpp checks the same in C++.""
 import random
 
 import pytest
-from ferry.ranges import ALIGN, Ranges
+from ferry.ranges import ALIGN, Ranges, chunk_for
 
 
 def test_first_fit_then_tail_then_none():
@@ -74,3 +74,10 @@ def test_same_sequence_same_offsets():
 def test_bad_chunk_sizes_are_refused():
     with pytest.raises(ValueError, match="not a positive multiple of 512"):
         Ranges().add_chunk(1000)
+
+
+def test_a_new_chunk_is_the_pools_size_or_the_requests():
+    mib = 1 << 20
+    assert chunk_for(100, 256 * mib) == 256 * mib
+    assert chunk_for(300 * mib + 1, 256 * mib) == 302 * mib
+    assert chunk_for(0, 1) == 2 * mib
