@@ -22,6 +22,51 @@ A2A_SIZES = (1, 3, 4096, 1000003, (16 << 20) + 1)
 SM_BYTES = int(os.environ.get("FERRY_SM_BYTES") or (1 << 20))
 
 
+class SmHold:
+    """Every SM of each GPU in `devices` held by ferry's SmHolder: spinning
+    blocks, on a stream of their own, that take every SM's thread slots, so
+    nothing else can run a kernel there. A copy engine needs no SM; a kernel,
+    or a copy that CUDA runs as one, does. Create it before the work to
+    probe: the holder's kernel is loaded then, not while SMs are held."""
+
+    def __init__(self, torch, devices=None):
+        import ferry
+
+        self.torch = torch
+        self.devices = list(devices) if devices is not None else [torch.cuda.current_device()]
+        self.holders, self.spins = [], []
+        for d in self.devices:
+            with torch.cuda.device(d):
+                self.holders.append(ferry._native.hooks().SmHolder())
+                self.spins.append(torch.cuda.Stream(d))
+
+    def finishes(self, enqueue, work, within_s: float = 10.0) -> bool:
+        """Whether what `enqueue()` puts on stream `work` finishes within
+        `within_s` while every SM is held. The SMs are released before it
+        returns and every GPU synchronized, so everything runs to its end."""
+        import time
+
+        torch = self.torch
+        held = 0
+        try:
+            for d, h, sp in zip(self.devices, self.holders, self.spins):
+                with torch.cuda.device(d):
+                    h.hold(sp.cuda_stream, 30.0)
+                held += 1
+            enqueue()
+            done = torch.cuda.Event()
+            done.record(work)
+            limit = time.monotonic() + within_s
+            while not done.query() and time.monotonic() < limit:
+                time.sleep(0.001)
+            return done.query()
+        finally:
+            for h in self.holders[:held]:
+                h.release()
+            for d in self.devices:
+                torch.cuda.synchronize(d)
+
+
 def rand_bytes(torch, seed: int, n: int, dev):
     g = torch.Generator(device=dev)
     g.manual_seed(seed)

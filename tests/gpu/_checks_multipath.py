@@ -16,7 +16,7 @@ except ImportError:  # CPU-only machines: the tests are collected, and skipped (
     torch = None
 import ferry  # noqa: E402
 import ferry.multipath as mp  # noqa: E402
-from _checks import rand_bytes  # noqa: E402
+from _checks import SmHold, rand_bytes  # noqa: E402
 from conftest import GPU_COUNT  # noqa: E402
 
 KiB = 1 << 10
@@ -134,11 +134,7 @@ def test_copies_run_while_every_sm_is_held():
 def _copies_run_while_every_sm_is_held(eng):
     n = 24 * MiB + 5
     work = torch.cuda.Stream(0)
-    holders, spins = [], []
-    for d in range(GPU_COUNT):
-        with torch.cuda.device(d):
-            holders.append(ferry._native.hooks().SmHolder())
-            spins.append(torch.cuda.Stream(d))
+    hold = SmHold(torch, range(GPU_COUNT))
     src = pinned(n)
     src.copy_(rand(n, seed=7))
     dev = torch.full((n,), POISON, dtype=torch.uint8, device="cuda:0")
@@ -150,24 +146,6 @@ def _copies_run_while_every_sm_is_held(eng):
     dev.fill_(POISON)
     torch.cuda.synchronize()
 
-    def held(enqueue) -> bool:
-        for d, (h, sp) in enumerate(zip(holders, spins)):
-            with torch.cuda.device(d):
-                h.hold(sp.cuda_stream, 30.0)
-        try:
-            enqueue()
-            done = torch.cuda.Event()
-            done.record(work)
-            limit = time.monotonic() + 10.0
-            while not done.query() and time.monotonic() < limit:
-                time.sleep(0.001)
-            return done.query()
-        finally:
-            for h in holders:
-                h.release()
-            for d in range(GPU_COUNT):
-                torch.cuda.synchronize(d)
-
     def copies():
         assert eng.copy(dev, src, stream=work)["multipath"]
         assert eng.copy(back, dev, stream=work)["multipath"]
@@ -176,7 +154,7 @@ def _copies_run_while_every_sm_is_held(eng):
         )
         assert r["multipath"], r
 
-    assert held(copies), "multipath copies did not finish while every SM was held"
+    assert hold.finishes(copies, work), "multipath copies did not finish while every SM was held"
     eng.check()
     assert torch.equal(dev.cpu(), src) and torch.equal(back, src) and torch.equal(batch_dev.cpu(), src)
     with torch.cuda.stream(work):
@@ -187,7 +165,7 @@ def _copies_run_while_every_sm_is_held(eng):
         with torch.cuda.stream(work):
             torch.cuda._sleep(1000)
 
-    assert not held(kernel), "a kernel finished while every SM was held: the probe cannot tell"
+    assert not hold.finishes(kernel, work), "a kernel finished while every SM was held: the probe cannot tell"
 
 
 def test_idle_relays_keep_off_a_gpu_another_program_runs_on():

@@ -14,6 +14,7 @@ import zlib
 from _checks import (
     SAFE_ENV,
     SM_BYTES,
+    SmHold,
     check_collectives,
     check_repeats,
     check_same_buffers,
@@ -333,7 +334,6 @@ def which_calls_need_sms(rank: int, world: int, port: int) -> list:
     (documented: its reduction is an SM kernel) must wait whatever the
     signals. Each setting runs three times (repeats are replayed from graphs
     ferry captures), with fresh data checked byte by byte after the release."""
-    import ferry
     import torch
 
     default = os.environ.get("FERRY_SIGNALS", "copy")  # what signals='auto' means here
@@ -350,8 +350,8 @@ def which_calls_need_sms(rank: int, world: int, port: int) -> list:
     bcast = comm.alloc((n,), torch.uint8)
     reduced = torch.empty(n // 4, dtype=torch.float32, device=dev)
     addends = torch.empty(world * (n // 4), dtype=torch.float32, device=dev)
-    work, spin = torch.cuda.Stream(device=dev), torch.cuda.Stream(device=dev)
-    holder = ferry._native.hooks().SmHolder()
+    work = torch.cuda.Stream(device=dev)
+    hold = SmHold(torch, [dev])
 
     def step(seed: int, signals: str):
         """Fresh inputs and poisoned outputs (before the SMs are held: torch's
@@ -393,16 +393,7 @@ def which_calls_need_sms(rank: int, world: int, port: int) -> list:
         """`enqueue` with every SM of this GPU held: it must finish (within
         10 s) or must not (within 0.5 s), then everything runs to the end."""
         print(label, file=sys.stderr, flush=True)  # where a run that hangs got to
-        holder.hold(spin.cuda_stream, 30.0)
-        enqueue()
-        done = torch.cuda.Event()
-        done.record(work)
-        limit = time.monotonic() + (0.5 if needs_sms else 10.0)
-        while not done.query() and time.monotonic() < limit:
-            time.sleep(0.001)
-        finished = done.query()
-        holder.release()
-        spin.synchronize()
+        finished = hold.finishes(enqueue, work, within_s=0.5 if needs_sms else 10.0)
         comm.synchronize()
         if needs_sms and finished:
             fails.append(f"rank {rank} {label}: finished while every SM was held (no kernel ran?)")
@@ -446,7 +437,6 @@ def which_calls_need_sms(rank: int, world: int, port: int) -> list:
                 sum(summands)[rank * (n // 4) : (rank + 1) * (n // 4)],
             )
     finally:
-        holder.release()
         comm.close()
     return fails
 

@@ -7,6 +7,7 @@ import random
 import zlib
 
 import pytest
+from _checks import SmHold
 
 MODES = ["per_page", "batched", "streams", "kernel", "auto"]
 POISON = 0xA5
@@ -726,32 +727,6 @@ def test_zero_sm_never_launches_a_kernel(kv):
     torch.cuda.synchronize()
 
 
-def _finishes_with_every_sm_held(enqueue, work) -> bool:
-    """Whether `enqueue`'s work on `work` finishes within 10 s while a kernel
-    on another stream holds every SM (ferry's SmHolder): a copy engine does
-    not need one, a kernel (or a copy that CUDA runs as one) does. The SMs
-    are released before returning, so everything still runs to the end."""
-    import time
-
-    import ferry
-
-    torch = _torch()
-    holder = ferry._native.hooks().SmHolder()
-    spin = torch.cuda.Stream()
-    holder.hold(spin.cuda_stream, 30.0)
-    try:
-        enqueue()
-        done = torch.cuda.Event()
-        done.record(work)
-        limit = time.monotonic() + 10.0
-        while not done.query() and time.monotonic() < limit:
-            time.sleep(0.001)
-        return done.query()
-    finally:
-        holder.release()
-        torch.cuda.synchronize()
-
-
 ZERO_SM_CASES = [
     ("h2d", dict(mode="auto")),
     ("d2h", dict(mode="auto")),
@@ -796,7 +771,7 @@ def test_zero_sm_runs_while_every_sm_is_held(kv, direction, kw):
     srcs = [as_bytes(t) for t in src_list]
     torch.cuda.synchronize()
     reps = []
-    finished = _finishes_with_every_sm_held(
+    finished = SmHold(torch).finishes(
         lambda: reps.append(kv.copy_blocks(dst, src, dst_ids, src_ids, stream=work, zero_sm=True, **kw)), work
     )
     assert finished, f"zero_sm {direction} {kw} ({reps}) did not finish while every SM was held"
@@ -804,7 +779,7 @@ def test_zero_sm_runs_while_every_sm_is_held(kv, direction, kw):
     for r, (d, b, s) in enumerate(zip(dst_list, before, srcs)):
         assert torch.equal(as_bytes(d), reference(b, s, dst_ids, src_ids)), f"region {r} differs"
     if direction == "h2d" and kw == {"mode": "auto"}:
-        assert not _finishes_with_every_sm_held(
+        assert not SmHold(torch).finishes(
             lambda: kv.copy_blocks(dst, src, dst_ids, src_ids, stream=work, mode="kernel"), work
         ), "the kernel mode finished while every SM was held: the probe cannot tell"
 
@@ -822,7 +797,7 @@ def test_zero_sm_within_one_gpu_is_refused(kv):
     work = torch.cuda.Stream()
     kv.copy_blocks(dst, src, [1, 2], [3, 4], stream=work, mode="batched")
     torch.cuda.synchronize()
-    assert not _finishes_with_every_sm_held(
+    assert not SmHold(torch).finishes(
         lambda: kv.copy_blocks(
             dst, src, list(range(20)), list(range(31, 11, -1)), stream=work, mode="batched"
         ),
@@ -865,7 +840,7 @@ def test_zero_sm_graph_and_prepared_run_while_every_sm_is_held(kv):
             with torch.cuda.stream(work):
                 g.replay()
 
-        assert _finishes_with_every_sm_held(replay, work), f"a captured zero_sm {direction} copy needed an SM"
+        assert SmHold(torch).finishes(replay, work), f"a captured zero_sm {direction} copy needed an SM"
         assert torch.equal(as_bytes(dst), want), f"graph {direction}: pages differ"
         t = kv.prepare(dst, src, dst_ids, src_ids)
         dst.fill_(POISON)
@@ -876,7 +851,7 @@ def test_zero_sm_graph_and_prepared_run_while_every_sm_is_held(kv):
             t.trigger_on(work)
             t.wait(work)
 
-        assert _finishes_with_every_sm_held(prepared, work), f"a prepared {direction} transfer needed an SM"
+        assert SmHold(torch).finishes(prepared, work), f"a prepared {direction} transfer needed an SM"
         assert torch.equal(as_bytes(dst), want), f"prepared {direction}: pages differ"
 
 
