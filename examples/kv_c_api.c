@@ -1,7 +1,8 @@
 /* Paged KV transfers from C: fetch scattered pages from a pinned host pool
  * into GPU pages and save them back, with every mode, whole and in slices
  * (FERRY_KV_SLICED; FERRY_KV_SLICE_BYTES sets their size), each checked byte
- * for byte; then the errors bad input gets.
+ * for byte; then prepared transfers, armed ahead and released from the host,
+ * from a stream and through a device trigger; then the errors bad input gets.
  *
  *   build/ferry_example_kv_c        (built by CMake beside libferry)
  */
@@ -23,6 +24,91 @@ static void check(int ok, const char* what) {
     fprintf(stderr, "FAILED: %s (%s)\n", what, ferry_last_error());
     failures++;
   }
+}
+
+/* Pages dst_ids[i] of `got` against pages src_ids[i] of `want`. */
+static int wrong_pages(const unsigned char* got, const unsigned char* want, const int64_t* dst_ids,
+                       const int64_t* src_ids, int n) {
+  int wrong = 0;
+  for (int i = 0; i < n; ++i)
+    wrong += memcmp(got + dst_ids[i] * PAGE_BYTES, want + src_ids[i] * PAGE_BYTES, PAGE_BYTES) != 0;
+  return wrong;
+}
+
+/* Prepared transfers: a fetch armed ahead and released three ways, and a save
+ * with one copy per page; every page checked, and the gate shown to hold. */
+static void prepared(int device, ferry_kv_region_t* gpu_side, ferry_kv_region_t* host_side,
+                     ferry_kv_region_t* back_side, unsigned char* gpu, const unsigned char* host, unsigned char* back,
+                     unsigned char* check_buf, const int64_t* dst_ids, const int64_t* src_ids, cudaStream_t stream) {
+  cudaStream_t other;
+  cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking);
+  ferry_kv_prepared_t fetch = NULL, save = NULL;
+  check(ferry_kv_prepare(device, gpu_side, host_side, 1, dst_ids, src_ids, N, FERRY_KV_BATCHED, 0, &fetch) ==
+            FERRY_SUCCESS,
+        "ferry_kv_prepare (fetch)");
+  check(ferry_kv_prepare(device, back_side, gpu_side, 1, dst_ids, dst_ids, N, FERRY_KV_PER_PAGE, FERRY_KV_ZERO_SM,
+                         &save) == FERRY_SUCCESS,
+        "ferry_kv_prepare (save)");
+  if (!fetch || !save) return;
+  size_t bytes = 0, copies = 0;
+  check(ferry_kv_prepared_sizes(fetch, &bytes, &copies) == FERRY_SUCCESS && bytes == (size_t)N * PAGE_BYTES &&
+            copies >= 1 && copies <= N,
+        "ferry_kv_prepared_sizes");
+  const char* how[] = {"host trigger", "stream trigger", "device trigger"};
+  for (int t = 0; t < 3; ++t) {
+    cudaMemsetAsync(gpu, 0xA5, PAGES * PAGE_BYTES, stream);
+    check(ferry_kv_prepared_arm(fetch, stream) == FERRY_SUCCESS, "arm");
+    /* Armed, not released: the copies wait behind the gate. */
+    check(ferry_kv_prepared_synchronize(fetch, 0.05) == FERRY_ERROR_TIMEOUT, "an unopened gate holds the copies");
+    if (t == 0) check(ferry_kv_prepared_trigger(fetch) == FERRY_SUCCESS, "trigger");
+    if (t == 1) check(ferry_kv_prepared_trigger_on(fetch, other) == FERRY_SUCCESS, "trigger_on");
+    if (t == 2) {
+      ferry_trigger_t trig = {NULL, 0};
+      check(ferry_kv_prepared_device_trigger(fetch, &trig) == FERRY_SUCCESS && trig.word, "device_trigger");
+      /* What a kernel's ferry_device_trigger_fire stores, stored here by a copy. */
+      unsigned long long v = trig.value;
+      if (trig.word) cudaMemcpy(trig.word, &v, sizeof v, cudaMemcpyDefault);
+    }
+    check(ferry_kv_prepared_wait(fetch, stream) == FERRY_SUCCESS, "wait");
+    cudaMemcpyAsync(check_buf, gpu, PAGES * PAGE_BYTES, cudaMemcpyDeviceToHost, stream);
+    cudaStreamSynchronize(stream);
+    const int wrong = wrong_pages(check_buf, host, dst_ids, src_ids, N);
+    printf("prepared fetch, %s: %d wrong pages\n", how[t], wrong);
+    check(wrong == 0, "prepared fetch byte check");
+  }
+  memset(back, 0x5A, PAGES * PAGE_BYTES);
+  check(ferry_kv_prepared_arm(save, stream) == FERRY_SUCCESS, "arm (save)");
+  check(ferry_kv_prepared_trigger_on(save, stream) == FERRY_SUCCESS, "trigger_on (save)");
+  check(ferry_kv_prepared_synchronize(save, 30.0) == FERRY_SUCCESS, "synchronize (save)");
+  int wrong = wrong_pages(back, check_buf, dst_ids, dst_ids, N);
+  printf("prepared save, one copy per page: %d wrong pages\n", wrong);
+  check(wrong == 0, "prepared save byte check");
+  /* Bad use: each refused with a message naming what is wrong. */
+  check(ferry_kv_prepared_trigger(fetch) == FERRY_ERROR_INVALID_ARGUMENT, "trigger before arm refused");
+  printf("trigger before arm: %s\n", ferry_last_error());
+  check(ferry_kv_prepared_arm(fetch, stream) == FERRY_SUCCESS, "arm again");
+  check(ferry_kv_prepared_arm(fetch, stream) == FERRY_ERROR_INVALID_ARGUMENT, "arming an armed transfer refused");
+  printf("armed twice: %s\n", ferry_last_error());
+  ferry_kv_prepared_t bad = NULL;
+  check(ferry_kv_prepare(device, gpu_side, host_side, 1, dst_ids, src_ids, N, FERRY_KV_KERNEL, 0, &bad) ==
+                FERRY_ERROR_INVALID_ARGUMENT &&
+            !bad,
+        "prepared kernel refused");
+  printf("prepared kernel: %s\n", ferry_last_error());
+  check(ferry_kv_prepare(device, gpu_side, host_side, 1, dst_ids, src_ids, N, FERRY_KV_BATCHED, FERRY_KV_URGENT,
+                         &bad) == FERRY_ERROR_INVALID_ARGUMENT,
+        "prepared urgent refused");
+  printf("prepared urgent: %s\n", ferry_last_error());
+  check(ferry_kv_prepare(device, gpu_side, gpu_side, 1, dst_ids, src_ids, N, FERRY_KV_BATCHED, 0, &bad) ==
+            FERRY_ERROR_INVALID_ARGUMENT,
+        "prepared transfer within one GPU refused");
+  printf("within one GPU: %s\n", ferry_last_error());
+  /* Destroyed while armed: the gate opens, the copies run, nothing waits forever. */
+  check(ferry_kv_prepared_destroy(fetch) == FERRY_SUCCESS, "destroy an armed transfer");
+  check(ferry_kv_prepared_destroy(save) == FERRY_SUCCESS, "destroy");
+  check(ferry_kv_prepared_destroy(NULL) == FERRY_ERROR_INVALID_ARGUMENT, "destroy NULL refused");
+  check(cudaStreamSynchronize(stream) == cudaSuccess, "the stream goes on after an armed transfer is destroyed");
+  cudaStreamDestroy(other);
 }
 
 int main(void) {
@@ -95,6 +181,7 @@ int main(void) {
            untouched ? "intact" : "CHANGED");
     check(wrong == 0 && untouched, "byte check");
   }
+  prepared(device, &gpu_side, &host_side, &back_side, gpu, host, back, check_buf, dst_ids, src_ids, stream);
   /* Bad input: each refused with a message naming the argument, nothing copied. */
   int64_t bad = PAGES;
   check(ferry_kv_copy_blocks(device, &gpu_side, &host_side, 1, &bad, src_ids, 1, FERRY_KV_AUTO, 0, stream) ==

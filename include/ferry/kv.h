@@ -56,6 +56,42 @@ FERRY_API ferry_result_t ferry_kv_copy_blocks(int device, const ferry_kv_region_
                                               size_t count, ferry_kv_mode_t mode, unsigned flags,
                                               ferry_stream_t stream);
 
+/* A transfer planned once and enqueued ahead behind a gate, released later:
+ * on the critical path only the copies remain (docs/kv.md, "Prepared
+ * transfers"). Copy engines only: mode FERRY_KV_BATCHED (batched copies),
+ * FERRY_KV_STREAMS (the same: one stream waits on the gate) or
+ * FERRY_KV_PER_PAGE; FERRY_KV_AUTO and FERRY_KV_KERNEL are refused. flags: FERRY_KV_UNPITCHED, and FERRY_KV_ZERO_SM,
+ * which a prepared transfer always is; the other flags are refused. The
+ * index lists are read during the call. A transfer within one GPU is refused
+ * (CUDA copies there on SMs). At most FERRY_KV_ARMED_MAX (512) host calls
+ * may wait behind the gate; a larger transfer is refused with the count.
+ *
+ *   ferry_kv_prepare(...)              plan and check once
+ *   ferry_kv_prepared_arm(t, s)        enqueue behind the gate, after the work so far on s
+ *   ferry_kv_prepared_trigger(t)       open it from the host, or
+ *   ferry_kv_prepared_trigger_on(t, s) in stream order (a stream memory write, no kernel), or
+ *   ferry_kv_prepared_device_trigger   (word, value) for a kernel to store (ferry/device.cuh)
+ *   ferry_kv_prepared_wait(t, s)       s waits for the pages
+ * Re-arm after each trigger. Destroying an armed transfer opens its gate, so
+ * that its stream never waits forever: queued copies cannot be withdrawn. */
+typedef struct ferry_kv_prepared* ferry_kv_prepared_t;
+FERRY_API ferry_result_t ferry_kv_prepare(int device, const ferry_kv_region_t* dst, const ferry_kv_region_t* src,
+                                          size_t regions, const int64_t* dst_ids, const int64_t* src_ids, size_t count,
+                                          ferry_kv_mode_t mode, unsigned flags, ferry_kv_prepared_t* prepared);
+FERRY_API ferry_result_t ferry_kv_prepared_arm(ferry_kv_prepared_t prepared, ferry_stream_t after);
+FERRY_API ferry_result_t ferry_kv_prepared_trigger(ferry_kv_prepared_t prepared);
+FERRY_API ferry_result_t ferry_kv_prepared_trigger_on(ferry_kv_prepared_t prepared, ferry_stream_t stream);
+FERRY_API ferry_result_t ferry_kv_prepared_device_trigger(ferry_kv_prepared_t prepared, ferry_trigger_t* trigger);
+/* Makes `stream` wait for the last armed run's copies. */
+FERRY_API ferry_result_t ferry_kv_prepared_wait(ferry_kv_prepared_t prepared, ferry_stream_t stream);
+/* Host wait for the last armed run, at most timeout_s; FERRY_ERROR_TIMEOUT
+ * says whether the gate was ever opened. */
+FERRY_API ferry_result_t ferry_kv_prepared_synchronize(ferry_kv_prepared_t prepared, double timeout_s);
+/* The bytes the transfer moves and the copies it makes, adjacent pages merged
+ * and a page's pitched copy counted once (either pointer may be NULL). */
+FERRY_API ferry_result_t ferry_kv_prepared_sizes(ferry_kv_prepared_t prepared, size_t* bytes, size_t* copies);
+FERRY_API ferry_result_t ferry_kv_prepared_destroy(ferry_kv_prepared_t prepared);
+
 /* Pinned host memory for KV pages, mapped for the GPU and placed on its NUMA
  * node (mmap + cudaHostRegister from 64 MiB, huge pages where available). */
 typedef struct ferry_host_pool* ferry_host_pool_t;

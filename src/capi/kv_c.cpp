@@ -17,6 +17,10 @@ struct ferry_host_pool {
   std::shared_ptr<ferry::xfer::HostPool> impl;
 };
 
+struct ferry_kv_prepared {
+  std::unique_ptr<ferry::xfer::PreparedPages> impl;
+};
+
 namespace {
 
 ferry::xfer::PageSide side_of(const ferry_kv_region_t* regions, size_t n, const char* name) {
@@ -26,6 +30,11 @@ ferry::xfer::PageSide side_of(const ferry_kv_region_t* regions, size_t n, const 
     s.regions.push_back(ferry::xfer::PageRegion{reinterpret_cast<uintptr_t>(regions[i].base), regions[i].page_stride,
                                                 regions[i].page_bytes, regions[i].pages});
   return s;
+}
+
+ferry::xfer::PreparedPages& prepared_of(ferry_kv_prepared_t p) {
+  FERRY_ARG_CHECK(p && p->impl, "prepared is NULL or destroyed");
+  return *p->impl;
 }
 
 }  // namespace
@@ -54,6 +63,78 @@ ferry_result_t ferry_kv_copy_blocks(int device, const ferry_kv_region_t* dst, co
     ferry::xfer::PageCopier::on(device).copy(
         side_of(dst, regions, "dst"), side_of(src, regions, "src"), ferry::xfer::PageIds{dst_ids, count, true},
         ferry::xfer::PageIds{src_ids, count, true}, o, static_cast<cudaStream_t>(stream));
+  });
+}
+
+ferry_result_t ferry_kv_prepare(int device, const ferry_kv_region_t* dst, const ferry_kv_region_t* src, size_t regions,
+                                const int64_t* dst_ids, const int64_t* src_ids, size_t count, ferry_kv_mode_t mode,
+                                unsigned flags, ferry_kv_prepared_t* prepared) {
+  return ferry::capi::guarded([&] {
+    FERRY_ARG_CHECK(prepared, "prepared is NULL");
+    *prepared = nullptr;
+    FERRY_ARG_CHECK(device >= 0, "device must be a CUDA device ordinal");
+    FERRY_ARG_CHECK(mode >= FERRY_KV_AUTO && mode <= FERRY_KV_KERNEL, "mode is not a ferry_kv_mode_t");
+    FERRY_ARG_CHECK(mode != FERRY_KV_KERNEL && mode != FERRY_KV_AUTO,
+                    std::string("mode is ") + (mode == FERRY_KV_AUTO ? "FERRY_KV_AUTO" : "FERRY_KV_KERNEL") +
+                        "; a prepared transfer runs on copy engines (an armed kernel would hold its SMs while it "
+                        "waits): FERRY_KV_BATCHED, FERRY_KV_STREAMS or FERRY_KV_PER_PAGE");
+    constexpr unsigned allowed = FERRY_KV_ZERO_SM | FERRY_KV_UNPITCHED;
+    FERRY_ARG_CHECK((flags & ~allowed) == 0,
+                    "flags has bits a prepared transfer does not take (" + std::to_string(flags & ~allowed) +
+                        "); it takes FERRY_KV_UNPITCHED and FERRY_KV_ZERO_SM (always true of it)");
+    const auto strategy =
+        mode == FERRY_KV_PER_PAGE ? ferry::xfer::PageStrategy::kPerPage : ferry::xfer::PageStrategy::kBatched;
+    auto impl = std::make_unique<ferry::xfer::PreparedPages>(
+        device, side_of(dst, regions, "dst"), side_of(src, regions, "src"), ferry::xfer::PageIds{dst_ids, count, true},
+        ferry::xfer::PageIds{src_ids, count, true}, strategy, true, !(flags & FERRY_KV_UNPITCHED));
+    *prepared = new ferry_kv_prepared{std::move(impl)};
+  });
+}
+
+ferry_result_t ferry_kv_prepared_arm(ferry_kv_prepared_t prepared, ferry_stream_t after) {
+  return ferry::capi::guarded([&] { prepared_of(prepared).arm(static_cast<cudaStream_t>(after)); });
+}
+
+ferry_result_t ferry_kv_prepared_trigger(ferry_kv_prepared_t prepared) {
+  return ferry::capi::guarded([&] { prepared_of(prepared).trigger(); });
+}
+
+ferry_result_t ferry_kv_prepared_trigger_on(ferry_kv_prepared_t prepared, ferry_stream_t stream) {
+  return ferry::capi::guarded([&] { prepared_of(prepared).trigger_on(static_cast<cudaStream_t>(stream)); });
+}
+
+ferry_result_t ferry_kv_prepared_device_trigger(ferry_kv_prepared_t prepared, ferry_trigger_t* trigger) {
+  return ferry::capi::guarded([&] {
+    FERRY_ARG_CHECK(trigger, "trigger is NULL");
+    auto [word, value] = prepared_of(prepared).device_trigger();
+    trigger->word = reinterpret_cast<unsigned long long*>(word);
+    trigger->value = value;
+  });
+}
+
+ferry_result_t ferry_kv_prepared_wait(ferry_kv_prepared_t prepared, ferry_stream_t stream) {
+  return ferry::capi::guarded([&] { prepared_of(prepared).wait(static_cast<cudaStream_t>(stream)); });
+}
+
+ferry_result_t ferry_kv_prepared_synchronize(ferry_kv_prepared_t prepared, double timeout_s) {
+  return ferry::capi::guarded([&] {
+    FERRY_ARG_CHECK(timeout_s >= 0, "timeout_s must be at least 0, not " + std::to_string(timeout_s));
+    prepared_of(prepared).synchronize(timeout_s);
+  });
+}
+
+ferry_result_t ferry_kv_prepared_sizes(ferry_kv_prepared_t prepared, size_t* bytes, size_t* copies) {
+  return ferry::capi::guarded([&] {
+    const auto& p = prepared_of(prepared);
+    if (bytes) *bytes = p.bytes();
+    if (copies) *copies = p.copies();
+  });
+}
+
+ferry_result_t ferry_kv_prepared_destroy(ferry_kv_prepared_t prepared) {
+  return ferry::capi::guarded([&] {
+    FERRY_ARG_CHECK(prepared && prepared->impl, "prepared is NULL or destroyed");
+    delete prepared;
   });
 }
 

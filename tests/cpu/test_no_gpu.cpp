@@ -6,6 +6,7 @@
 #include "core/driver.hpp"
 #include "core/error.hpp"
 #include "ferry/ferry.h"
+#include "ferry/kv.h"
 #include "topo/topology.hpp"
 
 using namespace ferry;
@@ -88,4 +89,35 @@ TEST(CApi, TuningRulesAreCheckedAndTheBadOneNamed) {
   ferry_signals_t signals;
   EXPECT_EQ(ferry_comm_choose(nullptr, FERRY_OP_ALL_GATHER, 4096, &algo, &signals), FERRY_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(ferry_last_error()).find("comm"), std::string::npos);
+}
+
+TEST(CApi, PreparedKvTransfersRefuseWhatTheyCannotRunByName) {
+  // Checked before any GPU call, so on any machine.
+  char page[64];
+  const ferry_kv_region_t side = {page, sizeof page, sizeof page, 1};
+  const int64_t ids[1] = {0};
+  auto refused = [&](ferry_kv_mode_t mode, unsigned flags, ferry_kv_prepared_t* out, const char* needle) {
+    EXPECT_EQ(ferry_kv_prepare(0, &side, &side, 1, ids, ids, 1, mode, flags, out), FERRY_ERROR_INVALID_ARGUMENT)
+        << needle;
+    EXPECT_NE(std::string(ferry_last_error()).find(needle), std::string::npos) << ferry_last_error();
+  };
+  ferry_kv_prepared_t t = reinterpret_cast<ferry_kv_prepared_t>(&t);  // set to NULL by a refusal
+  refused(FERRY_KV_KERNEL, 0, &t, "mode is FERRY_KV_KERNEL; a prepared transfer runs on copy engines");
+  EXPECT_EQ(t, nullptr);
+  refused(FERRY_KV_AUTO, 0, &t, "mode is FERRY_KV_AUTO");
+  refused(static_cast<ferry_kv_mode_t>(7), 0, &t, "mode is not a ferry_kv_mode_t");
+  refused(FERRY_KV_BATCHED, FERRY_KV_URGENT, &t, "flags has bits a prepared transfer does not take (2)");
+  refused(FERRY_KV_BATCHED, FERRY_KV_SLICED | FERRY_KV_ZERO_SM, &t, "(8)");
+  refused(FERRY_KV_BATCHED, 0, nullptr, "prepared is NULL");
+  ferry_trigger_t trig{};
+  EXPECT_EQ(ferry_kv_prepared_arm(nullptr, nullptr), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("prepared is NULL"), std::string::npos);
+  EXPECT_EQ(ferry_kv_prepared_trigger(nullptr), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(ferry_kv_prepared_trigger_on(nullptr, nullptr), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(ferry_kv_prepared_device_trigger(nullptr, &trig), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(ferry_kv_prepared_wait(nullptr, nullptr), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(ferry_kv_prepared_synchronize(nullptr, 1.0), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(ferry_kv_prepared_sizes(nullptr, nullptr, nullptr), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(ferry_kv_prepared_destroy(nullptr), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("prepared is NULL"), std::string::npos);
 }

@@ -3,7 +3,8 @@ all_gather with host and stream triggers, a refused call; every byte checked)
 built with CMake and run on every visible GPU, from one process
 (ferry_comm_init_local) and from one process per GPU (ferry_comm_init with the
 example's own all-gather); examples/kv_c_api.c (paged KV transfers in every
-mode, whole and in slices, every page checked, and the errors bad input
+mode, whole and in slices, prepared transfers released from the host, a
+stream and a device trigger, every page checked, and the errors bad input
 gets) on GPU 0; examples/multipath_c.c (multipath copies, batches and the
 synchronous form, every byte checked) over 1 GPU with two relays on itself,
 2 and 4 GPUs; examples/symm_ring.cu (the symmetric heap's C API and the device API from a
@@ -47,6 +48,10 @@ def test_kv_c_api_end_to_end():
     assert "kv_c_api: all checks passed" in out, out
     # Every mode, whole and sliced, ran and left the pages it was not asked to touch alone.
     assert out.count("0 wrong pages, untouched pages intact") == 15, out
+    # Prepared: a fetch released three ways and a save, each byte-exact.
+    for how in ("host trigger", "stream trigger", "device trigger"):
+        assert f"prepared fetch, {how}: 0 wrong pages" in out, out
+    assert "prepared save, one copy per page: 0 wrong pages" in out, out
 
 
 @pytest.mark.parametrize("gpus", [1, 2, 4])
