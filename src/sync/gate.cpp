@@ -1,5 +1,8 @@
 #include "sync/gate.hpp"
 
+#include <mutex>
+#include <vector>
+
 #include "core/error.hpp"
 #include "dma/engine.hpp"
 
@@ -23,19 +26,69 @@ void open_on_stream(cudaStream_t stream, uint64_t* device_word, uint64_t value) 
 
 }  // namespace gate
 
+namespace {
+
+// Gate words for every HostGate of the process, 64-byte lines carved from
+// pinned pages that are never freed. Freeing pinned memory (cudaFreeHost)
+// waits for the whole device, and a device with an armed gate on it waits
+// for its trigger: a gate made and dropped while another one is armed (a
+// refused prepare, a transfer destroyed) would hang if it owned its memory.
+class GateWords {
+ public:
+  struct Word {
+    volatile uint64_t* host;
+    uint64_t* device;
+  };
+
+  Word take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (free_.empty()) grow();
+    Word w = free_.back();
+    free_.pop_back();
+    *w.host = 0;
+    return w;
+  }
+
+  // Back for reuse: no write to it may still be on its way (a gate that
+  // cannot tell keeps its word instead).
+  void give(Word w) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(w);
+  }
+
+ private:
+  static constexpr size_t kLine = 64;  // the word is polled by a copy engine across PCIe: a line of its own
+  static constexpr size_t kPage = 4096;
+
+  void grow() {
+    void* p = nullptr;
+    FERRY_CUDA_CHECK(cudaHostAlloc(&p, kPage, cudaHostAllocMapped | cudaHostAllocPortable));
+    void* d = nullptr;
+    FERRY_CUDA_CHECK(cudaHostGetDevicePointer(&d, p, 0));
+    for (size_t at = kPage; at >= kLine; at -= kLine)
+      free_.push_back(Word{reinterpret_cast<volatile uint64_t*>(static_cast<char*>(p) + at - kLine),
+                           reinterpret_cast<uint64_t*>(static_cast<char*>(d) + at - kLine)});
+  }
+
+  std::mutex mu_;
+  std::vector<Word> free_;
+};
+
+GateWords& gate_words() {
+  static auto* words = new GateWords;  // never destroyed: a stream may read a word until the process ends
+  return *words;
+}
+
+}  // namespace
+
 HostGate::HostGate() {
-  void* p = nullptr;
-  // A line of its own: the word is polled by a copy engine across PCIe.
-  FERRY_CUDA_CHECK(cudaHostAlloc(&p, 64, cudaHostAllocMapped | cudaHostAllocPortable));
-  host_ = static_cast<volatile uint64_t*>(p);
-  *host_ = 0;
-  void* d = nullptr;
-  FERRY_CUDA_CHECK(cudaHostGetDevicePointer(&d, p, 0));
-  device_ = static_cast<uint64_t*>(d);
+  GateWords::Word w = gate_words().take();
+  host_ = w.host;
+  device_ = w.device;
 }
 
 HostGate::~HostGate() {
-  if (host_ && owned_) cudaFreeHost(const_cast<uint64_t*>(host_));
+  if (host_ && owned_) gate_words().give(GateWords::Word{host_, device_});
 }
 
 uint64_t HostGate::arm(cudaStream_t stream) {

@@ -27,7 +27,11 @@ void open_on_stream(cudaStream_t stream, uint64_t* device_word, uint64_t value);
 }  // namespace gate
 
 // A gate of its own: one word of pinned, device-mapped host memory, so that
-// any of the three openers can reach it.
+// any of the three openers can reach it. The words come from a pool of the
+// process that is never freed (freeing pinned memory waits for the whole
+// device, which an armed gate may hold), and a gate's word goes back to it
+// when the gate is destroyed: by then nothing may still write it, or the
+// gate must keep() it.
 class HostGate {
  public:
   HostGate();
@@ -50,8 +54,8 @@ class HostGate {
   bool is_open() const;
   // The word as the host sees it (a stream may write it: open_on_stream).
   uint64_t value() const;
-  // Gives up the word without freeing it, for a stream that may still read
-  // it; the gate still opens it.
+  // Gives up the word for good (never reused), for a stream or kernel that
+  // may still read or write it; the gate still opens it.
   void keep() { owned_ = false; }
 
  private:

@@ -551,6 +551,9 @@ PreparedPages::~PreparedPages() {
     // trigger handed out may never fire). Opening twice is harmless: the wait
     // is for at least the generation. Queued copies cannot be withdrawn, so an
     // armed transfer that is released runs them.
+    // A trigger handed out (to a stream or a kernel) that has not landed may
+    // still write the word: it must never open another gate's work.
+    if (armed_ && opened_ && !gate_.is_open()) gate_.keep();
     if (armed_) gate_.open();
     // The gate's word is freed with this object: the stream must be past its
     // wait first. Bounded; past the bound the word is kept, not freed.

@@ -23,10 +23,12 @@ def _example_binary(name: str = "ferry_example_c") -> str:
     return cmake_target(name, name)
 
 
-def _run_example(name: str, *args: str, **env_extra: str) -> str:
+def _run_example(name: str, *args: str, timeout: float = 300, **env_extra: str) -> str:
     """Runs example `name` (built by CMake) with `args`; its stdout, once it exited 0."""
     env = dict(os.environ, **_checks.SAFE_ENV, **env_extra)
-    run = subprocess.run([_example_binary(name), *args], env=env, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [_example_binary(name), *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return run.stdout
 
@@ -44,7 +46,7 @@ def test_c_api_end_to_end(mode):
 
 def test_kv_c_api_end_to_end():
     # 64 KiB slices: the 1.6 MB of pages of each sliced call go in 25 of them.
-    out = _run_example("ferry_example_kv_c", FERRY_KV_SLICE_BYTES="65536")
+    out = _run_example("ferry_example_kv_c", timeout=120, FERRY_KV_SLICE_BYTES="65536")
     assert "kv_c_api: all checks passed" in out, out
     # Every mode, whole and sliced, ran and left the pages it was not asked to touch alone.
     assert out.count("0 wrong pages, untouched pages intact") == 15, out
