@@ -67,10 +67,10 @@ size_t knob_batch_max() {
 
 size_t copies_per_batch_call() { return batch_disabled() || g_batch_unsupported.load() ? 1 : knob_batch_max(); }
 
-void copy_batch(cudaStream_t stream, const std::vector<Copy>& copies, bool settled_source) {
+void copy_batch(cudaStream_t stream, const std::vector<Copy>& copies, bool settled_source, size_t batch_max) {
   if (copies.empty()) return;
   const bool disabled = batch_disabled();
-  const size_t batch_max = knob_batch_max();
+  if (batch_max == 0) batch_max = knob_batch_max();
   Submission how =
       choose_submission(disabled, is_capturing(stream), is_legacy_default(stream), !g_batch_unsupported.load());
   if (how == Submission::kBatched) {
@@ -105,7 +105,7 @@ void copy_batch(cudaStream_t stream, const std::vector<Copy>& copies, bool settl
   for (const auto& c : copies) copy_one(stream, c);
 }
 
-void copy_pitched(cudaStream_t stream, const std::vector<PitchedCopy>& copies, bool settled_source) {
+void copy_pitched(cudaStream_t stream, const std::vector<PitchedCopy>& copies, bool settled_source, size_t batch_max) {
   std::vector<Copy> single;
   for (const auto& c : copies) {
     if (c.width == 0 || c.rows == 0) continue;
@@ -116,7 +116,7 @@ void copy_pitched(cudaStream_t stream, const std::vector<PitchedCopy>& copies, b
     FERRY_CUDA_CHECK(
         cudaMemcpy2DAsync(c.dst, c.dst_pitch, c.src, c.src_pitch, c.width, c.rows, cudaMemcpyDefault, stream));
   }
-  copy_batch(stream, single, settled_source);
+  copy_batch(stream, single, settled_source, batch_max);
 }
 
 void copy_rows_one_by_one(cudaStream_t stream, const std::vector<PitchedCopy>& copies) {

@@ -39,10 +39,12 @@ void copy(cudaStream_t stream, const Copy& c);
 // One plain cudaMemcpyAsync (the driver picks how to run it).
 void copy_one(cudaStream_t stream, const Copy& c);
 // Submits `copies` (no order among them) on `stream` in batches of at most
-// FERRY_BATCH_MAX, or one by one where batching is not possible. With
-// `settled_source` the engine may read the sources out of stream order
-// (srcAccessOrder=Any): only where nothing enqueued before still writes them.
-void copy_batch(cudaStream_t stream, const std::vector<Copy>& copies, bool settled_source = false);
+// `batch_max` copies (0: FERRY_BATCH_MAX), or one by one where batching is
+// not possible. With `settled_source` the engine may read the sources out of
+// stream order (srcAccessOrder=Any): only where nothing enqueued before still
+// writes them.
+void copy_batch(cudaStream_t stream, const std::vector<Copy>& copies, bool settled_source = false,
+                size_t batch_max = 0);
 // Copies per host call copy_batch makes on a stream that is neither capturing
 // nor the legacy default: FERRY_BATCH_MAX, or 1 where batching is off or
 // the driver lacks the batched call.
@@ -50,7 +52,8 @@ size_t copies_per_batch_call();
 // Submits `copies` (no order among them): single rows as copy_batch does,
 // several rows as one cudaMemcpy2DAsync each (no batched form of it is
 // cheaper on the host: cudaMemcpy3DBatchAsync took as long per copy).
-void copy_pitched(cudaStream_t stream, const std::vector<PitchedCopy>& copies, bool settled_source = false);
+void copy_pitched(cudaStream_t stream, const std::vector<PitchedCopy>& copies, bool settled_source = false,
+                  size_t batch_max = 0);
 // Each row of each copy with its own cudaMemcpyAsync (the per-page baseline).
 void copy_rows_one_by_one(cudaStream_t stream, const std::vector<PitchedCopy>& copies);
 // Blocks `stream` until every wait is satisfied (one cuStreamBatchMemOp per 255).

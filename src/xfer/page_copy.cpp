@@ -11,6 +11,7 @@
 #include "core/driver.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
+#include "dma/batch_plan.hpp"
 #include "dma/engine.hpp"
 #include "xfer/host_pool.hpp"
 #include "xfer/pointer_kind.hpp"
@@ -103,12 +104,17 @@ Where where_is(const PageRegion& g, const char* side, size_t r, bool allocation)
 }
 
 // A list of copies on one stream as the strategy submits it: one call per
-// row for the per-page baseline, else pitched and batched calls.
-void submit(PageStrategy s, cudaStream_t stream, const std::vector<PitchedCopy>& copies, bool any_order) {
-  if (s == PageStrategy::kPerPage)
+// row for the per-page baseline, else pitched and batched calls. Submitted
+// inline (`ahead` false), a small list goes in smaller batched calls
+// (inline_batch_size); armed behind a gate, in calls of FERRY_BATCH_MAX.
+void submit(PageStrategy s, cudaStream_t stream, const std::vector<PitchedCopy>& copies, bool any_order,
+            bool ahead = false) {
+  if (s == PageStrategy::kPerPage) {
     dma::copy_rows_one_by_one(stream, copies);
-  else
-    dma::copy_pitched(stream, copies, any_order);
+    return;
+  }
+  const size_t most = dma::copies_per_batch_call();
+  dma::copy_pitched(stream, copies, any_order, ahead ? most : inline_batch_size(copies.size(), most));
 }
 
 }  // namespace
@@ -583,7 +589,7 @@ void PreparedPages::arm(cudaStream_t after) {
   armed_ = true;
   opened_ = false;
   ran_ = true;
-  submit(strategy_, stream_, copies_, false);
+  submit(strategy_, stream_, copies_, false, true);
   FERRY_CUDA_CHECK(cudaEventRecord(finished_, stream_));
   for (const auto& p : pools_) p->note_use(stream_);
 }
