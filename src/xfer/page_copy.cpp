@@ -104,17 +104,18 @@ Where where_is(const PageRegion& g, const char* side, size_t r, bool allocation)
 }
 
 // A list of copies on one stream as the strategy submits it: one call per
-// row for the per-page baseline, else pitched and batched calls. Submitted
-// inline (`ahead` false), a small list goes in smaller batched calls
-// (inline_batch_size); armed behind a gate, in calls of FERRY_BATCH_MAX.
+// row for the per-page baseline, else pitched and batched calls, in calls of
+// FERRY_BATCH_MAX or, with `small_calls` (an inline fetch), a small list in
+// smaller ones (inline_batch_size). Fetches were measured faster so; saves
+// were not, and an armed transfer's calls are submitted before its trigger.
 void submit(PageStrategy s, cudaStream_t stream, const std::vector<PitchedCopy>& copies, bool any_order,
-            bool ahead = false) {
+            bool small_calls = false) {
   if (s == PageStrategy::kPerPage) {
     dma::copy_rows_one_by_one(stream, copies);
     return;
   }
   const size_t most = dma::copies_per_batch_call();
-  dma::copy_pitched(stream, copies, any_order, ahead ? most : inline_batch_size(copies.size(), most));
+  dma::copy_pitched(stream, copies, any_order, small_calls ? inline_batch_size(copies.size(), most) : most);
 }
 
 }  // namespace
@@ -274,7 +275,7 @@ void PageCopier::run_copies(PageStrategy s, const std::vector<PitchedCopy>& copi
   switch (s) {
     case PageStrategy::kPerPage:
     case PageStrategy::kBatched:
-      submit(s, stream, copies, any_order);
+      submit(s, stream, copies, any_order, d == Direction::kHostToDevice);
       return;
     case PageStrategy::kStreams: {
       auto parts = split_by_bytes(copies, static_cast<size_t>(engines_->peer_count()));
@@ -589,7 +590,7 @@ void PreparedPages::arm(cudaStream_t after) {
   armed_ = true;
   opened_ = false;
   ran_ = true;
-  submit(strategy_, stream_, copies_, false, true);
+  submit(strategy_, stream_, copies_, false);
   FERRY_CUDA_CHECK(cudaEventRecord(finished_, stream_));
   for (const auto& p : pools_) p->note_use(stream_);
 }
