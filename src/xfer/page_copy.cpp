@@ -115,7 +115,14 @@ void submit(PageStrategy s, cudaStream_t stream, const std::vector<PitchedCopy>&
     return;
   }
   const size_t most = dma::copies_per_batch_call();
-  dma::copy_pitched(stream, copies, any_order, small_calls ? inline_batch_size(copies.size(), most) : most);
+  if (!small_calls) {
+    dma::copy_pitched(stream, copies, any_order, most);
+    return;
+  }
+  // The batched calls carry the single rows; pitched copies go one call each.
+  const size_t singles = static_cast<size_t>(
+      std::count_if(copies.begin(), copies.end(), [](const PitchedCopy& c) { return c.rows == 1 && c.width > 0; }));
+  dma::copy_pitched(stream, copies, any_order, inline_batch_size(singles, most));
 }
 
 }  // namespace
@@ -138,6 +145,9 @@ PageCopier::PageCopier(int device) : device_(device) {
   int least = 0, greatest = 0;
   FERRY_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   FERRY_CUDA_CHECK(cudaStreamCreateWithPriority(&urgent_, cudaStreamNonBlocking, greatest));
+  // Loaded with the copier, so that a transfer's first kernel launch never
+  // waits for the device (where another transfer's gate may be armed).
+  load_page_kernel();
   for (int i = 0; i < kSliceStreams; ++i) {
     FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&slice_streams_[i], cudaStreamNonBlocking));
     FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&slice_done_[i], cudaEventDisableTiming));
@@ -368,9 +378,12 @@ void* PageCopier::stage(size_t bytes, cudaStream_t stream, bool capturing) {
     std::this_thread::yield();
   }
   if (s.capacity < bytes) {
-    if (s.host) FERRY_CUDA_CHECK(cudaFreeHost(s.host));
+    // Not freed now: cudaFreeHost waits for the whole device, which an armed
+    // gate may hold. Capacities at least double, so what is kept aside is
+    // less than what is in use.
+    if (s.host) captured_staging_.push_back(s.host);
     s.host = nullptr;
-    size_t cap = std::max<size_t>(bytes, 64 << 10);
+    size_t cap = std::max<size_t>({bytes, 2 * s.capacity, size_t(64) << 10});
     FERRY_CUDA_CHECK(cudaHostAlloc(&s.host, cap, cudaHostAllocMapped | cudaHostAllocPortable));
     s.capacity = cap;
   }
@@ -559,11 +572,12 @@ PreparedPages::~PreparedPages() {
     // is for at least the generation. Queued copies cannot be withdrawn, so an
     // armed transfer that is released runs them.
     // A trigger handed out (to a stream or a kernel) that has not landed may
-    // still write the word: it must never open another gate's work.
-    if (armed_ && opened_ && !gate_.is_open()) gate_.keep();
+    // still write the word: it must never open another gate's work, so the
+    // word is kept out of the pool.
+    if (late_write_possible_ || (armed_ && opened_ && !gate_.is_open())) gate_.keep();
     if (armed_) gate_.open();
-    // The gate's word is freed with this object: the stream must be past its
-    // wait first. Bounded; past the bound the word is kept, not freed.
+    // The gate's word goes back to the pool with this object: the stream must
+    // be past its wait first. Bounded; past the bound the word is kept.
     if (ran_) synchronize(knob_float("FERRY_TIMEOUT_S"));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ferry: a prepared page transfer was released unfinished (%s); its gate is kept\n", e.what());
@@ -584,13 +598,25 @@ void PreparedPages::arm(cudaStream_t after) {
   FERRY_CUDA_CHECK(cudaEventRecord(e, after));
   FERRY_CUDA_CHECK(cudaStreamWaitEvent(stream_, e, 0));
   cudaEventDestroy(e);
+  // Re-armed before the last trigger handed out landed: that trigger (a
+  // stream write, a kernel's store) may write the word at any time later.
+  if (armed_ && opened_ && !gate_.is_open()) late_write_possible_ = true;
   gate_.arm(stream_);
   // From here the stream waits on the gate: whatever fails below, the
-  // destructor must open it.
+  // destructor must open it and wait for the stream to pass the wait, which
+  // finished_, recorded after it, tells.
   armed_ = true;
   opened_ = false;
   ran_ = true;
-  submit(strategy_, stream_, copies_, false);
+  try {
+    submit(strategy_, stream_, copies_, false);
+  } catch (...) {
+    if (cudaEventRecord(finished_, stream_) != cudaSuccess) {
+      cudaGetLastError();
+      gate_.keep();  // no way to tell when the stream is past its wait
+    }
+    throw;
+  }
   FERRY_CUDA_CHECK(cudaEventRecord(finished_, stream_));
   for (const auto& p : pools_) p->note_use(stream_);
 }

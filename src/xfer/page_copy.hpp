@@ -135,7 +135,7 @@ class PageCopier {
   };
   std::vector<Slot> slots_;
   size_t next_slot_ = 0;
-  std::vector<void*> captured_staging_;                          // kept for the graphs that read them
+  std::vector<void*> captured_staging_;  // kept for the graphs that read them, and outgrown slots (freed at exit)
   std::vector<std::shared_ptr<class HostPool>> captured_pools_;  // likewise
   volatile uint64_t* kernel_error_ = nullptr;                    // pinned: 1 + index of the first bad entry
   unsigned long long* kernel_error_device_ = nullptr;
@@ -182,6 +182,7 @@ class PreparedPages {
   bool armed_ = false;
   bool opened_ = false;
   bool ran_ = false;
+  bool late_write_possible_ = false;  // a trigger handed out may still write the gate's word
 };
 
 }  // namespace xfer

@@ -70,6 +70,11 @@ __global__ void page_gather(PageKernelArgs a) {
 
 }  // namespace
 
+void load_page_kernel() {
+  cudaFuncAttributes attributes{};
+  FERRY_CUDA_CHECK(cudaFuncGetAttributes(&attributes, page_gather));
+}
+
 void launch_page_kernel(const PageKernelArgs& args, int blocks, int threads, cudaStream_t stream) {
   if (args.pages == 0 || args.units_per_page == 0) return;
   FERRY_ARG_CHECK(args.nregions > 0 && args.nregions <= kMaxKernelRegions,

@@ -37,5 +37,10 @@ constexpr int kMaxKernelRegions = 1024;
 
 void launch_page_kernel(const PageKernelArgs& args, int blocks, int threads, cudaStream_t stream);
 
+// Loads the kernel's module on the current device now. Under lazy module
+// loading a kernel's first launch waits for the whole device, which an armed
+// gate (a prepared transfer or collective) may hold until its trigger.
+void load_page_kernel();
+
 }  // namespace xfer
 }  // namespace ferry
