@@ -49,7 +49,12 @@ static void prepared(int device, ferry_kv_region_t* gpu_side, ferry_kv_region_t*
   check(ferry_kv_prepare(device, back_side, gpu_side, 1, dst_ids, dst_ids, N, FERRY_KV_PER_PAGE, FERRY_KV_ZERO_SM,
                          &save) == FERRY_SUCCESS,
         "ferry_kv_prepare (save)");
-  if (!fetch || !save) return;
+  if (!fetch || !save) {
+    ferry_kv_prepared_destroy(fetch); /* NULL is refused, harmlessly */
+    ferry_kv_prepared_destroy(save);
+    cudaStreamDestroy(other);
+    return;
+  }
   size_t bytes = 0, copies = 0;
   check(ferry_kv_prepared_sizes(fetch, &bytes, &copies) == FERRY_SUCCESS && bytes == (size_t)N * PAGE_BYTES &&
             copies >= 1 && copies <= N,
@@ -67,8 +72,11 @@ static void prepared(int device, ferry_kv_region_t* gpu_side, ferry_kv_region_t*
       check(ferry_kv_prepared_device_trigger(fetch, &trig) == FERRY_SUCCESS && trig.word, "device_trigger");
       /* What a kernel's ferry_device_trigger_fire stores, stored here by a copy. */
       unsigned long long v = trig.value;
-      if (trig.word) cudaMemcpy(trig.word, &v, sizeof v, cudaMemcpyDefault);
+      check(trig.word && cudaMemcpy(trig.word, &v, sizeof v, cudaMemcpyDefault) == cudaSuccess,
+            "store the device trigger's value");
     }
+    /* Bounded: a gate that stays shut is an error here, not a hang. */
+    check(ferry_kv_prepared_synchronize(fetch, 30.0) == FERRY_SUCCESS, "the released copies land");
     check(ferry_kv_prepared_wait(fetch, stream) == FERRY_SUCCESS, "wait");
     cudaMemcpyAsync(check_buf, gpu, PAGES * PAGE_BYTES, cudaMemcpyDeviceToHost, stream);
     cudaStreamSynchronize(stream);
@@ -100,7 +108,8 @@ static void prepared(int device, ferry_kv_region_t* gpu_side, ferry_kv_region_t*
         "prepared urgent refused");
   printf("prepared urgent: %s\n", ferry_last_error());
   check(ferry_kv_prepare(device, gpu_side, gpu_side, 1, dst_ids, src_ids, N, FERRY_KV_BATCHED, 0, &bad) ==
-            FERRY_ERROR_INVALID_ARGUMENT,
+                FERRY_ERROR_INVALID_ARGUMENT &&
+            strstr(ferry_last_error(), "within one GPU"),
         "prepared transfer within one GPU refused");
   printf("within one GPU: %s\n", ferry_last_error());
   /* Destroyed while armed: the gate opens, the copies run, nothing waits forever. */

@@ -90,6 +90,8 @@ FERRY_API ferry_result_t ferry_kv_prepared_synchronize(ferry_kv_prepared_t prepa
 /* The bytes the transfer moves and the copies it makes, adjacent pages merged
  * and a page's pitched copy counted once (either pointer may be NULL). */
 FERRY_API ferry_result_t ferry_kv_prepared_sizes(ferry_kv_prepared_t prepared, size_t* bytes, size_t* copies);
+/* Opens an armed transfer's gate and waits (at most FERRY_TIMEOUT_S) until
+ * its stream is past it; the handle is gone after the call. */
 FERRY_API ferry_result_t ferry_kv_prepared_destroy(ferry_kv_prepared_t prepared);
 
 /* Pinned host memory for KV pages, mapped for the GPU and placed on its NUMA

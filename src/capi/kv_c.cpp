@@ -33,7 +33,7 @@ ferry::xfer::PageSide side_of(const ferry_kv_region_t* regions, size_t n, const 
 }
 
 ferry::xfer::PreparedPages& prepared_of(ferry_kv_prepared_t p) {
-  FERRY_ARG_CHECK(p && p->impl, "prepared is NULL or destroyed");
+  FERRY_ARG_CHECK(p && p->impl, "prepared is NULL");
   return *p->impl;
 }
 
@@ -133,7 +133,7 @@ ferry_result_t ferry_kv_prepared_sizes(ferry_kv_prepared_t prepared, size_t* byt
 
 ferry_result_t ferry_kv_prepared_destroy(ferry_kv_prepared_t prepared) {
   return ferry::capi::guarded([&] {
-    FERRY_ARG_CHECK(prepared && prepared->impl, "prepared is NULL or destroyed");
+    FERRY_ARG_CHECK(prepared && prepared->impl, "prepared is NULL");
     delete prepared;
   });
 }

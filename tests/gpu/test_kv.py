@@ -652,56 +652,61 @@ def test_prepared_transfer_never_triggered_is_named(kv):
         kv.prepare(gpu, host, [1], [1], mode="kernel")
 
 
+ARMED_MEANWHILE = r"""
+import sys, torch, ferry, ferry.kv as kv
+host = kv.pinned_empty((64, 4096), torch.uint8)
+host.copy_(torch.randint(0, 256, (64, 4096), dtype=torch.uint8))
+gpu = torch.full((64, 4096), 0xA5, dtype=torch.uint8, device="cuda")
+other = torch.empty((64, 4096), dtype=torch.uint8, device="cuda")
+torch.cuda.synchronize()
+armed = kv.prepare(gpu, host, list(range(10)), list(range(20, 30)))
+armed.arm()
+print("armed", flush=True)
+for _ in range(3):
+    t = kv.prepare(gpu, host, [40, 41], [1, 2])
+    del t
+try:
+    kv.prepare(other, gpu, [1], [2])
+    sys.exit("a prepared transfer within one GPU was not refused")
+except ferry.InvalidArgumentError:
+    pass
+t = kv.prepare(gpu, host, [50], [3])
+t.arm()
+t.trigger()
+t.synchronize(timeout=10)
+del t
+print("made, refused and dropped", flush=True)
+armed.trigger()
+armed.synchronize(timeout=10)
+got = gpu.cpu()
+assert torch.equal(got[0:10], host[20:30]) and torch.equal(got[50], host[3]), "pages differ"
+assert (got[40:42] == 0xA5).all(), "a transfer never armed copied"
+print("ok", flush=True)
+"""
+
+
 def test_prepared_transfers_made_and_dropped_while_one_is_armed(kv):
     """While a transfer is armed and not triggered, other prepared transfers
-    are made, refused and dropped: none of that may wait for the device,
-    which waits for the trigger (a gate's memory freed would). The steps run
-    in a thread; if they have not returned after 20 s, the test opens the
-    gate, which ends the wait, and fails."""
-    import threading
+    are made, refused, armed, run and dropped: none of that may wait for the
+    device, which waits for the trigger (a gate's memory freed would). In a
+    process of its own, bounded: a hang holds the GIL in native code, so it
+    could not be ended from a thread."""
+    import subprocess
+    import sys
 
-    import ferry
+    import _checks
 
-    torch = _torch()
-    host = pinned((64, 4096), torch.uint8)
-    gpu = torch.empty((64, 4096), dtype=torch.uint8, device="cuda")
-    other = torch.empty((64, 4096), dtype=torch.uint8, device="cuda")
-    fill_random(host)
-    gpu.fill_(POISON)
-    torch.cuda.synchronize()
-    armed = kv.prepare(gpu, host, list(range(10)), list(range(20, 30)))
-    armed.arm()
-    errors = []
-
-    def steps():
-        try:
-            for _ in range(3):
-                t = kv.prepare(gpu, host, [40, 41], [1, 2])
-                del t
-            try:
-                kv.prepare(other, gpu, [1], [2])  # within one GPU: refused
-                errors.append("a prepared transfer within one GPU was not refused")
-            except ferry.InvalidArgumentError:
-                pass
-            t = kv.prepare(gpu, host, [50], [3])
-            t.arm()
-            t.trigger()
-            t.synchronize(timeout=10)
-            del t
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(repr(e))
-
-    th = threading.Thread(target=steps, daemon=True)
-    th.start()
-    th.join(timeout=20)
-    hung = th.is_alive()
-    armed.trigger()
-    th.join(timeout=30)
-    armed.synchronize(timeout=10)
-    assert not hung, "making or dropping a prepared transfer waited for an armed one's trigger"
-    assert not errors, errors
-    got = gpu.cpu()
-    assert torch.equal(got[0:10], host[20:30]) and torch.equal(got[50], host[3])
+    env = dict(__import__("os").environ, **_checks.SAFE_ENV)
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", ARMED_MEANWHILE], env=env, capture_output=True, text=True, timeout=90
+        )
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        raise AssertionError(
+            f"making or dropping a prepared transfer waited for an armed one's trigger; got to: {out!r}"
+        ) from None
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stdout + run.stderr[-3000:]
 
 
 def test_bad_input_is_named(kv):
