@@ -132,7 +132,7 @@ static void run_checks(ferry_comm_t comm) {
   }
 
   /* Options: the signal rounds sent by a one-block kernel (not SM-free; docs/api.md). */
-  ferry_coll_options_t kernel_signals = {.algo = FERRY_ALGO_AUTO, .signals = FERRY_SIGNALS_SM};
+  ferry_coll_options_t kernel_signals = {.algo = FERRY_ALGO_AUTO, .signals = FERRY_SIGNALS_KERNEL};
   fill_inputs(n, 5);
   poison_outputs(total);
   CHECK_FERRY(ferry_all_gather(comm, outs, (const void* const*)in_blocks, n, streams, &kernel_signals));
@@ -143,7 +143,7 @@ static void run_checks(ferry_comm_t comm) {
    * all_gathers on the SM path, larger ones on copy engines with kernel signals. */
   const ferry_tuning_rule_t latency[2] = {
       {FERRY_OP_ALL_GATHER, 0, (size_t)1 << 20, FERRY_ALGO_SM, FERRY_SIGNALS_AUTO},
-      {FERRY_OP_ALL_GATHER, 0, SIZE_MAX, FERRY_ALGO_B2B, FERRY_SIGNALS_SM},
+      {FERRY_OP_ALL_GATHER, 0, SIZE_MAX, FERRY_ALGO_B2B, FERRY_SIGNALS_KERNEL},
   };
   CHECK_FERRY(ferry_comm_set_tuning(comm, latency, 2));
   ferry_algo_t algo;
@@ -154,7 +154,7 @@ static void run_checks(ferry_comm_t comm) {
     ++wrong;
   }
   CHECK_FERRY(ferry_comm_choose(comm, FERRY_OP_ALL_GATHER, (size_t)4 << 20, &algo, &signals));
-  if (algo != FERRY_ALGO_B2B || signals != FERRY_SIGNALS_SM) {
+  if (algo != FERRY_ALGO_B2B || signals != FERRY_SIGNALS_KERNEL) {
     fprintf(stderr, "with the table, a 4 MiB all_gather chose algo %d signals %d\n", (int)algo, (int)signals);
     ++wrong;
   }

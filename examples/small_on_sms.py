@@ -1,7 +1,7 @@
 """All-gathers on the critical path, four ways, each captured in a CUDA graph
 of 20 calls, checked and timed:
   the default       copy engines and copy-engine signals: no SM at all;
-  signals="sm"      copy engines for the data, a one-block kernel per signal round;
+  signals="kernel"  copy engines for the data, a one-block kernel per signal round;
   algo="sm"         one SM kernel (up to 32 blocks) moves everything (up to 1 MiB);
   "latency" preset  comm.set_tuning("latency"): "auto" picks among these per size
                     from a table shipped for the GPU model (H200).
@@ -16,7 +16,7 @@ comm = ferry.init()  # rank, world and device from torchrun
 rank, world = comm.rank, comm.world
 WAYS = (
     ("default", dict()),
-    ('signals="sm"', dict(signals="sm")),
+    ('signals="kernel"', dict(signals="kernel")),
     ('algo="sm"', dict(algo="sm")),
     ('"latency" preset', dict()),
 )

@@ -123,10 +123,11 @@ typedef enum {
 
 typedef enum {
   /* Who sends and awaits a copy-engine exchange's two rounds of signals ("may write", "written"). */
-  FERRY_SIGNALS_AUTO = 0, /* the communicator's setting: FERRY_SIGNALS, "copy" unless set */
-  FERRY_SIGNALS_COPY = 1, /* small copy-engine copies into peers' flags and stream waits: no SM */
-  FERRY_SIGNALS_SM = 2    /* NOT SM-free: one single-block kernel per round; 5-13 us less per call on 2 H200s,
-                             but beside a GPU-filling kernel each round waits for an SM */
+  FERRY_SIGNALS_AUTO = 0,   /* the communicator's setting: FERRY_SIGNALS, "copy" unless set */
+  FERRY_SIGNALS_COPY = 1,   /* small copy-engine copies into peers' flags and stream waits: no SM */
+  FERRY_SIGNALS_KERNEL = 2, /* NOT SM-free: one single-block kernel per round; 5-13 us less per call on 2 H200s,
+                               but beside a GPU-filling kernel each round waits for an SM */
+  FERRY_SIGNALS_SM = FERRY_SIGNALS_KERNEL /* its first name, kept for programs written with it */
 } ferry_signals_t;
 
 /* Zero-initialized options are the defaults (auto everywhere). */
@@ -239,7 +240,7 @@ FERRY_API ferry_result_t ferry_comm_set_tuning(ferry_comm_t comm, const ferry_tu
  * another name, or where ferry ships no such table for this GPU. */
 FERRY_API ferry_result_t ferry_comm_set_tuning_preset(ferry_comm_t comm, const char* preset);
 /* What a call of `op` with algo and signals AUTO runs at this size on `comm`:
- * the variant, and FERRY_SIGNALS_COPY or FERRY_SIGNALS_SM. */
+ * the variant, and FERRY_SIGNALS_COPY or FERRY_SIGNALS_KERNEL. */
 FERRY_API ferry_result_t ferry_comm_choose(ferry_comm_t comm, ferry_op_t op, size_t bytes_per_rank, ferry_algo_t* algo,
                                            ferry_signals_t* signals);
 

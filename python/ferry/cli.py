@@ -336,7 +336,7 @@ def main(argv=None) -> int:
         "--impls",
         default=None,
         help=f"what to time, comma-separated (default: {','.join(bench_collectives.DEFAULT_IMPLS)}; ferry-ksig-graph is the selector's variant "
-        "with signals='sm', which --overlap then measures too; also ferry-auto, the selector's choice eager, "
+        "with signals='kernel', which --overlap then measures too; also ferry-auto, the selector's choice eager, "
         "and ferry-ksig, kernel signals eager); empty: only the optional measurements below",
     )
     b.add_argument("--min", default="1K", help="smallest bytes per rank")

@@ -451,8 +451,8 @@ class Communicator:
         shorter time), 'auto' peer up to 1 MiB per rank, else sm. CUDA has no
         SM-free copy within one GPU. signals (every collective; copy-engine
         variants): how ranks tell each other "you may write" and "written":
-        'copy' small copy-engine copies and stream waits (no SM), 'sm' a
-        one-block kernel per round (5-13 us less per call on 2 H200s, but it
+        'copy' small copy-engine copies and stream waits (no SM), 'kernel' a
+        one-block kernel per round ('sm', its first name, works too) (5-13 us less per call on 2 H200s, but it
         waits for an SM beside a GPU-filling kernel), 'auto' FERRY_SIGNALS
         (default 'copy')."""
         self._run(False, "all_gather", out, inp, stream, algo=algo, local_copy=local_copy, signals=signals)
@@ -562,7 +562,7 @@ class Communicator:
         they are faster; they wait for SMs beside compute), as shipped for
         this GPU model. Rules: a list of (op, world, max_bytes_per_rank,
         algo[, signals]) (or dicts with those keys), tried in order (world 0:
-        any; signals 'auto', 'copy' or 'sm', default 'auto': FERRY_SIGNALS);
+        any; signals 'auto', 'copy' or 'kernel', default 'auto': FERRY_SIGNALS);
         see `ferry tune`; an empty list restores the table the communicator
         started with (FERRY_TUNING's, else the shipped one). A bad
         preset or rule raises InvalidArgumentError naming it."""
@@ -591,7 +591,7 @@ class Communicator:
         return self._c.choose(op, bytes_per_rank)[0]
 
     def choose_signals(self, op: str, bytes_per_rank: int) -> str:
-        """'copy' or 'sm': how a call with signals='auto' at this size signals
+        """'copy' or 'kernel': how a call with signals='auto' at this size signals
         (the tuning table's rule, else FERRY_SIGNALS)."""
         return self._c.choose(op, bytes_per_rank)[1]
 

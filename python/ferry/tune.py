@@ -7,8 +7,9 @@ order; the first whose op and world (0: any) match and whose max_bytes is at
 least the call's bytes per rank (the size the selector sees: an all_to_all's
 block, a reduce_scatter's output) wins. `signals` says who sends the copy-engine
 variants' two signal rounds: "auto" (the communicator's FERRY_SIGNALS; what
-the default "sm-free" table says), "copy" or "sm" (a one-block kernel per
-round, which `ferry tune --sm` may choose and the "latency" preset names).
+the default "sm-free" table says), "copy" or "kernel" (a one-block kernel per
+round, which `ferry tune --sm` may choose and the "latency" preset names;
+"sm", its first name, is still read).
 Everything here is pure and CPU-tested except `run`, which measures."""
 
 from __future__ import annotations
@@ -23,14 +24,14 @@ VARIANTS = ("b2b", "seq", "pcpy")  # copy-engine variants: what `ferry tune` mea
 # What a rule may name: also "sm", ferry's SM path (not copy engines), which
 # `ferry tune` measures only when asked (--sm), and only the "latency" preset names.
 RULE_ALGOS = VARIANTS + ("sm",)
-RULE_SIGNALS = ("auto", "copy", "sm")
+RULE_SIGNALS = ("auto", "copy", "kernel", "sm")  # "sm": the first name of "kernel"
 
 
 def candidates(allow_sm: bool) -> Tuple[str, ...]:
     """What `ferry tune` measures, as ferry bench impl labels without "ferry-":
     the copy-engine variants; with allow_sm also the SM path and each
     copy-engine variant with its signal rounds sent by a kernel
-    ("<variant>-ksig", which becomes a rule (variant, "sm")). Ties go to the
+    ("<variant>-ksig", which becomes a rule (variant, "kernel")). Ties go to the
     earlier one, so the SM-free variants come first."""
     return VARIANTS + (("sm",) + tuple(f"{v}-ksig" for v in VARIANTS) if allow_sm else ())
 
@@ -120,7 +121,8 @@ def rules_from_measurements(
 
 def validate(rules) -> List[Rule]:
     """Rules as tuples of 4 (signals 'auto') or 5, or dicts with those keys
-    (a JSON table), checked and made 5-tuples; a bad one is named."""
+    (a JSON table), checked and made 5-tuples (signals "sm", the first name
+    of "kernel", read as "kernel"); a bad one is named."""
     out = []
     for i, r in enumerate(rules):
         if isinstance(r, dict):
@@ -141,7 +143,7 @@ def validate(rules) -> List[Rule]:
         max_bytes = ANY if max_bytes is None else max_bytes
         if not isinstance(max_bytes, int) or max_bytes < 0:
             raise ValueError(f"rule {i}: max_bytes is {max_bytes!r}; expected bytes or null (no bound)")
-        out.append((op, world, max_bytes, algo, signals))
+        out.append((op, world, max_bytes, algo, "kernel" if signals == "sm" else signals))
     return out
 
 

@@ -392,7 +392,8 @@ NB_MODULE(_ferry, m) {
           "choose",
           [](const Communicator& c, const std::string& op, size_t bytes) {
             const ferry::Resolved r = c.choose(parse_op(op), bytes);
-            return std::make_pair(std::string(ferry::algo_name(r.algo)), std::string(r.kernel_signals ? "sm" : "copy"));
+            return std::make_pair(std::string(ferry::algo_name(r.algo)),
+                                  std::string(r.kernel_signals ? "kernel" : "copy"));
           },
           "op"_a, "bytes_per_rank"_a)
       .def(

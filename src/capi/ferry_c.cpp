@@ -20,7 +20,7 @@ static_assert(FERRY_OP_ALL_GATHER == static_cast<int>(ferry::CollOp::kAllGather)
               "ferry_op_t");
 static_assert(FERRY_LOCAL_COPY_PEER == static_cast<int>(ferry::LocalCopy::kPeer), "ferry_local_copy_t");
 static_assert(FERRY_SIGNALS_COPY == static_cast<int>(ferry::Signals::kCopy) &&
-                  FERRY_SIGNALS_SM == static_cast<int>(ferry::Signals::kKernel),
+                  FERRY_SIGNALS_KERNEL == static_cast<int>(ferry::Signals::kKernel),
               "ferry_signals_t");
 
 namespace {
@@ -43,7 +43,7 @@ ferry::CollectiveArgs make_args(ferry::Communicator& c, ferry::CollOp op, void* 
                     "options->algo is not a ferry_algo_t");
     FERRY_ARG_CHECK(options->local_copy >= FERRY_LOCAL_COPY_AUTO && options->local_copy <= FERRY_LOCAL_COPY_PEER,
                     "options->local_copy is not a ferry_local_copy_t");
-    FERRY_ARG_CHECK(options->signals >= FERRY_SIGNALS_AUTO && options->signals <= FERRY_SIGNALS_SM,
+    FERRY_ARG_CHECK(options->signals >= FERRY_SIGNALS_AUTO && options->signals <= FERRY_SIGNALS_KERNEL,
                     "options->signals is not a ferry_signals_t");
     a.algo = static_cast<ferry::Algo>(options->algo);
     a.local_copy = static_cast<ferry::LocalCopy>(options->local_copy);
@@ -86,7 +86,7 @@ std::vector<ferry::SelectorRule> selector_rules(const ferry_tuning_rule_t* rules
     FERRY_ARG_CHECK(r.world >= 0, at + ".world is " + std::to_string(r.world) + "; expected 0 (any) or a world size");
     FERRY_ARG_CHECK(r.algo >= FERRY_ALGO_PCPY && r.algo <= FERRY_ALGO_SM,
                     at + ".algo must name a variant (FERRY_ALGO_PCPY, _B2B, _SEQ or _SM), not AUTO");
-    FERRY_ARG_CHECK(r.signals >= FERRY_SIGNALS_AUTO && r.signals <= FERRY_SIGNALS_SM,
+    FERRY_ARG_CHECK(r.signals >= FERRY_SIGNALS_AUTO && r.signals <= FERRY_SIGNALS_KERNEL,
                     at + ".signals is not a ferry_signals_t");
     t.push_back({static_cast<ferry::CollOp>(r.op), r.world, r.max_bytes, static_cast<ferry::Algo>(r.algo),
                  static_cast<ferry::Signals>(r.signals)});
@@ -239,7 +239,7 @@ ferry_result_t ferry_comm_choose(ferry_comm_t comm, ferry_op_t op, size_t bytes_
     FERRY_ARG_CHECK(op >= FERRY_OP_ALL_GATHER && op <= FERRY_OP_ALL_REDUCE, "op is not a ferry_op_t");
     const ferry::Resolved r = get(comm).choose(static_cast<ferry::CollOp>(op), bytes_per_rank);
     *algo = static_cast<ferry_algo_t>(r.algo);
-    *signals = r.kernel_signals ? FERRY_SIGNALS_SM : FERRY_SIGNALS_COPY;
+    *signals = r.kernel_signals ? FERRY_SIGNALS_KERNEL : FERRY_SIGNALS_COPY;
   });
 }
 

@@ -16,25 +16,27 @@ namespace ferry {
 // communicator's FERRY_SIGNALS; a rule: the communicator's).
 enum class Signals { kAuto = 0, kCopy = 1, kKernel = 2 };
 
-// "auto", "copy", "sm"; anything else is an error that names `what`.
+// "auto", "copy", "kernel" ("sm", its first name, is still taken: algo="sm"
+// is the SM path, another concept); anything else is an error that names `what`.
 inline Signals parse_signals(const std::string& name, const char* what) {
   if (name == "auto" || name.empty()) return Signals::kAuto;
   if (name == "copy") return Signals::kCopy;
-  if (name == "sm") return Signals::kKernel;
+  if (name == "kernel" || name == "sm") return Signals::kKernel;
   throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(what) + " is '" + name +
-                                                "'; expected 'auto', 'copy' (copy engines, no SM) or 'sm' (a " +
+                                                "'; expected 'auto', 'copy' (copy engines, no SM) or 'kernel' (a " +
                                                 "one-block kernel per round)");
 }
 
 inline const char* signals_name(Signals s) {
-  return s == Signals::kKernel ? "sm" : s == Signals::kCopy ? "copy" : "auto";
+  return s == Signals::kKernel ? "kernel" : s == Signals::kCopy ? "copy" : "auto";
 }
 
-// FERRY_SIGNALS, the communicator's default: true for "sm", false for "copy";
-// anything else is refused, naming the knob.
+// FERRY_SIGNALS, the communicator's default: true for "kernel" (or "sm"),
+// false for "copy"; anything else is refused, naming the knob.
 inline bool kernel_signals_default(const std::string& setting) {
-  FERRY_ARG_CHECK(setting == "copy" || setting == "sm", "FERRY_SIGNALS=" + setting + ": expected 'copy' or 'sm'");
-  return setting == "sm";
+  FERRY_ARG_CHECK(setting == "copy" || setting == "kernel" || setting == "sm",
+                  "FERRY_SIGNALS=" + setting + ": expected 'copy' or 'kernel'");
+  return setting != "copy";
 }
 
 // The call's choice wins, then the tuning table's rule, then FERRY_SIGNALS.

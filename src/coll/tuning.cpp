@@ -55,7 +55,8 @@ Algo rule_algo(const std::string& name, const std::string& what) {
 Signals rule_signals(const std::string& name, const std::string& what) {
   for (Signals s : {Signals::kAuto, Signals::kCopy, Signals::kKernel})
     if (name == signals_name(s)) return s;
-  bad(what + " is '" + name + "'; expected one of auto, copy, sm");
+  if (name == "sm") return Signals::kKernel;  // the first name of "kernel", in tables written with it
+  bad(what + " is '" + name + "'; expected one of auto, copy, kernel");
 }
 
 bool is_preset(const std::string& name) {

@@ -76,8 +76,8 @@ const std::vector<Knob>& knobs() {
        "bound on the scratch an in-place all_to_all uses per rank (it runs in rounds of scratch / world bytes)"},
       {"FERRY_SIGNALS", "string", "copy",
        "how the copy-engine variants send and await their ready and done messages: 'copy' (small copy-engine "
-       "copies and stream waits, no SM) or 'sm' (one single-block kernel per round: a few microseconds less per "
-       "round, one SM while it waits); the data moves on copy engines either way"},
+       "copies and stream waits, no SM) or 'kernel' (one single-block kernel per round: a few microseconds less per "
+       "round, one SM while it waits; 'sm' is its first name); the data moves on copy engines either way"},
       {"FERRY_DEBUG", "int", "0",
        "1: print ferry's decisions and recoveries to stderr as they happen (why a multipath copy runs as one plain "
        "copy, a relay that was left out, a stream wait released past its timeout)"},

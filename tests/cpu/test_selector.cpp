@@ -74,7 +74,9 @@ TEST(Selector, ARuleMayNameTheSignalsAndAForcedVariantDoesNot) {
 TEST(Signals, TheCallWinsThenTheRuleThenTheCommunicator) {
   EXPECT_EQ(parse_signals("auto", "signals"), Signals::kAuto);
   EXPECT_EQ(parse_signals("copy", "signals"), Signals::kCopy);
-  EXPECT_EQ(parse_signals("sm", "signals"), Signals::kKernel);
+  EXPECT_EQ(parse_signals("kernel", "signals"), Signals::kKernel);
+  EXPECT_EQ(parse_signals("sm", "signals"), Signals::kKernel);  // its first name
+  EXPECT_STREQ(signals_name(Signals::kKernel), "kernel");
   for (bool by_kernel : {false, true}) {
     for (Signals rule : {Signals::kAuto, Signals::kCopy, Signals::kKernel}) {
       EXPECT_FALSE(kernel_signals(Signals::kCopy, rule, by_kernel));
@@ -85,23 +87,25 @@ TEST(Signals, TheCallWinsThenTheRuleThenTheCommunicator) {
     EXPECT_TRUE(kernel_signals(Signals::kAuto, Signals::kKernel, by_kernel));
   }
   try {
-    parse_signals("kernel", "signals");
-    FAIL() << "no error for signals='kernel'";
+    parse_signals("rounds", "signals");
+    FAIL() << "no error for signals='rounds'";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("signals is 'kernel'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("signals is 'rounds'"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("'auto', 'copy'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("or 'kernel'"), std::string::npos) << e.what();
   }
 }
 
 TEST(Signals, TheCommunicatorsSettingIsParsedAndABadOneNamesTheKnob) {
+  EXPECT_TRUE(kernel_signals_default("kernel"));
   EXPECT_TRUE(kernel_signals_default("sm"));
   EXPECT_FALSE(kernel_signals_default("copy"));
   try {
-    kernel_signals_default("kernel");
-    FAIL() << "no error for FERRY_SIGNALS=kernel";
+    kernel_signals_default("rounds");
+    FAIL() << "no error for FERRY_SIGNALS=rounds";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("FERRY_SIGNALS=kernel"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("'copy' or 'sm'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("FERRY_SIGNALS=rounds"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'copy' or 'kernel'"), std::string::npos) << e.what();
   }
 }
 

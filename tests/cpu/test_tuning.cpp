@@ -124,8 +124,8 @@ TEST(Tuning, RulesFromJsonCheckEveryField) {
   EXPECT_NE(why(R"([{"algo": "seq"}])").find("rule 0: 'op' is missing"), std::string::npos);
   EXPECT_NE(why(R"([{"op": "gather", "algo": "seq"}])").find("rule 0: op is 'gather'; expected all_gather"),
             std::string::npos);
-  EXPECT_EQ(why(R"([{"op": "all_gather", "algo": "seq", "signals": "kernel"}])"),
-            "rule 0: signals is 'kernel'; expected one of auto, copy, sm");
+  EXPECT_EQ(why(R"([{"op": "all_gather", "algo": "seq", "signals": "rounds"}])"),
+            "rule 0: signals is 'rounds'; expected one of auto, copy, kernel");
   EXPECT_NE(why(R"([{"op": "all_gather", "algo": "seq", "max_bytes": -1}])").find("rule 0: max_bytes is -1"),
             std::string::npos);
   EXPECT_NE(why(R"([{"op": "all_gather", "algo": "seq", "max_bytes": 1.5}])").find("expected a whole number"),

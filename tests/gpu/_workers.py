@@ -138,10 +138,10 @@ def bad_inputs(rank: int, world: int, port: int) -> list:
     comm.close()
     expect(ferry.ClosedError, "closed", lambda: comm.all_gather(out, inp))
     expect(ferry.ClosedError, "already closed", comm.close)
-    os.environ["FERRY_SIGNALS"] = "kernel"  # not a value: named at creation
+    os.environ["FERRY_SIGNALS"] = "rounds"  # not a value: named at creation
     expect(
         ferry.InvalidArgumentError,
-        "FERRY_SIGNALS=kernel: expected 'copy' or 'sm'",
+        "FERRY_SIGNALS=rounds: expected 'copy' or 'kernel'",
         lambda: ferry.init_local([rank]),
     )
     del os.environ["FERRY_SIGNALS"]
@@ -408,11 +408,12 @@ def which_calls_need_sms(rank: int, world: int, port: int) -> list:
         comm.synchronize()
         seed = 1000
         ops = ("all_gather", "all_to_all", "broadcast", "reduce_scatter")
-        cases = [(s, None) for s in ("copy", "sm", "auto", "copy", "sm")]
-        cases += [(s, t) for t in ("sm", "copy") for s in ("auto", "copy", "sm")]
+        # "sm" is the first name of "kernel", still accepted: one case each.
+        cases = [(s, None) for s in ("copy", "kernel", "auto", "copy", "sm")]
+        cases += [(s, t) for t in ("kernel", "copy") for s in ("auto", "copy", "kernel")]
         for signals, table in cases:
             comm.set_tuning([(op, 0, (1 << 63) - 1, "b2b", table or "auto") for op in ops])
-            needs_sms = (signals if signals != "auto" else table or default) == "sm"
+            needs_sms = (signals if signals != "auto" else table or default) in ("kernel", "sm")
             for rep in range(3):
                 seed += 1000
                 label = f"signals={signals!r} table={table!r} #{rep}"
@@ -421,7 +422,7 @@ def which_calls_need_sms(rank: int, world: int, port: int) -> list:
                 for what, (got, exp) in expected.items():
                     check(f"{label} {what}", got, exp)
         # The reduction is an SM kernel whatever signals the data movement uses.
-        for signals in ("copy", "sm"):
+        for signals in ("copy", "kernel"):
             summands = [ints(torch, seed + q, world * (n // 4), dev, torch.float32) for q in range(world)]
             addends.copy_(summands[rank])
             reduced.fill_(float("nan"))

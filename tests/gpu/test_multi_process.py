@@ -79,7 +79,7 @@ def test_kernel_gives_up_in_a_graph_and_names_the_peer(kind, monkeypatch):
     run_on_every_rank(_workers.kernel_gives_up_in_a_graph, 2, timeout=90)
 
 
-@pytest.mark.parametrize("default", ["copy", "sm"])
+@pytest.mark.parametrize("default", ["copy", "kernel"])
 @pytest.mark.parametrize("world", worlds_to_test(2, GPU_COUNT))
 def test_copy_signals_need_no_sm_and_kernel_signals_do(world, default, monkeypatch):
     monkeypatch.setenv("FERRY_SIGNALS", default)  # what a call's signals="auto" means

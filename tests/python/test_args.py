@@ -146,8 +146,8 @@ def test_options_pass_through_to_the_native_layer():
     with pytest.raises(InvalidArgumentError, match="stream is a str"):
         c.all_gather(Cai(64), Cai(16), stream="s")
     assert c._c.calls[-1]["signals"] == "auto"  # the communicator's FERRY_SIGNALS
-    c.all_to_all(Cai(64), Cai(64), signals="sm")
-    assert c._c.calls[-1]["signals"] == "sm"
+    c.all_to_all(Cai(64), Cai(64), signals="kernel")
+    assert c._c.calls[-1]["signals"] == "kernel"
     c.reduce_scatter(Cai(16, "<f4"), Cai(64, "<f4"), signals="copy")
     assert c._c.calls[-1]["signals"] == "copy"
 
@@ -259,11 +259,16 @@ def test_torch_and_raw_arrays_of_one_element_type_match():
 def test_set_tuning_checks_rules_and_passes_signals():
     c = Communicator(FakeNative(), local=False)
     c.set_tuning(
-        [("all_gather", 0, 1 << 20, "sm"), dict(op="all_gather", max_bytes=None, algo="pcpy", signals="sm")]
+        [
+            ("all_gather", 0, 1 << 20, "sm"),
+            dict(op="all_gather", max_bytes=None, algo="pcpy", signals="sm"),  # the first name of "kernel"
+            ("all_to_all", 0, 1 << 20, "b2b", "kernel"),
+        ]
     )
     assert c._c.rules == [
         ("all_gather", 0, 1 << 20, "sm", "auto"),
-        ("all_gather", 0, (1 << 63) - 1, "pcpy", "sm"),
+        ("all_gather", 0, (1 << 63) - 1, "pcpy", "kernel"),
+        ("all_to_all", 0, 1 << 20, "b2b", "kernel"),
     ]
     with pytest.raises(InvalidArgumentError, match="set_tuning: rule 1: signals is 'fast'"):
         c.set_tuning([("all_gather", 0, 1, "b2b"), ("all_gather", 0, 2, "b2b", "fast")])

@@ -55,9 +55,11 @@ def test_validate_names_the_bad_rule():
     assert tune.validate([dict(op="all_reduce", world=0, max_bytes=None, algo="seq")]) == [
         ("all_reduce", 0, tune.ANY, "seq", "auto")
     ]
-    assert tune.validate([("all_gather", 0, 10, "b2b", "sm")]) == [("all_gather", 0, 10, "b2b", "sm")]
-    with pytest.raises(ValueError, match="rule 0: signals is 'kernel'"):
-        tune.validate([dict(op="all_gather", max_bytes=1, algo="b2b", signals="kernel")])
+    assert tune.validate([("all_gather", 0, 10, "b2b", "kernel")]) == [("all_gather", 0, 10, "b2b", "kernel")]
+    with pytest.raises(ValueError, match="rule 0: signals is 'rounds'"):
+        tune.validate([dict(op="all_gather", max_bytes=1, algo="b2b", signals="rounds")])
+    # "sm", the first name of "kernel", is read as "kernel".
+    assert tune.validate([dict(op="all_gather", max_bytes=1, algo="b2b", signals="sm")])[0][4] == "kernel"
     with pytest.raises(ValueError, match=r"rule 0: .*expected \(op, world, max_bytes, algo\[, signals\]\)"):
         tune.validate([("all_gather", 0, 10)])
 
@@ -229,14 +231,18 @@ def test_kernel_signals_compete_only_when_asked_and_become_a_rules_signals():
     rules = tune.rules_from_measurements(records, 2, allow_sm=True)
     assert [r for r in rules if r[0] == "all_gather"] == [
         ("all_gather", 2, 1024, "sm", "auto"),
-        ("all_gather", 2, 4 << 20, "pcpy", "sm"),
+        ("all_gather", 2, 4 << 20, "pcpy", "kernel"),
         ("all_gather", 2, tune.ANY, "pcpy", "auto"),
     ]
     # broadcast runs on the SM path and borrows all of it; reductions (no SM
     # path) borrow the table chosen without it, kernel signals included.
-    assert [r[3:] for r in rules if r[0] == "broadcast"] == [("sm", "auto"), ("pcpy", "sm"), ("pcpy", "auto")]
+    assert [r[3:] for r in rules if r[0] == "broadcast"] == [
+        ("sm", "auto"),
+        ("pcpy", "kernel"),
+        ("pcpy", "auto"),
+    ]
     assert tune.to_json_rules(rules)[1] == dict(
-        op="all_gather", world=2, max_bytes=4 << 20, algo="pcpy", signals="sm"
+        op="all_gather", world=2, max_bytes=4 << 20, algo="pcpy", signals="kernel"
     )
     assert "signals" not in tune.to_json_rules(rules)[0]
     assert tune.candidates(False) == tune.VARIANTS

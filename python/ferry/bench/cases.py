@@ -37,10 +37,10 @@ def sm_fits(comm, op: str, n: int, world: int) -> bool:
 def impl_options(impl: str) -> tuple:
     """(algo, signals) of a ferry impl label: ferry-<algo>, ferry-graph ('auto'
     replayed from a graph), ferry-ksig (the selector's variant with its signal
-    rounds sent by a kernel: signals='sm'), each with an optional -graph."""
+    rounds sent by a kernel: signals='kernel'), each with an optional -graph."""
     parts = impl.split("-")[1:]
     algo = parts[0] if parts and parts[0] in ("b2b", "pcpy", "seq", "sm") else "auto"
-    return algo, "sm" if "ksig" in parts else "auto"
+    return algo, "kernel" if "ksig" in parts else "auto"
 
 
 class Case:

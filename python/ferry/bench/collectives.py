@@ -27,7 +27,7 @@ SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "N
 
 # ferry-sm*: not copy engines (algo "sm": one SM kernel), measured beside them.
 # ferry-ksig*: the selector's copy-engine variant with its two signal rounds
-# sent by a one-block kernel (signals="sm"; the default set has the graph
+# sent by a one-block kernel (signals="kernel"; the default set has the graph
 # form); ferry-auto: the selector's choice, eager (with a tuning table that
 # names "sm" or signals, not SM-free), not in the default set.
 IMPLS = (

@@ -26,7 +26,7 @@ IMPLS = {
     "ferry-local-sm": ("ferry (local copy by 32-block kernel)", "ferry", "sm"),
     "ferry-driver": ("ferry (local copy by cudaMemcpyAsync)", "ferry", "driver"),
     "ferry-sm-path": ("ferry algo 'sm' (SM kernel, not copy engines)", "ferry-sm", "auto"),
-    "ferry-ksig": ("ferry signals='sm' (rounds by a 1-block kernel)", "ferry-ksig", "auto"),
+    "ferry-ksig": ("ferry signals='kernel' (rounds by a 1-block kernel)", "ferry-ksig", "auto"),
     "nccl": ("nccl", "nccl", "auto"),
 }
 
