@@ -291,8 +291,8 @@ def test_impl_labels_map_to_call_options():
     assert impl_options("ferry-pcpy") == ("pcpy", "auto")
     assert impl_options("ferry-graph") == ("auto", "auto")
     assert impl_options("ferry-sm-graph") == ("sm", "auto")
-    assert impl_options("ferry-ksig") == ("auto", "sm")
-    assert impl_options("ferry-ksig-graph") == ("auto", "sm")
+    assert impl_options("ferry-ksig") == ("auto", "kernel")
+    assert impl_options("ferry-ksig-graph") == ("auto", "kernel")
     # Every label the benchmark accepts means something; the default run (the
     # README's main job) has kernel signals in a graph only, and no eager auto.
     for impl in IMPLS:

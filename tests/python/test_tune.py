@@ -82,7 +82,7 @@ def test_native_selector_agrees_with_the_table():
     assert native.select_variant("all_gather", 4, 1, "pcpy", rules) == ("pcpy", "auto")  # forcing wins
     # A rule's signals reach the native selector; forcing a variant drops them.
     mixed = tune.validate([("all_gather", 0, 1 << 20, "b2b"), ("all_gather", 0, tune.ANY, "pcpy", "sm")])
-    assert native.select_variant("all_gather", 2, 4 << 20, "auto", mixed) == ("pcpy", "sm")
+    assert native.select_variant("all_gather", 2, 4 << 20, "auto", mixed) == ("pcpy", "kernel")
     assert native.select_variant("all_gather", 2, 4 << 20, "auto", mixed) == tune.select(
         mixed, "all_gather", 2, 4 << 20
     )
@@ -113,7 +113,7 @@ def test_latency_preset_uses_sms_only_where_measured_faster(world, monkeypatch):
     assert tune.select(rules, "all_gather", world, 4096) == ("sm", "auto")
     big = tune.select(rules, "all_gather", world, 64 << 20)
     # Kernel signals above the SM path (measured on 2 and 4 GPUs; 8 GPUs take the 4-GPU rules).
-    assert big[1] == "sm"
+    assert big[1] == "kernel"
     # The reductions take the SM path for small blocks on every world size (measured on 2 and 4 GPUs).
     assert tune.select(rules, "reduce_scatter", world, 1 << 19)[0] == "sm"
     assert tune.select(rules, "all_reduce", world, 1 << 18)[0] == "sm"
@@ -127,12 +127,12 @@ def test_latency_preset_on_four_gpus_follows_its_measurements(monkeypatch):
     rules = tune.default_rules("NVIDIA H200", 4)
     for op in ("all_gather", "all_to_all", "all_to_allv", "broadcast", "reduce_scatter", "all_reduce"):
         assert tune.select(rules, op, 4, 1 << 20) == ("sm", "auto"), op
-    assert tune.select(rules, "all_gather", 4, 4 << 20) == ("seq", "sm")
-    assert tune.select(rules, "all_to_all", 4, 4 << 20) == ("b2b", "sm")
+    assert tune.select(rules, "all_gather", 4, 4 << 20) == ("seq", "kernel")
+    assert tune.select(rules, "all_to_all", 4, 4 << 20) == ("b2b", "kernel")
     assert tune.select(rules, "reduce_scatter", 4, 4 << 20) == ("sm", "auto")
     assert tune.select(rules, "all_reduce", 4, 4 << 20) == ("sm", "auto")
-    assert tune.select(rules, "reduce_scatter", 4, 8 << 20) == ("b2b", "sm")
-    assert tune.select(rules, "all_reduce", 4, 8 << 20) == ("b2b", "sm")
+    assert tune.select(rules, "reduce_scatter", 4, 8 << 20) == ("b2b", "kernel")
+    assert tune.select(rules, "all_reduce", 4, 8 << 20) == ("b2b", "kernel")
     assert tune.select(rules, "broadcast", 4, 64 << 20) == ("seq", "auto")
 
 
