@@ -28,12 +28,15 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "probe_data.hpp"
 #include "probe_timing.hpp"
 
 namespace {
 
+using ferry::probe::fill;
 using ferry::probe::median;
 using ferry::probe::now_us;
+using ferry::probe::parse_list;
 
 struct Variant {
   const char* name;
@@ -52,26 +55,6 @@ void submit(const Variant& v, std::vector<void*>& dst, std::vector<void*>& src, 
     size_t idx = 0;
     FERRY_CUDA_CHECK(cudaMemcpyBatchAsync(dst.data() + at, src.data() + at, sizes.data() + at, std::min(per, n - at),
                                           &attr, &idx, 1, s));
-  }
-}
-
-std::vector<size_t> parse_list(const char* s) {
-  std::vector<size_t> v;
-  for (const char* q = s; *q;) {
-    v.push_back(std::strtoull(q, const_cast<char**>(&q), 10));
-    if (*q == ',') ++q;
-  }
-  return v;
-}
-
-void fill(char* p, size_t bytes, uint64_t seed) {
-  uint64_t x = seed;
-  for (size_t i = 0; i + 8 <= bytes; i += 8) {
-    x += 0x9e3779b97f4a7c15ull;
-    uint64_t z = x;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    std::memcpy(p + i, &z, 8);
   }
 }
 

@@ -37,13 +37,16 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "probe_data.hpp"
 #include "probe_timing.hpp"
 #include "sm_holder.hpp"
 
 namespace {
 
+using ferry::probe::fill;
 using ferry::probe::median;
 using ferry::probe::now_us;
+using ferry::probe::parse_list;
 
 constexpr size_t kBatchMax = 32;
 
@@ -112,26 +115,6 @@ void update(Graph& g, const Pages& p) {
         cudaGraphExecMemcpyNodeSetParams1D(g.exec, g.nodes[i], p.dst[i], p.src[i], p.bytes, cudaMemcpyDefault));
 }
 
-std::vector<size_t> parse_list(const char* s) {
-  std::vector<size_t> v;
-  for (const char* q = s; *q;) {
-    v.push_back(std::strtoull(q, const_cast<char**>(&q), 10));
-    if (*q == ',') ++q;
-  }
-  return v;
-}
-
-void fill(char* p, size_t bytes, uint64_t seed) {
-  uint64_t x = seed;
-  for (size_t i = 0; i + 8 <= bytes; i += 8) {
-    x += 0x9e3779b97f4a7c15ull;
-    uint64_t z = x;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    std::memcpy(p + i, &z, 8);
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -182,8 +165,8 @@ int main(int argc, char** argv) {
         table.insert(table.end(), p.src.begin(), p.src.end());
         FERRY_CUDA_CHECK(cudaMemcpy(ids, table.data(), table.size() * sizeof(void*), cudaMemcpyHostToDevice));
         Graph upd = build(other, false), chained = build(other, true), same = build(p, false);
-        const char* names[] = {"per-page", "batched", "graph-build", "graph-update", "chain-update", "graph-replay",
-                               "kernel"};
+        const char* names[] = {"per-page",     "batched",      "graph-build", "graph-update",
+                               "chain-update", "graph-replay", "kernel"};
         for (int m = 0; m < 7; ++m) {
           std::vector<double> host_us, total_us;
           for (int rep = -3; rep < reps; ++rep) {

@@ -46,12 +46,15 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "probe_data.hpp"
 #include "probe_timing.hpp"
 
 namespace {
 
+using ferry::probe::fill;
 using ferry::probe::median;
 using ferry::probe::now_us;
+using ferry::probe::parse_list;
 
 constexpr size_t kBatchMax = 128;
 
@@ -138,27 +141,6 @@ void run_3d_batch(const Case& c, cudaStream_t s, size_t per_call) {
   if (per_call == 0) per_call = ops.size();
   for (size_t at = 0; at < ops.size(); at += per_call)
     FERRY_CUDA_CHECK(cudaMemcpy3DBatchAsync(std::min(per_call, ops.size() - at), ops.data() + at, 0, s));
-}
-
-void fill(char* p, size_t bytes, uint64_t seed) {
-  uint64_t x = seed;
-  for (size_t i = 0; i + 8 <= bytes; i += 8) {
-    x += 0x9e3779b97f4a7c15ull;
-    uint64_t z = x;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    std::memcpy(p + i, &z, 8);
-  }
-}
-
-std::vector<size_t> parse_list(const char* s) {
-  std::vector<size_t> v;
-  for (const char* p = s; *p;) {
-    v.push_back(std::strtoull(p, const_cast<char**>(&p), 10));
-    if (*p == ',') ++p;
-  }
-  return v;
 }
 
 }  // namespace

@@ -1,0 +1,36 @@
+// Seeded data and list arguments shared by the probes in bench/probes/.
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+namespace ferry {
+namespace probe {
+
+// `bytes` of splitmix64 output from `seed` (a tail under 8 bytes is left as it is).
+inline void fill(char* p, size_t bytes, uint64_t seed) {
+  uint64_t x = seed;
+  for (size_t i = 0; i + 8 <= bytes; i += 8) {
+    x += 0x9e3779b97f4a7c15ull;
+    uint64_t z = x;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    std::memcpy(p + i, &z, 8);
+  }
+}
+
+// "4096,16384" as numbers.
+inline std::vector<size_t> parse_list(const char* s) {
+  std::vector<size_t> v;
+  for (const char* q = s; *q;) {
+    v.push_back(std::strtoull(q, const_cast<char**>(&q), 10));
+    if (*q == ',') ++q;
+  }
+  return v;
+}
+
+}  // namespace probe
+}  // namespace ferry
