@@ -220,7 +220,7 @@ def prelaunch_ops(ops) -> list:
 
 def recorded_command(argv, environ) -> str:
     """The command line a result file records, with the FERRY_* knobs that
-    were set (they change what ran: e.g. FERRY_SIGNALS=sm), so that it can
+    were set (they change what ran: e.g. FERRY_SIGNALS=kernel), so that it can
     be run again as written."""
     knobs = [f"{k}={shlex.quote(v)}" for k, v in sorted(environ.items()) if k.startswith("FERRY_")]
     return " ".join(knobs + ["ferry"] + [shlex.quote(a) for a in argv])
@@ -412,7 +412,7 @@ def main(argv=None) -> int:
         "--sm",
         action="store_true",
         help="also measure ferry's SM path (algo 'sm': an SM kernel, not copy engines) and the copy-engine "
-        "variants with their signal rounds sent by a one-block kernel (signals 'sm'), and let them win the "
+        "variants with their signal rounds sent by a one-block kernel (signals 'kernel'), and let them win the "
         "sizes where they are faster; load the file with FERRY_TUNING to use it",
     )
     tu.set_defaults(fn=cmd_tune)
