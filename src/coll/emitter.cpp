@@ -9,7 +9,7 @@
 // No kernel runs here unless the program has a reduction, the local block
 // is copied with the SM kernel, the call runs on the SM path (algo "sm",
 // one kernel instead of all of the above: coll/sm_path.hpp), or
-// the call signals by kernel (signals "sm": steps 1-2 and 4-5 as one
+// the call signals by kernel (signals "kernel": steps 1-2 and 4-5 as one
 // single-block kernel each: coll/signal_round.hpp).
 #include "coll/emitter.hpp"
 

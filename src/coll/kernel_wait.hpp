@@ -35,7 +35,7 @@ FERRY_HOST_DEVICE inline uint64_t kernel_fault_word(int source, uint64_t call, u
 }
 struct KernelFault {
   bool set = false;           // some kernel gave up
-  bool signal_round = false;  // a signal round's (signals "sm"), else the SM path's
+  bool signal_round = false;  // a signal round's (signals "kernel"), else the SM path's
   int source = -1;            // the rank it waited for
   uint32_t call = 0;          // the SM path's call number mod 2^32 (0 from a signal round)
 };

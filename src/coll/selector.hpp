@@ -87,7 +87,7 @@ class Selector {
   std::vector<SelectorRule> table_;
   std::vector<SelectorRule> startup_table_;  // what an empty set_table restores
   Algo forced_ = Algo::kAuto;                // FERRY_ALGO
-  bool kernel_signals_default_ = false;      // FERRY_SIGNALS=sm: what a call's signals="auto" means
+  bool kernel_signals_default_ = false;      // FERRY_SIGNALS=kernel: what a call's signals="auto" means
 };
 
 // The largest block one rank sends one peer on the SM path (sm_path_largest_block).

@@ -1,4 +1,4 @@
-// Signal rounds by kernel (signals "sm", coll/signals.hpp): the ready and done rounds of an
+// Signal rounds by kernel (signals "kernel", coll/signals.hpp): the ready and done rounds of an
 // exchange (coll/emitter.cpp) sent and awaited by one single-block kernel
 // instead of small copy-engine copies and stream waits. The data still moves
 // on copy engines. Same flags, values and resets as the copy-engine rounds,

@@ -184,7 +184,7 @@ void Watchdog::check_kernel_fault(int local) {
   if (!f.set || failure_.broken()) return;
   const int q = f.source;
   const std::string what = f.signal_round
-                               ? std::string("a collective's signal round by kernel (signals 'sm')")
+                               ? std::string("a collective's signal round by kernel (signals 'kernel')")
                                : "a collective on the SM path (algo 'sm', its step #" + std::to_string(f.call) +
                                      " on that path: one per call, R + 1 for a two-shot all_reduce in R rounds)";
   fail_(what + " on rank " + std::to_string(ranks_[local].rank) + " gave up after waiting " +

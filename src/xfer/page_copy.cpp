@@ -574,14 +574,15 @@ PreparedPages::~PreparedPages() {
     // A trigger handed out (to a stream or a kernel) that has not landed may
     // still write the word: it must never open another gate's work, so the
     // word is kept out of the pool.
-    if (late_write_possible_ || (armed_ && opened_ && !gate_.is_open())) gate_.keep();
-    if (armed_) gate_.open();
+    if (armed_ && opened_ && !gate_->is_open()) gate_->keep();
+    if (armed_) gate_->open();
+    for (auto& g : retired_gates_) g->open();  // their triggers may never land
     // The gate's word goes back to the pool with this object: the stream must
     // be past its wait first. Bounded; past the bound the word is kept.
     if (ran_) synchronize(knob_float("FERRY_TIMEOUT_S"));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ferry: a prepared page transfer was released unfinished (%s); its gate is kept\n", e.what());
-    gate_.keep();
+    gate_->keep();
   }
   if (stream_) cudaStreamDestroy(stream_);  // returns at once; CUDA frees it once its work is done
   if (finished_) cudaEventDestroy(finished_);
@@ -598,10 +599,16 @@ void PreparedPages::arm(cudaStream_t after) {
   FERRY_CUDA_CHECK(cudaEventRecord(e, after));
   FERRY_CUDA_CHECK(cudaStreamWaitEvent(stream_, e, 0));
   cudaEventDestroy(e);
-  // Re-armed before the last trigger handed out landed: that trigger (a
-  // stream write, a kernel's store) may write the word at any time later.
-  if (armed_ && opened_ && !gate_.is_open()) late_write_possible_ = true;
-  gate_.arm(stream_);
+  // Armed again before the last trigger handed out landed: that trigger (a
+  // stream write, a kernel's store) writes the last generation whenever it
+  // lands, which on a shared word could undo a later open. This arming waits
+  // on a word of its own; the old one opens only the run it was meant for.
+  if (armed_ && opened_ && !gate_->is_open()) {
+    gate_->keep();
+    retired_gates_.push_back(std::move(gate_));
+    gate_ = std::make_unique<HostGate>();
+  }
+  gate_->arm(stream_);
   // From here the stream waits on the gate: whatever fails below, the
   // destructor must open it and wait for the stream to pass the wait, which
   // finished_, recorded after it, tells.
@@ -613,8 +620,9 @@ void PreparedPages::arm(cudaStream_t after) {
   } catch (...) {
     if (cudaEventRecord(finished_, stream_) != cudaSuccess) {
       cudaGetLastError();
-      gate_.keep();  // no way to tell when the stream is past its wait
+      gate_->keep();  // no way to tell when the stream is past its wait
     }
+    for (const auto& p : pools_) p->note_use(stream_);  // what was queued still reads and writes them
     throw;
   }
   FERRY_CUDA_CHECK(cudaEventRecord(finished_, stream_));
@@ -623,27 +631,36 @@ void PreparedPages::arm(cudaStream_t after) {
 
 void PreparedPages::trigger() {
   FERRY_ARG_CHECK(armed_ && !opened_, "trigger: the transfer is not armed; call arm() first");
-  gate_.open();
+  gate_->open();
   opened_ = true;
 }
 
 void PreparedPages::trigger_on(cudaStream_t stream) {
   FERRY_ARG_CHECK(armed_ && !opened_, "trigger_on: the transfer is not armed; call arm() first");
   DeviceScope on_device(device_);
-  gate_.open_on(stream);
+  gate_->open_on(stream);
   opened_ = true;
 }
 
 std::pair<uint64_t*, uint64_t> PreparedPages::device_trigger() {
   FERRY_ARG_CHECK(armed_ && !opened_, "device_trigger: the transfer is not armed; call arm() first");
   opened_ = true;  // handed to a kernel
-  return gate_.device_trigger();
+  return gate_->device_trigger();
 }
 
 void PreparedPages::wait(cudaStream_t stream) {
   if (!ran_) return;
   DeviceScope on_device(device_);
   FERRY_CUDA_CHECK(cudaStreamWaitEvent(stream, finished_, 0));
+}
+
+std::string PreparedPages::why_unfinished() const {
+  for (const auto& g : retired_gates_)
+    if (!g->is_open())
+      return "an earlier arming's trigger (handed to a stream or a kernel) has not landed, and its copies come "
+             "first";
+  return gate_->is_open() ? "its gate is open, so the copies themselves are stuck"
+                          : "its gate was never opened (call trigger(), trigger_on() or fire the device trigger)";
 }
 
 void PreparedPages::synchronize(double timeout_s) {
@@ -656,9 +673,7 @@ void PreparedPages::synchronize(double timeout_s) {
     if (std::chrono::steady_clock::now() > deadline)
       throw_error(FERRY_ERROR_TIMEOUT,
                   std::string("prepared transfer: not finished after ") + std::to_string(timeout_s) + " s; " +
-                      (gate_.is_open() ? "its gate is open, so the copies themselves are stuck"
-                                       : "its gate was never opened (call trigger(), trigger_on() or fire the device "
-                                         "trigger)"));
+                      why_unfinished());
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
 }

@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "dma/engine.hpp"
@@ -170,19 +171,24 @@ class PreparedPages {
   Direction direction() const { return direction_; }
 
  private:
+  // Why the last armed run has not finished, for a timeout's message.
+  std::string why_unfinished() const;
+
   int device_;
   std::vector<PitchedCopy> copies_;
   size_t bytes_ = 0;
   PageStrategy strategy_;
   Direction direction_;
   std::vector<std::shared_ptr<class HostPool>> pools_;
-  HostGate gate_;
+  std::unique_ptr<HostGate> gate_ = std::make_unique<HostGate>();  // the last arming's
+  // Gates of earlier armings whose trigger (a stream write, a kernel's store)
+  // had not landed when the transfer was armed again: kept, never reused.
+  std::vector<std::unique_ptr<HostGate>> retired_gates_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t finished_ = nullptr;
   bool armed_ = false;
   bool opened_ = false;
   bool ran_ = false;
-  bool late_write_possible_ = false;  // a trigger handed out may still write the gate's word
 };
 
 }  // namespace xfer

@@ -632,6 +632,36 @@ def test_prepared_transfer_host_stream_and_kernel_triggers(kv):
         assert torch.equal(got, want), trigger
 
 
+def test_a_later_open_does_not_release_an_arming_whose_trigger_is_in_flight(kv):
+    """Armed again before the last trigger landed (a stream write behind a
+    sleeping kernel), then opened from the host: the first run still waits
+    for its own trigger, so its copies never start before it, and the
+    second run follows it. Every page checked."""
+    import ferry
+
+    torch = _torch()
+    host = pinned((8, 4096), torch.uint8)
+    fill_random(host)
+    gpu = torch.full((8, 4096), POISON, dtype=torch.uint8, device="cuda")
+    t = kv.prepare(gpu, host, [0, 1], [2, 3])
+    slow = torch.cuda.Stream()
+    with torch.cuda.stream(slow):
+        torch.cuda._sleep(1)  # the kernel's module loads now, not while a run is armed
+    torch.cuda.synchronize()
+    with torch.cuda.stream(slow):
+        torch.cuda._sleep(1_000_000_000)  # about half a second
+    t.arm()
+    t.trigger_on(slow)  # lands when the sleep ends
+    t.arm()  # before that trigger landed
+    t.trigger()  # opens the second run only
+    with pytest.raises(ferry.PeerTimeoutError, match="earlier arming's trigger"):
+        t.synchronize(timeout=0.1)
+    slow.synchronize()
+    t.synchronize(timeout=10)
+    got = gpu.cpu()
+    assert torch.equal(got[0:2], host[2:4]) and (got[2:] == POISON).all()
+
+
 def test_prepared_transfer_never_triggered_is_named(kv):
     import ferry
 
