@@ -37,15 +37,6 @@ struct PitchedCopy {
 // submission is bounded.
 std::vector<std::pair<size_t, size_t>> split_batches(size_t count, size_t batch_max);
 
-// Copies per batched call for a host-to-GPU transfer of `count` copies
-// submitted inline: a small one goes in at least 4 calls of at least 8, so
-// that the copy engine starts on the first call while the host submits the
-// rest; never more than `batch_max` (>= 1) a call. On an H200, 64 scattered
-// 16 KB pages fetched in calls of 16 landed in 102 us against 145 in calls of
-// 32; from 256 pages, and for saves, calls of 16 and 32 took about as long
-// (docs/kv.md, after the host-time table).
-size_t inline_batch_size(size_t count, size_t batch_max);
-
 // How a list of copies gets submitted on one stream.
 enum class Submission { kBatched, kPerCopy };
 

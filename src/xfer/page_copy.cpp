@@ -11,7 +11,6 @@
 #include "core/driver.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
-#include "dma/batch_plan.hpp"
 #include "dma/engine.hpp"
 #include "xfer/host_pool.hpp"
 #include "xfer/pointer_kind.hpp"
@@ -104,25 +103,14 @@ Where where_is(const PageRegion& g, const char* side, size_t r, bool allocation)
 }
 
 // A list of copies on one stream as the strategy submits it: one call per
-// row for the per-page baseline, else pitched and batched calls, in calls of
-// FERRY_BATCH_MAX or, with `small_calls` (an inline fetch), a small list in
-// smaller ones (inline_batch_size). Fetches were measured faster so; saves
-// were not, and an armed transfer's calls are submitted before its trigger.
+// row for the per-page baseline, else pitched and batched calls of
+// `per_call` plain copies at most (0: FERRY_BATCH_MAX).
 void submit(PageStrategy s, cudaStream_t stream, const std::vector<PitchedCopy>& copies, bool any_order,
-            bool small_calls = false) {
-  if (s == PageStrategy::kPerPage) {
+            size_t per_call = 0) {
+  if (s == PageStrategy::kPerPage)
     dma::copy_rows_one_by_one(stream, copies);
-    return;
-  }
-  const size_t most = dma::copies_per_batch_call();
-  if (!small_calls) {
-    dma::copy_pitched(stream, copies, any_order, most);
-    return;
-  }
-  // The batched calls carry the single rows; pitched copies go one call each.
-  const size_t singles = static_cast<size_t>(
-      std::count_if(copies.begin(), copies.end(), [](const PitchedCopy& c) { return c.rows == 1 && c.width > 0; }));
-  dma::copy_pitched(stream, copies, any_order, inline_batch_size(singles, most));
+  else
+    dma::copy_pitched(stream, copies, any_order, per_call);
 }
 
 }  // namespace
@@ -285,7 +273,7 @@ void PageCopier::run_copies(PageStrategy s, const std::vector<PitchedCopy>& copi
   switch (s) {
     case PageStrategy::kPerPage:
     case PageStrategy::kBatched:
-      submit(s, stream, copies, any_order, d == Direction::kHostToDevice);
+      submit(s, stream, copies, any_order, page_batch_size(d, true, copies, dma::copies_per_batch_call()));
       return;
     case PageStrategy::kStreams: {
       auto parts = split_by_bytes(copies, static_cast<size_t>(engines_->peer_count()));
@@ -671,9 +659,8 @@ void PreparedPages::synchronize(double timeout_s) {
     if (q == cudaSuccess) return;
     if (q != cudaErrorNotReady) FERRY_CUDA_CHECK(q);
     if (std::chrono::steady_clock::now() > deadline)
-      throw_error(FERRY_ERROR_TIMEOUT,
-                  std::string("prepared transfer: not finished after ") + std::to_string(timeout_s) + " s; " +
-                      why_unfinished());
+      throw_error(FERRY_ERROR_TIMEOUT, std::string("prepared transfer: not finished after ") +
+                                           std::to_string(timeout_s) + " s; " + why_unfinished());
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
 }

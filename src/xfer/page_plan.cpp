@@ -366,5 +366,14 @@ const char* direction_name(Direction d) {
   return "?";
 }
 
+size_t page_batch_size(Direction d, bool inline_call, const std::vector<PitchedCopy>& copies, size_t batch_max) {
+  FERRY_ARG_CHECK(batch_max >= 1, "batch_max must be at least 1");
+  if (!inline_call || d != Direction::kHostToDevice) return batch_max;
+  constexpr size_t kCalls = 4, kLeast = 8;
+  const auto singles = static_cast<size_t>(
+      std::count_if(copies.begin(), copies.end(), [](const PitchedCopy& c) { return c.rows == 1 && c.width > 0; }));
+  return std::min(batch_max, std::max(kLeast, (singles + kCalls - 1) / kCalls));
+}
+
 }  // namespace xfer
 }  // namespace ferry

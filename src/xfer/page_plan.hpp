@@ -179,5 +179,16 @@ bool pitch_possible(bool asked, std::optional<PageStrategy> strategy);
 // SMs (a 2D copy has no such hint); host to host is no copy engine's work.
 bool pitch_direction(Direction d);
 
+// Copies per batched call for the single-row copies in `copies` (pitched
+// ones go one call each): an inline fetch (`inline_call`, host to GPU) of few
+// copies in at least 4 calls of at least 8, so that the copy engine starts on
+// the first call while the host submits the rest; everything else in calls of
+// `batch_max` (>= 1: FERRY_BATCH_MAX, or 1 where batching is off). On an
+// H200, 64 scattered 16 KB pages fetched in calls of 16 landed in 102 us
+// against 145 in calls of 32; from 256 pages, and for saves, calls of 16 and
+// 32 took about as long (docs/kv.md, after the host-time table). An armed
+// transfer's calls are all submitted before its trigger: `inline_call` false.
+size_t page_batch_size(Direction d, bool inline_call, const std::vector<PitchedCopy>& copies, size_t batch_max);
+
 }  // namespace xfer
 }  // namespace ferry

@@ -31,25 +31,6 @@ TEST(SplitBatches, RejectsZeroBound) {
   }
 }
 
-TEST(InlineBatchSize, SmallTransfersInAtLeastFourCallsOfAtLeastEight) {
-  EXPECT_EQ(inline_batch_size(64, 32), 16u);   // 4 calls, not 2
-  EXPECT_EQ(inline_batch_size(100, 32), 25u);  // 4 calls
-  EXPECT_EQ(inline_batch_size(128, 32), 32u);  // from 4 x FERRY_BATCH_MAX: the bound
-  EXPECT_EQ(inline_batch_size(4096, 32), 32u);
-  EXPECT_EQ(inline_batch_size(20, 32), 8u);  // 3 calls of at most 8
-  EXPECT_EQ(inline_batch_size(5, 32), 8u);   // one call
-  EXPECT_EQ(inline_batch_size(0, 32), 8u);
-  EXPECT_EQ(inline_batch_size(64, 4), 4u);  // never over the bound
-  EXPECT_EQ(inline_batch_size(64, 1), 1u);  // batching off
-  for (size_t n : {1, 9, 33, 127, 129, 1000})
-    for (size_t most : {1, 8, 16, 32, 128}) {
-      const size_t per = inline_batch_size(n, most);
-      EXPECT_GE(per, 1u);
-      EXPECT_LE(per, most);
-    }
-  EXPECT_THROW(inline_batch_size(64, 0), Error);
-}
-
 TEST(ChooseSubmission, FallsBackWhereBatchingCannotRun) {
   EXPECT_EQ(choose_submission(false, false, false, true), Submission::kBatched);
   EXPECT_EQ(choose_submission(true, false, false, true), Submission::kPerCopy);

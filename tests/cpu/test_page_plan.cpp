@@ -609,3 +609,30 @@ TEST(PageKernelWork, BlocksFollowTheRequestOrTheWork) {
   EXPECT_EQ(kernel_blocks(1000, 512, 0, 16, 8), 8);     // fewer SMs than the cap
   EXPECT_EQ(kernel_blocks(0, 512, 0, 16, 132), 1);
 }
+
+TEST(PageBatchSize, InlineFetchesOfFewCopiesInAtLeastFourCallsOfAtLeastEight) {
+  auto rows = [](size_t singles, size_t pitched, size_t empty) {
+    std::vector<PitchedCopy> v;
+    static char buf[1];
+    for (size_t i = 0; i < singles; ++i) v.push_back(PitchedCopy{buf, buf, 4096});
+    for (size_t i = 0; i < pitched; ++i) v.push_back(PitchedCopy{buf, buf, 4096, 3, 8192, 8192});
+    for (size_t i = 0; i < empty; ++i) v.push_back(PitchedCopy{buf, buf, 0});
+    return v;
+  };
+  const auto h2d = Direction::kHostToDevice;
+  EXPECT_EQ(page_batch_size(h2d, true, rows(64, 0, 0), 32), 16u);   // 4 calls, not 2
+  EXPECT_EQ(page_batch_size(h2d, true, rows(100, 0, 0), 32), 25u);  // 4 calls
+  EXPECT_EQ(page_batch_size(h2d, true, rows(128, 0, 0), 32), 32u);  // from 4 x the bound: the bound
+  EXPECT_EQ(page_batch_size(h2d, true, rows(4096, 0, 0), 32), 32u);
+  EXPECT_EQ(page_batch_size(h2d, true, rows(20, 0, 0), 32), 8u);  // 3 calls of at most 8
+  EXPECT_EQ(page_batch_size(h2d, true, rows(0, 0, 0), 32), 8u);
+  EXPECT_EQ(page_batch_size(h2d, true, rows(64, 0, 0), 4), 4u);  // never over the bound
+  EXPECT_EQ(page_batch_size(h2d, true, rows(64, 0, 0), 1), 1u);  // batching off
+  // Only the single rows ride in batched calls: pitched and empty copies do not count.
+  EXPECT_EQ(page_batch_size(h2d, true, rows(64, 200, 300), 32), 16u);
+  // Saves, and anything submitted ahead of its trigger, keep the bound.
+  EXPECT_EQ(page_batch_size(Direction::kDeviceToHost, true, rows(64, 0, 0), 32), 32u);
+  EXPECT_EQ(page_batch_size(Direction::kDeviceToDevice, true, rows(64, 0, 0), 32), 32u);
+  EXPECT_EQ(page_batch_size(h2d, false, rows(64, 0, 0), 32), 32u);
+  EXPECT_NE(error_of([&] { page_batch_size(h2d, true, rows(64, 0, 0), 0); }).find("batch_max"), std::string::npos);
+}
