@@ -16,6 +16,7 @@
 #include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/host_trace.hpp"
+#include "sync/holds.hpp"
 
 namespace ferry {
 namespace {
@@ -223,9 +224,19 @@ Communicator::~Communicator() {
   if (!closed_) {
     try {
       close();
-    } catch (...) {
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "ferry: a communicator dropped unclosed was not closed, its memory is kept: %s\n", e.what());
     }
   }
+}
+
+void Communicator::refuse_while_held(const char* what) {
+  const std::string held = sync::holding_now(this);
+  if (!held.empty())
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                std::string(what) + ": " + held +
+                    ", and freeing GPU memory waits for every stream of the GPU, so this would wait for that trigger "
+                    "(forever, if this thread is to give it); trigger it first");
 }
 
 Group Communicator::group() {
@@ -327,6 +338,7 @@ void Communicator::free(const std::vector<void*>& ptrs) {
     FERRY_ARG_CHECK(reg->owned, "free: this buffer was registered, not allocated by ferry; use deregister()");
     prepared_.refuse_if_uses(reg->id, "free");
     prepared_.refuse_if_armed("free");
+    refuse_while_held("free");
     synchronize();
   });
   if (multi_process_)
@@ -384,6 +396,7 @@ void Communicator::wait_for_enqueued() {
 
 void Communicator::close() {
   if (closed_) throw_error(FERRY_ERROR_CLOSED, "close: the communicator is already closed");
+  refuse_while_held("close");
   host_trace_report();
   // A handle left armed holds ferry's armed stream in a wait: open its gate so
   // the stream drains (its collective runs, as on every rank that does the same).
@@ -402,6 +415,7 @@ void Communicator::close() {
   // blocked now stays blocked (its memory is then released under it, which
   // CUDA reports on that stream, not here).
   for (auto& L : locals_) L->engines->synchronize(timeout_s_);
+  prepared_.drop_holds();  // before their events go
   for (const auto& [id, p] : prepared_.calls())
     for (int i = 0; i < local_count() && i < static_cast<int>(p.finished.size()); ++i) {
       cudaSetDevice(device(i));

@@ -117,6 +117,11 @@ class Communicator {
   void synchronize();
 
  private:
+  // Throws, naming `what` and the hold, while something elsewhere in the
+  // process (an armed prepared transfer or collective) may hold a stream
+  // that the memory this call frees would wait for.
+  void refuse_while_held(const char* what);
+
   struct Local {
     int rank = 0;
     int device = 0;

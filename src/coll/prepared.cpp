@@ -58,6 +58,16 @@ void Communicator::arm(int handle, const std::vector<cudaStream_t>& after, bool 
       throw_error(FERRY_ERROR_INVALID_ARGUMENT,
                   "arm: the stream is capturing a CUDA graph; capture the collective call itself instead of arming");
   p.gate_on_device = gate_on_device;
+  if (!p.hold)
+    p.hold = std::make_shared<sync::Hold>(
+        "prepared collective " + std::to_string(handle) + " (" + coll_op_name(p.args.op) +
+            "), armed and not yet triggered or not yet finished",
+        [finished = p.finished] {
+          for (cudaEvent_t e : finished)
+            if (cudaEventQuery(e) == cudaErrorNotReady) return true;
+          return false;
+        },
+        this);
   if (p.built.empty()) {
     p.armed = true;  // zero bytes: nothing to enqueue, but arm/trigger keep their rules
     return;

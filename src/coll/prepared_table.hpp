@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <vector>
 
 #include "coll/built.hpp"
@@ -16,6 +17,7 @@
 #include "coll/in_flight.hpp"
 #include "coll/record_pool.hpp"
 #include "coll/selector.hpp"
+#include "sync/holds.hpp"
 
 namespace ferry {
 
@@ -34,6 +36,9 @@ struct PreparedCall {
   std::vector<uint32_t> registrations;  // buffers it refers to
   uint64_t generation = 0;              // the last arming's gate value; 0: never armed
   bool armed = false;
+  // Registered from the first arming while its run may hold ferry's armed
+  // stream (sync/holds.hpp): a free anywhere in the process would wait for it.
+  std::shared_ptr<sync::Hold> hold;
 
   // The word local rank `local`'s armed stream waits on (device address):
   // its host gate, or with gate_on_device its slot in `flags` (that rank's
@@ -69,6 +74,10 @@ class PreparedTable {
   const std::map<int, PreparedCall>& calls() const { return calls_; }
   // Forgets every handle (close(), after their events are destroyed).
   void clear() { calls_.clear(); }
+  // Unregisters every handle's hold (close(), before their events are destroyed).
+  void drop_holds() {
+    for (auto& [id, call] : calls_) call.hold.reset();
+  }
 
  private:
   std::map<int, PreparedCall> calls_;

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <utility>
 
@@ -16,6 +17,7 @@
 #include "symm/barrier_kernel.hpp"
 #include "symm/peer_buffer.hpp"
 #include "symm/registration.hpp"
+#include "sync/holds.hpp"
 
 namespace ferry {
 
@@ -99,7 +101,10 @@ std::unique_ptr<SymmetricHeap> SymmetricHeap::create(const Group& g, size_t capa
     }
     h->agree(words ? "create (words zeroed)" : "create (memory only)");
   } catch (...) {
-    h->close();
+    try {
+      h->close();
+    } catch (...) {  // refused (a hold elsewhere): its memory is kept; the first error is the one to report
+    }
     throw;
   }
   h->watcher_ = std::thread([p = h.get()] { p->watcher_loop(); });
@@ -109,12 +114,19 @@ std::unique_ptr<SymmetricHeap> SymmetricHeap::create(const Group& g, size_t capa
 SymmetricHeap::~SymmetricHeap() {
   try {
     close();
-  } catch (...) {
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ferry: a symmetric heap dropped unclosed was not closed, its memory is kept: %s\n", e.what());
   }
 }
 
 void SymmetricHeap::close() {
   if (closed_) return;
+  const std::string held = sync::holding_now();
+  if (!held.empty())
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                "close: " + held +
+                    ", and unmapping the heap's memory waits for every stream of the GPU, so this would wait for "
+                    "that trigger (forever, if this thread is to give it); trigger it first");
   closed_ = true;
   {
     std::lock_guard<std::mutex> lock(watch_mu_);

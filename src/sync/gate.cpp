@@ -5,6 +5,7 @@
 
 #include "core/error.hpp"
 #include "dma/engine.hpp"
+#include "sync/holds.hpp"
 
 namespace ferry {
 namespace gate {
@@ -88,12 +89,19 @@ HostGate::HostGate() {
 }
 
 HostGate::~HostGate() {
+  hold_.reset();  // before the word may go back
   if (host_ && owned_) gate_words().give(GateWords::Word{host_, device_});
 }
 
 uint64_t HostGate::arm(cudaStream_t stream) {
   gate::wait_on_stream(stream, device_, generation_ + 1);
-  return ++generation_;
+  armed_to_.store(++generation_, std::memory_order_release);
+  return generation_;
+}
+
+void HostGate::hold_while_armed(std::string what) {
+  hold_ = std::make_unique<sync::Hold>(std::move(what),
+                                       [this] { return value() < armed_to_.load(std::memory_order_acquire); });
 }
 
 void HostGate::open() { gate::open_from_host(host_, generation_); }

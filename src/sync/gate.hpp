@@ -9,8 +9,13 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <utility>
+
+#include "sync/holds.hpp"
 
 namespace ferry {
 namespace gate {
@@ -57,12 +62,17 @@ class HostGate {
   // Gives up the word for good (never reused), for a stream or kernel that
   // may still read or write it; the gate still opens it.
   void keep() { owned_ = false; }
+  // For a gate that user code opens: registered as a hold (sync/holds.hpp)
+  // named `what` while an arming's generation is not yet in the word.
+  void hold_while_armed(std::string what);
 
  private:
   volatile uint64_t* host_ = nullptr;
   bool owned_ = true;
   uint64_t* device_ = nullptr;
   uint64_t generation_ = 0;
+  std::atomic<uint64_t> armed_to_{0};  // generation_, for a hold's check from another thread
+  std::unique_ptr<sync::Hold> hold_;
 };
 
 }  // namespace ferry

@@ -14,6 +14,7 @@
 #include "core/cuda_scope.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
+#include "sync/holds.hpp"
 
 namespace ferry {
 namespace xfer {
@@ -183,16 +184,21 @@ void HostPool::release(double timeout_s) {
     std::lock_guard<std::mutex> lock(g_registry_mu);
     registry().erase(reinterpret_cast<uintptr_t>(data_));
   }
-  {
-    DeviceScope on_device(device_);
-    if (mapped_bytes_) {
-      cudaHostUnregister(data_);
-      munmap(data_, mapped_bytes_);
-    } else {
-      cudaFreeHost(data_);
-    }
-  }
-  cudaGetLastError();
+  // Freeing pinned memory waits for every stream of the GPU: kept for later
+  // while an armed transfer may hold one.
+  sync::free_when_unheld(
+      [data = data_, mapped = mapped_bytes_, device = device_] {
+        RelaxedCaptureScope relax;  // it may run on a thread that captures
+        DeviceScope on_device(device);
+        if (mapped) {
+          cudaHostUnregister(data);
+          munmap(data, mapped);
+        } else {
+          cudaFreeHost(data);
+        }
+        cudaGetLastError();
+      },
+      "a host pool of " + std::to_string(bytes_) + " bytes");
   data_ = nullptr;
 }
 

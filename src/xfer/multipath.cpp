@@ -15,6 +15,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "dma/engine.hpp"
+#include "sync/holds.hpp"
 
 namespace ferry {
 namespace xfer {
@@ -275,6 +276,7 @@ void MultipathEngine::close() {
     static_cast<void>(staging_.release());  // kept for good, as above
     return;
   }
+  std::vector<std::pair<int, void*>> scratch;
   for (Link& L : link_) {
     DeviceScope on(L.device);
     for (auto e : L.hop) cudaEventDestroy(e);
@@ -284,13 +286,24 @@ void MultipathEngine::close() {
     for (auto& pair : L.probe)
       for (auto e : pair)
         if (e) cudaEventDestroy(e);
-    if (L.scratch) cudaFree(L.scratch);
+    if (L.scratch) scratch.emplace_back(L.device, L.scratch);
     cudaStreamDestroy(L.host);
     cudaStreamDestroy(L.nvlink);
   }
   link_.clear();
-  staging_.reset();
-  cudaFreeHost(host_scratch_);
+  // Freeing memory waits for every stream of the GPU: kept for later while an
+  // armed transfer may hold one.
+  std::shared_ptr<RelayStaging> staging(std::move(staging_));
+  sync::free_when_unheld(
+      [scratch, staging, host = host_scratch_]() mutable {
+        for (auto [device, p] : scratch) {
+          DeviceScope on(device);
+          cudaFree(p);
+        }
+        staging.reset();
+        cudaFreeHost(host);
+      },
+      "a multipath engine's staging and scratch memory");
   host_scratch_ = nullptr;
 }
 

@@ -550,6 +550,12 @@ PreparedPages::PreparedPages(int device, const PageSide& dst, const PageSide& sr
                       "block while enqueueing); split the transfer");
   FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&finished_, cudaEventDisableTiming));
+  gate_->hold_while_armed(hold_name());
+}
+
+std::string PreparedPages::hold_name() const {
+  return std::string("a prepared page transfer (") + (direction_ == Direction::kHostToDevice ? "fetch" : "save") +
+         ", " + std::to_string(bytes_) + " bytes) armed on cuda:" + std::to_string(device_) + " and not yet triggered";
 }
 
 PreparedPages::~PreparedPages() {
@@ -595,6 +601,7 @@ void PreparedPages::arm(cudaStream_t after) {
     gate_->keep();
     retired_gates_.push_back(std::move(gate_));
     gate_ = std::make_unique<HostGate>();
+    gate_->hold_while_armed(hold_name());
   }
   gate_->arm(stream_);
   // From here the stream waits on the gate: whatever fails below, the
@@ -656,7 +663,10 @@ void PreparedPages::synchronize(double timeout_s) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   for (;;) {
     cudaError_t q = cudaEventQuery(finished_);
-    if (q == cudaSuccess) return;
+    if (q == cudaSuccess) {
+      sync::run_kept_frees();  // what a teardown kept while this transfer held its stream
+      return;
+    }
     if (q != cudaErrorNotReady) FERRY_CUDA_CHECK(q);
     if (std::chrono::steady_clock::now() > deadline)
       throw_error(FERRY_ERROR_TIMEOUT, std::string("prepared transfer: not finished after ") +

@@ -173,6 +173,8 @@ class PreparedPages {
  private:
   // Why the last armed run has not finished, for a timeout's message.
   std::string why_unfinished() const;
+  // What the gate's hold is called (sync/holds.hpp): in messages that refuse a teardown.
+  std::string hold_name() const;
 
   int device_;
   std::vector<PitchedCopy> copies_;

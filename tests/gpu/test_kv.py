@@ -739,6 +739,104 @@ def test_prepared_transfers_made_and_dropped_while_one_is_armed(kv):
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stdout + run.stderr[-3000:]
 
 
+TEARDOWNS_WHILE_ARMED = r"""
+import gc, sys, time, torch, ferry, ferry.kv as kv
+case = sys.argv[1]
+host = kv.pinned_empty((64, 4096), torch.uint8)
+host.copy_(torch.randint(0, 256, (64, 4096), dtype=torch.uint8))
+gpu = torch.full((64, 4096), 0xA5, dtype=torch.uint8, device="cuda")
+side = torch.cuda.Stream()
+comm = heap = coll = None
+if case in ("heap", "collective"):
+    comm = ferry.init_local([0])
+    heap = ferry.symm.Heap(comm, capacity=64 << 20) if case == "heap" else None
+if case == "multipath":
+    import ferry.multipath as mp
+    eng = mp.Engine(devices=[0], loopback=2, chunk_bytes=(1 << 20) + 4097, min_bytes=2 << 20)
+    w = kv.pinned_empty(((8 << 20) + 3,), torch.uint8)
+    w.copy_(torch.randint(0, 256, w.shape, dtype=torch.uint8))
+    g = torch.empty(w.shape, dtype=torch.uint8, device="cuda")
+torch.cuda.synchronize()
+if case == "collective":  # the holder is a prepared collective, not a transfer
+    out = comm.alloc((4096,), torch.uint8)
+    inp = [torch.randint(0, 256, (4096,), dtype=torch.uint8, device="cuda")]
+    coll = comm.prepare("all_gather", out, inp)
+    coll.arm(side)
+else:
+    armed = kv.prepare(gpu, host, list(range(8)), list(range(30, 38)))
+    armed.arm(side)
+print("armed", flush=True)
+if case in ("pools", "collective"):
+    small = kv.HostPool(1 << 20)
+    small.close()  # cudaFreeHost
+    big = kv.HostPool(128 << 20)
+    t = big.tensor((1024,), torch.uint8)
+    del t, big
+    gc.collect()  # mmap + cudaHostRegister: unregistered when its last tensor goes
+    print("pools closed and dropped", flush=True)
+if case == "multipath":
+    eng.copy(g, w)
+    eng.synchronize()
+    assert torch.equal(g.cpu(), w), "multipath bytes differ"
+    eng.close()
+    print("engine closed", flush=True)
+if case == "heap":
+    for what, close in (("heap", heap.close), ("communicator", comm.close)):
+        try:
+            close()
+            sys.exit(f"the {what}'s close was not refused while a transfer was armed")
+        except ferry.InvalidArgumentError as e:
+            assert "prepared page transfer" in str(e) and "trigger it first" in str(e), str(e)
+    print("closes refused", flush=True)
+if coll is not None:
+    coll.trigger()
+    coll.wait(side)
+    side.synchronize()
+    assert torch.equal(out[0].cpu(), inp[0].cpu()), "all_gather bytes differ"
+    kv.HostPool(1 << 20).close()  # a free with nothing armed runs the kept ones
+    comm.close()
+else:
+    armed.trigger()
+    armed.synchronize(timeout=10)
+    assert torch.equal(gpu[0:8].cpu(), host[30:38]), "pages differ"
+    if heap is not None:
+        heap.close()
+        comm.close()
+print("ok", flush=True)
+"""
+
+
+@pytest.mark.parametrize("case", ["pools", "multipath", "heap", "collective"])
+def test_teardowns_while_a_transfer_is_armed(kv, case):
+    """Freeing GPU or pinned memory waits for every stream of the GPU, and an
+    armed gate holds one until its trigger, which this thread has yet to give.
+    ferry's teardowns keep such frees for later (a host pool, a multipath
+    engine) or refuse, naming the hold (a heap's or communicator's close),
+    where both hung before. With a prepared collective as the holder too. In a
+    process of its own, bounded."""
+    import subprocess
+    import sys
+
+    import _checks
+
+    env = dict(__import__("os").environ, FERRY_DEBUG="1", **_checks.SAFE_ENV)
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", TEARDOWNS_WHILE_ARMED, case],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        raise AssertionError(f"a teardown waited for the armed gate's trigger; got to: {out!r}") from None
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stdout + run.stderr[-3000:]
+    if case in ("pools", "multipath", "collective"):
+        assert "is kept, not freed" in run.stderr, run.stderr[-3000:]
+        assert "kept teardown(s) now that nothing holds a stream" in run.stderr, run.stderr[-3000:]
+
+
 def test_bad_input_is_named(kv):
     import ferry
 

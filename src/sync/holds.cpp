@@ -1,0 +1,104 @@
+#include "sync/holds.hpp"
+
+#include <map>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "core/log.hpp"
+
+namespace ferry {
+namespace sync {
+namespace {
+
+struct Entry {
+  std::string what;
+  std::function<bool()> holding;
+  const void* owner;
+};
+
+struct Registry {
+  std::mutex mu;
+  std::map<uint64_t, Entry> holds;
+  uint64_t next_id = 1;
+  std::vector<std::pair<std::function<void()>, std::string>> kept;
+
+  // Under mu.
+  const std::string* first_holding(const void* except_owner = nullptr) {
+    for (auto& [id, e] : holds)
+      if ((!except_owner || e.owner != except_owner) && e.holding()) return &e.what;
+    return nullptr;
+  }
+};
+
+Registry& registry() {
+  static auto* r = new Registry;  // never destroyed: holds may be dropped during exit
+  return *r;
+}
+
+void run_all(std::vector<std::pair<std::function<void()>, std::string>>& frees) {
+  for (auto& [release, what] : frees) {
+    try {
+      release();
+    } catch (...) {  // a teardown's free: nothing to report to
+    }
+  }
+}
+
+}  // namespace
+
+Hold::Hold(std::string what, std::function<bool()> holding, const void* owner) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  id_ = r.next_id++;
+  r.holds.emplace(id_, Entry{std::move(what), std::move(holding), owner});
+}
+
+Hold::~Hold() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.holds.erase(id_);
+}
+
+std::string holding_now(const void* except_owner) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  const std::string* w = r.first_holding(except_owner);
+  return w ? *w : std::string();
+}
+
+void free_when_unheld(std::function<void()> release, const std::string& what) {
+  Registry& r = registry();
+  std::vector<std::pair<std::function<void()>, std::string>> now;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    if (const std::string* h = r.first_holding()) {
+      debug_log(
+          what + " is kept, not freed: " + *h +
+          " may hold a stream, and freeing waits for every stream of the GPU; it is freed once nothing holds one");
+      r.kept.emplace_back(std::move(release), what);
+      return;
+    }
+    now.swap(r.kept);
+  }
+  if (!now.empty())
+    debug_log("freeing " + std::to_string(now.size()) + " kept teardown(s) now that nothing holds a stream");
+  now.emplace_back(std::move(release), what);
+  run_all(now);
+}
+
+size_t run_kept_frees() {
+  Registry& r = registry();
+  std::vector<std::pair<std::function<void()>, std::string>> now;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    if (r.kept.empty() || r.first_holding()) return r.kept.size();
+    now.swap(r.kept);
+  }
+  debug_log("freeing " + std::to_string(now.size()) + " kept teardown(s) now that nothing holds a stream");
+  run_all(now);
+  return 0;
+}
+
+}  // namespace sync
+}  // namespace ferry

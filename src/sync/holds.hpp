@@ -1,0 +1,50 @@
+// Holds: what may keep a stream waiting until the program acts, such as a
+// prepared transfer or collective armed behind a gate and not yet triggered.
+//
+// Freeing GPU or pinned host memory (cudaFree, cudaFreeHost,
+// cudaHostUnregister, unmapping VMM memory) waits for every stream of the
+// device. A stream held by an armed gate waits for its trigger, and where
+// the thread that frees is the one that would trigger, neither wait ends.
+// So what arms a gate that user code opens registers a hold while it may
+// still hold a stream, and ferry's teardowns ask before they free: a free is
+// kept for later, or an explicit close is refused with the hold's name.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace ferry {
+namespace sync {
+
+class Hold {
+ public:
+  // `holding` says whether the stream may still be held. It is called from
+  // any thread under the registry's lock: it must be cheap, take no lock of
+  // its own and make no CUDA call that can wait. `owner` lets the owner ask
+  // about every hold but its own.
+  Hold(std::string what, std::function<bool()> holding, const void* owner = nullptr);
+  // After it returns, `holding` is not running and is never called again.
+  ~Hold();
+  Hold(const Hold&) = delete;
+  Hold& operator=(const Hold&) = delete;
+
+ private:
+  uint64_t id_;
+};
+
+// The name of the first registered hold that may still hold a stream, or ""
+// when none does; holds of `except_owner` are not asked.
+std::string holding_now(const void* except_owner = nullptr);
+
+// Runs `release` now when no hold holds a stream. Else keeps it, and the
+// first later call of free_when_unheld() or run_kept_frees() that finds
+// none holding runs it (frees kept at exit are never run: the process's
+// memory goes with it). `what` names it in the debug log.
+void free_when_unheld(std::function<void()> release, const std::string& what);
+
+// Runs the kept frees when no hold holds a stream; returns how many are still kept.
+size_t run_kept_frees();
+
+}  // namespace sync
+}  // namespace ferry

@@ -1,0 +1,100 @@
+// Holds (src/sync/holds.hpp): a free waits while something may hold a
+// stream, and runs once nothing does.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <memory>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "sync/holds.hpp"
+
+namespace ferry {
+namespace {
+
+TEST(Holds, FreeRunsAtOnceWhenNothingHolds) {
+  int freed = 0;
+  sync::free_when_unheld([&] { ++freed; }, "a buffer");
+  EXPECT_EQ(freed, 1);
+  EXPECT_EQ(sync::holding_now(), "");
+}
+
+TEST(Holds, FreeIsKeptWhileAHoldHoldsAndRunsAfter) {
+  std::atomic<bool> armed{true};
+  int freed = 0;
+  {
+    sync::Hold hold("a transfer armed on cuda:0", [&] { return armed.load(); });
+    EXPECT_EQ(sync::holding_now(), "a transfer armed on cuda:0");
+    sync::free_when_unheld([&] { ++freed; }, "a host pool");
+    EXPECT_EQ(freed, 0);
+    EXPECT_EQ(sync::run_kept_frees(), 1u);  // still held
+    EXPECT_EQ(freed, 0);
+    armed = false;  // triggered: the hold stays registered but no longer holds
+    EXPECT_EQ(sync::holding_now(), "");
+    EXPECT_EQ(sync::run_kept_frees(), 0u);
+    EXPECT_EQ(freed, 1);
+  }
+  EXPECT_EQ(sync::run_kept_frees(), 0u);
+  EXPECT_EQ(freed, 1);  // run once only
+}
+
+TEST(Holds, KeptFreesRunAtTheNextFreeInOrder) {
+  std::vector<int> order;
+  auto hold = std::make_unique<sync::Hold>("armed", [] { return true; });
+  sync::free_when_unheld([&] { order.push_back(1); }, "first");
+  sync::free_when_unheld([&] { order.push_back(2); }, "second");
+  EXPECT_TRUE(order.empty());
+  hold.reset();  // dropped: no longer asked
+  sync::free_when_unheld([&] { order.push_back(3); }, "third");
+  EXPECT_EQ(order, (std::vector<int>{1, 2, 3}));
+}
+
+TEST(Holds, AnOwnerIsNotAskedAboutItsOwnHolds) {
+  int mine = 0, other = 0;
+  sync::Hold a(
+      "mine", [] { return true; }, &mine);
+  EXPECT_EQ(sync::holding_now(&mine), "");
+  EXPECT_EQ(sync::holding_now(), "mine");
+  {
+    sync::Hold b(
+        "someone else's", [] { return true; }, &other);
+    EXPECT_EQ(sync::holding_now(&mine), "someone else's");
+  }
+  EXPECT_EQ(sync::holding_now(&mine), "");
+}
+
+TEST(Holds, AThrowingFreeDoesNotStopTheOthers) {
+  int freed = 0;
+  {
+    sync::Hold hold("armed", [] { return true; });
+    sync::free_when_unheld([] { throw std::runtime_error("gone"); }, "broken");
+    sync::free_when_unheld([&] { ++freed; }, "fine");
+  }
+  EXPECT_EQ(sync::run_kept_frees(), 0u);
+  EXPECT_EQ(freed, 1);
+}
+
+TEST(Holds, HoldsComeAndGoWhileOtherThreadsFree) {
+  std::atomic<int> freed{0};
+  std::atomic<bool> stop{false};
+  std::thread holder([&] {
+    while (!stop) {
+      sync::Hold h("armed", [] { return true; });
+      std::this_thread::yield();
+    }
+  });
+  std::vector<std::thread> freers;
+  for (int t = 0; t < 3; ++t)
+    freers.emplace_back([&] {
+      for (int i = 0; i < 200; ++i) sync::free_when_unheld([&] { ++freed; }, "buffer");
+    });
+  for (auto& t : freers) t.join();
+  stop = true;
+  holder.join();
+  sync::run_kept_frees();
+  EXPECT_EQ(freed.load(), 600);  // each exactly once, whether at once or kept
+}
+
+}  // namespace
+}  // namespace ferry
