@@ -109,6 +109,7 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int world, int devi
                   "rank is " + std::to_string(rank) + "; expected 0.." + std::to_string(world - 1));
   FERRY_ARG_CHECK(static_cast<bool>(allgather), "allgather: a bootstrap all-gather function is required");
   check_device_ordinal(device, "device");
+  sync::refuse_while_held("Communicator", "setting one up (its memory, its kernels' first load)");
   std::unique_ptr<Communicator> c(new Communicator());
   c->world_ = world;
   c->multi_process_ = true;
@@ -171,6 +172,7 @@ std::unique_ptr<Communicator> Communicator::create_local(const std::vector<int>&
                   "devices: expected 1.." + std::to_string(kMaxRanks) + " GPUs, got " + std::to_string(n));
   // Several ranks on one GPU only for tests (FERRY_SHARED_GPUS): the world's
   // logic then runs on fewer GPUs than it has ranks.
+  sync::refuse_while_held("Communicator", "setting one up (its memory, its kernels' first load)");
   const bool shared = knob_int("FERRY_SHARED_GPUS") != 0;
   for (int i = 0; i < n; ++i) {
     check_device_ordinal(devices[i], "devices[i]");
@@ -230,14 +232,7 @@ Communicator::~Communicator() {
   }
 }
 
-void Communicator::refuse_while_held(const char* what) {
-  const std::string held = sync::holding_now(this);
-  if (!held.empty())
-    throw_error(FERRY_ERROR_INVALID_ARGUMENT,
-                std::string(what) + ": " + held +
-                    ", and freeing GPU memory waits for every stream of the GPU, so this would wait for that trigger "
-                    "(forever, if this thread is to give it); trigger it first");
-}
+void Communicator::refuse_while_held(const char* what) { sync::refuse_while_held(what, "freeing GPU memory", this); }
 
 Group Communicator::group() {
   ensure_open("group");

@@ -33,6 +33,7 @@ std::unique_ptr<SymmetricHeap> SymmetricHeap::create(const Group& g, size_t capa
                                                                         " ranks; expected 1.." +
                                                                         std::to_string(device::kMaxHeapRanks));
   FERRY_ARG_CHECK(g.local_count() >= 1 && g.devices.size() == g.ranks.size(), "the group has no local ranks");
+  sync::refuse_while_held("SymmetricHeap", "setting one up (mapping its memory, a first barrier)");
   std::unique_ptr<SymmetricHeap> h(new SymmetricHeap());
   h->group_ = g;
   h->words_ = words;
@@ -121,12 +122,7 @@ SymmetricHeap::~SymmetricHeap() {
 
 void SymmetricHeap::close() {
   if (closed_) return;
-  const std::string held = sync::holding_now();
-  if (!held.empty())
-    throw_error(FERRY_ERROR_INVALID_ARGUMENT,
-                "close: " + held +
-                    ", and unmapping the heap's memory waits for every stream of the GPU, so this would wait for "
-                    "that trigger (forever, if this thread is to give it); trigger it first");
+  sync::refuse_while_held("close", "unmapping the heap's memory");
   closed_ = true;
   {
     std::lock_guard<std::mutex> lock(watch_mu_);

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/error.hpp"
 #include "core/log.hpp"
 
 namespace ferry {
@@ -65,6 +66,15 @@ std::string holding_now(const void* except_owner) {
   std::lock_guard<std::mutex> lock(r.mu);
   const std::string* w = r.first_holding(except_owner);
   return w ? *w : std::string();
+}
+
+void refuse_while_held(const std::string& what, const std::string& action, const void* except_owner) {
+  const std::string held = holding_now(except_owner);
+  if (!held.empty())
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                what + ": " + held + ", and " + action +
+                    " waits for every stream of the GPU, so this would wait for that trigger (forever, if this "
+                    "thread is to give it); trigger it first");
 }
 
 void free_when_unheld(std::function<void()> release, const std::string& what) {

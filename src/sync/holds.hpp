@@ -37,6 +37,11 @@ class Hold {
 // when none does; holds of `except_owner` are not asked.
 std::string holding_now(const void* except_owner = nullptr);
 
+// Throws FERRY_ERROR_INVALID_ARGUMENT naming `what` and the hold while a
+// hold (not of `except_owner`) may hold a stream, for a call that would wait
+// for every stream of the GPU: `action` says what in it would.
+void refuse_while_held(const std::string& what, const std::string& action, const void* except_owner = nullptr);
+
 // Runs `release` now when no hold holds a stream. Else keeps it, and the
 // first later call of free_when_unheld() or run_kept_frees() that finds
 // none holding runs it (frees kept at exit are never run: the process's

@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/error.hpp"
 #include "sync/holds.hpp"
 
 namespace ferry {
@@ -62,6 +63,24 @@ TEST(Holds, AnOwnerIsNotAskedAboutItsOwnHolds) {
     EXPECT_EQ(sync::holding_now(&mine), "someone else's");
   }
   EXPECT_EQ(sync::holding_now(&mine), "");
+}
+
+TEST(Holds, ARefusalNamesTheCallTheHoldAndWhatWouldWait) {
+  int owner = 0;
+  EXPECT_NO_THROW(sync::refuse_while_held("close", "unmapping the heap's memory"));
+  sync::Hold h(
+      "a prepared page transfer (fetch, 4096 bytes) armed on cuda:0", [] { return true; }, &owner);
+  EXPECT_NO_THROW(sync::refuse_while_held("close", "freeing GPU memory", &owner));
+  try {
+    sync::refuse_while_held("close", "unmapping the heap's memory");
+    FAIL() << "not refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), FERRY_ERROR_INVALID_ARGUMENT);
+    const std::string m = e.what();
+    EXPECT_NE(m.find("close: a prepared page transfer (fetch, 4096 bytes) armed on cuda:0"), std::string::npos) << m;
+    EXPECT_NE(m.find("unmapping the heap's memory waits for every stream"), std::string::npos) << m;
+    EXPECT_NE(m.find("trigger it first"), std::string::npos) << m;
+  }
 }
 
 TEST(Holds, AThrowingFreeDoesNotStopTheOthers) {

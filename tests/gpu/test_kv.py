@@ -740,7 +740,7 @@ def test_prepared_transfers_made_and_dropped_while_one_is_armed(kv):
 
 
 TEARDOWNS_WHILE_ARMED = r"""
-import gc, sys, time, torch, ferry, ferry.kv as kv
+import gc, sys, time, torch, ferry, ferry.kv as kv, ferry.symm
 case = sys.argv[1]
 host = kv.pinned_empty((64, 4096), torch.uint8)
 host.copy_(torch.randint(0, 256, (64, 4096), dtype=torch.uint8))
@@ -761,7 +761,7 @@ if case == "collective":  # the holder is a prepared collective, not a transfer
     out = comm.alloc((4096,), torch.uint8)
     inp = [torch.randint(0, 256, (4096,), dtype=torch.uint8, device="cuda")]
     coll = comm.prepare("all_gather", out, inp)
-    coll.arm(side)
+    coll.arm([side])
 else:
     armed = kv.prepare(gpu, host, list(range(8)), list(range(30, 38)))
     armed.arm(side)
@@ -787,10 +787,17 @@ if case == "heap":
             sys.exit(f"the {what}'s close was not refused while a transfer was armed")
         except ferry.InvalidArgumentError as e:
             assert "prepared page transfer" in str(e) and "trigger it first" in str(e), str(e)
-    print("closes refused", flush=True)
+    makers = (("communicator", lambda: ferry.init_local([0])), ("heap", lambda: ferry.symm.Heap(comm, capacity=1 << 26)))
+    for what, make in makers:
+        try:
+            make()
+            sys.exit(f"a new {what} was not refused while a transfer was armed")
+        except ferry.InvalidArgumentError as e:
+            assert "setting one up" in str(e) and "trigger it first" in str(e), str(e)
+    print("closes and new ones refused", flush=True)
 if coll is not None:
     coll.trigger()
-    coll.wait(side)
+    coll.wait([side])
     side.synchronize()
     assert torch.equal(out[0].cpu(), inp[0].cpu()), "all_gather bytes differ"
     kv.HostPool(1 << 20).close()  # a free with nothing armed runs the kept ones
