@@ -89,8 +89,11 @@ def main():
                 "ok" if run.returncode == 0 and out and out[-1] == "ok" else f"failed (rc {run.returncode})"
             )
             detail = next((line for line in out if line.startswith("case returned")), "")
-            if verdict != "ok":
-                detail += " | " + run.stderr.strip()[-600:].replace("\n", " | ")
+            if verdict != "ok":  # the error's own line, not what the interpreter says at exit
+                errors = [
+                    line for line in run.stderr.splitlines() if "Error" in line and "nanobind" not in line
+                ]
+                detail += " | " + (errors[-1] if errors else run.stderr.strip()[-600:].replace("\n", " | "))
         except subprocess.TimeoutExpired as e:
             got = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
             verdict = "HELD"
