@@ -23,6 +23,7 @@
 #include "coll/tuning.hpp"
 #include "core/driver.hpp"
 #include "core/env.hpp"
+#include "core/log.hpp"
 #include "core/error.hpp"
 #include "dma/batch_plan.hpp"
 #include "topo/clock_sampler.hpp"
@@ -161,6 +162,11 @@ void bind_multipath(nb::module_& m);  // python/src/multipath_ext.cpp
 
 NB_MODULE(_ferry, m) {
   m.doc() = "ferry native layer (use the ferry package, not this module)";
+  // A program that ends on an uncaught exception keeps its frames' objects
+  // (pools, transfers) alive past the module's teardown; nanobind would list
+  // each as a leak on stderr under the program's own error. Kept for
+  // FERRY_DEBUG=1, where a binding's reference counting is what is debugged.
+  if (!ferry::debug_enabled()) nb::set_leak_warnings(false);
   declare_exceptions(m);
   bind_kv(m);
   bind_symm(m);

@@ -844,6 +844,23 @@ def test_teardowns_while_a_transfer_is_armed(kv, case):
         assert "kept teardown(s) now that nothing holds a stream" in run.stderr, run.stderr[-3000:]
 
 
+def test_an_uncaught_error_is_not_followed_by_leak_reports(kv):
+    """A program that ends on an uncaught exception keeps its objects alive
+    past the native module's teardown (the traceback holds their frames):
+    its error is the last thing on stderr, not a list of 'leaked' objects."""
+    import subprocess
+    import sys
+
+    import _checks
+
+    script = "import ferry.kv as kv\npool = kv.HostPool(1 << 20)\nraise RuntimeError('the program failed')\n"
+    env = dict(__import__("os").environ, **_checks.SAFE_ENV)
+    env.pop("FERRY_DEBUG", None)
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and "the program failed" in run.stderr, run.stderr[-2000:]
+    assert "leaked" not in run.stderr, run.stderr[-2000:]
+
+
 def test_bad_input_is_named(kv):
     import ferry
 
