@@ -64,7 +64,11 @@ typedef struct {
   double timeout_s; /* bound on every wait; <= 0 takes FERRY_TIMEOUT_S */
 } ferry_comm_config_t;
 
-/* One process per GPU. Collective over all ranks. */
+/* One process per GPU. Collective over all ranks. Setting up and closing a
+ * communicator map, free and load on the GPU, which waits for every stream
+ * there: while a prepared transfer or collective elsewhere in the process is
+ * armed and not yet triggered, init, init_local and close return
+ * FERRY_ERROR_INVALID_ARGUMENT naming it (call again after its trigger). */
 FERRY_API ferry_result_t ferry_comm_init(const ferry_comm_config_t* config, ferry_comm_t* comm);
 /* One process driving `n` GPUs: rank i is devices[i]. */
 FERRY_API ferry_result_t ferry_comm_init_local(const int* devices, int n, double timeout_s, ferry_comm_t* comm);

@@ -60,7 +60,8 @@ FERRY_API ferry_result_t ferry_multipath_copy_sync(ferry_multipath_t engine, voi
                                                    int* multipath);
 /* Waits (bounded by the timeout) until every multipath copy so far landed. */
 FERRY_API ferry_result_t ferry_multipath_synchronize(ferry_multipath_t engine);
-/* Waits (bounded) for copies in flight and frees the engine. */
+/* Waits (bounded) for copies in flight and frees the engine (its memory later,
+ * once no prepared transfer or collective is armed and not yet triggered). */
 FERRY_API ferry_result_t ferry_multipath_destroy(ferry_multipath_t engine);
 
 #ifdef __cplusplus

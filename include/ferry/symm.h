@@ -33,9 +33,15 @@ typedef struct ferry_heap* ferry_heap_t;
 
 /* Collective over the communicator's ranks. capacity: bytes of each rank's
  * heap (0: FERRY_SYMM_HEAP_BYTES); address space, physical memory is mapped
- * as allocations need it. Destroy the heap before the communicator. */
+ * as allocations need it. Destroy the heap before the communicator.
+ * FERRY_ERROR_INVALID_ARGUMENT, naming it, while a prepared transfer or
+ * collective is armed and not yet triggered (setting up waits for every
+ * stream of the GPU). */
 FERRY_API ferry_result_t ferry_heap_create(ferry_comm_t comm, size_t capacity, ferry_heap_t* heap);
-/* Unmaps this process's view (not collective); NULL is ignored. */
+/* Unmaps this process's view (not collective); NULL is ignored. Refused, like
+ * ferry_heap_create, while a prepared transfer or collective is armed and not
+ * yet triggered (unmapping waits for every stream of the GPU): the heap's
+ * memory is then kept, said on stderr. Trigger first. */
 FERRY_API void ferry_heap_destroy(ferry_heap_t heap);
 
 /* Collective: `bytes` aligned to `align` (a power of two) at the same offset on

@@ -476,7 +476,10 @@ class HostPool:
 
     def close(self) -> None:
         """Frees the memory now. Refused while a transfer touching the pool is in
-        flight, or while tensors carved from it are alive (they would dangle)."""
+        flight, or while tensors carved from it are alive (they would dangle).
+        While another prepared transfer is armed and not yet triggered, the
+        memory is freed later, once none is: freeing pinned memory waits for
+        every stream of the GPU, the armed one too."""
         self._impl.close()
 
 

@@ -255,8 +255,9 @@ class Engine:
 
     def close(self) -> None:
         """Waits (bounded by the timeout) for the copies in flight, then frees the
-        staging buffers; a second call does nothing. Past the bound the streams
-        waiting on copies are let go (said on stderr)."""
+        staging buffers (later, once no prepared transfer or collective is armed
+        and not yet triggered); a second call does nothing. Past the bound the
+        streams waiting on copies are let go (said on stderr)."""
         if self._e is not None:
             self._e.close()
             self._e = None
