@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -18,6 +19,7 @@
 #include "core/error.hpp"
 #include "dma/engine.hpp"
 #include "sim.hpp"
+#include "sync/holds.hpp"
 #include "xfer/link_board.hpp"
 #include "xfer/multipath.hpp"
 
@@ -528,6 +530,25 @@ TEST_F(MultipathSim, OneGpuAloneStagesOnlyItsLoopbackRelays) {
   expect_round_trip(e, 32 * MiB + 5, 23);
   EXPECT_GT(e.bytes_by_link()[1] + e.bytes_by_link()[2], 0u);
   e.close();
+  EXPECT_EQ(sim::device_blocks(0, chunk), before);
+}
+
+// Freeing memory waits for every stream of the GPU, and a stream armed behind
+// a gate that user code opens waits for its trigger: while such a hold
+// holds, close() keeps the staging instead of freeing it, and the next free
+// with nothing held frees it.
+TEST_F(MultipathSim, CloseWhileAnArmedTransferHoldsAStreamKeepsTheStagingForLater) {
+  const size_t chunk = MiB + 12289;  // a size no other allocation has
+  const size_t before = sim::device_blocks(0, chunk);
+  std::atomic<bool> armed{true};
+  auto hold = std::make_unique<ferry::sync::Hold>("a transfer armed in the test", [&] { return armed.load(); });
+  MultipathEngine e(options({0, 0, 0}, chunk));
+  expect_round_trip(e, 8 * MiB + 3, 29);
+  e.close();  // returns: nothing waits for the hold
+  EXPECT_EQ(sim::device_blocks(0, chunk) - before, 2u * 2u);
+  EXPECT_EQ(ferry::sync::run_kept_frees(), 1u);
+  armed = false;  // triggered
+  EXPECT_EQ(ferry::sync::run_kept_frees(), 0u);
   EXPECT_EQ(sim::device_blocks(0, chunk), before);
 }
 
