@@ -64,11 +64,12 @@ typedef struct {
   double timeout_s; /* bound on every wait; <= 0 takes FERRY_TIMEOUT_S */
 } ferry_comm_config_t;
 
-/* One process per GPU. Collective over all ranks. Setting up and closing a
- * communicator map, free and load on the GPU, which waits for every stream
- * there: while a prepared transfer or collective elsewhere in the process is
- * armed and not yet triggered, init, init_local and close return
- * FERRY_ERROR_INVALID_ARGUMENT naming it (call again after its trigger). */
+/* One process per GPU. Collective over all ranks. Setting up a communicator
+ * maps memory and loads kernels, which waits for every stream of the GPU:
+ * while a prepared transfer or collective elsewhere in the process is armed
+ * and not yet triggered, init and init_local return
+ * FERRY_ERROR_INVALID_ARGUMENT naming it (call again after its trigger), and
+ * close keeps the memory until none is. */
 FERRY_API ferry_result_t ferry_comm_init(const ferry_comm_config_t* config, ferry_comm_t* comm);
 /* One process driving `n` GPUs: rank i is devices[i]. */
 FERRY_API ferry_result_t ferry_comm_init_local(const int* devices, int n, double timeout_s, ferry_comm_t* comm);
@@ -253,7 +254,9 @@ FERRY_API ferry_result_t ferry_comm_check(ferry_comm_t comm);
 /* Waits, bounded by the communicator's timeout, until every collective enqueued
  * so far has finished; returns its asynchronous error if any. Returns
  * FERRY_ERROR_INVALID_ARGUMENT at once while a prepared collective is armed and
- * not triggered (so do ferry_comm_free and ferry_comm_deregister). */
+ * not triggered (so do ferry_comm_free and ferry_comm_deregister, also for a
+ * prepared transfer or another communicator's collective: freeing waits for
+ * every stream of the GPU). */
 FERRY_API ferry_result_t ferry_comm_synchronize(ferry_comm_t comm);
 
 #ifdef __cplusplus

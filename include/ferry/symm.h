@@ -38,10 +38,9 @@ typedef struct ferry_heap* ferry_heap_t;
  * collective is armed and not yet triggered (setting up waits for every
  * stream of the GPU). */
 FERRY_API ferry_result_t ferry_heap_create(ferry_comm_t comm, size_t capacity, ferry_heap_t* heap);
-/* Unmaps this process's view (not collective); NULL is ignored. Refused, like
- * ferry_heap_create, while a prepared transfer or collective is armed and not
- * yet triggered (unmapping waits for every stream of the GPU): the heap's
- * memory is then kept, said on stderr. Trigger first. */
+/* Unmaps this process's view (not collective); NULL is ignored. While a
+ * prepared transfer or collective is armed and not yet triggered, later, once
+ * none is (unmapping waits for every stream of the GPU). */
 FERRY_API void ferry_heap_destroy(ferry_heap_t heap);
 
 /* Collective: `bytes` aligned to `align` (a power of two) at the same offset on

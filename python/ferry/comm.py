@@ -608,11 +608,11 @@ class Communicator:
         self._c.synchronize()
 
     def close(self) -> None:
-        """Releases everything; a second close raises ClosedError. Refused,
-        naming it, while a prepared transfer or another communicator's prepared
-        collective is armed and not yet triggered (freeing waits for every
-        stream of the GPU, the armed one too); this one's armed handles are
-        let go."""
+        """Releases everything; a second close raises ClosedError. This one's
+        armed handles are let go. While a prepared transfer or another
+        communicator's prepared collective is armed and not yet triggered, the
+        memory is freed later, once none is (freeing waits for every stream of
+        the GPU, the armed one too)."""
         for heap in list(self._heaps):
             heap.close()
         self._c.close()

@@ -380,9 +380,10 @@ class Heap:
     def close(self) -> None:
         """Unmaps this process's view of the heap (not collective). Tensors on it
         become invalid: finish the work that uses them first (synchronize their
-        streams); closing does not wait for it. Refused, naming it, while a
-        prepared transfer or collective is armed and not yet triggered
-        (unmapping waits for every stream of the GPU, the armed one too)."""
+        streams); closing does not wait for it. While a prepared transfer or
+        collective is armed and not yet triggered, the memory is unmapped
+        later, once none is (unmapping waits for every stream of the GPU, the
+        armed one too)."""
         if not self._h.closed:
             self._h.close()
         if self in self._comm._heaps:

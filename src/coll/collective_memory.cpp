@@ -12,6 +12,7 @@
 #include "core/driver.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
+#include "sync/holds.hpp"
 
 namespace ferry {
 namespace {
@@ -67,8 +68,23 @@ CollectiveMemory::~CollectiveMemory() {
 void CollectiveMemory::close() {
   if (closed_) return;
   closed_ = true;
-  for (auto& reg : registrations_) unmap(reg);
+  // Unmapping waits for every stream of the GPU: kept for later while an
+  // armed transfer may hold one (the heap keeps its own likewise).
+  std::vector<void*> ipc;
+  std::vector<VmmView> views;
+  for (auto& reg : registrations_) {
+    ipc.insert(ipc.end(), reg.ipc.begin(), reg.ipc.end());
+    views.insert(views.end(), reg.views.begin(), reg.views.end());
+  }
   registrations_.clear();
+  sync::free_when_unheld(
+      [ipc, views, device = group_.devices[0]]() mutable {
+        RelaxedCaptureScope relax;  // it may run on a thread that captures
+        DeviceScope on(device);
+        for (void* base : ipc) ipc_close(base);
+        for (auto& v : views) vmm_view_release(v);
+      },
+      "a communicator's registered buffers");
   if (heap_) heap_->close();
   heap_.reset();
 }

@@ -13,6 +13,7 @@
 #include "coll/signature.hpp"
 #include "coll/sm_path_kernel.hpp"
 #include "coll/tuning.hpp"
+#include "core/cuda_scope.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/host_trace.hpp"
@@ -226,8 +227,7 @@ Communicator::~Communicator() {
   if (!closed_) {
     try {
       close();
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "ferry: a communicator dropped unclosed was not closed, its memory is kept: %s\n", e.what());
+    } catch (...) {
     }
   }
 }
@@ -312,6 +312,7 @@ void Communicator::deregister(const std::vector<void*>& ptrs) {
   FERRY_ARG_CHECK(!reg->owned, "deregister: this buffer came from alloc(); release it with free()");
   prepared_.refuse_if_uses(reg->id, "deregister");
   prepared_.refuse_if_armed("deregister");
+  refuse_while_held("deregister");
   synchronize();
   memory_->release(reg->id);
   recent_calls_.clear();
@@ -368,6 +369,7 @@ void Communicator::synchronize() {
   check();
   prepared_.refuse_if_armed("synchronize");
   wait_for_enqueued();
+  sync::run_kept_frees();  // what a teardown kept while an arming of this communicator held its stream
 }
 
 void Communicator::wait_for_enqueued() {
@@ -391,7 +393,6 @@ void Communicator::wait_for_enqueued() {
 
 void Communicator::close() {
   if (closed_) throw_error(FERRY_ERROR_CLOSED, "close: the communicator is already closed");
-  refuse_while_held("close");
   host_trace_report();
   // A handle left armed holds ferry's armed stream in a wait: open its gate so
   // the stream drains (its collective runs, as on every rank that does the same).
@@ -423,8 +424,19 @@ void Communicator::close() {
   }
   // Closed, not dropped: what it says of the SM path stays readable (choose()).
   if (memory_) memory_->close();
+  // Freeing waits for every stream of the GPU: what the local ranks and the
+  // flags hold is kept for later while an armed transfer may hold one.
+  auto parts =
+      std::make_shared<std::pair<decltype(locals_), decltype(flag_mem_)>>(std::move(locals_), std::move(flag_mem_));
   locals_.clear();
   flag_mem_.clear();
+  sync::free_when_unheld(
+      [parts] {
+        RelaxedCaptureScope relax;  // it may run on a thread that captures
+        parts->first.clear();
+        parts->second.clear();
+      },
+      "a communicator's streams, records and flags");
   fds_.reset();
   closed_ = true;
 }

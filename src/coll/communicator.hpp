@@ -121,6 +121,8 @@ class Communicator {
   // process (an armed prepared transfer or collective) may hold a stream
   // that the memory this call frees would wait for.
   void refuse_while_held(const char* what);
+  // Registers prepared call `handle`'s hold for the arming just made.
+  void hold_until_triggered(int handle, PreparedCall& p);
 
   struct Local {
     int rank = 0;

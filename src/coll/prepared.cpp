@@ -11,6 +11,7 @@
 // sooner: bench/probes/flag_latency.cu measured a wait on host memory 4-10 us
 // behind the store, a kernel polling the same word 4.5-5.3 us.
 #include "coll/communicator.hpp"
+#include "core/cuda_scope.hpp"
 #include "core/error.hpp"
 #include "sync/gate.hpp"
 
@@ -58,22 +59,13 @@ void Communicator::arm(int handle, const std::vector<cudaStream_t>& after, bool 
       throw_error(FERRY_ERROR_INVALID_ARGUMENT,
                   "arm: the stream is capturing a CUDA graph; capture the collective call itself instead of arming");
   p.gate_on_device = gate_on_device;
-  if (!p.hold)
-    p.hold = std::make_shared<sync::Hold>(
-        "prepared collective " + std::to_string(handle) + " (" + coll_op_name(p.args.op) +
-            "), armed and not yet triggered or not yet finished",
-        [finished = p.finished] {
-          for (cudaEvent_t e : finished)
-            if (cudaEventQuery(e) == cudaErrorNotReady) return true;
-          return false;
-        },
-        this);
   if (p.built.empty()) {
     p.armed = true;  // zero bytes: nothing to enqueue, but arm/trigger keep their rules
     return;
   }
   const uint64_t gen = p.generation = prepared_.next_generation();
   const uint64_t seq = ++seq_;
+  hold_until_triggered(handle, p);
   for (int i = 0; i < local_count(); ++i) {
     Local& L = *locals_[i];
     FERRY_CUDA_CHECK(cudaSetDevice(L.device));
@@ -97,6 +89,33 @@ void Communicator::arm(int handle, const std::vector<cudaStream_t>& after, bool 
     __atomic_store_n(&host_flags(L.rank)->progress.enqueued, seq, __ATOMIC_RELEASE);
   }
   p.armed = true;
+}
+
+// Registered for this arming (sync/holds.hpp): it holds ferry's armed stream
+// until its trigger lands, which for a gate in host memory is its word
+// reaching the generation. A gate in GPU memory the host cannot read, so
+// there the run's end stands in for it.
+void Communicator::hold_until_triggered(int handle, PreparedCall& p) {
+  std::function<bool()> holding;
+  if (!p.gate_on_device) {
+    std::vector<const uint64_t*> words;
+    for (const auto& g : p.host_gate) words.push_back(g.host);
+    holding = [words, gen = p.generation] {
+      for (const uint64_t* w : words)
+        if (__atomic_load_n(w, __ATOMIC_ACQUIRE) < gen) return true;
+      return false;
+    };
+  } else {
+    holding = [finished = p.finished] {
+      RelaxedCaptureScope relax;  // another thread may be capturing in global mode
+      for (cudaEvent_t e : finished)
+        if (cudaEventQuery(e) == cudaErrorNotReady) return true;
+      return false;
+    };
+  }
+  p.hold = std::make_shared<sync::Hold>("prepared collective " + std::to_string(handle) + " (" +
+                                            coll_op_name(p.args.op) + ") armed and not yet triggered",
+                                        std::move(holding), this);
 }
 
 void Communicator::trigger(int handle) {
@@ -159,6 +178,7 @@ bool Communicator::armed(int handle) const { return prepared_.armed(handle); }
 
 void Communicator::release_prepared(int handle) {
   PreparedCall p = prepared_.release(handle, "release");
+  p.hold.reset();  // before its events may go (retire destroys those that completed)
   for (int i = 0; i < local_count(); ++i) {
     cudaSetDevice(device(i));
     // The gate comes back once this event (its last run's end) completes.

@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdio>
 #include <cstring>
 #include <utility>
 
@@ -115,14 +114,12 @@ std::unique_ptr<SymmetricHeap> SymmetricHeap::create(const Group& g, size_t capa
 SymmetricHeap::~SymmetricHeap() {
   try {
     close();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "ferry: a symmetric heap dropped unclosed was not closed, its memory is kept: %s\n", e.what());
+  } catch (...) {
   }
 }
 
 void SymmetricHeap::close() {
   if (closed_) return;
-  sync::refuse_while_held("close", "unmapping the heap's memory");
   closed_ = true;
   {
     std::lock_guard<std::mutex> lock(watch_mu_);
@@ -148,17 +145,28 @@ void SymmetricHeap::close() {
   }
   issued_.clear();
   if (!driver_available()) return;
-  const DriverApi& cu = driver();
-  for (auto& [region, reg] : registrations_) unmap_chunks(reg.chunks);
+  // Unmapping and freeing wait for every stream of the GPU: kept for later
+  // while an armed transfer may hold one. The address range goes last, so
+  // nothing else is mapped there before.
+  std::vector<std::vector<Chunk>> chunks;
+  for (auto& [region, reg] : registrations_) chunks.push_back(std::move(reg.chunks));
   registrations_.clear();
-  unmap_chunks(chunks_);
-  if (base_) cu.MemAddressFree(base_, capacity_ * static_cast<size_t>(group_.world));
+  chunks.push_back(std::move(chunks_));
+  chunks_.clear();
+  sync::free_when_unheld(
+      [chunks = std::move(chunks), base = base_, span = capacity_ * static_cast<size_t>(group_.world),
+       fault = std::move(fault_), rescue = std::move(rescue_), values = std::move(rescue_values_)]() mutable {
+        RelaxedCaptureScope relax;  // it may run on a thread that captures
+        for (auto& c : chunks) unmap_chunks(c);
+        if (base) driver().MemAddressFree(base, span);
+        for (auto* w : fault) cudaFreeHost(w);
+        for (auto st : rescue) cudaStreamDestroy(st);
+        for (auto* w : values) cudaFreeHost(w);
+      },
+      "a symmetric heap's memory");
   base_ = 0;
-  for (auto* w : fault_) cudaFreeHost(w);
   fault_.clear();
-  for (auto s : rescue_) cudaStreamDestroy(s);
   rescue_.clear();
-  for (auto* w : rescue_values_) cudaFreeHost(w);
   rescue_values_.clear();
 }
 
@@ -499,6 +507,7 @@ void SymmetricHeap::deregister(size_t offset, const std::vector<cudaStream_t>& s
                   "deregister: offset " + std::to_string(offset) +
                       " is not a registered buffer's (what register returned; memory from alloc() is freed with "
                       "free())");
+  sync::refuse_while_held(call, "unmapping the buffer");  // its range is reused at once, so it cannot wait
   agree(std::string(call) + "(offset " + std::to_string(offset) + ")");
   unmap_chunks(it->second.chunks);
   registrations_.erase(it);

@@ -295,7 +295,8 @@ void MultipathEngine::close() {
   // armed transfer may hold one.
   std::shared_ptr<RelayStaging> staging(std::move(staging_));
   sync::free_when_unheld(
-      [scratch, staging, host = host_scratch_]() mutable {
+      [scratch, staging = std::move(staging), host = host_scratch_]() mutable {
+        RelaxedCaptureScope relax;  // it may run on a thread that captures
         for (auto [device, p] : scratch) {
           DeviceScope on(device);
           cudaFree(p);

@@ -158,6 +158,9 @@ PageCopier::PageCopier(int device) : device_(device) {
 
 PageCopier::~PageCopier() {
   // Process exit: the driver may be gone already; release what it still knows.
+  // Not while an armed transfer may hold a stream: freeing would wait for its
+  // trigger, and the process's memory goes with it anyway.
+  if (!sync::holding_now().empty()) return;
   cudaSetDevice(device_);
   for (auto& s : slots_) {
     if (s.host) cudaFreeHost(s.host);
