@@ -111,6 +111,7 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int world, int devi
   FERRY_ARG_CHECK(static_cast<bool>(allgather), "allgather: a bootstrap all-gather function is required");
   check_device_ordinal(device, "device");
   sync::refuse_while_held("Communicator", "setting one up (its memory, its kernels' first load)");
+  sync::run_kept_frees();  // what earlier teardowns kept, before this one takes more
   std::unique_ptr<Communicator> c(new Communicator());
   c->world_ = world;
   c->multi_process_ = true;
@@ -174,6 +175,7 @@ std::unique_ptr<Communicator> Communicator::create_local(const std::vector<int>&
   // Several ranks on one GPU only for tests (FERRY_SHARED_GPUS): the world's
   // logic then runs on fewer GPUs than it has ranks.
   sync::refuse_while_held("Communicator", "setting one up (its memory, its kernels' first load)");
+  sync::run_kept_frees();  // what earlier teardowns kept, before this one takes more
   const bool shared = knob_int("FERRY_SHARED_GPUS") != 0;
   for (int i = 0; i < n; ++i) {
     check_device_ordinal(devices[i], "devices[i]");
@@ -426,13 +428,15 @@ void Communicator::close() {
   if (memory_) memory_->close();
   // Freeing waits for every stream of the GPU: what the local ranks and the
   // flags hold is kept for later while an armed transfer may hold one.
+  const int first_device = locals_.empty() ? 0 : locals_[0]->device;
   auto parts =
       std::make_shared<std::pair<decltype(locals_), decltype(flag_mem_)>>(std::move(locals_), std::move(flag_mem_));
   locals_.clear();
   flag_mem_.clear();
   sync::free_when_unheld(
-      [parts] {
-        RelaxedCaptureScope relax;  // it may run on a thread that captures
+      [parts, first_device] {
+        RelaxedCaptureScope relax;          // it may run on a thread that captures
+        DeviceScope restore(first_device);  // the parts set devices of their own; the caller's comes back
         parts->first.clear();
         parts->second.clear();
       },

@@ -65,7 +65,6 @@ void Communicator::arm(int handle, const std::vector<cudaStream_t>& after, bool 
   }
   const uint64_t gen = p.generation = prepared_.next_generation();
   const uint64_t seq = ++seq_;
-  hold_until_triggered(handle, p);
   for (int i = 0; i < local_count(); ++i) {
     Local& L = *locals_[i];
     FERRY_CUDA_CHECK(cudaSetDevice(L.device));
@@ -88,6 +87,7 @@ void Communicator::arm(int handle, const std::vector<cudaStream_t>& after, bool 
     FERRY_CUDA_CHECK(cudaEventRecord(p.finished[i], s));
     __atomic_store_n(&host_flags(L.rank)->progress.enqueued, seq, __ATOMIC_RELEASE);
   }
+  hold_until_triggered(handle, p);  // after the loop: an arming that failed there is never triggered
   p.armed = true;
 }
 

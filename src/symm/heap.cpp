@@ -33,6 +33,7 @@ std::unique_ptr<SymmetricHeap> SymmetricHeap::create(const Group& g, size_t capa
                                                                         std::to_string(device::kMaxHeapRanks));
   FERRY_ARG_CHECK(g.local_count() >= 1 && g.devices.size() == g.ranks.size(), "the group has no local ranks");
   sync::refuse_while_held("SymmetricHeap", "setting one up (mapping its memory, a first barrier)");
+  sync::run_kept_frees();  // what earlier teardowns kept, before this one maps more
   std::unique_ptr<SymmetricHeap> h(new SymmetricHeap());
   h->group_ = g;
   h->words_ = words;
@@ -155,8 +156,10 @@ void SymmetricHeap::close() {
   chunks_.clear();
   sync::free_when_unheld(
       [chunks = std::move(chunks), base = base_, span = capacity_ * static_cast<size_t>(group_.world),
-       fault = std::move(fault_), rescue = std::move(rescue_), values = std::move(rescue_values_)]() mutable {
+       fault = std::move(fault_), rescue = std::move(rescue_), values = std::move(rescue_values_),
+       device = group_.devices.empty() ? 0 : group_.devices[0]]() mutable {
         RelaxedCaptureScope relax;  // it may run on a thread that captures
+        DeviceScope on(device);
         for (auto& c : chunks) unmap_chunks(c);
         if (base) driver().MemAddressFree(base, span);
         for (auto* w : fault) cudaFreeHost(w);
@@ -507,7 +510,14 @@ void SymmetricHeap::deregister(size_t offset, const std::vector<cudaStream_t>& s
                   "deregister: offset " + std::to_string(offset) +
                       " is not a registered buffer's (what register returned; memory from alloc() is freed with "
                       "free())");
-  sync::refuse_while_held(call, "unmapping the buffer");  // its range is reused at once, so it cannot wait
+  // Its range is reused at once, so the unmapping cannot wait: refused while
+  // held, and every rank hears of a peer's refusal rather than waiting for it.
+  LocalFailure held;
+  held.run([&] { sync::refuse_while_held(call, "unmapping the buffer"); });
+  if (group_.multi_process())
+    held.agree(group_, call);
+  else
+    held.rethrow();
   agree(std::string(call) + "(offset " + std::to_string(offset) + ")");
   unmap_chunks(it->second.chunks);
   registrations_.erase(it);

@@ -60,6 +60,7 @@ int gpu_numa_node(int device) {
 std::shared_ptr<HostPool> HostPool::create(size_t bytes, const HostPoolOptions& o) {
   FERRY_ARG_CHECK(bytes > 0, "HostPool: bytes must be positive");
   FERRY_ARG_CHECK(o.huge_pages >= -1 && o.huge_pages <= 1, "HostPool: huge_pages must be -1 (auto), 0 or 1");
+  sync::run_kept_frees();  // what earlier teardowns kept, before this pool pins more
   std::shared_ptr<HostPool> pool(new HostPool());
   int device = o.device;
   if (device < 0) FERRY_CUDA_CHECK(cudaGetDevice(&device));

@@ -297,12 +297,15 @@ void MultipathEngine::close() {
   sync::free_when_unheld(
       [scratch, staging = std::move(staging), host = host_scratch_]() mutable {
         RelaxedCaptureScope relax;  // it may run on a thread that captures
+        int caller = 0;             // the staging's teardown sets devices of its own
+        cudaGetDevice(&caller);
         for (auto [device, p] : scratch) {
           DeviceScope on(device);
           cudaFree(p);
         }
         staging.reset();
         cudaFreeHost(host);
+        cudaSetDevice(caller);
       },
       "a multipath engine's staging and scratch memory");
   host_scratch_ = nullptr;
