@@ -3,9 +3,11 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -150,8 +152,16 @@ std::map<int, FdMessage> FdExchange::receive(const std::vector<int>& senders, in
     }
     int conn = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (conn < 0) continue;
+    // A connected sender writes its one message at once. One that stops
+    // partway (a frozen process) may not hold the reads below past the
+    // deadline: they give up with the time left, at most 5 s.
+    const double read_s = std::min(5.0, std::max(0.001, seconds_left(deadline)));
+    timeval tv{};
+    tv.tv_sec = static_cast<time_t>(read_s);
+    tv.tv_usec = static_cast<suseconds_t>((read_s - static_cast<double>(tv.tv_sec)) * 1e6);
+    setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     pollfd pc{conn, POLLIN, 0};
-    if (poll(&pc, 1, 5000) <= 0) {  // a connected sender writes at once
+    if (poll(&pc, 1, static_cast<int>(read_s * 1000) + 1) <= 0) {
       close(conn);
       continue;
     }

@@ -1,8 +1,11 @@
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 
 #include "bootstrap/unix_socket.hpp"
@@ -74,4 +77,27 @@ TEST(FdExchange, SendToAbsentPeerTimesOut) {
     EXPECT_EQ(e.code(), FERRY_ERROR_TIMEOUT);
     EXPECT_NE(std::string(e.what()).find("rank 5"), std::string::npos);
   }
+}
+
+// A client that connects and stops partway through its header (a frozen
+// process) must not hold a receive past its deadline.
+TEST(FdExchange, ASenderFrozenMidMessageCostsNoMoreThanTheTimeout) {
+  FdExchange a(0, "");
+  int c = socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(c, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, a.socket_path().c_str(), sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(connect(c, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(write(c, "abc", 3), 3);  // part of a header, then nothing more
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    a.receive({1}, 4, 1.0, "a message");
+    FAIL() << "no timeout";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), FERRY_ERROR_TIMEOUT) << e.what();
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(took, 3.0);
+  close(c);
 }
