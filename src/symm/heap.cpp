@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <thread>
 #include <utility>
 
 #include "core/clock.hpp"
@@ -885,9 +886,18 @@ void SymmetricHeap::watcher_loop() {
       mine.erase(mine.begin() + static_cast<long>(i));
     }
   }
+  // The releases' writes land before their memory goes; bounded, for a
+  // rescue stream that shares a hardware queue with a stream held elsewhere.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(group_.timeout_s);
   for (size_t i = 0; i < rescue_.size(); ++i) {
-    if (cudaSetDevice(group_.devices[i]) != cudaSuccess || cudaStreamSynchronize(rescue_[i]) != cudaSuccess)
+    if (cudaSetDevice(group_.devices[i]) != cudaSuccess) {
       cudaGetLastError();
+      continue;
+    }
+    cudaError_t q;
+    while ((q = cudaStreamQuery(rescue_[i])) == cudaErrorNotReady && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    if (q != cudaSuccess) cudaGetLastError();
   }
 }
 
