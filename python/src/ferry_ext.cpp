@@ -23,8 +23,8 @@
 #include "coll/tuning.hpp"
 #include "core/driver.hpp"
 #include "core/env.hpp"
-#include "core/log.hpp"
 #include "core/error.hpp"
+#include "core/log.hpp"
 #include "dma/batch_plan.hpp"
 #include "topo/clock_sampler.hpp"
 #include "topo/topology.hpp"
@@ -374,6 +374,9 @@ NB_MODULE(_ferry, m) {
               clock_gettime(CLOCK_MONOTONIC, &ts);
               return static_cast<long long>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
             };
+            const long long bound_ns = static_cast<long long>(ferry::knob_float("FERRY_TIMEOUT_S") * 1e9);
+            FERRY_ARG_CHECK(start_ns - now() <= bound_ns,
+                            "timed_trigger: start_ns is more than FERRY_TIMEOUT_S ahead of CLOCK_MONOTONIC");
             nb::gil_scoped_release release;
             cudaEvent_t ev = c.finished_event(h, 0);
             while (now() < start_ns) {
@@ -381,9 +384,12 @@ NB_MODULE(_ferry, m) {
             long long t0 = now();
             c.trigger(h);
             cudaError_t err;
-            while ((err = cudaEventQuery(ev)) == cudaErrorNotReady) {
+            while ((err = cudaEventQuery(ev)) == cudaErrorNotReady && now() - t0 < bound_ns) {
             }
             long long t1 = now();
+            if (err == cudaErrorNotReady)
+              ferry::throw_error(FERRY_ERROR_TIMEOUT,
+                                 "timed_trigger: the collective did not finish within FERRY_TIMEOUT_S");
             if (err != cudaSuccess) ferry::throw_error(FERRY_ERROR_CUDA, "timed_trigger: the collective failed");
             return std::make_pair(t0, t1);
           },
