@@ -36,8 +36,8 @@ struct PreparedCall {
   std::vector<uint32_t> registrations;  // buffers it refers to
   uint64_t generation = 0;              // the last arming's gate value; 0: never armed
   bool armed = false;
-  // Registered from the first arming while its run may hold ferry's armed
-  // stream (sync/holds.hpp): a free anywhere in the process would wait for it.
+  // Registered at each arming until its trigger lands (sync/holds.hpp): till
+  // then a free anywhere in the process would wait for ferry's armed stream.
   std::shared_ptr<sync::Hold> hold;
 
   // The word local rank `local`'s armed stream waits on (device address):

@@ -103,10 +103,7 @@ std::unique_ptr<SymmetricHeap> SymmetricHeap::create(const Group& g, size_t capa
     }
     h->agree(words ? "create (words zeroed)" : "create (memory only)");
   } catch (...) {
-    try {
-      h->close();
-    } catch (...) {  // refused (a hold elsewhere): its memory is kept; the first error is the one to report
-    }
+    h->close();
     throw;
   }
   h->watcher_ = std::thread([p = h.get()] { p->watcher_loop(); });

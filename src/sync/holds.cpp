@@ -18,11 +18,13 @@ struct Entry {
   const void* owner;
 };
 
+using Frees = std::vector<std::pair<std::function<void()>, std::string>>;
+
 struct Registry {
   std::mutex mu;
   std::map<uint64_t, Entry> holds;
   uint64_t next_id = 1;
-  std::vector<std::pair<std::function<void()>, std::string>> kept;
+  Frees kept;
 
   // Under mu.
   const std::string* first_holding(const void* except_owner = nullptr) {
@@ -37,13 +39,20 @@ Registry& registry() {
   return *r;
 }
 
-void run_all(std::vector<std::pair<std::function<void()>, std::string>>& frees) {
+// Outside the registry's lock: a free may wait for the device.
+void run_all(Frees& frees) {
   for (auto& [release, what] : frees) {
     try {
       release();
     } catch (...) {  // a teardown's free: nothing to report to
     }
   }
+}
+
+void run_kept(Frees& kept) {
+  if (kept.empty()) return;
+  debug_log("freeing " + std::to_string(kept.size()) + " kept teardown(s) now that nothing holds a stream");
+  run_all(kept);
 }
 
 }  // namespace
@@ -79,7 +88,7 @@ void refuse_while_held(const std::string& what, const std::string& action, const
 
 void free_when_unheld(std::function<void()> release, const std::string& what) {
   Registry& r = registry();
-  std::vector<std::pair<std::function<void()>, std::string>> now;
+  Frees now;
   {
     std::lock_guard<std::mutex> lock(r.mu);
     if (const std::string* h = r.first_holding()) {
@@ -91,22 +100,22 @@ void free_when_unheld(std::function<void()> release, const std::string& what) {
     }
     now.swap(r.kept);
   }
-  if (!now.empty())
-    debug_log("freeing " + std::to_string(now.size()) + " kept teardown(s) now that nothing holds a stream");
-  now.emplace_back(std::move(release), what);
-  run_all(now);
+  run_kept(now);
+  try {
+    release();
+  } catch (...) {  // a teardown's free: nothing to report to
+  }
 }
 
 size_t run_kept_frees() {
   Registry& r = registry();
-  std::vector<std::pair<std::function<void()>, std::string>> now;
+  Frees now;
   {
     std::lock_guard<std::mutex> lock(r.mu);
-    if (r.kept.empty() || r.first_holding()) return r.kept.size();
+    if (r.first_holding()) return r.kept.size();
     now.swap(r.kept);
   }
-  debug_log("freeing " + std::to_string(now.size()) + " kept teardown(s) now that nothing holds a stream");
-  run_all(now);
+  run_kept(now);
   return 0;
 }
 

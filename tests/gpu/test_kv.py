@@ -812,9 +812,8 @@ def test_teardowns_while_a_transfer_is_armed(kv, case):
     armed gate holds one until its trigger, which this thread has yet to give.
     ferry's teardowns (a host pool, a multipath engine, a heap, a
     communicator) keep such frees for later, and making a heap or
-    communicator is refused naming the hold, where each waited for good
-    before. With a prepared collective as the holder too. In a process of its
-    own, bounded."""
+    communicator is refused naming the hold. With a prepared collective as the
+    holder too. In a process of its own, bounded."""
     import subprocess
     import sys
 
