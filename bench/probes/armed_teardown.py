@@ -56,6 +56,9 @@ CASES = {
         "g = torch.empty(8 << 20, dtype=torch.uint8, device='cuda')\n"
         "e.copy(g, w)\ne.synchronize()\ne.close()"
     ),
+    # Both made after the arming, where making one is now refused (setting one
+    # up waits for every stream); closing ones made before is in
+    # tests/gpu/test_kv.py (test_teardowns_while_a_transfer_is_armed).
     "communicator_close": "c = ferry.init_local([0])\nc.close()",
     "heap_close": (
         "c = ferry.init_local([0])\nh = ferry.symm.Heap(c, capacity=256 << 20)\n"
