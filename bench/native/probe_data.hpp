@@ -32,5 +32,15 @@ inline std::vector<size_t> parse_list(const char* s) {
   return v;
 }
 
+// Pages of `got` (page dst_ids[i]) that differ from `expect` (page src_ids[i]),
+// for the first `pages` entries.
+inline size_t pages_wrong(const char* got, const char* expect, const std::vector<size_t>& dst_ids,
+                          const std::vector<size_t>& src_ids, size_t pages, size_t page_bytes) {
+  size_t wrong = 0;
+  for (size_t i = 0; i < pages; ++i)
+    if (std::memcmp(got + dst_ids[i] * page_bytes, expect + src_ids[i] * page_bytes, page_bytes)) ++wrong;
+  return wrong;
+}
+
 }  // namespace probe
 }  // namespace ferry

@@ -46,6 +46,7 @@ namespace {
 using ferry::probe::fill;
 using ferry::probe::median;
 using ferry::probe::now_us;
+using ferry::probe::pages_wrong;
 using ferry::probe::parse_list;
 
 constexpr size_t kBatchMax = 32;
@@ -216,9 +217,7 @@ int main(int argc, char** argv) {
             FERRY_CUDA_CHECK(cudaMemcpy(back.data(), dev, total, cudaMemcpyDeviceToHost));
             got = back.data();
           }
-          size_t wrong = 0;
-          for (size_t i = 0; i < pages; ++i)
-            if (std::memcmp(got + a[i] * page_bytes, expect.data() + b[i] * page_bytes, page_bytes)) ++wrong;
+          const size_t wrong = pages_wrong(got, expect.data(), a, b, pages, page_bytes);
           wrong_total += wrong;
           std::printf("%s %5zu x %6zu B %-12s host %8.1f us, until landed %8.1f us (%5.1f GB/s), %zu pages wrong\n",
                       dir == 0 ? "fetch" : "save ", pages, page_bytes, names[m], median(host_us), median(total_us),
