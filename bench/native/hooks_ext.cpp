@@ -1,23 +1,38 @@
 // ferry._hooks: what the tests and the benchmarks reach into, kept out of the
 // library and the extension users load. A kernel that spins and then fires a
-// device trigger, one that holds every SM, and single launches of the
-// production kernels a benchmark times alone (a local copy, a reduction).
+// device trigger, a host trigger at a given instant, a kernel that holds
+// every SM, and single launches of the production kernels a benchmark times
+// alone (a local copy, a reduction).
 #include <cuda_runtime_api.h>
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <time.h>
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "coll/flags.hpp"
 #include "coll/local_copy.hpp"
 #include "coll/reduce.hpp"
+#include "core/env.hpp"
 #include "core/error.hpp"
 #include "sm_holder.hpp"
 #include "trigger_kernel.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
+
+namespace {
+
+long long monotonic_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<long long>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+
+}  // namespace
 
 NB_MODULE(_hooks, m) {
   // Tests and `ferry bench --prelaunch`: a kernel that spins, then fires a device trigger.
@@ -28,6 +43,38 @@ NB_MODULE(_hooks, m) {
                                      reinterpret_cast<cudaStream_t>(stream));
       },
       "word"_a, "value"_a, "spin_ns"_a, "stream"_a);
+  // `ferry bench --prelaunch`: spins until CLOCK_MONOTONIC reaches start_ns
+  // (one instant for every process of the host), calls `trigger` (a prepared
+  // collective's host trigger; its Python call costs about a microsecond more
+  // than the trigger itself), spins until `event` (the run's end,
+  // Communicator.finished_event) completes, and returns (trigger_ns,
+  // done_ns). Every spin is bounded by FERRY_TIMEOUT_S.
+  m.def(
+      "timed_trigger",
+      [](nb::callable trigger, uintptr_t event, long long start_ns) {
+        const long long bound_ns = static_cast<long long>(ferry::knob_float("FERRY_TIMEOUT_S") * 1e9);
+        FERRY_ARG_CHECK(start_ns - monotonic_ns() <= bound_ns,
+                        "timed_trigger: start_ns is more than FERRY_TIMEOUT_S ahead of CLOCK_MONOTONIC");
+        {
+          nb::gil_scoped_release release;
+          while (monotonic_ns() < start_ns) {
+          }
+        }
+        const long long t0 = monotonic_ns();
+        trigger();
+        nb::gil_scoped_release release;
+        auto ev = reinterpret_cast<cudaEvent_t>(event);
+        cudaError_t err;
+        while ((err = cudaEventQuery(ev)) == cudaErrorNotReady && monotonic_ns() - t0 < bound_ns) {
+        }
+        const long long t1 = monotonic_ns();
+        if (err == cudaErrorNotReady)
+          ferry::throw_error(FERRY_ERROR_TIMEOUT,
+                             "timed_trigger: the collective did not finish within FERRY_TIMEOUT_S");
+        if (err != cudaSuccess) ferry::throw_error(FERRY_ERROR_CUDA, "timed_trigger: the collective failed");
+        return std::make_pair(t0, t1);
+      },
+      "trigger"_a, "event"_a, "start_ns"_a);
   // Tests: every SM of the current GPU held by spinning blocks (coll/sm_holder.hpp).
   nb::class_<ferry::SmHolder>(m, "SmHolder")
       .def(nb::init<>())

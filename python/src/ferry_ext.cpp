@@ -9,7 +9,6 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
-#include <time.h>
 
 #include <algorithm>
 #include <memory>
@@ -363,37 +362,11 @@ NB_MODULE(_ferry, m) {
           "handle"_a, "streams"_a)
       .def("armed", &Communicator::armed, "handle"_a)
       .def(
-          "timed_trigger",
-          // Measurement (ferry bench --prelaunch): spins until CLOCK_MONOTONIC
-          // reaches start_ns (the same instant in every process of the host),
-          // triggers from the host, spins until the run's end event completes,
-          // and returns (trigger_ns, done_ns).
-          [](Communicator& c, int h, long long start_ns) {
-            auto now = [] {
-              timespec ts;
-              clock_gettime(CLOCK_MONOTONIC, &ts);
-              return static_cast<long long>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
-            };
-            const long long bound_ns = static_cast<long long>(ferry::knob_float("FERRY_TIMEOUT_S") * 1e9);
-            FERRY_ARG_CHECK(start_ns - now() <= bound_ns,
-                            "timed_trigger: start_ns is more than FERRY_TIMEOUT_S ahead of CLOCK_MONOTONIC");
-            nb::gil_scoped_release release;
-            cudaEvent_t ev = c.finished_event(h, 0);
-            while (now() < start_ns) {
-            }
-            long long t0 = now();
-            c.trigger(h);
-            cudaError_t err;
-            while ((err = cudaEventQuery(ev)) == cudaErrorNotReady && now() - t0 < bound_ns) {
-            }
-            long long t1 = now();
-            if (err == cudaErrorNotReady)
-              ferry::throw_error(FERRY_ERROR_TIMEOUT,
-                                 "timed_trigger: the collective did not finish within FERRY_TIMEOUT_S");
-            if (err != cudaSuccess) ferry::throw_error(FERRY_ERROR_CUDA, "timed_trigger: the collective failed");
-            return std::make_pair(t0, t1);
-          },
-          "handle"_a, "start_ns"_a)
+          "finished_event",
+          // The event the run of an armed handle records at its end (cudaEvent_t as an integer),
+          // valid until release(): for timing a run from outside.
+          [](Communicator& c, int h, int local) { return reinterpret_cast<uintptr_t>(c.finished_event(h, local)); },
+          "handle"_a, "local"_a)
       .def("release", &Communicator::release_prepared, "handle"_a)
       .def(
           "set_selector_table",

@@ -29,7 +29,9 @@ def measure(ctx, case, algo: str, runs: int) -> float:
         h = comm.prepare("broadcast", case.out, None, root=0, algo=algo)
     else:
         h = comm.prepare(case.op, case.out, case.inp, algo=algo)
-    native = comm._c
+    from ferry._native import hooks as load_hooks
+
+    native, hooks = comm._c, load_hooks()
     lat = []
     try:
         for i in range(runs + 2):
@@ -38,7 +40,7 @@ def measure(ctx, case, algo: str, runs: int) -> float:
             h.arm(ctx.stream)
             ctx.dist.barrier(group=ctx.host_group)  # every rank armed; the ready handshake runs meanwhile
             start = _start_instant(ctx)
-            t0, t1 = native.timed_trigger(h._h, start)
+            t0, t1 = hooks.timed_trigger(lambda: native.trigger(h._h), native.finished_event(h._h, 0), start)
             if i >= 2:  # two warm-up runs
                 lat.append((t1 - start) / 1000.0)
         wrong = case.wrong_bytes()
