@@ -110,7 +110,17 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int world, int devi
                   "rank is " + std::to_string(rank) + "; expected 0.." + std::to_string(world - 1));
   FERRY_ARG_CHECK(static_cast<bool>(allgather), "allgather: a bootstrap all-gather function is required");
   check_device_ordinal(device, "device");
-  sync::refuse_while_held("Communicator", "setting one up (its memory, its kernels' first load)");
+  const std::string refused = sync::refusal("Communicator", "setting one up (its memory, its kernels' first load)");
+  if (!refused.empty()) {
+    // Told to the peers in the exchange they make first, before anything is
+    // made here (its undoing would free memory): they fail at once naming
+    // this rank instead of waiting for it until the bootstrap's timeout.
+    try {
+      allgather(sync::refusal_record(refused));
+    } catch (...) {  // a peer that never came: this rank's own error says more
+    }
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT, refused);
+  }
   sync::run_kept_frees();  // what earlier teardowns kept, before this one takes more
   std::unique_ptr<Communicator> c(new Communicator());
   c->world_ = world;
@@ -125,6 +135,10 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int world, int devi
   std::string mine =
       hostname() + "\n" + std::to_string(getpid()) + "\n" + pci_bus_id(device) + "\n" + c->fds_->socket_path() + "\n";
   auto all = c->allgather(mine, "communicator setup");
+  const auto [refusing, why] = sync::first_refusal(all);
+  if (refusing >= 0)
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                "communicator setup: rank " + std::to_string(refusing) + " refused it: " + why);
   c->pids_.resize(world);
   c->socket_paths_.resize(world);
   std::vector<std::string> bus(world), host(world);

@@ -77,13 +77,35 @@ std::string holding_now(const void* except_owner) {
   return w ? *w : std::string();
 }
 
-void refuse_while_held(const std::string& what, const std::string& action, const void* except_owner) {
+std::string refusal(const std::string& what, const std::string& action, const void* except_owner) {
   const std::string held = holding_now(except_owner);
-  if (!held.empty())
-    throw_error(FERRY_ERROR_INVALID_ARGUMENT,
-                what + ": " + held + ", and " + action +
-                    " waits for every stream of the GPU, so this would wait for that trigger (forever, if this "
-                    "thread is to give it); trigger it first");
+  if (held.empty()) return "";
+  return what + ": " + held + ", and " + action +
+         " waits for every stream of the GPU, so this would wait for that trigger (forever, if this thread is to "
+         "give it); trigger it first";
+}
+
+void refuse_while_held(const std::string& what, const std::string& action, const void* except_owner) {
+  const std::string message = refusal(what, action, except_owner);
+  if (!message.empty()) throw_error(FERRY_ERROR_INVALID_ARGUMENT, message);
+}
+
+namespace {
+
+// Control characters no setup record starts with.
+const std::string kRefused =
+    "\x1f"
+    "refused\x1f";
+
+}  // namespace
+
+std::string refusal_record(const std::string& message) { return kRefused + message; }
+
+std::pair<int, std::string> first_refusal(const std::vector<std::string>& records) {
+  for (size_t r = 0; r < records.size(); ++r)
+    if (records[r].compare(0, kRefused.size(), kRefused) == 0)
+      return {static_cast<int>(r), records[r].substr(kRefused.size())};
+  return {-1, ""};
 }
 
 void free_when_unheld(std::function<void()> release, const std::string& what) {

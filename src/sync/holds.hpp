@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace ferry {
 namespace sync {
@@ -41,6 +43,17 @@ std::string holding_now(const void* except_owner = nullptr);
 // hold (not of `except_owner`) may hold a stream, for a call that would wait
 // for every stream of the GPU: `action` says what in it would.
 void refuse_while_held(const std::string& what, const std::string& action, const void* except_owner = nullptr);
+
+// The message refuse_while_held() would throw, or "" when nothing holds.
+std::string refusal(const std::string& what, const std::string& action, const void* except_owner = nullptr);
+
+// A setup that ranks in several processes make together (a communicator, a
+// heap) and that one rank refuses: that rank still sends a record into the
+// setup's first exchange, so that its peers fail at once naming it instead
+// of waiting for it until the bootstrap's timeout. Pure.
+std::string refusal_record(const std::string& message);
+// The first rank whose record is a refusal, with its message; {-1, ""} when none is.
+std::pair<int, std::string> first_refusal(const std::vector<std::string>& records);
 
 // Runs `release` now when no hold holds a stream. Else keeps it, and the
 // first later call of free_when_unheld() or run_kept_frees() that finds

@@ -5,7 +5,9 @@
 #include <atomic>
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/error.hpp"
@@ -81,6 +83,29 @@ TEST(Holds, ARefusalNamesTheCallTheHoldAndWhatWouldWait) {
     EXPECT_NE(m.find("unmapping the heap's memory waits for every stream"), std::string::npos) << m;
     EXPECT_NE(m.find("trigger it first"), std::string::npos) << m;
   }
+}
+
+TEST(Holds, ARefusalGoesToThePeersAsARecordTheyCanTellApart) {
+  EXPECT_EQ(sync::refusal("Communicator", "setting one up"), "");
+  bool holding = true;
+  sync::Hold h("a prepared page transfer (fetch, 4096 bytes) armed on cuda:0", [&] { return holding; });
+  const std::string why = sync::refusal("Communicator", "setting one up");
+  EXPECT_EQ(why.rfind("Communicator: a prepared page transfer", 0), 0u) << why;
+  // A communicator's records (host name first) and a heap's ("call #1: ...")
+  // are not refusals; the first refusing rank is named with its message.
+  std::vector<std::string> records = {"node7\n123\n0000:00:06.0\n/tmp/s\n", sync::refusal_record(why),
+                                      sync::refusal_record("rank 2's own reason"), "call #1: create"};
+  const auto [rank, message] = sync::first_refusal(records);
+  EXPECT_EQ(rank, 1);
+  EXPECT_EQ(message, why);
+  records[1] = "call #1: create";
+  EXPECT_EQ(sync::first_refusal(records), std::make_pair(2, std::string("rank 2's own reason")));
+  records[2] = "refused";  // only the marker makes a refusal
+  EXPECT_EQ(sync::first_refusal(records).first, -1);
+  EXPECT_EQ(sync::first_refusal({}).first, -1);
+  EXPECT_EQ(sync::first_refusal({sync::refusal_record("")}), std::make_pair(0, std::string()));
+  holding = false;
+  EXPECT_EQ(sync::refusal("Communicator", "setting one up"), "");
 }
 
 TEST(Holds, AThrowingFreeDoesNotStopTheOthers) {

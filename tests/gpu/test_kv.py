@@ -837,6 +837,76 @@ def test_teardowns_while_a_transfer_is_armed(kv, case):
     assert "kept teardown(s) now that nothing holds a stream" in run.stderr, run.stderr[-3000:]
 
 
+REFUSED_ON_ONE_RANK = r"""
+import os, sys, time, torch, ferry, ferry.kv as kv, ferry.symm
+rank, case = int(sys.argv[1]), sys.argv[2]
+comm = ferry.init(rank=rank, world=2, device=0, timeout=40) if case == "heap" else None
+armed = None
+if rank == 1:  # arms a fetch and, before triggering it, takes part in the setup
+    host = kv.pinned_empty((64, 4096), torch.uint8)
+    host.copy_(torch.randint(0, 256, (64, 4096), dtype=torch.uint8))
+    gpu = torch.zeros((64, 4096), dtype=torch.uint8, device="cuda")
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    armed = kv.prepare(gpu, host, list(range(8)), list(range(30, 38)))
+    armed.arm(side)
+t0 = time.monotonic()
+try:
+    if case == "heap":
+        ferry.symm.Heap(comm, capacity=1 << 26)
+    else:
+        ferry.init(rank=rank, world=2, device=0, timeout=40)
+    print("made", flush=True)
+except ferry.InvalidArgumentError as e:
+    print(f"refused after {time.monotonic() - t0:.1f} s: {e}", flush=True)
+if armed is not None:
+    armed.trigger()
+    armed.synchronize(timeout=10)
+    assert torch.equal(gpu[0:8].cpu(), host[30:38]), "pages differ"
+print("ok", flush=True)
+"""
+
+
+@pytest.mark.parametrize("case", ["communicator", "heap"])
+def test_a_setup_one_rank_refuses_fails_at_once_on_its_peers(kv, case):
+    """Two processes make a communicator (or a heap over one) while rank 1
+    has a transfer armed: rank 1 refuses, and rank 0 learns it in the
+    setup's first exchange, naming rank 1 and its reason, long before the
+    bootstrap's timeout (40 s). Both ranks share GPU 0."""
+    import subprocess
+    import sys
+
+    import _checks
+    from harness import free_port
+
+    env = dict(
+        __import__("os").environ, FERRY_SHARED_GPUS="1", FERRY_PORT=str(free_port()), **_checks.SAFE_ENV
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", REFUSED_ON_ONE_RANK, str(r), case],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=90)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise AssertionError(f"a rank did not finish within 90 s: {outs}") from None
+    assert all(p.returncode == 0 and o.strip().endswith("ok") for p, o in zip(procs, outs)), outs
+    assert "refused after" in outs[1] and "trigger it first" in outs[1], outs[1]
+    line = next((x for x in outs[0].splitlines() if x.startswith("refused after")), "")
+    assert "rank 1 refused" in line and "armed on cuda:0" in line, outs[0]
+    assert float(line.split()[2]) < 10, line  # well before the 40 s timeout
+
+
 def test_an_uncaught_error_is_not_followed_by_leak_reports(kv):
     """A program that ends on an uncaught exception keeps its objects alive
     past the native module's teardown (the traceback holds their frames):
