@@ -385,6 +385,7 @@ void Communicator::synchronize() {
   check();
   prepared_.refuse_if_armed("synchronize");
   wait_for_enqueued();
+  retire_released();
   sync::run_kept_frees();  // what a teardown kept while an arming of this communicator held its stream
 }
 
@@ -415,6 +416,8 @@ void Communicator::close() {
   for (const auto& [id, p] : prepared_.calls())
     if (p.armed)
       for (int i = 0; i < local_count(); ++i) locals_[i]->rescue->open_gate(watched_gate(p, i));
+  for (const PreparedCall& p : released_holding_)  // released before their trigger landed
+    for (int i = 0; i < local_count(); ++i) locals_[i]->rescue->open_gate(watched_gate(p, i));
   try {
     // Also after a failure: the watchdog releases the broken collectives' waits
     // while this waits, so no stream is left blocked on a flag about to be freed.
@@ -428,6 +431,8 @@ void Communicator::close() {
   // CUDA reports on that stream, not here).
   for (auto& L : locals_) L->engines->synchronize(timeout_s_);
   prepared_.drop_holds();  // before their events go
+  for (PreparedCall& p : released_holding_) retire(p);
+  released_holding_.clear();
   for (const auto& [id, p] : prepared_.calls())
     for (int i = 0; i < local_count() && i < static_cast<int>(p.finished.size()); ++i) {
       cudaSetDevice(device(i));

@@ -123,6 +123,10 @@ class Communicator {
   void refuse_while_held(const char* what);
   // Registers prepared call `handle`'s hold for the arming just made.
   void hold_until_triggered(int handle, PreparedCall& p);
+  // Gives a released call's gate slots and events back (its hold first).
+  void retire(PreparedCall& p);
+  // Retires the released calls whose holds no longer hold.
+  void retire_released();
 
   struct Local {
     int rank = 0;
@@ -227,6 +231,11 @@ class Communicator {
   std::string gpu_name_;
   Selector selector_;
   PreparedTable prepared_;
+  // Released while their last arming may still hold ferry's armed stream (a
+  // handle released after device_trigger(), before the kernel that fires it
+  // was launched): each keeps its hold, gate and events until its trigger
+  // lands, so that a free meanwhile is kept instead of waiting for it.
+  std::vector<PreparedCall> released_holding_;
   // Recent eager calls' plans; cleared when registrations, the selector or the scratch change.
   CallMemo<PlannedCall> recent_calls_{256};
 

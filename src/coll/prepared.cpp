@@ -18,6 +18,7 @@
 namespace ferry {
 
 int Communicator::prepare(const CollectiveArgs& args) {
+  retire_released();  // their gate slots, if their runs are over
   PreparedCall p;
   p.args = args;
   p.built = build(args, &p.registrations);
@@ -178,11 +179,32 @@ bool Communicator::armed(int handle) const { return prepared_.armed(handle); }
 
 void Communicator::release_prepared(int handle) {
   PreparedCall p = prepared_.release(handle, "release");
-  p.hold.reset();  // before its events may go (retire destroys those that completed)
+  retire_released();
+  if (p.hold && p.hold->holding()) {
+    released_holding_.push_back(std::move(p));
+    return;
+  }
+  retire(p);
+}
+
+void Communicator::retire(PreparedCall& p) {
+  p.hold.reset();  // before its events may go (the gates' retire destroys those that completed)
   for (int i = 0; i < local_count(); ++i) {
     cudaSetDevice(device(i));
     // The gate comes back once this event (its last run's end) completes.
     locals_[i]->gates.retire(p.device_gate[i], p.finished[i]);
+  }
+}
+
+void Communicator::retire_released() {
+  for (size_t k = 0; k < released_holding_.size();) {
+    PreparedCall& p = released_holding_[k];
+    if (p.hold->holding()) {
+      ++k;
+      continue;
+    }
+    retire(p);
+    released_holding_.erase(released_holding_.begin() + static_cast<long>(k));
   }
 }
 

@@ -70,6 +70,12 @@ Hold::~Hold() {
   r.holds.erase(id_);
 }
 
+bool Hold::holding() const {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.holds.at(id_).holding();
+}
+
 std::string holding_now(const void* except_owner) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);

@@ -28,6 +28,8 @@ class Hold {
   Hold(std::string what, std::function<bool()> holding, const void* owner = nullptr);
   // After it returns, `holding` is not running and is never called again.
   ~Hold();
+  // Asks `holding` now (under the registry's lock, as the registry does).
+  bool holding() const;
   Hold(const Hold&) = delete;
   Hold& operator=(const Hold&) = delete;
 

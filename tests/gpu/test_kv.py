@@ -747,7 +747,7 @@ host.copy_(torch.randint(0, 256, (64, 4096), dtype=torch.uint8))
 gpu = torch.full((64, 4096), 0xA5, dtype=torch.uint8, device="cuda")
 side = torch.cuda.Stream()
 comm = heap = coll = None
-if case in ("heap", "collective"):
+if case in ("heap", "collective", "released"):
     comm = ferry.init_local([0])
     heap = ferry.symm.Heap(comm, capacity=64 << 20) if case == "heap" else None
 if case == "multipath":
@@ -757,16 +757,26 @@ if case == "multipath":
     w.copy_(torch.randint(0, 256, w.shape, dtype=torch.uint8))
     g = torch.empty(w.shape, dtype=torch.uint8, device="cuda")
 torch.cuda.synchronize()
-if case == "collective":  # the holder is a prepared collective, not a transfer
+if case in ("collective", "released"):  # the holder is a prepared collective, not a transfer
     out = comm.alloc((4096,), torch.uint8)
     inp = [torch.randint(0, 256, (4096,), dtype=torch.uint8, device="cuda")]
     coll = comm.prepare("all_gather", out, inp)
+    if case == "released":
+        from ferry._native import hooks
+
+        dummy = torch.zeros(1, dtype=torch.int64, device="cuda")
+        trig = torch.cuda.Stream()
+        hooks().launch_trigger_kernel(dummy.data_ptr(), 1, 0, trig.cuda_stream)  # loaded before arming
+        trig.synchronize()
     coll.arm([side])
+    if case == "released":  # handed to a kernel not launched yet, and let go
+        [(word, value)] = coll.device_trigger()
+        coll.release()
 else:
     armed = kv.prepare(gpu, host, list(range(8)), list(range(30, 38)))
     armed.arm(side)
 print("armed", flush=True)
-if case in ("pools", "collective"):
+if case in ("pools", "collective", "released"):
     small = kv.HostPool(1 << 20)
     small.close()  # cudaFreeHost
     big = kv.HostPool(128 << 20)
@@ -791,7 +801,12 @@ if case == "heap":
     heap.close()
     comm.close()
     print("new ones refused, the old ones closed", flush=True)
-if coll is not None:
+if case == "released":
+    hooks().launch_trigger_kernel(word, value, 0, trig.cuda_stream)
+    comm.synchronize()  # its run ends, then the kept frees run
+    assert torch.equal(out[0].cpu(), inp[0].cpu()), "all_gather bytes differ"
+    comm.close()
+elif coll is not None:
     coll.trigger()
     coll.wait([side])
     side.synchronize()
@@ -806,14 +821,16 @@ print("ok", flush=True)
 """
 
 
-@pytest.mark.parametrize("case", ["pools", "multipath", "heap", "collective"])
+@pytest.mark.parametrize("case", ["pools", "multipath", "heap", "collective", "released"])
 def test_teardowns_while_a_transfer_is_armed(kv, case):
     """Freeing GPU or pinned memory waits for every stream of the GPU, and an
     armed gate holds one until its trigger, which this thread has yet to give.
     ferry's teardowns (a host pool, a multipath engine, a heap, a
     communicator) keep such frees for later, and making a heap or
     communicator is refused naming the hold. With a prepared collective as the
-    holder too. In a process of its own, bounded."""
+    holder too, and one handed to a kernel not yet launched and released
+    (its hold stays until the kernel fires it). In a process of its own,
+    bounded."""
     import subprocess
     import sys
 
