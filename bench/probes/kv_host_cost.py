@@ -1,13 +1,14 @@
 """Probe: where the host time of one small inline page transfer goes.
 
-    python bench/probes/kv_host_cost.py [--pages 64] [--page-bytes 4096] [--calls 300]
+    python bench/probes/kv_host_cost.py [--pages 64] [--page-bytes 4096] [--calls 300] [--tensors 2,16,64]
 
 Fetches `pages` scattered pages of a ferry HostPool into a GPU buffer (as the
 KV benchmark's inline rows do) and prints the median host time per call of:
 a torch kernel launch (the machine's floor), ferry.kv.copy_blocks in each
 mode, its Python steps alone (_sides, _id_pair, the stream lookup), and the
-native call alone with those steps done beforehand. Then a cProfile of the
-kernel mode's calls. Nothing here is checked: the KV tests check the bytes.
+native call alone with those steps done beforehand; then the sides' checks
+and whole calls with T tensors a side (page-first host pool); then a
+cProfile of the kernel mode's calls. Nothing here is checked: the KV tests check the bytes.
 """
 
 import argparse
@@ -41,6 +42,12 @@ def main() -> None:
     ap.add_argument("--pages", type=int, default=64)
     ap.add_argument("--page-bytes", type=int, default=4096)
     ap.add_argument("--calls", type=int, default=300)
+    ap.add_argument(
+        "--tensors",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=[2, 16, 64],
+        help="T list, e.g. 2,16,64",
+    )
     a = ap.parse_args()
 
     import ferry.kv as kv
@@ -109,6 +116,21 @@ def main() -> None:
             )
 
         print(f"  native.kv_copy mode={mode:<9}          {median_us(call, a.calls, sync):8.1f}")
+
+    # Many tensors a side (every layer's K and V, as one call for all layers
+    # passes them): the sides' checks grow with the count, the rest does not.
+    print(f"  with T tensors a side ({n} pages of {pb} bytes each):")
+    for t in a.tensors:
+        gbig = torch.empty((t, 4 * n, pb), dtype=torch.uint8, device="cuda")
+        hbig = kv.HostPool(4 * n * t * pb).tensor((4 * n, t, pb), torch.uint8)  # page-first
+        gs, hs = list(gbig), [hbig[:, i] for i in range(t)]
+        sides_us = median_us(lambda: kvmod._sides(gs, hs), a.calls)
+        kern_us = median_us(lambda: kv.copy_blocks(gs, hs, dst_ids, src_ids, mode="kernel"), a.calls, sync)
+        zero_us = median_us(lambda: kv.copy_blocks(gs, hs, dst_ids, src_ids, zero_sm=True), a.calls, sync)
+        print(
+            f"    T={t:<4} _sides {sides_us:8.1f}   copy_blocks kernel {kern_us:8.1f}   "
+            f"zero_sm {zero_us:8.1f}"
+        )
 
     prof = cProfile.Profile()
     prof.enable()
