@@ -99,36 +99,52 @@ def _region(t, name: str):
 
 
 def _sides(dst, src):
+    """(device, dst regions, src regions). Each tensor's metadata is read once,
+    and each layout (dtype, shape, strides) is checked once: the views of one
+    stacked cache, every layer's K and V, share one, so a call with 2 x layers
+    tensors a side costs little more per tensor than reading its pointer."""
     d, s = _tensors(dst, "dst"), _tensors(src, "src")
     if len(d) != len(s):
         raise InvalidArgumentError(f"dst has {len(d)} tensors and src {len(s)}; they must pair up one to one")
-    for i, (a, b) in enumerate(zip(d, s)):
-        if a.dtype != b.dtype:
+    dm = [(t.dtype, t.shape, t.stride()) for t in d]
+    sm = [(t.dtype, t.shape, t.stride()) for t in s]
+    for i, (a, b) in enumerate(zip(dm, sm)):
+        if a[0] != b[0]:
             raise InvalidArgumentError(
-                f"dst[{i}] is {a.dtype} and src[{i}] is {b.dtype}; paired tensors need one dtype"
+                f"dst[{i}] is {a[0]} and src[{i}] is {b[0]}; paired tensors need one dtype"
             )
-        if tuple(a.shape[1:]) != tuple(b.shape[1:]):
+        if a[1][1:] != b[1][1:]:
             raise InvalidArgumentError(
-                f"dst[{i}] has pages of shape {tuple(a.shape[1:])} and src[{i}] of {tuple(b.shape[1:])}; "
+                f"dst[{i}] has pages of shape {tuple(a[1][1:])} and src[{i}] of {tuple(b[1][1:])}; "
                 "paired tensors need one page layout"
             )
-    cuda = [t.device.index for t in d + s if t.device.type == "cuda"]
+    devices = set()
     for i, t in enumerate(d + s):
-        if t.device.type not in ("cuda", "cpu"):
+        if t.is_cuda:
+            devices.add(t.get_device())
+        elif not t.is_cpu:
             side = "dst" if i < len(d) else "src"
             raise InvalidArgumentError(
                 f"{side}[{i % len(d)}] is on {t.device}; expected cuda or (pinned) cpu memory"
             )
-    devices = sorted(set(cuda))
     if len(devices) > 1:
         raise InvalidArgumentError(
-            f"the GPU tensors are on several GPUs {devices}; one transfer runs on one GPU"
+            f"the GPU tensors are on several GPUs {sorted(devices)}; one transfer runs on one GPU"
         )
-    torch = _torch()
-    device = devices[0] if devices else torch.cuda.current_device()
-    dr = [_region(t, f"dst[{i}]") for i, t in enumerate(d)]
-    sr = [_region(t, f"src[{i}]") for i, t in enumerate(s)]
-    return device, dr, sr
+    device = next(iter(devices)) if devices else _torch().cuda.current_device()
+    layouts = {}
+
+    def regions(ts, ms, name):
+        out = []
+        for i, (t, m) in enumerate(zip(ts, ms)):
+            lay = layouts.get(m)
+            if lay is None:
+                _, stride, nbytes, pages = _region(t, f"{name}[{i}]")
+                lay = layouts[m] = (t.numel() != 0, stride, nbytes, pages)
+            out.append((t.data_ptr() if lay[0] else 0, lay[1], lay[2], lay[3]))
+        return out
+
+    return device, regions(d, dm, "dst"), regions(s, sm, "src")
 
 
 class _Ids:
