@@ -9,7 +9,7 @@
 with an explanation. See docs/api.md.
 """
 
-from . import multipath
+from . import kv, multipath, offload, symm
 from ._native import IMPORT_ERROR, native
 from .bootstrap import LaunchInfo, TcpStore, read_launch_env
 from .comm import Communicator, PreparedCollective, init, init_local
@@ -78,8 +78,11 @@ __all__ = [
     "gpu_available",
     "init",
     "init_local",
+    "kv",
     "multipath",
     "multipath_copy",
+    "offload",
     "read_launch_env",
     "select_algo",
+    "symm",
 ]
