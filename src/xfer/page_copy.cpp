@@ -6,6 +6,8 @@
 #include <cstring>
 #include <map>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 #include "core/cuda_scope.hpp"
 #include "core/driver.hpp"
@@ -45,6 +47,7 @@ struct Where {
   int device = -1;
   uint64_t device_address = 0;
   uintptr_t allocation = 0;  // where the allocation holding the region starts; 0: not known
+  size_t allocation_size = 0;
   std::shared_ptr<HostPool> pool;
 };
 
@@ -52,23 +55,27 @@ struct Where {
 // host memory CUDA allocated or registered); 0 where the driver cannot say,
 // or where the span runs past the allocation that holds p (memory mapped in
 // pieces, as PyTorch's expandable segments are: the driver names the piece).
-uintptr_t allocation_of(const void* p, size_t span) {
+// (start, size) of that allocation; (0, 0) where unknown.
+std::pair<uintptr_t, size_t> allocation_of(const void* p, size_t span) {
   const auto at = reinterpret_cast<CUdeviceptr>(p);
   CUdeviceptr start = 0;
   size_t size = 0;
   if (driver().PointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, at) != CUDA_SUCCESS ||
       driver().PointerGetAttribute(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, at) != CUDA_SUCCESS)
-    return 0;
-  if (at < start || at - start + span > size) return 0;
-  return static_cast<uintptr_t>(start);
+    return {0, 0};
+  if (at < start || at - start + span > size) return {0, 0};
+  return {static_cast<uintptr_t>(start), size};
 }
+
+// The span of a region: from its first page's start to its last page's end.
+size_t span_of(const PageRegion& g) { return g.pages ? (g.pages - 1) * g.stride + g.bytes : 0; }
 
 // `allocation`: look up where the region's allocation starts (only pitched
 // copies need it; it costs driver calls).
 Where where_is(const PageRegion& g, const char* side, size_t r, bool allocation) {
   Where w;
   const void* p = reinterpret_cast<const void*>(g.base);
-  size_t span = g.pages ? (g.pages - 1) * g.stride + g.bytes : 0;
+  const size_t span = span_of(g);
   if ((w.pool = HostPool::find(p, span))) {
     w.host = true;
     w.device_address = g.base;  // pools are mapped with unified addressing: same address
@@ -80,12 +87,12 @@ Where where_is(const PageRegion& g, const char* side, size_t r, bool allocation)
     case MemKind::kPinnedHost:
       w.host = true;
       w.device_address = reinterpret_cast<uint64_t>(k.device_pointer);
-      if (allocation) w.allocation = allocation_of(p, span);
+      if (allocation) std::tie(w.allocation, w.allocation_size) = allocation_of(p, span);
       return w;
     case MemKind::kDevice:
       w.device = k.device;
       w.device_address = g.base;
-      if (allocation) w.allocation = allocation_of(p, span);
+      if (allocation) std::tie(w.allocation, w.allocation_size) = allocation_of(p, span);
       return w;
     case MemKind::kManaged:
       throw_error(FERRY_ERROR_INVALID_ARGUMENT,
@@ -211,10 +218,37 @@ PageCopier::Located PageCopier::locate(const PageSide& dst, const PageSide& src,
     const PageSide& s = side == 0 ? dst : src;
     const char* sname = side == 0 ? "dst" : "src";
     int& kind = side == 0 ? dst_host : src_host;
+    // The last allocation looked up, [start, end), and the region found in it
+    // at `at`: the regions of one allocation (a stacked cache's per-layer
+    // views, a pool's tensors) are looked up once, where the driver's lookups
+    // cost about a microsecond a region. Addresses are linear within it.
+    struct Seen {
+      uintptr_t start = 0, end = 0, at = 0;
+      Where w;
+    } seen;
     for (size_t r = 0; r < s.regions.size(); ++r) {
       const PageRegion& g = s.regions[r];
       if (g.bytes == 0 || g.pages == 0) continue;
-      Where w = where_is(g, sname, r, allocations);
+      const uintptr_t lo = g.base, hi = g.base + span_of(g);
+      Where w;
+      if (seen.end && lo >= seen.start && hi <= seen.end) {
+        w = seen.w;
+        w.device_address = seen.w.device_address + (lo - seen.at);
+      } else {
+        // With one region a side the allocation is looked up only where pitched copies need it.
+        w = where_is(g, sname, r, allocations || s.regions.size() > 1);
+        seen = Seen{};
+        if (w.pool) {
+          seen.start = reinterpret_cast<uintptr_t>(w.pool->data());
+          seen.end = seen.start + w.pool->bytes();
+        } else if (w.allocation) {
+          seen.start = w.allocation;
+          seen.end = w.allocation + w.allocation_size;
+        }
+        seen.at = lo;
+        if (!allocations && !w.pool) w.allocation = 0;  // as when not looked up
+        seen.w = w;
+      }
       int k = w.host ? 1 : 0;
       if (kind >= 0 && kind != k)
         throw_error(FERRY_ERROR_INVALID_ARGUMENT,
