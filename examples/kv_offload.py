@@ -8,7 +8,8 @@ view ([2, num_blocks, block_size, heads, head_dim], vLLM's per-layer shape).
 The host cache is a page-first pinned pool ([host_pages, 2 x layers, ...]):
 a page's 2 x layers tensors lie end to end there, so each page moves as one
 pitched copy instead of one copy per layer and K/V (docs/kv.md, "Which mode
-to use when").
+to use when"). Each side is a kv.Pages, read and checked once, so that the
+calls read nothing of its 2 x layers tensors.
 """
 
 import ferry.kv as kv
@@ -20,11 +21,12 @@ page = (block_size, heads, head_dim)
 
 gpu = torch.randn((layers, 2, num_blocks, *page), dtype=dtype, device="cuda")
 kv_caches = [gpu[layer] for layer in range(layers)]  # what layer l's attention reads and writes
-gpu_side = list(gpu.view(2 * layers, num_blocks, *page))  # ferry's view: one tensor per layer and K/V
+# ferry's view: one tensor per layer and K/V, read and checked once here.
+gpu_side = kv.Pages(list(gpu.view(2 * layers, num_blocks, *page)))
 
 pool = kv.HostPool(host_pages * 2 * layers * block_size * heads * head_dim * dtype.itemsize)
 host = pool.tensor((host_pages, 2 * layers, *page), dtype)  # pinned, on the GPU's NUMA node
-host_side = [host[:, i] for i in range(2 * layers)]
+host_side = kv.Pages([host[:, i] for i in range(2 * layers)])
 
 # A finished request's blocks go to free host pages. zero_sm=True: copy
 # engines only, no kernel, so the model's kernels keep every SM.

@@ -127,6 +127,13 @@ def main() -> None:
         sides_us = median_us(lambda: kvmod._sides(gs, hs), a.calls)
         kern_us = median_us(lambda: kv.copy_blocks(gs, hs, dst_ids, src_ids, mode="kernel"), a.calls, sync)
         zero_us = median_us(lambda: kv.copy_blocks(gs, hs, dst_ids, src_ids, zero_sm=True), a.calls, sync)
+        pages = getattr(kv, "Pages", None)  # (not in trees before it)
+        pages_us = float("nan")
+        if pages is not None:
+            gp, hp = pages(gs), pages(hs)
+            pages_us = median_us(
+                lambda: kv.copy_blocks(gp, hp, dst_ids, src_ids, mode="kernel"), a.calls, sync
+            )
         dev_t, dr_t, sr_t = kvmod._sides(gs, hs)
         locate_us = median_us(lambda: native.kv_direction(dev_t, dr_t, sr_t), a.calls)
 
@@ -139,7 +146,8 @@ def main() -> None:
         native_us = median_us(native_kernel, a.calls, sync)
         print(
             f"    T={t:<4} _sides {sides_us:8.1f}   copy_blocks kernel {kern_us:8.1f}   "
-            f"zero_sm {zero_us:8.1f}   native: locating {locate_us:8.1f}, kernel call {native_us:8.1f}"
+            f"zero_sm {zero_us:8.1f}   native: locating {locate_us:8.1f}, kernel call {native_us:8.1f}   "
+            f"kernel with kv.Pages {pages_us:8.1f}"
         )
 
     prof = cProfile.Profile()

@@ -22,6 +22,10 @@ there after the call sees the pages, and the call sees all earlier work. Keep
 the tensors alive until the stream has passed the copy (ferry's host pools
 guarantee that for their memory themselves).
 
+A side checked once, ``kv.Pages(tensors)``, can be passed instead, as often
+as needed: a call then reads nothing of its tensors (with every layer's K and
+V in one call, reading them costs the host about 2 us a tensor).
+
 Modes (docs/kv.md says which to use when):
   auto      ferry's table for this GPU picks per direction and page size
   per_page  one cudaMemcpyAsync per page (the baseline)
@@ -98,16 +102,16 @@ def _region(t, name: str):
     return (t.data_ptr() if t.numel() else 0, stride, page_elems * item, pages)
 
 
-def _sides(dst, src):
-    """(device, dst regions, src regions). Each tensor's metadata is read once,
-    and each layout (dtype, shape, strides) is checked once: the views of one
-    stacked cache, every layer's K and V, share one, so a call with 2 x layers
-    tensors a side costs little more per tensor than reading its pointer."""
-    d, s = _tensors(dst, "dst"), _tensors(src, "src")
-    if len(d) != len(s):
-        raise InvalidArgumentError(f"dst has {len(d)} tensors and src {len(s)}; they must pair up one to one")
-    dm = [(t.dtype, t.shape, t.stride()) for t in d]
-    sm = [(t.dtype, t.shape, t.stride()) for t in s]
+def _read(ts: list) -> list:
+    """Each tensor's (dtype, shape, strides): its layout."""
+    return [(t.dtype, t.shape, t.stride()) for t in ts]
+
+
+def _check_pairs(dm: list, sm: list) -> None:
+    if len(dm) != len(sm):
+        raise InvalidArgumentError(
+            f"dst has {len(dm)} tensors and src {len(sm)}; they must pair up one to one"
+        )
     for i, (a, b) in enumerate(zip(dm, sm)):
         if a[0] != b[0]:
             raise InvalidArgumentError(
@@ -118,33 +122,100 @@ def _sides(dst, src):
                 f"dst[{i}] has pages of shape {tuple(a[1][1:])} and src[{i}] of {tuple(b[1][1:])}; "
                 "paired tensors need one page layout"
             )
+
+
+def _gpus(ts: list, name) -> set:
+    """The GPUs of `ts`; refuses a tensor neither on a GPU nor on the host.
+    `name(i)` names tensor i."""
     devices = set()
-    for i, t in enumerate(d + s):
+    for i, t in enumerate(ts):
         if t.is_cuda:
             devices.add(t.get_device())
         elif not t.is_cpu:
-            side = "dst" if i < len(d) else "src"
-            raise InvalidArgumentError(
-                f"{side}[{i % len(d)}] is on {t.device}; expected cuda or (pinned) cpu memory"
-            )
+            raise InvalidArgumentError(f"{name(i)} is on {t.device}; expected cuda or (pinned) cpu memory")
+    return devices
+
+
+def _one_gpu(devices: set) -> int:
     if len(devices) > 1:
         raise InvalidArgumentError(
             f"the GPU tensors are on several GPUs {sorted(devices)}; one transfer runs on one GPU"
         )
-    device = next(iter(devices)) if devices else _torch().cuda.current_device()
-    layouts = {}
+    return next(iter(devices)) if devices else _torch().cuda.current_device()
 
-    def regions(ts, ms, name):
-        out = []
-        for i, (t, m) in enumerate(zip(ts, ms)):
-            lay = layouts.get(m)
-            if lay is None:
-                _, stride, nbytes, pages = _region(t, f"{name}[{i}]")
-                lay = layouts[m] = (t.numel() != 0, stride, nbytes, pages)
-            out.append((t.data_ptr() if lay[0] else 0, lay[1], lay[2], lay[3]))
-        return out
 
-    return device, regions(d, dm, "dst"), regions(s, sm, "src")
+def _regions(ts: list, ms: list, name: str) -> list:
+    """(base, stride, bytes, pages) of each tensor; each layout is checked
+    once (the views of one stacked cache, every layer's K and V, share one)."""
+    layouts, out = {}, []
+    for i, (t, m) in enumerate(zip(ts, ms)):
+        lay = layouts.get(m)
+        if lay is None:
+            _, stride, nbytes, pages = _region(t, f"{name}[{i}]")
+            lay = layouts[m] = (t.numel() != 0, stride, nbytes, pages)
+        out.append((t.data_ptr() if lay[0] else 0, lay[1], lay[2], lay[3]))
+    return out
+
+
+class Pages:
+    """One side of page transfers, read and checked once: a tensor whose
+    first dimension is the page, or a list of tensors sharing one page
+    mapping, as ``copy_blocks`` and ``prepare`` take for ``dst`` and ``src``.
+    Pass it there instead, as often as needed: the call then reads nothing of
+    its tensors. Reading a side costs the host about 2 us a tensor (125 us for
+    every layer's K and V of a 32-layer model, one H200 host), so a serving
+    engine that moves all layers in one call makes its Pages once, where it
+    sets up its caches.
+
+        gpu = kv.Pages(list(gpu_cache.view(2 * layers, num_blocks, *page)))
+        host = kv.Pages([host_cache[:, i] for i in range(2 * layers)])
+        kv.copy_blocks(gpu, host, dst_ids, src_ids)     # fetch
+        kv.copy_blocks(host, gpu, dst_ids, src_ids)     # save
+
+    It keeps its tensors alive, and they must keep their storage, shape and
+    strides while it is used: after resizing or replacing a cache, make a
+    new one."""
+
+    def __init__(self, tensors, *, _name: str = "pages"):
+        ts = _tensors(tensors, _name)
+        self._meta = _read(ts)
+        gpus = _gpus(ts, lambda i: f"{_name}[{i}]")
+        if len(gpus) > 1:
+            raise InvalidArgumentError(
+                f"{_name}: tensors on several GPUs {sorted(gpus)}; one side's GPU tensors are on one GPU"
+            )
+        self.gpu = next(iter(gpus)) if gpus else None  # None: host memory
+        self.regions = _regions(ts, self._meta, _name)
+        self._tensors = ts
+        self._paired = {}  # id(other Pages) -> other: pairs checked already
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    def _check_pair(self, src: "Pages") -> None:
+        if self._paired.get(id(src)) is src:
+            return
+        _check_pairs(self._meta, src._meta)
+        if len(self._paired) >= 16:  # a new Pages per call must not grow this
+            self._paired.clear()
+        self._paired[id(src)] = src
+
+
+def _sides(dst, src):
+    """(device, dst regions, src regions): each side's tensors read once, each
+    layout checked once; nothing read of a side given as Pages."""
+    if isinstance(dst, Pages) or isinstance(src, Pages):
+        dp = dst if isinstance(dst, Pages) else Pages(dst, _name="dst")
+        sp = src if isinstance(src, Pages) else Pages(src, _name="src")
+        dp._check_pair(sp)
+        return _one_gpu({x.gpu for x in (dp, sp) if x.gpu is not None}), dp.regions, sp.regions
+    d, s = _tensors(dst, "dst"), _tensors(src, "src")
+    if len(d) != len(s):
+        raise InvalidArgumentError(f"dst has {len(d)} tensors and src {len(s)}; they must pair up one to one")
+    dm, sm = _read(d), _read(s)
+    _check_pairs(dm, sm)
+    device = _one_gpu(_gpus(d + s, lambda i: f"{'dst' if i < len(d) else 'src'}[{i % len(d)}]"))
+    return device, _regions(d, dm, "dst"), _regions(s, sm, "src")
 
 
 class _Ids:

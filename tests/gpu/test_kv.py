@@ -80,7 +80,9 @@ def as_bytes(t):
     return t.cpu().contiguous().view(torch.uint8).reshape(t.shape[0], -1)
 
 
-def check_copy(kv, dst_list, src_list, dst_ids, src_ids, **kw):
+def check_copy(kv, dst_list, src_list, dst_ids, src_ids, sides=None, **kw):
+    """Copies with `sides` (dst, src) if given (e.g. kv.Pages of the lists),
+    else with the lists, and checks every page of every tensor."""
     torch = _torch()
     for t in dst_list:
         t.fill_(POISON if t.dtype == torch.uint8 else -3.0)
@@ -88,6 +90,8 @@ def check_copy(kv, dst_list, src_list, dst_ids, src_ids, **kw):
     srcs = [as_bytes(t) for t in src_list]
     dst = dst_list if len(dst_list) > 1 else dst_list[0]
     src = src_list if len(src_list) > 1 else src_list[0]
+    if sides is not None:
+        dst, src = sides
     rep = kv.copy_blocks(dst, src, dst_ids, src_ids, **kw)
     torch.cuda.synchronize()
     di = [int(x) for x in (dst_ids.tolist() if hasattr(dst_ids, "tolist") else dst_ids)]
@@ -435,6 +439,40 @@ def test_page_first_side_goes_pitched_at_any_width(kv, mode, direction, first):
     if mode != "per_page":
         for slice_bytes in (50000, 1 << 20):
             check_copy(kv, dst, src, dst_ids, src_ids, mode=mode, slice_bytes=slice_bytes)
+
+
+@pytest.mark.parametrize("mode", ["batched", "kernel", "auto"])
+def test_pages_made_once_serve_every_call(kv, mode):
+    """kv.Pages of each side, made once (every layer's K and V: 16 tensors a
+    side): calls in both directions, repeated with new pages, and a prepared
+    fetch move the same bytes as the tensor lists, every page checked."""
+    torch = _torch()
+    rng = random.Random(zlib.crc32(f"pages {mode}".encode()))
+    regions, pages, shape = 16, 40, (16, 2, 8)
+    gpu = stacked("gpu", regions, pages + 5, shape, torch.bfloat16)
+    host = page_first("host", regions, pages, shape, torch.bfloat16)
+    g, h = kv.Pages(gpu), kv.Pages(host)
+    assert len(g) == regions and g.gpu == torch.cuda.current_device() and h.gpu is None
+    for dst, src, sides in ((gpu, host, (g, h)), (host, gpu, (h, g))):
+        for _ in range(3):
+            dst_ids = rng.sample(range(len(dst[0])), 25)
+            src_ids = rng.sample(range(len(src[0])), 25)
+            check_copy(kv, dst, src, dst_ids, src_ids, sides=sides, mode=mode)
+    dst_ids, src_ids = rng.sample(range(pages + 5), 20), rng.sample(range(pages), 20)
+    for t in gpu:
+        t.fill_(-3.0)
+    before, srcs = [as_bytes(t) for t in gpu], [as_bytes(t) for t in host]
+    fetch = kv.prepare(g, h, dst_ids, src_ids)
+    fetch.arm()
+    fetch.trigger()
+    fetch.wait()
+    torch.cuda.synchronize()
+    for r, (t, b, s) in enumerate(zip(gpu, before, srcs)):
+        assert torch.equal(as_bytes(t), reference(b, s, dst_ids, src_ids)), f"prepared: tensor {r} differs"
+    import ferry
+
+    with pytest.raises(ferry.InvalidArgumentError, match=r"dst has 16 tensors and src 15"):
+        kv.copy_blocks(g, kv.Pages(host[:15]), [0], [0])
 
 
 def _arm_bounded(t, what):

@@ -1,6 +1,7 @@
-"""ferry.kv's reading of a transfer's two sides (`_sides`), with a stand-in for
-torch tensors: the regions it hands the native layer, each layout checked
-once however many tensors share it, and every refusal naming the tensor."""
+"""ferry.kv's reading of a transfer's two sides (`_sides`, `kv.Pages`), with a
+stand-in for torch tensors: the regions it hands the native layer, each
+layout checked once however many tensors share it, nothing read again of a
+side given as Pages, and every refusal naming the tensor."""
 
 import sys
 import types
@@ -37,7 +38,10 @@ class Tensor:
     def get_device(self):
         return self.device.index if self.is_cuda else -1
 
+    reads = 0  # metadata reads of every stand-in tensor, counted
+
     def stride(self, dim=None):
+        Tensor.reads += 1
         return self._stride if dim is None else self._stride[dim]
 
     def dim(self):
@@ -53,6 +57,7 @@ class Tensor:
         return n
 
     def data_ptr(self):
+        Tensor.reads += 1
         return self._ptr
 
 
@@ -141,3 +146,45 @@ def test_refusals_name_the_tensor():
         kv._sides(stacked(2, 8, device=("cuda", 1)), stacked(2, 8, device=("cuda", 0)))
     with pytest.raises(TypeError, match=r"src: expected a torch.Tensor or a list of tensors"):
         kv._sides(g, "pages")
+
+
+def test_pages_are_read_once_and_their_pairing_checked_once(monkeypatch):
+    gpu, host = stacked(64, 256), page_first(64, 1024)
+    want = kv._sides(gpu, host)
+    g, h = kv.Pages(gpu), kv.Pages(host)
+    assert (len(g), g.gpu, h.gpu) == (64, 1, None)
+    pairs = []
+    check = kv._check_pairs
+    monkeypatch.setattr(kv, "_check_pairs", lambda a, b: pairs.append(1) or check(a, b))
+    Tensor.reads = 0
+    for _ in range(5):
+        assert kv._sides(g, h) == want
+    assert Tensor.reads == 0 and len(pairs) == 1  # no tensor read; the pair checked on first use
+    assert kv._sides(h, g) == (1, want[2], want[1])  # the other direction: a pair of its own
+    assert len(pairs) == 2
+    # One side as Pages, the other a list: the list is read as before.
+    assert kv._sides(g, host) == want and kv._sides(gpu, h) == want
+    # A Pages made per call does not grow the one it pairs with.
+    for _ in range(40):
+        kv._sides(g, kv.Pages(host))
+    assert len(g._paired) <= 16
+
+
+def test_pages_refusals_name_the_tensor():
+    with pytest.raises(InvalidArgumentError, match=r"pages: tensors on several GPUs \[0, 1\]"):
+        kv.Pages([Tensor((4, 8), device=("cuda", 0)), Tensor((4, 8), device=("cuda", 1))])
+    with pytest.raises(InvalidArgumentError, match=r"pages\[1\] is on meta"):
+        kv.Pages([Tensor((4, 8)), Tensor((4, 8), device=("meta", None))])
+    with pytest.raises(InvalidArgumentError, match=r"pages\[0\]: a page \(t\[i\]\) is not contiguous"):
+        kv.Pages(Tensor((4, 8, 2), (16, 1, 8)))
+    with pytest.raises(TypeError, match=r"pages: expected a torch.Tensor or a list of tensors"):
+        kv.Pages("cache")
+    g = kv.Pages(stacked(4, 8, device=("cuda", 1)))
+    with pytest.raises(InvalidArgumentError, match=r"dst has 4 tensors and src 3"):
+        kv._sides(g, kv.Pages(page_first(3, 8)))
+    with pytest.raises(InvalidArgumentError, match=r"dst\[0\] is bfloat16 and src\[0\] is float16"):
+        kv._sides(g, kv.Pages([Tensor((8, *PAGE), dtype="float16", device=("cpu", None))] * 4))
+    with pytest.raises(InvalidArgumentError, match=r"on several GPUs \[0, 1\]"):
+        kv._sides(g, kv.Pages(stacked(4, 8, device=("cuda", 0))))
+    with pytest.raises(InvalidArgumentError, match=r"on several GPUs \[0, 1\]"):
+        kv._sides(stacked(4, 8, device=("cuda", 0)), g)
