@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
-from . import tune
+from . import _streams, tune
 from ._native import require
 from .bootstrap import AllGather, TcpStore, TorchStore, group_allgather, read_launch_env, store_allgather
 from .errors import ClosedError, InvalidArgumentError
@@ -149,30 +149,9 @@ def _describe(obj: Any, what: str) -> _Buffer:
     return _Buffer(cai["data"][0], n * itemsize, -1, typestr, itemsize)
 
 
-def _current_stream_lookup():
-    """A function from a device index to the handle of torch's current stream
-    there (0 without torch): torch's raw-stream accessor where it has one (what
-    torch's own compiled code calls; no Stream object is built), else the
-    public API."""
-    try:
-        import torch
-    except ImportError:
-        return lambda device: 0
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return raw
-    return lambda device: torch.cuda.current_stream(device).cuda_stream
-
-
-_current_stream = None
-
-
 def _stream_handle(stream: Any, device: int) -> int:
-    global _current_stream
     if stream is None:
-        if _current_stream is None:
-            _current_stream = _current_stream_lookup()
-        return _current_stream(device)
+        return _streams.current(device)
     if isinstance(stream, int):
         return stream
     handle = getattr(stream, "cuda_stream", None)

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from . import _streams
 from ._native import require
 from .errors import InvalidArgumentError
 
@@ -59,9 +60,8 @@ def _torch():
 
 
 def _stream_handle(stream, device: int) -> int:
-    torch = _torch()
     if stream is None:
-        return torch.cuda.current_stream(device).cuda_stream
+        return _streams.current(device)
     if isinstance(stream, int):
         return stream
     return stream.cuda_stream

@@ -25,6 +25,7 @@ import math
 import threading
 from typing import Any, Optional, Sequence, Union
 
+from . import _streams
 from ._native import require
 from .errors import BrokenError, InvalidArgumentError
 
@@ -79,9 +80,8 @@ def _pair(dst, src, dst_name: str, src_name: str):
 def _stream(stream, gpu):
     """(handle, its GPU) of `stream` for a copy whose GPU side is `gpu`. A
     default stream's handle (0) names no GPU: it is `gpu`'s."""
-    torch = _torch()
     if stream is None:
-        return torch.cuda.current_stream(gpu.device).cuda_stream, gpu.device.index
+        return _streams.current(gpu.device.index), gpu.device.index
     if isinstance(stream, int):
         return _int("stream", stream, 0), gpu.device.index
     handle = getattr(stream, "cuda_stream", None)
