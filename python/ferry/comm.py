@@ -204,8 +204,21 @@ class Communicator:
     # ------------------------------------------------------------ creation
 
     @classmethod
-    def create(cls, rank: int, world: int, device: int, allgather: AllGather, timeout: float = 0.0):
-        return cls(require().Communicator.create(rank, world, device, allgather, timeout), local=False)
+    def create(
+        cls,
+        rank: int,
+        world: int,
+        device: int,
+        allgather: AllGather,
+        timeout: float = 0.0,
+        allgather_on_host: bool = False,
+    ):
+        """`allgather_on_host`: `allgather` moves its bytes on the host alone (a
+        store, a gloo group), so it cannot wait for a GPU; only then does a
+        rank that refuses the setup while a transfer is armed tell its peers at
+        once (otherwise they wait for it until the timeout)."""
+        native = require().Communicator.create(rank, world, device, allgather, timeout, allgather_on_host)
+        return cls(native, local=False)
 
     @classmethod
     def from_torch(cls, group=None, device: Optional[int] = None, timeout: float = 0.0):
@@ -220,7 +233,8 @@ class Communicator:
         if device is None:
             info = read_launch_env()
             device = info.local_rank if info is not None else torch.cuda.current_device()
-        return cls.create(rank, world, device, group_allgather(group, device), timeout)
+        on_host = dist.get_backend(group) == "gloo"  # an NCCL group moves the bytes through the GPU
+        return cls.create(rank, world, device, group_allgather(group, device), timeout, on_host)
 
     # ------------------------------------------------------------ properties
 
@@ -728,7 +742,9 @@ def init(
     else:
         kv = store if hasattr(store, "get_many") else TorchStore(store)
     try:
-        comm = Communicator.create(rank, world, device, store_allgather(kv, rank, world, limit), timeout)
+        comm = Communicator.create(
+            rank, world, device, store_allgather(kv, rank, world, limit), timeout, True
+        )
     except BaseException:
         if own_store is not None:
             own_store.close()

@@ -43,6 +43,7 @@ bulk transfers on other streams (docs/kv.md says what that buys).
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Sequence
 
 from . import _streams
@@ -187,18 +188,22 @@ class Pages:
         self.gpu = next(iter(gpus)) if gpus else None  # None: host memory
         self.regions = _regions(ts, self._meta, _name)
         self._tensors = ts
-        self._paired = {}  # id(other Pages) -> other: pairs checked already
+        # id(other Pages) -> a weak reference to it: pairs checked already.
+        # Weak, so that two Pages used both ways, or one made per call, keep
+        # no tensors alive.
+        self._paired = {}
 
     def __len__(self) -> int:
         return len(self._tensors)
 
     def _check_pair(self, src: "Pages") -> None:
-        if self._paired.get(id(src)) is src:
+        ref = self._paired.get(id(src))
+        if ref is not None and ref() is src:
             return
         _check_pairs(self._meta, src._meta)
         if len(self._paired) >= 16:  # a new Pages per call must not grow this
             self._paired.clear()
-        self._paired[id(src)] = src
+        self._paired[id(src)] = weakref.ref(src)
 
 
 def _sides(dst, src):
@@ -207,7 +212,10 @@ def _sides(dst, src):
     if isinstance(dst, Pages) or isinstance(src, Pages):
         dp = dst if isinstance(dst, Pages) else Pages(dst, _name="dst")
         sp = src if isinstance(src, Pages) else Pages(src, _name="src")
-        dp._check_pair(sp)
+        if dp is dst and sp is src:
+            dp._check_pair(sp)
+        else:  # one side made for this call alone: nothing to remember
+            _check_pairs(dp._meta, sp._meta)
         return _one_gpu({x.gpu for x in (dp, sp) if x.gpu is not None}), dp.regions, sp.regions
     d, s = _tensors(dst, "dst"), _tensors(src, "src")
     if len(d) != len(s):

@@ -271,7 +271,7 @@ NB_MODULE(_ferry, m) {
   nb::class_<Communicator> comm(m, "Communicator");
   comm.def_static(
           "create",
-          [](int rank, int world, int device, nb::callable allgather, double timeout_s) {
+          [](int rank, int world, int device, nb::callable allgather, double timeout_s, bool allgather_on_host) {
             // The communicator copies and destroys its bootstrap function without
             // the GIL; only the shared_ptr moves then, and the Python object is
             // released under the GIL.
@@ -292,9 +292,9 @@ NB_MODULE(_ferry, m) {
             // The bootstrap may be served by Python threads of this very process
             // (rank 0's TCP store): never hold the GIL while waiting for peers.
             nb::gil_scoped_release release;
-            return Communicator::create(rank, world, device, fn, timeout_s);
+            return Communicator::create(rank, world, device, fn, timeout_s, allgather_on_host);
           },
-          "rank"_a, "world"_a, "device"_a, "allgather"_a, "timeout_s"_a)
+          "rank"_a, "world"_a, "device"_a, "allgather"_a, "timeout_s"_a, "allgather_on_host"_a = false)
       .def_static("create_local", &Communicator::create_local, "devices"_a, "timeout_s"_a,
                   nb::call_guard<nb::gil_scoped_release>())
       .def("close", &Communicator::close, nb::call_guard<nb::gil_scoped_release>())

@@ -24,6 +24,7 @@ struct Group {
   // One process per rank (create): the all-gather and the descriptor exchange.
   // One process driving every rank (create_local): both empty.
   AllGatherFn allgather;
+  bool allgather_on_host = false;         // moves its bytes on the host alone: it cannot wait for a GPU
   FdExchange* fds = nullptr;              // owned by whoever made the group; outlives its users
   std::vector<std::string> socket_paths;  // by rank
   std::function<int()> next_tag;          // a fresh descriptor-message tag, the same on every rank

@@ -103,7 +103,7 @@ void Communicator::attach_memory() {
 }
 
 std::unique_ptr<Communicator> Communicator::create(int rank, int world, int device, const AllGatherFn& allgather,
-                                                   double timeout_s) {
+                                                   double timeout_s, bool allgather_on_host) {
   FERRY_ARG_CHECK(world >= 1 && world <= kMaxRanks,
                   "world is " + std::to_string(world) + "; expected 1.." + std::to_string(kMaxRanks));
   FERRY_ARG_CHECK(rank >= 0 && rank < world,
@@ -115,9 +115,13 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int world, int devi
     // Told to the peers in the exchange they make first, before anything is
     // made here (its undoing would free memory): they fail at once naming
     // this rank instead of waiting for it until the bootstrap's timeout.
-    try {
-      allgather(sync::refusal_record(refused));
-    } catch (...) {  // a peer that never came: this rank's own error says more
+    // Only over a host-only exchange: one through a GPU (an NCCL group) could
+    // itself wait for the armed stream.
+    if (allgather_on_host) {
+      try {
+        allgather(sync::refusal_record(refused));
+      } catch (const std::exception&) {  // a peer that never came: this rank's own error says more
+      }
     }
     throw_error(FERRY_ERROR_INVALID_ARGUMENT, refused);
   }
@@ -126,6 +130,7 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int world, int devi
   c->world_ = world;
   c->multi_process_ = true;
   c->allgather_ = allgather;
+  c->allgather_on_host_ = allgather_on_host;
   c->init_common(timeout_s, device);
   c->locals_.push_back(make_local(rank, device, world));
   c->fds_ = std::make_unique<FdExchange>(rank, knob_string("FERRY_SOCKET_DIR"));
@@ -265,6 +270,7 @@ Group Communicator::peers() {
   g.timeout_s = timeout_s_;
   if (multi_process_) {
     g.allgather = allgather_;
+    g.allgather_on_host = allgather_on_host_;
     g.fds = fds_.get();
     g.socket_paths = socket_paths_;
     // Descriptor messages of the communicator and of its users share one
@@ -413,10 +419,12 @@ void Communicator::close() {
   host_trace_report();
   // A handle left armed holds ferry's armed stream in a wait: open its gate so
   // the stream drains (its collective runs, as on every rank that does the same).
+  // So does one handed to a kernel (device_trigger) whose trigger has not
+  // landed, released or not.
   for (const auto& [id, p] : prepared_.calls())
-    if (p.armed)
+    if (p.armed || (p.hold && p.hold->holding()))
       for (int i = 0; i < local_count(); ++i) locals_[i]->rescue->open_gate(watched_gate(p, i));
-  for (const PreparedCall& p : released_holding_)  // released before their trigger landed
+  for (const PreparedCall& p : released_holding_)
     for (int i = 0; i < local_count(); ++i) locals_[i]->rescue->open_gate(watched_gate(p, i));
   try {
     // Also after a failure: the watchdog releases the broken collectives' waits

@@ -37,8 +37,13 @@ namespace ferry {
 
 class Communicator {
  public:
+  // `allgather_on_host`: the all-gather moves its bytes on the host alone
+  // (a TCP or file store, a gloo group), so that it cannot wait for a GPU.
+  // Only then does a rank that refuses the setup while something is armed
+  // (sync/holds.hpp) tell its peers in the first exchange; otherwise it
+  // raises at once, and its peers wait for it until the bootstrap's timeout.
   static std::unique_ptr<Communicator> create(int rank, int world, int device, const AllGatherFn& allgather,
-                                              double timeout_s);
+                                              double timeout_s, bool allgather_on_host = false);
   static std::unique_ptr<Communicator> create_local(const std::vector<int>& devices, double timeout_s);
   ~Communicator();
 
@@ -220,6 +225,7 @@ class Communicator {
   bool shares_gpus_ = false;  // some local ranks share a GPU (FERRY_SHARED_GPUS)
   double timeout_s_ = 300;
   AllGatherFn allgather_;
+  bool allgather_on_host_ = false;
   std::vector<std::unique_ptr<Local>> locals_;
   std::vector<SharedHostMemory> flag_mem_;  // by rank (HostFlags); peers' blocks imported
   std::unique_ptr<CollectiveMemory> memory_;

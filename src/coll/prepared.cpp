@@ -178,8 +178,8 @@ cudaEvent_t Communicator::finished_event(int handle, int local) {
 bool Communicator::armed(int handle) const { return prepared_.armed(handle); }
 
 void Communicator::release_prepared(int handle) {
+  retire_released();  // first: a failure here leaves the handle as it was
   PreparedCall p = prepared_.release(handle, "release");
-  retire_released();
   if (p.hold && p.hold->holding()) {
     released_holding_.push_back(std::move(p));
     return;

@@ -36,11 +36,12 @@ std::unique_ptr<SymmetricHeap> SymmetricHeap::create(const Group& g, size_t capa
   const std::string refused = sync::refusal("SymmetricHeap", "setting one up (mapping its memory, a first barrier)");
   if (!refused.empty()) {
     // Told to the peers in the exchange they make first (agree() below), so
-    // that they fail at once naming this rank.
-    if (g.multi_process()) {
+    // that they fail at once naming this rank; only over a host-only exchange,
+    // which cannot itself wait for the armed stream.
+    if (g.multi_process() && g.allgather_on_host) {
       try {
         g.allgather(sync::refusal_record(refused));
-      } catch (...) {  // a peer that never came: this rank's own error says more
+      } catch (const std::exception&) {  // a peer that never came: this rank's own error says more
       }
     }
     throw_error(FERRY_ERROR_INVALID_ARGUMENT, refused);

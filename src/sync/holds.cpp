@@ -99,9 +99,10 @@ void refuse_while_held(const std::string& what, const std::string& action, const
 namespace {
 
 // Control characters no setup record starts with.
-const std::string kRefused =
+constexpr char kRefused[] =
     "\x1f"
     "refused\x1f";
+constexpr size_t kRefusedSize = sizeof(kRefused) - 1;
 
 }  // namespace
 
@@ -109,8 +110,8 @@ std::string refusal_record(const std::string& message) { return kRefused + messa
 
 std::pair<int, std::string> first_refusal(const std::vector<std::string>& records) {
   for (size_t r = 0; r < records.size(); ++r)
-    if (records[r].compare(0, kRefused.size(), kRefused) == 0)
-      return {static_cast<int>(r), records[r].substr(kRefused.size())};
+    if (records[r].compare(0, kRefusedSize, kRefused) == 0)
+      return {static_cast<int>(r), records[r].substr(kRefusedSize)};
   return {-1, ""};
 }
 

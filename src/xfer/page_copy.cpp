@@ -222,10 +222,14 @@ PageCopier::Located PageCopier::locate(const PageSide& dst, const PageSide& src,
     // at `at`: the regions of one allocation (a stacked cache's per-layer
     // views, a pool's tensors) are looked up once, where the driver's lookups
     // cost about a microsecond a region. Addresses are linear within it.
+    // (The range, which pitched copies need anyway, costs two more lookups;
+    // where they are not needed, it is looked up for a side's first region
+    // only, so that tensors of separate allocations cost what they did.)
     struct Seen {
       uintptr_t start = 0, end = 0, at = 0;
       Where w;
     } seen;
+    bool ranged = false;
     for (size_t r = 0; r < s.regions.size(); ++r) {
       const PageRegion& g = s.regions[r];
       if (g.bytes == 0 || g.pages == 0) continue;
@@ -235,8 +239,8 @@ PageCopier::Located PageCopier::locate(const PageSide& dst, const PageSide& src,
         w = seen.w;
         w.device_address = seen.w.device_address + (lo - seen.at);
       } else {
-        // With one region a side the allocation is looked up only where pitched copies need it.
-        w = where_is(g, sname, r, allocations || s.regions.size() > 1);
+        w = where_is(g, sname, r, allocations || (!ranged && s.regions.size() > 1));
+        ranged = true;
         seen = Seen{};
         if (w.pool) {
           seen.start = reinterpret_cast<uintptr_t>(w.pool->data());

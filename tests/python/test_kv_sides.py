@@ -164,10 +164,24 @@ def test_pages_are_read_once_and_their_pairing_checked_once(monkeypatch):
     assert len(pairs) == 2
     # One side as Pages, the other a list: the list is read as before.
     assert kv._sides(g, host) == want and kv._sides(gpu, h) == want
-    # A Pages made per call does not grow the one it pairs with.
+    # A Pages made per call does not grow the one it pairs with, and what it
+    # remembers keeps nothing alive: two Pages used both ways go with their
+    # last reference, not at a later garbage collection.
     for _ in range(40):
         kv._sides(g, kv.Pages(host))
     assert len(g._paired) <= 16
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        a, b = kv.Pages(stacked(4, 8)), kv.Pages(page_first(4, 8))
+        kv._sides(a, b), kv._sides(b, a)
+        gone = weakref.ref(a)
+        del a, b
+        assert gone() is None
+    finally:
+        gc.enable()
 
 
 def test_pages_refusals_name_the_tensor():
