@@ -69,7 +69,9 @@ typedef struct {
  * while a prepared transfer or collective elsewhere in the process is armed
  * and not yet triggered, init and init_local return
  * FERRY_ERROR_INVALID_ARGUMENT naming it (call again after its trigger), and
- * close keeps the memory until none is. */
+ * close keeps the memory until none is. The caller's allgather may go through
+ * a GPU, so a rank that refuses returns at once without an exchange: its
+ * peers wait for it until the timeout. */
 FERRY_API ferry_result_t ferry_comm_init(const ferry_comm_config_t* config, ferry_comm_t* comm);
 /* One process driving `n` GPUs: rank i is devices[i]. */
 FERRY_API ferry_result_t ferry_comm_init_local(const int* devices, int n, double timeout_s, ferry_comm_t* comm);
