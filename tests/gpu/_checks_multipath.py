@@ -650,26 +650,8 @@ def test_two_programs_copying_at_once_byte_exact(tmp_path):
     """Two processes, each with its own engine over every GPU (loopback relays
     on one GPU), copying into and out of their own GPU at the same time: each
     other's chunks are foreign copies on the shared links."""
-    import subprocess
-    import sys
+    from harness import run_scripts
 
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", TWO_PROGRAMS, str(r), str(tmp_path)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    outs = []
-    for p in procs:
-        try:
-            outs.append(p.communicate(timeout=150)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise AssertionError("a program did not finish in 150 s")
-    for p, out in zip(procs, outs):
+    for rc, out in run_scripts(TWO_PROGRAMS, [(0, tmp_path), (1, tmp_path)], timeout=150):
         print(out.strip().splitlines()[-1] if out.strip() else "")
-        assert p.returncode == 0, out[-3000:]
+        assert rc == 0, out[-3000:]

@@ -2,6 +2,8 @@
 
 import multiprocessing as mp
 import socket
+import subprocess
+import sys
 import time
 
 
@@ -42,3 +44,30 @@ def run_on_every_rank(worker, world: int, timeout: float = 600.0) -> None:
     assert len(results) == world, f"only ranks {sorted(results)} reported"
     fails = [f for r in results.values() for f in r]
     assert not fails, "\n".join(fails[:20])
+
+
+def run_scripts(script: str, argvs, env=None, timeout: float = 90.0) -> list:
+    """`python -c script *argv` for each argv at once; each process's
+    (returncode, stdout and stderr). All are killed, and the test fails
+    naming what came back, when one has not finished within `timeout`."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, *[str(a) for a in argv]],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for argv in argvs
+    ]
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=timeout)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise AssertionError(
+                f"a process did not finish within {timeout:.0f} s; output so far: {outs}"
+            ) from None
+    return [(p.returncode, out) for p, out in zip(procs, outs)]

@@ -928,34 +928,15 @@ def test_a_setup_one_rank_refuses_fails_at_once_on_its_peers(kv, case):
     has a transfer armed: rank 1 refuses, and rank 0 learns it in the
     setup's first exchange, naming rank 1 and its reason, long before the
     bootstrap's timeout (40 s). Both ranks share GPU 0."""
-    import subprocess
-    import sys
-
     import _checks
-    from harness import free_port
+    from harness import free_port, run_scripts
 
     env = dict(
         __import__("os").environ, FERRY_SHARED_GPUS="1", FERRY_PORT=str(free_port()), **_checks.SAFE_ENV
     )
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", REFUSED_ON_ONE_RANK, str(r), case],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    outs = []
-    for p in procs:
-        try:
-            outs.append(p.communicate(timeout=90)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise AssertionError(f"a rank did not finish within 90 s: {outs}") from None
-    assert all(p.returncode == 0 and o.strip().endswith("ok") for p, o in zip(procs, outs)), outs
+    ran = run_scripts(REFUSED_ON_ONE_RANK, [(0, case), (1, case)], env=env, timeout=90)
+    outs = [out for _, out in ran]
+    assert all(rc == 0 and out.strip().endswith("ok") for rc, out in ran), outs
     assert "refused after" in outs[1] and "trigger it first" in outs[1], outs[1]
     line = next((x for x in outs[0].splitlines() if x.startswith("refused after")), "")
     assert "rank 1 refused" in line and "armed on cuda:0" in line, outs[0]
