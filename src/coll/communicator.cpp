@@ -111,20 +111,11 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int world, int devi
   FERRY_ARG_CHECK(static_cast<bool>(allgather), "allgather: a bootstrap all-gather function is required");
   check_device_ordinal(device, "device");
   const std::string refused = sync::refusal("Communicator", "setting one up (its memory, its kernels' first load)");
-  if (!refused.empty()) {
-    // Told to the peers in the exchange they make first, before anything is
-    // made here (its undoing would free memory): they fail at once naming
-    // this rank instead of waiting for it until the bootstrap's timeout.
-    // Only over a host-only exchange: one through a GPU (an NCCL group) could
-    // itself wait for the armed stream.
-    if (allgather_on_host) {
-      try {
-        allgather(sync::refusal_record(refused));
-      } catch (const std::exception&) {  // a peer that never came: this rank's own error says more
-      }
-    }
-    throw_error(FERRY_ERROR_INVALID_ARGUMENT, refused);
-  }
+  // Told to the peers in the exchange they make first, before anything is
+  // made here (its undoing would free memory), so that they fail at once
+  // naming this rank. Only over a host-only exchange: one through a GPU (an
+  // NCCL group) could itself wait for the armed stream.
+  if (!refused.empty()) sync::refuse_setup(refused, allgather_on_host ? allgather : AllGatherFn());
   sync::run_kept_frees();  // what earlier teardowns kept, before this one takes more
   std::unique_ptr<Communicator> c(new Communicator());
   c->world_ = world;
@@ -140,10 +131,7 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int world, int devi
   std::string mine =
       hostname() + "\n" + std::to_string(getpid()) + "\n" + pci_bus_id(device) + "\n" + c->fds_->socket_path() + "\n";
   auto all = c->allgather(mine, "communicator setup");
-  const auto [refusing, why] = sync::first_refusal(all);
-  if (refusing >= 0)
-    throw_error(FERRY_ERROR_INVALID_ARGUMENT,
-                "communicator setup: rank " + std::to_string(refusing) + " refused it: " + why);
+  sync::throw_if_refused(all, "communicator setup");
   c->pids_.resize(world);
   c->socket_paths_.resize(world);
   std::vector<std::string> bus(world), host(world);

@@ -34,18 +34,10 @@ std::unique_ptr<SymmetricHeap> SymmetricHeap::create(const Group& g, size_t capa
                                                                         std::to_string(device::kMaxHeapRanks));
   FERRY_ARG_CHECK(g.local_count() >= 1 && g.devices.size() == g.ranks.size(), "the group has no local ranks");
   const std::string refused = sync::refusal("SymmetricHeap", "setting one up (mapping its memory, a first barrier)");
-  if (!refused.empty()) {
-    // Told to the peers in the exchange they make first (agree() below), so
-    // that they fail at once naming this rank; only over a host-only exchange,
-    // which cannot itself wait for the armed stream.
-    if (g.multi_process() && g.allgather_on_host) {
-      try {
-        g.allgather(sync::refusal_record(refused));
-      } catch (const std::exception&) {  // a peer that never came: this rank's own error says more
-      }
-    }
-    throw_error(FERRY_ERROR_INVALID_ARGUMENT, refused);
-  }
+  // Told to the peers in the exchange they make first (agree() below), so
+  // that they fail at once naming this rank; only over a host-only exchange,
+  // which cannot itself wait for the armed stream.
+  if (!refused.empty()) sync::refuse_setup(refused, g.allgather_on_host ? g.allgather : AllGatherFn());
   sync::run_kept_frees();  // what earlier teardowns kept, before this one maps more
   std::unique_ptr<SymmetricHeap> h(new SymmetricHeap());
   h->group_ = g;
@@ -190,10 +182,7 @@ void SymmetricHeap::agree(const std::string& what) {
   if (static_cast<int>(all.size()) != group_.world)
     throw_error(FERRY_ERROR_INTERNAL, "heap: the bootstrap all-gather returned " + std::to_string(all.size()) +
                                           " records for " + std::to_string(group_.world) + " ranks");
-  const auto [refusing, why] = sync::first_refusal(all);
-  if (refusing >= 0)
-    throw_error(FERRY_ERROR_INVALID_ARGUMENT,
-                "heap: rank " + std::to_string(refusing) + " refused " + what + ": " + why);
+  sync::throw_if_refused(all, "heap: " + what);
   std::string mismatch = heap_calls_mismatch(all);
   if (!mismatch.empty()) throw_error(FERRY_ERROR_INVALID_ARGUMENT, mismatch);
 }

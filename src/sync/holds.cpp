@@ -115,6 +115,22 @@ std::pair<int, std::string> first_refusal(const std::vector<std::string>& record
   return {-1, ""};
 }
 
+void refuse_setup(const std::string& message, const std::function<std::vector<std::string>(const std::string&)>& tell) {
+  if (tell) {
+    try {
+      tell(refusal_record(message));
+    } catch (const std::exception&) {  // a peer that never came: this rank's own error says more
+    }
+  }
+  throw_error(FERRY_ERROR_INVALID_ARGUMENT, message);
+}
+
+void throw_if_refused(const std::vector<std::string>& records, const std::string& what) {
+  const auto [rank, why] = first_refusal(records);
+  if (rank >= 0)
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT, what + ": rank " + std::to_string(rank) + " refused it: " + why);
+}
+
 void free_when_unheld(std::function<void()> release, const std::string& what) {
   Registry& r = registry();
   Frees now;

@@ -57,6 +57,15 @@ std::string refusal_record(const std::string& message);
 // The first rank whose record is a refusal, with its message; {-1, ""} when none is.
 std::pair<int, std::string> first_refusal(const std::vector<std::string>& records);
 
+// The two ends of it. The refusing rank: throws `message`
+// (FERRY_ERROR_INVALID_ARGUMENT) after sending its record through `tell`,
+// the setup's first exchange, where given (a failed exchange is not
+// reported: the refusal says more). Its peers, with that exchange's records:
+// throw "<what>: rank R refused it: <its message>" if a rank refused.
+[[noreturn]] void refuse_setup(const std::string& message,
+                               const std::function<std::vector<std::string>(const std::string&)>& tell);
+void throw_if_refused(const std::vector<std::string>& records, const std::string& what);
+
 // Runs `release` now when no hold holds a stream. Else keeps it, and the
 // first later call of free_when_unheld() or run_kept_frees() that finds
 // none holding runs it (frees kept at exit are never run: the process's

@@ -108,6 +108,39 @@ TEST(Holds, ARefusalGoesToThePeersAsARecordTheyCanTellApart) {
   EXPECT_EQ(sync::refusal("Communicator", "setting one up"), "");
 }
 
+TEST(Holds, ARefusedSetupTellsThePeersAndTheyNameTheRank) {
+  std::vector<std::string> told;
+  auto tell = [&](const std::string& mine) {
+    told.push_back(mine);
+    return std::vector<std::string>{"peer's record", mine};
+  };
+  try {
+    sync::refuse_setup("Communicator: a transfer armed on cuda:0", tell);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), FERRY_ERROR_INVALID_ARGUMENT);
+    EXPECT_STREQ(e.what(), "Communicator: a transfer armed on cuda:0");
+  }
+  ASSERT_EQ(told.size(), 1u);
+  // A peer's view of the same exchange.
+  const std::vector<std::string> records = {"peer's record", told[0]};
+  try {
+    sync::throw_if_refused(records, "communicator setup");
+    FAIL() << "a refusal was not seen";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), FERRY_ERROR_INVALID_ARGUMENT);
+    EXPECT_STREQ(e.what(), "communicator setup: rank 1 refused it: Communicator: a transfer armed on cuda:0");
+  }
+  EXPECT_NO_THROW(sync::throw_if_refused({"a", "b"}, "communicator setup"));
+  // No exchange to tell (a GPU bootstrap), or one that fails: the refusal alone.
+  EXPECT_THROW(sync::refuse_setup("refused", nullptr), Error);
+  auto failing = [](const std::string&) -> std::vector<std::string> { throw std::runtime_error("peer gone"); };
+  try {
+    sync::refuse_setup("refused", failing);
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "refused");
+  }
+}
+
 TEST(Holds, AThrowingFreeDoesNotStopTheOthers) {
   int freed = 0;
   {
