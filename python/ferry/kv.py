@@ -218,8 +218,6 @@ def _sides(dst, src):
             _check_pairs(dp._meta, sp._meta)
         return _one_gpu({x.gpu for x in (dp, sp) if x.gpu is not None}), dp.regions, sp.regions
     d, s = _tensors(dst, "dst"), _tensors(src, "src")
-    if len(d) != len(s):
-        raise InvalidArgumentError(f"dst has {len(d)} tensors and src {len(s)}; they must pair up one to one")
     dm, sm = _read(d), _read(s)
     _check_pairs(dm, sm)
     device = _one_gpu(_gpus(d + s, lambda i: f"{'dst' if i < len(d) else 'src'}[{i % len(d)}]"))
