@@ -222,6 +222,15 @@ def store_allgather(store, rank: int, world: int, timeout: float, prefix: str = 
     return allgather
 
 
+def group_on_host(group=None) -> bool:
+    """Whether `group`'s all-gather moves its bytes on the host alone (gloo),
+    so that it cannot wait for a GPU; an NCCL group's goes through the GPU
+    (a mixed backend counts as not host-only)."""
+    import torch.distributed as dist
+
+    return dist.get_backend(group) == "gloo"
+
+
 def group_allgather(group=None, device: Optional[int] = None) -> AllGather:
     """An all-gather over a torch.distributed process group (bounded by the
     group's own timeout). With `device`, it runs with that GPU current: an NCCL

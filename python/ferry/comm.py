@@ -11,7 +11,15 @@ from typing import Any, List, Optional
 
 from . import _streams, tune
 from ._native import require
-from .bootstrap import AllGather, TcpStore, TorchStore, group_allgather, read_launch_env, store_allgather
+from .bootstrap import (
+    AllGather,
+    TcpStore,
+    TorchStore,
+    group_allgather,
+    group_on_host,
+    read_launch_env,
+    store_allgather,
+)
 from .errors import ClosedError, InvalidArgumentError
 
 
@@ -233,8 +241,7 @@ class Communicator:
         if device is None:
             info = read_launch_env()
             device = info.local_rank if info is not None else torch.cuda.current_device()
-        on_host = dist.get_backend(group) == "gloo"  # an NCCL group moves the bytes through the GPU
-        return cls.create(rank, world, device, group_allgather(group, device), timeout, on_host)
+        return cls.create(rank, world, device, group_allgather(group, device), timeout, group_on_host(group))
 
     # ------------------------------------------------------------ properties
 
