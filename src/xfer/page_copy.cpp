@@ -480,27 +480,39 @@ PageCopyReport PageCopier::copy(const PageSide& dst, const PageSide& src, const 
   rep.direction = where.direction;
   rep.bytes = request_bytes(dst, dst_ids.count);
   DeviceScope on_device(device_);
-  // Plans (and validates) even for the kernel, which then reads the lists itself.
   FERRY_ARG_CHECK(dst_ids.is_64 == src_ids.is_64, "dst_ids and src_ids must have one integer width");
-  std::vector<PitchedCopy> copies =
-      plan_page_rows(where.dst, where.src, dst_ids, src_ids, o.merge, pitched ? max_pitch_ : 0, pitched_row_bytes());
+  const size_t max_pitch = pitched ? max_pitch_ : 0;
+  // The kernel reads the lists itself: it needs them checked and its rows
+  // counted, not a copy made for every page of every tensor.
+  const bool may_run_kernel = o.strategy ? *o.strategy == PageStrategy::kKernel : !o.zero_sm;
+  std::vector<PitchedCopy> copies;
+  size_t rows = 0;
+  if (may_run_kernel) {
+    rows = count_page_rows(where.dst, where.src, dst_ids, src_ids, o.merge, max_pitch, pitched_row_bytes());
+  } else {
+    copies = plan_page_rows(where.dst, where.src, dst_ids, src_ids, o.merge, max_pitch, pitched_row_bytes());
+    for (const auto& c : copies) rows += c.rows;
+  }
   // auto looks at rows, not copies: its table was measured with a copy per
   // page and tensor, and pitched copies save the host's time per row, not
   // the copy engine's. With Qwen2.5-0.5B's 4 KB pages in one allocation per
   // side the kernel still fetched 32K tokens in 11.4 ms against the pitched
   // copies' 19.2.
-  size_t rows = 0;
-  for (const auto& c : copies) rows += c.rows;
   PageStrategy s = o.strategy ? *o.strategy : select_page_strategy(rules_, where.direction, rows, rep.bytes, o.zero_sm);
   FERRY_ARG_CHECK(!(o.zero_sm && uses_sm(s)), "mode='kernel' launches a kernel, which zero_sm=True forbids");
   rep.strategy = s;
-  for (const auto& c : copies) {
-    // The baseline and the kernel take a pitched copy's rows one by one.
-    const bool by_rows = s == PageStrategy::kPerPage || s == PageStrategy::kKernel;
-    rep.copies += by_rows ? c.rows : 1;
-    rep.pitched += !by_rows && c.rows > 1;
+  if (may_run_kernel && s != PageStrategy::kKernel)
+    copies = plan_page_rows(where.dst, where.src, dst_ids, src_ids, o.merge, max_pitch, pitched_row_bytes());
+  if (s == PageStrategy::kKernel) {
+    rep.copies = rows;  // it takes a pitched copy's rows one by one
+  } else {
+    for (const auto& c : copies) {
+      // The baseline takes a pitched copy's rows one by one.
+      rep.copies += s == PageStrategy::kPerPage ? c.rows : 1;
+      rep.pitched += s != PageStrategy::kPerPage && c.rows > 1;
+    }
   }
-  if (copies.empty()) return rep;
+  if (rows == 0) return rep;
   cudaStream_t run = stream;
   if (o.urgent)
     run = urgent_;

@@ -37,6 +37,17 @@ bool ranges_overlap(const PageRegion& a, const PageRegion& b) {
   return a.base < b_end && b.base < a_end;
 }
 
+// The number of index pairs from i on whose destination and source pages both
+// follow page i's, up to `most`: one copy when the pages are contiguous.
+size_t run_at(const PageIds& dst_ids, const PageIds& src_ids, size_t i, size_t most) {
+  const int64_t di = dst_ids.at(i), si = src_ids.at(i);
+  size_t run = 1;
+  while (run < most && i + run < dst_ids.count && dst_ids.at(i + run) == di + static_cast<int64_t>(run) &&
+         src_ids.at(i + run) == si + static_cast<int64_t>(run))
+    ++run;
+  return run;
+}
+
 // Bits of destination pages seen in the current check; cleared after use so
 // that each call costs O(count), not O(pages).
 thread_local std::vector<uint64_t> t_seen;
@@ -182,12 +193,8 @@ std::vector<PitchedCopy> plan_page_rows(const PageSide& dst, const PageSide& src
     // are one span: a plain copy.
     std::vector<PitchedCopy> wide;
     for (size_t i = 0; i < n;) {
-      int64_t di = dst_ids.at(i), si = src_ids.at(i);
-      size_t run = 1;
-      if (can_merge)
-        while (run < most && i + run < n && dst_ids.at(i + run) == di + static_cast<int64_t>(run) &&
-               src_ids.at(i + run) == si + static_cast<int64_t>(run))
-          ++run;
+      const int64_t di = dst_ids.at(i), si = src_ids.at(i);
+      const size_t run = can_merge ? run_at(dst_ids, src_ids, i, most) : 1;
       const PitchedCopy c{reinterpret_cast<void*>(d.base + static_cast<size_t>(di) * d.stride),
                           reinterpret_cast<const void*>(s.base + static_cast<size_t>(si) * s.stride),
                           run * d.bytes,
@@ -207,6 +214,42 @@ std::vector<PitchedCopy> plan_page_rows(const PageSide& dst, const PageSide& src
       for (const PitchedCopy& c : wide) out.push_back(PitchedCopy{c.row(r).dst, c.row(r).src, c.width});
   }
   return out;
+}
+
+size_t count_page_rows(const PageSide& dst, const PageSide& src, const PageIds& dst_ids, const PageIds& src_ids,
+                       bool merge, size_t max_pitch, size_t max_width) {
+  check_sides(dst, src);
+  check_ids(dst, src, dst_ids, src_ids);
+  const size_t n = dst_ids.count;
+  if (n == 0) return 0;
+  // A region alone gives a row per run, and its runs depend only on whether
+  // it can merge: counted once for each answer, not once per region.
+  size_t alone[2] = {SIZE_MAX, SIZE_MAX};
+  size_t rows = 0;
+  for (const RegionLadder& l : region_ladders(dst, src, max_width > 0 ? max_pitch : 0)) {
+    const PageRegion &d = dst.regions[l.first], &s = src.regions[l.first];
+    if (d.bytes == 0) continue;
+    const bool can_merge = merge && d.stride == d.bytes && s.stride == s.bytes;
+    if (l.count == 1) {
+      size_t& runs = alone[can_merge];
+      if (runs == SIZE_MAX) {
+        runs = 0;
+        for (size_t i = 0; i < n; i += can_merge ? run_at(dst_ids, src_ids, i, SIZE_MAX) : 1) ++runs;
+      }
+      rows += runs;
+      continue;
+    }
+    // As plan_page_rows: a run's rows, whether pitched or plain region by
+    // region, except rows end to end on both sides, which are one copy.
+    const size_t most = std::min(l.dst_pitch, l.src_pitch) / d.bytes;
+    for (size_t i = 0; i < n;) {
+      const size_t run = can_merge ? run_at(dst_ids, src_ids, i, most) : 1;
+      const size_t width = run * d.bytes;
+      rows += width == l.dst_pitch && width == l.src_pitch ? 1 : l.count;
+      i += run;
+    }
+  }
+  return rows;
 }
 
 size_t submission_calls(const std::vector<PitchedCopy>& copies, bool one_by_one, size_t per_batch) {

@@ -186,7 +186,26 @@ TEST(PagePlan, RandomRequestsMatchAReferenceExpansion) {
         got[reinterpret_cast<uintptr_t>(c.dst) + b] = reinterpret_cast<uintptr_t>(c.src) + b;
     const auto want = reference_pairs(dst, src, d, s, bytes);
     ASSERT_EQ(got, want) << "trial " << trial;
+    EXPECT_EQ(count_page_rows(dst, src, ids(d), ids(s), true, 0, 0), copies.size()) << "trial " << trial;
+    EXPECT_EQ(count_page_rows(dst, src, ids(d), ids(s), false, 0, 0), n * regions) << "trial " << trial;
   }
+}
+
+// The kernel strategy counts rows instead of planning copies: the count must
+// refuse what the plan refuses, with the same words.
+TEST(PagePlan, CountingRowsChecksAsPlanningDoes) {
+  auto cache = side(0x10000000, 64, 64, 8, 2, 1 << 20);
+  auto host = side(0x90000000, 64, 64, 8, 2, 1 << 20);
+  for (const auto& [d, s] : std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>{
+           {{1, 1}, {2, 3}}, {{8}, {0}}, {{0}, {-1}}, {{0, 1}, {0}}}) {
+    const std::string planned = error_of([&] { plan_page_rows(cache, host, ids(d), ids(s), true, 0, 0); });
+    ASSERT_FALSE(planned.empty());
+    EXPECT_EQ(error_of([&] { count_page_rows(cache, host, ids(d), ids(s), true, 0, 0); }), planned);
+  }
+  auto one = side(0x90000000, 64, 64, 8, 1, 1 << 20);
+  std::vector<int64_t> d{0}, s{0};
+  EXPECT_NE(error_of([&] { count_page_rows(cache, one, ids(d), ids(s), true, 0, 0); }).find("pair up"),
+            std::string::npos);
 }
 
 TEST(PagePlan, SplitByBytesCoversEverythingOnce) {
@@ -409,9 +428,12 @@ TEST(PagePlan, PitchedPlansMatchAReferenceExpansion) {
     const size_t max_pitch = rng() % 5 == 0 ? bytes * pages : SIZE_MAX;
     const size_t wide_at = rng() % 4;  // 0: every page wider than max_width
     const size_t max_width = wide_at == 0 ? bytes / 2 : wide_at == 1 ? bytes * (1 + rng() % 3) : SIZE_MAX;
-    auto copies = plan_page_rows(dst, src, ids(d), ids(s), rng() % 4 != 0, max_pitch, max_width);
+    const bool merge = rng() % 4 != 0;
+    auto copies = plan_page_rows(dst, src, ids(d), ids(s), merge, max_pitch, max_width);
     std::map<uintptr_t, uintptr_t> got;
-    size_t moved = 0;
+    size_t moved = 0, rows = 0;
+    for (const auto& c : copies) rows += c.rows;
+    EXPECT_EQ(count_page_rows(dst, src, ids(d), ids(s), merge, max_pitch, max_width), rows) << "trial " << trial;
     for (const auto& c : copies) {
       if (c.rows > 1) {
         ++pitched_seen;
