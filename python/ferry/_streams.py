@@ -6,6 +6,10 @@ no Stream object is built, about 3 us less a call than
 
 from __future__ import annotations
 
+from typing import Any
+
+from .errors import InvalidArgumentError
+
 _lookup = None
 
 
@@ -26,3 +30,27 @@ def current(device: int) -> int:
     if _lookup is None:
         _lookup = _make()
     return _lookup(device)
+
+
+def handle(stream: Any, device: int) -> int:
+    """The handle of `stream` for work on GPU `device`: None is torch's
+    current stream there, an int is taken as a raw handle, a torch stream of
+    another GPU is refused."""
+    if stream is None:
+        return current(device)
+    if isinstance(stream, int):
+        return stream
+    h = getattr(stream, "cuda_stream", None)
+    if h is None:
+        raise InvalidArgumentError(
+            f"stream is a {type(stream).__name__}; expected a torch.cuda.Stream or an int handle"
+        )
+    # Work for one GPU enqueued on another's stream fails inside CUDA with an
+    # unhelpful "invalid resource handle". torch's ExternalStream reports the
+    # device current when it was wrapped unless told, so its word is not taken.
+    on = getattr(getattr(stream, "device", None), "index", None)
+    if on is not None and on != device and type(stream).__name__ != "ExternalStream":
+        raise InvalidArgumentError(
+            f"stream is a stream of cuda:{on}; expected one of cuda:{device}, the GPU the call is for"
+        )
+    return h

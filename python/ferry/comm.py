@@ -157,25 +157,7 @@ def _describe(obj: Any, what: str) -> _Buffer:
     return _Buffer(cai["data"][0], n * itemsize, -1, typestr, itemsize)
 
 
-def _stream_handle(stream: Any, device: int) -> int:
-    if stream is None:
-        return _streams.current(device)
-    if isinstance(stream, int):
-        return stream
-    handle = getattr(stream, "cuda_stream", None)
-    if handle is None:
-        raise InvalidArgumentError(
-            f"stream is a {type(stream).__name__}; expected a torch.cuda.Stream or an int handle"
-        )
-    # Work for one GPU enqueued on another's stream fails inside CUDA with an
-    # unhelpful "invalid resource handle". torch's ExternalStream reports the
-    # device current when it was wrapped unless told, so its word is not taken.
-    on = getattr(getattr(stream, "device", None), "index", None)
-    if on is not None and on != device and type(stream).__name__ != "ExternalStream":
-        raise InvalidArgumentError(
-            f"stream is a stream of cuda:{on}; expected one of cuda:{device}, the GPU of the rank the call is for"
-        )
-    return handle
+_stream_handle = _streams.handle
 
 
 class Communicator:

@@ -60,12 +60,7 @@ def _torch():
     return torch
 
 
-def _stream_handle(stream, device: int) -> int:
-    if stream is None:
-        return _streams.current(device)
-    if isinstance(stream, int):
-        return stream
-    return stream.cuda_stream
+_stream_handle = _streams.handle
 
 
 def _tensors(side, name: str) -> list:

@@ -294,25 +294,3 @@ def test_a_preset_not_shipped_for_this_gpu_is_named_when_the_communicator_is_mad
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # shipped for H200: no warning
         Communicator(FakeNative(world=2), local=False)
-
-
-def test_a_stream_of_another_gpu_is_refused_naming_both():
-    from ferry.comm import _stream_handle
-
-    class Dev:
-        def __init__(self, index):
-            self.index = index
-
-    class Stream:
-        def __init__(self, index, handle):
-            self.device, self.cuda_stream = Dev(index), handle
-
-    assert _stream_handle(Stream(1, 1234), 1) == 1234
-    assert _stream_handle(5678, 0) == 5678  # a raw handle is taken as it is
-    with pytest.raises(InvalidArgumentError, match=r"stream is a stream of cuda:1; expected one of cuda:0"):
-        _stream_handle(Stream(1, 1234), 0)
-
-    class ExternalStream(Stream):  # torch's: its device is a guess unless given
-        pass
-
-    assert _stream_handle(ExternalStream(1, 99), 0) == 99
