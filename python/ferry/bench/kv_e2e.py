@@ -37,7 +37,8 @@ counts wherever it delays the GPU.
 
 1. ttft, hit 1.0: the KV of all P prompt tokens (P/16 pages per layer, K and V)
    is in the host pool. One copy_blocks call fetches all of it (a list of
-   2 x layers tensors, one page mapping) in the current stream; then the model
+   2 x layers tensors, one page mapping; each side a kv.Pages made once at
+   set-up, or with --sides lists the lists themselves) in the current stream; then the model
    runs one token at position P with that KV as its past (a DynamicCache whose
    layers hold the fetched GPU pages as views) and the argmax of its logits is
    the first token. --cache in-place (the default) writes the new tokens' KV
@@ -235,6 +236,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="store_true",
         help="ttft: run each impl once more under torch.profiler; its chrome trace goes next to the results "
         "and a summary of its timeline (when the fetch ended, what the model ran after it) into its record",
+    )
+    ap.add_argument(
+        "--sides",
+        choices=("pages", "lists"),
+        default="pages",
+        help="pages: each fetch's GPU and host sides are kv.Pages made once at set-up, as a serving engine makes "
+        "them with its caches; lists: lists of tensors, which every call reads and checks again",
     )
     ap.add_argument("--pcie-bytes", default="1G", help="size of the host->GPU copy that measures the peak")
     ap.add_argument("--seed", type=int, default=0)
@@ -943,6 +951,16 @@ def _poison(torch, tensors) -> None:
         t.view(torch.int16).fill_(-1)  # all bits set: NaN in bf16
 
 
+class Side:
+    """One side of every fetch, whole and layer by layer: with --sides pages
+    each a kv.Pages made here once, else the lists of tensors themselves."""
+
+    def __init__(self, ctx, tensors: list):
+        wrap = ctx.kv.Pages if ctx.pages else list
+        self.all = wrap(tensors)
+        self.layers = [wrap(tensors[2 * i : 2 * i + 2]) for i in range(len(tensors) // 2)]
+
+
 def _fetch(kv, dst, src, dst_ids, src_ids, stream, impl: str) -> None:
     m = IMPLS[impl]
     kv.copy_blocks(
@@ -1031,6 +1049,7 @@ class TtftPoint(Point):
         spare = -(-new_tokens // PAGE_TOKENS) if ctx.in_place else 0  # room for the new tokens' KV
         shape = (n + spare, PAGE_TOKENS, spec["kv_heads"], spec["head_dim"])
         self.dst = gpu_pages(torch, shape, 2 * L, ctx.stacked)
+        self.dst_side = Side(ctx, self.dst)
         full = [(as_bhsd(self.dst[2 * i]), as_bhsd(self.dst[2 * i + 1])) for i in range(L)]
         past = n * PAGE_TOKENS
         self.pairs = [(k[:, :, :past], v[:, :, :past]) for k, v in full]
@@ -1084,13 +1103,13 @@ class TtftPoint(Point):
 
     def run(self, impl: str) -> dict:
         ctx = self.ctx
-        torch, kv, host = ctx.torch, ctx.kv, ctx.host
+        torch, kv = ctx.torch, ctx.kv
         cur = torch.cuda.current_stream()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         self.start.record(cur)
         if self.hit == 1.0 and not ctx.layerwise:
-            _fetch(kv, self.dst, host, self.dst_ids, self.src_ids, cur, impl)
+            _fetch(kv, self.dst_side.all, ctx.host_side.all, self.dst_ids, self.src_ids, cur, impl)
             self.fetched.record(cur)
             if ctx.graph:
                 self.step_graph.replay()
@@ -1105,8 +1124,8 @@ class TtftPoint(Point):
             for i, e in enumerate(self.layer_events):
                 _fetch(
                     kv,
-                    self.dst[2 * i : 2 * i + 2],
-                    host[2 * i : 2 * i + 2],
+                    self.dst_side.layers[i],
+                    ctx.host_side.layers[i],
                     self.dst_ids,
                     self.src_ids,
                     side,
@@ -1160,6 +1179,7 @@ class ThroughputPoint(Point):
         )
         shape = (batch * per_request, PAGE_TOKENS, spec["kv_heads"], spec["head_dim"])
         self.bufs = [gpu_pages(torch, shape, 2 * L, ctx.stacked) for _ in range(min(2, self.waves))]
+        self.buf_sides = [Side(ctx, b) for b in self.bufs]
         full = [
             [(as_bhsd(b[2 * i], batch), as_bhsd(b[2 * i + 1], batch)) for i in range(L)] for b in self.bufs
         ]
@@ -1227,7 +1247,9 @@ class ThroughputPoint(Point):
         def fetch(w: int) -> None:
             if w >= 2:
                 side.wait_event(self.freed[w - 2])  # that wave's decode is done with the buffer
-            _fetch(kv, self.bufs[w % 2], ctx.host, self.dst_ids, self.src_ids[w], side, impl)
+            _fetch(
+                kv, self.buf_sides[w % 2].all, ctx.host_side.all, self.dst_ids, self.src_ids[w], side, impl
+            )
             self.fetched[w].record(side)
 
         # The thread starts before the clock: its start-up is not the fetch's cost.
@@ -1418,6 +1440,7 @@ def run_model(
     ctx.in_place = getattr(args, "cache", "in-place") == "in-place"
     ctx.layout = getattr(args, "layout", "per-layer")
     ctx.stacked = ctx.layout in ("stacked", "page-first")  # the GPU side in one allocation
+    ctx.pages = getattr(args, "sides", "pages") == "pages"
     ctx.graph = bool(getattr(args, "graph", ctx.in_place))
     if ctx.graph and not ctx.in_place:
         raise ValueError(
@@ -1446,11 +1469,12 @@ def _run_points(ctx, name: str, args, peak_gbps: float, gpu: str, date: str, rec
         f"parameters; the decoder takes its past KV as {ctx.cache_kw!r})"
     )
     ctx.host = make_host_pool(torch, kv, spec, pool_pages, seed=args.seed + 17, layout=ctx.layout)
+    ctx.host_side = Side(ctx, ctx.host)
     log(f"{name}: host pool {2 * spec['layers']} x {pool_pages} pages of {format_size(page_bytes(spec))}")
     pcie = dict(pcie_peak_gbps=peak_gbps)
     common = dict(
         reps=args.reps, warmup=args.warmup, page_bytes=page_bytes(spec),
-        layout=ctx.layout,
+        layout=ctx.layout, sides="pages" if ctx.pages else "lists",
     )  # fmt: skip
 
     def measure(op, prompt, hit, make, need, extra):
