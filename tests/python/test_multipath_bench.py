@@ -79,6 +79,8 @@ def test_engine_variants_are_labelled_and_parsed():
     assert impl_label({"impl": "ferry-loopback", "paths": 1}) == "ferry-loopback"
     assert parse_args(["--head", "4M"]).head == "4M"
     assert parse_args(["--own-share"]).own_share and not parse_args([]).own_share
+    assert impl_label({"impl": "ferry-outstanding-4", "paths": 4}) == "ferry-outstanding-4 x4"
+    assert parse_args(["--outstanding", "3,4"]).outstanding == "3,4" and parse_args([]).outstanding == ""
 
 
 def test_bytes_at_joins_the_copies_ends_by_straight_lines():

@@ -759,6 +759,13 @@ def run(opts: dict, progress=print) -> dict:
                     for p in paths
                 }
             )
+    for n in opts.get("outstanding", []):  # the same engines with deeper link queues, side by side
+        engines.update(
+            {
+                (f"ferry-outstanding-{n}", p): mp.Engine(devices=list(range(p)), head_bytes=0, outstanding=n)
+                for p in paths
+            }
+        )
     if opts["loopback"] > 0:
         engines[("ferry-loopback", 1)] = mp.Engine(devices=[0], loopback=opts["loopback"], head_bytes=0)
     statics = {}
@@ -892,6 +899,11 @@ def parse_args(argv=None):
         default=0,
         help="also N processes at once, process i copying to and from GPU i over every link (N <= GPUs)",
     )
+    p.add_argument(
+        "--outstanding",
+        default="",
+        help="also the engines with these outstanding chunks per link (e.g. 3,4; the default is 2), side by side",
+    )
     p.add_argument("--tag", default="")
     return p.parse_args(argv)
 
@@ -911,6 +923,7 @@ def main(argv=None) -> int:
         "head": parse_size(args.head) if args.head not in ("", "0") else 0,
         "own_share": args.own_share,
         "programs": args.programs,
+        "outstanding": [int(x) for x in args.outstanding.split(",") if x],
     }
     for m in opts["sleep_models"]:
         if m not in SLEEP_MODELS:
