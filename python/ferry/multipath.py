@@ -121,7 +121,7 @@ class Engine:
         relays: Union[str, Sequence[int]] = "all",
         chunk_bytes: int = 0,
         min_bytes: int = 0,
-        outstanding: int = 2,
+        outstanding: int = 3,
         own_link_first: bool = True,
         loopback: int = 0,
         timeout: float = 0.0,

@@ -115,7 +115,9 @@ TEST(MultipathChunks, ABatchsCopiesEndToEndNoChunkCrossingACopysEnd) {
 }
 
 TEST(MultipathScheduler, BoundedOutstandingOwnLinkFirstThenTheLongestQueue) {
-  MultipathScheduler s(3, unprobed());
+  MultipathPolicy p = unprobed();
+  p.outstanding = 2;
+  MultipathScheduler s(3, p);
   const int a = s.add(0, split_chunks(4 * kMiB, kMiB));  // 4 chunks for GPU 0
   const int b = s.add(1, split_chunks(kMiB, kMiB));      // 1 chunk for GPU 1
   Assignment x;
@@ -933,7 +935,8 @@ TEST(MultipathProbe, ALaneIsClearOnlyAfterAPromptProbe) {
 // probe that is late, or out too long, stops counting.
 TEST(MultipathProbe, AClearOwnLinkLeavesChunksToRelaysWhoseProbesAreOut) {
   for (int outcome = 0; outcome < 3; ++outcome) {  // probes prompt, late, not landed
-    MultipathScheduler s(4, MultipathPolicy{});
+    const MultipathPolicy p;
+    MultipathScheduler s(4, p);
     for (int l = 0; l < 4; ++l) s.observe(l, 2 * kMiB, 2 * kMiB / (l ? 38e9 : 50e9), 0.009);
     // The own link carried the last copy alone and is clear; the relays' lanes lapsed.
     s.add(0, split_chunks(2 * kMiB, 2 * kMiB));
@@ -958,10 +961,10 @@ TEST(MultipathProbe, AClearOwnLinkLeavesChunksToRelaysWhoseProbesAreOut) {
     } else if (outcome == 1) {
       for (int l = 1; l < 4; ++l) s.probe_landed(l, 0, t + 15e-6, 2e-3);
       while (s.next(0, &a, t + 15e-6)) ++taken[0];
-      EXPECT_EQ(taken[0], 2) << "the relays came back late: the own link goes on";
+      EXPECT_EQ(taken[0], p.outstanding) << "the relays came back late: the own link fills its queue";
     } else {
       while (s.next(0, &a, t + 60e-6)) ++taken[0];
-      EXPECT_EQ(taken[0], 2) << "the relays' probes out past the wait: the own link goes on";
+      EXPECT_EQ(taken[0], p.outstanding) << "the relays' probes out past the wait: the own link fills its queue";
     }
   }
 }

@@ -526,7 +526,8 @@ TEST_F(MultipathSim, OneGpuAloneStagesOnlyItsLoopbackRelays) {
   const size_t before = sim::device_blocks(0, chunk);
   MultipathEngine e(options({0, 0, 0}, chunk));
   EXPECT_EQ(e.staging_where(), "plain allocations");
-  EXPECT_EQ(sim::device_blocks(0, chunk) - before, 2u * 2u);  // two relays, two buffers each
+  const size_t buffers = static_cast<size_t>(ferry::xfer::MultipathPolicy{}.outstanding);
+  EXPECT_EQ(sim::device_blocks(0, chunk) - before, 2u * buffers);  // two relays, a buffer per chunk in flight each
   expect_round_trip(e, 32 * MiB + 5, 23);
   EXPECT_GT(e.bytes_by_link()[1] + e.bytes_by_link()[2], 0u);
   e.close();
@@ -545,7 +546,8 @@ TEST_F(MultipathSim, CloseWhileAnArmedTransferHoldsAStreamKeepsTheStagingForLate
   MultipathEngine e(options({0, 0, 0}, chunk));
   expect_round_trip(e, 8 * MiB + 3, 29);
   e.close();  // returns: nothing waits for the hold
-  EXPECT_EQ(sim::device_blocks(0, chunk) - before, 2u * 2u);
+  EXPECT_EQ(sim::device_blocks(0, chunk) - before,
+            2u * static_cast<size_t>(ferry::xfer::MultipathPolicy{}.outstanding));
   EXPECT_EQ(ferry::sync::run_kept_frees(), 1u);
   armed = false;  // triggered
   EXPECT_EQ(ferry::sync::run_kept_frees(), 0u);
