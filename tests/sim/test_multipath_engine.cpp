@@ -612,9 +612,11 @@ TEST_F(MultipathSim, ARelayFailingAfterSubmissionIsRetiredOrBreaksTheEngineNamin
 }
 
 // A lane kept warm whose probe fails between copies retires that relay, and
-// the next copy completes over the other links.
+// the next copy completes over the other links. The lanes stay warm for a
+// second: with the default 50 ms, a slow host (ThreadSanitizer on two CPUs)
+// let them lapse before the fault was set, and no probe ever met it.
 TEST_F(MultipathSim, AKeptWarmProbeFailingBetweenCopiesRetiresTheRelay) {
-  setenv("FERRY_MULTIPATH_KEEP_WARM_MS", "50", 1);
+  setenv("FERRY_MULTIPATH_KEEP_WARM_MS", "1000", 1);
   MultipathEngine e(options({0, 1, 2}));
   unsetenv("FERRY_MULTIPATH_KEEP_WARM_MS");
   const size_t n = 8 * MiB + 3;
