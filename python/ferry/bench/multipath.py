@@ -902,7 +902,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--outstanding",
         default="",
-        help="also the engines with these outstanding chunks per link (e.g. 3,4; the default is 2), side by side",
+        help="also the engines with these outstanding chunks per link (e.g. 2,4; the default is 3), side by side",
     )
     p.add_argument("--tag", default="")
     return p.parse_args(argv)
