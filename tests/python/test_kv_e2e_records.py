@@ -28,6 +28,7 @@ def test_defaults():
     assert a.pcie_bytes == 1 << 30
     assert (a.layerwise, a.fetch_thread) == (False, False)
     assert (a.cache, a.graph, a.trace, a.layout) == ("in-place", True, False, "per-layer")
+    assert a.sides == "pages" and E.parse_args(["--sides", "lists"]).sides == "lists"
     b = E.parse_args(["--layerwise", "--fetch-thread", "--layout", "stacked"])
     assert (b.layerwise, b.fetch_thread, b.layout) == (True, True, "stacked")
     assert E.parse_args(["--layout", "page-first"]).layout == "page-first"
@@ -368,3 +369,24 @@ def test_timeline_summary_copy_engine_fetch_and_empty():
     assert t["fetch_end_ms"] == 3.0 and t["tail_ms"] == 1.0 and t["after_busy_ms"] == 1.0
     assert t["last_launch_ms"] is None
     assert E.timeline_summary({"traceEvents": []}) == {}
+
+
+def test_a_side_is_made_once_whole_and_layer_by_layer():
+    """Each fetch's side, as kv.Pages made at set-up (--sides pages) or the
+    lists themselves: the whole side, and each layer's K and V in order."""
+    import types
+
+    made = []
+
+    class Pages:
+        def __init__(self, tensors):
+            made.append(list(tensors))
+            self.tensors = list(tensors)
+
+    tensors = [f"t{i}" for i in range(6)]  # 3 layers' K and V
+    side = E.Side(types.SimpleNamespace(kv=types.SimpleNamespace(Pages=Pages), pages=True), tensors)
+    assert side.all.tensors == tensors
+    assert [p.tensors for p in side.layers] == [["t0", "t1"], ["t2", "t3"], ["t4", "t5"]]
+    assert len(made) == 4  # once each, at set-up
+    side = E.Side(types.SimpleNamespace(kv=None, pages=False), tensors)
+    assert side.all == tensors and side.layers == [["t0", "t1"], ["t2", "t3"], ["t4", "t5"]]
