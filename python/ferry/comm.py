@@ -732,7 +732,7 @@ def init(
         kv = store if hasattr(store, "get_many") else TorchStore(store)
     try:
         comm = Communicator.create(
-            rank, world, device, store_allgather(kv, rank, world, limit), timeout, True
+            rank, world, device, store_allgather(kv, rank, world, limit), timeout, allgather_on_host=True
         )
     except BaseException:
         if own_store is not None:
