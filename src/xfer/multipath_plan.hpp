@@ -185,7 +185,8 @@ std::vector<bool> board_reservations(const std::vector<bool>& posted, const std:
 // Which links may carry relays, and how a link picks among waiting targets.
 struct MultipathPolicy {
   // Chunks in flight per link. On four H200s, 256-512 MiB copies host to GPU
-  // moved 2-3% more with 3 than with 2 (docs/multipath.md, "Links").
+  // moved 2-3% more with 3 than with 2 (docs/multipath.md, "Three chunks in
+  // flight").
   int outstanding = 3;
   bool own_link_first = true;   // a link serves its own GPU's transfer before relaying
   std::vector<bool> may_relay;  // by link; empty: every link may relay
