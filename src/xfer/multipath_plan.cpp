@@ -29,8 +29,7 @@ constexpr size_t kStep = size_t{64} << 10;  // chunk and head sizes
 
 size_t multipath_chunk_bytes(size_t bytes, int links, int outstanding, size_t max_chunk, size_t min_chunk) {
   FERRY_ARG_CHECK(max_chunk > 0, "max_chunk must be positive");
-  const int per_link = std::clamp(outstanding, 1, kMultipathCutInFlight);
-  const size_t slots = static_cast<size_t>(std::max(links, 1)) * static_cast<size_t>(per_link);
+  const size_t slots = static_cast<size_t>(std::max(links, 1)) * static_cast<size_t>(std::max(outstanding, 1));
   size_t chunk = (bytes + slots - 1) / slots;
   chunk = (chunk + kStep - 1) / kStep * kStep;
   return std::min(max_chunk, std::max(chunk, min_chunk));

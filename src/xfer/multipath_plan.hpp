@@ -69,18 +69,12 @@ std::vector<Chunk> split_chunks(size_t bytes, size_t chunk_bytes);
 // end of a copy, in order, each naming its copy. Zero sizes give no chunk.
 std::vector<Chunk> split_batch(const std::vector<size_t>& sizes, size_t chunk_bytes);
 
-// The chunk size of one copy: small enough that every link gets
-// kMultipathCutInFlight chunks (`outstanding` where that is fewer; a copy of a
-// few chunks would otherwise fill the target's own link alone), at least
-// `min_chunk` (each chunk costs a few microseconds of events and waits) in
-// 64 KiB steps, at most `max_chunk` (the staging buffers' size). A link with
-// room for more chunks than that takes them where a copy has more: cutting a
-// 64 MiB copy over four links for three in flight made 5.4 MiB chunks, which
-// moved less than the 8 MiB ones cut for two in 2 of 3 rounds each way on
-// four H200s, while three in flight moved more from 256 MiB
-// (docs/multipath.md, "Three chunks in flight").
+// The chunk size of one copy: small enough that every link's outstanding
+// queue gets a chunk (a copy of a few chunks would otherwise fill the target's
+// own link alone), at least `min_chunk` (each chunk costs a few microseconds
+// of events and waits) in 64 KiB steps, at most `max_chunk` (the staging
+// buffers' size).
 constexpr size_t kMultipathMinChunk = size_t{2} << 20;
-constexpr int kMultipathCutInFlight = 2;
 size_t multipath_chunk_bytes(size_t bytes, int links, int outstanding, size_t max_chunk,
                              size_t min_chunk = kMultipathMinChunk);
 

@@ -575,18 +575,6 @@ TEST(MultipathChunkSize, EveryLinksQueueGetsAChunkWithinTheBounds) {
   EXPECT_THROW(multipath_chunk_bytes(MiB, 2, 2, 0), ferry::Error);
 }
 
-TEST(MultipathChunkSize, ACopyIsCutForTwoInFlightWhereALinkKeepsMore) {
-  const size_t MiB = size_t{1} << 20;
-  // 64 MiB over 4 links: 8 chunks of 8 MiB with three in flight as with two, not 12 of 5.4 MiB.
-  EXPECT_EQ(multipath_chunk_bytes(64 * MiB, 4, 3, 8 * MiB), multipath_chunk_bytes(64 * MiB, 4, 2, 8 * MiB));
-  EXPECT_EQ(multipath_chunk_bytes(64 * MiB, 4, 3, 8 * MiB), 8 * MiB);
-  EXPECT_EQ(multipath_chunk_bytes(32 * MiB, 4, 16, 8 * MiB), 4 * MiB);
-  // One in flight cuts for one.
-  EXPECT_EQ(multipath_chunk_bytes(16 * MiB, 4, 1, 8 * MiB), 4 * MiB);
-  // Zero or negative counts count as one.
-  EXPECT_EQ(multipath_chunk_bytes(16 * MiB, 4, 0, 8 * MiB), 4 * MiB);
-}
-
 TEST(MultipathScheduler, AChunkGivenBackGoesToTheOtherLinksAndTheLinkRelaysNoMore) {
   MultipathScheduler s(3, unprobed());
   const int t = s.add(0, split_chunks(6, 1));
