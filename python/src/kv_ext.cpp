@@ -9,6 +9,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <cstring>
 #include <memory>
 
 #include "core/error.hpp"
@@ -64,6 +65,27 @@ struct IdList {
   std::vector<int64_t> ids;
 };
 
+// A numpy bool scalar or a bool tensor (a list's entry that is not an int).
+bool is_array_bool(PyObject* x) {
+  const char* type = Py_TYPE(x)->tp_name;
+  if (std::strcmp(type, "numpy.bool") == 0 || std::strcmp(type, "numpy.bool_") == 0) return true;
+  if (std::strcmp(type, "Tensor") != 0) return false;
+  PyObject* dtype = PyObject_GetAttrString(x, "dtype");
+  if (!dtype) {
+    PyErr_Clear();
+    return false;
+  }
+  nb::object keep = nb::steal(dtype);
+  PyObject* text = PyObject_Str(dtype);
+  if (!text) {
+    PyErr_Clear();
+    return false;
+  }
+  nb::object keep_text = nb::steal(text);
+  const char* s = PyUnicode_AsUTF8(text);
+  return s && std::strcmp(s, "torch.bool") == 0;
+}
+
 IdList id_list(nb::handle seq, const std::string& name) {
   // A tuple of the entries: an entry's __index__ runs Python code, which
   // could resize a list under a pointer into its storage.
@@ -84,6 +106,11 @@ IdList id_list(nb::handle seq, const std::string& name) {
                          name + ": expected integer page indices, got bools (a mask? pass the indices it selects)");
     nb::object index;  // numpy integers and other __index__ types
     if (!PyLong_Check(x)) {
+      // numpy's and torch's bools have __index__ too (numpy's only warns).
+      if (is_array_bool(x))
+        ferry::throw_error(FERRY_ERROR_INVALID_ARGUMENT, name + ": expected integer page indices, got bools (entry " +
+                                                             std::to_string(i) + " is a " + Py_TYPE(x)->tp_name +
+                                                             "; a mask? pass the indices it selects)");
       PyObject* y = PyNumber_Index(x);
       if (!y) {
         PyErr_Clear();

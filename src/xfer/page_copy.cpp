@@ -551,6 +551,9 @@ PageCopyReport PageCopier::copy_device_ids(const PageSide& dst, const PageSide& 
                   "index lists in GPU memory are read in place by the kernel strategy only; copy them to the host "
                   "for copy-engine strategies");
   FERRY_ARG_CHECK(ids.count == 0 || (ids.dst && ids.src), "dst_ids/src_ids: null pointer with a non-zero count");
+  // The kernel checks each entry's range; which pages the lists name is not
+  // known here, so regions that could race for some lists are refused.
+  check_layouts(dst, src);
   Located where = locate(dst, src, stream);
   PageCopyReport rep;
   rep.direction = where.direction;
@@ -640,12 +643,16 @@ void PreparedPages::arm(cudaStream_t after) {
   FERRY_ARG_CHECK(!armed_ || opened_, "arm: the transfer is armed already; trigger it before arming it again");
   FERRY_ARG_CHECK(!(after && dma::is_capturing(after)),
                   "arm: the stream is capturing a CUDA graph; capture copy_blocks itself instead of arming");
+  const int stream_device = dma::stream_device(after, device_);
+  FERRY_ARG_CHECK(stream_device == device_, "arm: the stream belongs to cuda:" + std::to_string(stream_device) +
+                                                " but the transfer is on cuda:" + std::to_string(device_));
   DeviceScope on_device(device_);
   cudaEvent_t e = nullptr;
   FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  FERRY_CUDA_CHECK(cudaEventRecord(e, after));
-  FERRY_CUDA_CHECK(cudaStreamWaitEvent(stream_, e, 0));
+  const cudaError_t recorded = cudaEventRecord(e, after);
+  const cudaError_t waited = recorded == cudaSuccess ? cudaStreamWaitEvent(stream_, e, 0) : recorded;
   cudaEventDestroy(e);
+  FERRY_CUDA_CHECK(waited);
   // Armed again before the last trigger handed out landed: that trigger (a
   // stream write, a kernel's store) writes the last generation whenever it
   // lands, which on a shared word could undo a later open. This arming waits

@@ -50,10 +50,18 @@ struct PageIds {
 void check_sides(const PageSide& dst, const PageSide& src);
 
 // Checks the index lists against the sides: equal lengths, every index in
-// range and non-negative, no destination page twice (two copies would race on
-// it). `dst_pages` is the number of pages of the destination (for the
-// duplicate check). Throws naming `dst_ids[i]` / `src_ids[i]`.
+// range and non-negative, no destination page twice, and no memory that the
+// call writes through one page and also writes or reads through another (of
+// any two regions: the same tensor on both sides, a tensor given twice, views
+// that overlap); copies would race on it. Throws naming `dst_ids[i]` /
+// `src_ids[i]` or the regions.
 void check_ids(const PageSide& dst, const PageSide& src, const PageIds& dst_ids, const PageIds& src_ids);
+
+// What can be checked without the index lists (lists in GPU memory): no two
+// regions whose pages can share memory where one is written, except a
+// destination and a source of the same layout (one tensor on both sides),
+// where only the lists tell. Throws naming the regions.
+void check_layouts(const PageSide& dst, const PageSide& src);
 
 // The copies for a request, region by region, in index order. With `merge`,
 // consecutive pairs whose source and destination pages both follow each other

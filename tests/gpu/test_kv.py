@@ -999,6 +999,45 @@ def test_bad_input_is_named(kv):
     assert torch.equal(gpu[1].cpu(), host[0])
 
 
+def test_tensors_that_share_memory_race_only_where_a_page_would(kv):
+    import ferry
+
+    torch = _torch()
+    g = torch.Generator(device="cuda").manual_seed(5)
+    layers = [
+        torch.randint(0, 256, (16, 512), dtype=torch.uint8, device="cuda", generator=g) for _ in range(3)
+    ]
+    host = pinned((16, 512), torch.uint8)
+    E = ferry.InvalidArgumentError
+    # One tensor given twice as a destination: both copies write its page 1.
+    with pytest.raises(E, match=r"dst\[0\] and dst\[1\] share memory: page 1 of dst\[0\]"):
+        kv.copy_blocks([layers[0], layers[0]], [host, host], [1], [2])
+    # Read in place by the kernel, the lists are not known: such tensors are refused all the same.
+    ids = torch.tensor([1], device="cuda")
+    with pytest.raises(E, match=r"dst\[0\] and dst\[1\] share memory"):
+        kv.copy_blocks([layers[0], layers[0]], [host, host], ids, ids, mode="kernel")
+    # Layers shifted by one: layer 1 is dst[1] and src[0], its page 5 read and written by one call.
+    with pytest.raises(E, match=r"src_ids\[0\] = 5 is also a destination page"):
+        kv.copy_blocks(layers[:2], layers[1:], [5], [5])
+    # The same shift reading page 6 and writing page 5 touches no page twice: copied, every byte.
+    for mode in ("kernel", "batched"):
+        want = [t.clone() for t in layers]
+        want[0][5], want[1][5] = want[1][6], want[2][6]
+        kv.copy_blocks(layers[:2], layers[1:], [5], [6], mode=mode)
+        torch.cuda.synchronize()
+        for got, ref in zip(layers, want):
+            assert torch.equal(got, ref), mode
+    # Views of one tensor a page apart: t[1:] page 0 is t[1], t[:-1] page 2 is t[2].
+    t = layers[2]
+    want = t.clone()
+    want[1] = want[2]
+    kv.copy_blocks(t[1:], t[:-1], [0], [2], mode="kernel")
+    torch.cuda.synchronize()
+    assert torch.equal(t, want)
+    with pytest.raises(E, match=r"page 2 of src\[0\] shares memory with page 1 of dst\[0\]"):
+        kv.copy_blocks(t[1:], t[:-1], [1], [2])
+
+
 @pytest.mark.multigpu
 def test_tensors_and_streams_of_another_gpu_are_named(kv):
     import ferry
@@ -1016,6 +1055,11 @@ def test_tensors_and_streams_of_another_gpu_are_named(kv):
         kv.copy_blocks(
             g0, host, torch.tensor([1], device="cuda:1"), torch.tensor([2], device="cuda:1"), mode="kernel"
         )
+    # A raw handle of another GPU's stream gets past Python's check; arming names it too.
+    t = kv.prepare(g0, host, [1], [2])
+    with pytest.raises(E, match="arm: the stream belongs to cuda:1 but the transfer is on cuda:0"):
+        t.arm(torch.cuda.Stream(device=1).cuda_stream)
+    assert not t.armed
     g1.fill_(POISON)
     torch.cuda.synchronize(1)  # the poison before the copy's own stream runs
     kv.copy_blocks(g1, host, [1], [2], stream=torch.cuda.Stream(device=1))  # the same on its own GPU works

@@ -53,6 +53,14 @@ def test_numpy_index_arrays_must_hold_integers():
         kv._id_pair(np.array([1.7, 2.0]), [1, 2])
     with pytest.raises(InvalidArgumentError, match=r"src_ids: expected integer page indices, got dtype bool"):
         kv._id_pair([1, 2], np.array([True, False]))
+    # numpy bools in a list have __index__ (numpy only warns): taken as pages 1 and 0 unless refused.
+    with pytest.raises(
+        InvalidArgumentError,
+        match=r"dst_ids: expected integer page indices, got bools \(entry 0 is a numpy.bool",
+    ):
+        kv._id_pair(list(np.array([True, False])), [3, 4])
+    d, s = kv._id_pair(list(np.array([3, 1], dtype=np.int16)), [0, 2])
+    assert list(array.array("q", ctypes.string_at(d.ptr, 16))) == [3, 1]
     with pytest.raises(
         InvalidArgumentError, match=r"dst_ids: expected a 1-D array of page indices, got shape \(2, 1\)"
     ):
@@ -62,6 +70,14 @@ def test_numpy_index_arrays_must_hold_integers():
         InvalidArgumentError, match=r"dst_ids: page index 18446744073709551615 is out of range"
     ):
         kv._id_pair(np.array([2**64 - 1], dtype=np.uint64), [0])
+
+
+def test_torch_bools_in_a_list_are_refused():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(InvalidArgumentError, match=r"src_ids: expected integer page indices, got bools"):
+        kv._id_pair([3, 4], [torch.tensor(1), torch.tensor(True)])
+    d, s = kv._id_pair([torch.tensor(3), torch.tensor(1)], [0, 2])
+    assert list(array.array("q", ctypes.string_at(d.ptr, 16))) == [3, 1]
 
 
 def test_copy_options_are_checked_first():
