@@ -62,7 +62,7 @@ constexpr size_t kReplayCapacity = 256;
 }  // namespace
 
 void Communicator::init_common(double timeout_s, int device) {
-  timeout_s_ = timeout_s > 0 ? timeout_s : knob_float("FERRY_TIMEOUT_S");
+  timeout_s_ = timeout_seconds(timeout_s, "timeout_s");
   exit_after_s_ = knob_float("FERRY_EXIT_AFTER_S");
   cudaDeviceProp prop{};
   FERRY_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));

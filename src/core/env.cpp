@@ -161,6 +161,19 @@ double knob_float(const char* name) {
   return x;
 }
 
+double timeout_seconds(double given, const char* what) {
+  if (given > 0) {
+    FERRY_ARG_CHECK(given <= kMaxTimeoutS, std::string(what) + " is " + std::to_string(given) +
+                                               " s; expected at most " + std::to_string(kMaxTimeoutS) + " s");
+    return given;
+  }
+  const double knob = knob_float("FERRY_TIMEOUT_S");
+  FERRY_ARG_CHECK(knob > 0 && knob <= kMaxTimeoutS, "FERRY_TIMEOUT_S=" + knob_string("FERRY_TIMEOUT_S") +
+                                                        "; expected seconds, more than 0 and at most " +
+                                                        std::to_string(kMaxTimeoutS));
+  return knob;
+}
+
 namespace {
 
 std::vector<std::string> lines_of(const std::string& s) {

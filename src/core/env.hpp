@@ -21,6 +21,13 @@ std::string knob_string(const char* name);
 long long knob_int(const char* name);
 double knob_float(const char* name);
 
+// Seconds every bounded wait waits at most: `given` where it is positive,
+// else FERRY_TIMEOUT_S. Refuses, naming `what` or the knob, a bound that is
+// not a number, infinite, or past kMaxTimeoutS (a deadline that far overflows
+// the clocks' integer durations; a knob of 0 or less would time out at once).
+constexpr double kMaxTimeoutS = 1e6;
+double timeout_seconds(double given, const char* what);
+
 // Knobs every rank of a job must set alike. knob_settings: this process's
 // raw settings of `names` as one record ("=value" or "unset" per knob);
 // knob_mismatch: "" when every rank's record (by rank) equals `mine` (rank

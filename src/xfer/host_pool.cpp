@@ -205,7 +205,7 @@ void HostPool::release(double timeout_s) {
 
 HostPool::~HostPool() {
   try {
-    release(knob_float("FERRY_TIMEOUT_S"));
+    release(timeout_seconds(0, "timeout"));
   } catch (...) {
   }
   for (auto [d, e] : events_) {

@@ -395,7 +395,7 @@ void* PageCopier::stage(size_t bytes, cudaStream_t stream, bool capturing) {
   }
   Slot& s = slots_[next_slot_++ % slots_.size()];
   // The slot's previous kernel must be done reading it.
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(knob_float("FERRY_TIMEOUT_S"));
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds(0, "timeout"));
   for (;;) {
     cudaError_t q = cudaEventQuery(s.done);
     if (q == cudaSuccess) break;
@@ -629,7 +629,7 @@ PreparedPages::~PreparedPages() {
     for (auto& g : retired_gates_) g->open();  // their triggers may never land
     // The gate's word goes back to the pool with this object: the stream must
     // be past its wait first. Bounded; past the bound the word is kept.
-    if (ran_) synchronize(knob_float("FERRY_TIMEOUT_S"));
+    if (ran_) synchronize(timeout_seconds(0, "timeout"));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ferry: a prepared page transfer was released unfinished (%s); its gate is kept\n", e.what());
     gate_->keep();

@@ -30,6 +30,34 @@ TEST(Knobs, BadValueNamesTheVariable) {
   EXPECT_EQ(knob_int("FERRY_BATCH_MAX"), 32);
 }
 
+TEST(Knobs, TimeoutsThatWouldNeverEndOrEndAtOnceAreRefused) {
+  const char* old = std::getenv("FERRY_TIMEOUT_S");
+  const std::string saved = old ? old : "";
+  unsetenv("FERRY_TIMEOUT_S");
+  EXPECT_EQ(timeout_seconds(0, "timeout"), 300);
+  EXPECT_EQ(timeout_seconds(-1, "timeout"), 300);  // 0 or less: the knob's
+  EXPECT_EQ(timeout_seconds(2.5, "timeout"), 2.5);
+  for (const char* bad : {"0", "-5", "inf", "nan", "1e300"}) {
+    setenv("FERRY_TIMEOUT_S", bad, 1);
+    try {
+      timeout_seconds(0, "timeout");
+      ADD_FAILURE() << bad << " was taken";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("FERRY_TIMEOUT_S=") + bad), std::string::npos) << e.what();
+    }
+  }
+  try {
+    timeout_seconds(1e300, "timeout_s");
+    ADD_FAILURE() << "1e300 s was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("timeout_s is"), std::string::npos) << e.what();
+  }
+  if (old)
+    setenv("FERRY_TIMEOUT_S", saved.c_str(), 1);
+  else
+    unsetenv("FERRY_TIMEOUT_S");
+}
+
 TEST(Errors, CudaErrorsNameTheCall) {
   try {
     FERRY_CUDA_CHECK(2 /* cudaErrorMemoryAllocation */);
