@@ -177,15 +177,26 @@ int MultipathScheduler::add(int target, const std::vector<Chunk>& chunks, int la
   FERRY_ARG_CHECK(target >= 0 && target < links(),
                   "target is " + std::to_string(target) + "; expected a GPU 0.." + std::to_string(links() - 1));
   FERRY_ARG_CHECK(lane >= 0 && lane < kLanes, "lane is " + std::to_string(lane) + "; expected 0 or 1");
-  const int id = static_cast<int>(target_of_.size());
-  target_of_.push_back(target);
-  lane_of_.push_back(lane);
-  own_on_stream_.push_back(own_share_on_stream.value_or(policy_.own_share_on_stream));
-  head_pending_.push_back(head_pending);
-  remaining_.push_back(chunks.size());
+  int id = static_cast<int>(target_of_.size());
+  if (!free_ids_.empty()) {
+    id = free_ids_.back();
+    free_ids_.pop_back();
+  } else {
+    target_of_.emplace_back();
+    lane_of_.emplace_back();
+    own_on_stream_.emplace_back();
+    head_pending_.emplace_back();
+    remaining_.emplace_back();
+    chunk_max_.emplace_back();
+  }
+  target_of_[id] = target;
+  lane_of_[id] = lane;
+  own_on_stream_[id] = own_share_on_stream.value_or(policy_.own_share_on_stream);
+  head_pending_[id] = head_pending;
+  remaining_[id] = chunks.size();
   size_t largest = 0;
   for (const Chunk& c : chunks) largest = std::max(largest, c.bytes);
-  chunk_max_.push_back(largest);
+  chunk_max_[id] = largest;
   const int q = queue_of(target, lane);
   expected_[q] = -std::numeric_limits<double>::infinity();
   for (const Chunk& c : chunks) {
@@ -558,8 +569,16 @@ bool MultipathScheduler::any_probing() const {
   return false;
 }
 
+void MultipathScheduler::finish(int transfer) {
+  FERRY_ARG_CHECK(transfer >= 0 && transfer < static_cast<int>(remaining_.size()) && remaining_[transfer] == 0,
+                  "finish: transfer " + std::to_string(transfer) + " is not done");
+  head_pending_[transfer] = false;
+  free_ids_.push_back(transfer);
+}
+
 void MultipathScheduler::forget_transfers() {
   FERRY_ARG_CHECK(idle(), "forget_transfers: chunks are still waiting or in flight");
+  free_ids_.clear();
   target_of_.clear();
   lane_of_.clear();
   own_on_stream_.clear();

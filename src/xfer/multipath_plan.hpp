@@ -339,6 +339,11 @@ class MultipathScheduler {
   // When idle: forgets the transfers so far (ids start from 0 again); the
   // links' speeds and lanes, and the relays given up on, stay.
   void forget_transfers();
+  // `transfer` is done and its caller let go: its id goes to a later add().
+  // Without it, copies that always overlap (one stream saving while another
+  // fetches) never leave the scheduler idle, and its per-copy state would
+  // grow with every copy.
+  void finish(int transfer);
   // `link` served `bytes` in `seconds` (from when it could start on them to
   // when they landed), observed at `now`.
   void observe(int link, size_t bytes, double seconds, double now);
@@ -424,6 +429,7 @@ class MultipathScheduler {
   std::vector<int> lane_of_;                     // by transfer
   std::vector<bool> own_on_stream_;              // by transfer: its own share is on the caller's stream
   std::vector<bool> head_pending_;               // by transfer: that share has not landed yet
+  std::vector<int> free_ids_;                    // of finished transfers, for add() to reuse
   std::vector<std::vector<double>> seen_;        // by link and lane: when a chunk or probe last landed there
   std::vector<std::vector<double>> used_;        // by link and lane: when a chunk last landed there
   std::vector<std::vector<bool>> probing_;       // by link and lane: a probe is out

@@ -561,6 +561,30 @@ TEST(MultipathLinks, OwnLinkIsTheFirstOnTheDevice) {
   EXPECT_EQ(own_link({1, 2}, 0), -1);
 }
 
+TEST(MultipathScheduler, CopiesThatAlwaysOverlapReuseTheIdsOfFinishedOnes) {
+  // A save and a fetch always in flight together: the scheduler is never idle,
+  // and its per-copy state stays as large as the copies in flight.
+  MultipathScheduler s(1, unprobed());
+  int older = s.add(0, split_chunks(kMiB, kMiB));
+  std::set<int> ids{older};
+  for (int round = 0; round < 1000; ++round) {
+    const int newer = s.add(0, split_chunks(kMiB, kMiB), round % 2);
+    ids.insert(newer);
+    Assignment a;
+    while (s.next(0, &a)) {
+    }
+    ASSERT_EQ(s.in_flight(0), 2) << round;
+    s.complete(0);  // the older copy's chunk lands; the newer one's stays in flight
+    ASSERT_TRUE(s.done(older)) << round;
+    ASSERT_FALSE(s.idle()) << round;
+    EXPECT_THROW(s.finish(newer), ferry::Error) << "not done yet";
+    s.finish(older);
+    older = newer;
+  }
+  EXPECT_EQ(ids.size(), 2u) << "ids stay as few as the copies in flight at once";
+  EXPECT_THROW(s.finish(-1), ferry::Error);
+}
+
 TEST(MultipathChunkSize, EveryLinksQueueGetsAChunkWithinTheBounds) {
   const size_t MiB = size_t{1} << 20;
   // 16 MiB over 2 links with 2 outstanding each: 4 chunks, so the relay takes half.
