@@ -206,6 +206,12 @@ class Engine:
             nbytes, gpu = _pair(d, s, f"dsts[{i}]", f"srcs[{i}]")
             sizes.append(nbytes)
             gpus.append(gpu)
+            if gpu.device != gpus[0].device or d.is_cuda != dsts[0].is_cuda:
+                side, first = ("dsts" if d.is_cuda else "srcs"), ("dsts" if dsts[0].is_cuda else "srcs")
+                raise InvalidArgumentError(
+                    f"{side}[{i}] is on {gpu.device}; expected every copy of a batch the way of the first "
+                    f"({first}[0] on {gpus[0].device})"
+                )
         handle, device = _stream(stream, gpus[0])
         multipath, reason, chunks, links = self._engine().copy_batch(
             [t.data_ptr() for t in dsts], [t.data_ptr() for t in srcs], sizes, handle, device

@@ -100,7 +100,11 @@ class Offloaded:
         base = self._pool.tensor((total,), torch.uint8)
         for e in self._entries:
             e.host = base[e.offset : e.offset + e.nbytes].view(e.dtype).view(e.shape)
-        self._engine = engine if engine is not None else multipath.default_engine()
+        # None: the default engine at each call, so that a copy that broke it
+        # leaves the next sleep or wake a new one (the host copy is intact).
+        self._engine = engine
+        if engine is None:
+            multipath.default_engine()
         self.asleep = False
 
     @property
@@ -110,6 +114,20 @@ class Offloaded:
     @property
     def tensors(self) -> int:
         return len(self._entries)
+
+    def _copy_batch(self, dsts, srcs, s) -> None:
+        """One batched engine copy on `s`, waited for; an error it met is raised."""
+        from . import multipath
+
+        def run(engine):
+            engine.copy_batch(dsts, srcs, stream=s)
+            s.synchronize()
+            engine.check()
+
+        if self._engine is not None:
+            run(self._engine)
+        else:
+            multipath._on_default(run)
 
     def _stream(self, stream):
         import torch
@@ -135,11 +153,7 @@ class Offloaded:
                 )
         # One batch: the links stay busy across tensors instead of filling
         # and draining once per tensor.
-        self._engine.copy_batch(
-            [e.host for e in self._entries], [e.tensor.data for e in self._entries], stream=s
-        )
-        s.synchronize()
-        self._engine.check()
+        self._copy_batch([e.host for e in self._entries], [e.tensor.data for e in self._entries], s)
         empty = {}
         for e in self._entries:
             if e.dtype not in empty:
@@ -159,9 +173,7 @@ class Offloaded:
         with torch.cuda.stream(s):
             for e in self._entries:
                 fresh.append(torch.empty(e.shape, dtype=e.dtype, device=f"cuda:{self.device}"))
-            self._engine.copy_batch(fresh, [e.host for e in self._entries], stream=s)
-        s.synchronize()
-        self._engine.check()
+            self._copy_batch(fresh, [e.host for e in self._entries], s)
         for e, g in zip(self._entries, fresh):
             e.tensor.data = g
         self.asleep = False

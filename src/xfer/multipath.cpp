@@ -76,7 +76,7 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
                                                                  : knob_int("FERRY_MULTIPATH_OWN_SHARE_ON_STREAM") != 0;
   FERRY_ARG_CHECK(options.timeout_s >= 0 && std::isfinite(options.timeout_s),
                   "timeout is " + std::to_string(options.timeout_s) + "; expected seconds, or 0 for FERRY_TIMEOUT_S");
-  timeout_s_ = options.timeout_s > 0 ? options.timeout_s : knob_float("FERRY_TIMEOUT_S");
+  timeout_s_ = timeout_seconds(options.timeout_s, "timeout");
   policy_.keep_warm_s = knob_float("FERRY_MULTIPATH_KEEP_WARM_MS") * 1e-3;
   FERRY_ARG_CHECK(policy_.keep_warm_s >= 0 && std::isfinite(policy_.keep_warm_s),
                   "FERRY_MULTIPATH_KEEP_WARM_MS is " + std::to_string(policy_.keep_warm_s * 1e3) +
@@ -257,14 +257,20 @@ void MultipathEngine::close() {
   if (watchdog_.joinable()) watchdog_.join();
   withdraw_board();
   // The gates' words stay allocated: a stream may not have read them yet.
+  std::vector<StreamGate*> gates;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& g : gates_) {
-      g.gate->keep();
-      g.reached->keep();
-      g.head_done->keep();
-      destroy_events(g.head_time);  // a pending event is released once it completes
-    }
+    for (auto& g : gates_) gates.push_back(&g);
+  }
+  for (StreamGate* g : gates) {
+    // A copy of another thread past its closed_ check records its head's
+    // events while it holds the gate's arm_mu (taken before mu_, as there).
+    std::lock_guard<std::mutex> arm(*g->arm_mu);
+    std::lock_guard<std::mutex> lock(mu_);
+    g->gate->keep();
+    g->reached->keep();
+    g->head_done->keep();
+    destroy_events(g->head_time);  // a pending event is released once it completes
   }
   if (!drained && !broken)
     std::fprintf(stderr,
@@ -309,6 +315,19 @@ void MultipathEngine::close() {
       },
       "a multipath engine's staging and scratch memory");
   host_scratch_ = nullptr;
+}
+
+std::string MultipathEngine::busy_links(double limit_s) {
+  if (links_idle(limit_s)) return "";
+  std::string out;
+  for (const Link& L : link_)
+    for (cudaStream_t s : {L.host, L.nvlink})
+      if (cudaStreamQuery(s) != cudaSuccess) {
+        cudaGetLastError();
+        out += (out.empty() ? "" : ", ") + dev_name(L.device);
+        break;
+      }
+  return out.empty() ? "none (a stream query failed)" : out;
 }
 
 bool MultipathEngine::links_idle(double limit_s) {
@@ -434,8 +453,8 @@ MultipathReport MultipathEngine::copy_batch(const std::vector<MultipathPiece>& p
         return (x.to_device ? "host to " : "from ") + dev_name(x.device) + (x.to_device ? "" : " to host");
       };
       FERRY_ARG_CHECK(here.to_device == route.to_device && here.device == route.device,
-                      name(i, "dst") + ": copies " + way(here) + "; expected every copy of a batch to go the way " +
-                          "of the first (" + way(route) + ")");
+                      name(i, here.to_device ? "dst" : "src") + ": copies " + way(here) +
+                          "; expected every copy of a batch to go the way " + "of the first (" + way(route) + ")");
       route.host_pinned = route.host_pinned && here.host_pinned;
     }
     parts.push_back(Piece{static_cast<char*>(p.dst), static_cast<const char*>(p.src), p.bytes, total});
@@ -709,8 +728,11 @@ void MultipathEngine::submit_all(const std::vector<std::vector<Assignment>>& giv
     for (int i = 0; i < k; ++i) {
       if (halted_) return;
       Hop h = first[l];
-      const bool ok =
-          i == 0 ? second_hop(h) : first_hop(transfer_of(given[l][i].transfer), given[l][i], &h) && second_hop(h);
+      bool ok = i == 0 || first_hop(transfer_of(given[l][i].transfer), given[l][i], &h);
+      // The streams may have been let go while the first hop went out (a
+      // call held, the watchdog's release): no second hop into their buffers.
+      if (ok && halted_) return;
+      ok = ok && second_hop(h);
       if (!ok) {
         stop_relay(l, k - i, "a chunk's copy or event failed");
         break;
@@ -815,12 +837,17 @@ void MultipathEngine::fail_and_release(const std::string& message, std::deque<Tr
     if (error_.empty()) error_ = message;
     halted_ = true;
   }
-  // The chunks on the links finish first (bounded), so that no copy writes a
-  // buffer after its stream went on: the buffer may be another tensor's by
-  // then. Link streams never wait for callers' streams; should these calls be
-  // held (lazy loading), the watchdog, still watching, lets the streams go.
-  links_idle(std::min(timeout_s_, 2.0));
+  // The chunks on the links finish first, within the copies' own bound, so
+  // that no copy writes a buffer after its stream went on: the buffer may be
+  // another tensor's by then. Where they do not, the error says so. Link
+  // streams never wait for callers' streams; should these calls be held
+  // (lazy loading), the watchdog, still watching, lets the streams go.
+  const std::string busy = busy_links(timeout_s_);
   std::lock_guard<std::mutex> lock(mu_);
+  if (!busy.empty() && error_ == message)
+    error_ += "; chunks on the links of " + busy + " had not landed " + std::to_string(timeout_s_) +
+              " s later, when the streams were let go: they may still write the copies' buffers (keep them until "
+              "those GPUs are idle)";
   broken_ = true;
   open_every_gate();
   unfinished_.clear();
@@ -1161,6 +1188,7 @@ void MultipathEngine::run() {
       // Let each finished copy's stream go; a started copy has the timeout to land.
       for (auto it = active.begin(); it != active.end();) {
         if (sched->done(it->sched) && (!it->head || it->gate->head_done->value() >= it->generation)) {
+          sched->finish(it->sched);
           if (board_ && board_gpu_[it->target])
             board_ended_[{it->target, MultipathScheduler::lane(it->to_device)}] = steady_seconds();
           bytes_[it->target] += it->head;

@@ -257,6 +257,8 @@ class MultipathEngine {
   void probe_lost(int link, int lane, const std::string& why);
   void land(Transfer& t, double now);
   bool links_idle(double limit_s);
+  // "" once every link is idle (waiting up to `limit_s`), else the GPUs whose links are not.
+  std::string busy_links(double limit_s);
   void fail_and_release(const std::string& message, std::deque<Transfer>& pending, std::deque<Transfer>& active);
   StreamGate* gate_for(int device, cudaStream_t stream);  // takes mu_; allocates outside it
   // The link board: posts the GPUs and directions of the copies in `active`

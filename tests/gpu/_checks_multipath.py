@@ -451,8 +451,15 @@ def test_batch_bad_input_is_named(eng):
         eng.copy_batch([a, a], [h])
     with pytest.raises(ferry.InvalidArgumentError, match=r"dsts\[1\] holds 16 bytes and srcs\[1\] 8"):
         eng.copy_batch([a, a[:16]], [h, h[:8]])
-    with pytest.raises(ferry.InvalidArgumentError, match=r"pieces\[1\].dst: copies from cuda:0 to host"):
+    with pytest.raises(
+        ferry.InvalidArgumentError,
+        match=r"srcs\[1\] is on cuda:0; expected every copy of a batch the way of the first \(dsts\[0\] on cuda:0\)",
+    ):
         eng.copy_batch([a[: 2 * MiB], h[: 2 * MiB]], [h[: 2 * MiB], a[2 * MiB :]])
+    if torch.cuda.device_count() > 1:  # a batch from two GPUs: the GPU side is named
+        b = torch.zeros(MiB, dtype=torch.uint8, device="cuda:1")
+        with pytest.raises(ferry.InvalidArgumentError, match=r"srcs\[1\] is on cuda:1; expected"):
+            eng.copy_batch([h[:MiB], h[MiB : 2 * MiB]], [a[:MiB], b])
     with pytest.raises(ferry.InvalidArgumentError, match="two destinations overlap"):
         eng.copy_batch([a[: 2 * MiB], a[MiB : 3 * MiB]], [h[: 2 * MiB], h[2 * MiB :]])
     assert eng.copy_batch([], [])["reason"] == "zero bytes"
