@@ -1,6 +1,8 @@
 #include "core/env.hpp"
 
+#include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <system_error>
@@ -162,6 +164,7 @@ double knob_float(const char* name) {
 }
 
 double timeout_seconds(double given, const char* what) {
+  FERRY_ARG_CHECK(!std::isnan(given), std::string(what) + " is nan; expected seconds");
   if (given > 0) {
     FERRY_ARG_CHECK(given <= kMaxTimeoutS, std::string(what) + " is " + std::to_string(given) +
                                                " s; expected at most " + std::to_string(kMaxTimeoutS) + " s");
@@ -172,6 +175,16 @@ double timeout_seconds(double given, const char* what) {
                                                         "; expected seconds, more than 0 and at most " +
                                                         std::to_string(kMaxTimeoutS));
   return knob;
+}
+
+double teardown_timeout_seconds() noexcept {
+  constexpr double kDefault = 300;
+  try {
+    const double knob = knob_float("FERRY_TIMEOUT_S");
+    return knob > 0 ? std::min(knob, kMaxTimeoutS) : kDefault;  // (nan > 0 is false)
+  } catch (...) {
+    return kDefault;
+  }
 }
 
 namespace {

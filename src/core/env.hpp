@@ -27,6 +27,10 @@ double knob_float(const char* name);
 // the clocks' integer durations; a knob of 0 or less would time out at once).
 constexpr double kMaxTimeoutS = 1e6;
 double timeout_seconds(double given, const char* what);
+// The bound a teardown waits, which cannot refuse a knob: FERRY_TIMEOUT_S
+// within (0, kMaxTimeoutS], its default where it is not a number or not
+// positive.
+double teardown_timeout_seconds() noexcept;
 
 // Knobs every rank of a job must set alike. knob_settings: this process's
 // raw settings of `names` as one record ("=value" or "unset" per knob);

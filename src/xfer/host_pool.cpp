@@ -205,7 +205,7 @@ void HostPool::release(double timeout_s) {
 
 HostPool::~HostPool() {
   try {
-    release(timeout_seconds(0, "timeout"));
+    release(teardown_timeout_seconds());
   } catch (...) {
   }
   for (auto [d, e] : events_) {

@@ -629,7 +629,7 @@ PreparedPages::~PreparedPages() {
     for (auto& g : retired_gates_) g->open();  // their triggers may never land
     // The gate's word goes back to the pool with this object: the stream must
     // be past its wait first. Bounded; past the bound the word is kept.
-    if (ran_) synchronize(timeout_seconds(0, "timeout"));
+    if (ran_) synchronize(teardown_timeout_seconds());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ferry: a prepared page transfer was released unfinished (%s); its gate is kept\n", e.what());
     gate_->keep();

@@ -61,17 +61,18 @@ std::pair<int64_t, int64_t> pages_under(const PageRegion& a, int64_t p, const Pa
   return {first, last};
 }
 
-bool marked(const std::vector<uint64_t>& bits, int64_t page) {
+bool marked_bit(const std::vector<uint64_t>& bits, int64_t page) {
   return (bits[static_cast<uint64_t>(page) / 64] >> (static_cast<uint64_t>(page) % 64)) & 1;
 }
 
 // Calls pair(a, b) for every two spans whose pages can share memory, at least
 // one of them a destination, and some more: every pair that overlaps both in
-// address range and within a stride. Regions of one stride are compared
-// within a stride where they fit in one (the regions of a page-first pool,
-// interleaved: their ranges all overlap, their places within a stride do
-// not), else by address range (per-layer tensors, a page each stride), so
-// that the usual layouts cost a sort, not a comparison of every two regions.
+// address range and within a stride. Regions of one stride are compared by
+// their places within a stride where those cover it about twice at most (the
+// regions of a page-first pool, interleaved: their ranges all overlap, their
+// places within a stride do not, but for the same pool on the other side),
+// else by address range (per-layer tensors, a page each stride), so that the
+// usual layouts cost a sort, not a comparison of every two regions.
 template <class Pair>
 void overlapping_spans(std::vector<Span>& spans, Pair&& pair) {
   auto consider = [&](const Span& a, const Span& b) {
@@ -95,7 +96,10 @@ void overlapping_spans(std::vector<Span>& spans, Pair&& pair) {
       sum += spans[g.end].g->bytes;
     }
     const size_t s = spans[i].key;
-    if (g.dst && s > 0 && sum <= s) {
+    // By place within a stride where the places cover each point of a stride
+    // about twice at most (a page-first pool's tensors, on one side or both);
+    // else by address (per-layer tensors, whose pages fill every stride).
+    if (g.dst && s > 0 && sum <= 2 * s) {
       std::sort(spans.begin() + g.begin, spans.begin() + g.end,
                 [](const Span& x, const Span& y) { return x.off < y.off; });
       for (size_t a = g.begin; a < g.end; ++a) {
@@ -240,12 +244,15 @@ thread_local std::vector<uint64_t> t_src_seen;
 
 // The first way pages of two regions of one call share memory, with the
 // index lists: "" where none does. `a` is a destination region, `b` either.
+// `dst_pages` / `src_pages`: the sides' fewest pages, which bound their lists'
+// indices (and the bits marked).
 std::string meeting(const PageSide& dst, const PageSide& src, const RegionPair& pr, const PageIds& dst_ids,
                     const PageIds& src_ids, const std::vector<uint64_t>& dst_seen,
-                    const std::vector<uint64_t>& src_seen) {
+                    const std::vector<uint64_t>& src_seen, size_t dst_pages, size_t src_pages) {
   const PageRegion &ga = dst.regions[pr.a], &gb = (pr.b_dst ? dst : src).regions[pr.b];
   const PageIds& b_ids = pr.b_dst ? dst_ids : src_ids;
   const std::vector<uint64_t>& b_seen = pr.b_dst ? dst_seen : src_seen;
+  const size_t b_pages = pr.b_dst ? dst_pages : src_pages;
   // Walk the lists of the side whose pages each meet at most two of the
   // other's: where the other is one page, or a page no longer than the
   // other's stride (of two regions of several pages one is, as each stride
@@ -254,11 +261,13 @@ std::string meeting(const PageSide& dst, const PageSide& src, const RegionPair& 
   const PageRegion &walk = from_a ? ga : gb, &other = from_a ? gb : ga;
   const PageIds& walk_ids = from_a ? dst_ids : b_ids;
   const std::vector<uint64_t>& other_seen = from_a ? b_seen : dst_seen;
+  // A region's pages past its side's fewest are in no list (nor the bits).
+  const int64_t other_last = static_cast<int64_t>(from_a ? b_pages : dst_pages) - 1;
   for (size_t i = 0; i < walk_ids.count; ++i) {
     const int64_t p = walk_ids.at(i);
     const auto q = pages_under(walk, p, other);
-    for (int64_t o = q.first; o <= q.second; ++o) {
-      if (!marked(other_seen, o)) continue;
+    for (int64_t o = q.first; o <= std::min(q.second, other_last); ++o) {
+      if (!marked_bit(other_seen, o)) continue;
       const int64_t pa = from_a ? p : o, pb = from_a ? o : p;  // a's page, b's page
       const std::string na = name("dst", pr.a), nb = name(pr.b_dst ? "dst" : "src", pr.b);
       if (!pr.b_dst && same_layout(ga, gb))
@@ -334,7 +343,22 @@ void check_ids(const PageSide& dst, const PageSide& src, const PageIds& dst_ids,
   auto& src_seen = t_src_seen;
   bool src_marked = false;
   if (error.empty()) {
+    // Pairs of one layout (one tensor on both sides) meet exactly where a
+    // source page is a destination page, whichever the pair: checked once.
+    bool one_layout_checked = false;
     for (const RegionPair& pr : candidate_pairs(dst, src)) {
+      if (!pr.b_dst && same_layout(dst.regions[pr.a], src.regions[pr.b])) {
+        if (one_layout_checked) continue;
+        one_layout_checked = true;
+        for (size_t i = 0; i < n && error.empty(); ++i) {
+          const int64_t q = src_ids.at(i);
+          if (q < static_cast<int64_t>(dst_pages) && marked_bit(seen, q))
+            error = "src_ids[" + std::to_string(i) + "] = " + std::to_string(q) +
+                    " is also a destination page of the same tensor; a page read and written by one call would race";
+        }
+        if (!error.empty()) break;
+        continue;
+      }
       if (!pr.b_dst && !src_marked) {
         if (src_seen.size() < src_pages / 64 + 1) src_seen.resize(src_pages / 64 + 1, 0);
         for (size_t i = 0; i < n; ++i) {
@@ -343,7 +367,7 @@ void check_ids(const PageSide& dst, const PageSide& src, const PageIds& dst_ids,
         }
         src_marked = true;
       }
-      error = meeting(dst, src, pr, dst_ids, src_ids, seen, src_seen);
+      error = meeting(dst, src, pr, dst_ids, src_ids, seen, src_seen, dst_pages, src_pages);
       if (!error.empty()) break;
     }
   }

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 
 #include "core/env.hpp"
@@ -52,6 +53,14 @@ TEST(Knobs, TimeoutsThatWouldNeverEndOrEndAtOnceAreRefused) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("timeout_s is"), std::string::npos) << e.what();
   }
+  // A teardown cannot refuse: it waits the default for a knob that is not a bound, at most 1e6 s.
+  setenv("FERRY_TIMEOUT_S", "0", 1);
+  EXPECT_EQ(teardown_timeout_seconds(), 300);
+  setenv("FERRY_TIMEOUT_S", "lots", 1);
+  EXPECT_EQ(teardown_timeout_seconds(), 300);
+  setenv("FERRY_TIMEOUT_S", "1e7", 1);
+  EXPECT_EQ(teardown_timeout_seconds(), kMaxTimeoutS);
+  EXPECT_THROW(timeout_seconds(std::nan(""), "timeout_s"), Error);
   if (old)
     setenv("FERRY_TIMEOUT_S", saved.c_str(), 1);
   else

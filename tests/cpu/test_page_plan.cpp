@@ -227,6 +227,31 @@ TEST(PagePlan, APageFirstPoolsInterleavedTensorsShareNoPage) {
   EXPECT_NE(error_of([&] { check_layouts(pool, gpu); }).find("share memory"), std::string::npos);
 }
 
+TEST(PagePlan, OnePageFirstPoolOnBothSidesMovesPagesWithinIt) {
+  // A copy within one page-first cache (copy on write): each tensor on both sides; pages moved, not shared.
+  const size_t K = 1024, T = 64, N = 256;
+  PageSide pool;
+  for (size_t i = 0; i < T; ++i) pool.regions.push_back(region(0x1000000 + i * K, T * K, K, N));
+  std::vector<int64_t> d{10, 11, 12}, s{200, 201, 11};
+  EXPECT_NE(error_of([&] { check_ids(pool, pool, ids(d), ids(s)); }).find("src_ids[2] = 11 is also a destination page"),
+            std::string::npos);
+  s[2] = 202;
+  EXPECT_TRUE(passes([&] { check_ids(pool, pool, ids(d), ids(s)); }));
+  EXPECT_TRUE(passes([&] { check_layouts(pool, pool); }));
+}
+
+TEST(PagePlan, RegionsOfMorePagesThanTheirSideAreLookedUpWithinTheLists) {
+  // src[1] has 10 pages, so the lists name src pages 0..9; src[0], dst[0]'s memory half a page on, meets dst
+  // page 150 at its pages 149 and 150, which no list names (and no bit of the source side's marks).
+  const size_t P = 4096;
+  const PageRegion k = region(0x10000000, P, P, 1000), half_on = region(0x10000000 + P / 2, P, P, 1000),
+                   w = region(0x20000000, P, P, 200), x = region(0x30000000, P, P, 10);
+  std::vector<int64_t> d{150}, s{3};
+  EXPECT_TRUE(passes([&] { check_ids(sides_of({k, w}), sides_of({half_on, x}), ids(d), ids(s)); }));
+  d[0] = 3;
+  EXPECT_FALSE(passes([&] { check_ids(sides_of({k, w}), sides_of({half_on, x}), ids(d), ids(s)); }));
+}
+
 TEST(PagePlan, LayoutsAloneRefuseWhatAnyListsWouldRace) {
   const size_t P = 256, N = 16;
   const PageRegion a = region(0x100000, P, P, N), b = region(0x200000, P, P, N);
