@@ -9,9 +9,11 @@
  * later sees the pages, and the copies see all earlier work. Host memory must
  * be pinned (a ferry_host_pool_t, cudaHostAlloc, cudaHostRegister); pageable
  * memory is refused with the reason. Bad indices (out of range, negative, a
- * destination page twice), mismatched page sizes and pageable memory return
- * FERRY_ERROR_INVALID_ARGUMENT and a message naming the argument; nothing is
- * copied then. See docs/kv.md for which mode to use when.
+ * destination page twice), memory the call would write through two pages or
+ * write and read (a region given twice, regions that overlap), mismatched
+ * page sizes and pageable memory return FERRY_ERROR_INVALID_ARGUMENT and a
+ * message naming the argument; nothing is copied then. See docs/kv.md for
+ * which mode to use when.
  */
 #ifndef FERRY_KV_H_
 #define FERRY_KV_H_
