@@ -61,7 +61,7 @@ typedef struct {
   int device; /* CUDA device ordinal this rank drives */
   ferry_allgather_fn allgather;
   void* allgather_ctx;
-  double timeout_s; /* bound on every wait; <= 0 takes FERRY_TIMEOUT_S */
+  double timeout_s; /* bound on every wait, at most 1e6 s; <= 0 takes FERRY_TIMEOUT_S */
 } ferry_comm_config_t;
 
 /* One process per GPU. Collective over all ranks. Setting up a communicator

@@ -28,7 +28,7 @@ typedef struct {
   size_t min_bytes;   /* smallest copy that goes multipath (FERRY_MULTIPATH_MIN_BYTES) */
   int outstanding;    /* chunks in flight per link (3) */
   int relay_first;    /* 1: a link may relay before serving its own GPU's copies (0: its own first) */
-  double timeout_s;   /* bound on a copy once its stream got to it (FERRY_TIMEOUT_S) */
+  double timeout_s;   /* bound on a copy once its stream got to it, at most 1e6 s (0: FERRY_TIMEOUT_S) */
   int relays_idle;    /* 1: a GPU relays only while no other program runs on it (NVML; 0: every GPU relays) */
 } ferry_multipath_options_t;
 

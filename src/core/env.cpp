@@ -14,7 +14,9 @@ namespace ferry {
 const std::vector<Knob>& knobs() {
   static const std::vector<Knob> table = {
       {"FERRY_TIMEOUT_S", "float", "300",
-       "bound, in seconds, on every wait for a peer (bootstrap and collectives); the error names the peer"},
+       "bound, in seconds, on every wait for a peer (bootstrap and collectives); the error names the peer (more than "
+       "0, "
+       "at most 1e6)"},
       {"FERRY_BATCH_MAX", "int", "32",
        "most copies in one cudaMemcpyBatchAsync call; larger lists are split (the driver's host time per copy grows "
        "with the batch: on an H200, 4096 scattered 16 KB pages took half the time in calls of 32 as in calls of 128)"},
