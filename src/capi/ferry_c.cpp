@@ -25,6 +25,7 @@ static_assert(FERRY_SIGNALS_COPY == static_cast<int>(ferry::Signals::kCopy) &&
 
 namespace {
 
+using ferry::capi::enum_value;
 using ferry::capi::get;
 using ferry::capi::guarded;
 
@@ -39,37 +40,39 @@ ferry::CollectiveArgs make_args(ferry::Communicator& c, ferry::CollOp op, void* 
   a.bytes_per_rank = bytes;
   for (int i = 0; i < n; ++i) a.streams.push_back(streams ? static_cast<cudaStream_t>(streams[i]) : nullptr);
   if (options) {
-    FERRY_ARG_CHECK(options->algo >= FERRY_ALGO_AUTO && options->algo <= FERRY_ALGO_SM,
-                    "options->algo is not a ferry_algo_t");
-    FERRY_ARG_CHECK(options->local_copy >= FERRY_LOCAL_COPY_AUTO && options->local_copy <= FERRY_LOCAL_COPY_PEER,
+    const int algo = enum_value(options->algo), local_copy = enum_value(options->local_copy),
+              signals = enum_value(options->signals);
+    FERRY_ARG_CHECK(algo >= FERRY_ALGO_AUTO && algo <= FERRY_ALGO_SM, "options->algo is not a ferry_algo_t");
+    FERRY_ARG_CHECK(local_copy >= FERRY_LOCAL_COPY_AUTO && local_copy <= FERRY_LOCAL_COPY_PEER,
                     "options->local_copy is not a ferry_local_copy_t");
-    FERRY_ARG_CHECK(options->signals >= FERRY_SIGNALS_AUTO && options->signals <= FERRY_SIGNALS_KERNEL,
+    FERRY_ARG_CHECK(signals >= FERRY_SIGNALS_AUTO && signals <= FERRY_SIGNALS_KERNEL,
                     "options->signals is not a ferry_signals_t");
-    a.algo = static_cast<ferry::Algo>(options->algo);
-    a.local_copy = static_cast<ferry::LocalCopy>(options->local_copy);
-    a.signals = static_cast<ferry::Signals>(options->signals);
+    a.algo = static_cast<ferry::Algo>(algo);
+    a.local_copy = static_cast<ferry::LocalCopy>(local_copy);
+    a.signals = static_cast<ferry::Signals>(signals);
   }
   return a;
 }
 
 ferry::CollectiveArgs call_args(ferry::Communicator& c, const ferry_call_t* call) {
   FERRY_ARG_CHECK(call, "call must not be NULL");
-  FERRY_ARG_CHECK(call->op >= FERRY_OP_ALL_GATHER && call->op <= FERRY_OP_ALL_REDUCE, "call->op is not a ferry_op_t");
-  auto a = make_args(c, static_cast<ferry::CollOp>(call->op), call->outs, call->ins, call->bytes, call->streams,
-                     &call->options);
+  const int op = enum_value(call->op);
+  FERRY_ARG_CHECK(op >= FERRY_OP_ALL_GATHER && op <= FERRY_OP_ALL_REDUCE, "call->op is not a ferry_op_t");
+  auto a =
+      make_args(c, static_cast<ferry::CollOp>(op), call->outs, call->ins, call->bytes, call->streams, &call->options);
   int w = c.world();
-  if (call->op == FERRY_OP_ALL_TO_ALLV) {
+  if (op == FERRY_OP_ALL_TO_ALLV) {
     FERRY_ARG_CHECK(call->counts, "call->counts must not be NULL for all_to_allv (world * world byte counts)");
     a.counts.assign(call->counts, call->counts + static_cast<size_t>(w) * w);
   }
   a.root = call->root;
   a.count = call->count;
-  a.dtype = static_cast<ferry::DType>(call->dtype);
-  a.red_op = static_cast<ferry::RedOp>(call->red_op);
-  if (call->op == FERRY_OP_REDUCE_SCATTER || call->op == FERRY_OP_ALL_REDUCE) {
+  const int red_op = enum_value(call->red_op);
+  a.dtype = static_cast<ferry::DType>(enum_value(call->dtype));
+  a.red_op = static_cast<ferry::RedOp>(red_op);
+  if (op == FERRY_OP_REDUCE_SCATTER || op == FERRY_OP_ALL_REDUCE) {
     FERRY_ARG_CHECK(ferry::dtype_bytes(a.dtype) > 0, "call->dtype is not a ferry_dtype_t");
-    FERRY_ARG_CHECK(call->red_op >= FERRY_RED_SUM && call->red_op <= FERRY_RED_MIN,
-                    "call->red_op is not a ferry_red_op_t");
+    FERRY_ARG_CHECK(red_op >= FERRY_RED_SUM && red_op <= FERRY_RED_MIN, "call->red_op is not a ferry_red_op_t");
   }
   return a;
 }
@@ -82,14 +85,15 @@ std::vector<ferry::SelectorRule> selector_rules(const ferry_tuning_rule_t* rules
   for (size_t i = 0; i < n; ++i) {
     const ferry_tuning_rule_t& r = rules[i];
     const std::string at = "rules[" + std::to_string(i) + "]";
-    FERRY_ARG_CHECK(r.op >= FERRY_OP_ALL_GATHER && r.op <= FERRY_OP_ALL_REDUCE, at + ".op is not a ferry_op_t");
+    const int op = enum_value(r.op), algo = enum_value(r.algo), signals = enum_value(r.signals);
+    FERRY_ARG_CHECK(op >= FERRY_OP_ALL_GATHER && op <= FERRY_OP_ALL_REDUCE, at + ".op is not a ferry_op_t");
     FERRY_ARG_CHECK(r.world >= 0, at + ".world is " + std::to_string(r.world) + "; expected 0 (any) or a world size");
-    FERRY_ARG_CHECK(r.algo >= FERRY_ALGO_PCPY && r.algo <= FERRY_ALGO_SM,
+    FERRY_ARG_CHECK(algo >= FERRY_ALGO_PCPY && algo <= FERRY_ALGO_SM,
                     at + ".algo must name a variant (FERRY_ALGO_PCPY, _B2B, _SEQ or _SM), not AUTO");
-    FERRY_ARG_CHECK(r.signals >= FERRY_SIGNALS_AUTO && r.signals <= FERRY_SIGNALS_KERNEL,
+    FERRY_ARG_CHECK(signals >= FERRY_SIGNALS_AUTO && signals <= FERRY_SIGNALS_KERNEL,
                     at + ".signals is not a ferry_signals_t");
-    t.push_back({static_cast<ferry::CollOp>(r.op), r.world, r.max_bytes, static_cast<ferry::Algo>(r.algo),
-                 static_cast<ferry::Signals>(r.signals)});
+    t.push_back({static_cast<ferry::CollOp>(op), r.world, r.max_bytes, static_cast<ferry::Algo>(algo),
+                 static_cast<ferry::Signals>(signals)});
   }
   return t;
 }
@@ -236,8 +240,9 @@ ferry_result_t ferry_comm_choose(ferry_comm_t comm, ferry_op_t op, size_t bytes_
                                  ferry_signals_t* signals) {
   return guarded([&] {
     FERRY_ARG_CHECK(algo && signals, "algo and signals must not be NULL");
-    FERRY_ARG_CHECK(op >= FERRY_OP_ALL_GATHER && op <= FERRY_OP_ALL_REDUCE, "op is not a ferry_op_t");
-    const ferry::Resolved r = get(comm).choose(static_cast<ferry::CollOp>(op), bytes_per_rank);
+    const int which = enum_value(op);
+    FERRY_ARG_CHECK(which >= FERRY_OP_ALL_GATHER && which <= FERRY_OP_ALL_REDUCE, "op is not a ferry_op_t");
+    const ferry::Resolved r = get(comm).choose(static_cast<ferry::CollOp>(which), bytes_per_rank);
     *algo = static_cast<ferry_algo_t>(r.algo);
     *signals = r.kernel_signals ? FERRY_SIGNALS_KERNEL : FERRY_SIGNALS_COPY;
   });

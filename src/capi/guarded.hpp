@@ -3,8 +3,10 @@
 // API file.
 #pragma once
 
+#include <cstring>
 #include <exception>
 #include <string>
+#include <type_traits>
 
 #include "core/error.hpp"
 #include "ferry/ferry.h"
@@ -17,6 +19,17 @@ namespace capi {
 inline std::string& last_error() {
   thread_local std::string message;
   return message;
+}
+
+// The integer a C caller stored in an enum field or argument. Any int is a
+// value of a C enum, while in C++ loading a value outside the enumeration's
+// range is undefined (and a range check of it may be optimised away): the
+// bytes are read as the enum's integer type instead.
+template <typename E>
+int enum_value(const E& e) {
+  std::underlying_type_t<E> v;
+  std::memcpy(&v, &e, sizeof v);
+  return static_cast<int>(v);
 }
 
 template <typename Fn>

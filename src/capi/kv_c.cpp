@@ -43,7 +43,8 @@ ferry_result_t ferry_kv_copy_blocks(int device, const ferry_kv_region_t* dst, co
                                     size_t regions, const int64_t* dst_ids, const int64_t* src_ids, size_t count,
                                     ferry_kv_mode_t mode, unsigned flags, ferry_stream_t stream) {
   return ferry::capi::guarded([&] {
-    FERRY_ARG_CHECK(mode >= FERRY_KV_AUTO && mode <= FERRY_KV_KERNEL, "mode is not a ferry_kv_mode_t");
+    const int how = ferry::capi::enum_value(mode);
+    FERRY_ARG_CHECK(how >= FERRY_KV_AUTO && how <= FERRY_KV_KERNEL, "mode is not a ferry_kv_mode_t");
     FERRY_ARG_CHECK(device >= 0, "device must be a CUDA device ordinal");
     constexpr unsigned known =
         FERRY_KV_ZERO_SM | FERRY_KV_URGENT | FERRY_KV_SETTLED_SOURCE | FERRY_KV_SLICED | FERRY_KV_UNPITCHED;
@@ -53,7 +54,7 @@ ferry_result_t ferry_kv_copy_blocks(int device, const ferry_kv_region_t* dst, co
                                                "FERRY_KV_URGENT, FERRY_KV_SETTLED_SOURCE, FERRY_KV_SLICED and "
                                                "FERRY_KV_UNPITCHED");
     ferry::xfer::PageCopyOptions o;
-    if (mode != FERRY_KV_AUTO) o.strategy = static_cast<ferry::xfer::PageStrategy>(mode - 1);
+    if (how != FERRY_KV_AUTO) o.strategy = static_cast<ferry::xfer::PageStrategy>(how - 1);
     o.zero_sm = flags & FERRY_KV_ZERO_SM;
     o.urgent = flags & FERRY_KV_URGENT;
     o.settled_source = flags & FERRY_KV_SETTLED_SOURCE;
@@ -73,9 +74,10 @@ ferry_result_t ferry_kv_prepare(int device, const ferry_kv_region_t* dst, const 
     FERRY_ARG_CHECK(prepared, "prepared is NULL");
     *prepared = nullptr;
     FERRY_ARG_CHECK(device >= 0, "device must be a CUDA device ordinal");
-    FERRY_ARG_CHECK(mode >= FERRY_KV_AUTO && mode <= FERRY_KV_KERNEL, "mode is not a ferry_kv_mode_t");
-    FERRY_ARG_CHECK(mode != FERRY_KV_KERNEL && mode != FERRY_KV_AUTO,
-                    std::string("mode is ") + (mode == FERRY_KV_AUTO ? "FERRY_KV_AUTO" : "FERRY_KV_KERNEL") +
+    const int how = ferry::capi::enum_value(mode);
+    FERRY_ARG_CHECK(how >= FERRY_KV_AUTO && how <= FERRY_KV_KERNEL, "mode is not a ferry_kv_mode_t");
+    FERRY_ARG_CHECK(how != FERRY_KV_KERNEL && how != FERRY_KV_AUTO,
+                    std::string("mode is ") + (how == FERRY_KV_AUTO ? "FERRY_KV_AUTO" : "FERRY_KV_KERNEL") +
                         "; a prepared transfer runs on copy engines (an armed kernel would hold its SMs while it "
                         "waits): FERRY_KV_BATCHED, FERRY_KV_STREAMS or FERRY_KV_PER_PAGE");
     constexpr unsigned allowed = FERRY_KV_ZERO_SM | FERRY_KV_UNPITCHED;
@@ -83,7 +85,7 @@ ferry_result_t ferry_kv_prepare(int device, const ferry_kv_region_t* dst, const 
                     "flags has bits a prepared transfer does not take (" + std::to_string(flags & ~allowed) +
                         "); it takes FERRY_KV_UNPITCHED and FERRY_KV_ZERO_SM (always true of it)");
     const auto strategy =
-        mode == FERRY_KV_PER_PAGE ? ferry::xfer::PageStrategy::kPerPage : ferry::xfer::PageStrategy::kBatched;
+        how == FERRY_KV_PER_PAGE ? ferry::xfer::PageStrategy::kPerPage : ferry::xfer::PageStrategy::kBatched;
     auto impl = std::make_unique<ferry::xfer::PreparedPages>(
         device, side_of(dst, regions, "dst"), side_of(src, regions, "src"), ferry::xfer::PageIds{dst_ids, count, true},
         ferry::xfer::PageIds{src_ids, count, true}, strategy, true, !(flags & FERRY_KV_UNPITCHED));
