@@ -49,7 +49,10 @@ std::unique_ptr<SymmetricHeap> SymmetricHeap::create(const Group& g, size_t capa
   CUmemAllocationProp prop = vmm_prop(g.devices[0], g.multi_process());
   FERRY_CU_CHECK(cu.MemGetAllocationGranularity(&h->granularity_, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
   h->capacity_ = heap_capacity(capacity, static_cast<size_t>(knob_int("FERRY_SYMM_HEAP_BYTES")), h->granularity_);
-  h->min_chunk_ = min_chunk ? min_chunk : static_cast<size_t>(knob_int("FERRY_SYMM_CHUNK_BYTES"));
+  const long long chunk_knob = min_chunk ? 0 : knob_int("FERRY_SYMM_CHUNK_BYTES");
+  FERRY_ARG_CHECK(chunk_knob >= 0,
+                  "FERRY_SYMM_CHUNK_BYTES is " + std::to_string(chunk_knob) + "; expected bytes, at least 0");
+  h->min_chunk_ = min_chunk ? min_chunk : static_cast<size_t>(chunk_knob);
   FERRY_ARG_CHECK(h->capacity_ > h->front_, "capacity is " + std::to_string(h->capacity_) +
                                                 " bytes; expected more than " + std::to_string(h->front_));
   // Every rank must take the same capacity: it is the stride kernels use.

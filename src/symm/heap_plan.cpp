@@ -121,6 +121,9 @@ bool HeapAllocator::find(size_t offset, size_t bytes, size_t* start, size_t* siz
 
 size_t heap_mapped_end(size_t mapped, size_t need_end, size_t granularity, size_t min_chunk, size_t capacity) {
   if (need_end <= mapped) return mapped;
+  // Past the capacity (or a chunk that reaches it) is the capacity, before
+  // any sum that could wrap.
+  if (need_end >= capacity || min_chunk >= capacity - mapped) return capacity;
   size_t end = align_up(need_end, granularity);
   if (end - mapped < min_chunk) end = align_up(mapped + min_chunk, granularity);
   return end < capacity ? end : capacity;
@@ -128,8 +131,11 @@ size_t heap_mapped_end(size_t mapped, size_t need_end, size_t granularity, size_
 
 size_t heap_capacity(size_t requested, size_t knob_default, size_t granularity) {
   const size_t want = requested ? requested : knob_default;
-  FERRY_ARG_CHECK(want > 0, "capacity must be positive");
-  FERRY_ARG_CHECK(want <= (size_t(1) << 46), "capacity is " + std::to_string(want) + " bytes; expected at most 64 TiB");
+  const std::string what = requested ? "capacity" : "FERRY_SYMM_HEAP_BYTES";
+  FERRY_ARG_CHECK(want > 0, what + " must be positive");
+  FERRY_ARG_CHECK(want <= (size_t(1) << 46),
+                  what + " is " + std::to_string(want) + " bytes; expected at most 64 TiB" +
+                      (want > (size_t(1) << 63) ? " (a negative number read as bytes?)" : ""));
   return align_up(want, granularity);
 }
 

@@ -8,8 +8,9 @@
 namespace ferry {
 
 size_t PoolRanges::chunk_for(size_t bytes, size_t chunk_bytes) {
-  FERRY_ARG_CHECK(bytes <= SIZE_MAX - kChunkRound && chunk_bytes <= SIZE_MAX - kChunkRound,
-                  "a request of " + std::to_string(bytes) + " bytes is too large");
+  FERRY_ARG_CHECK(bytes <= SIZE_MAX - kChunkRound, "a request of " + std::to_string(bytes) + " bytes is too large");
+  FERRY_ARG_CHECK(chunk_bytes <= SIZE_MAX - kChunkRound,
+                  "chunk_bytes is " + std::to_string(chunk_bytes) + "; too large for a chunk");
   const auto round = [](size_t n) { return (n + kChunkRound - 1) / kChunkRound * kChunkRound; };
   return std::max(round(chunk_bytes), round(bytes ? bytes : 1));
 }

@@ -107,4 +107,10 @@ TEST(PoolRanges, ANewChunkIsThePoolsSizeOrTheRequestsInWhole2MiB) {
   EXPECT_EQ(PoolRanges::chunk_for(100, 256 * MiB), 256 * MiB);
   EXPECT_EQ(PoolRanges::chunk_for(300 * MiB + 1, 256 * MiB), 302 * MiB);  // a larger request its own
   EXPECT_THROW(PoolRanges::chunk_for(SIZE_MAX - 5, 256 * MiB), ferry::Error);
+  try {
+    PoolRanges::chunk_for(0, SIZE_MAX);
+    ADD_FAILURE() << "taken";
+  } catch (const ferry::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("chunk_bytes is 18446744073709551615"), std::string::npos) << e.what();
+  }
 }
