@@ -181,8 +181,10 @@ const CollectiveMemory::ScratchBlock& CollectiveMemory::scratch(size_t bytes) {
 
 const CollectiveMemory::Registration* CollectiveMemory::find(int rank, const void* ptr, size_t bytes) const {
   auto p = static_cast<const char*>(ptr);
-  for (const auto& reg : registrations_)
-    if (p >= reg.base[rank] && p + bytes <= reg.base[rank] + reg.size[rank]) return &reg;
+  for (const auto& reg : registrations_)  // (differences, not sums, which could wrap)
+    if (p >= reg.base[rank] && bytes <= reg.size[rank] &&
+        static_cast<size_t>(p - reg.base[rank]) <= reg.size[rank] - bytes)
+      return &reg;
   return nullptr;
 }
 

@@ -155,7 +155,7 @@ std::vector<Built> Communicator::build(const CollectiveArgs& a, std::vector<uint
       offset = o - reg->base[r];
       for (int p = 0; p < world_; ++p) {
         const size_t need = rank_bytes(a.op, world_, p, a.root, shape, a.counts).out;
-        if (offset + need > reg->size[p])
+        if (need > reg->size[p] || offset > reg->size[p] - need)  // (a sum could wrap)
           throw_error(FERRY_ERROR_INVALID_ARGUMENT,
                       name + ": out needs " + bytes_str(need) + " at offset " + std::to_string(offset) +
                           " of buffer #" + std::to_string(reg->id) + " on rank " + std::to_string(p) +

@@ -37,9 +37,34 @@ std::string overlap_unless(bool allowed, const char* in, size_t in_bytes, const 
 
 uint64_t reduction_extra(const CollectiveArgs& a) { return uint64_t(a.dtype) << 8 | uint64_t(a.red_op); }
 
+// x * y where it fits in 64 bits, else an error naming the call and `what`. A
+// C caller's sizes can be anything, and a product that wrapped would size the
+// checks of out and in for far fewer bytes than the plan then moves.
+size_t product(size_t x, size_t y, const CollectiveArgs& a, const char* what) {
+  if (y != 0 && x > SIZE_MAX / y)
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(coll_op_name(a.op)) + ": " + what + " is " +
+                                                  std::to_string(x) + " x " + std::to_string(y) +
+                                                  " bytes, past 64 bits");
+  return x * y;
+}
+
+// A reduction's bytes per rank (count x the dtype's size), with its buffers'
+// sizes and scratch slots known to fit.
+size_t reduction_bytes(const CollectiveArgs& a, int world, bool in_is_world) {
+  const size_t bytes = product(a.count, dtype_bytes(a.dtype), a, "count x the dtype's size");
+  const size_t w = static_cast<size_t>(world);
+  if (in_is_world) product(bytes, w, a, "in (count x the dtype's size x world)");
+  const size_t slot = bytes <= SIZE_MAX - 256 ? scratch_slot_stride(bytes) : SIZE_MAX;
+  product(slot, w, a, "the scratch slots (count x the dtype's size, rounded up, x world)");
+  return bytes;
+}
+
 class AllGather final : public CollectivePlanner {
  public:
-  CallShape shape(const CollectiveArgs& a, int) const override { return {a.bytes_per_rank, 0}; }
+  CallShape shape(const CollectiveArgs& a, int world) const override {
+    product(a.bytes_per_rank, static_cast<size_t>(world), a, "out (bytes x world)");
+    return {a.bytes_per_rank, 0};
+  }
   std::string overlap_error(const char* in, const char* out, int rank, size_t shape, size_t in_bytes,
                             size_t out_bytes) const override {
     return overlap_unless(in == out + static_cast<size_t>(rank) * shape, in, in_bytes, out, out_bytes,
@@ -55,7 +80,10 @@ class AllGather final : public CollectivePlanner {
 
 class AllToAll final : public CollectivePlanner {
  public:
-  CallShape shape(const CollectiveArgs& a, int) const override { return {a.bytes_per_rank, 0}; }
+  CallShape shape(const CollectiveArgs& a, int world) const override {
+    product(a.bytes_per_rank, static_cast<size_t>(world), a, "out (bytes x world)");
+    return {a.bytes_per_rank, 0};
+  }
   bool in_place(const CollectiveArgs& a, int local = 0) const override {
     return static_cast<int>(a.ins.size()) > local && a.ins[local] == a.outs[local];
   }
@@ -102,7 +130,12 @@ class AllToAllv final : public CollectivePlanner {
                                                   std::to_string(a.counts.size()));
     std::vector<uint64_t> c(a.counts.begin(), a.counts.end());
     CallShape s{0, hash_values(c.data(), c.size())};
-    for (size_t x : a.counts) s.bytes += x;
+    // Every rank's part is a sum of some of them: the whole fitting, each does.
+    for (size_t x : a.counts) {
+      FERRY_ARG_CHECK(x <= SIZE_MAX - s.bytes, std::string(coll_op_name(a.op)) + ": counts add up past 64 bits (" +
+                                                   std::to_string(x) + " after " + std::to_string(s.bytes) + ")");
+      s.bytes += x;
+    }
     return s;
   }
   size_t selection_bytes(const CollectiveArgs& a, int world) const override {
@@ -152,8 +185,8 @@ class Broadcast final : public CollectivePlanner {
 
 class ReduceScatter final : public CollectivePlanner {
  public:
-  CallShape shape(const CollectiveArgs& a, int) const override {
-    return {a.count * dtype_bytes(a.dtype), reduction_extra(a)};
+  CallShape shape(const CollectiveArgs& a, int world) const override {
+    return {reduction_bytes(a, world, true), reduction_extra(a)};
   }
   ScratchPlan scratch(const CollectiveArgs&, int, size_t shape, const PlanKnobs&,
                       const std::function<bool(size_t)>&) const override {
@@ -179,8 +212,8 @@ class ReduceScatter final : public CollectivePlanner {
 
 class AllReduce final : public CollectivePlanner {
  public:
-  CallShape shape(const CollectiveArgs& a, int) const override {
-    return {a.count * dtype_bytes(a.dtype), reduction_extra(a)};
+  CallShape shape(const CollectiveArgs& a, int world) const override {
+    return {reduction_bytes(a, world, false), reduction_extra(a)};
   }
   size_t selection_bytes(const CollectiveArgs& a, int world) const override {
     return a.count * dtype_bytes(a.dtype) / world;

@@ -434,6 +434,41 @@ TEST(Planner, SelectionBytesAreBytesPerRank) {
   EXPECT_EQ(planner_for(a.op).selection_bytes(a, 8), 77u);
 }
 
+TEST(Planner, SizesPast64BitsAreRefusedBeforeAnythingIsSizedByThem) {
+  // A C caller's sizes: a product that wrapped sized the checks of out for 0 bytes, then planned 2^63.
+  auto refused = [](const CollectiveArgs& a, int world, const char* what) {
+    try {
+      planner_for(a.op).shape(a, world);
+      ADD_FAILURE() << coll_op_name(a.op) << " taken";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), FERRY_ERROR_INVALID_ARGUMENT);
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  CollectiveArgs a;
+  for (CollOp op : {CollOp::kAllGather, CollOp::kAllToAll}) {
+    a.op = op;
+    a.bytes_per_rank = size_t(1) << 63;
+    refused(a, 2, "out (bytes x world) is 9223372036854775808 x 2 bytes, past 64 bits");
+    a.bytes_per_rank = size_t(1) << 62;
+    EXPECT_EQ(planner_for(op).shape(a, 2).bytes, size_t(1) << 62);  // 2^63 fits
+  }
+  a.op = CollOp::kAllToAllv;
+  a.counts = {1, size_t(1) << 63, 0, size_t(1) << 63};
+  refused(a, 2, "counts add up past 64 bits");
+  a.op = CollOp::kAllReduce;
+  a.dtype = DType::kFloat32;
+  a.count = (size_t(1) << 62) + 1;
+  refused(a, 4, "count x the dtype's size");
+  a.count = size_t(1) << 60;  // 2^62 bytes: its slots for 4 ranks do not fit
+  refused(a, 4, "the scratch slots");
+  a.op = CollOp::kReduceScatter;
+  a.count = size_t(1) << 61;  // 2^63 bytes per rank, in is twice that
+  refused(a, 2, "in (count x the dtype's size x world)");
+  a.count = size_t(1) << 20;
+  EXPECT_EQ(planner_for(a.op).shape(a, 8).bytes, size_t(4) << 20);
+}
+
 TEST(Planner, AllToAllInPlaceIsAskedOfEveryLocalRank) {
   // build() refuses a call in place on some local ranks and not on others,
   // whichever local rank is the odd one out (an out-of-place rank 1 beside an
