@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include "core/error.hpp"
 
@@ -16,8 +17,13 @@ std::vector<Chunk> split_batch(const std::vector<size_t>& sizes, size_t chunk_by
   std::vector<Chunk> out;
   size_t at = 0;
   for (size_t i = 0; i < sizes.size(); ++i) {
-    for (size_t off = 0; off < sizes[i]; off += chunk_bytes)
-      out.push_back(Chunk{at + off, std::min(chunk_bytes, sizes[i] - off), i});
+    FERRY_ARG_CHECK(sizes[i] <= SIZE_MAX - at, "pieces[" + std::to_string(i) + "]: the batch passes 64 bits of bytes");
+    // Steps by what is left, not past the end: a sum could wrap.
+    for (size_t off = 0; off < sizes[i];) {
+      const size_t n = std::min(chunk_bytes, sizes[i] - off);
+      out.push_back(Chunk{at + off, n, i});
+      off += n;
+    }
     at += sizes[i];
   }
   return out;
@@ -30,8 +36,8 @@ constexpr size_t kStep = size_t{64} << 10;  // chunk and head sizes
 size_t multipath_chunk_bytes(size_t bytes, int links, int outstanding, size_t max_chunk, size_t min_chunk) {
   FERRY_ARG_CHECK(max_chunk > 0, "max_chunk must be positive");
   const size_t slots = static_cast<size_t>(std::max(links, 1)) * static_cast<size_t>(std::max(outstanding, 1));
-  size_t chunk = (bytes + slots - 1) / slots;
-  chunk = (chunk + kStep - 1) / kStep * kStep;
+  size_t chunk = bytes / slots + (bytes % slots != 0);  // (rounded up without a sum that could wrap)
+  chunk = chunk > SIZE_MAX - kStep ? max_chunk : (chunk + kStep - 1) / kStep * kStep;
   return std::min(max_chunk, std::max(chunk, min_chunk));
 }
 
@@ -45,9 +51,11 @@ MultipathSplit multipath_split(size_t bytes, int relays, size_t head_bytes, bool
                                size_t first_piece, bool stream_on_target, double own_fraction) {
   MultipathSplit s;
   size_t head = 0;
-  if (own_share_on_stream && own_fraction >= 0)
-    head = static_cast<size_t>(static_cast<double>(bytes) * std::min(own_fraction, 1.0)) / kStep * kStep;
-  else
+  if (own_share_on_stream && own_fraction >= 0) {
+    // (Clamped before the cast: a double past 2^64 has no size_t.)
+    const double share = static_cast<double>(bytes) * std::min(own_fraction, 1.0);
+    head = (share >= static_cast<double>(bytes) ? bytes : static_cast<size_t>(share)) / kStep * kStep;
+  } else
     head = multipath_head_bytes(bytes, relays + 1, own_share_on_stream ? SIZE_MAX : head_bytes);
   s.head = stream_on_target ? std::min(head, first_piece) : 0;
   // With the own share on the stream the target's link takes none of the rest,
@@ -150,9 +158,16 @@ int own_link(const std::vector<int>& link_devices, int device) {
   return -1;
 }
 
+namespace {
+int checked_links(int links) {
+  FERRY_ARG_CHECK(links >= 1, "links must be at least 1");
+  return links;
+}
+}  // namespace
+
 MultipathScheduler::MultipathScheduler(int links, MultipathPolicy policy)
     : policy_(std::move(policy)),
-      est_(links),
+      est_(checked_links(links)),
       waiting_bytes_(links * kLanes, 0),
       waiting_(links * kLanes),
       flight_(links),

@@ -71,13 +71,24 @@ std::vector<PageRule> default_page_rules() {
 PageTable page_table_from_json(const std::string& text, const std::string& what) {
   Json doc = parse_json(text, what);
   PageTable t;
-  if (const Json* g = doc.find("gpu"); g && g->kind == Json::Kind::kString) t.gpu = g->string;
+  if (doc.kind != Json::Kind::kObject) bad(what + ": expected an object with \"rules\"");
+  if (const Json* g = doc.find("gpu")) {
+    // A table whose gpu is no string would match no GPU, and say nothing.
+    if (g->kind != Json::Kind::kString) bad(what + ": \"gpu\" must be a string (the GPU model the table is for)");
+    t.gpu = g->string;
+  }
   const Json* rules = doc.find("rules");
   if (!rules || rules->kind != Json::Kind::kArray) bad(what + ": \"rules\" must be an array");
   for (size_t i = 0; i < rules->array.size(); ++i) {
     const Json& r = rules->array[i];
     std::string at = what + ": rules[" + std::to_string(i) + "]";
     if (r.kind != Json::Kind::kObject) bad(at + " must be an object");
+    // A misspelt bound would be no bound: the rule would match every size.
+    for (const auto& [key, value] : r.object) {
+      (void)value;
+      if (key != "direction" && key != "max_copy_bytes" && key != "max_copies" && key != "strategy" && key != "zero_sm")
+        bad(at + "." + key + " is not a rule's field (direction, max_copy_bytes, max_copies, strategy, zero_sm)");
+    }
     PageRule rule;
     rule.direction = direction_of(r.find("direction"), at + ".direction");
     rule.max_copy_bytes = bound(r.find("max_copy_bytes"), at + ".max_copy_bytes");

@@ -597,6 +597,21 @@ TEST(MultipathChunkSize, EveryLinksQueueGetsAChunkWithinTheBounds) {
   // 64 KiB steps.
   EXPECT_EQ(multipath_chunk_bytes(10 * MiB + 1, 2, 2, 8 * MiB) % (64 << 10), 0u);
   EXPECT_THROW(multipath_chunk_bytes(MiB, 2, 2, 0), ferry::Error);
+  // Near 2^64 bytes nothing wraps: the largest chunk, not the smallest.
+  EXPECT_EQ(multipath_chunk_bytes(SIZE_MAX, 4, 3, 8 * MiB), 8 * MiB);
+  EXPECT_EQ(multipath_chunk_bytes(SIZE_MAX, 1, 1, 8 * MiB), 8 * MiB);
+}
+
+TEST(MultipathChunkSize, SplitsNearTheEndOfTheAddressSpaceNeitherWrapNorOverlap) {
+  const size_t half = size_t(1) << 63;
+  EXPECT_THROW(split_batch({half, half, 4}, half), ferry::Error);  // the third piece would sit at offset 0
+  const auto c = split_chunks(SIZE_MAX, half);                     // ended, where the offsets once wrapped to 0
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[1].offset, half);
+  EXPECT_EQ(c[1].bytes, half - 1);
+  // The whole copy as the own share, however large.
+  EXPECT_EQ(multipath_split(SIZE_MAX, 3, 0, true, SIZE_MAX, true, 1.0).head, SIZE_MAX / (64 << 10) * (64 << 10));
+  EXPECT_THROW(MultipathScheduler(-1, MultipathPolicy{}), ferry::Error);
 }
 
 TEST(MultipathScheduler, AChunkGivenBackGoesToTheOtherLinksAndTheLinkRelaysNoMore) {

@@ -744,6 +744,13 @@ TEST(PageSelect, JsonTablesAreCheckedByField) {
   EXPECT_NE(bad(R"({"rules": [{"direction": "h2d", "max_copies": -1, "strategy": "kernel", "zero_sm": "batched"}]})")
                 .find("max_copies"),
             std::string::npos);
+  // A misspelt bound would make the rule match every size; a gpu that is no string would match no GPU.
+  EXPECT_NE(
+      bad(R"({"rules": [{"direction": "h2d", "max_copy_byte": 8192, "strategy": "kernel", "zero_sm": "batched"}]})")
+          .find("rules[0].max_copy_byte is not a rule's field"),
+      std::string::npos);
+  EXPECT_NE(bad(R"({"gpu": 200, "rules": []})").find("\"gpu\" must be a string"), std::string::npos);
+  EXPECT_NE(bad(R"([1, 2])").find("expected an object"), std::string::npos);
 }
 
 TEST(PageSelect, StartupTableFromKnobShippedOrDefault) {
