@@ -58,21 +58,29 @@ def _reduction_dtype(b: "_Buffer", op: str) -> str:
 
 
 def _counts_matrix(counts, world: int) -> List[int]:
-    """counts as a flat list of world * world non-negative ints, [src * world + dst]."""
+    """counts as a flat list of world * world non-negative ints, [src * world + dst]:
+    a world x world matrix (rows of world each) or a flat list of world * world."""
+    expected = f"expected a {world} x {world} matrix (counts[src][dst])"
     if hasattr(counts, "tolist"):
         counts = counts.tolist()
+    if not isinstance(counts, (list, tuple)):
+        raise InvalidArgumentError(f"all_to_allv: counts is {counts!r}; {expected}")
     flat = []
-    for row in counts:
-        if isinstance(row, (list, tuple)):
+    rows = [isinstance(row, (list, tuple)) for row in counts]
+    if any(rows):
+        # Rows of other lengths would be read as other ranks' counts.
+        if not all(rows) or len(counts) != world or any(len(row) != world for row in counts):
+            lengths = [len(row) if isinstance(row, (list, tuple)) else "a number" for row in counts]
+            raise InvalidArgumentError(f"all_to_allv: counts has rows of {lengths} entries; {expected}")
+        for row in counts:
             flat.extend(row)
-        else:
-            flat.append(row)
+    else:
+        flat = list(counts)
     if len(flat) != world * world:
-        raise InvalidArgumentError(
-            f"all_to_allv: counts has {len(flat)} entries; expected a {world} x {world} matrix (counts[src][dst])"
-        )
-    if any((not isinstance(c, int)) or c < 0 for c in flat):
-        raise InvalidArgumentError("all_to_allv: counts must be non-negative integers")
+        raise InvalidArgumentError(f"all_to_allv: counts has {len(flat)} entries; {expected}")
+    # A bool is an int to Python: a mask would be taken as counts of 0 and 1 bytes.
+    if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in flat):
+        raise InvalidArgumentError("all_to_allv: counts must be non-negative integers (elements), not bools")
     return flat
 
 
@@ -532,6 +540,8 @@ class Communicator:
             )
         if collective in ("reduce_scatter", "all_reduce"):
             kw["red_op"] = kw.pop("op", "sum")
+        elif "op" in kw:
+            raise InvalidArgumentError(f"prepare: op is a reduction's operator; {collective} takes none")
         if collective == "all_reduce" and inp is None:
             inp = out
         kw.pop("stream", None)
@@ -711,6 +721,11 @@ def init(
     """
     native = require()
     info = read_launch_env()
+    if (rank is None) != (world is None):
+        given, missing = ("rank", "world") if world is None else ("world", "rank")
+        raise InvalidArgumentError(
+            f"ferry.init: {given} was given and {missing} was not; pass both, or neither under a launcher"
+        )
     if rank is None or world is None:
         if info is None:
             raise InvalidArgumentError(
@@ -750,4 +765,6 @@ def init_local(devices: Optional[Sequence[int]] = None, timeout: float = 0.0) ->
         import torch
 
         devices = list(range(torch.cuda.device_count()))
+    if not isinstance(devices, (list, tuple, range)):
+        raise InvalidArgumentError(f"init_local: devices is {devices!r}; expected a list of GPU ordinals")
     return Communicator(native.Communicator.create_local(list(devices), timeout), local=True)

@@ -287,6 +287,20 @@ def _id_pair(dst_ids, src_ids):
     return d, s
 
 
+def _shape_of(shape, what: str) -> tuple:
+    """`shape` (an int or a sequence of ints, each >= 0) as a tuple."""
+    dims = (shape,) if isinstance(shape, int) and not isinstance(shape, bool) else shape
+    try:
+        dims = tuple(dims)
+    except TypeError:
+        raise InvalidArgumentError(f"{what}: shape is {shape!r}; expected a tuple of sizes") from None
+    for d in dims:
+        # -1 ("infer it") has nothing to infer from here: the tensor is new.
+        if isinstance(d, bool) or not hasattr(d, "__index__") or int(d) < 0:
+            raise InvalidArgumentError(f"{what}: shape is {shape!r}; expected sizes of at least 0")
+    return tuple(int(d) for d in dims)
+
+
 def _check_mode(mode: str):
     if mode not in MODES:
         raise InvalidArgumentError(f"mode: '{mode}' is not one of {', '.join(MODES)}")
@@ -549,9 +563,10 @@ class HostPool:
     def tensor(self, shape: Sequence[int], dtype) -> Any:
         """A new tensor from the pool's unused memory (page-aligned)."""
         torch = _torch()
+        dims = _shape_of(shape, "HostPool.tensor")
         n = 1
-        for s in shape:
-            n *= int(s)
+        for s in dims:
+            n *= s
         nbytes = n * torch.empty((), dtype=dtype).element_size()
         start = (self._next + PAGE_ALIGN - 1) // PAGE_ALIGN * PAGE_ALIGN
         if start + nbytes > self.nbytes:
@@ -559,8 +574,9 @@ class HostPool:
                 f"HostPool.tensor: {nbytes} bytes do not fit; {self.nbytes - min(start, self.nbytes)} of "
                 f"{self.nbytes} are left (make the pool larger)"
             )
-        self._next = start + nbytes
-        return self._impl.view(start, nbytes).view(dtype).view(tuple(int(s) for s in shape))
+        t = self._impl.view(start, nbytes).view(dtype).view(dims)
+        self._next = start + nbytes  # only once the view exists
+        return t
 
     def close(self) -> None:
         """Frees the memory now. Refused while a transfer touching the pool is in
@@ -575,11 +591,12 @@ def pinned_empty(shape: Sequence[int], dtype, *, device: int | None = None) -> A
     """An uninitialised CPU tensor in pinned, NUMA-local host memory of its own
     (a HostPool that lives as long as the tensor)."""
     torch = _torch()
+    dims = _shape_of(shape, "pinned_empty")
     n = 1
-    for s in shape:
-        n *= int(s)
+    for s in dims:
+        n *= s
     nbytes = max(1, n * torch.empty((), dtype=dtype).element_size())
-    return HostPool(nbytes, device=device).tensor(shape, dtype)
+    return HostPool(nbytes, device=device).tensor(dims, dtype)
 
 
 def choose(

@@ -52,7 +52,7 @@ def _int(name: str, v, lo: int, hi: int = _MAX) -> int:
     """`v` as an int in [lo, hi], or an error naming `name`."""
     try:
         i = int(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # (int(inf) overflows)
         raise InvalidArgumentError(f"{name} is {v!r}; expected an integer") from None
     if not lo <= i <= hi:
         raise InvalidArgumentError(f"{name} is {v}; expected {lo}..{hi}")
@@ -130,6 +130,8 @@ class Engine:
     ):
         if devices is None:
             devices = list(range(_torch().cuda.device_count()))
+        if not isinstance(devices, (list, tuple, range)):
+            raise InvalidArgumentError(f"devices is {devices!r}; expected a list of GPU ordinals")
         devices = [_int("devices", d, 0) for d in devices]
         if not devices:
             raise InvalidArgumentError("devices: expected at least one GPU")
@@ -143,6 +145,8 @@ class Engine:
             if relays not in ("all", "idle"):
                 raise InvalidArgumentError(f"relays is '{relays}'; expected 'all', 'idle' or a list of GPUs")
             may_relay = [True] * len(links)
+        elif not isinstance(relays, (list, tuple, range, set)):
+            raise InvalidArgumentError(f"relays is {relays!r}; expected 'all', 'idle' or a list of GPUs")
         else:
             allowed = {_int("relays", r, 0) for r in relays}
             unknown = allowed - set(devices)

@@ -132,7 +132,14 @@ class Offloaded:
     def _stream(self, stream):
         import torch
 
-        return torch.cuda.current_stream(self.device) if stream is None else stream
+        if stream is None:
+            return torch.cuda.current_stream(self.device)
+        # Both calls wait on it and run the allocations of wake on it: a torch stream.
+        if not isinstance(stream, torch.cuda.Stream):
+            raise InvalidArgumentError(
+                f"stream is a {type(stream).__name__}; expected a torch.cuda.Stream or None"
+            )
+        return stream
 
     def sleep(self, stream=None) -> None:
         """Copies every weight to the host, waits, then frees its GPU memory

@@ -983,6 +983,7 @@ def test_bad_input_is_named(kv):
         (lambda: kv.copy_blocks(gpu, host, [1.5], [1]), "integer"),
         (lambda: kv.copy_blocks(gpu, gpu, [1, 2], [2, 3]), "also a destination"),
         (lambda: kv.HostPool(0), "positive"),
+        (lambda: kv.HostPool(1 << 20).tensor((-1, 4096), torch.uint8), "HostPool.tensor: shape is"),
     ]
     for fn, pattern in cases:
         with pytest.raises(E, match=pattern):

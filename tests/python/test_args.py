@@ -137,6 +137,41 @@ def test_new_collectives_are_checked():
         c.prepare("gather", Cai(16))
 
 
+def test_all_to_allv_counts_are_a_matrix_of_byte_counts():
+    c = Communicator(FakeNative(world=2), local=False)
+    for counts, message in [
+        (None, "counts is None; expected a 2 x 2 matrix"),
+        (5, "counts is 5; expected a 2 x 2 matrix"),
+        ([[1, 2, 3], [4]], r"rows of \[3, 1\] entries"),  # flattened, these read as other ranks' counts
+        ([[1, 2], 3, 4], "rows of"),
+        ([[True, False], [1, 1]], "not bools"),
+    ]:
+        with pytest.raises(InvalidArgumentError, match=message):
+            c.all_to_allv(Cai(16), Cai(16), counts)
+    c.all_to_allv(Cai(16), Cai(16), [1, 2, 3, 4])  # flat, [src * world + dst]
+    assert c._c.calls[-1]["counts"] == [1, 2, 3, 4]
+
+
+def test_prepare_takes_op_only_for_reductions():
+    c = Communicator(FakeNative(world=2), local=False)
+    with pytest.raises(
+        InvalidArgumentError, match="prepare: op is a reduction's operator; all_gather takes none"
+    ):
+        c.prepare("all_gather", Cai(64), Cai(16), op="max")
+
+
+def test_init_names_the_one_of_rank_and_world_missing(monkeypatch):
+    import ferry.comm as comm
+
+    monkeypatch.setattr(comm, "require", lambda: object())
+    with pytest.raises(InvalidArgumentError, match="rank was given and world was not"):
+        comm.init(rank=3)
+    with pytest.raises(InvalidArgumentError, match="world was given and rank was not"):
+        comm.init(world=4)
+    with pytest.raises(InvalidArgumentError, match="init_local: devices is 4; expected a list"):
+        comm.init_local(4)
+
+
 def test_options_pass_through_to_the_native_layer():
     # The native layer checks the option strings for Python and C alike
     # (tests/cpu/test_selector.cpp, test_plan.cpp).

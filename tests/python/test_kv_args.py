@@ -72,6 +72,15 @@ def test_numpy_index_arrays_must_hold_integers():
         kv._id_pair(np.array([2**64 - 1], dtype=np.uint64), [0])
 
 
+def test_shapes_of_new_host_tensors():
+    assert kv._shape_of(1024, "HostPool.tensor") == (1024,)
+    assert kv._shape_of((8, 0, 3), "HostPool.tensor") == (8, 0, 3)
+    # -1 once moved the pool's next offset back, so that the next tensor overlapped the one before.
+    for shape in [(-1, 4096), ("4", 2), (True, 2), 2.5, None]:
+        with pytest.raises(InvalidArgumentError, match="HostPool.tensor: shape is"):
+            kv._shape_of(shape, "HostPool.tensor")
+
+
 def test_torch_bools_in_a_list_are_refused():
     torch = pytest.importorskip("torch")
     with pytest.raises(InvalidArgumentError, match=r"src_ids: expected integer page indices, got bools"):

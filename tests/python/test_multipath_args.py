@@ -25,6 +25,10 @@ import pytest
         ({"devices": [0], "chunk_bytes": 1 << 70}, "chunk_bytes is"),
         ({"devices": ["x"]}, "devices is 'x'"),
         ({"devices": [0], "loopback": 1000}, "loopback is 1000"),
+        ({"devices": 4}, "devices is 4; expected a list of GPU ordinals"),
+        ({"devices": [0], "relays": 1}, "relays is 1; expected 'all', 'idle' or a list"),
+        ({"devices": [0], "relays": None}, "relays is None"),
+        ({"devices": [0], "min_bytes": float("inf")}, "min_bytes is inf; expected an integer"),
     ],
 )
 def test_bad_engine_arguments_are_named(kwargs, message):
