@@ -189,7 +189,8 @@ class Offloaded:
 def sleep(module, *, engine=None, stream=None) -> Offloaded:
     """Moves `module`'s CUDA parameters and buffers to pinned host memory and
     frees their GPU memory; returns the handle whose ``wake()`` brings them
-    back. ``engine``: a ferry.multipath.Engine (default: every visible GPU)."""
+    back. ``engine``: a ferry.multipath.Engine (default: every visible GPU).
+    ``stream``: a torch.cuda.Stream (default: the current one)."""
     state = Offloaded(module, engine)
     state.sleep(stream)
     return state
