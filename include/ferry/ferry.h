@@ -80,6 +80,8 @@ FERRY_API ferry_result_t ferry_comm_init_local(const int* devices, int n, double
 FERRY_API ferry_result_t ferry_comm_close(ferry_comm_t comm);
 FERRY_API void ferry_comm_destroy(ferry_comm_t comm);
 
+/* -1 for a NULL handle or a local_index that is no local rank's; a closed
+ * communicator keeps no local ranks (local_count 0, rank -1). */
 FERRY_API int ferry_comm_rank(ferry_comm_t comm, int local_index);
 FERRY_API int ferry_comm_world(ferry_comm_t comm);
 FERRY_API int ferry_comm_local_count(ferry_comm_t comm); /* 1, or n for init_local */

@@ -188,9 +188,14 @@ void ferry_comm_destroy(ferry_comm_t comm) {
   delete comm;
 }
 
-int ferry_comm_rank(ferry_comm_t comm, int local_index) { return comm->impl->rank(local_index); }
-int ferry_comm_world(ferry_comm_t comm) { return comm->impl->world(); }
-int ferry_comm_local_count(ferry_comm_t comm) { return comm->impl->local_count(); }
+// These return a number, not a result: -1 where there is none to give (no
+// handle, an index that is no local rank's, as after close).
+int ferry_comm_rank(ferry_comm_t comm, int local_index) {
+  if (!comm || !comm->impl || local_index < 0 || local_index >= comm->impl->local_count()) return -1;
+  return comm->impl->rank(local_index);
+}
+int ferry_comm_world(ferry_comm_t comm) { return comm && comm->impl ? comm->impl->world() : -1; }
+int ferry_comm_local_count(ferry_comm_t comm) { return comm && comm->impl ? comm->impl->local_count() : -1; }
 
 ferry_result_t ferry_comm_alloc(ferry_comm_t comm, size_t bytes, void** ptrs) {
   return guarded([&] {
@@ -279,9 +284,10 @@ ferry_result_t ferry_arm(ferry_comm_t comm, int handle, const ferry_stream_t* af
 
 ferry_result_t ferry_arm_gated(ferry_comm_t comm, int handle, const ferry_stream_t* after, ferry_gate_t gate) {
   return guarded([&] {
-    FERRY_ARG_CHECK(gate == FERRY_GATE_HOST || gate == FERRY_GATE_DEVICE,
+    const int g = enum_value(gate);
+    FERRY_ARG_CHECK(g == FERRY_GATE_HOST || g == FERRY_GATE_DEVICE,
                     "gate must be FERRY_GATE_HOST or FERRY_GATE_DEVICE");
-    get(comm).arm(handle, stream_list(get(comm), after), gate == FERRY_GATE_DEVICE);
+    get(comm).arm(handle, stream_list(get(comm), after), g == FERRY_GATE_DEVICE);
   });
 }
 

@@ -144,6 +144,7 @@ ferry_result_t ferry_host_pool_create(size_t bytes, int device, ferry_host_pool_
   return ferry::capi::guarded([&] {
     FERRY_ARG_CHECK(pool, "pool is NULL");
     *pool = nullptr;
+    FERRY_ARG_CHECK(device >= 0, "device must be a CUDA device ordinal");
     auto p = ferry::xfer::HostPool::create(bytes, ferry::xfer::HostPoolOptions{device, -2, -1});
     *pool = new ferry_host_pool{std::move(p)};
   });

@@ -21,6 +21,12 @@ ferry_result_t ferry_multipath_create(const int* devices, int count, const ferry
     *engine = nullptr;
     FERRY_ARG_CHECK(count >= 0, "count is negative");
     FERRY_ARG_CHECK(devices || count == 0, "devices is NULL with count " + std::to_string(count));
+    if (options) {
+      FERRY_ARG_CHECK(options->relay_first == 0 || options->relay_first == 1,
+                      "options->relay_first is " + std::to_string(options->relay_first) + "; expected 0 or 1");
+      FERRY_ARG_CHECK(options->relays_idle == 0 || options->relays_idle == 1,
+                      "options->relays_idle is " + std::to_string(options->relays_idle) + "; expected 0 or 1");
+    }
     ferry::xfer::MultipathOptions o;
     if (count == 0) {
       int n = 0;

@@ -2,11 +2,14 @@
 // point fails with a message that says what is missing. Skipped where a GPU is.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "coll/communicator.hpp"
 #include "core/driver.hpp"
 #include "core/error.hpp"
 #include "ferry/ferry.h"
 #include "ferry/kv.h"
+#include "ferry/multipath.h"
 #include "topo/topology.hpp"
 
 using namespace ferry;
@@ -120,4 +123,33 @@ TEST(CApi, PreparedKvTransfersRefuseWhatTheyCannotRunByName) {
   EXPECT_EQ(ferry_kv_prepared_sizes(nullptr, nullptr, nullptr), FERRY_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(ferry_kv_prepared_destroy(nullptr), FERRY_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(ferry_last_error()).find("prepared is NULL"), std::string::npos);
+}
+
+TEST(CApi, ArgumentsCheckedBeforeAnyGpuIsTouched) {
+  // Numbers, not results: -1 where there is none to give, not a crash.
+  EXPECT_EQ(ferry_comm_rank(nullptr, 0), -1);
+  EXPECT_EQ(ferry_comm_world(nullptr), -1);
+  EXPECT_EQ(ferry_comm_local_count(nullptr), -1);
+  // A gate outside the enumeration, read as its integer.
+  ferry_gate_t gate;
+  const int two = 2;
+  static_assert(sizeof(gate) == sizeof(two), "a C enum is an int here");
+  std::memcpy(&gate, &two, sizeof gate);
+  EXPECT_EQ(ferry_arm_gated(nullptr, 1, nullptr, gate), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("gate must be"), std::string::npos) << ferry_last_error();
+  // A negative device is no GPU's: once it meant the current one.
+  ferry_host_pool_t pool = nullptr;
+  EXPECT_EQ(ferry_host_pool_create(4096, -7, &pool), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("device must be"), std::string::npos) << ferry_last_error();
+  // Flags of 0 or 1 are 0 or 1.
+  ferry_multipath_options_t o{};
+  o.relay_first = 7;
+  ferry_multipath_t engine = nullptr;
+  EXPECT_EQ(ferry_multipath_create(nullptr, 0, &o, &engine), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("options->relay_first is 7"), std::string::npos) << ferry_last_error();
+  o.relay_first = 0;
+  o.relays_idle = -1;
+  EXPECT_EQ(ferry_multipath_create(nullptr, 0, &o, &engine), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("options->relays_idle is -1"), std::string::npos)
+      << ferry_last_error();
 }
