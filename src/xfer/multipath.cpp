@@ -423,7 +423,8 @@ MultipathReport MultipathEngine::copy_batch(const std::vector<MultipathPiece>& p
   MultipathReport r;
   const bool batch = pieces.size() != 1;
   auto name = [&](size_t i, const char* what) {
-    return batch ? "pieces[" + std::to_string(i) + "]." + what : std::string(what);
+    // As both front ends name a batch's lists: dsts[i], srcs[i].
+    return batch ? std::string(what) + "s[" + std::to_string(i) + "]" : std::string(what);
   };
   // Every copy checked and routed; a batch's copies share one direction and one GPU.
   std::vector<Piece> parts;
@@ -445,7 +446,7 @@ MultipathReport MultipathEngine::copy_batch(const std::vector<MultipathPiece>& p
                                         std::to_string(p.bytes) + " bytes from its start)");
     }
     FERRY_ARG_CHECK(here.error.empty(),
-                    "multipath copy" + (batch ? " pieces[" + std::to_string(i) + "]" : "") + ": " + here.error);
+                    "multipath copy" + (batch ? " " + std::to_string(i) + " of the batch" : "") + ": " + here.error);
     if (parts.empty()) {
       route = here;
     } else {
@@ -471,7 +472,7 @@ MultipathReport MultipathEngine::copy_batch(const std::vector<MultipathPiece>& p
     std::sort(by_dst.begin(), by_dst.end(), [](const Piece* a, const Piece* b) { return a->dst < b->dst; });
     for (size_t i = 1; i < by_dst.size(); ++i)
       FERRY_ARG_CHECK(by_dst[i - 1]->dst + by_dst[i - 1]->bytes <= by_dst[i]->dst,
-                      "pieces: two destinations overlap (of " + std::to_string(by_dst[i - 1]->bytes) + " and " +
+                      "dsts: two destinations overlap (of " + std::to_string(by_dst[i - 1]->bytes) + " and " +
                           std::to_string(by_dst[i]->bytes) + " bytes); expected disjoint destinations");
   }
 

@@ -1079,9 +1079,9 @@ TEST_F(MultipathSim, ABatchIsOneCopyInStreamOrderEveryByteAndNoGapWritten) {
       EXPECT_NE(std::string(err.what()).find(text), std::string::npos) << err.what();
     }
   };
-  says({in[0], out[1]}, "pieces[1].src: copies from cuda:0 to host; expected every copy of a batch");
+  says({in[0], out[1]}, "srcs[1]: copies from cuda:0 to host; expected every copy of a batch");
   says({in[0], {dev.b() + at[0] + 5, host.b() + at[4], 64}}, "two destinations overlap");
-  says({in[0], {nullptr, host.p, 64}}, "pieces[1].dst is null");
+  says({in[0], {nullptr, host.p, 64}}, "dsts[1] is null");
   EXPECT_EQ(e.copy_batch({}, s).reason, "zero bytes");
   e.check();
   cudaStreamDestroy(s);
