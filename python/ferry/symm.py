@@ -253,7 +253,11 @@ class Heap:
         mapped in this process: same shape and dtype, on the device of
         `tensor`. Reads and writes go over NVLink (or PCIe) from SMs."""
         self._open("peer")
-        if not isinstance(rank, int) or not 0 <= rank < self._h.world:
+        # numpy's and torch's integers index as ints; bools do not name a rank.
+        if isinstance(rank, bool) or not hasattr(rank, "__index__"):
+            raise InvalidArgumentError(f"rank is {rank!r}; expected an integer 0..{self._h.world - 1}")
+        rank = int(rank)
+        if not 0 <= rank < self._h.world:
             raise InvalidArgumentError(f"rank is {rank!r}; expected 0..{self._h.world - 1}")
         import torch
 
