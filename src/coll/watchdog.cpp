@@ -85,7 +85,7 @@ void Watchdog::loop() {
   // graphs; in relaxed mode its calls never invalidate their capture.
   cudaStreamCaptureMode relaxed = cudaStreamCaptureModeRelaxed;
   cudaThreadExchangeStreamCaptureMode(&relaxed);
-  auto interval = std::chrono::milliseconds(std::max<long long>(1, knob_int("FERRY_WATCHDOG_MS")));
+  auto interval = std::chrono::milliseconds(knob_int_in("FERRY_WATCHDOG_MS", 1, 60000));
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
     cv_.wait_for(lock, interval);

@@ -1,6 +1,8 @@
 #include "core/env.hpp"
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -24,7 +26,8 @@ const std::vector<Knob>& knobs() {
       {"FERRY_KV_TUNING", "string", "",
        "page transfers' auto table: a `ferry kv-tune` JSON file; empty: the table shipped for this GPU model, else "
        "the built-in default"},
-      {"FERRY_KV_STREAMS", "int", "4", "streams the 'streams' page-transfer strategy spreads its batched copies over"},
+      {"FERRY_KV_STREAMS", "int", "4",
+       "streams the 'streams' page-transfer strategy spreads its batched copies over (1..64)"},
       {"FERRY_KV_SLICE_BYTES", "int", "4194304",
        "slice size of page transfers submitted in slices (FERRY_KV_SLICED in C; slice_bytes in Python): at most 2 "
        "slices wait on the copy engine, so an urgent fetch from another stream waits for that much at most"},
@@ -50,7 +53,7 @@ const std::vector<Knob>& knobs() {
        "least physical memory a user's symmetric heap (ferry.symm.Heap) maps at a time when an allocation needs more "
        "(one descriptor per "
        "rank and chunk is exchanged)"},
-      {"FERRY_WATCHDOG_MS", "int", "10", "how often the watchdog looks at unfinished collectives"},
+      {"FERRY_WATCHDOG_MS", "int", "10", "how often the watchdog looks at unfinished collectives (1..60000)"},
       {"FERRY_EXIT_AFTER_S", "float", "0",
        "seconds after a communicator failed (a peer died or timed out) with no ferry call raising the error, after "
        "which the watchdog ends the process with status 75 and the error on stderr: a thread stuck inside CUDA "
@@ -86,7 +89,8 @@ const std::vector<Knob>& knobs() {
        "1: print ferry's decisions and recoveries to stderr as they happen (why a multipath copy runs as one plain "
        "copy, a relay that was left out, a stream wait released past its timeout)"},
       {"FERRY_MULTIPATH_CHUNK_BYTES", "int", "8388608",
-       "bytes of each chunk a multipath host<->GPU copy is split into (each relay GPU holds 2 such staging buffers)"},
+       "bytes of each chunk a multipath host<->GPU copy is split into, 65536..2^30 (each relay GPU holds one such "
+       "staging buffer per chunk in flight, 3 by default)"},
       {"FERRY_MULTIPATH_MIN_CHUNK_BYTES", "int", "2097152",
        "smallest chunk a multipath copy is split into: a smaller copy gets fewer chunks than its links have room "
        "for (each chunk costs a few microseconds of CUDA calls, events and waits)"},
@@ -149,9 +153,21 @@ std::string knob_string(const char* name) {
 long long knob_int(const char* name) {
   std::string v = knob_string(name);
   char* end = nullptr;
+  errno = 0;
   long long x = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0')
+  // Digits with an optional minus, nothing around them; past 64 bits is no value.
+  const bool starts = !v.empty() && (std::isdigit(static_cast<unsigned char>(v[0])) || v[0] == '-');
+  if (!starts || *end != '\0')
     throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(name) + "=" + v + " is not an integer");
+  if (errno == ERANGE)
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(name) + "=" + v + " is out of range (64 bits)");
+  return x;
+}
+
+long long knob_int_in(const char* name, long long lo, long long hi) {
+  const long long x = knob_int(name);
+  FERRY_ARG_CHECK(x >= lo && x <= hi, std::string(name) + "=" + knob_string(name) + "; expected " + std::to_string(lo) +
+                                          ".." + std::to_string(hi));
   return x;
 }
 

@@ -19,6 +19,9 @@ const std::vector<Knob>& knobs();
 // an undeclared name, so every read goes through the table.
 std::string knob_string(const char* name);
 long long knob_int(const char* name);
+// knob_int within [lo, hi], else an error naming the knob and the range (a
+// negative number cast to a size would be a huge one).
+long long knob_int_in(const char* name, long long lo, long long hi);
 double knob_float(const char* name);
 
 // Seconds every bounded wait waits at most: `given` where it is positive,

@@ -7,6 +7,7 @@
 
 #include <cuda_runtime_api.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* 1 where the copy may go multipath: host<->device (or left to the pointers,
  * cudaMemcpyDefault) and at least `min_bytes`. */
@@ -22,7 +23,9 @@ static inline size_t ferry_preload_min_bytes(const char* text, size_t fallback) 
   size_t v = 0;
   for (const char* p = text; *p; ++p) {
     if (*p < '0' || *p > '9') return fallback;
-    v = v * 10 + (size_t)(*p - '0');
+    const size_t d = (size_t)(*p - '0');
+    if (v > (SIZE_MAX - d) / 10) return fallback; /* past 64 bits: no value (the engine refuses it too) */
+    v = v * 10 + d;
   }
   return v ? v : fallback;
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -58,14 +59,18 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
   for (int d : links_)
     FERRY_ARG_CHECK(d >= 0 && d < count,
                     "link_devices: " + std::to_string(d) + " is not a GPU here (0.." + std::to_string(count - 1) + ")");
-  chunk_bytes_ =
-      options.chunk_bytes ? options.chunk_bytes : static_cast<size_t>(knob_int("FERRY_MULTIPATH_CHUNK_BYTES"));
+  chunk_bytes_ = options.chunk_bytes
+                     ? options.chunk_bytes
+                     : static_cast<size_t>(knob_int_in("FERRY_MULTIPATH_CHUNK_BYTES", 65536, 1LL << 30));
+  // (Rounded up to staging units later: a size near 2^64 would wrap to none.)
+  FERRY_ARG_CHECK(chunk_bytes_ <= (size_t{1} << 40),
+                  "chunk_bytes is " + std::to_string(chunk_bytes_) + "; expected at most 1 TiB");
   const long long min_chunk = knob_int("FERRY_MULTIPATH_MIN_CHUNK_BYTES");
   FERRY_ARG_CHECK(min_chunk >= 65536, "FERRY_MULTIPATH_MIN_CHUNK_BYTES is " + std::to_string(min_chunk) +
                                           "; expected at least 65536 (a chunk is a few microseconds of calls)");
   min_chunk_ = static_cast<size_t>(min_chunk);
-  threshold_ =
-      options.threshold_bytes ? options.threshold_bytes : static_cast<size_t>(knob_int("FERRY_MULTIPATH_MIN_BYTES"));
+  threshold_ = options.threshold_bytes ? options.threshold_bytes
+                                       : static_cast<size_t>(knob_int_in("FERRY_MULTIPATH_MIN_BYTES", 0, LLONG_MAX));
   head_bytes_ = options.head_bytes != SIZE_MAX
                     ? options.head_bytes
                     : static_cast<size_t>(std::max(0LL, knob_int("FERRY_MULTIPATH_HEAD_BYTES")));

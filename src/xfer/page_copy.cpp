@@ -147,8 +147,7 @@ PageCopier::PageCopier(int device) : device_(device) {
     FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&slice_streams_[i], cudaStreamNonBlocking));
     FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&slice_done_[i], cudaEventDisableTiming));
   }
-  engines_ =
-      std::make_unique<EngineSet>(device, static_cast<int>(std::max<long long>(1, knob_int("FERRY_KV_STREAMS"))));
+  engines_ = std::make_unique<EngineSet>(device, static_cast<int>(knob_int_in("FERRY_KV_STREAMS", 1, 64)));
   submit_ = std::make_unique<SubmitThreads>(device);
   slots_.resize(kSlots);
   for (auto& s : slots_) FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));

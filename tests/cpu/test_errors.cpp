@@ -67,6 +67,27 @@ TEST(Knobs, TimeoutsThatWouldNeverEndOrEndAtOnceAreRefused) {
     unsetenv("FERRY_TIMEOUT_S");
 }
 
+TEST(Knobs, IntegersPast64BitsOrOutsideTheirRangeAreRefusedByName) {
+  setenv("FERRY_KV_STREAMS", "99999999999999999999", 1);
+  EXPECT_THROW(knob_int("FERRY_KV_STREAMS"), Error);  // once taken as LLONG_MAX
+  for (const char* bad : {" 7", "+7", "7 ", "0x10"}) {
+    setenv("FERRY_KV_STREAMS", bad, 1);
+    EXPECT_THROW(knob_int("FERRY_KV_STREAMS"), Error) << bad;
+  }
+  setenv("FERRY_KV_STREAMS", "-1", 1);
+  EXPECT_EQ(knob_int("FERRY_KV_STREAMS"), -1);
+  try {
+    knob_int_in("FERRY_KV_STREAMS", 1, 64);
+    ADD_FAILURE() << "-1 was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("FERRY_KV_STREAMS=-1; expected 1..64"), std::string::npos) << e.what();
+  }
+  setenv("FERRY_KV_STREAMS", "8", 1);
+  EXPECT_EQ(knob_int_in("FERRY_KV_STREAMS", 1, 64), 8);
+  unsetenv("FERRY_KV_STREAMS");
+  EXPECT_EQ(knob_int_in("FERRY_KV_STREAMS", 1, 64), 4);
+}
+
 TEST(Errors, CudaErrorsNameTheCall) {
   try {
     FERRY_CUDA_CHECK(2 /* cudaErrorMemoryAllocation */);
