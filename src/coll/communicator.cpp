@@ -384,7 +384,7 @@ void Communicator::synchronize() {
 }
 
 void Communicator::wait_for_enqueued() {
-  double interval = static_cast<double>(knob_int_in("FERRY_WATCHDOG_MS", 1, 60000)) / 1000.0;
+  double interval = static_cast<double>(watchdog_interval_ms()) / 1000.0;
   auto deadline =
       std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                              std::chrono::duration<double>(timeout_s_ + 10 * interval + 1.0));

@@ -16,6 +16,9 @@
 #include "core/process.hpp"
 
 namespace ferry {
+
+long long watchdog_interval_ms() { return knob_int_in("FERRY_WATCHDOG_MS", 1, 60000); }
+
 namespace {
 
 // How long another call's value may sit in a flag, with its writer not yet
@@ -85,7 +88,7 @@ void Watchdog::loop() {
   // graphs; in relaxed mode its calls never invalidate their capture.
   cudaStreamCaptureMode relaxed = cudaStreamCaptureModeRelaxed;
   cudaThreadExchangeStreamCaptureMode(&relaxed);
-  auto interval = std::chrono::milliseconds(knob_int_in("FERRY_WATCHDOG_MS", 1, 60000));
+  auto interval = std::chrono::milliseconds(watchdog_interval_ms());
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
     cv_.wait_for(lock, interval);

@@ -28,6 +28,10 @@
 
 namespace ferry {
 
+// FERRY_WATCHDOG_MS, 1..60000 (refused by name otherwise): how often the
+// watchdog looks, and so how much longer than the timeout a wait may last.
+long long watchdog_interval_ms();
+
 class Watchdog {
  public:
   // One local rank as the watchdog sees it.

@@ -196,12 +196,12 @@ double timeout_seconds(double given, const char* what) {
 }
 
 double teardown_timeout_seconds() noexcept {
-  constexpr double kDefault = 300;
+  const double fallback = std::strtod(find_knob("FERRY_TIMEOUT_S").default_value, nullptr);
   try {
     const double knob = knob_float("FERRY_TIMEOUT_S");
-    return knob > 0 ? std::min(knob, kMaxTimeoutS) : kDefault;  // (nan > 0 is false)
+    return knob > 0 ? std::min(knob, kMaxTimeoutS) : fallback;  // (nan > 0 is false)
   } catch (...) {
-    return kDefault;
+    return fallback;
   }
 }
 

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <climits>
 #include <cstring>
 #include <thread>
 #include <utility>
@@ -48,11 +49,10 @@ std::unique_ptr<SymmetricHeap> SymmetricHeap::create(const Group& g, size_t capa
   DeviceScope scope(g.devices[0]);
   CUmemAllocationProp prop = vmm_prop(g.devices[0], g.multi_process());
   FERRY_CU_CHECK(cu.MemGetAllocationGranularity(&h->granularity_, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
-  h->capacity_ = heap_capacity(capacity, static_cast<size_t>(knob_int("FERRY_SYMM_HEAP_BYTES")), h->granularity_);
-  const long long chunk_knob = min_chunk ? 0 : knob_int("FERRY_SYMM_CHUNK_BYTES");
-  FERRY_ARG_CHECK(chunk_knob >= 0,
-                  "FERRY_SYMM_CHUNK_BYTES is " + std::to_string(chunk_knob) + "; expected bytes, at least 0");
-  h->min_chunk_ = min_chunk ? min_chunk : static_cast<size_t>(chunk_knob);
+  h->capacity_ =
+      heap_capacity(capacity, capacity ? 0 : static_cast<size_t>(knob_int_in("FERRY_SYMM_HEAP_BYTES", 1, 1LL << 46)),
+                    h->granularity_);
+  h->min_chunk_ = min_chunk ? min_chunk : static_cast<size_t>(knob_int_in("FERRY_SYMM_CHUNK_BYTES", 0, LLONG_MAX));
   FERRY_ARG_CHECK(h->capacity_ > h->front_, "capacity is " + std::to_string(h->capacity_) +
                                                 " bytes; expected more than " + std::to_string(h->front_));
   // Every rank must take the same capacity: it is the stride kernels use.

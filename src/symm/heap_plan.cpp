@@ -133,9 +133,7 @@ size_t heap_capacity(size_t requested, size_t knob_default, size_t granularity) 
   const size_t want = requested ? requested : knob_default;
   const std::string what = requested ? "capacity" : "FERRY_SYMM_HEAP_BYTES";
   FERRY_ARG_CHECK(want > 0, what + " must be positive");
-  FERRY_ARG_CHECK(want <= (size_t(1) << 46),
-                  what + " is " + std::to_string(want) + " bytes; expected at most 64 TiB" +
-                      (want > (size_t(1) << 63) ? " (a negative number read as bytes?)" : ""));
+  FERRY_ARG_CHECK(want <= (size_t(1) << 46), what + " is " + std::to_string(want) + " bytes; expected at most 64 TiB");
   return align_up(want, granularity);
 }
 

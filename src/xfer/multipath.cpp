@@ -65,10 +65,7 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
   // (Rounded up to staging units later: a size near 2^64 would wrap to none.)
   FERRY_ARG_CHECK(chunk_bytes_ <= (size_t{1} << 40),
                   "chunk_bytes is " + std::to_string(chunk_bytes_) + "; expected at most 1 TiB");
-  const long long min_chunk = knob_int("FERRY_MULTIPATH_MIN_CHUNK_BYTES");
-  FERRY_ARG_CHECK(min_chunk >= 65536, "FERRY_MULTIPATH_MIN_CHUNK_BYTES is " + std::to_string(min_chunk) +
-                                          "; expected at least 65536 (a chunk is a few microseconds of calls)");
-  min_chunk_ = static_cast<size_t>(min_chunk);
+  min_chunk_ = static_cast<size_t>(knob_int_in("FERRY_MULTIPATH_MIN_CHUNK_BYTES", 65536, 1LL << 30));
   threshold_ = options.threshold_bytes ? options.threshold_bytes
                                        : static_cast<size_t>(knob_int_in("FERRY_MULTIPATH_MIN_BYTES", 0, LLONG_MAX));
   head_bytes_ = options.head_bytes != SIZE_MAX
@@ -86,7 +83,6 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
   FERRY_ARG_CHECK(policy_.keep_warm_s >= 0 && std::isfinite(policy_.keep_warm_s),
                   "FERRY_MULTIPATH_KEEP_WARM_MS is " + std::to_string(policy_.keep_warm_s * 1e3) +
                       "; expected milliseconds, at least 0");
-  FERRY_ARG_CHECK(chunk_bytes_ > 0, "chunk_bytes must be positive (FERRY_MULTIPATH_CHUNK_BYTES)");
   FERRY_ARG_CHECK(policy_.outstanding >= 1 && policy_.outstanding <= 16,
                   "outstanding is " + std::to_string(policy_.outstanding) + "; expected 1..16");
   const int n = static_cast<int>(links_.size());
@@ -460,7 +456,7 @@ MultipathReport MultipathEngine::copy_batch(const std::vector<MultipathPiece>& p
       };
       FERRY_ARG_CHECK(here.to_device == route.to_device && here.device == route.device,
                       name(i, here.to_device ? "dst" : "src") + ": copies " + way(here) +
-                          "; expected every copy of a batch to go the way " + "of the first (" + way(route) + ")");
+                          "; expected every copy of a batch to go the way of the first (" + way(route) + ")");
       route.host_pinned = route.host_pinned && here.host_pinned;
     }
     parts.push_back(Piece{static_cast<char*>(p.dst), static_cast<const char*>(p.src), p.bytes, total});

@@ -243,7 +243,8 @@ thread_local std::vector<uint64_t> t_seen;
 thread_local std::vector<uint64_t> t_src_seen;
 
 // The first way pages of two regions of one call share memory, with the
-// index lists: "" where none does. `a` is a destination region, `b` either.
+// index lists: "" where none does. `a` is a destination region, `b` either
+// (not a source of the same layout: check_ids takes those pairs at once).
 // `dst_pages` / `src_pages`: the sides' fewest pages, which bound their lists'
 // indices (and the bits marked).
 std::string meeting(const PageSide& dst, const PageSide& src, const RegionPair& pr, const PageIds& dst_ids,
@@ -270,9 +271,6 @@ std::string meeting(const PageSide& dst, const PageSide& src, const RegionPair& 
       if (!marked_bit(other_seen, o)) continue;
       const int64_t pa = from_a ? p : o, pb = from_a ? o : p;  // a's page, b's page
       const std::string na = name("dst", pr.a), nb = name(pr.b_dst ? "dst" : "src", pr.b);
-      if (!pr.b_dst && same_layout(ga, gb))
-        return "src_ids[" + index_of(src_ids, pb) + "] = " + std::to_string(pb) +
-               " is also a destination page of the same tensor; a page read and written by one call would race";
       if (!pr.b_dst)
         return "src_ids[" + index_of(src_ids, pb) + "] = " + std::to_string(pb) + ": page " + std::to_string(pb) +
                " of " + nb + " shares memory with page " + std::to_string(pa) + " of " + na + " (dst_ids[" +
