@@ -25,6 +25,7 @@ static_assert(FERRY_SIGNALS_COPY == static_cast<int>(ferry::Signals::kCopy) &&
 
 namespace {
 
+using ferry::capi::enum_in;
 using ferry::capi::enum_value;
 using ferry::capi::get;
 using ferry::capi::guarded;
@@ -40,13 +41,11 @@ ferry::CollectiveArgs make_args(ferry::Communicator& c, ferry::CollOp op, void* 
   a.bytes_per_rank = bytes;
   for (int i = 0; i < n; ++i) a.streams.push_back(streams ? static_cast<cudaStream_t>(streams[i]) : nullptr);
   if (options) {
-    const int algo = enum_value(options->algo), local_copy = enum_value(options->local_copy),
-              signals = enum_value(options->signals);
-    FERRY_ARG_CHECK(algo >= FERRY_ALGO_AUTO && algo <= FERRY_ALGO_SM, "options->algo is not a ferry_algo_t");
-    FERRY_ARG_CHECK(local_copy >= FERRY_LOCAL_COPY_AUTO && local_copy <= FERRY_LOCAL_COPY_PEER,
-                    "options->local_copy is not a ferry_local_copy_t");
-    FERRY_ARG_CHECK(signals >= FERRY_SIGNALS_AUTO && signals <= FERRY_SIGNALS_KERNEL,
-                    "options->signals is not a ferry_signals_t");
+    const int algo = enum_in(options->algo, FERRY_ALGO_AUTO, FERRY_ALGO_SM, "options->algo is not a ferry_algo_t");
+    const int local_copy = enum_in(options->local_copy, FERRY_LOCAL_COPY_AUTO, FERRY_LOCAL_COPY_PEER,
+                                   "options->local_copy is not a ferry_local_copy_t");
+    const int signals = enum_in(options->signals, FERRY_SIGNALS_AUTO, FERRY_SIGNALS_KERNEL,
+                                "options->signals is not a ferry_signals_t");
     a.algo = static_cast<ferry::Algo>(algo);
     a.local_copy = static_cast<ferry::LocalCopy>(local_copy);
     a.signals = static_cast<ferry::Signals>(signals);
@@ -56,8 +55,7 @@ ferry::CollectiveArgs make_args(ferry::Communicator& c, ferry::CollOp op, void* 
 
 ferry::CollectiveArgs call_args(ferry::Communicator& c, const ferry_call_t* call) {
   FERRY_ARG_CHECK(call, "call must not be NULL");
-  const int op = enum_value(call->op);
-  FERRY_ARG_CHECK(op >= FERRY_OP_ALL_GATHER && op <= FERRY_OP_ALL_REDUCE, "call->op is not a ferry_op_t");
+  const int op = enum_in(call->op, FERRY_OP_ALL_GATHER, FERRY_OP_ALL_REDUCE, "call->op is not a ferry_op_t");
   auto a =
       make_args(c, static_cast<ferry::CollOp>(op), call->outs, call->ins, call->bytes, call->streams, &call->options);
   int w = c.world();
@@ -85,13 +83,12 @@ std::vector<ferry::SelectorRule> selector_rules(const ferry_tuning_rule_t* rules
   for (size_t i = 0; i < n; ++i) {
     const ferry_tuning_rule_t& r = rules[i];
     const std::string at = "rules[" + std::to_string(i) + "]";
-    const int op = enum_value(r.op), algo = enum_value(r.algo), signals = enum_value(r.signals);
-    FERRY_ARG_CHECK(op >= FERRY_OP_ALL_GATHER && op <= FERRY_OP_ALL_REDUCE, at + ".op is not a ferry_op_t");
+    const int op = enum_in(r.op, FERRY_OP_ALL_GATHER, FERRY_OP_ALL_REDUCE, at + ".op is not a ferry_op_t");
     FERRY_ARG_CHECK(r.world >= 0, at + ".world is " + std::to_string(r.world) + "; expected 0 (any) or a world size");
-    FERRY_ARG_CHECK(algo >= FERRY_ALGO_PCPY && algo <= FERRY_ALGO_SM,
-                    at + ".algo must name a variant (FERRY_ALGO_PCPY, _B2B, _SEQ or _SM), not AUTO");
-    FERRY_ARG_CHECK(signals >= FERRY_SIGNALS_AUTO && signals <= FERRY_SIGNALS_KERNEL,
-                    at + ".signals is not a ferry_signals_t");
+    const int algo = enum_in(r.algo, FERRY_ALGO_PCPY, FERRY_ALGO_SM,
+                             at + ".algo must name a variant (FERRY_ALGO_PCPY, _B2B, _SEQ or _SM), not AUTO");
+    const int signals =
+        enum_in(r.signals, FERRY_SIGNALS_AUTO, FERRY_SIGNALS_KERNEL, at + ".signals is not a ferry_signals_t");
     t.push_back({static_cast<ferry::CollOp>(op), r.world, r.max_bytes, static_cast<ferry::Algo>(algo),
                  static_cast<ferry::Signals>(signals)});
   }
@@ -245,8 +242,7 @@ ferry_result_t ferry_comm_choose(ferry_comm_t comm, ferry_op_t op, size_t bytes_
                                  ferry_signals_t* signals) {
   return guarded([&] {
     FERRY_ARG_CHECK(algo && signals, "algo and signals must not be NULL");
-    const int which = enum_value(op);
-    FERRY_ARG_CHECK(which >= FERRY_OP_ALL_GATHER && which <= FERRY_OP_ALL_REDUCE, "op is not a ferry_op_t");
+    const int which = enum_in(op, FERRY_OP_ALL_GATHER, FERRY_OP_ALL_REDUCE, "op is not a ferry_op_t");
     const ferry::Resolved r = get(comm).choose(static_cast<ferry::CollOp>(which), bytes_per_rank);
     *algo = static_cast<ferry_algo_t>(r.algo);
     *signals = r.kernel_signals ? FERRY_SIGNALS_KERNEL : FERRY_SIGNALS_COPY;
@@ -284,9 +280,8 @@ ferry_result_t ferry_arm(ferry_comm_t comm, int handle, const ferry_stream_t* af
 
 ferry_result_t ferry_arm_gated(ferry_comm_t comm, int handle, const ferry_stream_t* after, ferry_gate_t gate) {
   return guarded([&] {
-    const int g = enum_value(gate);
-    FERRY_ARG_CHECK(g == FERRY_GATE_HOST || g == FERRY_GATE_DEVICE,
-                    "gate must be FERRY_GATE_HOST or FERRY_GATE_DEVICE");
+    const int g =
+        enum_in(gate, FERRY_GATE_HOST, FERRY_GATE_DEVICE, "gate must be FERRY_GATE_HOST or FERRY_GATE_DEVICE");
     get(comm).arm(handle, stream_list(get(comm), after), g == FERRY_GATE_DEVICE);
   });
 }

@@ -32,6 +32,14 @@ int enum_value(const E& e) {
   return static_cast<int>(v);
 }
 
+// enum_value(e), refused with `message` outside [lo, hi].
+template <typename E>
+int enum_in(const E& e, int lo, int hi, const std::string& message) {
+  const int v = enum_value(e);
+  FERRY_ARG_CHECK(v >= lo && v <= hi, message);
+  return v;
+}
+
 template <typename Fn>
 ferry_result_t guarded(Fn&& fn) {
   try {

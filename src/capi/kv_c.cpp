@@ -43,8 +43,7 @@ ferry_result_t ferry_kv_copy_blocks(int device, const ferry_kv_region_t* dst, co
                                     size_t regions, const int64_t* dst_ids, const int64_t* src_ids, size_t count,
                                     ferry_kv_mode_t mode, unsigned flags, ferry_stream_t stream) {
   return ferry::capi::guarded([&] {
-    const int how = ferry::capi::enum_value(mode);
-    FERRY_ARG_CHECK(how >= FERRY_KV_AUTO && how <= FERRY_KV_KERNEL, "mode is not a ferry_kv_mode_t");
+    const int how = ferry::capi::enum_in(mode, FERRY_KV_AUTO, FERRY_KV_KERNEL, "mode is not a ferry_kv_mode_t");
     FERRY_ARG_CHECK(device >= 0, "device must be a CUDA device ordinal");
     constexpr unsigned known =
         FERRY_KV_ZERO_SM | FERRY_KV_URGENT | FERRY_KV_SETTLED_SOURCE | FERRY_KV_SLICED | FERRY_KV_UNPITCHED;
@@ -74,8 +73,7 @@ ferry_result_t ferry_kv_prepare(int device, const ferry_kv_region_t* dst, const 
     FERRY_ARG_CHECK(prepared, "prepared is NULL");
     *prepared = nullptr;
     FERRY_ARG_CHECK(device >= 0, "device must be a CUDA device ordinal");
-    const int how = ferry::capi::enum_value(mode);
-    FERRY_ARG_CHECK(how >= FERRY_KV_AUTO && how <= FERRY_KV_KERNEL, "mode is not a ferry_kv_mode_t");
+    const int how = ferry::capi::enum_in(mode, FERRY_KV_AUTO, FERRY_KV_KERNEL, "mode is not a ferry_kv_mode_t");
     FERRY_ARG_CHECK(how != FERRY_KV_KERNEL && how != FERRY_KV_AUTO,
                     std::string("mode is ") + (how == FERRY_KV_AUTO ? "FERRY_KV_AUTO" : "FERRY_KV_KERNEL") +
                         "; a prepared transfer runs on copy engines (an armed kernel would hold its SMs while it "
