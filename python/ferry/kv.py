@@ -43,6 +43,7 @@ bulk transfers on other streams (docs/kv.md says what that buys).
 
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Any, Sequence
 
@@ -564,10 +565,7 @@ class HostPool:
         """A new tensor from the pool's unused memory (page-aligned)."""
         torch = _torch()
         dims = _shape_of(shape, "HostPool.tensor")
-        n = 1
-        for s in dims:
-            n *= s
-        nbytes = n * torch.empty((), dtype=dtype).element_size()
+        nbytes = math.prod(dims) * torch.empty((), dtype=dtype).element_size()
         start = (self._next + PAGE_ALIGN - 1) // PAGE_ALIGN * PAGE_ALIGN
         if start + nbytes > self.nbytes:
             raise InvalidArgumentError(
@@ -592,10 +590,7 @@ def pinned_empty(shape: Sequence[int], dtype, *, device: int | None = None) -> A
     (a HostPool that lives as long as the tensor)."""
     torch = _torch()
     dims = _shape_of(shape, "pinned_empty")
-    n = 1
-    for s in dims:
-        n *= s
-    nbytes = max(1, n * torch.empty((), dtype=dtype).element_size())
+    nbytes = max(1, math.prod(dims) * torch.empty((), dtype=dtype).element_size())
     return HostPool(nbytes, device=device).tensor(dims, dtype)
 
 

@@ -103,7 +103,7 @@ class Offloaded:
         # None: the default engine at each call, so that a copy that broke it
         # leaves the next sleep or wake a new one (the host copy is intact).
         self._engine = engine
-        if engine is None:
+        if engine is None:  # made now: a machine where none can be made fails here, not at the first sleep
             multipath.default_engine()
         self.asleep = False
 

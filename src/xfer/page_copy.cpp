@@ -223,7 +223,7 @@ PageCopier::Located PageCopier::locate(const PageSide& dst, const PageSide& src,
     // cost about a microsecond a region. Addresses are linear within it.
     // (The range, which pitched copies need anyway, costs two more lookups;
     // where they are not needed, it is looked up for a side's first region
-    // only, so that tensors of separate allocations cost what they did.)
+    // only, so that tensors of separate allocations cost one lookup each.)
     struct Seen {
       uintptr_t start = 0, end = 0, at = 0;
       Where w;

@@ -111,10 +111,10 @@ std::vector<PitchedCopy> plan_page_rows(const PageSide& dst, const PageSide& src
 
 // The rows of plan_page_rows's copies (a plain copy is one row), without
 // making them: what the kernel strategy and `auto` need. A plan holds a copy
-// per page and tensor where tensors cannot be pitched, and making one was
-// most of a kernel call of 64 tensors x 1024 pages on an H200 host (959 us
-// against 42 counting; bench/probes/kv_host_cost.py --pages 1024
-// --page-bytes 64 --tensors 64). Validates as the plan does.
+// per page and tensor where tensors cannot be pitched: for a kernel call of
+// 64 tensors x 1024 pages on an H200 host, planning cost 959 us of the call
+// and counting 42 (bench/probes/kv_host_cost.py --pages 1024 --page-bytes 64
+// --tensors 64). Validates as the plan does.
 size_t count_page_rows(const PageSide& dst, const PageSide& src, const PageIds& dst_ids, const PageIds& src_ids,
                        bool merge, size_t max_pitch, size_t max_width);
 

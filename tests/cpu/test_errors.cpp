@@ -69,7 +69,7 @@ TEST(Knobs, TimeoutsThatWouldNeverEndOrEndAtOnceAreRefused) {
 
 TEST(Knobs, IntegersPast64BitsOrOutsideTheirRangeAreRefusedByName) {
   setenv("FERRY_KV_STREAMS", "99999999999999999999", 1);
-  EXPECT_THROW(knob_int("FERRY_KV_STREAMS"), Error);  // once taken as LLONG_MAX
+  EXPECT_THROW(knob_int("FERRY_KV_STREAMS"), Error);  // not LLONG_MAX
   for (const char* bad : {" 7", "+7", "7 ", "0x10"}) {
     setenv("FERRY_KV_STREAMS", bad, 1);
     EXPECT_THROW(knob_int("FERRY_KV_STREAMS"), Error) << bad;

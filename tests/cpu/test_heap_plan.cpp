@@ -102,7 +102,7 @@ TEST(HeapGrowth, MappedPrefixGrowsByWholeChunksNeverPastCapacity) {
   EXPECT_EQ(heap_capacity(3 << 20, 1000, g), 4u << 20);
   EXPECT_EQ(code_of([&] { heap_capacity(0, 0, g); }), FERRY_ERROR_INVALID_ARGUMENT);
   // Chunks as large as the address space (a knob of -1 read as bytes) map up to the capacity, never short of the
-  // need: a sum that wrapped gave 0 and 4 MiB here.
+  // need (a sum that wrapped would give 0 and 4 MiB here).
   EXPECT_EQ(heap_mapped_end(0, 256, g, SIZE_MAX, cap), cap);
   EXPECT_EQ(heap_mapped_end(4 << 20, 6 << 20, g, SIZE_MAX - (1 << 20), cap), cap);
   EXPECT_EQ(heap_mapped_end(0, SIZE_MAX - 1, g, chunk, cap), cap);

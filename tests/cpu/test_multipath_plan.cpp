@@ -605,7 +605,7 @@ TEST(MultipathChunkSize, EveryLinksQueueGetsAChunkWithinTheBounds) {
 TEST(MultipathChunkSize, SplitsNearTheEndOfTheAddressSpaceNeitherWrapNorOverlap) {
   const size_t half = size_t(1) << 63;
   EXPECT_THROW(split_batch({half, half, 4}, half), ferry::Error);  // the third piece would sit at offset 0
-  const auto c = split_chunks(SIZE_MAX, half);                     // ended, where the offsets once wrapped to 0
+  const auto c = split_chunks(SIZE_MAX, half);                     // ends: the offsets do not wrap to 0
   ASSERT_EQ(c.size(), 2u);
   EXPECT_EQ(c[1].offset, half);
   EXPECT_EQ(c[1].bytes, half - 1);

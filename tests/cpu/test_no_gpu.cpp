@@ -137,7 +137,7 @@ TEST(CApi, ArgumentsCheckedBeforeAnyGpuIsTouched) {
   std::memcpy(&gate, &two, sizeof gate);
   EXPECT_EQ(ferry_arm_gated(nullptr, 1, nullptr, gate), FERRY_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(ferry_last_error()).find("gate must be"), std::string::npos) << ferry_last_error();
-  // A negative device is no GPU's: once it meant the current one.
+  // A negative device is no GPU's, not the current one.
   ferry_host_pool_t pool = nullptr;
   EXPECT_EQ(ferry_host_pool_create(4096, -7, &pool), FERRY_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(ferry_last_error()).find("device must be"), std::string::npos) << ferry_last_error();

@@ -435,7 +435,7 @@ TEST(Planner, SelectionBytesAreBytesPerRank) {
 }
 
 TEST(Planner, SizesPast64BitsAreRefusedBeforeAnythingIsSizedByThem) {
-  // A C caller's sizes: a product that wrapped sized the checks of out for 0 bytes, then planned 2^63.
+  // A C caller's sizes: a product that wrapped would size the checks of out for 0 bytes, then plan 2^63.
   auto refused = [](const CollectiveArgs& a, int world, const char* what) {
     try {
       planner_for(a.op).shape(a, world);

@@ -21,7 +21,7 @@ TEST(PreloadRoute, ThresholdFromTheEnvironment) {
   EXPECT_EQ(ferry_preload_min_bytes("1048576", 7), 1048576u);
   EXPECT_EQ(ferry_preload_min_bytes("1M", 7), 7u);  // not a plain integer: the default
   EXPECT_EQ(ferry_preload_min_bytes("-5", 7), 7u);
-  // Past 64 bits: the default, not the wrapped remainder (18446744073709551617 was once 1, routing every copy).
+  // Past 64 bits: the default, not the wrapped remainder (1 for 18446744073709551617, which would route every copy).
   EXPECT_EQ(ferry_preload_min_bytes("18446744073709551617", 7), 7u);
   EXPECT_EQ(ferry_preload_min_bytes("18446744073709551615", 7), SIZE_MAX);
   EXPECT_EQ(ferry_preload_min_bytes("0", 7), 7u);
