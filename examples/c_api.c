@@ -4,11 +4,13 @@
  * rounds sent by a kernel (ferry_coll_options_t.signals), one under a tuning
  * table of its own (ferry_comm_set_tuning, ferry_comm_choose), every output byte
  * checked; then a call on an unregistered output and one with an options value
- * outside its enum, which must be refused with a message that says so. Two ways to run it:
+ * outside its enum, which must be refused with a message that says so; last, a pool and a
+ * symmetric heap that outlive their communicator. Two ways to run it:
  *
  *   ferry_example_c                  one process drives every GPU (ferry_comm_init_local)
  *   ferry_example_c --processes N    N processes, one per GPU (ferry_comm_init), with an
- *                                    all-gather of our own through shared memory
+ *                                    all-gather of our own through shared memory (with
+ *                                    FERRY_SHARED_GPUS=1, for tests, ranks share the GPUs)
  *
  *   cmake -S . -B build -G Ninja && cmake --build build --target ferry_example_c
  * Prints "ok" and exits 0; 77 where there are not 2 GPUs (unless FERRY_SHARED_GPUS=1,
@@ -25,6 +27,7 @@
 #include <unistd.h>
 
 #include "ferry/ferry.h"
+#include "ferry/symm.h"
 
 #define MAX_GPUS 8
 
@@ -299,6 +302,61 @@ static void run_checks(ferry_comm_t comm) {
   free(host);
 }
 
+/* `r` was `want` and ferry_last_error() holds `words`; else a complaint naming `what`. */
+static void expect_refused(const char* what, ferry_result_t r, ferry_result_t want, const char* words) {
+  if (r != want || !strstr(ferry_last_error(), words)) {
+    fprintf(stderr, "%s gave %s: %s\n", what, ferry_result_name(r), ferry_last_error());
+    ++wrong;
+  }
+}
+
+/* Closes and destroys `comm` while a pool and a symmetric heap made from it
+ * are still held, as a program tearing down in any order may. The pool then
+ * refuses requests (the communicator's close freed its chunks) and can still
+ * be destroyed; the heap still grows, collectively, through the descriptor
+ * exchange it shares with the communicator, and frees. */
+static void close_under_pool_and_heap(ferry_comm_t comm) {
+  ferry_pool_t pool;
+  ferry_heap_t heap;
+  void* got[MAX_GPUS];
+  CHECK_FERRY(ferry_pool_create(comm, 1 << 20, &pool));
+  CHECK_FERRY(ferry_pool_alloc(pool, 4096, NULL, got));
+  CHECK_FERRY(ferry_heap_create(comm, (size_t)1 << 30, &heap));
+  CHECK_FERRY(ferry_comm_close(comm));
+  expect_refused("a pool request after its communicator closed", ferry_pool_alloc(pool, 4096, NULL, got),
+                 FERRY_ERROR_CLOSED, "communicator is closed");
+  ferry_comm_destroy(comm);
+  expect_refused("a pool request after its communicator was destroyed", ferry_pool_alloc(pool, 4096, NULL, got),
+                 FERRY_ERROR_CLOSED, "communicator is destroyed");
+  ferry_pool_destroy(pool);
+  /* Its first chunk: mapped on every rank and, with a process per rank,
+   * exchanged between the processes. */
+  const size_t bytes = ((size_t)5 << 20) + 3;
+  CHECK_FERRY(ferry_heap_alloc(heap, bytes, 256, NULL, got));
+  size_t capacity = 0, used = 0, mapped = 0;
+  CHECK_FERRY(ferry_heap_sizes(heap, &capacity, &used, &mapped));
+  if (mapped < bytes || used < bytes) {
+    fprintf(stderr, "a heap growing after its communicator closed: %zu used, %zu mapped\n", used, mapped);
+    ++wrong;
+  }
+  for (int l = 0; l < locals; ++l) { /* the memory is there: every byte written and read back */
+    CHECK_CUDA(cudaSetDevice(devices[l]));
+    CHECK_CUDA(cudaMemset(got[l], 0x5A + l, bytes));
+    unsigned char* back = (unsigned char*)malloc(bytes);
+    CHECK_CUDA(cudaMemcpy(back, got[l], bytes, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < bytes; ++i)
+      if (back[i] != (unsigned char)(0x5A + l)) {
+        fprintf(stderr, "rank %d: heap byte %zu reads %d after its communicator closed\n", ranks[l], i, back[i]);
+        ++wrong;
+        break;
+      }
+    free(back);
+  }
+  CHECK_FERRY(ferry_heap_check(heap));
+  CHECK_FERRY(ferry_heap_free(heap, got[0]));
+  ferry_heap_destroy(heap);
+}
+
 /* ---- an all-gather for ferry_comm_init: shared memory between forked processes */
 
 #define SHARED_SLOT_BYTES (1 << 20)
@@ -338,17 +396,20 @@ static int shared_allgather(void* ctx, const void* mine, size_t nbytes, void* al
   return barrier(c->area, c->world); /* nobody writes the next round before all have read */
 }
 
-/* One forked process: rank `rank` on GPU `rank`. CUDA starts here, after fork. */
+/* One forked process: rank `rank` on GPU `rank` (modulo the GPUs where they
+ * are shared). CUDA starts here, after fork. */
 static int run_rank(struct shared_area* area, int rank) {
+  int gpus = 0;
+  CHECK_CUDA(cudaGetDeviceCount(&gpus));
   struct allgather_ctx ctx = {area, rank, world};
-  ferry_comm_config_t cfg = {rank, world, rank, shared_allgather, &ctx, 60.0};
+  ferry_comm_config_t cfg = {rank, world, rank % gpus, shared_allgather, &ctx, 60.0};
   locals = 1;
-  ranks[0] = devices[0] = rank;
+  ranks[0] = rank;
+  devices[0] = rank % gpus;
   ferry_comm_t comm = NULL;
   CHECK_FERRY(ferry_comm_init(&cfg, &comm));
   run_checks(comm);
-  CHECK_FERRY(ferry_comm_close(comm));
-  ferry_comm_destroy(comm);
+  close_under_pool_and_heap(comm);
   return wrong ? 1 : 0;
 }
 
@@ -405,8 +466,7 @@ static int run_one_process(void) {
   ferry_comm_t comm = NULL;
   CHECK_FERRY(ferry_comm_init_local(devices, world, 60.0, &comm));
   run_checks(comm);
-  CHECK_FERRY(ferry_comm_close(comm));
-  ferry_comm_destroy(comm);
+  close_under_pool_and_heap(comm);
   return wrong ? 1 : 0;
 }
 
@@ -420,8 +480,8 @@ int main(int argc, char** argv) {
   const int rc = n ? run_processes(n) : run_one_process();
   if (rc == 0)
     printf(
-        "ok: all_gather, all_to_all, signals by kernel, prepared all_gather (host and stream triggers), refused calls; "
-        "%s\n",
+        "ok: all_gather, all_to_all, signals by kernel, prepared all_gather (host and stream triggers), refused calls, "
+        "a pool and a heap that outlive their communicator; %s\n",
         n ? "one process per GPU" : "one process for all GPUs");
   return rc;
 }

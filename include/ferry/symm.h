@@ -33,7 +33,8 @@ typedef struct ferry_heap* ferry_heap_t;
 
 /* Collective over the communicator's ranks. capacity: bytes of each rank's
  * heap (0: FERRY_SYMM_HEAP_BYTES); address space, physical memory is mapped
- * as allocations need it. Destroy the heap before the communicator.
+ * as allocations need it. The heap may outlive the communicator: it keeps
+ * what its collective calls (alloc, free, register) need to reach the peers.
  * FERRY_ERROR_INVALID_ARGUMENT, naming it, while a prepared transfer or
  * collective is armed and not yet triggered (setting up waits for every
  * stream of the GPU). */

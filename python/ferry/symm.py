@@ -90,6 +90,7 @@ class Heap:
         comm._check_open("symm.Heap")
         self._comm = comm
         self._local = comm._local
+        self._devices = comm.devices  # its ranks' GPUs, also where the native communicator closed first
         self._h = require().SymmetricHeap.create(comm._c, int(capacity or 0))
         comm._heaps.append(self)
 
@@ -152,10 +153,10 @@ class Heap:
         for s in shape:
             numel *= s
         nbytes = numel * torch.empty((), dtype=dtype).element_size()
-        streams = [_stream_handle(None, d) for d in self._comm.devices]
+        streams = [_stream_handle(None, d) for d in self._devices]
         offset = self._h.alloc(nbytes, int(align), streams)
         out = [
-            self._tensor(self._h.rank(i), offset, nbytes, self._comm.devices[i], dtype, shape)
+            self._tensor(self._h.rank(i), offset, nbytes, self._devices[i], dtype, shape)
             for i in range(self._h.local_count)
         ]
         return out if self._local else out[0]
@@ -203,12 +204,10 @@ class Heap:
             raise InvalidArgumentError(
                 f"register: the tensors have {[b.nbytes for b in bufs]} bytes; expected the same size on every rank"
             )
-        streams = [_stream_handle(None, d) for d in self._comm.devices]
+        streams = [_stream_handle(None, d) for d in self._devices]
         offset = self._h.register_memory([b.ptr for b in bufs], bufs[0].nbytes, streams)
         out = [
-            self._tensor(
-                self._h.rank(i), offset, bufs[i].nbytes, self._comm.devices[i], t.dtype, tuple(t.shape)
-            )
+            self._tensor(self._h.rank(i), offset, bufs[i].nbytes, self._devices[i], t.dtype, tuple(t.shape))
             for i, t in enumerate(ts)
         ]
         return out if self._local else out[0]
@@ -220,7 +219,7 @@ class Heap:
         self._open("deregister")
         first = self._comm._per_rank(tensors, "deregister")[0]
         _, offset, _ = self._where(first, "deregister: tensor")
-        self._h.deregister(offset, [_stream_handle(None, d) for d in self._comm.devices])
+        self._h.deregister(offset, [_stream_handle(None, d) for d in self._devices])
 
     def _tensor(self, rank: int, offset: int, nbytes: int, device: int, dtype, shape):
         import torch
@@ -305,9 +304,7 @@ class Heap:
             raise InvalidArgumentError(
                 f"put: src has {s.nbytes} bytes and dst {d.nbytes}; expected equal sizes"
             )
-        self._h.put(
-            local, d.ptr, s.ptr, d.nbytes, int(peer), _stream_handle(stream, self._comm.devices[local])
-        )
+        self._h.put(local, d.ptr, s.ptr, d.nbytes, int(peer), _stream_handle(stream, self._devices[local]))
 
     def get(self, dst, src, peer: int, stream=None) -> None:
         """Copies `peer`'s copy of `src` (a heap tensor of this rank) into
@@ -319,9 +316,7 @@ class Heap:
             raise InvalidArgumentError(
                 f"get: src has {s.nbytes} bytes and dst {d.nbytes}; expected equal sizes"
             )
-        self._h.get(
-            local, d.ptr, s.ptr, d.nbytes, int(peer), _stream_handle(stream, self._comm.devices[local])
-        )
+        self._h.get(local, d.ptr, s.ptr, d.nbytes, int(peer), _stream_handle(stream, self._devices[local]))
 
     def _word(self, sig, what: str):
         local, b = self._call_args(sig, what, 8)
@@ -334,7 +329,7 @@ class Heap:
         stream gets there (a copy-engine copy of 8 bytes)."""
         self._open("signal")
         local, b = self._word(sig, "signal: sig")
-        self._h.signal(local, b.ptr, int(value), int(peer), _stream_handle(stream, self._comm.devices[local]))
+        self._h.signal(local, b.ptr, int(value), int(peer), _stream_handle(stream, self._devices[local]))
 
     def wait(self, sig, value: int, from_rank: int = -1, stream=None) -> None:
         """Holds the stream until this rank's `sig` is at least `value`. Bounded
@@ -342,9 +337,7 @@ class Heap:
         raises, naming `from_rank` (the rank expected to signal)."""
         self._open("wait")
         local, b = self._word(sig, "wait: sig")
-        self._h.wait(
-            local, b.ptr, int(value), int(from_rank), _stream_handle(stream, self._comm.devices[local])
-        )
+        self._h.wait(local, b.ptr, int(value), int(from_rank), _stream_handle(stream, self._devices[local]))
 
     def barrier_on_stream(self, stream=None, kernel: bool = False) -> None:
         """Holds each rank's stream until every rank's stream got to this
@@ -356,7 +349,7 @@ class Heap:
         captured. It is launched as a programmatic dependent: its launch
         overlaps the end of the kernel before it on the stream."""
         self._open("barrier_on_stream")
-        devices = self._comm.devices
+        devices = self._devices
         if self._local:
             streams = [None] * len(devices) if stream is None else self._comm._per_rank(stream, "stream")
         else:
@@ -373,7 +366,7 @@ class Heap:
         A stream capturing a CUDA graph is refused (the graph orders what it
         captured)."""
         self._open("quiet")
-        devices = self._comm.devices
+        devices = self._devices
         if self._local:
             streams = [None] * len(devices) if stream is None else self._comm._per_rank(stream, "stream")
         else:

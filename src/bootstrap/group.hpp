@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -24,10 +25,12 @@ struct Group {
   // One process per rank (create): the all-gather and the descriptor exchange.
   // One process driving every rank (create_local): both empty.
   AllGatherFn allgather;
-  bool allgather_on_host = false;         // moves its bytes on the host alone: it cannot wait for a GPU
-  FdExchange* fds = nullptr;              // owned by whoever made the group; outlives its users
+  bool allgather_on_host = false;  // moves its bytes on the host alone: it cannot wait for a GPU
+  // Shared with whoever made the group: a heap may outlive the communicator
+  // whose group it was made from, and still grow and free over it.
+  std::shared_ptr<FdExchange> fds;
   std::vector<std::string> socket_paths;  // by rank
-  std::function<int()> next_tag;          // a fresh descriptor-message tag, the same on every rank
+  std::function<int()> next_tag;          // a fresh descriptor-message tag, the same on every rank; holds its own count
 
   bool multi_process() const { return static_cast<bool>(allgather); }
   int local_count() const { return static_cast<int>(ranks.size()); }

@@ -8,16 +8,20 @@
 #include "ferry/ferry.h"
 
 struct ferry_comm {
-  std::unique_ptr<ferry::Communicator> impl;
+  // Shared: a pool made from it watches it (weak_ptr) and stops using it once
+  // the handle is destroyed.
+  std::shared_ptr<ferry::Communicator> impl;
 };
 
 namespace ferry {
 namespace capi {
 
-inline Communicator& get(ferry_comm_t comm) {
+inline const std::shared_ptr<Communicator>& get_shared(ferry_comm_t comm) {
   if (!comm || !comm->impl) throw_error(FERRY_ERROR_INVALID_ARGUMENT, "comm is NULL or destroyed");
-  return *comm->impl;
+  return comm->impl;
 }
+
+inline Communicator& get(ferry_comm_t comm) { return *get_shared(comm); }
 
 }  // namespace capi
 }  // namespace ferry

@@ -124,7 +124,7 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int world, int devi
   c->allgather_on_host_ = allgather_on_host;
   c->init_common(timeout_s, device);
   c->locals_.push_back(make_local(rank, device, world));
-  c->fds_ = std::make_unique<FdExchange>(rank, knob_string("FERRY_SOCKET_DIR"));
+  c->fds_ = std::make_shared<FdExchange>(rank, knob_string("FERRY_SOCKET_DIR"));
   c->flag_mem_.resize(world);
   c->flag_mem_[rank] = SharedHostMemory::create(sizeof(HostFlags));
 
@@ -259,11 +259,11 @@ Group Communicator::peers() {
   if (multi_process_) {
     g.allgather = allgather_;
     g.allgather_on_host = allgather_on_host_;
-    g.fds = fds_.get();
+    g.fds = fds_;
     g.socket_paths = socket_paths_;
     // Descriptor messages of the communicator and of its users share one
     // numbering, so that every rank gives the same tag to the same message.
-    g.next_tag = [this] { return next_fd_tag_++; };
+    g.next_tag = [count = next_fd_tag_] { return (*count)++; };
   }
   return g;
 }

@@ -229,10 +229,10 @@ class Communicator {
   std::vector<std::unique_ptr<Local>> locals_;
   std::vector<SharedHostMemory> flag_mem_;  // by rank (HostFlags); peers' blocks imported
   std::unique_ptr<CollectiveMemory> memory_;
-  std::vector<int> pids_;  // by rank
-  std::unique_ptr<FdExchange> fds_;
+  std::vector<int> pids_;            // by rank
+  std::shared_ptr<FdExchange> fds_;  // shared with the groups it hands out
   std::vector<std::string> socket_paths_;
-  int next_fd_tag_ = 100;
+  std::shared_ptr<int> next_fd_tag_ = std::make_shared<int>(100);  // and so is the tag count
   uint64_t seq_ = 0;
   std::string gpu_name_;
   Selector selector_;

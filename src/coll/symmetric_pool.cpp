@@ -7,7 +7,7 @@
 
 namespace ferry {
 
-SymmetricPool::SymmetricPool(Communicator& comm, size_t chunk_bytes) : comm_(&comm) {
+SymmetricPool::SymmetricPool(std::weak_ptr<Communicator> comm, size_t chunk_bytes) : comm_(std::move(comm)) {
   FERRY_ARG_CHECK(chunk_bytes > 0 && chunk_bytes <= (size_t{1} << 50),
                   "chunk_bytes is " + std::to_string(chunk_bytes) + "; expected a positive size");
   chunk_bytes_ = PoolRanges::chunk_for(0, chunk_bytes);
@@ -20,14 +20,23 @@ SymmetricPool::~SymmetricPool() {
   }
 }
 
+std::shared_ptr<Communicator> SymmetricPool::open_comm(const char* what) const {
+  if (closed_) throw_error(FERRY_ERROR_CLOSED, std::string(what) + ": the pool is closed");
+  std::shared_ptr<Communicator> comm = comm_.lock();
+  if (!comm || comm->closed())
+    throw_error(FERRY_ERROR_CLOSED, std::string(what) + ": the pool's communicator is " +
+                                        (comm ? "closed" : "destroyed") + ", and its close freed the pool's chunks");
+  return comm;
+}
+
 std::vector<void*> SymmetricPool::alloc(size_t bytes, cudaStream_t stream) {
-  FERRY_ARG_CHECK(comm_, "the pool is closed");
+  const std::shared_ptr<Communicator> comm = open_comm("alloc");
   FERRY_ARG_CHECK(bytes <= (size_t{1} << 50), "bytes is " + std::to_string(bytes) + "; expected at most 2^50");
   const uint64_t key = reinterpret_cast<uint64_t>(stream);
   auto spot = ranges_.allocate(bytes, key);
   if (!spot) {
     const size_t size = PoolRanges::chunk_for(bytes, chunk_bytes_);
-    chunks_.push_back(comm_->alloc(size));
+    chunks_.push_back(comm->alloc(size));
     ranges_.add_chunk(size);
     spot = ranges_.allocate(bytes, key);
     FERRY_ARG_CHECK(spot.has_value(), "the pool's new chunk did not hold the request");
@@ -39,7 +48,7 @@ std::vector<void*> SymmetricPool::alloc(size_t bytes, cudaStream_t stream) {
 }
 
 void SymmetricPool::free(const void* first) {
-  FERRY_ARG_CHECK(comm_, "the pool is closed");
+  open_comm("free");
   const char* p = static_cast<const char*>(first);
   for (size_t c = 0; c < chunks_.size(); ++c) {
     const char* base = static_cast<const char*>(chunks_[c].at(0));
@@ -56,10 +65,12 @@ void SymmetricPool::free(const void* first) {
 }
 
 void SymmetricPool::close() {
-  if (!comm_) return;
-  Communicator* comm = comm_;
-  comm_ = nullptr;
-  for (const auto& chunk : chunks_) comm->free(chunk);
+  if (closed_) return;
+  closed_ = true;
+  // A closed or destroyed communicator freed the chunks already.
+  const std::shared_ptr<Communicator> comm = comm_.lock();
+  if (comm && !comm->closed())
+    for (const auto& chunk : chunks_) comm->free(chunk);
   chunks_.clear();
   ranges_ = PoolRanges();
 }

@@ -13,6 +13,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <memory>
 #include <vector>
 
 #include "coll/communicator.hpp"
@@ -22,9 +23,11 @@ namespace ferry {
 
 class SymmetricPool {
  public:
-  // Chunks of at least `chunk_bytes` (rounded up to 2 MiB) from `comm`, which must outlive the pool.
+  // Chunks of at least `chunk_bytes` (rounded up to 2 MiB) from `comm`. The
+  // pool does not keep the communicator alive: once it is closed or gone, its
+  // close() has freed the chunks, and alloc and free are refused.
   // Its streams are told apart by their handles: local rank 0's stream stands for all local ranks.
-  SymmetricPool(Communicator& comm, size_t chunk_bytes);
+  SymmetricPool(std::weak_ptr<Communicator> comm, size_t chunk_bytes);
   ~SymmetricPool();
   SymmetricPool(const SymmetricPool&) = delete;
   SymmetricPool& operator=(const SymmetricPool&) = delete;
@@ -42,7 +45,11 @@ class SymmetricPool {
   size_t bytes_in_use() const { return ranges_.bytes_in_use(); }
 
  private:
-  Communicator* comm_;
+  // The communicator, open; CLOSED naming `what` where it is closed or gone.
+  std::shared_ptr<Communicator> open_comm(const char* what) const;
+
+  std::weak_ptr<Communicator> comm_;
+  bool closed_ = false;
   size_t chunk_bytes_;
   PoolRanges ranges_;
   std::vector<std::vector<void*>> chunks_;  // by chunk, by local rank

@@ -1802,6 +1802,37 @@ def stream_timeout_main(world: int) -> int:
     return report(timeouts(ferry, torch, world, stream_wait=True), 1)
 
 
+def heap_outlives_comm(ferry, torch, comm, rank: int, world: int, dev: int) -> list:
+    """A C or C++ program may destroy a communicator before a heap made from
+    it; Python's close() closes the heaps first, so the native communicator is
+    closed here under a fresh heap. The heap then grows (its first chunk: a
+    descriptor exchange with every peer, over the communicator's exchange,
+    which the heap keeps), takes a put from the left neighbour on a stream,
+    and frees. Before the heap shared that exchange, growing read it freed."""
+    fails = []
+    heap = ferry.symm.Heap(comm, 1 << 30)
+    comm._c.close()
+    n = (5 << 20) + 3
+    x = heap.empty((n,), torch.uint8)
+    x.fill_(0xA5)
+    d = torch.device("cuda", dev)
+    mine = data(torch, rank, "after-close", n, d)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    heap.barrier_on_stream(s)  # every rank's poison is there before any put lands
+    heap.put(x, mine, (rank + 1) % world, stream=s)
+    heap.barrier_on_stream(s)
+    s.synchronize()
+    heap.check()
+    if not torch.equal(x, data(torch, (rank - 1) % world, "after-close", n, d)):
+        fails.append(f"rank {rank}: a put into a heap whose communicator closed first differs")
+    if heap.mapped < n:
+        fails.append(f"rank {rank}: the heap mapped {heap.mapped} bytes for {n}")
+    heap.free(x)
+    heap.close()
+    return fails
+
+
 def rank_main(rank: int, world: int, port: int) -> int:
     os.environ["FERRY_PORT"] = str(port)
     import ferry
@@ -1817,8 +1848,15 @@ def rank_main(rank: int, world: int, port: int) -> int:
     )
     fails = suite.run(names)
     suite.heap.close()
-    comm.close()
-    return report(fails, suite.checks)
+    if _selected():
+        comm.close()
+        return report(fails, suite.checks)
+    fails += heap_outlives_comm(ferry, torch, comm, rank, world, dev)
+    with contextlib.suppress(ferry.ClosedError):
+        comm.close()  # its native half closed above, so this raises before the store closes
+    if comm._store is not None:
+        comm._store.close()
+    return report(fails, suite.checks + 1)
 
 
 def torch_rank_main(rank: int, world: int, port: int) -> int:
