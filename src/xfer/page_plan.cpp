@@ -166,6 +166,8 @@ bool same_regions(const std::vector<PageRegion>& x, const std::vector<PageRegion
 // and a save are two), and then the check costs a comparison of the regions
 // (64 tensors a side, 64 pages: 0.35 us against 3.2-3.4 for a layout not
 // seen before on the development host, bench/probes/page_check_cost.cpp).
+// The reference holds until this thread's next call: a loop over it must not
+// check another transfer.
 const std::vector<RegionPair>& candidate_pairs(const PageSide& dst, const PageSide& src) {
   struct Known {
     std::vector<PageRegion> dst, src;
