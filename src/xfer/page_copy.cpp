@@ -500,8 +500,9 @@ PageCopyReport PageCopier::copy(const PageSide& dst, const PageSide& src, const 
   PageStrategy s = o.strategy ? *o.strategy : select_page_strategy(rules_, where.direction, rows, rep.bytes, o.zero_sm);
   FERRY_ARG_CHECK(!(o.zero_sm && uses_sm(s)), "mode='kernel' launches a kernel, which zero_sm=True forbids");
   rep.strategy = s;
-  if (may_run_kernel && s != PageStrategy::kKernel)
-    copies = plan_page_rows(where.dst, where.src, dst_ids, src_ids, o.merge, max_pitch, pitched_row_bytes());
+  if (may_run_kernel && s != PageStrategy::kKernel)  // counting checked the lists
+    copies = plan_page_rows(where.dst, where.src, dst_ids, src_ids, o.merge, max_pitch, pitched_row_bytes(),
+                            /*validated=*/true);
   if (s == PageStrategy::kKernel) {
     rep.copies = rows;  // it takes a pitched copy's rows one by one
   } else {

@@ -105,9 +105,11 @@ std::vector<RegionLadder> region_ladders(const PageSide& dst, const PageSide& sr
 // such as [pages, regions, ...]), where pitched copies of 32 KB rows ran at
 // 49. Rows end to end on both sides go as one plain copy of them all.
 // `max_pitch` or `max_width` 0: no pitched copies (plan_page_copies's
-// copies). Validates first.
+// copies). Validates first, unless `validated` says count_page_rows did so
+// for the same arguments.
 std::vector<PitchedCopy> plan_page_rows(const PageSide& dst, const PageSide& src, const PageIds& dst_ids,
-                                        const PageIds& src_ids, bool merge, size_t max_pitch, size_t max_width);
+                                        const PageIds& src_ids, bool merge, size_t max_pitch, size_t max_width,
+                                        bool validated = false);
 
 // The rows of plan_page_rows's copies (a plain copy is one row), without
 // making them: what the kernel strategy and `auto` need. A plan holds a copy

@@ -608,6 +608,13 @@ TEST(PagePlan, PitchedPlansMatchAReferenceExpansion) {
     size_t moved = 0, rows = 0;
     for (const auto& c : copies) rows += c.rows;
     EXPECT_EQ(count_page_rows(dst, src, ids(d), ids(s), merge, max_pitch, max_width), rows) << "trial " << trial;
+    // Planned again after counting validated (what auto does): the same copies.
+    const auto again = plan_page_rows(dst, src, ids(d), ids(s), merge, max_pitch, max_width, /*validated=*/true);
+    ASSERT_EQ(again.size(), copies.size()) << "trial " << trial;
+    for (size_t i = 0; i < copies.size(); ++i)
+      ASSERT_TRUE(again[i].dst == copies[i].dst && again[i].src == copies[i].src && again[i].width == copies[i].width &&
+                  again[i].rows == copies[i].rows)
+          << "trial " << trial << ", copy " << i;
     for (const auto& c : copies) {
       if (c.rows > 1) {
         ++pitched_seen;
