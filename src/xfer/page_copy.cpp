@@ -467,7 +467,7 @@ PageCopyReport PageCopier::copy(const PageSide& dst, const PageSide& src, const 
   RelaxedCaptureScope relax(dma::is_capturing(stream));
   check_kernel_errors();
   check_sides(dst, src);
-  const bool may_pitch = pitch_possible(o.pitched, o.strategy);
+  const bool may_pitch = pitch_possible(o.pitched, o.strategy, dst.regions.size());
   Located where = locate(dst, src, stream, may_pitch);
   // (A transfer of nothing has no memory to tell its direction by: let it through.)
   FERRY_ARG_CHECK(!(o.zero_sm && where.direction == Direction::kDeviceToDevice && request_bytes(dst, dst_ids.count)),
@@ -582,7 +582,7 @@ PreparedPages::PreparedPages(int device, const PageSide& dst, const PageSide& sr
   DeviceScope on_device(device);
   PageCopier& copier = PageCopier::on(device);
   check_sides(dst, src);
-  const bool may_pitch = pitch_possible(pitched, strategy);
+  const bool may_pitch = pitch_possible(pitched, strategy, dst.regions.size());
   auto where = copier.locate(dst, src, nullptr, may_pitch);
   FERRY_ARG_CHECK(where.direction != Direction::kDeviceToDevice || request_bytes(dst, dst_ids.count) == 0,
                   "prepare: " + within_one_gpu(device) +

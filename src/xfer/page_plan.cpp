@@ -534,8 +534,8 @@ size_t submission_calls(const std::vector<PitchedCopy>& copies, bool one_by_one,
   return pitched + split_batches(single, std::max<size_t>(1, per_batch)).size();
 }
 
-bool pitch_possible(bool asked, std::optional<PageStrategy> strategy) {
-  return asked && strategy != PageStrategy::kPerPage && strategy != PageStrategy::kKernel;
+bool pitch_possible(bool asked, std::optional<PageStrategy> strategy, size_t regions) {
+  return asked && strategy != PageStrategy::kPerPage && strategy != PageStrategy::kKernel && regions >= kMinPitchedRows;
 }
 
 bool pitch_direction(Direction d) { return d == Direction::kHostToDevice || d == Direction::kDeviceToHost; }

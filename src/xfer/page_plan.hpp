@@ -189,10 +189,13 @@ int kernel_blocks(uint64_t tasks, int threads, int requested, int cap, int sms);
 enum class Direction { kHostToDevice, kDeviceToHost, kDeviceToDevice, kHostToHost };
 const char* direction_name(Direction d);
 
-// Whether a request may go as pitched copies: asked for, and a strategy that
+// Whether a request may go as pitched copies: asked for, a strategy that
 // takes them (the per-page baseline copies every row by itself, the kernel
-// reads the regions itself; nullopt is auto, which may pick either).
-bool pitch_possible(bool asked, std::optional<PageStrategy> strategy);
+// reads the regions itself; nullopt is auto, which may pick either), and
+// enough regions a side for a ladder (kMinPitchedRows). Where it says no, the
+// caller skips looking up the allocations' ranges, which pitched copies need:
+// two more driver lookups a side, about a microsecond each.
+bool pitch_possible(bool asked, std::optional<PageStrategy> strategy, size_t regions);
 // Whether pitched copies run in this direction: between host and GPU only.
 // Within a GPU a copy without the batched call's copy-engine hint may run on
 // SMs (a 2D copy has no such hint); host to host is no copy engine's work.

@@ -552,14 +552,17 @@ TEST(PagePlan, RowsWiderThanTheLimitGoAsPlainCopies) {
   }
 }
 
-// Pitched copies only where asked, on strategies that take them, between host and GPU.
+// Pitched copies only where asked, on strategies that take them, with
+// regions enough for a ladder, between host and GPU.
 TEST(PagePlan, PitchedCopiesOnlyWhereTheyRunOnCopyEngines) {
-  EXPECT_TRUE(pitch_possible(true, std::nullopt));  // auto
-  EXPECT_TRUE(pitch_possible(true, PageStrategy::kBatched));
-  EXPECT_TRUE(pitch_possible(true, PageStrategy::kStreams));
-  EXPECT_FALSE(pitch_possible(true, PageStrategy::kPerPage));  // the baseline
-  EXPECT_FALSE(pitch_possible(true, PageStrategy::kKernel));
-  EXPECT_FALSE(pitch_possible(false, PageStrategy::kBatched));
+  EXPECT_TRUE(pitch_possible(true, std::nullopt, 64));  // auto
+  EXPECT_TRUE(pitch_possible(true, PageStrategy::kBatched, 64));
+  EXPECT_TRUE(pitch_possible(true, PageStrategy::kStreams, kMinPitchedRows));
+  EXPECT_FALSE(pitch_possible(true, PageStrategy::kPerPage, 64));  // the baseline
+  EXPECT_FALSE(pitch_possible(true, PageStrategy::kKernel, 64));
+  EXPECT_FALSE(pitch_possible(false, PageStrategy::kBatched, 64));
+  EXPECT_FALSE(pitch_possible(true, std::nullopt, kMinPitchedRows - 1));  // no ladder: one tensor a side, or two
+  EXPECT_FALSE(pitch_possible(true, PageStrategy::kBatched, 1));
   EXPECT_TRUE(pitch_direction(Direction::kHostToDevice));
   EXPECT_TRUE(pitch_direction(Direction::kDeviceToHost));
   EXPECT_FALSE(pitch_direction(Direction::kDeviceToDevice));
