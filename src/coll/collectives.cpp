@@ -81,7 +81,7 @@ std::vector<Built> Communicator::build(const CollectiveArgs& a, std::vector<uint
   }
 
   PlanKnobs knobs;
-  knobs.scratch_cap = static_cast<size_t>(std::max<long long>(4096, knob_int("FERRY_SCRATCH_BYTES")));
+  knobs.scratch_cap = static_cast<size_t>(knob_int_in("FERRY_SCRATCH_BYTES", 4096, 1LL << 40));
 
   // Scratch, when the call needs it; sized the same on every rank (the call is collective).
   const bool capturing = dma::is_capturing(a.streams[0]);

@@ -21,7 +21,8 @@ const std::vector<Knob>& knobs() {
        "at most 1e6)"},
       {"FERRY_BATCH_MAX", "int", "32",
        "most copies in one cudaMemcpyBatchAsync call; larger lists are split (the driver's host time per copy grows "
-       "with the batch: on an H200, 4096 scattered 16 KB pages took half the time in calls of 32 as in calls of 128)"},
+       "with the batch: on an H200, 4096 scattered 16 KB pages took half the time in calls of 32 as in calls of 128; "
+       "1..65536)"},
       {"FERRY_DISABLE_BATCH", "int", "0", "1: issue one cudaMemcpyAsync per copy instead of batched copies"},
       {"FERRY_KV_TUNING", "string", "",
        "page transfers' auto table: a `ferry kv-tune` JSON file; empty: the table shipped for this GPU model, else "
@@ -30,15 +31,15 @@ const std::vector<Knob>& knobs() {
        "streams the 'streams' page-transfer strategy spreads its batched copies over (1..64)"},
       {"FERRY_KV_SLICE_BYTES", "int", "4194304",
        "slice size of page transfers submitted in slices (FERRY_KV_SLICED in C; slice_bytes in Python): at most 2 "
-       "slices wait on the copy engine, so an urgent fetch from another stream waits for that much at most"},
+       "slices wait on the copy engine, so an urgent fetch from another stream waits for that much at most (1..2^40)"},
       {"FERRY_KV_PITCHED_ROW_BYTES", "int", "8192",
        "widest row of a pitched page copy (a page's tensors at one stride as one cudaMemcpy2DAsync); wider pages "
        "go as plain batched copies, which copy engines move faster, unless a page's tensors lie end to end on one "
-       "side (a page-first layout), which goes pitched at any width (0: no pitched copies)"},
+       "side (a page-first layout), which goes pitched at any width (0: no pitched copies; at most 2^30)"},
       {"FERRY_KV_ARMED_MAX", "int", "512",
        "most host calls a prepared page transfer may enqueue behind its gate (a batched call of up to "
        "FERRY_BATCH_MAX plain copies, a pitched copy, or with mode='per_page' each copy): a stream's queue is "
-       "finite, and 1024 blocked the host until the gate opened on an H200"},
+       "finite, and 1024 blocked the host until the gate opened on an H200 (1..2^20)"},
       {"FERRY_SOCKET_DIR", "string", "",
        "parent folder of the private (0700) folder holding ferry's Unix sockets; "
        "empty: $TMPDIR or /tmp"},
@@ -80,7 +81,8 @@ const std::vector<Knob>& knobs() {
        "sooner and take more SMs from compute beside (one H200, 8 MB and up: 32 reduce at 2.2-3.6 TB/s, 64 "
        "at 2.8-4.0, 132 at 2.9-4.1)"},
       {"FERRY_SCRATCH_BYTES", "int", "67108864",
-       "bound on the scratch an in-place all_to_all uses per rank (it runs in rounds of scratch / world bytes)"},
+       "bound on the scratch an in-place all_to_all uses per rank (it runs in rounds of scratch / world bytes; "
+       "4096..2^40)"},
       {"FERRY_SIGNALS", "string", "copy",
        "how the copy-engine variants send and await their ready and done messages: 'copy' (small copy-engine "
        "copies and stream waits, no SM) or 'kernel' (one single-block kernel per round: a few microseconds less per "
@@ -98,7 +100,7 @@ const std::vector<Knob>& knobs() {
        "smallest host<->GPU copy that multipath splits over several GPUs' links; smaller ones run as one plain copy"},
       {"FERRY_MULTIPATH_HEAD_BYTES", "int", "0",
        "most of a multipath copy's head that the caller's stream copies itself over the target's link while the "
-       "engine starts the rest (0: none)"},
+       "engine starts the rest (0: none; at most 2^40)"},
       {"FERRY_MULTIPATH_KEEP_WARM_MS", "float", "50",
        "for this long after a link last carried a multipath chunk in a direction, it probes that direction again "
        "0.7 ms after its last chunk or probe there landed, while idle, so that a copy after a gap starts at once "

@@ -70,7 +70,7 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
                                        : static_cast<size_t>(knob_int_in("FERRY_MULTIPATH_MIN_BYTES", 0, LLONG_MAX));
   head_bytes_ = options.head_bytes != SIZE_MAX
                     ? options.head_bytes
-                    : static_cast<size_t>(std::max(0LL, knob_int("FERRY_MULTIPATH_HEAD_BYTES")));
+                    : static_cast<size_t>(knob_int_in("FERRY_MULTIPATH_HEAD_BYTES", 0, 1LL << 40));
   FERRY_ARG_CHECK(options.own_share_on_stream >= -1 && options.own_share_on_stream <= 1,
                   "own_share_on_stream is " + std::to_string(options.own_share_on_stream) +
                       "; expected 0, 1 or -1 (FERRY_MULTIPATH_OWN_SHARE_ON_STREAM)");

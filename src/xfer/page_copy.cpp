@@ -36,9 +36,7 @@ constexpr int kDefaultBlocks = 16;
 constexpr int kDefaultThreads = 512;
 constexpr size_t kDefaultChunk = 16 << 10;
 
-size_t pitched_row_bytes() {
-  return static_cast<size_t>(std::max<long long>(0, knob_int("FERRY_KV_PITCHED_ROW_BYTES")));
-}
+size_t pitched_row_bytes() { return static_cast<size_t>(knob_int_in("FERRY_KV_PITCHED_ROW_BYTES", 0, 1LL << 30)); }
 
 std::string side_name(const char* side, size_t r) { return std::string(side) + "[" + std::to_string(r) + "]"; }
 
@@ -596,7 +594,7 @@ PreparedPages::PreparedPages(int device, const PageSide& dst, const PageSide& sr
   // What fills the stream's queue behind the gate is host calls, not copies
   // or rows (submission_calls).
   const size_t calls = submission_calls(copies_, strategy == PageStrategy::kPerPage, dma::copies_per_batch_call());
-  const size_t most = static_cast<size_t>(std::max<long long>(1, knob_int("FERRY_KV_ARMED_MAX")));
+  const size_t most = static_cast<size_t>(knob_int_in("FERRY_KV_ARMED_MAX", 1, 1 << 20));
   FERRY_ARG_CHECK(calls <= most,
                   "prepare: " + std::to_string(calls) +
                       " host calls to enqueue after merging runs (a batched call takes up to FERRY_BATCH_MAX plain "

@@ -960,6 +960,27 @@ def test_an_uncaught_error_is_not_followed_by_leak_reports(kv):
     assert "leaked" not in run.stderr, run.stderr[-2000:]
 
 
+def test_knobs_out_of_range_are_named(kv, monkeypatch):
+    """A knob set out of its range is refused naming it, where it used to be
+    taken as the nearest value in range (a negative row width as no pitched
+    copies, 0 host calls as 1). Nothing moves: the destination stays poisoned."""
+    import ferry
+
+    torch = _torch()
+    host = pinned((16, 1024), torch.uint8)
+    gpu = torch.full((16, 1024), POISON, dtype=torch.uint8, device="cuda")
+    for knob, value, call in [
+        ("FERRY_KV_PITCHED_ROW_BYTES", "-1", lambda: kv.copy_blocks(gpu, host, [1], [1], mode="batched")),
+        ("FERRY_KV_ARMED_MAX", "0", lambda: kv.prepare(gpu, host, [1], [1])),
+    ]:
+        monkeypatch.setenv(knob, value)
+        with pytest.raises(ferry.InvalidArgumentError, match=f"{knob}={value}; expected"):
+            call()
+        monkeypatch.delenv(knob)
+    torch.cuda.synchronize()
+    assert bool((gpu == POISON).all())
+
+
 def test_bad_input_is_named(kv):
     import ferry
 
