@@ -325,6 +325,12 @@ static void close_under_pool_and_heap(ferry_comm_t comm) {
   CHECK_FERRY(ferry_comm_close(comm));
   expect_refused("a pool request after its communicator closed", ferry_pool_alloc(pool, 4096, NULL, got),
                  FERRY_ERROR_CLOSED, "communicator is closed");
+  size_t reserved = 1, in_use = 1;
+  CHECK_FERRY(ferry_pool_sizes(pool, &reserved, &in_use));
+  if (reserved || in_use) {
+    fprintf(stderr, "a pool whose communicator closed reports %zu bytes reserved, %zu in use\n", reserved, in_use);
+    ++wrong;
+  }
   ferry_comm_destroy(comm);
   expect_refused("a pool request after its communicator was destroyed", ferry_pool_alloc(pool, 4096, NULL, got),
                  FERRY_ERROR_CLOSED, "communicator is destroyed");
@@ -343,6 +349,10 @@ static void close_under_pool_and_heap(ferry_comm_t comm) {
     CHECK_CUDA(cudaSetDevice(devices[l]));
     CHECK_CUDA(cudaMemset(got[l], 0x5A + l, bytes));
     unsigned char* back = (unsigned char*)malloc(bytes);
+    if (!back) {
+      fprintf(stderr, "malloc of %zu bytes failed\n", bytes);
+      exit(1);
+    }
     CHECK_CUDA(cudaMemcpy(back, got[l], bytes, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < bytes; ++i)
       if (back[i] != (unsigned char)(0x5A + l)) {

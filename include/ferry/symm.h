@@ -34,7 +34,9 @@ typedef struct ferry_heap* ferry_heap_t;
 /* Collective over the communicator's ranks. capacity: bytes of each rank's
  * heap (0: FERRY_SYMM_HEAP_BYTES); address space, physical memory is mapped
  * as allocations need it. The heap may outlive the communicator: it keeps
- * what its collective calls (alloc, free, register) need to reach the peers.
+ * the descriptor exchange its collective calls (alloc, free, register) use.
+ * With ferry_comm_init, those calls also use the config's allgather function
+ * and allgather_ctx, which must stay valid while the heap is used.
  * FERRY_ERROR_INVALID_ARGUMENT, naming it, while a prepared transfer or
  * collective is armed and not yet triggered (setting up waits for every
  * stream of the GPU). */

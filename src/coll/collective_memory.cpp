@@ -87,6 +87,10 @@ void CollectiveMemory::close() {
       "a communicator's registered buffers");
   if (heap_) heap_->close();
   heap_.reset();
+  // The communicator's close releases the descriptor exchange (its socket and
+  // folder) unless a user's heap still holds it.
+  group_.fds.reset();
+  group_.next_tag = nullptr;
 }
 
 std::vector<std::string> CollectiveMemory::allgather(const std::string& mine, const char* what) const {

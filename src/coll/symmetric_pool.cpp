@@ -75,7 +75,14 @@ void SymmetricPool::close() {
   ranges_ = PoolRanges();
 }
 
+bool SymmetricPool::live() const {
+  if (closed_) return false;
+  const std::shared_ptr<Communicator> comm = comm_.lock();
+  return comm && !comm->closed();
+}
+
 size_t SymmetricPool::bytes_reserved() const {
+  if (!live()) return 0;
   size_t n = 0;
   for (int c = 0; c < ranges_.chunks(); ++c) n += ranges_.chunk_size(c);
   return n;

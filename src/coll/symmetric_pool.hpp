@@ -41,10 +41,12 @@ class SymmetricPool {
   // The chunks back to the communicator (collective). Buffers become invalid.
   void close();
 
+  // 0 once the pool or its communicator is closed (its chunks are freed then).
   size_t bytes_reserved() const;
-  size_t bytes_in_use() const { return ranges_.bytes_in_use(); }
+  size_t bytes_in_use() const { return live() ? ranges_.bytes_in_use() : 0; }
 
  private:
+  bool live() const;
   // The communicator, open; CLOSED naming `what` where it is closed or gone.
   std::shared_ptr<Communicator> open_comm(const char* what) const;
 

@@ -22,7 +22,7 @@ const std::vector<Knob>& knobs() {
       {"FERRY_BATCH_MAX", "int", "32",
        "most copies in one cudaMemcpyBatchAsync call; larger lists are split (the driver's host time per copy grows "
        "with the batch: on an H200, 4096 scattered 16 KB pages took half the time in calls of 32 as in calls of 128; "
-       "1..65536)"},
+       "0 or less: 1)"},
       {"FERRY_DISABLE_BATCH", "int", "0", "1: issue one cudaMemcpyAsync per copy instead of batched copies"},
       {"FERRY_KV_TUNING", "string", "",
        "page transfers' auto table: a `ferry kv-tune` JSON file; empty: the table shipped for this GPU model, else "

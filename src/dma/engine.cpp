@@ -60,7 +60,7 @@ bool batch_disabled() {
   return disabled;
 }
 size_t knob_batch_max() {
-  static const size_t most = static_cast<size_t>(knob_int_in("FERRY_BATCH_MAX", 1, 1 << 16));
+  static const size_t most = static_cast<size_t>(std::max<long long>(1, knob_int("FERRY_BATCH_MAX")));
   return most;
 }
 }  // namespace

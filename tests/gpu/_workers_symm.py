@@ -1829,6 +1829,10 @@ def heap_outlives_comm(ferry, torch, comm, rank: int, world: int, dev: int) -> l
     if heap.mapped < n:
         fails.append(f"rank {rank}: the heap mapped {heap.mapped} bytes for {n}")
     heap.free(x)
+    # Every rank has left free's exchange once this barrier passed: only then
+    # may rank 0 close the store that exchange went through.
+    heap.barrier_on_stream(s)
+    s.synchronize()
     heap.close()
     return fails
 
@@ -1851,7 +1855,10 @@ def rank_main(rank: int, world: int, port: int) -> int:
     if _selected():
         comm.close()
         return report(fails, suite.checks)
-    fails += heap_outlives_comm(ferry, torch, comm, rank, world, dev)
+    try:
+        fails += heap_outlives_comm(ferry, torch, comm, rank, world, dev)
+    except Exception as e:  # named, not a hang: the peers' waits are bounded
+        fails.append(f"rank {rank}: heap_outlives_comm raised {e!r}")
     with contextlib.suppress(ferry.ClosedError):
         comm.close()  # its native half closed above, so this raises before the store closes
     if comm._store is not None:
