@@ -106,7 +106,8 @@ FERRY_API ferry_result_t ferry_comm_deregister(ferry_comm_t comm, void* const* p
  * requests on the stream it was asked for on (local rank 0's stream stands
  * for all local ranks). Destroying the pool frees its chunks (collective).
  * Closing or destroying the communicator frees them too; the pool then
- * refuses requests with FERRY_ERROR_CLOSED, and can still be destroyed. */
+ * refuses requests with FERRY_ERROR_CLOSED, reports 0 bytes, and can still be
+ * destroyed. */
 typedef struct ferry_pool* ferry_pool_t;
 FERRY_API ferry_result_t ferry_pool_create(ferry_comm_t comm, size_t chunk_bytes, ferry_pool_t* pool);
 FERRY_API ferry_result_t ferry_pool_alloc(ferry_pool_t pool, size_t bytes, ferry_stream_t stream, void** ptrs);
