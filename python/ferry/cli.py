@@ -54,11 +54,15 @@ def cmd_doctor(args) -> int:
     ):
         if os.environ.get(var) != want:
             print(f"[note] {var} is not {want}: on shared hosts where NVLink multicast must stay off, set it")
+    # A knob set to what its first reader will refuse (not a number, or out of range).
+    for problem in native.knob_problems():
+        print(f"[fail] {problem}")
+        failed = True
     print("\nenvironment knobs:")
-    for name, typ, default, doc in native.knobs():
+    for name, typ, default, doc, values in native.knobs():
         value = os.environ.get(name)
         shown = f"{value} (set)" if value is not None else f"{default or '(empty)'} (default)"
-        print(f"  {name:<20} {typ:<6} {shown:<16} {doc}")
+        print(f"  {name:<20} {typ:<6} {shown:<16} {doc}" + (f" ({values})" if values else ""))
     return 1 if failed else 0
 
 

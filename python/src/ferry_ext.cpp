@@ -175,7 +175,13 @@ NB_MODULE(_ferry, m) {
   m.def("driver_missing_hint", &ferry::driver_missing_hint);
   m.def("knobs", [] {
     std::vector<std::vector<std::string>> out;
-    for (const auto& k : ferry::knobs()) out.push_back({k.name, k.type, k.default_value, k.doc});
+    for (const auto& k : ferry::knobs()) out.push_back({k.name, k.type, k.default_value, k.doc, ferry::knob_range(k)});
+    return out;
+  });
+  m.def("knob_problems", [] {
+    std::vector<std::string> out;
+    for (const auto& k : ferry::knobs())
+      if (auto p = ferry::knob_problem(k); !p.empty()) out.push_back(p);
     return out;
   });
   m.def("knob_string", [](const std::string& name) { return ferry::knob_string(name.c_str()); });

@@ -58,8 +58,7 @@ ferry_result_t ferry_kv_copy_blocks(int device, const ferry_kv_region_t* dst, co
     o.urgent = flags & FERRY_KV_URGENT;
     o.settled_source = flags & FERRY_KV_SETTLED_SOURCE;
     o.pitched = !(flags & FERRY_KV_UNPITCHED);
-    if (flags & FERRY_KV_SLICED)
-      o.slice_bytes = static_cast<size_t>(ferry::knob_int_in("FERRY_KV_SLICE_BYTES", 1, 1LL << 40));
+    if (flags & FERRY_KV_SLICED) o.slice_bytes = static_cast<size_t>(ferry::knob_int_in("FERRY_KV_SLICE_BYTES"));
     ferry::xfer::PageCopier::on(device).copy(
         side_of(dst, regions, "dst"), side_of(src, regions, "src"), ferry::xfer::PageIds{dst_ids, count, true},
         ferry::xfer::PageIds{src_ids, count, true}, o, static_cast<cudaStream_t>(stream));

@@ -81,7 +81,7 @@ std::vector<Built> Communicator::build(const CollectiveArgs& a, std::vector<uint
   }
 
   PlanKnobs knobs;
-  knobs.scratch_cap = static_cast<size_t>(knob_int_in("FERRY_SCRATCH_BYTES", 4096, 1LL << 40));
+  knobs.scratch_cap = static_cast<size_t>(knob_int_in("FERRY_SCRATCH_BYTES"));
 
   // Scratch, when the call needs it; sized the same on every rank (the call is collective).
   const bool capturing = dma::is_capturing(a.streams[0]);
@@ -107,14 +107,8 @@ std::vector<Built> Communicator::build(const CollectiveArgs& a, std::vector<uint
   // Knobs that can fail on one rank only: after the collective step above,
   // and only where a reduction on copy engines reads them.
   if (reduction && !sm) {
-    const long long forced = knob_int("FERRY_REDUCE_ROUND_BYTES");
-    FERRY_ARG_CHECK(forced >= 0, "FERRY_REDUCE_ROUND_BYTES=" + std::to_string(forced) +
-                                     "; expected 0 (ferry's rule) or the bytes of each round");
-    knobs.reduce_round_bytes = static_cast<size_t>(forced);
-    const long long grid = knob_int("FERRY_REDUCE_BLOCKS");
-    FERRY_ARG_CHECK(grid >= 1 && grid <= 1024,
-                    "FERRY_REDUCE_BLOCKS=" + std::to_string(grid) + "; expected 1..1024 blocks");
-    knobs.reduce_blocks = static_cast<int>(grid);
+    knobs.reduce_round_bytes = static_cast<size_t>(knob_int_in("FERRY_REDUCE_ROUND_BYTES"));
+    knobs.reduce_blocks = static_cast<int>(knob_int_in("FERRY_REDUCE_BLOCKS"));
   }
   PlanBuffers buffers;
   buffers.world = world_;

@@ -17,7 +17,7 @@
 
 namespace ferry {
 
-long long watchdog_interval_ms() { return knob_int_in("FERRY_WATCHDOG_MS", 1, 60000); }
+long long watchdog_interval_ms() { return knob_int_in("FERRY_WATCHDOG_MS"); }
 
 namespace {
 

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cerrno>
 #include <charconv>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -27,19 +28,22 @@ const std::vector<Knob>& knobs() {
       {"FERRY_KV_TUNING", "string", "",
        "page transfers' auto table: a `ferry kv-tune` JSON file; empty: the table shipped for this GPU model, else "
        "the built-in default"},
-      {"FERRY_KV_STREAMS", "int", "4",
-       "streams the 'streams' page-transfer strategy spreads its batched copies over (1..64)"},
+      {"FERRY_KV_STREAMS", "int", "4", "streams the 'streams' page-transfer strategy spreads its batched copies over",
+       1, 64},
       {"FERRY_KV_SLICE_BYTES", "int", "4194304",
        "slice size of page transfers submitted in slices (FERRY_KV_SLICED in C; slice_bytes in Python): at most 2 "
-       "slices wait on the copy engine, so an urgent fetch from another stream waits for that much at most (1..2^40)"},
+       "slices wait on the copy engine, so an urgent fetch from another stream waits for that much at most",
+       1, 1LL << 40},
       {"FERRY_KV_PITCHED_ROW_BYTES", "int", "8192",
        "widest row of a pitched page copy (a page's tensors at one stride as one cudaMemcpy2DAsync); wider pages "
        "go as plain batched copies, which copy engines move faster, unless a page's tensors lie end to end on one "
-       "side (a page-first layout), which goes pitched at any width (0: no pitched copies; at most 2^30)"},
+       "side (a page-first layout), which goes pitched at any width (0: no pitched copies)",
+       0, 1LL << 30},
       {"FERRY_KV_ARMED_MAX", "int", "512",
        "most host calls a prepared page transfer may enqueue behind its gate (a batched call of up to "
        "FERRY_BATCH_MAX plain copies, a pitched copy, or with mode='per_page' each copy): a stream's queue is "
-       "finite, and 1024 blocked the host until the gate opened on an H200 (1..2^20)"},
+       "finite, and 1024 blocked the host until the gate opened on an H200",
+       1, 1LL << 20},
       {"FERRY_SOCKET_DIR", "string", "",
        "parent folder of the private (0700) folder holding ferry's Unix sockets; "
        "empty: $TMPDIR or /tmp"},
@@ -49,12 +53,14 @@ const std::vector<Knob>& knobs() {
       {"FERRY_PORT", "int", "0", "TCP port of ferry's bootstrap store for ferry.init(); 0: MASTER_PORT + 1"},
       {"FERRY_SYMM_HEAP_BYTES", "int", "34359738368",
        "capacity of each rank's symmetric heap when ferry.symm.Heap is given none (address space: physical memory "
-       "is mapped only as allocations need it); every rank must use the same"},
+       "is mapped only as allocations need it); every rank must use the same",
+       1, 1LL << 46},
       {"FERRY_SYMM_CHUNK_BYTES", "int", "268435456",
        "least physical memory a user's symmetric heap (ferry.symm.Heap) maps at a time when an allocation needs more "
        "(one descriptor per "
-       "rank and chunk is exchanged)"},
-      {"FERRY_WATCHDOG_MS", "int", "10", "how often the watchdog looks at unfinished collectives (1..60000)"},
+       "rank and chunk is exchanged)",
+       0, LLONG_MAX},
+      {"FERRY_WATCHDOG_MS", "int", "10", "how often the watchdog looks at unfinished collectives", 1, 60000},
       {"FERRY_EXIT_AFTER_S", "float", "0",
        "seconds after a communicator failed (a peer died or timed out) with no ferry call raising the error, after "
        "which the watchdog ends the process with status 75 and the error on stderr: a thread stuck inside CUDA "
@@ -75,14 +81,16 @@ const std::vector<Knob>& knobs() {
        "SMs, give each rank its own stream"},
       {"FERRY_REDUCE_ROUND_BYTES", "int", "0",
        "bytes of each rank's result per round of reduce_scatter and all_reduce (the reduction of one round runs "
-       "while the copy engines move the next); 0: ferry's rule (one round below 128 MB, then up to 4)"},
+       "while the copy engines move the next); 0: ferry's rule (one round below 128 MB, then up to 4)",
+       0, LLONG_MAX},
       {"FERRY_REDUCE_BLOCKS", "int", "32",
        "most blocks of the reduction kernel of reduce_scatter and all_reduce (copy-engine variants): more finish "
        "sooner and take more SMs from compute beside (one H200, 8 MB and up: 32 reduce at 2.2-3.6 TB/s, 64 "
-       "at 2.8-4.0, 132 at 2.9-4.1)"},
+       "at 2.8-4.0, 132 at 2.9-4.1)",
+       1, 1024},
       {"FERRY_SCRATCH_BYTES", "int", "67108864",
-       "bound on the scratch an in-place all_to_all uses per rank (it runs in rounds of scratch / world bytes; "
-       "4096..2^40)"},
+       "bound on the scratch an in-place all_to_all uses per rank (it runs in rounds of scratch / world bytes)", 4096,
+       1LL << 40},
       {"FERRY_SIGNALS", "string", "copy",
        "how the copy-engine variants send and await their ready and done messages: 'copy' (small copy-engine "
        "copies and stream waits, no SM) or 'kernel' (one single-block kernel per round: a few microseconds less per "
@@ -91,16 +99,20 @@ const std::vector<Knob>& knobs() {
        "1: print ferry's decisions and recoveries to stderr as they happen (why a multipath copy runs as one plain "
        "copy, a relay that was left out, a stream wait released past its timeout)"},
       {"FERRY_MULTIPATH_CHUNK_BYTES", "int", "8388608",
-       "bytes of each chunk a multipath host<->GPU copy is split into, 65536..2^30 (each relay GPU holds one such "
-       "staging buffer per chunk in flight, 3 by default)"},
+       "bytes of each chunk a multipath host<->GPU copy is split into (each relay GPU holds one such "
+       "staging buffer per chunk in flight, 3 by default)",
+       65536, 1LL << 30},
       {"FERRY_MULTIPATH_MIN_CHUNK_BYTES", "int", "2097152",
        "smallest chunk a multipath copy is split into: a smaller copy gets fewer chunks than its links have room "
-       "for (each chunk costs a few microseconds of CUDA calls, events and waits)"},
+       "for (each chunk costs a few microseconds of CUDA calls, events and waits)",
+       65536, 1LL << 30},
       {"FERRY_MULTIPATH_MIN_BYTES", "int", "8388608",
-       "smallest host<->GPU copy that multipath splits over several GPUs' links; smaller ones run as one plain copy"},
+       "smallest host<->GPU copy that multipath splits over several GPUs' links; smaller ones run as one plain copy", 0,
+       LLONG_MAX},
       {"FERRY_MULTIPATH_HEAD_BYTES", "int", "0",
        "most of a multipath copy's head that the caller's stream copies itself over the target's link while the "
-       "engine starts the rest (0: none; at most 2^40)"},
+       "engine starts the rest (0: none)",
+       0, 1LL << 40},
       {"FERRY_MULTIPATH_KEEP_WARM_MS", "float", "50",
        "for this long after a link last carried a multipath chunk in a direction, it probes that direction again "
        "0.7 ms after its last chunk or probe there landed, while idle, so that a copy after a gap starts at once "
@@ -166,11 +178,43 @@ long long knob_int(const char* name) {
   return x;
 }
 
-long long knob_int_in(const char* name, long long lo, long long hi) {
+long long knob_int_in(const char* name) {
+  const Knob& k = find_knob(name);
   const long long x = knob_int(name);
-  FERRY_ARG_CHECK(x >= lo && x <= hi, std::string(name) + "=" + knob_string(name) + "; expected " + std::to_string(lo) +
-                                          ".." + std::to_string(hi));
+  FERRY_ARG_CHECK(x >= k.lo && x <= k.hi, std::string(name) + "=" + knob_string(name) + "; expected " + knob_range(k));
   return x;
+}
+
+// 2^k for the powers of two from 2^16, where the digits say less.
+static std::string bound_text(long long v) {
+  if (v >= (1LL << 16) && (v & (v - 1)) == 0) {
+    int k = 0;
+    while ((1LL << k) != v) ++k;
+    return "2^" + std::to_string(k);
+  }
+  return std::to_string(v);
+}
+
+std::string knob_range(const Knob& k) {
+  if (k.lo == LLONG_MIN && k.hi == LLONG_MAX) return "";
+  if (k.hi == LLONG_MAX) return "at least " + bound_text(k.lo);
+  if (k.lo == LLONG_MIN) return "at most " + bound_text(k.hi);
+  return bound_text(k.lo) + ".." + bound_text(k.hi);
+}
+
+std::string knob_problem(const Knob& k) {
+  if (!std::getenv(k.name)) return "";
+  try {
+    if (std::strcmp(k.type, "int") == 0)
+      knob_int_in(k.name);
+    else if (std::strcmp(k.name, "FERRY_TIMEOUT_S") == 0)
+      timeout_seconds(0, "FERRY_TIMEOUT_S");  // a float with a range of its own
+    else if (std::strcmp(k.type, "float") == 0)
+      knob_float(k.name);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 double knob_float(const char* name) {

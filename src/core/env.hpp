@@ -1,6 +1,7 @@
 // Every environment knob ferry reads, declared once. `ferry doctor` prints the table.
 #pragma once
 
+#include <climits>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,10 @@ struct Knob {
   const char* type;  // "int", "float", "string"
   const char* default_value;
   const char* doc;
+  // An "int" knob's values: knob_int_in refuses others, ferry doctor shows
+  // them and flags a setting outside them.
+  long long lo = LLONG_MIN;
+  long long hi = LLONG_MAX;
 };
 
 const std::vector<Knob>& knobs();
@@ -19,9 +24,16 @@ const std::vector<Knob>& knobs();
 // an undeclared name, so every read goes through the table.
 std::string knob_string(const char* name);
 long long knob_int(const char* name);
-// knob_int within [lo, hi], else an error naming the knob and the range (a
-// negative number cast to a size would be a huge one).
-long long knob_int_in(const char* name, long long lo, long long hi);
+// knob_int within the range the knob table declares for it, else an error
+// naming the knob and the range (a negative number cast to a size would be a
+// huge one).
+long long knob_int_in(const char* name);
+// A knob's range as its errors and ferry doctor write it ("1..64", "at least
+// 65536", "0..2^40"); "" for a knob without one.
+std::string knob_range(const Knob& k);
+// What is wrong with this process's setting of `k`: a value that is not of its
+// type, or outside its range. "" where it is unset or fine.
+std::string knob_problem(const Knob& k);
 double knob_float(const char* name);
 
 // Seconds every bounded wait waits at most: `given` where it is positive,

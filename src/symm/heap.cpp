@@ -49,10 +49,9 @@ std::unique_ptr<SymmetricHeap> SymmetricHeap::create(const Group& g, size_t capa
   DeviceScope scope(g.devices[0]);
   CUmemAllocationProp prop = vmm_prop(g.devices[0], g.multi_process());
   FERRY_CU_CHECK(cu.MemGetAllocationGranularity(&h->granularity_, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
-  h->capacity_ =
-      heap_capacity(capacity, capacity ? 0 : static_cast<size_t>(knob_int_in("FERRY_SYMM_HEAP_BYTES", 1, 1LL << 46)),
-                    h->granularity_);
-  h->min_chunk_ = min_chunk ? min_chunk : static_cast<size_t>(knob_int_in("FERRY_SYMM_CHUNK_BYTES", 0, LLONG_MAX));
+  h->capacity_ = heap_capacity(capacity, capacity ? 0 : static_cast<size_t>(knob_int_in("FERRY_SYMM_HEAP_BYTES")),
+                               h->granularity_);
+  h->min_chunk_ = min_chunk ? min_chunk : static_cast<size_t>(knob_int_in("FERRY_SYMM_CHUNK_BYTES"));
   FERRY_ARG_CHECK(h->capacity_ > h->front_, "capacity is " + std::to_string(h->capacity_) +
                                                 " bytes; expected more than " + std::to_string(h->front_));
   // Every rank must take the same capacity: it is the stride kernels use.

@@ -59,18 +59,16 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
   for (int d : links_)
     FERRY_ARG_CHECK(d >= 0 && d < count,
                     "link_devices: " + std::to_string(d) + " is not a GPU here (0.." + std::to_string(count - 1) + ")");
-  chunk_bytes_ = options.chunk_bytes
-                     ? options.chunk_bytes
-                     : static_cast<size_t>(knob_int_in("FERRY_MULTIPATH_CHUNK_BYTES", 65536, 1LL << 30));
+  chunk_bytes_ =
+      options.chunk_bytes ? options.chunk_bytes : static_cast<size_t>(knob_int_in("FERRY_MULTIPATH_CHUNK_BYTES"));
   // (Rounded up to staging units later: a size near 2^64 would wrap to none.)
   FERRY_ARG_CHECK(chunk_bytes_ <= (size_t{1} << 40),
                   "chunk_bytes is " + std::to_string(chunk_bytes_) + "; expected at most 1 TiB");
-  min_chunk_ = static_cast<size_t>(knob_int_in("FERRY_MULTIPATH_MIN_CHUNK_BYTES", 65536, 1LL << 30));
-  threshold_ = options.threshold_bytes ? options.threshold_bytes
-                                       : static_cast<size_t>(knob_int_in("FERRY_MULTIPATH_MIN_BYTES", 0, LLONG_MAX));
-  head_bytes_ = options.head_bytes != SIZE_MAX
-                    ? options.head_bytes
-                    : static_cast<size_t>(knob_int_in("FERRY_MULTIPATH_HEAD_BYTES", 0, 1LL << 40));
+  min_chunk_ = static_cast<size_t>(knob_int_in("FERRY_MULTIPATH_MIN_CHUNK_BYTES"));
+  threshold_ =
+      options.threshold_bytes ? options.threshold_bytes : static_cast<size_t>(knob_int_in("FERRY_MULTIPATH_MIN_BYTES"));
+  head_bytes_ = options.head_bytes != SIZE_MAX ? options.head_bytes
+                                               : static_cast<size_t>(knob_int_in("FERRY_MULTIPATH_HEAD_BYTES"));
   FERRY_ARG_CHECK(options.own_share_on_stream >= -1 && options.own_share_on_stream <= 1,
                   "own_share_on_stream is " + std::to_string(options.own_share_on_stream) +
                       "; expected 0, 1 or -1 (FERRY_MULTIPATH_OWN_SHARE_ON_STREAM)");

@@ -36,7 +36,7 @@ constexpr int kDefaultBlocks = 16;
 constexpr int kDefaultThreads = 512;
 constexpr size_t kDefaultChunk = 16 << 10;
 
-size_t pitched_row_bytes() { return static_cast<size_t>(knob_int_in("FERRY_KV_PITCHED_ROW_BYTES", 0, 1LL << 30)); }
+size_t pitched_row_bytes() { return static_cast<size_t>(knob_int_in("FERRY_KV_PITCHED_ROW_BYTES")); }
 
 std::string side_name(const char* side, size_t r) { return std::string(side) + "[" + std::to_string(r) + "]"; }
 
@@ -145,7 +145,7 @@ PageCopier::PageCopier(int device) : device_(device) {
     FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&slice_streams_[i], cudaStreamNonBlocking));
     FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&slice_done_[i], cudaEventDisableTiming));
   }
-  engines_ = std::make_unique<EngineSet>(device, static_cast<int>(knob_int_in("FERRY_KV_STREAMS", 1, 64)));
+  engines_ = std::make_unique<EngineSet>(device, static_cast<int>(knob_int_in("FERRY_KV_STREAMS")));
   submit_ = std::make_unique<SubmitThreads>(device);
   slots_.resize(kSlots);
   for (auto& s : slots_) FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
@@ -594,7 +594,7 @@ PreparedPages::PreparedPages(int device, const PageSide& dst, const PageSide& sr
   // What fills the stream's queue behind the gate is host calls, not copies
   // or rows (submission_calls).
   const size_t calls = submission_calls(copies_, strategy == PageStrategy::kPerPage, dma::copies_per_batch_call());
-  const size_t most = static_cast<size_t>(knob_int_in("FERRY_KV_ARMED_MAX", 1, 1 << 20));
+  const size_t most = static_cast<size_t>(knob_int_in("FERRY_KV_ARMED_MAX"));
   FERRY_ARG_CHECK(calls <= most,
                   "prepare: " + std::to_string(calls) +
                       " host calls to enqueue after merging runs (a batched call takes up to FERRY_BATCH_MAX plain "

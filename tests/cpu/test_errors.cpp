@@ -77,15 +77,74 @@ TEST(Knobs, IntegersPast64BitsOrOutsideTheirRangeAreRefusedByName) {
   setenv("FERRY_KV_STREAMS", "-1", 1);
   EXPECT_EQ(knob_int("FERRY_KV_STREAMS"), -1);
   try {
-    knob_int_in("FERRY_KV_STREAMS", 1, 64);
+    knob_int_in("FERRY_KV_STREAMS");
     ADD_FAILURE() << "-1 was taken";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("FERRY_KV_STREAMS=-1; expected 1..64"), std::string::npos) << e.what();
   }
   setenv("FERRY_KV_STREAMS", "8", 1);
-  EXPECT_EQ(knob_int_in("FERRY_KV_STREAMS", 1, 64), 8);
+  EXPECT_EQ(knob_int_in("FERRY_KV_STREAMS"), 8);
   unsetenv("FERRY_KV_STREAMS");
-  EXPECT_EQ(knob_int_in("FERRY_KV_STREAMS", 1, 64), 4);
+  EXPECT_EQ(knob_int_in("FERRY_KV_STREAMS"), 4);
+}
+
+// Every int knob's default parses and lies in the range the table declares,
+// so an unset knob is never refused.
+TEST(Knobs, EveryDefaultLiesInItsRange) {
+  for (const Knob& k : knobs()) {
+    if (std::getenv(k.name)) continue;  // set by whoever runs the tests
+    EXPECT_EQ(knob_problem(k), "") << k.name;
+    EXPECT_LE(k.lo, k.hi) << k.name;
+    if (std::string(k.type) == "int") EXPECT_EQ(knob_int_in(k.name), knob_int(k.name)) << k.name;
+  }
+}
+
+TEST(Knobs, RangesReadAsTheErrorsAndDoctorWriteThem) {
+  auto range_of = [](const char* name) {
+    for (const Knob& k : knobs())
+      if (std::string(k.name) == name) return knob_range(k);
+    return std::string("undeclared");
+  };
+  EXPECT_EQ(range_of("FERRY_KV_STREAMS"), "1..64");
+  EXPECT_EQ(range_of("FERRY_MULTIPATH_CHUNK_BYTES"), "2^16..2^30");
+  EXPECT_EQ(range_of("FERRY_REDUCE_ROUND_BYTES"), "at least 0");
+  EXPECT_EQ(range_of("FERRY_SCRATCH_BYTES"), "4096..2^40");
+  EXPECT_EQ(range_of("FERRY_PORT"), "");
+  setenv("FERRY_REDUCE_ROUND_BYTES", "-1", 1);
+  try {
+    knob_int_in("FERRY_REDUCE_ROUND_BYTES");
+    ADD_FAILURE() << "-1 was taken";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "FERRY_REDUCE_ROUND_BYTES=-1; expected at least 0");
+  }
+  unsetenv("FERRY_REDUCE_ROUND_BYTES");
+}
+
+// What ferry doctor flags: a set knob its first reader would refuse.
+TEST(Knobs, ProblemsNameTheKnobAndWhatItTakes) {
+  auto problem_of = [](const char* name) {
+    for (const Knob& k : knobs())
+      if (std::string(k.name) == name) return knob_problem(k);
+    return std::string("undeclared");
+  };
+  const char* old_timeout = std::getenv("FERRY_TIMEOUT_S");
+  const std::string saved = old_timeout ? old_timeout : "";
+  setenv("FERRY_KV_ARMED_MAX", "0", 1);
+  setenv("FERRY_WATCHDOG_MS", "ten", 1);
+  setenv("FERRY_TIMEOUT_S", "-5", 1);
+  setenv("FERRY_MULTIPATH_KEEP_WARM_MS", "fast", 1);
+  EXPECT_NE(problem_of("FERRY_KV_ARMED_MAX").find("FERRY_KV_ARMED_MAX=0; expected 1..2^20"), std::string::npos);
+  EXPECT_NE(problem_of("FERRY_WATCHDOG_MS").find("FERRY_WATCHDOG_MS=ten is not an integer"), std::string::npos);
+  EXPECT_NE(problem_of("FERRY_TIMEOUT_S").find("FERRY_TIMEOUT_S"), std::string::npos);
+  EXPECT_NE(problem_of("FERRY_MULTIPATH_KEEP_WARM_MS").find("is not a number"), std::string::npos);
+  setenv("FERRY_KV_ARMED_MAX", "1048576", 1);
+  EXPECT_EQ(problem_of("FERRY_KV_ARMED_MAX"), "");
+  for (const char* name : {"FERRY_KV_ARMED_MAX", "FERRY_WATCHDOG_MS", "FERRY_MULTIPATH_KEEP_WARM_MS"}) unsetenv(name);
+  if (old_timeout)
+    setenv("FERRY_TIMEOUT_S", saved.c_str(), 1);
+  else
+    unsetenv("FERRY_TIMEOUT_S");
+  EXPECT_EQ(problem_of("FERRY_KV_ARMED_MAX"), "");  // unset: its default
 }
 
 TEST(Errors, CudaErrorsNameTheCall) {

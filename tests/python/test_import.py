@@ -49,6 +49,21 @@ def test_cli_doctor_and_topo_from_file(capsys):
     assert cli.main(["doctor", "--file", str(topo.FIXTURES / "pcie_x4.json")]) == 1
 
 
+def test_cli_doctor_flags_a_knob_its_reader_would_refuse(capsys, monkeypatch):
+    from ferry import cli, topo
+
+    path = str(topo.FIXTURES / "h200x4_nvswitch.json")
+    assert cli.main(["doctor", "--file", path]) == 0
+    out = capsys.readouterr().out
+    assert "FERRY_KV_STREAMS" in out and "(1..64)" in out
+    monkeypatch.setenv("FERRY_KV_STREAMS", "0")
+    monkeypatch.setenv("FERRY_SCRATCH_BYTES", "lots")
+    assert cli.main(["doctor", "--file", path]) == 1
+    out = capsys.readouterr().out
+    assert "[fail] FERRY_KV_STREAMS=0; expected 1..64" in out
+    assert "[fail] FERRY_SCRATCH_BYTES=lots is not an integer" in out
+
+
 def test_recorded_command_names_the_ferry_knobs():
     from ferry.cli import recorded_command
 
