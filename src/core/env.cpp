@@ -205,9 +205,11 @@ std::string knob_range(const Knob& k) {
 std::string knob_problem(const Knob& k) {
   if (!std::getenv(k.name)) return "";
   try {
-    if (std::strcmp(k.type, "int") == 0)
-      knob_int_in(k.name);
-    else if (std::strcmp(k.name, "FERRY_TIMEOUT_S") == 0)
+    if (std::strcmp(k.type, "int") == 0) {
+      // Knobs without a range are left to their readers, some of which take
+      // any value (FERRY_DEBUG: anything but a positive number is off).
+      if (k.lo != LLONG_MIN || k.hi != LLONG_MAX) knob_int_in(k.name);
+    } else if (std::strcmp(k.name, "FERRY_TIMEOUT_S") == 0)
       timeout_seconds(0, "FERRY_TIMEOUT_S");  // a float with a range of its own
     else if (std::strcmp(k.type, "float") == 0)
       knob_float(k.name);

@@ -31,8 +31,10 @@ long long knob_int_in(const char* name);
 // A knob's range as its errors and ferry doctor write it ("1..64", "at least
 // 65536", "0..2^40"); "" for a knob without one.
 std::string knob_range(const Knob& k);
-// What is wrong with this process's setting of `k`: a value that is not of its
-// type, or outside its range. "" where it is unset or fine.
+// What is wrong with this process's setting of `k`: for an int knob with a
+// range, a value that is not an integer or lies outside it; for a float knob,
+// a value that is not a number (FERRY_TIMEOUT_S: also out of its bounds). ""
+// where it is unset or fine.
 std::string knob_problem(const Knob& k);
 double knob_float(const char* name);
 

@@ -93,9 +93,12 @@ TEST(Knobs, IntegersPast64BitsOrOutsideTheirRangeAreRefusedByName) {
 TEST(Knobs, EveryDefaultLiesInItsRange) {
   for (const Knob& k : knobs()) {
     if (std::getenv(k.name)) continue;  // set by whoever runs the tests
-    EXPECT_EQ(knob_problem(k), "") << k.name;
     EXPECT_LE(k.lo, k.hi) << k.name;
+    if (std::string(k.type) == "string") continue;
+    setenv(k.name, k.default_value, 1);  // the default, set: read as a setting is
+    EXPECT_EQ(knob_problem(k), "") << k.name;
     if (std::string(k.type) == "int") EXPECT_EQ(knob_int_in(k.name), knob_int(k.name)) << k.name;
+    unsetenv(k.name);
   }
 }
 
@@ -139,6 +142,9 @@ TEST(Knobs, ProblemsNameTheKnobAndWhatItTakes) {
   EXPECT_NE(problem_of("FERRY_MULTIPATH_KEEP_WARM_MS").find("is not a number"), std::string::npos);
   setenv("FERRY_KV_ARMED_MAX", "1048576", 1);
   EXPECT_EQ(problem_of("FERRY_KV_ARMED_MAX"), "");
+  setenv("FERRY_DEBUG", "yes", 1);  // its reader takes anything: not doctor's to flag
+  EXPECT_EQ(problem_of("FERRY_DEBUG"), "");
+  unsetenv("FERRY_DEBUG");
   for (const char* name : {"FERRY_KV_ARMED_MAX", "FERRY_WATCHDOG_MS", "FERRY_MULTIPATH_KEEP_WARM_MS"}) unsetenv(name);
   if (old_timeout)
     setenv("FERRY_TIMEOUT_S", saved.c_str(), 1);

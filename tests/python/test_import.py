@@ -1,5 +1,7 @@
 """`import ferry` works with no GPU and explains itself when a GPU call is made."""
 
+import os
+
 import ferry
 import pytest
 
@@ -37,8 +39,16 @@ def test_selector_from_python():
         ferry.select_algo("reduce", 4, 1024)
 
 
-def test_cli_doctor_and_topo_from_file(capsys):
+def _no_ferry_knobs(monkeypatch):
+    """Doctor fails on a bad FERRY_* setting: the tests' own environment must not decide."""
+    for name in [k for k in os.environ if k.startswith("FERRY_")]:
+        monkeypatch.delenv(name)
+
+
+def test_cli_doctor_and_topo_from_file(capsys, monkeypatch):
     from ferry import cli, topo
+
+    _no_ferry_knobs(monkeypatch)
 
     path = str(topo.FIXTURES / "h200x4_nvswitch.json")
     assert cli.main(["topo", "--file", path]) == 0
@@ -52,6 +62,8 @@ def test_cli_doctor_and_topo_from_file(capsys):
 def test_cli_doctor_flags_a_knob_its_reader_would_refuse(capsys, monkeypatch):
     from ferry import cli, topo
 
+    _no_ferry_knobs(monkeypatch)
+
     path = str(topo.FIXTURES / "h200x4_nvswitch.json")
     assert cli.main(["doctor", "--file", path]) == 0
     out = capsys.readouterr().out
@@ -62,6 +74,10 @@ def test_cli_doctor_flags_a_knob_its_reader_would_refuse(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "[fail] FERRY_KV_STREAMS=0; expected 1..64" in out
     assert "[fail] FERRY_SCRATCH_BYTES=lots is not an integer" in out
+    monkeypatch.delenv("FERRY_KV_STREAMS")
+    monkeypatch.delenv("FERRY_SCRATCH_BYTES")
+    monkeypatch.setenv("FERRY_DEBUG", "yes")  # its reader takes any value
+    assert cli.main(["doctor", "--file", path]) == 0
 
 
 def test_recorded_command_names_the_ferry_knobs():
