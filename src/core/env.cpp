@@ -117,7 +117,8 @@ const std::vector<Knob>& knobs() {
        "for this long after a link last carried a multipath chunk in a direction, it probes that direction again "
        "0.7 ms after its last chunk or probe there landed, while idle, so that a copy after a gap starts at once "
        "instead of waiting for its links' probes (0: off). Meanwhile each such link copies 64 KiB about every "
-       "0.7 ms and the engine's thread wakes to send and retire the probes"},
+       "0.7 ms and the engine's thread wakes to send and retire the probes",
+       0, LLONG_MAX},
       {"FERRY_MULTIPATH_BOARD", "int", "1",
        "1: multipath engines post the GPUs they copy to or from on a board in shared host memory; where every "
        "GPU an engine could relay through is copied the same way by its own program, the engine relays nothing, "
@@ -205,14 +206,20 @@ std::string knob_range(const Knob& k) {
 std::string knob_problem(const Knob& k) {
   if (!std::getenv(k.name)) return "";
   try {
+    // Knobs without a range are left to their readers, some of which take
+    // any value (FERRY_DEBUG: anything but a positive number is off; a float
+    // is only parsed).
+    const bool ranged = k.lo != LLONG_MIN || k.hi != LLONG_MAX;
     if (std::strcmp(k.type, "int") == 0) {
-      // Knobs without a range are left to their readers, some of which take
-      // any value (FERRY_DEBUG: anything but a positive number is off).
-      if (k.lo != LLONG_MIN || k.hi != LLONG_MAX) knob_int_in(k.name);
-    } else if (std::strcmp(k.name, "FERRY_TIMEOUT_S") == 0)
-      timeout_seconds(0, "FERRY_TIMEOUT_S");  // a float with a range of its own
-    else if (std::strcmp(k.type, "float") == 0)
-      knob_float(k.name);
+      if (ranged) knob_int_in(k.name);
+    } else if (std::strcmp(k.name, "FERRY_TIMEOUT_S") == 0) {
+      timeout_seconds(0, "FERRY_TIMEOUT_S");  // a float with bounds of its own
+    } else if (std::strcmp(k.type, "float") == 0) {
+      if (ranged)
+        knob_float_in(k.name);
+      else
+        knob_float(k.name);
+    }
   } catch (const Error& e) {
     return e.what();
   }
@@ -226,6 +233,15 @@ double knob_float(const char* name) {
   const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
   if (v.empty() || ec != std::errc() || end != v.data() + v.size())
     throw_error(FERRY_ERROR_INVALID_ARGUMENT, std::string(name) + "=" + v + " is not a number");
+  return x;
+}
+
+double knob_float_in(const char* name) {
+  const Knob& k = find_knob(name);
+  const double x = knob_float(name);
+  FERRY_ARG_CHECK(std::isfinite(x) && x >= static_cast<double>(k.lo) && x <= static_cast<double>(k.hi),
+                  std::string(name) + "=" + knob_string(name) + "; expected a finite number" +
+                      (knob_range(k).empty() ? "" : ", " + knob_range(k)));
   return x;
 }
 

@@ -12,8 +12,8 @@ struct Knob {
   const char* type;  // "int", "float", "string"
   const char* default_value;
   const char* doc;
-  // An "int" knob's values: knob_int_in refuses others, ferry doctor shows
-  // them and flags a setting outside them.
+  // An "int" or "float" knob's values: knob_int_in and knob_float_in refuse
+  // others, ferry doctor shows them and flags a setting outside them.
   long long lo = LLONG_MIN;
   long long hi = LLONG_MAX;
 };
@@ -31,12 +31,15 @@ long long knob_int_in(const char* name);
 // A knob's range as its errors and ferry doctor write it ("1..64", "at least
 // 65536", "0..2^40"); "" for a knob without one.
 std::string knob_range(const Knob& k);
-// What is wrong with this process's setting of `k`: for an int knob with a
-// range, a value that is not an integer or lies outside it; for a float knob,
-// a value that is not a number (FERRY_TIMEOUT_S: also out of its bounds). ""
+// What is wrong with this process's setting of `k`: for a knob with a range,
+// a value not of its type or outside it; for a float knob without one, a
+// value that is not a number (FERRY_TIMEOUT_S: also out of its bounds). ""
 // where it is unset or fine.
 std::string knob_problem(const Knob& k);
 double knob_float(const char* name);
+// knob_float, finite and within the range the knob table declares for it,
+// else an error naming the knob and the range.
+double knob_float_in(const char* name);
 
 // Seconds every bounded wait waits at most: `given` where it is positive,
 // else FERRY_TIMEOUT_S. Refuses, naming `what` or the knob, a bound that is

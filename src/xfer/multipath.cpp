@@ -77,10 +77,7 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
   FERRY_ARG_CHECK(options.timeout_s >= 0 && std::isfinite(options.timeout_s),
                   "timeout is " + std::to_string(options.timeout_s) + "; expected seconds, or 0 for FERRY_TIMEOUT_S");
   timeout_s_ = timeout_seconds(options.timeout_s, "timeout");
-  policy_.keep_warm_s = knob_float("FERRY_MULTIPATH_KEEP_WARM_MS") * 1e-3;
-  FERRY_ARG_CHECK(policy_.keep_warm_s >= 0 && std::isfinite(policy_.keep_warm_s),
-                  "FERRY_MULTIPATH_KEEP_WARM_MS is " + std::to_string(policy_.keep_warm_s * 1e3) +
-                      "; expected milliseconds, at least 0");
+  policy_.keep_warm_s = knob_float_in("FERRY_MULTIPATH_KEEP_WARM_MS") * 1e-3;
   FERRY_ARG_CHECK(policy_.outstanding >= 1 && policy_.outstanding <= 16,
                   "outstanding is " + std::to_string(policy_.outstanding) + "; expected 1..16");
   const int n = static_cast<int>(links_.size());

@@ -145,6 +145,19 @@ TEST(Knobs, ProblemsNameTheKnobAndWhatItTakes) {
   setenv("FERRY_DEBUG", "yes", 1);  // its reader takes anything: not doctor's to flag
   EXPECT_EQ(problem_of("FERRY_DEBUG"), "");
   unsetenv("FERRY_DEBUG");
+  setenv("FERRY_EXIT_AFTER_S", "inf", 1);  // a float without a range: parsed only (inf: never)
+  EXPECT_EQ(problem_of("FERRY_EXIT_AFTER_S"), "");
+  unsetenv("FERRY_EXIT_AFTER_S");
+  for (const char* bad : {"-1", "inf", "nan"}) {  // a float with one: finite and in it
+    setenv("FERRY_MULTIPATH_KEEP_WARM_MS", bad, 1);
+    EXPECT_NE(problem_of("FERRY_MULTIPATH_KEEP_WARM_MS")
+                  .find(std::string("FERRY_MULTIPATH_KEEP_WARM_MS=") + bad + "; expected a finite number, at least 0"),
+              std::string::npos)
+        << bad;
+    EXPECT_THROW(knob_float_in("FERRY_MULTIPATH_KEEP_WARM_MS"), Error) << bad;
+  }
+  setenv("FERRY_MULTIPATH_KEEP_WARM_MS", "0.5", 1);
+  EXPECT_EQ(knob_float_in("FERRY_MULTIPATH_KEEP_WARM_MS"), 0.5);
   for (const char* name : {"FERRY_KV_ARMED_MAX", "FERRY_WATCHDOG_MS", "FERRY_MULTIPATH_KEEP_WARM_MS"}) unsetenv(name);
   if (old_timeout)
     setenv("FERRY_TIMEOUT_S", saved.c_str(), 1);
