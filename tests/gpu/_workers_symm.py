@@ -1802,6 +1802,23 @@ def stream_timeout_main(world: int) -> int:
     return report(timeouts(ferry, torch, world, stream_wait=True), 1)
 
 
+def put_from_left(torch, heap, rank: int, world: int, dev: int, n: int, salt: str):
+    """A heap tensor of `n` poisoned bytes that the left neighbour's put fills,
+    on a stream of its own between two barriers: (the tensor, the stream,
+    whether it holds the left neighbour's data)."""
+    d = torch.device("cuda", dev)
+    x = heap.empty((n,), torch.uint8)
+    x.fill_(0xA5)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    heap.barrier_on_stream(s)  # every rank's poison is there before any put lands
+    heap.put(x, data(torch, rank, salt, n, d), (rank + 1) % world, stream=s)
+    heap.barrier_on_stream(s)
+    s.synchronize()
+    heap.check()
+    return x, s, torch.equal(x, data(torch, (rank - 1) % world, salt, n, d))
+
+
 def heap_outlives_comm(ferry, torch, comm, rank: int, world: int, dev: int) -> list:
     """A C or C++ program may destroy a communicator before a heap made from
     it; Python's close() closes the heaps first, so the native communicator is
@@ -1813,18 +1830,8 @@ def heap_outlives_comm(ferry, torch, comm, rank: int, world: int, dev: int) -> l
     heap = ferry.symm.Heap(comm, 1 << 30)
     comm._c.close()
     n = (5 << 20) + 3
-    x = heap.empty((n,), torch.uint8)
-    x.fill_(0xA5)
-    d = torch.device("cuda", dev)
-    mine = data(torch, rank, "after-close", n, d)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    heap.barrier_on_stream(s)  # every rank's poison is there before any put lands
-    heap.put(x, mine, (rank + 1) % world, stream=s)
-    heap.barrier_on_stream(s)
-    s.synchronize()
-    heap.check()
-    if not torch.equal(x, data(torch, (rank - 1) % world, "after-close", n, d)):
+    x, s, landed = put_from_left(torch, heap, rank, world, dev, n, "after-close")
+    if not landed:
         fails.append(f"rank {rank}: a put into a heap whose communicator closed first differs")
     if heap.mapped < n:
         fails.append(f"rank {rank}: the heap mapped {heap.mapped} bytes for {n}")
@@ -1884,19 +1891,8 @@ def torch_rank_main(rank: int, world: int, port: int) -> int:
     heap = ferry.symm.Heap.from_torch(capacity=256 << 20)
     if (heap.comm.rank, heap.comm.world, heap.comm.device) != (rank, world, dev):
         fails.append(f"from_torch: rank {heap.comm.rank} of {heap.comm.world} on cuda:{heap.comm.device}")
-    n = (1 << 20) + 5
-    x = heap.empty((n,), torch.uint8)
-    x.fill_(0xA5)
-    mine = data(torch, rank, "torch", n, torch.device("cuda", dev))
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    heap.barrier_on_stream(s)  # every rank's poison is there before any put lands
-    heap.put(x, mine, (rank + 1) % world, stream=s)
-    heap.barrier_on_stream(s)
-    s.synchronize()
-    heap.check()
-    want = data(torch, (rank - 1) % world, "torch", n, torch.device("cuda", dev))
-    if not torch.equal(x, want):
+    _, _, landed = put_from_left(torch, heap, rank, world, dev, (1 << 20) + 5, "torch")
+    if not landed:
         fails.append(f"rank {rank}: the left neighbour's put over a heap from torch.distributed differs")
     suite = Suite(ferry, torch, heap.comm, world, local=False)
     fails += suite.run(_selected() or ["rma", "p_g", "waits", "barriers"])
