@@ -104,6 +104,14 @@ static unsigned char exchanged(int r, size_t i, size_t n, int salt) {
   return pattern((int)(i / n), (size_t)r * n + i % n, salt);
 }
 
+/* `r` was `want` and ferry_last_error() holds `words`; else a complaint naming `what`. */
+static void expect_refused(const char* what, ferry_result_t r, ferry_result_t want, const char* words) {
+  if (r != want || !strstr(ferry_last_error(), words)) {
+    fprintf(stderr, "%s gave %s: %s\n", what, ferry_result_name(r), ferry_last_error());
+    ++wrong;
+  }
+}
+
 /* Everything the example checks, on the ranks of this process. */
 static void run_checks(ferry_comm_t comm) {
   const size_t n = 4099; /* bytes per rank's block: odd */
@@ -278,18 +286,13 @@ static void run_checks(ferry_comm_t comm) {
     CHECK_CUDA(cudaSetDevice(devices[l]));
     CHECK_CUDA(cudaMalloc(&unregistered[l], total));
   }
-  ferry_result_t refused = ferry_all_gather(comm, unregistered, (const void* const*)in_blocks, n, streams, NULL);
-  if (refused != FERRY_ERROR_NOT_REGISTERED || !strstr(ferry_last_error(), "not inside a buffer registered")) {
-    fprintf(stderr, "an unregistered output gave %s: %s\n", ferry_result_name(refused), ferry_last_error());
-    ++wrong;
-  }
+  expect_refused("an unregistered output",
+                 ferry_all_gather(comm, unregistered, (const void* const*)in_blocks, n, streams, NULL),
+                 FERRY_ERROR_NOT_REGISTERED, "not inside a buffer registered");
   /* Bad input: an options value outside its enum. */
   ferry_coll_options_t bad = {.signals = (ferry_signals_t)7};
-  refused = ferry_all_gather(comm, outs, (const void* const*)in_blocks, n, streams, &bad);
-  if (refused != FERRY_ERROR_INVALID_ARGUMENT || !strstr(ferry_last_error(), "options->signals")) {
-    fprintf(stderr, "signals = 7 gave %s: %s\n", ferry_result_name(refused), ferry_last_error());
-    ++wrong;
-  }
+  expect_refused("signals = 7", ferry_all_gather(comm, outs, (const void* const*)in_blocks, n, streams, &bad),
+                 FERRY_ERROR_INVALID_ARGUMENT, "options->signals");
 
   CHECK_FERRY(ferry_comm_synchronize(comm));
   CHECK_FERRY(ferry_comm_free(comm, outs));
@@ -300,14 +303,6 @@ static void run_checks(ferry_comm_t comm) {
     CHECK_CUDA(cudaFree(in_bases[l]));
   }
   free(host);
-}
-
-/* `r` was `want` and ferry_last_error() holds `words`; else a complaint naming `what`. */
-static void expect_refused(const char* what, ferry_result_t r, ferry_result_t want, const char* words) {
-  if (r != want || !strstr(ferry_last_error(), words)) {
-    fprintf(stderr, "%s gave %s: %s\n", what, ferry_result_name(r), ferry_last_error());
-    ++wrong;
-  }
 }
 
 /* Closes and destroys `comm` while a pool and a symmetric heap made from it
