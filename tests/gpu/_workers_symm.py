@@ -1825,7 +1825,8 @@ def heap_outlives_comm(ferry, torch, comm, rank: int, world: int, dev: int) -> l
     closed here under a fresh heap. The heap then grows (its first chunk: a
     descriptor exchange with every peer, over the communicator's exchange,
     which the heap keeps), takes a put from the left neighbour on a stream,
-    and frees. Before the heap shared that exchange, growing read it freed."""
+    and frees. A heap that did not keep the exchange would read freed memory
+    when it grows here."""
     fails = []
     heap = ferry.symm.Heap(comm, 1 << 30)
     comm._c.close()

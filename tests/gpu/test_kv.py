@@ -961,9 +961,10 @@ def test_an_uncaught_error_is_not_followed_by_leak_reports(kv):
 
 
 def test_knobs_out_of_range_are_named(kv, monkeypatch):
-    """A knob set out of its range is refused naming it, where it used to be
-    taken as the nearest value in range (a negative row width as no pitched
-    copies, 0 host calls as 1). Nothing moves: the destination stays poisoned."""
+    """A knob set out of its range is refused naming it, not taken as the
+    nearest value in range (a negative row width as no pitched copies, 0 host
+    calls as 1), which would run a call the user did not ask for. Nothing
+    moves: the destination stays poisoned."""
     import ferry
 
     torch = _torch()
