@@ -1809,10 +1809,12 @@ def put_from_left(torch, heap, rank: int, world: int, dev: int, n: int, salt: st
     d = torch.device("cuda", dev)
     x = heap.empty((n,), torch.uint8)
     x.fill_(0xA5)
+    mine = data(torch, rank, salt, n, d)
     s = torch.cuda.Stream()
+    # After the poison and the source, both made on the current stream.
     s.wait_stream(torch.cuda.current_stream())
     heap.barrier_on_stream(s)  # every rank's poison is there before any put lands
-    heap.put(x, data(torch, rank, salt, n, d), (rank + 1) % world, stream=s)
+    heap.put(x, mine, (rank + 1) % world, stream=s)
     heap.barrier_on_stream(s)
     s.synchronize()
     heap.check()
