@@ -284,7 +284,11 @@ class Heap:
     def check(self) -> None:
         """Raises PeerTimeoutError naming the rank a device-side or stream
         wait gave up on (the waits of the device API and of this class are
-        bounded by the communicator's timeout)."""
+        bounded by the communicator's timeout), or InvalidArgumentError for a
+        call a kernel refused (a team without this rank, a grid too large, a
+        root outside the team). Such a fault stays with the heap: from then on
+        wait() and barrier_on_stream() are refused and device waits give up,
+        so close the heap. After close(), raises what the heap had then."""
         self._h.check()
 
     # ------------------------------------------------------------ on a stream (copy engines, no kernel)

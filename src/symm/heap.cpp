@@ -126,6 +126,12 @@ SymmetricHeap::~SymmetricHeap() {
 void SymmetricHeap::close() {
   if (closed_) return;
   closed_ = true;
+  // Faults left after the last check() are still raised by check() once closed.
+  for (size_t i = 0; i < fault_.size(); ++i) {
+    const HeapFault f =
+        heap_fault(*reinterpret_cast<volatile unsigned long long*>(fault_[i]), group_.ranks[i], group_.timeout_s);
+    if (f.code) faults_at_close_.push_back(f);
+  }
   {
     std::lock_guard<std::mutex> lock(watch_mu_);
     stop_watcher_ = true;
@@ -177,13 +183,18 @@ void SymmetricHeap::close() {
   rescue_values_.clear();
 }
 
-void SymmetricHeap::agree(const std::string& what) {
+void SymmetricHeap::agree(const std::string& what, const LocalFailure* local) {
   const std::string mine = heap_call_record(++calls_, what);
-  if (!group_.multi_process()) return;  // one process makes every rank's call at once
-  auto all = group_.allgather(mine);
+  const bool refused = local != nullptr && local->failed();
+  if (!group_.multi_process()) {  // one process makes every rank's call at once
+    if (refused) local->rethrow();
+    return;
+  }
+  auto all = group_.allgather(refused ? sync::refusal_record(local->message()) : mine);
   if (static_cast<int>(all.size()) != group_.world)
     throw_error(FERRY_ERROR_INTERNAL, "heap: the bootstrap all-gather returned " + std::to_string(all.size()) +
                                           " records for " + std::to_string(group_.world) + " ranks");
+  if (refused) local->rethrow();
   sync::throw_if_refused(all, "heap: " + what);
   std::string mismatch = heap_calls_mismatch(all);
   if (!mismatch.empty()) throw_error(FERRY_ERROR_INVALID_ARGUMENT, mismatch);
@@ -283,47 +294,54 @@ void SymmetricHeap::grow(size_t end) {
 
 size_t SymmetricHeap::alloc(size_t bytes, size_t align, const std::vector<cudaStream_t>& streams) {
   FERRY_ARG_CHECK(!closed_, "alloc: the heap is closed");
-  agree("alloc(" + std::to_string(bytes) + " bytes, align " + std::to_string(align) + ")");
-  const size_t offset = allocator_.alloc(bytes, align);
-  const size_t end = offset + heap_rounded_bytes(bytes);
-  if (end > ceiling()) {
-    allocator_.free(offset);
-    throw_error(FERRY_ERROR_OUT_OF_MEMORY,
-                "alloc: " + std::to_string(bytes) + " bytes do not fit below the registered memory at offset " +
-                    std::to_string(ceiling()) +
-                    " of the heap (registered buffers sit at its top); deregister some, or create the heap with a "
-                    "larger capacity (FERRY_SYMM_HEAP_BYTES, or the capacity argument)");
-  }
-  if (end > mapped_) {
+  // Everything this rank alone could refuse is found before the call's
+  // exchange, so that its peers refuse with it rather than going on to grow.
+  LocalFailure local;
+  size_t offset = 0, end = 0;
+  bool placed = false;
+  local.run([&] {
+    offset = allocator_.alloc(bytes, align);
+    placed = true;
+    end = offset + heap_rounded_bytes(bytes);
+    if (end > ceiling())
+      throw_error(FERRY_ERROR_OUT_OF_MEMORY,
+                  "alloc: " + std::to_string(bytes) + " bytes do not fit below the registered memory at offset " +
+                      std::to_string(ceiling()) +
+                      " of the heap (registered buffers sit at its top); deregister some, or create the heap with "
+                      "a larger capacity (FERRY_SYMM_HEAP_BYTES, or the capacity argument)");
     bool capturing = false;
-    for (size_t i = 0; i < streams.size() && static_cast<int>(i) < local_count() && !capturing; ++i) {
+    for (size_t i = 0; end > mapped_ && i < streams.size() && static_cast<int>(i) < local_count() && !capturing; ++i) {
       DeviceScope on(group_.devices[i]);
       capturing = dma::is_capturing(streams[i]);
     }
-    if (capturing) {
-      allocator_.free(offset);
+    if (capturing)
       throw_error(FERRY_ERROR_INVALID_ARGUMENT,
                   "alloc: " + std::to_string(bytes) +
                       " bytes need new physical memory, which cannot be mapped while a CUDA graph is being "
                       "captured; call reserve(" +
                       std::to_string(end - front_) + ") on every rank before capturing");
-    }
-    try {
-      grow(end);
-    } catch (...) {
-      allocator_.free(offset);
-      throw;
-    }
+  });
+  try {
+    agree("alloc(" + std::to_string(bytes) + " bytes, align " + std::to_string(align) + ")", &local);
+    if (end > mapped_) grow(end);
+  } catch (...) {
+    if (placed) allocator_.free(offset);
+    throw;
   }
   return offset;
 }
 
 void SymmetricHeap::free(size_t offset) {
   FERRY_ARG_CHECK(!closed_, "free: the heap is closed");
-  size_t start = 0;
-  FERRY_ARG_CHECK(!allocator_.find(offset, 1, &start, nullptr) || !registrations_.count(start),
-                  "free: offset " + std::to_string(offset) + " is a registered buffer; deregister it instead");
-  agree("free(offset " + std::to_string(offset) + ")");
+  LocalFailure local;
+  local.run([&] {
+    size_t start = 0;
+    FERRY_ARG_CHECK(allocator_.find(offset, 1, &start, nullptr) && start == offset,
+                    "free: offset " + std::to_string(offset) + " is not the start of a live heap allocation");
+    FERRY_ARG_CHECK(!registrations_.count(start),
+                    "free: offset " + std::to_string(offset) + " is a registered buffer; deregister it instead");
+  });
+  agree("free(offset " + std::to_string(offset) + ")", &local);
   allocator_.free(offset);
 }
 
@@ -504,26 +522,26 @@ size_t SymmetricHeap::register_memory(const std::vector<void*>& buffers, size_t 
 
 void SymmetricHeap::deregister(size_t offset, const std::vector<cudaStream_t>& streams, const char* call) {
   FERRY_ARG_CHECK(!closed_, "deregister: the heap is closed");
-  for (size_t i = 0; i < streams.size() && static_cast<int>(i) < local_count(); ++i) {
-    DeviceScope on(group_.devices[i]);
-    FERRY_ARG_CHECK(!dma::is_capturing(streams[i]),
-                    "deregister unmaps memory, which cannot be done while a CUDA graph is being captured");
-  }
+  // Every refusal of this rank alone goes to its peers in the call's
+  // exchange: its range is reused at once, so the unmapping cannot wait
+  // while held, and the peers must not unmap what this rank keeps.
+  LocalFailure local;
+  auto it = registrations_.end();
   size_t start = 0;
-  auto it = allocator_.find(offset, 1, &start, nullptr) ? registrations_.find(start) : registrations_.end();
-  FERRY_ARG_CHECK(it != registrations_.end() && start + it->second.data_offset == offset,
-                  "deregister: offset " + std::to_string(offset) +
-                      " is not a registered buffer's (what register returned; memory from alloc() is freed with "
-                      "free())");
-  // Its range is reused at once, so the unmapping cannot wait: refused while
-  // held, and every rank hears of a peer's refusal rather than waiting for it.
-  LocalFailure held;
-  held.run([&] { sync::refuse_while_held(call, "unmapping the buffer"); });
-  if (group_.multi_process())
-    held.agree(group_, call);
-  else
-    held.rethrow();
-  agree(std::string(call) + "(offset " + std::to_string(offset) + ")");
+  local.run([&] {
+    for (size_t i = 0; i < streams.size() && static_cast<int>(i) < local_count(); ++i) {
+      DeviceScope on(group_.devices[i]);
+      FERRY_ARG_CHECK(!dma::is_capturing(streams[i]),
+                      "deregister unmaps memory, which cannot be done while a CUDA graph is being captured");
+    }
+    if (allocator_.find(offset, 1, &start, nullptr)) it = registrations_.find(start);
+    FERRY_ARG_CHECK(it != registrations_.end() && start + it->second.data_offset == offset,
+                    "deregister: offset " + std::to_string(offset) +
+                        " is not a registered buffer's (what register returned; memory from alloc() is freed "
+                        "with free())");
+    sync::refuse_while_held(call, "unmapping the buffer");
+  });
+  agree(std::string(call) + "(offset " + std::to_string(offset) + ")", &local);
   unmap_chunks(it->second.chunks);
   registrations_.erase(it);
   allocator_.free(start);
@@ -591,6 +609,11 @@ void SymmetricHeap::check_local(int local, const char* what) const {
 }
 
 void SymmetricHeap::check() {
+  if (closed_) {
+    if (!faults_at_close_.empty())
+      throw_error(static_cast<ferry_result_t>(faults_at_close_[0].code), faults_at_close_[0].message);
+    return;
+  }
   for (int i = 0; i < static_cast<int>(fault_.size()); ++i) {
     const uint64_t w = *reinterpret_cast<volatile unsigned long long*>(fault_[i]);
     const HeapFault f = heap_fault(w, group_.ranks[i], group_.timeout_s);
@@ -712,9 +735,21 @@ void SymmetricHeap::quiet(int local, cudaStream_t stream) {
   });
 }
 
+void SymmetricHeap::refuse_if_faulted(int local, const char* what) const {
+  const HeapFault f =
+      heap_fault(*reinterpret_cast<volatile unsigned long long*>(fault_[local]), rank(local), group_.timeout_s);
+  if (f.code)
+    throw_error(static_cast<ferry_result_t>(f.code),
+                std::string(what) +
+                    ": refused, the heap faulted earlier and its stream waits would be let go at once (close "
+                    "it and make a new one): " +
+                    f.message);
+}
+
 void SymmetricHeap::wait(int local, const uint64_t* sig, uint64_t value, int from, cudaStream_t stream) {
   check_words("wait");
   check_local(local, "wait");
+  refuse_if_faulted(local, "wait");
   FERRY_ARG_CHECK(from >= -1 && from < world(), "wait: from is " + std::to_string(from) + "; expected -1 or a rank");
   const size_t off = own_offset(local, sig, sizeof(uint64_t), "wait: sig");
   FERRY_ARG_CHECK(off % 8 == 0, "wait: sig must be an 8-byte aligned word");
@@ -727,6 +762,7 @@ void SymmetricHeap::barrier_on_stream(const std::vector<cudaStream_t>& streams, 
   check_words("barrier_on_stream");
   FERRY_ARG_CHECK(static_cast<int>(streams.size()) == local_count(),
                   "barrier_on_stream: expected one stream per local rank (" + std::to_string(local_count()) + ")");
+  for (int i = 0; i < local_count(); ++i) refuse_if_faulted(i, "barrier_on_stream");
   if (kernel) {
     for (int i = 0; i < local_count(); ++i) {
       DeviceScope on(group_.devices[i]);

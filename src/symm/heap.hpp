@@ -101,7 +101,8 @@ class SymmetricHeap {
   // The handle kernels take (include/ferry/device/heap.cuh).
   device::Heap handle(int local) const;
   // Throws the first fault a kernel or a stream wait left (a bounded wait
-  // that gave up), naming the rank it waited for.
+  // that gave up, or a call a kernel refused), naming the rank it waited for.
+  // After close(), the faults the heap had when it closed.
   void check();
 
   // On a stream, by copy engines (no kernel). `local`: which of this
@@ -113,6 +114,8 @@ class SymmetricHeap {
   void signal(int local, uint64_t* sig, uint64_t value, int peer, cudaStream_t stream);
   // Holds the stream until this rank's `sig` is at least `value`; past the
   // timeout the wait is released and check() raises, naming `from` (-1: any).
+  // Refused once the rank's fault word is set (the watcher would release it
+  // at once); so is barrier_on_stream.
   void wait(int local, const uint64_t* sig, uint64_t value, int from, cudaStream_t stream);
   // Holds each local rank's stream until every rank's stream reached its
   // barrier_on_stream. Collective; one stream per local rank. With copy
@@ -151,9 +154,13 @@ class SymmetricHeap {
   };
 
   SymmetricHeap() = default;
-  void agree(const std::string& what);  // the collective call check
-  void grow(size_t end);                // maps [mapped_, end) on every rank
-  size_t ceiling() const;               // how far the mapped prefix may grow: below every registration
+  // The collective call check. `local`: a failure this rank found before
+  // the call's exchange; it goes to the peers as a refusal, so that every
+  // rank throws in the same call and the ranks' call counts stay in step.
+  void agree(const std::string& what, const LocalFailure* local = nullptr);
+  void refuse_if_faulted(int local, const char* what) const;
+  void grow(size_t end);   // maps [mapped_, end) on every rank
+  size_t ceiling() const;  // how far the mapped prefix may grow: below every registration
   void map_chunk(std::vector<Chunk>& into, CUdeviceptr at, size_t size, CUmemGenericAllocationHandle handle,
                  const std::vector<int>& access);
   static void unmap_chunks(std::vector<Chunk>& chunks);
@@ -179,6 +186,7 @@ class SymmetricHeap {
   std::vector<unsigned> staging_next_;            // by local rank
   uint64_t calls_ = 0;
   bool closed_ = false;
+  std::vector<HeapFault> faults_at_close_;     // what check() raises once closed
   bool words_ = true;                          // create(words): ferry's own words zeroed and usable
   size_t front_ = device::kHeapReservedBytes;  // where allocations start: after the words, or 0 without them
 

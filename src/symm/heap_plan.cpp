@@ -297,6 +297,8 @@ const char* kind_name(uint32_t kind) {
       return "a collective with a grid of more blocks than it takes";
     case device::WaitKind::kGridSync:
       return "the wait among its own grid's blocks (grid_sync, or a collective's first step)";
+    case device::WaitKind::kBadRoot:
+      return "broadcast or reduce with a root outside the team";
   }
   return "a wait";
 }
@@ -309,16 +311,25 @@ HeapFault heap_fault(uint64_t w, int rank, double timeout_s) {
   const uint32_t kind = static_cast<uint32_t>((w >> 32) & 0xff);
   const int peer = static_cast<int>(static_cast<uint32_t>(w));
   const std::string on = "rank " + std::to_string(rank);
+  // A call refused in a kernel leaves the fault too: the peers that made the
+  // call as asked may be waiting for this rank, so its words cannot be trusted.
+  const std::string stays = "; the fault stays with the heap and its later waits give up: close it";
   if (kind == static_cast<uint32_t>(device::WaitKind::kBadGrid)) {
     f.code = FERRY_ERROR_INVALID_ARGUMENT;
     f.message = on + " called " + kind_name(kind) + " (at most " + std::to_string(device::kMaxGridBlocks) +
-                " blocks, ferry::device::kMaxGridBlocks)";
+                " blocks, ferry::device::kMaxGridBlocks)" + stays;
     return f;
   }
   if (kind == static_cast<uint32_t>(device::WaitKind::kBadTeam)) {
     f.code = FERRY_ERROR_INVALID_ARGUMENT;
-    f.message =
-        on + " called " + kind_name(kind) + " (a split that did not fit its parent, or a team without this rank)";
+    f.message = on + " called " + kind_name(kind) +
+                " (a split that did not fit its parent, or a team without this rank)" + stays;
+    return f;
+  }
+  if (kind == static_cast<uint32_t>(device::WaitKind::kBadRoot)) {
+    f.code = FERRY_ERROR_INVALID_ARGUMENT;
+    f.message = on + " called " + kind_name(kind) + ": root " + std::to_string(peer) +
+                "; expected a team rank 0..size-1" + stays;
     return f;
   }
   std::string who = peer < 0 ? std::string("a signal from any rank") : "rank " + std::to_string(peer);

@@ -337,6 +337,19 @@ TEST(Teams, WorldAndStridedSplits) {
   EXPECT_EQ(device::team_split_strided(w, 0, 0, 2).size, 0);
   EXPECT_EQ(device::team_split_strided(w, -1, 1, 2).size, 0);
   EXPECT_FALSE(device::team_usable(w, 4));  // a team larger than the heap's world
+  // Strides and spans past int: a team whose last member would wrap is not
+  // usable, and nested splits of single members keep a stride of 1.
+  EXPECT_FALSE(device::team_usable(Team{0, 1 << 30, 3, 0}, 2));
+  EXPECT_FALSE(device::team_usable(Team{0, 0, 2, 0}, 2));
+  Team one = device::team_split_strided(device::team_split_strided(w, 5, 65536, 1), 0, 65536, 1);
+  EXPECT_EQ(one.size, 1);
+  EXPECT_EQ(one.stride, 1);
+  EXPECT_EQ(one.my, 0);
+  EXPECT_EQ(device::team_rank_of(one, 5), 0);
+  EXPECT_EQ(device::team_rank_of(one, 6), -1);
+  EXPECT_TRUE(device::team_usable(one, 8));
+  EXPECT_EQ(device::team_rank_of(Team{0, 0, 2, 0}, 0), -1);  // a hand-made stride of 0 divides nothing
+  EXPECT_EQ(device::team_split_strided(Team{0, 1 << 20, 4096, 0}, 0, 4095, 2).size, 0);  // stride 2^20 x 4095
   // Every rank of a heap is on one machine: the node team is the world.
   Team node = device::node_team(5, 8);
   EXPECT_EQ(node.start, 0);
@@ -369,4 +382,13 @@ TEST(HeapFault, EachFaultWordGivesItsCodeAndNamesWhoWasAwaited) {
   f = heap_fault(heap_fault_word(WaitKind::kBadGrid, -1), 1, 1.0);
   EXPECT_EQ(f.code, FERRY_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(f.message.find("kMaxGridBlocks"), std::string::npos) << f.message;
+  EXPECT_NE(f.message.find("the fault stays with the heap"), std::string::npos) << f.message;
+  f = heap_fault(heap_fault_word(WaitKind::kBadRoot, 4), 2, 1.0);
+  EXPECT_EQ(f.code, FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(f.message.find("rank 2 called broadcast or reduce with a root outside the team: root 4; expected a team "
+                           "rank 0..size-1"),
+            std::string::npos)
+      << f.message;
+  f = heap_fault(heap_fault_word(WaitKind::kBadRoot, -1), 0, 1.0);
+  EXPECT_NE(f.message.find("root -1;"), std::string::npos) << f.message;
 }

@@ -1489,6 +1489,48 @@ class Suite:
         )
         self.comm.free(t)  # every rank still holds it, in step
         self.checks += 1
+        self.heap_refusals_in_step(r)
+
+    def heap_refusals_in_step(self, r: int):
+        """A deregister() one rank refuses (rank 1 passes memory from empty())
+        is refused on every rank in the same call, the others naming rank 1,
+        and no rank unmaps the buffer; a deregister() on rank 0 against an
+        empty() on the others is named a mismatch on every rank. After each,
+        the ranks' calls are still in step."""
+        import _vmm
+
+        torch, IA = self.torch, self.ferry.InvalidArgumentError
+        vm = _vmm.VmmBuffer(torch, self.devs[0].index, [2 << 20])
+        own = vm.tensor(0, 1 << 20)
+        own.copy_(data(torch, r, "refusals", 1 << 20, self.devs[0]))
+        x = self.heap.empty((64,), torch.uint8)
+        view = self.heap.register(own)
+        self.expect_error(
+            "deregister refused by one rank",
+            r"not a registered buffer's" if r == 1 else r"rank 1 refused it: .*not a registered buffer's",
+            lambda: self.heap.deregister(x if r == 1 else view),
+            IA,
+        )
+        self.barrier()
+        self.expect_equal(
+            f"rank {r}: the left neighbour's buffer through the registration one rank refused to drop",
+            self.heap.peer(view, (r - 1) % self.world),
+            data(torch, (r - 1) % self.world, "refusals", 1 << 20, self.devs[0]),
+        )
+        self.barrier()
+        self.expect_error(
+            "deregister against empty",
+            "different symmetric-heap calls",
+            lambda: self.heap.deregister(view) if r == 0 else self.heap.empty((16,), torch.uint8),
+            IA,
+        )
+        t = self.heap.empty((16,), torch.uint8)  # in step: no mismatch now
+        self.heap.free(t)
+        self.heap.deregister(view)
+        self.heap.free(x)
+        self.checks += 1
+        torch.cuda.synchronize()
+        vm.free()
 
     def growth_refused(self):
         """Memory one rank cannot get while the others can (its GPU-mate took
@@ -1687,6 +1729,57 @@ def timeouts(ferry, torch, world: int, stream_wait: bool) -> list:
     torch.cuda.synchronize()
     expect_fault(heap, "not a usable member", ferry.InvalidArgumentError, "bad team", time.monotonic())
     heap.close()
+
+    # A broadcast and a reduce whose root is no team rank return false on
+    # every rank before any barrier; the fault stays: the stream waits that
+    # the watcher would let go at once are refused, and check() still raises
+    # once the heap is closed.
+    for coll, root in ((0, world), (3, -1)):
+        heap = ferry.symm.Heap(comm, capacity=64 << 20)
+        buf = heap.zeros((256,), torch.float32)
+        sig = heap.zeros((1,), torch.int64)
+        oks = [torch.full((2,), -1, dtype=torch.int32, device=d) for d in devs]
+        torch.cuda.synchronize()
+        for i in range(world):
+            p = buf[i].data_ptr()
+            k.coll(
+                raw(heap, i),
+                coll,
+                0,
+                0,
+                p,
+                p,
+                64,
+                root,
+                0,
+                1,
+                world,
+                2,
+                oks[i].data_ptr(),
+                streams[i].cuda_stream,
+            )
+        torch.cuda.synchronize()
+        if any(o.tolist() != [0, 0] for o in oks):
+            fails.append(f"collective {coll} with root {root} returned {[o.tolist() for o in oks]}")
+        expect_fault(
+            heap,
+            f"root {root}; expected a team rank",
+            ferry.InvalidArgumentError,
+            "bad root",
+            time.monotonic(),
+        )
+        for what, call in (
+            ("wait", lambda: heap.wait(sig[0], 1, from_rank=1, stream=streams[0])),
+            ("barrier_on_stream", lambda: heap.barrier_on_stream(streams)),
+        ):
+            try:
+                call()
+                fails.append(f"{what} on a heap with a fault was not refused")
+            except ferry.InvalidArgumentError as exc:
+                if "faulted earlier" not in str(exc) or f"root {root}" not in str(exc):
+                    fails.append(f"{what} on a faulted heap: {exc}")
+        heap.close()
+        expect_fault(heap, f"root {root};", ferry.InvalidArgumentError, "bad root, closed", time.monotonic())
 
     comm.close()
     return fails

@@ -13,7 +13,7 @@
  *   reduce_scatter(h, team, dst, src, count, op)   member i's dst = op over members' src[i * count ...]
  *
  * dst and src are on the heap (the same objects on every member) and do not
- * overlap; root is a team rank. T: float, __half, __nv_bfloat16, int32_t
+ * overlap; root is a team rank (another: false, and check() names it). T: float, __half, __nv_bfloat16, int32_t
  * (reductions; halves add in float), any trivially copyable T for the others.
  * Each call starts and ends with barrier_all: on return dst is complete here
  * and src may be written again. all_reduce's low-latency algorithms
@@ -588,9 +588,21 @@ __device__ inline bool barrier_all(const Heap& h, const Team& t) {
   return ok && !failed;
 }
 
+namespace impl {
+
+/* Every thread: root is a team rank; otherwise thread 0 of each block leaves
+ * the fault word (kBadRoot) and every member returns before any barrier. */
+__device__ inline bool root_in_team(const Heap& h, const Team& t, int root) {
+  if (root >= 0 && root < t.size) return true;
+  if (scope_lane<Scope::kBlock>() == 0) report(h, WaitKind::kBadRoot, root);
+  return false;
+}
+
+}  // namespace impl
+
 template <class T>
 __device__ inline bool broadcast(const Heap& h, const Team& t, T* dst, const T* src, uint64_t count, int root) {
-  if (!barrier_all(h, t)) return false;
+  if (!impl::root_in_team(h, t, root) || !barrier_all(h, t)) return false;
   if (t.my == root)
     for (int m = 0; m < t.size; ++m)
       impl::push_slice(h, reinterpret_cast<char*>(dst), reinterpret_cast<const char*>(src), count * sizeof(T),
@@ -624,7 +636,7 @@ __device__ inline bool alltoall(const Heap& h, const Team& t, T* dst, const T* s
 template <class T>
 __device__ inline bool reduce(const Heap& h, const Team& t, T* dst, const T* src, uint64_t count, ReduceOp op,
                               int root) {
-  if (!barrier_all(h, t)) return false;
+  if (!impl::root_in_team(h, t, root) || !barrier_all(h, t)) return false;
   if (t.my == root) impl::reduce_slice(h, t, dst, src, count, op);
   return barrier_all(h, t);
 }

@@ -71,7 +71,8 @@ enum class WaitKind : uint32_t {
   kStreamWait = 5,    /* the host API's wait on a stream */
   kStreamBarrier = 6, /* barrier_on_stream */
   kBadGrid = 7,       /* a collective's grid larger than kMaxGridBlocks */
-  kGridSync = 8       /* the wait among this rank's own blocks (grid_sync, and the collectives' first step) */
+  kGridSync = 8,      /* the wait among this rank's own blocks (grid_sync, and the collectives' first step) */
+  kBadRoot = 9        /* broadcast or reduce with a root outside the team (the peer field: the root) */
 };
 
 /* The word such a wait leaves in Heap::fault (the first one stays):

@@ -26,7 +26,7 @@ FERRY_DEVICE_HD int team_world_rank(const Team& t, int team_rank) { return t.sta
 
 /* `world_rank`'s rank in the team, or -1. */
 FERRY_DEVICE_HD int team_rank_of(const Team& t, int world_rank) {
-  if (t.size <= 0 || world_rank < t.start) return -1;
+  if (t.size <= 0 || t.stride < 1 || world_rank < t.start) return -1;
   const int d = world_rank - t.start;
   if (d % t.stride != 0 || d / t.stride >= t.size) return -1;
   return d / t.stride;
@@ -48,8 +48,12 @@ FERRY_DEVICE_HD Team team_split_strided(const Team& parent, int start, int strid
   Team t{0, 1, 0, -1};
   if (parent.size <= 0 || start < 0 || stride < 1 || size < 1) return t;
   if (start + (int64_t)(size - 1) * stride >= parent.size) return t;
+  // A team of one has no second member to be a stride away (a nested split
+  // could otherwise multiply strides past int).
+  const int64_t world_stride = size == 1 ? 1 : (int64_t)parent.stride * stride;
+  if (world_stride > 0x7fffffff) return t;
   t.start = team_world_rank(parent, start);
-  t.stride = parent.stride * stride;
+  t.stride = (int)world_stride;
   t.size = size;
   t.my = parent.my < 0 ? -1 : team_rank_of(t, team_world_rank(parent, parent.my));
   return t;
@@ -58,8 +62,8 @@ FERRY_DEVICE_HD Team team_split_strided(const Team& parent, int start, int strid
 /* A team every member of which is a rank of a heap of `world` ranks, and
  * that `rank` belongs to. */
 FERRY_DEVICE_HD bool team_usable(const Team& t, int world) {
-  return t.size > 0 && t.stride >= 1 && t.start >= 0 && team_world_rank(t, t.size - 1) < world && t.my >= 0 &&
-         t.my < t.size;
+  return t.size > 0 && t.stride >= 1 && t.start >= 0 && t.start + (int64_t)(t.size - 1) * t.stride < world &&
+         t.my >= 0 && t.my < t.size;
 }
 
 }  // namespace device
