@@ -121,23 +121,27 @@ def _check_pairs(dm: list, sm: list) -> None:
             )
 
 
-def _gpus(ts: list, name) -> set:
-    """The GPUs of `ts`; refuses a tensor neither on a GPU nor on the host.
-    `name(i)` names tensor i."""
-    devices = set()
+def _gpus(ts: list, name) -> dict:
+    """The GPUs of `ts`, each with the name of its first tensor there;
+    refuses a tensor neither on a GPU nor on the host. `name(i)` names tensor i."""
+    devices = {}
     for i, t in enumerate(ts):
         if t.is_cuda:
-            devices.add(t.get_device())
+            devices.setdefault(t.get_device(), name(i))
         elif not t.is_cpu:
             raise InvalidArgumentError(f"{name(i)} is on {t.device}; expected cuda or (pinned) cpu memory")
     return devices
 
 
-def _one_gpu(devices: set) -> int:
+def _on_several(devices: dict) -> str:
+    """'dst[0] is on cuda:0 and src[1] on cuda:1' for GPUs found by _gpus."""
+    (d0, n0), *rest = sorted(devices.items())
+    return f"{n0} is on cuda:{d0} and " + " and ".join(f"{n} on cuda:{d}" for d, n in rest)
+
+
+def _one_gpu(devices: dict) -> int:
     if len(devices) > 1:
-        raise InvalidArgumentError(
-            f"the GPU tensors are on several GPUs {sorted(devices)}; one transfer runs on one GPU"
-        )
+        raise InvalidArgumentError(f"{_on_several(devices)}; one transfer runs on one GPU")
     return next(iter(devices)) if devices else _torch().cuda.current_device()
 
 
@@ -178,9 +182,7 @@ class Pages:
         self._meta = _read(ts)
         gpus = _gpus(ts, lambda i: f"{_name}[{i}]")
         if len(gpus) > 1:
-            raise InvalidArgumentError(
-                f"{_name}: tensors on several GPUs {sorted(gpus)}; one side's GPU tensors are on one GPU"
-            )
+            raise InvalidArgumentError(f"{_name}: {_on_several(gpus)}; one side's GPU tensors are on one GPU")
         self.gpu = next(iter(gpus)) if gpus else None  # None: host memory
         self.regions = _regions(ts, self._meta, _name)
         self._tensors = ts
@@ -212,7 +214,11 @@ def _sides(dst, src):
             dp._check_pair(sp)
         else:  # one side made for this call alone: nothing to remember
             _check_pairs(dp._meta, sp._meta)
-        return _one_gpu({x.gpu for x in (dp, sp) if x.gpu is not None}), dp.regions, sp.regions
+        gpus = {}
+        for x, side in ((sp, "src"), (dp, "dst")):
+            if x.gpu is not None:
+                gpus[x.gpu] = side
+        return _one_gpu(gpus), dp.regions, sp.regions
     d, s = _tensors(dst, "dst"), _tensors(src, "src")
     dm, sm = _read(d), _read(s)
     _check_pairs(dm, sm)
@@ -375,12 +381,12 @@ def copy_blocks(
             nbytes = d.count * sum(r[2] for r in dr)
             use_kernel = native.kv_choose(device, direction, copies, nbytes, False) == "kernel"
         # The lists (and any conversion made here) come from the current
-        # stream; the copies run on `stream`.
+        # stream; the copies run on `stream`. Copied to the host, they wait
+        # for the current stream only: not for `stream`, which may be held
+        # behind a gate this thread opens later.
         current = torch.cuda.current_stream(device)
         other = None if h == current.cuda_stream else torch.cuda.ExternalStream(h, device=device)
         if not use_kernel:
-            if other is not None:
-                current.wait_stream(other)
             d, s = d.to_host(), s.to_host()
         elif other is not None:
             other.wait_stream(current)

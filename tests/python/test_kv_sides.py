@@ -142,7 +142,10 @@ def test_refusals_name_the_tensor():
         InvalidArgumentError, match=r"src\[1\] is on meta; expected cuda or \(pinned\) cpu memory"
     ):
         kv._sides(g, h)
-    with pytest.raises(InvalidArgumentError, match=r"on several GPUs \[0, 1\]"):
+    with pytest.raises(
+        InvalidArgumentError,
+        match=r"src\[0\] is on cuda:0 and dst\[0\] on cuda:1; one transfer runs on one GPU",
+    ):
         kv._sides(stacked(2, 8, device=("cuda", 1)), stacked(2, 8, device=("cuda", 0)))
     with pytest.raises(TypeError, match=r"src: expected a torch.Tensor or a list of tensors"):
         kv._sides(g, "pages")
@@ -185,7 +188,9 @@ def test_pages_are_read_once_and_their_pairing_checked_once(monkeypatch):
 
 
 def test_pages_refusals_name_the_tensor():
-    with pytest.raises(InvalidArgumentError, match=r"pages: tensors on several GPUs \[0, 1\]"):
+    with pytest.raises(
+        InvalidArgumentError, match=r"pages: pages\[0\] is on cuda:0 and pages\[1\] on cuda:1"
+    ):
         kv.Pages([Tensor((4, 8), device=("cuda", 0)), Tensor((4, 8), device=("cuda", 1))])
     with pytest.raises(InvalidArgumentError, match=r"pages\[1\] is on meta"):
         kv.Pages([Tensor((4, 8)), Tensor((4, 8), device=("meta", None))])
@@ -198,7 +203,7 @@ def test_pages_refusals_name_the_tensor():
         kv._sides(g, kv.Pages(page_first(3, 8)))
     with pytest.raises(InvalidArgumentError, match=r"dst\[0\] is bfloat16 and src\[0\] is float16"):
         kv._sides(g, kv.Pages([Tensor((8, *PAGE), dtype="float16", device=("cpu", None))] * 4))
-    with pytest.raises(InvalidArgumentError, match=r"on several GPUs \[0, 1\]"):
+    with pytest.raises(InvalidArgumentError, match=r"src is on cuda:0 and dst on cuda:1"):
         kv._sides(g, kv.Pages(stacked(4, 8, device=("cuda", 0))))
-    with pytest.raises(InvalidArgumentError, match=r"on several GPUs \[0, 1\]"):
+    with pytest.raises(InvalidArgumentError, match=r"dst is on cuda:0 and src on cuda:1"):
         kv._sides(stacked(4, 8, device=("cuda", 0)), g)
