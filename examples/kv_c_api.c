@@ -37,7 +37,7 @@ static int wrong_pages(const unsigned char* got, const unsigned char* want, cons
 
 /* Prepared transfers: a fetch armed ahead and released three ways, and a save
  * with one copy per page; every page checked, and the gate shown to hold. */
-static void prepared(int device, ferry_kv_region_t* gpu_side, ferry_kv_region_t* host_side,
+static void prepared(int device, ferry_host_pool_t pool, ferry_kv_region_t* gpu_side, ferry_kv_region_t* host_side,
                      ferry_kv_region_t* back_side, unsigned char* gpu, const unsigned char* host, unsigned char* back,
                      unsigned char* check_buf, const int64_t* dst_ids, const int64_t* src_ids, cudaStream_t stream) {
   cudaStream_t other;
@@ -112,6 +112,11 @@ static void prepared(int device, ferry_kv_region_t* gpu_side, ferry_kv_region_t*
             strstr(ferry_last_error(), "within one GPU"),
         "prepared transfer within one GPU refused");
   printf("within one GPU: %s\n", ferry_last_error());
+  /* The pool under them cannot go while they may be armed again. */
+  check(
+      ferry_host_pool_destroy(pool) == FERRY_ERROR_INVALID_ARGUMENT && strstr(ferry_last_error(), "prepared transfers"),
+      "a pool under prepared transfers is not destroyed");
+  printf("pool under prepared transfers: %s\n", ferry_last_error());
   /* Destroyed while armed: the gate opens, the copies run, nothing waits forever. */
   check(ferry_kv_prepared_destroy(fetch) == FERRY_SUCCESS, "destroy an armed transfer");
   check(ferry_kv_prepared_destroy(save) == FERRY_SUCCESS, "destroy");
@@ -190,7 +195,7 @@ int main(void) {
            untouched ? "intact" : "CHANGED");
     check(wrong == 0 && untouched, "byte check");
   }
-  prepared(device, &gpu_side, &host_side, &back_side, gpu, host, back, check_buf, dst_ids, src_ids, stream);
+  prepared(device, pool, &gpu_side, &host_side, &back_side, gpu, host, back, check_buf, dst_ids, src_ids, stream);
   /* Bad input: each refused with a message naming the argument, nothing copied. */
   int64_t bad = PAGES;
   check(ferry_kv_copy_blocks(device, &gpu_side, &host_side, 1, &bad, src_ids, 1, FERRY_KV_AUTO, 0, stream) ==

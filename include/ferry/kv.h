@@ -102,7 +102,8 @@ typedef struct ferry_host_pool* ferry_host_pool_t;
 FERRY_API ferry_result_t ferry_host_pool_create(size_t bytes, int device, ferry_host_pool_t* pool);
 FERRY_API void* ferry_host_pool_data(ferry_host_pool_t pool);
 /* Refused (FERRY_ERROR_INVALID_ARGUMENT) while a transfer touching the pool is
- * in flight; the pool stays valid then. While another prepared transfer is
+ * in flight, or a prepared transfer over it is not destroyed yet; the pool
+ * stays valid then. While another prepared transfer is
  * armed and not yet triggered, the memory is freed later, once none is
  * (freeing pinned memory waits for every stream of the GPU). */
 FERRY_API ferry_result_t ferry_host_pool_destroy(ferry_host_pool_t pool);

@@ -157,6 +157,10 @@ void HostPool::close() {
     throw_error(FERRY_ERROR_INVALID_ARGUMENT, "HostPool.close: " + std::to_string(views()) +
                                                   " tensors over this pool are still alive; drop them first (the "
                                                   "pool is freed when the last one goes)");
+  if (const int n = prepared_.load(); n > 0)
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                "HostPool.close: " + std::to_string(n) +
+                    " prepared transfers copy into or out of this pool and may be armed again; release them first");
   if (in_flight())
     throw_error(FERRY_ERROR_INVALID_ARGUMENT,
                 "HostPool.close: a transfer that reads or writes this pool is still in flight; synchronize its "

@@ -55,6 +55,10 @@ class HostPool {
   void add_view() { ++views_; }
   void drop_view() { --views_; }
   int views() const { return views_.load(); }
+  // Prepared transfers planned over the pool (they keep its addresses, and
+  // may be armed again at any time): close() refuses while any is alive.
+  void add_prepared() { ++prepared_; }
+  void drop_prepared() { --prepared_; }
   // A captured CUDA graph copies into or out of the pool: close() refuses it
   // from now on (the graph may be launched at any time).
   void keep_for_graph() { graph_ = true; }
@@ -77,6 +81,7 @@ class HostPool {
   std::mutex mu_;
   std::vector<std::pair<int, cudaEvent_t>> events_;  // (device, event): an event records only on its device's streams
   std::atomic<int> views_{0};
+  std::atomic<int> prepared_{0};
   std::atomic<bool> graph_{false};
 };
 

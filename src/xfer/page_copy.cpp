@@ -171,6 +171,9 @@ PageCopier::~PageCopier() {
     cudaEventDestroy(s.done);
   }
   for (void* p : captured_staging_) cudaFreeHost(p);
+  for (auto& s : slots_)
+    if (s.marks) cudaFree(s.marks);
+  for (void* p : kept_marks_) cudaFree(p);
   if (urgent_) cudaStreamDestroy(urgent_);
   for (int i = 0; i < kSliceStreams; ++i) {
     if (slice_streams_[i]) cudaStreamDestroy(slice_streams_[i]);
@@ -193,6 +196,13 @@ PageStrategy PageCopier::choose(Direction direction, size_t copies, size_t bytes
 
 void PageCopier::check_kernel_errors() {
   uint64_t bad = __atomic_exchange_n(const_cast<uint64_t*>(kernel_error_), uint64_t{0}, __ATOMIC_ACQ_REL);
+  if (bad & kRepeatedDstBit)
+    throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                "an earlier kernel page transfer with GPU index lists found dst_ids entry " +
+                    std::to_string((bad & ~kRepeatedDstBit) - 1) +
+                    " naming a destination page another entry named too (every entry naming that page was "
+                    "skipped, so that it was not written from two sources at once); this call copied nothing (call "
+                    "it again)");
   if (bad)
     throw_error(
         FERRY_ERROR_INVALID_ARGUMENT,
@@ -417,6 +427,27 @@ void* PageCopier::stage(size_t bytes, cudaStream_t stream, bool capturing) {
   return s.host;
 }
 
+uint32_t* PageCopier::stage_marks(uint64_t words, bool capturing) {
+  // A graph launched again clears and marks the same words: they must outlive it.
+  if (capturing) {
+    void* p = nullptr;
+    FERRY_CUDA_CHECK(cudaMalloc(&p, words * sizeof(uint32_t)));
+    kept_marks_.push_back(p);
+    return static_cast<uint32_t*>(p);
+  }
+  Slot& s = slots_[(next_slot_ - 1) % slots_.size()];
+  if (s.mark_words < words) {
+    // Not freed now: cudaFree waits for the whole device, which an armed
+    // gate may hold. At least doubled, and 64K pages' worth at first.
+    if (s.marks) kept_marks_.push_back(s.marks);
+    s.marks = nullptr;
+    const uint64_t cap = std::max<uint64_t>({words, 2 * s.mark_words, 2 * page_mark_words(uint64_t(1) << 16)});
+    FERRY_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&s.marks), cap * sizeof(uint32_t)));
+    s.mark_words = cap;
+  }
+  return s.marks;
+}
+
 int PageCopier::run_kernel(Located& where, const PageSide& dst, const PageSide& src, const void* dst_ids,
                            const void* src_ids, bool is_64, size_t n, const PageCopyOptions& o, cudaStream_t stream,
                            const void* host_dst_ids, const void* host_src_ids) {
@@ -452,6 +483,13 @@ int PageCopier::run_kernel(Located& where, const PageSide& dst, const PageSide& 
   a.error = host_dst_ids ? nullptr : kernel_error_device_;
   a.dst_pages = work.dst_pages;
   a.src_pages = work.src_pages;
+  if (a.error && work.dst_pages > 0) {
+    // Nor were they checked for a destination page named twice, which the
+    // kernel would write from two sources at once.
+    uint32_t* marks = stage_marks(2 * page_mark_words(work.dst_pages), capturing);
+    launch_page_marks(dst_ids, is_64, n, work.dst_pages, marks, a.error, stream);
+    a.repeated = marks + page_mark_words(work.dst_pages);
+  }
   const int threads = o.kernel_threads ? o.kernel_threads : kDefaultThreads;
   const int blocks = kernel_blocks(n * work.units_per_page, threads, o.kernel_blocks, kDefaultBlocks, sm_count_);
   launch_page_kernel(a, blocks, threads, stream);
@@ -605,6 +643,7 @@ PreparedPages::PreparedPages(int device, const PageSide& dst, const PageSide& sr
   FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&finished_, cudaEventDisableTiming));
   gate_->hold_while_armed(hold_name());
+  for (const auto& p : pools_) p->add_prepared();  // last: the destructor drops it
 }
 
 std::string PreparedPages::hold_name() const {
@@ -632,6 +671,7 @@ PreparedPages::~PreparedPages() {
     std::fprintf(stderr, "ferry: a prepared page transfer was released unfinished (%s); its gate is kept\n", e.what());
     gate_->keep();
   }
+  for (const auto& p : pools_) p->drop_prepared();
   if (stream_) cudaStreamDestroy(stream_);  // returns at once; CUDA frees it once its work is done
   if (finished_) cudaEventDestroy(finished_);
   cudaGetLastError();

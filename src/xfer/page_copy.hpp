@@ -107,6 +107,10 @@ class PageCopier {
                  const void* host_src_ids);
   // Host staging the kernel reads (regions, and host index lists copied in).
   void* stage(size_t bytes, cudaStream_t stream, bool capturing);
+  // Device memory for launch_page_marks' `words` x 2 words, beside the slot
+  // stage() just handed out (free of earlier kernels as it is), or kept for
+  // a graph while capturing.
+  uint32_t* stage_marks(uint64_t words, bool capturing);
   void note_pools(const Located& where, cudaStream_t stream);
 
   int device_;
@@ -133,12 +137,15 @@ class PageCopier {
     void* host = nullptr;
     size_t capacity = 0;
     cudaEvent_t done = nullptr;
+    uint32_t* marks = nullptr;  // device memory, mark_words words
+    uint64_t mark_words = 0;
   };
   std::vector<Slot> slots_;
   size_t next_slot_ = 0;
   std::vector<void*> captured_staging_;  // kept for the graphs that read them, and outgrown slots (freed at exit)
   std::vector<std::shared_ptr<class HostPool>> captured_pools_;  // likewise
-  volatile uint64_t* kernel_error_ = nullptr;                    // pinned: 1 + index of the first bad entry
+  std::vector<void*> kept_marks_;              // device marks of captured calls and outgrown slots (freed at exit)
+  volatile uint64_t* kernel_error_ = nullptr;  // pinned: 1 + index of the first bad entry
   unsigned long long* kernel_error_device_ = nullptr;
 };
 

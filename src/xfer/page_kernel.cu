@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include "core/error.hpp"
 #include "xfer/page_kernel.hpp"
 
@@ -59,6 +61,7 @@ __global__ void page_gather(PageKernelArgs a) {
       if (lane == 0) atomicCAS(a.error, 0ULL, static_cast<unsigned long long>(i) + 1);
       continue;
     }
+    if (a.repeated && (a.repeated[d >> 5] >> (d & 31)) & 1u) continue;  // reported by launch_page_marks
     const char* src = reinterpret_cast<const char*>(g.src + static_cast<uint64_t>(s) * g.src_stride + off);
     char* dst = reinterpret_cast<char*>(g.dst + static_cast<uint64_t>(d) * g.dst_stride + off);
     if (a.vec16)
@@ -68,13 +71,41 @@ __global__ void page_gather(PageKernelArgs a) {
   }
 }
 
+// One thread per entry: the first to name a page sets its bit in `seen`;
+// any later one sets it in `repeated` too.
+__global__ void page_marks(const void* dst_ids, bool ids_64, uint64_t pages, uint64_t dst_pages, uint32_t* seen,
+                           uint32_t* repeated, unsigned long long* error) {
+  const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < pages; i += step) {
+    const int64_t d = load_id(dst_ids, ids_64, i);
+    if (d < 0 || static_cast<uint64_t>(d) >= dst_pages) continue;
+    const uint32_t bit = 1u << (d & 31);
+    if (atomicOr(&seen[d >> 5], bit) & bit) {
+      atomicOr(&repeated[d >> 5], bit);
+      atomicCAS(error, 0ULL, kRepeatedDstBit | (i + 1));
+    }
+  }
+}
+
 }  // namespace
+
+void launch_page_marks(const void* dst_ids, bool ids_64, uint64_t pages, uint64_t dst_pages, uint32_t* marks,
+                       unsigned long long* error, cudaStream_t stream) {
+  const uint64_t words = page_mark_words(dst_pages);
+  if (pages == 0 || words == 0) return;
+  FERRY_CUDA_CHECK(cudaMemsetAsync(marks, 0, 2 * words * sizeof(uint32_t), stream));
+  constexpr int kThreads = 256;
+  const int blocks = static_cast<int>(std::min<uint64_t>((pages + kThreads - 1) / kThreads, 1024));
+  page_marks<<<blocks, kThreads, 0, stream>>>(dst_ids, ids_64, pages, dst_pages, marks, marks + words, error);
+  FERRY_CUDA_CHECK(cudaGetLastError());
+}
 
 void load_page_kernel() {
   cudaFuncAttributes attributes{};
   // Best effort: a GPU with no image for the kernel still copies on copy
   // engines; the kernel's launch reports that error where it is used.
   if (cudaFuncGetAttributes(&attributes, page_gather) != cudaSuccess) cudaGetLastError();
+  if (cudaFuncGetAttributes(&attributes, page_marks) != cudaSuccess) cudaGetLastError();
 }
 
 void launch_page_kernel(const PageKernelArgs& args, int blocks, int threads, cudaStream_t stream) {

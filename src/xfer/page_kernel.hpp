@@ -30,7 +30,26 @@ struct PageKernelArgs {
   // (the first one wins).
   unsigned long long* error = nullptr;
   uint64_t dst_pages = 0, src_pages = 0;
+  // With `error` set: a bit per destination page that more than one entry
+  // names (launch_page_marks); every entry naming such a page is skipped.
+  const uint32_t* repeated = nullptr;
 };
+
+// What `error` holds for a destination page named twice: this bit, with 1 +
+// the index of an entry that named it again.
+constexpr unsigned long long kRepeatedDstBit = 1ULL << 62;
+
+// 32-bit words of one bitmap of `dst_pages` pages; launch_page_marks takes
+// two such bitmaps, back to back.
+inline uint64_t page_mark_words(uint64_t dst_pages) { return (dst_pages + 31) / 32; }
+
+// Before a kernel that reads dst_ids in place: clears `marks` (two bitmaps
+// of page_mark_words(dst_pages) words, device memory) and marks in the
+// second every destination page that more than one of the `pages` entries
+// names, storing kRepeatedDstBit | (1 + entry) in `error` (the first error
+// wins). Entries out of range are left to the copy kernel.
+void launch_page_marks(const void* dst_ids, bool ids_64, uint64_t pages, uint64_t dst_pages, uint32_t* marks,
+                       unsigned long long* error, cudaStream_t stream);
 
 // Most regions the kernel holds in shared memory.
 constexpr int kMaxKernelRegions = 1024;

@@ -1022,6 +1022,81 @@ def test_bad_input_is_named(kv):
     assert torch.equal(gpu[1].cpu(), host[0])
 
 
+@pytest.mark.parametrize("mode", ["kernel", "auto"])
+def test_a_destination_named_twice_in_gpu_lists_is_never_torn(kv, mode):
+    """GPU index lists are read in place by the kernel, so the host cannot see
+    a destination page named twice: a pass before the copy marks such pages,
+    the kernel skips every entry naming one (its page keeps its old bytes
+    rather than a mix of two sources) and copies the rest, and the next call
+    says so. With `auto`, a copy-engine pick reads the lists on the host and
+    refuses at once. Eager, then captured in a CUDA graph and replayed (the
+    marks are cleared on every replay: a clean list replays cleanly)."""
+    import ferry
+
+    torch = _torch()
+    pages, page = 64, 16384
+    host = pinned((pages, page), torch.uint8)
+    host.copy_(torch.randint(0, 256, (pages, page), dtype=torch.uint8))
+    gpu = torch.empty((pages, page), dtype=torch.uint8, device="cuda")
+    # 40 entries: 3 of them name page 7, 2 name page 30; the other 35 are distinct.
+    dst = [7, 30] + [p for p in range(40, 64)] + [p for p in range(8, 19)] + [7, 30, 7]
+    src = [(5 * i + 3) % pages for i in range(len(dst))]
+    clean = [p for p in dst if p not in (7, 30)]
+    d_ids = torch.tensor(dst, device="cuda")
+    s_ids = torch.tensor(src, device="cuda")
+
+    def expect(got, label):
+        want = torch.full((pages, page), POISON, dtype=torch.uint8)
+        for d, s_ in zip(dst, src):
+            if d not in (7, 30):
+                want[d] = host[s_]
+        assert torch.equal(got.cpu(), want), label
+
+    gpu.fill_(POISON)
+    try:
+        rep = kv.copy_blocks(gpu, host, d_ids, s_ids, mode=mode)
+    except ferry.InvalidArgumentError as exc:  # auto chose copy engines: checked on the host
+        assert mode == "auto" and "twice" in str(exc), exc
+        torch.cuda.synchronize()
+        assert bool((gpu == POISON).all())
+        return
+    assert rep["strategy"] == "kernel"
+    torch.cuda.synchronize()
+    expect(gpu, f"{mode}: eager")
+    with pytest.raises(ferry.InvalidArgumentError, match=r"dst_ids entry \d+ naming a destination page"):
+        kv.copy_blocks(gpu, host, [1], [1], mode="kernel")
+    # A clean list after it copies every page.
+    gpu.fill_(POISON)
+    ok_d = torch.tensor(clean, device="cuda")
+    ok_s = torch.tensor(src[: len(clean)], device="cuda")
+    kv.copy_blocks(gpu, host, ok_d, ok_s, mode="kernel")
+    torch.cuda.synchronize()
+    assert all(torch.equal(gpu[d].cpu(), host[s_]) for d, s_ in zip(clean, src[: len(clean)]))
+    # Captured: the repeated list replays as it ran eagerly, twice; then the
+    # same graph with the list rewritten in place to a clean one copies all.
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        kv.copy_blocks(gpu, host, ok_d, ok_s, mode="kernel")  # warm up outside the capture
+        stream.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            kv.copy_blocks(gpu, host, d_ids, s_ids, mode="kernel")
+    for replay in range(2):
+        gpu.fill_(POISON)
+        graph.replay()
+        torch.cuda.synchronize()
+        expect(gpu, f"{mode}: replay {replay}")
+        with pytest.raises(ferry.InvalidArgumentError, match="naming a destination page"):
+            kv.copy_blocks(gpu, host, [1], [1], mode="kernel")
+    d_ids.copy_(torch.tensor(clean + list(range(19, 24)), device="cuda"))
+    gpu.fill_(POISON)
+    graph.replay()
+    torch.cuda.synchronize()
+    kv.copy_blocks(gpu, host, [], [], mode="kernel")  # no error is left
+    for d, s_ in zip(d_ids.tolist(), src):
+        assert torch.equal(gpu[d].cpu(), host[s_]), f"{mode}: clean replay, page {d}"
+
+
 def test_tensors_that_share_memory_race_only_where_a_page_would(kv):
     import ferry
 
