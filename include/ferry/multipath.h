@@ -61,7 +61,9 @@ FERRY_API ferry_result_t ferry_multipath_copy_sync(ferry_multipath_t engine, voi
 /* Waits (bounded by the timeout) until every multipath copy so far landed. */
 FERRY_API ferry_result_t ferry_multipath_synchronize(ferry_multipath_t engine);
 /* Waits (bounded) for copies in flight and frees the engine (its memory later,
- * once no prepared transfer or collective is armed and not yet triggered). */
+ * once no prepared transfer or collective is armed and not yet triggered).
+ * Returns FERRY_ERROR_BROKEN, the engine freed all the same, when a copy
+ * failed and no earlier call returned that error. */
 FERRY_API ferry_result_t ferry_multipath_destroy(ferry_multipath_t engine);
 
 #ifdef __cplusplus

@@ -154,6 +154,10 @@ class Engine:
                 raise InvalidArgumentError(f"relays: {sorted(unknown)} are not among devices {devices}")
             may_relay = [d in allowed for d in devices] + [devices[0] in allowed] * loopback
         chunk_bytes = _int("chunk_bytes", chunk_bytes, 0)  # 0: the knob's
+        if 0 < chunk_bytes < 65536:  # (checked here too: the engine touches every GPU first)
+            raise InvalidArgumentError(
+                f"chunk_bytes is {chunk_bytes}; expected 64 KiB (65536) to 1 TiB, or 0 for FERRY_MULTIPATH_CHUNK_BYTES"
+            )
         min_bytes = _int("min_bytes", min_bytes, 0)
         head_bytes = _int("head_bytes", head_bytes, -1)  # -1: FERRY_MULTIPATH_HEAD_BYTES, 0: none
         outstanding = _int("outstanding", outstanding, 1, 16)
@@ -267,10 +271,13 @@ class Engine:
         """Waits (bounded by the timeout) for the copies in flight, then frees the
         staging buffers (later, once no prepared transfer or collective is armed
         and not yet triggered); a second call does nothing. Past the bound the
-        streams waiting on copies are let go (said on stderr)."""
+        streams waiting on copies are let go (said on stderr). Raises
+        BrokenError, once closed, when a copy failed and no call raised it yet."""
         if self._e is not None:
-            self._e.close()
-            self._e = None
+            try:
+                self._e.close()
+            finally:
+                self._e = None
 
     def __enter__(self) -> "Engine":
         return self

@@ -61,9 +61,10 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
                     "link_devices: " + std::to_string(d) + " is not a GPU here (0.." + std::to_string(count - 1) + ")");
   chunk_bytes_ =
       options.chunk_bytes ? options.chunk_bytes : static_cast<size_t>(knob_int_in("FERRY_MULTIPATH_CHUNK_BYTES"));
-  // (Rounded up to staging units later: a size near 2^64 would wrap to none.)
-  FERRY_ARG_CHECK(chunk_bytes_ <= (size_t{1} << 40),
-                  "chunk_bytes is " + std::to_string(chunk_bytes_) + "; expected at most 1 TiB");
+  // (Rounded up to staging units later: a size near 2^64 would wrap to none.
+  // Below 64 KiB a copy would be cut into millions of chunks.)
+  FERRY_ARG_CHECK(chunk_bytes_ >= (size_t{64} << 10) && chunk_bytes_ <= (size_t{1} << 40),
+                  "chunk_bytes is " + std::to_string(chunk_bytes_) + "; expected 64 KiB (65536) to 1 TiB");
   min_chunk_ = static_cast<size_t>(knob_int_in("FERRY_MULTIPATH_MIN_CHUNK_BYTES"));
   threshold_ =
       options.threshold_bytes ? options.threshold_bytes : static_cast<size_t>(knob_int_in("FERRY_MULTIPATH_MIN_BYTES"));
@@ -231,9 +232,23 @@ void MultipathEngine::first_copies() {
   }
 }
 
-MultipathEngine::~MultipathEngine() { close(); }
+MultipathEngine::~MultipathEngine() {
+  try {
+    close();
+  } catch (const std::exception&) {  // said on stderr when the engine broke
+  }
+}
 
 void MultipathEngine::close() {
+  close_engine();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!error_.empty() && !error_told_) {
+    error_told_ = true;
+    throw_error(FERRY_ERROR_BROKEN, error_);
+  }
+}
+
+void MultipathEngine::close_engine() {
   bool drained = false, broken = false;
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -351,7 +366,19 @@ std::vector<size_t> MultipathEngine::bytes_by_link() const {
 
 void MultipathEngine::check() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!error_.empty()) throw_error(FERRY_ERROR_BROKEN, error_);
+  if (error_.empty()) return;
+  error_told_ = true;
+  throw_error(FERRY_ERROR_BROKEN, error_);
+}
+
+void MultipathEngine::say_broken() {
+  // Streams went on past copies that did not land, which nothing on them
+  // shows (the transparent mode's program may never call ferry again):
+  // said once, whatever FERRY_DEBUG is.
+  if (said_broken_) return;
+  said_broken_ = true;
+  std::fprintf(stderr, "ferry: a multipath copy failed and its stream was let go; its data is incomplete: %s\n",
+               error_.c_str());
 }
 
 void MultipathEngine::synchronize() {
@@ -554,7 +581,10 @@ MultipathReport MultipathEngine::copy_batch(const std::vector<MultipathPiece>& p
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (closed_) throw_error(FERRY_ERROR_CLOSED, "the multipath engine is closed");
-      if (!error_.empty()) throw_error(FERRY_ERROR_BROKEN, error_);
+      if (!error_.empty()) {
+        error_told_ = true;
+        throw_error(FERRY_ERROR_BROKEN, error_);
+      }
       t.generation = t.gate->armed + 1;  // only the holder of the gate's arm_mu changes it
     }
     const MemOp write{MemOp::Kind::kWrite, t.gate->reached->device_trigger().first, t.generation};
@@ -591,6 +621,7 @@ MultipathReport MultipathEngine::copy_batch(const std::vector<MultipathPiece>& p
       // The engine broke (or closed) while the wait went on: it must not hold the stream.
       t.gate->open(t.generation);
       if (closed_) throw_error(FERRY_ERROR_CLOSED, "the multipath engine is closed");
+      error_told_ = true;
       throw_error(FERRY_ERROR_BROKEN, error_);
     }
     t.id = ++next_id_;
@@ -846,6 +877,7 @@ void MultipathEngine::fail_and_release(const std::string& message, std::deque<Tr
               " s later, when the streams were let go: they may still write the copies' buffers (keep them until "
               "those GPUs are idle)";
   broken_ = true;
+  say_broken();
   open_every_gate();
   unfinished_.clear();
   watched_.clear();
@@ -901,6 +933,7 @@ void MultipathEngine::watch() {
                  "incomplete";
       debug_log(error_);
       broken_ = true;
+      say_broken();
       halted_ = true;
       open_every_gate();
       unfinished_.clear();

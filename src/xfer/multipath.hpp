@@ -105,6 +105,7 @@ class MultipathEngine {
   // Waits (bounded) for the copies in flight, stops the engine's thread and
   // frees its memory; a second call does nothing. Past the bound the streams
   // are let go (said on stderr) and memory a copy engine may still write stays.
+  // Then raises the engine's error if no call raised it yet (check(), a copy).
   void close();
 
   const std::vector<int>& link_devices() const { return links_; }
@@ -240,6 +241,8 @@ class MultipathEngine {
   void first_copies();
   void watch();
   void open_every_gate();  // under mu_
+  void say_broken();       // under mu_, once error_ is final
+  void close_engine();     // close() but the error it raises
   // A chunk between its first CUDA call and the rest (submit_all).
   struct Hop {
     Transfer* t = nullptr;
@@ -300,6 +303,8 @@ class MultipathEngine {
   std::set<uint64_t> unfinished_;  // ids of copies not yet landed
   uint64_t next_id_ = 0;
   std::string error_;
+  bool error_told_ = false;          // raised to a caller, by check() or close()
+  bool said_broken_ = false;         // said on stderr (say_broken)
   bool broken_ = false;              // after an error: every stream let go, no copy taken
   std::atomic<bool> halted_{false};  // broken_, for the engine's thread between CUDA calls
   bool stop_ = false;

@@ -23,6 +23,7 @@ import pytest
         ({"devices": [0], "head_bytes": -2}, "head_bytes is -2"),
         ({"devices": [0], "head_bytes": "4M"}, "head_bytes is '4M'; expected an integer"),
         ({"devices": [0], "chunk_bytes": 1 << 70}, "chunk_bytes is"),
+        ({"devices": [0], "chunk_bytes": 4096}, r"chunk_bytes is 4096; expected 64 KiB \(65536\) to 1 TiB"),
         ({"devices": ["x"]}, "devices is 'x'"),
         ({"devices": [0], "loopback": 1000}, "loopback is 1000"),
         ({"devices": 4}, "devices is 4; expected a list of GPU ordinals"),

@@ -669,6 +669,41 @@ TEST_F(MultipathSim, TheTargetsOwnLinkFailingIsAClearErrorAndTheStreamGoesOn) {
   sim::set_faults(sim::Faults{});
 }
 
+// Nothing on the caller's stream shows a copy that failed: the engine says
+// so on stderr at once, and close() raises it when no call did.
+TEST_F(MultipathSim, AFailureNoCallRaisedIsSaidAndRaisedByClose) {
+  MultipathOptions o = options({0, 1});
+  o.own_share_on_stream = 0;
+  MultipathEngine e(o);
+  sim::Faults f;
+  f.fail_on_device = 0;
+  sim::set_faults(f);
+  const size_t n = 16 * MiB;
+  Buf host(n, -1), dev(n, 0);
+  cudaStream_t s = new_stream(0);
+  testing::internal::CaptureStderr();
+  e.copy(dev.p, host.p, n, s);
+  ASSERT_TRUE(drained(s)) << "the stream stayed held";
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string said;
+  while (said.find("ferry: a multipath copy failed") == std::string::npos &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    said += testing::internal::GetCapturedStderr();
+    testing::internal::CaptureStderr();
+  }
+  said += testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("its data is incomplete"), std::string::npos) << said;
+  sim::set_faults(sim::Faults{});
+  try {
+    e.close();
+    ADD_FAILURE() << "close() raised nothing";
+  } catch (const ferry::Error& err) {
+    EXPECT_EQ(err.code(), FERRY_ERROR_BROKEN) << err.what();
+  }
+  e.close();  // told once: a second close does nothing
+}
+
 TEST_F(MultipathSim, CloseWaitsForCopiesInFlightAndRefusesLaterOnes) {
   const size_t n = 32 * MiB;
   Buf host(n, -1), dev(n, 0);
