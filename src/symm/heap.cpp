@@ -336,10 +336,12 @@ void SymmetricHeap::free(size_t offset) {
   LocalFailure local;
   local.run([&] {
     size_t start = 0;
-    FERRY_ARG_CHECK(allocator_.find(offset, 1, &start, nullptr) && start == offset,
-                    "free: offset " + std::to_string(offset) + " is not the start of a live heap allocation");
-    FERRY_ARG_CHECK(!registrations_.count(start),
+    const bool live = allocator_.find(offset, 1, &start, nullptr);
+    // (A registered buffer's data starts inside its region: named as such first.)
+    FERRY_ARG_CHECK(!live || !registrations_.count(start),
                     "free: offset " + std::to_string(offset) + " is a registered buffer; deregister it instead");
+    FERRY_ARG_CHECK(live && start == offset,
+                    "free: offset " + std::to_string(offset) + " is not the start of a live heap allocation");
   });
   agree("free(offset " + std::to_string(offset) + ")", &local);
   allocator_.free(offset);
