@@ -13,8 +13,8 @@
  *                                    FERRY_SHARED_GPUS=1, for tests, ranks share the GPUs)
  *
  *   cmake -S . -B build -G Ninja && cmake --build build --target ferry_example_c
- * Prints "ok" and exits 0; 77 where there are not 2 GPUs (unless FERRY_SHARED_GPUS=1,
- * for tests: then two ranks share one GPU); 1 on any failure.
+ * Prints "ok" and exits 0; 77 where there are not 2 GPUs (with --processes N, not N;
+ * unless FERRY_SHARED_GPUS=1, for tests: then ranks share the GPUs); 1 on any failure.
  */
 #define _GNU_SOURCE
 #include <cuda_runtime_api.h>
@@ -405,7 +405,16 @@ static int shared_allgather(void* ctx, const void* mine, size_t nbytes, void* al
  * are shared). CUDA starts here, after fork. */
 static int run_rank(struct shared_area* area, int rank) {
   int gpus = 0;
-  CHECK_CUDA(cudaGetDeviceCount(&gpus));
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess) {
+    printf("skipped: no usable GPU (%s)\n", cudaGetErrorString(cudaGetLastError()));
+    return 77;
+  }
+  /* Every rank sees the same count, so all skip together, before any exchange. */
+  const char* shared = getenv("FERRY_SHARED_GPUS");
+  if (gpus < world && !(shared && strcmp(shared, "1") == 0)) {
+    if (rank == 0) printf("skipped: %d GPU(s) visible, %d needed (or FERRY_SHARED_GPUS=1)\n", gpus, world);
+    return 77;
+  }
   struct allgather_ctx ctx = {area, rank, world};
   ferry_comm_config_t cfg = {rank, world, rank % gpus, shared_allgather, &ctx, 60.0};
   locals = 1;
@@ -436,17 +445,20 @@ static int run_processes(int n) {
     }
     if (pids[r] == 0) _exit(run_rank(area, r));
   }
-  int failed = 0;
+  int failed = 0, skipped = 0;
   for (int r = 0; r < n; ++r) {
     int status = 0;
     waitpid(pids[r], &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
+      ++skipped;
+    } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
       fprintf(stderr, "rank %d failed (status %d)\n", r, status);
       failed = 1;
     }
   }
   munmap(area, sizeof(struct shared_area));
-  return failed;
+  if (skipped == n) return 77;
+  return failed || skipped ? 1 : 0;
 }
 
 static int run_one_process(void) {
