@@ -4,6 +4,7 @@
 #include "coll/communicator.hpp"
 #include "coll/planner.hpp"
 #include "coll/signature.hpp"
+#include "core/cuda_scope.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/host_trace.hpp"
@@ -254,6 +255,15 @@ void Communicator::run(const CollectiveArgs& a) {
     check_own_streams(coll_op_name(a.op), ranks, devices, a.streams);
   }
   const bool capturing = dma::is_capturing(a.streams[0]);
+  // Before anything is built or enqueued: a call half captured and half
+  // eager would leave some ranks' parts in a graph and the others waiting.
+  for (int i = 1; i < local_count() && i < static_cast<int>(a.streams.size()); ++i) {
+    DeviceScope on(locals_[i]->device);
+    FERRY_ARG_CHECK(dma::is_capturing(a.streams[i]) == capturing,
+                    std::string(coll_op_name(a.op)) + ": streams[0] is " + (capturing ? "" : "not ") +
+                        "capturing a CUDA graph and streams[" + std::to_string(i) + "] is" + (capturing ? " not" : "") +
+                        "; every local rank's stream must be, or none");
+  }
   std::shared_ptr<const PlannedCall> call;
   {
     HostTraceScope t(HostStage::kBuild);
@@ -273,8 +283,6 @@ void Communicator::run(const CollectiveArgs& a) {
     e.local_copy = a.local_copy;
     e.kernel_signals = how.kernel_signals;
     if (capturing) {
-      FERRY_ARG_CHECK(dma::is_capturing(a.streams[i]),
-                      std::string(coll_op_name(a.op)) + ": some streams are capturing a CUDA graph and others not");
       e.state_word = watchdog_->captured_state(i, static_cast<const ReadyRecord*>(built[i].record.host),
                                                expectation(0, a, built[i]), *L.records);
       L.emitter->emit(built[i], e);

@@ -64,6 +64,29 @@ def test_local_errors():
     t = [torch.empty(16, dtype=torch.uint8, device=f"cuda:{i}") for i in range(2)]
     with pytest.raises(ferry.InvalidArgumentError, match="pass a list"):
         comm.all_gather(t[0], t[0])
+    # One local rank's stream capturing and the other's not: refused before
+    # any rank's part is captured or enqueued, and the call then runs eagerly.
+    outs = comm.alloc((2 * 16,), torch.uint8)
+    ins = [torch.full((16,), 7 + i, dtype=torch.uint8, device=f"cuda:{i}") for i in range(2)]
+    streams = [torch.cuda.Stream(device=i) for i in range(2)]
+    for captured, pattern in (
+        (0, r"streams\[0\] is capturing a CUDA graph and streams\[1\] is not;"),
+        (1, r"streams\[0\] is not capturing a CUDA graph and streams\[1\] is;"),
+    ):
+        torch.cuda.synchronize(0)
+        torch.cuda.synchronize(1)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.device(captured), pytest.raises(ferry.InvalidArgumentError, match=pattern):
+            with torch.cuda.graph(graph, stream=streams[captured], capture_error_mode="relaxed"):
+                comm.all_gather(outs, ins, stream=streams)
+    for o in outs:
+        o.fill_(0xA5)
+    torch.cuda.synchronize(0)
+    torch.cuda.synchronize(1)
+    comm.all_gather(outs, ins, stream=streams)
+    for i in range(2):
+        streams[i].synchronize()
+        assert outs[i].tolist() == [7] * 16 + [8] * 16
     comm.close()
     with pytest.raises(ferry.ClosedError):
         comm.close()
