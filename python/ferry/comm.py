@@ -396,6 +396,11 @@ class Communicator:
             need(
                 ib.nbytes % world == 0, f"in has {ib.nbytes} bytes, not a multiple of the world size {world}"
             )
+            need(
+                (ib.nbytes // world) % ib.itemsize == 0,
+                f"in has {ib.nbytes // ib.itemsize} elements, not a multiple of the world size {world}: "
+                "each rank's block would split an element",
+            )
             need(ob.nbytes == ib.nbytes, f"out has {ob.nbytes} bytes; expected {ib.nbytes} like in")
             return dict(bytes=ib.nbytes // world)
         if op == "all_to_allv":

@@ -106,6 +106,18 @@ def bad_inputs(rank: int, world: int, port: int) -> list:
     )
     n4 = world * 1024
     expect(ferry.InvalidArgumentError, "overlap", lambda: comm.all_to_all(out[:n4], out[1 : n4 + 1]))
+
+    # float32 two bytes into a registered buffer (an array interface of its
+    # own: torch tensors are always aligned): refused, not a misaligned load.
+    class Misaligned:
+        def __init__(self, base, n):
+            self.__cuda_array_interface__ = dict(shape=(n,), typestr="<f4", data=(base + 2, False), version=3)
+
+    expect(
+        ferry.InvalidArgumentError,
+        r"all_reduce: out on rank \d+ is at an address not a multiple of 4 bytes",
+        lambda: comm.all_reduce(Misaligned(out.data_ptr(), 256)),
+    )
     expect(ferry.InvalidArgumentError, "overlap", lambda: comm.all_gather(out, out[1:4097]))
 
     # Native checks for raw pointers (through __cuda_array_interface__).

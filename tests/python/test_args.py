@@ -103,6 +103,9 @@ def test_sizes_and_dtypes_are_checked():
         c.all_gather(Cai(16, "<f4"), Cai(16))
     with pytest.raises(InvalidArgumentError, match="not a multiple of the world size 4"):
         c.all_to_all(Cai(10), Cai(10))
+    # 6 float32 values over 4 ranks: 24 bytes divide, but each block would be 1.5 elements.
+    with pytest.raises(InvalidArgumentError, match="in has 6 elements, not a multiple of the world size 4"):
+        c.all_to_all(Cai(6, "<f4"), Cai(6, "<f4"))
     c.all_to_all(Cai(16), Cai(16), stream=5)
     call = c._c.calls[-1]
     assert (call["op"], call["outs"], call["ins"], call["bytes"], call["streams"]) == (
