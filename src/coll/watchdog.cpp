@@ -249,8 +249,12 @@ bool Watchdog::diagnose_and_unblock(int local, const Expectation& x, double age_
       auto now = std::chrono::steady_clock::now();
       if (m.seq != x.seq || m.value != ready) m = MismatchSeen{x.seq, ready, now};
       if (foreign_ready_is_mismatch(x.seq, comp, late, now - m.since > kMismatchGrace)) {
-        problems.push_back(who + " called " + describe(seen[q]) + " where rank " + std::to_string(r) + " called " +
-                           describe(*x.record) + ": the arguments must match on every rank");
+        const std::string theirs = describe(seen[q]), ours = describe(*x.record);
+        problems.push_back(theirs == ours ? who + " called " + theirs + " as rank " + std::to_string(r) +
+                                                " did, with another dtype or reduction op: they must match on every "
+                                                "rank"
+                                          : who + " called " + theirs + " where rank " + std::to_string(r) +
+                                                " called " + ours + ": the arguments must match on every rank");
         definite = true;
         stuck.push_back(q);
         continue;
