@@ -24,6 +24,8 @@ TEST(CollectiveArgs, RanksSharingAGpuNeedStreamsOfTheirOwn) {
   check_own_streams("all_gather", ranks, devices, {s(5), s(6), s(7), s(8)});
   // The legacy default stream (null) twice on one GPU is one stream too.
   EXPECT_THROW(check_own_streams("broadcast", ranks, devices, {nullptr, s(6), nullptr, s(8)}), Error);
+  // And so is cudaStreamLegacy, its other name.
+  EXPECT_THROW(check_own_streams("broadcast", ranks, devices, {nullptr, s(6), cudaStreamLegacy, s(8)}), Error);
   // One rank per GPU: the same handle on two GPUs is no conflict.
   check_own_streams("all_gather", {0, 1}, {0, 1}, {s(5), s(5)});
 }
