@@ -64,7 +64,12 @@ std::vector<Built> Communicator::build(const CollectiveArgs& a, std::vector<uint
                       static_cast<int>(a.streams.size()) == n,
                   name + ": expected one out, in and stream per local rank (" + std::to_string(n) + ")");
   const bool reduction = a.op == CollOp::kReduceScatter || a.op == CollOp::kAllReduce;
-  if (reduction) FERRY_ARG_CHECK(dtype_bytes(a.dtype) > 0, name + ": dtype is not one ferry reduces");
+  if (reduction) {
+    FERRY_ARG_CHECK(dtype_bytes(a.dtype) > 0, name + ": dtype is not one ferry reduces");
+    // The front ends parse the op by name; a value of the enum from anywhere else would launch nothing.
+    FERRY_ARG_CHECK(a.red_op == RedOp::kSum || a.red_op == RedOp::kMax || a.red_op == RedOp::kMin,
+                    name + ": op is " + std::to_string(static_cast<uint32_t>(a.red_op)) + "; expected sum, max or min");
+  }
   const CollectivePlanner& planner = planner_for(a.op);
 
   // The shape that must match on every rank (what each rank's `out` and `in`
