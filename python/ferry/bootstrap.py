@@ -4,8 +4,9 @@ torch process group. Every wait is bounded; a timeout names the missing ranks.""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
-import pickle
 import socket
 import struct
 import threading
@@ -67,16 +68,61 @@ def read_launch_env(env: Optional[Mapping[str, str]] = None) -> Optional[LaunchI
 
 # ---------------------------------------------------------------- TCP store
 
+# Every message: this magic, a length, then JSON (bytes as base64). Nothing
+# from the port is unpickled: anyone on the machine (or, with an empty
+# MASTER_ADDR, the network) can connect to it. A record the bootstrap
+# exchanges is at most a few MB; longer is not this protocol.
+_MAGIC = b"FRY1"
+_MAX_MESSAGE = 256 << 20
+
+
+class _Foreign(ConnectionError):
+    """The other end does not speak the store's protocol."""
+
+
+def _pack(obj) -> bytes:
+    def enc(v):
+        if isinstance(v, (bytes, bytearray)):
+            return {"b": base64.b64encode(bytes(v)).decode("ascii")}
+        if isinstance(v, dict):
+            return {"d": {k: enc(x) for k, x in v.items()}}
+        if isinstance(v, (list, tuple)):
+            return {"l": [enc(x) for x in v]}
+        return {"v": v}
+
+    data = json.dumps(enc(obj)).encode()
+    return _MAGIC + struct.pack("!I", len(data)) + data
+
+
+def _unpack(data: bytes):
+    def dec(v):
+        if not isinstance(v, dict) or len(v) != 1:
+            raise _Foreign("a malformed store message")
+        ((kind, x),) = v.items()
+        if kind == "b":
+            return base64.b64decode(x)
+        if kind == "d":
+            return {k: dec(y) for k, y in x.items()}
+        if kind == "l":
+            return [dec(y) for y in x]
+        if kind == "v" and isinstance(x, (str, int, float)):
+            return x
+        raise _Foreign("a malformed store message")
+
+    try:
+        return dec(json.loads(data))
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise _Foreign(f"a malformed store message ({exc})") from None
+
 
 def _send(sock: socket.socket, obj) -> None:
-    data = pickle.dumps(obj)
-    sock.sendall(struct.pack("!I", len(data)) + data)
+    sock.sendall(_pack(obj))
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
     buf = b""
     while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
+        chunk = sock.recv(min(n - len(buf), 1 << 20))
         if not chunk:
             raise ConnectionError("store connection closed")
         buf += chunk
@@ -84,8 +130,13 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def _recv(sock: socket.socket):
-    (n,) = struct.unpack("!I", _recv_exact(sock, 4))
-    return pickle.loads(_recv_exact(sock, n))
+    head = _recv_exact(sock, 8)
+    if head[:4] != _MAGIC:
+        raise _Foreign(f"a message that does not start with ferry's store header ({head[:4]!r})")
+    (n,) = struct.unpack("!I", head[4:])
+    if n > _MAX_MESSAGE:
+        raise _Foreign(f"a message of {n} bytes (at most {_MAX_MESSAGE})")
+    return _unpack(_recv_exact(sock, n))
 
 
 class _StoreServer:
@@ -94,7 +145,14 @@ class _StoreServer:
     def __init__(self, host: str, port: int):
         self._data: dict = {}
         self._cv = threading.Condition()
-        self._sock = socket.create_server((host, port), reuse_port=False)
+        try:
+            self._sock = socket.create_server((host, port), reuse_port=False)
+        except OSError as exc:
+            raise InvalidArgumentError(
+                f"rank 0 cannot serve the bootstrap store at {host or '*'}:{port} ({exc.strerror or exc}); "
+                "another ferry communicator or job on this machine may hold that port: set FERRY_PORT "
+                "(default MASTER_PORT + 1) to a free one, the same on every rank"
+            ) from None
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.port = self._sock.getsockname()[1]
         self._closed = False
@@ -121,7 +179,7 @@ class _StoreServer:
                         _send(conn, ("ok",))
                     elif op == "get":
                         keys, timeout = args
-                        deadline = time.monotonic() + timeout
+                        deadline = time.monotonic() + float(timeout)
                         with self._cv:
                             while not all(k in self._data for k in keys):
                                 left = deadline - time.monotonic()
@@ -130,8 +188,10 @@ class _StoreServer:
                                 self._cv.wait(left)
                             found = {k: self._data[k] for k in keys if k in self._data}
                         _send(conn, ("ok", found))
-            except (ConnectionError, OSError, EOFError):
-                return
+                    else:
+                        return
+            except (ConnectionError, OSError, EOFError, ValueError, TypeError):
+                return  # a client gone, or one that does not speak the protocol
 
     def close(self):
         self._closed = True
@@ -140,7 +200,12 @@ class _StoreServer:
 
 class TcpStore:
     """A small key-value store over TCP: rank 0 serves, everyone (rank 0 too)
-    is a client. Used by ferry.init() when no torch store is given."""
+    is a client. Used by ferry.init() when no torch store is given. Every
+    request is bounded: a store that does not answer (rank 0 stopped, or
+    another program on the port) is an error naming it."""
+
+    # What a reply may take beyond the wait it was asked for.
+    _REPLY_GRACE_S = 10.0
 
     def __init__(self, host: str, port: int, is_server: bool, timeout: float = 300.0):
         self.timeout = timeout
@@ -160,19 +225,41 @@ class TcpStore:
                         f"{timeout:g} s ({exc}); is rank 0 running?"
                     ) from None
                 time.sleep(0.05)
-        self._sock.settimeout(None)
         self._lock = threading.Lock()
 
-    def set(self, key: str, value: bytes) -> None:
+    def _request(self, msg, wait_s: float):
+        bound = wait_s + self._REPLY_GRACE_S
         with self._lock:
-            _send(self._sock, ("set", key, bytes(value)))
-            _recv(self._sock)
+            self._sock.settimeout(bound)
+            try:
+                _send(self._sock, msg)
+                return _recv(self._sock)
+            except socket.timeout:
+                raise PeerTimeoutError(
+                    f"the bootstrap store of rank 0 at {self.host}:{self.port} did not answer within "
+                    f"{bound:g} s; is rank 0 stopped, or another program on that port (FERRY_PORT)?"
+                ) from None
+            except _Foreign as exc:
+                raise InvalidArgumentError(
+                    f"the program at {self.host}:{self.port} is not ferry's bootstrap store: it sent {exc}; "
+                    "another program holds that port: set FERRY_PORT (default MASTER_PORT + 1) on every rank"
+                ) from None
+
+    def set(self, key: str, value: bytes) -> None:
+        self._request(("set", key, bytes(value)), 0.0)
+
+    def peek(self, key: str) -> Optional[bytes]:
+        """The key's value now, or None: no wait."""
+        return self.get_many([key], 0.0).get(key)
 
     def get_many(self, keys: Sequence[str], timeout: float) -> dict:
         """Whatever of `keys` is set within `timeout` seconds."""
-        with self._lock:
-            _send(self._sock, ("get", list(keys), timeout))
-            return _recv(self._sock)[1]
+        reply = self._request(("get", list(keys), float(timeout)), float(timeout))
+        if not (isinstance(reply, list) and len(reply) == 2 and isinstance(reply[1], dict)):
+            raise InvalidArgumentError(
+                f"the program at {self.host}:{self.port} is not ferry's bootstrap store (a malformed reply)"
+            )
+        return reply[1]
 
     def close(self) -> None:
         try:
@@ -191,6 +278,10 @@ class TorchStore:
     def set(self, key: str, value: bytes) -> None:
         self._store.set(key, bytes(value))
 
+    def peek(self, key: str) -> Optional[bytes]:
+        """The key's value now, or None: no wait (check, not a zero-length wait)."""
+        return bytes(self._store.get(key)) if self._store.check([key]) else None
+
     def get_many(self, keys: Sequence[str], timeout: float) -> dict:
         from datetime import timedelta
 
@@ -202,12 +293,20 @@ class TorchStore:
 
 
 def store_allgather(store, rank: int, world: int, timeout: float, prefix: str = "ferry") -> AllGather:
-    """An all-gather over a store with set/get_many; each call is one round."""
+    """An all-gather over a store with set/get_many; each call is one round.
+    Each all-gather made over one store gets keys of its own: every rank
+    counts, in a key of its own, how many it has made there, and ranks make
+    them in the same order (a communicator's setup is collective), so a
+    second communicator over the store never reads the first one's records."""
+    own = f"{prefix}/made/{rank}"
+    before = store.peek(own) if hasattr(store, "peek") else store.get_many([own], 0.0).get(own)
+    made = int(before or b"0") + 1
+    store.set(own, str(made).encode())
     counter = [0]
 
     def allgather(mine: bytes) -> list:
         counter[0] += 1
-        base = f"{prefix}/{counter[0]}"
+        base = f"{prefix}/{made}/{counter[0]}"
         store.set(f"{base}/{rank}", mine)
         keys = [f"{base}/{r}" for r in range(world)]
         found = store.get_many(keys, timeout)

@@ -3,6 +3,7 @@ __cuda_array_interface__) in, collectives ordered in the caller's stream."""
 
 from __future__ import annotations
 
+import operator
 import os
 import warnings
 from collections.abc import Sequence
@@ -738,14 +739,40 @@ def init(
                 "(torchrun, mpirun, srun) was found; pass rank= and world=, or use ferry.init_local()"
             )
         rank, world = info.rank, info.world
+    # Before the store: a rank that cannot take part would otherwise leave
+    # its peers waiting for it until the bootstrap's timeout.
+    try:
+        rank, world = operator.index(rank), operator.index(world)
+    except TypeError:
+        raise InvalidArgumentError(
+            f"ferry.init: rank is {rank!r} and world {world!r}; expected integers"
+        ) from None
+    if world < 1 or not 0 <= rank < world:
+        raise InvalidArgumentError(
+            f"ferry.init: rank is {rank} and world {world}; expected 0 <= rank < world"
+        )
     if device is None:
         device = info.local_rank if info is not None else rank
     limit = timeout if timeout > 0 else float(native.knob_string("FERRY_TIMEOUT_S"))
     own_store = None
     if store is None:
         addr = info.master_addr if info else os.environ.get("MASTER_ADDR", "127.0.0.1")
-        master_port = info.master_port if info else int(os.environ.get("MASTER_PORT", "29500"))
+        if info:
+            master_port = info.master_port
+        else:
+            raw = os.environ.get("MASTER_PORT", "29500")
+            try:
+                master_port = int(raw)
+            except ValueError:
+                raise InvalidArgumentError(
+                    f"environment variable MASTER_PORT={raw!r} is not an integer"
+                ) from None
         port = int(native.knob_string("FERRY_PORT")) or master_port + 1
+        if not 1 <= port <= 65535:
+            raise InvalidArgumentError(
+                f"ferry.init: the bootstrap store's port is {port} (FERRY_PORT, or MASTER_PORT + 1); "
+                "expected 1..65535"
+            )
         own_store = TcpStore(addr, port, is_server=(rank == 0), timeout=limit)
         kv = own_store
     else:

@@ -173,6 +173,13 @@ def test_init_names_the_one_of_rank_and_world_missing(monkeypatch):
         comm.init(world=4)
     with pytest.raises(InvalidArgumentError, match="init_local: devices is 4; expected a list"):
         comm.init_local(4)
+    # Refused before the store is reached (its peers would wait a whole timeout for such a rank).
+    with pytest.raises(InvalidArgumentError, match=r"rank is 2 and world 2; expected 0 <= rank < world"):
+        comm.init(rank=2, world=2)
+    with pytest.raises(InvalidArgumentError, match=r"rank is -1 and world 2"):
+        comm.init(rank=-1, world=2)
+    with pytest.raises(InvalidArgumentError, match=r"rank is '0' and world 2; expected integers"):
+        comm.init(rank="0", world=2)
 
 
 def test_options_pass_through_to_the_native_layer():
