@@ -57,15 +57,26 @@ FdExchange::FdExchange(int rank, const std::string& parent) : rank_(rank) {
   std::string templ = base + "/ferry-XXXXXX";
   std::vector<char> buf(templ.begin(), templ.end());
   buf.push_back('\0');
+  // The socket's path is the folder's (as long as the template) and a name:
+  // too long is refused before anything is made.
+  socket_path_ = templ + "/rank-" + std::to_string(rank) + ".sock";
+  sockaddr_un addr = make_addr(socket_path_);
   if (!mkdtemp(buf.data())) throw_errno("creating a private socket folder under " + base, errno, __FILE__, __LINE__);
   dir_ = buf.data();
-  FERRY_SYS_CHECK(chmod(dir_.c_str(), 0700), "chmod 0700 " + dir_);
   socket_path_ = dir_ + "/rank-" + std::to_string(rank) + ".sock";
-  sockaddr_un addr = make_addr(socket_path_);
-  listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  FERRY_SYS_CHECK(listen_fd_, "socket(AF_UNIX)");
-  FERRY_SYS_CHECK(bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), "bind " + socket_path_);
-  FERRY_SYS_CHECK(listen(listen_fd_, 256), "listen " + socket_path_);
+  addr = make_addr(socket_path_);
+  try {
+    FERRY_SYS_CHECK(chmod(dir_.c_str(), 0700), "chmod 0700 " + dir_);
+    listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    FERRY_SYS_CHECK(listen_fd_, "socket(AF_UNIX)");
+    FERRY_SYS_CHECK(bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), "bind " + socket_path_);
+    FERRY_SYS_CHECK(listen(listen_fd_, 256), "listen " + socket_path_);
+  } catch (...) {  // no destructor runs for a constructor that throws
+    if (listen_fd_ >= 0) close(listen_fd_);
+    unlink(socket_path_.c_str());
+    rmdir(dir_.c_str());
+    throw;
+  }
 }
 
 FdExchange::~FdExchange() {
@@ -122,6 +133,17 @@ void FdExchange::send(const std::string& peer_path, int peer_rank, int tag, cons
 std::map<int, FdMessage> FdExchange::receive(const std::vector<int>& senders, int tag, double timeout_s,
                                              const std::string& what) {
   std::map<int, FdMessage> got;
+  // A receive that throws (a sender missing at the deadline) closes the
+  // descriptors the others sent: nobody else holds them.
+  struct CloseUnlessReturned {
+    std::map<int, FdMessage>& got;
+    bool returned = false;
+    ~CloseUnlessReturned() {
+      if (returned) return;
+      for (auto& [sender, m] : got)
+        for (int fd : m.fds) close(fd);
+    }
+  } guard{got};
   auto wanted = [&](const FdMessage& m) {
     if (m.tag != tag) return false;
     for (int s : senders)
@@ -199,6 +221,7 @@ std::map<int, FdMessage> FdExchange::receive(const std::vector<int>& senders, in
     else
       early_.push_back(std::move(m));
   }
+  guard.returned = true;
   return got;
 }
 

@@ -1,3 +1,4 @@
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -100,4 +101,45 @@ TEST(FdExchange, ASenderFrozenMidMessageCostsNoMoreThanTheTimeout) {
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_LT(took, 3.0);
   close(c);
+}
+
+namespace {
+
+int open_descriptors() {
+  int n = 0;
+  for (int fd = 0; fd < 4096; ++fd) n += fcntl(fd, F_GETFD) != -1;
+  return n;
+}
+
+}  // namespace
+
+// A receive that gives up closes what the senders that did arrive sent.
+TEST(FdExchange, AReceiveThatTimesOutClosesTheDescriptorsItGot) {
+  FdExchange a(0, ""), b(2, "");
+  int pipefd[2];
+  ASSERT_EQ(pipe(pipefd), 0);
+  const int before = open_descriptors();
+  b.send(a.socket_path(), 0, 4, {pipefd[0], pipefd[1]}, "", 5.0);
+  EXPECT_THROW(a.receive({1, 2}, 4, 0.2, "pipes"), Error);
+  EXPECT_EQ(open_descriptors(), before);
+  close(pipefd[0]);
+  close(pipefd[1]);
+}
+
+// A parent folder too long for a socket path is refused before a private
+// folder is made under it (none is left behind).
+TEST(FdExchange, ATooLongSocketPathLeavesNoFolder) {
+  char parent[] = "/tmp/ferry-long-XXXXXX";
+  ASSERT_NE(mkdtemp(parent), nullptr);
+  std::string deep = std::string(parent) + "/" + std::string(100, 'd');
+  ASSERT_EQ(mkdir(deep.c_str(), 0700), 0);
+  try {
+    FdExchange ex(0, deep);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), FERRY_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(e.what()).find("FERRY_SOCKET_DIR"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(rmdir(deep.c_str()), 0) << "a folder was left under it";
+  rmdir(parent);
 }
