@@ -648,42 +648,48 @@ TEST_F(MultipathSim, AKeptWarmProbeFailingBetweenCopiesRetiresTheRelay) {
   sim::set_faults(sim::Faults{});
 }
 
-TEST_F(MultipathSim, TheTargetsOwnLinkFailingIsAClearErrorAndTheStreamGoesOn) {
-  MultipathOptions o = options({0, 1});
-  o.own_share_on_stream = 0;  // the engine's own copies on that link fail (the caller's stream copies none)
-  MultipathEngine e(o);
-  sim::Faults f;
-  f.fail_on_device = 0;
-  sim::set_faults(f);
-  const size_t n = 16 * MiB;
-  Buf host(n, -1), dev(n, 0);
+// A 16 MiB copy into GPU 0 whose own link fails: the engine's own copies
+// there fail (the caller's stream copies none of it). `copy()` returns once
+// the caller's stream went on.
+struct OwnLinkFailing {
+  static MultipathOptions own_link_options() {
+    MultipathOptions o = options({0, 1});
+    o.own_share_on_stream = 0;
+    return o;
+  }
+  static constexpr size_t n = 16 * MiB;
+  MultipathEngine e{own_link_options()};
+  Buf host{n, -1}, dev{n, 0};
   cudaStream_t s = new_stream(0);
-  e.copy(dev.p, host.p, n, s);
-  ASSERT_TRUE(drained(s)) << "the stream stayed held";
+  OwnLinkFailing() {
+    sim::Faults f;
+    f.fail_on_device = 0;
+    sim::set_faults(f);
+  }
+  ~OwnLinkFailing() { sim::set_faults(sim::Faults{}); }
+  void copy() {
+    e.copy(dev.p, host.p, n, s);
+    ASSERT_TRUE(drained(s)) << "the stream stayed held";
+  }
+};
+
+TEST_F(MultipathSim, TheTargetsOwnLinkFailingIsAClearErrorAndTheStreamGoesOn) {
+  OwnLinkFailing f;
+  f.copy();
   try {
-    e.synchronize();
+    f.e.synchronize();
     ADD_FAILURE() << "synchronize() raised nothing";
   } catch (const ferry::Error& err) {
     EXPECT_EQ(err.code(), FERRY_ERROR_BROKEN) << err.what();
   }
-  sim::set_faults(sim::Faults{});
 }
 
 // Nothing on the caller's stream shows a copy that failed: the engine says
 // so on stderr at once, and close() raises it when no call did.
 TEST_F(MultipathSim, AFailureNoCallRaisedIsSaidAndRaisedByClose) {
-  MultipathOptions o = options({0, 1});
-  o.own_share_on_stream = 0;
-  MultipathEngine e(o);
-  sim::Faults f;
-  f.fail_on_device = 0;
-  sim::set_faults(f);
-  const size_t n = 16 * MiB;
-  Buf host(n, -1), dev(n, 0);
-  cudaStream_t s = new_stream(0);
+  OwnLinkFailing f;
   testing::internal::CaptureStderr();
-  e.copy(dev.p, host.p, n, s);
-  ASSERT_TRUE(drained(s)) << "the stream stayed held";
+  f.copy();
   const auto t0 = std::chrono::steady_clock::now();
   std::string said;
   while (said.find("ferry: a multipath copy failed") == std::string::npos &&
@@ -694,14 +700,13 @@ TEST_F(MultipathSim, AFailureNoCallRaisedIsSaidAndRaisedByClose) {
   }
   said += testing::internal::GetCapturedStderr();
   EXPECT_NE(said.find("its data is incomplete"), std::string::npos) << said;
-  sim::set_faults(sim::Faults{});
   try {
-    e.close();
+    f.e.close();
     ADD_FAILURE() << "close() raised nothing";
   } catch (const ferry::Error& err) {
     EXPECT_EQ(err.code(), FERRY_ERROR_BROKEN) << err.what();
   }
-  e.close();  // told once: a second close does nothing
+  f.e.close();  // raised once: a second close does nothing
 }
 
 TEST_F(MultipathSim, CloseWaitsForCopiesInFlightAndRefusesLaterOnes) {
