@@ -242,10 +242,7 @@ MultipathEngine::~MultipathEngine() {
 void MultipathEngine::close() {
   close_engine();
   std::lock_guard<std::mutex> lock(mu_);
-  if (!error_.empty() && !error_told_) {
-    error_told_ = true;
-    throw_error(FERRY_ERROR_BROKEN, error_);
-  }
+  if (!error_.empty() && !error_told_) raise_error();
 }
 
 void MultipathEngine::close_engine() {
@@ -366,7 +363,10 @@ std::vector<size_t> MultipathEngine::bytes_by_link() const {
 
 void MultipathEngine::check() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (error_.empty()) return;
+  if (!error_.empty()) raise_error();
+}
+
+void MultipathEngine::raise_error() {
   error_told_ = true;
   throw_error(FERRY_ERROR_BROKEN, error_);
 }
@@ -581,10 +581,7 @@ MultipathReport MultipathEngine::copy_batch(const std::vector<MultipathPiece>& p
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (closed_) throw_error(FERRY_ERROR_CLOSED, "the multipath engine is closed");
-      if (!error_.empty()) {
-        error_told_ = true;
-        throw_error(FERRY_ERROR_BROKEN, error_);
-      }
+      if (!error_.empty()) raise_error();
       t.generation = t.gate->armed + 1;  // only the holder of the gate's arm_mu changes it
     }
     const MemOp write{MemOp::Kind::kWrite, t.gate->reached->device_trigger().first, t.generation};
@@ -621,8 +618,7 @@ MultipathReport MultipathEngine::copy_batch(const std::vector<MultipathPiece>& p
       // The engine broke (or closed) while the wait went on: it must not hold the stream.
       t.gate->open(t.generation);
       if (closed_) throw_error(FERRY_ERROR_CLOSED, "the multipath engine is closed");
-      error_told_ = true;
-      throw_error(FERRY_ERROR_BROKEN, error_);
+      raise_error();
     }
     t.id = ++next_id_;
     unfinished_.insert(t.id);

@@ -240,9 +240,10 @@ class MultipathEngine {
   void run();
   void first_copies();
   void watch();
-  void open_every_gate();  // under mu_
-  void say_broken();       // under mu_, once error_ is final
-  void close_engine();     // close() but the error it raises
+  void open_every_gate();           // under mu_
+  void say_broken();                // under mu_, once error_ is final
+  [[noreturn]] void raise_error();  // under mu_: error_ to a caller, as FERRY_ERROR_BROKEN
+  void close_engine();              // close() but the error it raises
   // A chunk between its first CUDA call and the rest (submit_all).
   struct Hop {
     Transfer* t = nullptr;
