@@ -126,12 +126,8 @@ SymmetricHeap::~SymmetricHeap() {
 void SymmetricHeap::close() {
   if (closed_) return;
   closed_ = true;
-  // Faults left after the last check() are still raised by check() once closed.
-  for (size_t i = 0; i < fault_.size(); ++i) {
-    const HeapFault f =
-        heap_fault(*reinterpret_cast<volatile unsigned long long*>(fault_[i]), group_.ranks[i], group_.timeout_s);
-    if (f.code) faults_at_close_.push_back(f);
-  }
+  // A fault left after the last check() is still raised by check() once closed.
+  for (int i = 0; i < static_cast<int>(fault_.size()) && !fault_at_close_.code; ++i) fault_at_close_ = fault_of(i);
   {
     std::lock_guard<std::mutex> lock(watch_mu_);
     stop_watcher_ = true;
@@ -612,15 +608,18 @@ void SymmetricHeap::check_local(int local, const char* what) const {
 
 void SymmetricHeap::check() {
   if (closed_) {
-    if (!faults_at_close_.empty())
-      throw_error(static_cast<ferry_result_t>(faults_at_close_[0].code), faults_at_close_[0].message);
+    if (fault_at_close_.code) throw_error(static_cast<ferry_result_t>(fault_at_close_.code), fault_at_close_.message);
     return;
   }
   for (int i = 0; i < static_cast<int>(fault_.size()); ++i) {
-    const uint64_t w = *reinterpret_cast<volatile unsigned long long*>(fault_[i]);
-    const HeapFault f = heap_fault(w, group_.ranks[i], group_.timeout_s);
+    const HeapFault f = fault_of(i);
     if (f.code) throw_error(static_cast<ferry_result_t>(f.code), f.message);
   }
+}
+
+HeapFault SymmetricHeap::fault_of(int local) const {
+  return heap_fault(*reinterpret_cast<volatile unsigned long long*>(fault_[local]), group_.ranks[local],
+                    group_.timeout_s);
 }
 
 namespace {
@@ -738,8 +737,7 @@ void SymmetricHeap::quiet(int local, cudaStream_t stream) {
 }
 
 void SymmetricHeap::refuse_if_faulted(int local, const char* what) const {
-  const HeapFault f =
-      heap_fault(*reinterpret_cast<volatile unsigned long long*>(fault_[local]), rank(local), group_.timeout_s);
+  const HeapFault f = fault_of(local);
   if (f.code)
     throw_error(static_cast<ferry_result_t>(f.code),
                 std::string(what) +

@@ -158,6 +158,7 @@ class SymmetricHeap {
   // the call's exchange; it goes to the peers as a refusal, so that every
   // rank throws in the same call and the ranks' call counts stay in step.
   void agree(const std::string& what, const LocalFailure* local = nullptr);
+  HeapFault fault_of(int local) const;  // what local rank's fault word says now
   void refuse_if_faulted(int local, const char* what) const;
   void grow(size_t end);   // maps [mapped_, end) on every rank
   size_t ceiling() const;  // how far the mapped prefix may grow: below every registration
@@ -186,7 +187,7 @@ class SymmetricHeap {
   std::vector<unsigned> staging_next_;            // by local rank
   uint64_t calls_ = 0;
   bool closed_ = false;
-  std::vector<HeapFault> faults_at_close_;     // what check() raises once closed
+  HeapFault fault_at_close_;                   // what check() raises once closed
   bool words_ = true;                          // create(words): ferry's own words zeroed and usable
   size_t front_ = device::kHeapReservedBytes;  // where allocations start: after the words, or 0 without them
 
