@@ -135,11 +135,13 @@ std::vector<Built> Communicator::build(const CollectiveArgs& a, std::vector<uint
       // The reduction kernels load whole elements: a misaligned one would be
       // a fault of the whole CUDA context, not an error of this call.
       const size_t align = dtype_bytes(a.dtype);
-      for (const auto& [p, what, used] : {std::tuple<const void*, const char*, bool>{o, "out", mine.out > 0},
-                                          std::tuple<const void*, const char*, bool>{in, "in", mine.in > 0}})
-        FERRY_ARG_CHECK(!used || reinterpret_cast<uintptr_t>(p) % align == 0,
+      auto check_aligned = [&](const void* p, const char* what) {
+        FERRY_ARG_CHECK(reinterpret_cast<uintptr_t>(p) % align == 0,
                         name + ": " + what + " on rank " + std::to_string(r) + " is at an address not a multiple of " +
                             std::to_string(align) + " bytes, its dtype's element size");
+      };
+      if (mine.out) check_aligned(o, "out");
+      if (mine.in) check_aligned(in, "in");
     }
 
     // Where peers write: `out` (registered) or ferry's scratch.

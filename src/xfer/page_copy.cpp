@@ -168,11 +168,10 @@ PageCopier::~PageCopier() {
   cudaSetDevice(device_);
   for (auto& s : slots_) {
     if (s.host) cudaFreeHost(s.host);
+    if (s.marks) cudaFree(s.marks);
     cudaEventDestroy(s.done);
   }
   for (void* p : captured_staging_) cudaFreeHost(p);
-  for (auto& s : slots_)
-    if (s.marks) cudaFree(s.marks);
   for (void* p : kept_marks_) cudaFree(p);
   if (urgent_) cudaStreamDestroy(urgent_);
   for (int i = 0; i < kSliceStreams; ++i) {
@@ -196,19 +195,17 @@ PageStrategy PageCopier::choose(Direction direction, size_t copies, size_t bytes
 
 void PageCopier::check_kernel_errors() {
   uint64_t bad = __atomic_exchange_n(const_cast<uint64_t*>(kernel_error_), uint64_t{0}, __ATOMIC_ACQ_REL);
-  if (bad & kRepeatedDstBit)
-    throw_error(FERRY_ERROR_INVALID_ARGUMENT,
-                "an earlier kernel page transfer with GPU index lists found dst_ids entry " +
-                    std::to_string((bad & ~kRepeatedDstBit) - 1) +
-                    " naming a destination page another entry named too (every entry naming that page was "
-                    "skipped, so that it was not written from two sources at once); this call copied nothing (call "
-                    "it again)");
-  if (bad)
-    throw_error(
-        FERRY_ERROR_INVALID_ARGUMENT,
-        "an earlier kernel page transfer with GPU index lists skipped entry " + std::to_string(bad - 1) +
-            ": its dst_ids or src_ids value was out of range (that page was not copied); this call copied nothing "
-            "(call it again)");
+  if (!bad) return;
+  const bool repeated = bad & kRepeatedDstBit;
+  const std::string entry = std::to_string((bad & ~kRepeatedDstBit) - 1);
+  throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+              "an earlier kernel page transfer with GPU index lists " +
+                  (repeated ? "found dst_ids entry " + entry +
+                                  " naming a destination page another entry named too (every entry naming that page "
+                                  "was skipped, so that it was not written from two sources at once)"
+                            : "skipped entry " + entry +
+                                  ": its dst_ids or src_ids value was out of range (that page was not copied)") +
+                  "; this call copied nothing (call it again)");
 }
 
 PageCopier::Located PageCopier::locate(const PageSide& dst, const PageSide& src, cudaStream_t stream,
