@@ -30,7 +30,7 @@ class LaunchInfo:
     launcher: str
 
 
-def _int(env: Mapping[str, str], name: str) -> int:
+def env_int(env: Mapping[str, str], name: str) -> int:
     value = env[name]
     try:
         return int(value)
@@ -53,15 +53,15 @@ def read_launch_env(env: Optional[Mapping[str, str]] = None) -> Optional[LaunchI
     env = os.environ if env is None else env
     for launcher, rank_var, world_var, local_var in _LAUNCHERS:
         if rank_var in env and world_var in env:
-            rank, world = _int(env, rank_var), _int(env, world_var)
-            local = _int(env, local_var) if local_var in env else rank
+            rank, world = env_int(env, rank_var), env_int(env, world_var)
+            local = env_int(env, local_var) if local_var in env else rank
             if world < 1 or not 0 <= rank < world:
                 raise InvalidArgumentError(
                     f"{launcher}: {rank_var}={rank} and {world_var}={world} are inconsistent; "
                     "expected 0 <= rank < world"
                 )
             addr = env.get("MASTER_ADDR", "127.0.0.1")
-            port = _int(env, "MASTER_PORT") if "MASTER_PORT" in env else 29500
+            port = env_int(env, "MASTER_PORT") if "MASTER_PORT" in env else 29500
             return LaunchInfo(rank, world, local, addr, port, launcher)
     return None
 

@@ -16,6 +16,7 @@ from .bootstrap import (
     AllGather,
     TcpStore,
     TorchStore,
+    env_int,
     group_allgather,
     group_on_host,
     read_launch_env,
@@ -760,13 +761,7 @@ def init(
         if info:
             master_port = info.master_port
         else:
-            raw = os.environ.get("MASTER_PORT", "29500")
-            try:
-                master_port = int(raw)
-            except ValueError:
-                raise InvalidArgumentError(
-                    f"environment variable MASTER_PORT={raw!r} is not an integer"
-                ) from None
+            master_port = env_int(os.environ, "MASTER_PORT") if "MASTER_PORT" in os.environ else 29500
         port = int(native.knob_string("FERRY_PORT")) or master_port + 1
         if not 1 <= port <= 65535:
             raise InvalidArgumentError(
