@@ -214,10 +214,7 @@ def _sides(dst, src):
             dp._check_pair(sp)
         else:  # one side made for this call alone: nothing to remember
             _check_pairs(dp._meta, sp._meta)
-        gpus = {}
-        for x, side in ((sp, "src"), (dp, "dst")):
-            if x.gpu is not None:
-                gpus[x.gpu] = side
+        gpus = {x.gpu: side for x, side in ((sp, "src"), (dp, "dst")) if x.gpu is not None}
         return _one_gpu(gpus), dp.regions, sp.regions
     d, s = _tensors(dst, "dst"), _tensors(src, "src")
     dm, sm = _read(d), _read(s)
