@@ -3,9 +3,9 @@
     python bench/probes/kv_gpu_lists_cost.py [--calls 200] [--rounds 5]
 
 Fetches scattered pages of a ferry HostPool into a GPU buffer with
-mode="kernel", the index lists as CUDA tensors (read in place, checked by the
-kernel and, from the fifty-sixth session on, marked for repeated destinations
-by a pass before the copy) and as CPU int64 tensors (checked on the host), and
+mode="kernel", the index lists as CUDA tensors (read in place: checked by the
+kernel, and by a pass before the copy for repeated destinations, in a tree
+that has that pass) and as CPU int64 tensors (checked on the host), and
 prints per point the GPU time per call (CUDA events around `calls` calls back
 to back, median of `rounds`) and the host time per call. Run it with two trees
 (PYTHONPATH) to compare them. Nothing here is checked: the KV tests check the bytes.
