@@ -250,11 +250,12 @@ bool Watchdog::diagnose_and_unblock(int local, const Expectation& x, double age_
       if (m.seq != x.seq || m.value != ready) m = MismatchSeen{x.seq, ready, now};
       if (foreign_ready_is_mismatch(x.seq, comp, late, now - m.since > kMismatchGrace)) {
         const std::string theirs = describe(seen[q]), ours = describe(*x.record);
-        problems.push_back(theirs == ours ? who + " called " + theirs + " as rank " + std::to_string(r) +
-                                                " did, with another dtype or reduction op: they must match on every "
-                                                "rank"
-                                          : who + " called " + theirs + " where rank " + std::to_string(r) +
-                                                " called " + ours + ": the arguments must match on every rank");
+        problems.push_back(theirs == ours
+                               ? who + " called " + theirs + " as rank " + std::to_string(r) +
+                                     " did, with another dtype, reduction op or setting (FERRY_SCRATCH_BYTES, "
+                                     "FERRY_REDUCE_ROUND_BYTES): they must match on every rank"
+                               : who + " called " + theirs + " where rank " + std::to_string(r) + " called " + ours +
+                                     ": the arguments must match on every rank");
         definite = true;
         stuck.push_back(q);
         continue;

@@ -100,6 +100,20 @@ def reductions_in_rounds(rank: int, world: int, port: int) -> list:
             lambda: comm.reduce_scatter(torch.empty(3, device=dev), torch.empty(3 * world, device=dev)),
         )
         _default_rounds(torch, comm, rank, world, dev, check)
+        # Rounds set apart on each rank (4 KiB on rank 0, 8 KiB on rank 1, of
+        # a 16 KiB result on copy engines): a mismatch every rank names, not
+        # sums of ranges a peer never sent. Last: it breaks the communicator.
+        os.environ["FERRY_REDUCE_ROUND_BYTES"] = str(4096 * (rank + 1))
+        out = torch.empty(4096, device=dev)
+        inp = torch.ones(world * 4096, device=dev)
+
+        def apart():
+            comm.reduce_scatter(out, inp, algo="auto", signals="copy")
+            comm.synchronize()
+
+        expecter(ferry, fails, f"rank {rank}: ")(
+            r"FERRY_REDUCE_ROUND_BYTES\): they must match on every rank", apart
+        )
     finally:
         comm.close()
     return fails
