@@ -115,12 +115,46 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
       }
       DeviceScope on(links_[i]);
       const cudaError_t e = cudaDeviceEnablePeerAccess(links_[j], 0);
-      if (e == cudaErrorPeerAccessAlreadyEnabled)
-        cudaGetLastError();
-      else
-        FERRY_CUDA_CHECK(e);
+      if (e == cudaSuccess) continue;
+      cudaGetLastError();
+      if (e == cudaErrorPeerAccessAlreadyEnabled) continue;
+      // (e.g. too many peers): that GPU carries only its own copies, as one
+      // that cannot reach the other.
+      if (policy_.may_relay[i])
+        debug_log("multipath: " + dev_name(links_[i]) + " does not relay: peer access to " + dev_name(links_[j]) +
+                  " failed: " + error_text(e));
+      policy_.may_relay[i] = false;
     }
 
+  try {
+    set_up_links();
+  } catch (...) {
+    // Nothing was enqueued yet: what was made is let go at once (members such
+    // as the staging and the board free themselves), and the error raised is
+    // the setup's.
+    try {
+      destroy_link_handles();
+      for (Link& L : link_)
+        if (L.scratch) {
+          DeviceScope on(L.device);
+          cudaFree(L.scratch);
+        }
+    } catch (const std::exception&) {
+    }
+    if (host_scratch_) cudaFreeHost(host_scratch_);
+    cudaGetLastError();
+    throw;
+  }
+  thread_ = std::thread([this] { run(); });
+  watchdog_ = std::thread([this] { watch(); });
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, std::chrono::duration<double>(std::min(timeout_s_, kFirstCopiesS) + 5.0),
+                    [&] { return ready_; }))
+    debug_log("multipath: the engine's thread did not finish its first copies within the timeout");
+}
+
+void MultipathEngine::set_up_links() {
+  const int n = static_cast<int>(links_.size());
   // Pinned, as the copies' host side is: the links' first copies and probes.
   FERRY_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_scratch_),
                                  kFirstBytes + 2 * static_cast<size_t>(n) * kMultipathProbeBytes,
@@ -197,12 +231,25 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
     else
       debug_log("multipath: no link board: " + why + "; other programs' copies count only as the links' speeds");
   }
-  thread_ = std::thread([this] { run(); });
-  watchdog_ = std::thread([this] { watch(); });
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_for(lock, std::chrono::duration<double>(std::min(timeout_s_, kFirstCopiesS) + 5.0),
-                    [&] { return ready_; }))
-    debug_log("multipath: the engine's thread did not finish its first copies within the timeout");
+}
+
+void MultipathEngine::destroy_link_handles() {
+  for (Link& L : link_) {
+    if (L.device < 0) continue;  // a setup that failed before this link
+    DeviceScope on(L.device);
+    for (auto e : L.hop)
+      if (e) cudaEventDestroy(e);
+    for (auto e : L.landed)
+      if (e) cudaEventDestroy(e);
+    for (auto& c : L.clock)
+      for (auto e : c)
+        if (e) cudaEventDestroy(e);
+    for (auto& pair : L.probe)
+      for (auto e : pair)
+        if (e) cudaEventDestroy(e);
+    if (L.host) cudaStreamDestroy(L.host);
+    if (L.nvlink) cudaStreamDestroy(L.nvlink);
+  }
 }
 
 // The links' first work, from the engine's thread, before any stream can wait
@@ -290,20 +337,10 @@ void MultipathEngine::close_engine() {
     static_cast<void>(staging_.release());  // kept for good, as above
     return;
   }
+  destroy_link_handles();
   std::vector<std::pair<int, void*>> scratch;
-  for (Link& L : link_) {
-    DeviceScope on(L.device);
-    for (auto e : L.hop) cudaEventDestroy(e);
-    for (auto e : L.landed) cudaEventDestroy(e);
-    for (auto& c : L.clock)
-      for (auto e : c) cudaEventDestroy(e);
-    for (auto& pair : L.probe)
-      for (auto e : pair)
-        if (e) cudaEventDestroy(e);
+  for (const Link& L : link_)
     if (L.scratch) scratch.emplace_back(L.device, L.scratch);
-    cudaStreamDestroy(L.host);
-    cudaStreamDestroy(L.nvlink);
-  }
   link_.clear();
   // Freeing memory waits for every stream of the GPU: kept for later while an
   // armed transfer may hold one.

@@ -237,6 +237,8 @@ class MultipathEngine {
     double last_landed = 0;  // when its previous chunk was seen landed
   };
 
+  void set_up_links();          // the constructor's streams, events and memory
+  void destroy_link_handles();  // the links' streams and events (not their memory)
   void run();
   void first_copies();
   void watch();

@@ -192,6 +192,12 @@ size_t device_blocks(int device, size_t bytes) {
   return n;
 }
 
+size_t live_blocks() {
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  return st.allocations.size();
+}
+
 void set_faults(const Faults& f) {
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mu);
@@ -239,7 +245,10 @@ cudaError_t cudaDeviceCanAccessPeer(int* ok, int, int) {
   *ok = 1;
   return cudaSuccess;
 }
-cudaError_t cudaDeviceEnablePeerAccess(int, unsigned) { return cudaSuccess; }
+cudaError_t cudaDeviceEnablePeerAccess(int, unsigned) {
+  std::lock_guard<std::mutex> lock(state().mu);
+  return state().faults.no_peer_access_from_device == t_device ? fail(cudaErrorTooManyPeers) : cudaSuccess;
+}
 cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
   *least = 0;
   *greatest = -5;

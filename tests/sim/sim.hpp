@@ -32,6 +32,8 @@ struct Faults {
   int slow_copies = 0;
   size_t slow_from_bytes = 0;
   double slow_extra_s = 0;
+  // cudaDeviceEnablePeerAccess from this device fails (too many peers).
+  int no_peer_access_from_device = -1;
 };
 
 // A fresh machine of `devices` GPUs whose copies move `bytes_per_s`.
@@ -41,5 +43,7 @@ void set_faults(const Faults& f);
 size_t copies(size_t bytes);
 // How many live cudaMalloc blocks on `device` hold exactly `bytes` each.
 size_t device_blocks(int device, size_t bytes);
+// How many blocks from cudaMalloc and cudaHostAlloc are live.
+size_t live_blocks();
 
 }  // namespace sim

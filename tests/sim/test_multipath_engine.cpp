@@ -571,6 +571,39 @@ TEST_F(MultipathSim, ARelayWithoutMemoryForStagingLeavesItsShareToTheOthers) {
   EXPECT_GT(e.bytes_by_link()[2], 0u);
 }
 
+// A GPU whose peer access cannot be turned on (e.g. too many peers) relays
+// nothing, as one that cannot reach the others; the rest go on.
+TEST_F(MultipathSim, ARelayWithoutPeerAccessLeavesItsShareToTheOthers) {
+  sim::Faults f;
+  f.no_peer_access_from_device = 2;
+  sim::set_faults(f);
+  MultipathEngine e(options({0, 1, 2}));
+  sim::set_faults(sim::Faults{});
+  EXPECT_TRUE(e.may_relay()[0]);
+  EXPECT_TRUE(e.may_relay()[1]);
+  EXPECT_FALSE(e.may_relay()[2]);
+  expect_round_trip(e, 32 * MiB + 5, 23);
+  EXPECT_EQ(e.bytes_by_link()[2], 0u);
+  EXPECT_GT(e.bytes_by_link()[1], 0u);
+}
+
+// An engine whose setup fails part way (a link's scratch out of memory)
+// raises that, and what it had made is freed: nothing is left allocated.
+TEST_F(MultipathSim, ASetupThatFailsFreesWhatItMade) {
+  const size_t before = sim::live_blocks();
+  sim::Faults f;
+  f.no_memory_on_device = 1;
+  sim::set_faults(f);
+  try {
+    MultipathEngine e(options({0, 1, 2}));
+    ADD_FAILURE() << "the engine was made";
+  } catch (const ferry::Error& err) {
+    EXPECT_NE(std::string(err.what()).find("cudaMalloc"), std::string::npos) << err.what();
+  }
+  sim::set_faults(sim::Faults{});
+  EXPECT_EQ(sim::live_blocks(), before) << "the failed setup left memory allocated";
+}
+
 // A relay whose work fails after it was submitted (its events report an
 // error): the copy either completes through the other links, the relay
 // retired (when its probe was what failed), or the engine breaks naming it
