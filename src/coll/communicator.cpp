@@ -164,9 +164,19 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int world, int devi
   for (int p = 0; p < world; ++p)
     if (p != rank) peers.push_back(p);
   auto got = c->fds_->receive(peers, 1, c->timeout_s_, "their flag memory");
-  for (auto& [p, msg] : got) {
-    if (msg.fds.size() != 1) throw_error(FERRY_ERROR_INTERNAL, "rank " + std::to_string(p) + " sent no flag memory");
-    c->flag_mem_[p] = SharedHostMemory::import(msg.fds[0], sizeof(HostFlags));
+  try {
+    for (auto& [p, msg] : got) {
+      if (msg.fds.size() != 1)
+        throw_error(FERRY_ERROR_INTERNAL, "rank " + std::to_string(p) + " sent " + std::to_string(msg.fds.size()) +
+                                              " descriptors for its flag memory; expected 1");
+      const int fd = msg.fds[0];
+      msg.fds.clear();  // the import owns it, failed or not
+      c->flag_mem_[p] = SharedHostMemory::import(fd, sizeof(HostFlags));
+    }
+  } catch (...) {
+    for (auto& [p, msg] : got)  // the descriptors not imported
+      for (int fd : msg.fds) ::close(fd);
+    throw;
   }
   c->memory_ = CollectiveMemory::create(c->group());
   c->attach_memory();
