@@ -116,11 +116,11 @@ std::vector<Built> Communicator::build(const CollectiveArgs& a, std::vector<uint
     knobs.reduce_round_bytes = static_cast<size_t>(knob_int_in("FERRY_REDUCE_ROUND_BYTES"));
     knobs.reduce_blocks = static_cast<int>(knob_int_in("FERRY_REDUCE_BLOCKS"));
   }
-  // The settings that shape this call's exchange (slot strides, rounds) are
-  // read on each rank: in the signature, ranks set apart are a mismatch the
-  // watchdog names, not bytes unpacked where a peer never wrote them.
-  const uint64_t settings[2] = {scratch_need ? knobs.scratch_cap : 0, reduction && !sm ? knobs.reduce_round_bytes : 0};
-  const uint64_t extra = call.extra ^ (settings[0] || settings[1] ? hash_values(settings, 2) : 0);
+  // What shapes this call's exchanges (chunks, rounds) comes from knobs each
+  // rank reads for itself: in the signature, ranks set apart are a mismatch
+  // the watchdog names, not bytes unpacked where a peer never wrote them.
+  const uint64_t settings = sm ? 0 : planner.exchange_settings(a, world_, shape, scratch_plan, knobs);
+  const uint64_t extra = call.extra ^ (settings ? hash_values(&settings, 1) : 0);
   PlanBuffers buffers;
   buffers.world = world_;
   if (scr)

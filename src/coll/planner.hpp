@@ -71,6 +71,13 @@ class CollectivePlanner {
                               const std::function<bool(size_t)>& /*scratch_possible*/) const {
     return {};
   }
+  // What, besides the call's shape, the ranks' programs must agree on for
+  // their exchanges to meet (in-place all_to_all's chunk, a reduction's
+  // round), as read from knobs each rank reads for itself; 0: nothing.
+  virtual uint64_t exchange_settings(const CollectiveArgs&, int /*world*/, size_t /*shape*/, const ScratchPlan& s,
+                                     const PlanKnobs&) const {
+    return s.chunk;
+  }
   // Whether peers write into `out` (which must then be registered) rather than into scratch only.
   virtual bool writes_out(const CollectiveArgs&) const { return true; }
   // Empty when rank `rank`'s in and out may overlap as they do (this

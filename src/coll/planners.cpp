@@ -35,6 +35,12 @@ std::string overlap_unless(bool allowed, const char* in, size_t in_bytes, const 
   return allowed || !ranges_overlap(out, out_bytes, in, in_bytes) ? std::string() : std::string(rule);
 }
 
+// A reduction's round as its rounds' bounds see it: one round of any size
+// past the largest block is the same one round.
+uint64_t round_setting(size_t largest, const PlanKnobs& k) {
+  return std::min(reduce_round_bytes(largest, k.reduce_round_bytes), largest);
+}
+
 uint64_t reduction_extra(const CollectiveArgs& a) { return uint64_t(a.dtype) << 8 | uint64_t(a.red_op); }
 
 // x * y where it fits in 64 bits, else an error naming the call and `what`. A
@@ -194,6 +200,10 @@ class ReduceScatter final : public CollectivePlanner {
     s.slot_stride = scratch_slot_stride(shape);
     return s;
   }
+  uint64_t exchange_settings(const CollectiveArgs&, int, size_t shape, const ScratchPlan&,
+                             const PlanKnobs& k) const override {
+    return round_setting(shape, k);  // every block is `shape` long
+  }
   bool writes_out(const CollectiveArgs&) const override { return false; }
   std::string overlap_error(const char* in, const char* out, int rank, size_t shape, size_t in_bytes,
                             size_t out_bytes) const override {
@@ -223,6 +233,10 @@ class AllReduce final : public CollectivePlanner {
     ScratchPlan s;
     s.slot_stride = scratch_slot_stride(largest_block(all_reduce_blocks(a.count, dtype_bytes(a.dtype), world)));
     return s;
+  }
+  uint64_t exchange_settings(const CollectiveArgs& a, int world, size_t, const ScratchPlan&,
+                             const PlanKnobs& k) const override {
+    return round_setting(largest_block(all_reduce_blocks(a.count, dtype_bytes(a.dtype), world)), k);
   }
   std::string overlap_error(const char* in, const char* out, int, size_t, size_t in_bytes,
                             size_t out_bytes) const override {

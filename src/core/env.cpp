@@ -81,7 +81,8 @@ const std::vector<Knob>& knobs() {
        "SMs, give each rank its own stream"},
       {"FERRY_REDUCE_ROUND_BYTES", "int", "0",
        "bytes of each rank's result per round of reduce_scatter and all_reduce (the reduction of one round runs "
-       "while the copy engines move the next); 0: ferry's rule (one round below 128 MB, then up to 4)",
+       "while the copy engines move the next); 0: ferry's rule (one round below 128 MB, then up to 4); ranks whose "
+       "rounds it sets apart get a mismatch error",
        0, LLONG_MAX},
       {"FERRY_REDUCE_BLOCKS", "int", "32",
        "most blocks of the reduction kernel of reduce_scatter and all_reduce (copy-engine variants): more finish "
@@ -89,8 +90,9 @@ const std::vector<Knob>& knobs() {
        "at 2.8-4.0, 132 at 2.9-4.1)",
        1, 1024},
       {"FERRY_SCRATCH_BYTES", "int", "67108864",
-       "bound on the scratch an in-place all_to_all uses per rank (it runs in rounds of scratch / world bytes)", 4096,
-       1LL << 40},
+       "bound on the scratch an in-place all_to_all uses per rank (it runs in rounds of scratch / world bytes; ranks "
+       "whose rounds it sets apart get a mismatch error)",
+       4096, 1LL << 40},
       {"FERRY_SIGNALS", "string", "copy",
        "how the copy-engine variants send and await their ready and done messages: 'copy' (small copy-engine "
        "copies and stream waits, no SM) or 'kernel' (one single-block kernel per round: a few microseconds less per "

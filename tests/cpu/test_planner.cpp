@@ -399,6 +399,42 @@ TEST(Planner, ReductionsInOneRoundAndInManyInAndOutOfPlace) {
           }
 }
 
+// What each rank reads from its own knobs and its exchanges depend on: the
+// same where the programs meet (one round of any size past the block), apart
+// where they would not (four rounds against two, chunks of another size).
+TEST(Planner, ExchangeSettingsDifferExactlyWhereProgramsWouldNotMeet) {
+  auto settings = [](CollOp op, size_t count, int world, size_t round, size_t cap) {
+    CollectiveArgs a;
+    a.op = op;
+    a.count = count;
+    a.bytes_per_rank = count * 4;
+    a.dtype = DType::kFloat32;
+    char buf[8];
+    a.ins = {buf};
+    a.outs = {buf};
+    PlanKnobs k;
+    k.reduce_round_bytes = round;
+    k.scratch_cap = cap;
+    const CollectivePlanner& p = planner_for(op);
+    const size_t shape = p.shape(a, world).bytes;
+    return p.exchange_settings(a, world, shape, p.scratch(a, world, shape, k, [](size_t) { return true; }), k);
+  };
+  const size_t cap = size_t(64) << 20;
+  for (CollOp op : {CollOp::kReduceScatter, CollOp::kAllReduce}) {
+    const size_t count = 4096;  // blocks of 16 KiB (reduce_scatter) or up to 16 KiB (all_reduce) on 2 ranks
+    EXPECT_NE(settings(op, count, 2, 4096, cap), settings(op, count, 2, 8192, cap)) << coll_op_name(op);
+    EXPECT_EQ(settings(op, count, 2, 0, cap), settings(op, count, 2, 1 << 20, cap)) << coll_op_name(op);
+    EXPECT_EQ(settings(op, count, 2, 1 << 20, cap), settings(op, count, 2, 2 << 20, cap)) << coll_op_name(op);
+    EXPECT_EQ(settings(op, count, 2, 4096, cap), settings(op, count, 2, 4096, 1 << 20)) << coll_op_name(op);
+  }
+  // In-place all_to_all (in == out above): its chunk follows the scratch cap.
+  EXPECT_NE(settings(CollOp::kAllToAll, 1 << 20, 2, 0, 1 << 20), settings(CollOp::kAllToAll, 1 << 20, 2, 0, 2 << 20));
+  EXPECT_EQ(settings(CollOp::kAllToAll, 1 << 10, 2, 0, 1 << 20), settings(CollOp::kAllToAll, 1 << 10, 2, 0, 2 << 20));
+  EXPECT_EQ(settings(CollOp::kAllToAll, 1 << 10, 2, 0, 1 << 20),
+            settings(CollOp::kAllToAll, 1 << 10, 2, 4096, 1 << 20));
+  EXPECT_EQ(settings(CollOp::kAllGather, 1 << 20, 2, 0, 1 << 20), settings(CollOp::kAllGather, 1 << 20, 2, 0, 2 << 20));
+}
+
 TEST(Planner, OverlapsOtherThanTheInPlaceFormsAreNamed) {
   char buf[64];
   // all_gather: in may be this rank's own block of out, nothing else.

@@ -100,6 +100,11 @@ def reductions_in_rounds(rank: int, world: int, port: int) -> list:
             lambda: comm.reduce_scatter(torch.empty(3, device=dev), torch.empty(3 * world, device=dev)),
         )
         _default_rounds(torch, comm, rank, world, dev, check)
+        # Knobs set apart that make the same rounds (one, on every rank) are no mismatch.
+        os.environ["FERRY_REDUCE_ROUND_BYTES"] = str((1 << 20) * (rank + 1))
+        same = torch.empty(4096, device=dev).fill_(-1)
+        comm.reduce_scatter(same, torch.ones(world * 4096, device=dev), algo="auto", signals="copy")
+        check("reduce_scatter, one round from knobs set apart", same, torch.full_like(same, world))
         # Rounds set apart on each rank (4 KiB on rank 0, 8 KiB on rank 1, of
         # a 16 KiB result on copy engines): a mismatch every rank names, not
         # sums of ranges a peer never sent. Last: it breaks the communicator.
