@@ -311,7 +311,12 @@ void Communicator::run(const CollectiveArgs& a) {
       L.in_flight->order_after_previous(a.streams[i]);
       slot = L.in_flight->begin(expectation(seq, a, built[i]), timeout_s_);
     }
-    emit_eager(i, built[i], e, call->replay_keys[i]);
+    try {
+      emit_eager(i, built[i], e, call->replay_keys[i]);
+    } catch (...) {
+      L.in_flight->abandon(slot);
+      throw;
+    }
     HostTraceScope t(HostStage::kInFlight);
     L.in_flight->end(slot, a.streams[i]);
     __atomic_store_n(&host_flags(L.rank)->progress.enqueued, seq, __ATOMIC_RELEASE);

@@ -18,6 +18,7 @@ InFlight::~InFlight() {
 
 bool InFlight::finished(Entry& e) {
   if (!e.pending) return true;
+  if (e.enqueuing) return false;
   cudaError_t err = cudaEventQuery(e.event);
   if (err == cudaErrorNotReady) return false;
   if (err != cudaSuccess) cudaGetLastError();  // a sticky error surfaces at the caller's next CUDA call
@@ -32,7 +33,7 @@ void InFlight::drop_finished() {
   }
 }
 
-size_t InFlight::begin(const Expectation& x, double timeout_s) {
+size_t InFlight::begin(const Expectation& x, double timeout_s, const Gate& gate) {
   auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   std::unique_lock<std::mutex> lock(mu_);
   size_t slot = next_ % entries_.size();
@@ -46,26 +47,42 @@ size_t InFlight::begin(const Expectation& x, double timeout_s) {
     std::this_thread::sleep_for(std::chrono::microseconds(50));
     lock.lock();
   }
-  entries_[slot].expect = x;
+  Entry& e = entries_[slot];
+  e.expect = x;
+  e.started = Clock::now();
+  e.gate = gate;
+  e.stream = nullptr;
+  e.pending = true;
+  e.enqueuing = true;
+  ++next_;
   return slot;
 }
 
-void InFlight::end(size_t slot, cudaStream_t stream, const Gate& gate) {
+void InFlight::end(size_t slot, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mu_);
   Entry& e = entries_[slot];
-  FERRY_CUDA_CHECK(cudaEventRecord(e.event, stream));
+  e.enqueuing = false;
+  const cudaError_t err = cudaEventRecord(e.event, stream);
+  if (err != cudaSuccess) {
+    e.pending = false;
+    FERRY_CUDA_CHECK(err);
+  }
   e.stream = stream;
   e.started = Clock::now();
-  e.gate = gate;
-  e.pending = true;
-  ++next_;
+}
+
+void InFlight::abandon(size_t slot) {
+  std::lock_guard<std::mutex> lock(mu_);
+  entries_[slot].enqueuing = false;
+  entries_[slot].pending = false;
 }
 
 void InFlight::order_after_previous(cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mu_);
   if (next_ == 0) return;
   Entry& prev = entries_[(next_ - 1) % entries_.size()];
-  if (prev.pending && prev.stream != stream) FERRY_CUDA_CHECK(cudaStreamWaitEvent(stream, prev.event, 0));
+  if (prev.pending && !prev.enqueuing && prev.stream != stream)
+    FERRY_CUDA_CHECK(cudaStreamWaitEvent(stream, prev.event, 0));
 }
 
 std::optional<InFlight::Pending> InFlight::oldest_unfinished() {

@@ -47,11 +47,16 @@ class InFlight {
   InFlight& operator=(const InFlight&) = delete;
 
   // Takes a slot, first waiting (at most `timeout_s`) for the collective that
-  // held it to finish.
-  size_t begin(const Expectation& e, double timeout_s);
-  // Marks the end of slot's collective in `stream`. With a gate, the slot's
-  // clock starts once *gate.host == gate.value.
-  void end(size_t slot, cudaStream_t stream, const Gate& gate = Gate{});
+  // held it to finish. The collective is watched from here, while it is
+  // enqueued: a call of many rounds can fill its stream's queue, and then the
+  // host waits inside CUDA for waits only the watchdog may release. With a
+  // gate, the slot's clock starts once *gate.host == gate.value.
+  size_t begin(const Expectation& e, double timeout_s, const Gate& gate = Gate{});
+  // Marks the end of slot's collective in `stream`.
+  void end(size_t slot, cudaStream_t stream);
+  // A slot whose collective was not enqueued whole (its emission threw):
+  // nothing of it is watched from then on.
+  void abandon(size_t slot);
   // Makes `stream` wait for the previous collective when that one was issued on
   // another stream: a rank's collectives run in call order whatever streams
   // carry them (peers' flags hold one collective at a time).
@@ -76,6 +81,7 @@ class InFlight {
     Expectation expect;
     Clock::time_point started;
     bool pending = false;
+    bool enqueuing = false;  // between begin() and end(): no event recorded yet
     cudaStream_t stream = nullptr;
     Gate gate;  // host == nullptr: none, or seen open
   };

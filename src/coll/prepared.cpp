@@ -75,7 +75,7 @@ void Communicator::arm(int handle, const std::vector<cudaStream_t>& after, bool 
     // true once the work enqueued so far on `after` is done with it.
     L.engines->order(after[i], s);
     L.in_flight->order_after_previous(s);
-    size_t slot = L.in_flight->begin(expectation(seq, p.args, p.built[i]), timeout_s_);
+    size_t slot = L.in_flight->begin(expectation(seq, p.args, p.built[i]), timeout_s_, watched_gate(p, i));
     ValueWait gate{gate_address(p, i), gen};
     Emission e;
     e.stream = s;
@@ -83,8 +83,13 @@ void Communicator::arm(int handle, const std::vector<cudaStream_t>& after, bool 
     e.local_copy = p.args.local_copy;
     e.kernel_signals = p.how.kernel_signals;
     e.gate = &gate;
-    L.emitter->emit(p.built[i], e);
-    L.in_flight->end(slot, s, watched_gate(p, i));
+    try {
+      L.emitter->emit(p.built[i], e);
+    } catch (...) {
+      L.in_flight->abandon(slot);
+      throw;
+    }
+    L.in_flight->end(slot, s);
     FERRY_CUDA_CHECK(cudaEventRecord(p.finished[i], s));
     __atomic_store_n(&host_flags(L.rank)->progress.enqueued, seq, __ATOMIC_RELEASE);
   }

@@ -27,6 +27,8 @@ constexpr std::chrono::milliseconds kMismatchGrace(200);
 // The watchdog reads an eager call's ready flags (a copy out of GPU memory)
 // only once the call is this old.
 constexpr double kSnapshotAfterS = 0.05;
+// How long one look keeps releasing a failed collective's waits.
+constexpr std::chrono::milliseconds kReleaseBurst(5);
 
 }  // namespace
 
@@ -221,8 +223,17 @@ bool Watchdog::diagnose_and_unblock(int local, const Expectation& x, double age_
   if (failure_.broken()) {
     // Failed already: release every wait of this collective, whatever the
     // peers did (a late message from a peer may have overwritten an earlier
-    // release), so that no stream stays blocked and close() can finish.
-    L.rescue->release_waits(x.value, x.targets_mask, x.sources_mask);
+    // release), so that no stream stays blocked and close() can finish. A
+    // call in rounds waits again each round (a flag is cleared once its wait
+    // passes): released round after round for a while, not one round a look.
+    const auto until = std::chrono::steady_clock::now() + kReleaseBurst;
+    for (;;) {
+      L.rescue->release_waits(x.value, x.targets_mask, x.sources_mask);
+      if (std::chrono::steady_clock::now() >= until) break;
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      const auto still = L.in_flight->oldest_unfinished();
+      if (!still || still->expect.seq != x.seq || still->expect.value != x.value) break;
+    }
     return true;
   }
   const bool late = age_s > timeout_s_;

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import zlib
 
 from _checks import checker, expecter, init, ints
@@ -105,20 +106,27 @@ def reductions_in_rounds(rank: int, world: int, port: int) -> list:
         same = torch.empty(4096, device=dev).fill_(-1)
         comm.reduce_scatter(same, torch.ones(world * 4096, device=dev), algo="auto", signals="copy")
         check("reduce_scatter, one round from knobs set apart", same, torch.full_like(same, world))
-        # Rounds set apart on each rank (4 KiB on rank 0, 8 KiB on rank 1, of
-        # a 16 KiB result on copy engines): a mismatch every rank names, not
-        # sums of ranges a peer never sent. Last: it breaks the communicator.
+        # Rounds set apart on each rank (4 KiB on rank 0, 8 KiB on rank 1, ...)
+        # of a 16 MiB result on copy engines: a mismatch every rank names, not
+        # sums of ranges a peer never sent; and within seconds, though 4096
+        # rounds fill the stream's queue while the first waits (the host then
+        # waits inside CUDA until the watchdog, which watches a call from its
+        # first enqueued step, releases the waits round after round). Last: it
+        # breaks the communicator.
         os.environ["FERRY_REDUCE_ROUND_BYTES"] = str(4096 * (rank + 1))
-        out = torch.empty(4096, device=dev)
-        inp = torch.ones(world * 4096, device=dev)
+        out = torch.empty(4 << 20, device=dev)
+        inp = torch.ones(world * (4 << 20), device=dev)
 
         def apart():
             comm.reduce_scatter(out, inp, algo="auto", signals="copy")
             comm.synchronize()
 
+        t0 = time.monotonic()
         expecter(ferry, fails, f"rank {rank}: ")(
             r"FERRY_REDUCE_ROUND_BYTES\): they must match on every rank", apart
         )
+        if time.monotonic() - t0 > 30:
+            fails.append(f"rank {rank}: the rounds set apart were named after {time.monotonic() - t0:.0f} s")
     finally:
         comm.close()
     return fails
