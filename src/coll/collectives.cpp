@@ -309,6 +309,7 @@ void Communicator::run(const CollectiveArgs& a) {
     {
       HostTraceScope t(HostStage::kInFlight);
       L.in_flight->order_after_previous(a.streams[i]);
+      publish_called(L.rank, seq, built[i].value, how.algo == Algo::kSm);
       slot = L.in_flight->begin(expectation(seq, a, built[i]), timeout_s_);
     }
     try {

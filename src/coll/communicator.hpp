@@ -215,6 +215,15 @@ class Communicator {
   }
 
   HostFlags* host_flags(int rank) const { return static_cast<HostFlags*>(flag_mem_[rank].host()); }
+  // What call #seq is on `rank`, for peers' watchdogs (Progress::called):
+  // the number is cleared while the value changes, so that a reader that sees
+  // the same number before and after reading the value has that call's.
+  void publish_called(int rank, uint64_t seq, uint64_t value, bool sm_path) const {
+    Progress& p = host_flags(rank)->progress;
+    __atomic_store_n(&p.called, uint64_t{0}, __ATOMIC_RELEASE);
+    __atomic_store_n(&p.called_value, value | (sm_path ? kSmPathTag : 0), __ATOMIC_RELEASE);
+    __atomic_store_n(&p.called, seq, __ATOMIC_RELEASE);
+  }
   // `rank`'s ready and done flags, mapped in this process (GPU memory).
   DeviceFlags* device_flags(int rank) const { return memory_->device_flags(rank); }
 

@@ -49,12 +49,21 @@ struct alignas(64) DoneRecord {
 };
 
 // Written by the owning rank's host: how many collectives it has enqueued and
-// seen finish. Peers' watchdogs read it to say who is behind.
+// seen finish. Peers' watchdogs read it to say who is behind. `called` and
+// `called_value`: the number of the call being enqueued and its flag value
+// (kSmPathTag set on the SM path), written before its first step: a peer's
+// watchdog names a call made otherwise (another path: the SM path writes no
+// ready flag a snapshot would show) without waiting for the timeout.
 struct alignas(64) Progress {
   uint64_t enqueued;
   uint64_t completed;
-  uint64_t pad[6];
+  uint64_t called;
+  uint64_t called_value;
+  uint64_t pad[4];
 };
+// Flag values use bits 0-31 and 48-63 (flag_value); this marks a call's value
+// as published by a rank that runs it on the SM path.
+constexpr uint64_t kSmPathTag = uint64_t{1} << 32;
 
 // In shared pinned host memory.
 struct HostFlags {

@@ -75,6 +75,7 @@ void Communicator::arm(int handle, const std::vector<cudaStream_t>& after, bool 
     // true once the work enqueued so far on `after` is done with it.
     L.engines->order(after[i], s);
     L.in_flight->order_after_previous(s);
+    publish_called(L.rank, seq, p.built[i].value, p.how.algo == Algo::kSm);
     size_t slot = L.in_flight->begin(expectation(seq, p.args, p.built[i]), timeout_s_, watched_gate(p, i));
     ValueWait gate{gate_address(p, i), gen};
     Emission e;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <thread>
 
 #include "coll/kernel_wait.hpp"
@@ -209,6 +210,14 @@ std::string describe(const ReadyRecord& x) {
          ", buffer #" + std::to_string(x.registration) + ", offset " + std::to_string(x.offset) + ")";
 }
 bool has(uint64_t mask, int q) { return (mask >> q) & 1; }
+// What a rank published for call #seq (Progress::called), or nothing when it is at another call.
+std::optional<uint64_t> called_value(const Progress& p, uint64_t seq) {
+  if (__atomic_load_n(&p.called, __ATOMIC_ACQUIRE) != seq) return std::nullopt;
+  const uint64_t v = __atomic_load_n(&p.called_value, __ATOMIC_ACQUIRE);
+  if (__atomic_load_n(&p.called, __ATOMIC_ACQUIRE) != seq) return std::nullopt;
+  return v;
+}
+const char* path_name(uint64_t called) { return called & kSmPathTag ? "the SM path (algo 'sm')" : "copy engines"; }
 }  // namespace
 
 // Looks at the flags of a collective that has not finished. When it is past the
@@ -267,6 +276,25 @@ bool Watchdog::diagnose_and_unblock(int local, const Expectation& x, double age_
                                      "FERRY_REDUCE_ROUND_BYTES): they must match on every rank"
                                : who + " called " + theirs + " where rank " + std::to_string(r) + " called " + ours +
                                      ": the arguments must match on every rank");
+        definite = true;
+        stuck.push_back(q);
+        continue;
+      }
+    }
+    // The same call made otherwise, as both ranks published it: on another
+    // path (an SM-path rank writes no ready flag: only this shows it), or
+    // with other arguments where the peer's ready record has not come.
+    if (x.seq > 0) {
+      const auto theirs = called_value(pq, x.seq), ours = called_value(host_flags_[r]->progress, x.seq);
+      if (theirs && ours && *theirs != *ours && (((*theirs ^ *ours) & kSmPathTag) || (looked && ready == 0))) {
+        problems.push_back(
+            (*theirs ^ *ours) & kSmPathTag
+                ? who + " runs collective #" + std::to_string(x.seq) + " on " + path_name(*theirs) + " and rank " +
+                      std::to_string(r) + " on " + path_name(*ours) +
+                      ": every rank must take the same path (the same algo argument, FERRY_ALGO, tuning table and "
+                      "FERRY_SM_BYTES)"
+                : who + " made collective #" + std::to_string(x.seq) + " with other arguments than rank " +
+                      std::to_string(r) + "'s " + describe(*x.record) + ": the arguments must match on every rank");
         definite = true;
         stuck.push_back(q);
         continue;

@@ -19,6 +19,7 @@ from _checks import (
     check_repeats,
     check_same_buffers,
     checker,
+    expecter,
     init,
     ints,
     rand_bytes,
@@ -546,6 +547,36 @@ def never_joins(rank: int, world: int, port: int) -> list:
         ok = "rank(s) 1 never arrived" in str(exc) and took < 10
         return [] if ok else [f"bad timeout error after {took:.1f} s: {exc}"]
     return ["init returned although rank 1 never joined"]
+
+
+def paths_apart(rank: int, world: int, port: int) -> list:
+    """Rank 0 runs an all_gather on the SM path, the others on copy engines:
+    the SM path writes no ready flag a peer could read, so only what each rank
+    publishes of its call shows it. Every rank names the paths at once, not
+    after the timeout (30 s here), and the SM kernel gives up with it."""
+    import ferry
+    import torch
+
+    comm = init(rank, world, port, timeout=30)
+    dev = torch.device("cuda", rank)
+    out = comm.alloc((world * 65536,), torch.uint8)
+    inp = torch.full((65536,), rank, dtype=torch.uint8, device=dev)
+    fails = []
+    comm.all_gather(out, inp)  # one call in step first
+    comm.synchronize()
+    t0 = time.monotonic()
+    expecter(ferry, fails, f"rank {rank}: ")(
+        r"collective #\d+ on (copy engines|the SM path \(algo 'sm'\)) and rank \d+ on .*every rank must take the same "
+        r"path",
+        lambda: (comm.all_gather(out, inp, algo="sm" if rank == 0 else "auto"), comm.synchronize()),
+    )
+    if time.monotonic() - t0 > 10:
+        fails.append(f"rank {rank}: the paths were named after {time.monotonic() - t0:.1f} s")
+    t1 = time.monotonic()
+    comm.close()
+    if time.monotonic() - t1 > 10:
+        fails.append(f"rank {rank}: close took {time.monotonic() - t1:.1f} s")
+    return fails
 
 
 def peer_dies(rank: int, world: int, port: int) -> list:

@@ -25,6 +25,11 @@ def test_bad_inputs_are_named():
     assert not fails, "\n".join(fails)
 
 
+@pytest.mark.parametrize("world", WORLDS)
+def test_ranks_on_other_paths_are_named(world):
+    run_on_every_rank(_workers.paths_apart, world, timeout=120)
+
+
 def test_peer_that_never_joins_is_named():
     results = spawn(_workers.never_joins, 2, timeout=60)
     assert results.get(0) == [], results
