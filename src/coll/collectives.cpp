@@ -314,12 +314,12 @@ void Communicator::run(const CollectiveArgs& a) {
     }
     try {
       emit_eager(i, built[i], e, call->replay_keys[i]);
-    } catch (...) {
-      L.in_flight->abandon(slot);
+      HostTraceScope t(HostStage::kInFlight);
+      L.in_flight->end(slot, a.streams[i]);
+    } catch (const std::exception& ex) {
+      abandon_call(i, slot, a.streams[i], coll_op_name(a.op), ex);
       throw;
     }
-    HostTraceScope t(HostStage::kInFlight);
-    L.in_flight->end(slot, a.streams[i]);
     __atomic_store_n(&host_flags(L.rank)->progress.enqueued, seq, __ATOMIC_RELEASE);
   }
 }

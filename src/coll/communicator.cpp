@@ -376,6 +376,13 @@ void Communicator::fail(const std::string& message) {
     if (L->kernel_abort.host) __atomic_store_n(L->kernel_abort.host, uint64_t{1}, __ATOMIC_RELEASE);
 }
 
+void Communicator::abandon_call(int local, size_t slot, cudaStream_t stream, const std::string& what,
+                                const std::exception& why) {
+  locals_[local]->in_flight->abandon(slot, stream);
+  fail(what + " on rank " + std::to_string(rank(local)) + " could not enqueue all its commands (" + why.what() +
+       "); its peers would wait for the rest. Close this communicator");
+}
+
 void Communicator::check() {
   // A ferry kernel that gave up has finished: a caller that waited
   // for it must hear why now, not at the watchdog's next look.

@@ -228,6 +228,10 @@ class Communicator {
   DeviceFlags* device_flags(int rank) const { return memory_->device_flags(rank); }
 
   void fail(const std::string& message);
+  // A call whose commands were enqueued in part on local rank `local`: its
+  // peers wait for the rest, so the communicator fails, and what was
+  // enqueued stays watched (its waits released) until it ends.
+  void abandon_call(int local, size_t slot, cudaStream_t stream, const std::string& what, const std::exception& why);
 
   int world_ = 0;
   bool multi_process_ = false;

@@ -36,8 +36,11 @@ void InFlight::drop_finished() {
 size_t InFlight::begin(const Expectation& x, double timeout_s, const Gate& gate) {
   auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   std::unique_lock<std::mutex> lock(mu_);
-  size_t slot = next_ % entries_.size();
-  while (!finished(entries_[slot])) {
+  for (;;) {
+    // The oldest slot is taken only once it is dropped, so that the ring's
+    // oldest stays the oldest call.
+    drop_finished();
+    if (next_ - oldest_ < entries_.size()) break;
     if (Clock::now() > deadline)
       throw_error(FERRY_ERROR_TIMEOUT, std::string(coll_op_name(x.op)) + " #" + std::to_string(x.seq) + ": " +
                                            std::to_string(entries_.size()) +
@@ -47,6 +50,7 @@ size_t InFlight::begin(const Expectation& x, double timeout_s, const Gate& gate)
     std::this_thread::sleep_for(std::chrono::microseconds(50));
     lock.lock();
   }
+  const size_t slot = next_ % entries_.size();
   Entry& e = entries_[slot];
   e.expect = x;
   e.started = Clock::now();
@@ -58,31 +62,42 @@ size_t InFlight::begin(const Expectation& x, double timeout_s, const Gate& gate)
   return slot;
 }
 
+// CUDA calls here run outside mu_: with the stream's queue full they wait
+// for the GPU, which may wait for a release from the watchdog, which takes
+// mu_. (The watchdog never queries an enqueuing slot's event.)
 void InFlight::end(size_t slot, cudaStream_t stream) {
+  const cudaError_t err = cudaEventRecord(entries_[slot].event, stream);
+  if (err != cudaSuccess) cudaGetLastError();
   std::lock_guard<std::mutex> lock(mu_);
   Entry& e = entries_[slot];
   e.enqueuing = false;
-  const cudaError_t err = cudaEventRecord(e.event, stream);
+  e.stream = stream;
+  e.started = Clock::now();
   if (err != cudaSuccess) {
     e.pending = false;
     FERRY_CUDA_CHECK(err);
   }
-  e.stream = stream;
-  e.started = Clock::now();
 }
 
-void InFlight::abandon(size_t slot) {
+void InFlight::abandon(size_t slot, cudaStream_t stream) {
+  const cudaError_t err = cudaEventRecord(entries_[slot].event, stream);
+  if (err != cudaSuccess) cudaGetLastError();
   std::lock_guard<std::mutex> lock(mu_);
-  entries_[slot].enqueuing = false;
-  entries_[slot].pending = false;
+  Entry& e = entries_[slot];
+  e.enqueuing = false;
+  e.stream = stream;
+  e.pending = err == cudaSuccess;  // else nothing shows when what was enqueued ends
 }
 
 void InFlight::order_after_previous(cudaStream_t stream) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (next_ == 0) return;
-  Entry& prev = entries_[(next_ - 1) % entries_.size()];
-  if (prev.pending && !prev.enqueuing && prev.stream != stream)
-    FERRY_CUDA_CHECK(cudaStreamWaitEvent(stream, prev.event, 0));
+  cudaEvent_t wait_for = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (next_ == 0) return;
+    const Entry& prev = entries_[(next_ - 1) % entries_.size()];
+    if (prev.pending && !prev.enqueuing && prev.stream != stream) wait_for = prev.event;
+  }
+  if (wait_for) FERRY_CUDA_CHECK(cudaStreamWaitEvent(stream, wait_for, 0));
 }
 
 std::optional<InFlight::Pending> InFlight::oldest_unfinished() {

@@ -55,8 +55,9 @@ class InFlight {
   // Marks the end of slot's collective in `stream`.
   void end(size_t slot, cudaStream_t stream);
   // A slot whose collective was not enqueued whole (its emission threw):
-  // nothing of it is watched from then on.
-  void abandon(size_t slot);
+  // what was enqueued stays watched until it ends on `stream` (the caller
+  // fails the communicator, so the watchdog releases its waits).
+  void abandon(size_t slot, cudaStream_t stream);
   // Makes `stream` wait for the previous collective when that one was issued on
   // another stream: a rank's collectives run in call order whatever streams
   // carry them (peers' flags hold one collective at a time).

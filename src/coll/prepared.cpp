@@ -86,11 +86,11 @@ void Communicator::arm(int handle, const std::vector<cudaStream_t>& after, bool 
     e.gate = &gate;
     try {
       L.emitter->emit(p.built[i], e);
-    } catch (...) {
-      L.in_flight->abandon(slot);
+      L.in_flight->end(slot, s);
+    } catch (const std::exception& ex) {
+      abandon_call(i, slot, s, "arm", ex);
       throw;
     }
-    L.in_flight->end(slot, s);
     FERRY_CUDA_CHECK(cudaEventRecord(p.finished[i], s));
     __atomic_store_n(&host_flags(L.rank)->progress.enqueued, seq, __ATOMIC_RELEASE);
   }
