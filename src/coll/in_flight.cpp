@@ -36,9 +36,11 @@ void InFlight::drop_finished() {
 size_t InFlight::begin(const Expectation& x, double timeout_s, const Gate& gate) {
   auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   std::unique_lock<std::mutex> lock(mu_);
-  for (;;) {
-    // The oldest slot is taken only once it is dropped, so that the ring's
-    // oldest stays the oldest call.
+  // A full ring's oldest slot is taken only once it is dropped, so that the
+  // ring's oldest stays the oldest call. Only then: the event query is one
+  // of the calls that invalidate a CUDA graph another thread captures in
+  // global mode.
+  while (next_ - oldest_ >= entries_.size()) {
     drop_finished();
     if (next_ - oldest_ < entries_.size()) break;
     if (Clock::now() > deadline)
