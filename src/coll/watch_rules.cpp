@@ -9,6 +9,12 @@ bool foreign_ready_is_mismatch(uint64_t seq, uint64_t peer_completed, bool late,
   return late || grace_over;
 }
 
+CalledApart called_apart(uint64_t theirs, uint64_t ours, uint64_t sm_path_tag, bool peer_ready_read_empty) {
+  if (theirs == ours) return CalledApart::kSame;
+  if ((theirs ^ ours) & sm_path_tag) return CalledApart::kOtherPath;
+  return peer_ready_read_empty ? CalledApart::kOtherArguments : CalledApart::kSame;
+}
+
 ArmedLook look_at_armed(bool gate_on_device, double age_s, double read_after_s, double timeout_s) {
   if (age_s > timeout_s) return ArmedLook::kOpenGate;
   if (gate_on_device && age_s >= read_after_s) return ArmedLook::kReadGate;

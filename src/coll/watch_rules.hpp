@@ -20,6 +20,21 @@ namespace ferry {
 // - otherwise a mismatch once the grace period is over (or the timeout).
 bool foreign_ready_is_mismatch(uint64_t seq, uint64_t peer_completed, bool late, bool grace_over);
 
+// What a peer published for the call this rank waits in (the same call
+// number; Progress::called) says, against what this rank published: values
+// carry the flag value and, in kSmPathTag, the path.
+enum class CalledApart {
+  kSame,            // the same call, or too early to tell
+  kOtherPath,       // one on the SM path, the other on copy engines
+  kOtherArguments,  // the same path, another flag value
+};
+// Another path is said at once: the SM path writes no ready flag, so nothing
+// else would show it before the timeout. Other arguments only once a
+// snapshot of the ready flags found none from that peer
+// (`peer_ready_read_empty`): where one came, it names both calls in full
+// (foreign_ready_is_mismatch).
+CalledApart called_apart(uint64_t theirs, uint64_t ours, uint64_t sm_path_tag, bool peer_ready_read_empty);
+
 // What one look of the watchdog does with an armed collective whose trigger it
 // has not seen after `age_s`.
 enum class ArmedLook {

@@ -286,9 +286,11 @@ bool Watchdog::diagnose_and_unblock(int local, const Expectation& x, double age_
     // with other arguments where the peer's ready record has not come.
     if (x.seq > 0) {
       const auto theirs = called_value(pq, x.seq), ours = called_value(host_flags_[r]->progress, x.seq);
-      if (theirs && ours && *theirs != *ours && (((*theirs ^ *ours) & kSmPathTag) || (looked && ready == 0))) {
+      const CalledApart apart =
+          theirs && ours ? called_apart(*theirs, *ours, kSmPathTag, looked && ready == 0) : CalledApart::kSame;
+      if (apart != CalledApart::kSame) {
         problems.push_back(
-            (*theirs ^ *ours) & kSmPathTag
+            apart == CalledApart::kOtherPath
                 ? who + " runs collective #" + std::to_string(x.seq) + " on " + path_name(*theirs) + " and rank " +
                       std::to_string(r) + " on " + path_name(*ours) +
                       ": every rank must take the same path (the same algo argument, FERRY_ALGO, tuning table and "

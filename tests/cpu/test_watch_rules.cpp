@@ -17,6 +17,16 @@ TEST(ForeignReady, GraphReplaysNeverCountAsMismatch) {
   EXPECT_FALSE(foreign_ready_is_mismatch(0, 0, true, true));
 }
 
+TEST(CalledApart, AnotherPathAtOnceOtherArgumentsOnlyWithoutTheirReadyRecord) {
+  const uint64_t tag = uint64_t{1} << 32, v = 0xfe77000012345678ull, w = 0xfe770000abcdef01ull;
+  EXPECT_EQ(called_apart(v, v, tag, true), CalledApart::kSame);
+  EXPECT_EQ(called_apart(v | tag, v | tag, tag, true), CalledApart::kSame);  // both on the SM path
+  EXPECT_EQ(called_apart(v | tag, v, tag, false), CalledApart::kOtherPath);
+  EXPECT_EQ(called_apart(v, w | tag, tag, false), CalledApart::kOtherPath);  // path and arguments: the path is said
+  EXPECT_EQ(called_apart(v, w, tag, true), CalledApart::kOtherArguments);
+  EXPECT_EQ(called_apart(v, w, tag, false), CalledApart::kSame);  // their ready record will name both calls
+}
+
 TEST(ArmedLook, AGateInGpuMemoryIsReadOnlyOnceTheWaitHasLasted) {
   EXPECT_EQ(look_at_armed(true, 0.01, 0.05, 2.0), ArmedLook::kNothing);
   EXPECT_EQ(look_at_armed(true, 0.05, 0.05, 2.0), ArmedLook::kReadGate);
