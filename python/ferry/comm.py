@@ -743,6 +743,8 @@ def init(
     # Before the store: a rank that cannot take part would otherwise leave
     # its peers waiting for it until the bootstrap's timeout.
     try:
+        if isinstance(rank, bool) or isinstance(world, bool):
+            raise TypeError
         rank, world = operator.index(rank), operator.index(world)
     except TypeError:
         raise InvalidArgumentError(
@@ -754,7 +756,23 @@ def init(
         )
     if device is None:
         device = info.local_rank if info is not None else rank
-    limit = timeout if timeout > 0 else float(native.knob_string("FERRY_TIMEOUT_S"))
+    try:
+        if isinstance(device, bool):
+            raise TypeError
+        device = operator.index(device)
+    except TypeError:
+        raise InvalidArgumentError(f"ferry.init: device is {device!r}; expected a GPU ordinal") from None
+    if device < 0:
+        raise InvalidArgumentError(
+            f"ferry.init: device is {device} (LOCAL_RANK under a launcher); expected a GPU ordinal, 0 or more"
+        )
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise InvalidArgumentError(
+            f"ferry.init: timeout is {timeout!r}; expected seconds (0: FERRY_TIMEOUT_S)"
+        )
+    # The native bounds (nan, at most 1e6 s, FERRY_TIMEOUT_S's own): a store
+    # whose deadline is nan would be waited for without end.
+    limit = native.timeout_seconds(float(timeout), "timeout")
     own_store = None
     if store is None:
         addr = info.master_addr if info else os.environ.get("MASTER_ADDR", "127.0.0.1")
@@ -762,7 +780,7 @@ def init(
             master_port = info.master_port
         else:
             master_port = env_int(os.environ, "MASTER_PORT") if "MASTER_PORT" in os.environ else 29500
-        port = int(native.knob_string("FERRY_PORT")) or master_port + 1
+        port = native.knob_int_in("FERRY_PORT") or master_port + 1
         if not 1 <= port <= 65535:
             raise InvalidArgumentError(
                 f"ferry.init: the bootstrap store's port is {port} (FERRY_PORT, or MASTER_PORT + 1); "

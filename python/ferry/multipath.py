@@ -22,6 +22,7 @@ FERRY_DEBUG=1 prints why. docs/multipath.md has the measurements.
 from __future__ import annotations
 
 import math
+import operator
 import threading
 from typing import Any, Optional, Sequence, Union
 
@@ -49,11 +50,12 @@ _MAX = (1 << 63) - 1
 
 
 def _int(name: str, v, lo: int, hi: int = _MAX) -> int:
-    """`v` as an int in [lo, hi], or an error naming `name`."""
-    try:
-        i = int(v)
-    except (TypeError, ValueError, OverflowError):  # (int(inf) overflows)
-        raise InvalidArgumentError(f"{name} is {v!r}; expected an integer") from None
+    """`v` as an int in [lo, hi], or an error naming `name`. numpy's and
+    torch's integers index as ints; a bool, a float or a string is no GPU,
+    size or count (int() would take True as 1 and 0.9 as 0)."""
+    if isinstance(v, bool) or not hasattr(v, "__index__"):
+        raise InvalidArgumentError(f"{name} is {v!r}; expected an integer")
+    i = operator.index(v)
     if not lo <= i <= hi:
         raise InvalidArgumentError(f"{name} is {v}; expected {lo}..{hi}")
     return i
@@ -161,6 +163,8 @@ class Engine:
         min_bytes = _int("min_bytes", min_bytes, 0)
         head_bytes = _int("head_bytes", head_bytes, -1)  # -1: FERRY_MULTIPATH_HEAD_BYTES, 0: none
         outstanding = _int("outstanding", outstanding, 1, 16)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise InvalidArgumentError(f"timeout is {timeout!r}; expected seconds, or 0 for FERRY_TIMEOUT_S")
         if not (float(timeout) >= 0 and math.isfinite(float(timeout))):
             raise InvalidArgumentError(f"timeout is {timeout}; expected seconds, or 0 for FERRY_TIMEOUT_S")
         self._e = None

@@ -19,6 +19,7 @@ takes one tensor per local rank. See docs/symm.md.
 from __future__ import annotations
 
 import ctypes
+import operator
 import os
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -75,6 +76,14 @@ class HeapHandle:
         return address + (peer - self.rank) * self.stride
 
 
+def _integer(value, what: str) -> int:
+    """numpy's and torch's integers index as ints; a bool, a float or a string
+    names no rank or word value (int() would take True as 1 and 1.9 as 1)."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise InvalidArgumentError(f"{what} is {value!r}; expected an integer")
+    return operator.index(value)
+
+
 class Heap:
     """A symmetric heap over the ranks of `comm` (collective).
 
@@ -91,7 +100,12 @@ class Heap:
         self._comm = comm
         self._local = comm._local
         self._devices = comm.devices  # its ranks' GPUs, also where the native communicator closed first
-        self._h = require().SymmetricHeap.create(comm._c, int(capacity or 0))
+        capacity = 0 if capacity is None else _integer(capacity, "symm.Heap: capacity")
+        if capacity < 0:
+            raise InvalidArgumentError(
+                f"symm.Heap: capacity is {capacity}; expected bytes, or None for FERRY_SYMM_HEAP_BYTES"
+            )
+        self._h = require().SymmetricHeap.create(comm._c, capacity)
         comm._heaps.append(self)
 
     @classmethod
@@ -252,10 +266,9 @@ class Heap:
         mapped in this process: same shape and dtype, on the device of
         `tensor`. Reads and writes go over NVLink (or PCIe) from SMs."""
         self._open("peer")
-        # numpy's and torch's integers index as ints; bools do not name a rank.
         if isinstance(rank, bool) or not hasattr(rank, "__index__"):
             raise InvalidArgumentError(f"rank is {rank!r}; expected an integer 0..{self._h.world - 1}")
-        rank = int(rank)
+        rank = operator.index(rank)
         if not 0 <= rank < self._h.world:
             raise InvalidArgumentError(f"rank is {rank!r}; expected 0..{self._h.world - 1}")
         import torch
@@ -302,25 +315,27 @@ class Heap:
         """Copies `src` (device memory) into `peer`'s copy of `dst` (a heap
         tensor of this rank), in stream order, on a copy engine."""
         self._open("put")
+        peer = _integer(peer, "put: peer")
         s = _describe(src, "put: src")
         local, d = self._call_args(dst, "put: dst")
         if s.nbytes != d.nbytes:
             raise InvalidArgumentError(
                 f"put: src has {s.nbytes} bytes and dst {d.nbytes}; expected equal sizes"
             )
-        self._h.put(local, d.ptr, s.ptr, d.nbytes, int(peer), _stream_handle(stream, self._devices[local]))
+        self._h.put(local, d.ptr, s.ptr, d.nbytes, peer, _stream_handle(stream, self._devices[local]))
 
     def get(self, dst, src, peer: int, stream=None) -> None:
         """Copies `peer`'s copy of `src` (a heap tensor of this rank) into
         `dst`, in stream order, on a copy engine."""
         self._open("get")
+        peer = _integer(peer, "get: peer")
         d = _describe(dst, "get: dst")
         local, s = self._call_args(src, "get: src")
         if s.nbytes != d.nbytes:
             raise InvalidArgumentError(
                 f"get: src has {s.nbytes} bytes and dst {d.nbytes}; expected equal sizes"
             )
-        self._h.get(local, d.ptr, s.ptr, d.nbytes, int(peer), _stream_handle(stream, self._devices[local]))
+        self._h.get(local, d.ptr, s.ptr, d.nbytes, peer, _stream_handle(stream, self._devices[local]))
 
     def _word(self, sig, what: str):
         local, b = self._call_args(sig, what, 8)
@@ -332,16 +347,18 @@ class Heap:
         """Sets `peer`'s copy of the 64-bit word `sig` to `value` once the
         stream gets there (a copy-engine copy of 8 bytes)."""
         self._open("signal")
+        value, peer = _integer(value, "signal: value"), _integer(peer, "signal: peer")
         local, b = self._word(sig, "signal: sig")
-        self._h.signal(local, b.ptr, int(value), int(peer), _stream_handle(stream, self._devices[local]))
+        self._h.signal(local, b.ptr, value, peer, _stream_handle(stream, self._devices[local]))
 
     def wait(self, sig, value: int, from_rank: int = -1, stream=None) -> None:
         """Holds the stream until this rank's `sig` is at least `value`. Bounded
         by the communicator's timeout: past it the stream is let go and check()
         raises, naming `from_rank` (the rank expected to signal)."""
         self._open("wait")
+        value, from_rank = _integer(value, "wait: value"), _integer(from_rank, "wait: from_rank")
         local, b = self._word(sig, "wait: sig")
-        self._h.wait(local, b.ptr, int(value), int(from_rank), _stream_handle(stream, self._devices[local]))
+        self._h.wait(local, b.ptr, value, from_rank, _stream_handle(stream, self._devices[local]))
 
     def barrier_on_stream(self, stream=None, kernel: bool = False) -> None:
         """Holds each rank's stream until every rank's stream got to this

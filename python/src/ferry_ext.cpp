@@ -185,6 +185,9 @@ NB_MODULE(_ferry, m) {
     return out;
   });
   m.def("knob_string", [](const std::string& name) { return ferry::knob_string(name.c_str()); });
+  m.def("knob_int_in", [](const std::string& name) { return ferry::knob_int_in(name.c_str()); });
+  m.def("timeout_seconds",
+        [](double given, const std::string& what) { return ferry::timeout_seconds(given, what.c_str()); });
 
   nb::class_<ferry::GpuInfo>(m, "GpuInfo")
       .def(nb::init<>())

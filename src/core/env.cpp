@@ -50,7 +50,7 @@ const std::vector<Knob>& knobs() {
       {"FERRY_ALGO", "string", "",
        "force a variant for every collective (b2b, seq, pcpy, or sm where a call can take it); empty: the selector "
        "decides"},
-      {"FERRY_PORT", "int", "0", "TCP port of ferry's bootstrap store for ferry.init(); 0: MASTER_PORT + 1"},
+      {"FERRY_PORT", "int", "0", "TCP port of ferry's bootstrap store for ferry.init(); 0: MASTER_PORT + 1", 0, 65535},
       {"FERRY_SYMM_HEAP_BYTES", "int", "34359738368",
        "capacity of each rank's symmetric heap when ferry.symm.Heap is given none (address space: physical memory "
        "is mapped only as allocations need it); every rank must use the same",

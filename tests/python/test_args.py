@@ -182,6 +182,44 @@ def test_init_names_the_one_of_rank_and_world_missing(monkeypatch):
         comm.init(rank="0", world=2)
 
 
+def test_init_refuses_a_bad_device_timeout_or_port_before_the_store(monkeypatch):
+    # The native module without a GPU: its knob checks need none. Each is
+    # refused before the store: a rank whose deadline is nan would retry its
+    # connection to an unreachable store for good.
+    import ferry.comm as comm
+
+    for var in ("MASTER_PORT", "FERRY_PORT", "FERRY_TIMEOUT_S", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    for kw, message in [
+        (dict(rank=True, world=2), "rank is True and world 2; expected integers"),
+        (
+            dict(rank=1, world=2, device=-1),
+            r"device is -1 \(LOCAL_RANK under a launcher\); expected a GPU ordinal",
+        ),
+        (dict(rank=1, world=2, device="cuda:1"), "device is 'cuda:1'; expected a GPU ordinal"),
+        (dict(rank=1, world=2, device=True), "device is True; expected a GPU ordinal"),
+        (dict(rank=1, world=2, timeout="5"), "timeout is '5'; expected seconds"),
+        (dict(rank=1, world=2, timeout=float("nan")), "timeout is nan; expected seconds"),
+        (dict(rank=1, world=2, timeout=1e9), "timeout is .* s; expected at most"),
+    ]:
+        with pytest.raises(InvalidArgumentError, match=message):
+            comm.init(**kw)
+    monkeypatch.setenv("FERRY_TIMEOUT_S", "nan")
+    with pytest.raises(InvalidArgumentError, match="FERRY_TIMEOUT_S=nan; expected seconds"):
+        comm.init(rank=1, world=2)
+    monkeypatch.delenv("FERRY_TIMEOUT_S")
+    for port, message in [("abc", "FERRY_PORT=abc"), ("70000", "FERRY_PORT=70000; expected .*0..65535")]:
+        monkeypatch.setenv("FERRY_PORT", port)
+        with pytest.raises(InvalidArgumentError, match=message):
+            comm.init(rank=1, world=2)
+    monkeypatch.setenv("FERRY_PORT", "0")
+    monkeypatch.setenv("LOCAL_RANK", "-3")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(InvalidArgumentError, match="device is -3"):
+        comm.init()
+
+
 def test_options_pass_through_to_the_native_layer():
     # The native layer checks the option strings for Python and C alike
     # (tests/cpu/test_selector.cpp, test_plan.cpp).

@@ -30,6 +30,14 @@ import pytest
         ({"devices": [0], "relays": 1}, "relays is 1; expected 'all', 'idle' or a list"),
         ({"devices": [0], "relays": None}, "relays is None"),
         ({"devices": [0], "min_bytes": float("inf")}, "min_bytes is inf; expected an integer"),
+        # int() would take these as GPU 1, GPU 0, 64 KiB and one chunk in flight.
+        ({"devices": [True]}, "devices is True; expected an integer"),
+        ({"devices": [0.9]}, "devices is 0.9; expected an integer"),
+        ({"devices": [0], "chunk_bytes": 65536.9}, "chunk_bytes is 65536.9; expected an integer"),
+        ({"devices": [0], "outstanding": True}, "outstanding is True; expected an integer"),
+        ({"devices": [0, 1], "relays": [True]}, "relays is True; expected an integer"),
+        ({"devices": [0], "timeout": None}, "timeout is None; expected seconds"),
+        ({"devices": [0], "timeout": True}, "timeout is True; expected seconds"),
     ],
 )
 def test_bad_engine_arguments_are_named(kwargs, message):

@@ -21,3 +21,35 @@ def _heap():
 def test_peer_names_a_rank_that_is_no_rank(rank):
     with pytest.raises(InvalidArgumentError, match=r"rank is .*; expected .*0\.\.3"):
         _heap().peer(object(), rank)
+
+
+@pytest.mark.parametrize("bad", [True, 1.9, "1", None])
+def test_a_peer_or_word_value_that_is_no_integer_is_named(bad):
+    # int() would send to rank 1 for True or 1.9: the wrong rank, silently.
+    heap = _heap()
+    for call, pattern in [
+        (lambda: heap.put(object(), object(), bad), "put: peer is"),
+        (lambda: heap.get(object(), object(), bad), "get: peer is"),
+        (lambda: heap.signal(object(), bad, 1), "signal: value is"),
+        (lambda: heap.signal(object(), 1, bad), "signal: peer is"),
+        (lambda: heap.wait(object(), bad), "wait: value is"),
+        (lambda: heap.wait(object(), 1, bad), "wait: from_rank is"),
+    ]:
+        with pytest.raises(InvalidArgumentError, match=pattern + r" .*; expected an integer"):
+            call()
+
+
+@pytest.mark.parametrize(
+    "capacity,message",
+    [(-1, "capacity is -1; expected bytes"), (1.5, "capacity is 1.5; expected an integer"),
+     (False, "capacity is False; expected an integer"), ("1G", "capacity is '1G'; expected an integer")],
+)  # fmt: skip
+def test_a_heap_capacity_that_is_no_size_is_named(capacity, message, monkeypatch):
+    import ferry.comm as comm
+
+    c = object.__new__(comm.Communicator)
+    monkeypatch.setattr(comm.Communicator, "_check_open", lambda self, what: None)
+    c._local, c._heaps = False, []
+    monkeypatch.setattr(comm.Communicator, "devices", property(lambda self: [0]))
+    with pytest.raises(InvalidArgumentError, match=message):
+        Heap(c, capacity)
