@@ -112,7 +112,8 @@ TEST(Knobs, RangesReadAsTheErrorsAndDoctorWriteThem) {
   EXPECT_EQ(range_of("FERRY_MULTIPATH_CHUNK_BYTES"), "2^16..2^30");
   EXPECT_EQ(range_of("FERRY_REDUCE_ROUND_BYTES"), "at least 0");
   EXPECT_EQ(range_of("FERRY_SCRATCH_BYTES"), "4096..2^40");
-  EXPECT_EQ(range_of("FERRY_PORT"), "");
+  EXPECT_EQ(range_of("FERRY_PORT"), "0..65535");
+  EXPECT_EQ(range_of("FERRY_DEBUG"), "");  // any value: anything but a positive number is off
   setenv("FERRY_REDUCE_ROUND_BYTES", "-1", 1);
   try {
     knob_int_in("FERRY_REDUCE_ROUND_BYTES");
