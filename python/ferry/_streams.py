@@ -38,6 +38,11 @@ def handle(stream: Any, device: int) -> int:
     another GPU is refused."""
     if stream is None:
         return current(device)
+    if isinstance(stream, bool) or (isinstance(stream, int) and stream < 0):
+        # True would be handle 1, CUDA's legacy default stream.
+        raise InvalidArgumentError(
+            f"stream is {stream!r}; expected a torch.cuda.Stream or an int handle (0 or more)"
+        )
     if isinstance(stream, int):
         return stream
     h = getattr(stream, "cuda_stream", None)

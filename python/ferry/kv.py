@@ -524,7 +524,7 @@ class HostPool:
     def __init__(
         self, nbytes: int, *, device: int | None = None, numa_node: int | None = None, huge_pages=None
     ):
-        if not isinstance(nbytes, int) or nbytes <= 0:
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
             raise InvalidArgumentError(f"nbytes: expected a positive number of bytes, got {nbytes!r}")
         native = require()
         hp = {None: -1, False: 0, True: 1}.get(huge_pages)

@@ -77,3 +77,13 @@ def test_page_transfers_and_collectives_read_streams_alike():
     from ferry import comm, kv
 
     assert comm._stream_handle is _streams.handle and kv._stream_handle is _streams.handle
+
+
+@pytest.mark.parametrize("stream", [True, False, -1])
+def test_a_bool_or_negative_handle_is_no_stream(stream):
+    # True would be handle 1, CUDA's legacy default stream.
+    with pytest.raises(
+        InvalidArgumentError, match=r"stream is .*; expected a torch.cuda.Stream or an int handle"
+    ):
+        _streams.handle(stream, 0)
+    assert _streams.handle(7, 0) == 7
