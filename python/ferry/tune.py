@@ -123,10 +123,16 @@ def validate(rules) -> List[Rule]:
     """Rules as tuples of 4 (signals 'auto') or 5, or dicts with those keys
     (a JSON table), checked and made 5-tuples (signals "sm", the first name
     of "kernel", read as "kernel"); a bad one is named."""
+    # A single rule or a dict is no list of rules (a dict would be read key
+    # by key, its keys as rules).
+    if isinstance(rules, (str, bytes, dict)) or not hasattr(rules, "__iter__"):
+        raise ValueError(f"rules is {rules!r}; expected a list of rules")
     out = []
     for i, r in enumerate(rules):
         if isinstance(r, dict):
             r = (r.get("op"), r.get("world", 0), r.get("max_bytes"), r.get("algo"), r.get("signals", "auto"))
+        if isinstance(r, (str, bytes)) or not hasattr(r, "__iter__"):
+            raise ValueError(f"rule {i}: {r!r}; expected (op, world, max_bytes, algo[, signals])")
         r = tuple(r)
         if len(r) not in (4, 5):
             raise ValueError(f"rule {i}: {r!r}; expected (op, world, max_bytes, algo[, signals])")
@@ -138,10 +144,11 @@ def validate(rules) -> List[Rule]:
             raise ValueError(f"rule {i}: algo is {algo!r}; expected one of {', '.join(RULE_ALGOS)}")
         if signals not in RULE_SIGNALS:
             raise ValueError(f"rule {i}: signals is {signals!r}; expected one of {', '.join(RULE_SIGNALS)}")
-        if not isinstance(world, int) or world < 0:
+        # (bools are ints to Python, not rank counts; the native table holds 64 bits)
+        if isinstance(world, bool) or not isinstance(world, int) or not 0 <= world <= ANY:
             raise ValueError(f"rule {i}: world is {world!r}; expected 0 (any) or a rank count")
         max_bytes = ANY if max_bytes is None else max_bytes
-        if not isinstance(max_bytes, int) or max_bytes < 0:
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or not 0 <= max_bytes <= ANY:
             raise ValueError(f"rule {i}: max_bytes is {max_bytes!r}; expected bytes or null (no bound)")
         out.append((op, world, max_bytes, algo, "kernel" if signals == "sm" else signals))
     return out

@@ -263,3 +263,23 @@ def test_doctor_says_which_table_applies(tmp_path):
     p = tmp_path / "t.json"
     p.write_text('{"rules": [{"op": "all_gather", "world": 0, "max_bytes": null, "algo": "pcpy"}]}')
     assert tune.describe("X", 2, {"FERRY_TUNING": str(p)}) == ("ok", f"tuning: FERRY_TUNING={p} (1 rule)")
+
+
+@pytest.mark.parametrize(
+    "rules,message",
+    [
+        (None, "rules is None; expected a list of rules"),
+        ({"op": "all_gather", "max_bytes": 1, "algo": "b2b"}, "rules is .*; expected a list of rules"),
+        ([5], r"rule 0: 5; expected \(op, world"),
+        (["all_gather"], r"rule 0: 'all_gather'; expected \(op, world"),
+        ([("all_gather", True, 10, "b2b")], "rule 0: world is True"),
+        ([("all_gather", 0, False, "b2b")], "rule 0: max_bytes is False"),
+        ([("all_gather", 0, 1 << 64, "b2b")], "rule 0: max_bytes is 18446744073709551616"),
+        ([("all_gather", 1 << 70, 10, "b2b")], "rule 0: world is"),
+    ],
+)
+def test_validate_names_what_is_no_rule_list_or_no_number(rules, message):
+    # (A dict was read key by key; bools passed as counts; sizes past 64 bits
+    # failed later in the native table.)
+    with pytest.raises(ValueError, match=message):
+        tune.validate(rules)
