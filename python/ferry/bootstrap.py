@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import os
 import socket
 import struct
@@ -59,6 +60,10 @@ def read_launch_env(env: Optional[Mapping[str, str]] = None) -> Optional[LaunchI
                 raise InvalidArgumentError(
                     f"{launcher}: {rank_var}={rank} and {world_var}={world} are inconsistent; "
                     "expected 0 <= rank < world"
+                )
+            if local < 0:
+                raise InvalidArgumentError(
+                    f"{launcher}: {local_var}={local}; expected a GPU ordinal, 0 or more"
                 )
             addr = env.get("MASTER_ADDR", "127.0.0.1")
             port = env_int(env, "MASTER_PORT") if "MASTER_PORT" in env else 29500
@@ -208,6 +213,17 @@ class TcpStore:
     _REPLY_GRACE_S = 10.0
 
     def __init__(self, host: str, port: int, is_server: bool, timeout: float = 300.0):
+        # (a nan or negative timeout would make every wait below unbounded or an error of the socket layer)
+        if (
+            isinstance(port, bool)
+            or not isinstance(port, int)
+            or not (0 if is_server else 1) <= port <= 65535
+        ):
+            raise InvalidArgumentError(
+                f"TcpStore: port is {port!r}; expected 1..65535{' (0: any free port)' if is_server else ''}"
+            )
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+            raise InvalidArgumentError(f"TcpStore: timeout is {timeout!r}; expected seconds, more than 0")
         self.timeout = timeout
         self._server = _StoreServer(host if host else "0.0.0.0", port) if is_server else None
         if self._server is not None:

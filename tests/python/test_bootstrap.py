@@ -35,6 +35,26 @@ def test_bad_env_is_named():
         read_launch_env({"RANK": "0", "WORLD_SIZE": "x"})
     with pytest.raises(InvalidArgumentError, match="inconsistent"):
         read_launch_env({"RANK": "4", "WORLD_SIZE": "4"})
+    with pytest.raises(InvalidArgumentError, match="torchrun: LOCAL_RANK=-1; expected a GPU ordinal"):
+        read_launch_env({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "-1"})
+
+
+@pytest.mark.parametrize(
+    "kw,message",
+    [
+        (dict(port=70000, is_server=False), "port is 70000; expected 1..65535"),
+        (dict(port=0, is_server=False), "port is 0; expected 1..65535"),
+        (dict(port="29500", is_server=True), r"port is '29500'; expected 1..65535 \(0: any free port\)"),
+        (dict(port=True, is_server=True), "port is True"),
+        (dict(port=29500, is_server=False, timeout=-1), "timeout is -1; expected seconds, more than 0"),
+        (dict(port=29500, is_server=False, timeout=float("nan")), "timeout is nan"),
+        (dict(port=29500, is_server=False, timeout="5"), "timeout is '5'"),
+    ],
+)
+def test_a_store_port_or_timeout_that_is_none_is_named(kw, message):
+    # Before: OverflowError or TypeError from the socket layer, or a nan deadline never passed.
+    with pytest.raises(InvalidArgumentError, match=message):
+        TcpStore("127.0.0.1", **kw)
 
 
 def _free_port():
