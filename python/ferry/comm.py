@@ -12,6 +12,7 @@ from typing import Any, List, Optional
 
 from . import _streams, tune
 from ._native import require
+from ._shapes import shape_of
 from .bootstrap import (
     AllGather,
     TcpStore,
@@ -277,11 +278,11 @@ class Communicator:
         """Peer-visible device memory (CUDA VMM), registered with this
         communicator, as torch tensor(s) of `shape` and `dtype` (default uint8).
         Valid until :meth:`free` or :meth:`close`. Collective."""
+        self._check_open("alloc")
+        shape = shape_of(shape, "alloc")
         import torch
 
-        self._check_open("alloc")
         dtype = torch.uint8 if dtype is None else dtype
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
         numel = 1
         for s in shape:
             numel *= s

@@ -49,6 +49,7 @@ from typing import Any, Sequence
 
 from . import _streams
 from ._native import require
+from ._shapes import shape_of
 from .errors import InvalidArgumentError
 
 MODES = ("auto", "per_page", "batched", "streams", "kernel")
@@ -289,20 +290,6 @@ def _id_pair(dst_ids, src_ids):
     if d.is_64 != s.is_64:
         d, s = [x if x.is_64 else _Ids(x.keep.long(), name) for x, name in ((d, "dst_ids"), (s, "src_ids"))]
     return d, s
-
-
-def _shape_of(shape, what: str) -> tuple:
-    """`shape` (an int or a sequence of ints, each >= 0) as a tuple."""
-    dims = (shape,) if isinstance(shape, int) and not isinstance(shape, bool) else shape
-    try:
-        dims = tuple(dims)
-    except TypeError:
-        raise InvalidArgumentError(f"{what}: shape is {shape!r}; expected a tuple of sizes") from None
-    for d in dims:
-        # -1 ("infer it") has nothing to infer from here: the tensor is new.
-        if isinstance(d, bool) or not hasattr(d, "__index__") or int(d) < 0:
-            raise InvalidArgumentError(f"{what}: shape is {shape!r}; expected sizes of at least 0")
-    return tuple(int(d) for d in dims)
 
 
 def _check_mode(mode: str):
@@ -567,7 +554,7 @@ class HostPool:
     def tensor(self, shape: Sequence[int], dtype) -> Any:
         """A new tensor from the pool's unused memory (page-aligned)."""
         torch = _torch()
-        dims = _shape_of(shape, "HostPool.tensor")
+        dims = shape_of(shape, "HostPool.tensor")
         nbytes = math.prod(dims) * torch.empty((), dtype=dtype).element_size()
         start = (self._next + PAGE_ALIGN - 1) // PAGE_ALIGN * PAGE_ALIGN
         if start + nbytes > self.nbytes:
@@ -592,7 +579,7 @@ def pinned_empty(shape: Sequence[int], dtype, *, device: int | None = None) -> A
     """An uninitialised CPU tensor in pinned, NUMA-local host memory of its own
     (a HostPool that lives as long as the tensor)."""
     torch = _torch()
-    dims = _shape_of(shape, "pinned_empty")
+    dims = shape_of(shape, "pinned_empty")
     nbytes = max(1, math.prod(dims) * torch.empty((), dtype=dtype).element_size())
     return HostPool(nbytes, device=device).tensor(dims, dtype)
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ._native import require
+from ._shapes import shape_of
 from .comm import Communicator, _describe, _DeviceMemory, _stream_handle
 from .errors import ClosedError, InvalidArgumentError
 
@@ -156,13 +157,11 @@ class Heap:
         rank (collective). One tensor, or with init_local one per local rank
         (each rank's own copy). Refused while the current stream captures a
         CUDA graph if new memory must be mapped: reserve() first."""
+        self._open("empty")
+        shape = shape_of(shape, "empty")
         import torch
 
-        self._open("empty")
         dtype = torch.float32 if dtype is None else dtype
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        if any((not isinstance(s, int)) or s < 0 for s in shape):
-            raise InvalidArgumentError(f"shape is {shape}; expected non-negative integers")
         numel = 1
         for s in shape:
             numel *= s

@@ -7,6 +7,7 @@ import ctypes
 import ferry.kv as kv
 import pytest
 from ferry import InvalidArgumentError
+from ferry._shapes import shape_of
 
 
 def test_index_lists_must_pair_up_and_hold_integers():
@@ -73,12 +74,12 @@ def test_numpy_index_arrays_must_hold_integers():
 
 
 def test_shapes_of_new_host_tensors():
-    assert kv._shape_of(1024, "HostPool.tensor") == (1024,)
-    assert kv._shape_of((8, 0, 3), "HostPool.tensor") == (8, 0, 3)
+    assert shape_of(1024, "HostPool.tensor") == (1024,)
+    assert shape_of((8, 0, 3), "HostPool.tensor") == (8, 0, 3)
     # -1 must not move the pool's next offset back: the next tensor would overlap the one before.
     for shape in [(-1, 4096), ("4", 2), (True, 2), 2.5, None]:
         with pytest.raises(InvalidArgumentError, match="HostPool.tensor: shape is"):
-            kv._shape_of(shape, "HostPool.tensor")
+            shape_of(shape, "HostPool.tensor")
 
 
 def test_torch_bools_in_a_list_are_refused():

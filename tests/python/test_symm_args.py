@@ -53,3 +53,16 @@ def test_a_heap_capacity_that_is_no_size_is_named(capacity, message, monkeypatch
     monkeypatch.setattr(comm.Communicator, "devices", property(lambda self: [0]))
     with pytest.raises(InvalidArgumentError, match=message):
         Heap(c, capacity)
+
+
+@pytest.mark.parametrize("shape", [-1, (4, -1), True, (2, 1.5), "8", None])
+def test_a_shape_that_is_no_shape_is_named_before_torch(shape, monkeypatch):
+    # (alloc() took (-1, 4) as a negative byte count for the native layer.)
+    import ferry.comm as comm
+
+    with pytest.raises(InvalidArgumentError, match=r"empty: shape is .*; expected"):
+        _heap().empty(shape)
+    c = object.__new__(comm.Communicator)
+    monkeypatch.setattr(comm.Communicator, "_check_open", lambda self, what: None)
+    with pytest.raises(InvalidArgumentError, match=r"alloc: shape is .*; expected"):
+        c.alloc(shape)
