@@ -24,6 +24,16 @@ void check_region(const PageRegion& g, const char* side, size_t r) {
   FERRY_ARG_CHECK(g.pages == 1 || g.stride >= g.bytes,
                   name(side, r) + ": pages overlap (stride " + std::to_string(g.stride) + " bytes < " +
                       std::to_string(g.bytes) + " bytes per page); each page must be contiguous and apart");
+  // Its span, (pages - 1) x stride + bytes from base, in addresses (below
+  // 2^63 wherever CUDA runs): a span that wrapped would pass every check
+  // sized by it and the copies would address memory far outside the region.
+  constexpr uint64_t kTop = uint64_t{1} << 63;
+  const uint64_t more = g.pages - 1;
+  const bool fits = g.bytes <= kTop && (more == 0 || g.stride <= (kTop - g.bytes) / more) &&
+                    g.base <= kTop - (more * g.stride + g.bytes);
+  FERRY_ARG_CHECK(fits, name(side, r) + ": " + std::to_string(g.pages) + " pages " + std::to_string(g.stride) +
+                            " bytes apart from address " + std::to_string(g.base) +
+                            " run past the address space (2^63)");
 }
 
 size_t min_pages(const PageSide& s) {

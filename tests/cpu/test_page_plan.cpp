@@ -120,6 +120,13 @@ TEST(PagePlan, BadInputIsNamed) {
   auto overlapping = side(0x900000, 1024, 4096, 8);
   EXPECT_NE(error_of([&] { plan_page_copies(dst, overlapping, ids(ok), ids(ok), true); }).find("pages overlap"),
             std::string::npos);
+  // A region whose span wraps past 64 bits would pass every check sized by it.
+  auto wraps = side(0x900000, 4096, 4096, (size_t{1} << 52) + 1);
+  EXPECT_NE(error_of([&] { plan_page_copies(dst, wraps, ids(ok), ids(ok), true); }).find("run past the address space"),
+            std::string::npos);
+  auto past_top = side(uintptr_t{1} << 62, size_t{1} << 50, 4096, 4097);
+  EXPECT_NE(error_of([&] { plan_page_copies(dst, past_top, ids(ok), ids(ok), true); }).find("src[0]: 4097 pages"),
+            std::string::npos);
   PageSide null_side = side(0, 4096, 4096, 8);
   EXPECT_NE(error_of([&] { plan_page_copies(dst, null_side, ids(ok), ids(ok), true); }).find("null pointer"),
             std::string::npos);
