@@ -117,7 +117,10 @@ ferry_result_t ferry_kv_prepared_wait(ferry_kv_prepared_t prepared, ferry_stream
 
 ferry_result_t ferry_kv_prepared_synchronize(ferry_kv_prepared_t prepared, double timeout_s) {
   return ferry::capi::guarded([&] {
-    FERRY_ARG_CHECK(timeout_s >= 0, "timeout_s must be at least 0, not " + std::to_string(timeout_s));
+    // (nan, infinity or past 1e6 s: a wait without end)
+    FERRY_ARG_CHECK(timeout_s >= 0 && timeout_s <= ferry::kMaxTimeoutS,
+                    "timeout_s is " + std::to_string(timeout_s) + "; expected 0 to " +
+                        std::to_string(ferry::kMaxTimeoutS) + " seconds");
     prepared_of(prepared).synchronize(timeout_s);
   });
 }

@@ -754,6 +754,10 @@ std::string PreparedPages::why_unfinished() const {
 }
 
 void PreparedPages::synchronize(double timeout_s) {
+  // (an infinite deadline is no time point at all)
+  FERRY_ARG_CHECK(timeout_s >= 0 && timeout_s <= kMaxTimeoutS, "synchronize: timeout is " + std::to_string(timeout_s) +
+                                                                   " s; expected 0 to " + std::to_string(kMaxTimeoutS) +
+                                                                   " s");
   if (!ran_) return;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   for (;;) {

@@ -2,6 +2,7 @@
 // point fails with a message that says what is missing. Skipped where a GPU is.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "coll/communicator.hpp"
@@ -120,6 +121,11 @@ TEST(CApi, PreparedKvTransfersRefuseWhatTheyCannotRunByName) {
   EXPECT_EQ(ferry_kv_prepared_device_trigger(nullptr, &trig), FERRY_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(ferry_kv_prepared_wait(nullptr, nullptr), FERRY_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(ferry_kv_prepared_synchronize(nullptr, 1.0), FERRY_ERROR_INVALID_ARGUMENT);
+  // A timeout that is no bound (nan, infinity, past 1e6 s) is named before the handle.
+  for (double t : {std::nan(""), HUGE_VAL, 1e300, -1.0}) {
+    EXPECT_EQ(ferry_kv_prepared_synchronize(nullptr, t), FERRY_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(ferry_last_error()).find("timeout_s is"), std::string::npos) << ferry_last_error();
+  }
   EXPECT_EQ(ferry_kv_prepared_sizes(nullptr, nullptr, nullptr), FERRY_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(ferry_kv_prepared_destroy(nullptr), FERRY_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(ferry_last_error()).find("prepared is NULL"), std::string::npos);
