@@ -139,7 +139,9 @@ const char* ferry_result_name(ferry_result_t r) {
 
 ferry_result_t ferry_comm_init(const ferry_comm_config_t* config, ferry_comm_t* comm) {
   return guarded([&] {
-    FERRY_ARG_CHECK(config && comm, "config and comm must not be NULL");
+    if (comm) *comm = nullptr;  // a caller that destroys it after a failure destroys nothing
+    FERRY_ARG_CHECK(config, "config is NULL");
+    FERRY_ARG_CHECK(comm, "comm is NULL; expected where to put the communicator");
     FERRY_ARG_CHECK(config->allgather, "config->allgather must not be NULL");
     ferry_allgather_fn fn = config->allgather;
     void* ctx = config->allgather_ctx;
@@ -169,7 +171,10 @@ ferry_result_t ferry_comm_init(const ferry_comm_config_t* config, ferry_comm_t* 
 
 ferry_result_t ferry_comm_init_local(const int* devices, int n, double timeout_s, ferry_comm_t* comm) {
   return guarded([&] {
-    FERRY_ARG_CHECK(devices && comm && n > 0, "devices and comm must not be NULL and n positive");
+    if (comm) *comm = nullptr;  // a caller that destroys it after a failure destroys nothing
+    FERRY_ARG_CHECK(devices, "devices is NULL");
+    FERRY_ARG_CHECK(n > 0, "n is " + std::to_string(n) + "; expected at least one GPU");
+    FERRY_ARG_CHECK(comm, "comm is NULL; expected where to put the communicator");
     auto c = std::make_unique<ferry_comm>();
     c->impl = ferry::Communicator::create_local(std::vector<int>(devices, devices + n), timeout_s);
     *comm = c.release();

@@ -24,6 +24,7 @@ ferry::SymmetricPool& get_pool(ferry_pool_t pool) {
 ferry_result_t ferry_pool_create(ferry_comm_t comm, size_t chunk_bytes, ferry_pool_t* pool) {
   return ferry::capi::guarded([&] {
     FERRY_ARG_CHECK(pool, "pool must not be NULL");
+    *pool = nullptr;  // a caller that destroys it after a failure destroys nothing
     auto p = std::make_unique<ferry_pool>();
     p->impl = std::make_unique<ferry::SymmetricPool>(ferry::capi::get_shared(comm), chunk_bytes);
     *pool = p.release();

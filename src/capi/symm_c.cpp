@@ -26,6 +26,7 @@ ferry::SymmetricHeap& get_heap(ferry_heap_t heap) {
 ferry_result_t ferry_heap_create(ferry_comm_t comm, size_t capacity, ferry_heap_t* heap) {
   return guarded([&] {
     FERRY_ARG_CHECK(heap != nullptr, "heap is NULL");
+    *heap = nullptr;  // a caller that destroys it after a failure destroys nothing
     auto impl = ferry::SymmetricHeap::create(ferry::capi::get(comm).group(), capacity);
     *heap = new ferry_heap{std::move(impl)};
   });

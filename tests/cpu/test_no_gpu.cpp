@@ -11,6 +11,7 @@
 #include "ferry/ferry.h"
 #include "ferry/kv.h"
 #include "ferry/multipath.h"
+#include "ferry/symm.h"
 #include "topo/topology.hpp"
 
 using namespace ferry;
@@ -158,4 +159,26 @@ TEST(CApi, ArgumentsCheckedBeforeAnyGpuIsTouched) {
   EXPECT_EQ(ferry_multipath_create(nullptr, 0, &o, &engine), FERRY_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(ferry_last_error()).find("options->relays_idle is -1"), std::string::npos)
       << ferry_last_error();
+  // Handles a failed create leaves NULL, so that destroying them after the
+  // failure destroys nothing (they were left as the caller had them).
+  const int dev = 0;
+  ferry_comm_t comm = reinterpret_cast<ferry_comm_t>(&comm);
+  EXPECT_EQ(ferry_comm_init_local(&dev, 0, 0, &comm), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("n is 0; expected at least one GPU"), std::string::npos)
+      << ferry_last_error();
+  EXPECT_EQ(comm, nullptr);
+  comm = reinterpret_cast<ferry_comm_t>(&comm);
+  EXPECT_EQ(ferry_comm_init_local(nullptr, 1, 0, &comm), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("devices is NULL"), std::string::npos) << ferry_last_error();
+  EXPECT_EQ(comm, nullptr);
+  comm = reinterpret_cast<ferry_comm_t>(&comm);
+  EXPECT_EQ(ferry_comm_init(nullptr, &comm), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("config is NULL"), std::string::npos) << ferry_last_error();
+  EXPECT_EQ(comm, nullptr);
+  ferry_pool_t spool = reinterpret_cast<ferry_pool_t>(&spool);
+  EXPECT_NE(ferry_pool_create(nullptr, 0, &spool), FERRY_SUCCESS);
+  EXPECT_EQ(spool, nullptr);
+  ferry_heap_t heap = reinterpret_cast<ferry_heap_t>(&heap);
+  EXPECT_NE(ferry_heap_create(nullptr, 0, &heap), FERRY_SUCCESS);
+  EXPECT_EQ(heap, nullptr);
 }
