@@ -48,12 +48,14 @@ std::string pci_bus_id(int device) {
   return bus;
 }
 
-void check_device_ordinal(int device, const char* what) {
+// (A negative one is named before CUDA is asked: also on a machine without a GPU.)
+void check_device_ordinal(int device, const std::string& what) {
+  FERRY_ARG_CHECK(device >= 0, what + " is " + std::to_string(device) + "; expected a GPU ordinal, 0 or more");
   int count = 0;
   FERRY_CUDA_CHECK(cudaGetDeviceCount(&count));
-  FERRY_ARG_CHECK(device >= 0 && device < count, std::string(what) + " is " + std::to_string(device) +
-                                                     "; expected 0.." + std::to_string(count - 1) + " (" +
-                                                     std::to_string(count) + " GPUs visible)");
+  FERRY_ARG_CHECK(device >= 0 && device < count, what + " is " + std::to_string(device) + "; expected 0.." +
+                                                     std::to_string(count - 1) + " (" + std::to_string(count) +
+                                                     " GPUs visible)");
 }
 
 // Distinct repeated eager calls kept as graphs per local rank.
@@ -109,6 +111,7 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int world, int devi
   FERRY_ARG_CHECK(rank >= 0 && rank < world,
                   "rank is " + std::to_string(rank) + "; expected 0.." + std::to_string(world - 1));
   FERRY_ARG_CHECK(static_cast<bool>(allgather), "allgather: a bootstrap all-gather function is required");
+  timeout_seconds(timeout_s, "timeout_s");  // its bounds, before CUDA is asked anything
   check_device_ordinal(device, "device");
   const std::string refused = sync::refusal("Communicator", "setting one up (its memory, its kernels' first load)");
   // Told to the peers in the exchange they make first, before anything is
@@ -189,13 +192,17 @@ std::unique_ptr<Communicator> Communicator::create_local(const std::vector<int>&
   int n = static_cast<int>(devices.size());
   FERRY_ARG_CHECK(n >= 1 && n <= kMaxRanks,
                   "devices: expected 1.." + std::to_string(kMaxRanks) + " GPUs, got " + std::to_string(n));
+  timeout_seconds(timeout_s, "timeout_s");  // its bounds, before CUDA is asked anything
+  for (int i = 0; i < n; ++i)
+    FERRY_ARG_CHECK(devices[i] >= 0, "devices[" + std::to_string(i) + "] is " + std::to_string(devices[i]) +
+                                         "; expected a GPU ordinal, 0 or more");
   // Several ranks on one GPU only for tests (FERRY_SHARED_GPUS): the world's
   // logic then runs on fewer GPUs than it has ranks.
   sync::refuse_while_held("Communicator", "setting one up (its memory, its kernels' first load)");
   sync::run_kept_frees();  // what earlier teardowns kept, before this one takes more
   const bool shared = knob_int("FERRY_SHARED_GPUS") != 0;
   for (int i = 0; i < n; ++i) {
-    check_device_ordinal(devices[i], "devices[i]");
+    check_device_ordinal(devices[i], "devices[" + std::to_string(i) + "]");
     for (int j = 0; j < i; ++j)
       FERRY_ARG_CHECK(shared || devices[i] != devices[j],
                       "devices lists GPU " + std::to_string(devices[i]) + " twice; expected distinct GPUs");

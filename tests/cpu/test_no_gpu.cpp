@@ -159,6 +159,14 @@ TEST(CApi, ArgumentsCheckedBeforeAnyGpuIsTouched) {
   EXPECT_EQ(ferry_multipath_create(nullptr, 0, &o, &engine), FERRY_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(ferry_last_error()).find("options->relays_idle is -1"), std::string::npos)
       << ferry_last_error();
+  // A negative GPU or a timeout that is no bound is named before CUDA is asked (it would say: no GPU).
+  const int negative[2] = {0, -2};
+  ferry_comm_t none = nullptr;
+  EXPECT_EQ(ferry_comm_init_local(negative, 2, 0, &none), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("devices[1] is -2; expected a GPU ordinal"), std::string::npos)
+      << ferry_last_error();
+  EXPECT_EQ(ferry_comm_init_local(negative, 1, std::nan(""), &none), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("timeout_s is nan"), std::string::npos) << ferry_last_error();
   // Handles a failed create leaves NULL, so that destroying them after the
   // failure destroys nothing (they were left as the caller had them).
   const int dev = 0;
