@@ -216,7 +216,7 @@ def test_init_refuses_a_bad_device_timeout_or_port_before_the_store(monkeypatch)
     monkeypatch.setenv("LOCAL_RANK", "-3")
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(InvalidArgumentError, match="device is -3"):
+    with pytest.raises(InvalidArgumentError, match="LOCAL_RANK=-3; expected a GPU ordinal"):
         comm.init()
 
 
