@@ -54,11 +54,9 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
   // one): its allocations and streams must not invalidate that capture.
   RelaxedCaptureScope relax;
   FERRY_ARG_CHECK(!links_.empty(), "link_devices: expected at least one GPU");
-  int count = 0;
-  FERRY_CUDA_CHECK(cudaGetDeviceCount(&count));
+  // What needs no GPU is checked before CUDA is asked (it would say: no GPU).
   for (int d : links_)
-    FERRY_ARG_CHECK(d >= 0 && d < count,
-                    "link_devices: " + std::to_string(d) + " is not a GPU here (0.." + std::to_string(count - 1) + ")");
+    FERRY_ARG_CHECK(d >= 0, "link_devices: " + std::to_string(d) + " is no GPU ordinal; expected 0 or more");
   chunk_bytes_ =
       options.chunk_bytes ? options.chunk_bytes : static_cast<size_t>(knob_int_in("FERRY_MULTIPATH_CHUNK_BYTES"));
   // (Rounded up to staging units later: a size near 2^64 would wrap to none.
@@ -81,6 +79,11 @@ MultipathEngine::MultipathEngine(const MultipathOptions& options)
   policy_.keep_warm_s = knob_float_in("FERRY_MULTIPATH_KEEP_WARM_MS") * 1e-3;
   FERRY_ARG_CHECK(policy_.outstanding >= 1 && policy_.outstanding <= 16,
                   "outstanding is " + std::to_string(policy_.outstanding) + "; expected 1..16");
+  int count = 0;
+  FERRY_CUDA_CHECK(cudaGetDeviceCount(&count));
+  for (int d : links_)
+    FERRY_ARG_CHECK(d < count,
+                    "link_devices: " + std::to_string(d) + " is not a GPU here (0.." + std::to_string(count - 1) + ")");
   const int n = static_cast<int>(links_.size());
   if (policy_.may_relay.empty()) policy_.may_relay.assign(n, true);
   FERRY_ARG_CHECK(static_cast<int>(policy_.may_relay.size()) == n, "may_relay: expected one entry per link");

@@ -159,6 +159,22 @@ TEST(CApi, ArgumentsCheckedBeforeAnyGpuIsTouched) {
   EXPECT_EQ(ferry_multipath_create(nullptr, 0, &o, &engine), FERRY_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(ferry_last_error()).find("options->relays_idle is -1"), std::string::npos)
       << ferry_last_error();
+  // A multipath engine's options and a negative GPU, named before CUDA is asked.
+  o = ferry_multipath_options_t{};
+  o.outstanding = 99;
+  const int gpus[2] = {0, 1};
+  EXPECT_EQ(ferry_multipath_create(gpus, 2, &o, &engine), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("outstanding is 99; expected 1..16"), std::string::npos)
+      << ferry_last_error();
+  o.outstanding = 0;
+  o.timeout_s = std::nan("");
+  EXPECT_EQ(ferry_multipath_create(gpus, 2, &o, &engine), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("timeout is nan"), std::string::npos) << ferry_last_error();
+  const int minus[1] = {-1};
+  EXPECT_EQ(ferry_multipath_create(minus, 1, nullptr, &engine), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("link_devices: -1 is no GPU ordinal"), std::string::npos)
+      << ferry_last_error();
+  EXPECT_EQ(engine, nullptr);
   // A negative GPU or a timeout that is no bound is named before CUDA is asked (it would say: no GPU).
   const int negative[2] = {0, -2};
   ferry_comm_t none = nullptr;
