@@ -94,8 +94,10 @@ ferry_result_t ferry_multipath_synchronize(ferry_multipath_t engine) {
 }
 
 ferry_result_t ferry_multipath_destroy(ferry_multipath_t engine) {
+  // Nothing to destroy is no call: the message of the failure a caller is
+  // cleaning up after stays.
+  if (!engine) return FERRY_SUCCESS;
   return ferry::capi::guarded([&] {
-    if (!engine) return;
     std::unique_ptr<ferry_multipath> owned(engine);
     if (owned->impl) owned->impl->close();
   });

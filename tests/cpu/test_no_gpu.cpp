@@ -175,6 +175,9 @@ TEST(CApi, ArgumentsCheckedBeforeAnyGpuIsTouched) {
   EXPECT_NE(std::string(ferry_last_error()).find("link_devices: -1 is no GPU ordinal"), std::string::npos)
       << ferry_last_error();
   EXPECT_EQ(engine, nullptr);
+  // Destroying the NULL a failed create left keeps that failure's message.
+  EXPECT_EQ(ferry_multipath_destroy(engine), FERRY_SUCCESS);
+  EXPECT_NE(std::string(ferry_last_error()).find("link_devices: -1"), std::string::npos) << ferry_last_error();
   // A negative GPU or a timeout that is no bound is named before CUDA is asked (it would say: no GPU).
   const int negative[2] = {0, -2};
   ferry_comm_t none = nullptr;
