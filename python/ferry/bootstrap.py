@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import numbers
 import os
 import socket
 import struct
@@ -222,8 +223,9 @@ class TcpStore:
             raise InvalidArgumentError(
                 f"TcpStore: port is {port!r}; expected 1..65535{' (0: any free port)' if is_server else ''}"
             )
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not 0 < timeout < math.inf:
             raise InvalidArgumentError(f"TcpStore: timeout is {timeout!r}; expected seconds, more than 0")
+        timeout = float(timeout)  # (numpy's floats, fractions: the socket layer takes floats)
         self.timeout = timeout
         self._server = _StoreServer(host if host else "0.0.0.0", port) if is_server else None
         if self._server is not None:

@@ -3,6 +3,7 @@ __cuda_array_interface__) in, collectives ordered in the caller's stream."""
 
 from __future__ import annotations
 
+import numbers
 import operator
 import os
 import warnings
@@ -767,7 +768,7 @@ def init(
         raise InvalidArgumentError(
             f"ferry.init: device is {device} (LOCAL_RANK under a launcher); expected a GPU ordinal, 0 or more"
         )
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
         raise InvalidArgumentError(
             f"ferry.init: timeout is {timeout!r}; expected seconds (0: FERRY_TIMEOUT_S)"
         )

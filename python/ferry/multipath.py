@@ -22,6 +22,7 @@ FERRY_DEBUG=1 prints why. docs/multipath.md has the measurements.
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 import threading
 from typing import Any, Optional, Sequence, Union
@@ -163,7 +164,7 @@ class Engine:
         min_bytes = _int("min_bytes", min_bytes, 0)
         head_bytes = _int("head_bytes", head_bytes, -1)  # -1: FERRY_MULTIPATH_HEAD_BYTES, 0: none
         outstanding = _int("outstanding", outstanding, 1, 16)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
             raise InvalidArgumentError(f"timeout is {timeout!r}; expected seconds, or 0 for FERRY_TIMEOUT_S")
         if not (float(timeout) >= 0 and math.isfinite(float(timeout))):
             raise InvalidArgumentError(f"timeout is {timeout}; expected seconds, or 0 for FERRY_TIMEOUT_S")
