@@ -30,6 +30,31 @@ using ferry::capi::enum_value;
 using ferry::capi::get;
 using ferry::capi::guarded;
 
+// A call's own fields, checked before the communicator is looked at, so that
+// the checks run (and are tested) without a GPU; make_args and call_args read
+// them again as they build the call.
+void check_options(const ferry_coll_options_t* options) {
+  if (!options) return;
+  enum_in(options->algo, FERRY_ALGO_AUTO, FERRY_ALGO_SM, "options->algo is not a ferry_algo_t");
+  enum_in(options->local_copy, FERRY_LOCAL_COPY_AUTO, FERRY_LOCAL_COPY_PEER,
+          "options->local_copy is not a ferry_local_copy_t");
+  enum_in(options->signals, FERRY_SIGNALS_AUTO, FERRY_SIGNALS_KERNEL, "options->signals is not a ferry_signals_t");
+}
+
+void check_call(const ferry_call_t* call) {
+  FERRY_ARG_CHECK(call, "call must not be NULL");
+  const int op = enum_in(call->op, FERRY_OP_ALL_GATHER, FERRY_OP_ALL_REDUCE, "call->op is not a ferry_op_t");
+  check_options(&call->options);
+  if (op == FERRY_OP_ALL_TO_ALLV)
+    FERRY_ARG_CHECK(call->counts, "call->counts must not be NULL for all_to_allv (world * world byte counts)");
+  if (op == FERRY_OP_REDUCE_SCATTER || op == FERRY_OP_ALL_REDUCE) {
+    FERRY_ARG_CHECK(ferry::dtype_bytes(static_cast<ferry::DType>(enum_value(call->dtype))) > 0,
+                    "call->dtype is not a ferry_dtype_t");
+    const int red_op = enum_value(call->red_op);
+    FERRY_ARG_CHECK(red_op >= FERRY_RED_SUM && red_op <= FERRY_RED_MIN, "call->red_op is not a ferry_red_op_t");
+  }
+}
+
 ferry::CollectiveArgs make_args(ferry::Communicator& c, ferry::CollOp op, void* const* outs, const void* const* ins,
                                 size_t bytes, const ferry_stream_t* streams, const ferry_coll_options_t* options) {
   FERRY_ARG_CHECK(outs && ins, "outs and ins must not be NULL");
@@ -257,25 +282,35 @@ ferry_result_t ferry_comm_choose(ferry_comm_t comm, ferry_op_t op, size_t bytes_
 ferry_result_t ferry_all_gather(ferry_comm_t comm, void* const* outs, const void* const* ins, size_t bytes_per_rank,
                                 const ferry_stream_t* streams, const ferry_coll_options_t* options) {
   return guarded([&] {
-    get(comm).run(make_args(get(comm), ferry::CollOp::kAllGather, outs, ins, bytes_per_rank, streams, options));
+    check_options(options);
+    ferry::Communicator& c = get(comm);
+    c.run(make_args(c, ferry::CollOp::kAllGather, outs, ins, bytes_per_rank, streams, options));
   });
 }
 
 ferry_result_t ferry_all_to_all(ferry_comm_t comm, void* const* outs, const void* const* ins, size_t bytes_per_rank,
                                 const ferry_stream_t* streams, const ferry_coll_options_t* options) {
   return guarded([&] {
-    get(comm).run(make_args(get(comm), ferry::CollOp::kAllToAll, outs, ins, bytes_per_rank, streams, options));
+    check_options(options);
+    ferry::Communicator& c = get(comm);
+    c.run(make_args(c, ferry::CollOp::kAllToAll, outs, ins, bytes_per_rank, streams, options));
   });
 }
 
 ferry_result_t ferry_run(ferry_comm_t comm, const ferry_call_t* call) {
-  return guarded([&] { get(comm).run(call_args(get(comm), call)); });
+  return guarded([&] {
+    check_call(call);
+    ferry::Communicator& c = get(comm);
+    c.run(call_args(c, call));
+  });
 }
 
 ferry_result_t ferry_prepare(ferry_comm_t comm, const ferry_call_t* call, int* handle) {
   return guarded([&] {
     FERRY_ARG_CHECK(handle, "handle must not be NULL");
-    *handle = get(comm).prepare(call_args(get(comm), call));
+    check_call(call);
+    ferry::Communicator& c = get(comm);
+    *handle = c.prepare(call_args(c, call));
   });
 }
 

@@ -54,9 +54,32 @@ TEST(CApi, NullArgumentsAreNamed) {
   EXPECT_EQ(ferry_comm_init(nullptr, nullptr), FERRY_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(ferry_last_error()).find("config"), std::string::npos);
   EXPECT_STREQ(ferry_result_name(FERRY_ERROR_TIMEOUT), "FERRY_ERROR_TIMEOUT");
-  // The collective and prelaunch entry points refuse a null communicator by name.
+  // A call's own fields are named before the communicator is looked at.
   ferry_call_t call{};
   int handle = 0;
+  int op = 99;
+  std::memcpy(&call.op, &op, sizeof op);
+  EXPECT_EQ(ferry_run(nullptr, &call), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("call->op is not a ferry_op_t"), std::string::npos)
+      << ferry_last_error();
+  call.op = FERRY_OP_REDUCE_SCATTER;
+  call.dtype = FERRY_FLOAT32;
+  std::memcpy(&call.red_op, &op, sizeof op);
+  EXPECT_EQ(ferry_prepare(nullptr, &call, &handle), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("call->red_op is not a ferry_red_op_t"), std::string::npos)
+      << ferry_last_error();
+  call.op = FERRY_OP_ALL_TO_ALLV;
+  EXPECT_EQ(ferry_run(nullptr, &call), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("call->counts must not be NULL"), std::string::npos)
+      << ferry_last_error();
+  ferry_coll_options_t options{};
+  std::memcpy(&options.signals, &op, sizeof op);
+  EXPECT_EQ(ferry_all_gather(nullptr, nullptr, nullptr, 0, nullptr, &options), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("options->signals is not a ferry_signals_t"), std::string::npos)
+      << ferry_last_error();
+  // The collective and prelaunch entry points refuse a null communicator by name.
+  call = ferry_call_t{};
+  call.op = FERRY_OP_ALL_GATHER;
   ferry_trigger_t trig{};
   EXPECT_EQ(ferry_run(nullptr, &call), FERRY_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(ferry_last_error()).find("comm"), std::string::npos);
