@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any, List, Optional
 
 from . import _streams, tune
+from ._args import integer, shape_of
 from ._native import require
-from ._shapes import shape_of
 from .bootstrap import (
     AllGather,
     TcpStore,
@@ -758,12 +758,7 @@ def init(
         )
     if device is None:
         device = info.local_rank if info is not None else rank
-    try:
-        if isinstance(device, bool):
-            raise TypeError
-        device = operator.index(device)
-    except TypeError:
-        raise InvalidArgumentError(f"ferry.init: device is {device!r}; expected a GPU ordinal") from None
+    device = integer(device, "ferry.init: device")
     if device < 0:
         raise InvalidArgumentError(
             f"ferry.init: device is {device} (LOCAL_RANK under a launcher); expected a GPU ordinal, 0 or more"

@@ -48,8 +48,8 @@ import weakref
 from typing import Any, Sequence
 
 from . import _streams
+from ._args import shape_of
 from ._native import require
-from ._shapes import shape_of
 from .errors import InvalidArgumentError
 
 MODES = ("auto", "per_page", "batched", "streams", "kernel")

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import math
 import numbers
-import operator
 import threading
 from typing import Any, Optional, Sequence, Union
 
 from . import _streams
+from ._args import integer
 from ._native import require
 from .errors import BrokenError, InvalidArgumentError
 
@@ -51,12 +51,8 @@ _MAX = (1 << 63) - 1
 
 
 def _int(name: str, v, lo: int, hi: int = _MAX) -> int:
-    """`v` as an int in [lo, hi], or an error naming `name`. numpy's and
-    torch's integers index as ints; a bool, a float or a string is no GPU,
-    size or count (int() would take True as 1 and 0.9 as 0)."""
-    if isinstance(v, bool) or not hasattr(v, "__index__"):
-        raise InvalidArgumentError(f"{name} is {v!r}; expected an integer")
-    i = operator.index(v)
+    """`v` as an int in [lo, hi], or an error naming `name`."""
+    i = integer(v, name)
     if not lo <= i <= hi:
         raise InvalidArgumentError(f"{name} is {v}; expected {lo}..{hi}")
     return i

@@ -24,8 +24,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ._args import integer, shape_of
 from ._native import require
-from ._shapes import shape_of
 from .comm import Communicator, _describe, _DeviceMemory, _stream_handle
 from .errors import ClosedError, InvalidArgumentError
 
@@ -77,14 +77,6 @@ class HeapHandle:
         return address + (peer - self.rank) * self.stride
 
 
-def _integer(value, what: str) -> int:
-    """numpy's and torch's integers index as ints; a bool, a float or a string
-    names no rank or word value (int() would take True as 1 and 1.9 as 1)."""
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise InvalidArgumentError(f"{what} is {value!r}; expected an integer")
-    return operator.index(value)
-
-
 class Heap:
     """A symmetric heap over the ranks of `comm` (collective).
 
@@ -101,7 +93,7 @@ class Heap:
         self._comm = comm
         self._local = comm._local
         self._devices = comm.devices  # its ranks' GPUs, also where the native communicator closed first
-        capacity = 0 if capacity is None else _integer(capacity, "symm.Heap: capacity")
+        capacity = 0 if capacity is None else integer(capacity, "symm.Heap: capacity")
         if capacity < 0:
             raise InvalidArgumentError(
                 f"symm.Heap: capacity is {capacity}; expected bytes, or None for FERRY_SYMM_HEAP_BYTES"
@@ -314,7 +306,7 @@ class Heap:
         """Copies `src` (device memory) into `peer`'s copy of `dst` (a heap
         tensor of this rank), in stream order, on a copy engine."""
         self._open("put")
-        peer = _integer(peer, "put: peer")
+        peer = integer(peer, "put: peer")
         s = _describe(src, "put: src")
         local, d = self._call_args(dst, "put: dst")
         if s.nbytes != d.nbytes:
@@ -327,7 +319,7 @@ class Heap:
         """Copies `peer`'s copy of `src` (a heap tensor of this rank) into
         `dst`, in stream order, on a copy engine."""
         self._open("get")
-        peer = _integer(peer, "get: peer")
+        peer = integer(peer, "get: peer")
         d = _describe(dst, "get: dst")
         local, s = self._call_args(src, "get: src")
         if s.nbytes != d.nbytes:
@@ -346,7 +338,7 @@ class Heap:
         """Sets `peer`'s copy of the 64-bit word `sig` to `value` once the
         stream gets there (a copy-engine copy of 8 bytes)."""
         self._open("signal")
-        value, peer = _integer(value, "signal: value"), _integer(peer, "signal: peer")
+        value, peer = integer(value, "signal: value"), integer(peer, "signal: peer")
         local, b = self._word(sig, "signal: sig")
         self._h.signal(local, b.ptr, value, peer, _stream_handle(stream, self._devices[local]))
 
@@ -355,7 +347,7 @@ class Heap:
         by the communicator's timeout: past it the stream is let go and check()
         raises, naming `from_rank` (the rank expected to signal)."""
         self._open("wait")
-        value, from_rank = _integer(value, "wait: value"), _integer(from_rank, "wait: from_rank")
+        value, from_rank = integer(value, "wait: value"), integer(from_rank, "wait: from_rank")
         local, b = self._word(sig, "wait: sig")
         self._h.wait(local, b.ptr, value, from_rank, _stream_handle(stream, self._devices[local]))
 

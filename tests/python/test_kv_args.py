@@ -7,7 +7,7 @@ import ctypes
 import ferry.kv as kv
 import pytest
 from ferry import InvalidArgumentError
-from ferry._shapes import shape_of
+from ferry._args import shape_of
 
 
 def test_index_lists_must_pair_up_and_hold_integers():
