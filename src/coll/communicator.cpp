@@ -48,9 +48,13 @@ std::string pci_bus_id(int device) {
   return bus;
 }
 
-// (A negative one is named before CUDA is asked: also on a machine without a GPU.)
-void check_device_ordinal(int device, const std::string& what) {
+// Named before CUDA is asked: also on a machine without a GPU.
+void check_not_negative(int device, const std::string& what) {
   FERRY_ARG_CHECK(device >= 0, what + " is " + std::to_string(device) + "; expected a GPU ordinal, 0 or more");
+}
+
+void check_device_ordinal(int device, const std::string& what) {
+  check_not_negative(device, what);
   int count = 0;
   FERRY_CUDA_CHECK(cudaGetDeviceCount(&count));
   FERRY_ARG_CHECK(device >= 0 && device < count, what + " is " + std::to_string(device) + "; expected 0.." +
@@ -193,9 +197,7 @@ std::unique_ptr<Communicator> Communicator::create_local(const std::vector<int>&
   FERRY_ARG_CHECK(n >= 1 && n <= kMaxRanks,
                   "devices: expected 1.." + std::to_string(kMaxRanks) + " GPUs, got " + std::to_string(n));
   timeout_seconds(timeout_s, "timeout_s");  // its bounds, before CUDA is asked anything
-  for (int i = 0; i < n; ++i)
-    FERRY_ARG_CHECK(devices[i] >= 0, "devices[" + std::to_string(i) + "] is " + std::to_string(devices[i]) +
-                                         "; expected a GPU ordinal, 0 or more");
+  for (int i = 0; i < n; ++i) check_not_negative(devices[i], "devices[" + std::to_string(i) + "]");
   // Several ranks on one GPU only for tests (FERRY_SHARED_GPUS): the world's
   // logic then runs on fewer GPUs than it has ranks.
   sync::refuse_while_held("Communicator", "setting one up (its memory, its kernels' first load)");
