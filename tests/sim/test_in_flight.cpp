@@ -57,6 +57,20 @@ bool wait_until(const std::function<bool()>& ok, double limit_s = 10) {
   return true;
 }
 
+// The oldest unfinished call of `ring` is call `seq`, with `done` calls done before it.
+void expect_oldest(InFlight& ring, uint64_t seq, uint64_t done) {
+  const auto seen = ring.oldest_unfinished();
+  ASSERT_TRUE(seen.has_value()) << "no unfinished call; expected call " << seq;
+  EXPECT_EQ(seen->expect.seq, seq);
+  EXPECT_EQ(ring.completed(), done);
+}
+
+// `ring` drains, with `done` calls done in all.
+void expect_drains(InFlight& ring, uint64_t done) {
+  EXPECT_TRUE(wait_until([&] { return ring.idle(); }));
+  EXPECT_EQ(ring.completed(), done);
+}
+
 class InFlightSim : public ::testing::Test {
  protected:
   void SetUp() override { sim::reset(1); }
@@ -69,14 +83,10 @@ TEST_F(InFlightSim, ACallIsWatchedFromItsFirstCommand) {
   SlowStream st;
   const size_t slot = ring.begin(call(1), 5);
   // Enqueuing: no event yet, but the watchdog sees the call.
-  auto seen = ring.oldest_unfinished();
-  ASSERT_TRUE(seen.has_value());
-  EXPECT_EQ(seen->expect.seq, 1u);
+  expect_oldest(ring, 1, 0);
   EXPECT_FALSE(ring.idle());
-  EXPECT_EQ(ring.completed(), 0u);
   ring.end(slot, st.s);
-  EXPECT_TRUE(wait_until([&] { return ring.idle(); }));
-  EXPECT_EQ(ring.completed(), 1u);
+  expect_drains(ring, 1);
 }
 
 TEST_F(InFlightSim, ACallEnqueuedInPartStaysWatchedUntilWhatWasEnqueuedEnds) {
@@ -85,12 +95,8 @@ TEST_F(InFlightSim, ACallEnqueuedInPartStaysWatchedUntilWhatWasEnqueuedEnds) {
   const size_t slot = ring.begin(call(1), 5);
   st.hold_for(0.3, 4096);  // what the call enqueued before it failed
   ring.abandon(slot, st.s);
-  auto seen = ring.oldest_unfinished();
-  ASSERT_TRUE(seen.has_value()) << "an abandoned call was dropped while its commands run";
-  EXPECT_EQ(seen->expect.seq, 1u);
-  EXPECT_EQ(ring.completed(), 0u) << "an abandoned call was counted done while its commands run";
-  EXPECT_TRUE(wait_until([&] { return ring.idle(); }));
-  EXPECT_EQ(ring.completed(), 1u);
+  expect_oldest(ring, 1, 0);  // neither dropped nor counted done while its commands run
+  expect_drains(ring, 1);
 }
 
 TEST_F(InFlightSim, AFullRingWaitsForItsOldestAndKeepsTheOldestUnfinishedFirst) {
@@ -105,13 +111,9 @@ TEST_F(InFlightSim, AFullRingWaitsForItsOldestAndKeepsTheOldestUnfinishedFirst) 
   const auto t0 = std::chrono::steady_clock::now();
   slot = ring.begin(call(3), 5);  // the ring is full: waits for call 1
   EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.1);
-  auto seen = ring.oldest_unfinished();
-  ASSERT_TRUE(seen.has_value());
-  EXPECT_EQ(seen->expect.seq, 2u) << "the oldest unfinished call is call 2";
-  EXPECT_EQ(ring.completed(), 1u);
+  expect_oldest(ring, 2, 1);
   ring.end(slot, second.s);
-  EXPECT_TRUE(wait_until([&] { return ring.idle(); }));
-  EXPECT_EQ(ring.completed(), 3u);
+  expect_drains(ring, 3);
 }
 
 TEST_F(InFlightSim, AFullRingThatDoesNotDrainIsATimeoutNamingTheCall) {

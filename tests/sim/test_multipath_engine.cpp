@@ -554,37 +554,31 @@ TEST_F(MultipathSim, CloseWhileAnArmedTransferHoldsAStreamKeepsTheStagingForLate
   EXPECT_EQ(sim::device_blocks(0, chunk), before);
 }
 
-// A relay GPU without room for its staging buffers relays nothing; copies run
-// over the other links, every byte.
+// A GPU made with `fault` set relays nothing (the engine over GPUs 0-2, `relay`
+// the one left out); copies run over the other links, every byte.
+static void expect_relay_left_out(const sim::Faults& fault, int relay, unsigned seed) {
+  sim::set_faults(fault);
+  MultipathEngine e(options({0, 1, 2}));
+  sim::set_faults(sim::Faults{});
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(e.may_relay()[i], i != relay) << "link " << i;
+  expect_round_trip(e, 32 * MiB + 5, seed);
+  EXPECT_EQ(e.bytes_by_link()[relay], 0u);
+  EXPECT_GT(e.bytes_by_link()[relay == 1 ? 2 : 1], 0u);
+}
+
+// Without room for its staging buffers.
 TEST_F(MultipathSim, ARelayWithoutMemoryForStagingLeavesItsShareToTheOthers) {
   sim::Faults f;
   f.no_memory_on_device = 1;
   f.no_memory_from_bytes = 1 * MiB;  // its small scratch fits; its staging does not
-  sim::set_faults(f);
-  MultipathEngine e(options({0, 1, 2}));
-  sim::set_faults(sim::Faults{});
-  EXPECT_TRUE(e.may_relay()[0]);
-  EXPECT_FALSE(e.may_relay()[1]);
-  EXPECT_TRUE(e.may_relay()[2]);
-  expect_round_trip(e, 32 * MiB + 5, 21);
-  EXPECT_EQ(e.bytes_by_link()[1], 0u);
-  EXPECT_GT(e.bytes_by_link()[2], 0u);
+  expect_relay_left_out(f, 1, 21);
 }
 
-// A GPU whose peer access cannot be turned on (e.g. too many peers) relays
-// nothing, as one that cannot reach the others; the rest go on.
+// Without peer access (e.g. too many peers), as one that cannot reach the others.
 TEST_F(MultipathSim, ARelayWithoutPeerAccessLeavesItsShareToTheOthers) {
   sim::Faults f;
   f.no_peer_access_from_device = 2;
-  sim::set_faults(f);
-  MultipathEngine e(options({0, 1, 2}));
-  sim::set_faults(sim::Faults{});
-  EXPECT_TRUE(e.may_relay()[0]);
-  EXPECT_TRUE(e.may_relay()[1]);
-  EXPECT_FALSE(e.may_relay()[2]);
-  expect_round_trip(e, 32 * MiB + 5, 23);
-  EXPECT_EQ(e.bytes_by_link()[2], 0u);
-  EXPECT_GT(e.bytes_by_link()[1], 0u);
+  expect_relay_left_out(f, 2, 23);
 }
 
 // An engine whose setup fails part way (a link's scratch out of memory)
