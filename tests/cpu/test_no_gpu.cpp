@@ -210,7 +210,7 @@ TEST(CApi, ArgumentsCheckedBeforeAnyGpuIsTouched) {
   EXPECT_EQ(ferry_comm_init_local(negative, 1, std::nan(""), &none), FERRY_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(ferry_last_error()).find("timeout_s is nan"), std::string::npos) << ferry_last_error();
   // Handles a failed create leaves NULL, so that destroying them after the
-  // failure destroys nothing (they were left as the caller had them).
+  // failure destroys nothing.
   const int dev = 0;
   ferry_comm_t comm = reinterpret_cast<ferry_comm_t>(&comm);
   EXPECT_EQ(ferry_comm_init_local(&dev, 0, 0, &comm), FERRY_ERROR_INVALID_ARGUMENT);

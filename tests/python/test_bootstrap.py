@@ -52,7 +52,7 @@ def test_bad_env_is_named():
     ],
 )
 def test_a_store_port_or_timeout_that_is_none_is_named(kw, message):
-    # Before: OverflowError or TypeError from the socket layer, or a nan deadline never passed.
+    # Named here, not as an OverflowError or TypeError of the socket layer, nor a nan deadline never passed.
     with pytest.raises(InvalidArgumentError, match=message):
         TcpStore("127.0.0.1", **kw)
 

@@ -101,6 +101,6 @@ def test_copy_options_are_checked_first():
 
 @pytest.mark.parametrize("nbytes", [True, 0, -4096, 4096.0, "4096"])
 def test_a_host_pool_size_that_is_no_size_is_named(nbytes):
-    # (True was taken as a pool of one byte.) Checked before the native layer.
+    # True is no size (int() would make it a pool of one byte). Checked before the native layer.
     with pytest.raises(InvalidArgumentError, match="nbytes: expected a positive number of bytes"):
         kv.HostPool(nbytes)

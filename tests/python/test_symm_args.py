@@ -57,7 +57,7 @@ def test_a_heap_capacity_that_is_no_size_is_named(capacity, message, monkeypatch
 
 @pytest.mark.parametrize("shape", [-1, (4, -1), True, (2, 1.5), "8", None])
 def test_a_shape_that_is_no_shape_is_named_before_torch(shape, monkeypatch):
-    # (alloc() took (-1, 4) as a negative byte count for the native layer.)
+    # Else (-1, 4) would reach the native layer as a negative byte count.
     import ferry.comm as comm
 
     with pytest.raises(InvalidArgumentError, match=r"empty: shape is .*; expected"):

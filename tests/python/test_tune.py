@@ -279,7 +279,7 @@ def test_doctor_says_which_table_applies(tmp_path):
     ],
 )
 def test_validate_names_what_is_no_rule_list_or_no_number(rules, message):
-    # (A dict was read key by key; bools passed as counts; sizes past 64 bits
-    # failed later in the native table.)
+    # A dict would be read key by key, a bool taken as a count, and a size past
+    # 64 bits would fail only in the native table.
     with pytest.raises(ValueError, match=message):
         tune.validate(rules)
