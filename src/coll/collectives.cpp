@@ -1,6 +1,10 @@
 // Validating and planning collective calls. Every call is checked on every
 // local rank before anything is enqueued (no half-issued collective), then
 // turned into a Program of exchanges, reductions and local copies (plan.hpp).
+#include <algorithm>
+#include <exception>
+#include <thread>
+
 #include "coll/communicator.hpp"
 #include "coll/planner.hpp"
 #include "coll/signature.hpp"
@@ -14,6 +18,15 @@ namespace ferry {
 namespace {
 
 std::string bytes_str(size_t b) { return std::to_string(b) + " bytes"; }
+
+Emission emission(cudaStream_t stream, const CollectiveArgs& a, const Resolved& how) {
+  Emission e;
+  e.stream = stream;
+  e.algo = how.algo;
+  e.local_copy = a.local_copy;
+  e.kernel_signals = how.kernel_signals;
+  return e;
+}
 
 }  // namespace
 
@@ -254,6 +267,9 @@ std::shared_ptr<const Communicator::PlannedCall> Communicator::plan_call(const C
             ? emission_key(b.program, b.record.mapped, call->how.algo, a.local_copy, call->how.kernel_signals)
             : std::string());
   }
+  size_t most_ops = 0;
+  for (const Built& b : call->built) most_ops = std::max(most_ops, host_operations(b.program));
+  call->ranks_apart = enqueue_ranks_apart(local_count(), most_ops);
   recent_calls_.put(key, call);
   return call;
 }
@@ -290,38 +306,71 @@ void Communicator::run(const CollectiveArgs& a) {
   if (built.empty()) return;
   const Resolved how = call->how;
   const uint64_t seq = capturing ? 0 : ++seq_;
-  for (int i = 0; i < local_count(); ++i) {
-    Local& L = *locals_[i];
-    host_trace_rank(coll_op_name(a.op), L.rank, L.device);
-    FERRY_CUDA_CHECK(cudaSetDevice(L.device));
-    Emission e;
-    e.stream = a.streams[i];
-    e.algo = how.algo;
-    e.local_copy = a.local_copy;
-    e.kernel_signals = how.kernel_signals;
-    if (capturing) {
+  if (capturing) {
+    for (int i = 0; i < local_count(); ++i) {
+      Local& L = *locals_[i];
+      host_trace_rank(coll_op_name(a.op), L.rank, L.device);
+      FERRY_CUDA_CHECK(cudaSetDevice(L.device));
+      Emission e = emission(a.streams[i], a, how);
       e.state_word = watchdog_->captured_state(i, static_cast<const ReadyRecord*>(built[i].record.host),
                                                expectation(0, a, built[i]), *L.records);
       L.emitter->emit(built[i], e);
-      continue;
     }
-    size_t slot = 0;
-    {
-      HostTraceScope t(HostStage::kInFlight);
-      L.in_flight->order_after_previous(a.streams[i]);
-      publish_called(L.rank, seq, built[i].value, how.algo == Algo::kSm);
-      slot = L.in_flight->begin(expectation(seq, a, built[i]), timeout_s_);
-    }
-    try {
-      emit_eager(i, built[i], e, call->replay_keys[i]);
-      HostTraceScope t(HostStage::kInFlight);
-      L.in_flight->end(slot, a.streams[i]);
-    } catch (const std::exception& ex) {
-      abandon_call(i, slot, a.streams[i], coll_op_name(a.op), ex);
-      throw;
-    }
-    __atomic_store_n(&host_flags(L.rank)->progress.enqueued, seq, __ATOMIC_RELEASE);
+    return;
   }
+  if (!call->ranks_apart) {
+    for (int i = 0; i < local_count(); ++i) enqueue_eager(i, a, *call, seq, call->replay_keys[i]);
+    return;
+  }
+  // A thread per local rank (PlannedCall::ranks_apart), each in this
+  // thread's capture mode, so that a user's capture elsewhere sees the same
+  // calls it would from this thread. With ranks sharing a GPU nothing is
+  // captured for replay: a capture's end can wait for that GPU's work, which
+  // another of these threads may be enqueueing.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  FERRY_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));  // mode: this thread's own
+  cudaStreamCaptureMode relaxed = mode;
+  FERRY_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&relaxed));  // this thread's own again
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(local_count()));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < local_count(); ++i)
+    threads.emplace_back([&, i] {
+      try {
+        cudaStreamCaptureMode m = mode;
+        FERRY_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&m));
+        enqueue_eager(i, a, *call, seq, shares_gpus_ ? std::string() : call->replay_keys[i]);
+      } catch (...) {
+        errors[static_cast<size_t>(i)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+void Communicator::enqueue_eager(int i, const CollectiveArgs& a, const PlannedCall& call, uint64_t seq,
+                                 const std::string& replay_key) {
+  Local& L = *locals_[i];
+  const Built& b = call.built[i];
+  host_trace_rank(coll_op_name(a.op), L.rank, L.device);
+  FERRY_CUDA_CHECK(cudaSetDevice(L.device));
+  const Emission e = emission(a.streams[i], a, call.how);
+  size_t slot = 0;
+  {
+    HostTraceScope t(HostStage::kInFlight);
+    L.in_flight->order_after_previous(a.streams[i]);
+    publish_called(L.rank, seq, b.value, call.how.algo == Algo::kSm);
+    slot = L.in_flight->begin(expectation(seq, a, b), timeout_s_);
+  }
+  try {
+    emit_eager(i, b, e, replay_key);
+    HostTraceScope t(HostStage::kInFlight);
+    L.in_flight->end(slot, a.streams[i]);
+  } catch (const std::exception& ex) {
+    abandon_call(i, slot, a.streams[i], coll_op_name(a.op), ex);
+    throw;
+  }
+  __atomic_store_n(&host_flags(L.rank)->progress.enqueued, seq, __ATOMIC_RELEASE);
 }
 
 void Communicator::emit_eager(int local, const Built& b, const Emission& e, const std::string& replay_key) {

@@ -178,6 +178,7 @@ class Communicator {
     std::vector<Built> built;
     Resolved how;
     std::vector<std::string> replay_keys;  // by local rank (see emit_eager)
+    bool ranks_apart = false;              // enqueued on a thread per local rank (enqueue_ranks_apart)
   };
   std::shared_ptr<const PlannedCall> plan_call(const CollectiveArgs& args, bool capturing);
   size_t selection_bytes(const CollectiveArgs& args) const;
@@ -198,6 +199,11 @@ class Communicator {
   // `replay_key`: the call's key in the local rank's ReplayCache, or empty
   // when it is not replayed (replays off, or a single kernel already).
   void emit_eager(int local, const Built& b, const Emission& e, const std::string& replay_key);
+  // Local rank `local`'s part of an eager call numbered `seq`: watched from
+  // its first command, published, emitted; on an error the call is abandoned
+  // and the communicator fails.
+  void enqueue_eager(int local, const CollectiveArgs& args, const PlannedCall& call, uint64_t seq,
+                     const std::string& replay_key);
   // Whether local rank `local`'s GPU may hold work that waits for something
   // this host does later: an armed run not yet finished, or (FERRY_SHARED_GPUS)
   // another rank of that GPU with unfinished work. Ending a capture or

@@ -35,4 +35,31 @@ void Program::add_sm_path(const SmPathStep& o) {
   steps.push_back(std::move(s));
 }
 
+size_t host_operations(const Program& p) {
+  size_t ops = 0;
+  for (const auto& s : p.steps) {
+    switch (s.kind) {
+      case Step::Kind::kExchange:
+        // Ready copies and done copies (one per peer), the waits before and
+        // after (one batch each), the pushes and the own block.
+        ops += 3 + s.exchange.sources.size() + s.exchange.targets.size() + s.exchange.pushes.size();
+        break;
+      case Step::Kind::kReduce:
+        ops += s.beside_next ? 3 : 1;  // the launch, and the side stream's two orderings
+        break;
+      case Step::Kind::kUnpack:
+        ops += 1;
+        break;
+      case Step::Kind::kSmPath:
+        ops += 1;
+        break;
+    }
+  }
+  return ops;
+}
+
+bool enqueue_ranks_apart(int local_ranks, size_t most_host_operations) {
+  return local_ranks > 1 && most_host_operations > kSerialEnqueueOps;
+}
+
 }  // namespace ferry

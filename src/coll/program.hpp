@@ -4,6 +4,7 @@
 // trigger (a prepared, prelaunched collective).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -38,5 +39,21 @@ struct Program {
   // Every peer both writes into this rank's window and is written to.
   void add_sm_path(const SmPathStep& o);
 };
+
+// About how many operations Emitter::emit puts on a stream for `p` (copies,
+// batches of stream memory operations, kernel launches), counting each push
+// and each flag copy as one.
+size_t host_operations(const Program& p);
+
+// A stream's queue holds on the order of a thousand operations: behind a wait
+// that had not yet been released, an H200's host blocked at the 1,024th. One
+// thread enqueueing several local ranks' calls in turn would block in the
+// first rank's full queue, behind a wait for a signal that a later rank's
+// commands, not yet enqueued, would write: a healthy call failing at the
+// timeout. So a call whose longest program holds more operations than this
+// is enqueued on a thread per local rank (several streams may share one
+// hardware queue, hence a quarter of what one queue held).
+inline constexpr size_t kSerialEnqueueOps = 256;
+bool enqueue_ranks_apart(int local_ranks, size_t most_host_operations);
 
 }  // namespace ferry

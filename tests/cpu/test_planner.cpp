@@ -7,6 +7,7 @@
 // that runs beside the next exchange may share no byte with it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -523,4 +524,63 @@ TEST(Planner, AllToAllInPlaceIsAskedOfEveryLocalRank) {
   EXPECT_TRUE(p.in_place(a, 1));
   for (CollOp op : {CollOp::kAllGather, CollOp::kBroadcast, CollOp::kAllReduce})
     EXPECT_FALSE(planner_for(op).in_place(a, 1)) << coll_op_name(op);
+}
+
+// Which calls one thread may enqueue for every local rank in turn: the
+// default reductions and a large all-to-all stay on it; a call of thousands
+// of rounds (forced rounds, an in-place all-to-all through a small scratch)
+// goes on a thread per rank, which any world of one rank never needs.
+TEST(Planner, CallsLongerThanAStreamQueueAreEnqueuedRankByRankApart) {
+  auto most_ops = [](CollOp op, size_t count, int world, size_t round, size_t cap, bool in_place) {
+    CollectiveArgs a;
+    a.op = op;
+    a.count = count;
+    a.bytes_per_rank = count * 4;
+    a.dtype = DType::kFloat32;
+    PlanKnobs k;
+    k.reduce_round_bytes = round;
+    k.scratch_cap = cap;
+    std::vector<char*> outs, ins, scratch;
+    for (int r = 0; r < world; ++r) {
+      outs.push_back(reinterpret_cast<char*>(uintptr_t(1) << 44 | uintptr_t(r) << 36));
+      ins.push_back(in_place ? outs[r] : reinterpret_cast<char*>(uintptr_t(2) << 44 | uintptr_t(r) << 36));
+      a.outs.push_back(outs[r]);
+      a.ins.push_back(ins[r]);
+    }
+    const CollectivePlanner& p = planner_for(op);
+    const size_t shape = p.shape(a, world).bytes;
+    const ScratchPlan s = p.scratch(a, world, shape, k, [](size_t) { return true; });
+    for (int r = 0; r < world; ++r) scratch.push_back(reinterpret_cast<char*>(uintptr_t(3) << 44 | uintptr_t(r) << 36));
+    size_t most = 0;
+    for (int r = 0; r < world; ++r) {
+      PlanBuffers b;
+      b.rank = r;
+      b.world = world;
+      b.out = outs[r];
+      b.in = ins[r];
+      if (p.writes_out(a)) b.out_by_rank = outs;
+      if (s.bytes(world)) b.scratch_by_rank = scratch;
+      most = std::max(most, host_operations(p.plan(a, b, shape, s, k)));
+    }
+    return most;
+  };
+  const size_t cap = size_t(64) << 20;
+  for (int world : {2, 4, 8}) {
+    // 512 MiB of result per rank, the default rounds (at most four).
+    const size_t big = (size_t(512) << 20) / 4;
+    EXPECT_FALSE(enqueue_ranks_apart(world, most_ops(CollOp::kReduceScatter, big, world, 0, cap, false))) << world;
+    EXPECT_FALSE(enqueue_ranks_apart(world, most_ops(CollOp::kAllReduce, big, world, 0, cap, false))) << world;
+    EXPECT_FALSE(enqueue_ranks_apart(world, most_ops(CollOp::kAllToAll, big, world, 0, cap, false))) << world;
+    EXPECT_FALSE(enqueue_ranks_apart(world, most_ops(CollOp::kAllGather, big, world, 0, cap, false))) << world;
+    // 16 MiB of result in rounds of 4 KiB: 4,096 rounds.
+    const size_t ops = most_ops(CollOp::kReduceScatter, size_t(4) << 20, world, 4096, cap, false);
+    EXPECT_GT(ops, size_t(4096)) << world;
+    EXPECT_TRUE(enqueue_ranks_apart(world, ops)) << world;
+    EXPECT_FALSE(enqueue_ranks_apart(1, ops));
+    // In place through a 4 KiB scratch: 4 MiB blocks in chunks of 4096 / world.
+    EXPECT_TRUE(enqueue_ranks_apart(world, most_ops(CollOp::kAllToAll, size_t(1) << 20, world, 0, 4096, true)))
+        << world;
+  }
+  EXPECT_FALSE(enqueue_ranks_apart(2, kSerialEnqueueOps));
+  EXPECT_TRUE(enqueue_ranks_apart(2, kSerialEnqueueOps + 1));
 }
