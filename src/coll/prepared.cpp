@@ -23,6 +23,18 @@ int Communicator::prepare(const CollectiveArgs& args) {
   p.args = args;
   p.built = build(args, &p.registrations);
   p.how = resolve(args);
+  for (int i = 0; i < static_cast<int>(p.built.size()); ++i) {
+    const size_t ops = host_operations(p.built[i].program);
+    if (ops > kArmedOpsMax)
+      throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                  std::string("prepare: this ") + coll_op_name(args.op) + " puts about " + std::to_string(ops) +
+                      " operations on rank " + std::to_string(rank(i)) +
+                      "'s stream; an armed call queues all of them behind its gate, and a stream's queue holds "
+                      "about a thousand, so at most " +
+                      std::to_string(kArmedOpsMax) +
+                      ": run it as a plain call, or in fewer rounds (FERRY_SCRATCH_BYTES for an in-place all_to_all, "
+                      "FERRY_REDUCE_ROUND_BYTES for a reduction)");
+  }
   try {
     for (int i = 0; i < local_count(); ++i) {
       Local& L = *locals_[i];

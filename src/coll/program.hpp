@@ -56,4 +56,9 @@ size_t host_operations(const Program& p);
 inline constexpr size_t kSerialEnqueueOps = 256;
 bool enqueue_ranks_apart(int local_ranks, size_t most_host_operations);
 
+// An armed prepared call queues every operation behind its gate, which opens
+// only at the trigger, after arm() returns: more than a stream's queue holds
+// would block arm() itself. Past this many, prepare() refuses the call.
+inline constexpr size_t kArmedOpsMax = 512;
+
 }  // namespace ferry

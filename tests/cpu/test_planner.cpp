@@ -529,8 +529,9 @@ TEST(Planner, AllToAllInPlaceIsAskedOfEveryLocalRank) {
 // Which calls one thread may enqueue for every local rank in turn: the
 // default reductions and a large all-to-all stay on it; a call of thousands
 // of rounds (forced rounds, an in-place all-to-all through a small scratch)
-// goes on a thread per rank, which any world of one rank never needs.
-TEST(Planner, CallsLongerThanAStreamQueueAreEnqueuedRankByRankApart) {
+// goes on a thread per rank, which any world of one rank never needs. An
+// armed call may hold kArmedOpsMax operations.
+TEST(Planner, CallsLongerThanAStreamQueueAreEnqueuedRankByRankApartOrNotArmed) {
   auto most_ops = [](CollOp op, size_t count, int world, size_t round, size_t cap, bool in_place) {
     CollectiveArgs a;
     a.op = op;
@@ -580,6 +581,12 @@ TEST(Planner, CallsLongerThanAStreamQueueAreEnqueuedRankByRankApart) {
     // In place through a 4 KiB scratch: 4 MiB blocks in chunks of 4096 / world.
     EXPECT_TRUE(enqueue_ranks_apart(world, most_ops(CollOp::kAllToAll, size_t(1) << 20, world, 0, 4096, true)))
         << world;
+  }
+  // A prepared reduce_scatter (test_single_process.py's refusal): 64 rounds
+  // of 4 KiB are refused at any world, 16 taken at any world up to 8.
+  for (int world : {2, 4, 8}) {
+    EXPECT_GT(most_ops(CollOp::kReduceScatter, 64 * 1024, world, 4096, cap, false), kArmedOpsMax) << world;
+    EXPECT_LE(most_ops(CollOp::kReduceScatter, 16 * 1024, world, 4096, cap, false), kArmedOpsMax) << world;
   }
   EXPECT_FALSE(enqueue_ranks_apart(2, kSerialEnqueueOps));
   EXPECT_TRUE(enqueue_ranks_apart(2, kSerialEnqueueOps + 1));

@@ -238,6 +238,51 @@ def test_calls_longer_than_a_stream_queue(local_comm, monkeypatch):
             assert torch.equal(bs[r].cpu(), exp), f"in-place all_to_all run {run} rank {r}"
 
 
+def test_prepared_calls_longer_than_a_stream_queue_are_refused(local_comm, monkeypatch):
+    """An armed call queues all its operations behind its gate, which opens at
+    the trigger, after arm() returns: prepare() refuses one that would fill the
+    queue (arm() would block), and the longest it takes arms at once and
+    reduces every byte right."""
+    import ferry
+
+    torch, comm, world, bufs = local_comm
+    devs = [torch.device("cuda", i) for i in range(world)]
+    gen = torch.Generator().manual_seed(59)
+    monkeypatch.setenv("FERRY_REDUCE_ROUND_BYTES", "4096")
+    refused = 0
+    for rounds in (64, 48, 32, 16, 8):
+        count = rounds * 1024  # int32: rounds of 4 KiB
+        full = [
+            torch.randint(-(1 << 20), 1 << 20, (world * count,), generator=gen, dtype=torch.int32)
+            for _ in devs
+        ]
+        ins = [f.to(d) for f, d in zip(full, devs)]
+        outs = [torch.full((count,), -7, dtype=torch.int32, device=d) for d in devs]
+        try:
+            h = comm.prepare("reduce_scatter", outs, ins)
+        except ferry.InvalidArgumentError as e:
+            assert "operations on rank" in str(e) and "FERRY_REDUCE_ROUND_BYTES" in str(e), str(e)
+            refused += 1
+            continue
+        start = time.monotonic()
+        h.arm()
+        armed_s = time.monotonic() - start
+        h.trigger()
+        h.wait()
+        comm.synchronize()
+        for r in range(world):
+            exp = full[0][r * count : (r + 1) * count].clone()
+            for q in range(1, world):
+                exp += full[q][r * count : (r + 1) * count]
+            assert torch.equal(outs[r].cpu(), exp), f"prepared reduce_scatter of {rounds} rounds, rank {r}"
+        assert armed_s < 5, f"arming {rounds} rounds took {armed_s:.1f} s"
+        h.release()
+        break
+    else:
+        pytest.fail("every prepared reduce_scatter down to 8 rounds was refused")
+    assert refused > 0, "a prepared reduce_scatter of 64 rounds of 4 KiB was not refused"
+
+
 @pytest.mark.parametrize("algo", ["auto", "sm"])
 @pytest.mark.parametrize("gate", ["host", "device"])
 def test_untriggered_prepared_collective_is_reported(gate, algo):
