@@ -93,7 +93,8 @@ FERRY_API ferry_result_t ferry_kv_prepared_synchronize(ferry_kv_prepared_t prepa
  * and a page's pitched copy counted once (either pointer may be NULL). */
 FERRY_API ferry_result_t ferry_kv_prepared_sizes(ferry_kv_prepared_t prepared, size_t* bytes, size_t* copies);
 /* Opens an armed transfer's gate and waits (at most FERRY_TIMEOUT_S) until
- * its stream is past it; the handle is gone after the call. */
+ * its stream is past it; the handle is gone after the call (NULL: nothing to
+ * do, FERRY_SUCCESS, as for every destroy function). */
 FERRY_API ferry_result_t ferry_kv_prepared_destroy(ferry_kv_prepared_t prepared);
 
 /* Pinned host memory for KV pages, mapped for the GPU and placed on its NUMA

@@ -134,10 +134,8 @@ ferry_result_t ferry_kv_prepared_sizes(ferry_kv_prepared_t prepared, size_t* byt
 }
 
 ferry_result_t ferry_kv_prepared_destroy(ferry_kv_prepared_t prepared) {
-  return ferry::capi::guarded([&] {
-    FERRY_ARG_CHECK(prepared && prepared->impl, "prepared is NULL");
-    delete prepared;
-  });
+  if (!prepared) return FERRY_SUCCESS;  // as free(NULL); the last error stays
+  return ferry::capi::guarded([&] { delete prepared; });
 }
 
 ferry_result_t ferry_host_pool_create(size_t bytes, int device, ferry_host_pool_t* pool) {
@@ -153,8 +151,8 @@ ferry_result_t ferry_host_pool_create(size_t bytes, int device, ferry_host_pool_
 void* ferry_host_pool_data(ferry_host_pool_t pool) { return pool && pool->impl ? pool->impl->data() : nullptr; }
 
 ferry_result_t ferry_host_pool_destroy(ferry_host_pool_t pool) {
+  if (!pool) return FERRY_SUCCESS;  // as free(NULL); the last error stays
   return ferry::capi::guarded([&] {
-    FERRY_ARG_CHECK(pool && pool->impl, "pool is NULL or destroyed");
     pool->impl->close();
     delete pool;
   });
