@@ -3,6 +3,7 @@
 // turned into a Program of exchanges, reductions and local copies (plan.hpp).
 #include <algorithm>
 #include <exception>
+#include <mutex>
 #include <thread>
 
 #include "coll/communicator.hpp"
@@ -268,7 +269,7 @@ std::shared_ptr<const Communicator::PlannedCall> Communicator::plan_call(const C
             : std::string());
   }
   size_t most_ops = 0;
-  for (const Built& b : call->built) most_ops = std::max(most_ops, host_operations(b.program));
+  for (const Built& b : call->built) most_ops = std::max(most_ops, host_operations(b.program, world_));
   call->ranks_apart = enqueue_ranks_apart(local_count(), most_ops);
   recent_calls_.put(key, call);
   return call;
@@ -322,30 +323,71 @@ void Communicator::run(const CollectiveArgs& a) {
     for (int i = 0; i < local_count(); ++i) enqueue_eager(i, a, *call, seq, call->replay_keys[i]);
     return;
   }
-  // A thread per local rank (PlannedCall::ranks_apart), each in this
-  // thread's capture mode, so that a user's capture elsewhere sees the same
-  // calls it would from this thread. With ranks sharing a GPU nothing is
-  // captured for replay: a capture's end can wait for that GPU's work, which
-  // another of these threads may be enqueueing.
+  enqueue_apart(a, *call, seq);
+}
+
+void Communicator::enqueue_apart(const CollectiveArgs& a, const PlannedCall& call, uint64_t seq) {
+  // cudaStreamPerThread names another stream in each thread: such a rank's
+  // part goes on its own main stream, after the caller's work enqueued so
+  // far and before what the caller enqueues next.
+  CollectiveArgs args = a;
+  std::vector<int> per_thread;
+  for (int i = 0; i < local_count(); ++i)
+    if (a.streams[i] == cudaStreamPerThread) {
+      Local& L = *locals_[i];
+      DeviceScope on(L.device);
+      L.engines->order(cudaStreamPerThread, L.engines->main());
+      args.streams[i] = L.engines->main();
+      per_thread.push_back(i);
+    }
+  // Each thread in this thread's capture mode, so that a user's capture
+  // elsewhere sees the same calls it would from this thread. With ranks
+  // sharing a GPU nothing is captured for replay: a capture's end can wait
+  // for that GPU's work, which another of these threads may be enqueueing.
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   FERRY_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));  // mode: this thread's own
-  cudaStreamCaptureMode relaxed = mode;
-  FERRY_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&relaxed));  // this thread's own again
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(local_count()));
+  cudaStreamCaptureMode back = mode;
+  FERRY_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&back));
+  std::mutex mu;
+  std::exception_ptr first;
+  // A part that was not enqueued leaves the others waiting for it: the
+  // communicator fails at once (the first error stays its message), not at
+  // the timeout, and the call raises the first error that happened.
+  auto failed = [&](int i, const char* why) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!first) first = std::current_exception();
+    }
+    fail(std::string(coll_op_name(a.op)) + " on rank " + std::to_string(rank(i)) + " could not enqueue its part (" +
+         why + "); its peers would wait for the rest. Close this communicator");
+  };
+  auto part = [&](int i) {
+    try {
+      cudaStreamCaptureMode m = mode;
+      FERRY_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&m));
+      enqueue_eager(i, args, call, seq, shares_gpus_ ? std::string() : call.replay_keys[i]);
+    } catch (const std::exception& ex) {
+      failed(i, ex.what());
+    } catch (...) {
+      failed(i, "an unknown error");
+    }
+  };
   std::vector<std::thread> threads;
-  for (int i = 0; i < local_count(); ++i)
-    threads.emplace_back([&, i] {
-      try {
-        cudaStreamCaptureMode m = mode;
-        FERRY_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&m));
-        enqueue_eager(i, a, *call, seq, shares_gpus_ ? std::string() : call->replay_keys[i]);
-      } catch (...) {
-        errors[static_cast<size_t>(i)] = std::current_exception();
-      }
-    });
+  for (int i = 0; i < local_count(); ++i) {
+    try {
+      threads.emplace_back(part, i);
+    } catch (const std::exception& ex) {
+      failed(i, ex.what());  // no thread for this rank, nor for the ones after it
+      break;
+    }
+  }
   for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  for (int i : per_thread) {
+    Local& L = *locals_[i];
+    DeviceScope on(L.device);
+    L.engines->order(L.engines->main(), cudaStreamPerThread);
+  }
+  if (first) std::rethrow_exception(first);
 }
 
 void Communicator::enqueue_eager(int i, const CollectiveArgs& a, const PlannedCall& call, uint64_t seq,

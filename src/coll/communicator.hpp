@@ -204,6 +204,8 @@ class Communicator {
   // and the communicator fails.
   void enqueue_eager(int local, const CollectiveArgs& args, const PlannedCall& call, uint64_t seq,
                      const std::string& replay_key);
+  // An eager call's parts on a thread per local rank (PlannedCall::ranks_apart).
+  void enqueue_apart(const CollectiveArgs& args, const PlannedCall& call, uint64_t seq);
   // Whether local rank `local`'s GPU may hold work that waits for something
   // this host does later: an armed run not yet finished, or (FERRY_SHARED_GPUS)
   // another rank of that GPU with unfinished work. Ending a capture or

@@ -24,7 +24,8 @@ int Communicator::prepare(const CollectiveArgs& args) {
   p.built = build(args, &p.registrations);
   p.how = resolve(args);
   for (int i = 0; i < static_cast<int>(p.built.size()); ++i) {
-    const size_t ops = host_operations(p.built[i].program);
+    const size_t ops = host_operations(p.built[i].program, world_);
+    p.ops.push_back(ops);
     if (ops > kArmedOpsMax)
       throw_error(FERRY_ERROR_INVALID_ARGUMENT,
                   std::string("prepare: this ") + coll_op_name(args.op) + " puts about " + std::to_string(ops) +
@@ -71,6 +72,7 @@ void Communicator::arm(int handle, const std::vector<cudaStream_t>& after, bool 
     if (s && dma::is_capturing(s))
       throw_error(FERRY_ERROR_INVALID_ARGUMENT,
                   "arm: the stream is capturing a CUDA graph; capture the collective call itself instead of arming");
+  for (int i = 0; i < local_count(); ++i) prepared_.refuse_if_queue_full(handle, i, rank(i), "arm");
   p.gate_on_device = gate_on_device;
   if (p.built.empty()) {
     p.armed = true;  // zero bytes: nothing to enqueue, but arm/trigger keep their rules

@@ -3,6 +3,7 @@
 #include <string>
 #include <utility>
 
+#include "coll/program.hpp"
 #include "core/error.hpp"
 
 namespace ferry {
@@ -45,6 +46,28 @@ void PreparedTable::refuse_if_armed(const char* what) const {
                   std::string(what) + ": prepared collective " + std::to_string(id) +
                       " is armed and not triggered, so waiting for every collective would wait for its trigger "
                       "until the timeout; trigger it first (from the host, a stream or a kernel)");
+}
+
+void PreparedTable::refuse_if_queue_full(int handle, int local, int rank, const char* what) const {
+  const auto ops = [local](const PreparedCall& c) {
+    return static_cast<size_t>(local) < c.ops.size() ? c.ops[static_cast<size_t>(local)] : size_t(0);
+  };
+  size_t queued = 0;
+  std::string armed;
+  for (const auto& [id, call] : calls_)
+    if (call.armed && id != handle && ops(call) > 0) {
+      queued += ops(call);
+      armed += (armed.empty() ? "" : ", ") + std::to_string(id);
+    }
+  const auto it = calls_.find(handle);
+  const size_t mine = it == calls_.end() ? 0 : ops(it->second);
+  if (mine == 0 || queued + mine <= kArmedOpsMax) return;
+  throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+              std::string(what) + ": handle " + std::to_string(handle) + " puts about " + std::to_string(mine) +
+                  " operations on rank " + std::to_string(rank) + "'s armed stream, behind about " +
+                  std::to_string(queued) + " of handles armed and not yet triggered (" + armed +
+                  "); a stream's queue holds about a thousand, so at most " + std::to_string(kArmedOpsMax) +
+                  " may wait behind gates: trigger those handles first");
 }
 
 void PreparedTable::refuse_if_uses(uint32_t registration, const char* what) const {

@@ -33,6 +33,7 @@ struct PreparedCall {
   std::vector<Pinned<uint64_t>> device_gate_copy;
   bool gate_on_device = false;          // where the last arming waits
   std::vector<cudaEvent_t> finished;    // by local rank: the last armed run's end
+  std::vector<size_t> ops;              // by local rank: host_operations of its program
   std::vector<uint32_t> registrations;  // buffers it refers to
   uint64_t generation = 0;              // the last arming's gate value; 0: never armed
   bool armed = false;
@@ -70,6 +71,10 @@ class PreparedTable {
   // refers to the buffer registration `registration`.
   void refuse_if_armed(const char* what) const;
   void refuse_if_uses(uint32_t registration, const char* what) const;
+  // Throws, naming `what`, when arming `handle` would queue more than
+  // kArmedOpsMax operations (PreparedCall::ops) on local rank `local`'s
+  // armed stream behind gates not yet triggered, its own included.
+  void refuse_if_queue_full(int handle, int local, int rank, const char* what) const;
 
   const std::map<int, PreparedCall>& calls() const { return calls_; }
   // Forgets every handle (close(), after their events are destroyed).

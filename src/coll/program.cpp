@@ -35,20 +35,23 @@ void Program::add_sm_path(const SmPathStep& o) {
   steps.push_back(std::move(s));
 }
 
-size_t host_operations(const Program& p) {
+size_t host_operations(const Program& p, int world) {
+  const size_t peers = world > 1 ? static_cast<size_t>(world - 1) : 0;
   size_t ops = 0;
   for (const auto& s : p.steps) {
     switch (s.kind) {
       case Step::Kind::kExchange:
-        // Ready copies and done copies (one per peer), the waits before and
-        // after (one batch each), the pushes and the own block.
-        ops += 3 + s.exchange.sources.size() + s.exchange.targets.size() + s.exchange.pushes.size();
+        // A ready copy, a push and a done copy per peer; the waits before and
+        // after (one batch each); the own block (up to three kernels, or a
+        // copy on the side stream and its two orderings); two event operations
+        // more (pcpy's fork and join on the caller's stream).
+        ops += 3 * peers + 2 + 3 + 2;
         break;
       case Step::Kind::kReduce:
-        ops += s.beside_next ? 3 : 1;  // the launch, and the side stream's two orderings
+        ops += 3;  // the launch, and the side stream's two orderings
         break;
       case Step::Kind::kUnpack:
-        ops += 1;
+        ops += peers + 1;  // one copy per block when copies are not batched
         break;
       case Step::Kind::kSmPath:
         ops += 1;

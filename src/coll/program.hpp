@@ -40,10 +40,13 @@ struct Program {
   void add_sm_path(const SmPathStep& o);
 };
 
-// About how many operations Emitter::emit puts on a stream for `p` (copies,
-// batches of stream memory operations, kernel launches), counting each push
-// and each flag copy as one.
-size_t host_operations(const Program& p);
+// About how many operations, erring high, Emitter::emit puts on a stream for `p`, one
+// rank's program in a world of `world` ranks (copies, batches of stream
+// memory operations, kernel launches, event operations). Counted from the
+// steps' kinds and the world alone, never from what one rank's steps hold
+// (an exchange may skip a zero-byte push on one rank only), so that every
+// rank of a call counts the same.
+size_t host_operations(const Program& p, int world);
 
 // A stream's queue holds on the order of a thousand operations: behind a wait
 // that had not yet been released, an H200's host blocked at the 1,024th. One
@@ -57,8 +60,11 @@ inline constexpr size_t kSerialEnqueueOps = 256;
 bool enqueue_ranks_apart(int local_ranks, size_t most_host_operations);
 
 // An armed prepared call queues every operation behind its gate, which opens
-// only at the trigger, after arm() returns: more than a stream's queue holds
-// would block arm() itself. Past this many, prepare() refuses the call.
+// only at the trigger, after arm() returns; every handle of a rank waits on
+// one armed stream. More than a stream's queue holds would block arm()
+// itself. prepare() refuses a call of more than this many, and arm() one
+// that would take the rank's handles armed and not yet triggered past it
+// (the bound FERRY_KV_ARMED_MAX keeps for page transfers by default).
 inline constexpr size_t kArmedOpsMax = 512;
 
 }  // namespace ferry

@@ -561,7 +561,7 @@ TEST(Planner, CallsLongerThanAStreamQueueAreEnqueuedRankByRankApartOrNotArmed) {
       b.in = ins[r];
       if (p.writes_out(a)) b.out_by_rank = outs;
       if (s.bytes(world)) b.scratch_by_rank = scratch;
-      most = std::max(most, host_operations(p.plan(a, b, shape, s, k)));
+      most = std::max(most, host_operations(p.plan(a, b, shape, s, k), world));
     }
     return most;
   };

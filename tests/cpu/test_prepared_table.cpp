@@ -68,3 +68,38 @@ TEST(PreparedTable, EachArmingGetsANewGateValue) {
   t.release(t.add({}), "release");     // handles come and go; the values go on counting
   EXPECT_EQ(t.next_generation(), 2u);
 }
+
+// Every handle of a rank waits on one armed stream: what handles armed and
+// not yet triggered queue there counts against the bound, by local rank; a
+// triggered handle, an empty call and the handle itself do not.
+TEST(PreparedTable, ArmingPastWhatAQueueHoldsIsRefusedNamingTheArmedHandles) {
+  PreparedTable t;
+  auto with_ops = [&](std::vector<size_t> ops) {
+    PreparedCall c;
+    c.ops = std::move(ops);
+    return t.add(std::move(c));
+  };
+  const int a = with_ops({300, 10});
+  const int b = with_ops({200, 10});
+  const int c = with_ops({13, 505});
+  const int empty = with_ops({});
+  for (int h : {a, b, c, empty})
+    for (int local : {0, 1}) t.refuse_if_queue_full(h, local, 4 + local, "arm");
+  t.get(a, "arm").armed = true;
+  t.refuse_if_queue_full(a, 0, 4, "arm");  // itself, armed again, is refused elsewhere
+  t.refuse_if_queue_full(b, 0, 4, "arm");  // 300 + 200
+  const std::string e = error_of([&] { t.refuse_if_queue_full(c, 1, 5, "arm"); });
+  EXPECT_TRUE(has(e,
+                  "arm: handle 3 puts about 505 operations on rank 5's armed stream, behind about 10 of handles "
+                  "armed and not yet triggered (1)"))
+      << e;
+  t.get(b, "arm").armed = true;
+  const std::string e0 = error_of([&] { t.refuse_if_queue_full(c, 0, 4, "arm"); });
+  EXPECT_TRUE(has(e0, "behind about 500 of handles armed and not yet triggered (1, 2)")) << e0;
+  EXPECT_TRUE(has(e0, "at most 512")) << e0;
+  t.refuse_if_queue_full(empty, 0, 4, "arm");
+  t.get(a, "trigger").armed = false;
+  t.refuse_if_queue_full(c, 0, 4, "arm");  // 200 + 13
+  t.get(b, "trigger").armed = false;
+  t.refuse_if_queue_full(c, 1, 5, "arm");
+}

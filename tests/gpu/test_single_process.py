@@ -241,8 +241,9 @@ def test_calls_longer_than_a_stream_queue(local_comm, monkeypatch):
 def test_prepared_calls_longer_than_a_stream_queue_are_refused(local_comm, monkeypatch):
     """An armed call queues all its operations behind its gate, which opens at
     the trigger, after arm() returns: prepare() refuses one that would fill the
-    queue (arm() would block), and the longest it takes arms at once and
-    reduces every byte right."""
+    queue (arm() would block), the longest it takes arms at once and reduces
+    every byte right, and arm() refuses a second such handle while the first
+    waits for its trigger."""
     import ferry
 
     torch, comm, world, bufs = local_comm
@@ -277,6 +278,20 @@ def test_prepared_calls_longer_than_a_stream_queue_are_refused(local_comm, monke
             assert torch.equal(outs[r].cpu(), exp), f"prepared reduce_scatter of {rounds} rounds, rank {r}"
         assert armed_s < 5, f"arming {rounds} rounds took {armed_s:.1f} s"
         h.release()
+        # Every handle waits on one armed stream: a second such handle armed
+        # before the first is triggered is refused, then taken once it is.
+        first, second = comm.prepare("reduce_scatter", outs, ins), comm.prepare("reduce_scatter", outs, ins)
+        first.arm()
+        with pytest.raises(ferry.InvalidArgumentError, match="trigger those handles first"):
+            second.arm()
+        first.trigger()
+        first.wait()
+        second.arm()
+        second.trigger()
+        second.wait()
+        comm.synchronize()
+        for x in (first, second):
+            x.release()
         break
     else:
         pytest.fail("every prepared reduce_scatter down to 8 rounds was refused")
