@@ -498,6 +498,11 @@ MultipathReport MultipathEngine::copy_batch(const std::vector<MultipathPiece>& p
     if (p.bytes == 0) continue;
     FERRY_ARG_CHECK(p.dst != nullptr, name(i, "dst") + " is null");
     FERRY_ARG_CHECK(p.src != nullptr, name(i, "src") + " is null");
+    for (const auto& [what, at] :
+         {std::make_pair(name(i, "dst"), static_cast<const void*>(p.dst)), std::make_pair(name(i, "src"), p.src)}) {
+      const std::string wraps = multipath_range_wraps(what.c_str(), at, p.bytes);
+      FERRY_ARG_CHECK(wraps.empty(), wraps);
+    }
     FERRY_ARG_CHECK(!ranges_overlap(p.dst, p.src, p.bytes), name(i, "dst") + " and " + name(i, "src") + " overlap");
     const PointerKind dk = pointer_kind(p.dst), sk = pointer_kind(p.src);
     const MultipathRoute here = route_multipath(dk.kind, dk.device, sk.kind, sk.device);
@@ -1025,9 +1030,13 @@ void MultipathEngine::read_board(const std::deque<Transfer>& active, double now)
   std::vector<GpuId> gpus;
   std::vector<int> of;
   std::vector<bool> on_board(n, false);
-  const auto& may = sched_->policy().may_relay;  // a link that cannot relay is no relay to keep off
+  // A link that cannot relay (not in `relays`, or relays="idle" and another
+  // program on its GPU) is no spare link to share.
+  const auto& may = sched_->policy().may_relay;
   for (int l = 0; l < n; ++l)
-    if (board_gpu_[l]) gpus.push_back(*board_gpu_[l]), of.push_back(l), on_board[l] = may.empty() || may[l];
+    if (board_gpu_[l])
+      gpus.push_back(*board_gpu_[l]), of.push_back(l),
+          on_board[l] = (may.empty() || may[l]) && !sched_->other_programs(l);
   const auto busy = board_->busy(gpus, board_token_, at);
   for (int lane = 0; lane < MultipathScheduler::kLanes; ++lane) {
     std::vector<bool> posted(n, false), targets(n, false);

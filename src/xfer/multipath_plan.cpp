@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <string>
 
@@ -130,6 +131,12 @@ std::string multipath_range_end(const char* what, MemKind first, int first_devic
   if (first == last && (first != MemKind::kDevice || first_device == last_device)) return "";
   return std::string(what) + " starts in " + mem_kind_name(first, first_device) + " and its last byte is in " +
          mem_kind_name(last, last_device);
+}
+
+std::string multipath_range_wraps(const char* what, const void* p, size_t bytes) {
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  if (bytes == 0 || bytes - 1 <= UINTPTR_MAX - at) return "";
+  return std::string(what) + " plus " + std::to_string(bytes) + " bytes runs past the end of the address space";
 }
 
 MultipathRoute route_multipath(MemKind dst, int dst_device, MemKind src, int src_device) {

@@ -135,6 +135,11 @@ std::string mem_kind_name(MemKind k, int device);
 // the same kind of memory (and GPU); else what differs: such a range is
 // refused (CUDA refuses a copy of it too, with cudaErrorInvalidValue).
 std::string multipath_range_end(const char* what, MemKind first, int first_device, MemKind last, int last_device);
+// Empty where `bytes` (> 0) from `p` end within the address space; else why
+// the range named `what` is refused (its last byte would wrap to a low
+// address, where the checks of its ends and of overlap would look at memory
+// the copy never meant).
+std::string multipath_range_wraps(const char* what, const void* p, size_t bytes);
 
 // A copy's direction and its GPU, or why it cannot be a host<->GPU copy.
 struct MultipathRoute {

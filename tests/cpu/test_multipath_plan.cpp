@@ -85,6 +85,18 @@ TEST(MultipathRoute, ARangeEndingInOtherMemoryIsNamed) {
             "pieces[3].dst starts in GPU memory (cuda:2) and its last byte is in GPU memory (cuda:3)");
 }
 
+TEST(MultipathRoute, ARangePastTheEndOfTheAddressSpaceIsNamed) {
+  using ferry::xfer::multipath_range_wraps;
+  const auto at = [](uintptr_t a) { return reinterpret_cast<const void*>(a); };
+  EXPECT_EQ(multipath_range_wraps("dst", at(0x1000), 4096), "");
+  EXPECT_EQ(multipath_range_wraps("dst", at(UINTPTR_MAX - 4095), 4096), "");  // its last byte is the last one
+  EXPECT_EQ(multipath_range_wraps("dst", at(8192), 0), "");
+  EXPECT_EQ(multipath_range_wraps("src", at(UINTPTR_MAX - 4095), 4097),
+            "src plus 4097 bytes runs past the end of the address space");
+  EXPECT_EQ(multipath_range_wraps("pieces[2].dst", at(8192), SIZE_MAX - 4095),
+            "pieces[2].dst plus " + std::to_string(SIZE_MAX - 4095) + " bytes runs past the end of the address space");
+}
+
 TEST(MultipathChunks, CoverTheCopyInOrder) {
   auto c = split_chunks(10 * kMiB + 3, 4 * kMiB);
   ASSERT_EQ(c.size(), 3u);

@@ -392,6 +392,13 @@ TEST_F(MultipathSim, BadInputIsNamed) {
   EXPECT_NE(error_text([&] { e.copy(h.b() + 16, h.p, 64, nullptr); }).find("dst and src overlap"), std::string::npos);
   EXPECT_NE(error_text([&] { e.copy(nullptr, h.p, 64, nullptr); }).find("dst is null"), std::string::npos);
   EXPECT_NE(error_text([&] { e.copy(a.p, nullptr, 64, nullptr); }).find("src is null"), std::string::npos);
+  // A size that wraps past the end of the address space: its last byte would
+  // land back inside the buffers, where the checks of its ends would pass.
+  const std::string wrapped = error_text([&] { e.copy(a.b() + 8192, h.b() + 8192, SIZE_MAX - 4095, nullptr); });
+  EXPECT_NE(
+      wrapped.find("dst plus " + std::to_string(SIZE_MAX - 4095) + " bytes runs past the end of the address space"),
+      std::string::npos)
+      << wrapped;
   MultipathOptions bad = options({0, 7});
   EXPECT_THROW(MultipathEngine x(bad), ferry::Error);
   bad = options({0, 1});
@@ -1308,6 +1315,52 @@ TEST_F(MultipathSim, EveryOtherGpuCopiedByItsProgramKeepsRelaysOffTheirLinks) {
     EXPECT_EQ(std::memcmp(bd.p, bh.p, big), 0);
     EXPECT_EQ(std::memcmp(cd.p, ch.p, big), 0);
   }
+}
+
+// The board with relays="idle": GPU 2 runs another program, so its link
+// relays nothing; B copies into GPU 1. Every link that could relay for A is
+// then posted, so A keeps off GPU 1's link too, as if GPU 2 had none.
+TEST_F(MultipathSim, AGpuThatCannotRelayIsNoSpareLinkOnTheBoard) {
+  sim::reset(3, 2e9);  // slow links: B's copy outlasts A's
+  setenv("FERRY_MULTIPATH_BOARD", "1", 1);
+  MultipathOptions ob = options({0, 1, 2}, MiB, MiB);
+  ob.timeout_s = 120;  // as above: B's copy may take long under a sanitizer
+  MultipathOptions oa = ob;
+  oa.processes_on = [](int device) { return device == 2 ? 2 : 1; };
+  MultipathEngine b(ob), a(oa);
+  unsetenv("FERRY_MULTIPATH_BOARD");
+  const size_t big = 64 * MiB, n = 4 * MiB;
+  Buf bh(big, -1), bd(big, 1);
+  fill(bh, 5);
+  Pairs p(1, n, 0, 9);
+  cudaStream_t sb = new_stream(1), sa = new_stream(0);
+  b.copy(bd.p, bh.p, big, sb);
+  std::string why;
+  auto seen = ferry::xfer::LinkBoard::open("", &why);
+  ASSERT_TRUE(seen) << why;
+  std::vector<ferry::xfer::GpuId> gpu1(1);
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 1);
+  std::memcpy(gpu1[0].data(), prop.uuid.bytes, 16);
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!seen->busy(gpu1, 1, ferry::xfer::LinkBoard::now_ns())[0][0]) {
+    ASSERT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10)) << "B never posted";
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  // Probes coming back late behind B's chunks can keep A off link 1 for a
+  // copy even where it may relay: three copies give it the chance.
+  for (int k = 0; k < 3; ++k) {
+    a.copy(p.dst[0]->p, p.src[0]->p, n, sa);
+    ASSERT_TRUE(drained(sa));
+  }
+  const auto used = a.bytes_by_link();
+  EXPECT_EQ(cudaStreamQuery(sb), cudaErrorNotReady) << "B's copy ended before A's: the case did not arise";
+  EXPECT_EQ(used[2], 0u) << "a GPU another program runs on relayed";
+  EXPECT_EQ(used[1], 0u) << "A relayed over the link of a GPU its own program copies into, with no link to spare";
+  ASSERT_TRUE(drained(sb, 120));
+  ASSERT_NO_THROW(b.check());
+  EXPECT_TRUE(p.same(0));
+  EXPECT_EQ(std::memcmp(bd.p, bh.p, big), 0);
 }
 
 // A copy whose stream is held (as behind a kernel) when copy() returns: its
