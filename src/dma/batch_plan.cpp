@@ -7,7 +7,12 @@ namespace ferry {
 std::vector<std::pair<size_t, size_t>> split_batches(size_t count, size_t batch_max) {
   FERRY_ARG_CHECK(batch_max >= 1, "batch_max must be at least 1");
   std::vector<std::pair<size_t, size_t>> out;
-  for (size_t b = 0; b < count; b += batch_max) out.emplace_back(b, std::min(count, b + batch_max));
+  // Steps taken from what is left: b + batch_max can pass 2^64.
+  for (size_t b = 0; b < count;) {
+    const size_t e = b + std::min(batch_max, count - b);
+    out.emplace_back(b, e);
+    b = e;
+  }
   return out;
 }
 

@@ -203,8 +203,9 @@ bool pitch_direction(Direction d);
 
 // Copies per batched call for the single-row copies in `copies` (pitched
 // ones go one call each): an inline fetch (`inline_call`, host to GPU) of few
-// copies in at least 4 calls of at least 8, so that the copy engine starts on
-// the first call while the host submits the rest; everything else in calls of
+// copies in calls of a quarter of them, at least 8 a call (so up to 4 calls,
+// fewer when there are fewer than 32), so that the copy engine starts on the
+// first call while the host submits the rest; everything else in calls of
 // `batch_max` (>= 1: FERRY_BATCH_MAX, or 1 where batching is off). On an
 // H200, 64 scattered 16 KB pages fetched in calls of 16 landed in 102 us
 // against 145 in calls of 32; from 256 pages, and for saves, calls of 16 and

@@ -21,6 +21,17 @@ TEST(SplitBatches, CoversEverythingInBoundedRuns) {
   }
 }
 
+// Bounds and counts near 2^64 (the Python binding takes any size_t): two
+// runs that end where the count does, not a wrapped run and a loop that never ends.
+TEST(SplitBatches, CountsAndBoundsNear64BitsDoNotWrap) {
+  const size_t top = ~size_t(0), half = (size_t(1) << 63) + 1;
+  const auto b = split_batches(top, half);
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_EQ(b[0], std::make_pair(size_t(0), half));
+  EXPECT_EQ(b[1], std::make_pair(half, top));
+  EXPECT_EQ(split_batches(top, top).size(), 1u);
+}
+
 TEST(SplitBatches, RejectsZeroBound) {
   try {
     split_batches(3, 0);
