@@ -1024,7 +1024,13 @@ void MultipathEngine::read_board(const std::deque<Transfer>& active, double now)
   const std::set<BoardKey> under_way = board_posts(copying, &board_ended_, now);
   for (const auto& [link, lane] : board_posted_)
     if (!under_way.count({link, lane})) board_->post(*board_gpu_[link], lane, board_token_, 0);
-  for (const auto& [link, lane] : under_way) board_->post(*board_gpu_[link], lane, board_token_, at + hold);
+  for (const auto& [link, lane] : under_way)
+    if (!board_->post(*board_gpu_[link], lane, board_token_, at + hold) && !board_full_said_) {
+      board_full_said_ = true;
+      debug_log("multipath: the link board is full (" + std::to_string(LinkBoard::kSlots) +
+                " slots, one per engine and GPU, taken): other programs cannot see this engine's copies "
+                "and may relay over its links");
+    }
   board_posted_ = under_way;
   const int n = static_cast<int>(board_gpu_.size());
   std::vector<GpuId> gpus;

@@ -293,6 +293,7 @@ class MultipathEngine {
   std::vector<std::optional<GpuId>> board_gpu_;
   std::set<BoardKey> board_posted_;         // posted at the last look
   std::map<BoardKey, double> board_ended_;  // when a copy there last landed (board_posts)
+  bool board_full_said_ = false;            // a post found every slot taken (said once in the debug log)
   double board_at_ = -1;
   // relays="idle" (MultipathOptions::processes_on): what counts the programs
   // on a GPU, and when the engine's thread last looked.
