@@ -226,7 +226,7 @@ const char* path_name(uint64_t called) { return called & kSmPathTag ? "the SM pa
 // records the error, and releases the stream's waits by writing the expected
 // values itself, so nothing hangs. `x.seq` is 0 for runs of a captured graph,
 // whose progress the host cannot count.
-bool Watchdog::diagnose_and_unblock(int local, const Expectation& x, double age_s) {
+bool Watchdog::diagnose_and_unblock(int local, const Expectation& x, double age_s, const uint64_t* running) {
   const Rank& L = ranks_[local];
   const int r = L.rank;
   if (failure_.broken()) {
@@ -234,12 +234,18 @@ bool Watchdog::diagnose_and_unblock(int local, const Expectation& x, double age_
     // peers did (a late message from a peer may have overwritten an earlier
     // release), so that no stream stays blocked and close() can finish. A
     // call in rounds waits again each round (a flag is cleared once its wait
-    // passes): released round after round for a while, not one round a look.
+    // passes): released round after round for a while, not one round a look,
+    // while the call still runs (an eager call: the oldest unfinished one; a
+    // captured one, which the in-flight ring never holds: its state word).
     const auto until = std::chrono::steady_clock::now() + kReleaseBurst;
     for (;;) {
       L.rescue->release_waits(x.value, x.targets_mask, x.sources_mask);
       if (std::chrono::steady_clock::now() >= until) break;
       std::this_thread::sleep_for(std::chrono::microseconds(20));
+      if (running) {
+        if (__atomic_load_n(running, __ATOMIC_ACQUIRE) == 0) break;
+        continue;
+      }
       const auto still = L.in_flight->oldest_unfinished();
       if (!still || still->expect.seq != x.seq || still->expect.value != x.value) break;
     }
@@ -354,7 +360,7 @@ void Watchdog::watch(Captured& c) {
     c.last_flags = now;
     c.unchanged_since = t;
   }
-  diagnose_and_unblock(c.local, c.expect, t - c.unchanged_since);
+  diagnose_and_unblock(c.local, c.expect, t - c.unchanged_since, c.state.host);
 }
 
 }  // namespace ferry

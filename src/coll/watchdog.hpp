@@ -82,7 +82,9 @@ class Watchdog {
 
   void loop();
   void exit_if_undelivered();
-  bool diagnose_and_unblock(int local, const Expectation& x, double age_s);
+  // `running`: a captured call's state word (host address), nonzero while
+  // its graph runs; null for an eager call.
+  bool diagnose_and_unblock(int local, const Expectation& x, double age_s, const uint64_t* running = nullptr);
   void watch(Captured& c);
   void fail_untriggered(int local, const InFlight::Pending& p);
   void publish_progress();
