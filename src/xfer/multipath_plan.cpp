@@ -594,6 +594,9 @@ bool MultipathScheduler::any_probing() const {
 void MultipathScheduler::finish(int transfer) {
   FERRY_ARG_CHECK(transfer >= 0 && transfer < static_cast<int>(remaining_.size()) && remaining_[transfer] == 0,
                   "finish: transfer " + std::to_string(transfer) + " is not done");
+  // Twice would hand its id to two later add() calls, the second overwriting the first's state.
+  FERRY_ARG_CHECK(std::find(free_ids_.begin(), free_ids_.end(), transfer) == free_ids_.end(),
+                  "finish: transfer " + std::to_string(transfer) + " was finished already");
   head_pending_[transfer] = false;
   free_ids_.push_back(transfer);
 }

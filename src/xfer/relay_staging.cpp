@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "core/cuda_scope.hpp"
+#include "core/error.hpp"
 
 namespace ferry {
 namespace xfer {
@@ -45,6 +46,11 @@ std::vector<int> relay_staging_need(const std::vector<int>& devices, const std::
 
 StagingLayout plan_relay_staging(const std::vector<int>& devices, const std::vector<int>& need, size_t bytes) {
   constexpr size_t kAlign = size_t{64} << 10;  // as the driver's allocations at least are
+  FERRY_ARG_CHECK(need.size() == devices.size(), "plan_relay_staging: need has " + std::to_string(need.size()) +
+                                                     " entries for " + std::to_string(devices.size()) + " links");
+  // Past 2^40 a buffer is no chunk's staging, and its stride could wrap.
+  FERRY_ARG_CHECK(bytes >= 1 && bytes <= (size_t{1} << 40),
+                  "plan_relay_staging: bytes is " + std::to_string(bytes) + "; expected 1..2^40");
   const size_t stride = (bytes + kAlign - 1) / kAlign * kAlign;
   StagingLayout out;
   out.gpu_of.assign(devices.size(), -1);

@@ -595,6 +595,15 @@ TEST(MultipathScheduler, CopiesThatAlwaysOverlapReuseTheIdsOfFinishedOnes) {
   }
   EXPECT_EQ(ids.size(), 2u) << "ids stay as few as the copies in flight at once";
   EXPECT_THROW(s.finish(-1), ferry::Error);
+  // Finishing one copy twice would give its id to two later copies.
+  Assignment a;
+  while (s.next(0, &a)) {
+  }
+  s.complete(0);
+  ASSERT_TRUE(s.done(older));
+  s.finish(older);
+  EXPECT_THROW(s.finish(older), ferry::Error);
+  EXPECT_NE(s.add(0, split_chunks(kMiB, kMiB)), s.add(0, split_chunks(kMiB, kMiB)));
 }
 
 TEST(MultipathChunkSize, EveryLinksQueueGetsAChunkWithinTheBounds) {

@@ -360,13 +360,15 @@ TEST(PagePlan, RandomRequestsMatchAReferenceExpansion) {
     if (rng() % 2) std::sort(d.begin(), d.end());  // sorted: runs appear
     auto copies = plan_page_copies(dst, src, ids(d), ids(s), true);
     // Expand the copies back into (dst byte, src byte) pairs and compare with
-    // the page-by-page reference.
+    // the page-by-page reference; no destination byte may be written twice.
     std::map<uintptr_t, uintptr_t> got;
+    size_t written = 0;
     for (const auto& c : copies)
-      for (size_t b = 0; b < c.bytes; b += 16)
+      for (size_t b = 0; b < c.bytes; b += 16, ++written)
         got[reinterpret_cast<uintptr_t>(c.dst) + b] = reinterpret_cast<uintptr_t>(c.src) + b;
     const auto want = reference_pairs(dst, src, d, s, bytes);
     ASSERT_EQ(got, want) << "trial " << trial;
+    ASSERT_EQ(written, want.size()) << "trial " << trial << ": a destination written twice";
     EXPECT_EQ(count_page_rows(dst, src, ids(d), ids(s), true, 0, 0), copies.size()) << "trial " << trial;
     EXPECT_EQ(count_page_rows(dst, src, ids(d), ids(s), false, 0, 0), n * regions) << "trial " << trial;
   }

@@ -4,6 +4,7 @@
 
 #include <set>
 
+#include "core/error.hpp"
 #include "xfer/relay_staging.hpp"
 
 using ferry::xfer::plan_relay_staging;
@@ -40,6 +41,16 @@ TEST(RelayStaging, OneAllocationPerGpuAtTheSameOffsets) {
     EXPECT_EQ(p.gpu_of[l], l);
     EXPECT_EQ(p.offsets[l], std::vector<size_t>({0, 8 * kMiB}));
   }
+}
+
+// Inputs that would place buffers wrongly are refused: a need list of
+// another length (read past its end), a size of 0 or past 2^40 (a stride
+// of 0, every buffer at offset 0).
+TEST(RelayStaging, InputsThatWouldOverlapBuffersAreRefused) {
+  EXPECT_THROW(plan_relay_staging({0, 1, 2}, {2, 2}, kMiB), ferry::Error);
+  EXPECT_THROW(plan_relay_staging({0, 1}, {2, 2}, 0), ferry::Error);
+  EXPECT_THROW(plan_relay_staging({0, 1}, {2, 2}, ~size_t(0) - 100), ferry::Error);
+  EXPECT_NO_THROW(plan_relay_staging({0, 1}, {2, 2}, size_t(1) << 40));
 }
 
 // Loopback relays: the links of one GPU share its allocation without
