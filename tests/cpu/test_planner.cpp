@@ -152,6 +152,19 @@ Bytes random_bytes(std::mt19937& rng, size_t n) {
 // offset (the collectives' in-place forms).
 enum class Layout { kApart, kInInsideOut, kOutInsideIn };
 
+// Rank r's buffers as a planner sees them.
+PlanBuffers buffers_of(int r, int world, const std::vector<char*>& outs, const std::vector<char*>& ins,
+                       const std::vector<char*>& scratch, bool writes_out) {
+  PlanBuffers b;
+  b.rank = r;
+  b.world = world;
+  b.out = outs[r];
+  b.in = ins[r];
+  if (writes_out) b.out_by_rank = outs;
+  b.scratch_by_rank = scratch;
+  return b;
+}
+
 // One call on every rank: buffers, programs, then the outputs.
 struct Call {
   CollectiveArgs a;
@@ -196,16 +209,9 @@ struct Call {
     if (s.bytes(world))
       for (int r = 0; r < world; ++r) scratch.push_back(m.make(3, r, s.bytes(world), 0xCC));
     std::vector<Program> programs;
-    for (int r = 0; r < world; ++r) {
-      PlanBuffers b;
-      b.rank = r;
-      b.world = world;
-      b.out = outs[r];
-      b.in = ins[r];
-      if (planner.writes_out(a)) b.out_by_rank = outs;
-      b.scratch_by_rank = scratch;
-      programs.push_back(planner.plan(a, b, shape.bytes, s, knobs));
-    }
+    for (int r = 0; r < world; ++r)
+      programs.push_back(
+          planner.plan(a, buffers_of(r, world, outs, ins, scratch, planner.writes_out(a)), shape.bytes, s, knobs));
     run_programs(m, programs, what);
   }
   Bytes out(int r) {
@@ -551,18 +557,14 @@ TEST(Planner, CallsLongerThanAStreamQueueAreEnqueuedRankByRankApartOrNotArmed) {
     const CollectivePlanner& p = planner_for(op);
     const size_t shape = p.shape(a, world).bytes;
     const ScratchPlan s = p.scratch(a, world, shape, k, [](size_t) { return true; });
-    for (int r = 0; r < world; ++r) scratch.push_back(reinterpret_cast<char*>(uintptr_t(3) << 44 | uintptr_t(r) << 36));
+    if (s.bytes(world))
+      for (int r = 0; r < world; ++r)
+        scratch.push_back(reinterpret_cast<char*>(uintptr_t(3) << 44 | uintptr_t(r) << 36));
     size_t most = 0;
-    for (int r = 0; r < world; ++r) {
-      PlanBuffers b;
-      b.rank = r;
-      b.world = world;
-      b.out = outs[r];
-      b.in = ins[r];
-      if (p.writes_out(a)) b.out_by_rank = outs;
-      if (s.bytes(world)) b.scratch_by_rank = scratch;
-      most = std::max(most, host_operations(p.plan(a, b, shape, s, k), world));
-    }
+    for (int r = 0; r < world; ++r)
+      most = std::max(
+          most,
+          host_operations(p.plan(a, buffers_of(r, world, outs, ins, scratch, p.writes_out(a)), shape, s, k), world));
     return most;
   };
   const size_t cap = size_t(64) << 20;
