@@ -196,6 +196,15 @@ class MultipathSim : public ::testing::Test {
   }
 };
 
+// A GPU's id on the link board (its UUID).
+ferry::xfer::GpuId board_id(int device) {
+  ferry::xfer::GpuId id{};
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, device);
+  std::memcpy(id.data(), prop.uuid.bytes, 16);
+  return id;
+}
+
 }  // namespace
 
 TEST_F(MultipathSim, EveryByteBothWaysOverOwnLinkAndRelays) {
@@ -1215,10 +1224,7 @@ TEST_F(MultipathSim, PostsOutlastACopyByTheGapAndGoSoonAfter) {
   std::string why;
   auto seen = ferry::xfer::LinkBoard::open("", &why);
   ASSERT_TRUE(seen) << why;
-  std::vector<ferry::xfer::GpuId> gpus(1);
-  cudaDeviceProp prop{};
-  cudaGetDeviceProperties(&prop, 1);
-  std::memcpy(gpus[0].data(), prop.uuid.bytes, 16);
+  const std::vector<ferry::xfer::GpuId> gpus{board_id(1)};
   auto posted = [&] { return seen->busy(gpus, 1, ferry::xfer::LinkBoard::now_ns())[0][0]; };
   cudaStream_t s = new_stream(1);
   // A millisecond after the copy landed its post is still up (the gap is 2
@@ -1272,12 +1278,7 @@ TEST_F(MultipathSim, EveryOtherGpuCopiedByItsProgramKeepsRelaysOffTheirLinks) {
       std::string why;
       auto seen = ferry::xfer::LinkBoard::open("", &why);
       ASSERT_TRUE(seen) << why;
-      std::vector<ferry::xfer::GpuId> gpus(2);
-      for (int d : {1, 2}) {
-        cudaDeviceProp prop{};
-        cudaGetDeviceProperties(&prop, d);
-        std::memcpy(gpus[d - 1].data(), prop.uuid.bytes, 16);
-      }
+      const std::vector<ferry::xfer::GpuId> gpus{board_id(1), board_id(2)};
       const auto t0 = std::chrono::steady_clock::now();
       for (;;) {
         const auto busy = seen->busy(gpus, 1, ferry::xfer::LinkBoard::now_ns());
@@ -1338,10 +1339,7 @@ TEST_F(MultipathSim, AGpuThatCannotRelayIsNoSpareLinkOnTheBoard) {
   std::string why;
   auto seen = ferry::xfer::LinkBoard::open("", &why);
   ASSERT_TRUE(seen) << why;
-  std::vector<ferry::xfer::GpuId> gpu1(1);
-  cudaDeviceProp prop{};
-  cudaGetDeviceProperties(&prop, 1);
-  std::memcpy(gpu1[0].data(), prop.uuid.bytes, 16);
+  const std::vector<ferry::xfer::GpuId> gpu1{board_id(1)};
   const auto t0 = std::chrono::steady_clock::now();
   while (!seen->busy(gpu1, 1, ferry::xfer::LinkBoard::now_ns())[0][0]) {
     ASSERT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10)) << "B never posted";
