@@ -20,7 +20,9 @@ namespace {
 
 std::string bytes_str(size_t b) { return std::to_string(b) + " bytes"; }
 
-Emission emission(cudaStream_t stream, const CollectiveArgs& a, const Resolved& how) {
+}  // namespace
+
+Emission Communicator::emission(cudaStream_t stream, const CollectiveArgs& a, const Resolved& how) {
   Emission e;
   e.stream = stream;
   e.algo = how.algo;
@@ -28,8 +30,6 @@ Emission emission(cudaStream_t stream, const CollectiveArgs& a, const Resolved& 
   e.kernel_signals = how.kernel_signals;
   return e;
 }
-
-}  // namespace
 
 size_t Communicator::selection_bytes(const CollectiveArgs& a) const {
   return planner_for(a.op).selection_bytes(a, world_);

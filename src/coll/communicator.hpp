@@ -181,6 +181,8 @@ class Communicator {
     bool ranks_apart = false;              // enqueued on a thread per local rank (enqueue_ranks_apart)
   };
   std::shared_ptr<const PlannedCall> plan_call(const CollectiveArgs& args, bool capturing);
+  // What the emitter needs of a call, onto `stream` (eager, captured or armed).
+  static Emission emission(cudaStream_t stream, const CollectiveArgs& args, const Resolved& how);
   size_t selection_bytes(const CollectiveArgs& args) const;
   // The call's algo and signals where they are not "auto", else the
   // selector's (the tuning table), else FERRY_SIGNALS for the signals.

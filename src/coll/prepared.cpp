@@ -92,11 +92,7 @@ void Communicator::arm(int handle, const std::vector<cudaStream_t>& after, bool 
     publish_called(L.rank, seq, p.built[i].value, p.how.algo == Algo::kSm);
     size_t slot = L.in_flight->begin(expectation(seq, p.args, p.built[i]), timeout_s_, watched_gate(p, i));
     ValueWait gate{gate_address(p, i), gen};
-    Emission e;
-    e.stream = s;
-    e.algo = p.how.algo;
-    e.local_copy = p.args.local_copy;
-    e.kernel_signals = p.how.kernel_signals;
+    Emission e = emission(s, p.args, p.how);
     e.gate = &gate;
     try {
       L.emitter->emit(p.built[i], e);
