@@ -17,7 +17,8 @@ static inline int ferry_preload_routes(size_t count, enum cudaMemcpyKind kind, s
 }
 
 /* FERRY_MULTIPATH_MIN_BYTES as the preload library reads it (no knob table
- * there): a positive integer, else `fallback`. */
+ * there): a non-negative integer, else `fallback`. 0 routes every nonzero
+ * copy, as it does for the engine's own knob. */
 static inline size_t ferry_preload_min_bytes(const char* text, size_t fallback) {
   if (!text || !*text) return fallback;
   size_t v = 0;
@@ -27,7 +28,7 @@ static inline size_t ferry_preload_min_bytes(const char* text, size_t fallback) 
     if (v > (SIZE_MAX - d) / 10) return fallback; /* past 64 bits: no value (the engine refuses it too) */
     v = v * 10 + d;
   }
-  return v ? v : fallback;
+  return v;
 }
 
 #endif /* FERRY_PRELOAD_ROUTE_H_ */

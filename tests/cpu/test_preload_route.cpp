@@ -24,5 +24,7 @@ TEST(PreloadRoute, ThresholdFromTheEnvironment) {
   // Past 64 bits: the default, not the wrapped remainder (1 for 18446744073709551617, which would route every copy).
   EXPECT_EQ(ferry_preload_min_bytes("18446744073709551617", 7), 7u);
   EXPECT_EQ(ferry_preload_min_bytes("18446744073709551615", 7), SIZE_MAX);
-  EXPECT_EQ(ferry_preload_min_bytes("0", 7), 7u);
+  // 0 is a value, as for the engine's knob (its range starts at 0): every nonzero copy routes.
+  EXPECT_EQ(ferry_preload_min_bytes("0", 7), 0u);
+  EXPECT_TRUE(ferry_preload_routes(1, cudaMemcpyHostToDevice, ferry_preload_min_bytes("0", 7)));
 }
