@@ -397,3 +397,89 @@ def expecter(ferry, fails: list, prefix: str = ""):
         fails.append(f"{prefix}expected /{pattern}/, nothing raised")
 
     return expect
+
+
+def check_long_calls(torch, comm, devs, world, bufs, streams=None, captured=False, rounds=4096, runs=3):
+    """Calls of thousands of rounds in one process (init_local), each rank's
+    part more operations than its stream's queue takes while the first wait
+    holds: a reduce_scatter in rounds of 4 KiB (FERRY_REDUCE_ROUND_BYTES) and
+    an in-place all_to_all through a 4 KiB scratch (FERRY_SCRATCH_BYTES), each
+    `rounds` long. Eagerly, each run is a call (from the second on, ferry
+    replays it from its own graph); captured=True, each is captured once into
+    a CUDA graph per rank and every run is a replay of those. Random data,
+    poisoned outputs, every byte compared. Returns failure strings."""
+    from fuzz import capture_per_rank, replay_per_rank
+
+    streams = streams or [torch.cuda.current_stream(d) for d in devs]
+    gen = torch.Generator().manual_seed(58 + world + 7 * captured)
+    fails = []
+    saved = {k: os.environ.get(k) for k in ("FERRY_REDUCE_ROUND_BYTES", "FERRY_SCRATCH_BYTES")}
+
+    def sync():
+        for d in {d.index for d in devs}:
+            torch.cuda.synchronize(d)
+
+    def check(label, call, feed, outs, poison):
+        graphs = None
+        for run in range(runs):
+            want = feed(run)
+            for o in outs if poison else ():
+                o.fill_(-7)
+            sync()
+            if captured and graphs is None:
+                graphs = capture_per_rank(torch, devs, streams, call)
+            if graphs is not None:
+                replay_per_rank(torch, devs, graphs, streams)
+            else:
+                call()
+            sync()
+            for r in range(world):
+                bad = int((outs[r].cpu() != want[r]).sum().item())
+                if bad:
+                    fails.append(f"{label} run {run} rank {r}: {bad} wrong elements of {want[r].numel()}")
+                    return
+
+    try:
+        # reduce_scatter: `rounds` rounds of 4 KiB of int32 result per rank.
+        os.environ["FERRY_REDUCE_ROUND_BYTES"] = "4096"
+        count = rounds * 1024
+        ins = [torch.empty(world * count, dtype=torch.int32, device=d) for d in devs]
+        outs = [torch.empty(count, dtype=torch.int32, device=d) for d in devs]
+
+        def feed_rs(run):
+            full = [
+                torch.randint(-(1 << 20), 1 << 20, (world * count,), generator=gen, dtype=torch.int32)
+                for _ in devs
+            ]
+            for i, f in zip(ins, full):
+                i.copy_(f)
+            want = []
+            for r in range(world):
+                exp = full[0][r * count : (r + 1) * count].clone()
+                for q in range(1, world):
+                    exp += full[q][r * count : (r + 1) * count]
+                want.append(exp)
+            return want
+
+        check("reduce_scatter", lambda: comm.reduce_scatter(outs, ins, stream=streams), feed_rs, outs, True)
+        del os.environ["FERRY_REDUCE_ROUND_BYTES"]
+        # In-place all_to_all through a 4 KiB scratch: blocks in chunks of 4096 / world bytes.
+        os.environ["FERRY_SCRATCH_BYTES"] = "4096"
+        n = rounds * (4096 // world)
+        bs = [b[: world * n] for b in bufs]
+
+        def feed_a2a(run):
+            data = [torch.randint(0, 256, (world * n,), generator=gen, dtype=torch.uint8) for _ in devs]
+            for b, x in zip(bs, data):
+                b.copy_(x)
+            return [torch.cat([data[q][r * n : (r + 1) * n] for q in range(world)]) for r in range(world)]
+
+        # In place: the inputs are the outputs, nothing to poison.
+        check("in-place all_to_all", lambda: comm.all_to_all(bs, bs, stream=streams), feed_a2a, bs, False)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return fails

@@ -16,6 +16,7 @@ from _checks import (
     SM_BYTES,
     SmHold,
     check_collectives,
+    check_long_calls,
     check_repeats,
     check_same_buffers,
     checker,
@@ -818,6 +819,24 @@ def sm_path_large_grid(world: int) -> list:
     return fails
 
 
+def shared_gpu_long_calls(world: int, rounds: int) -> list:
+    """check_long_calls with `world` ranks in one process on the visible GPUs,
+    several per GPU (FERRY_SHARED_GPUS=1, set by the caller): each rank's part
+    on a thread of its own, its GPU-mates' parts beside it on the same GPU."""
+    os.environ.update(SAFE_ENV)
+    import ferry
+    import torch
+
+    gpus = torch.cuda.device_count()
+    devs = [torch.device("cuda", r % gpus) for r in range(world)]
+    comm = ferry.init_local([d.index for d in devs], timeout=60)
+    streams = [torch.cuda.Stream(device=d) for d in devs]
+    bufs = comm.alloc((rounds * 4096 + 64,), torch.uint8)
+    fails = check_long_calls(torch, comm, devs, world, bufs, streams=streams, rounds=rounds)
+    comm.close()
+    return fails
+
+
 if __name__ == "__main__":  # python _workers.py untriggered GATE ALGO (a fresh process)
     if sys.argv[1] == "untriggered":
         problems = untriggered_is_reported(sys.argv[2], sys.argv[3])
@@ -832,6 +851,11 @@ if __name__ == "__main__":  # python _workers.py untriggered GATE ALGO (a fresh 
 
         faulthandler.dump_traceback_later(float(os.environ.get("FERRY_TEST_DUMP_S", "240")), exit=True)
         problems = sm_path_large_grid(int(sys.argv[2]))
+    elif sys.argv[1] == "shared-long":  # python _workers.py shared-long WORLD ROUNDS
+        import faulthandler
+
+        faulthandler.dump_traceback_later(float(os.environ.get("FERRY_TEST_DUMP_S", "240")), exit=True)
+        problems = shared_gpu_long_calls(int(sys.argv[2]), int(sys.argv[3]))
     print("\n".join(problems[:40]) or "ok")
     sys.exit(1 if problems else 0)
 

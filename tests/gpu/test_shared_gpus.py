@@ -56,6 +56,23 @@ def test_world_larger_than_the_machine(world, algos, signals, extra):
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
 
 
+@pytest.mark.parametrize("world", [w for w in (3, 4) if w > GPU_COUNT])
+def test_long_calls_with_ranks_sharing_gpus(world):
+    """Calls of 2,048 rounds with several ranks per GPU in one process: each
+    rank's part enqueued on a thread of its own beside its GPU-mates' (the
+    parts of a call longer than a stream's queue), every byte compared."""
+    env = dict(os.environ, FERRY_SHARED_GPUS="1", CUDA_DEVICE_MAX_CONNECTIONS="32", **_checks.SAFE_ENV)
+    here = os.path.dirname(os.path.abspath(_checks.__file__))
+    run = subprocess.run(
+        [sys.executable, os.path.join(here, "_workers.py"), "shared-long", str(world), "2048"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+
+
 @pytest.mark.parametrize("world", [3, 4])
 def test_two_shot_all_reduce_in_several_processes(world, monkeypatch):
     """The SM path's two-shot all_reduce with one process per rank; ranks

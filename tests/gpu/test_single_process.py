@@ -194,48 +194,19 @@ def test_prelaunch_and_reductions_single_process(local_comm):
         assert torch.equal(ar[r], torch.full_like(xs[r], world * (world + 1) / 2))
 
 
-def test_calls_longer_than_a_stream_queue(local_comm, monkeypatch):
+@pytest.mark.parametrize("captured", [False, True], ids=["eager", "captured"])
+def test_calls_longer_than_a_stream_queue(local_comm, captured):
     """Calls of thousands of rounds, each rank's part more operations than its
     stream's queue takes while the first wait holds. One thread enqueueing the
     ranks in turn blocks in rank 0's full queue behind a wait that only rank
     1's commands release, and the call fails at the timeout; each rank's part
-    goes on a thread of its own instead. Three runs of each (the later ones
-    replayed from a graph), random data, every byte compared."""
+    goes on a thread of its own instead. Eager (repeats replayed from ferry's
+    own graphs, captured on those threads) and captured into the user's graphs."""
     torch, comm, world, bufs = local_comm
     devs = [torch.device("cuda", i) for i in range(world)]
-    gen = torch.Generator().manual_seed(58)
-    # reduce_scatter: 16 MiB of int32 result per rank in rounds of 4 KiB (4,096 rounds).
-    monkeypatch.setenv("FERRY_REDUCE_ROUND_BYTES", "4096")
-    count = 4 << 20
-    for run in range(3):
-        full = [
-            torch.randint(-(1 << 20), 1 << 20, (world * count,), generator=gen, dtype=torch.int32)
-            for _ in devs
-        ]
-        outs = [torch.full((count,), -7, dtype=torch.int32, device=d) for d in devs]
-        start = time.monotonic()
-        comm.reduce_scatter(outs, [f.to(d) for f, d in zip(full, devs)])
-        comm.synchronize()
-        took = time.monotonic() - start
-        for r in range(world):
-            exp = full[0][r * count : (r + 1) * count].clone()
-            for q in range(1, world):
-                exp += full[q][r * count : (r + 1) * count]
-            assert torch.equal(outs[r].cpu(), exp), f"reduce_scatter run {run} rank {r} ({took:.1f} s)"
-    monkeypatch.delenv("FERRY_REDUCE_ROUND_BYTES")
-    # In-place all_to_all through a 4 KiB scratch: 4 MiB blocks in chunks of 4096 / world bytes.
-    monkeypatch.setenv("FERRY_SCRATCH_BYTES", "4096")
-    n = 4 << 20
-    for run in range(3):
-        data = [torch.randint(0, 256, (world * n,), generator=gen, dtype=torch.uint8) for _ in devs]
-        bs = [b[: world * n] for b in bufs]
-        for b, x in zip(bs, data):
-            b.copy_(x)
-        comm.all_to_all(bs, bs)
-        comm.synchronize()
-        for r in range(world):
-            exp = torch.cat([data[q][r * n : (r + 1) * n] for q in range(world)])
-            assert torch.equal(bs[r].cpu(), exp), f"in-place all_to_all run {run} rank {r}"
+    streams = [torch.cuda.Stream(device=d) for d in devs]
+    fails = _checks.check_long_calls(torch, comm, devs, world, bufs, streams=streams, captured=captured)
+    assert not fails, "\n".join(fails)
 
 
 def test_prepared_calls_longer_than_a_stream_queue_are_refused(local_comm, monkeypatch):
