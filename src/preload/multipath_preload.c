@@ -189,7 +189,7 @@ static int through_ferry(void* dst, const void* src, size_t count, enum cudaMemc
   fprintf(stderr, "ferry preload: the multipath engine failed; copies go to the CUDA runtime from now on: %s\n",
           g_last_error());
   turn_off();
-  *err = cudaErrorUnknown;
+  *err = ferry_preload_cuda_error(r);
   return 1;
 }
 

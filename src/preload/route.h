@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ferry/ferry.h"
+
 /* 1 where the copy may go multipath: host<->device (or left to the pointers,
  * cudaMemcpyDefault) and at least `min_bytes`. */
 static inline int ferry_preload_routes(size_t count, enum cudaMemcpyKind kind, size_t min_bytes) {
@@ -29,6 +31,29 @@ static inline size_t ferry_preload_min_bytes(const char* text, size_t fallback) 
     v = v * 10 + d;
   }
   return v;
+}
+
+/* The CUDA error a copy the engine took and failed returns to the program:
+ * the nearest CUDA meaning of ferry's result (the engine's message goes to
+ * stderr). A CUDA error inside the engine is usually sticky, and the
+ * program's own next call reports it by name. */
+static inline cudaError_t ferry_preload_cuda_error(ferry_result_t r) {
+  switch (r) {
+    case FERRY_SUCCESS:
+      return cudaSuccess;
+    case FERRY_ERROR_TIMEOUT:
+      return cudaErrorTimeout; /* a chunk that did not land in time */
+    case FERRY_ERROR_OUT_OF_MEMORY:
+      return cudaErrorMemoryAllocation;
+    case FERRY_ERROR_NO_GPU:
+      return cudaErrorNoDevice;
+    case FERRY_ERROR_UNSUPPORTED:
+      return cudaErrorNotSupported;
+    case FERRY_ERROR_INVALID_ARGUMENT:
+      return cudaErrorInvalidValue;
+    default:
+      return cudaErrorUnknown;
+  }
 }
 
 #endif /* FERRY_PRELOAD_ROUTE_H_ */

@@ -28,3 +28,14 @@ TEST(PreloadRoute, ThresholdFromTheEnvironment) {
   EXPECT_EQ(ferry_preload_min_bytes("0", 7), 0u);
   EXPECT_TRUE(ferry_preload_routes(1, cudaMemcpyHostToDevice, ferry_preload_min_bytes("0", 7)));
 }
+
+TEST(PreloadRoute, EngineFailuresAsCudaErrors) {
+  EXPECT_EQ(ferry_preload_cuda_error(FERRY_SUCCESS), cudaSuccess);
+  EXPECT_EQ(ferry_preload_cuda_error(FERRY_ERROR_TIMEOUT), cudaErrorTimeout);
+  EXPECT_EQ(ferry_preload_cuda_error(FERRY_ERROR_OUT_OF_MEMORY), cudaErrorMemoryAllocation);
+  EXPECT_EQ(ferry_preload_cuda_error(FERRY_ERROR_NO_GPU), cudaErrorNoDevice);
+  EXPECT_EQ(ferry_preload_cuda_error(FERRY_ERROR_UNSUPPORTED), cudaErrorNotSupported);
+  // A failure with no CUDA counterpart is still a failure, never success.
+  for (ferry_result_t r : {FERRY_ERROR_CUDA, FERRY_ERROR_SYSTEM, FERRY_ERROR_BROKEN, FERRY_ERROR_INTERNAL})
+    EXPECT_EQ(ferry_preload_cuda_error(r), cudaErrorUnknown);
+}
