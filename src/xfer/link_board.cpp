@@ -17,9 +17,23 @@ namespace xfer {
 
 namespace {
 
-constexpr uint64_t kMagic = 0x66657272796c6231ull;  // "ferrylb1": this layout
+constexpr uint64_t kMagic = 0x66657272796c6232ull;  // "ferrylb2": this layout
 // A slot's state: a generation (bumped at each claim) above two bits of phase.
 constexpr uint64_t kFree = 0, kClaiming = 1, kReady = 2, kPhase = 3;
+// A lane's post: its end in now_ns()'s clock, rounded up to 2^16 ns, above
+// the low 16 bits of the generation it was posted in. A post that raced a
+// takeover of its slot carries the old generation: its compare-and-swap
+// fails, and readers would not count it.
+constexpr uint64_t kTag = 0xFFFF;
+
+uint64_t tag_of(uint64_t state) { return (state >> 2) & kTag; }
+
+uint64_t tagged(int64_t until, uint64_t state) {
+  const uint64_t end = until <= 0 ? 0 : (static_cast<uint64_t>(until) + kTag) & ~kTag;
+  return end | tag_of(state);
+}
+
+int64_t end_of(uint64_t post) { return static_cast<int64_t>(post & ~kTag); }
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<int64_t>::is_always_lock_free,
               "the board's atomics are shared between processes: they must be lock-free");
@@ -40,15 +54,16 @@ struct LinkBoard::Table {
     std::atomic<uint64_t> token;
     std::atomic<uint64_t> gpu[2];
     std::atomic<int64_t> claimed;
-    std::atomic<int64_t> until[kLanes];
+    std::atomic<uint64_t> until[kLanes];  // tagged()
   };
   std::atomic<uint64_t> magic;
   std::atomic<uint64_t> used;  // slots ever claimed: readers look no further
   Slot slots[kSlots];
 };
 
-std::unique_ptr<LinkBoard> LinkBoard::open(const std::string& name, std::string* why) {
-  const std::string n = name.empty() ? "/ferry-link-board-" + std::to_string(getuid()) : name;
+std::unique_ptr<LinkBoard> LinkBoard::open(const std::string& name, std::string* why, int64_t stale_ns) {
+  // The layout's number in the name: programs of another ferry version keep to a board of their own.
+  const std::string n = name.empty() ? "/ferry-link-board-2-" + std::to_string(getuid()) : name;
   auto fail = [&](const std::string& what) -> std::unique_ptr<LinkBoard> {
     if (why) *why = what + " (" + n + "): " + std::strerror(errno);
     return nullptr;
@@ -71,7 +86,7 @@ std::unique_ptr<LinkBoard> LinkBoard::open(const std::string& name, std::string*
     errno = EPROTO;
     return fail("a board of another layout");
   }
-  return std::unique_ptr<LinkBoard>(new LinkBoard(t, sizeof(Table)));
+  return std::unique_ptr<LinkBoard>(new LinkBoard(t, sizeof(Table), stale_ns));
 }
 
 // Its slots go back: free for the next engine at once.
@@ -103,9 +118,9 @@ int LinkBoard::claim(const GpuId& gpu, uint64_t token, int64_t now) {
     bool take = (st & kPhase) == kFree;
     if ((st & kPhase) == kReady) {  // idle long enough: its engine is gone
       const int64_t last =
-          std::max({s.claimed.load(std::memory_order_relaxed), s.until[0].load(std::memory_order_relaxed),
-                    s.until[1].load(std::memory_order_relaxed)});
-      take = last < now - kStaleNs;
+          std::max({s.claimed.load(std::memory_order_relaxed), end_of(s.until[0].load(std::memory_order_relaxed)),
+                    end_of(s.until[1].load(std::memory_order_relaxed))});
+      take = last < now - stale_ns_;
     }
     if (!take || !s.state.compare_exchange_strong(st, (st & ~kPhase) | kClaiming, std::memory_order_acq_rel)) continue;
     // A reader that saw the slot ready before the claim sees none of the new
@@ -115,8 +130,8 @@ int LinkBoard::claim(const GpuId& gpu, uint64_t token, int64_t now) {
     s.gpu[0].store(half(gpu, 0), std::memory_order_relaxed);
     s.gpu[1].store(half(gpu, 1), std::memory_order_relaxed);
     s.claimed.store(now, std::memory_order_relaxed);
-    for (auto& u : s.until) u.store(0, std::memory_order_relaxed);
     const uint64_t ready = (((st >> 2) + 1) << 2) | kReady;
+    for (auto& u : s.until) u.store(tagged(0, ready), std::memory_order_relaxed);
     s.state.store(ready, std::memory_order_release);
     for (uint64_t used = table_->used.load(); used < uint64_t(i) + 1;)
       if (table_->used.compare_exchange_weak(used, uint64_t(i) + 1)) break;
@@ -128,22 +143,30 @@ int LinkBoard::claim(const GpuId& gpu, uint64_t token, int64_t now) {
 
 bool LinkBoard::post(const GpuId& gpu, int lane, uint64_t token, int64_t until_ns) {
   if (lane < 0 || lane >= kLanes) return false;
-  int i = -1;
   const int64_t now = now_ns();
-  auto it = mine_.find({gpu, token});
-  // Still ours unless it lay idle past kStaleNs and another engine took it.
-  if (it != mine_.end() && table_->slots[it->second.first].state.load(std::memory_order_acquire) == it->second.second)
-    i = it->second.first;
-  if (i < 0) {
-    if (it != mine_.end()) mine_.erase(it);
-    if (until_ns <= now) return true;  // a withdrawal, and nothing of ours there to withdraw
-    i = claim(gpu, token, now);
-    if (i < 0) return false;
+  // A slot is ours until it lies idle past the stale time and another engine
+  // takes it; then the swap below fails (the lane holds the new generation's
+  // tag), nothing of this post lands in that engine's slot, and it goes to a
+  // slot claimed anew. Bounded: only boards that take any slot at once
+  // (tests) can lose a slot just claimed.
+  for (int tries = 0; tries < kSlots; ++tries) {
+    auto it = mine_.find({gpu, token});
+    if (it == mine_.end()) {
+      if (until_ns <= now) return true;  // a withdrawal, and nothing of ours there to withdraw
+      if (claim(gpu, token, now) < 0) return false;
+      it = mine_.find({gpu, token});
+    }
+    const auto [i, state] = it->second;
+    Table::Slot& s = table_->slots[i];
+    uint64_t post = s.until[lane].load(std::memory_order_acquire);
+    while ((post & kTag) == tag_of(state) && s.state.load(std::memory_order_acquire) == state)
+      if (s.until[lane].compare_exchange_weak(post, tagged(until_ns, state), std::memory_order_acq_rel)) {
+        s.claimed.store(now, std::memory_order_relaxed);  // in use: not stale
+        return true;
+      }
+    mine_.erase(it);
   }
-  Table::Slot& s = table_->slots[i];
-  s.claimed.store(now, std::memory_order_relaxed);  // in use: not stale
-  s.until[lane].store(until_ns, std::memory_order_release);
-  return true;
+  return false;
 }
 
 std::vector<std::array<bool, LinkBoard::kLanes>> LinkBoard::busy(const std::vector<GpuId>& gpus, uint64_t token,
@@ -156,13 +179,14 @@ std::vector<std::array<bool, LinkBoard::kLanes>> LinkBoard::busy(const std::vect
     if ((st & kPhase) != kReady) continue;
     const uint64_t tok = s.token.load(std::memory_order_relaxed);
     const uint64_t lo = s.gpu[0].load(std::memory_order_relaxed), hi = s.gpu[1].load(std::memory_order_relaxed);
-    int64_t until[kLanes];
+    uint64_t until[kLanes];
     for (int l = 0; l < kLanes; ++l) until[l] = s.until[l].load(std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_acquire);
     if (s.state.load(std::memory_order_relaxed) != st || tok == token) continue;  // taken over meanwhile, or ours
     for (size_t k = 0; k < gpus.size(); ++k)
       if (half(gpus[k], 0) == lo && half(gpus[k], 1) == hi)
-        for (int l = 0; l < kLanes; ++l) out[k][l] = out[k][l] || until[l] > now;
+        for (int l = 0; l < kLanes; ++l)
+          out[k][l] = out[k][l] || ((until[l] & kTag) == tag_of(st) && end_of(until[l]) > now);
   }
   return out;
 }

@@ -9,7 +9,8 @@
 // A post lives in a slot of its engine (a random token) and the GPU (its
 // UUID, the same in every process whatever the device numbering); a program
 // that ends leaves posts that lapse within moments, and slots idle for
-// kStaleNs are taken over. One thread per LinkBoard object.
+// kStaleNs are taken over. A post's end is kept to 2^16 ns (rounded up). One
+// thread per LinkBoard object.
 #pragma once
 
 #include <array>
@@ -32,9 +33,11 @@ class LinkBoard {
   static constexpr int64_t kStaleNs = int64_t{10} * 1000000000;  // a slot idle this long may be taken over
 
   // Opens the board named `name` (a POSIX shared memory name; empty: this
-  // user's, "/ferry-link-board-<uid>"), making it where there is none. Null
-  // where shared memory cannot be had, with the reason in `why`.
-  static std::unique_ptr<LinkBoard> open(const std::string& name, std::string* why);
+  // user's, "/ferry-link-board-2-<uid>"), making it where there is none. Null
+  // where shared memory cannot be had, with the reason in `why`. This object
+  // takes over another engine's slot idle for `stale_ns` (tests pass less,
+  // down to below zero: any slot, to race takeovers against posts).
+  static std::unique_ptr<LinkBoard> open(const std::string& name, std::string* why, int64_t stale_ns = kStaleNs);
   ~LinkBoard();
   LinkBoard(const LinkBoard&) = delete;
   LinkBoard& operator=(const LinkBoard&) = delete;
@@ -55,11 +58,12 @@ class LinkBoard {
 
  private:
   struct Table;
-  LinkBoard(Table* table, size_t bytes) : table_(table), bytes_(bytes) {}
+  LinkBoard(Table* table, size_t bytes, int64_t stale_ns) : table_(table), bytes_(bytes), stale_ns_(stale_ns) {}
   int claim(const GpuId& gpu, uint64_t token, int64_t now_ns);  // a slot index, or -1
 
   Table* table_;
   size_t bytes_;
+  int64_t stale_ns_;
   // This object's slots: (gpu, token) -> (index, the state it was claimed with).
   std::map<std::pair<GpuId, uint64_t>, std::pair<int, uint64_t>> mine_;
 };

@@ -7,8 +7,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "xfer/link_board.hpp"
 
@@ -173,4 +175,41 @@ TEST(LinkBoard, ProcessesClaimingAtOnceNeverShareASlot) {
   const int left = LinkBoard::kSlots - 64;
   for (int i = 0; i < left; ++i) ASSERT_TRUE(a->post(gpu(20), 0, 5000 + i, until)) << i;
   EXPECT_FALSE(a->post(gpu(21), 0, 9999, until)) << "a slot was claimed twice, or lost";
+}
+
+// Two engines taking each other's slot over and over (each takes any slot at
+// once) while a third only reads: a post that raced a takeover of its slot
+// must not land in the new owner's slot. Engine A posts only copies out of
+// GPU 1, engine B only copies into GPU 2, so GPU 2 is never busy out.
+TEST(LinkBoard, APostRacingATakeoverOfItsSlotLeavesTheNewOwnersLanesAlone) {
+  Named n;
+  std::string why;
+  const int64_t any = -3600 * kSecond;
+  auto a = LinkBoard::open(n.name, &why, any), b = LinkBoard::open(n.name, &why, any);
+  auto reader = open_board(n.name);
+  ASSERT_TRUE(a && b && reader) << why;
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> a_posts{0}, b_posts{0};
+  std::thread ta([&] {
+    while (!stop.load(std::memory_order_relaxed))
+      if (a->post(gpu(1), 1, 11, LinkBoard::now_ns() + kSecond)) a_posts.fetch_add(1, std::memory_order_relaxed);
+  });
+  std::thread tb([&] {
+    while (!stop.load(std::memory_order_relaxed))
+      if (b->post(gpu(2), 0, 22, LinkBoard::now_ns() + kSecond)) b_posts.fetch_add(1, std::memory_order_relaxed);
+  });
+  int wrong = 0, a_seen = 0;
+  const int64_t end = LinkBoard::now_ns() + kSecond;
+  while (LinkBoard::now_ns() < end) {
+    const auto seen = reader->busy({gpu(1), gpu(2)}, 33, LinkBoard::now_ns());
+    wrong += seen[1][1] || seen[0][0];
+    a_seen += seen[0][1];
+  }
+  stop = true;
+  ta.join();
+  tb.join();
+  EXPECT_EQ(wrong, 0) << "a post landed in the slot that another engine had taken over";
+  EXPECT_GT(a_posts.load(), 0);
+  EXPECT_GT(b_posts.load(), 0);
+  EXPECT_GT(a_seen, 0);
 }
