@@ -270,6 +270,7 @@ std::shared_ptr<const Communicator::PlannedCall> Communicator::plan_call(const C
   }
   size_t most_ops = 0;
   for (const Built& b : call->built) most_ops = std::max(most_ops, host_operations(b.program, world_));
+  call->most_ops = most_ops;
   call->ranks_apart = enqueue_ranks_apart(local_count(), most_ops);
   recent_calls_.put(key, call);
   return call;
@@ -308,6 +309,16 @@ void Communicator::run(const CollectiveArgs& a) {
   const Resolved how = call->how;
   const uint64_t seq = capturing ? 0 : ++seq_;
   if (capturing) {
+    FERRY_ARG_CHECK(capture_fits(local_count(), call->most_ops),
+                    std::string(coll_op_name(a.op)) + ": this call puts about " + std::to_string(call->most_ops) +
+                        " operations on a local rank's stream, and captured for " + std::to_string(local_count()) +
+                        " GPUs in one process it becomes graphs whose replay, one launch after another from one "
+                        "thread, would block in the first launch behind a wait that only a later graph releases (at "
+                        "most " +
+                        std::to_string(kCapturedOpsMax) +
+                        "): run it as a plain call (each rank's part is then enqueued on a thread of its own), capture "
+                        "it in one process per GPU, or make it fewer rounds (FERRY_SCRATCH_BYTES for an in-place "
+                        "all_to_all, FERRY_REDUCE_ROUND_BYTES for a reduction)");
     for (int i = 0; i < local_count(); ++i) {
       Local& L = *locals_[i];
       host_trace_rank(coll_op_name(a.op), L.rank, L.device);

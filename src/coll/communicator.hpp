@@ -179,6 +179,7 @@ class Communicator {
     Resolved how;
     std::vector<std::string> replay_keys;  // by local rank (see emit_eager)
     bool ranks_apart = false;              // enqueued on a thread per local rank (enqueue_ranks_apart)
+    size_t most_ops = 0;                   // host_operations of the longest local rank's part
   };
   std::shared_ptr<const PlannedCall> plan_call(const CollectiveArgs& args, bool capturing);
   // What the emitter needs of a call, onto `stream` (eager, captured or armed).

@@ -65,4 +65,8 @@ bool enqueue_ranks_apart(int local_ranks, size_t most_host_operations) {
   return local_ranks > 1 && most_host_operations > kSerialEnqueueOps;
 }
 
+bool capture_fits(int local_ranks, size_t most_host_operations) {
+  return local_ranks <= 1 || most_host_operations <= kCapturedOpsMax;
+}
+
 }  // namespace ferry

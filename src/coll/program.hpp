@@ -59,6 +59,17 @@ size_t host_operations(const Program& p, int world);
 inline constexpr size_t kSerialEnqueueOps = 256;
 bool enqueue_ranks_apart(int local_ranks, size_t most_host_operations);
 
+// A call captured in one process for several GPUs becomes one CUDA graph per
+// GPU, and replaying it launches those graphs one after another from one
+// thread. A graph's launch blocks the host once the GPU's queues are full
+// behind a wait, which only the next GPU's graph, not yet launched, would
+// release: on two H200s (bench/probes/captured_long_calls.py) a part of
+// about 3,300 operations (256 rounds of a reduce_scatter) launched in 3 ms,
+// and one of 6,600 blocked until the timeout. Capture refuses parts longer
+// than this with more than one local rank (one process per GPU has no limit).
+inline constexpr size_t kCapturedOpsMax = 2048;
+bool capture_fits(int local_ranks, size_t most_host_operations);
+
 // An armed prepared call queues every operation behind its gate, which opens
 // only at the trigger, after arm() returns; every handle of a rank waits on
 // one armed stream. More than a stream's queue holds would block arm()

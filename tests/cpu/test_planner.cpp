@@ -536,8 +536,9 @@ TEST(Planner, AllToAllInPlaceIsAskedOfEveryLocalRank) {
 // default reductions and a large all-to-all stay on it; a call of thousands
 // of rounds (forced rounds, an in-place all-to-all through a small scratch)
 // goes on a thread per rank, which any world of one rank never needs. An
-// armed call may hold kArmedOpsMax operations.
-TEST(Planner, CallsLongerThanAStreamQueueAreEnqueuedRankByRankApartOrNotArmed) {
+// armed call may hold kArmedOpsMax operations, and a call captured for
+// several local ranks kCapturedOpsMax.
+TEST(Planner, CallsLongerThanAStreamQueueAreEnqueuedRankByRankApartNotArmedOrNotCaptured) {
   auto most_ops = [](CollOp op, size_t count, int world, size_t round, size_t cap, bool in_place) {
     CollectiveArgs a;
     a.op = op;
@@ -592,4 +593,19 @@ TEST(Planner, CallsLongerThanAStreamQueueAreEnqueuedRankByRankApartOrNotArmed) {
   }
   EXPECT_FALSE(enqueue_ranks_apart(2, kSerialEnqueueOps));
   EXPECT_TRUE(enqueue_ranks_apart(2, kSerialEnqueueOps + 1));
+  // Captured for several local ranks (bench/probes/captured_long_calls.py:
+  // on two H200s a graph of 512 rounds of 4 KiB blocked its launch, one of
+  // 256 did not): the defaults fit at every world, 512 rounds at none, 128
+  // at world 2; one local rank has no limit.
+  for (int world : {2, 4, 8}) {
+    const size_t big = (size_t(512) << 20) / 4;
+    for (CollOp op : {CollOp::kReduceScatter, CollOp::kAllReduce, CollOp::kAllToAll, CollOp::kAllGather})
+      EXPECT_TRUE(capture_fits(world, most_ops(op, big, world, 0, cap, false))) << coll_op_name(op) << " " << world;
+    const size_t ops = most_ops(CollOp::kReduceScatter, 512 * 1024, world, 4096, cap, false);
+    EXPECT_FALSE(capture_fits(world, ops)) << world;
+    EXPECT_TRUE(capture_fits(1, ops));
+  }
+  EXPECT_TRUE(capture_fits(2, most_ops(CollOp::kReduceScatter, 128 * 1024, 2, 4096, cap, false)));
+  EXPECT_TRUE(capture_fits(2, kCapturedOpsMax));
+  EXPECT_FALSE(capture_fits(2, kCapturedOpsMax + 1));
 }

@@ -427,6 +427,12 @@ def check_long_calls(torch, comm, devs, world, bufs, streams=None, captured=Fals
                 o.fill_(-7)
             sync()
             if captured and graphs is None:
+                call()  # a warm-up, as before any capture: the scratch grows outside the graph
+                sync()
+                want = feed(run)
+                for o in outs if poison else ():
+                    o.fill_(-7)
+                sync()
                 graphs = capture_per_rank(torch, devs, streams, call)
             if graphs is not None:
                 replay_per_rank(torch, devs, graphs, streams)

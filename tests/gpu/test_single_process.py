@@ -196,17 +196,54 @@ def test_prelaunch_and_reductions_single_process(local_comm):
 
 @pytest.mark.parametrize("captured", [False, True], ids=["eager", "captured"])
 def test_calls_longer_than_a_stream_queue(local_comm, captured):
-    """Calls of thousands of rounds, each rank's part more operations than its
-    stream's queue takes while the first wait holds. One thread enqueueing the
-    ranks in turn blocks in rank 0's full queue behind a wait that only rank
-    1's commands release, and the call fails at the timeout; each rank's part
-    goes on a thread of its own instead. Eager (repeats replayed from ferry's
-    own graphs, captured on those threads) and captured into the user's graphs."""
+    """Calls longer than a stream's queue takes while the first wait holds.
+    One thread enqueueing the ranks' parts in turn would block in rank 0's
+    full queue behind a wait that only rank 1's commands release, and the
+    call would fail at the timeout; each rank's part goes on a thread of its
+    own instead. Eager: 4,096 rounds, repeats replayed from ferry's own graphs
+    (captured and launched on those threads). Captured into the user's graphs,
+    replayed one launch after another from one thread: 64 rounds (up to 2,000
+    operations a rank at world 8), which such a launch takes without blocking."""
     torch, comm, world, bufs = local_comm
     devs = [torch.device("cuda", i) for i in range(world)]
     streams = [torch.cuda.Stream(device=d) for d in devs]
-    fails = _checks.check_long_calls(torch, comm, devs, world, bufs, streams=streams, captured=captured)
+    rounds = 64 if captured else 4096
+    fails = _checks.check_long_calls(
+        torch, comm, devs, world, bufs, streams=streams, captured=captured, rounds=rounds
+    )
     assert not fails, "\n".join(fails)
+
+
+def test_captured_calls_longer_than_a_graph_launch_takes_are_refused(local_comm, monkeypatch):
+    """A call captured for several GPUs in one process is replayed by
+    launching one graph per GPU from one thread; the first launch of a graph
+    of 512 rounds blocked the host until the timeout (behind a wait that only
+    the next graph releases). Such a capture is refused before anything is
+    captured, naming the remedies; the same call then runs eagerly."""
+    import ferry
+    from fuzz import capture_per_rank
+
+    torch, comm, world, bufs = local_comm
+    devs = [torch.device("cuda", i) for i in range(world)]
+    streams = [torch.cuda.Stream(device=d) for d in devs]
+    monkeypatch.setenv("FERRY_REDUCE_ROUND_BYTES", "4096")
+    count = 512 * 1024
+    ins = [torch.ones(world * count, dtype=torch.int32, device=d) for d in devs]
+    outs = [torch.full((count,), -7, dtype=torch.int32, device=d) for d in devs]
+    call = lambda: comm.reduce_scatter(outs, ins, stream=streams)  # noqa: E731
+    call()  # the scratch grows outside the capture
+    comm.synchronize()
+    with pytest.raises(ferry.InvalidArgumentError, match="one launch after another") as e:
+        capture_per_rank(torch, devs, streams, call)
+    assert "FERRY_REDUCE_ROUND_BYTES" in str(e.value) and "run it as a plain call" in str(e.value), str(
+        e.value
+    )
+    for o in outs:
+        o.fill_(-7)
+    call()
+    comm.synchronize()
+    for r in range(world):
+        assert torch.equal(outs[r], torch.full_like(outs[r], world)), f"rank {r} after the refusal"
 
 
 def test_prepared_calls_longer_than_a_stream_queue_are_refused(local_comm, monkeypatch):
