@@ -324,7 +324,15 @@ bool Watchdog::diagnose_and_unblock(int local, const Expectation& x, double age_
                            " called it but has not finished (it waits for another rank, or its stream is "
                            "held by other work)");
     } else {
-      problems.push_back(who + " did not complete its part");
+      // A peer of this process: its graph may not have been launched at all,
+      // behind this rank's launch blocked on the host (docs/api.md, "CUDA graphs").
+      const bool ours = std::any_of(ranks_.begin(), ranks_.end(), [q](const Rank& k) { return k.rank == q; });
+      problems.push_back(who + " did not complete its part" +
+                         (ours ? std::string(" (rank ") + std::to_string(q) +
+                                     " is driven by this process: where each GPU's graph is launched in turn from "
+                                     "one thread, a long graph's launch blocks the host in front of the next one; "
+                                     "launch each from a thread of its own)"
+                               : std::string()));
     }
     stuck.push_back(q);
   }

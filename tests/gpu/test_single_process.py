@@ -246,6 +246,70 @@ def test_captured_calls_longer_than_a_graph_launch_takes_are_refused(local_comm,
         assert torch.equal(outs[r], torch.full_like(outs[r], world)), f"rank {r} after the refusal"
 
 
+def test_a_graph_of_many_calls_replayed_from_a_thread_per_gpu(local_comm, monkeypatch):
+    """A graph holding many calls, each one short enough to capture, and
+    together far longer than one GPU's launch takes without blocking (12
+    reduce_scatters of 64 rounds: about 10,000 operations per GPU at world 2).
+    Launched in turn from one thread, the first launch would block in front of
+    the next; launched from a thread per GPU (torch's replay releases the
+    GIL), every launch goes through. Two replays, random data, every byte
+    compared."""
+    import threading
+
+    from fuzz import capture_per_rank
+
+    torch, comm, world, bufs = local_comm
+    devs = [torch.device("cuda", i) for i in range(world)]
+    streams = [torch.cuda.Stream(device=d) for d in devs]
+    monkeypatch.setenv("FERRY_REDUCE_ROUND_BYTES", "4096")
+    count, calls = 64 * 1024, 12
+    gen = torch.Generator().manual_seed(60)
+    ins = [torch.empty(world * count, dtype=torch.int32, device=d) for d in devs]
+    outs = [[torch.empty(count, dtype=torch.int32, device=d) for d in devs] for _ in range(calls)]
+
+    def every_call():
+        for k in range(calls):
+            comm.reduce_scatter(outs[k], ins, stream=streams)
+
+    comm.reduce_scatter(outs[0], ins, stream=streams)  # the scratch grows outside the capture
+    comm.synchronize()
+    graphs = capture_per_rank(torch, devs, streams, every_call)
+    for replay in range(2):
+        full = [
+            torch.randint(-(1 << 20), 1 << 20, (world * count,), generator=gen, dtype=torch.int32)
+            for _ in devs
+        ]
+        for i, f in zip(ins, full):
+            i.copy_(f)
+        for per_call in outs:
+            for o in per_call:
+                o.fill_(-7)
+        for d in devs:
+            torch.cuda.synchronize(d)
+        errors = []
+
+        def launch(d, g, s):
+            try:
+                with torch.cuda.device(d), torch.cuda.stream(s):
+                    g.replay()
+            except Exception as exc:  # noqa: BLE001
+                errors.append(exc)
+
+        threads = [threading.Thread(target=launch, args=x) for x in zip(devs, graphs, streams)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        for d in devs:
+            torch.cuda.synchronize(d)
+        comm.synchronize()
+        for r in range(world):
+            exp = sum(f[r * count : (r + 1) * count] for f in full)
+            for k in range(calls):
+                assert torch.equal(outs[k][r].cpu(), exp), f"replay {replay}, call {k}, rank {r}"
+
+
 def test_prepared_calls_longer_than_a_stream_queue_are_refused(local_comm, monkeypatch):
     """An armed call queues all its operations behind its gate, which opens at
     the trigger, after arm() returns: prepare() refuses one that would fill the
