@@ -9,12 +9,16 @@ releases it at FERRY_TIMEOUT_S and the call fails). For reduce_scatters of
 growing numbers of 4 KiB rounds (FERRY_REDUCE_ROUND_BYTES) this times the
 host's launch of GPU 0's graph alone, then launches the others and checks
 every byte. A fresh communicator per size (a timed-out one is broken).
+CALLS=n captures n such calls into each graph (a graph of many calls adds
+up the same way); THREADS=1 launches each GPU's graph from a thread of its
+own instead, timing GPU 0's.
 
-    FERRY_TIMEOUT_S=5 python bench/probes/captured_long_calls.py [ROUNDS ...]
+    FERRY_TIMEOUT_S=5 [CALLS=1] [THREADS=0] python bench/probes/captured_long_calls.py [ROUNDS ...]
 """
 
 import os
 import sys
+import threading
 import time
 
 os.environ.setdefault("FERRY_TIMEOUT_S", "5")
@@ -47,7 +51,8 @@ def one(rounds: int, world: int) -> str:
     for k, (d, s) in enumerate(zip(devs, streams)):
         with torch.cuda.device(d), torch.cuda.stream(s):
             graphs[k].capture_begin(capture_error_mode="relaxed")
-    comm.reduce_scatter(outs, ins, stream=streams)
+    for _ in range(int(os.environ.get("CALLS", "1"))):
+        comm.reduce_scatter(outs, ins, stream=streams)
     for k, (d, s) in enumerate(zip(devs, streams)):
         with torch.cuda.device(d), torch.cuda.stream(s):
             graphs[k].capture_end()
@@ -55,13 +60,24 @@ def one(rounds: int, world: int) -> str:
         o.fill_(-7)
     for d in devs:
         torch.cuda.synchronize(d)
-    start = time.perf_counter()
-    with torch.cuda.device(devs[0]), torch.cuda.stream(streams[0]):
-        graphs[0].replay()
-    first_ms = (time.perf_counter() - start) * 1e3
-    for d, gr, s in zip(devs[1:], graphs[1:], streams[1:]):
-        with torch.cuda.device(d), torch.cuda.stream(s):
-            gr.replay()
+    took = {}
+
+    def launch(k):
+        start = time.perf_counter()
+        with torch.cuda.device(devs[k]), torch.cuda.stream(streams[k]):
+            graphs[k].replay()
+        took[k] = (time.perf_counter() - start) * 1e3
+
+    if os.environ.get("THREADS", "0") == "1":
+        threads = [threading.Thread(target=launch, args=(k,)) for k in range(world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    else:
+        for k in range(world):
+            launch(k)
+    first_ms = took[0]
     for d in devs:
         torch.cuda.synchronize(d)
     right = all(

@@ -248,12 +248,12 @@ def test_captured_calls_longer_than_a_graph_launch_takes_are_refused(local_comm,
 
 def test_a_graph_of_many_calls_replayed_from_a_thread_per_gpu(local_comm, monkeypatch):
     """A graph holding many calls, each one short enough to capture, and
-    together far longer than one GPU's launch takes without blocking (12
-    reduce_scatters of 64 rounds: about 10,000 operations per GPU at world 2).
-    Launched in turn from one thread, the first launch would block in front of
-    the next; launched from a thread per GPU (torch's replay releases the
-    GIL), every launch goes through. Two replays, random data, every byte
-    compared."""
+    together far longer than one GPU's launch takes without blocking (48
+    reduce_scatters of 64 rounds: about 40,000 operations per GPU at world 2,
+    whose first launch from one thread blocked until the timeout in
+    bench/probes/captured_long_calls.py). Launched from a thread per GPU
+    (torch's replay releases the GIL), every launch goes through. Two
+    replays, random data, every byte compared."""
     import threading
 
     from fuzz import capture_per_rank
@@ -262,7 +262,7 @@ def test_a_graph_of_many_calls_replayed_from_a_thread_per_gpu(local_comm, monkey
     devs = [torch.device("cuda", i) for i in range(world)]
     streams = [torch.cuda.Stream(device=d) for d in devs]
     monkeypatch.setenv("FERRY_REDUCE_ROUND_BYTES", "4096")
-    count, calls = 64 * 1024, 12
+    count, calls = 64 * 1024, 48
     gen = torch.Generator().manual_seed(60)
     ins = [torch.empty(world * count, dtype=torch.int32, device=d) for d in devs]
     outs = [[torch.empty(count, dtype=torch.int32, device=d) for d in devs] for _ in range(calls)]
