@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <random>
 
 namespace ferry {
@@ -29,7 +30,8 @@ constexpr uint64_t kTag = 0xFFFF;
 uint64_t tag_of(uint64_t state) { return (state >> 2) & kTag; }
 
 uint64_t tagged(int64_t until, uint64_t state) {
-  const uint64_t end = until <= 0 ? 0 : (static_cast<uint64_t>(until) + kTag) & ~kTag;
+  const int64_t most = std::numeric_limits<int64_t>::max() & ~static_cast<int64_t>(kTag);  // no overflow rounding up
+  const uint64_t end = until <= 0 ? 0 : (static_cast<uint64_t>(std::min(until, most)) + kTag) & ~kTag;
   return end | tag_of(state);
 }
 
@@ -146,9 +148,10 @@ bool LinkBoard::post(const GpuId& gpu, int lane, uint64_t token, int64_t until_n
   const int64_t now = now_ns();
   // A slot is ours until it lies idle past the stale time and another engine
   // takes it; then the swap below fails (the lane holds the new generation's
-  // tag), nothing of this post lands in that engine's slot, and it goes to a
-  // slot claimed anew. Bounded: only boards that take any slot at once
-  // (tests) can lose a slot just claimed.
+  // tag) and the post goes to a slot claimed anew. A swap that lands between
+  // the taker's claim and its writing of the lanes is overwritten there, and
+  // this post is missing until its next renewal. Bounded: only boards that
+  // take any slot at once (tests) can lose a slot just claimed.
   for (int tries = 0; tries < kSlots; ++tries) {
     auto it = mine_.find({gpu, token});
     if (it == mine_.end()) {

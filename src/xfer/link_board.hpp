@@ -44,7 +44,8 @@ class LinkBoard {
 
   // Posts that engine `token` copies to or from `gpu` in `lane` until
   // `until_ns` (now_ns()'s clock; a time past withdraws the post). False
-  // where every slot is taken. The slots this object took go back when it
+  // where every slot is taken (or, on a board that takes any slot at once,
+  // where its slots were taken over as fast as it claimed them). The slots this object took go back when it
   // is destroyed.
   bool post(const GpuId& gpu, int lane, uint64_t token, int64_t until_ns);
   // For each of `gpus`, by lane: an engine other than `token` has a post

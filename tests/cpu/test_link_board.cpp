@@ -177,10 +177,12 @@ TEST(LinkBoard, ProcessesClaimingAtOnceNeverShareASlot) {
   EXPECT_FALSE(a->post(gpu(21), 0, 9999, until)) << "a slot was claimed twice, or lost";
 }
 
-// Two engines taking each other's slot over and over (each takes any slot at
-// once) while a third only reads: a post that raced a takeover of its slot
-// must not land in the new owner's slot. Engine A posts only copies out of
-// GPU 1, engine B only copies into GPU 2, so GPU 2 is never busy out.
+// Two engines posting while a third keeps taking slots over (each board
+// takes any slot at once; the third, made anew each time, claims afresh and
+// frees its slot when destroyed), and a fourth only reads: a post that raced
+// a takeover of its slot must not land in the new owner's slot. Engine A
+// posts only copies out of GPU 1, B only copies into GPU 2, C only into GPU
+// 3: GPU 1 is never busy in, GPUs 2 and 3 never out.
 TEST(LinkBoard, APostRacingATakeoverOfItsSlotLeavesTheNewOwnersLanesAlone) {
   Named n;
   std::string why;
@@ -189,27 +191,34 @@ TEST(LinkBoard, APostRacingATakeoverOfItsSlotLeavesTheNewOwnersLanesAlone) {
   auto reader = open_board(n.name);
   ASSERT_TRUE(a && b && reader) << why;
   std::atomic<bool> stop{false};
-  std::atomic<int64_t> a_posts{0}, b_posts{0};
-  std::thread ta([&] {
+  std::atomic<int64_t> a_posts{0}, b_posts{0}, takeovers{0};
+  auto poster = [&](LinkBoard* board, uint8_t g, int lane, uint64_t token, std::atomic<int64_t>* posts) {
     while (!stop.load(std::memory_order_relaxed))
-      if (a->post(gpu(1), 1, 11, LinkBoard::now_ns() + kSecond)) a_posts.fetch_add(1, std::memory_order_relaxed);
-  });
-  std::thread tb([&] {
-    while (!stop.load(std::memory_order_relaxed))
-      if (b->post(gpu(2), 0, 22, LinkBoard::now_ns() + kSecond)) b_posts.fetch_add(1, std::memory_order_relaxed);
+      if (board->post(gpu(g), lane, token, LinkBoard::now_ns() + kSecond))
+        posts->fetch_add(1, std::memory_order_relaxed);
+  };
+  std::thread ta(poster, a.get(), 1, 1, 11, &a_posts), tb(poster, b.get(), 2, 0, 22, &b_posts);
+  std::thread tc([&] {
+    for (uint64_t t = 100; !stop.load(std::memory_order_relaxed); ++t) {
+      std::string w;
+      auto c = LinkBoard::open(n.name, &w, any);
+      if (c && c->post(gpu(3), 0, t, LinkBoard::now_ns() + kSecond)) takeovers.fetch_add(1, std::memory_order_relaxed);
+    }
   });
   int wrong = 0, a_seen = 0;
   const int64_t end = LinkBoard::now_ns() + kSecond;
   while (LinkBoard::now_ns() < end) {
-    const auto seen = reader->busy({gpu(1), gpu(2)}, 33, LinkBoard::now_ns());
-    wrong += seen[1][1] || seen[0][0];
+    const auto seen = reader->busy({gpu(1), gpu(2), gpu(3)}, 33, LinkBoard::now_ns());
+    wrong += seen[0][0] || seen[1][1] || seen[2][1];
     a_seen += seen[0][1];
   }
   stop = true;
   ta.join();
   tb.join();
+  tc.join();
   EXPECT_EQ(wrong, 0) << "a post landed in the slot that another engine had taken over";
   EXPECT_GT(a_posts.load(), 0);
   EXPECT_GT(b_posts.load(), 0);
+  EXPECT_GT(takeovers.load(), 1000) << "too few claims to race the posts";
   EXPECT_GT(a_seen, 0);
 }
