@@ -202,12 +202,13 @@ def test_calls_longer_than_a_stream_queue(local_comm, captured):
     call would fail at the timeout; each rank's part goes on a thread of its
     own instead. Eager: 4,096 rounds, repeats replayed from ferry's own graphs
     (captured and launched on those threads). Captured into the user's graphs,
-    replayed one launch after another from one thread: 64 rounds (up to 2,000
-    operations a rank at world 8), which such a launch takes without blocking."""
+    replayed one launch after another from one thread: 48 rounds (up to about
+    1,700 operations a rank at world 8, where an in-place all_to_all's round
+    is 36), which such a launch takes without blocking."""
     torch, comm, world, bufs = local_comm
     devs = [torch.device("cuda", i) for i in range(world)]
     streams = [torch.cuda.Stream(device=d) for d in devs]
-    rounds = 64 if captured else 4096
+    rounds = 48 if captured else 4096
     fails = _checks.check_long_calls(
         torch, comm, devs, world, bufs, streams=streams, captured=captured, rounds=rounds
     )
@@ -308,6 +309,59 @@ def test_a_graph_of_many_calls_replayed_from_a_thread_per_gpu(local_comm, monkey
             exp = sum(f[r * count : (r + 1) * count] for f in full)
             for k in range(calls):
                 assert torch.equal(outs[k][r].cpu(), exp), f"replay {replay}, call {k}, rank {r}"
+
+
+def test_arming_behind_a_run_handed_to_kernels(local_comm, monkeypatch):
+    """A run whose trigger went to kernels may still wait behind its gate on
+    the armed stream when another handle is armed; where both would pass what
+    that stream's queue takes behind gates, arm() first waits for the run
+    (its kernels, launched already, fire it after a delay) instead of
+    blocking inside CUDA, then arms. Two reduce_scatters of 24 rounds of
+    4 KiB (over 300 stream operations a rank each), every byte compared."""
+    import ferry
+
+    torch, comm, world, bufs = local_comm
+    if world > 4:
+        pytest.skip("24 rounds of 4 KiB exceed what prepare() takes beyond 4 ranks")
+    devs = [torch.device("cuda", i) for i in range(world)]
+    hooks = ferry._native.hooks()
+    for d in devs:  # the trigger kernel's module loads now, not while a run is armed
+        with torch.cuda.device(d):
+            w = torch.zeros(1, dtype=torch.int64, device=d)
+            hooks.launch_trigger_kernel(w.data_ptr(), 1, 1000, torch.cuda.current_stream(d).cuda_stream)
+            torch.cuda.synchronize(d)
+    monkeypatch.setenv("FERRY_REDUCE_ROUND_BYTES", "4096")
+    count = 24 * 1024
+    gen = torch.Generator().manual_seed(61)
+    fulls, handles, outs = [], [], []
+    for _ in range(2):
+        full = [
+            torch.randint(-(1 << 20), 1 << 20, (world * count,), generator=gen, dtype=torch.int32)
+            for _ in devs
+        ]
+        ins = [f.to(d) for f, d in zip(full, devs)]
+        out = [torch.full((count,), -7, dtype=torch.int32, device=d) for d in devs]
+        fulls.append(full)
+        outs.append(out)
+        handles.append(comm.prepare("reduce_scatter", out, ins))
+    for d in devs:
+        torch.cuda.synchronize(d)
+    first, second = handles
+    first.arm()
+    for (word, value), d in zip(first.device_trigger(), devs):
+        with torch.cuda.device(d):
+            hooks.launch_trigger_kernel(word, value, 2_000_000, torch.cuda.current_stream(d).cuda_stream)
+    second.arm()
+    second.trigger()
+    first.wait()
+    second.wait()
+    comm.synchronize()
+    for full, out in zip(fulls, outs):
+        for r in range(world):
+            exp = sum(f[r * count : (r + 1) * count] for f in full)
+            assert torch.equal(out[r].cpu(), exp), f"rank {r}"
+    for h in handles:
+        h.release()
 
 
 def test_prepared_calls_longer_than_a_stream_queue_are_refused(local_comm, monkeypatch):
