@@ -10,6 +10,9 @@
 // which a stream or kernel of the same GPU writes and the armed stream sees
 // sooner: bench/probes/flag_latency.cu measured a wait on host memory 4-10 us
 // behind the store, a kernel polling the same word 4.5-5.3 us.
+#include <chrono>
+#include <thread>
+
 #include "coll/communicator.hpp"
 #include "core/cuda_scope.hpp"
 #include "core/error.hpp"
@@ -72,7 +75,10 @@ void Communicator::arm(int handle, const std::vector<cudaStream_t>& after, bool 
     if (s && dma::is_capturing(s))
       throw_error(FERRY_ERROR_INVALID_ARGUMENT,
                   "arm: the stream is capturing a CUDA graph; capture the collective call itself instead of arming");
-  for (int i = 0; i < local_count(); ++i) prepared_.refuse_if_queue_full(handle, i, rank(i), "arm");
+  for (int i = 0; i < local_count(); ++i) {
+    wait_for_handed_runs(handle, i);
+    prepared_.refuse_if_queue_full(handle, i, rank(i), "arm");
+  }
   p.gate_on_device = gate_on_device;
   if (p.built.empty()) {
     p.armed = true;  // zero bytes: nothing to enqueue, but arm/trigger keep their rules
@@ -106,6 +112,36 @@ void Communicator::arm(int handle, const std::vector<cudaStream_t>& after, bool 
   }
   hold_until_triggered(handle, p);  // after the loop: an arming that failed there is never triggered
   p.armed = true;
+  p.handed_to_kernels = false;
+}
+
+// Runs whose triggers went to kernels and have not ended may still wait
+// behind shut gates on this rank's armed stream; arming more behind them past
+// what its queue takes would block the host inside CUDA until they fire, and
+// forever where their kernels are launched only after arm() returns.
+void Communicator::wait_for_handed_runs(int handle, int local) {
+  const auto unfinished = [local](const PreparedCall& c) {
+    return static_cast<size_t>(local) < c.finished.size() && cudaEventQuery(c.finished[local]) == cudaErrorNotReady;
+  };
+  const std::vector<int> ids = prepared_.runs_to_wait_for(handle, local, unfinished);
+  if (ids.empty()) return;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
+  for (int id : ids) {
+    const PreparedCall& c = prepared_.get(id, "arm");
+    while (unfinished(c)) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        std::string names;
+        for (int k : ids) names += (names.empty() ? "" : ", ") + std::to_string(k);
+        throw_error(FERRY_ERROR_TIMEOUT,
+                    "arm: handle " + std::to_string(handle) + " would queue behind runs of handles " + names +
+                        " on rank " + std::to_string(rank(local)) +
+                        "'s armed stream whose device triggers have not fired after " + std::to_string(timeout_s_) +
+                        " s, past what a stream's queue takes (" + std::to_string(kArmedOpsMax) +
+                        " operations behind gates): launch the kernels that fire them before arming again");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
 }
 
 // Registered for this arming (sync/holds.hpp): it holds ferry's armed stream
@@ -170,7 +206,10 @@ std::pair<uint64_t*, uint64_t> Communicator::device_trigger(int handle, int loca
                 "device_trigger: handle " + std::to_string(handle) + " is not armed; call arm() first");
   FERRY_ARG_CHECK(local >= 0 && local < local_count(), "device_trigger: local rank out of range");
   auto out = std::make_pair(gate_address(p, local), p.generation);
-  if (local == local_count() - 1) p.armed = false;  // handed to the kernels
+  if (local == local_count() - 1) {  // handed to the kernels
+    p.armed = false;
+    p.handed_to_kernels = true;
+  }
   return out;
 }
 

@@ -70,6 +70,28 @@ void PreparedTable::refuse_if_queue_full(int handle, int local, int rank, const 
                   " may wait behind gates: trigger those handles first");
 }
 
+std::vector<int> PreparedTable::runs_to_wait_for(int handle, int local,
+                                                 const std::function<bool(const PreparedCall&)>& unfinished) const {
+  const auto ops = [local](const PreparedCall& c) {
+    return static_cast<size_t>(local) < c.ops.size() ? c.ops[static_cast<size_t>(local)] : size_t(0);
+  };
+  size_t queued = 0;
+  std::vector<int> handed;
+  for (const auto& [id, call] : calls_) {
+    if (ops(call) == 0) continue;
+    if (call.armed && id != handle) {
+      queued += ops(call);
+    } else if (call.handed_to_kernels && unfinished(call)) {
+      queued += ops(call);
+      handed.push_back(id);
+    }
+  }
+  const auto it = calls_.find(handle);
+  const size_t mine = it == calls_.end() ? 0 : ops(it->second);
+  if (mine == 0 || queued + mine <= kArmedOpsMax) return {};
+  return handed;
+}
+
 void PreparedTable::refuse_if_uses(uint32_t registration, const char* what) const {
   for (const auto& [id, call] : calls_)
     for (uint32_t r : call.registrations)

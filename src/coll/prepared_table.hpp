@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -37,6 +38,9 @@ struct PreparedCall {
   std::vector<uint32_t> registrations;  // buffers it refers to
   uint64_t generation = 0;              // the last arming's gate value; 0: never armed
   bool armed = false;
+  // The last arming's trigger went to kernels (device_trigger), which may not
+  // be launched yet: its run may still wait behind a shut gate.
+  bool handed_to_kernels = false;
   // Registered at each arming until its trigger lands (sync/holds.hpp): till
   // then a free anywhere in the process would wait for ferry's armed stream.
   std::shared_ptr<sync::Hold> hold;
@@ -75,6 +79,14 @@ class PreparedTable {
   // kArmedOpsMax operations (PreparedCall::ops) on local rank `local`'s
   // armed stream behind gates not yet triggered, its own included.
   void refuse_if_queue_full(int handle, int local, int rank, const char* what) const;
+  // The handles arm(`handle`) must wait for on local rank `local` first: runs
+  // handed to kernels (device_trigger) that `unfinished(call)` says have not
+  // ended, where they, the armed handles and `handle` would queue more than
+  // kArmedOpsMax operations there (else none). Their kernels may be launched
+  // only after arm() returns, so arm() waits for them, bounded, before
+  // enqueueing anything.
+  std::vector<int> runs_to_wait_for(int handle, int local,
+                                    const std::function<bool(const PreparedCall&)>& unfinished) const;
 
   const std::map<int, PreparedCall>& calls() const { return calls_; }
   // Forgets every handle (close(), after their events are destroyed).

@@ -628,7 +628,8 @@ PreparedPages::PreparedPages(int device, const PageSide& dst, const PageSide& sr
   bytes_ = request_bytes(dst, dst_ids.count);
   // What fills the stream's queue behind the gate is host calls, not copies
   // or rows (submission_calls).
-  const size_t calls = submission_calls(copies_, strategy == PageStrategy::kPerPage, dma::copies_per_batch_call());
+  const size_t calls = calls_ =
+      submission_calls(copies_, strategy == PageStrategy::kPerPage, dma::copies_per_batch_call());
   const size_t most = static_cast<size_t>(knob_int_in("FERRY_KV_ARMED_MAX"));
   FERRY_ARG_CHECK(calls <= most,
                   "prepare: " + std::to_string(calls) +
@@ -682,6 +683,7 @@ void PreparedPages::arm(cudaStream_t after) {
   FERRY_ARG_CHECK(stream_device == device_, "arm: the stream belongs to cuda:" + std::to_string(stream_device) +
                                                 " but the transfer is on cuda:" + std::to_string(device_));
   DeviceScope on_device(device_);
+  wait_for_earlier_triggers();
   cudaEvent_t e = nullptr;
   FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   const cudaError_t recorded = cudaEventRecord(e, after);
@@ -717,6 +719,37 @@ void PreparedPages::arm(cudaStream_t after) {
   }
   FERRY_CUDA_CHECK(cudaEventRecord(finished_, stream_));
   for (const auto& p : pools_) p->note_use(stream_);
+}
+
+// Armed again while triggers handed out before (to a stream or a kernel)
+// have not landed: those runs' calls still wait behind their gates on this
+// stream, and this run's go behind them. Past FERRY_KV_ARMED_MAX in all the
+// host would block inside CUDA until those triggers fire, forever where one
+// fires only after arm() returns (a kernel launched next): wait for them
+// here, bounded, before anything is enqueued.
+void PreparedPages::wait_for_earlier_triggers() {
+  auto waiting = [this] {
+    size_t n = 0;
+    for (const auto& g : retired_gates_) n += !g->is_open();
+    return n + (armed_ && opened_ && !gate_->is_open());
+  };
+  const size_t most = static_cast<size_t>(knob_int_in("FERRY_KV_ARMED_MAX"));
+  if ((waiting() + 1) * calls_ <= most) return;
+  const double timeout_s = teardown_timeout_seconds();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (waiting() > 0) {
+    if (std::chrono::steady_clock::now() > deadline)
+      throw_error(FERRY_ERROR_TIMEOUT, "arm: " + std::to_string(waiting()) +
+                                           " earlier arming(s) of this transfer wait for a trigger "
+                                           "handed out (to a stream or a kernel) that has not landed after " +
+                                           std::to_string(timeout_s) + " s (FERRY_TIMEOUT_S); their " +
+                                           std::to_string(waiting() * calls_) + " host calls and this arming's " +
+                                           std::to_string(calls_) + " would pass FERRY_KV_ARMED_MAX (" +
+                                           std::to_string(most) +
+                                           ") behind the gates and block the host: fire that trigger (launch its "
+                                           "kernel, or let its stream reach it) before arming again");
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
 }
 
 void PreparedPages::trigger() {

@@ -182,6 +182,9 @@ class PreparedPages {
   std::string why_unfinished() const;
   // What the gate's hold is called (sync/holds.hpp): in messages that refuse a teardown.
   std::string hold_name() const;
+  // Before arming again: waits (bounded) for earlier armings' triggers, handed
+  // out and not landed, where their runs and this one would pass FERRY_KV_ARMED_MAX.
+  void wait_for_earlier_triggers();
 
   int device_;
   std::vector<PitchedCopy> copies_;
@@ -195,6 +198,7 @@ class PreparedPages {
   std::vector<std::unique_ptr<HostGate>> retired_gates_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t finished_ = nullptr;
+  size_t calls_ = 0;  // host calls one run enqueues behind its gate (submission_calls)
   bool armed_ = false;
   bool opened_ = false;
   bool ran_ = false;

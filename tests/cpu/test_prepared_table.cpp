@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -102,4 +103,36 @@ TEST(PreparedTable, ArmingPastWhatAQueueHoldsIsRefusedNamingTheArmedHandles) {
   t.refuse_if_queue_full(c, 0, 4, "arm");  // 200 + 13
   t.get(b, "trigger").armed = false;
   t.refuse_if_queue_full(c, 1, 5, "arm");
+}
+
+// Runs whose triggers went to kernels (device_trigger) and have not ended may
+// still wait behind shut gates: arm() waits for them only where they, the
+// armed handles and its own would pass kArmedOpsMax, and names only those.
+TEST(PreparedTable, ArmingWaitsForRunsHandedToKernelsOnlyPastWhatAQueueHolds) {
+  PreparedTable t;
+  auto with_ops = [&](std::vector<size_t> ops) {
+    PreparedCall c;
+    c.ops = std::move(ops);
+    return t.add(std::move(c));
+  };
+  const int a = with_ops({300, 10});
+  const int b = with_ops({150, 10});
+  const int c = with_ops({100, 10});
+  std::set<int> running;  // runs not ended
+  const auto unfinished = [&](const PreparedCall& call) {
+    for (const auto& [id, x] : t.calls())
+      if (&x == &call) return running.count(id) > 0;
+    return false;
+  };
+  t.get(a, "device_trigger").handed_to_kernels = true;
+  running = {a};
+  EXPECT_TRUE(t.runs_to_wait_for(c, 0, unfinished).empty());  // 300 + 100
+  t.get(b, "arm").armed = true;
+  EXPECT_EQ(t.runs_to_wait_for(c, 0, unfinished), std::vector<int>{a});  // 150 armed + 300 handed + 100
+  EXPECT_TRUE(t.runs_to_wait_for(c, 1, unfinished).empty());             // 10 + 10 + 10 on rank 1
+  // Armed again itself before its kernel fired: its earlier run counts too.
+  EXPECT_EQ(t.runs_to_wait_for(a, 0, unfinished), std::vector<int>{a});  // 150 + 300 + 300
+  running.clear();                                                       // the kernel fired and the run ended
+  EXPECT_TRUE(t.runs_to_wait_for(c, 0, unfinished).empty());
+  EXPECT_TRUE(t.runs_to_wait_for(a, 0, unfinished).empty());
 }

@@ -4,6 +4,7 @@ engines use; odd and zero sizes; unaligned pages; index lists of every kind;
 stream order, concurrency and graph replay; prepared transfers; bad input."""
 
 import random
+import time
 import zlib
 
 import pytest
@@ -668,6 +669,62 @@ def test_prepared_transfer_host_stream_and_kernel_triggers(kv):
         want = torch.full_like(host, POISON)
         want[dst_ids] = host[src_ids]
         assert torch.equal(got, want), trigger
+
+
+def test_arming_again_before_a_handed_trigger_fires_is_bounded(kv, monkeypatch):
+    """Armed again while the trigger handed to a kernel last time has not
+    fired: that run's calls still wait behind its gate, and with this arming's
+    they would pass FERRY_KV_ARMED_MAX, where the host would block inside CUDA
+    for good (the kernel comes only after arm() returns). arm() waits for that
+    trigger instead: at the timeout it raises, naming the cause, and nothing
+    more is queued; once the kernel fires, the first run lands whole. Armed
+    again while a kernel that fires a little later is already launched, it
+    waits for it and goes on. Every page checked."""
+    import ferry
+
+    torch = _torch()
+    pages = 256
+    host = pinned((pages, 4096), torch.uint8)
+    gpu = torch.full((pages, 4096), POISON, dtype=torch.uint8, device="cuda")
+    dst_ids = random.Random(5).sample(range(pages), 200)
+    src_ids = random.Random(6).sample(range(pages), 200)
+    monkeypatch.setenv("FERRY_KV_ARMED_MAX", "10")  # 200 scattered pages: 6-7 batched calls a run
+    monkeypatch.setenv("FERRY_TIMEOUT_S", "2")
+    t = kv.prepare(gpu, host, dst_ids, src_ids)
+    hooks = ferry._native.hooks()
+    native = ferry._native.require()
+    warm = native.HostPool.create(64, -1, -1, -1)  # the trigger kernel's module loads now
+    stream = torch.cuda.current_stream().cuda_stream
+    hooks.launch_trigger_kernel(warm.data_ptr, 1, 1000, stream)
+    torch.cuda.synchronize()
+    del warm
+
+    def want():
+        w = torch.full_like(host, POISON)
+        w[dst_ids] = host[src_ids]
+        return w
+
+    fill_random(host)
+    t.arm()
+    word, value = t.device_trigger()
+    start = time.monotonic()
+    with pytest.raises(ferry.PeerTimeoutError, match="earlier arming"):
+        t.arm()
+    assert time.monotonic() - start < 20
+    hooks.launch_trigger_kernel(word, value, 1000, stream)
+    t.synchronize(timeout=10)
+    assert torch.equal(gpu.cpu(), want())
+    # Pipelined: the kernel that fires the first run is launched (it stores
+    # after a delay) before the transfer is armed again.
+    gpu.fill_(POISON)
+    torch.cuda.synchronize()
+    t.arm()
+    word, value = t.device_trigger()
+    hooks.launch_trigger_kernel(word, value, 2_000_000, stream)
+    t.arm()
+    t.trigger()
+    t.synchronize(timeout=10)
+    assert torch.equal(gpu.cpu(), want())
 
 
 def test_a_later_open_does_not_release_an_arming_whose_trigger_is_in_flight(kv):
