@@ -333,7 +333,7 @@ def test_arming_behind_a_run_handed_to_kernels(local_comm, monkeypatch):
     monkeypatch.setenv("FERRY_REDUCE_ROUND_BYTES", "4096")
     count = 24 * 1024
     gen = torch.Generator().manual_seed(61)
-    fulls, handles, outs = [], [], []
+    fulls, handles, outs, inputs = [], [], [], []  # kept alive: a handle holds pointers, not tensors
     for _ in range(2):
         full = [
             torch.randint(-(1 << 20), 1 << 20, (world * count,), generator=gen, dtype=torch.int32)
@@ -343,6 +343,7 @@ def test_arming_behind_a_run_handed_to_kernels(local_comm, monkeypatch):
         out = [torch.full((count,), -7, dtype=torch.int32, device=d) for d in devs]
         fulls.append(full)
         outs.append(out)
+        inputs.append(ins)
         handles.append(comm.prepare("reduce_scatter", out, ins))
     for d in devs:
         torch.cuda.synchronize(d)
