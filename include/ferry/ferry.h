@@ -207,6 +207,10 @@ FERRY_API ferry_result_t ferry_run(ferry_comm_t comm, const ferry_call_t* call);
  * ready handshake done ahead; a trigger releases them: from the host, from a
  * stream (ferry_trigger_on: a stream memory write, no kernel), or from a
  * kernel (ferry_device_trigger + ferry/device.cuh). Re-arm after each trigger.
+ * Runs handed to kernels whose kernels have not fired them still wait on the
+ * armed stream: where they and this arming would pass what its queue takes,
+ * ferry_arm waits for them first, and returns FERRY_ERROR_TIMEOUT naming
+ * them at the timeout (launch those kernels before arming again).
  * ferry_arm_gated with FERRY_GATE_DEVICE puts the trigger word in GPU memory:
  * stream and kernel triggers release the collective sooner there, and
  * ferry_trigger (the host) cannot release it. */

@@ -74,8 +74,12 @@ FERRY_API ferry_result_t ferry_kv_copy_blocks(int device, const ferry_kv_region_
  *   ferry_kv_prepared_trigger_on(t, s) in stream order (a stream memory write, no kernel), or
  *   ferry_kv_prepared_device_trigger   (word, value) for a kernel to store (ferry/device.cuh)
  *   ferry_kv_prepared_wait(t, s)       s waits for the pages
- * Re-arm after each trigger. Destroying an armed transfer opens its gate, so
- * that its stream never waits forever: queued copies cannot be withdrawn. */
+ * Re-arm after each trigger. Armed again before an earlier run's trigger,
+ * handed to a stream or a kernel, has landed, where those runs and this one
+ * would pass what the stream's queue takes, ferry_kv_prepared_arm waits for
+ * that trigger first and returns FERRY_ERROR_TIMEOUT at FERRY_TIMEOUT_S.
+ * Destroying an armed transfer opens its gate, so that its stream never
+ * waits forever: queued copies cannot be withdrawn. */
 typedef struct ferry_kv_prepared* ferry_kv_prepared_t;
 FERRY_API ferry_result_t ferry_kv_prepare(int device, const ferry_kv_region_t* dst, const ferry_kv_region_t* src,
                                           size_t regions, const int64_t* dst_ids, const int64_t* src_ids, size_t count,

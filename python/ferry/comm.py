@@ -659,7 +659,10 @@ class PreparedCollective:
     def arm(self, stream=None, gate: str = "host") -> "PreparedCollective":
         """Enqueues the collective on ferry's armed stream, after the work enqueued
         so far on `stream` (default: the current torch stream). Arming twice
-        without a trigger in between is an error.
+        without a trigger in between is an error. Where runs handed to kernels
+        (device_trigger) that have not fired yet and this one would pass what
+        the armed stream's queue takes, it waits for them first and raises
+        PeerTimeoutError naming them at the timeout.
 
         `gate`: where the trigger word lives. "host" (pinned host memory): any
         trigger works. "device" (GPU memory): a stream trigger or a kernel

@@ -466,7 +466,11 @@ class PreparedTransfer:
         return self._impl.direction
 
     def arm(self, stream=None) -> None:
-        """Enqueues the copies behind the gate, after the work enqueued so far on ``stream``."""
+        """Enqueues the copies behind the gate, after the work enqueued so far on ``stream``.
+        Armed again before an earlier trigger handed out (to a stream or a
+        kernel) has landed, where those runs and this one would pass what the
+        stream's queue takes, it waits for that trigger first and raises
+        PeerTimeoutError at FERRY_TIMEOUT_S."""
         self._impl.arm(_stream_handle(stream, self.device))
 
     def trigger(self) -> None:

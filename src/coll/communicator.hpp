@@ -129,7 +129,7 @@ class Communicator {
   // Registers prepared call `handle`'s hold for the arming just made.
   void hold_until_triggered(int handle, PreparedCall& p);
   // arm(): waits, bounded, for runs handed to kernels that stand between `handle` and the queue's bound.
-  void wait_for_handed_runs(int handle, int local);
+  void wait_for_handed_runs(int handle);
   // Gives a released call's gate slots and events back (its hold first).
   void retire(PreparedCall& p);
   // Retires the released calls whose holds no longer hold.

@@ -16,6 +16,7 @@
 #include "coll/communicator.hpp"
 #include "core/cuda_scope.hpp"
 #include "core/error.hpp"
+#include "dma/engine.hpp"
 #include "sync/gate.hpp"
 
 namespace ferry {
@@ -75,10 +76,8 @@ void Communicator::arm(int handle, const std::vector<cudaStream_t>& after, bool 
     if (s && dma::is_capturing(s))
       throw_error(FERRY_ERROR_INVALID_ARGUMENT,
                   "arm: the stream is capturing a CUDA graph; capture the collective call itself instead of arming");
-  for (int i = 0; i < local_count(); ++i) {
-    wait_for_handed_runs(handle, i);
-    prepared_.refuse_if_queue_full(handle, i, rank(i), "arm");
-  }
+  for (int i = 0; i < local_count(); ++i) prepared_.refuse_if_queue_full(handle, i, rank(i), "arm");
+  wait_for_handed_runs(handle);
   p.gate_on_device = gate_on_device;
   if (p.built.empty()) {
     p.armed = true;  // zero bytes: nothing to enqueue, but arm/trigger keep their rules
@@ -116,29 +115,45 @@ void Communicator::arm(int handle, const std::vector<cudaStream_t>& after, bool 
 }
 
 // Runs whose triggers went to kernels and have not ended may still wait
-// behind shut gates on this rank's armed stream; arming more behind them past
+// behind shut gates on a rank's armed stream; arming more behind them past
 // what its queue takes would block the host inside CUDA until they fire, and
-// forever where their kernels are launched only after arm() returns.
-void Communicator::wait_for_handed_runs(int handle, int local) {
-  const auto unfinished = [local](const PreparedCall& c) {
-    return static_cast<size_t>(local) < c.finished.size() && cudaEventQuery(c.finished[local]) == cudaErrorNotReady;
-  };
-  const std::vector<int> ids = prepared_.runs_to_wait_for(handle, local, unfinished);
-  if (ids.empty()) return;
+// forever where their kernels are launched only after arm() returns. Waits
+// (one deadline for every rank) for the oldest of them to end, as few as
+// make room, before anything is enqueued.
+void Communicator::wait_for_handed_runs(int handle) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
-  for (int id : ids) {
-    const PreparedCall& c = prepared_.get(id, "arm");
-    while (unfinished(c)) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        std::string names;
-        for (int k : ids) names += (names.empty() ? "" : ", ") + std::to_string(k);
+  for (int i = 0; i < local_count(); ++i) {
+    const auto unfinished = [i](const PreparedCall& c) {
+      if (static_cast<size_t>(i) >= c.finished.size()) return false;
+      RelaxedCaptureScope relax;  // another thread may be capturing in global mode
+      const cudaError_t q = cudaEventQuery(c.finished[i]);
+      if (q == cudaErrorNotReady) return true;
+      FERRY_CUDA_CHECK(q);
+      return false;
+    };
+    for (;;) {
+      const PreparedTable::QueueRoom room = prepared_.queue_room(handle, i, unfinished, released_holding_);
+      const auto names = [](const std::vector<int>& ids) {
+        std::string out;
+        for (int k : ids)
+          out += (out.empty() ? "" : ", ") + (k > 0 ? std::to_string(k) : std::string("a released one"));
+        return out;
+      };
+      if (!room.armed.empty())
+        throw_error(FERRY_ERROR_INVALID_ARGUMENT,
+                    "arm: handle " + std::to_string(handle) + " would queue on rank " + std::to_string(rank(i)) +
+                        "'s armed stream behind runs handed to kernels that wait, in turn, behind handles armed and "
+                        "not yet triggered (" +
+                        names(room.armed) + "), past what a stream's queue takes: trigger those handles first");
+      if (room.wait_for.empty()) break;
+      check();  // a failed communicator says so now, not at the deadline
+      if (std::chrono::steady_clock::now() > deadline)
         throw_error(FERRY_ERROR_TIMEOUT,
-                    "arm: handle " + std::to_string(handle) + " would queue behind runs of handles " + names +
-                        " on rank " + std::to_string(rank(local)) +
-                        "'s armed stream whose device triggers have not fired after " + std::to_string(timeout_s_) +
-                        " s, past what a stream's queue takes (" + std::to_string(kArmedOpsMax) +
-                        " operations behind gates): launch the kernels that fire them before arming again");
-      }
+                    "arm: handle " + std::to_string(handle) + " would queue on rank " + std::to_string(rank(i)) +
+                        "'s armed stream behind runs of handles " + names(room.wait_for) +
+                        " whose device triggers have not fired after " + std::to_string(timeout_s_) +
+                        " s, past what a stream's queue takes (" + std::to_string(dma::kQueueOpsBehindAWait) +
+                        " operations behind a wait): launch the kernels that fire them before arming again");
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }

@@ -1,10 +1,12 @@
 #include "coll/prepared_table.hpp"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
 #include "coll/program.hpp"
 #include "core/error.hpp"
+#include "dma/engine.hpp"
 
 namespace ferry {
 
@@ -70,26 +72,54 @@ void PreparedTable::refuse_if_queue_full(int handle, int local, int rank, const 
                   " may wait behind gates: trigger those handles first");
 }
 
-std::vector<int> PreparedTable::runs_to_wait_for(int handle, int local,
-                                                 const std::function<bool(const PreparedCall&)>& unfinished) const {
+PreparedTable::QueueRoom PreparedTable::queue_room(int handle, int local,
+                                                   const std::function<bool(const PreparedCall&)>& unfinished,
+                                                   const std::vector<PreparedCall>& released) const {
   const auto ops = [local](const PreparedCall& c) {
     return static_cast<size_t>(local) < c.ops.size() ? c.ops[static_cast<size_t>(local)] : size_t(0);
   };
-  size_t queued = 0;
-  std::vector<int> handed;
-  for (const auto& [id, call] : calls_) {
-    if (ops(call) == 0) continue;
-    if (call.armed && id != handle) {
-      queued += ops(call);
-    } else if (call.handed_to_kernels && unfinished(call)) {
-      queued += ops(call);
-      handed.push_back(id);
+  struct Run {
+    uint64_t generation;
+    size_t ops;
+    int id;
+  };
+  std::vector<Run> handed;
+  size_t armed_ops = 0;
+  uint64_t first_armed = UINT64_MAX;  // the oldest armed handle's gate value: runs armed later queue behind it
+  std::vector<int> armed;
+  const auto look = [&](int id, const PreparedCall& c) {
+    if (ops(c) == 0) return;
+    if (c.armed && id != handle) {
+      armed_ops += ops(c);
+      first_armed = std::min(first_armed, c.generation);
+      armed.push_back(id);
+    } else if (!c.armed && c.handed_to_kernels && unfinished(c)) {
+      handed.push_back(Run{c.generation, ops(c), id});
     }
-  }
+  };
+  for (const auto& [id, call] : calls_) look(id, call);
+  for (size_t k = 0; k < released.size(); ++k) look(-1 - static_cast<int>(k), released[k]);
   const auto it = calls_.find(handle);
   const size_t mine = it == calls_.end() ? 0 : ops(it->second);
-  if (mine == 0 || queued + mine <= kArmedOpsMax) return {};
-  return handed;
+  size_t total = armed_ops + mine;
+  for (const Run& r : handed) total += r.ops;
+  if (mine == 0 || total <= dma::kQueueOpsBehindAWait) return {};
+  // Runs end in the order they were armed: wait for the oldest, as few as
+  // make room. One armed after an armed handle ends only after the host
+  // triggers that handle, which it cannot do inside arm().
+  std::sort(handed.begin(), handed.end(), [](const Run& x, const Run& y) { return x.generation < y.generation; });
+  QueueRoom room;
+  for (const Run& r : handed) {
+    if (total <= dma::kQueueOpsBehindAWait) break;
+    if (r.generation > first_armed) {
+      room.wait_for.clear();
+      room.armed = armed;
+      return room;
+    }
+    room.wait_for.push_back(r.id);
+    total -= r.ops;
+  }
+  return room;
 }
 
 void PreparedTable::refuse_if_uses(uint32_t registration, const char* what) const {

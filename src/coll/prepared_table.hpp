@@ -79,14 +79,19 @@ class PreparedTable {
   // kArmedOpsMax operations (PreparedCall::ops) on local rank `local`'s
   // armed stream behind gates not yet triggered, its own included.
   void refuse_if_queue_full(int handle, int local, int rank, const char* what) const;
-  // The handles arm(`handle`) must wait for on local rank `local` first: runs
-  // handed to kernels (device_trigger) that `unfinished(call)` says have not
-  // ended, where they, the armed handles and `handle` would queue more than
-  // kArmedOpsMax operations there (else none). Their kernels may be launched
-  // only after arm() returns, so arm() waits for them, bounded, before
-  // enqueueing anything.
-  std::vector<int> runs_to_wait_for(int handle, int local,
-                                    const std::function<bool(const PreparedCall&)>& unfinished) const;
+  // What arming `handle` on local rank `local` must wait for first. Runs
+  // handed to kernels (device_trigger) that `unfinished` says have not ended
+  // may still wait behind shut gates on that rank's armed stream, before
+  // the armed handles' and this one's operations; past what the queue takes
+  // (dma::kQueueOpsBehindAWait) the host would block inside CUDA, for good
+  // where the kernels that fire them are launched only after arm() returns.
+  // `released`: calls released while their runs may still hold the stream.
+  struct QueueRoom {
+    std::vector<int> wait_for;  // handed runs to wait for, oldest first (a released call: -1 - its index)
+    std::vector<int> armed;     // armed handles that hold handed runs behind them: refuse, naming these
+  };
+  QueueRoom queue_room(int handle, int local, const std::function<bool(const PreparedCall&)>& unfinished,
+                       const std::vector<PreparedCall>& released = {}) const;
 
   const std::map<int, PreparedCall>& calls() const { return calls_; }
   // Forgets every handle (close(), after their events are destroyed).

@@ -8,6 +8,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -33,6 +34,13 @@ struct MemOp {
 };
 
 namespace dma {
+
+// Stream operations (copies, batched calls, memory-operation batches, kernel
+// launches) one stream's queue takes behind a wait that has not been
+// released before the host blocks inside CUDA: on an H200 the 1,024th
+// blocked, for collectives' commands and for page transfers' batched calls
+// alike. Kept under that by a margin.
+inline constexpr size_t kQueueOpsBehindAWait = 960;
 
 // One copy on a copy engine (batched call with the copy-engine hint where possible).
 void copy(cudaStream_t stream, const Copy& c);

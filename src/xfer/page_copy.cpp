@@ -697,10 +697,12 @@ void PreparedPages::arm(cudaStream_t after) {
   if (armed_ && opened_ && !gate_->is_open()) {
     gate_->keep();
     retired_gates_.push_back(std::move(gate_));
+    retired_runs_.push_back(gate_run_);
     gate_ = std::make_unique<HostGate>();
     gate_->hold_while_armed(hold_name());
   }
   gate_->arm(stream_);
+  gate_run_ = runs_++;
   // From here the stream waits on the gate: whatever fails below, the
   // destructor must open it and wait for the stream to pass the wait, which
   // finished_, recorded after it, tells.
@@ -721,33 +723,42 @@ void PreparedPages::arm(cudaStream_t after) {
   for (const auto& p : pools_) p->note_use(stream_);
 }
 
+size_t PreparedPages::runs_behind_a_shut_gate() const {
+  size_t oldest = runs_;
+  for (size_t k = 0; k < retired_gates_.size(); ++k)
+    if (!retired_gates_[k]->is_open()) oldest = std::min(oldest, retired_runs_[k]);
+  if (armed_ && opened_ && !gate_->is_open()) oldest = std::min(oldest, gate_run_);
+  return runs_ - oldest;
+}
+
 // Armed again while triggers handed out before (to a stream or a kernel)
-// have not landed: those runs' calls still wait behind their gates on this
-// stream, and this run's go behind them. Past FERRY_KV_ARMED_MAX in all the
-// host would block inside CUDA until those triggers fire, forever where one
-// fires only after arm() returns (a kernel launched next): wait for them
-// here, bounded, before anything is enqueued.
+// have not landed: those runs, and every run armed after the oldest of them,
+// still wait on this stream, and this run's calls go behind them. Past what
+// a queue takes behind a wait the host would block inside CUDA until those
+// triggers fire, forever where one fires only after arm() returns (a kernel
+// launched next): wait for them here, bounded, before anything is enqueued.
 void PreparedPages::wait_for_earlier_triggers() {
-  auto waiting = [this] {
-    size_t n = 0;
-    for (const auto& g : retired_gates_) n += !g->is_open();
-    return n + (armed_ && opened_ && !gate_->is_open());
+  const auto too_many = [this] {
+    const size_t behind = runs_behind_a_shut_gate();
+    return behind > 0 && (behind + 1) * calls_ > dma::kQueueOpsBehindAWait;
   };
-  const size_t most = static_cast<size_t>(knob_int_in("FERRY_KV_ARMED_MAX"));
-  if ((waiting() + 1) * calls_ <= most) return;
+  if (!too_many()) return;
   const double timeout_s = teardown_timeout_seconds();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-  while (waiting() > 0) {
-    if (std::chrono::steady_clock::now() > deadline)
-      throw_error(FERRY_ERROR_TIMEOUT, "arm: " + std::to_string(waiting()) +
-                                           " earlier arming(s) of this transfer wait for a trigger "
-                                           "handed out (to a stream or a kernel) that has not landed after " +
-                                           std::to_string(timeout_s) + " s (FERRY_TIMEOUT_S); their " +
-                                           std::to_string(waiting() * calls_) + " host calls and this arming's " +
-                                           std::to_string(calls_) + " would pass FERRY_KV_ARMED_MAX (" +
-                                           std::to_string(most) +
-                                           ") behind the gates and block the host: fire that trigger (launch its "
-                                           "kernel, or let its stream reach it) before arming again");
+  while (too_many()) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      const size_t behind = runs_behind_a_shut_gate();
+      throw_error(FERRY_ERROR_TIMEOUT,
+                  "arm: " + std::to_string(behind) + " earlier run(s) of this transfer (" +
+                      std::to_string(behind * calls_) +
+                      " host calls) wait behind a trigger handed out (to a "
+                      "stream or a kernel) that has not landed after " +
+                      std::to_string(timeout_s) + " s (FERRY_TIMEOUT_S), and this arming's " + std::to_string(calls_) +
+                      " more would pass what a stream's queue takes behind a wait (" +
+                      std::to_string(dma::kQueueOpsBehindAWait) +
+                      ") and block the host: fire that trigger (launch its kernel, or let its stream reach it) "
+                      "before arming again");
+    }
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
 }

@@ -182,8 +182,11 @@ class PreparedPages {
   std::string why_unfinished() const;
   // What the gate's hold is called (sync/holds.hpp): in messages that refuse a teardown.
   std::string hold_name() const;
-  // Before arming again: waits (bounded) for earlier armings' triggers, handed
-  // out and not landed, where their runs and this one would pass FERRY_KV_ARMED_MAX.
+  // Runs that may still wait on the stream: from the oldest arming whose
+  // trigger, handed out, has not landed (runs after it queue behind it).
+  size_t runs_behind_a_shut_gate() const;
+  // Before arming again: waits (bounded) for earlier armings' triggers where
+  // their runs and this one would pass what a queue takes behind a wait.
   void wait_for_earlier_triggers();
 
   int device_;
@@ -196,6 +199,9 @@ class PreparedPages {
   // Gates of earlier armings whose trigger (a stream write, a kernel's store)
   // had not landed when the transfer was armed again: kept, never reused.
   std::vector<std::unique_ptr<HostGate>> retired_gates_;
+  std::vector<size_t> retired_runs_;  // by retired gate: the arming (run number) it gated
+  size_t runs_ = 0;                   // armings so far
+  size_t gate_run_ = 0;               // the arming gate_ gates
   cudaStream_t stream_ = nullptr;
   cudaEvent_t finished_ = nullptr;
   size_t calls_ = 0;  // host calls one run enqueues behind its gate (submission_calls)

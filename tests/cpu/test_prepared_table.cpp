@@ -106,33 +106,57 @@ TEST(PreparedTable, ArmingPastWhatAQueueHoldsIsRefusedNamingTheArmedHandles) {
 }
 
 // Runs whose triggers went to kernels (device_trigger) and have not ended may
-// still wait behind shut gates: arm() waits for them only where they, the
-// armed handles and its own would pass kArmedOpsMax, and names only those.
-TEST(PreparedTable, ArmingWaitsForRunsHandedToKernelsOnlyPastWhatAQueueHolds) {
+// still wait behind shut gates: arm() waits for the oldest of them, as few as
+// make room under what a queue takes behind a wait, and refuses where they
+// wait behind a handle armed and not yet triggered (only the host opens it).
+TEST(PreparedTable, ArmingWaitsForTheOldestRunsHandedToKernelsOnlyPastWhatAQueueHolds) {
   PreparedTable t;
-  auto with_ops = [&](std::vector<size_t> ops) {
+  auto with_ops = [&](std::vector<size_t> ops, uint64_t generation) {
     PreparedCall c;
     c.ops = std::move(ops);
+    c.generation = generation;
     return t.add(std::move(c));
   };
-  const int a = with_ops({300, 10});
-  const int b = with_ops({150, 10});
-  const int c = with_ops({100, 10});
-  std::set<int> running;  // runs not ended
-  const auto unfinished = [&](const PreparedCall& call) {
-    for (const auto& [id, x] : t.calls())
-      if (&x == &call) return running.count(id) > 0;
-    return false;
-  };
+  const int a = with_ops({500, 10}, 1);
+  const int b = with_ops({200, 10}, 2);
+  const int c = with_ops({300, 10}, 0);
+  const int d = with_ops({100, 10}, 3);
+  std::set<const PreparedCall*> running;  // runs not ended
+  const auto unfinished = [&](const PreparedCall& call) { return running.count(&call) > 0; };
   t.get(a, "device_trigger").handed_to_kernels = true;
-  running = {a};
-  EXPECT_TRUE(t.runs_to_wait_for(c, 0, unfinished).empty());  // 300 + 100
+  running = {&t.get(a, "x")};
+  EXPECT_TRUE(t.queue_room(c, 0, unfinished).wait_for.empty());  // 500 + 300
   t.get(b, "arm").armed = true;
-  EXPECT_EQ(t.runs_to_wait_for(c, 0, unfinished), std::vector<int>{a});  // 150 armed + 300 handed + 100
-  EXPECT_TRUE(t.runs_to_wait_for(c, 1, unfinished).empty());             // 10 + 10 + 10 on rank 1
-  // Armed again itself before its kernel fired: its earlier run counts too.
-  EXPECT_EQ(t.runs_to_wait_for(a, 0, unfinished), std::vector<int>{a});  // 150 + 300 + 300
-  running.clear();                                                       // the kernel fired and the run ended
-  EXPECT_TRUE(t.runs_to_wait_for(c, 0, unfinished).empty());
-  EXPECT_TRUE(t.runs_to_wait_for(a, 0, unfinished).empty());
+  // 200 armed + 500 handed + 300: past the queue; a was armed before b, so it can end.
+  auto room = t.queue_room(c, 0, unfinished);
+  EXPECT_EQ(room.wait_for, std::vector<int>{a});
+  EXPECT_TRUE(room.armed.empty());
+  EXPECT_TRUE(t.queue_room(c, 1, unfinished).wait_for.empty());  // 10 + 10 + 10 on rank 1
+  // Two handed runs: only the oldest is waited for where that makes room.
+  t.get(d, "device_trigger").handed_to_kernels = true;
+  t.get(d, "x").generation = 4;
+  running.insert(&t.get(d, "x"));
+  t.get(b, "x").armed = false;            // b triggered from the host
+  room = t.queue_room(c, 0, unfinished);  // 500 + 100 + 300 = 900: room enough
+  EXPECT_TRUE(room.wait_for.empty());
+  t.get(b, "x").armed = true;
+  t.get(b, "x").generation = 5;           // armed after both
+  room = t.queue_room(c, 0, unfinished);  // 200 + 500 + 100 + 300 = 1100: a alone makes room
+  EXPECT_EQ(room.wait_for, std::vector<int>{a});
+  // Armed before the handed runs: they end only after the host triggers it.
+  t.get(b, "x").generation = 0;
+  room = t.queue_room(c, 0, unfinished);
+  EXPECT_TRUE(room.wait_for.empty());
+  EXPECT_EQ(room.armed, std::vector<int>{b});
+  // A released call's run counts as well, named by its index.
+  t.get(b, "x").armed = false;
+  running = {};
+  std::vector<PreparedCall> released(1);
+  released[0].ops = {700};
+  released[0].generation = 6;
+  released[0].handed_to_kernels = true;
+  running.insert(&released[0]);
+  EXPECT_EQ(t.queue_room(c, 0, unfinished, released).wait_for, std::vector<int>{-1});
+  running = {};  // every run ended
+  EXPECT_TRUE(t.queue_room(c, 0, unfinished, released).wait_for.empty());
 }

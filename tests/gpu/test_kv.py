@@ -674,21 +674,23 @@ def test_prepared_transfer_host_stream_and_kernel_triggers(kv):
 def test_arming_again_before_a_handed_trigger_fires_is_bounded(kv, monkeypatch):
     """Armed again while the trigger handed to a kernel last time has not
     fired: that run's calls still wait behind its gate, and with this arming's
-    they would pass FERRY_KV_ARMED_MAX, where the host would block inside CUDA
-    for good (the kernel comes only after arm() returns). arm() waits for that
-    trigger instead: at the timeout it raises, naming the cause, and nothing
-    more is queued; once the kernel fires, the first run lands whole. Armed
-    again while a kernel that fires a little later is already launched, it
-    waits for it and goes on. Every page checked."""
+    they would pass what a stream's queue takes behind a wait (two runs of
+    600 calls; 1,024 blocked an H200's host), where the host would block
+    inside CUDA for good (the kernel comes only after arm() returns). arm()
+    waits for that trigger instead: at the timeout it raises, naming the
+    cause, and nothing more is queued; once the kernel fires, the first run
+    lands whole. Armed again while a kernel that fires a little later is
+    already launched, it waits for it and goes on. Every page checked."""
     import ferry
 
     torch = _torch()
-    pages = 256
+    pages = 1024
     host = pinned((pages, 4096), torch.uint8)
     gpu = torch.full((pages, 4096), POISON, dtype=torch.uint8, device="cuda")
-    dst_ids = random.Random(5).sample(range(pages), 200)
-    src_ids = random.Random(6).sample(range(pages), 200)
-    monkeypatch.setenv("FERRY_KV_ARMED_MAX", "10")  # 200 scattered pages: 6-7 batched calls a run
+    dst_ids = random.Random(5).sample(range(pages), 600)
+    src_ids = random.Random(6).sample(range(pages), 600)
+    monkeypatch.setenv("FERRY_BATCH_MAX", "1")  # a host call per copy: about 600 a run
+    monkeypatch.setenv("FERRY_KV_ARMED_MAX", "600")
     monkeypatch.setenv("FERRY_TIMEOUT_S", "2")
     t = kv.prepare(gpu, host, dst_ids, src_ids)
     hooks = ferry._native.hooks()
@@ -708,7 +710,7 @@ def test_arming_again_before_a_handed_trigger_fires_is_bounded(kv, monkeypatch):
     t.arm()
     word, value = t.device_trigger()
     start = time.monotonic()
-    with pytest.raises(ferry.PeerTimeoutError, match="earlier arming"):
+    with pytest.raises(ferry.PeerTimeoutError, match="earlier run"):
         t.arm()
     assert time.monotonic() - start < 20
     hooks.launch_trigger_kernel(word, value, 1000, stream)

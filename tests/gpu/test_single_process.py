@@ -311,18 +311,17 @@ def test_a_graph_of_many_calls_replayed_from_a_thread_per_gpu(local_comm, monkey
                 assert torch.equal(outs[k][r].cpu(), exp), f"replay {replay}, call {k}, rank {r}"
 
 
-def test_arming_behind_a_run_handed_to_kernels(local_comm, monkeypatch):
-    """A run whose trigger went to kernels may still wait behind its gate on
-    the armed stream when another handle is armed; where both would pass what
-    that stream's queue takes behind gates, arm() first waits for the run
-    (its kernels, launched already, fire it after a delay) instead of
-    blocking inside CUDA, then arms. Two reduce_scatters of 24 rounds of
-    4 KiB (over 300 stream operations a rank each), every byte compared."""
+def test_arming_behind_runs_handed_to_kernels(local_comm, monkeypatch):
+    """Runs whose triggers went to kernels may still wait behind their gates
+    on the armed stream when another handle is armed; where they and the new
+    one would pass what that stream's queue takes behind a wait, arm() first
+    waits for the oldest of them (their kernels, launched already, fire them
+    after a delay) instead of blocking inside CUDA, then arms. Three
+    reduce_scatters of close to 480 stream operations a rank each (rounds of
+    4 KiB), each armed while the ones before still wait; every byte compared."""
     import ferry
 
     torch, comm, world, bufs = local_comm
-    if world > 4:
-        pytest.skip("24 rounds of 4 KiB exceed what prepare() takes beyond 4 ranks")
     devs = [torch.device("cuda", i) for i in range(world)]
     hooks = ferry._native.hooks()
     for d in devs:  # the trigger kernel's module loads now, not while a run is armed
@@ -331,10 +330,10 @@ def test_arming_behind_a_run_handed_to_kernels(local_comm, monkeypatch):
             hooks.launch_trigger_kernel(w.data_ptr(), 1, 1000, torch.cuda.current_stream(d).cuda_stream)
             torch.cuda.synchronize(d)
     monkeypatch.setenv("FERRY_REDUCE_ROUND_BYTES", "4096")
-    count = 24 * 1024
+    count = (480 // (3 * world + 7)) * 1024  # a round: about 3 x world + 7 operations
     gen = torch.Generator().manual_seed(61)
     fulls, handles, outs, inputs = [], [], [], []  # kept alive: a handle holds pointers, not tensors
-    for _ in range(2):
+    for _ in range(3):
         full = [
             torch.randint(-(1 << 20), 1 << 20, (world * count,), generator=gen, dtype=torch.int32)
             for _ in devs
@@ -347,20 +346,18 @@ def test_arming_behind_a_run_handed_to_kernels(local_comm, monkeypatch):
         handles.append(comm.prepare("reduce_scatter", out, ins))
     for d in devs:
         torch.cuda.synchronize(d)
-    first, second = handles
-    first.arm()
-    for (word, value), d in zip(first.device_trigger(), devs):
-        with torch.cuda.device(d):
-            hooks.launch_trigger_kernel(word, value, 2_000_000, torch.cuda.current_stream(d).cuda_stream)
-    second.arm()
-    second.trigger()
-    first.wait()
-    second.wait()
+    for h in handles:
+        h.arm()
+        for (word, value), d in zip(h.device_trigger(), devs):
+            with torch.cuda.device(d):
+                hooks.launch_trigger_kernel(word, value, 5_000_000, torch.cuda.current_stream(d).cuda_stream)
+    for h in handles:
+        h.wait()
     comm.synchronize()
-    for full, out in zip(fulls, outs):
+    for k, (full, out) in enumerate(zip(fulls, outs)):
         for r in range(world):
             exp = sum(f[r * count : (r + 1) * count] for f in full)
-            assert torch.equal(out[r].cpu(), exp), f"rank {r}"
+            assert torch.equal(out[r].cpu(), exp), f"handle {k}, rank {r}"
     for h in handles:
         h.release()
 
