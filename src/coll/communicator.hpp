@@ -128,8 +128,8 @@ class Communicator {
   void refuse_while_held(const char* what);
   // Registers prepared call `handle`'s hold for the arming just made.
   void hold_until_triggered(int handle, PreparedCall& p);
-  // arm(): waits, bounded, for runs handed to kernels that stand between `handle` and the queue's bound.
-  void wait_for_handed_runs(int handle);
+  // arm(): waits, bounded, for earlier runs that stand between `handle` and the queue's bound.
+  void wait_for_earlier_runs(int handle);
   // Gives a released call's gate slots and events back (its hold first).
   void retire(PreparedCall& p);
   // Retires the released calls whose holds no longer hold.

@@ -77,7 +77,7 @@ void Communicator::arm(int handle, const std::vector<cudaStream_t>& after, bool 
       throw_error(FERRY_ERROR_INVALID_ARGUMENT,
                   "arm: the stream is capturing a CUDA graph; capture the collective call itself instead of arming");
   for (int i = 0; i < local_count(); ++i) prepared_.refuse_if_queue_full(handle, i, rank(i), "arm");
-  wait_for_handed_runs(handle);
+  wait_for_earlier_runs(handle);
   p.gate_on_device = gate_on_device;
   if (p.built.empty()) {
     p.armed = true;  // zero bytes: nothing to enqueue, but arm/trigger keep their rules
@@ -111,16 +111,15 @@ void Communicator::arm(int handle, const std::vector<cudaStream_t>& after, bool 
   }
   hold_until_triggered(handle, p);  // after the loop: an arming that failed there is never triggered
   p.armed = true;
-  p.handed_to_kernels = false;
 }
 
-// Runs whose triggers went to kernels and have not ended may still wait
-// behind shut gates on a rank's armed stream; arming more behind them past
-// what its queue takes would block the host inside CUDA until they fire, and
-// forever where their kernels are launched only after arm() returns. Waits
-// (one deadline for every rank) for the oldest of them to end, as few as
-// make room, before anything is enqueued.
-void Communicator::wait_for_handed_runs(int handle) {
+// Runs triggered already and not ended may still be on a rank's armed
+// stream, all of them behind a gate handed to a kernel not yet launched;
+// arming more behind them past what its queue takes would block the host
+// inside CUDA until that kernel fires, and forever where it is launched only
+// after arm() returns. Waits (one deadline for every rank) for the oldest of
+// them to end, as few as make room, before anything is enqueued.
+void Communicator::wait_for_earlier_runs(int handle) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
   for (int i = 0; i < local_count(); ++i) {
     const auto unfinished = [i](const PreparedCall& c) {
@@ -142,8 +141,8 @@ void Communicator::wait_for_handed_runs(int handle) {
       if (!room.armed.empty())
         throw_error(FERRY_ERROR_INVALID_ARGUMENT,
                     "arm: handle " + std::to_string(handle) + " would queue on rank " + std::to_string(rank(i)) +
-                        "'s armed stream behind runs handed to kernels that wait, in turn, behind handles armed and "
-                        "not yet triggered (" +
+                        "'s armed stream behind runs that wait, in turn, behind handles armed and not yet "
+                        "triggered (" +
                         names(room.armed) + "), past what a stream's queue takes: trigger those handles first");
       if (room.wait_for.empty()) break;
       check();  // a failed communicator says so now, not at the deadline
@@ -151,9 +150,10 @@ void Communicator::wait_for_handed_runs(int handle) {
         throw_error(FERRY_ERROR_TIMEOUT,
                     "arm: handle " + std::to_string(handle) + " would queue on rank " + std::to_string(rank(i)) +
                         "'s armed stream behind runs of handles " + names(room.wait_for) +
-                        " whose device triggers have not fired after " + std::to_string(timeout_s_) +
+                        " that have not ended after " + std::to_string(timeout_s_) +
                         " s, past what a stream's queue takes (" + std::to_string(dma::kQueueOpsBehindAWait) +
-                        " operations behind a wait): launch the kernels that fire them before arming again");
+                        " operations behind a wait); a trigger handed to a kernel holds its run and every later "
+                        "one: launch the kernels that fire them before arming again");
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
@@ -221,10 +221,7 @@ std::pair<uint64_t*, uint64_t> Communicator::device_trigger(int handle, int loca
                 "device_trigger: handle " + std::to_string(handle) + " is not armed; call arm() first");
   FERRY_ARG_CHECK(local >= 0 && local < local_count(), "device_trigger: local rank out of range");
   auto out = std::make_pair(gate_address(p, local), p.generation);
-  if (local == local_count() - 1) {  // handed to the kernels
-    p.armed = false;
-    p.handed_to_kernels = true;
-  }
+  if (local == local_count() - 1) p.armed = false;  // handed to the kernels
   return out;
 }
 

@@ -83,27 +83,37 @@ PreparedTable::QueueRoom PreparedTable::queue_room(int handle, int local,
     size_t ops;
     int id;
   };
-  std::vector<Run> handed;
-  size_t armed_ops = 0;
+  // Every triggered run may still be on the stream: one handed to a kernel
+  // not yet launched holds itself and every later run behind its gate.
+  std::vector<std::pair<Run, const PreparedCall*>> ran;
+  size_t armed_ops = 0, ran_ops = 0;
   uint64_t first_armed = UINT64_MAX;  // the oldest armed handle's gate value: runs armed later queue behind it
   std::vector<int> armed;
   const auto look = [&](int id, const PreparedCall& c) {
-    if (ops(c) == 0) return;
+    if (ops(c) == 0 || c.generation == 0) return;
     if (c.armed && id != handle) {
       armed_ops += ops(c);
       first_armed = std::min(first_armed, c.generation);
       armed.push_back(id);
-    } else if (!c.armed && c.handed_to_kernels && unfinished(c)) {
-      handed.push_back(Run{c.generation, ops(c), id});
+    } else if (!c.armed) {
+      ran.push_back({Run{c.generation, ops(c), id}, &c});
+      ran_ops += ops(c);
     }
   };
   for (const auto& [id, call] : calls_) look(id, call);
   for (size_t k = 0; k < released.size(); ++k) look(-1 - static_cast<int>(k), released[k]);
   const auto it = calls_.find(handle);
   const size_t mine = it == calls_.end() ? 0 : ops(it->second);
+  // Without asking the GPU first: most armings fit even if nothing ran yet.
+  if (mine == 0 || armed_ops + ran_ops + mine <= dma::kQueueOpsBehindAWait) return {};
+  std::vector<Run> handed;
   size_t total = armed_ops + mine;
-  for (const Run& r : handed) total += r.ops;
-  if (mine == 0 || total <= dma::kQueueOpsBehindAWait) return {};
+  for (const auto& [r, c] : ran)
+    if (unfinished(*c)) {
+      handed.push_back(r);
+      total += r.ops;
+    }
+  if (total <= dma::kQueueOpsBehindAWait) return {};
   // Runs end in the order they were armed: wait for the oldest, as few as
   // make room. One armed after an armed handle ends only after the host
   // triggers that handle, which it cannot do inside arm().

@@ -38,9 +38,6 @@ struct PreparedCall {
   std::vector<uint32_t> registrations;  // buffers it refers to
   uint64_t generation = 0;              // the last arming's gate value; 0: never armed
   bool armed = false;
-  // The last arming's trigger went to kernels (device_trigger), which may not
-  // be launched yet: its run may still wait behind a shut gate.
-  bool handed_to_kernels = false;
   // Registered at each arming until its trigger lands (sync/holds.hpp): till
   // then a free anywhere in the process would wait for ferry's armed stream.
   std::shared_ptr<sync::Hold> hold;
@@ -80,14 +77,16 @@ class PreparedTable {
   // armed stream behind gates not yet triggered, its own included.
   void refuse_if_queue_full(int handle, int local, int rank, const char* what) const;
   // What arming `handle` on local rank `local` must wait for first. Runs
-  // handed to kernels (device_trigger) that `unfinished` says have not ended
-  // may still wait behind shut gates on that rank's armed stream, before
-  // the armed handles' and this one's operations; past what the queue takes
-  // (dma::kQueueOpsBehindAWait) the host would block inside CUDA, for good
-  // where the kernels that fire them are launched only after arm() returns.
+  // triggered already that `unfinished` says have not ended may still wait
+  // on that rank's armed stream, before the armed handles' and this one's
+  // operations: one handed to kernels (device_trigger) not yet launched
+  // holds itself and every later run behind its gate. Past what the queue
+  // takes (dma::kQueueOpsBehindAWait) the host would block inside CUDA, for
+  // good where those kernels are launched only after arm() returns.
+  // `unfinished` is asked only where the runs could pass that bound.
   // `released`: calls released while their runs may still hold the stream.
   struct QueueRoom {
-    std::vector<int> wait_for;  // handed runs to wait for, oldest first (a released call: -1 - its index)
+    std::vector<int> wait_for;  // runs to wait for, oldest first (a released call: -1 - its index)
     std::vector<int> armed;     // armed handles that hold handed runs behind them: refuse, naming these
   };
   QueueRoom queue_room(int handle, int local, const std::function<bool(const PreparedCall&)>& unfinished,

@@ -105,11 +105,12 @@ TEST(PreparedTable, ArmingPastWhatAQueueHoldsIsRefusedNamingTheArmedHandles) {
   t.refuse_if_queue_full(c, 1, 5, "arm");
 }
 
-// Runs whose triggers went to kernels (device_trigger) and have not ended may
-// still wait behind shut gates: arm() waits for the oldest of them, as few as
-// make room under what a queue takes behind a wait, and refuses where they
+// Runs triggered already and not ended may still be on the armed stream (all
+// of them behind a gate handed to a kernel not yet launched): arm() waits for
+// the oldest of them, as few as make room under what a queue takes behind a
+// wait, asks the GPU only where they could pass it, and refuses where they
 // wait behind a handle armed and not yet triggered (only the host opens it).
-TEST(PreparedTable, ArmingWaitsForTheOldestRunsHandedToKernelsOnlyPastWhatAQueueHolds) {
+TEST(PreparedTable, ArmingWaitsForTheOldestUnfinishedRunsOnlyPastWhatAQueueHolds) {
   PreparedTable t;
   auto with_ops = [&](std::vector<size_t> ops, uint64_t generation) {
     PreparedCall c;
@@ -117,34 +118,42 @@ TEST(PreparedTable, ArmingWaitsForTheOldestRunsHandedToKernelsOnlyPastWhatAQueue
     c.generation = generation;
     return t.add(std::move(c));
   };
-  const int a = with_ops({500, 10}, 1);
-  const int b = with_ops({200, 10}, 2);
+  const int a = with_ops({500, 10}, 10);  // triggered (a kernel, say), running
+  const int b = with_ops({200, 10}, 0);   // never armed yet
   const int c = with_ops({300, 10}, 0);
-  const int d = with_ops({100, 10}, 3);
+  const int d = with_ops({100, 10}, 0);
   std::set<const PreparedCall*> running;  // runs not ended
-  const auto unfinished = [&](const PreparedCall& call) { return running.count(&call) > 0; };
-  t.get(a, "device_trigger").handed_to_kernels = true;
+  int asked = 0;
+  const auto unfinished = [&](const PreparedCall& call) {
+    ++asked;
+    return running.count(&call) > 0;
+  };
   running = {&t.get(a, "x")};
-  EXPECT_TRUE(t.queue_room(c, 0, unfinished).wait_for.empty());  // 500 + 300
+  EXPECT_TRUE(t.queue_room(c, 0, unfinished).wait_for.empty());  // 500 + 100 + 300 at most
+  EXPECT_EQ(asked, 0) << "the GPU was asked although everything fits";
   t.get(b, "arm").armed = true;
-  // 200 armed + 500 handed + 300: past the queue; a was armed before b, so it can end.
+  t.get(b, "x").generation = 20;
+  // 200 armed + 500 running + 300: past the queue; a was armed before b, so it can end.
   auto room = t.queue_room(c, 0, unfinished);
   EXPECT_EQ(room.wait_for, std::vector<int>{a});
   EXPECT_TRUE(room.armed.empty());
+  EXPECT_GT(asked, 0);
   EXPECT_TRUE(t.queue_room(c, 1, unfinished).wait_for.empty());  // 10 + 10 + 10 on rank 1
-  // Two handed runs: only the oldest is waited for where that makes room.
-  t.get(d, "device_trigger").handed_to_kernels = true;
-  t.get(d, "x").generation = 4;
+  // Two runs not ended: only the oldest is waited for where that makes room.
   running.insert(&t.get(d, "x"));
-  t.get(b, "x").armed = false;            // b triggered from the host
+  t.get(d, "x").generation = 40;
+  t.get(b, "x").armed = false;
+  t.get(b, "x").generation = 50;          // b triggered from the host after both, its run ended
   room = t.queue_room(c, 0, unfinished);  // 500 + 100 + 300 = 900: room enough
   EXPECT_TRUE(room.wait_for.empty());
-  t.get(b, "x").armed = true;
-  t.get(b, "x").generation = 5;           // armed after both
+  t.get(b, "x").armed = true;             // armed again after both
   room = t.queue_room(c, 0, unfinished);  // 200 + 500 + 100 + 300 = 1100: a alone makes room
   EXPECT_EQ(room.wait_for, std::vector<int>{a});
-  // Armed before the handed runs: they end only after the host triggers it.
-  t.get(b, "x").generation = 0;
+  // The handle itself armed again while its own last run has not ended: that run counts.
+  room = t.queue_room(a, 0, unfinished);  // 200 + 500 + 100 + 500
+  EXPECT_EQ(room.wait_for, std::vector<int>{a});
+  // Armed before the runs not ended: they end only after the host triggers it.
+  t.get(b, "x").generation = 5;
   room = t.queue_room(c, 0, unfinished);
   EXPECT_TRUE(room.wait_for.empty());
   EXPECT_EQ(room.armed, std::vector<int>{b});
@@ -153,8 +162,7 @@ TEST(PreparedTable, ArmingWaitsForTheOldestRunsHandedToKernelsOnlyPastWhatAQueue
   running = {};
   std::vector<PreparedCall> released(1);
   released[0].ops = {700};
-  released[0].generation = 6;
-  released[0].handed_to_kernels = true;
+  released[0].generation = 60;
   running.insert(&released[0]);
   EXPECT_EQ(t.queue_room(c, 0, unfinished, released).wait_for, std::vector<int>{-1});
   running = {};  // every run ended

@@ -689,10 +689,10 @@ def test_arming_again_before_a_handed_trigger_fires_is_bounded(kv, monkeypatch):
     gpu = torch.full((pages, 4096), POISON, dtype=torch.uint8, device="cuda")
     dst_ids = random.Random(5).sample(range(pages), 600)
     src_ids = random.Random(6).sample(range(pages), 600)
-    monkeypatch.setenv("FERRY_BATCH_MAX", "1")  # a host call per copy: about 600 a run
     monkeypatch.setenv("FERRY_KV_ARMED_MAX", "600")
     monkeypatch.setenv("FERRY_TIMEOUT_S", "2")
-    t = kv.prepare(gpu, host, dst_ids, src_ids)
+    # One host call per copy (FERRY_BATCH_MAX is read once per process): at most 600 a run.
+    t = kv.prepare(gpu, host, dst_ids, src_ids, mode="per_page")
     hooks = ferry._native.hooks()
     native = ferry._native.require()
     warm = native.HostPool.create(64, -1, -1, -1)  # the trigger kernel's module loads now

@@ -316,9 +316,12 @@ def test_arming_behind_runs_handed_to_kernels(local_comm, monkeypatch):
     on the armed stream when another handle is armed; where they and the new
     one would pass what that stream's queue takes behind a wait, arm() first
     waits for the oldest of them (their kernels, launched already, fire them
-    after a delay) instead of blocking inside CUDA, then arms. Three
+    after 50 ms) instead of blocking inside CUDA, then arms. Three
     reduce_scatters of close to 480 stream operations a rank each (rounds of
-    4 KiB), each armed while the ones before still wait; every byte compared."""
+    4 KiB), each armed while the ones before still wait: the third waits for
+    the first. Every byte compared. (A kernel launched already would release
+    a host blocked inside CUDA too: what only the wait does, raising instead
+    of blocking for good, test_kv.py shows for page transfers.)"""
     import ferry
 
     torch, comm, world, bufs = local_comm
@@ -350,7 +353,8 @@ def test_arming_behind_runs_handed_to_kernels(local_comm, monkeypatch):
         h.arm()
         for (word, value), d in zip(h.device_trigger(), devs):
             with torch.cuda.device(d):
-                hooks.launch_trigger_kernel(word, value, 5_000_000, torch.cuda.current_stream(d).cuda_stream)
+                # 50 ms: the first run still waits when the third handle is armed.
+                hooks.launch_trigger_kernel(word, value, 50_000_000, torch.cuda.current_stream(d).cuda_stream)
     for h in handles:
         h.wait()
     comm.synchronize()
