@@ -14,6 +14,7 @@
 #include "core/error.hpp"
 #include "core/host_trace.hpp"
 #include "dma/engine.hpp"
+#include "sync/holds.hpp"
 
 namespace ferry {
 namespace {
@@ -454,6 +455,9 @@ void Communicator::emit_eager(int local, const Built& b, const Emission& e, cons
 }
 
 bool Communicator::gpu_may_wait_for_host(int local) {
+  // Another owner's armed gate (a prepared page transfer, another
+  // communicator's prepared call) may hold a stream of this GPU as well.
+  if (!sync::holding_now(this).empty()) return true;
   const int dev = locals_[local]->device;
   for (int i = 0; i < local_count(); ++i) {
     if (locals_[i]->device != dev) continue;

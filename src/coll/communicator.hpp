@@ -212,7 +212,9 @@ class Communicator {
   // An eager call's parts on a thread per local rank (PlannedCall::ranks_apart).
   void enqueue_apart(const CollectiveArgs& args, const PlannedCall& call, uint64_t seq);
   // Whether local rank `local`'s GPU may hold work that waits for something
-  // this host does later: an armed run not yet finished, or (FERRY_SHARED_GPUS)
+  // this host does later: an armed run not yet finished (of this
+  // communicator, or any other hold: a prepared page transfer, another
+  // communicator's prepared call), or (FERRY_SHARED_GPUS)
   // another rank of that GPU with unfinished work. Ending a capture or
   // instantiating its graph can wait for the GPU's work (seen with shared
   // GPUs: the host stuck in Emitter::capture while two ranks of its GPU waited
