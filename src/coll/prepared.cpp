@@ -121,6 +121,11 @@ void Communicator::arm(int handle, const std::vector<cudaStream_t>& after, bool 
 // them to end, as few as make room, before anything is enqueued.
 void Communicator::wait_for_earlier_runs(int handle) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
+  const auto names = [](const std::vector<int>& ids) {
+    std::string out;
+    for (int k : ids) out += (out.empty() ? "" : ", ") + (k > 0 ? std::to_string(k) : std::string("a released one"));
+    return out;
+  };
   for (int i = 0; i < local_count(); ++i) {
     const auto unfinished = [i](const PreparedCall& c) {
       if (static_cast<size_t>(i) >= c.finished.size()) return false;
@@ -132,12 +137,6 @@ void Communicator::wait_for_earlier_runs(int handle) {
     };
     for (;;) {
       const PreparedTable::QueueRoom room = prepared_.queue_room(handle, i, unfinished, released_holding_);
-      const auto names = [](const std::vector<int>& ids) {
-        std::string out;
-        for (int k : ids)
-          out += (out.empty() ? "" : ", ") + (k > 0 ? std::to_string(k) : std::string("a released one"));
-        return out;
-      };
       if (!room.armed.empty())
         throw_error(FERRY_ERROR_INVALID_ARGUMENT,
                     "arm: handle " + std::to_string(handle) + " would queue on rank " + std::to_string(rank(i)) +

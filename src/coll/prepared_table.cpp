@@ -51,9 +51,7 @@ void PreparedTable::refuse_if_armed(const char* what) const {
 }
 
 void PreparedTable::refuse_if_queue_full(int handle, int local, int rank, const char* what) const {
-  const auto ops = [local](const PreparedCall& c) {
-    return static_cast<size_t>(local) < c.ops.size() ? c.ops[static_cast<size_t>(local)] : size_t(0);
-  };
+  const auto ops = [local](const PreparedCall& c) { return c.ops_at(local); };
   size_t queued = 0;
   std::string armed;
   for (const auto& [id, call] : calls_)
@@ -75,9 +73,7 @@ void PreparedTable::refuse_if_queue_full(int handle, int local, int rank, const 
 PreparedTable::QueueRoom PreparedTable::queue_room(int handle, int local,
                                                    const std::function<bool(const PreparedCall&)>& unfinished,
                                                    const std::vector<PreparedCall>& released) const {
-  const auto ops = [local](const PreparedCall& c) {
-    return static_cast<size_t>(local) < c.ops.size() ? c.ops[static_cast<size_t>(local)] : size_t(0);
-  };
+  const auto ops = [local](const PreparedCall& c) { return c.ops_at(local); };
   struct Run {
     uint64_t generation;
     size_t ops;

@@ -42,6 +42,10 @@ struct PreparedCall {
   // then a free anywhere in the process would wait for ferry's armed stream.
   std::shared_ptr<sync::Hold> hold;
 
+  // host_operations of local rank `local`'s program (0 where it has none).
+  size_t ops_at(int local) const {
+    return static_cast<size_t>(local) < ops.size() ? ops[static_cast<size_t>(local)] : size_t(0);
+  }
   // The word local rank `local`'s armed stream waits on (device address):
   // its host gate, or with gate_on_device its slot in `flags` (that rank's
   // DeviceFlags, mapped here).

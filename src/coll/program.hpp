@@ -48,8 +48,8 @@ struct Program {
 // rank of a call counts the same.
 size_t host_operations(const Program& p, int world);
 
-// A stream's queue holds on the order of a thousand operations: behind a wait
-// that had not yet been released, an H200's host blocked at the 1,024th. One
+// A stream's queue takes about a thousand operations behind a wait that has
+// not been released (dma::kQueueOpsBehindAWait). One
 // thread enqueueing several local ranks' calls in turn would block in the
 // first rank's full queue, behind a wait for a signal that a later rank's
 // commands, not yet enqueued, would write: a healthy call failing at the
@@ -72,8 +72,8 @@ bool capture_fits(int local_ranks, size_t most_host_operations);
 
 // An armed prepared call queues every operation behind its gate, which opens
 // only at the trigger, after arm() returns; every handle of a rank waits on
-// one armed stream. More than a stream's queue holds would block arm()
-// itself. prepare() refuses a call of more than this many, and arm() one
+// one armed stream. More than a stream's queue takes
+// (dma::kQueueOpsBehindAWait) would block arm() itself. prepare() refuses a call of more than this many, and arm() one
 // that would take the rank's handles armed and not yet triggered past it
 // (the bound FERRY_KV_ARMED_MAX keeps for page transfers by default).
 inline constexpr size_t kArmedOpsMax = 512;
