@@ -723,12 +723,12 @@ void PreparedPages::arm(cudaStream_t after) {
   for (const auto& p : pools_) p->note_use(stream_);
 }
 
-size_t PreparedPages::runs_behind_a_shut_gate() const {
-  size_t oldest = runs_;
+size_t PreparedPages::queued_runs() const {
+  std::vector<size_t> shut;
   for (size_t k = 0; k < retired_gates_.size(); ++k)
-    if (!retired_gates_[k]->is_open()) oldest = std::min(oldest, retired_runs_[k]);
-  if (armed_ && opened_ && !gate_->is_open()) oldest = std::min(oldest, gate_run_);
-  return runs_ - oldest;
+    if (!retired_gates_[k]->is_open()) shut.push_back(retired_runs_[k]);
+  if (armed_ && opened_ && !gate_->is_open()) shut.push_back(gate_run_);
+  return xfer::runs_behind_a_shut_gate(runs_, shut);
 }
 
 // Armed again while triggers handed out before (to a stream or a kernel)
@@ -739,15 +739,14 @@ size_t PreparedPages::runs_behind_a_shut_gate() const {
 // launched next): wait for them here, bounded, before anything is enqueued.
 void PreparedPages::wait_for_earlier_triggers() {
   const auto too_many = [this] {
-    const size_t behind = runs_behind_a_shut_gate();
-    return behind > 0 && (behind + 1) * calls_ > dma::kQueueOpsBehindAWait;
+    return rearm_must_wait(queued_runs(), calls_, dma::kQueueOpsBehindAWait);
   };
   if (!too_many()) return;
   const double timeout_s = teardown_timeout_seconds();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   while (too_many()) {
     if (std::chrono::steady_clock::now() > deadline) {
-      const size_t behind = runs_behind_a_shut_gate();
+      const size_t behind = queued_runs();
       throw_error(FERRY_ERROR_TIMEOUT,
                   "arm: " + std::to_string(behind) + " earlier run(s) of this transfer (" +
                       std::to_string(behind * calls_) +

@@ -184,7 +184,7 @@ class PreparedPages {
   std::string hold_name() const;
   // Runs that may still wait on the stream: from the oldest arming whose
   // trigger, handed out, has not landed (runs after it queue behind it).
-  size_t runs_behind_a_shut_gate() const;
+  size_t queued_runs() const;
   // Before arming again: waits (bounded) for earlier armings' triggers where
   // their runs and this one would pass what a queue takes behind a wait.
   void wait_for_earlier_triggers();

@@ -695,5 +695,15 @@ size_t page_batch_size(Direction d, bool inline_call, const std::vector<PitchedC
   return std::min(batch_max, std::max(kLeast, (singles + kCalls - 1) / kCalls));
 }
 
+size_t runs_behind_a_shut_gate(size_t runs, const std::vector<size_t>& shut_gate_runs) {
+  size_t oldest = runs;
+  for (size_t r : shut_gate_runs) oldest = std::min(oldest, r);
+  return runs - oldest;
+}
+
+bool rearm_must_wait(size_t behind, size_t calls, size_t queue_ops) {
+  return behind > 0 && (behind + 1) * calls > queue_ops;
+}
+
 }  // namespace xfer
 }  // namespace ferry

@@ -129,6 +129,17 @@ size_t count_page_rows(const PageSide& dst, const PageSide& src, const PageIds& 
 // not, whatever their rows (bench/probes/kv_armed.py).
 size_t submission_calls(const std::vector<PitchedCopy>& copies, bool one_by_one, size_t per_batch);
 
+// A prepared transfer armed again before earlier triggers, handed to a
+// stream or a kernel, have landed: the runs still on its stream are those
+// from the oldest arming whose gate is shut on (later runs queue behind it),
+// given `runs` armings so far (numbered from 0) and the arming numbers of
+// the gates still shut; 0 where none is.
+size_t runs_behind_a_shut_gate(size_t runs, const std::vector<size_t>& shut_gate_runs);
+// Whether a new run of `calls` host calls behind `behind` such runs of as
+// many must wait for their triggers first: past `queue_ops` the host would
+// block inside CUDA until they fire.
+bool rearm_must_wait(size_t behind, size_t calls, size_t queue_ops);
+
 // Splits `copies` into at most `parts` contiguous groups of about equal bytes
 // (for submission on several streams). Empty groups are dropped.
 std::vector<std::pair<size_t, size_t>> split_by_bytes(const std::vector<PitchedCopy>& copies, size_t parts);

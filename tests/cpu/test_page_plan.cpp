@@ -858,3 +858,20 @@ TEST(PageBatchSize, InlineFetchesOfFewCopiesInAtLeastFourCallsOfAtLeastEight) {
   EXPECT_EQ(page_batch_size(h2d, false, rows(64, 0, 0), 32), 32u);
   EXPECT_NE(error_of([&] { page_batch_size(h2d, true, rows(64, 0, 0), 0); }).find("batch_max"), std::string::npos);
 }
+
+// A prepared transfer armed again before earlier triggers landed: the runs
+// from the oldest shut gate on count (later ones queue behind it), and a new
+// run waits only where they and it would pass what the queue takes.
+TEST(PagePlan, RearmingCountsRunsFromTheOldestShutGateAndWaitsOnlyPastTheQueue) {
+  using ferry::xfer::rearm_must_wait;
+  using ferry::xfer::runs_behind_a_shut_gate;
+  EXPECT_EQ(runs_behind_a_shut_gate(0, {}), 0u);
+  EXPECT_EQ(runs_behind_a_shut_gate(5, {}), 0u);      // every trigger landed
+  EXPECT_EQ(runs_behind_a_shut_gate(5, {4}), 1u);     // the last run's gate
+  EXPECT_EQ(runs_behind_a_shut_gate(5, {2}), 3u);     // runs 3 and 4 (opened) queue behind run 2
+  EXPECT_EQ(runs_behind_a_shut_gate(5, {3, 1}), 4u);  // from the oldest
+  EXPECT_FALSE(rearm_must_wait(0, 2000, 960));        // nothing behind: a run's own bound is prepare()'s
+  EXPECT_FALSE(rearm_must_wait(1, 480, 960));         // 960 in all
+  EXPECT_TRUE(rearm_must_wait(1, 481, 960));
+  EXPECT_TRUE(rearm_must_wait(3, 300, 960));
+}
