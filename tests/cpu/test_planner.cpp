@@ -601,6 +601,12 @@ TEST(Planner, CallsLongerThanAStreamQueueAreEnqueuedRankByRankApartNotArmedOrNot
     const size_t big = (size_t(512) << 20) / 4;
     for (CollOp op : {CollOp::kReduceScatter, CollOp::kAllReduce, CollOp::kAllToAll, CollOp::kAllGather})
       EXPECT_TRUE(capture_fits(world, most_ops(op, big, world, 0, cap, false))) << coll_op_name(op) << " " << world;
+    // In place through the default 64 MiB scratch: 512 MiB per rank fits up
+    // to world 4; at world 8 (2,304 operations) 256 MiB does.
+    const size_t in_place = world < 8 ? big : big / 2;
+    EXPECT_TRUE(capture_fits(world, most_ops(CollOp::kAllToAll, in_place, world, 0, cap, true)))
+        << world << ": " << most_ops(CollOp::kAllToAll, in_place, world, 0, cap, true);
+    if (world == 8) EXPECT_FALSE(capture_fits(world, most_ops(CollOp::kAllToAll, big, world, 0, cap, true)));
     const size_t ops = most_ops(CollOp::kReduceScatter, 512 * 1024, world, 4096, cap, false);
     EXPECT_FALSE(capture_fits(world, ops)) << world;
     EXPECT_TRUE(capture_fits(1, ops));
